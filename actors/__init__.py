@@ -1,0 +1,1 @@
+"""Trio actors of agentd; the pure scheduling core lives in ``actors.core``."""

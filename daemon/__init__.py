@@ -1,0 +1,3 @@
+"""agentd: a scheduling daemon in front of vLLM-compatible workers."""
+
+__version__ = "0.1.0"
