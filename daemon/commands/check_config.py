@@ -1,0 +1,37 @@
+"""``agentd check-config PATH``: validate a configuration without starting anything.
+
+Prints the effective configuration (defaults filled in) as JSON and any warnings, exit 0; or the
+errors, one per line naming the field, the rule and the value, exit 2.  Accepts the same
+router-compatible flags as ``agentd start`` so a launch command can be checked before it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from daemon.config_loading import ConfigError, add_router_flags, config_warnings, dump_config, load_config, overrides_from_args
+
+NAME = "check-config"
+HELP = "Validate a configuration file (and flags); print the effective configuration and warnings."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", metavar="PATH", help="TOML (or .json) configuration file")
+    add_router_flags(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.config, overrides_from_args(args))
+    except ConfigError as exc:
+        source = args.config or "command line"
+        print(f"agentd: invalid configuration ({source}):", file=sys.stderr)
+        for line in exc.lines:
+            print(f"  {line}", file=sys.stderr)
+        return 2
+    print(json.dumps(dump_config(cfg), indent=2))
+    for warning in config_warnings(cfg):
+        print(f"warning: {warning}", file=sys.stderr)
+    return 0

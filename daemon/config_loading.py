@@ -1,0 +1,390 @@
+"""Loading configuration at the edge: files, CLI flags, cattrs, and error messages.
+
+``load_config(path, overrides)`` reads a TOML (or ``.json``) file, deep-merges the ``overrides``
+dict built from CLI flags over it, renames deprecated aliases, structures the result section by section
+(unknown keys rejected) with a strict cattrs converter (no silent ``"5" -> 5`` or ``5.7 -> 5``
+coercions) into the frozen tree of :mod:`daemon.config`, then validates every rule.  All problems are raised together
+as :class:`ConfigError`, one line each, naming the field path, the rule and the value.
+
+Differences from the reference router (documented in docs/config.md): unknown keys are errors, not
+silently ignored; ``--program-scheduling-config-json`` replaces the file's ``[program_scheduling]``
+table as a whole (the JSON is a complete Program scheduling configuration with defaults for what it
+omits, exactly as in the reference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import cattrs
+from attrs import frozen
+from cattrs.errors import ClassValidationError, IterableValidationError
+
+from daemon.config import COEFFICIENT_FIELDS, AgentdConfig, ProgramSchedulingConfig, problems
+
+
+class ConfigError(Exception):
+    """Invalid configuration: ``lines`` holds one message per problem."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
+@frozen
+class ConfigWarning:
+    """A startup warning with a stable event name and structured fields (rendered as key=value)."""
+
+    event: str
+    message: str
+    fields: tuple[tuple[str, Any], ...] = ()
+
+    def __str__(self) -> str:
+        parts = [f"event={self.event}"] + [f"{k}={_kv(v)}" for k, v in self.fields] + [f"message={_kv(self.message)}"]
+        return " ".join(parts)
+
+
+def _kv(v: Any) -> str:
+    s = str(v)
+    return json.dumps(s) if (not s or any(c in s for c in ' "=\n')) else s
+
+
+# --------------------------------------------------------------------------------------------
+# Strict converter
+# --------------------------------------------------------------------------------------------
+
+
+def _strict_int(v: Any, _: type) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"must be an integer (got {v!r})")
+    return v
+
+
+def _strict_float(v: Any, _: type) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"must be a number (got {v!r})")
+    return float(v)
+
+
+def _strict_bool(v: Any, _: type) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError(f"must be true or false (got {v!r})")
+    return v
+
+
+def _strict_str(v: Any, _: type) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"must be a string (got {v!r})")
+    return v
+
+
+def _strict_str_tuple(v: Any, _: type) -> tuple[str, ...]:
+    if isinstance(v, str) or not isinstance(v, (list, tuple)):
+        raise TypeError(f"must be a list of strings (got {v!r})")
+    for item in v:
+        if not isinstance(item, str):
+            raise TypeError(f"must be a list of strings (got item {item!r})")
+    return tuple(v)
+
+
+def _make_converter() -> cattrs.Converter:
+    conv = cattrs.Converter()
+    conv.register_structure_hook(int, _strict_int)
+    conv.register_structure_hook(float, _strict_float)
+    conv.register_structure_hook(bool, _strict_bool)
+    conv.register_structure_hook(str, _strict_str)
+    conv.register_structure_hook_func(lambda t: t == tuple[str, ...], _strict_str_tuple)
+    return conv
+
+
+_CONVERTER = _make_converter()
+# Bookkeeping fields are never read from input: a file naming them gets "unknown key".
+_NOT_INPUT = frozenset({"explicit_coefficients", "deprecated_inputs"})
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, (ClassValidationError, IterableValidationError)):
+        return "; ".join(cattrs.transform_error(exc, path="value"))
+    text = str(exc)
+    return text if text.startswith("must") else f"invalid value ({text})"
+
+
+def _structure_section(cls: type, raw: Any, path: str, errors: list[str]) -> Any:
+    """Structure one attrs class field by field, collecting every error instead of stopping at the
+    first; a field that fails keeps its default so that the remaining rules can still be checked."""
+    if not isinstance(raw, Mapping):
+        errors.append(f"{path or 'config'}: must be a table/object (got {raw!r})")
+        return cls()
+    fields = {a.name: a for a in attrs.fields(cls) if a.name not in _NOT_INPUT}
+    for key in raw:
+        if key not in fields:
+            errors.append(f"{path + '.' if path else ''}{key}: unknown key (not a configuration field)")
+    kwargs: dict[str, Any] = {}
+    ftypes = {f.name: f.type for f in attrs.fields(attrs.resolve_types(cls))}
+    for name in fields:
+        if name not in raw:
+            continue
+        where = f"{path}.{name}" if path else name
+        ftype = ftypes[name]
+        value = raw[name]
+        inner = _attrs_class_of(ftype)
+        if inner is not None and value is not None:
+            kwargs[name] = _structure_section(inner, value, where, errors)
+            continue
+        try:
+            kwargs[name] = _CONVERTER.structure(value, ftype)
+        except Exception as exc:  # cattrs raises many types; each becomes one message naming the field
+            errors.append(f"{where}: {_describe(exc)}")
+    return cls(**kwargs)
+
+
+def _attrs_class_of(t: Any) -> type | None:
+    """``C`` for an attrs class ``C`` or ``C | None``; None otherwise."""
+    if isinstance(t, type) and attrs.has(t):
+        return t
+    args = [x for x in getattr(t, "__args__", ()) if x is not type(None)]
+    if len(args) == 1 and isinstance(args[0], type) and attrs.has(args[0]):
+        return args[0]
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Raw-dict preparation: aliases, explicit coefficients, enablement
+# --------------------------------------------------------------------------------------------
+
+_PS_ALIASES = {
+    "token_capacity_per_target": "token_capacity_per_dp_rank",
+    "enable_key": "program_scheduling_enable_key",
+}
+
+
+def _prepare_program_scheduling(raw: Any, path: str, errors: list[str]) -> tuple[Any, frozenset[str], tuple[str, ...]]:
+    if not isinstance(raw, Mapping):
+        return raw, frozenset(), ()
+    ps = dict(raw)
+    deprecated: list[str] = []
+    for alias, name in _PS_ALIASES.items():
+        if alias in ps:
+            if name in ps:
+                errors.append(f"{path}.{alias}: is an alias of {name}; give only one of them (got both)")
+                continue
+            ps[name] = ps.pop(alias)
+            if alias == "token_capacity_per_target":
+                deprecated.append(alias)
+    explicit = set()
+    for dotted in COEFFICIENT_FIELDS:
+        section, key = dotted.split(".")
+        sub = ps.get(section)
+        if isinstance(sub, Mapping) and key in sub:
+            explicit.add(dotted)
+    return ps, frozenset(explicit), tuple(deprecated)
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if k == "program_scheduling":
+            out[k] = v  # the JSON is a complete Program scheduling config: replace, never merge
+        elif isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = _deep_merge(dict(out[k]), v)
+        else:
+            out[k] = v
+    return out
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError([f"config: cannot read {str(p)!r} ({exc.strerror or exc})"]) from None
+    try:
+        if p.suffix == ".json":
+            raw = json.loads(data)
+        else:
+            raw = tomllib.loads(data.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"config: {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'TOML'} ({exc})"]) from None
+    if not isinstance(raw, dict):
+        raise ConfigError([f"config: {str(p)!r} must hold a table/object at the top level (got {type(raw).__name__})"])
+    return raw
+
+
+def config_from_dict(raw: Mapping[str, Any]) -> AgentdConfig:
+    """Structure and validate a raw mapping; raise ConfigError with every problem."""
+    raw = dict(raw)
+    errors: list[str] = []
+    explicit: frozenset[str] = frozenset()
+    deprecated: tuple[str, ...] = ()
+    enabled = raw.get("enable_program_scheduling", False)
+    if enabled is True and raw.get("program_scheduling") is None:
+        raw["program_scheduling"] = {}
+    if "program_scheduling" in raw:
+        raw["program_scheduling"], explicit, deprecated = _prepare_program_scheduling(
+            raw["program_scheduling"], "program_scheduling", errors
+        )
+    cfg: AgentdConfig = _structure_section(AgentdConfig, raw, "", errors)
+    if cfg.program_scheduling is not None:
+        cfg = attrs.evolve(
+            cfg,
+            program_scheduling=attrs.evolve(
+                cfg.program_scheduling, explicit_coefficients=explicit, deprecated_inputs=deprecated
+            ),
+        )
+    errors.extend(problems(cfg))
+    if errors:
+        raise ConfigError(errors)
+    return cfg
+
+
+def load_config(path: str | Path | None, overrides: Mapping[str, Any] | None = None) -> AgentdConfig:
+    """Read ``path`` (or start from defaults when None), apply ``overrides``, validate everything."""
+    raw: dict[str, Any] = read_config_file(path) if path is not None else {}
+    if overrides:
+        raw = _deep_merge(raw, overrides)
+    return config_from_dict(raw)
+
+
+# --------------------------------------------------------------------------------------------
+# The reference router's CLI flags
+# --------------------------------------------------------------------------------------------
+
+
+def add_router_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags accepted for compatibility with the reference router's launch command."""
+    g = parser.add_argument_group("reference-router-compatible flags (override the config file)")
+    g.add_argument("--host", help="address to listen on (server.host)")
+    g.add_argument("--port", type=int, help="port to listen on, 0 for any free port (server.port)")
+    g.add_argument("--worker-urls", nargs="+", metavar="URL", help="vLLM-compatible workers (routing.worker_urls)")
+    g.add_argument(
+        "--intra-node-data-parallel-size",
+        type=int,
+        metavar="N",
+        help="internal DP ranks behind each worker URL (routing.intra_node_data_parallel_size)",
+    )
+    g.add_argument("--policy", help="native request-level policy for identity-free requests (routing.policy)")
+    g.add_argument("--prometheus-host", help="extra /metrics listener address (prometheus.host)")
+    g.add_argument("--prometheus-port", type=int, help="extra /metrics listener port (prometheus.port)")
+    g.add_argument(
+        "--enable-program-scheduling",
+        action="store_true",
+        default=None,
+        help="turn Program scheduling on (enable_program_scheduling)",
+    )
+    g.add_argument(
+        "--program-scheduling-config-json",
+        metavar="JSON",
+        help="Program scheduling configuration as one JSON object; requires --enable-program-scheduling",
+    )
+    g.add_argument("--log-level", help="debug, info, warning or error (server.log_level)")
+    g.add_argument("--log-format", help="kv (key=value lines) or json (server.log_format)")
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Turn the router-compatible flags into a nested override dict; raise ConfigError on bad JSON."""
+    over: dict[str, Any] = {}
+
+    def put(section: str, key: str, value: Any) -> None:
+        if value is not None:
+            over.setdefault(section, {})[key] = value
+
+    put("server", "host", getattr(args, "host", None))
+    put("server", "port", getattr(args, "port", None))
+    put("server", "log_level", getattr(args, "log_level", None))
+    put("server", "log_format", getattr(args, "log_format", None))
+    urls = getattr(args, "worker_urls", None)
+    put("routing", "worker_urls", list(urls) if urls else None)
+    put("routing", "intra_node_data_parallel_size", getattr(args, "intra_node_data_parallel_size", None))
+    put("routing", "policy", getattr(args, "policy", None))
+    put("prometheus", "host", getattr(args, "prometheus_host", None))
+    put("prometheus", "port", getattr(args, "prometheus_port", None))
+    enabled = getattr(args, "enable_program_scheduling", None)
+    ps_json = getattr(args, "program_scheduling_config_json", None)
+    if ps_json is not None:
+        if not enabled:
+            raise ConfigError(
+                ["program_scheduling_config_json: requires enable_program_scheduling (pass --enable-program-scheduling)"]
+            )
+        try:
+            ps = json.loads(ps_json)
+        except json.JSONDecodeError as exc:
+            raise ConfigError([f"program_scheduling_config_json: is not valid JSON ({exc})"]) from None
+        if not isinstance(ps, dict):
+            raise ConfigError([f"program_scheduling_config_json: must be a JSON object (got {ps!r})"])
+        over["program_scheduling"] = ps
+    if enabled:
+        over["enable_program_scheduling"] = True
+    return over
+
+
+# --------------------------------------------------------------------------------------------
+# Warnings and dumping
+# --------------------------------------------------------------------------------------------
+
+
+def _reference_estimates(ps: ProgramSchedulingConfig) -> tuple[float, float]:
+    p, d = ps.prefill_cost_model, ps.decode_throughput_model
+    x = 50_000 / 1000
+    prefill_seconds = p.intercept_seconds + p.linear_seconds_per_1k_tokens * x + p.quadratic_seconds_per_1k_tokens_squared * x * x
+    batch, context = 4, 200_000
+    step = d.fixed_step_seconds + d.batch_step_seconds_per_request * batch + d.context_step_seconds_per_token * context
+    return prefill_seconds, batch / step
+
+
+def config_warnings(cfg: AgentdConfig) -> list[ConfigWarning]:
+    out: list[ConfigWarning] = []
+    ps = cfg.program_scheduling
+    if ps is None:
+        return out
+    for alias in ps.deprecated_inputs:
+        out.append(
+            ConfigWarning(
+                "deprecated_config_alias",
+                f"program_scheduling.{alias} is deprecated; use program_scheduling.{_PS_ALIASES[alias]}",
+                (("alias", f"program_scheduling.{alias}"),),
+            )
+        )
+    defaulted = ps.defaulted_coefficients()
+    if not ps.binding_only and defaulted:
+        prefill_s, decode_tps = _reference_estimates(ps)
+        out.append(
+            ConfigWarning(
+                "program_scheduling_reference_calibration",
+                "Program scheduling uses reference calibration coefficients; a deployment that differs from "
+                "the reference can degrade admission, TTL and batch-gain decisions. Calibrate and set all seven.",
+                (
+                    ("defaulted_fields", ",".join(defaulted)),
+                    ("reference_prefill_tokens", 50000),
+                    ("reference_prefill_seconds", round(prefill_s, 4)),
+                    ("reference_decode_batch_size", 4),
+                    ("reference_decode_context_tokens_per_request", 50000),
+                    ("reference_decode_context_tokens", 200000),
+                    ("reference_decode_throughput_tokens_per_second", round(decode_tps, 4)),
+                    ("calibration_docs", "docs/program-scheduling.md#offline-calibration-models"),
+                ),
+            )
+        )
+    return out
+
+
+def dump_config(cfg: AgentdConfig) -> dict[str, Any]:
+    """The effective configuration as plain data (defaults filled in; bookkeeping fields left out)."""
+    data = _CONVERTER.unstructure(cfg)
+    data["routing"]["worker_urls"] = list(data["routing"]["worker_urls"])
+    ps = data.get("program_scheduling")
+    if ps is not None:
+        ps.pop("explicit_coefficients", None)
+        ps.pop("deprecated_inputs", None)
+        if ps.get("token_capacity_per_dp_rank") is None:
+            ps.pop("token_capacity_per_dp_rank", None)
+    else:
+        data.pop("program_scheduling", None)
+    for section in ("prometheus",):
+        data[section] = {k: v for k, v in data[section].items() if v is not None}
+    return data
