@@ -1,0 +1,89 @@
+"""Bounded mailboxes and the one-shot request/reply helper used by every actor.
+
+Every actor owns exactly one inbox: a bounded ``trio`` memory channel.  :func:`open_mailbox`
+creates it with a *name* (shown in ``/scheduling/diagnostics``) and a buffer size that the caller
+must justify in a comment next to the call.  :func:`channel_statistics` turns trio's
+``statistics()`` into a plain dict for diagnostics.
+
+:func:`request` implements request/reply: it opens a one-slot reply channel (the actor answers
+exactly once with ``send_nowait``, so one slot can never block the actor), sends the message made
+by ``make(reply_send)`` and waits for the answer.  If the actor closes the reply channel without
+answering, :class:`ActorGone` is raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import trio
+from attrs import frozen
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class ActorGone(RuntimeError):
+    """The actor closed its side before answering (it is shutting down)."""
+
+
+@frozen(eq=False)
+class Mailbox(Generic[T]):
+    """An actor's inbox: the send side is cloned to producers, the receive side is the actor's."""
+
+    name: str
+    send: trio.MemorySendChannel[T]
+    recv: trio.MemoryReceiveChannel[T]
+
+    def statistics(self) -> dict[str, Any]:
+        return channel_statistics(self.name, self.send)
+
+
+def open_mailbox(name: str, max_buffer_size: int) -> Mailbox[Any]:
+    """A named bounded inbox.  ``max_buffer_size`` must be finite: unbounded inboxes are banned."""
+    if not isinstance(max_buffer_size, int) or max_buffer_size < 0:
+        raise ValueError(f"mailbox {name!r}: max_buffer_size must be a finite integer >= 0 (got {max_buffer_size!r})")
+    send, recv = trio.open_memory_channel[Any](max_buffer_size)
+    return Mailbox(name=name, send=send, recv=recv)
+
+
+def channel_statistics(name: str, channel: trio.MemorySendChannel[Any] | trio.MemoryReceiveChannel[Any]) -> dict[str, Any]:
+    """The channel's ``statistics()`` as a JSON-ready dict."""
+    st = channel.statistics()
+    return {
+        "name": name,
+        "current_buffer_used": st.current_buffer_used,
+        "max_buffer_size": st.max_buffer_size,
+        "open_send_channels": st.open_send_channels,
+        "open_receive_channels": st.open_receive_channels,
+        "tasks_waiting_send": st.tasks_waiting_send,
+        "tasks_waiting_receive": st.tasks_waiting_receive,
+    }
+
+
+async def request(send: trio.MemorySendChannel[Any], make: Callable[[trio.MemorySendChannel[R]], Any]) -> R:
+    """Send ``make(reply_send)`` to an actor and wait for its single reply."""
+    # Buffer 1: the actor answers exactly once with send_nowait and must never block on a reply.
+    reply_send, reply_recv = trio.open_memory_channel[R](1)
+    async with reply_recv:
+        with reply_send:
+            await send.send(make(reply_send.clone()))
+        try:
+            return await reply_recv.receive()
+        except trio.EndOfChannel:
+            raise ActorGone("actor closed the reply channel without answering") from None
+
+
+def reply_nowait(reply: trio.MemorySendChannel[R], value: R) -> bool:
+    """Answer a request exactly once and close the reply channel.
+
+    Returns False when the requester is already gone (it closed its side): the answer is dropped
+    because nobody can receive it; the caller decides what that means (for example an ``Admit``
+    nobody waits for any more is followed by the requester's ``Abandoned``).
+    """
+    with reply:
+        try:
+            reply.send_nowait(value)
+        except trio.BrokenResourceError:
+            return False
+    return True

@@ -1,0 +1,124 @@
+"""Parse one vLLM ``/metrics`` scrape into per-DP-rank backend observations.
+
+A vLLM API server with internal data parallelism exposes every engine (DP rank) on one
+``/metrics`` endpoint and tells them apart with the ``engine`` label.  Program scheduling scrapes
+each worker URL once per interval and hands each rank the series of its own engine
+(``engine="<dp_rank>"``; a series without a parsable ``engine`` label counts as engine 0, the way
+the reference router reads it).
+
+Families read (everything else is ignored):
+
+* ``vllm:kv_cache_usage_perc``    -> ``kv_cache_usage`` (fraction 0..1)
+* ``vllm:num_requests_running``   -> ``running_requests`` (float truncated to int)
+* ``vllm:num_requests_waiting``   -> ``waiting_requests`` (float truncated to int)
+* ``vllm:cache_config_info``      -> ``kv_capacity_tokens`` = ``num_gpu_blocks * block_size``
+  (an info-style gauge whose labels carry the cache config).  The reference router ignores it;
+  agentd reports it in diagnostics so an operator can compare it with
+  ``token_capacity_per_dp_rank`` (backend accounting is ``kv_cache_usage * configured capacity``,
+  so the two must agree).
+
+An engine with none of the first three families produces no observation at all: nothing is
+fabricated.  When several series map to the same engine (for example one per ``model_name``),
+the last one wins, as in the reference.
+
+Parsing uses ``prometheus_client.parser``; malformed text raises :class:`ObservationParseError`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from attrs import frozen
+from prometheus_client.parser import text_string_to_metric_families
+
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+
+
+class ObservationParseError(ValueError):
+    """The scrape body is not Prometheus text exposition."""
+
+
+@frozen
+class EngineSample:
+    """What one scrape said about one engine (DP rank).  ``None`` = series absent."""
+
+    kv_cache_usage: float | None
+    running_requests: int | None
+    waiting_requests: int | None
+    kv_capacity_tokens: int | None
+
+
+def _engine_of(labels: dict[str, str]) -> int:
+    raw = labels.get("engine")
+    if raw is None:
+        return 0
+    try:
+        return int(raw.strip())
+    except ValueError:
+        return 0
+
+
+def _count(value: float) -> int | None:
+    if not math.isfinite(value):
+        return None
+    return max(0, int(value))
+
+
+def parse_vllm_metrics(text: str) -> dict[int, EngineSample]:
+    """Per-engine samples of one scrape, keyed by engine index (= DP rank)."""
+    kv: dict[int, float] = {}
+    running: dict[int, int] = {}
+    waiting: dict[int, int] = {}
+    capacity: dict[int, int] = {}
+    shared_capacity: int | None = None  # a cache_config_info without engine label serves all
+    try:
+        families = list(text_string_to_metric_families(text))
+    except (ValueError, TypeError, IndexError) as exc:
+        raise ObservationParseError(f"invalid Prometheus text: {exc}") from exc
+    for family in families:
+        for sample in family.samples:
+            name = sample.name
+            engine = _engine_of(sample.labels)
+            if name == KV_CACHE_USAGE:
+                if math.isfinite(sample.value):
+                    kv[engine] = min(1.0, max(0.0, float(sample.value)))
+            elif name == RUNNING:
+                n = _count(sample.value)
+                if n is not None:
+                    running[engine] = n
+            elif name == WAITING:
+                n = _count(sample.value)
+                if n is not None:
+                    waiting[engine] = n
+            elif name == CACHE_CONFIG_INFO:
+                tokens = _capacity_from_cache_config(sample.labels)
+                if tokens is None:
+                    continue
+                if "engine" in sample.labels:
+                    capacity[engine] = tokens
+                else:
+                    shared_capacity = tokens
+    engines = sorted(set(kv) | set(running) | set(waiting))
+    return {
+        e: EngineSample(
+            kv_cache_usage=kv.get(e),
+            running_requests=running.get(e),
+            waiting_requests=waiting.get(e),
+            kv_capacity_tokens=capacity.get(e, shared_capacity),
+        )
+        for e in engines
+    }
+
+
+def _capacity_from_cache_config(labels: dict[str, str]) -> int | None:
+    try:
+        blocks = int(labels["num_gpu_blocks"])
+        block_size = int(labels["block_size"])
+    except (KeyError, ValueError):
+        return None
+    if blocks <= 0 or block_size <= 0:
+        return None
+    return blocks * block_size

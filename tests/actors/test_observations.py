@@ -1,0 +1,60 @@
+"""daemon.observations: vLLM Prometheus text -> per-engine samples."""
+
+from __future__ import annotations
+
+import pytest
+
+from daemon.observations import EngineSample, ObservationParseError, parse_vllm_metrics
+
+SCRAPE = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 0.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 2.7
+vllm:num_requests_waiting{engine="1",model_name="m"} 0.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="m, with \\"comma\\""} 0.5
+# HELP vllm:cache_config_info Information of the LLMCache.
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="1000"} 1.0
+vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="2000"} 1.0
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} 1234.0
+"""
+
+
+def test_parse_vllm_metrics_reads_three_families_per_engine() -> None:
+    samples = parse_vllm_metrics(SCRAPE)
+    assert samples == {
+        0: EngineSample(kv_cache_usage=0.25, running_requests=3, waiting_requests=2, kv_capacity_tokens=16000),
+        1: EngineSample(kv_cache_usage=0.5, running_requests=0, waiting_requests=0, kv_capacity_tokens=32000),
+    }
+
+
+def test_parse_vllm_metrics_missing_engine_label_is_engine_zero_and_last_wins() -> None:
+    text = (
+        "vllm:num_requests_running 1\n"
+        'vllm:num_requests_running{model_name="a"} 4\n'
+        'vllm:cache_config_info{block_size="16",num_gpu_blocks="10"} 1\n'
+    )
+    assert parse_vllm_metrics(text) == {
+        0: EngineSample(kv_cache_usage=None, running_requests=4, waiting_requests=None, kv_capacity_tokens=160)
+    }
+
+
+def test_parse_vllm_metrics_engine_without_series_gives_no_observation() -> None:
+    text = 'vllm:kv_cache_usage_perc{engine="1"} 0.1\nother_metric{engine="0"} 3\n'
+    samples = parse_vllm_metrics(text)
+    assert 0 not in samples
+    assert samples[1].kv_cache_usage == 0.1
+
+
+def test_parse_vllm_metrics_rejects_garbage() -> None:
+    with pytest.raises(ObservationParseError):
+        parse_vllm_metrics("this is { not prometheus\n")
