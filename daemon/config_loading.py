@@ -173,6 +173,7 @@ def _prepare_program_scheduling(raw: Any, path: str, errors: list[str]) -> tuple
         if alias in ps:
             if name in ps:
                 errors.append(f"{path}.{alias}: is an alias of {name}; give only one of them (got both)")
+                del ps[alias]
                 continue
             ps[name] = ps.pop(alias)
             if alias == "token_capacity_per_target":
@@ -230,6 +231,9 @@ def config_from_dict(raw: Mapping[str, Any]) -> AgentdConfig:
             raw["program_scheduling"], "program_scheduling", errors
         )
     cfg: AgentdConfig = _structure_section(AgentdConfig, raw, "", errors)
+    if not isinstance(enabled, bool):
+        # Already reported as a type error; do not add a cascading "section without enable" error.
+        cfg = attrs.evolve(cfg, enable_program_scheduling=cfg.program_scheduling is not None)
     if cfg.program_scheduling is not None:
         cfg = attrs.evolve(
             cfg,

@@ -1,0 +1,195 @@
+"""Configuration: golden error files, defaults, aliases, CLI flags and the calibration warning."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from daemon.cli import main
+from daemon.config import COEFFICIENT_FIELDS, AgentdConfig, ProgramSchedulingConfig
+from daemon.config_loading import (
+    ConfigError,
+    add_router_flags,
+    config_from_dict,
+    config_warnings,
+    dump_config,
+    load_config,
+    overrides_from_args,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+INVALID = sorted((ROOT / "configs" / "invalid").glob("*.toml"))
+VALID = sorted((ROOT / "configs").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", INVALID, ids=[p.stem for p in INVALID])
+def test_config_invalid_golden(path: Path) -> None:
+    expected = path.with_suffix(".expected").read_text().splitlines()
+    with pytest.raises(ConfigError) as info:
+        load_config(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+    assert info.value.lines == expected
+
+
+@pytest.mark.parametrize("path", INVALID, ids=[p.stem for p in INVALID])
+def test_config_check_config_cli_exits_2_with_the_lines(path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    assert main(["check-config", str(path.relative_to(ROOT))]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("agentd: invalid configuration")
+    assert [line.strip() for line in err[1:]] == path.with_suffix(".expected").read_text().splitlines()
+
+
+@pytest.mark.parametrize("path", VALID, ids=[p.stem for p in VALID])
+def test_config_shipped_examples_are_valid(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", str(path)]) == 0
+    effective = json.loads(capsys.readouterr().out)
+    assert effective["server"]["port"] == load_config(path).server.port
+
+
+def test_config_defaults_match_the_seed_contract() -> None:
+    ps = ProgramSchedulingConfig()
+    assert ps.program_scheduling_enable_key == "vllm_xargs.agentic_context"
+    assert (ps.binding_only, ps.global_queue, ps.resume_order) == (False, False, "mru")
+    assert ps.cross_rank_headroom_ratio == 1.2 and ps.hash_virtual_nodes == 160
+    assert ps.token_capacity_per_dp_rank is None and ps.max_active_programs_per_target == 64
+    assert (ps.metrics_interval_seconds, ps.admission_waiting_request_threshold) == (1.0, 1)
+    assert (ps.queue_timeout_seconds, ps.force_resume_timeout_seconds, ps.paused_retention_ttl_seconds) == (600.0, 300.0, 1800.0)
+    assert (ps.shared_prefix_freshness_warmup_seconds, ps.shared_prefix_freshness_kv_turnovers) == (100.0, 2.0)
+    assert (ps.decode_buffer_tokens, ps.max_acting_ttl_seconds) == (100, 10.0)
+    assert (ps.high_watermark_ratio, ps.low_watermark_ratio) == (1.0, 1.0)
+    assert (ps.max_segment_rounds, ps.stats_window_size, ps.enable_batch_gain_admission) == (14, 100, True)
+    assert ps.prefill_cost_model.intercept_seconds == 0.06600061907132926
+    assert ps.decode_throughput_model.context_step_seconds_per_token == 1.420458414996201e-7
+
+
+def test_config_enable_flag_alone_gives_all_defaults() -> None:
+    cfg = load_config(None, {"enable_program_scheduling": True})
+    assert cfg.program_scheduling == ProgramSchedulingConfig()
+    assert load_config(None).program_scheduling is None
+
+
+def test_config_deprecated_alias_is_accepted_warned_and_never_emitted() -> None:
+    cfg = config_from_dict({"enable_program_scheduling": True, "program_scheduling": {"token_capacity_per_target": 5000}})
+    assert cfg.program_scheduling is not None and cfg.program_scheduling.token_capacity_per_dp_rank == 5000
+    assert [w.event for w in config_warnings(cfg)][0] == "deprecated_config_alias"
+    dumped = dump_config(cfg)["program_scheduling"]
+    assert dumped["token_capacity_per_dp_rank"] == 5000 and "token_capacity_per_target" not in dumped
+
+
+def test_config_targets_are_worker_major_url_at_rank() -> None:
+    cfg = config_from_dict({"routing": {"worker_urls": ["http://a:1/", "http://b:2"], "intra_node_data_parallel_size": 2}})
+    assert [t.target_id for t in cfg.targets()] == ["http://a:1@0", "http://a:1@1", "http://b:2@0", "http://b:2@1"]
+    assert [t.index for t in cfg.targets()] == [0, 1, 2, 3]
+    assert not cfg.embedded_mode
+    embedded = AgentdConfig()
+    assert embedded.embedded_mode and [t.target_id for t in embedded.targets()] == ["http://embedded-sim@0", "http://embedded-sim@1"]
+
+
+def _router_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_router_flags(parser)
+    return parser.parse_args(argv)
+
+
+def test_config_router_flags_match_the_same_json_in_toml(tmp_path: Path) -> None:
+    ps_json = (ROOT / "configs" / "program-scheduling.json").read_text()
+    args = _router_args(
+        [
+            "--host", "0.0.0.0", "--port", "3001",
+            "--worker-urls", "http://worker-0:8000", "http://worker-1:8000",
+            "--intra-node-data-parallel-size", "2", "--policy", "consistent_hash",
+            "--prometheus-host", "0.0.0.0", "--prometheus-port", "29000",
+            "--enable-program-scheduling", "--program-scheduling-config-json", json.dumps(json.loads(ps_json)),
+        ]
+    )
+    from_flags = load_config(None, overrides_from_args(args))
+    from_file = load_config(ROOT / "configs" / "production.toml")
+    assert from_flags == from_file
+    assert from_flags.program_scheduling is not None
+    assert from_flags.program_scheduling.explicit_coefficients == frozenset(COEFFICIENT_FIELDS)
+
+
+def test_config_json_without_enable_is_an_error() -> None:
+    args = _router_args(["--program-scheduling-config-json", "{}"])
+    with pytest.raises(ConfigError) as info:
+        overrides_from_args(args)
+    assert info.value.lines == [
+        "program_scheduling_config_json: requires enable_program_scheduling (pass --enable-program-scheduling)"
+    ]
+
+
+def test_config_bad_json_names_the_option() -> None:
+    with pytest.raises(ConfigError) as info:
+        overrides_from_args(_router_args(["--enable-program-scheduling", "--program-scheduling-config-json", "{nope"]))
+    assert info.value.lines[0].startswith("program_scheduling_config_json: is not valid JSON")
+
+
+def test_config_flags_override_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[server]\nport = 4000\nhost = "0.0.0.0"\n[routing]\npolicy = "random"\n')
+    cfg = load_config(path, overrides_from_args(_router_args(["--port", "0", "--policy", "round_robin"])))
+    assert (cfg.server.host, cfg.server.port, cfg.routing.policy) == ("0.0.0.0", 0, "round_robin")
+
+
+def test_config_json_file_is_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"enable_program_scheduling": True, "program_scheduling": {"global_queue": True}}))
+    cfg = load_config(path)
+    assert cfg.program_scheduling is not None and cfg.program_scheduling.global_queue
+
+
+def test_config_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "nope.toml")
+    assert info.value.lines[0].startswith("config: cannot read")
+
+
+def _calibration(cfg: AgentdConfig) -> dict[str, object] | None:
+    for w in config_warnings(cfg):
+        if w.event == "program_scheduling_reference_calibration":
+            return dict(w.fields)
+    return None
+
+
+def test_config_calibration_warning_lists_exactly_the_defaulted_fields() -> None:
+    cfg = config_from_dict(
+        {
+            "enable_program_scheduling": True,
+            "program_scheduling": {
+                "prefill_cost_model": {"intercept_seconds": 0.1, "decode_throughput_alpha": 0.2},
+                "decode_throughput_model": {"fixed_step_seconds": 0.02},
+            },
+        }
+    )
+    fields = _calibration(cfg)
+    assert fields is not None
+    assert fields["defaulted_fields"] == ",".join(
+        [
+            "prefill_cost_model.linear_seconds_per_1k_tokens",
+            "prefill_cost_model.quadratic_seconds_per_1k_tokens_squared",
+            "decode_throughput_model.batch_step_seconds_per_request",
+            "decode_throughput_model.context_step_seconds_per_token",
+        ]
+    )
+    # Effective values: intercept 0.1 explicit -> 0.1 + 0.05702024*50 + 0.00440573*2500 = 13.9652 s;
+    # fixed 0.02 explicit -> 4 / (0.02 + 0.00041928*4 + 1.4204584e-7*200000) = 4 / 0.0500863 = 79.86 tok/s.
+    assert fields["reference_prefill_seconds"] == pytest.approx(13.9653, abs=1e-3)
+    assert fields["reference_decode_throughput_tokens_per_second"] == pytest.approx(79.862, abs=0.01)
+
+
+def test_config_calibration_warning_reference_figures_with_all_defaults() -> None:
+    fields = _calibration(load_config(None, {"enable_program_scheduling": True}))
+    assert fields is not None
+    assert fields["defaulted_fields"] == ",".join(COEFFICIENT_FIELDS)
+    # 0.066 + 0.05702*50 + 0.0044057*2500 = 13.931 s ; 4 / (0.010635 + 0.001677 + 0.028409) = 98.23 tok/s
+    assert fields["reference_prefill_seconds"] == pytest.approx(13.93, rel=0.01)
+    assert fields["reference_decode_throughput_tokens_per_second"] == pytest.approx(98.23, rel=0.01)
+
+
+def test_config_calibration_warning_suppressed_when_all_seven_given_or_binding_only() -> None:
+    all_seven = json.loads((ROOT / "configs" / "program-scheduling.json").read_text())
+    assert _calibration(config_from_dict({"enable_program_scheduling": True, "program_scheduling": all_seven})) is None
+    assert _calibration(config_from_dict({"enable_program_scheduling": True, "program_scheduling": {"binding_only": True}})) is None
