@@ -193,3 +193,30 @@ def test_config_calibration_warning_suppressed_when_all_seven_given_or_binding_o
     all_seven = json.loads((ROOT / "configs" / "program-scheduling.json").read_text())
     assert _calibration(config_from_dict({"enable_program_scheduling": True, "program_scheduling": all_seven})) is None
     assert _calibration(config_from_dict({"enable_program_scheduling": True, "program_scheduling": {"binding_only": True}})) is None
+
+
+def _field_paths(cls: type, prefix: str = "") -> list[str]:
+    import attrs
+
+    out: list[str] = []
+    for a in attrs.fields(attrs.resolve_types(cls)):
+        if a.name in ("explicit_coefficients", "deprecated_inputs"):
+            continue
+        t = a.type
+        inner = t if isinstance(t, type) and attrs.has(t) else None
+        if inner is None:
+            args = [x for x in getattr(t, "__args__", ()) if x is not type(None)]
+            inner = args[0] if len(args) == 1 and isinstance(args[0], type) and attrs.has(args[0]) else None
+        if inner is not None and a.name not in ("server", "routing", "prometheus", "embedded", "program_scheduling"):
+            out += _field_paths(inner, f"{prefix}{a.name}.")
+        elif inner is not None:
+            out += _field_paths(inner, "")
+        else:
+            out.append(prefix + a.name)
+    return out
+
+
+def test_config_every_field_is_documented() -> None:
+    doc = (ROOT / "docs" / "config.md").read_text()
+    missing = [p for p in _field_paths(AgentdConfig) if f"`{p}`" not in doc]
+    assert missing == []
