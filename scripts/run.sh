@@ -15,4 +15,5 @@ if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m p
   echo "pip install failed" >&2
   exit 1
 fi
+rm -f "$log"; trap - EXIT
 exec .venv/bin/agentd start --config configs/quickstart.toml "$@"
