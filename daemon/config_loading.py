@@ -26,6 +26,7 @@ import cattrs
 from attrs import frozen
 from cattrs.errors import ClassValidationError, IterableValidationError
 
+from actors.core.costs import reference_calibration_estimates
 from daemon.config import COEFFICIENT_FIELDS, AgentdConfig, ProgramSchedulingConfig, problems
 
 
@@ -332,15 +333,6 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
-def _reference_estimates(ps: ProgramSchedulingConfig) -> tuple[float, float]:
-    p, d = ps.prefill_cost_model, ps.decode_throughput_model
-    x = 50_000 / 1000
-    prefill_seconds = p.intercept_seconds + p.linear_seconds_per_1k_tokens * x + p.quadratic_seconds_per_1k_tokens_squared * x * x
-    batch, context = 4, 200_000
-    step = d.fixed_step_seconds + d.batch_step_seconds_per_request * batch + d.context_step_seconds_per_token * context
-    return prefill_seconds, batch / step
-
-
 def config_warnings(cfg: AgentdConfig) -> list[ConfigWarning]:
     out: list[ConfigWarning] = []
     ps = cfg.program_scheduling
@@ -356,7 +348,7 @@ def config_warnings(cfg: AgentdConfig) -> list[ConfigWarning]:
         )
     defaulted = ps.defaulted_coefficients()
     if not ps.binding_only and defaulted:
-        prefill_s, decode_tps = _reference_estimates(ps)
+        est = reference_calibration_estimates(ps.prefill_cost_model, ps.decode_throughput_model)
         out.append(
             ConfigWarning(
                 "program_scheduling_reference_calibration",
@@ -364,12 +356,15 @@ def config_warnings(cfg: AgentdConfig) -> list[ConfigWarning]:
                 "the reference can degrade admission, TTL and batch-gain decisions. Calibrate and set all seven.",
                 (
                     ("defaulted_fields", ",".join(defaulted)),
-                    ("reference_prefill_tokens", 50000),
-                    ("reference_prefill_seconds", round(prefill_s, 4)),
-                    ("reference_decode_batch_size", 4),
-                    ("reference_decode_context_tokens_per_request", 50000),
-                    ("reference_decode_context_tokens", 200000),
-                    ("reference_decode_throughput_tokens_per_second", round(decode_tps, 4)),
+                    ("reference_prefill_tokens", est.reference_prefill_tokens),
+                    ("reference_prefill_seconds", round(est.reference_prefill_seconds, 4)),
+                    ("reference_decode_batch_size", est.reference_decode_batch_size),
+                    ("reference_decode_context_tokens_per_request", est.reference_decode_context_tokens_per_request),
+                    ("reference_decode_context_tokens", est.reference_decode_context_tokens),
+                    (
+                        "reference_decode_throughput_tokens_per_second",
+                        round(est.reference_decode_throughput_tokens_per_second, 4),
+                    ),
                     ("calibration_docs", "docs/program-scheduling.md#offline-calibration-models"),
                 ),
             )
