@@ -1,0 +1,184 @@
+"""Dispatch contract between the HTTP proxy and the schedulers, and the native dispatcher.
+
+The proxy turns every accepted request into a :class:`ProxyRequest`, asks a :class:`Dispatcher`
+for a :class:`Lease` on one :class:`~daemon.config.BackendTarget`, forwards the request there and
+calls ``lease.finish(Outcome)`` exactly once when the response ended.  Leaving the lease context
+without ``finish`` means the request was abandoned (client gone, cancelled); the dispatcher then
+releases everything itself.
+
+:class:`NativeDispatcher` implements the request-level policies of :mod:`daemon.routing` for
+requests without Program identity.  It is the single writer of the per-target in-flight counts;
+health comes from a read-only view published by the health actor (:mod:`daemon.health`).
+Program scheduling (``actors/program_service.py``) implements the same protocol.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+
+from daemon.config import BackendTarget
+from daemon.routing import Policy, build_policy, routing_key
+
+if TYPE_CHECKING:
+    from actors.core.identity import ParsedIdentity
+
+
+@attrs.frozen
+class ProxyRequest:
+    request_id: str
+    endpoint: str  # "chat" | "completions" | "responses"
+    body: dict[str, Any]  # parsed JSON body as the client sent it (never mutated)
+    headers: Mapping[str, str]  # lower-case header names
+    model: str | None
+    stream: bool
+    estimated_prompt_tokens: int
+    routing_text: str
+    identity: ParsedIdentity | None = None
+
+
+@attrs.frozen
+class Usage:
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    completion_tokens: int | None
+
+
+@attrs.frozen
+class Outcome:
+    success: bool
+    usage: Usage | None
+    error: str | None
+    first_token_seconds: float | None
+    decode_seconds: float | None
+
+
+class Lease(Protocol):
+    @property
+    def target(self) -> BackendTarget: ...
+    @property
+    def wants_usage(self) -> bool: ...
+    def finish(self, outcome: Outcome) -> None: ...
+
+
+class Dispatcher(Protocol):
+    def lease(self, req: ProxyRequest) -> AbstractAsyncContextManager[Lease]: ...
+
+
+class DispatchRejected(Exception):
+    """An expected refusal (429/503 style) carrying the HTTP mapping."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str,
+        param: str | None = None,
+        retry_after_seconds: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.retry_after_seconds = retry_after_seconds
+
+
+class HealthView(Protocol):
+    """Read-only health state (written only by the health actor)."""
+
+    def healthy_targets(self) -> tuple[BackendTarget, ...]: ...
+    def unhealthy_reason(self) -> str: ...
+
+
+@attrs.define(eq=False)
+class NativeLease:
+    target: BackendTarget
+    wants_usage: bool = False
+    outcome: Outcome | None = None
+
+    def finish(self, outcome: Outcome) -> None:
+        if self.outcome is not None:
+            raise RuntimeError(f"lease on {self.target.target_id} finished twice")
+        self.outcome = outcome
+
+
+@attrs.frozen
+class NativeStatistics:
+    leases_granted_count: int
+    finished_count: int
+    abandoned_count: int
+    rejected_count: int
+
+
+class NativeDispatcher:
+    """Request-level routing over healthy targets; owns the in-flight count per target."""
+
+    def __init__(
+        self,
+        targets: Sequence[BackendTarget],
+        policy: str,
+        health: HealthView,
+        rng: random.Random,
+        on_in_flight: Callable[[BackendTarget, int], None] | None = None,
+    ) -> None:
+        self.targets = tuple(targets)
+        self.policy: Policy = build_policy(policy, self.targets, rng)
+        self._health = health
+        self._in_flight = [0] * len(self.targets)
+        self._on_in_flight = on_in_flight
+        self._granted = 0
+        self._finished = 0
+        self._abandoned = 0
+        self._rejected = 0
+
+    def in_flight(self, target: BackendTarget) -> int:
+        return self._in_flight[target.index]
+
+    def total_in_flight(self) -> int:
+        return sum(self._in_flight)
+
+    def statistics(self) -> NativeStatistics:
+        return NativeStatistics(self._granted, self._finished, self._abandoned, self._rejected)
+
+    def pick(self, req: ProxyRequest) -> BackendTarget:
+        healthy = self._health.healthy_targets()
+        if not healthy:
+            self._rejected += 1
+            raise DispatchRejected(
+                503,
+                f"no healthy targets are available: {self._health.unhealthy_reason()}",
+                "no_healthy_target",
+            )
+        if len(healthy) == 1:
+            return healthy[0]
+        key = ""
+        if self.policy.name == "consistent_hash":
+            key = routing_key(req.headers, req.routing_text, req.body)
+        return self.policy.choose(healthy, key, self._in_flight)
+
+    @asynccontextmanager
+    async def _lease(self, target: BackendTarget) -> AsyncIterator[NativeLease]:
+        lease = NativeLease(target)
+        self._adjust(target, +1)
+        self._granted += 1
+        try:
+            yield lease
+        finally:  # synchronous release: nothing to await, so cancellation cannot skip it
+            self._adjust(target, -1)
+            if lease.outcome is None:
+                self._abandoned += 1
+            else:
+                self._finished += 1
+
+    def lease(self, req: ProxyRequest) -> AbstractAsyncContextManager[NativeLease]:
+        return self._lease(self.pick(req))
+
+    def _adjust(self, target: BackendTarget, delta: int) -> None:
+        self._in_flight[target.index] += delta
+        if self._on_in_flight is not None:
+            self._on_in_flight(target, self._in_flight[target.index])

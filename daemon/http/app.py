@@ -1,0 +1,226 @@
+"""The Quart-Trio application: proxy routes on a raw ASGI fast path, operational routes in Quart.
+
+``create_app(handles)`` returns an :class:`AgentdApp`.  Its ``asgi_app`` sends the three
+agent-facing POST routes (``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``)
+straight to :func:`serve_proxy_asgi`, which runs the whole request - body read with the size
+limit, validation, dispatch, forwarding and relay - in one coroutine:
+
+* the lease, the upstream stream and the response share one structured lifetime (no body
+  generator outliving the handler, no lease handed across tasks);
+* a sibling task waits for ``http.disconnect`` and cancels the request scope, so a client that
+  goes away mid-stream cancels the upstream request at once;
+* it avoids Quart's per-request context machinery on the hot path.
+
+Everything else (``/v1/models``, ``/health``, ``/metrics``, ``/scheduling/diagnostics``, 404/405
+for unknown routes/methods) is ordinary Quart.  Every error body is OpenAI-shaped; unexpected
+exceptions become a 500 ``internal_error`` without a traceback (the traceback goes to the log).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import trio
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from daemon.http.diagnostics import diagnostics_blueprint
+from daemon.http.errors import ApiError, error_body
+from daemon.http.metrics_route import metrics_blueprint
+from daemon.http.proxy import ClientGone, ProxyEngine, send_error
+from daemon.http.requests import ENDPOINTS
+from daemon.logs import get_logger, log_event
+from daemon.upstream import client_headers
+
+if TYPE_CHECKING:
+    from daemon.handles import DaemonHandles
+
+logger = get_logger("http")
+JSON = "application/json"
+
+
+class AsgiSink:
+    """:class:`~daemon.http.proxy.ResponseSink` over an ASGI ``send``."""
+
+    def __init__(self, send: Any) -> None:
+        self._send = send
+        self.started = False
+
+    async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
+        self.started = True
+        await self._send({
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+        })
+
+    async def send(self, chunk: bytes) -> None:
+        try:
+            await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise ClientGone(str(exc)) from exc
+
+    async def end(self) -> None:
+        try:
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise ClientGone(str(exc)) from exc
+
+
+def _scope_headers(scope: dict[str, Any]) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope["headers"]:
+        name = raw_name.decode("latin-1").lower()
+        value = raw_value.decode("latin-1")
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return headers
+
+
+async def _read_body(receive: Any, limit: int, declared: str | None) -> bytes | None:
+    """The request body, ``None`` when the client disconnected; ApiError 413 over ``limit``."""
+    too_large = ApiError(413, f"request body exceeds the limit of {limit} bytes (server.max_body_bytes)",
+                         code="body_too_large")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                raise too_large
+        except ValueError:
+            raise ApiError(400, f"invalid content-length header: {declared!r}",
+                           code="invalid_header", param="content-length") from None
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _watch_disconnect(receive: Any, scope: trio.CancelScope) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return
+
+
+async def serve_proxy_asgi(
+    engine: ProxyEngine, max_body_bytes: int, endpoint: str, scope: dict[str, Any], receive: Any, send: Any
+) -> None:
+    """One agent-facing POST request, end to end (see the module docstring)."""
+    sink = AsgiSink(send)
+    headers = _scope_headers(scope)
+    try:
+        raw = await _read_body(receive, max_body_bytes, headers.get("content-length"))
+        if raw is None:
+            return
+        req = engine.build_request(endpoint, raw, headers)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+            await engine.handle(req, sink, raw_body=raw)
+            nursery.cancel_scope.cancel()
+    except ApiError as error:
+        if not sink.started:
+            await send_error(sink, error)
+    except ClientGone:
+        log_event(logger, logging.INFO, "client_gone", path=scope["path"])
+    except Exception:  # a bug: answer 500 without leaking the traceback, log it
+        logger.exception("proxy handler failed", extra={"agentd_event": "internal_error",
+                                                        "agentd_fields": {"path": scope["path"]}})
+        if not sink.started:
+            await send_error(sink, ApiError(500, "internal error in agentd (see the daemon log)",
+                                            code="internal_error"))
+
+
+class AgentdApp(QuartTrio):
+    handles: DaemonHandles
+
+    async def asgi_app(self, scope: Any, receive: Any, send: Any) -> None:  # type: ignore[override]
+        if scope["type"] == "http":
+            endpoint = ENDPOINTS.get(scope["path"])
+            if endpoint is not None:
+                if scope["method"] == "POST":
+                    await serve_proxy_asgi(
+                        self.handles.engine, self.handles.config.server.max_body_bytes,
+                        endpoint, scope, receive, send,
+                    )
+                    return
+                error = ApiError(405, f"method {scope['method']} is not allowed on {scope['path']}; use POST",
+                                 code="method_not_allowed", headers=(("allow", "POST"),))
+                await send_error(AsgiSink(send), error)
+                return
+        await super().asgi_app(scope, receive, send)
+
+
+def _json_response(body: bytes, status: int, headers: dict[str, str] | None = None) -> Response:
+    return Response(body, status=status, content_type=JSON, headers=headers)
+
+
+def create_app(handles: DaemonHandles) -> AgentdApp:
+    app = AgentdApp("agentd")
+    app.handles = handles
+    app.config["RESPONSE_TIMEOUT"] = None  # streams may legitimately last for minutes
+    app.config["BODY_TIMEOUT"] = None
+    app.config["MAX_CONTENT_LENGTH"] = handles.config.server.max_body_bytes
+    app.register_blueprint(diagnostics_blueprint(handles))
+    app.register_blueprint(metrics_blueprint(handles.registry))
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        healthy = handles.health.healthy_targets()
+        if not healthy:
+            raise ApiError(503, f"no healthy targets are available: {handles.health.unhealthy_reason()}",
+                           code="no_healthy_target")
+        target = healthy[0]
+        try:
+            upstream = await handles.client.get(
+                f"{target.worker_url}/v1/models",
+                headers={"authorization": request.headers["authorization"]}
+                if "authorization" in request.headers else None,
+            )
+        except httpx.HTTPError as exc:
+            raise ApiError(502, f"worker {target.target_id} is unreachable: {type(exc).__name__}: {exc}",
+                           code="upstream_unreachable", error_type="upstream_error") from exc
+        if upstream.status_code >= 500:
+            raise ApiError(502, f"worker {target.target_id} failed with HTTP {upstream.status_code}",
+                           code="upstream_status", error_type="upstream_error")
+        return Response(upstream.content, status=upstream.status_code,
+                        headers=dict(client_headers(upstream.headers)))
+
+    @app.errorhandler(ApiError)
+    async def api_error(error: ApiError) -> Response:
+        return _json_response(error.body(), error.status, dict(error.headers))
+
+    @app.errorhandler(HTTPException)
+    async def http_error(error: HTTPException) -> Response:
+        status = error.code or 500
+        codes = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+        message = {
+            404: f"unknown route {request.method} {request.path}",
+            405: f"method {request.method} is not allowed on {request.path}",
+            413: "request body exceeds server.max_body_bytes",
+        }.get(status, error.description or error.name)
+        headers = {}
+        if status == 405 and getattr(error, "valid_methods", None):
+            headers["allow"] = ", ".join(error.valid_methods)  # type: ignore[attr-defined]
+        body = error_body(message, "invalid_request_error" if status < 500 else "server_error",
+                          None, codes.get(status, f"http_{status}"))
+        return _json_response(body, status, headers)
+
+    @app.errorhandler(Exception)
+    async def internal_error(error: Exception) -> Response:
+        logger.error("unhandled error", exc_info=error,
+                     extra={"agentd_event": "internal_error", "agentd_fields": {"path": request.path}})
+        body = error_body("internal error in agentd (see the daemon log)", "server_error", None, "internal_error")
+        return _json_response(body, 500)
+
+    return app

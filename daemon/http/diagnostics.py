@@ -1,0 +1,91 @@
+"""``GET /health`` and ``GET /scheduling/diagnostics``.
+
+``/health``: 200 ``{"status": "ok", ...}`` once the daemon is serving and at least one target
+is healthy; 503 ``{"status": "unavailable", "reason": ...}`` naming each worker's last verdict
+otherwise.
+
+``/scheduling/diagnostics``: the Program scheduling snapshot (periphery spec section 6 schema,
+from ``program_dispatcher.diagnostics()``) when Program scheduling is on, else
+``{"enabled": false}``; in both cases merged with a ``proxy`` section owned by the proxy:
+targets with health and in-flight counts, the native policy and its lease statistics.
+Snapshots are built on demand, never on the request hot path.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import attrs
+from quart import Blueprint, Response
+
+if TYPE_CHECKING:
+    from daemon.handles import DaemonHandles
+
+
+def health_payload(handles: DaemonHandles) -> tuple[int, dict[str, Any]]:
+    healthy = handles.health.healthy_targets()
+    payload: dict[str, Any] = {
+        "healthy_targets": len(healthy),
+        "targets": len(handles.targets),
+        "embedded": handles.config.embedded_mode,
+    }
+    if healthy:
+        return 200, {"status": "ok", **payload}
+    return 503, {
+        "status": "unavailable",
+        "reason": f"no healthy targets are available: {handles.health.unhealthy_reason()}",
+        **payload,
+    }
+
+
+def proxy_section(handles: DaemonHandles) -> dict[str, Any]:
+    board = handles.health
+    native = handles.native_dispatcher
+    targets = []
+    for target in handles.targets:
+        worker = board.worker(target.worker_url)
+        targets.append({
+            "target_id": target.target_id,
+            "base_url": target.worker_url,
+            "dp_rank": target.dp_rank,
+            "healthy": worker.healthy,
+            "health_reason": worker.reason,
+            "health_checked_at": worker.checked_at,
+            "consecutive_health_failures": worker.consecutive_failures_count,
+            "native_in_flight_requests": native.in_flight(target),
+        })
+    return {
+        "policy": handles.config.routing.policy,
+        "embedded": handles.config.embedded_mode,
+        "health_rounds": board.rounds_count,
+        "native": attrs.asdict(native.statistics()),
+        "targets": targets,
+    }
+
+
+def diagnostics_payload(handles: DaemonHandles) -> dict[str, Any]:
+    program = handles.program_dispatcher
+    section: dict[str, Any]
+    if program is not None and hasattr(program, "diagnostics"):
+        section = dict(program.diagnostics())
+    else:
+        section = {"enabled": False}
+    section["proxy"] = proxy_section(handles)
+    return section
+
+
+def diagnostics_blueprint(handles: DaemonHandles) -> Blueprint:
+    bp = Blueprint("diagnostics", __name__)
+
+    @bp.get("/health")
+    async def health() -> Response:
+        status, payload = health_payload(handles)
+        return Response(json.dumps(payload), status=status, content_type="application/json")
+
+    @bp.get("/scheduling/diagnostics")
+    async def diagnostics() -> Response:
+        return Response(json.dumps(diagnostics_payload(handles), default=str),
+                        status=200, content_type="application/json")
+
+    return bp

@@ -1,0 +1,51 @@
+"""OpenAI-style error bodies: ``{"error": {"message", "type", "param", "code"}}``.
+
+:class:`ApiError` is raised anywhere in the HTTP layer for an expected failure (bad input,
+no healthy target, worker failure) and rendered by :func:`error_body`.  ``type`` follows the
+OpenAI convention: ``invalid_request_error`` for 4xx caused by the client, ``server_error`` for
+agentd-side 5xx and ``upstream_error`` when a worker failed.  ``code`` is a short stable token.
+"""
+
+from __future__ import annotations
+
+import json
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str,
+        param: str | None = None,
+        error_type: str | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.error_type = error_type or default_type(status)
+        self.headers = headers
+
+    def body(self) -> bytes:
+        return error_body(self.message, self.error_type, self.param, self.code)
+
+
+def default_type(status: int) -> str:
+    if status == 429:
+        return "rate_limit_error"
+    if 400 <= status < 500:
+        return "invalid_request_error"
+    return "server_error"
+
+
+def error_body(message: str, error_type: str, param: str | None, code: str | None) -> bytes:
+    payload = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    return json.dumps(payload).encode()
+
+
+def error_dict(message: str, error_type: str, param: str | None, code: str | None) -> dict:
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}

@@ -1,0 +1,344 @@
+"""The proxy engine: dispatch, forward, relay, report - independent of Quart and of sockets.
+
+:class:`ProxyEngine` holds everything one request needs (httpx client, dispatchers, metrics) and
+exposes two steps:
+
+* :meth:`ProxyEngine.build_request` - raw body + headers -> validated
+  :class:`~daemon.dispatch.ProxyRequest` (raises :class:`~daemon.http.errors.ApiError`);
+* :meth:`ProxyEngine.handle` - lease a target, forward, relay the response into a
+  :class:`ResponseSink`, ``lease.finish(Outcome)`` exactly once when the response ended.
+
+The HTTP server drives it through :func:`serve_proxy_asgi` (a raw ASGI handler mounted in front of
+the Quart app, see :mod:`daemon.http.app`); ``agentd simulate`` calls ``handle`` directly with a
+:class:`CollectingSink` under MockClock.  Both share this one code path.
+
+Forwarding rules: POST to ``worker_url + path`` with ``X-data-parallel-rank: <rank>``; the body
+bytes are forwarded unchanged unless ``vllm_xargs.agentic_context`` must be rewritten
+(``routing.agentic_context_forwarding``) or usage must be injected (the lease ``wants_usage``, the
+client streams without ``stream_options.include_usage``: agentd sets it and drops the extra
+usage-only chunk).  Streams are relayed chunk by chunk (``aiter_raw``, no buffering); completion
+is the end of the upstream stream.  Worker 5xx -> 502 (503 stays 503) naming the target; worker
+4xx are relayed unchanged; unreachable -> 502; timeout -> 504.  Cancellation (client disconnect)
+propagates: the upstream request is closed and the lease is left without ``finish`` (abandoned).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import attrs
+import httpx
+import trio
+
+from daemon.dispatch import Dispatcher, DispatchRejected, Lease, Outcome, ProxyRequest
+from daemon.http.errors import ApiError, error_body
+from daemon.http.requests import ENDPOINTS, parse_json_body, request_texts, validate_body
+from daemon.logs import get_logger, log_event
+from daemon.metrics import NO_TARGET, ProxyMetrics
+from daemon.upstream import (
+    UpstreamError,
+    UsageAccumulator,
+    UsageChunkFilter,
+    client_headers,
+    map_httpx_error,
+    upstream_headers,
+)
+
+logger = get_logger("proxy")
+PATHS: dict[str, str] = {endpoint: path for path, endpoint in ENDPOINTS.items()}
+ERROR_SNIPPET_BYTES = 512
+JSON_HEADERS: list[tuple[str, str]] = [("content-type", "application/json")]
+
+IdentityParser = Callable[[dict[str, Any], Mapping[str, str]], Any]
+StripFunction = Callable[[dict[str, Any], str], dict[str, Any]]
+
+
+class ClientGone(Exception):
+    """The client went away while the response was being written."""
+
+
+class ResponseSink(Protocol):
+    async def start(self, status: int, headers: list[tuple[str, str]]) -> None: ...
+    async def send(self, chunk: bytes) -> None: ...
+    async def end(self) -> None: ...
+
+
+@attrs.define(eq=False)
+class CollectingSink:
+    """Collects a whole response in memory (``agentd simulate``, tests)."""
+
+    status: int | None = None
+    headers: list[tuple[str, str]] = attrs.field(factory=list)
+    chunks: list[bytes] = attrs.field(factory=list)
+    ended: bool = False
+
+    async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
+        self.status, self.headers = status, headers
+
+    async def send(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+
+    async def end(self) -> None:
+        self.ended = True
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+async def send_error(sink: ResponseSink, error: ApiError) -> None:
+    body = error.body()
+    await sink.start(
+        error.status,
+        [*JSON_HEADERS, ("content-length", str(len(body))), *error.headers],
+    )
+    await sink.send(body)
+    await sink.end()
+
+
+def _truthy_include_usage(body: Mapping[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+class ProxyEngine:
+    def __init__(
+        self,
+        *,
+        client: httpx.AsyncClient,
+        native: Dispatcher,
+        metrics: ProxyMetrics,
+        agentic_context_forwarding: str,
+        strip_agentic_context: StripFunction,
+        program: Dispatcher | None = None,
+        identity_parser: IdentityParser | None = None,
+    ) -> None:
+        self.client = client
+        self.native = native
+        self.program = program
+        self.metrics = metrics
+        self.forwarding_mode = agentic_context_forwarding
+        self.strip = strip_agentic_context
+        self.identity_parser = identity_parser
+        self._ids = itertools.count(1)
+
+    def build_request(
+        self, endpoint: str, raw: bytes, headers: Mapping[str, str]
+    ) -> ProxyRequest:
+        body = parse_json_body(raw)
+        validate_body(endpoint, body)
+        identity = None
+        if self.identity_parser is not None:
+            identity = self.identity_parser(body, headers)
+        routing_text, estimate = request_texts(endpoint, body)
+        return ProxyRequest(
+            request_id=f"agentd-{next(self._ids)}",
+            endpoint=endpoint,
+            body=body,
+            headers=headers,
+            model=body.get("model"),
+            stream=body.get("stream") is True,
+            estimated_prompt_tokens=estimate,
+            routing_text=routing_text,
+            identity=identity,
+        )
+
+    async def handle(
+        self, req: ProxyRequest, sink: ResponseSink, *, raw_body: bytes | None = None
+    ) -> None:
+        """Serve one request end to end; every expected failure becomes an error response."""
+        dispatcher = self.program if (self.program is not None and req.identity is not None) else self.native
+        try:
+            async with dispatcher.lease(req) as lease:
+                await self._forward(req, lease, sink, raw_body)
+        except DispatchRejected as rejected:
+            self.metrics.rejected.labels(rejected.code).inc()
+            self.metrics.count_request(req.endpoint, NO_TARGET, "rejected")
+            headers: tuple[tuple[str, str], ...] = ()
+            if rejected.retry_after_seconds is not None:
+                headers = (("retry-after", str(max(1, round(rejected.retry_after_seconds)))),)
+            log_event(logger, logging.INFO, "proxy_rejected", request_id=req.request_id,
+                      status=rejected.status, code=rejected.code, reason=rejected.message)
+            await send_error(sink, ApiError(rejected.status, rejected.message, code=rejected.code,
+                                            param=rejected.param, headers=headers))
+
+    def _outgoing_body(self, req: ProxyRequest, lease: Lease, raw_body: bytes | None) -> tuple[bytes, bool]:
+        body = req.body
+        modified = False
+        xargs = body.get("vllm_xargs")
+        if self.forwarding_mode != "unchanged" and isinstance(xargs, dict) and "agentic_context" in xargs:
+            body = self.strip(body, self.forwarding_mode)
+            modified = True
+        inject = (
+            req.stream
+            and lease.wants_usage
+            and req.endpoint in ("chat", "completions")
+            and not _truthy_include_usage(body)
+        )
+        if inject:
+            options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
+            body = {**body, "stream_options": {**options, "include_usage": True}}
+            modified = True
+        if modified or raw_body is None:
+            return json.dumps(body).encode(), inject
+        return raw_body, inject
+
+    async def _forward(
+        self, req: ProxyRequest, lease: Lease, sink: ResponseSink, raw_body: bytes | None
+    ) -> None:
+        target = lease.target
+        tm = self.metrics.for_target(target.target_id)
+        content, inject = self._outgoing_body(req, lease, raw_body)
+        started = trio.current_time()
+        outcome_label = "client_disconnect"
+        tm.in_flight.inc()
+        try:
+            request = self.client.build_request(
+                "POST",
+                target.worker_url + PATHS[req.endpoint],
+                headers=upstream_headers(req.headers, target.dp_rank, req.request_id),
+                content=content,
+            )
+            try:
+                response = await self.client.send(request, stream=True)
+            except httpx.HTTPError as exc:
+                error = map_httpx_error(target.target_id, exc)
+                outcome_label = f"upstream_{error.kind}"
+                await self._fail(lease, sink, error)
+                return
+            try:
+                outcome_label = await self._relay(req, lease, sink, response, started, inject)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await response.aclose()
+        finally:
+            tm.in_flight.dec()
+            tm.duration.observe(trio.current_time() - started)
+            self.metrics.count_request(req.endpoint, target.target_id, outcome_label)
+            log_event(logger, logging.DEBUG, "proxy_request", request_id=req.request_id,
+                      endpoint=req.endpoint, target=target.target_id, outcome=outcome_label,
+                      duration_seconds=round(trio.current_time() - started, 6))
+
+    async def _fail(self, lease: Lease, sink: ResponseSink, error: UpstreamError) -> None:
+        self.metrics.upstream_errors.labels(error.target_id, error.kind).inc()
+        log_event(logger, logging.WARNING, "upstream_error", target=error.target_id,
+                  kind=error.kind, detail=error.detail)
+        lease.finish(Outcome(False, None, f"upstream_{error.kind}", None, None))
+        await send_error(sink, ApiError(error.status, str(error), code=f"upstream_{error.kind}",
+                                        error_type="upstream_error"))
+
+    async def _relay(
+        self,
+        req: ProxyRequest,
+        lease: Lease,
+        sink: ResponseSink,
+        response: httpx.Response,
+        started: float,
+        inject: bool,
+    ) -> str:
+        target_id = lease.target.target_id
+        status = response.status_code
+        if status >= 500:
+            snippet = await _read_snippet(response)
+            self.metrics.upstream_errors.labels(target_id, "status").inc()
+            log_event(logger, logging.WARNING, "upstream_error", target=target_id, kind="status",
+                      status=status, detail=snippet)
+            lease.finish(Outcome(False, None, "upstream_status", None, None))
+            await send_error(sink, ApiError(
+                503 if status == 503 else 502,
+                f"worker {target_id} failed with HTTP {status}: {snippet}",
+                code="upstream_status", error_type="upstream_error"))
+            return "upstream_status"
+        headers = client_headers(response.headers)
+        is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
+        if req.stream and is_sse and 200 <= status < 300:
+            return await self._relay_stream(lease, sink, response, headers, started, inject)
+        try:
+            body = await response.aread()
+        except httpx.HTTPError as exc:
+            return await self._fail_or_abort(lease, sink, map_httpx_error(target_id, exc), False)
+        accumulator = UsageAccumulator()
+        accumulator.feed_json(body)
+        ok = 200 <= status < 300
+        lease.finish(Outcome(ok, accumulator.usage, None if ok else "upstream_status", None, None))
+        await sink.start(status, [*headers, ("content-length", str(len(body)))])
+        await sink.send(body)
+        await sink.end()
+        return "success" if ok else "upstream_status"
+
+    async def _relay_stream(
+        self,
+        lease: Lease,
+        sink: ResponseSink,
+        response: httpx.Response,
+        headers: list[tuple[str, str]],
+        started: float,
+        inject: bool,
+    ) -> str:
+        tm = self.metrics.for_target(lease.target.target_id)
+        accumulator = UsageAccumulator()
+        chunk_filter = UsageChunkFilter() if inject else None
+        first: float | None = None
+        last: float | None = None
+        await sink.start(response.status_code, headers)
+        try:
+            async for chunk in response.aiter_raw():
+                if not chunk:
+                    continue
+                accumulator.feed_sse(chunk)
+                now = trio.current_time()
+                if first is None:
+                    first = now
+                    tm.first_token.observe(now - started)
+                last = now
+                out = chunk_filter.feed(chunk) if chunk_filter is not None else chunk
+                if out:
+                    await sink.send(out)
+            if chunk_filter is not None:
+                rest = chunk_filter.flush()
+                if rest:
+                    await sink.send(rest)
+        except httpx.HTTPError as exc:
+            error = map_httpx_error(lease.target.target_id, exc)
+            return await self._fail_or_abort(lease, sink, error, True)
+        lease.finish(Outcome(
+            True,
+            accumulator.finish(),
+            None,
+            None if first is None else first - started,
+            None if first is None or last is None else last - first,
+        ))
+        await sink.end()
+        return "success"
+
+    async def _fail_or_abort(
+        self, lease: Lease, sink: ResponseSink, error: UpstreamError, stream_started: bool
+    ) -> str:
+        """A worker failure after the upstream headers arrived."""
+        if not stream_started:
+            await self._fail(lease, sink, error)
+            return f"upstream_{error.kind}"
+        self.metrics.upstream_errors.labels(error.target_id, "stream").inc()
+        log_event(logger, logging.WARNING, "upstream_error", target=error.target_id,
+                  kind="stream", detail=error.detail)
+        lease.finish(Outcome(False, None, "upstream_stream", None, None))
+        payload = json.loads(error_body(str(error), "upstream_error", None, "upstream_stream"))
+        await sink.send(b"data: " + json.dumps(payload).encode() + b"\n\n")
+        await sink.end()
+        return "upstream_stream"
+
+
+async def _read_snippet(response: httpx.Response) -> str:
+    data = b""
+    try:
+        async for chunk in response.aiter_raw():
+            data += chunk
+            if len(data) >= ERROR_SNIPPET_BYTES:
+                break
+    except httpx.HTTPError:
+        pass
+    return data[:ERROR_SNIPPET_BYTES].decode("utf-8", "replace").strip() or "(empty body)"

@@ -1,0 +1,232 @@
+"""Parsing and validating agent requests into :class:`~daemon.dispatch.ProxyRequest`.
+
+Validation covers what the proxy itself relies on (so a bad value becomes a 400 naming the
+field instead of a 500 or a confusing worker error): the body is a JSON object, ``model`` a
+string, ``stream`` a bool, ``stream_options`` an object with a bool ``include_usage``,
+``messages`` a list of objects with a string ``role`` (chat), ``prompt`` a string / list of
+strings / token ids (completions), ``input`` a string or a list (responses), token limits
+integers >= 1, ``n`` an integer >= 1, ``vllm_xargs`` an object.  Everything else is the worker's
+business and passes through untouched.
+
+Text used for routing and prompt-token estimation (periphery spec 9.5):
+
+* ``routing_text`` = system prompt + first user message (chat), the prompt (completions),
+  instructions + first input item (responses) - the native consistent-hash key material;
+* ``estimated_prompt_tokens`` = ``max(1, ceil(bytes(text) * 0.25))`` where ``text`` is one
+  role-prefixed line per message part plus tool schemas sorted by name.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from daemon.http.errors import ApiError
+
+ENDPOINTS: dict[str, str] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+}
+TOKENS_PER_BYTE = 0.25
+_TOKEN_LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n")
+
+
+def bad_field(param: str, rule: str, value: Any) -> ApiError:
+    shown = json.dumps(value)[:80] if not isinstance(value, str) else json.dumps(value[:80])
+    return ApiError(400, f"'{param}' {rule}, got {shown}", code="invalid_type", param=param)
+
+
+def parse_json_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, f"request body is not valid UTF-8: {exc}", code="invalid_json") from exc
+    except ValueError as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(body, dict):
+        raise ApiError(
+            400,
+            f"request body must be a JSON object, got {type(body).__name__}",
+            code="invalid_json",
+        )
+    return body
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def validate_body(endpoint: str, body: Mapping[str, Any]) -> None:
+    """Raise :class:`ApiError` (400, ``param`` = field path) for the first invalid field."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_field("model", "must be a string", model)
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise bad_field("stream", "must be a boolean", stream)
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise bad_field("stream_options", "must be an object", options)
+        include = options.get("include_usage")
+        if include is not None and not isinstance(include, bool):
+            raise bad_field("stream_options.include_usage", "must be a boolean", include)
+    for name in _TOKEN_LIMIT_FIELDS:
+        value = body.get(name)
+        if value is not None and (not _is_int(value) or value < 1):
+            raise bad_field(name, "must be an integer >= 1", value)
+    xargs = body.get("vllm_xargs")
+    if xargs is not None and not isinstance(xargs, dict):
+        raise bad_field("vllm_xargs", "must be an object", xargs)
+    if endpoint == "chat":
+        _validate_messages(body)
+    elif endpoint == "completions":
+        _validate_prompt(body)
+    else:
+        _validate_input(body)
+
+
+def _validate_messages(body: Mapping[str, Any]) -> None:
+    if "messages" not in body:
+        raise ApiError(400, "'messages' is required", code="missing_field", param="messages")
+    messages = body["messages"]
+    if not isinstance(messages, list):
+        raise bad_field("messages", "must be a list", messages)
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise bad_field(f"messages[{i}]", "must be an object", message)
+        role = message.get("role")
+        if not isinstance(role, str):
+            raise bad_field(f"messages[{i}].role", "must be a string", role)
+        content = message.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise bad_field(f"messages[{i}].content", "must be a string, a list or null", content)
+
+
+def _validate_prompt(body: Mapping[str, Any]) -> None:
+    if "prompt" not in body:
+        raise ApiError(400, "'prompt' is required", code="missing_field", param="prompt")
+    prompt = body["prompt"]
+    if isinstance(prompt, str):
+        return
+    if isinstance(prompt, list) and all(
+        isinstance(p, str) or _is_int(p) or (isinstance(p, list) and all(_is_int(t) for t in p))
+        for p in prompt
+    ):
+        return
+    raise bad_field("prompt", "must be a string, a list of strings or a list of token ids", prompt)
+
+
+def _validate_input(body: Mapping[str, Any]) -> None:
+    if "input" not in body:
+        raise ApiError(400, "'input' is required", code="missing_field", param="input")
+    value = body["input"]
+    if not isinstance(value, str | list):
+        raise bad_field("input", "must be a string or a list", value)
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise bad_field("instructions", "must be a string", instructions)
+
+
+def _content_text(content: Any) -> list[str]:
+    if isinstance(content, str):
+        return [content]
+    parts: list[str] = []
+    if isinstance(content, list):
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict):
+                text = part.get("text")
+                if isinstance(text, str):
+                    parts.append(text)
+    return parts
+
+
+def chat_texts(body: Mapping[str, Any]) -> tuple[str, str]:
+    """(routing_text, estimation_text) of a chat request."""
+    messages = body.get("messages") or []
+    system: list[str] = []
+    first_user: str | None = None
+    lines: list[str] = []
+    for message in messages:
+        role = message.get("role", "")
+        texts = _content_text(message.get("content"))
+        if role in ("system", "developer"):
+            system.extend(texts)
+        elif role == "user" and first_user is None:
+            first_user = "\n".join(texts)
+        lines.extend(f"{role}:{text}" for text in texts)
+        for call in message.get("tool_calls") or ():
+            if isinstance(call, dict) and isinstance(call.get("function"), dict):
+                fn = call["function"]
+                lines.append(f"assistant_tool_call:{fn.get('name', '')}:{fn.get('arguments', '')}")
+        function_call = message.get("function_call")
+        if isinstance(function_call, dict):
+            lines.append(
+                f"assistant_function_call:{function_call.get('name', '')}:"
+                f"{function_call.get('arguments', '')}"
+            )
+    tools = [t for t in body.get("tools") or () if isinstance(t, dict)]
+    schemas = []
+    for tool in tools:
+        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        name = str(fn.get("name", ""))
+        params = json.dumps(fn.get("parameters"), sort_keys=True)
+        schemas.append((name, f"tool_schema:{name}:{fn.get('description', '')}:{params}"))
+    lines.extend(text for _, text in sorted(schemas))
+    routing = "\n".join([*system, first_user or ""]) if (system or first_user) else ""
+    return routing, "\n".join(lines) or routing
+
+
+def completions_text(body: Mapping[str, Any]) -> tuple[str, int | None]:
+    """(text, token count when the prompt is given as token ids)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt, None
+    if isinstance(prompt, list):
+        if prompt and all(_is_int(t) for t in prompt):
+            return json.dumps(prompt), len(prompt)
+        texts = [p if isinstance(p, str) else json.dumps(p) for p in prompt]
+        if prompt and all(isinstance(p, list) for p in prompt):
+            return "\n".join(texts), sum(len(p) for p in prompt)
+        return "\n".join(texts), None
+    return "", None
+
+
+def responses_texts(body: Mapping[str, Any]) -> tuple[str, str]:
+    instructions = body.get("instructions") or ""
+    value = body.get("input")
+    items: list[str] = []
+    if isinstance(value, str):
+        items.append(f"user:{value}")
+    elif isinstance(value, list):
+        for item in value:
+            if isinstance(item, str):
+                items.append(f"user:{item}")
+            elif isinstance(item, dict):
+                role = item.get("role", item.get("type", ""))
+                items.extend(f"{role}:{text}" for text in _content_text(item.get("content")))
+    first = items[0].split(":", 1)[1] if items else ""
+    routing = "\n".join(x for x in (instructions, first) if x)
+    lines = ([f"system:{instructions}"] if instructions else []) + items
+    return routing, "\n".join(lines) or routing
+
+
+def estimate_tokens(text: str) -> int:
+    return max(1, math.ceil(len(text.encode("utf-8")) * TOKENS_PER_BYTE))
+
+
+def request_texts(endpoint: str, body: Mapping[str, Any]) -> tuple[str, int]:
+    """(routing_text, estimated_prompt_tokens) of a validated body."""
+    if endpoint == "chat":
+        routing, text = chat_texts(body)
+        return routing, estimate_tokens(text)
+    if endpoint == "completions":
+        text, token_count = completions_text(body)
+        return text, max(1, token_count) if token_count is not None else estimate_tokens(text)
+    routing, text = responses_texts(body)
+    return routing, estimate_tokens(text)

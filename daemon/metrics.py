@@ -1,0 +1,123 @@
+"""Prometheus metrics of the agentd daemon.
+
+One :class:`prometheus_client.CollectorRegistry` per daemon (:func:`build_registry`), passed
+explicitly everywhere; nothing registers on the global default registry.
+
+Names follow ``agentd_<subsystem>_<what>_<unit>``; counters get ``_total`` from the client library.
+Label values are bounded: ``target`` is a configured target id (``URL@rank``), ``endpoint`` is
+``chat|completions|responses``, ``outcome``/``kind``/``reason`` are small enums defined by the proxy.
+
+Proxy catalogue (:class:`ProxyMetrics`):
+
+* ``agentd_proxy_requests_total{endpoint,target,outcome}`` - finished proxied requests
+  (``target="none"`` when dispatch rejected the request before a target was chosen);
+* ``agentd_proxy_in_flight_requests{target}`` - requests currently holding a lease on a target;
+* ``agentd_proxy_request_duration_seconds{target}`` - histogram, lease start to response end;
+* ``agentd_proxy_first_token_seconds{target}`` - histogram, lease start to first streamed chunk;
+* ``agentd_proxy_upstream_errors_total{target,kind}`` - unreachable / timeout / status / stream;
+* ``agentd_proxy_rejected_requests_total{reason}`` - dispatch rejections (no healthy target ...);
+* ``agentd_health_target_healthy{target}`` - 1 when the worker behind the target passes /health.
+
+Children for every known target are created up front (:meth:`ProxyMetrics.for_target`) so the
+request hot path does no label lookups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS_SECONDS: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0, 600.0,
+)
+ENDPOINTS: tuple[str, ...] = ("chat", "completions", "responses")
+OUTCOMES: tuple[str, ...] = (
+    "success", "upstream_status", "upstream_unreachable", "upstream_timeout", "upstream_stream",
+    "client_disconnect", "rejected",
+)
+UPSTREAM_ERROR_KINDS: tuple[str, ...] = ("unreachable", "timeout", "status", "stream")
+NO_TARGET = "none"
+
+
+def build_registry() -> CollectorRegistry:
+    """A fresh registry for one daemon (or one test)."""
+    return CollectorRegistry(auto_describe=True)
+
+
+@attrs.frozen(eq=False)
+class TargetMetrics:
+    """Pre-resolved metric children of one target (hot path)."""
+
+    in_flight: Gauge
+    duration: Histogram
+    first_token: Histogram
+    healthy: Gauge
+
+
+class ProxyMetrics:
+    """The proxy's metric families, registered on ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry, target_ids: Iterable[str]) -> None:
+        self.requests = Counter(
+            "agentd_proxy_requests",
+            "Proxied requests by endpoint, target and outcome.",
+            ["endpoint", "target", "outcome"],
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "agentd_proxy_in_flight_requests",
+            "Requests currently holding a lease on a target.",
+            ["target"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "agentd_proxy_request_duration_seconds",
+            "Time from lease start to the end of the relayed response.",
+            ["target"],
+            buckets=LATENCY_BUCKETS_SECONDS,
+            registry=registry,
+        )
+        self.first_token = Histogram(
+            "agentd_proxy_first_token_seconds",
+            "Time from lease start to the first relayed chunk of a streamed response.",
+            ["target"],
+            buckets=LATENCY_BUCKETS_SECONDS,
+            registry=registry,
+        )
+        self.upstream_errors = Counter(
+            "agentd_proxy_upstream_errors",
+            "Upstream failures by target and kind (unreachable, timeout, status, stream).",
+            ["target", "kind"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "agentd_proxy_rejected_requests",
+            "Requests rejected by dispatch before reaching a target, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.healthy = Gauge(
+            "agentd_health_target_healthy",
+            "1 when the worker behind the target passes its /health check, else 0.",
+            ["target"],
+            registry=registry,
+        )
+        self._targets: dict[str, TargetMetrics] = {}
+        for target_id in target_ids:
+            self._targets[target_id] = TargetMetrics(
+                in_flight=self.in_flight.labels(target_id),
+                duration=self.duration.labels(target_id),
+                first_token=self.first_token.labels(target_id),
+                healthy=self.healthy.labels(target_id),
+            )
+            for kind in UPSTREAM_ERROR_KINDS:
+                self.upstream_errors.labels(target_id, kind)
+
+    def for_target(self, target_id: str) -> TargetMetrics:
+        return self._targets[target_id]
+
+    def count_request(self, endpoint: str, target_id: str, outcome: str) -> None:
+        self.requests.labels(endpoint, target_id, outcome).inc()

@@ -1,0 +1,173 @@
+"""The supervisor: one root nursery, start order, signals and the graceful shutdown deadline.
+
+``run_daemon(cfg, ...)`` owns the per-daemon ``CollectorRegistry``, the single
+``httpx.AsyncClient`` and every long-lived task.  Start order (each step is ready before the
+next begins, via ``nursery.start``):
+
+1. registry, metrics, the httpx client (in embedded mode: the in-process simulated cluster and
+   a client whose ``http://embedded-sim*`` URLs are mounted on its transport - no sockets);
+2. the health actor (first round of ``/health`` checks done before it reports started);
+3. Program scheduling when ``cfg.program_scheduling`` is set
+   (``actors.program_service.run_program_scheduling``);
+4. the HTTP server last (and the extra ``/metrics`` listener when configured), so no request
+   can arrive before the actors are up.
+
+Then ``task_status.started(DaemonHandles)``.  Shutdown: ``handles.shutdown`` is set (by
+SIGINT/SIGTERM when ``handle_signals``; a second signal cancels at once) -> hypercorn stops
+accepting and drains in-flight requests until ``server.shutdown_grace_seconds`` have passed ->
+the root nursery cancels the actors -> ``run_daemon`` returns.  Any actor crash tears the whole
+daemon down (one-cancels-all); there are no restart loops.  Without HTTP (``serve_http=False``,
+used by ``agentd simulate`` under MockClock) requests go through ``handles.handle(...)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from actors.core.identity import IdentityError, parse_identity, strip_agentic_context
+from daemon.config import AgentdConfig
+from daemon.config_loading import config_warnings
+from daemon.dispatch import NativeDispatcher
+from daemon.handles import DaemonHandles
+from daemon.health import HealthBoard, run_health_checks
+from daemon.http.app import create_app
+from daemon.http.errors import ApiError
+from daemon.http.metrics_route import metrics_asgi_app
+from daemon.http.proxy import ProxyEngine
+from daemon.http.serve import serve_http as serve_asgi
+from daemon.logs import get_logger, log_event
+from daemon.metrics import ProxyMetrics, build_registry
+from daemon.upstream import client_kwargs
+
+logger = get_logger("supervisor")
+ClientFactory = Callable[[AgentdConfig], httpx.AsyncClient]
+
+
+def default_client(cfg: AgentdConfig, mounts: Mapping[str, httpx.AsyncBaseTransport] | None = None) -> httpx.AsyncClient:
+    kwargs = client_kwargs(cfg.routing.request_timeout_seconds, cfg.routing.connect_timeout_seconds)
+    if mounts:
+        kwargs["mounts"] = dict(mounts)
+    return httpx.AsyncClient(**kwargs)
+
+
+def identity_parser_for(cfg: AgentdConfig) -> Callable[[dict[str, Any], Mapping[str, str]], Any] | None:
+    """Program identity parsing when Program scheduling is on (IdentityError -> HTTP 400)."""
+    ps = cfg.program_scheduling
+    if ps is None:
+        return None
+    enable_key = ps.program_scheduling_enable_key
+
+    def parse(body: dict[str, Any], headers: Mapping[str, str]) -> Any:
+        try:
+            return parse_identity(body, headers, enable_key)
+        except IdentityError as exc:
+            raise ApiError(400, str(exc), code="invalid_program_identity", param=exc.param) from exc
+
+    return parse
+
+
+async def _watch_signals(shutdown: trio.Event, root: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            if shutdown.is_set():
+                log_event(logger, logging.WARNING, "shutdown_forced", signal=signal.Signals(signum).name)
+                root.cancel()
+                return
+            log_event(logger, logging.INFO, "shutdown_requested", signal=signal.Signals(signum).name)
+            shutdown.set()
+
+
+def _log_startup(cfg: AgentdConfig) -> None:
+    for warning in config_warnings(cfg):
+        log_event(logger, logging.WARNING, warning.event, message=warning.message, **dict(warning.fields))
+
+
+async def run_daemon(
+    cfg: AgentdConfig,
+    *,
+    client_factory: ClientFactory | None = None,
+    serve_http: bool = True,
+    rng: random.Random | None = None,
+    handle_signals: bool = False,
+    task_status: trio.TaskStatus[DaemonHandles] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run agentd until ``handles.shutdown`` is set (or a signal when ``handle_signals``).
+
+    ``client_factory(cfg)`` builds the upstream client for external workers (tests pass one on
+    an ``httpx.MockTransport``); in embedded mode the client is mounted on the simulated cluster.
+    ``rng`` seeds the ``random``/``power_of_two`` policies (default: an unseeded Random).
+    """
+    _log_startup(cfg)
+    registry = build_registry()
+    targets = cfg.targets()
+    metrics = ProxyMetrics(registry, [t.target_id for t in targets])
+    shutdown = trio.Event()
+    async with trio.open_nursery() as root:
+        if handle_signals:
+            root.start_soon(_watch_signals, shutdown, root.cancel_scope)
+        embedded: Any = None
+        if cfg.embedded_mode:
+            from daemon.embedded import start_embedded  # noqa: PLC0415 - only in embedded mode
+
+            embedded, mounts = await start_embedded(root, cfg, registry)
+            client = default_client(cfg, mounts)
+        else:
+            client = client_factory(cfg) if client_factory is not None else default_client(cfg)
+        async with client:
+            board = HealthBoard(targets)
+            await root.start(
+                run_health_checks, board, client,
+                cfg.routing.health_check_interval_seconds, cfg.routing.health_check_timeout_seconds,
+                metrics,
+            )
+            native = NativeDispatcher(targets, cfg.routing.policy, board, rng or random.Random())
+            program = None
+            if cfg.program_scheduling is not None:
+                from actors.program_service import run_program_scheduling  # noqa: PLC0415
+
+                program = await root.start(run_program_scheduling, cfg, client, registry)
+            engine = ProxyEngine(
+                client=client,
+                native=native,
+                metrics=metrics,
+                agentic_context_forwarding=cfg.routing.agentic_context_forwarding,
+                strip_agentic_context=strip_agentic_context,
+                program=program,
+                identity_parser=identity_parser_for(cfg),
+            )
+            handles = DaemonHandles(
+                config=cfg, targets=targets, registry=registry, client=client, health=board,
+                native_dispatcher=native, program_dispatcher=program, engine=engine,
+                metrics=metrics, embedded=embedded, shutdown=shutdown,
+            )
+            async with trio.open_nursery() as servers:
+                if serve_http:
+                    grace = cfg.server.shutdown_grace_seconds
+                    app = create_app(handles)
+                    http_url = await servers.start(
+                        serve_asgi, app, cfg.server.host, cfg.server.port, grace, shutdown.wait)
+                    metrics_url = None
+                    if cfg.prometheus.port is not None:
+                        metrics_url = await servers.start(
+                            serve_asgi, metrics_asgi_app(registry),
+                            cfg.prometheus.host or cfg.server.host, cfg.prometheus.port, grace,
+                            shutdown.wait)
+                    handles = attrs.evolve(handles, http_url=http_url, metrics_url=metrics_url)
+                    app.handles = handles
+                    log_event(logger, logging.INFO, "daemon_listening", url=http_url,
+                              metrics_url=metrics_url, targets=len(targets),
+                              embedded=cfg.embedded_mode, policy=cfg.routing.policy,
+                              program_scheduling=program is not None)
+                task_status.started(handles)
+                if not serve_http:
+                    await shutdown.wait()
+            log_event(logger, logging.INFO, "daemon_stopped")
+            root.cancel_scope.cancel()

@@ -1,0 +1,296 @@
+"""Talking to workers: the httpx client, error mapping, header hygiene and usage extraction.
+
+* :func:`client_kwargs` - timeouts and pool limits from ``cfg.routing`` for the one
+  ``httpx.AsyncClient`` the supervisor owns.
+* :class:`UpstreamError` family - httpx errors translated at the boundary into the three cases the
+  proxy maps to HTTP: unreachable (502), timeout (504) and protocol/stream failures (502).
+* :func:`upstream_headers` / :func:`client_headers` - hop-by-hop headers (RFC 9110 7.6.1 plus the
+  ones named in ``Connection``) never cross the proxy; the client's ``x-data-parallel-rank`` never
+  reaches a worker (agentd sets its own); ``content-length``/``host`` are recomputed.
+* :class:`UsageAccumulator` - token usage from a JSON body or an SSE stream in the chat,
+  completions and responses formats (``usage``, ``message.usage``, ``response.usage``); fields
+  merge by per-field max so partial chunks never regress.
+* :class:`UsageChunkFilter` - when agentd injected ``stream_options.include_usage`` on behalf of
+  the scheduler, drops the extra usage-only chunk (``"choices": []`` plus ``usage``) before the
+  client sees it, at SSE event granularity (events are relayed as soon as they are complete).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import httpx
+
+from daemon.dispatch import Usage
+
+HOP_BY_HOP: frozenset[str] = frozenset(
+    {
+        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+        "te", "trailer", "trailers", "transfer-encoding", "upgrade",
+    }
+)
+DP_RANK_HEADER = "x-data-parallel-rank"
+_DROP_TO_UPSTREAM = HOP_BY_HOP | {"host", "content-length", "content-type", DP_RANK_HEADER, "accept-encoding", "expect"}
+_DROP_TO_CLIENT = HOP_BY_HOP | {"content-length", "date", "server"}
+MAX_SSE_LINE_BYTES = 1 << 20
+
+
+class UpstreamError(Exception):
+    """A failure talking to a worker; ``kind`` is the bounded metric/outcome label."""
+
+    kind = "stream"
+    status = 502
+
+    def __init__(self, target_id: str, detail: str) -> None:
+        super().__init__(f"worker {target_id} {self.describe()}: {detail}")
+        self.target_id = target_id
+        self.detail = detail
+
+    def describe(self) -> str:
+        return "failed mid-response"
+
+
+class UpstreamUnreachable(UpstreamError):
+    kind = "unreachable"
+    status = 502
+
+    def describe(self) -> str:
+        return "is unreachable"
+
+
+class UpstreamTimeout(UpstreamError):
+    kind = "timeout"
+    status = 504
+
+    def describe(self) -> str:
+        return "timed out"
+
+
+def map_httpx_error(target_id: str, exc: httpx.HTTPError) -> UpstreamError:
+    """Most specific :class:`UpstreamError` for an httpx error (chain with ``from exc``)."""
+    detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if isinstance(exc, httpx.TimeoutException):
+        return UpstreamTimeout(target_id, detail)
+    if isinstance(exc, httpx.ConnectError | httpx.UnsupportedProtocol):
+        return UpstreamUnreachable(target_id, detail)
+    return UpstreamError(target_id, detail)
+
+
+def client_kwargs(request_timeout_seconds: float, connect_timeout_seconds: float) -> dict[str, Any]:
+    """Keyword arguments for the daemon's ``httpx.AsyncClient``."""
+    return {
+        "timeout": httpx.Timeout(request_timeout_seconds, connect=connect_timeout_seconds),
+        "limits": httpx.Limits(max_connections=None, max_keepalive_connections=256),
+        "follow_redirects": False,
+        "trust_env": False,
+    }
+
+
+def _connection_named(headers: Iterable[tuple[str, str]]) -> frozenset[str]:
+    named: set[str] = set()
+    for name, value in headers:
+        if name == "connection":
+            named.update(part.strip().lower() for part in value.split(","))
+    return frozenset(named)
+
+
+def upstream_headers(
+    client_headers: Mapping[str, str], dp_rank: int, request_id: str
+) -> list[tuple[str, str]]:
+    """Headers sent to a worker: the client's minus hop-by-hop/DP/length, plus ours."""
+    extra_drop = _connection_named(client_headers.items())
+    out = [
+        (name, value)
+        for name, value in client_headers.items()
+        if name not in _DROP_TO_UPSTREAM and name not in extra_drop
+    ]
+    out.append(("content-type", "application/json"))
+    out.append(("accept-encoding", "identity"))
+    out.append((DP_RANK_HEADER, str(dp_rank)))
+    if "x-request-id" not in client_headers:
+        out.append(("x-request-id", request_id))
+    return out
+
+
+def client_headers(worker_headers: httpx.Headers) -> list[tuple[str, str]]:
+    """Response headers relayed to the client (hop-by-hop and framing removed)."""
+    pairs = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in worker_headers.raw]
+    extra_drop = _connection_named(pairs)
+    return [(k, v) for k, v in pairs if k not in _DROP_TO_CLIENT and k not in extra_drop]
+
+
+def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value
+
+
+def usage_from_object(obj: Any) -> Usage | None:
+    """Usage in one JSON object: ``usage``, ``message.usage`` or ``response.usage``."""
+    if not isinstance(obj, dict):
+        return None
+    candidates = [obj.get("usage")]
+    for outer in ("message", "response"):
+        inner = obj.get(outer)
+        if isinstance(inner, dict):
+            candidates.append(inner.get("usage"))
+    best: Usage | None = None
+    for usage in candidates:
+        if isinstance(usage, dict):
+            best = merge_usage(best, _parse_usage(usage))
+    return best
+
+
+def _parse_usage(u: dict[str, Any]) -> Usage:
+    cache_read = None
+    for key in ("cache_read_input_tokens", "cached_input_tokens", "cached_tokens"):
+        cache_read = _int_or_none(u.get(key))
+        if cache_read is not None:
+            break
+    cache_creation = _int_or_none(u.get("cache_creation_input_tokens"))
+    prompt = _int_or_none(u.get("prompt_tokens"))
+    if prompt is None:
+        input_tokens = _int_or_none(u.get("input_tokens"))
+        if input_tokens is not None:
+            prompt = input_tokens + (cache_read or 0) + (cache_creation or 0)
+    completion = _int_or_none(u.get("completion_tokens"))
+    if completion is None:
+        completion = _int_or_none(u.get("output_tokens"))
+    cached = None
+    for details_key in ("prompt_tokens_details", "input_tokens_details"):
+        details = u.get(details_key)
+        if isinstance(details, dict):
+            cached = _int_or_none(details.get("cached_tokens"))
+            if cached is not None:
+                break
+    if cached is None:
+        cached = cache_read
+    return Usage(prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion)
+
+
+def _max_opt(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return max(a, b)
+
+
+def merge_usage(a: Usage | None, b: Usage | None) -> Usage | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return Usage(
+        prompt_tokens=_max_opt(a.prompt_tokens, b.prompt_tokens),
+        cached_tokens=_max_opt(a.cached_tokens, b.cached_tokens),
+        completion_tokens=_max_opt(a.completion_tokens, b.completion_tokens),
+    )
+
+
+class UsageAccumulator:
+    """Collects usage from a whole JSON body (:meth:`feed_json`) or SSE chunks (:meth:`feed_sse`)."""
+
+    def __init__(self) -> None:
+        self.usage: Usage | None = None
+        self._partial = b""
+
+    def feed_json(self, body: bytes) -> None:
+        if b'"usage"' not in body:
+            return
+        try:
+            self.usage = merge_usage(self.usage, usage_from_object(json.loads(body)))
+        except ValueError:
+            return
+
+    def feed_sse(self, chunk: bytes) -> None:
+        data = self._partial + chunk if self._partial else chunk
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            self._partial = data if len(data) <= MAX_SSE_LINE_BYTES else b""
+            return
+        complete, self._partial = data[: cut + 1], data[cut + 1 :]
+        if len(self._partial) > MAX_SSE_LINE_BYTES:
+            self._partial = b""
+        if b'"usage"' in complete:
+            for line in complete.split(b"\n"):
+                self._line(line)
+
+    def finish(self) -> Usage | None:
+        if self._partial:
+            self._line(self._partial)
+            self._partial = b""
+        return self.usage
+
+    def _line(self, line: bytes) -> None:
+        line = line.rstrip(b"\r")
+        if not line.startswith(b"data:") or b'"usage"' not in line:
+            return
+        payload = line[5:].strip()
+        try:
+            self.usage = merge_usage(self.usage, usage_from_object(json.loads(payload)))
+        except ValueError:
+            return
+
+
+def _is_usage_only_event(event: bytes) -> bool:
+    if b'"usage"' not in event:
+        return False
+    for line in event.split(b"\n"):
+        line = line.rstrip(b"\r")
+        if line.startswith(b"data:"):
+            try:
+                obj = json.loads(line[5:].strip())
+            except ValueError:
+                return False
+            return (
+                isinstance(obj, dict)
+                and obj.get("choices") == []
+                and isinstance(obj.get("usage"), dict)
+            )
+    return False
+
+
+class UsageChunkFilter:
+    """Relays complete SSE events, dropping the usage-only event agentd asked for itself."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self.dropped_count = 0
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._buffer + chunk
+        out: list[bytes] = []
+        start = 0
+        while True:
+            end, sep = _event_end(data, start)
+            if end < 0:
+                break
+            event = data[start : end + sep]
+            if _is_usage_only_event(event):
+                self.dropped_count += 1
+            else:
+                out.append(event)
+            start = end + sep
+        self._buffer = data[start:]
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        rest, self._buffer = self._buffer, b""
+        if rest and _is_usage_only_event(rest):
+            self.dropped_count += 1
+            return b""
+        return rest
+
+
+def _event_end(data: bytes, start: int) -> tuple[int, int]:
+    """Index of the first blank-line separator at or after ``start`` and its length."""
+    lf = data.find(b"\n\n", start)
+    crlf = data.find(b"\r\n\r\n", start)
+    if crlf >= 0 and (lf < 0 or crlf < lf):
+        return crlf, 4
+    if lf >= 0:
+        return lf, 2
+    return -1, 0
