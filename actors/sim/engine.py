@@ -1,0 +1,609 @@
+"""Pure model of one vLLM v1 engine (one data-parallel rank): scheduler, KV cache, step timing.
+
+No trio, no clock: callers pass ``now`` and the engine tells them when its next event is.
+
+Scheduling (spec/batch-priority-and-vllm-fidelity.md §2.3-2.4, §3.4): each step has a token budget
+of ``max_num_batched_tokens``.  The running pass walks the running list in order, giving every
+request its remaining tokens (1 for a decode, a chunk for a prefill) capped by the budget, and
+allocates KV slots; when allocation fails it preempts by recompute (victim: tail of the running list
+under ``fcfs``; ``max(priority, arrival_time)`` under ``priority``, possibly the requester itself),
+frees the victim's blocks and requeues it at the front.  Only when no preemption happened does the
+waiting pass admit requests from the head of the waiting queue (FCFS deque or priority heap keyed
+by ``(priority, arrival_time, request_id)``), with prefix-cache lookup, until ``max_num_seqs``, the
+budget or the first allocation failure (head-of-line blocking).
+
+Timing: a request becomes schedulable ``intercept/time_scale`` after it is added (front-end
+overhead, see ``stats.CostModel``).  A step's duration comes from ``CostModel``; its tokens and
+finishes are applied at the step's end.
+
+Event-driven: when a step is a *steady decode* (every running request decodes one token, nothing
+can be admitted), the engine plans the longest run of identical-shape steps (until the first
+finish, or the KV blocks run out) and computes its step end times in one loop, applying per-request
+work once per run instead of once per token.  An arrival or an abort during a run truncates it at
+the step in progress, so results equal a step-by-step simulation.  ``advance_to(now)`` may also be
+called in the middle of a run (streaming) and applies the steps that ended by ``now``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Sequence
+
+import attrs
+
+from actors.sim.kv import BlockPool, extend_block_hashes, root_hash, salt_key
+from actors.sim.stats import CostModel, EngineStats
+
+WAITING, RUNNING, PREEMPTED, FINISHED = "waiting", "running", "preempted", "finished"
+
+
+@attrs.frozen
+class EngineConfig:
+    num_gpu_blocks: int = 4096
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    scheduling_policy: str = "fcfs"  # "fcfs" | "priority"
+    time_scale: float = 1.0
+    cost: CostModel = CostModel()
+    seed: int = 0
+    max_steps_per_run: int = 1 << 30  # 1 disables multi-step runs (reference step-by-step mode)
+
+    @property
+    def max_model_len(self) -> int:
+        return (self.num_gpu_blocks - 1) * self.block_size
+
+
+class Request:
+    """One request inside the engine (mutable; owned by the engine)."""
+
+    __slots__ = (
+        "request_id", "prompt", "output", "finish_reason", "priority", "arrival_time", "eligible_time",
+        "salt", "skip_prefix_cache", "block_hashes", "status", "num_computed", "num_output", "blocks",
+        "num_cached_blocks", "num_cached_tokens", "num_preemptions", "first_scheduled_time",
+        "first_token_time", "last_token_time", "seq",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        output_token_ids: list[int],
+        *,
+        finish_reason: str = "length",
+        priority: int = 0,
+        cache_salt: str | None = None,
+        skip_prefix_cache: bool = False,
+        prompt_block_hashes: list[int] | None = None,
+    ) -> None:
+        if not prompt_token_ids:
+            raise ValueError("prompt_token_ids must not be empty")
+        if not output_token_ids:
+            raise ValueError("output_token_ids must not be empty")
+        self.request_id = request_id
+        self.prompt = prompt_token_ids
+        self.output = output_token_ids
+        self.finish_reason = finish_reason
+        self.priority = priority
+        self.salt = salt_key(cache_salt)
+        self.skip_prefix_cache = skip_prefix_cache
+        self.block_hashes: list[int] = list(prompt_block_hashes) if prompt_block_hashes else []
+        self.arrival_time = 0.0
+        self.eligible_time = 0.0
+        self.status = WAITING
+        self.num_computed = 0
+        self.num_output = 0
+        self.blocks: list[int] = []
+        self.num_cached_blocks = 0
+        self.num_cached_tokens = -1
+        self.num_preemptions = 0
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.last_token_time = 0.0
+        self.seq = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + self.num_output
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        p = len(self.prompt)
+        if end <= p:
+            return self.prompt[start:end]
+        if start >= p:
+            return self.output[start - p : end - p]
+        return self.prompt[start:] + self.output[: end - p]
+
+    def sort_key(self) -> tuple[int, float, str, int]:
+        return (self.priority, self.arrival_time, self.request_id, self.seq)
+
+
+@attrs.frozen
+class EngineOutput:
+    """Tokens ``[first_index, first_index + num_tokens)`` of a request's output, emitted by ``time``."""
+
+    request_id: str
+    first_index: int
+    num_tokens: int
+    time: float
+    finish_reason: str | None
+    num_cached_tokens: int
+
+
+class _Run:
+    """A planned run of steps: ``ends[i]`` is the end of step i; ``done`` steps already applied."""
+
+    __slots__ = ("scheduled", "ends", "done", "decode", "head_query")
+
+    def __init__(self, scheduled: list[tuple[Request, int]], ends: list[float], decode: bool) -> None:
+        self.scheduled = scheduled
+        self.ends = ends
+        self.done = 0
+        self.decode = decode
+        self.head_query: tuple[int, int] | None = None  # blocked waiting head's (queries, hits) per step
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        if config.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {config.scheduling_policy!r}")
+        self.config = config
+        self.block_size = config.block_size
+        self.pool = BlockPool(config.num_gpu_blocks)
+        self.stats = EngineStats()
+        self.root = root_hash(config.seed)
+        self.priority_policy = config.scheduling_policy == "priority"
+        self.running: list[Request] = []
+        self._fcfs_waiting: deque[Request] = deque()
+        self._prio_waiting: list[tuple[tuple[int, float, str, int], Request]] = []
+        self._pending: list[tuple[float, int, Request]] = []
+        self._requests: dict[str, Request] = {}
+        self._run: _Run | None = None
+        self._clock = 0.0
+        self._seq = 0
+        c = config.cost
+        scale = config.time_scale
+        self._lin = c.linear_seconds_per_1k_tokens / 1000.0 / scale
+        self._quad = 2.0 * c.quadratic_seconds_per_1k_tokens_squared / 1e6 / scale
+        self._fixed = c.fixed_step_seconds / scale
+        self._per_req = c.batch_step_seconds_per_request / scale
+        self._per_tok = c.context_step_seconds_per_token / scale
+        self._intercept = c.intercept_seconds / scale
+
+    # ----------------------------------------------------------------- observation
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Waiting + preempted requests, including those still in the front-end delay."""
+        return len(self._fcfs_waiting) + len(self._prio_waiting) + len(self._pending)
+
+    def kv_cache_usage(self) -> float:
+        return self.pool.usage()
+
+    def load_score(self) -> int:
+        return self.num_waiting * 4 + self.num_running
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self._requests
+
+    def next_event_time(self, *, per_step: bool = False) -> float | None:
+        """Time of the next event: end of the current run (or of its next step), or an arrival."""
+        t: float | None = None
+        run = self._run
+        if run is not None:
+            t = run.ends[run.done] if per_step else run.ends[-1]
+        if self._pending and (t is None or self._pending[0][0] < t):
+            t = self._pending[0][0]
+        return t
+
+    # ----------------------------------------------------------------- input
+    def add_request(self, req: Request, now: float) -> list[EngineOutput]:
+        """Accept ``req`` at ``now``; returns outputs of steps that ended by ``now``."""
+        if req.request_id in self._requests:
+            raise ValueError(f"duplicate request_id {req.request_id!r}")
+        if req.num_tokens + len(req.output) - 1 > self.config.max_model_len:
+            raise ValueError(
+                f"request needs {len(req.prompt) + len(req.output)} tokens of KV, "
+                f"more than max_model_len {self.config.max_model_len}"
+            )
+        out = self.advance_to(now)
+        self._seq += 1
+        req.seq = self._seq
+        req.arrival_time = now
+        req.eligible_time = now + self._intercept
+        self._requests[req.request_id] = req
+        heapq.heappush(self._pending, (req.eligible_time, req.seq, req))
+        return out  # a run in progress is truncated when the request becomes eligible
+
+    def abort(self, request_id: str, now: float) -> list[EngineOutput]:
+        """Abort a request at ``now`` (no-op if unknown or finished); returns earlier outputs."""
+        out = self.advance_to(now)
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return out
+        if req.status == RUNNING:
+            self.running.remove(req)
+            self.pool.free(req.blocks)
+            req.blocks = []
+            self._truncate_run(now)
+        elif any(r is req for _, _, r in self._pending):
+            self._pending = [e for e in self._pending if e[2] is not req]
+            heapq.heapify(self._pending)
+        elif self.priority_policy:
+            self._prio_waiting = [e for e in self._prio_waiting if e[1] is not req]
+            heapq.heapify(self._prio_waiting)
+        else:
+            self._fcfs_waiting.remove(req)
+        req.status = FINISHED
+        self.stats.request_success["abort"] += 1
+        return out
+
+    # ----------------------------------------------------------------- time
+    def advance_to(self, now: float) -> list[EngineOutput]:
+        out: list[EngineOutput] = []
+        while True:
+            run = self._run
+            t_arr = self._pending[0][0] if self._pending else None
+            if run is not None:
+                end = run.ends[-1]
+                if t_arr is not None and t_arr < end and t_arr <= now:
+                    self._apply_steps_until(t_arr, out)
+                    self._release_pending(t_arr)
+                    self._truncate_run(t_arr)
+                    continue
+                if end <= now:
+                    self._apply_steps_until(end, out)
+                    self._run = None
+                    self._clock = end
+                    self._release_pending(end)
+                    self._run = self._schedule(end)
+                    continue
+                self._apply_steps_until(now, out)
+                return out
+            if t_arr is not None and t_arr <= now:
+                t = max(self._clock, t_arr)
+                self._clock = t
+                self._release_pending(t)
+                self._run = self._schedule(t)
+                continue
+            return out
+
+    def _release_pending(self, t: float) -> None:
+        pending = self._pending
+        while pending and pending[0][0] <= t:
+            req = heapq.heappop(pending)[2]
+            self._push_waiting(req)
+
+    def _push_waiting(self, req: Request) -> None:
+        if self.priority_policy:
+            heapq.heappush(self._prio_waiting, (req.sort_key(), req))
+        else:
+            self._fcfs_waiting.append(req)
+
+    def _prepend_waiting(self, req: Request) -> None:
+        if self.priority_policy:
+            heapq.heappush(self._prio_waiting, (req.sort_key(), req))
+        else:
+            self._fcfs_waiting.appendleft(req)
+
+    def _truncate_run(self, t: float) -> None:
+        """Keep only the step in progress at ``t`` (none if ``t`` is a step boundary)."""
+        run = self._run
+        if run is None:
+            return
+        start = run.ends[run.done - 1] if run.done else None
+        if run.done and start is not None and start >= t:
+            del run.ends[run.done :]
+        else:
+            del run.ends[run.done + 1 :]
+        if not run.ends[run.done :]:
+            self._run = None
+            self._clock = t if start is None else max(start, self._clock)
+            self._run = self._schedule(self._clock)
+
+    # ----------------------------------------------------------------- KV helpers
+    def _ensure_hashes(self, req: Request, n_blocks: int) -> None:
+        have = len(req.block_hashes)
+        if have < n_blocks:
+            bs = self.block_size
+            if n_blocks * bs <= len(req.prompt):
+                extend_block_hashes(req.block_hashes, req.prompt, n_blocks, bs, self.root, req.salt)
+            else:
+                tokens = req.tokens(have * bs, n_blocks * bs)
+                extend_block_hashes(req.block_hashes, tokens, n_blocks, bs, self.root, req.salt, offset=None)
+
+    def _cache_full_blocks(self, req: Request, num_tokens: int) -> None:
+        full = num_tokens // self.block_size
+        if full <= req.num_cached_blocks:
+            return
+        self._ensure_hashes(req, full)
+        hashes = req.block_hashes
+        blocks = req.blocks
+        cache_block = self.pool.cache_block
+        for i in range(req.num_cached_blocks, full):
+            cache_block(blocks[i], hashes[i])
+        req.num_cached_blocks = full
+
+    def _allocate(self, req: Request, num_new: int, hits: Sequence[int] = ()) -> bool:
+        bs = self.block_size
+        total = req.num_computed + len(hits) * bs + num_new
+        need = -(-total // bs) - len(req.blocks) - len(hits)
+        if need < 0:
+            need = 0
+        pool = self.pool
+        if need + (pool.count_evictable(hits) if hits else 0) > pool.num_free:
+            return False
+        if hits:
+            pool.touch(hits)
+            req.blocks.extend(hits)
+            req.num_cached_blocks = len(req.blocks)
+        if need:
+            pool.allocate(need, req.blocks)
+        self._cache_full_blocks(req, min(total, req.num_tokens))
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        self.pool.free(req.blocks)
+        req.blocks = []
+        req.num_cached_blocks = 0
+        req.num_computed = 0
+        req.num_preemptions += 1
+        req.status = PREEMPTED
+        self.stats.num_preemptions += 1
+        self._prepend_waiting(req)
+
+    def _lookup(self, req: Request) -> list[int]:
+        if req.skip_prefix_cache:
+            hits: list[int] = []
+        else:
+            max_blocks = (req.num_tokens - 1) // self.block_size
+            self._ensure_hashes(req, max_blocks)
+            hits = self.pool.find_hits(req.block_hashes, max_blocks)
+        if req.num_preemptions == 0:
+            self.stats.prefix_cache_queries += req.num_tokens
+            self.stats.prefix_cache_hits += len(hits) * self.block_size
+        return hits
+
+    # ----------------------------------------------------------------- scheduling
+    def _schedule(self, now: float) -> _Run | None:
+        """One vLLM scheduling step at ``now``; extended into a run when it is a steady decode."""
+        while True:
+            run, preempted = self._schedule_once(now)
+            if run is not None or not preempted:
+                return run
+
+    def _schedule_once(self, now: float) -> tuple[_Run | None, bool]:
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        running = self.running
+        scheduled: list[tuple[Request, int]] = []
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            num_new = min(req.num_tokens - req.num_computed, budget)
+            ok = True
+            while not self._allocate(req, num_new):
+                if self.priority_policy:
+                    victim = max(running, key=_victim_key)
+                    running.remove(victim)
+                    for j, (sreq, n) in enumerate(scheduled):
+                        if sreq is victim:
+                            del scheduled[j]
+                            budget += n
+                            i -= 1
+                            break
+                else:
+                    victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    ok = False
+                    break
+            if not ok:
+                break
+            scheduled.append((req, num_new))
+            budget -= num_new
+            i += 1
+        head_query: tuple[int, int] | None = None
+        blocked_on_kv = False
+        if not preempted:
+            while budget > 0 and len(running) < cfg.max_num_seqs:
+                req = self._peek_waiting()
+                if req is None:
+                    break
+                hits: list[int] = []
+                if req.num_computed == 0:
+                    q0, h0 = self.stats.prefix_cache_queries, self.stats.prefix_cache_hits
+                    hits = self._lookup(req)
+                    head_query = (self.stats.prefix_cache_queries - q0, self.stats.prefix_cache_hits - h0)
+                num_new = min(req.num_tokens - len(hits) * self.block_size, budget)
+                if not self._allocate(req, num_new, hits):
+                    blocked_on_kv = True
+                    break
+                head_query = None
+                self._pop_waiting()
+                running.append(req)
+                req.status = RUNNING
+                req.num_computed = len(hits) * self.block_size
+                if req.num_cached_tokens < 0:
+                    req.num_cached_tokens = req.num_computed
+                if req.first_scheduled_time is None:
+                    req.first_scheduled_time = now
+                    self.stats.queue.observe(now - req.arrival_time)
+                scheduled.append((req, num_new))
+                budget -= num_new
+        if not scheduled:
+            return None, preempted
+        self.stats.num_steps += 1
+        duration, decode = self._step_duration(scheduled)
+        run = _Run(scheduled, [now + duration], decode)
+        steady = (
+            decode
+            and not preempted
+            and len(scheduled) == len(running)
+            and (not self._num_queued() or len(running) >= cfg.max_num_seqs or budget <= 0 or blocked_on_kv)
+        )
+        if steady and cfg.max_steps_per_run > 1:
+            run.head_query = head_query if blocked_on_kv else None
+            self._extend_decode_run(run)
+        return run, preempted
+
+    def _num_queued(self) -> int:
+        return len(self._fcfs_waiting) + len(self._prio_waiting)
+
+    def _peek_waiting(self) -> Request | None:
+        if self.priority_policy:
+            return self._prio_waiting[0][1] if self._prio_waiting else None
+        return self._fcfs_waiting[0] if self._fcfs_waiting else None
+
+    def _pop_waiting(self) -> None:
+        if self.priority_policy:
+            heapq.heappop(self._prio_waiting)
+        else:
+            self._fcfs_waiting.popleft()
+
+    def _step_duration(self, scheduled: list[tuple[Request, int]]) -> tuple[float, bool]:
+        n_dec = 0
+        ctx_dec = 0
+        prefill = 0.0
+        lin, quad = self._lin, self._quad
+        for req, n in scheduled:
+            if n == 1 and req.num_output and req.num_computed == req.num_tokens - 1:
+                n_dec += 1
+                ctx_dec += req.num_tokens
+            else:
+                prefill += lin * n + quad * n * (req.num_computed + n / 2.0)
+        duration = prefill
+        if n_dec:
+            duration += self._fixed + self._per_req * n_dec + self._per_tok * ctx_dec
+        return duration, n_dec == len(scheduled)
+
+    def _extend_decode_run(self, run: _Run) -> None:
+        """Plan the longest run of identical decode steps that fits in KV (see module docstring)."""
+        reqs = [r for r, _ in run.scheduled]
+        k = min(len(r.output) - r.num_output for r in reqs)
+        k = min(k, self.config.max_steps_per_run)
+        if k <= 1:
+            return
+        bs = self.block_size
+        free = self.pool.num_free
+        computed = [(r.num_computed, len(r.blocks)) for r in reqs]
+
+        def extra_blocks(steps: int) -> int:
+            return sum(max(0, -(-(c + steps) // bs) - held) for c, held in computed)
+
+        if extra_blocks(k) > free:
+            lo, hi = 1, k  # extra_blocks(lo) == 0 <= free (step 1 is allocated)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if extra_blocks(mid) <= free:
+                    lo = mid
+                else:
+                    hi = mid
+            k = lo
+        if k <= 1:
+            return
+        batch = len(reqs)
+        base = self._fixed + self._per_req * batch
+        ctx = sum(r.num_tokens for r in reqs)
+        ends = run.ends
+        t = ends[0]
+        per_tok = self._per_tok
+        for _ in range(k - 1):
+            ctx += batch
+            t = t + (base + per_tok * ctx)
+            ends.append(t)
+
+    # ----------------------------------------------------------------- applying steps
+    def _apply_steps_until(self, t: float, out: list[EngineOutput]) -> None:
+        run = self._run
+        if run is None:
+            return
+        ends = run.ends
+        j = run.done
+        while j < len(ends) and ends[j] <= t:
+            j += 1
+        if j == run.done:
+            return
+        if run.decode:
+            self._apply_decode_steps(run, j, out)
+        else:
+            self._apply_generic_step(run, out)
+        run.done = j
+
+    def _apply_generic_step(self, run: _Run, out: list[EngineOutput]) -> None:
+        t = run.ends[0]
+        for req, n in run.scheduled:
+            if req.status != RUNNING:
+                continue
+            req.num_computed += n
+            if req.num_computed == req.num_tokens:
+                self._emit(req, 1, t, out)
+
+    def _apply_decode_steps(self, run: _Run, j: int, out: list[EngineOutput]) -> None:
+        first = run.done
+        m = j - first
+        ends = run.ends
+        stats = self.stats
+        t_last = ends[j - 1]
+        # Scheduling passes of steps first+2 .. j+1 (a blocked waiting head is looked up each time).
+        if run.head_query is not None:
+            passes = min(j + 1, len(ends)) - (first + 1)
+            if passes > 0:
+                stats.prefix_cache_queries += run.head_query[0] * passes
+                stats.prefix_cache_hits += run.head_query[1] * passes
+        live = [r for r, _ in run.scheduled if r.status == RUNNING]
+        if m > 1 and live:
+            itl = stats.itl
+            batch = len(live)
+            for s in range(first + 1, j):
+                itl.observe(ends[s] - ends[s - 1], batch)
+        bs = self.block_size
+        pool = self.pool
+        for req in live:
+            # only the run's first step was allocated at scheduling time; the run was sized so
+            # that the free queue holds every later block
+            need = -(-(req.num_computed + m) // bs) - len(req.blocks)
+            if need > 0:
+                pool.allocate(need, req.blocks)
+            req.num_computed += m
+            self._cache_full_blocks(req, req.num_computed)
+            self._emit(req, m, t_last, out, first_time=ends[first])
+
+    def _emit(
+        self, req: Request, m: int, t: float, out: list[EngineOutput], first_time: float | None = None
+    ) -> None:
+        """Record ``m`` new tokens of ``req`` (the first at ``first_time``, the last at ``t``)."""
+        stats = self.stats
+        t_first = t if first_time is None else first_time
+        start = req.num_output
+        if req.first_token_time is None:
+            req.first_token_time = t_first
+            stats.ttft.observe(t_first - req.arrival_time)
+            stats.record_prompt(len(req.prompt), req.num_cached_tokens)
+        else:
+            stats.itl.observe(t_first - req.last_token_time)
+        req.num_output += m
+        req.last_token_time = t
+        stats.generation_tokens += m
+        finish = None
+        if req.num_output >= len(req.output):
+            finish = req.finish_reason
+            req.status = FINISHED
+            self.running.remove(req)
+            self.pool.free(req.blocks)
+            req.blocks = []
+            del self._requests[req.request_id]
+            stats.e2e.observe(t - req.arrival_time)
+            label = "length" if finish == "length" else "stop"  # vLLM reports tool calls as stop
+            stats.request_success[label] += 1
+        out.append(EngineOutput(req.request_id, start, m, t, finish, req.num_cached_tokens))
+
+
+def _victim_key(req: Request) -> tuple[int, float]:
+    return (req.priority, req.arrival_time)

@@ -1,0 +1,161 @@
+"""Paged KV block pool with vLLM-style prefix caching (pure, no I/O).
+
+Model (spec/batch-priority-and-vllm-fidelity.md §3.1-3.2):
+
+* Blocks ``1..num_gpu_blocks-1`` are usable; block 0 is vLLM's reserved null block.
+* A request's KV is a list of block ids.  Only *full* blocks are hashed: the hash of block ``i`` is
+  ``hash((parent_hash, tuple(block_token_ids)))`` chained from a fixed root derived from the seed;
+  a ``cache_salt`` is mixed into the first block only, which re-roots the whole chain.  Hashes are
+  Python ``hash`` of int tuples, which is deterministic across processes.
+* The free list is an LRU queue (``OrderedDict``): allocation pops from the head and, if the popped
+  block still carries a hash, evicts it from the hash map; freeing a request releases its blocks in
+  reverse order (deepest block first) to the tail, so shared prefixes survive longest.  A cache hit
+  on a block with ``ref_cnt == 0`` removes it from the free queue ("touch").  Identical blocks are not
+  de-duplicated: the hash map keeps every block that carries a hash, and lookups use the oldest.
+* ``usage = 1 - free / (num_gpu_blocks - 1)``; evictable cached blocks count as free.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import OrderedDict
+from collections.abc import Sequence
+
+
+def root_hash(seed: int) -> int:
+    """The fixed parent hash of every chain's first block (vLLM's NONE_HASH)."""
+    return hash(("agentd-sim-none-hash", seed))
+
+
+def salt_key(cache_salt: str | None) -> int | None:
+    if cache_salt is None:
+        return None
+    data = cache_salt.encode("utf-8")
+    return zlib.crc32(data) * 1_000_003 + len(data)
+
+
+def extend_block_hashes(
+    hashes: list[int],
+    tokens: Sequence[int],
+    n_blocks: int,
+    block_size: int,
+    root: int,
+    salt: int | None = None,
+    offset: int | None = 0,
+) -> None:
+    """Extend ``hashes`` in place to ``n_blocks`` full blocks.
+
+    ``tokens`` holds the token ids from block ``len(hashes)`` on (``offset`` = that block's first
+    token index is subtracted), so callers pass only the new range.
+    """
+    i = len(hashes)
+    if i >= n_blocks:
+        return
+    parent = hashes[-1] if hashes else root
+    append = hashes.append
+    base = i * block_size if offset is None else offset
+    while i < n_blocks:
+        start = i * block_size - base
+        block = tuple(tokens[start : start + block_size])
+        parent = hash((parent, block, salt)) if i == 0 and salt is not None else hash((parent, block))
+        append(parent)
+        i += 1
+
+
+class BlockPool:
+    """The block table of one engine: reference counts, hashes, LRU free queue."""
+
+    __slots__ = ("num_gpu_blocks", "ref_cnt", "block_hash", "cached", "free_queue", "evictions")
+
+    def __init__(self, num_gpu_blocks: int) -> None:
+        if num_gpu_blocks < 2:
+            raise ValueError(f"num_gpu_blocks must be >= 2, got {num_gpu_blocks}")
+        self.num_gpu_blocks = num_gpu_blocks
+        self.ref_cnt: list[int] = [0] * num_gpu_blocks
+        self.block_hash: list[int | None] = [None] * num_gpu_blocks
+        # hash -> block ids carrying it, oldest first (a plain int for the common single case).
+        self.cached: dict[int, int | list[int]] = {}
+        self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_gpu_blocks))
+        self.evictions = 0
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_queue)
+
+    def usage(self) -> float:
+        return 1.0 - len(self.free_queue) / (self.num_gpu_blocks - 1)
+
+    def lookup(self, block_hash: int) -> int | None:
+        entry = self.cached.get(block_hash)
+        if entry is None:
+            return None
+        return entry if isinstance(entry, int) else entry[0]
+
+    def find_hits(self, hashes: Sequence[int], max_blocks: int) -> list[int]:
+        """Blocks of the longest cached prefix of ``hashes`` (at most ``max_blocks``)."""
+        cached = self.cached
+        hits: list[int] = []
+        for i in range(min(max_blocks, len(hashes))):
+            entry = cached.get(hashes[i])
+            if entry is None:
+                break
+            hits.append(entry if isinstance(entry, int) else entry[0])
+        return hits
+
+    def count_evictable(self, blocks: Sequence[int]) -> int:
+        ref = self.ref_cnt
+        return sum(1 for b in blocks if ref[b] == 0)
+
+    def touch(self, blocks: Sequence[int]) -> None:
+        ref = self.ref_cnt
+        free_queue = self.free_queue
+        for b in blocks:
+            if ref[b] == 0:
+                del free_queue[b]
+            ref[b] += 1
+
+    def allocate(self, n: int, out: list[int]) -> None:
+        """Pop ``n`` blocks from the free-queue head into ``out`` (caller checked ``num_free``)."""
+        popitem = self.free_queue.popitem
+        ref = self.ref_cnt
+        block_hash = self.block_hash
+        for _ in range(n):
+            b = popitem(last=False)[0]
+            if block_hash[b] is not None:
+                self._evict(b)
+            ref[b] = 1
+            out.append(b)
+
+    def _evict(self, b: int) -> None:
+        h = self.block_hash[b]
+        assert h is not None
+        self.block_hash[b] = None
+        self.evictions += 1
+        entry = self.cached[h]
+        if isinstance(entry, int):
+            del self.cached[h]
+        else:
+            entry.remove(b)
+            if len(entry) == 1:
+                self.cached[h] = entry[0]
+
+    def cache_block(self, b: int, h: int) -> None:
+        if self.block_hash[b] is not None:
+            return
+        self.block_hash[b] = h
+        entry = self.cached.get(h)
+        if entry is None:
+            self.cached[h] = b
+        elif isinstance(entry, int):
+            self.cached[h] = [entry, b]
+        else:
+            entry.append(b)
+
+    def free(self, blocks: Sequence[int]) -> None:
+        """Release a request's blocks, tail first, to the free-queue tail."""
+        ref = self.ref_cnt
+        free_queue = self.free_queue
+        for b in reversed(blocks):
+            ref[b] -= 1
+            if ref[b] == 0:
+                free_queue[b] = None

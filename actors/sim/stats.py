@@ -1,0 +1,127 @@
+"""Engine counters, histograms and the step cost model of the simulated vLLM engine (pure).
+
+The cost model follows the seed's offline calibration models (seed 000, "Offline calibration
+models") turned into a per-step model (spec §4.6):
+
+* a prefill chunk of ``n`` new tokens on top of ``ctx`` tokens already in KV costs
+  ``linear/1000 * n + 2*quadratic/1e6 * n * (ctx + n/2)``; summed over the chunks of a cold prompt
+  of ``N`` tokens this is exactly ``linear * x + quadratic * x^2`` with ``x = N/1000``;
+* a step that carries ``B`` decodes with ``C`` total context tokens adds
+  ``fixed + per_request * B + per_token * C`` (nothing when there is no decode);
+* the prefill ``intercept`` is a per-request front-end delay before the request reaches the
+  scheduler, so a lone cold prompt's time to first token is exactly the seed's
+  ``intercept + linear*x + quadratic*x^2``.
+
+Every duration is divided by ``time_scale``.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+import attrs
+
+# vLLM v1 bucket boundaries (spec §3.5).
+TTFT_BUCKETS: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)
+ITL_BUCKETS: tuple[float, ...] = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+)
+REQUEST_LATENCY_BUCKETS: tuple[float, ...] = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+)
+
+
+@attrs.frozen
+class CostModel:
+    """Step cost coefficients; defaults are the seed's reference values."""
+
+    intercept_seconds: float = 0.06600061907132926
+    linear_seconds_per_1k_tokens: float = 0.05702024012166613
+    quadratic_seconds_per_1k_tokens_squared: float = 0.0044057347937978475
+    fixed_step_seconds: float = 0.010635218423115973
+    batch_step_seconds_per_request: float = 0.0004192803698834784
+    context_step_seconds_per_token: float = 1.420458414996201e-7
+
+    def cold_prefill_seconds(self, uncached_tokens: int) -> float:
+        """The seed's closed form (before time scaling)."""
+        x = uncached_tokens / 1000.0
+        return (
+            self.intercept_seconds
+            + self.linear_seconds_per_1k_tokens * x
+            + self.quadratic_seconds_per_1k_tokens_squared * x * x
+        )
+
+    def decode_step_seconds(self, batch_size: int, context_tokens: int) -> float:
+        return (
+            self.fixed_step_seconds
+            + self.batch_step_seconds_per_request * batch_size
+            + self.context_step_seconds_per_token * context_tokens
+        )
+
+
+class Histogram:
+    """Cumulative-bucket histogram with weighted observations (Prometheus semantics)."""
+
+    __slots__ = ("bounds", "counts", "sum", "count")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # last slot is +Inf
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float, weight: int = 1) -> None:
+        self.counts[bisect_left(self.bounds, value)] += weight
+        self.sum += value * weight
+        self.count += weight
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """``(le, cumulative count)`` pairs including ``+Inf``."""
+        out = []
+        acc = 0
+        for bound, c in zip(self.bounds, self.counts):
+            acc += c
+            out.append((repr(float(bound)), acc))
+        out.append(("+Inf", acc + self.counts[-1]))
+        return out
+
+
+class EngineStats:
+    """Monotonic counters and histograms of one engine, named after the vLLM metrics."""
+
+    __slots__ = (
+        "prompt_tokens", "prompt_tokens_cached", "prompt_tokens_recomputed", "prompt_tokens_local_compute",
+        "prompt_tokens_local_cache_hit", "generation_tokens", "prefix_cache_queries", "prefix_cache_hits",
+        "num_preemptions", "request_success", "num_steps", "ttft", "itl", "e2e", "queue",
+    )
+
+    def __init__(self) -> None:
+        self.prompt_tokens = 0
+        self.prompt_tokens_cached = 0
+        self.prompt_tokens_recomputed = 0
+        self.prompt_tokens_local_compute = 0
+        self.prompt_tokens_local_cache_hit = 0
+        self.generation_tokens = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.num_preemptions = 0
+        self.request_success: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
+        self.num_steps = 0
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.e2e = Histogram(REQUEST_LATENCY_BUCKETS)
+        self.queue = Histogram(REQUEST_LATENCY_BUCKETS)
+
+    def record_prompt(self, prompt_len: int, cached: int) -> None:
+        """vLLM PromptTokenStats for one request whose prefill completed (spec §3.3)."""
+        recomputed = 1 if cached + 1 == prompt_len else 0
+        self.prompt_tokens += prompt_len
+        self.prompt_tokens_cached += cached
+        self.prompt_tokens_recomputed += recomputed
+        self.prompt_tokens_local_compute += prompt_len - cached
+        self.prompt_tokens_local_cache_hit += cached + recomputed
