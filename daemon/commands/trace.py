@@ -1,0 +1,101 @@
+"""``agentd trace synth|stats``: generate synthetic agent traces and inspect their distributions.
+
+``synth --profile NAME --programs N --seed S --out FILE`` writes a JSONL trace (docs/traces.md) of
+one of the §d.4 profiles, deterministic for the seed; ``stats FILE`` prints the distributions and
+compares them with the profile's calibration targets (exit 0 even when a target is missed: it is a
+report, not a check; ``--strict`` makes a miss exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from daemon.trace.format import TraceError, load_trace, write_trace
+from daemon.trace.stats import compare, format_report, trace_stats
+from daemon.trace.synth import PROFILES, Knobs, knobs_from_meta, synthesize, targets_for
+
+NAME = "trace"
+HELP = "Synthesize agent traces (synth) and print their statistics against profile targets (stats)."
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be finite and > 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="trace_command", metavar="ACTION")
+    sub.required = True
+    synth = sub.add_parser("synth", help="generate a synthetic trace of a profile")
+    synth.add_argument("--profile", required=True, choices=PROFILES)
+    synth.add_argument("--programs", required=True, type=_positive_int, help="root Programs (sessions/tasks)")
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--out", required=True, help="output JSONL path ('-' for stdout)")
+    synth.add_argument("--input-scale", type=_positive_float, default=1.0, help="multiply input token counts")
+    synth.add_argument("--output-scale", type=_positive_float, default=1.0, help="multiply output token counts")
+    synth.add_argument("--gap-cap-seconds", type=_positive_float, default=300.0, help="cap on tool gaps")
+    synth.add_argument("--human-gap-cap-seconds", type=_positive_float, default=None, help="cap on human gaps")
+    synth.add_argument("--arrival-rate", type=_positive_float, default=None,
+                       help="root arrivals per second for open-loop profiles (job bursts for batch)")
+    synth.add_argument("--concurrency", type=_positive_int, default=None,
+                       help="default replay concurrency stored in the trace meta")
+    stats = sub.add_parser("stats", help="print distributions and profile-target comparison")
+    stats.add_argument("file")
+    stats.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    stats.add_argument("--strict", action="store_true", help="exit 1 when a profile target is missed")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.trace_command == "synth":
+        knobs = Knobs(
+            input_scale=args.input_scale, output_scale=args.output_scale, gap_cap_seconds=args.gap_cap_seconds,
+            human_gap_cap_seconds=args.human_gap_cap_seconds, arrival_rate_per_second=args.arrival_rate,
+            concurrency=args.concurrency,
+        )
+        trace = synthesize(args.profile, args.programs, args.seed, knobs)
+        if args.out == "-":
+            write_trace(trace, sys.stdout)
+        else:
+            with open(args.out, "w", encoding="utf-8") as fh:
+                write_trace(trace, fh)
+            print(f"wrote {len(trace.records)} requests of {len(trace.sessions())} programs to {args.out}",
+                  file=sys.stderr)
+        return 0
+    try:
+        trace = load_trace(args.file)
+    except OSError as exc:
+        print(f"agentd trace stats: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except TraceError as exc:
+        print(f"agentd trace stats: invalid trace {args.file}: {exc}", file=sys.stderr)
+        return 2
+    stats = trace_stats(trace)
+    comparisons = []
+    if trace.meta.profile in PROFILES:
+        comparisons = compare(stats, targets_for(trace.meta.profile, knobs_from_meta(trace.meta)))
+    if args.json:
+        print(json.dumps({"stats": stats, "targets": [
+            {"metric": c.metric, "observed": c.observed, "target": c.target, "ok": c.ok} for c in comparisons
+        ]}, indent=2, sort_keys=True))
+    else:
+        sys.stdout.write(format_report(trace, stats, comparisons))
+    if args.strict and not all(c.ok for c in comparisons):
+        return 1
+    return 0

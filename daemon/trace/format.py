@@ -1,0 +1,324 @@
+"""The agentd trace format: Mooncake-style JSONL extended for agent Programs.
+
+One JSON object per line. The optional first line is a metadata object ``{"meta": {...}}``
+(profile name, seed, arrival mode, default concurrency, generator parameters). Every other line is
+one LLM request (one *turn* of one *session* = one Program). Field names follow Mooncake
+(``timestamp``, ``input_length``, ``output_length``, ``hash_ids``) and ABench (``input_delta``,
+``pre_gap_ms``) where those exist; the agent fields (``session_id``, ``parent_session_id``, ``turn``,
+``tool_name``, ``finish_reason``, ``priority``, ``job``) are the §d.4 extension. docs/traces.md is
+the user-facing reference.
+
+Replay semantics encoded by the fields:
+
+- A session's turn ``t > 0`` is sent ``pre_gap_ms`` after turn ``t-1`` completed (the tool or human
+  gap). Its prompt is the conversation so far plus ``input_delta`` new tokens (role ``role``).
+- Turn 0 of a root session arrives at ``timestamp`` (open-loop traces) or when a closed-loop slot
+  frees up, plus ``pre_gap_ms``.
+- Turn 0 of a child session (subagent) starts ``pre_gap_ms`` after turn ``parent_turn`` of
+  ``parent_session_id`` completed. When ``blocks_parent`` is true the parent's turn
+  ``parent_turn + 1`` additionally waits for the child's last turn to complete.
+- ``compaction`` drops the history: the prompt is the shared prefix plus ``input_delta`` only.
+- ``input_length`` is derived (shared prefix + history + delta) and checked on load.
+
+Times are in real (unscaled) milliseconds; replay divides them by its time scale.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any, TextIO
+
+import attrs
+
+FORMAT_NAME = "agentd-trace/1"
+MOONCAKE_BLOCK_TOKENS = 512  # Mooncake traces hash 512-token blocks
+ROLES = ("user", "tool")
+FINISH_REASONS = ("stop", "tool_calls", "length")
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be replayed; the message names the line and field."""
+
+
+@attrs.frozen
+class TraceRecord:
+    session_id: str
+    turn: int
+    input_delta: int
+    output_length: int
+    input_length: int = 0
+    pre_gap_ms: float = 0.0
+    timestamp: float | None = None
+    parent_session_id: str | None = None
+    parent_turn: int | None = None
+    blocks_parent: bool = False
+    role: str = "user"
+    tool_name: str | None = None
+    finish_reason: str = "stop"
+    shared_prefix_id: str | None = None
+    shared_prefix_tokens: int = 0
+    compaction: bool = False
+    priority: int = 0
+    job: str | None = None
+    agent_id: str = "lead"
+    task_id: str | None = None
+    hash_ids: tuple[int, ...] = ()
+
+
+@attrs.frozen
+class TraceMeta:
+    profile: str = "custom"
+    seed: int | None = None
+    programs: int = 0
+    arrival: str = "closed_loop"  # closed_loop | poisson | bursts
+    concurrency: int = 16
+    params: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class Trace:
+    meta: TraceMeta
+    records: tuple[TraceRecord, ...]
+
+    def sessions(self) -> dict[str, list[TraceRecord]]:
+        """Records grouped per session, in file order (insertion-ordered dict)."""
+        out: dict[str, list[TraceRecord]] = {}
+        for rec in self.records:
+            out.setdefault(rec.session_id, []).append(rec)
+        return out
+
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "session_id": (str,),
+    "turn": (int,),
+    "input_delta": (int,),
+    "output_length": (int,),
+    "input_length": (int,),
+    "pre_gap_ms": (int, float),
+    "timestamp": (int, float),
+    "parent_session_id": (str,),
+    "parent_turn": (int,),
+    "blocks_parent": (bool,),
+    "role": (str,),
+    "tool_name": (str,),
+    "finish_reason": (str,),
+    "shared_prefix_id": (str,),
+    "shared_prefix_tokens": (int,),
+    "compaction": (bool,),
+    "priority": (int,),
+    "job": (str,),
+    "agent_id": (str,),
+    "task_id": (str,),
+    "hash_ids": (list,),
+}
+_NULLABLE = {"timestamp", "parent_session_id", "parent_turn", "tool_name", "shared_prefix_id", "job", "task_id"}
+_IGNORED = {"cached_tokens", "input_tokens", "output_tokens"}  # ABench extras we accept and recompute
+
+
+def record_to_json(rec: TraceRecord) -> dict[str, Any]:
+    out = attrs.asdict(rec, recurse=False)
+    out["hash_ids"] = list(rec.hash_ids)
+    return out
+
+
+def meta_to_json(meta: TraceMeta) -> dict[str, Any]:
+    return {"meta": {"format": FORMAT_NAME, **attrs.asdict(meta)}}
+
+
+def write_trace(trace: Trace, fh: TextIO) -> None:
+    fh.write(json.dumps(meta_to_json(trace.meta), sort_keys=True) + "\n")
+    for rec in trace.records:
+        fh.write(json.dumps(record_to_json(rec), sort_keys=True) + "\n")
+
+
+def dumps_trace(trace: Trace) -> str:
+    lines = [json.dumps(meta_to_json(trace.meta), sort_keys=True)]
+    lines.extend(json.dumps(record_to_json(r), sort_keys=True) for r in trace.records)
+    return "\n".join(lines) + "\n"
+
+
+def _parse_meta(obj: Any, lineno: int) -> TraceMeta:
+    if not isinstance(obj, dict):
+        raise TraceError(f"line {lineno}: meta must be an object")
+    fmt = obj.get("format", FORMAT_NAME)
+    if fmt != FORMAT_NAME:
+        raise TraceError(f"line {lineno}: meta.format must be {FORMAT_NAME!r}, got {fmt!r}")
+    known = {f.name for f in attrs.fields(TraceMeta)}
+    kwargs = {k: v for k, v in obj.items() if k in known}
+    arrival = kwargs.get("arrival", "closed_loop")
+    if arrival not in ("closed_loop", "poisson", "bursts"):
+        raise TraceError(f"line {lineno}: meta.arrival must be closed_loop|poisson|bursts, got {arrival!r}")
+    conc = kwargs.get("concurrency", 16)
+    if not isinstance(conc, int) or isinstance(conc, bool) or conc < 1:
+        raise TraceError(f"line {lineno}: meta.concurrency must be an integer >= 1, got {conc!r}")
+    if not isinstance(kwargs.get("params", {}), dict):
+        raise TraceError(f"line {lineno}: meta.params must be an object")
+    return TraceMeta(**kwargs)
+
+
+def _parse_record(obj: Any, lineno: int) -> TraceRecord:
+    if not isinstance(obj, dict):
+        raise TraceError(f"line {lineno}: record must be a JSON object")
+    kwargs: dict[str, Any] = {}
+    for key, value in obj.items():
+        if key in _IGNORED:
+            continue
+        if key not in _FIELD_TYPES:
+            raise TraceError(f"line {lineno}: unknown field {key!r}")
+        if value is None:
+            if key not in _NULLABLE:
+                raise TraceError(f"line {lineno}: field {key!r} must not be null")
+            kwargs[key] = None
+            continue
+        types = _FIELD_TYPES[key]
+        if isinstance(value, bool) and bool not in types:
+            raise TraceError(f"line {lineno}: field {key!r} must be {types[0].__name__}, got {value!r}")
+        if not isinstance(value, types):
+            raise TraceError(f"line {lineno}: field {key!r} must be {types[0].__name__}, got {value!r}")
+        kwargs[key] = value
+    # Plain Mooncake lines (timestamp, input_length, output_length) become one-turn sessions.
+    if "output_length" not in kwargs:
+        raise TraceError(f"line {lineno}: field 'output_length' is required")
+    if "input_delta" not in kwargs:
+        if "input_length" not in kwargs or "session_id" in kwargs:
+            raise TraceError(f"line {lineno}: field 'input_delta' is required")
+        kwargs["input_delta"] = kwargs["input_length"]
+    kwargs.setdefault("session_id", f"line-{lineno}")
+    kwargs.setdefault("turn", 0)
+    if "hash_ids" in kwargs:
+        ids = kwargs["hash_ids"]
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise TraceError(f"line {lineno}: field 'hash_ids' must be a list of integers")
+        kwargs["hash_ids"] = tuple(ids)
+    for key in ("turn", "input_delta", "output_length", "input_length", "shared_prefix_tokens"):
+        if key in kwargs and kwargs[key] < 0:
+            raise TraceError(f"line {lineno}: field {key!r} must be >= 0, got {kwargs[key]}")
+    if kwargs["output_length"] < 1:
+        raise TraceError(f"line {lineno}: field 'output_length' must be >= 1, got {kwargs['output_length']}")
+    for key in ("pre_gap_ms", "timestamp"):
+        v = kwargs.get(key)
+        if v is not None and (not math.isfinite(v) or v < 0):
+            raise TraceError(f"line {lineno}: field {key!r} must be finite and >= 0, got {v!r}")
+    if kwargs.get("role", "user") not in ROLES:
+        raise TraceError(f"line {lineno}: field 'role' must be one of {ROLES}, got {kwargs['role']!r}")
+    if kwargs.get("finish_reason", "stop") not in FINISH_REASONS:
+        raise TraceError(
+            f"line {lineno}: field 'finish_reason' must be one of {FINISH_REASONS}, got {kwargs['finish_reason']!r}"
+        )
+    if not kwargs["session_id"]:
+        raise TraceError(f"line {lineno}: field 'session_id' must not be empty")
+    return TraceRecord(**kwargs)
+
+
+def expected_input_length(rec: TraceRecord, prev: TraceRecord | None) -> int:
+    """Prompt tokens of ``rec`` (template overhead excluded) given the session's previous turn."""
+    if prev is None or rec.compaction:
+        return rec.shared_prefix_tokens + rec.input_delta
+    return prev.input_length + prev.output_length + rec.input_delta
+
+
+def validate_structure(records: Iterable[TraceRecord], linenos: list[int] | None = None) -> tuple[TraceRecord, ...]:
+    """Check turn order, parent links and derived lengths; fill a missing ``input_length``."""
+    out: list[TraceRecord] = []
+    last: dict[str, TraceRecord] = {}
+    turns_of: dict[str, int] = {}
+    for idx, rec in enumerate(records):
+        where = f"line {linenos[idx]}" if linenos else f"record {idx}"
+        prev = last.get(rec.session_id)
+        want_turn = 0 if prev is None else prev.turn + 1
+        if rec.turn != want_turn:
+            raise TraceError(f"{where}: field 'turn' of session {rec.session_id!r} must be {want_turn}, got {rec.turn}")
+        if rec.turn == 0 and rec.parent_session_id is not None:
+            parent = rec.parent_session_id
+            if parent == rec.session_id:
+                raise TraceError(f"{where}: field 'parent_session_id' must differ from session_id")
+            if parent not in turns_of:
+                raise TraceError(f"{where}: field 'parent_session_id' {parent!r} must name an earlier session")
+            if rec.parent_turn is None:
+                raise TraceError(f"{where}: field 'parent_turn' is required with parent_session_id")
+        if rec.parent_turn is not None and rec.parent_session_id is None:
+            raise TraceError(f"{where}: field 'parent_turn' requires parent_session_id")
+        if rec.blocks_parent and rec.parent_session_id is None:
+            raise TraceError(f"{where}: field 'blocks_parent' requires parent_session_id")
+        if rec.turn > 0 and prev is not None and rec.parent_session_id != prev.parent_session_id:
+            raise TraceError(f"{where}: field 'parent_session_id' must be the same on every turn of a session")
+        expected = expected_input_length(rec, prev)
+        if rec.input_length == 0 and expected > 0:
+            rec = attrs.evolve(rec, input_length=expected)
+        elif rec.input_length != expected:
+            raise TraceError(f"{where}: field 'input_length' must be {expected} (derived), got {rec.input_length}")
+        last[rec.session_id] = rec
+        turns_of[rec.session_id] = rec.turn + 1
+        out.append(rec)
+    # parent_turn must exist in the parent (checked once all parent turns are known).
+    for idx, rec in enumerate(out):
+        if rec.turn == 0 and rec.parent_session_id is not None and rec.parent_turn is not None:
+            if rec.parent_turn >= turns_of[rec.parent_session_id]:
+                where = f"line {linenos[idx]}" if linenos else f"record {idx}"
+                raise TraceError(
+                    f"{where}: field 'parent_turn' {rec.parent_turn} is beyond the last turn of {rec.parent_session_id!r}"
+                )
+    return tuple(out)
+
+
+def iter_lines(fh: TextIO) -> Iterator[tuple[int, Any]]:
+    for lineno, line in enumerate(fh, start=1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"line {lineno}: invalid JSON ({exc.msg})") from None
+
+
+def read_trace(fh: TextIO) -> Trace:
+    meta = TraceMeta()
+    records: list[TraceRecord] = []
+    linenos: list[int] = []
+    for lineno, obj in iter_lines(fh):
+        if isinstance(obj, dict) and set(obj) == {"meta"}:
+            if records:
+                raise TraceError(f"line {lineno}: the meta line must come before every record")
+            meta = _parse_meta(obj["meta"], lineno)
+            continue
+        records.append(_parse_record(obj, lineno))
+        linenos.append(lineno)
+    if not records:
+        raise TraceError("trace holds no records")
+    return Trace(meta=meta, records=validate_structure(records, linenos))
+
+
+def load_trace(path: str) -> Trace:
+    with open(path, encoding="utf-8") as fh:
+        return read_trace(fh)
+
+
+def compute_hash_ids(
+    segments: list[tuple[str, int]], ids: dict[tuple[Any, ...], int], block_tokens: int = MOONCAKE_BLOCK_TOKENS
+) -> tuple[int, ...]:
+    """Mooncake-style block ids for a prompt made of ``(segment_key, tokens)`` pieces.
+
+    Equal prefixes (same segment keys in the same order) get equal ids; ``ids`` maps each distinct
+    chained block key to a small integer in order of first appearance (shared across the trace).
+    """
+    out: list[int] = []
+    parent: int = -1
+    pieces: list[tuple[str, int, int]] = []
+    fill = 0
+    for key, length in segments:
+        start = 0
+        while start < length:
+            take = min(block_tokens - fill, length - start)
+            pieces.append((key, start, start + take))
+            fill += take
+            start += take
+            if fill == block_tokens:
+                parent = ids.setdefault((parent, tuple(pieces)), len(ids))
+                out.append(parent)
+                pieces, fill = [], 0
+    if pieces:
+        out.append(ids.setdefault((parent, tuple(pieces)), len(ids)))
+    return tuple(out)

@@ -1,0 +1,457 @@
+"""Synthetic agent traces calibrated to the workload statistics of spec §d.
+
+Five profiles (§d.4): ``swe-short``, ``coding-long``, ``bfcl``, ``chat-human``, ``batch``. Each is
+a function ``(rng, programs, knobs) -> (records, meta)`` driven only by one ``random.Random(seed)``,
+so the same (profile, programs, seed, knobs) always yields byte-identical JSONL. Token counts are
+*content* tokens (the chat template's overhead is added by the backend's tokenizer at replay).
+
+Calibration sources (all from the spec's §d.2 table):
+
+- tool gaps: log-normal(median 0.3 s, sigma 2.9) — TraceLab per-call latency — mixed with an
+  "instant" (<= 50 ms) component of weight 0.6 for the router-RFC-like ``swe-short`` (86% < 1 s,
+  95% < 10 s); capped at 5 minutes;
+- human gaps: log-normal(median 84 s, sigma 2.1), capped (anything past the TTL horizon behaves the
+  same for scheduling);
+- coding-long turns: log-normal(median 40, p90 ~135), appends log-normal(median 1.5K) with rare
+  10-50K file dumps, compaction above 128K, ~40% of sessions spawn 1-3 subagents;
+- swe-short: normal(11, 2) turns, 2-4K initial prefix, 0.5-2K appends, 100-300 output tokens;
+- bfcl: p50 4 user turns x 1-2 steps, function docs 1.5-4.5K shared per API-class set, tool results
+  50-500, outputs 30-150, in-process tool gaps of 1-10 ms;
+- chat-human: ShareGPT-like (p50 3 assistant turns, human message ~20 tokens, answers ~300);
+- batch: one-turn requests in bursty jobs with a job-level shared prefix and a bimodal per-job
+  output length.
+
+``input_scale`` / ``output_scale`` shrink token counts so a benchmark fits a CPU-only simulated
+cluster; ``gap_cap_seconds`` / ``human_gap_cap_seconds`` bound the tails. The stats module compares
+a trace against ``targets_for(profile, knobs)``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from daemon.trace.format import Trace, TraceMeta, TraceRecord, compute_hash_ids
+
+PROFILES = ("swe-short", "coding-long", "bfcl", "chat-human", "batch")
+
+TOOL_MEDIAN_SECONDS = 0.3
+TOOL_SIGMA = 2.9
+HUMAN_MEDIAN_SECONDS = 84.0
+HUMAN_SIGMA = 2.1
+
+BFCL_CLASSES = (
+    "GorillaFileSystem",
+    "MathAPI",
+    "MessageAPI",
+    "TwitterAPI",
+    "TicketAPI",
+    "TradingBot",
+    "TravelAPI",
+    "VehicleControlAPI",
+)
+
+
+@attrs.frozen
+class Knobs:
+    """Generator parameters a user may override; ``None`` means the profile default."""
+
+    input_scale: float = 1.0
+    output_scale: float = 1.0
+    gap_cap_seconds: float = 300.0
+    human_gap_cap_seconds: float | None = None
+    arrival_rate_per_second: float | None = None
+    concurrency: int | None = None
+
+
+@attrs.frozen
+class Target:
+    metric: str
+    value: float
+    rel_tol: float = 0.0
+    abs_tol: float = 0.0
+
+    def accepts(self, observed: float) -> bool:
+        return abs(observed - self.value) <= max(self.abs_tol, self.rel_tol * abs(self.value))
+
+
+@attrs.frozen
+class _Draft:
+    """One session being built: its records, in turn order."""
+
+    session_id: str
+    records: list[TraceRecord]
+
+
+def _lognormal(rng: random.Random, median: float, sigma: float) -> float:
+    return median * math.exp(sigma * rng.gauss(0.0, 1.0))
+
+
+def _itok(x: float, scale: float, floor: int = 1) -> int:
+    return max(floor, int(round(x * scale)))
+
+
+def _tool_gap(rng: random.Random, instant_weight: float, cap_seconds: float) -> tuple[float, str]:
+    """(gap_ms, tool_name): an instant/log-normal mixture; the name follows the latency class."""
+    if rng.random() < instant_weight:
+        seconds = rng.uniform(0.001, 0.050)
+    else:
+        seconds = min(cap_seconds, _lognormal(rng, TOOL_MEDIAN_SECONDS, TOOL_SIGMA))
+    if seconds <= 0.05:
+        name = rng.choice(("str_replace_editor", "view_file"))
+    elif seconds <= 0.5:
+        name = rng.choice(("ls", "cat", "grep"))
+    elif seconds <= 2.0:
+        name = "bash"
+    elif seconds <= 30.0:
+        name = "run_tests"
+    else:
+        name = rng.choice(("install_deps", "web_fetch"))
+    return round(seconds * 1000.0, 3), name
+
+
+def _human_gap_ms(rng: random.Random, cap_seconds: float) -> float:
+    return round(min(cap_seconds, _lognormal(rng, HUMAN_MEDIAN_SECONDS, HUMAN_SIGMA)) * 1000.0, 3)
+
+
+def _session(
+    session_id: str,
+    turns: list[dict[str, Any]],
+    *,
+    shared_prefix_id: str | None,
+    shared_prefix_tokens: int,
+    common: dict[str, Any],
+    compaction_tokens: int | None = None,
+    summary_tokens: Callable[[], int] | None = None,
+) -> _Draft:
+    """Turn dicts (input_delta, output_length, pre_gap_ms, role, tool_name) -> chained records."""
+    recs: list[TraceRecord] = []
+    prev: TraceRecord | None = None
+    for t, turn in enumerate(turns):
+        compaction = False
+        delta = turn["input_delta"]
+        if prev is None:
+            length = shared_prefix_tokens + delta
+        else:
+            length = prev.input_length + prev.output_length + delta
+            if compaction_tokens is not None and summary_tokens is not None and length > compaction_tokens:
+                compaction = True
+                delta = summary_tokens()
+                length = shared_prefix_tokens + delta
+        is_last = t == len(turns) - 1
+        rec = TraceRecord(
+            session_id=session_id,
+            turn=t,
+            input_delta=delta,
+            output_length=turn["output_length"],
+            input_length=length,
+            pre_gap_ms=turn.get("pre_gap_ms", 0.0),
+            role=turn.get("role", "user"),
+            tool_name=turn.get("tool_name"),
+            finish_reason="stop" if is_last else turn.get("finish_reason", "tool_calls"),
+            shared_prefix_id=shared_prefix_id,
+            shared_prefix_tokens=shared_prefix_tokens,
+            compaction=compaction,
+            **common,
+        )
+        recs.append(rec)
+        prev = rec
+    return _Draft(session_id, recs)
+
+
+def _agent_turns(
+    rng: random.Random,
+    n: int,
+    first_delta: int,
+    append: Callable[[], int],
+    output: Callable[[], int],
+    gap: Callable[[], tuple[float, str | None, str]],
+) -> list[dict[str, Any]]:
+    turns: list[dict[str, Any]] = [{"input_delta": first_delta, "output_length": output(), "role": "user"}]
+    for _ in range(1, n):
+        gap_ms, tool, role = gap()
+        turns.append(
+            {"input_delta": append(), "output_length": output(), "pre_gap_ms": gap_ms, "tool_name": tool, "role": role}
+        )
+    return turns
+
+
+# --------------------------------------------------------------------------------------- profiles
+
+
+def _swe_short(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Draft], dict[str, Any]]:
+    prefix_tokens = _itok(1500, k.input_scale)
+    drafts = []
+    for i in range(programs):
+        sid = f"swe-{i:05d}"
+        n = min(40, max(2, int(round(rng.gauss(11.0, 2.0)))))
+
+        def gap() -> tuple[float, str | None, str]:
+            ms, name = _tool_gap(rng, 0.6, k.gap_cap_seconds)
+            return ms, name, "tool"
+
+        turns = _agent_turns(
+            rng,
+            n,
+            first_delta=_itok(rng.uniform(500, 2500), k.input_scale),
+            append=lambda: _itok(rng.uniform(500, 2000), k.input_scale),
+            output=lambda: _itok(rng.uniform(100, 300), k.output_scale),
+            gap=gap,
+        )
+        drafts.append(
+            _session(sid, turns, shared_prefix_id="swe-short-system", shared_prefix_tokens=prefix_tokens,
+                     common={"task_id": sid})
+        )
+    return drafts, {"arrival": "closed_loop", "concurrency": k.concurrency or 16}
+
+
+def _coding_long(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Draft], dict[str, Any]]:
+    human_cap = k.human_gap_cap_seconds if k.human_gap_cap_seconds is not None else 600.0
+    systems = [(f"coding-long-system-{j}", _itok(rng.uniform(10_000, 20_000), k.input_scale)) for j in range(2)]
+    sub_system = ("coding-long-subagent-system", _itok(rng.uniform(3_000, 5_000), k.input_scale))
+    compaction_at = _itok(128_000, k.input_scale)
+
+    def append() -> int:
+        if rng.random() < 0.03:
+            return _itok(rng.uniform(10_000, 50_000), k.input_scale)
+        return _itok(min(60_000.0, _lognormal(rng, 1500.0, 1.0)), k.input_scale)
+
+    def output() -> int:
+        return _itok(min(4096.0, _lognormal(rng, 400.0, 0.8)), k.output_scale)
+
+    def lead_gap() -> tuple[float, str | None, str]:
+        if rng.random() < 1.0 / 7.8:  # tool-initiated steps per human request avg 7.8 (TraceLab)
+            return _human_gap_ms(rng, human_cap), None, "user"
+        ms, name = _tool_gap(rng, 0.0, k.gap_cap_seconds)
+        return ms, name, "tool"
+
+    def sub_gap() -> tuple[float, str | None, str]:
+        ms, name = _tool_gap(rng, 0.0, k.gap_cap_seconds)
+        return ms, name, "tool"
+
+    def summary() -> int:
+        return _itok(rng.uniform(4_000, 10_000), k.input_scale)
+
+    rate = k.arrival_rate_per_second or (1.0 / 30.0)
+    now_ms = 0.0
+    drafts: list[_Draft] = []
+    for i in range(programs):
+        sid = f"code-{i:05d}"
+        n = min(400, max(3, int(round(_lognormal(rng, 40.0, 0.95)))))
+        sys_id, sys_tokens = systems[rng.randrange(len(systems))]
+        turns = _agent_turns(rng, n, _itok(rng.uniform(200, 2000), k.input_scale), append, output, lead_gap)
+        lead = _session(sid, turns, shared_prefix_id=sys_id, shared_prefix_tokens=sys_tokens,
+                        common={"task_id": sid}, compaction_tokens=compaction_at, summary_tokens=summary)
+        lead.records[0] = attrs.evolve(lead.records[0], timestamp=round(now_ms, 3))
+        now_ms += rng.expovariate(rate) * 1000.0
+        drafts.append(lead)
+        if rng.random() < 0.40 and n >= 2:
+            spawn_turns = sorted(rng.sample(range(n - 1), min(n - 1, rng.randint(1, 3))))
+            for j, at in enumerate(spawn_turns):
+                cid = f"{sid}.sub{j}"
+                m = min(60, max(1, int(round(_lognormal(rng, 8.0, 0.6)))))
+                cturns = _agent_turns(rng, m, _itok(rng.uniform(200, 800), k.input_scale), append, output, sub_gap)
+                cturns[0]["pre_gap_ms"] = round(rng.uniform(1.0, 50.0), 3)
+                child = _session(
+                    cid, cturns, shared_prefix_id=sub_system[0], shared_prefix_tokens=sub_system[1],
+                    common={"task_id": sid, "agent_id": f"sub{j}", "parent_session_id": sid,
+                            "blocks_parent": rng.random() < 0.6},
+                    compaction_tokens=compaction_at, summary_tokens=summary,
+                )
+                child.records[0] = attrs.evolve(child.records[0], parent_turn=at)
+                for r in range(1, len(child.records)):
+                    child.records[r] = attrs.evolve(child.records[r], parent_turn=None)
+                drafts.append(child)
+    return drafts, {"arrival": "poisson", "concurrency": k.concurrency or 12, "arrival_rate_per_second": rate}
+
+
+def _bfcl(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Draft], dict[str, Any]]:
+    doc_tokens = {name: _itok(rng.uniform(1_200, 2_100), k.input_scale) for name in BFCL_CLASSES}
+    base = _itok(300, k.input_scale)
+    user_turn_weights = (0.05, 0.12, 0.20, 0.38, 0.15, 0.07, 0.03)  # 1..7 user turns, p50 4
+    drafts = []
+    for i in range(programs):
+        sid = f"bfcl-{i:05d}"
+        classes = sorted(rng.sample(BFCL_CLASSES, 1 if rng.random() < 0.6 else 2))
+        prefix_id = "bfcl-docs:" + "+".join(classes)
+        prefix_tokens = base + sum(doc_tokens[c] for c in classes)
+        users = rng.choices(range(1, 8), weights=user_turn_weights)[0]
+        turns: list[dict[str, Any]] = []
+        for u in range(users):
+            user_msg = {
+                "input_delta": _itok(rng.uniform(20, 80), k.input_scale),
+                "output_length": _itok(rng.uniform(30, 150), k.output_scale),
+                "role": "user",
+            }
+            if u > 0:
+                user_msg["pre_gap_ms"] = round(rng.uniform(1.0, 10.0), 3)
+            turns.append(user_msg)
+            if rng.random() < 0.5:  # a second step after the tool result
+                turns.append({
+                    "input_delta": _itok(rng.uniform(50, 500), k.input_scale),
+                    "output_length": _itok(rng.uniform(30, 150), k.output_scale),
+                    "pre_gap_ms": round(rng.uniform(1.0, 10.0), 3),
+                    "role": "tool",
+                    "tool_name": rng.choice(classes),
+                })
+        drafts.append(_session(sid, turns, shared_prefix_id=prefix_id, shared_prefix_tokens=prefix_tokens,
+                               common={"task_id": sid}))
+    return drafts, {"arrival": "closed_loop", "concurrency": k.concurrency or 32}
+
+
+def _chat_human(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Draft], dict[str, Any]]:
+    human_cap = k.human_gap_cap_seconds if k.human_gap_cap_seconds is not None else 3600.0
+    rate = k.arrival_rate_per_second or 0.2
+    now_ms = 0.0
+    drafts = []
+    for i in range(programs):
+        sid = f"chat-{i:05d}"
+        n = min(63, max(1, int(round(_lognormal(rng, 3.0, 0.66)))))
+        turns = []
+        for t in range(n):
+            turn = {
+                "input_delta": _itok(min(4000.0, _lognormal(rng, 20.0, 1.56)), k.input_scale),
+                "output_length": _itok(min(2048.0, _lognormal(rng, 300.0, 0.58)), k.output_scale),
+                "role": "user",
+                "finish_reason": "stop",
+            }
+            if t > 0:
+                turn["pre_gap_ms"] = _human_gap_ms(rng, human_cap)
+            turns.append(turn)
+        d = _session(sid, turns, shared_prefix_id=None, shared_prefix_tokens=0, common={"task_id": sid})
+        d.records[0] = attrs.evolve(d.records[0], timestamp=round(now_ms, 3))
+        now_ms += rng.expovariate(rate) * 1000.0
+        drafts.append(d)
+    return drafts, {"arrival": "poisson", "concurrency": k.concurrency or 64, "arrival_rate_per_second": rate}
+
+
+def _batch(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Draft], dict[str, Any]]:
+    rate = k.arrival_rate_per_second or (1.0 / 60.0)  # job bursts
+    drafts: list[_Draft] = []
+    job = 0
+    burst_ms = 0.0
+    while len(drafts) < programs:
+        size = min(programs - len(drafts), rng.randint(10, 80))
+        long_job = rng.random() < 0.5
+        prefix_id = f"batch-job-{job:04d}"
+        prefix_tokens = _itok(rng.uniform(1_000, 4_000), k.input_scale)
+        for _ in range(size):
+            sid = f"batch-{len(drafts):05d}"
+            median = 600.0 if long_job else 40.0
+            out = _itok(min(4096.0, _lognormal(rng, median, 0.4)), k.output_scale)
+            turn = {"input_delta": _itok(rng.uniform(100, 1000), k.input_scale), "output_length": out}
+            d = _session(sid, [turn], shared_prefix_id=prefix_id, shared_prefix_tokens=prefix_tokens,
+                         common={"task_id": sid, "job": prefix_id, "priority": 1})
+            d.records[0] = attrs.evolve(d.records[0], timestamp=round(burst_ms + rng.uniform(0, 2000.0), 3))
+            drafts.append(d)
+        burst_ms += rng.expovariate(rate) * 1000.0
+        job += 1
+    return drafts, {"arrival": "bursts", "concurrency": k.concurrency or 256, "arrival_rate_per_second": rate}
+
+
+_GENERATORS: dict[str, Callable[[random.Random, int, Knobs], tuple[list[_Draft], dict[str, Any]]]] = {
+    "swe-short": _swe_short,
+    "coding-long": _coding_long,
+    "bfcl": _bfcl,
+    "chat-human": _chat_human,
+    "batch": _batch,
+}
+
+
+def _with_hash_ids(drafts: list[_Draft]) -> list[TraceRecord]:
+    ids: dict[tuple[Any, ...], int] = {}
+    out: list[TraceRecord] = []
+    for d in drafts:
+        history: list[tuple[str, int]] = []
+        for rec in d.records:
+            if rec.turn == 0 or rec.compaction:
+                history = [(rec.shared_prefix_id or f"{d.session_id}:none", rec.shared_prefix_tokens)]
+            history.append((f"{d.session_id}:in{rec.turn}", rec.input_delta))
+            segments = [s for s in history if s[1] > 0]
+            out.append(attrs.evolve(rec, hash_ids=compute_hash_ids(segments, ids)))
+            history.append((f"{d.session_id}:out{rec.turn}", rec.output_length))
+    return out
+
+
+def synthesize(profile: str, programs: int, seed: int, knobs: Knobs | None = None) -> Trace:
+    """Generate ``programs`` root Programs (subagents come on top) of ``profile``."""
+    if profile not in _GENERATORS:
+        raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    if programs < 1:
+        raise ValueError(f"programs must be >= 1, got {programs}")
+    knobs = knobs or Knobs()
+    if knobs.input_scale <= 0 or knobs.output_scale <= 0:
+        raise ValueError("input_scale and output_scale must be > 0")
+    rng = random.Random(seed)
+    drafts, extra = _GENERATORS[profile](rng, programs, knobs)
+    params = {"knobs": attrs.asdict(knobs)}
+    if "arrival_rate_per_second" in extra:
+        params["arrival_rate_per_second"] = extra["arrival_rate_per_second"]
+    meta = TraceMeta(
+        profile=profile, seed=seed, programs=programs, arrival=extra["arrival"],
+        concurrency=extra["concurrency"], params=params,
+    )
+    return Trace(meta=meta, records=tuple(_with_hash_ids(drafts)))
+
+
+def targets_for(profile: str, knobs: Knobs | None = None) -> list[Target]:
+    """The §d statistics a trace of ``profile`` should reproduce (after scaling)."""
+    k = knobs or Knobs()
+    i, o = k.input_scale, k.output_scale
+    if profile == "swe-short":
+        return [
+            Target("turns_per_program.p50", 11, abs_tol=1.0),
+            Target("turns_per_program.mean", 11, abs_tol=0.6),
+            Target("initial_input_tokens.p50", 3000 * i, rel_tol=0.12),
+            Target("append_tokens.p50", 1250 * i, rel_tol=0.12),
+            Target("output_tokens.p50", 200 * o, rel_tol=0.12),
+            Target("return_gap.share_under_1s", 0.8646, abs_tol=0.04),
+            Target("return_gap.share_under_10s", 0.9512, abs_tol=0.03),
+            Target("subagent_session_share", 0.0, abs_tol=0.0),
+        ]
+    if profile == "coding-long":
+        return [
+            Target("turns_per_program.p50", 40, rel_tol=0.2),
+            Target("turns_per_program.p90", 135, rel_tol=0.3),
+            Target("initial_input_tokens.p50", 16_000 * i, rel_tol=0.35),
+            Target("append_tokens.p50", 1500 * i, rel_tol=0.15),
+            Target("output_tokens.p50", 400 * o, rel_tol=0.15),
+            Target("tool_gap_seconds.p50", 0.3, rel_tol=0.35),
+            Target("tool_gap_seconds.p90", 12.3, rel_tol=0.4),
+            Target("human_gap_seconds.p50", 84.0, rel_tol=0.4),
+            Target("subagent_session_share", 0.40, abs_tol=0.08),
+        ]
+    if profile == "bfcl":
+        return [
+            Target("user_turns_per_program.p50", 4, abs_tol=0.5),
+            Target("user_turns_per_program.mean", 3.67, abs_tol=0.3),
+            Target("initial_input_tokens.p50", 2600 * i, rel_tol=0.35),
+            Target("output_tokens.p50", 90 * o, rel_tol=0.15),
+            Target("return_gap.share_under_1s", 1.0, abs_tol=0.0),
+        ]
+    if profile == "chat-human":
+        return [
+            Target("turns_per_program.p50", 3, abs_tol=1.0),
+            Target("turns_per_program.p90", 7, abs_tol=2.0),
+            Target("initial_input_tokens.p50", 20 * i, rel_tol=0.3),
+            Target("output_tokens.p50", 300 * o, rel_tol=0.15),
+            Target("human_gap_seconds.p50", 84.0, rel_tol=0.4),
+            Target("shared_prefix_share", 0.0, abs_tol=0.0),
+        ]
+    if profile == "batch":
+        return [
+            Target("turns_per_program.max", 1, abs_tol=0.0),
+            Target("output_short_share", 0.5, abs_tol=0.15),
+            Target("programs_per_job.mean", 45, rel_tol=0.35),
+        ]
+    raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+
+
+def knobs_from_meta(meta: TraceMeta) -> Knobs:
+    raw = meta.params.get("knobs", {}) if isinstance(meta.params, dict) else {}
+    known = {f.name for f in attrs.fields(Knobs)}
+    return Knobs(**{key: value for key, value in raw.items() if key in known})
