@@ -1,0 +1,198 @@
+"""Output commands and facts produced by ``scheduler.step``, in decision order.
+
+Commands (imperative) tell the shell what to do: ``Admit``/``Reject`` answer a waiting request,
+``ArmTimer``/``CancelTimer`` drive the Program actor's timers, ``SpawnProgram``/``RetireProgram``
+start/stop one Program actor per live generation.  Facts (nouns) feed logs and metrics:
+``Transition`` (program_admit/program_pause logs, ``transitions_total{reason}``), and the
+observation facts named after the metric they feed.  The order of the tuple is part of the
+contract: within one step, effects appear in the order the decisions were taken; timer
+commands for the Programs touched by the step come last, in first-touch order.
+"""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+from actors.core.ids import ProgramRef, RequestId, TargetId
+
+
+@frozen
+class Admit:
+    """Dispatch ``request_id`` to ``target_id`` (the FIFO front of an Active Program)."""
+
+    request_id: RequestId
+    target_id: TargetId
+    program: ProgramRef
+    generation: int
+    placement_epoch: int
+    placement_start_request: bool
+    queue_wait_seconds: float
+    estimated_context_tokens: int
+
+
+@frozen
+class Reject:
+    """Refuse a waiting request (queue timeout -> 429, no targets -> 503)."""
+
+    request_id: RequestId
+    reason: str
+    status_hint: int
+    message: str
+
+
+@frozen
+class ArmTimer:
+    """(Re)arm the ``kind`` timer of ``program`` at absolute ``deadline``; replaces any earlier one."""
+
+    program: ProgramRef
+    kind: str
+    deadline: float
+    token: int
+
+
+@frozen
+class CancelTimer:
+    program: ProgramRef
+    kind: str
+
+
+@frozen
+class SpawnProgram:
+    """A new Program generation exists: start its actor."""
+
+    program: ProgramRef
+
+
+@frozen
+class RetireProgram:
+    """The generation was released: stop its actor (all its timers die with it)."""
+
+    program: ProgramRef
+
+
+@frozen
+class Transition:
+    """A committed lifecycle transition.
+
+    ``reason`` is the metric label: program_admit, force_resume, batch_gain_admit,
+    cross_rank_resume, ttl_expired, capacity_repair, capacity_repair_mark, max_segment_yield,
+    request_failed, request_cancelled, paused_retention_release, health_failover, or
+    ``program_release`` / ``request_arrival`` for lifecycle-only moves.  ``counted`` says whether
+    ``transitions_total`` counts it (reference parity: request_cancelled, arrivals and plain
+    releases are not counted).  Admissions carry the capacity numbers; pauses the released
+    private tokens.
+    """
+
+    program: ProgramRef
+    from_state: str
+    to_state: str
+    reason: str
+    target_id: TargetId | None
+    counted: bool = True
+    forced: bool = False
+    batch_gain: bool = False
+    used_tokens: float | None = None
+    required_tokens: float | None = None
+    reserve_tokens: float | None = None
+    capacity_tokens: int | None = None
+    released_private_tokens: float | None = None
+
+
+@frozen
+class AdmissionCapacitySnapshot:
+    """Capacity facts at a committed admission (not in binding_only)."""
+
+    target_id: TargetId
+    used_tokens: float
+    required_tokens: float
+    growth_reserve_tokens: float
+    capacity_tokens: int | None
+    capacity_pressure_ratio: float | None
+    projected_pressure_ratio: float | None
+    backend_kv_usage_ratio: float | None
+    backend_running_requests: int | None
+    backend_waiting_requests: int | None
+    observation_age_seconds: float | None
+
+
+@frozen
+class QueueWaitObserved:
+    target_id: TargetId
+    seconds: float
+
+
+@frozen
+class RequestIntervalObserved:
+    """Completion -> next arrival of the same Program (a continuity sample)."""
+
+    target_id: TargetId
+    seconds: float
+
+
+@frozen
+class CacheMissImpactObserved:
+    target_id: TargetId
+    seconds: float
+
+
+@frozen
+class TtlArmed:
+    program: ProgramRef
+    target_id: TargetId
+    ttl_seconds: float
+    source: str  # "fitted" | "request_hint"
+
+
+@frozen
+class SharedPrefixObserved:
+    target_id: TargetId
+    tokens: int
+
+
+@frozen
+class CacheDiscontinuity:
+    """unexpected_cache_discontinuity: cached tokens broke inside one placement."""
+
+    program: ProgramRef
+    target_id: TargetId
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    previous_context_tokens: int
+    uncached_prompt_tokens: int
+    cache_miss_impact_seconds: float
+    segment_served_rounds: int
+
+
+@frozen
+class CapacitySourceChanged:
+    """capacity_observation_fallback (to a ledger source) / _recovered (back to backend)."""
+
+    target_id: TargetId
+    previous_source: str | None
+    source: str
+    observation_age_seconds: float | None
+    freshness_threshold_seconds: float
+
+
+@frozen
+class StaleObservationDropped:
+    target_id: TargetId
+    epoch: int
+    epoch_revision: int
+    current_revision: int
+
+
+@frozen
+class CompletionIgnored:
+    """A completion that the generation/epoch fence rejected (no stats, no ledger change)."""
+
+    request_id: RequestId
+    reason: str  # "unknown_request" | "stale_generation" | "stale_placement"
+
+
+Effect = (
+    Admit | Reject | ArmTimer | CancelTimer | SpawnProgram | RetireProgram | Transition
+    | AdmissionCapacitySnapshot | QueueWaitObserved | RequestIntervalObserved
+    | CacheMissImpactObserved | TtlArmed | SharedPrefixObserved | CacheDiscontinuity
+    | CapacitySourceChanged | StaleObservationDropped | CompletionIgnored
+)

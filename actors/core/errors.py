@@ -1,0 +1,52 @@
+"""Errors of the scheduling core.
+
+``...Error`` classes are bugs or invalid input; an expected refusal is not an exception but a
+``Reject`` effect carrying a :class:`Rejection` reason and an HTTP ``status_hint``.
+"""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+
+class CoreError(Exception):
+    """Base class of core errors."""
+
+
+class IllegalTransition(CoreError):
+    """A lifecycle transition that the transition table does not allow.
+
+    Raised *before* anything is changed, so the Program record is left untouched.
+    """
+
+    def __init__(self, from_state: str, trigger: str) -> None:
+        super().__init__(f"illegal Program transition: {trigger!r} from state {from_state!r}")
+        self.from_state = from_state
+        self.trigger = trigger
+
+
+class InvariantViolation(CoreError):
+    """``invariants.check`` found a broken invariant (a bug in the core)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+class InvalidEvent(CoreError):
+    """An event that names a field with an impossible value (for example a duplicate request id)."""
+
+
+@frozen
+class Rejection:
+    """Why a retained request was refused, with the HTTP status the shell should answer."""
+
+    reason: str
+    status_hint: int
+    message: str
+
+
+QUEUE_TIMEOUT = Rejection(
+    "queue_timeout", 429, "Program request exceeded its admission queue timeout"
+)
+NO_TARGETS = Rejection("no_targets", 503, "no healthy DP targets are available")

@@ -1,0 +1,113 @@
+"""Input facts consumed by ``scheduler.step`` (past-tense names, frozen values).
+
+The shell (scheduler actor, HTTP handlers, rank and Program actors) turns everything that
+happens into one of these and feeds it to ``step`` one at a time, in arrival order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attrs import frozen
+
+from actors.core.ids import DEFAULT_MODEL_POOL, ProgramRef, RequestId, TargetId
+from actors.core.model import NO_HINTS, NO_USAGE, RequestHints, Usage
+
+# Timer kinds armed in the Program actor.
+ACTING_TTL = "acting_ttl"
+FORCE_RESUME = "force_resume"
+PAUSED_RETENTION = "paused_retention"
+QUEUE_TIMEOUT = "queue_timeout"
+TIMER_KINDS = (ACTING_TTL, FORCE_RESUME, PAUSED_RETENTION, QUEUE_TIMEOUT)
+
+
+@frozen
+class RequestSubmitted:
+    """A request with a Program identity arrived.
+
+    ``request_id`` is the shell's unique handle (must not be reused while the request lives).
+    ``identity`` provides the attributes of ``model.IdentityLike``; ``hints`` the request-scoped
+    fields.  ``targets`` (``BackendTarget``-like: target_id, worker_url, dp_rank, index) is the
+    current target list of ``model_pool`` when the shell knows it; ``None`` keeps the known one.
+    """
+
+    request_id: RequestId
+    identity: Any
+    estimated_prompt_tokens: int
+    hints: RequestHints = NO_HINTS
+    model_pool: str = DEFAULT_MODEL_POOL
+    targets: tuple[Any, ...] | None = None
+    routing_text: str | None = None
+
+
+@frozen
+class RequestCompleted:
+    """A dispatched request finished (``success`` iff the upstream answered 2xx and ended normally)."""
+
+    request_id: RequestId
+    success: bool
+    usage: Usage = NO_USAGE
+    decode_seconds: float | None = None
+    terminate: bool = False
+
+
+@frozen
+class RequestAbandoned:
+    """The client went away.  Waiting: cancelled (core spec 4.4); in flight: a failed completion."""
+
+    request_id: RequestId
+
+
+@frozen
+class TimerFired:
+    """A timer armed by an ``ArmTimer`` effect fired.  Dropped unless ``token`` is current."""
+
+    program: ProgramRef
+    kind: str
+    token: int
+
+
+@frozen
+class ObservationStarted:
+    """A backend scrape of ``target_id`` begins: checkpoint the Router ledger under ``epoch``."""
+
+    target_id: TargetId
+    epoch: int
+
+
+@frozen
+class ObservationReceived:
+    """Result of a backend scrape (vLLM ``/metrics`` of one DP rank)."""
+
+    target_id: TargetId
+    epoch: int
+    kv_cache_usage: float | None
+    running_requests: int | None
+    waiting_requests: int | None
+    observed_at: float | None = None  # default: the step's `now`
+
+
+@frozen
+class ObservationStale:
+    """Forget the last observation of ``target_id`` (scrape failures; property tests)."""
+
+    target_id: TargetId
+
+
+@frozen
+class RepairTick:
+    """The periodic tick (every metrics_interval): periodic decisions + source reporting."""
+
+
+@frozen
+class TargetsChanged:
+    """The healthy target list of ``model_pool`` changed (replaced atomically)."""
+
+    model_pool: str
+    targets: tuple[Any, ...]
+
+
+Event = (
+    RequestSubmitted | RequestCompleted | RequestAbandoned | TimerFired | ObservationStarted
+    | ObservationReceived | ObservationStale | RepairTick | TargetsChanged
+)

@@ -1,0 +1,537 @@
+"""Event handlers of ``scheduler.step`` (arrival, completion, cancellation, timers, ticks,
+observations, target sync).  See ``scheduler`` for the decision sequences and
+docs/program-scheduling.md for the behaviour and the deviations from the reference.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from actors.core import program as lc
+from actors.core.costs import cache_miss_impact_seconds
+from actors.core.effects import (
+    CacheDiscontinuity, CacheMissImpactObserved, CapacitySourceChanged, CompletionIgnored, Reject,
+    RequestIntervalObserved, SharedPrefixObserved, SpawnProgram, StaleObservationDropped, TtlArmed,
+)
+from actors.core.errors import NO_TARGETS, QUEUE_TIMEOUT, InvalidEvent
+from actors.core.events import (
+    ObservationReceived, ObservationStale, ObservationStarted, RequestAbandoned, RequestCompleted,
+    RequestSubmitted, TimerFired,
+)
+from actors.core.ids import ProgramKey, ProgramRef, TargetId
+from actors.core.ledger import (
+    BACKEND_OBSERVATION, FRESHNESS_INTERVALS, apply_observation, capacity_accounting_source,
+    private_tokens, rank_counts, resync, target_usage,
+)
+from actors.core.lifecycle import (
+    cancel_idle, commit_admission, dequeue, dispatch_ready, enqueue, invalidate, mark_dirty, pause,
+    release, restart_freshness_anchor, touch,
+)
+from actors.core.model import (
+    ACTING, ACTIVE, CAPACITY_REPAIR, PAUSED, REASONING, REQUEST_FAILED, TTL_EXPIRED,
+    ObservationCheckpoint, PendingRequest, Program, RankState, Usage,
+)
+from actors.core.placement import Candidate
+from actors.core.repair import repair_capacity
+from actors.core.resume import schedule_waiting, set_force_resume_deadline, yield_completed_segment
+from actors.core.scheduler import SchedulerState
+from actors.core.stats import CACHE_CONTINUITY_HIT_RATIO, ProgressTtlFactors, RequestSample
+
+SHRINK_CONFIRMATIONS = 2
+
+
+# ---- decision sequences ------------------------------------------------------------------------
+
+def arrival_sequence(s: SchedulerState) -> None:
+    release_expired_paused(s)
+    expire_acting_ttls(s)
+    repair_capacity(s)
+    schedule_waiting(s)
+
+
+def periodic_sequence(s: SchedulerState) -> None:
+    prune_released_generations(s)
+    expire_acting_ttls(s)
+    release_expired_paused(s)
+    if not s.cfg.binding_only:
+        repair_capacity(s)
+        schedule_waiting(s)
+
+
+def schedule_after_change(s: SchedulerState) -> None:
+    if not s.cfg.binding_only:
+        schedule_waiting(s)
+
+
+def _live(s: SchedulerState, ref: ProgramRef) -> Program | None:
+    p = s.programs.get(ref.key)
+    return p if p is not None and p.ref == ref else None
+
+
+def expire_acting_ttls(s: SchedulerState) -> None:
+    for deadline, ref in s.ttl_heap.pop_due(s.now):
+        p = _live(s, ref)
+        if p is None or p.state != ACTIVE or p.status != ACTING or p.in_flight or p.ttl_deadline != deadline:
+            continue
+        rounds = max(0, p.segment_served_rounds - p.ttl_pause_sampled_segment_rounds)
+        pause(s, p, TTL_EXPIRED)
+        p.ttl_pause_sampled_segment_rounds = p.segment_served_rounds
+        p.rounds_since_ttl_pause = 0
+        rank = s.ranks.get(p.last_target) if p.last_target is not None else None
+        if rank is not None and rank.factors is not None:
+            rank.factors.push_ttl_pause_rounds(rounds)
+
+
+def release_expired_paused(s: SchedulerState) -> None:
+    retention = s.cfg.paused_retention_ttl_seconds
+    for deadline, ref in s.retention_heap.pop_due(s.now):
+        p = _live(s, ref)
+        if p is None or p.state != PAUSED or p.status != ACTING or p.in_flight or s.pool.program_len(ref):
+            continue
+        if p.paused_at + retention != deadline:
+            continue
+        release(s, p, "paused_retention_release")
+
+
+def prune_released_generations(s: SchedulerState) -> None:
+    keep = max(s.cfg.paused_retention_ttl_seconds, 60.0)
+    for deadline, key in s.prune_heap.pop_due(s.now):
+        at = s.released_at.get(key)
+        if key in s.programs or at is None or at + keep != deadline:
+            continue
+        del s.released_at[key]
+        s.last_generations.pop(key, None)
+
+
+def sweep_queue_timeouts(s: SchedulerState) -> None:
+    for deadline, rid in s.queue_heap.pop_due(s.now):
+        req = s.pool.get(rid)
+        if req is None or req.queue_deadline != deadline:
+            continue
+        s.effects.append(Reject(rid, QUEUE_TIMEOUT.reason, QUEUE_TIMEOUT.status_hint, QUEUE_TIMEOUT.message))
+        cancel_request(s, rid)
+
+
+# ---- targets -------------------------------------------------------------------------------------
+
+def sync_targets(s: SchedulerState, pool: str, targets: tuple[Any, ...]) -> None:
+    """Replace the target list of ``pool`` (core spec 13.1)."""
+    sig = tuple(sorted((str(t.target_id), str(t.worker_url), t.dp_rank, int(t.index)) for t in targets))
+    if s.pool_signatures.get(pool) == sig:
+        return
+    s.revision += 1
+    s.pool_signatures[pool] = sig
+    new_ids = tuple(TargetId(x[0]) for x in sig)
+    old_ids = s.pools.get(pool, ())
+    s.pools[pool] = new_ids
+    for tid, url, dp, idx in sig:
+        rank = s.ranks.get(TargetId(tid))
+        if rank is None:
+            rank = s.ranks[TargetId(tid)] = RankState(TargetId(tid), url, dp, idx)
+            rank.factors = ProgressTtlFactors(s.cfg.stats_window_size)
+        else:
+            rank.worker_url, rank.dp_rank, rank.index = url, dp, idx
+        mark_dirty(s, rank.target_id)
+    removed = [t for t in old_ids if t not in new_ids]
+    still_used = {t for ids in s.pools.values() for t in ids}
+    for t in removed:
+        s.binder.remove_target(t)
+    present = set(new_ids)
+    for p in list(s.programs.values()):
+        if p.ref.model_pool != pool or (p.last_target is not None and p.last_target in present):
+            continue
+        disappeared = p.last_target is not None
+        if p.placement is not None and p.placement not in present:
+            invalidate(s, p)
+        s.binder.release(p.ref.key)
+        dequeue(s, p)
+        bound = _bind(s, p, None)
+        p.home_target = p.last_target = bound
+        if disappeared:
+            p.paused_at = s.now
+            p.pause_when_idle = False
+            p.ttl_deadline = None
+            p.segment_started_at = None
+            restart_freshness_anchor(p, s.now)
+            if p.status == ACTING:
+                s.retention_heap.push(p.paused_at + s.cfg.paused_retention_ttl_seconds, p.ref)
+        if s.pool.program_len(p.ref) and bound is not None:
+            enqueue(s, p)
+        touch(s, p)
+    for t in removed:
+        if t not in still_used:
+            s.ranks.pop(t, None)
+            s.rank_queues.pop(t, None)
+            s.dirty_ranks.pop(t, None)
+
+
+def binding_candidates(s: SchedulerState, pool: str, p: Program) -> list[Candidate]:
+    cfg = s.cfg
+    cap = cfg.token_capacity_per_dp_rank
+    low = cap * cfg.low_watermark_ratio if cap is not None else None
+    per: dict[TargetId, list[float]] = {t: [0, 0.0, 0.0] for t in s.pools.get(pool, ())}
+    for o in s.programs.values():
+        if o is p or o.last_target not in per:
+            continue
+        acc = per[o.last_target]  # type: ignore[index]
+        if o.state == ACTIVE or o.status == REASONING:
+            acc[0] += 1
+            acc[1] += private_tokens(o, cfg.decode_buffer_tokens)
+        if o.state == PAUSED and o.status == REASONING and o.completed_requests == 0 and s.pool.program_len(o.ref):
+            acc[2] += private_tokens(o, cfg.decode_buffer_tokens)
+    out = []
+    for t, (n, tokens, pending) in per.items():
+        rank = s.ranks[t]
+        usage = target_usage(rank, s.now, cfg.metrics_interval_seconds)
+        if cap is None:
+            pressure = 0.0
+        else:
+            pressure = min(1.0, max(0.0, (usage + pending) / cap)) if cap else 1.0
+        admissible = len(rank.active) + 1 <= cfg.max_active_programs_per_target and (
+            low is None or usage + p.estimated_context_tokens + cfg.decode_buffer_tokens <= low)
+        out.append(Candidate(t, int(n), tokens, cap, pressure, admissible))
+    return out
+
+
+def _bind(s: SchedulerState, p: Program, text: str | None) -> TargetId | None:
+    cands = binding_candidates(s, p.ref.model_pool, p)
+    return s.binder.bind(p.ref.key, p.placement_hash_key or p.ref.program_id, cands, text)
+
+
+# ---- arrival ---------------------------------------------------------------------------------------
+
+def on_submit(s: SchedulerState, ev: RequestSubmitted) -> None:
+    cfg, now = s.cfg, s.now
+    pool = ev.model_pool
+    if ev.targets is not None:
+        sync_targets(s, pool, ev.targets)
+    rid = ev.request_id
+    if s.pool.get(rid) is not None or rid in s.in_flight:
+        raise InvalidEvent(f"request_id {rid!r} is already live")
+    if not s.pools.get(pool):
+        s.effects.append(Reject(rid, NO_TARGETS.reason, NO_TARGETS.status_hint, NO_TARGETS.message))
+        return
+    ident = ev.identity
+    hints = ev.hints
+    key = ProgramKey(pool, ident.program_id)
+    p = s.programs.get(key)
+    est = int(ev.estimated_prompt_tokens)
+    if est < 0:
+        raise InvalidEvent(f"estimated_prompt_tokens must be >= 0 (got {est})")
+    existed = p is not None
+    if p is None:
+        gen = s.last_generations.get(key, -1) + 1
+        p = Program(ProgramRef(pool, ident.program_id, gen), now)
+        s.programs[key] = p
+        s.last_generations[key] = gen
+        s.released_at.pop(key, None)
+        p.paused_at = now
+        p.shared_prefix_freshness_anchor_at = now
+        p.estimated_context_tokens = est
+        s.effects.append(SpawnProgram(p.ref))
+    # continuity sample (B9 fix: at most one per idle period)
+    if (existed and p.in_flight == 0 and p.last_request_finished_at is not None and p.last_target is not None
+            and p.continuity_sampled_at != p.last_request_finished_at):
+        interval = max(0.0, now - p.last_request_finished_at)
+        rank = s.ranks.get(p.last_target)
+        if rank is not None and math.isfinite(interval):
+            rank.factors.push_continuity(interval, p.last_cache_miss_impact_seconds)
+            p.continuity_sampled_at = p.last_request_finished_at
+            s.effects.append(RequestIntervalObserved(rank.target_id, interval))
+    from_state = p.lifecycle
+    lc.apply(p, lc.ARRIVE)
+    if from_state == lc.ACTIVE_ACTING:
+        p.acting_since = p.ttl_deadline = None
+    p.expected_resume = bool(ident.expected_resume)
+    deadline_hint = hints.deadline_seconds
+    timeout = cfg.queue_timeout_seconds if deadline_hint is None else min(cfg.queue_timeout_seconds, deadline_hint)
+    req = PendingRequest(rid, p.ref, s.request_seq.next(), now, est, hints, ev.routing_text, now + timeout)
+    s.pool.retain(req)
+    s.queue_heap.push(req.queue_deadline, rid)
+    s.lineage.observe(pool, ident.program_id, ident.parent_program_id, ident.root_program_id)
+    _refresh_metadata(p, ident, existed)
+    p.output_token_reservation = hints.expected_output_length
+    if existed:
+        if est >= p.estimated_context_tokens:
+            p.estimated_context_tokens = est
+            p.context_shrink_observations = 0
+    else:
+        bound = _bind(s, p, ev.routing_text)
+        p.home_target = p.last_target = bound
+    touch(s, p)
+    if p.state == ACTIVE:
+        resync(p, s.ranks.get(p.placement), cfg.decode_buffer_tokens)  # type: ignore[arg-type]
+        mark_dirty(s, p.placement)
+        dispatch_ready(s, p)
+    else:
+        if p.last_target is None:  # B2 fix: never leave a retained request behind
+            s.effects.append(Reject(rid, NO_TARGETS.reason, NO_TARGETS.status_hint, NO_TARGETS.message))
+            cancel_request(s, rid, schedule=False)
+            return
+        enqueue(s, p)
+        set_force_resume_deadline(s, p)
+    if cfg.binding_only:
+        if p.state != ACTIVE and p.last_target is not None:
+            commit_admission(s, p, s.ranks[p.last_target], None)
+        release_expired_paused(s)
+        expire_acting_ttls(s)
+        return
+    arrival_sequence(s)
+
+
+def _refresh_metadata(p: Program, ident: Any, existed: bool) -> None:
+    p.placement_key = ident.placement_key
+    p.placement_hash_key = ident.placement_hash_key
+    p.task_id = ident.task_id
+    p.session_id = ident.session_id
+    p.agent_id = ident.agent_id
+    p.parent_program_id = ident.parent_program_id
+    p.root_program_id = ident.root_program_id
+    p.blocks_parent = bool(ident.blocks_parent)
+    p.agent_role = ident.agent_role
+    p.spawn_reason = ident.spawn_reason
+    if ident.step_id is not None:
+        p.step_id = int(ident.step_id)
+    elif existed:
+        p.step_id = min(p.step_id + 1, 2**64 - 1)
+    else:
+        p.step_id = 0
+
+
+# ---- cancellation -------------------------------------------------------------------------------
+
+def cancel_request(s: SchedulerState, rid: Any, *, schedule: bool = True) -> None:
+    """Remove a waiting request (core spec 4.4)."""
+    found = s.pool.cancel(rid)
+    if found is None:
+        return
+    req, _was_front = found
+    p = _live(s, req.ref)
+    if p is None:
+        return
+    waiting = s.pool.program_len(p.ref)
+    if p.in_flight == 0 and waiting == 0:
+        cancel_idle(s, p)
+    else:
+        lc.apply(p, lc.CANCEL_BUSY)
+    if waiting == 0:
+        dequeue(s, p)
+    touch(s, p)
+    if p.in_flight == 0 and waiting == 0 and p.completed_requests == 0:
+        release(s, p, "program_release")
+    if schedule:
+        schedule_after_change(s)
+
+
+def on_abandon(s: SchedulerState, ev: RequestAbandoned) -> None:
+    if s.pool.get(ev.request_id) is not None:
+        cancel_request(s, ev.request_id)
+    elif ev.request_id in s.in_flight:
+        on_complete(s, RequestCompleted(ev.request_id, False))
+
+
+# ---- completion -------------------------------------------------------------------------------------
+
+def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
+    cfg, now = s.cfg, s.now
+    d = s.in_flight.pop(ev.request_id, None)
+    if d is None:
+        s.effects.append(CompletionIgnored(ev.request_id, "unknown_request"))
+        return
+    p = _live(s, d.ref)
+    if p is None:
+        s.effects.append(CompletionIgnored(ev.request_id, "stale_generation"))
+        return
+    if p.placement != d.target_id or p.placement_epoch != d.placement_epoch or p.in_flight <= 0:
+        s.effects.append(CompletionIgnored(ev.request_id, "stale_placement"))
+        return
+    rank = s.ranks[d.target_id]
+    fac = rank.factors
+    usage: Usage = ev.usage
+    obs_prompt = usage.prompt_tokens if usage.prompt_tokens is not None else d.estimated_context_tokens
+    fallback_cached = round(fac.mean_cached_prompt_tokens()) if len(fac.requests) else 0
+    cached = min(usage.cached_prompt_tokens if usage.cached_prompt_tokens is not None else fallback_cached, obs_prompt)
+    explicit_cached = min(usage.cached_prompt_tokens or 0, obs_prompt)
+    impact = cache_miss_impact_seconds(obs_prompt - min(p.shared_prefix_tokens, obs_prompt), cfg.prefill_cost_model)
+    hint_ttl = d.hints.kv_retention_ttl_seconds
+    ttl = hint_ttl if hint_ttl is not None else fac.fitted_acting_ttl(impact, cfg.max_acting_ttl_seconds)
+    freshness = shared_prefix_freshness(s, rank)
+    p.in_flight -= 1
+    waiting = s.pool.program_len(p.ref)
+    idle = p.in_flight == 0 and waiting == 0
+    lc.apply(p, lc.COMPLETE_IDLE if idle else lc.COMPLETE_BUSY)
+    if p.in_flight == 0 and waiting > 0:
+        p.pause_when_idle = False
+    p.terminate_when_idle = p.terminate_when_idle or ev.terminate
+    action = None
+    if idle:
+        if p.terminate_when_idle:
+            action = "terminate"
+        elif p.pause_when_idle:
+            action = CAPACITY_REPAIR
+        elif not ev.success:
+            action = REQUEST_FAILED
+        else:
+            action = "ttl"
+    prev_ctx = p.last_context_tokens
+    if ev.success:
+        continuous = prev_ctx is None or cached >= CACHE_CONTINUITY_HIT_RATIO * prev_ctx
+        new_segment = d.placement_start_request and (prev_ctx is None or not continuous)
+        if new_segment:
+            p.segment_served_rounds = 0
+            p.ttl_pause_sampled_segment_rounds = 0
+            p.segment_started_at = d.dispatched_at
+            due = not p.shared_prefix_observed or p.shared_prefix_fresh_until is None or now >= p.shared_prefix_fresh_until
+            if due:
+                p.shared_prefix_tokens = explicit_cached
+                p.shared_prefix_observed = True
+                p.shared_prefix_fresh_until = p.shared_prefix_freshness_anchor_at + freshness
+                if usage.cached_prompt_tokens is not None:
+                    s.effects.append(SharedPrefixObserved(rank.target_id, explicit_cached))
+        if (usage.cached_prompt_tokens is not None and prev_ctx is not None and not d.placement_start_request
+                and not continuous):
+            s.effects.append(CacheDiscontinuity(
+                p.ref, rank.target_id, obs_prompt, cached, prev_ctx, obs_prompt - cached, impact,
+                p.segment_served_rounds))
+        growth = obs_prompt - prev_ctx if prev_ctx is not None and prev_ctx > 0 else None
+        if growth is not None and not 0 < growth < prev_ctx:  # type: ignore[operator]
+            growth = None
+        completion = usage.completion_tokens or 0
+        p.completed_requests += 1
+        p.segment_served_rounds += 1
+        p.rounds_since_activation += int(continuous)
+        p.rounds_since_ttl_pause += int(continuous)
+        p.last_context_tokens = obs_prompt
+        p.last_completion_tokens = completion
+        p.lifetime_generated_tokens += completion
+        p.last_request_finished_at = now
+        p.last_cache_miss_impact_seconds = impact
+        s.effects.append(CacheMissImpactObserved(rank.target_id, impact))
+        fac.push_request(RequestSample(
+            obs_prompt, completion, cached, growth, now - d.arrived_at, ev.decode_seconds,
+            d.dispatched_at - d.arrived_at, p.rounds_since_ttl_pause, now))
+    _observe_context(p, usage.prompt_tokens, d.estimated_context_tokens)
+    p.output_token_reservation = None
+    if action == "ttl":
+        p.acting_since = now
+        p.ttl_deadline = now + ttl
+        s.ttl_heap.push(p.ttl_deadline, p.ref)
+        s.effects.append(TtlArmed(p.ref, rank.target_id, ttl, "request_hint" if hint_ttl is not None else "fitted"))
+    resync(p, rank, cfg.decode_buffer_tokens)
+    mark_dirty(s, rank.target_id)
+    touch(s, p)
+    if action in (CAPACITY_REPAIR, REQUEST_FAILED):
+        pause(s, p, action)  # B7 fix: after the statistics
+    elif action == "terminate":
+        release(s, p, "program_release")
+    if not cfg.binding_only and _live(s, d.ref) is not None:
+        yield_completed_segment(s, p)
+    periodic_sequence(s)
+
+
+def _observe_context(p: Program, prompt_tokens: int | None, dispatch_est: int) -> None:
+    if prompt_tokens is None:
+        if dispatch_est > p.estimated_context_tokens:
+            p.estimated_context_tokens = dispatch_est
+            p.context_shrink_observations = 0
+        return
+    if prompt_tokens >= p.estimated_context_tokens:
+        p.estimated_context_tokens = prompt_tokens
+        p.context_shrink_observations = 0
+        return
+    p.context_shrink_observations += 1
+    if p.context_shrink_observations >= SHRINK_CONFIRMATIONS:
+        p.estimated_context_tokens = prompt_tokens
+        p.context_shrink_observations = 0
+
+
+def shared_prefix_freshness(s: SchedulerState, rank: RankState) -> float:
+    cfg = s.cfg
+    warm = cfg.shared_prefix_freshness_warmup_seconds
+    fac = rank.factors
+    cap = cfg.token_capacity_per_dp_rank
+    if fac is None or not fac.request_window_complete or cap is None:
+        return warm
+    a = sum(1 for o in rank.active.values() if o.status == REASONING)
+    u = fac.mean_uncached_prompt_tokens()
+    e2e = fac.mean_e2e_seconds()
+    if a == 0 or u <= 0 or e2e <= 0:
+        return warm
+    seconds = cfg.shared_prefix_freshness_kv_turnovers * cap * e2e / a / u
+    return seconds if math.isfinite(seconds) and seconds >= 0 else warm
+
+
+# ---- timers, ticks, observations -----------------------------------------------------------------
+
+def on_timer(s: SchedulerState, ev: TimerFired) -> None:
+    p = _live(s, ev.program)
+    if p is None or p.timers is None:
+        return
+    cur = p.timers.get(ev.kind)
+    if cur is None or cur[1] != ev.token:
+        return  # stale token: dropped
+    del p.timers[ev.kind]
+    touch(s, p)
+    if ev.kind in ("force_resume", "queue_timeout"):
+        if s.cfg.binding_only:
+            release_expired_paused(s)
+            expire_acting_ttls(s)
+        else:
+            arrival_sequence(s)
+    else:
+        periodic_sequence(s)
+
+
+def on_tick(s: SchedulerState) -> None:
+    for t in s.ranks:
+        s.dirty_ranks[t] = None
+    periodic_sequence(s)
+    interval = s.cfg.metrics_interval_seconds
+    for t in sorted(s.ranks):
+        rank = s.ranks[t]
+        src = capacity_accounting_source(rank, s.now, interval)
+        prev = rank.reported_capacity_source
+        if src != prev:
+            if src != BACKEND_OBSERVATION or prev is not None:
+                age = s.now - rank.observed_at if rank.observed_at is not None else None
+                s.effects.append(CapacitySourceChanged(t, prev, src, age, FRESHNESS_INTERVALS * interval))
+            rank.reported_capacity_source = src
+
+
+def _checkpoint(s: SchedulerState, rank: RankState) -> ObservationCheckpoint:
+    rp, rr, rt, at = rank_counts(rank)
+    return ObservationCheckpoint(s.revision, rank.delta_tokens, rp, rr, rt, at)
+
+
+def on_observation_started(s: SchedulerState, ev: ObservationStarted) -> None:
+    rank = s.ranks.get(ev.target_id)
+    if rank is not None:
+        rank.checkpoints[ev.epoch] = _checkpoint(s, rank)
+
+
+def on_observation(s: SchedulerState, ev: ObservationReceived) -> None:
+    rank = s.ranks.get(ev.target_id)
+    if rank is None:
+        s.effects.append(StaleObservationDropped(ev.target_id, ev.epoch, -1, s.revision))
+        return
+    cp = rank.checkpoints.pop(ev.epoch, None)
+    for e in [e for e in rank.checkpoints if e < ev.epoch]:
+        del rank.checkpoints[e]
+    if cp is None:
+        cp = _checkpoint(s, rank)
+    if cp.revision != s.revision:
+        s.effects.append(StaleObservationDropped(ev.target_id, ev.epoch, cp.revision, s.revision))
+        return
+    observed_at = ev.observed_at if ev.observed_at is not None else s.now
+    apply_observation(rank, cp, ev.kv_cache_usage, ev.running_requests, ev.waiting_requests, observed_at,
+                      s.cfg.token_capacity_per_dp_rank)
+    mark_dirty(s, rank.target_id)
+    schedule_after_change(s)
+
+
+def on_observation_stale(s: SchedulerState, ev: ObservationStale) -> None:
+    rank = s.ranks.get(ev.target_id)
+    if rank is not None:
+        rank.observed_at = None
+        mark_dirty(s, rank.target_id)

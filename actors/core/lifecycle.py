@@ -1,0 +1,232 @@
+"""Lifecycle operations shared by the scheduler, resume and repair (core spec 2.3-2.5, 4).
+
+Every state change of a Program goes through ``program.apply`` (the transition table) and
+every ledger change through ``ledger.charge``; these helpers add the side effects the
+reference attaches to each transition and append the resulting effects to ``s.effects``.
+They read ``s.cfg`` and ``s.now``, which ``scheduler.step`` sets for the duration of a step.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from actors.core import program as lc
+from actors.core.effects import Admit, AdmissionCapacitySnapshot, QueueWaitObserved, RetireProgram, Transition
+from actors.core.ids import TargetId
+from actors.core.ledger import Plan, charge, private_tokens, target_usage
+from actors.core.model import (
+    ACTIVE, PAUSED, REASONING, REQUEST_CANCELLED, Dispatch, Program, RankState,
+)
+
+if TYPE_CHECKING:
+    from actors.core.scheduler import SchedulerState
+
+
+def touch(s: SchedulerState, p: Program) -> None:
+    s.touched.setdefault(p.ref, p)
+
+
+def mark_dirty(s: SchedulerState, target: TargetId | None) -> None:
+    if target is not None:
+        s.dirty_ranks[target] = None
+
+
+def restart_freshness_anchor(p: Program, now: float) -> None:
+    if p.shared_prefix_fresh_until is not None:
+        p.shared_prefix_fresh_until = now + (p.shared_prefix_fresh_until - p.shared_prefix_freshness_anchor_at)
+    p.shared_prefix_freshness_anchor_at = now
+
+
+def enqueue(s: SchedulerState, p: Program) -> None:
+    """Put a Paused/Reasoning Program into its global or rank queue (once)."""
+    if p.queued_in is not None:
+        return
+    if s.cfg.global_queue:
+        where = ("global", p.ref.model_pool)
+        s.global_queues.setdefault(p.ref.model_pool, {})[p.ref] = None
+    else:
+        assert p.last_target is not None
+        where = ("rank", p.last_target)
+        s.rank_queues.setdefault(p.last_target, {})[p.ref] = None
+    p.queued_in = where
+    if p.queued_at is None:  # B8: a queued Program always has a queued_at
+        p.queued_at = s.now
+
+
+def dequeue(s: SchedulerState, p: Program) -> None:
+    where = p.queued_in
+    if where is None:
+        return
+    table = s.global_queues if where[0] == "global" else s.rank_queues
+    q = table.get(where[1])
+    if q is not None:
+        q.pop(p.ref, None)
+        if not q:
+            del table[where[1]]
+    p.queued_in = None
+
+
+def dispatch_ready(s: SchedulerState, p: Program) -> None:
+    """Claim every waiting request of an Active Program, FIFO front first (core spec 4.2)."""
+    rank = s.ranks[p.placement] if p.placement is not None else None
+    while p.state == ACTIVE and rank is not None:
+        req = s.pool.take_front(p.ref)
+        if req is None:
+            return
+        lc.apply(p, lc.DISPATCH)
+        start = p.placement_start_pending
+        p.placement_start_pending = False
+        p.in_flight += 1
+        d = Dispatch(
+            req.request_id, p.ref, rank.target_id, p.placement_epoch, req.arrived_at, s.now,
+            req.estimated_context_tokens, start, req.hints,
+        )
+        s.in_flight[req.request_id] = d
+        wait = max(0.0, s.now - req.arrived_at)
+        s.effects.append(Admit(
+            req.request_id, rank.target_id, p.ref, p.ref.generation, p.placement_epoch, start, wait,
+            p.estimated_context_tokens,
+        ))
+        s.effects.append(QueueWaitObserved(rank.target_id, wait))
+        s.binder.commit_placement(req.routing_text, rank.target_id)
+        mark_dirty(s, rank.target_id)
+        touch(s, p)
+
+
+def commit_admission(s: SchedulerState, p: Program, rank: RankState, plan: Plan | None) -> None:
+    """Paused/Reasoning -> Active/Reasoning on ``rank`` (core spec 6.7), then dispatch."""
+    cfg = s.cfg
+    front = s.pool.front(p.ref)
+    # B4 fix: the Program is charged exactly the `required` the plan checked (front hint).
+    p.output_token_reservation = front.hints.expected_output_length if front is not None else None
+    frm, to = lc.apply(p, lc.ACTIVATE)
+    p.placement = rank.target_id
+    p.placement_epoch = s.epochs.next()
+    p.placement_start_pending = True
+    previous = p.last_target
+    p.last_target = rank.target_id
+    p.rounds_since_activation = 0
+    p.acting_since = p.ttl_deadline = None
+    p.last_pause_reason = None
+    p.queued_at = None
+    p.force_resume_deadline = p.force_resume_timeout_seconds = None
+    p.pause_when_idle = False
+    if p.segment_started_at is None:
+        p.segment_started_at = s.now
+    dequeue(s, p)
+    tokens = private_tokens(p, cfg.decode_buffer_tokens)
+    rank.active[p.ref] = p
+    p.charged_tokens = tokens
+    charge(rank, tokens)
+    mark_dirty(s, rank.target_id)
+    touch(s, p)
+    capacity = cfg.token_capacity_per_dp_rank
+    if plan is not None and not cfg.binding_only:
+        used, required, reserve = plan.used_tokens, plan.required_tokens, plan.reserve_tokens
+        age = s.now - rank.observed_at if rank.observed_at is not None else None
+        s.effects.append(AdmissionCapacitySnapshot(
+            rank.target_id, used, required, reserve, capacity,
+            used / capacity if capacity else None,
+            (used + required + reserve) / capacity if capacity else None,
+            rank.kv_cache_usage, rank.running_requests, rank.waiting_requests, age,
+        ))
+    forced = plan is not None and plan.forced
+    batch_gain = plan is not None and plan.batch_gain
+    reason = "force_resume" if forced else "batch_gain_admit" if batch_gain else "program_admit"
+    if forced:
+        s.forced_admissions += 1
+    s.effects.append(Transition(
+        p.ref, frm, to, reason, rank.target_id, True, forced, batch_gain,
+        plan.used_tokens if plan else None, plan.required_tokens if plan else None,
+        plan.reserve_tokens if plan else None, capacity,
+    ))
+    if previous is not None and previous != rank.target_id:
+        s.effects.append(Transition(p.ref, frm, to, "cross_rank_resume", rank.target_id))
+    dispatch_ready(s, p)
+
+
+def _unplace(s: SchedulerState, p: Program) -> tuple[TargetId | None, float]:
+    """Remove an Active Program from its rank's ledger; returns (target, released tokens)."""
+    target = p.placement
+    tokens = p.charged_tokens
+    if target is not None:
+        rank = s.ranks.get(target)
+        if rank is not None:
+            rank.active.pop(p.ref, None)
+            charge(rank, -tokens)
+            mark_dirty(s, target)
+    p.charged_tokens = 0.0
+    p.placement = None
+    return target, tokens
+
+
+def pause(s: SchedulerState, p: Program, reason: str) -> None:
+    """Active/Acting -> Paused/Acting with ``reason`` (the reference's pause wrapper)."""
+    frm, to = lc.apply(p, lc.PAUSE)
+    target, tokens = _unplace(s, p)
+    _after_pause(s, p, reason)
+    s.effects.append(Transition(p.ref, frm, to, reason, target, released_private_tokens=tokens))
+
+
+def _after_pause(s: SchedulerState, p: Program, reason: str) -> None:
+    p.paused_at = s.now
+    p.last_pause_reason = reason
+    p.rounds_since_activation = 0
+    p.acting_since = p.ttl_deadline = None
+    p.pause_when_idle = False
+    restart_freshness_anchor(p, s.now)
+    s.retention_heap.push(p.paused_at + s.cfg.paused_retention_ttl_seconds, p.ref)
+    touch(s, p)
+
+
+def cancel_idle(s: SchedulerState, p: Program) -> None:
+    """The last waiter was cancelled and nothing is in flight: the Program becomes Paused/Acting."""
+    was_active = p.state == ACTIVE
+    frm, to = lc.apply(p, lc.CANCEL_IDLE)
+    if was_active:
+        target, tokens = _unplace(s, p)
+        _after_pause(s, p, REQUEST_CANCELLED)
+        s.effects.append(Transition(p.ref, frm, to, REQUEST_CANCELLED, target, counted=False,
+                                    released_private_tokens=tokens))
+    else:
+        p.paused_at = s.now
+        s.retention_heap.push(p.paused_at + s.cfg.paused_retention_ttl_seconds, p.ref)
+        touch(s, p)
+
+
+def invalidate(s: SchedulerState, p: Program) -> None:
+    """The placement target vanished (core spec 2.2 item 8, with the B6 fix)."""
+    waiting = s.pool.program_len(p.ref)
+    frm, to = lc.apply(p, lc.INVALIDATE_WAITING if waiting else lc.INVALIDATE_IDLE)
+    target, tokens = _unplace(s, p)
+    p.placement_epoch = s.epochs.next()
+    p.placement_start_pending = False
+    p.in_flight = 0
+    s.effects.append(Transition(p.ref, frm, to, "health_failover", target, released_private_tokens=tokens))
+    touch(s, p)
+
+
+def release(s: SchedulerState, p: Program, reason: str) -> bool:
+    """Terminal release of an idle Program generation (core spec 2.5)."""
+    if p.in_flight or s.pool.program_len(p.ref):
+        return False
+    frm, to = lc.apply(p, lc.RELEASE)
+    dequeue(s, p)
+    target = p.placement
+    if p.state == ACTIVE:
+        _unplace(s, p)
+    key = p.ref.key
+    del s.programs[key]
+    s.last_generations[key] = p.ref.generation
+    s.released_at[key] = s.now
+    s.prune_heap.push(s.now + max(s.cfg.paused_retention_ttl_seconds, 60.0), key)
+    s.binder.release(key)
+    s.touched.pop(p.ref, None)
+    s.effects.append(Transition(p.ref, frm, to, reason, target or p.last_target,
+                                counted=reason == "paused_retention_release"))
+    s.effects.append(RetireProgram(p.ref))
+    return True
+
+
+def is_waiting_candidate(s: SchedulerState, p: Program) -> bool:
+    return p.state == PAUSED and p.status == REASONING and s.pool.program_len(p.ref) > 0

@@ -1,0 +1,298 @@
+"""Values and records of the scheduling core.
+
+Frozen values (``RequestHints``) cross the event boundary.  The records (``Program``,
+``PendingRequest``, ``Dispatch``, ``RankState``) are mutable ``attrs`` slots classes owned by one
+``SchedulerState`` and mutated only inside ``scheduler.step``: the benchmark needs 10 000 live
+Programs with a few-microsecond cycle and a few hundred bytes per idle Program, which frozen
+copies of the whole state cannot give.  Nothing outside the core may mutate them; the shell
+reads the frozen ``snapshot.snapshot(...)`` instead.
+
+Field names follow the reference decision record (core spec section 1.3) with unit suffixes.
+Optional collections are created lazily (``None`` while empty) to keep idle Programs small.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any, Protocol
+
+import attrs
+from attrs import define, frozen
+
+from actors.core.ids import ProgramRef, RequestId, TargetId
+
+# Program state / status (the pair is the lifecycle state, see program.py).
+ACTIVE = "active"
+PAUSED = "paused"
+REASONING = "reasoning"
+ACTING = "acting"
+
+# Pause reasons (metric labels of vllm_router_agent_aware_transitions_total).
+TTL_EXPIRED = "ttl_expired"
+CAPACITY_REPAIR = "capacity_repair"
+MAX_SEGMENT_YIELD = "max_segment_yield"
+REQUEST_FAILED = "request_failed"
+REQUEST_CANCELLED = "request_cancelled"
+PAUSE_REASONS = (TTL_EXPIRED, CAPACITY_REPAIR, MAX_SEGMENT_YIELD, REQUEST_FAILED, REQUEST_CANCELLED)
+
+# Request classes: every request is "interactive" today; the field exists so that batch jobs
+# and fairness classes can be added to the RequestPool without changing its shape.
+INTERACTIVE = "interactive"
+
+
+class IdentityLike(Protocol):
+    """What the core reads from a parsed Program identity (``actors.core.identity``)."""
+
+    program_id: str
+    placement_key: str
+    placement_hash_key: str
+    task_id: str | None
+    session_id: str | None
+    agent_id: str | None
+    parent_program_id: str | None
+    root_program_id: str | None
+    blocks_parent: bool
+    agent_role: str | None
+    spawn_reason: str | None
+    expected_resume: bool
+    step_id: int | None
+
+
+@frozen
+class RequestHints:
+    """Request-scoped fields: valid for exactly one RequestPool entry and its dispatch."""
+
+    request_id: str | None = None
+    priority: int = 0
+    deadline_seconds: float | None = None
+    expected_output_length: int | None = None
+    kv_retention_ttl_seconds: float | None = None
+
+
+NO_HINTS = RequestHints()
+
+
+@frozen
+class Usage:
+    """Token usage reported by the backend for one completed request (``None`` = not reported)."""
+
+    prompt_tokens: int | None = None
+    cached_prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+NO_USAGE = Usage()
+
+
+@define(slots=True, eq=False)
+class PendingRequest:
+    """One retained request in the RequestPool (one FIFO entry)."""
+
+    request_id: RequestId
+    ref: ProgramRef
+    seq: int
+    arrived_at: float
+    estimated_context_tokens: int
+    hints: RequestHints
+    routing_text: str | None
+    queue_deadline: float
+    request_class: str = INTERACTIVE
+
+
+@define(slots=True, eq=False)
+class Dispatch:
+    """A claimed (in-flight) request: what complete() needs, fenced by generation and epoch."""
+
+    request_id: RequestId
+    ref: ProgramRef
+    target_id: TargetId
+    placement_epoch: int
+    arrived_at: float
+    dispatched_at: float
+    estimated_context_tokens: int
+    placement_start_request: bool
+    hints: RequestHints
+
+
+@define(slots=True, eq=False)
+class Program:
+    """Runtime record + decision record of one live Program generation (core spec 1.2/1.3)."""
+
+    ref: ProgramRef
+    created_at: float
+    state: str = PAUSED
+    status: str = REASONING
+    expected_resume: bool = True
+    placement: TargetId | None = None
+    placement_epoch: int = 0
+    placement_start_pending: bool = False
+    in_flight: int = 0
+    # identity metadata (overwritten on every arrival)
+    placement_key: str = ""
+    placement_hash_key: str = ""
+    task_id: str | None = None
+    session_id: str | None = None
+    agent_id: str | None = None
+    parent_program_id: str | None = None
+    root_program_id: str | None = None
+    blocks_parent: bool = False
+    agent_role: str | None = None
+    spawn_reason: str | None = None
+    step_id: int = 0
+    # placement
+    home_target: TargetId | None = None
+    last_target: TargetId | None = None
+    # occupancy
+    estimated_context_tokens: int = 0
+    context_shrink_observations: int = 0
+    output_token_reservation: int | None = None
+    charged_tokens: float = 0.0  # private tokens currently counted on `placement` (0 if paused)
+    # segment statistics
+    completed_requests: int = 0
+    segment_served_rounds: int = 0
+    rounds_since_activation: int = 0
+    ttl_pause_sampled_segment_rounds: int = 0
+    rounds_since_ttl_pause: int = 0
+    segment_started_at: float | None = None
+    last_context_tokens: int | None = None
+    last_completion_tokens: int = 0
+    lifetime_generated_tokens: int = 0
+    last_request_finished_at: float | None = None
+    last_cache_miss_impact_seconds: float = 0.0
+    continuity_sampled_at: float | None = None  # finish time already sampled (B9 fix)
+    # shared prefix
+    shared_prefix_tokens: int = 0
+    shared_prefix_observed: bool = False
+    shared_prefix_freshness_anchor_at: float = 0.0
+    shared_prefix_fresh_until: float | None = None
+    # TTL / queueing / pause
+    acting_since: float | None = None
+    ttl_deadline: float | None = None
+    queued_at: float | None = None
+    queue_seq: int = 0
+    queued_in: Any = None  # ("rank", target_id) | ("global", pool) | None
+    force_resume_deadline: float | None = None
+    force_resume_timeout_seconds: float | None = None
+    force_resume_active_remaining_rounds: float = 0.0
+    force_resume_pool_remaining_rounds: float = 0.0
+    force_resume_request_throughput_per_second: float = 0.0
+    paused_at: float = 0.0
+    last_pause_reason: str | None = None
+    pause_when_idle: bool = False
+    terminate_when_idle: bool = False
+    # timers armed in the Program actor: kind -> (deadline, token)
+    timers: dict[str, tuple[float, int]] | None = None
+
+    @property
+    def lifecycle(self) -> str:
+        return f"{self.state}_{self.status}"
+
+
+@define(slots=True, eq=False)
+class ObservationCheckpoint:
+    """Router ledger facts captured when a backend scrape starts (core spec 5.3)."""
+
+    revision: int
+    ledger_checkpoint: float
+    active_reasoning_programs: int
+    active_reasoning_requests: int
+    active_reasoning_private_tokens: float
+    active_acting_private_tokens: float
+
+
+@define(slots=True, eq=False)
+class RankState:
+    """One concrete DP rank (target): ledger, observation, queue, statistics."""
+
+    target_id: TargetId
+    worker_url: str
+    dp_rank: int | None
+    index: int
+    # Active Programs placed here, in activation order (dict = ordered set).
+    active: dict[ProgramRef, Program] = attrs.field(factory=dict)
+    fallback_tokens: float = 0.0  # incremental sum of charged_tokens of `active`
+    delta_tokens: float = 0.0  # active_program_token_delta (rebased at every observation)
+    # observation record (core spec 1.5)
+    kv_cache_usage: float | None = None
+    running_requests: int | None = None
+    waiting_requests: int | None = None
+    observed_router_active_reasoning_programs: int = 0
+    observed_router_active_reasoning_requests: int = 0
+    estimated_active_reasoning_tokens: float | None = None
+    estimated_active_program_tokens: float | None = None
+    observed_at: float | None = None
+    reported_capacity_source: str | None = None
+    checkpoints: dict[int, ObservationCheckpoint] = attrs.field(factory=dict)
+    factors: Any = None  # stats.ProgressTtlFactors
+
+
+class DeadlineHeap:
+    """A min-heap of ``(deadline, seq, key)`` with lazy deletion.
+
+    The caller validates each popped key against the live record (a re-armed or cancelled
+    deadline leaves a stale entry behind, which is skipped).  Ties are broken by the explicit
+    insertion sequence, never by object identity.
+    """
+
+    __slots__ = ("_heap", "_seq")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Any]] = []
+        self._seq = 0
+
+    def push(self, deadline: float, key: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (deadline, self._seq, key))
+
+    def pop_due(self, now: float) -> list[tuple[float, Any]]:
+        out: list[tuple[float, Any]] = []
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            deadline, _, key = heapq.heappop(heap)
+            out.append((deadline, key))
+        return out
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+
+class Lineage:
+    """Model-scoped parent forest over program ids (periphery 1.10); diagnostics only.
+
+    ``observe`` links a Program to its declared parent, then to its declared root (which
+    overrides the parent link), skipping self links and links that would create a cycle.
+    """
+
+    __slots__ = ("parents",)
+
+    def __init__(self) -> None:
+        self.parents: dict[tuple[str, str], str] = {}
+
+    def _would_cycle(self, pool: str, child: str, proposed: str) -> bool:
+        node = proposed
+        for _ in range(len(self.parents) + 2):
+            if node == child:
+                return True
+            nxt = self.parents.get((pool, node))
+            if nxt is None or nxt == node:
+                return False
+            node = nxt
+        return True
+
+    def observe(self, pool: str, program_id: str, parent: str | None, root: str | None) -> None:
+        self.parents.setdefault((pool, program_id), program_id)
+        if parent is not None and parent != program_id and not self._would_cycle(pool, program_id, parent):
+            self.parents.setdefault((pool, parent), parent)
+            self.parents[(pool, program_id)] = parent
+        if root is not None and root != program_id and not self._would_cycle(pool, program_id, root):
+            self.parents.setdefault((pool, root), root)
+            self.parents[(pool, program_id)] = root
+
+    def root(self, pool: str, program_id: str) -> str:
+        node = program_id
+        for _ in range(len(self.parents) + 2):
+            nxt = self.parents.get((pool, node))
+            if nxt is None or nxt == node:
+                return node
+            node = nxt
+        return node

@@ -1,0 +1,268 @@
+"""Admission/resume scheduling, force-resume deadlines and segment yield (core spec 8, 10).
+
+* :func:`schedule_waiting` serves the queues: rank-local mode walks every non-empty rank queue
+  in target-id order (B11: the reference used hash-map order) and commits the first candidate,
+  in ``resume_key`` order, whose plan on that rank succeeds, until none fits.  Global mode does,
+  per model pool in name order, phase A (cache-affine resume on ``last_target``) and phase B
+  (cross-rank escape, FCFS, for Programs that were paused at least once).
+* :func:`set_force_resume_deadline` freezes the force-resume deadline of a queued Program:
+  ``arrival + min(front deadline hint or the workload estimate, queue_timeout)`` where the
+  estimate is ``clamp(3 * (active_remaining + pool_remaining) / throughput, min(30, F), F)``
+  (F = force_resume_timeout) once the rank's request window is mature, else F.  Unlike the
+  reference (B10) a later arrival can only move the deadline earlier.
+* :func:`yield_completed_segment` pauses an idle Program that served ``max_segment_rounds``
+  cache-continuous rounds when a waiter on its rank needs more than the relief already promised.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from actors.core.ledger import Plan, admission_plan, fresh_waiting, private_tokens, target_usage
+from actors.core.lifecycle import commit_admission, is_waiting_candidate, pause
+from actors.core.model import ACTING, ACTIVE, MAX_SEGMENT_YIELD, REASONING, Program, RankState
+from actors.core.queue import fcfs_key, resume_key
+
+if TYPE_CHECKING:
+    from actors.core.scheduler import SchedulerState
+
+
+def _front_output(s: SchedulerState, p: Program) -> int | None:
+    front = s.pool.front(p.ref)
+    return front.hints.expected_output_length if front is not None else None
+
+
+def plan_for(s: SchedulerState, p: Program, rank: RankState) -> Plan | None:
+    return admission_plan(p, rank, s.now, s.cfg, front_output=_front_output(s, p), global_mode=s.cfg.global_queue)
+
+
+def ordered(s: SchedulerState, refs: object, *, cross_rank: bool = False) -> list[Program]:
+    """The Paused/Reasoning/waiting Programs of a queue, in local (or cross-rank) resume order."""
+    out = []
+    for ref in refs:  # type: ignore[attr-defined]
+        p = s.programs.get(ref.key)
+        if p is not None and p.ref == ref and is_waiting_candidate(s, p):
+            out.append(p)
+    now, order = s.now, s.cfg.resume_order
+    if cross_rank:
+        out.sort(key=lambda p: resume_key(p, s.pool.front(p.ref), now, "fcfs"))
+    else:
+        out.sort(key=lambda p: resume_key(p, s.pool.front(p.ref), now, order))
+    return out
+
+
+def schedule_waiting(s: SchedulerState) -> None:
+    if s.cfg.binding_only:
+        return
+    if s.cfg.global_queue:
+        for pool in sorted(s.global_queues):
+            _schedule_global(s, pool)
+    else:
+        for target in sorted(s.rank_queues):
+            _schedule_rank(s, target)
+
+
+def _schedule_rank(s: SchedulerState, target: str) -> None:
+    rank = s.ranks.get(target)  # type: ignore[call-overload]
+    if rank is None:
+        return
+    while True:
+        q = s.rank_queues.get(target)  # type: ignore[call-overload]
+        if not q:
+            return
+        for p in ordered(s, list(q)):
+            plan = plan_for(s, p, rank)
+            if plan is not None:
+                commit_admission(s, p, rank, plan)
+                break
+        else:
+            return
+
+
+def _schedule_global(s: SchedulerState, pool: str) -> None:
+    while True:  # phase A: resume on the previous rank
+        q = s.global_queues.get(pool)
+        if not q:
+            return
+        for p in ordered(s, list(q)):
+            rank = s.ranks.get(p.last_target) if p.last_target is not None else None
+            plan = plan_for(s, p, rank) if rank is not None else None
+            if plan is not None and rank is not None:
+                commit_admission(s, p, rank, plan)
+                break
+        else:
+            break
+    while True:  # phase B: cross-rank escape, FCFS
+        q = s.global_queues.get(pool)
+        if not q:
+            return
+        for p in ordered(s, [r for r in q if _has_pause_reason(s, r)], cross_rank=True):
+            choice = select_cross_rank(s, p)
+            if choice is not None:
+                commit_admission(s, p, choice[0], choice[1])
+                break
+        else:
+            return
+
+
+def _has_pause_reason(s: SchedulerState, ref: object) -> bool:
+    p = s.programs.get(ref.key)  # type: ignore[attr-defined]
+    return p is not None and p.last_pause_reason is not None
+
+
+def select_cross_rank(s: SchedulerState, p: Program) -> tuple[RankState, Plan] | None:
+    """The destination of a cross-rank resume, or None (core spec 10.3)."""
+    cfg, now = s.cfg, s.now
+    source_id = p.last_target
+    if p.last_pause_reason is None or source_id is None:
+        return None
+    source = s.ranks.get(source_id)
+    pool = p.ref.model_pool
+    waiters = ordered(s, list(s.global_queues.get(pool, {})))
+    interval = cfg.metrics_interval_seconds
+    if source is None or source.factors is None or not source.factors.request_window_complete:
+        return None
+    if p.queued_at is None or now - p.queued_at < interval:
+        return None
+    threshold = cfg.admission_waiting_request_threshold
+    if threshold == 0:
+        pressure = True
+    else:
+        w = fresh_waiting(source, now, interval)
+        pressure = w is not None and w >= threshold
+        if not pressure:
+            for other in waiters:
+                if other is p:
+                    break
+                if other.last_target == source_id and other.queued_at is not None and now - other.queued_at >= interval:
+                    pressure = True
+                    break
+    if not pressure:
+        return None
+    capacity = cfg.token_capacity_per_dp_rank
+    waiting_targets = {o.last_target for o in waiters if o is not p}
+    best: tuple[tuple[object, ...], RankState, Plan] | None = None
+    for dest_id in s.pools.get(pool, ()):
+        if dest_id == source_id or dest_id in waiting_targets:
+            continue
+        dest = s.ranks[dest_id]
+        if dest.factors is None or not dest.factors.request_window_complete:
+            continue
+        if capacity is not None:
+            low = capacity * cfg.low_watermark_ratio
+            free_dest = max(0.0, low - target_usage(dest, now, interval))
+            free_src = max(0.0, low - target_usage(source, now, interval))
+            if free_dest < free_src + cfg.cross_rank_headroom_ratio * p.estimated_context_tokens:
+                continue
+        plan = admission_plan(p, dest, now, cfg, front_output=_front_output(s, p), global_mode=True)
+        if plan is None:
+            continue
+        if capacity is not None:
+            pr = (plan.used_tokens + plan.required_tokens + plan.reserve_tokens) / max(1, capacity)
+        else:
+            pr = (len(dest.active) + 1) / max(1, cfg.max_active_programs_per_target)
+        key = (fresh_waiting(dest, now, interval) or 0, pr, len(dest.active), dest_id)
+        if best is None or key < best[0]:
+            best = (key, dest, plan)
+    return (best[1], best[2]) if best is not None else None
+
+
+# ---- force-resume deadline -------------------------------------------------------------------
+
+def _remaining_rounds(rank: RankState, rounds: int) -> int:
+    total = 0
+    for a in rank.active.values():
+        floor = 1 if a.status == REASONING else 0
+        total += max(floor, rounds - a.rounds_since_activation)
+    return total
+
+
+def force_resume_estimate(s: SchedulerState, p: Program) -> tuple[float, float, float, float]:
+    """(timeout, active remaining rounds, pool remaining rounds, throughput) of core spec 8.2."""
+    cfg = s.cfg
+    f = cfg.force_resume_timeout_seconds
+    lo = min(30.0, f)
+    if cfg.global_queue:
+        targets = s.pools.get(p.ref.model_pool, ())
+        if not targets:
+            return f, 0.0, 0.0, 0.0
+        rounds_by: dict[str, int] = {}
+        agg = 0.0
+        active = 0
+        for t in targets:
+            fac = s.ranks[t].factors
+            r = fac.target_rounds(cfg.max_segment_rounds) if fac is not None else 0
+            thr = fac.request_throughput_per_second() if fac is not None else 0.0
+            if r <= 0 or thr <= 0:
+                return f, 0.0, 0.0, 0.0
+            rounds_by[t] = r
+            agg += thr
+            active += _remaining_rounds(s.ranks[t], r)
+        fallback = sum(rounds_by.values()) / len(rounds_by)
+        pool_rem = 0.0
+        for o in ordered(s, list(s.global_queues.get(p.ref.model_pool, {}))):
+            if o is p:
+                break
+            pool_rem += max(1.0, rounds_by.get(o.last_target, fallback) if o.last_target else fallback)
+        timeout = min(f, max(lo, 3.0 * (active + pool_rem) / agg))
+        return timeout, float(active), pool_rem, agg
+    rank = s.ranks.get(p.last_target) if p.last_target is not None else None
+    fac = rank.factors if rank is not None else None
+    if rank is None or fac is None:
+        return f, 0.0, 0.0, 0.0
+    thr = fac.request_throughput_per_second()
+    r = fac.target_rounds(cfg.max_segment_rounds)
+    if thr <= 0 or r <= 0:
+        return f, 0.0, 0.0, 0.0
+    active = _remaining_rounds(rank, r)
+    queue = [o for o in ordered(s, list(s.rank_queues.get(rank.target_id, {}))) if o.last_target == rank.target_id]
+    ahead = next((i for i, o in enumerate(queue) if o is p), len(queue))
+    pool_rem = float(ahead * max(1, r))
+    timeout = min(f, max(lo, 3.0 * (active + pool_rem) / thr))
+    return timeout, float(active), pool_rem, thr
+
+
+def set_force_resume_deadline(s: SchedulerState, p: Program) -> None:
+    cfg = s.cfg
+    timeout, active, pool_rem, thr = force_resume_estimate(s, p)
+    front = s.pool.front(p.ref)
+    hint = front.hints.deadline_seconds if front is not None else None
+    chosen = min(hint if hint is not None else timeout, cfg.queue_timeout_seconds)
+    deadline = s.now + chosen
+    if p.force_resume_deadline is not None and p.force_resume_deadline <= deadline:
+        return  # B10 fix: a later arrival never postpones the force-resume deadline
+    p.force_resume_deadline = deadline
+    p.force_resume_timeout_seconds = chosen
+    p.force_resume_active_remaining_rounds = active
+    p.force_resume_pool_remaining_rounds = pool_rem
+    p.force_resume_request_throughput_per_second = thr
+
+
+# ---- segment yield ----------------------------------------------------------------------------
+
+def yield_completed_segment(s: SchedulerState, p: Program) -> None:
+    cfg = s.cfg
+    if p.state != ACTIVE or p.status != ACTING or p.rounds_since_activation < cfg.max_segment_rounds:
+        return
+    target = p.placement
+    if target is None:
+        return
+    if cfg.global_queue:
+        refs = list(s.global_queues.get(p.ref.model_pool, {}))
+        waiters = [o for o in ordered(s, refs) if o.last_target == target]
+    else:
+        waiters = ordered(s, list(s.rank_queues.get(target, {})))
+    waiter = next((o for o in waiters if o is not p), None)
+    if waiter is None:
+        return
+    rank = s.ranks[target]
+    relief = sum(a.charged_tokens for a in rank.active.values() if a.status == REASONING and a.pause_when_idle)
+    if private_tokens(waiter, cfg.decode_buffer_tokens) > relief:
+        pause(s, p, MAX_SEGMENT_YIELD)
+
+
+__all__ = [
+    "fcfs_key", "force_resume_estimate", "schedule_waiting", "select_cross_rank",
+    "set_force_resume_deadline", "yield_completed_segment", "math",
+]

@@ -1,0 +1,296 @@
+"""Rolling ProgressTtlFactors per rank, and the Progress-TTL formulas (core spec 7, 8.3, 12).
+
+Three FIFO windows, each bounded by ``stats_window_size`` (the oldest sample is dropped once
+the window is full; "complete" means ``limit > 0 and len >= limit``):
+
+* ``requests``: one :class:`RequestSample` per successful, epoch-accepted completion;
+* ``continuities``: ``(interval, previous cache-miss impact)`` per arrival of an idle Program;
+* ``ttl_pause_rounds``: served rounds sampled at each TTL pause (diagnostics only).
+
+Means are kept as running sums updated on push/drop (re-summed exactly every ``limit`` pushes
+so float drift cannot accumulate), which keeps admission O(1) per rank.
+
+Fitted acting TTL (``fitted_acting_ttl``) with ``C`` = this request's cache-miss impact::
+
+    0 unless the continuity window is complete and C > 0
+    mu, sigma = mean / population std of ln(interval) over intervals > 0  (sigma >= 1e-6)
+    d_max = min(max_acting_ttl, C);  d_min = min(0.05, d_max);  m = exp(mu + sigma^2 / 2)
+    U(d) = C*Phi(z) - m*Phi(z - sigma) - d*(1 - Phi(z)),  z = (ln d - mu) / sigma;  U(0) = 0
+    candidates 0, d_min, d_max, then 32 log-spaced points in [d_min, d_max] (ties: later wins)
+    result = argmax U, or 0 if max U < 0
+
+Phi is the Abramowitz-Stegun 7.1.26 erf approximation, as in the reference, for parity.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+from attrs import define
+
+from actors.core.costs import decode_throughput_tokens_per_second
+
+_P = 0.3275911
+_A1, _A2, _A3, _A4, _A5 = 0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429
+_SQRT2 = math.sqrt(2.0)
+TTL_MIN_CANDIDATE_SECONDS = 0.05
+TTL_LOG_POINTS = 32
+CACHE_CONTINUITY_HIT_RATIO = 0.9
+
+
+def erf_as(x: float) -> float:
+    """Abramowitz-Stegun 7.1.26 approximation of erf (max error 1.5e-7)."""
+    sign = -1.0 if x < 0 else 1.0
+    x = abs(x)
+    t = 1.0 / (1.0 + _P * x)
+    poly = ((((_A5 * t + _A4) * t + _A3) * t + _A2) * t + _A1) * t
+    return sign * (1.0 - poly * math.exp(-x * x))
+
+
+def normal_cdf(z: float) -> float:
+    v = 0.5 * (1.0 + erf_as(z / _SQRT2))
+    return 0.0 if v < 0.0 else 1.0 if v > 1.0 else v
+
+
+def ttl_utility(d: float, c: float, mu: float, sigma: float) -> float:
+    """Expected utility of holding KV for ``d`` seconds (0 for d == 0)."""
+    if d <= 0:
+        return 0.0
+    z = (math.log(d) - mu) / sigma
+    phi = normal_cdf(z)
+    m = math.exp(mu + sigma * sigma / 2.0)
+    return c * phi - m * normal_cdf(z - sigma) - d * (1.0 - phi)
+
+
+def ttl_candidates(d_max: float) -> list[float]:
+    d_min = min(TTL_MIN_CANDIDATE_SECONDS, d_max)
+    out = [0.0, d_min, d_max]
+    if d_max > d_min:
+        lo, hi = math.log(d_min), math.log(d_max)
+        n = TTL_LOG_POINTS - 1
+        out.extend(math.exp(lo + (hi - lo) * k / n) for k in range(TTL_LOG_POINTS))
+    return out
+
+
+def fit_ttl(mu: float, sigma: float, c: float, max_acting_ttl_seconds: float) -> float:
+    """The TTL maximising ``ttl_utility`` over the candidate grid (see module docstring)."""
+    d_max = min(max_acting_ttl_seconds, c)
+    if d_max <= 0 or c <= 0:
+        return 0.0
+    best_d, best_u = 0.0, -math.inf
+    for d in ttl_candidates(d_max):
+        u = ttl_utility(d, c, mu, sigma)
+        if u >= best_u:
+            best_d, best_u = d, u
+    return 0.0 if best_u < 0 else best_d
+
+
+@define(slots=True, eq=False)
+class RequestSample:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int
+    context_growth_tokens: int | None
+    e2e_seconds: float
+    decode_seconds: float | None
+    queue_seconds: float
+    rounds_since_ttl_pause: int
+    finished_at: float
+
+
+_REQ_FIELDS = ("prompt", "completion", "cached", "uncached", "growth", "e2e", "decode", "queue", "rounds")
+
+
+def _contrib(s: RequestSample) -> tuple[float, ...]:
+    growth = s.context_growth_tokens
+    dec = s.decode_seconds
+    dec_ok = dec is not None and math.isfinite(dec) and dec >= 0
+    return (
+        s.prompt_tokens, s.completion_tokens, s.cached_prompt_tokens,
+        s.prompt_tokens - s.cached_prompt_tokens,
+        growth if growth is not None else 0, 1 if growth is not None else 0,
+        s.e2e_seconds, dec if dec_ok else 0.0, 1 if dec_ok else 0, s.queue_seconds,
+        s.rounds_since_ttl_pause,
+    )
+
+
+class ProgressTtlFactors:
+    """The rolling statistics of one rank."""
+
+    __slots__ = (
+        "limit", "requests", "continuities", "ttl_pause_rounds", "_rsum", "_pushes",
+        "_ln_sum", "_ln2_sum", "_ln_n", "_impact_sum", "_cpushes", "version", "_ttl_cache",
+    )
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.requests: deque[RequestSample] = deque()
+        self.continuities: deque[tuple[float, float]] = deque()
+        self.ttl_pause_rounds: deque[int] = deque()
+        self._rsum = [0.0] * 11
+        self._pushes = 0
+        self._ln_sum = self._ln2_sum = self._impact_sum = 0.0
+        self._ln_n = 0
+        self._cpushes = 0
+        self.version = 0
+        self._ttl_cache: tuple[int, float, float] | None = None
+
+    # ---- windows -------------------------------------------------------------------------
+    def push_request(self, sample: RequestSample) -> None:
+        if self.limit <= 0:
+            return
+        if len(self.requests) >= self.limit:
+            old = self.requests.popleft()
+            for i, v in enumerate(_contrib(old)):
+                self._rsum[i] -= v
+        self.requests.append(sample)
+        for i, v in enumerate(_contrib(sample)):
+            self._rsum[i] += v
+        self._pushes += 1
+        if self._pushes >= self.limit:
+            self._pushes = 0
+            cols = list(zip(*(_contrib(s) for s in self.requests), strict=True))
+            self._rsum = [math.fsum(c) for c in cols] if cols else [0.0] * 11
+
+    def push_continuity(self, interval_seconds: float, impact_seconds: float) -> None:
+        if self.limit <= 0:
+            return
+        if len(self.continuities) >= self.limit:
+            self._drop_continuity(*self.continuities.popleft())
+        self.continuities.append((interval_seconds, impact_seconds))
+        self._impact_sum += impact_seconds
+        if interval_seconds > 0 and math.isfinite(interval_seconds):
+            ln = math.log(interval_seconds)
+            self._ln_sum += ln
+            self._ln2_sum += ln * ln
+            self._ln_n += 1
+        self.version += 1
+        self._cpushes += 1
+        if self._cpushes >= self.limit:
+            self._cpushes = 0
+            lns = [math.log(t) for t, _ in self.continuities if t > 0 and math.isfinite(t)]
+            self._ln_sum = math.fsum(lns)
+            self._ln2_sum = math.fsum(x * x for x in lns)
+            self._ln_n = len(lns)
+            self._impact_sum = math.fsum(i for _, i in self.continuities)
+
+    def _drop_continuity(self, interval_seconds: float, impact_seconds: float) -> None:
+        self._impact_sum -= impact_seconds
+        if interval_seconds > 0 and math.isfinite(interval_seconds):
+            ln = math.log(interval_seconds)
+            self._ln_sum -= ln
+            self._ln2_sum -= ln * ln
+            self._ln_n -= 1
+
+    def push_ttl_pause_rounds(self, rounds: int) -> None:
+        if self.limit <= 0:
+            return
+        if len(self.ttl_pause_rounds) >= self.limit:
+            self.ttl_pause_rounds.popleft()
+        self.ttl_pause_rounds.append(rounds)
+
+    @property
+    def request_window_complete(self) -> bool:
+        return self.limit > 0 and len(self.requests) >= self.limit
+
+    @property
+    def continuity_window_complete(self) -> bool:
+        return self.limit > 0 and len(self.continuities) >= self.limit
+
+    # ---- derived values --------------------------------------------------------------------
+    def _mean(self, i: int) -> float:
+        n = len(self.requests)
+        return self._rsum[i] / n if n else 0.0
+
+    def mean_prompt_tokens(self) -> float:
+        return self._mean(0)
+
+    def mean_completion_tokens(self) -> float:
+        return self._mean(1)
+
+    def mean_cached_prompt_tokens(self) -> float:
+        return self._mean(2)
+
+    def mean_uncached_prompt_tokens(self) -> float:
+        return self._mean(3)
+
+    def mean_context_growth_tokens(self) -> float:
+        n = self._rsum[5]
+        return self._rsum[4] / n if n > 0 else 0.0
+
+    def mean_e2e_seconds(self) -> float:
+        return self._mean(6)
+
+    def mean_decode_seconds(self) -> float | None:
+        n = self._rsum[8]
+        return self._rsum[7] / n if n > 0 else None
+
+    def mean_queue_seconds(self) -> float:
+        return self._mean(9)
+
+    def mean_rounds_since_ttl_pause(self) -> float:
+        return self._mean(10)
+
+    def cached_prompt_ratio(self) -> float:
+        """Token-weighted cached ratio: sum(cached) / sum(prompt)."""
+        return self._rsum[2] / self._rsum[0] if self._rsum[0] > 0 else 0.0
+
+    def request_throughput_per_second(self) -> float:
+        n = len(self.requests)
+        if n < 2:
+            return 0.0
+        elapsed = self.requests[-1].finished_at - self.requests[0].finished_at
+        return (n - 1) / elapsed if elapsed > 0 else 0.0
+
+    def mean_ttl_pause_rounds(self) -> float:
+        n = len(self.ttl_pause_rounds)
+        return sum(self.ttl_pause_rounds) / n if n else 0.0
+
+    def mean_continuity_impact_seconds(self) -> float:
+        n = len(self.continuities)
+        return self._impact_sum / n if n else 0.0
+
+    def log_interval_fit(self) -> tuple[float, float] | None:
+        """(mu, sigma) of ln(interval) over the positive intervals, or None if there are none."""
+        n = self._ln_n
+        if n <= 0:
+            return None
+        mu = self._ln_sum / n
+        var = max(0.0, self._ln2_sum / n - mu * mu)
+        return mu, max(1e-6, math.sqrt(var))
+
+    def fitted_acting_ttl(self, impact_seconds: float, max_acting_ttl_seconds: float) -> float:
+        if not self.continuity_window_complete:
+            return 0.0
+        fit = self.log_interval_fit()
+        if fit is None:
+            return 0.0
+        cache = self._ttl_cache
+        if cache is not None and cache[0] == self.version and cache[1] == impact_seconds:
+            return cache[2]
+        ttl = fit_ttl(fit[0], fit[1], impact_seconds, max_acting_ttl_seconds)
+        self._ttl_cache = (self.version, impact_seconds, ttl)
+        return ttl
+
+    def target_rounds(self, max_segment_rounds: int) -> int:
+        """0 while the request window is incomplete, else clamp(ceil(2*mean), 1, max)."""
+        if not self.request_window_complete:
+            return 0
+        r = math.ceil(2.0 * self.mean_rounds_since_ttl_pause())
+        return max(1, min(max_segment_rounds, r))
+
+
+def continuous_growth_reserve(factors: ProgressTtlFactors | None, target_rounds: int, remaining: list[int]) -> float:
+    """``g * (R + sum(remaining))`` with g = mean context growth; 0 if R <= 0 or g <= 0."""
+    if factors is None or target_rounds <= 0:
+        return 0.0
+    g = factors.mean_context_growth_tokens()
+    if g <= 0:
+        return 0.0
+    return g * (target_rounds + sum(remaining))
+
+
+def decode_throughput(batch: float, context_tokens: float, model: Any) -> float:
+    return decode_throughput_tokens_per_second(batch, context_tokens, model)
