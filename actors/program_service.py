@@ -1,0 +1,274 @@
+"""Program scheduling as a daemon service: the :class:`ProgramDispatcher` and its actors.
+
+``run_program_scheduling(cfg, client, registry, *, task_status)`` is started by the supervisor
+(``nursery.start``) when ``cfg.program_scheduling`` is set.  It starts the scheduler actor
+(which owns the Program actors' nursery through the registry), registers the
+``vllm_router_agent_aware_*`` metrics on the daemon's registry, and hands back a
+:class:`ProgramDispatcher`.  The rank actor (backend ``/metrics`` polling + periodic tick) is
+started *lazily*, when the first request carrying Program identity arrives: identity-free
+traffic creates no Program state and triggers no backend polling.
+
+:class:`ProgramDispatcher` implements the proxy's ``Dispatcher`` protocol:
+
+* ``lease(req)`` sends ``Submit`` to the scheduler actor and waits for ``Admitted`` (the request
+  was retained in the RequestPool until then) or ``Rejected`` (queue timeout -> 429 with
+  ``Retry-After``; no targets -> 503);
+* ``lease.finish(outcome)`` reports ``Completed`` with usage exactly once;
+* leaving the lease without ``finish`` (client gone, cancellation) sends ``Abandoned`` from a
+  shielded ``finally``, so a disconnect never leaks ledger capacity.
+
+``diagnostics()`` renders the ``/scheduling/diagnostics`` document (periphery spec §6) from the
+latest scheduler state, the rank observers and each channel's statistics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import attrs
+import httpx
+import trio
+from prometheus_client import CollectorRegistry
+
+from actors.mailbox import ActorGone
+from actors.messages import Abandoned, Admitted, Completed, Rejected, Reply, Submit
+from actors.rank_actor import RankObservers, run_rank_actor
+from actors.scheduler_actor import SchedulerHandle, diagnostics_snapshot, rank_gauges, run_scheduler_actor
+from daemon.config import AgentdConfig, BackendTarget, ProgramSchedulingConfig
+from daemon.dispatch import DispatchRejected, Outcome, ProxyRequest
+from daemon.program_metrics import GaugeSnapshot, ProgramMetrics, TokenEstimateGauge
+
+# Abandoned/Completed are sent from a shielded finally; this caps how long a handler can be
+# held there if the scheduler inbox is saturated (the scheduler never stops draining it).
+RELEASE_TIMEOUT_SECONDS = 5.0
+PROXY_TOKENS_PER_BYTE = 0.25  # the proxy's static estimate (daemon/http/requests.py)
+
+
+class TokenEstimator:
+    """Momentum prompt-token estimator per (model pool, endpoint) (periphery spec §9.5).
+
+    The proxy estimates ``ceil(bytes * 0.25)``; this refines the coefficient from the prompt
+    token counts the workers report: ``coef = 0.9 * coef + 0.1 * clamp(prompt / bytes, 0.01, 4)``.
+    """
+
+    def __init__(self, metrics: ProgramMetrics) -> None:
+        self.coefficients: dict[tuple[str, str], float] = {}
+        self._metrics = metrics
+
+    @staticmethod
+    def text_bytes(req: ProxyRequest) -> float:
+        return req.estimated_prompt_tokens / PROXY_TOKENS_PER_BYTE
+
+    def estimate(self, pool: str, req: ProxyRequest) -> int:
+        coef = self.coefficients.get((pool, req.endpoint), PROXY_TOKENS_PER_BYTE)
+        return max(1, math.ceil(self.text_bytes(req) * coef))
+
+    def feedback(self, pool: str, req: ProxyRequest, prompt_tokens: int | None) -> None:
+        key = (pool, req.endpoint)
+        if prompt_tokens is None:
+            self._metrics.token_estimate_feedback.labels(pool, req.endpoint, "missing").inc()
+            return
+        self._metrics.token_estimate_feedback.labels(pool, req.endpoint, "observed").inc()
+        nbytes = self.text_bytes(req)
+        if nbytes <= 0 or prompt_tokens <= 0:
+            return
+        observed = min(4.0, max(0.01, prompt_tokens / nbytes))
+        old = self.coefficients.get(key, PROXY_TOKENS_PER_BYTE)
+        self.coefficients[key] = 0.9 * old + 0.1 * observed
+
+    def gauges(self) -> tuple[TokenEstimateGauge, ...]:
+        return tuple(TokenEstimateGauge(p, e, c) for (p, e), c in sorted(self.coefficients.items()))
+
+
+@attrs.define(eq=False)
+class ProgramLease:
+    """A dispatch decision for one request (the proxy's ``Lease``)."""
+
+    target: BackendTarget
+    request_id: str
+    program: str
+    queue_seconds: float
+    wants_usage: bool = True  # usage drives Program accounting: the proxy must obtain it
+    outcome: Outcome | None = None
+    reported: bool = False
+    _send: trio.MemorySendChannel[Any] | None = None
+
+    def finish(self, outcome: Outcome) -> None:
+        if self.outcome is not None:
+            raise RuntimeError(f"Program lease {self.request_id} finished twice")
+        self.outcome = outcome
+        if self._send is not None:
+            try:
+                self._send.send_nowait(completed_message(self.request_id, outcome))
+                self.reported = True
+            except trio.WouldBlock:
+                pass  # reported (awaiting) when the lease context exits
+
+
+def completed_message(request_id: str, outcome: Outcome) -> Completed:
+    u = outcome.usage
+    return Completed(
+        request_id=request_id,
+        success=outcome.success,
+        prompt_tokens=None if u is None else u.prompt_tokens,
+        cached_tokens=None if u is None else u.cached_tokens,
+        completion_tokens=None if u is None else u.completion_tokens,
+        decode_seconds=outcome.decode_seconds,
+        error=outcome.error,
+    )
+
+
+@attrs.define
+class DispatcherCounters:
+    submitted_count: int = 0
+    admitted_count: int = 0
+    rejected_count: int = 0
+    completed_count: int = 0
+    abandoned_count: int = 0
+
+
+class ProgramDispatcher:
+    """The proxy's dispatcher for requests that carry Program identity."""
+
+    def __init__(
+        self,
+        cfg: ProgramSchedulingConfig,
+        scheduler: SchedulerHandle,
+        observers: RankObservers,
+        estimator: TokenEstimator,
+        polling_needed: trio.Event,
+    ) -> None:
+        self.cfg = cfg
+        self.scheduler = scheduler
+        self.observers = observers
+        self.estimator = estimator
+        self._polling_needed = polling_needed
+        self.counters = DispatcherCounters()
+
+    def lease(self, req: ProxyRequest) -> AbstractAsyncContextManager[ProgramLease]:
+        return self._lease(req)
+
+    @asynccontextmanager
+    async def _lease(self, req: ProxyRequest) -> AsyncIterator[ProgramLease]:
+        if req.identity is None:
+            raise ValueError("ProgramDispatcher.lease needs a request with Program identity")
+        self._polling_needed.set()  # lazily start backend polling on the first Program request
+        inbox = self.scheduler.inbox.send
+        estimate = self.estimator.estimate("default", req)
+        submitted = False
+        lease: ProgramLease | None = None
+        try:
+            # Buffer 1: the scheduler answers exactly once with send_nowait.
+            reply_send, reply_recv = trio.open_memory_channel[Reply](1)
+            with reply_recv:
+                with reply_send:
+                    msg = Submit(
+                        request_id=req.request_id, parsed_identity=req.identity, model=req.model,
+                        estimated_prompt_tokens=estimate, routing_text=req.routing_text,
+                        reply=reply_send.clone(),
+                    )
+                    await inbox.send(msg)
+                    submitted = True
+                    self.counters.submitted_count += 1
+                try:
+                    reply = await reply_recv.receive()
+                except trio.EndOfChannel:
+                    raise ActorGone("scheduler actor stopped") from None
+            if isinstance(reply, Rejected):
+                submitted = False  # the core already dropped the request
+                self.counters.rejected_count += 1
+                raise DispatchRejected(
+                    reply.status, reply.message, reply.reason, None, reply.retry_after_seconds
+                )
+            assert isinstance(reply, Admitted)
+            self.counters.admitted_count += 1
+            lease = ProgramLease(
+                target=reply.target, request_id=req.request_id, program=reply.program,
+                queue_seconds=reply.queue_seconds, send=inbox,
+            )
+            yield lease
+        except ActorGone:
+            submitted = False
+            raise DispatchRejected(503, "Program scheduling is shutting down", "scheduler_unavailable") from None
+        finally:
+            if submitted:
+                with trio.CancelScope(shield=True), trio.move_on_after(RELEASE_TIMEOUT_SECONDS):
+                    await self._release(req, lease, inbox)
+
+    async def _release(
+        self, req: ProxyRequest, lease: ProgramLease | None, inbox: trio.MemorySendChannel[Any]
+    ) -> None:
+        if lease is not None and lease.outcome is not None:
+            self.counters.completed_count += 1
+            if lease.outcome.success and lease.outcome.usage is not None:
+                self.estimator.feedback("default", req, lease.outcome.usage.prompt_tokens)
+            elif lease.outcome.success:
+                self.estimator.feedback("default", req, None)
+            if not lease.reported:
+                lease.reported = True
+                try:
+                    await inbox.send(completed_message(req.request_id, lease.outcome))
+                except trio.BrokenResourceError:
+                    pass  # the scheduler is gone: nothing left to account
+            return
+        self.counters.abandoned_count += 1
+        try:
+            await inbox.send(Abandoned(request_id=req.request_id))
+        except trio.BrokenResourceError:
+            pass  # the scheduler is gone: nothing left to account
+
+    def diagnostics(self) -> dict[str, Any]:
+        now = trio.current_time()
+        doc = diagnostics_snapshot(self.scheduler, now)
+        backend = {r["target_id"]: r for r in self.observers.snapshot(now, self.cfg.metrics_interval_seconds)}
+        for rank in doc["ranks"]:
+            b = backend.get(rank["target_id"])
+            if b is not None:
+                rank["vllm_kv_capacity_tokens"] = b["vllm_kv_capacity_tokens"]
+                rank["last_scrape_error"] = b["last_scrape_error"]
+                rank["scrape_failures_count"] = b["scrape_failures_count"]
+        doc["token_estimation"] = [
+            {"model_pool": p, "endpoint": e, "tokens_per_byte": c}
+            for (p, e), c in sorted(self.estimator.coefficients.items())
+        ]
+        doc["dispatcher"] = attrs.asdict(self.counters)
+        doc["backend_polling_started"] = self.observers.started
+        doc["channels"] = self.scheduler.statistics()
+        return doc
+
+
+async def run_program_scheduling(
+    cfg: AgentdConfig,
+    client: httpx.AsyncClient,
+    registry: CollectorRegistry,
+    *,
+    task_status: trio.TaskStatus[ProgramDispatcher] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run Program scheduling until cancelled; ``task_status.started(ProgramDispatcher)``."""
+    ps = cfg.program_scheduling
+    if ps is None:
+        raise ValueError("run_program_scheduling needs cfg.program_scheduling (enable_program_scheduling)")
+    targets = cfg.targets()
+    metrics = ProgramMetrics(registry)
+    estimator = TokenEstimator(metrics)
+    observers = RankObservers(targets)
+
+    def on_tick(handle: SchedulerHandle, now: float) -> None:
+        metrics.publish(GaugeSnapshot(ranks=rank_gauges(handle, now), token_estimates=estimator.gauges()))
+
+    async with trio.open_nursery() as nursery:
+        scheduler: SchedulerHandle = await nursery.start(
+            lambda task_status: run_scheduler_actor(ps, targets, metrics, on_tick=on_tick, task_status=task_status)
+        )
+        polling_needed = trio.Event()
+        dispatcher = ProgramDispatcher(ps, scheduler, observers, estimator, polling_needed)
+
+        async def start_polling_when_needed() -> None:
+            await polling_needed.wait()
+            await nursery.start(run_rank_actor, ps, client, observers, scheduler.inbox.send.clone())
+
+        nursery.start_soon(start_polling_when_needed)
+        task_status.started(dispatcher)

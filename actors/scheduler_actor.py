@@ -1,0 +1,558 @@
+"""The global-queue scheduler actor: the only writer of the Program-scheduling state.
+
+It owns the core's ``SchedulerState`` and feeds every fact it receives, one message at a time,
+to the pure ``actors.core.scheduler.step(state, event, now=trio.current_time(), cfg=cfg)``.
+``step`` is synchronous, so each decision is atomic under Trio's cooperative scheduling and no
+lock exists anywhere.  The actor then *routes* the step's effects, in order:
+
+* ``Admit`` / ``Reject``  -> the waiting handler's one-shot reply channel (``send_nowait``; a
+  handler that already left is followed by its ``Abandoned``, which the core handles);
+* ``SpawnProgram`` / ``ArmTimer`` / ``CancelTimer`` / ``RetireProgram`` -> the Program actors,
+  through :class:`~actors.program_registry.ProgramRegistry` (never awaited, so no cycle between
+  the scheduler inbox and the Program inboxes can deadlock);
+* ``Transition`` and the observation facts -> INFO/DEBUG log events and the
+  ``vllm_router_agent_aware_*`` metrics.
+
+After every ``RepairTick`` it calls ``on_tick`` (the service publishes the gauge snapshot for
+``/metrics`` there).  Diagnostics read
+:attr:`SchedulerHandle.state` (the latest state reference) between steps: because steps never
+await, a reader always sees a consistent state.
+
+The actor's inbox is bounded (see ``SCHEDULER_INBOX_SIZE``); the actor itself never awaits
+anything but its inbox, so producers (HTTP handlers, the rank actor, Program actors) are only
+ever delayed by the actor's own processing rate.  An exception in ``step`` or in routing
+propagates and stops the daemon (one-cancels-all): no restart loop hides a broken invariant.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import trio
+
+from actors.core import effects as fx
+from actors.core import events as ev
+from actors.core.ids import DEFAULT_MODEL_POOL, RequestId, TargetId, redacted_id
+from actors.core.model import RequestHints, Usage
+from actors.core.scheduler import SchedulerState, initial_state, step
+from actors.mailbox import Mailbox, open_mailbox, reply_nowait
+from actors.messages import (
+    Abandoned,
+    Admitted,
+    Completed,
+    ObservationReceived,
+    ObservationStarted,
+    Rejected,
+    RepairTick,
+    Reply,
+    SchedulerMessage,
+    Submit,
+    TimerFired,
+)
+from actors.program_registry import ProgramRegistry, run_program_registry
+from daemon.config import BackendTarget, ProgramSchedulingConfig
+from daemon.logs import get_logger, log_event
+from daemon.program_metrics import ProgramMetrics, RankGauges
+
+# Scheduler inbox.  Producers: one Submit + one Completed/Abandoned per Program request, one
+# message per target per tick from the rank actor, one TimerFired per due timer.  A step costs
+# tens of microseconds, so 1024 absorbs bursts of ~1000 simultaneous arrivals without making
+# handlers wait, while bounding memory.
+SCHEDULER_INBOX_SIZE = 1024
+
+logger = get_logger("program.scheduler")
+
+PAUSED_STATE = "paused"
+ACTIVE_STATE = "active"
+ADMIT_REASONS = ("program_admit", "batch_gain_admit", "force_resume")
+
+
+class SchedulerHandle:
+    """What the service and diagnostics see of the scheduler actor."""
+
+    def __init__(
+        self,
+        cfg: ProgramSchedulingConfig,
+        targets: Sequence[BackendTarget],
+        inbox: Mailbox[SchedulerMessage],
+        state: SchedulerState,
+    ) -> None:
+        self.cfg = cfg
+        self.targets = tuple(targets)
+        self.targets_by_id = {t.target_id: t for t in self.targets}
+        self.inbox = inbox
+        self.state = state
+        self.registry: ProgramRegistry | None = None
+        self.steps_count = 0
+        self.last_step_at: float | None = None
+        self.pending_replies_count = 0
+
+    def statistics(self) -> list[dict[str, Any]]:
+        out = [self.inbox.statistics()]
+        if self.registry is not None:
+            out.append(self.registry.statistics())
+        return out
+
+
+class _Router:
+    """Routes one step's effects (the scheduler actor's I/O side)."""
+
+    def __init__(self, handle: SchedulerHandle, metrics: ProgramMetrics, registry: ProgramRegistry) -> None:
+        self.handle = handle
+        self.metrics = metrics
+        self.registry = registry
+        self.replies: dict[str, trio.MemorySendChannel[Reply]] = {}
+        self.dispatched_at: dict[str, float] = {}
+
+    def reply(self, request_id: str, value: Reply) -> None:
+        channel = self.replies.pop(request_id, None)
+        self.handle.pending_replies_count = len(self.replies)
+        if channel is not None:
+            reply_nowait(channel, value)
+
+    def route(self, effects: Sequence[Any], now: float) -> None:
+        m = self.metrics
+        for e in effects:
+            if isinstance(e, fx.Admit):
+                target = self.handle.targets_by_id[e.target_id]
+                program = redacted_id(e.program)
+                log_event(
+                    logger, logging.DEBUG, "request_dispatch", program=program, target=e.target_id,
+                    router_queue_seconds=round(e.queue_wait_seconds, 6),
+                    estimated_context_tokens=e.estimated_context_tokens, placement_epoch=e.placement_epoch,
+                    placement_start_request=e.placement_start_request,
+                )
+                self.reply(
+                    e.request_id,
+                    Admitted(request_id=e.request_id, target=target, program=program,
+                             queue_seconds=e.queue_wait_seconds),
+                )
+            elif isinstance(e, fx.Reject):
+                self.reply(
+                    e.request_id,
+                    Rejected(request_id=e.request_id, reason=e.reason, status=e.status_hint, message=e.message,
+                             retry_after_seconds=self.handle.cfg.metrics_interval_seconds
+                             if e.status_hint == 429 else None),
+                )
+            elif isinstance(e, fx.SpawnProgram):
+                pass  # the actor is spawned on its first timer command (a Program without timers needs no task)
+            elif isinstance(e, fx.ArmTimer):
+                self.registry.arm(e.program, e.kind, e.deadline, e.token)
+            elif isinstance(e, fx.CancelTimer):
+                self.registry.cancel(e.program, e.kind)
+            elif isinstance(e, fx.RetireProgram):
+                self.registry.retire(e.program)
+            elif isinstance(e, fx.Transition):
+                self._transition(e)
+            elif isinstance(e, fx.AdmissionCapacitySnapshot):
+                self._admission(e)
+            elif isinstance(e, fx.QueueWaitObserved):
+                m.queue_wait_seconds.labels(e.target_id).observe(e.seconds)
+            elif isinstance(e, fx.RequestIntervalObserved):
+                m.request_interval_seconds.labels(e.target_id).observe(e.seconds)
+                log_event(logger, logging.DEBUG, "continuity_sample", target=e.target_id,
+                          interval_seconds=round(e.seconds, 6))
+            elif isinstance(e, fx.CacheMissImpactObserved):
+                m.cache_miss_impact_seconds.labels(e.target_id).observe(e.seconds)
+            elif isinstance(e, fx.TtlArmed):
+                m.armed_ttl_seconds.labels(e.target_id, e.source).observe(e.ttl_seconds)
+                log_event(logger, logging.DEBUG, "ttl_armed", program=redacted_id(e.program), target=e.target_id,
+                          request_ttl_seconds=e.ttl_seconds, source=e.source)
+            elif isinstance(e, fx.SharedPrefixObserved):
+                m.shared_prefix_observed_tokens.labels(e.target_id).observe(e.tokens)
+            elif isinstance(e, fx.CacheDiscontinuity):
+                log_event(
+                    logger, logging.INFO, "unexpected_cache_discontinuity", program=redacted_id(e.program),
+                    target=e.target_id, prompt_tokens=e.prompt_tokens, cached_prompt_tokens=e.cached_prompt_tokens,
+                    previous_context_tokens=e.previous_context_tokens,
+                    cache_hit_vs_previous_context=round(e.cached_prompt_tokens / e.previous_context_tokens, 6)
+                    if e.previous_context_tokens else None,
+                    uncached_prompt_tokens=e.uncached_prompt_tokens,
+                    cache_miss_impact_seconds=round(e.cache_miss_impact_seconds, 6),
+                    segment_served_rounds=e.segment_served_rounds, placement_start_request=False,
+                )
+            elif isinstance(e, fx.CapacitySourceChanged):
+                self._source_changed(e)
+            elif isinstance(e, fx.StaleObservationDropped):
+                log_event(logger, logging.WARNING, "stale_capacity_observation_dropped", target=e.target_id,
+                          epoch_revision=e.epoch_revision, current_revision=e.current_revision)
+            elif isinstance(e, fx.CompletionIgnored):
+                log_event(logger, logging.DEBUG, "completion_ignored", reason=e.reason)
+            else:
+                raise TypeError(f"scheduler actor cannot route effect {e!r}")
+
+    def _transition(self, e: fx.Transition) -> None:
+        if e.counted and e.target_id is not None:
+            self.metrics.transitions.labels(e.target_id, e.reason).inc()
+        program = redacted_id(e.program)
+        if e.to_state == ACTIVE_STATE and e.reason in ADMIT_REASONS:
+            log_event(
+                logger, logging.INFO, "program_admit", program=program, target=e.target_id, forced=e.forced,
+                batch_gain=e.batch_gain, used_tokens=_num(e.used_tokens), required_tokens=_num(e.required_tokens),
+                reserve_tokens=_num(e.reserve_tokens), capacity_tokens=e.capacity_tokens,
+            )
+        elif e.to_state == PAUSED_STATE and e.from_state == ACTIVE_STATE:
+            log_event(
+                logger, logging.INFO, "program_pause", program=program, target=e.target_id, reason=e.reason,
+                released_private_tokens=_num(e.released_private_tokens),
+            )
+
+    def _admission(self, e: fx.AdmissionCapacitySnapshot) -> None:
+        m, t = self.metrics, e.target_id
+        m.admission_used_tokens.labels(t).observe(e.used_tokens)
+        m.admission_required_tokens.labels(t).observe(e.required_tokens)
+        m.admission_growth_reserve_tokens.labels(t).observe(e.growth_reserve_tokens)
+        if e.capacity_pressure_ratio is not None:
+            m.admission_capacity_pressure_ratio.labels(t).observe(e.capacity_pressure_ratio)
+        if e.projected_pressure_ratio is not None:
+            m.admission_projected_pressure_ratio.labels(t).observe(e.projected_pressure_ratio)
+        if e.backend_kv_usage_ratio is not None:
+            m.admission_backend_kv_usage_ratio.labels(t).observe(e.backend_kv_usage_ratio)
+        if e.backend_running_requests is not None:
+            m.admission_backend_running_requests.labels(t).observe(e.backend_running_requests)
+        if e.backend_waiting_requests is not None:
+            m.admission_backend_waiting_requests.labels(t).observe(e.backend_waiting_requests)
+        if e.observation_age_seconds is not None:
+            m.admission_capacity_observation_age_seconds.labels(t).observe(e.observation_age_seconds)
+
+    def _source_changed(self, e: fx.CapacitySourceChanged) -> None:
+        age = None if e.observation_age_seconds is None else round(e.observation_age_seconds, 6)
+        if e.source == "backend_observation":
+            log_event(
+                logger, logging.INFO, "capacity_observation_recovered", target=e.target_id,
+                previous_capacity_accounting_source=e.previous_source, capacity_accounting_source=e.source,
+                observation_age_seconds=age,
+            )
+        else:
+            log_event(
+                logger, logging.WARNING, "capacity_observation_fallback", target=e.target_id,
+                previous_capacity_accounting_source=e.previous_source, capacity_accounting_source=e.source,
+                observation_age_seconds=age, freshness_threshold_seconds=e.freshness_threshold_seconds,
+            )
+
+
+def _num(x: float | None) -> float | int | None:
+    if x is None:
+        return None
+    return int(x) if float(x).is_integer() else round(x, 3)
+
+
+def _hints(scope: Any) -> RequestHints:
+    return RequestHints(
+        request_id=scope.request_id,
+        priority=scope.priority,
+        deadline_seconds=scope.deadline_seconds,
+        expected_output_length=scope.expected_output_length,
+        kv_retention_ttl_seconds=scope.kv_retention_ttl_seconds,
+    )
+
+
+def to_core_event(msg: SchedulerMessage, targets: tuple[BackendTarget, ...] | None) -> ev.Event:
+    """Translate one inbox message into the core's input fact."""
+    if isinstance(msg, Submit):
+        return ev.RequestSubmitted(
+            request_id=RequestId(msg.request_id),
+            identity=msg.parsed_identity.identity,
+            estimated_prompt_tokens=msg.estimated_prompt_tokens,
+            hints=_hints(msg.parsed_identity.scope),
+            model_pool=DEFAULT_MODEL_POOL,
+            targets=targets,
+            routing_text=msg.routing_text,
+        )
+    if isinstance(msg, Completed):
+        return ev.RequestCompleted(
+            request_id=RequestId(msg.request_id),
+            success=msg.success,
+            usage=Usage(prompt_tokens=msg.prompt_tokens, cached_prompt_tokens=msg.cached_tokens,
+                        completion_tokens=msg.completion_tokens),
+            decode_seconds=msg.decode_seconds,
+        )
+    if isinstance(msg, Abandoned):
+        return ev.RequestAbandoned(request_id=RequestId(msg.request_id))
+    if isinstance(msg, TimerFired):
+        return ev.TimerFired(program=msg.program, kind=msg.kind, token=msg.token)
+    if isinstance(msg, ObservationReceived):
+        s = msg.sample
+        return ev.ObservationReceived(
+            target_id=TargetId(msg.target_id), epoch=msg.epoch,
+            kv_cache_usage=None if s is None else s.kv_cache_usage,
+            running_requests=None if s is None else s.running_requests,
+            waiting_requests=None if s is None else s.waiting_requests,
+            observed_at=msg.observed_at,
+        )
+    if isinstance(msg, RepairTick):
+        return ev.RepairTick()
+    raise TypeError(f"no core event for {msg!r}")
+
+
+async def run_scheduler_actor(
+    cfg: ProgramSchedulingConfig,
+    targets: Sequence[BackendTarget],
+    metrics: ProgramMetrics,
+    *,
+    on_tick: Callable[[SchedulerHandle, float], None] | None = None,
+    task_status: trio.TaskStatus[SchedulerHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Own the scheduler state; run until cancelled (or until a step raises, which stops the daemon)."""
+    # See SCHEDULER_INBOX_SIZE for the bound.
+    inbox: Mailbox[SchedulerMessage] = open_mailbox("scheduler_inbox", SCHEDULER_INBOX_SIZE)
+    handle = SchedulerHandle(cfg, targets, inbox, initial_state(cfg))
+    async with inbox.recv, trio.open_nursery() as nursery:
+        registry: ProgramRegistry = await nursery.start(run_program_registry, inbox.send.clone())
+        handle.registry = registry
+        router = _Router(handle, metrics, registry)
+        # The configured targets are known from the start (no Program state, no polling): the
+        # diagnostics list every concrete DP rank before the first Program request.
+        result = step(handle.state, ev.TargetsChanged(DEFAULT_MODEL_POOL, handle.targets),
+                      now=trio.current_time(), cfg=cfg)
+        handle.state = result.state
+        router.route(result.effects, trio.current_time())
+        task_status.started(handle)
+        try:
+            async for msg in inbox.recv:
+                now = trio.current_time()
+                if isinstance(msg, ObservationStarted):
+                    events: list[ev.Event] = [
+                        ev.ObservationStarted(target_id=TargetId(t), epoch=msg.epoch) for t in msg.target_ids
+                    ]
+                else:
+                    if isinstance(msg, Submit):
+                        router.replies[msg.request_id] = msg.reply
+                        handle.pending_replies_count = len(router.replies)
+                        events = [to_core_event(msg, None)]
+                    else:
+                        if isinstance(msg, ObservationReceived):
+                            _log_capacity_observation(cfg, msg)
+                        events = [to_core_event(msg, None)]
+                for event in events:
+                    result = step(handle.state, event, now=now, cfg=cfg)
+                    handle.state = result.state
+                    handle.steps_count += 1
+                    handle.last_step_at = now
+                    router.route(result.effects, now)
+                if isinstance(msg, RepairTick) and on_tick is not None:
+                    on_tick(handle, now)
+        finally:
+            for channel in router.replies.values():
+                channel.close()
+            nursery.cancel_scope.cancel()
+
+
+def _log_capacity_observation(cfg: ProgramSchedulingConfig, msg: ObservationReceived) -> None:
+    s = msg.sample
+    if s is None:
+        return
+    capacity = cfg.token_capacity_per_dp_rank
+    native_used = None if capacity is None or s.kv_cache_usage is None else round(s.kv_cache_usage * capacity)
+    log_event(
+        logger, logging.DEBUG, "capacity_observation", target=msg.target_id, kv_cache_usage=s.kv_cache_usage,
+        native_used_tokens=native_used, vllm_running_requests=s.running_requests,
+        vllm_waiting_requests=s.waiting_requests, capacity_tokens=capacity,
+        backend_kv_capacity_tokens=s.kv_capacity_tokens,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Snapshots for /metrics and /scheduling/diagnostics (read between steps; never mutate)
+# ---------------------------------------------------------------------------------------------
+
+
+def _round_or_none(x: float | None, digits: int = 6) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def _rolling(factors: Any, cfg: ProgramSchedulingConfig) -> dict[str, Any]:
+    if factors is None:
+        return {
+            "request_samples": 0, "continuity_samples": 0, "ttl_pause_samples": 0,
+            "request_window_complete": False, "continuity_window_complete": False,
+            "avg_prompt_tokens": 0.0, "avg_completion_tokens": 0.0, "avg_cached_prompt_tokens": 0.0,
+            "avg_cached_prompt_ratio": 0.0, "avg_context_growth_tokens": 0.0, "avg_e2e_seconds": 0.0,
+            "avg_decode_seconds": None, "avg_router_queue_seconds": 0.0, "avg_rounds_since_ttl_pause": 0.0,
+            "request_throughput_per_second": 0.0, "fitted_acting_ttl_seconds": 0.0,
+        }
+    f = factors
+    return {
+        "request_samples": len(f.requests),
+        "continuity_samples": len(f.continuities),
+        "ttl_pause_samples": len(f.ttl_pause_rounds),
+        "request_window_complete": f.request_window_complete,
+        "continuity_window_complete": f.continuity_window_complete,
+        "avg_prompt_tokens": f.mean_prompt_tokens(),
+        "avg_completion_tokens": f.mean_completion_tokens(),
+        "avg_cached_prompt_tokens": f.mean_cached_prompt_tokens(),
+        "avg_cached_prompt_ratio": f.cached_prompt_ratio(),
+        "avg_context_growth_tokens": f.mean_context_growth_tokens(),
+        "avg_e2e_seconds": f.mean_e2e_seconds(),
+        "avg_decode_seconds": f.mean_decode_seconds(),
+        "avg_router_queue_seconds": f.mean_queue_seconds(),
+        "avg_rounds_since_ttl_pause": f.mean_rounds_since_ttl_pause(),
+        "request_throughput_per_second": f.request_throughput_per_second(),
+        "fitted_acting_ttl_seconds": f.fitted_acting_ttl(f.mean_continuity_impact_seconds(), cfg.max_acting_ttl_seconds),
+    }
+
+
+def _program_view(state: SchedulerState, p: Any, now: float, cfg: ProgramSchedulingConfig) -> dict[str, Any]:
+    from actors.core.ledger import private_tokens
+
+    pool = state.pool
+    front = pool.front(p.ref)
+    hints = front.hints if front is not None else None
+    waiting = pool.program_len(p.ref)
+    ttl_remaining = None
+    if p.state == ACTIVE_STATE and p.status == "acting" and p.ttl_deadline is not None:
+        ttl_remaining = max(0.0, p.ttl_deadline - now)
+    force_remaining = None
+    if p.force_resume_deadline is not None and p.state == PAUSED_STATE and waiting:
+        force_remaining = max(0.0, p.force_resume_deadline - now)
+    fresh_remaining = None if p.shared_prefix_fresh_until is None else max(0.0, p.shared_prefix_fresh_until - now)
+    return {
+        "program": redacted_id(p.ref),
+        "generation": p.ref.generation,
+        "state": p.state,
+        "status": p.status,
+        "expected_resume": p.expected_resume,
+        "task_id": p.task_id,
+        "session_id": p.session_id,
+        "agent_id": p.agent_id,
+        "parent_program_id": p.parent_program_id,
+        "root_program_id": state.lineage.root(p.ref.model_pool, p.ref.program_id),
+        "blocks_parent": p.blocks_parent,
+        "agent_role": p.agent_role,
+        "spawn_reason": p.spawn_reason,
+        "step_id": p.step_id,
+        "request_id": None if hints is None else hints.request_id,
+        "request_priority": 0 if hints is None else hints.priority,
+        "request_deadline_seconds": None if hints is None else hints.deadline_seconds,
+        "kv_retention_ttl_seconds": None if hints is None else hints.kv_retention_ttl_seconds,
+        "expected_output_tokens": hints.expected_output_length
+        if hints is not None and hints.expected_output_length is not None else p.output_token_reservation,
+        "home_target": p.home_target,
+        "last_target": p.last_target,
+        "placement": p.placement,
+        "estimated_context_tokens": p.estimated_context_tokens,
+        "shared_prefix_tokens": p.shared_prefix_tokens,
+        "shared_prefix_freshness_remaining_seconds": _round_or_none(fresh_remaining),
+        "logical_tokens": p.estimated_context_tokens + cfg.decode_buffer_tokens,
+        "private_tokens": round(private_tokens(p, cfg.decode_buffer_tokens)),
+        "in_flight_requests": p.in_flight,
+        "waiting_requests": waiting,
+        "segment_served_rounds": p.segment_served_rounds,
+        "rounds_since_activation": p.rounds_since_activation,
+        "rounds_since_ttl_pause": p.rounds_since_ttl_pause,
+        "pause_when_idle": p.pause_when_idle,
+        "pause_reason": p.last_pause_reason,
+        "acting_seconds": _round_or_none(None if p.acting_since is None or p.status != "acting" else now - p.acting_since),
+        "queued_seconds": _round_or_none(None if p.queued_at is None or not waiting else now - p.queued_at),
+        "ttl_remaining_seconds": _round_or_none(ttl_remaining),
+        "force_resume_remaining_seconds": _round_or_none(force_remaining),
+        "force_resume_timeout_seconds": p.force_resume_timeout_seconds,
+        "force_resume_active_remaining_rounds": p.force_resume_active_remaining_rounds,
+        "force_resume_pool_remaining_rounds": p.force_resume_pool_remaining_rounds,
+        "force_resume_request_throughput_per_second": p.force_resume_request_throughput_per_second,
+    }
+
+
+def _rank_view(state: SchedulerState, rank: Any, now: float, cfg: ProgramSchedulingConfig,
+               programs: list[Any]) -> dict[str, Any]:
+    from actors.core.ledger import capacity_accounting_source, observation_fresh, private_tokens, target_usage
+
+    interval = cfg.metrics_interval_seconds
+    capacity = cfg.token_capacity_per_dp_rank
+    used = max(0.0, target_usage(rank, now, interval))
+    vllm_scaled = None if capacity is None or rank.kv_cache_usage is None else round(rank.kv_cache_usage * capacity)
+    active = list(rank.active.values())
+    reasoning = [p for p in active if p.status == "reasoning"]
+    acting = [p for p in active if p.status == "acting"]
+    paused = [p for p in programs if p.state == PAUSED_STATE]
+    queued = [p for p in paused if state.pool.program_len(p.ref) > 0]
+    observed = rank.observed_at is not None
+    return {
+        "target_id": rank.target_id,
+        "base_url": rank.worker_url,
+        "dp_rank": rank.dp_rank,
+        "configured_token_capacity": capacity,
+        "router_estimated_used_tokens": round(used),
+        "router_estimated_headroom_tokens": None if capacity is None else max(0, capacity - round(used)),
+        "vllm_usage_scaled_tokens": vllm_scaled,
+        "observed_active_reasoning_tokens": None if rank.estimated_active_reasoning_tokens is None
+        else round(rank.estimated_active_reasoning_tokens),
+        "observed_active_program_tokens": None if rank.estimated_active_program_tokens is None
+        else round(rank.estimated_active_program_tokens),
+        "tracked_active_reasoning_requests": sum(p.in_flight for p in reasoning),
+        "observed_router_active_reasoning_programs": rank.observed_router_active_reasoning_programs,
+        "observed_router_active_reasoning_requests": rank.observed_router_active_reasoning_requests,
+        "active_program_token_delta_since_observation": rank.delta_tokens,
+        "future_pause_relief_tokens": round(sum(private_tokens(p, cfg.decode_buffer_tokens)
+                                                for p in reasoning if p.pause_when_idle)),
+        "active_acting_private_tokens": round(sum(private_tokens(p, cfg.decode_buffer_tokens) for p in acting)),
+        "router_minus_vllm_used_tokens": None if vllm_scaled is None else round(used) - vllm_scaled,
+        "router_active_programs": len(active),
+        "router_active_reasoning_programs": len(reasoning),
+        "router_active_acting_programs": len(acting),
+        "router_paused_reasoning_programs": sum(1 for p in paused if p.status == "reasoning"),
+        "router_paused_acting_programs": sum(1 for p in paused if p.status == "acting"),
+        "router_in_flight_requests": sum(p.in_flight for p in active),
+        "router_queued_programs": len(queued),
+        "router_queued_requests": sum(state.pool.program_len(p.ref) for p in queued),
+        "router_ledger_tokens": round(rank.fallback_tokens),
+        "vllm_kv_cache_usage": rank.kv_cache_usage,
+        "vllm_running_requests": rank.running_requests,
+        "vllm_waiting_requests": rank.waiting_requests,
+        "observation_age_seconds": _round_or_none(now - rank.observed_at) if observed else None,
+        "observation_fresh": observation_fresh(rank, now, interval),
+        "capacity_accounting_source": capacity_accounting_source(rank, now, interval),
+        "rolling": _rolling(rank.factors, cfg),
+        "programs": sorted((_program_view(state, p, now, cfg) for p in programs), key=lambda d: d["program"]),
+    }
+
+
+def diagnostics_snapshot(handle: SchedulerHandle, now: float) -> dict[str, Any]:
+    """The periphery-spec §6 document built from the current state (on demand, never hot)."""
+    state, cfg = handle.state, handle.cfg
+    by_rank: dict[str, list[Any]] = {}
+    for p in state.programs.values():
+        if p.last_target is not None:
+            by_rank.setdefault(p.last_target, []).append(p)
+    return {
+        "enabled": True,
+        "binding_only": cfg.binding_only,
+        "global_queue": cfg.global_queue,
+        "resume_order": cfg.resume_order,
+        "cross_rank_headroom_ratio": cfg.cross_rank_headroom_ratio,
+        "retained_requests": len(state.pool),
+        "live_programs": len(state.programs),
+        "ranks": [
+            _rank_view(state, state.ranks[t], now, cfg, by_rank.get(t, [])) for t in sorted(state.ranks)
+        ],
+    }
+
+
+def rank_gauges(handle: SchedulerHandle, now: float) -> tuple[RankGauges, ...]:
+    """Gauge values per target (published at each tick)."""
+    from actors.core.ledger import observation_fresh
+
+    state, cfg = handle.state, handle.cfg
+    queued: dict[str, int] = {}
+    for p in state.programs.values():
+        if p.state == PAUSED_STATE and p.last_target is not None and state.pool.program_len(p.ref) > 0:
+            queued[p.last_target] = queued.get(p.last_target, 0) + 1
+    out = []
+    for t in sorted(state.ranks):
+        rank = state.ranks[t]
+        f = rank.factors
+        out.append(RankGauges(
+            target_id=t,
+            queue_size=queued.get(t, 0),
+            active_programs=len(rank.active),
+            fitted_ttl_seconds=0.0 if f is None
+            else f.fitted_acting_ttl(f.mean_continuity_impact_seconds(), cfg.max_acting_ttl_seconds),
+            context_growth_tokens=0.0 if f is None else f.mean_context_growth_tokens(),
+            request_samples=0 if f is None else len(f.requests),
+            continuity_samples=0 if f is None else len(f.continuities),
+            cache_miss_impact_rolling_mean_seconds=0.0 if f is None else f.mean_continuity_impact_seconds(),
+            observation_fresh=observation_fresh(rank, now, cfg.metrics_interval_seconds),
+        ))
+    return tuple(out)

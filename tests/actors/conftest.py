@@ -1,0 +1,88 @@
+"""Helpers for the Program-scheduling actor tests: a controllable fake vLLM worker (served by
+httpx.MockTransport, so no real I/O) and a way to drive the ProgramDispatcher without HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import httpx
+import trio
+from prometheus_client import CollectorRegistry
+
+from actors.core.identity import parse_identity
+from actors.program_service import ProgramDispatcher, run_program_scheduling
+from daemon.config import AgentdConfig, ProgramSchedulingConfig, RoutingConfig
+from daemon.dispatch import Outcome, ProxyRequest, Usage
+
+
+@attrs.define
+class FakeWorkers:
+    """Per-engine gauges served on ``<url>/metrics``; ``failing`` URLs answer 500."""
+
+    kv: dict[tuple[str, int], float] = attrs.field(factory=dict)
+    waiting: dict[tuple[str, int], int] = attrs.field(factory=dict)
+    running: dict[tuple[str, int], int] = attrs.field(factory=dict)
+    failing: set[str] = attrs.field(factory=set)
+    scrapes: list[tuple[float, str]] = attrs.field(factory=list)
+    dp_size: int = 2
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        base = f"{request.url.scheme}://{request.url.host}" + (f":{request.url.port}" if request.url.port else "")
+        self.scrapes.append((trio.current_time(), base))
+        if request.url.path != "/metrics":
+            return httpx.Response(404)
+        if base in self.failing:
+            return httpx.Response(500, text="boom")
+        lines = []
+        for e in range(self.dp_size):
+            lines.append(f'vllm:kv_cache_usage_perc{{engine="{e}"}} {self.kv.get((base, e), 0.0)}')
+            lines.append(f'vllm:num_requests_running{{engine="{e}"}} {self.running.get((base, e), 0)}')
+            lines.append(f'vllm:num_requests_waiting{{engine="{e}"}} {self.waiting.get((base, e), 0)}')
+        return httpx.Response(200, text="\n".join(lines) + "\n")
+
+
+def daemon_config(workers: tuple[str, ...] = ("http://w0:8000",), dp: int = 2, **ps: Any) -> AgentdConfig:
+    return AgentdConfig(
+        routing=RoutingConfig(worker_urls=workers, intra_node_data_parallel_size=dp),
+        enable_program_scheduling=True,
+        program_scheduling=ProgramSchedulingConfig(**ps),
+    )
+
+
+_counter = 0
+
+
+def program_request(program_id: str, *, tokens: int = 100, endpoint: str = "chat", **ctx: Any) -> ProxyRequest:
+    global _counter
+    _counter += 1
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "x"}],
+        "vllm_xargs": {"agentic_context": {"program_id": program_id, **ctx}},
+    }
+    identity = parse_identity(body, {})
+    assert identity is not None
+    return ProxyRequest(
+        request_id=f"agentd-{_counter}", endpoint=endpoint, body=body, headers={}, model="m", stream=False,
+        estimated_prompt_tokens=tokens, routing_text="x", identity=identity,
+    )
+
+
+def ok(prompt: int = 100, cached: int | None = 0, completion: int = 10) -> Outcome:
+    return Outcome(True, Usage(prompt, cached, completion), None, None, None)
+
+
+@asynccontextmanager
+async def program_scheduling(
+    cfg: AgentdConfig, workers: FakeWorkers | None = None
+) -> AsyncIterator[tuple[ProgramDispatcher, CollectorRegistry, FakeWorkers]]:
+    workers = workers or FakeWorkers(dp_size=cfg.routing.intra_node_data_parallel_size)
+    registry = CollectorRegistry()
+    async with httpx.AsyncClient(transport=httpx.MockTransport(workers.handler)) as client:
+        async with trio.open_nursery() as nursery:
+            dispatcher = await nursery.start(run_program_scheduling, cfg, client, registry)
+            yield dispatcher, registry, workers
+            nursery.cancel_scope.cancel()
