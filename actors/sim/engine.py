@@ -229,7 +229,6 @@ class Engine:
             self.running.remove(req)
             self.pool.free(req.blocks)
             req.blocks = []
-            self._truncate_run(now)
         elif any(r is req for _, _, r in self._pending):
             self._pending = [e for e in self._pending if e[2] is not req]
             heapq.heapify(self._pending)
@@ -240,6 +239,7 @@ class Engine:
             self._fcfs_waiting.remove(req)
         req.status = FINISHED
         self.stats.request_success["abort"] += 1
+        self._truncate_run(now)  # the queue or the batch changed: re-plan after the step in progress
         return out
 
     # ----------------------------------------------------------------- time
@@ -563,14 +563,26 @@ class Engine:
             batch = len(live)
             for s in range(first + 1, j):
                 itl.observe(ends[s] - ends[s - 1], batch)
+        # Only the run's first step was allocated at scheduling time; the run was sized so that
+        # the free queue holds every later block.  Blocks are handed out in the order a
+        # step-by-step scheduler would (step, then running order), because physical block order
+        # decides the free-queue order after release and therefore which cached blocks are evicted.
         bs = self.block_size
-        pool = self.pool
+        events: list[tuple[int, int]] = []
+        for idx, req in enumerate(live):
+            c = req.num_computed
+            held = len(req.blocks)
+            u = (-c) % bs + 1
+            while u <= m:
+                if (c + u - 1) // bs >= held:
+                    events.append((u, idx))
+                u += bs
+        if events:
+            events.sort()
+            allocate = self.pool.allocate
+            for _, idx in events:
+                allocate(1, live[idx].blocks)
         for req in live:
-            # only the run's first step was allocated at scheduling time; the run was sized so
-            # that the free queue holds every later block
-            need = -(-(req.num_computed + m) // bs) - len(req.blocks)
-            if need > 0:
-                pool.allocate(need, req.blocks)
             req.num_computed += m
             self._cache_full_blocks(req, req.num_computed)
             self._emit(req, m, t_last, out, first_time=ends[first])
