@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
 
 import attrs
@@ -286,7 +286,7 @@ class ProxyEngine:
         last: float | None = None
         await sink.start(response.status_code, headers)
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in _raw_chunks(response):
                 if not chunk:
                     continue
                 accumulator.feed_sse(chunk)
@@ -332,6 +332,15 @@ class ProxyEngine:
         return "upstream_stream"
 
 
+async def _raw_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
+    """``aiter_raw`` that also accepts an in-memory (already read) response."""
+    if response.is_stream_consumed:
+        yield response.content
+        return
+    async for chunk in response.aiter_raw():
+        yield chunk
+
+
 async def _read_snippet(response: httpx.Response) -> str:
     data = b""
     try:
@@ -339,6 +348,8 @@ async def _read_snippet(response: httpx.Response) -> str:
             data += chunk
             if len(data) >= ERROR_SNIPPET_BYTES:
                 break
+    except httpx.StreamConsumed:  # an in-memory response (already read)
+        data = response.content
     except httpx.HTTPError:
         pass
     return data[:ERROR_SNIPPET_BYTES].decode("utf-8", "replace").strip() or "(empty body)"

@@ -8,9 +8,9 @@ from functools import partial
 
 import httpx
 import trio
+import trio.testing
 
 from conftest import FakeWorker, make_config
-from daemon.dispatch import DispatchRejected, ProxyRequest
 from daemon.handles import DaemonHandles
 from daemon.supervisor import run_daemon
 
@@ -35,3 +35,121 @@ async def test_native_non_streaming_chat_relayed_whole(fake_worker: FakeWorker) 
         assert json.loads(seen.raw) == CHAT
         handles.request_shutdown()
     assert handles.native_dispatcher.statistics().finished_count == 1
+
+
+async def test_native_streaming_chat_relayed_chunk_by_chunk(fake_worker: FakeWorker) -> None:
+    async with trio.open_nursery() as nursery:
+        handles = await start(nursery, fake_worker)
+        body = {**CHAT, "stream": True}
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                assert response.status_code == 200
+                assert response.headers["content-type"] == "text/event-stream"
+                raw = b"".join([chunk async for chunk in response.aiter_raw()])
+        events = [e for e in raw.split(b"\n\n") if e]
+        assert events[-1] == b"data: [DONE]"
+        contents = [json.loads(e[6:])["choices"][0]["delta"].get("content") for e in events[:-1]]
+        assert contents == ["", "Hello", " world"]
+        # the client did not ask for usage and the native path does not want it: no injection
+        [seen] = fake_worker.generation_requests()
+        assert "stream_options" not in seen.body
+        handles.request_shutdown()
+
+
+async def test_native_streaming_first_chunk_arrives_before_stream_ends(fake_worker: FakeWorker) -> None:
+    fake_worker.hold_streams = True
+    async with trio.open_nursery() as nursery:
+        handles = await start(nursery, fake_worker)
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+            async with client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as response:
+                chunks = response.aiter_raw()
+                # the worker cannot produce the rest before `release`: getting the first chunk
+                # now proves the proxy relays without waiting for the end of the stream
+                first = await chunks.__anext__()
+                await trio.testing.wait_all_tasks_blocked()
+                assert fake_worker.holding == 1
+                assert b'"role": "assistant"' in first
+                fake_worker.release.set()
+                rest = b"".join([c async for c in chunks])
+        assert rest.endswith(b"data: [DONE]\n\n")
+        handles.request_shutdown()
+
+
+async def test_native_completions_and_responses_relayed(fake_worker: FakeWorker) -> None:
+    async with trio.open_nursery() as nursery:
+        handles = await start(nursery, fake_worker)
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+            completion = await client.post("/v1/completions", json={"model": "fake-model", "prompt": "say"})
+            response = await client.post("/v1/responses", json={"model": "fake-model", "input": "hello"})
+            streamed = await client.post("/v1/responses", json={"model": "fake-model", "input": "x", "stream": True})
+        assert completion.status_code == 200 and completion.json()["choices"][0]["text"] == "ok!"
+        assert response.status_code == 200 and response.json()["usage"]["input_tokens"] == 9
+        assert streamed.status_code == 200 and b"response.completed" in streamed.content
+        assert [r.path for r in fake_worker.generation_requests()] == [
+            "/v1/completions", "/v1/responses", "/v1/responses"]
+        handles.request_shutdown()
+
+
+async def test_native_dp_rank_header_set_and_client_header_not_passed(fake_worker: FakeWorker) -> None:
+    async with trio.open_nursery() as nursery:
+        handles = await start(nursery, fake_worker, dp=2, policy="round_robin")
+        assert [t.target_id for t in handles.targets] == [
+            "http://w0:8000@0", "http://w0:8000@1", "http://w1:8000@0", "http://w1:8000@1"]
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+            for _ in range(4):
+                response = await client.post(
+                    "/v1/chat/completions", json=CHAT,
+                    headers={"X-Data-Parallel-Rank": "7", "Connection": "keep-alive, x-hop", "x-hop": "1",
+                             "x-custom": "kept"})
+                assert response.status_code == 200
+        seen = fake_worker.generation_requests()
+        assert [(r.base_url, r.headers["x-data-parallel-rank"]) for r in seen] == [
+            ("http://w0:8000", "0"), ("http://w0:8000", "1"), ("http://w1:8000", "0"), ("http://w1:8000", "1")]
+        for r in seen:
+            assert "@" not in r.base_url
+            assert r.headers["x-custom"] == "kept"
+            assert "x-hop" not in r.headers  # named in Connection: hop-by-hop
+        handles.request_shutdown()
+
+
+async def test_native_models_from_first_healthy_worker(fake_worker: FakeWorker) -> None:
+    fake_worker.healthy["http://w0:8000"] = False
+    async with trio.open_nursery() as nursery:
+        handles = await start(nursery, fake_worker)
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+            response = await client.get("/v1/models")
+        assert response.status_code == 200
+        assert response.json()["data"][0]["id"] == "fake-model"
+        [seen] = [r for r in fake_worker.requests if r.path == "/v1/models"]
+        assert seen.base_url == "http://w1:8000"
+        handles.request_shutdown()
+
+
+async def test_native_agentic_context_stripped_by_default(fake_worker: FakeWorker) -> None:
+    body = {**CHAT, "vllm_xargs": {"agentic_context": {"program_id": "p1"}, "other": 1}}
+    async with trio.open_nursery() as nursery:
+        handles = await start(nursery, fake_worker)
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+            response = await client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200
+        [seen] = fake_worker.generation_requests()
+        assert seen.body == {**CHAT, "vllm_xargs": {"other": 1}}
+        handles.request_shutdown()
+
+
+async def test_native_no_healthy_target_is_503_naming_reason(fake_worker: FakeWorker) -> None:
+    for url in fake_worker.worker_urls:
+        fake_worker.healthy[url] = False
+    async with trio.open_nursery() as nursery:
+        handles = await start(nursery, fake_worker)
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+            response = await client.post("/v1/chat/completions", json=CHAT)
+            health = await client.get("/health")
+        assert response.status_code == 503
+        error = response.json()["error"]
+        assert error["code"] == "no_healthy_target"
+        assert "http://w0:8000: HTTP 503" in error["message"]
+        assert health.status_code == 503
+        assert "http://w1:8000: HTTP 503" in health.json()["reason"]
+        assert fake_worker.generation_requests() == []
+        handles.request_shutdown()
