@@ -1,0 +1,42 @@
+"""A one-line live progress bar on a text stream (stderr), throttled to a few updates a second."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, TextIO
+
+
+class ProgressLine:
+    def __init__(self, stream: TextIO, *, label: str = "", width: int = 30, min_interval_seconds: float = 0.25):
+        self._stream = stream
+        self._label = label
+        self._width = width
+        self._min_interval = min_interval_seconds
+        self._last = 0.0
+        self._t0 = time.monotonic()
+        self._state: dict[str, Any] = {}
+
+    def update(self, state: dict[str, Any]) -> None:
+        self._state = state
+        now = time.monotonic()
+        if now - self._last >= self._min_interval or state.get("done_requests") == state.get("total_requests"):
+            self._last = now
+            self._draw()
+
+    def _draw(self) -> None:
+        s = self._state
+        total = max(1, int(s.get("total_requests", 0)))
+        done = int(s.get("done_requests", 0))
+        filled = int(self._width * done / total)
+        bar = "#" * filled + "-" * (self._width - filled)
+        line = (f"\r{self._label} [{bar}] {done}/{total} req  {s.get('done_tasks', 0)}/{s.get('total_tasks', 0)} "
+                f"tasks  in-flight {s.get('in_flight', 0)}  failed {s.get('failed_requests', 0)}  "
+                f"{time.monotonic() - self._t0:.1f}s")
+        self._stream.write(line)
+        self._stream.flush()
+
+    def close(self) -> None:
+        if self._state:
+            self._draw()
+        self._stream.write("\n")
+        self._stream.flush()

@@ -1,0 +1,234 @@
+"""The replay report: raw replay results plus metric scrapes -> one JSON-able dict.
+
+Everything a Program-scheduling comparison needs, side by side (seed 000 "Performance tuning
+workflow"): job completion time, request latency and TTFT, request/token throughput, token cache
+hit from the workers' own counters (``vllm:prompt_tokens_cached_total / vllm:prompt_tokens_total``,
+the difference between a scrape before and after the run), preemptions
+(``vllm:num_preemptions_total``), completed tasks, input/output tokens, queue-wait distributions,
+and the router's Program-scheduling events (``vllm_router_agent_aware_transitions_total`` by reason:
+cross-rank resumes = migrations, force resumes, max-segment yields) when the router exposes them.
+
+Durations are reported in *trace* seconds: measured run time multiplied by the replay time scale,
+so runs at different time scales compare directly.  Quantiles of histogram metrics (queue waits)
+are interpolated linearly inside Prometheus buckets.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from daemon.replay import ReplayResult
+from daemon.trace.stats import percentile
+
+Labels = tuple[tuple[str, str], ...]
+Snapshot = dict[str, dict[Labels, float]]  # sample name -> labels -> value
+
+WORKER_PROMPT = "vllm:prompt_tokens_total"
+WORKER_CACHED = "vllm:prompt_tokens_cached_total"
+WORKER_PREEMPTIONS = "vllm:num_preemptions_total"
+WORKER_QUEUE = "vllm:request_queue_time_seconds"
+ROUTER_TRANSITIONS = "vllm_router_agent_aware_transitions_total"
+ROUTER_QUEUE = "vllm_router_agent_aware_queue_wait_seconds"
+
+
+def parse_metrics(text: str) -> Snapshot:
+    out: Snapshot = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = tuple(sorted(sample.labels.items()))
+            out.setdefault(sample.name, {})[labels] = float(sample.value)
+    return out
+
+
+async def scrape(client: httpx.AsyncClient, url: str) -> Snapshot | None:
+    """One ``/metrics`` scrape; ``None`` when the endpoint is missing or unreadable."""
+    try:
+        resp = await client.get(url, timeout=10.0)
+    except httpx.HTTPError:
+        return None
+    if resp.status_code != 200:
+        return None
+    try:
+        return parse_metrics(resp.text)
+    except ValueError:
+        return None
+
+
+async def scrape_all(client: httpx.AsyncClient, urls: Sequence[str]) -> list[Snapshot | None]:
+    return [await scrape(client, url) for url in urls]
+
+
+def _sum(snap: Snapshot | None, name: str, where: Mapping[str, str] | None = None) -> float | None:
+    if snap is None or name not in snap:
+        return None
+    total = 0.0
+    for labels, value in snap[name].items():
+        d = dict(labels)
+        if where and any(d.get(k) != v for k, v in where.items()):
+            continue
+        total += value
+    return total
+
+
+def counter_delta(before: Sequence[Snapshot | None], after: Sequence[Snapshot | None], name: str,
+                  where: Mapping[str, str] | None = None) -> float | None:
+    """Σ over endpoints of (after - before); ``None`` when no endpoint exposes ``name``."""
+    total: float | None = None
+    for b, a in zip(before, after, strict=True):
+        va = _sum(a, name, where)
+        if va is None:
+            continue
+        vb = _sum(b, name, where) or 0.0
+        total = (total or 0.0) + (va - vb)
+    return total
+
+
+def _label_values(snaps: Sequence[Snapshot | None], name: str, label: str) -> list[str]:
+    values: set[str] = set()
+    for snap in snaps:
+        if snap is None:
+            continue
+        for labels in snap.get(name, {}):
+            d = dict(labels)
+            if label in d:
+                values.add(d[label])
+    return sorted(values)
+
+
+def histogram_delta(before: Sequence[Snapshot | None], after: Sequence[Snapshot | None], name: str
+                    ) -> list[tuple[float, float]] | None:
+    """Cumulative ``(le, count)`` buckets of the run (summed over endpoints and labels)."""
+    buckets: dict[float, float] = {}
+    seen = False
+    for b, a in zip(before, after, strict=True):
+        if a is None or f"{name}_bucket" not in a:
+            continue
+        seen = True
+        for labels, value in a[f"{name}_bucket"].items():
+            le = float(dict(labels)["le"])
+            prev = (b or {}).get(f"{name}_bucket", {}).get(labels, 0.0)
+            buckets[le] = buckets.get(le, 0.0) + value - prev
+    if not seen:
+        return None
+    return sorted(buckets.items())
+
+
+def histogram_quantile(buckets: Sequence[tuple[float, float]], q: float) -> float | None:
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    total = buckets[-1][1]
+    rank = q * total
+    prev_le, prev_count = 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if math.isinf(le):
+                return prev_le
+            if count == prev_count:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_count) / (count - prev_count)
+        prev_le, prev_count = le, count
+    return prev_le
+
+
+def _dist(values: Sequence[float]) -> dict[str, float | int]:
+    if not values:
+        return {"count": 0}
+    return {
+        "count": len(values),
+        "mean": sum(values) / len(values),
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+        "max": max(values),
+    }
+
+
+def _hist_summary(buckets: list[tuple[float, float]] | None, scale: float) -> dict[str, Any] | None:
+    if buckets is None:
+        return None
+    count = buckets[-1][1] if buckets else 0.0
+    out: dict[str, Any] = {"count": int(count), "buckets": [[le * scale if math.isfinite(le) else "+Inf", c]
+                                                             for le, c in buckets]}
+    for q, key in ((0.5, "p50"), (0.9, "p90"), (0.99, "p99")):
+        v = histogram_quantile(buckets, q)
+        out[key] = None if v is None else v * scale
+    return out
+
+
+def build_report(
+    result: ReplayResult,
+    *,
+    time_scale: float,
+    worker_before: Sequence[Snapshot | None] = (),
+    worker_after: Sequence[Snapshot | None] = (),
+    router_before: Sequence[Snapshot | None] = (),
+    router_after: Sequence[Snapshot | None] = (),
+    trace_info: Mapping[str, Any] | None = None,
+    system: str | None = None,
+) -> dict[str, Any]:
+    s = time_scale
+    reqs = sorted(result.requests, key=lambda r: (r.session_id, r.turn))
+    ok = [r for r in reqs if r.ok]
+    tasks_ok = [t for t in result.tasks if t.ok]
+    elapsed = max(result.finished - result.started, 1e-9)
+    errors: dict[str, int] = {}
+    for r in reqs:
+        if not r.ok:
+            key = (r.error or "unknown").split(":")[0]
+            errors[key] = errors.get(key, 0) + 1
+    usage_prompt = sum(r.prompt_tokens or 0 for r in ok)
+    usage_cached = sum(r.cached_tokens or 0 for r in ok)
+    usage_output = sum(r.completion_tokens or 0 for r in ok)
+    prompt = counter_delta(worker_before, worker_after, WORKER_PROMPT)
+    cached = counter_delta(worker_before, worker_after, WORKER_CACHED)
+    preempt = counter_delta(worker_before, worker_after, WORKER_PREEMPTIONS)
+    reasons = _label_values(router_after, ROUTER_TRANSITIONS, "reason")
+    transitions = {
+        reason: counter_delta(router_before, router_after, ROUTER_TRANSITIONS, {"reason": reason}) or 0.0
+        for reason in reasons
+    }
+    router_queue = histogram_delta(router_before, router_after, ROUTER_QUEUE)
+    report: dict[str, Any] = {
+        "system": system,
+        "trace": dict(trace_info or {}),
+        "time_scale": time_scale,
+        "duration_seconds": elapsed * s,
+        "tasks": {"planned": result.planned_tasks, "completed": len(tasks_ok),
+                  "failed": len(result.tasks) - len(tasks_ok)},
+        "jct_seconds": _dist([(t.end - t.start) * s for t in tasks_ok]),
+        "request_latency_seconds": _dist([(r.end - r.start) * s for r in ok]),
+        "ttft_seconds": _dist([(r.first_token - r.start) * s for r in ok if r.first_token is not None]),
+        "requests": {"planned": result.planned_requests, "completed": len(ok), "failed": len(reqs) - len(ok),
+                     "errors": dict(sorted(errors.items()))},
+        "throughput": {
+            "requests_per_second": len(ok) / (elapsed * s),
+            "output_tokens_per_second": usage_output / (elapsed * s),
+            "total_tokens_per_second": (usage_prompt + usage_output) / (elapsed * s),
+            "tasks_per_second": len(tasks_ok) / (elapsed * s),
+        },
+        "tokens": {"input": usage_prompt, "output": usage_output, "cached_by_usage": usage_cached},
+        "cache": {
+            "prompt_tokens_total": prompt,
+            "prompt_tokens_cached_total": cached,
+            "token_hit_ratio": (cached / prompt) if prompt and cached is not None else None,
+            "usage_hit_ratio": (usage_cached / usage_prompt) if usage_prompt else None,
+        },
+        "preemptions": preempt,
+        "queue_wait_seconds": {
+            "router": _hist_summary(router_queue, s),
+            "backend": _hist_summary(histogram_delta(worker_before, worker_after, WORKER_QUEUE), s),
+        },
+        "scheduling": {
+            "available": bool(reasons) or router_queue is not None,
+            "cross_rank_migrations": transitions.get("cross_rank_resume", 0.0),
+            "force_resumes": transitions.get("force_resume", 0.0),
+            "segment_yields": transitions.get("max_segment_yield", 0.0),
+            "transitions": transitions,
+        },
+    }
+    return report

@@ -1,0 +1,353 @@
+"""Replay an agent trace against any OpenAI-compatible endpoint (agentd, vllm-router, a worker).
+
+The driver is transport-agnostic: ``run_replay`` takes an ``httpx.AsyncClient`` and a base URL, so
+the same code runs over loopback sockets (``agentd replay``/``agentd bench``) and in process under
+a ``trio.testing.MockClock`` (``agentd simulate``, tests).  All timing uses ``trio.current_time()``.
+
+Program drivers (one Trio task per session):
+
+- root sessions start in trace order: closed-loop traces hold at most ``concurrency`` root Programs
+  (each with its subagents) in flight; open-loop traces (``poisson``/``bursts``) start a root at
+  ``timestamp / time_scale`` (optionally also capped by ``concurrency``);
+- turn ``t > 0`` is sent ``pre_gap_ms / time_scale`` after turn ``t-1`` completed and after every
+  blocking subagent spawned so far completed;
+- a subagent starts ``pre_gap_ms / time_scale`` after its parent's ``parent_turn`` completed;
+- messages are the conversation so far: the shared prefix as the system message, then user/tool
+  deltas of exact token sizes (``actors.sim.tokenizer.text_of_tokens``) and the assistant replies
+  exactly as streamed back, so each prompt extends the previous prompt plus its output and
+  prefixes are really shared;
+- requests stream with ``stream_options.include_usage`` and carry the canonical
+  ``vllm_xargs.agentic_context`` (program_id, task_id, agent_id, parent_program_id, step_id,
+  blocks_parent, expected_resume, priority), ``x-session-id`` = the task id (so session-hash
+  policies have a key), and ``x-request-id`` with ``#job_name[<job>]#`` for batch jobs.
+
+A failed turn ends its Program (recorded, never retried: the systems under test own retries).
+``daemon.benchkit.report`` turns the raw :class:`ReplayResult` plus metric scrapes into the report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from actors.sim.tokenizer import text_of_tokens
+from daemon.trace.format import Trace, TraceRecord
+
+
+@attrs.frozen
+class ReplayOptions:
+    time_scale: float = 1.0  # trace times are divided by this (X times faster than recorded)
+    concurrency: int | None = None  # None: trace meta for closed loop, unlimited for open loop
+    model: str = "agentd-sim"
+    path: str = "/v1/chat/completions"
+    agentic_context: str = "object"  # object | string (JSON-string form for stock vLLM) | none
+    session_header: bool = True
+    request_timeout_seconds: float = 600.0
+
+
+@attrs.frozen
+class RequestResult:
+    session_id: str
+    turn: int
+    start: float
+    end: float
+    first_token: float | None
+    ok: bool
+    status: int | None = None
+    error: str | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+@attrs.frozen
+class TaskResult:
+    """One root Program together with its subagents (the "job" whose completion time counts)."""
+
+    task_id: str
+    start: float
+    end: float
+    ok: bool
+    requests: int
+
+
+@attrs.frozen
+class ReplayResult:
+    started: float
+    finished: float
+    requests: tuple[RequestResult, ...]
+    tasks: tuple[TaskResult, ...]
+    planned_requests: int
+    planned_tasks: int
+
+
+class _Progress:
+    """Counts for the live progress line; written by the driver tasks (single Trio thread)."""
+
+    def __init__(self, total_requests: int, total_tasks: int, callback: Callable[[dict[str, Any]], None] | None):
+        self.total_requests = total_requests
+        self.total_tasks = total_tasks
+        self.done_requests = 0
+        self.failed_requests = 0
+        self.done_tasks = 0
+        self.in_flight = 0
+        self._callback = callback
+
+    def emit(self) -> None:
+        if self._callback is not None:
+            self._callback({
+                "done_requests": self.done_requests, "total_requests": self.total_requests,
+                "failed_requests": self.failed_requests, "done_tasks": self.done_tasks,
+                "total_tasks": self.total_tasks, "in_flight": self.in_flight,
+            })
+
+
+class _Replayer:
+    def __init__(self, trace: Trace, client: httpx.AsyncClient, base_url: str, opts: ReplayOptions,
+                 progress: _Progress):
+        if not (opts.time_scale > 0 and math.isfinite(opts.time_scale)):
+            raise ValueError(f"time_scale must be finite and > 0, got {opts.time_scale}")
+        if opts.agentic_context not in ("object", "string", "none"):
+            raise ValueError(f"agentic_context must be object|string|none, got {opts.agentic_context!r}")
+        self.trace = trace
+        self.client = client
+        self.url = base_url.rstrip("/") + opts.path
+        self.opts = opts
+        self.sessions = trace.sessions()
+        self.children: dict[tuple[str, int], list[str]] = {}
+        for sid, recs in self.sessions.items():
+            first = recs[0]
+            if first.parent_session_id is not None and first.parent_turn is not None:
+                self.children.setdefault((first.parent_session_id, first.parent_turn), []).append(sid)
+        self.results: list[RequestResult] = []
+        self.progress = progress
+
+    # ------------------------------------------------------------------ programs
+
+    async def run_task(self, root: str, start: float, done: list[TaskResult]) -> None:
+        ends: list[float] = []
+        ok_flags: list[bool] = []
+        counts = [0]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._run_session, root, nursery, ends, ok_flags, counts)
+        end = max(ends) if ends else trio.current_time()
+        done.append(TaskResult(root, start, end, all(ok_flags) and bool(ok_flags), counts[0]))
+        self.progress.done_tasks += 1
+        self.progress.emit()
+
+    async def _run_session(self, sid: str, nursery: trio.Nursery, ends: list[float], ok_flags: list[bool],
+                           counts: list[int], parent_done: trio.Event | None = None) -> None:
+        recs = self.sessions[sid]
+        messages: list[dict[str, Any]] = []
+        blocking: list[trio.Event] = []
+        prev_end: float | None = None
+        ok = True
+        for rec in recs:
+            for ev in blocking:
+                await ev.wait()
+            gap = rec.pre_gap_ms / 1000.0 / self.opts.time_scale
+            if rec.turn > 0:
+                await trio.sleep(gap)
+            elif rec.parent_session_id is not None and gap > 0:
+                await trio.sleep(gap)
+            messages = self._next_messages(messages, rec)
+            result, reply = await self._send(rec, messages)
+            counts[0] += 1
+            prev_end = result.end
+            if not result.ok or reply is None:
+                ok = False
+                break
+            messages.append(reply)
+            for child in self.children.get((sid, rec.turn), []):
+                ev = trio.Event()
+                if self.sessions[child][0].blocks_parent:
+                    blocking.append(ev)
+                nursery.start_soon(self._run_session, child, nursery, ends, ok_flags, counts, ev)
+        if prev_end is not None:
+            ends.append(prev_end)
+        ok_flags.append(ok)
+        if parent_done is not None:
+            parent_done.set()
+
+    # ------------------------------------------------------------------ requests
+
+    def _next_messages(self, messages: list[dict[str, Any]], rec: TraceRecord) -> list[dict[str, Any]]:
+        if rec.turn == 0 or rec.compaction:
+            out: list[dict[str, Any]] = []
+            if rec.shared_prefix_tokens > 0:
+                salt = rec.shared_prefix_id or f"{rec.session_id}:system"
+                out.append({"role": "system", "content": text_of_tokens(rec.shared_prefix_tokens, salt)})
+            out.append({"role": "user", "content": text_of_tokens(rec.input_delta, f"{rec.session_id}:in{rec.turn}")})
+            return out
+        content = text_of_tokens(rec.input_delta, f"{rec.session_id}:in{rec.turn}")
+        last = messages[-1] if messages else {}
+        calls = last.get("tool_calls") if last.get("role") == "assistant" else None
+        if rec.role == "tool" and calls:
+            return [*messages, {"role": "tool", "tool_call_id": calls[0].get("id", "call-0"), "content": content}]
+        return [*messages, {"role": "user", "content": content}]
+
+    def _body(self, rec: TraceRecord, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.opts.model,
+            "messages": messages,
+            "max_tokens": rec.output_length,
+            "min_tokens": rec.output_length,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.opts.agentic_context != "none":
+            first = self.sessions[rec.session_id][0]
+            ctx: dict[str, Any] = {
+                "program_id": rec.session_id,
+                "task_id": rec.task_id or rec.session_id,
+                "agent_id": rec.agent_id,
+                "step_id": rec.turn,
+                "expected_resume": True,
+                "priority": rec.priority,
+            }
+            if first.parent_session_id is not None:
+                ctx["parent_program_id"] = first.parent_session_id
+                ctx["blocks_parent"] = first.blocks_parent
+            body["vllm_xargs"] = {"agentic_context": json.dumps(ctx) if self.opts.agentic_context == "string" else ctx}
+        return body
+
+    def _headers(self, rec: TraceRecord) -> dict[str, str]:
+        headers = {"content-type": "application/json"}
+        if self.opts.session_header:
+            headers["x-session-id"] = rec.task_id or rec.session_id
+        request_id = f"{rec.session_id}-t{rec.turn}"
+        if rec.job is not None:
+            request_id += f"#job_name[{rec.job}]#"
+        headers["x-request-id"] = request_id
+        return headers
+
+    async def _send(self, rec: TraceRecord, messages: list[dict[str, Any]]) -> tuple[RequestResult, dict[str, Any] | None]:
+        start = trio.current_time()
+        first_token: float | None = None
+        usage: dict[str, Any] = {}
+        content: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        status: int | None = None
+        error: str | None = None
+        self.progress.in_flight += 1
+        try:
+            with trio.move_on_after(self.opts.request_timeout_seconds) as scope:
+                async with self.client.stream("POST", self.url, json=self._body(rec, messages),
+                                              headers=self._headers(rec), timeout=None) as resp:
+                    status = resp.status_code
+                    if status != 200:
+                        text = (await resp.aread()).decode("utf-8", "replace")
+                        error = f"http_{status}: {text[:200]}"
+                    else:
+                        async for line in resp.aiter_lines():
+                            if not line.startswith("data:"):
+                                continue
+                            data = line[5:].strip()
+                            if data == "[DONE]":
+                                break
+                            chunk = json.loads(data)
+                            if "error" in chunk:
+                                error = f"stream_error: {str(chunk['error'])[:200]}"
+                                break
+                            if chunk.get("usage"):
+                                usage = chunk["usage"]
+                            for choice in chunk.get("choices") or []:
+                                delta = choice.get("delta") or {}
+                                piece = delta.get("content")
+                                if piece:
+                                    content.append(piece)
+                                for call in delta.get("tool_calls") or []:
+                                    slot = calls.setdefault(int(call.get("index", 0)), {"id": None, "name": "", "arguments": ""})
+                                    if call.get("id"):
+                                        slot["id"] = call["id"]
+                                    fn = call.get("function") or {}
+                                    slot["name"] += fn.get("name") or ""
+                                    slot["arguments"] += fn.get("arguments") or ""
+                                if first_token is None and (piece or delta.get("tool_calls")):
+                                    first_token = trio.current_time()
+            if scope.cancelled_caught:
+                error = "timeout"
+        except (httpx.HTTPError, json.JSONDecodeError, ValueError) as exc:
+            error = f"{type(exc).__name__}: {str(exc)[:200]}"
+        finally:
+            self.progress.in_flight -= 1
+        end = trio.current_time()
+        ok = error is None and status == 200
+        details = usage.get("prompt_tokens_details") or {}
+        result = RequestResult(
+            session_id=rec.session_id, turn=rec.turn, start=start, end=end, first_token=first_token, ok=ok,
+            status=status, error=error, prompt_tokens=usage.get("prompt_tokens"),
+            cached_tokens=details.get("cached_tokens") if isinstance(details, dict) else None,
+            completion_tokens=usage.get("completion_tokens"),
+        )
+        self.results.append(result)
+        self.progress.done_requests += 1
+        if not ok:
+            self.progress.failed_requests += 1
+        self.progress.emit()
+        if not ok:
+            return result, None
+        reply: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
+        if calls:
+            reply["tool_calls"] = [
+                {"id": c["id"] or f"call-{i}", "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                for i, c in sorted(calls.items())
+            ]
+        return result, reply
+
+
+async def run_replay(
+    trace: Trace,
+    client: httpx.AsyncClient,
+    base_url: str,
+    opts: ReplayOptions | None = None,
+    *,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> ReplayResult:
+    """Drive ``trace`` against ``base_url`` through ``client``; returns when every Program ended."""
+    opts = opts or ReplayOptions()
+    roots = [sid for sid, recs in trace.sessions().items() if recs[0].parent_session_id is None]
+    prog = _Progress(len(trace.records), len(roots), progress)
+    rep = _Replayer(trace, client, base_url, opts, prog)
+    closed = trace.meta.arrival == "closed_loop"
+    limit = opts.concurrency if opts.concurrency is not None else (trace.meta.concurrency if closed else None)
+    if limit is not None and limit < 1:
+        raise ValueError(f"concurrency must be >= 1, got {limit}")
+    limiter = trio.CapacityLimiter(limit) if limit is not None else None
+    started = trio.current_time()
+    tasks: list[TaskResult] = []
+
+    async def one(root: str, token: object, stagger: float) -> None:
+        try:
+            # A distinct start instant per root keeps the arrival order at the system under test
+            # independent of Trio's run-queue order (simulate must be deterministic).
+            await trio.sleep(stagger)
+            await rep.run_task(root, trio.current_time(), tasks)
+        finally:
+            if limiter is not None:
+                limiter.release_on_behalf_of(token)
+
+    prog.emit()
+    async with trio.open_nursery() as nursery:
+        sessions = rep.sessions
+        for index, root in enumerate(roots):
+            first = sessions[root][0]
+            if not closed and first.timestamp is not None:
+                await trio.sleep_until(started + first.timestamp / 1000.0 / opts.time_scale)
+            token = object()
+            if limiter is not None:
+                await limiter.acquire_on_behalf_of(token)
+            nursery.start_soon(one, root, token, (index % 1000) * 1e-6)
+    return ReplayResult(
+        started=started, finished=trio.current_time(), requests=tuple(rep.results),
+        tasks=tuple(sorted(tasks, key=lambda t: t.task_id)), planned_requests=len(trace.records),
+        planned_tasks=len(roots),
+    )
