@@ -55,6 +55,7 @@ class FakeStream(httpx.AsyncByteStream):
 
     async def aclose(self) -> None:
         self.worker.closed_streams += 1
+        self.worker.stream_closed.set()
 
 
 class FakeWorker:
@@ -68,6 +69,7 @@ class FakeWorker:
         self.holding = 0
         self.release = trio.Event()
         self.closed_streams = 0
+        self.stream_closed = trio.Event()
         self.chunk_delay_seconds = 0.0
         self.break_stream_after_chunks = False
         self.health_checks: list[str] = []
