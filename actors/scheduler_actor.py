@@ -187,16 +187,21 @@ class _Router:
         if e.counted and e.target_id is not None:
             self.metrics.transitions.labels(e.target_id, e.reason).inc()
         program = redacted_id(e.program)
-        if e.to_state == ACTIVE_STATE and e.reason in ADMIT_REASONS:
+        if e.reason in ADMIT_REASONS:
             log_event(
                 logger, logging.INFO, "program_admit", program=program, target=e.target_id, forced=e.forced,
                 batch_gain=e.batch_gain, used_tokens=_num(e.used_tokens), required_tokens=_num(e.required_tokens),
                 reserve_tokens=_num(e.reserve_tokens), capacity_tokens=e.capacity_tokens,
             )
-        elif e.to_state == PAUSED_STATE and e.from_state == ACTIVE_STATE:
+        elif e.from_state.startswith(ACTIVE_STATE) and e.to_state.startswith(PAUSED_STATE):
             log_event(
                 logger, logging.INFO, "program_pause", program=program, target=e.target_id, reason=e.reason,
                 released_private_tokens=_num(e.released_private_tokens),
+            )
+        else:
+            log_event(
+                logger, logging.DEBUG, "program_transition", program=program, target=e.target_id,
+                from_state=e.from_state, to_state=e.to_state, reason=e.reason,
             )
 
     def _admission(self, e: fx.AdmissionCapacitySnapshot) -> None:
@@ -359,175 +364,21 @@ def _log_capacity_observation(cfg: ProgramSchedulingConfig, msg: ObservationRece
 # ---------------------------------------------------------------------------------------------
 
 
-def _round_or_none(x: float | None, digits: int = 6) -> float | None:
-    return None if x is None else round(x, digits)
-
-
-def _rolling(factors: Any, cfg: ProgramSchedulingConfig) -> dict[str, Any]:
-    if factors is None:
-        return {
-            "request_samples": 0, "continuity_samples": 0, "ttl_pause_samples": 0,
-            "request_window_complete": False, "continuity_window_complete": False,
-            "avg_prompt_tokens": 0.0, "avg_completion_tokens": 0.0, "avg_cached_prompt_tokens": 0.0,
-            "avg_cached_prompt_ratio": 0.0, "avg_context_growth_tokens": 0.0, "avg_e2e_seconds": 0.0,
-            "avg_decode_seconds": None, "avg_router_queue_seconds": 0.0, "avg_rounds_since_ttl_pause": 0.0,
-            "request_throughput_per_second": 0.0, "fitted_acting_ttl_seconds": 0.0,
-        }
-    f = factors
-    return {
-        "request_samples": len(f.requests),
-        "continuity_samples": len(f.continuities),
-        "ttl_pause_samples": len(f.ttl_pause_rounds),
-        "request_window_complete": f.request_window_complete,
-        "continuity_window_complete": f.continuity_window_complete,
-        "avg_prompt_tokens": f.mean_prompt_tokens(),
-        "avg_completion_tokens": f.mean_completion_tokens(),
-        "avg_cached_prompt_tokens": f.mean_cached_prompt_tokens(),
-        "avg_cached_prompt_ratio": f.cached_prompt_ratio(),
-        "avg_context_growth_tokens": f.mean_context_growth_tokens(),
-        "avg_e2e_seconds": f.mean_e2e_seconds(),
-        "avg_decode_seconds": f.mean_decode_seconds(),
-        "avg_router_queue_seconds": f.mean_queue_seconds(),
-        "avg_rounds_since_ttl_pause": f.mean_rounds_since_ttl_pause(),
-        "request_throughput_per_second": f.request_throughput_per_second(),
-        "fitted_acting_ttl_seconds": f.fitted_acting_ttl(f.mean_continuity_impact_seconds(), cfg.max_acting_ttl_seconds),
-    }
-
-
-def _program_view(state: SchedulerState, p: Any, now: float, cfg: ProgramSchedulingConfig) -> dict[str, Any]:
-    from actors.core.ledger import private_tokens
-
-    pool = state.pool
-    front = pool.front(p.ref)
-    hints = front.hints if front is not None else None
-    waiting = pool.program_len(p.ref)
-    ttl_remaining = None
-    if p.state == ACTIVE_STATE and p.status == "acting" and p.ttl_deadline is not None:
-        ttl_remaining = max(0.0, p.ttl_deadline - now)
-    force_remaining = None
-    if p.force_resume_deadline is not None and p.state == PAUSED_STATE and waiting:
-        force_remaining = max(0.0, p.force_resume_deadline - now)
-    fresh_remaining = None if p.shared_prefix_fresh_until is None else max(0.0, p.shared_prefix_fresh_until - now)
-    return {
-        "program": redacted_id(p.ref),
-        "generation": p.ref.generation,
-        "state": p.state,
-        "status": p.status,
-        "expected_resume": p.expected_resume,
-        "task_id": p.task_id,
-        "session_id": p.session_id,
-        "agent_id": p.agent_id,
-        "parent_program_id": p.parent_program_id,
-        "root_program_id": state.lineage.root(p.ref.model_pool, p.ref.program_id),
-        "blocks_parent": p.blocks_parent,
-        "agent_role": p.agent_role,
-        "spawn_reason": p.spawn_reason,
-        "step_id": p.step_id,
-        "request_id": None if hints is None else hints.request_id,
-        "request_priority": 0 if hints is None else hints.priority,
-        "request_deadline_seconds": None if hints is None else hints.deadline_seconds,
-        "kv_retention_ttl_seconds": None if hints is None else hints.kv_retention_ttl_seconds,
-        "expected_output_tokens": hints.expected_output_length
-        if hints is not None and hints.expected_output_length is not None else p.output_token_reservation,
-        "home_target": p.home_target,
-        "last_target": p.last_target,
-        "placement": p.placement,
-        "estimated_context_tokens": p.estimated_context_tokens,
-        "shared_prefix_tokens": p.shared_prefix_tokens,
-        "shared_prefix_freshness_remaining_seconds": _round_or_none(fresh_remaining),
-        "logical_tokens": p.estimated_context_tokens + cfg.decode_buffer_tokens,
-        "private_tokens": round(private_tokens(p, cfg.decode_buffer_tokens)),
-        "in_flight_requests": p.in_flight,
-        "waiting_requests": waiting,
-        "segment_served_rounds": p.segment_served_rounds,
-        "rounds_since_activation": p.rounds_since_activation,
-        "rounds_since_ttl_pause": p.rounds_since_ttl_pause,
-        "pause_when_idle": p.pause_when_idle,
-        "pause_reason": p.last_pause_reason,
-        "acting_seconds": _round_or_none(None if p.acting_since is None or p.status != "acting" else now - p.acting_since),
-        "queued_seconds": _round_or_none(None if p.queued_at is None or not waiting else now - p.queued_at),
-        "ttl_remaining_seconds": _round_or_none(ttl_remaining),
-        "force_resume_remaining_seconds": _round_or_none(force_remaining),
-        "force_resume_timeout_seconds": p.force_resume_timeout_seconds,
-        "force_resume_active_remaining_rounds": p.force_resume_active_remaining_rounds,
-        "force_resume_pool_remaining_rounds": p.force_resume_pool_remaining_rounds,
-        "force_resume_request_throughput_per_second": p.force_resume_request_throughput_per_second,
-    }
-
-
-def _rank_view(state: SchedulerState, rank: Any, now: float, cfg: ProgramSchedulingConfig,
-               programs: list[Any]) -> dict[str, Any]:
-    from actors.core.ledger import capacity_accounting_source, observation_fresh, private_tokens, target_usage
-
-    interval = cfg.metrics_interval_seconds
-    capacity = cfg.token_capacity_per_dp_rank
-    used = max(0.0, target_usage(rank, now, interval))
-    vllm_scaled = None if capacity is None or rank.kv_cache_usage is None else round(rank.kv_cache_usage * capacity)
-    active = list(rank.active.values())
-    reasoning = [p for p in active if p.status == "reasoning"]
-    acting = [p for p in active if p.status == "acting"]
-    paused = [p for p in programs if p.state == PAUSED_STATE]
-    queued = [p for p in paused if state.pool.program_len(p.ref) > 0]
-    observed = rank.observed_at is not None
-    return {
-        "target_id": rank.target_id,
-        "base_url": rank.worker_url,
-        "dp_rank": rank.dp_rank,
-        "configured_token_capacity": capacity,
-        "router_estimated_used_tokens": round(used),
-        "router_estimated_headroom_tokens": None if capacity is None else max(0, capacity - round(used)),
-        "vllm_usage_scaled_tokens": vllm_scaled,
-        "observed_active_reasoning_tokens": None if rank.estimated_active_reasoning_tokens is None
-        else round(rank.estimated_active_reasoning_tokens),
-        "observed_active_program_tokens": None if rank.estimated_active_program_tokens is None
-        else round(rank.estimated_active_program_tokens),
-        "tracked_active_reasoning_requests": sum(p.in_flight for p in reasoning),
-        "observed_router_active_reasoning_programs": rank.observed_router_active_reasoning_programs,
-        "observed_router_active_reasoning_requests": rank.observed_router_active_reasoning_requests,
-        "active_program_token_delta_since_observation": rank.delta_tokens,
-        "future_pause_relief_tokens": round(sum(private_tokens(p, cfg.decode_buffer_tokens)
-                                                for p in reasoning if p.pause_when_idle)),
-        "active_acting_private_tokens": round(sum(private_tokens(p, cfg.decode_buffer_tokens) for p in acting)),
-        "router_minus_vllm_used_tokens": None if vllm_scaled is None else round(used) - vllm_scaled,
-        "router_active_programs": len(active),
-        "router_active_reasoning_programs": len(reasoning),
-        "router_active_acting_programs": len(acting),
-        "router_paused_reasoning_programs": sum(1 for p in paused if p.status == "reasoning"),
-        "router_paused_acting_programs": sum(1 for p in paused if p.status == "acting"),
-        "router_in_flight_requests": sum(p.in_flight for p in active),
-        "router_queued_programs": len(queued),
-        "router_queued_requests": sum(state.pool.program_len(p.ref) for p in queued),
-        "router_ledger_tokens": round(rank.fallback_tokens),
-        "vllm_kv_cache_usage": rank.kv_cache_usage,
-        "vllm_running_requests": rank.running_requests,
-        "vllm_waiting_requests": rank.waiting_requests,
-        "observation_age_seconds": _round_or_none(now - rank.observed_at) if observed else None,
-        "observation_fresh": observation_fresh(rank, now, interval),
-        "capacity_accounting_source": capacity_accounting_source(rank, now, interval),
-        "rolling": _rolling(rank.factors, cfg),
-        "programs": sorted((_program_view(state, p, now, cfg) for p in programs), key=lambda d: d["program"]),
-    }
-
-
 def diagnostics_snapshot(handle: SchedulerHandle, now: float) -> dict[str, Any]:
-    """The periphery-spec §6 document built from the current state (on demand, never hot)."""
-    state, cfg = handle.state, handle.cfg
-    by_rank: dict[str, list[Any]] = {}
-    for p in state.programs.values():
-        if p.last_target is not None:
-            by_rank.setdefault(p.last_target, []).append(p)
-    return {
-        "enabled": True,
-        "binding_only": cfg.binding_only,
-        "global_queue": cfg.global_queue,
-        "resume_order": cfg.resume_order,
-        "cross_rank_headroom_ratio": cfg.cross_rank_headroom_ratio,
-        "retained_requests": len(state.pool),
-        "live_programs": len(state.programs),
-        "ranks": [
-            _rank_view(state, state.ranks[t], now, cfg, by_rank.get(t, [])) for t in sorted(state.ranks)
-        ],
+    """The periphery-spec §6 document (the core's snapshot) plus a configuration summary."""
+    from attrs import asdict
+
+    from actors.core.snapshot import snapshot
+
+    doc = snapshot(handle.state, handle.cfg, now)
+    summary = asdict(handle.cfg, filter=lambda a, _v: a.name not in ("explicit_coefficients", "deprecated_inputs"))
+    doc["configuration"] = summary
+    doc["scheduler"] = {
+        "steps_count": handle.steps_count,
+        "last_step_at": handle.last_step_at,
+        "pending_replies_count": handle.pending_replies_count,
     }
+    return doc
 
 
 def rank_gauges(handle: SchedulerHandle, now: float) -> tuple[RankGauges, ...]:

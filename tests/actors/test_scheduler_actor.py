@@ -51,3 +51,162 @@ async def test_first_program_request_is_admitted_and_polling_starts_lazily(
         assert registry.get_sample_value(
             "vllm_router_agent_aware_transitions_total", {"target": lease.target.target_id, "reason": "ttl_expired"}
         ) == 1.0
+
+
+SINGLE = ("http://w0:8000",)
+T0 = "http://w0:8000@0"
+
+
+async def test_acting_ttl_expires_exactly_at_armed_deadline(autojump_clock: trio.testing.MockClock, event_log) -> None:
+    cfg = daemon_config(SINGLE, dp=1, token_capacity_per_dp_rank=10_000)
+    async with program_scheduling(cfg) as (dispatcher, registry, _):
+        t0 = trio.current_time()
+        await trio.sleep(0.25)
+        async with dispatcher.lease(program_request("p1", kv_retention_ttl_seconds=4.5)) as lease:
+            lease.finish(ok())
+        await trio.sleep_until(t0 + 0.25 + 4.5 - 0.001)
+        (prog,) = _program(dispatcher.diagnostics())
+        assert (prog["state"], prog["status"]) == ("active", "acting")
+        assert prog["ttl_remaining_seconds"] == pytest.approx(0.001)
+        await trio.sleep_until(t0 + 4.75)
+        await trio.testing.wait_all_tasks_blocked()
+        (prog,) = _program(dispatcher.diagnostics())
+        assert (prog["state"], prog["pause_reason"]) == ("paused", "ttl_expired")
+        pauses = event_log.named("program_pause")
+        assert [(t - t0, f["reason"]) for t, f in pauses] == [(4.75, "ttl_expired")]
+        armed = event_log.named("ttl_armed")
+        assert [(t - t0, f["request_ttl_seconds"], f["source"]) for t, f in armed] == [(0.25, 4.5, "request_hint")]
+        assert registry.get_sample_value(
+            "vllm_router_agent_aware_armed_ttl_seconds_count", {"target": T0, "source": "request_hint"}
+        ) == 1.0
+
+
+async def test_paused_retention_releases_after_1800_seconds(autojump_clock: trio.testing.MockClock, event_log) -> None:
+    cfg = daemon_config(SINGLE, dp=1)
+    async with program_scheduling(cfg) as (dispatcher, registry, _):
+        t0 = trio.current_time()
+        await trio.sleep(0.5)
+        async with dispatcher.lease(program_request("p1")) as lease:
+            lease.finish(ok())
+        # warm-up TTL is 0: paused at t0+0.5, retention deadline t0+1800.5
+        await trio.sleep_until(t0 + 1800.5 - 0.01)
+        assert len(_program(dispatcher.diagnostics())) == 1
+        await trio.sleep_until(t0 + 1800.5)
+        await trio.testing.wait_all_tasks_blocked()
+        assert _program(dispatcher.diagnostics()) == []
+        releases = [(t - t0, f["reason"]) for t, f in event_log.named("program_transition")
+                    if f["reason"] == "paused_retention_release"]
+        assert releases == [(1800.5, "paused_retention_release")]
+        assert registry.get_sample_value(
+            "vllm_router_agent_aware_transitions_total", {"target": T0, "reason": "paused_retention_release"}
+        ) == 1.0
+        assert dispatcher.diagnostics()["channels"][1]["live_program_actors"] == 0
+
+
+async def test_force_resume_at_its_deadline_and_disconnect_while_queued_frees_everything(
+    autojump_clock: trio.testing.MockClock, event_log
+) -> None:
+    # capacity 500: A (200 + 100 decode buffer = 300) fits, B (300 more) does not.
+    cfg = daemon_config(SINGLE, dp=1, token_capacity_per_dp_rank=500)
+    async with program_scheduling(cfg) as (dispatcher, registry, _):
+        t0 = trio.current_time()
+        admitted: dict[str, float] = {}
+        release_a = trio.Event()
+
+        async def run(pid: str, start: float, hold: trio.Event | None) -> None:
+            await trio.sleep_until(start)
+            async with dispatcher.lease(program_request(pid, tokens=200)) as lease:
+                admitted[pid] = trio.current_time() - t0
+                if hold is not None:
+                    await hold.wait()
+                lease.finish(ok(prompt=200))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run, "A", t0, release_a)
+            nursery.start_soon(run, "B", t0 + 0.25, None)
+            c_scope = trio.CancelScope()
+            nursery.start_soon(_cancellable, c_scope, run, "C", t0 + 0.5)
+            await trio.sleep_until(t0 + 10.0)
+            diag = dispatcher.diagnostics()
+            assert diag["retained_requests"] == 2
+            assert diag["ranks"][0]["router_queued_programs"] == 2
+            c_scope.cancel()  # C's client disconnects while queued
+            await trio.testing.wait_all_tasks_blocked()
+            assert dispatcher.diagnostics()["retained_requests"] == 1
+            await trio.sleep_until(t0 + 300.25 - 0.001)
+            assert "B" not in admitted
+            await trio.sleep_until(t0 + 300.25)
+            await trio.testing.wait_all_tasks_blocked()
+            assert admitted == {"A": 0.0, "B": 300.25}
+            release_a.set()
+        admits = [(t - t0, f["forced"]) for t, f in event_log.named("program_admit")]
+        assert admits == [(0.0, False), (300.25, True)]
+        assert registry.get_sample_value(
+            "vllm_router_agent_aware_transitions_total", {"target": T0, "reason": "force_resume"}
+        ) == 1.0
+        await trio.testing.wait_all_tasks_blocked()
+        diag = dispatcher.diagnostics()
+        rank = diag["ranks"][0]
+        assert diag["retained_requests"] == 0
+        assert rank["router_active_programs"] == 0
+        assert rank["router_in_flight_requests"] == 0
+        assert rank["router_estimated_used_tokens"] == 0
+        assert diag["dispatcher"]["abandoned_count"] == 1
+
+
+async def _cancellable(scope: trio.CancelScope, fn, *args) -> None:
+    with scope:
+        await fn(*args, None)
+
+
+async def test_stale_observation_falls_back_once_then_recovers_once(
+    autojump_clock: trio.testing.MockClock, event_log
+) -> None:
+    cfg = daemon_config(SINGLE, dp=1, token_capacity_per_dp_rank=10_000, metrics_interval_seconds=1.0)
+    async with program_scheduling(cfg) as (dispatcher, registry, workers):
+        t0 = trio.current_time()
+        async with dispatcher.lease(program_request("p1")) as lease:
+            lease.finish(ok())
+        # scrapes at t0+0..3 succeed; the worker fails from t0+3.5 to t0+10.5
+        await trio.sleep_until(t0 + 3.5)
+        workers.failing.add("http://w0:8000")
+        await trio.sleep_until(t0 + 6.0)
+        await trio.testing.wait_all_tasks_blocked()
+        rank = dispatcher.diagnostics()["ranks"][0]
+        assert (rank["observation_age_seconds"], rank["observation_fresh"]) == (3.0, True)
+        assert rank["capacity_accounting_source"] == "backend_observation"
+        assert rank["last_scrape_error"] == "HTTP 500"
+        await trio.sleep_until(t0 + 10.5)
+        workers.failing.clear()
+        await trio.sleep_until(t0 + 20.0)
+        await trio.testing.wait_all_tasks_blocked()
+        fallback = [(t - t0, f["previous_capacity_accounting_source"], f["capacity_accounting_source"],
+                     f["observation_age_seconds"], f["freshness_threshold_seconds"])
+                    for t, f in event_log.named("capacity_observation_fallback")]
+        assert fallback == [(7.0, "backend_observation", "router_ledger_stale_observation", 4.0, 3.0)]
+        recovered = [(t - t0, f["previous_capacity_accounting_source"], f["capacity_accounting_source"])
+                     for t, f in event_log.named("capacity_observation_recovered")]
+        assert recovered == [(11.0, "router_ledger_stale_observation", "backend_observation")]
+        failures = [t - t0 for t, _ in event_log.named("backend_observation_failed")]
+        assert failures == [4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]
+        assert registry.get_sample_value("vllm_router_agent_aware_capacity_observation_fresh", {"target": T0}) == 1.0
+
+
+async def test_without_token_capacity_exactly_one_fallback_per_target(
+    autojump_clock: trio.testing.MockClock, event_log
+) -> None:
+    cfg = daemon_config(("http://w0:8000", "http://w1:8000"), dp=2)
+    async with program_scheduling(cfg) as (dispatcher, _, workers):
+        t0 = trio.current_time()
+        async with dispatcher.lease(program_request("p1")) as lease:
+            lease.finish(ok())
+        await trio.sleep(30)
+        fallback = sorted((t - t0, f["target"], f["capacity_accounting_source"])
+                          for t, f in event_log.named("capacity_observation_fallback"))
+        assert fallback == [
+            (0.0, f"http://w{w}:8000@{r}", "router_ledger_missing_token_estimate") for w in (0, 1) for r in (0, 1)
+        ]
+        assert event_log.named("capacity_observation_recovered") == []
+        # one scrape per worker URL per interval, shared by both DP ranks
+        assert sorted(u for t, u in workers.scrapes if t == t0) == ["http://w0:8000", "http://w1:8000"]
+        assert [t - t0 for t, _ in workers.scrapes] == [float(k) for k in range(30) for _ in range(2)]
