@@ -88,6 +88,11 @@ class FakeWorker:
         if path == "/health":
             self.health_checks.append(base)
             return httpx.Response(200 if self.healthy[base] else 503, text="")
+        if path == "/metrics":  # minimal vLLM scrape for Program scheduling's rank observers
+            text = "".join(
+                f'vllm:num_requests_running{{engine="{r}"}} 0\nvllm:num_requests_waiting{{engine="{r}"}} 0\n'
+                f'vllm:kv_cache_usage_perc{{engine="{r}"}} 0.0\n' for r in range(2))
+            return httpx.Response(200, text=text)
         raw = await request.aread()
         body = json.loads(raw) if raw else None
         headers = {k.lower(): v for k, v in request.headers.items()}
@@ -96,7 +101,8 @@ class FakeWorker:
             return httpx.Response(200, json={"object": "list", "data": [{"id": MODEL, "object": "model"}]})
         if self.fail_status is not None:
             return httpx.Response(self.fail_status, json={"error": {"message": "worker exploded"}})
-        assert body is not None
+        if body is None:
+            return httpx.Response(404, json={"error": {"message": "no such route"}})
         if path == "/v1/chat/completions":
             return self._chat(body)
         if path == "/v1/completions":
