@@ -171,7 +171,9 @@ def binding_candidates(s: SchedulerState, pool: str, p: Program) -> list[Candida
     cap = cfg.token_capacity_per_dp_rank
     low = cap * cfg.low_watermark_ratio if cap is not None else None
     per: dict[TargetId, list[float]] = {t: [0, 0.0, 0.0] for t in s.pools.get(pool, ())}
-    for o in s.programs.values():
+    # consistent_hash and program_round_robin ignore the per-target accounting: skip the scan
+    scan = s.binder.strategy in ("least_program_count", "reasoning_token_balance", "cache_aware")
+    for o in s.programs.values() if scan else ():
         if o is p or o.last_target not in per:
             continue
         acc = per[o.last_target]  # type: ignore[index]
