@@ -9,7 +9,7 @@ import httpx
 import pytest
 import trio
 
-from conftest import FakeWorker, make_config
+from native_fakes import FakeWorker, make_config
 from daemon.handles import DaemonHandles
 from daemon.supervisor import run_daemon
 

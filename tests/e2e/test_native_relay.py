@@ -10,7 +10,7 @@ import httpx
 import trio
 import trio.testing
 
-from conftest import FakeWorker, make_config
+from native_fakes import FakeWorker, make_config
 from daemon.handles import DaemonHandles
 from daemon.supervisor import run_daemon
 

@@ -1,0 +1,282 @@
+"""Program scheduling end to end: HTTP clients -> agentd on 127.0.0.1:0 -> a fake vLLM worker.
+
+The worker (``ProgramWorker``, an ``httpx.MockTransport`` handler) serves ``/metrics`` with
+per-engine gauges the test controls, answers chat completions with usage (JSON or SSE), and can
+hold a request open until the test releases it: a message ``hold:<name>`` parks the request.
+Ordering is observed on the worker side (the order requests reached it), synchronisation uses
+``ProgramDispatcher.wait_diagnostics`` (woken by scheduler steps) and worker events: no sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+import trio
+
+from conftest import make_config
+from daemon.config import ProgramSchedulingConfig
+from daemon.handles import DaemonHandles
+from daemon.supervisor import run_daemon
+
+W0 = "http://w0:8000"
+PROMPT_TOKENS = 20
+
+
+@attrs.define
+class Seen:
+    name: str
+    rank: int | None
+    stream: bool
+    include_usage: bool | None
+
+
+class ProgramWorker:
+    def __init__(self, urls: tuple[str, ...] = (W0,), dp: int = 1) -> None:
+        self.urls = urls
+        self.dp = dp
+        self.waiting: dict[tuple[str, int], int] = {}
+        self.seen: list[Seen] = []
+        self.metrics_scrapes = 0
+        self.holds: dict[str, trio.Event] = {}
+        self.arrived: dict[str, trio.Event] = {}
+
+    def client(self, cfg: Any = None) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=httpx.MockTransport(self.handler))
+
+    def hold(self, name: str) -> None:
+        self.holds[name] = trio.Event()
+
+    def release(self, name: str) -> None:
+        self.holds[name].set()
+
+    def arrival(self, name: str) -> trio.Event:
+        return self.arrived.setdefault(name, trio.Event())
+
+    def order(self) -> list[str]:
+        return [s.name for s in self.seen]
+
+    async def handler(self, request: httpx.Request) -> httpx.Response:
+        base = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        if request.url.path == "/metrics":
+            self.metrics_scrapes += 1
+            lines = []
+            for e in range(self.dp):
+                lines += [
+                    f'vllm:num_requests_running{{engine="{e}"}} 0',
+                    f'vllm:num_requests_waiting{{engine="{e}"}} {self.waiting.get((base, e), 0)}',
+                    f'vllm:kv_cache_usage_perc{{engine="{e}"}} 0.0',
+                ]
+            return httpx.Response(200, text="\n".join(lines) + "\n")
+        body = json.loads(await request.aread())
+        name = body["messages"][-1]["content"]
+        rank = request.headers.get("x-data-parallel-rank")
+        include = (body.get("stream_options") or {}).get("include_usage")
+        self.seen.append(Seen(name, None if rank is None else int(rank), bool(body.get("stream")), include))
+        self.arrival(name).set()
+        hold = self.holds.get(name)
+        if hold is not None:
+            await hold.wait()
+        usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": 2, "total_tokens": PROMPT_TOKENS + 2,
+                 "prompt_tokens_details": {"cached_tokens": 0}}
+        if not body.get("stream"):
+            return httpx.Response(200, json={
+                "id": "c", "object": "chat.completion", "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+                "usage": usage,
+            })
+        chunks = [{"id": "c", "object": "chat.completion.chunk", "model": "m",
+                   "choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}]}]
+        if include:
+            chunks.append({"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [], "usage": usage})
+        text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=text.encode())
+
+
+def chat(name: str, program_id: str | None, *, stream: bool = False, **ctx: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": name}], "stream": stream}
+    if program_id is not None:
+        body["vllm_xargs"] = {"agentic_context": {"program_id": program_id, **ctx}}
+    return body
+
+
+async def start(nursery: trio.Nursery, worker: ProgramWorker, **ps: Any) -> DaemonHandles:
+    cfg = attrs.evolve(
+        make_config(worker.urls, dp=worker.dp, policy="round_robin"),
+        enable_program_scheduling=True,
+        program_scheduling=ProgramSchedulingConfig(**ps),
+    )
+    return await nursery.start(partial(run_daemon, cfg, client_factory=worker.client, rng=random.Random(1)))
+
+
+def rank0(pred: Callable[[dict[str, Any]], bool]) -> Callable[[dict[str, Any]], bool]:
+    return lambda d: pred(d["ranks"][0])
+
+
+# One Program at a time fits: after one request a Program holds 20 + 100 (decode buffer) tokens.
+TINY = {"token_capacity_per_dp_rank": 150, "metrics_interval_seconds": 0.2}
+
+
+@pytest.mark.parametrize(("resume_order", "expected"), [("fcfs", ["P1", "P2", "P3"]), ("mru", ["P3", "P2", "P1"])])
+async def test_program_tiny_capacity_queues_and_resumes_in_order(resume_order: str, expected: list[str]) -> None:
+    worker = ProgramWorker()
+    async with trio.open_nursery() as nursery:
+        handles = await start(nursery, worker, resume_order=resume_order, **TINY)
+        ps = handles.program_dispatcher
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client:
+            for pid in ("p1", "p2", "p3"):  # finish order p1, p2, p3 (MRU: p3 most recent)
+                assert (await client.post("/v1/chat/completions", json=chat(f"warm-{pid}", pid))).status_code == 200
+            worker.hold("X")
+            nursery.start_soon(client.post, "/v1/chat/completions", chat("X", "x"))
+            await worker.arrival("X").wait()
+            results: dict[str, int] = {}
+
+            async def send(name: str, pid: str) -> None:
+                results[name] = (await client.post("/v1/chat/completions", json=chat(name, pid))).status_code
+
+            async with trio.open_nursery() as senders:
+                for n, (name, pid) in enumerate((("P1", "p1"), ("P2", "p2"), ("P3", "p3")), start=1):
+                    senders.start_soon(send, name, pid)
+                    await ps.wait_diagnostics(lambda d, n=n: d["retained_requests"] == n)
+                diag = ps.diagnostics()
+                assert diag["ranks"][0]["router_queued_programs"] == 3
+                worker.release("X")
+        assert results == {"P1": 200, "P2": 200, "P3": 200}
+        assert worker.order()[-4:] == ["X", *expected]
+        handles.shutdown.set()
+
+
+async def test_program_priority_and_deadline() -> None:
+    worker = ProgramWorker()
+    async with trio.open_nursery() as nursery:
+        handles = await start(nursery, worker, **TINY)
+        ps = handles.program_dispatcher
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client:
+            worker.hold("X")
+            nursery.start_soon(client.post, "/v1/chat/completions", chat("X", "x"))
+            await worker.arrival("X").wait()
+            async with trio.open_nursery() as senders:
+                senders.start_soon(client.post, "/v1/chat/completions", chat("LOW", "low"))
+                await ps.wait_diagnostics(lambda d: d["retained_requests"] == 1)
+                senders.start_soon(client.post, "/v1/chat/completions", chat("HIGH", "high", priority=5))
+                await ps.wait_diagnostics(lambda d: d["retained_requests"] == 2)
+                # a request deadline forces resume while X still holds the rank
+                senders.start_soon(client.post, "/v1/chat/completions", chat("DL", "dl", deadline_seconds=0.3))
+                await worker.arrival("DL").wait()
+                assert "X" in worker.holds and not worker.holds["X"].is_set()
+                worker.release("X")
+        assert worker.order() == ["X", "DL", "HIGH", "LOW"]
+        assert handles.registry.get_sample_value(
+            "vllm_router_agent_aware_transitions_total", {"target": f"{W0}@0", "reason": "force_resume"}
+        ) == 1.0
+        handles.shutdown.set()
+
+
+async def test_program_segment_yield_lets_the_waiter_in() -> None:
+    worker = ProgramWorker()
+    async with trio.open_nursery() as nursery:
+        handles = await start(nursery, worker, max_segment_rounds=1, **TINY)
+        ps = handles.program_dispatcher
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client:
+            worker.hold("A")
+            # a 60 s retention hint would keep A's KV reserved; the completed segment yields instead
+            nursery.start_soon(client.post, "/v1/chat/completions", chat("A", "a", kv_retention_ttl_seconds=60))
+            await worker.arrival("A").wait()
+            nursery.start_soon(client.post, "/v1/chat/completions", chat("B", "b"))
+            await ps.wait_diagnostics(lambda d: d["retained_requests"] == 1)
+            worker.release("A")
+            await worker.arrival("B").wait()
+        diag = await ps.wait_diagnostics(lambda d: d["ranks"][0]["router_in_flight_requests"] == 0)
+        (a,) = [p for p in diag["ranks"][0]["programs"] if p["root_program_id"] == "a"]
+        assert (a["state"], a["pause_reason"]) == ("paused", "max_segment_yield")
+        assert handles.registry.get_sample_value(
+            "vllm_router_agent_aware_transitions_total", {"target": f"{W0}@0", "reason": "max_segment_yield"}
+        ) == 1.0
+        handles.shutdown.set()
+
+
+async def test_program_cross_rank_resume_with_global_queue() -> None:
+    worker = ProgramWorker(dp=2)
+    async with trio.open_nursery() as nursery:
+        handles = await start(
+            nursery, worker, global_queue=True, stats_window_size=1, max_acting_ttl_seconds=0.0,
+            metrics_interval_seconds=0.2,
+        )
+        ps = handles.program_dispatcher
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client:
+            # mature both ranks' request windows (stats_window_size = 1)
+            k = 0
+            while not all(r["rolling"]["request_window_complete"] for r in ps.diagnostics()["ranks"]):
+                k += 1
+                assert (await client.post("/v1/chat/completions", json=chat(f"warm{k}", f"w{k}"))).status_code == 200
+            assert (await client.post("/v1/chat/completions", json=chat("P-first", "p"))).status_code == 200
+            home = worker.seen[-1].rank
+            other = 1 - home
+            worker.waiting[(W0, home)] = 1  # the home rank's vLLM queue closes the waiting gate
+            await ps.wait_diagnostics(lambda d: d["ranks"][home]["vllm_waiting_requests"] == 1
+                                      and d["ranks"][home]["observation_fresh"])
+            response = await client.post("/v1/chat/completions", json=chat("P-second", "p"))
+            assert response.status_code == 200
+        assert (worker.seen[-1].name, worker.seen[-1].rank) == ("P-second", other)
+        assert handles.registry.get_sample_value(
+            "vllm_router_agent_aware_transitions_total", {"target": f"{W0}@{other}", "reason": "cross_rank_resume"}
+        ) == 1.0
+        handles.shutdown.set()
+
+
+async def test_program_waiting_gate_holds_programs_not_identity_free_traffic() -> None:
+    worker = ProgramWorker()
+    async with trio.open_nursery() as nursery:
+        handles = await start(nursery, worker, metrics_interval_seconds=0.2)
+        ps = handles.program_dispatcher
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client:
+            assert (await client.post("/v1/chat/completions", json=chat("warm", "w"))).status_code == 200
+            worker.waiting[(W0, 0)] = 1
+            await ps.wait_diagnostics(rank0(lambda r: r["vllm_waiting_requests"] == 1 and r["observation_fresh"]))
+            nursery.start_soon(client.post, "/v1/chat/completions", chat("GATED", "g"))
+            await ps.wait_diagnostics(lambda d: d["retained_requests"] == 1)
+            plain = await client.post("/v1/chat/completions", json=chat("PLAIN", None))
+            assert plain.status_code == 200
+            assert "GATED" not in worker.order()
+            worker.waiting[(W0, 0)] = 0
+            await worker.arrival("GATED").wait()
+        assert worker.order() == ["warm", "PLAIN", "GATED"]
+        handles.shutdown.set()
+
+
+async def test_program_client_disconnect_while_queued_leaves_ledger_at_zero() -> None:
+    worker = ProgramWorker()
+    async with trio.open_nursery() as nursery:
+        handles = await start(nursery, worker, **TINY)
+        ps = handles.program_dispatcher
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client:
+            worker.hold("X")
+            nursery.start_soon(client.post, "/v1/chat/completions", chat("X", "x"))
+            await worker.arrival("X").wait()
+            with trio.CancelScope() as gone:
+                async def queued() -> None:
+                    await client.post("/v1/chat/completions", json=chat("Q", "q"))
+
+                nursery.start_soon(queued)
+                await ps.wait_diagnostics(lambda d: d["retained_requests"] == 1)
+                gone.cancel()
+            async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as other:
+                # a separate connection: drop the queued client's connection for real
+                pass
+        await ps.wait_diagnostics(lambda d: d["retained_requests"] == 0)
+        worker.release("X")
+        diag = await ps.wait_diagnostics(rank0(lambda r: r["router_in_flight_requests"] == 0
+                                               and r["router_active_programs"] == 0))
+        rank = diag["ranks"][0]
+        assert rank["router_estimated_used_tokens"] == 0
+        assert rank["router_queued_requests"] == 0
+        assert "Q" not in worker.order()
+        handles.shutdown.set()

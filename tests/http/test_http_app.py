@@ -1,0 +1,89 @@
+"""The Quart-Trio app through ``app.test_client()`` (no sockets)."""
+
+from __future__ import annotations
+
+import json
+
+from http_fakes import DaemonApp
+
+CHAT = {"model": "mini", "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def test_http_chat_roundtrip_and_metrics(daemon_app: DaemonApp) -> None:
+    client = daemon_app.app.test_client()
+    response = await client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 200
+    assert (await response.get_json())["choices"][0]["message"]["content"] == "a"
+    assert daemon_app.worker.seen[-1].headers["x-data-parallel-rank"] == "0"
+    metrics = await client.get("/metrics")
+    text = (await metrics.get_data()).decode()
+    assert metrics.status_code == 200
+    assert 'agentd_proxy_requests_total{endpoint="chat",outcome="success",target="http://mini:9000@0"} 1.0' in text
+    assert 'agentd_proxy_request_duration_seconds_count{target="http://mini:9000@0"} 1.0' in text
+    assert 'agentd_proxy_in_flight_requests{target="http://mini:9000@0"} 0.0' in text
+    assert 'agentd_health_target_healthy{target="http://mini:9000@0"} 1.0' in text
+
+
+async def test_http_streaming_roundtrip(daemon_app: DaemonApp) -> None:
+    client = daemon_app.app.test_client()
+    response = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "text/event-stream"
+    assert (await response.get_data()).endswith(b"data: [DONE]\n\n")
+
+
+async def test_http_health_ok_and_unavailable(daemon_app: DaemonApp) -> None:
+    client = daemon_app.app.test_client()
+    ok = await client.get("/health")
+    assert ok.status_code == 200
+    assert (await ok.get_json())["status"] == "ok"
+    daemon_app.worker.healthy = False
+    from daemon.health import run_health_round  # one explicit round instead of waiting 5 s
+
+    await run_health_round(daemon_app.handles.health, daemon_app.handles.client, 1.0)
+    down = await client.get("/health")
+    payload = await down.get_json()
+    assert down.status_code == 503
+    assert payload["status"] == "unavailable" and "http://mini:9000: HTTP 503" in payload["reason"]
+
+
+async def test_http_diagnostics_proxy_section(daemon_app: DaemonApp) -> None:
+    client = daemon_app.app.test_client()
+    await client.post("/v1/chat/completions", json=CHAT)
+    response = await client.get("/scheduling/diagnostics")
+    payload = await response.get_json()
+    assert response.status_code == 200
+    assert payload["enabled"] is False
+    proxy = payload["proxy"]
+    assert proxy["policy"] == "round_robin"
+    assert proxy["native"]["finished_count"] == 1
+    [target] = proxy["targets"]
+    assert target == {
+        "target_id": "http://mini:9000@0", "base_url": "http://mini:9000", "dp_rank": 0, "healthy": True,
+        "health_reason": "ok", "health_checked_at": target["health_checked_at"],
+        "consecutive_health_failures": 0, "native_in_flight_requests": 0,
+    }
+
+
+async def test_http_models_proxied(daemon_app: DaemonApp) -> None:
+    response = await daemon_app.app.test_client().get("/v1/models")
+    assert response.status_code == 200
+    assert (await response.get_json())["data"][0]["id"] == "mini"
+
+
+async def test_http_errors_are_openai_shaped(daemon_app: DaemonApp) -> None:
+    client = daemon_app.app.test_client()
+    cases = [
+        (await client.get("/nope"), 404, "not_found"),
+        (await client.put("/v1/completions", json={}), 405, "method_not_allowed"),
+        (await client.post("/v1/chat/completions", data=b"[", headers={"content-type": "application/json"}),
+         400, "invalid_json"),
+        (await client.post("/v1/chat/completions", json={**CHAT, "x": "y" * 5000}), 413, "body_too_large"),
+        (await client.post("/v1/chat/completions", json={**CHAT, "n": 0}), 400, "invalid_type"),
+    ]
+    for response, status, code in cases:
+        body = json.loads(await response.get_data())
+        assert response.status_code == status, body
+        assert set(body["error"]) == {"message", "type", "param", "code"}
+        assert body["error"]["code"] == code
+    assert daemon_app.worker.seen == []
