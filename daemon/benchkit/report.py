@@ -193,6 +193,7 @@ def build_report(
         for reason in reasons
     }
     router_queue = histogram_delta(router_before, router_after, ROUTER_QUEUE)
+    jct = [(t.end - t.start) * s for t in tasks_ok]
     report: dict[str, Any] = {
         "system": system,
         "trace": dict(trace_info or {}),
@@ -200,7 +201,7 @@ def build_report(
         "duration_seconds": elapsed * s,
         "tasks": {"planned": result.planned_tasks, "completed": len(tasks_ok),
                   "failed": len(result.tasks) - len(tasks_ok)},
-        "jct_seconds": _dist([(t.end - t.start) * s for t in tasks_ok]),
+        "jct_seconds": _dist(jct),
         "request_latency_seconds": _dist([(r.end - r.start) * s for r in ok]),
         "ttft_seconds": _dist([(r.first_token - r.start) * s for r in ok if r.first_token is not None]),
         "requests": {"planned": result.planned_requests, "completed": len(ok), "failed": len(reqs) - len(ok),
@@ -230,5 +231,6 @@ def build_report(
             "segment_yields": transitions.get("max_segment_yield", 0.0),
             "transitions": transitions,
         },
+        "samples": {"jct_seconds": sorted(jct)},
     }
     return report

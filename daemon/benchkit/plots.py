@@ -1,0 +1,86 @@
+"""PNG plots of a bench (optional: needs the ``plots`` extra, matplotlib, imported lazily).
+
+``write_plots(reports, out_dir)`` writes ``jct_cdf.png`` (per-task JCT CDF per system),
+``queue_wait_cdf.png`` (router and backend queue-wait CDFs from the histogram buckets) and
+``cache_hit.png`` (token cache hit per system, preemptions annotated).  Returns the file names
+written, or ``[]`` when matplotlib is not installed: report.md does not depend on it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+
+def _cdf(values: list[float]) -> tuple[list[float], list[float]]:
+    xs = sorted(values)
+    n = len(xs)
+    return xs, [(i + 1) / n for i in range(n)]
+
+
+def write_plots(reports: Mapping[str, Mapping[str, Any]], out_dir: str) -> list[str]:
+    try:
+        import matplotlib  # noqa: PLC0415 - optional extra
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        return []
+    written = []
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for system, rep in reports.items():
+        values = rep.get("samples", {}).get("jct_seconds", [])
+        if values:
+            xs, ys = _cdf(values)
+            ax.step(xs, ys, where="post", label=system)
+    ax.set_xlabel("job completion time (trace s)")
+    ax.set_ylabel("CDF")
+    ax.set_title("JCT CDF")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "jct_cdf.png"), dpi=110)
+    plt.close(fig)
+    written.append("jct_cdf.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for system, rep in reports.items():
+        for where, style in (("router", "-"), ("backend", ":")):
+            hist = (rep.get("queue_wait_seconds") or {}).get(where)
+            if not hist or not hist.get("count"):
+                continue
+            total = hist["count"]
+            pts = [(le, c / total) for le, c in hist["buckets"] if le != "+Inf"]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker=".", label=f"{system} ({where})")
+    ax.set_xscale("symlog", linthresh=0.01)
+    ax.set_xlabel("queue wait (trace s, bucket upper bounds)")
+    ax.set_ylabel("CDF")
+    ax.set_title("Queue-wait CDF (router: solid, backend: dotted)")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "queue_wait_cdf.png"), dpi=110)
+    plt.close(fig)
+    written.append("queue_wait_cdf.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    systems = list(reports)
+    hits = [(reports[s].get("cache") or {}).get("token_hit_ratio") or 0.0 for s in systems]
+    bars = ax.bar(systems, hits, color="#4c72b0")
+    for bar, s in zip(bars, systems, strict=True):
+        pre = reports[s].get("preemptions")
+        label = f"{bar.get_height():.3f}\n{int(pre) if pre is not None else '-'} preempt."
+        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                    fontsize=8)
+    ax.set_ylim(0, 1.15)
+    ax.set_ylabel("token cache hit")
+    ax.set_title("Token cache hit per system (preemptions annotated)")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "cache_hit.png"), dpi=110)
+    plt.close(fig)
+    written.append("cache_hit.png")
+    return written
