@@ -1,0 +1,258 @@
+"""Completion bookkeeping, TTL arming/expiry, timers, cancellation, retention and fencing
+(periphery tests 22, 32, 42-47, 60; core spec 2, 4, 7, 12)."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.core import effects as fx
+from actors.core.events import ACTING_TTL, PAUSED_RETENTION, QUEUE_TIMEOUT, TargetsChanged, TimerFired
+from actors.core.ids import ProgramKey, redacted_id
+from actors.core.invariants import check
+from actors.core.model import RequestHints
+from core_support import POOL, Harness, Ident, admitted, of, reasons, targets, tid
+
+
+def test_core_kv_retention_ttl_hint_overrides_fitted_ttl_once() -> None:
+    h = Harness()
+    h.submit("a", hints=RequestHints(kv_retention_ttl_seconds=4.5))
+    eff = h.complete("r1", at=1.0, prompt=100)
+    (armed,) = of(eff, fx.TtlArmed)
+    assert (armed.ttl_seconds, armed.source) == (4.5, "request_hint")
+    assert [(a.kind, a.deadline) for a in of(eff, fx.ArmTimer)] == [(ACTING_TTL, 5.5)]
+    assert h.program("a").lifecycle == "active_acting"
+    h.submit("a", at=2.0)  # the next request has no hint: fitted TTL (0 in warm-up)
+    eff = h.complete("r2", at=3.0, prompt=110, cached=100)
+    assert of(eff, fx.TtlArmed)[0].source == "fitted"
+    assert reasons(eff) == ["ttl_expired"]
+
+
+def test_core_hint_ttl_is_not_capped_by_max_acting_ttl() -> None:
+    h = Harness(max_acting_ttl_seconds=1.0)
+    h.submit("a", hints=RequestHints(kv_retention_ttl_seconds=30.0))
+    assert of(h.complete("r1", at=1.0), fx.TtlArmed)[0].ttl_seconds == 30.0
+
+
+def test_core_acting_ttl_timer_expires_exactly_and_stale_token_is_dropped() -> None:
+    h = Harness()
+    h.submit("a", hints=RequestHints(kv_retention_ttl_seconds=5.0))
+    (arm,) = of(h.complete("r1", at=1.0), fx.ArmTimer)
+    assert h.fire(arm.program, ACTING_TTL, arm.token + 99, at=6.0) == ()  # stale token: no effect
+    assert h.program("a").lifecycle == "active_acting"
+    eff = h.fire(arm.program, ACTING_TTL, arm.token, at=6.0)
+    assert reasons(eff) == ["ttl_expired"]
+    assert h.fire(arm.program, ACTING_TTL, arm.token, at=6.5) == ()  # already consumed
+    assert list(h.rank().factors.ttl_pause_rounds) == [1]
+
+
+def test_core_arrival_rescues_acting_program_before_expiry_and_cancels_timer() -> None:
+    h = Harness()
+    h.submit("a", hints=RequestHints(kv_retention_ttl_seconds=5.0))
+    (arm,) = of(h.complete("r1", at=1.0), fx.ArmTimer)
+    eff = h.submit("a", at=3.0)
+    assert admitted(eff) == ["r2"]
+    assert fx.CancelTimer(arm.program, ACTING_TTL) in eff
+    assert h.fire(arm.program, ACTING_TTL, arm.token, at=6.0) == ()
+
+
+def test_core_failed_completion_pauses_with_request_failed() -> None:
+    h = Harness()
+    h.submit("a")
+    eff = h.complete("r1", at=1.0, success=False)
+    assert reasons(eff) == ["request_failed"]
+    assert of(eff, fx.TtlArmed) == []
+    assert len(h.rank().factors.requests) == 0  # no sample for failures
+
+
+def test_core_abandon_in_flight_is_a_failed_completion_and_exactly_once() -> None:
+    h = Harness()
+    h.submit("a")
+    assert reasons(h.abandon("r1", at=1.0)) == ["request_failed"]
+    assert of(h.complete("r1", at=2.0), fx.CompletionIgnored)[0].reason == "unknown_request"
+    assert h.abandon("r1", at=3.0) == ()
+    assert h.program("a").in_flight == 0
+    assert check(h.state, h.cfg) == []
+
+
+def test_core_queue_timeout_rejects_with_429() -> None:
+    h = Harness(max_active_programs_per_target=1, queue_timeout_seconds=50.0, force_resume_timeout_seconds=50.0)
+    h.submit("a")
+    h.observe(0, kv=0.1, running=1, waiting=3, at=0.0)  # gate closed
+    h.submit("b", at=1.0)
+    qt = [e for e in h.log if isinstance(e, fx.ArmTimer) and e.kind == QUEUE_TIMEOUT]
+    assert [(e.program.program_id, e.deadline) for e in qt] == [("b", 51.0)]
+    h.observe(0, kv=0.1, running=1, waiting=3, at=49.0, epoch=2)
+    eff = h.fire(qt[0].program, QUEUE_TIMEOUT, qt[0].token, at=51.0)
+    (rej,) = of(eff, fx.Reject)
+    assert (rej.request_id, rej.reason, rej.status_hint) == ("r2", "queue_timeout", 429)
+    assert h.program("b") is None  # never completed: the transient Program is released
+    assert check(h.state, h.cfg) == []
+
+
+def test_core_request_deadline_shortens_but_never_extends_queue_timeout() -> None:
+    h = Harness(max_active_programs_per_target=1)
+    h.submit("a")
+    h.observe(0, kv=0.1, running=1, waiting=3, at=0.0)
+    h.submit("b", at=1.0, hints=RequestHints(deadline_seconds=2.0))
+    h.submit("c", at=1.0, hints=RequestHints(deadline_seconds=9999.0))
+    assert h.state.pool.get("r2").queue_deadline == 3.0  # type: ignore[union-attr]
+    assert h.state.pool.get("r3").queue_deadline == 601.0  # type: ignore[union-attr]
+    h.observe(0, kv=0.1, running=1, waiting=3, at=2.9, epoch=2)
+    eff = h.tick(at=3.0)  # forced at 3.0 but gated -> then rejected at its deadline
+    assert [r.request_id for r in of(eff, fx.Reject)] == ["r2"]
+
+
+def test_core_cancel_waiting_request_keeps_fifo_of_others() -> None:
+    h = Harness(max_active_programs_per_target=1)
+    h.submit("x")
+    h.submit("a", at=1.0)
+    h.submit("a", at=2.0)
+    h.submit("a", at=3.0)
+    h.abandon("r3", at=4.0)  # middle of the FIFO
+    assert [r.request_id for r in h.state.pool.requests(h.program("a").ref)] == ["r2", "r4"]
+    eff = h.complete("r1", at=5.0, prompt=100)
+    assert admitted(eff) == ["r2", "r4"]  # FIFO order (I5)
+
+
+def test_core_cancel_last_waiter_of_completed_program_pauses_it() -> None:
+    h = Harness(max_active_programs_per_target=1)
+    h.submit("a")
+    h.complete("r1", at=1.0, prompt=100)  # a paused (completed once)
+    h.submit("x", at=1.5)  # x takes the slot
+    h.submit("a", at=2.0)  # waits
+    h.abandon("r3", at=3.0)
+    p = h.program("a")
+    assert p is not None and p.lifecycle == "paused_acting"
+    assert h.state.rank_queues == {}
+    assert check(h.state, h.cfg) == []
+
+
+def test_core_paused_retention_releases_idle_program_and_new_generation_follows() -> None:
+    h = Harness(paused_retention_ttl_seconds=100.0)
+    h.submit("a")
+    eff = h.complete("r1", at=1.0, prompt=100)
+    (arm,) = [e for e in of(eff, fx.ArmTimer) if e.kind == PAUSED_RETENTION]
+    assert arm.deadline == 101.0
+    early = h.fire(arm.program, PAUSED_RETENTION, arm.token, at=100.0)  # delivered early: re-armed only
+    assert [(type(e), e.deadline) for e in early] == [(fx.ArmTimer, 101.0)]
+    eff = h.tick(at=101.0)
+    assert reasons(eff) == ["paused_retention_release"]
+    assert of(eff, fx.RetireProgram)[0].program == arm.program
+    assert h.state.last_generations[ProgramKey(POOL, "a")] == 0
+    assert of(h.submit("a", at=102.0), fx.SpawnProgram)[0].program.generation == 1
+    ref0, ref1 = arm.program, h.program("a").ref
+    assert redacted_id(ref0) != redacted_id(ref1) and len(redacted_id(ref0)) == 16
+
+
+def test_core_released_generation_history_is_pruned_after_retention() -> None:
+    h = Harness(paused_retention_ttl_seconds=10.0)
+    h.submit("a")
+    h.complete("r1", at=1.0, prompt=100, terminate=True)
+    assert ProgramKey(POOL, "a") in h.state.last_generations
+    h.tick(at=60.0)
+    assert ProgramKey(POOL, "a") in h.state.last_generations  # max(10, 60) s not yet over
+    h.tick(at=61.0)
+    assert ProgramKey(POOL, "a") not in h.state.last_generations
+    assert of(h.submit("a", at=62.0), fx.SpawnProgram)[0].program.generation == 0  # B12: safe by epoch
+
+
+def test_core_omitted_step_id_advances_previous() -> None:
+    h = Harness()
+    h.submit("a", ident=Ident("a", step_id=7))
+    assert h.program("a").step_id == 7
+    h.submit("a", at=1.0)
+    assert h.program("a").step_id == 8
+
+
+def test_core_missing_cached_usage_never_becomes_shared_prefix_evidence() -> None:
+    h = Harness()
+    h.submit("a", tokens=1000)
+    eff = h.complete("r1", at=1.0, prompt=1000)  # no cached field
+    p = h.program("a")
+    assert p.shared_prefix_tokens == 0 and p.shared_prefix_observed
+    assert of(eff, fx.SharedPrefixObserved) == []
+
+
+def test_core_shared_prefix_measured_at_segment_start_and_kept_within_placement() -> None:
+    h = Harness()
+    hold = RequestHints(kv_retention_ttl_seconds=100.0)
+    h.submit("a", tokens=1000, hints=hold)
+    eff = h.complete("r1", at=1.0, prompt=1000, cached=400)
+    assert of(eff, fx.SharedPrefixObserved) == [fx.SharedPrefixObserved(tid(0), 400)]
+    p = h.program("a")
+    assert p.shared_prefix_tokens == 400
+    assert p.shared_prefix_fresh_until == 0.0 + 100.0  # anchor (creation) + warm-up freshness
+    # private tokens now exclude the shared prefix: 1000 - 400 + 100
+    assert h.rank().fallback_tokens == 700.0
+    # low cache hit without a placement restart: segment and first observation are kept
+    h.submit("a", tokens=1200, at=2.0, hints=hold)
+    eff = h.complete("r2", at=3.0, prompt=1200, cached=10)
+    (disc,) = of(eff, fx.CacheDiscontinuity)
+    assert (disc.prompt_tokens, disc.cached_prompt_tokens, disc.previous_context_tokens) == (1200, 10, 1000)
+    assert p.shared_prefix_tokens == 400
+    assert p.segment_served_rounds == 2
+    assert p.rounds_since_activation == 1  # the discontinuous round is not counted
+
+
+def test_core_context_estimate_shrinks_only_after_two_confirmations() -> None:
+    h = Harness()
+    hold = RequestHints(kv_retention_ttl_seconds=100.0)
+    h.submit("a", tokens=1000, hints=hold)
+    h.complete("r1", at=1.0, prompt=1000)
+    h.submit("a", tokens=10, at=2.0, hints=hold)
+    h.complete("r2", at=3.0, prompt=600)
+    assert h.program("a").estimated_context_tokens == 1000  # I33: one smaller reading
+    h.submit("a", tokens=10, at=4.0, hints=hold)
+    h.complete("r3", at=5.0, prompt=600)
+    assert h.program("a").estimated_context_tokens == 600
+    assert check(h.state, h.cfg) == []
+
+
+def test_core_completion_of_invalidated_placement_is_fenced() -> None:
+    h = Harness(n_targets=2, binding_strategy="program_round_robin")
+    h.submit("a")  # rank 0
+    eff = h.feed(TargetsChanged(POOL, targets(2)[1:]), at=1.0)  # rank 0 removed
+    assert "health_failover" in reasons(eff)
+    p = h.program("a")
+    assert p.lifecycle == "paused_acting"  # B6 fix: reclaimable
+    assert p.home_target == p.last_target == tid(1)  # rebound
+    eff = h.complete("r1", at=2.0, prompt=100)
+    assert of(eff, fx.CompletionIgnored)[0].reason == "stale_placement"
+    assert h.program("a").completed_requests == 0
+    assert check(h.state, h.cfg) == []
+
+
+def test_core_removed_target_requeues_waiting_program_on_new_binding() -> None:
+    h = Harness(n_targets=2, binding_strategy="program_round_robin", max_active_programs_per_target=1)
+    h.submit("a")  # rank 0
+    h.submit("b")  # rank 1
+    h.submit("c")  # rank 0, waits
+    h.feed(TargetsChanged(POOL, targets(2)[1:]), at=1.0)
+    c = h.program("c")
+    assert c.last_target == tid(1) and c.queued_in == ("rank", tid(1))
+    assert h.program("a").lifecycle == "paused_acting"
+    assert check(h.state, h.cfg) == []
+
+
+def test_core_stale_timer_of_old_generation_is_dropped() -> None:
+    h = Harness()
+    h.submit("a", hints=RequestHints(kv_retention_ttl_seconds=5.0))
+    (arm,) = of(h.complete("r1", at=1.0, terminate=True), fx.ArmTimer) or [None]  # released: no timer
+    assert arm is None
+    h.submit("a", at=2.0, hints=RequestHints(kv_retention_ttl_seconds=5.0))
+    (arm2,) = of(h.complete("r2", at=3.0), fx.ArmTimer)
+    old = arm2.program._replace(generation=0)
+    assert h.feed(TimerFired(old, ACTING_TTL, arm2.token), at=8.0) == ()
+    assert h.program("a").lifecycle == "active_acting"
+
+
+@pytest.mark.parametrize("binding_only", [True])
+def test_core_binding_only_reactivates_on_last_target_without_checks(binding_only: bool) -> None:
+    h = Harness(binding_only=binding_only, max_active_programs_per_target=1)
+    h.submit("a")
+    assert admitted(h.submit("b", at=1.0)) == ["r2"]  # no count guard
+    eff = h.complete("r1", at=2.0, prompt=100)
+    assert reasons(eff) == ["ttl_expired"]  # TTL still runs (0 in warm-up)
+    assert of(eff, fx.AdmissionCapacitySnapshot) == []
+    assert admitted(h.submit("a", at=3.0)) == ["r3"]
+    assert check(h.state, h.cfg) == []

@@ -1,0 +1,118 @@
+"""Initial binding strategies (periphery tests 11-17, 31; spec periphery 2)."""
+
+from __future__ import annotations
+
+from actors.core.ids import ProgramKey, TargetId
+from actors.core.placement import Binder, Candidate, HashRing, stable_hash64
+from actors.core.model import Lineage
+from core_support import Harness, tid
+
+
+def cand(t: str, programs: int = 0, tokens: float = 0.0, cap: int | None = None, pressure: float = 0.0,
+         admissible: bool = True) -> Candidate:
+    return Candidate(TargetId(t), programs, tokens, cap, pressure, admissible)
+
+
+def key(p: str) -> ProgramKey:
+    return ProgramKey("default", p)
+
+
+def test_core_binding_round_robin_over_sorted_targets() -> None:
+    b = Binder("program_round_robin", 160)
+    cands = [cand("rank-1"), cand("rank-0")]
+    assert b.bind(key("p1"), "p1", cands, None) == "rank-0"
+    assert b.bind(key("p2"), "p2", cands, None) == "rank-1"
+    assert b.bind(key("p1"), "p1", cands, None) == "rank-0"  # stable binding
+
+
+def test_core_binding_least_program_count_ties_by_target_id() -> None:
+    b = Binder("least_program_count", 160)
+    cands = [cand("rank-2", 1), cand("rank-1", 1), cand("rank-0", 2)]
+    assert b.bind(key("p"), "p", cands, None) == "rank-1"
+
+
+def test_core_binding_token_balance_picks_most_remaining_capacity() -> None:
+    b = Binder("reasoning_token_balance", 160)
+    cands = [cand("a", tokens=500, cap=1000), cand("b", tokens=100, cap=1000), cand("c", tokens=100, cap=1000)]
+    assert b.bind(key("p"), "p", cands, None) == "b"  # 900 remaining, tie with c -> smaller id
+
+
+def test_core_binding_consistent_hash_independent_of_candidate_order() -> None:
+    b1, b2 = Binder("consistent_hash", 160), Binder("consistent_hash", 160)
+    c = [cand(f"http://w@{i}") for i in range(4)]
+    for p in ("alpha", "beta", "gamma", "delta", "eps"):
+        assert b1.bind(key(p), f"session:{p}", c, None) == b2.bind(key(p), f"session:{p}", list(reversed(c)), None)
+
+
+def test_core_consistent_hash_ring_is_stable_and_balanced() -> None:
+    ids = tuple(TargetId(f"http://w@{i}") for i in range(4))
+    ring = HashRing(ids, 160)
+    assert len(ring.points) == 640
+    counts = {t: 0 for t in ids}
+    for i in range(4000):
+        counts[ring.owner(f"k{i}")] += 1
+    assert min(counts.values()) > 600  # roughly 1000 each
+    # stable across processes: blake2b, not hash()
+    assert stable_hash64("x") == int.from_bytes(__import__("hashlib").blake2b(b"x", digest_size=8).digest(), "big")
+    # removing a target only moves the keys it owned
+    ring3 = HashRing(ids[:3], 160)
+    moved = sum(1 for i in range(2000) if ring.owner(f"k{i}") != ring3.owner(f"k{i}")
+                and ring.owner(f"k{i}") != ids[3])
+    assert moved == 0
+
+
+def test_core_binding_stable_until_release_or_removal() -> None:
+    h = Harness(n_targets=2, binding_strategy="program_round_robin")
+    h.submit("a")
+    assert h.program("a").home_target == tid(0)
+    h.complete("r1", at=1.0, prompt=10, terminate=True)  # released: binding dropped
+    h.submit("b", at=2.0)  # counter moves on: rank 1
+    h.submit("a", at=3.0)  # new generation re-binds: rank 0
+    assert h.program("b").home_target == tid(1) and h.program("a").home_target == tid(0)
+
+
+def test_core_cache_aware_learns_only_after_dispatch_and_follows_prefix() -> None:
+    b = Binder("cache_aware", 160)
+    cands = [cand("r0", pressure=0.5), cand("r1", pressure=0.1)]
+    text = "system: you are a helpful agent\nuser: fix the bug"
+    assert b.bind(key("p1"), "p1", cands, text) == "r1"  # no knowledge: lowest pressure
+    b.commit_placement(text, TargetId("r0"))  # a request of some Program was dispatched to r0
+    assert b.bind(key("p2"), "p2", cands, text + " quickly") == "r0"  # shared prefix follows
+
+
+def test_core_cache_aware_prefers_immediately_admissible_over_prefix_match() -> None:
+    b = Binder("cache_aware", 160)
+    text = "system: shared prompt"
+    b.commit_placement(text, TargetId("r0"))
+    cands = [cand("r0", pressure=0.9, admissible=False), cand("r1", pressure=0.2)]
+    assert b.bind(key("p"), "p", cands, text) == "r1"
+
+
+def test_core_cache_aware_cold_burst_accounts_bound_but_unadmitted_programs() -> None:
+    h = Harness(n_targets=2, binding_strategy="cache_aware", token_capacity_per_dp_rank=10_000)
+    h.observe(0, kv=0.0, running=0, waiting=5, at=0.0)  # both ranks gated: nobody is admitted
+    h.observe(1, kv=0.0, running=0, waiting=5, at=0.0, epoch=2)
+    h.submit("a", tokens=1000, at=0.1)
+    h.submit("b", tokens=1000, at=0.2)
+    assert {h.program("a").home_target, h.program("b").home_target} == {tid(0), tid(1)}
+
+
+def test_core_binding_removed_target_rebinds_to_remaining() -> None:
+    b = Binder("consistent_hash", 160)
+    both = [cand("r0"), cand("r1")]
+    first = b.bind(key("p"), "p", both, None)
+    b.remove_target(first)
+    rest = [c for c in both if c.target_id != first]
+    assert b.bind(key("p"), "p", rest, None) == rest[0].target_id
+
+
+def test_core_lineage_resolves_chains_roots_and_late_parents() -> None:
+    lin = Lineage()
+    lin.observe("m", "t:c", "t:b", None)  # parent declared before it exists (late parent)
+    lin.observe("m", "t:b", "t:lead", None)
+    assert lin.root("m", "t:c") == "t:lead"
+    lin.observe("m", "t:lead", "t:c", None)  # would create a cycle: ignored
+    assert lin.root("m", "t:c") == "t:lead"
+    lin.observe("m", "t:d", "t:c", "t:root")  # explicit root overrides the parent link
+    assert lin.root("m", "t:d") == "t:root"
+    assert lin.root("other", "t:c") == "t:c"  # model scoped
