@@ -1,0 +1,258 @@
+"""Trio shell around the pure engines of one simulated vLLM server (one engine per DP rank).
+
+One task (``SimCluster.run``) is the single writer of every engine of the server: it receives
+submissions and aborts on a bounded inbox, routes them to a rank, and sleeps with
+``trio.move_on_at`` until the earliest engine event (step end or arrival), then advances the due
+engines to ``trio.current_time()`` and forwards their outputs to per-request channels.  Time is
+only ever read from the Trio clock, so the cluster runs in real time under hypercorn and in virtual
+time under ``trio.testing.MockClock(autojump_threshold=0)``.
+
+Determinism: Trio shuffles tasks that become runnable together, so submissions made at the same
+instant may reach the inbox in any order.  With ``deterministic=True`` (virtual time) the cluster
+waits until every task is blocked (``trio.testing.wait_all_tasks_blocked``) before taking a batch
+and processes it sorted by each submission's ``order_key``; routing and engine order then depend
+only on the requests, never on task wake order.
+
+Routing (spec §3.9): a pinned rank must satisfy ``0 <= rank < dp_size`` (checked in ``submit``,
+``ValueError`` otherwise); unpinned requests go to the engine with the lowest
+``waiting * 4 + running`` (the lowest rank on ties; vLLM rotates its scan start per client).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import attrs
+import trio
+import trio.testing
+
+from actors.sim.engine import Engine, EngineConfig, EngineOutput, Request
+from actors.sim.stats import CostModel
+
+# Submissions waiting for the cluster task; a full inbox applies backpressure to HTTP handlers.
+INBOX_BUFFER = 1024
+
+
+class EmbeddedLike(Protocol):
+    """The fields of ``daemon.config.EmbeddedConfig`` the simulator reads."""
+
+    dp_size: int
+    num_gpu_blocks: int
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    time_scale: float
+    model: str
+    scheduling_policy: str
+    seed: int
+
+
+@attrs.frozen
+class SimConfig:
+    dp_size: int = 1
+    engine: EngineConfig = EngineConfig()
+    model: str = "agentd-sim"
+    seed: int = 0
+    strict_xargs: bool = False
+    # "ignore" (vLLM v1) or "reject" (HTTP 400, as V0 and some deployments) a non-zero priority
+    # when the scheduling policy is fcfs.
+    priority_under_fcfs: str = "ignore"
+    default_chat_max_tokens: int = 256
+    default_completion_max_tokens: int = 16
+    # Wake at every engine step so streams flow token by token (real time); False wakes only at
+    # the end of multi-step decode runs (fastest in virtual time).
+    per_step_wakeups: bool = True
+    # Order same-instant submissions explicitly (virtual time); see module docstring.
+    deterministic: bool = False
+
+    @classmethod
+    def from_embedded(cls, cfg: EmbeddedLike, *, worker_index: int = 0, cost: CostModel | None = None,
+                      **overrides: Any) -> SimConfig:
+        engine = EngineConfig(
+            num_gpu_blocks=cfg.num_gpu_blocks,
+            block_size=cfg.block_size,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            scheduling_policy=cfg.scheduling_policy,
+            time_scale=cfg.time_scale,
+            cost=cost if cost is not None else CostModel(),
+            seed=cfg.seed + worker_index,
+        )
+        return cls(dp_size=cfg.dp_size, engine=engine, model=cfg.model, seed=cfg.seed + worker_index, **overrides)
+
+
+@attrs.frozen(eq=False)
+class Submission:
+    request: Request
+    dp_rank: int | None
+    outputs: trio.MemorySendChannel[EngineOutput]
+    order_key: tuple[Any, ...]
+
+
+@attrs.frozen
+class Abort:
+    request_id: str
+
+
+class SimCluster:
+    """The engines of one simulated server plus the task that drives them."""
+
+    def __init__(self, config: SimConfig) -> None:
+        if config.dp_size < 1:
+            raise ValueError(f"dp_size must be >= 1, got {config.dp_size}")
+        self.config = config
+        self.engines = [
+            Engine(attrs.evolve(config.engine, seed=config.engine.seed * 1000 + rank)) for rank in range(config.dp_size)
+        ]
+        self._inbox_send, self._inbox_receive = trio.open_memory_channel[Submission | Abort](INBOX_BUFFER)
+        self._streams: dict[str, trio.MemorySendChannel[EngineOutput]] = {}
+        self._owner: dict[str, Engine] = {}
+        self.started = False
+
+    @property
+    def dp_size(self) -> int:
+        return self.config.dp_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.engine.max_model_len
+
+    def now(self) -> float:
+        return trio.current_time()
+
+    def check_rank(self, dp_rank: int | None) -> None:
+        if dp_rank is not None and not 0 <= dp_rank < self.dp_size:
+            raise ValueError(f"data_parallel_rank {dp_rank} is out of range [0, {self.dp_size}).")
+
+    async def submit(
+        self, request: Request, *, dp_rank: int | None = None, order_key: tuple[Any, ...] = ()
+    ) -> trio.MemoryReceiveChannel[EngineOutput]:
+        """Queue ``request``; returns the channel of its outputs (closed after the finish)."""
+        self.check_rank(dp_rank)
+        # every output carries >= 1 token and the finish rides on the last one, so one slot per
+        # output token is enough: the cluster task never blocks on a slow consumer
+        send, receive = trio.open_memory_channel[EngineOutput](len(request.output) + 1)
+        await self._inbox_send.send(Submission(request, dp_rank, send, order_key or (request.request_id,)))
+        return receive
+
+    def abort(self, request_id: str) -> None:
+        """Best-effort abort, callable from cancelled code.  If the inbox is full the abort is
+        picked up anyway when the request's next output finds its channel closed."""
+        try:
+            self._inbox_send.send_nowait(Abort(request_id))
+        except (trio.WouldBlock, trio.ClosedResourceError):
+            pass
+
+    def pick_rank(self) -> int:
+        best = 0
+        best_score = self.engines[0].load_score()
+        for rank in range(1, len(self.engines)):
+            score = self.engines[rank].load_score()
+            if score < best_score:
+                best, best_score = rank, score
+        return best
+
+    async def run(self, *, task_status: trio.TaskStatus[SimCluster] = trio.TASK_STATUS_IGNORED) -> None:
+        per_step = self.config.per_step_wakeups
+        engines = self.engines
+        with self._inbox_receive:
+            self.started = True
+            task_status.started(self)
+            while True:
+                wake = math.inf
+                for engine in engines:
+                    t = engine.next_event_time(per_step=per_step)
+                    if t is not None and t < wake:
+                        wake = t
+                batch: list[Submission | Abort] = []
+                with trio.move_on_at(wake):
+                    batch.append(await self._inbox_receive.receive())
+                    if self.config.deterministic:
+                        await trio.testing.wait_all_tasks_blocked()
+                    while True:
+                        try:
+                            batch.append(self._inbox_receive.receive_nowait())
+                        except trio.WouldBlock:
+                            break
+                now = trio.current_time()
+                if batch:
+                    self._take(batch, now)
+                for engine in engines:
+                    t = engine.next_event_time(per_step=per_step)
+                    if t is not None and t <= now:
+                        self._dispatch(engine, engine.advance_to(now))
+
+    def _take(self, batch: list[Submission | Abort], now: float) -> None:
+        # aborts first: they can only name requests submitted before this batch (a consumer that
+        # leaves before its submission is taken is caught by its closed channel)
+        for msg in batch:
+            if isinstance(msg, Abort):
+                self._abort(msg.request_id, now)
+        subs = sorted((m for m in batch if isinstance(m, Submission)), key=_order_key)
+        for sub in subs:
+            rank = sub.dp_rank if sub.dp_rank is not None else self.pick_rank()
+            engine = self.engines[rank]
+            rid = sub.request.request_id
+            if rid in self._streams:
+                sub.outputs.close()  # duplicate id: the API layer makes ids unique, so a bug
+                continue
+            self._streams[rid] = sub.outputs
+            self._owner[rid] = engine
+            try:
+                outs = engine.add_request(sub.request, now)
+            except ValueError:
+                del self._streams[rid], self._owner[rid]
+                sub.outputs.close()
+                continue
+            self._dispatch(engine, outs)
+
+    def _abort(self, request_id: str, now: float) -> None:
+        engine = self._owner.pop(request_id, None)
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream.close()
+        if engine is not None:
+            self._dispatch(engine, engine.abort(request_id, now))
+
+    def _dispatch(self, engine: Engine, outputs: list[EngineOutput]) -> None:
+        gone: list[str] = []
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue
+            try:
+                stream.send_nowait(out)
+            except trio.BrokenResourceError:
+                gone.append(out.request_id)
+                continue
+            if out.finish_reason is not None:
+                stream.close()
+                del self._streams[out.request_id], self._owner[out.request_id]
+        for request_id in gone:  # the consumer went away: abort like vLLM on disconnect
+            self._abort(request_id, trio.current_time())
+
+
+def _order_key(sub: Submission) -> tuple[Any, ...]:
+    return sub.order_key
+
+
+async def run_sim_cluster(
+    cfg: EmbeddedLike | SimConfig,
+    *,
+    worker_index: int = 0,
+    cost: CostModel | None = None,
+    configure: Callable[[SimConfig], SimConfig] | None = None,
+    task_status: trio.TaskStatus[SimCluster] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run one simulated server's engines; ``task_status.started(cluster)`` once it accepts work.
+
+    ``cfg`` is an ``EmbeddedConfig`` (or anything with its fields) or a ready ``SimConfig``;
+    ``configure`` may adjust the derived ``SimConfig`` (e.g. ``deterministic=True``).
+    """
+    config = cfg if isinstance(cfg, SimConfig) else SimConfig.from_embedded(cfg, worker_index=worker_index, cost=cost)
+    if configure is not None:
+        config = configure(config)
+    cluster = SimCluster(config)
+    await cluster.run(task_status=task_status)

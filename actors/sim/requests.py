@@ -1,0 +1,235 @@
+"""Validation of the simulated server's OpenAI requests and planning of their deterministic output.
+
+Errors are ``ApiError`` with vLLM's JSON shape ``{"error": {"message", "type", "param", "code"}}``
+and a message naming the offending field.
+
+Simulation hints (documented in docs/simulator.md), sent inside ``vllm_xargs`` so that stock
+clients can pass them through ``extra_body`` and stock vLLM simply ignores them:
+
+* ``sim_output_tokens`` (int >= 1, <= max_tokens): generate this many tokens, then finish with
+  ``"stop"`` (default: exactly ``max_tokens`` tokens and ``"length"``, i.e. ignore-EOS semantics);
+* ``sim_finish_reason`` (``"stop"`` | ``"length"`` | ``"tool_calls"``): force the finish reason;
+  ``"tool_calls"`` (chat only) makes the output one tool call to the first declared tool (or
+  ``sim_tool``) whose arguments are ``{"q": "<words>"}``; the call's tokens, rendered by the chat
+  template in the next request, extend the prompt exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from actors.sim import tokenizer
+
+if TYPE_CHECKING:
+    from actors.sim.cluster import SimCluster
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+FINISH_REASONS = ("stop", "length", "tool_calls")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, err_type: str = "BadRequestError", param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.err_type = err_type
+        self.param = param
+
+    def payload(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.status}}
+
+
+def bad(param: str, message: str) -> ApiError:
+    return ApiError(400, f"{param}: {message}", param=param)
+
+
+@attrs.frozen
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+    name_tokens: int
+
+
+@attrs.frozen
+class PlannedOutput:
+    token_ids: list[int]
+    pieces: list[str]  # per output token: its text (content) or argument text (tool call)
+    finish_reason: str
+    tool_call: ToolCall | None = None
+
+
+@attrs.frozen
+class ParsedRequest:
+    prompt_ids: list[int]
+    output: PlannedOutput
+    priority: int
+    cache_salt: str | None
+    skip_prefix_cache: bool
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _opt_bool(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad(key, f"must be a boolean, got {v!r}")
+    return v
+
+
+def _prompt_ids(body: Mapping[str, Any], chat: bool) -> list[int]:
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise bad("messages", "field required: a non-empty list of messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise bad(f"messages[{i}]", "must be an object with a string 'role'")
+            content = m.get("content")
+            if content is not None and not isinstance(content, (str, list)):
+                raise bad(f"messages[{i}].content", "must be a string, a list of parts or null")
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise bad("tools", "must be a list")
+        agp = _opt_bool(body, "add_generation_prompt", True)
+        return tokenizer.render_chat(messages, tools=tools, add_generation_prompt=agp)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = tokenizer.tokenize(prompt)
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) and 0 <= t < tokenizer.VOCAB_SIZE for t in prompt):
+        ids = list(prompt)
+    elif isinstance(prompt, list) and len(prompt) > 1:
+        raise bad("prompt", "batched prompts are not supported by the simulator; send one prompt per request")
+    else:
+        raise bad("prompt", "field required: a string or a list of token ids")
+    if not ids:
+        raise bad("prompt", "must not be empty")
+    return ids
+
+
+def parse_tokenize(body: Mapping[str, Any], *, chat: bool) -> list[int]:
+    return _prompt_ids(body, chat)
+
+
+def parse_generation(body: Mapping[str, Any], *, chat: bool, cluster: SimCluster) -> ParsedRequest:
+    config = cluster.config
+    model = body.get("model")
+    if model is not None and model != config.model:
+        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", param="model")
+    prompt_ids = _prompt_ids(body, chat)
+
+    n = body.get("n", 1)
+    if n is not None and n != 1:
+        raise bad("n", f"only n=1 is supported by the simulator, got {n!r}")
+    max_key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = body.get(max_key)
+    room = config.engine.max_model_len - len(prompt_ids)
+    if max_tokens is None:
+        default = config.default_chat_max_tokens if chat else config.default_completion_max_tokens
+        max_tokens = max(1, min(default, room))
+    elif not _is_int(max_tokens) or max_tokens < 1:
+        raise bad(max_key, f"must be an integer >= 1, got {max_tokens!r}")
+    if len(prompt_ids) + max_tokens > config.engine.max_model_len:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {config.engine.max_model_len} tokens. However, you requested "
+            f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the messages, {max_tokens} in the "
+            "completion). Please reduce the length of the messages or completion.",
+            param=max_key,
+        )
+
+    priority = body.get("priority", 0)
+    if priority is None:
+        priority = 0
+    if not _is_int(priority) or not INT64_MIN <= priority <= INT64_MAX:
+        raise bad("priority", f"must be a 64-bit signed integer, got {priority!r}")
+    if priority != 0 and config.engine.scheduling_policy == "fcfs" and config.priority_under_fcfs == "reject":
+        raise ApiError(400, f"Got priority {priority} but Priority scheduling is not enabled.", param="priority")
+
+    stream = _opt_bool(body, "stream")
+    options = body.get("stream_options")
+    include_usage = continuous = False
+    if options is not None:
+        if not stream:
+            raise bad("stream_options", "Stream options can only be defined when `stream=True`.")
+        if not isinstance(options, dict):
+            raise bad("stream_options", "must be an object")
+        include_usage = _opt_bool(options, "include_usage")
+        continuous = _opt_bool(options, "continuous_usage_stats")
+
+    xargs = body.get("vllm_xargs")
+    if xargs is None:
+        xargs = {}
+    if not isinstance(xargs, dict):
+        raise bad("vllm_xargs", "must be an object")
+    if config.strict_xargs:
+        for key, value in xargs.items():
+            if not _scalar(value) and not (isinstance(value, list) and all(_scalar(v) for v in value)):
+                raise bad(f"vllm_xargs.{key}", "Input should be a valid string, integer, number or list of them")
+
+    cache_salt = body.get("cache_salt")
+    if cache_salt is not None and (not isinstance(cache_salt, str) or not 1 <= len(cache_salt) <= 1024):
+        raise bad("cache_salt", "must be a string of 1 to 1024 characters")
+    skip_cache = body.get("prompt_logprobs") is not None
+
+    output = _plan_output(body, xargs, prompt_ids, max_tokens, chat=chat, seed=config.seed)
+    return ParsedRequest(prompt_ids, output, priority, cache_salt, skip_cache, stream, include_usage, continuous)
+
+
+def _scalar(v: Any) -> bool:
+    return isinstance(v, (str, int, float))
+
+
+def _plan_output(
+    body: Mapping[str, Any], xargs: Mapping[str, Any], prompt_ids: list[int], max_tokens: int, *, chat: bool, seed: int
+) -> PlannedOutput:
+    n_out = max_tokens
+    finish = "length"
+    hint_n = xargs.get("sim_output_tokens")
+    if hint_n is not None:
+        if not _is_int(hint_n) or not 1 <= hint_n <= max_tokens:
+            raise bad("vllm_xargs.sim_output_tokens", f"must be an integer in [1, max_tokens={max_tokens}], got {hint_n!r}")
+        n_out = hint_n
+        finish = "stop" if hint_n < max_tokens else "length"
+    hint_finish = xargs.get("sim_finish_reason")
+    if hint_finish is not None:
+        if hint_finish not in FINISH_REASONS:
+            raise bad("vllm_xargs.sim_finish_reason", f"must be one of {', '.join(FINISH_REASONS)}, got {hint_finish!r}")
+        if hint_finish == "tool_calls" and not chat:
+            raise bad("vllm_xargs.sim_finish_reason", "'tool_calls' needs /v1/chat/completions")
+        finish = hint_finish
+    material = f"{seed}:{hash(tuple(prompt_ids))}:{n_out}"
+    if finish != "tool_calls":
+        pieces = tokenizer.generate_pieces(material, n_out)
+        return PlannedOutput(tokenizer.tokenize("".join(pieces)), pieces, finish)
+    name = _first_tool_name(body.get("tools")) or "sim_tool"
+    name_ids = tokenizer.tokenize(name)
+    k = n_out - 3 - len(name_ids)
+    if k < 1:
+        raise bad("vllm_xargs.sim_finish_reason", f"a tool call to {name!r} needs at least {len(name_ids) + 4} output tokens")
+    arguments = tokenizer.tool_call_arguments(material, k)
+    ids = tokenizer.render_tool_call(name, arguments)
+    pieces = ["", *([""] * len(name_ids)), *tokenizer.split_pieces(arguments), ""]
+    call_id = "chatcmpl-tool-" + hashlib.blake2b(material.encode(), digest_size=8).hexdigest()
+    return PlannedOutput(ids, pieces, finish, ToolCall(call_id, name, arguments, len(name_ids)))
+
+
+def _first_tool_name(tools: Any) -> str | None:
+    if isinstance(tools, list) and tools and isinstance(tools[0], dict):
+        function = tools[0].get("function")
+        if isinstance(function, dict) and isinstance(function.get("name"), str) and function["name"]:
+            return str(function["name"])
+    return None
