@@ -26,6 +26,7 @@ import logging
 import random
 import signal
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import attrs
@@ -33,6 +34,8 @@ import httpx
 import trio
 
 from actors.core.identity import IdentityError, parse_identity, strip_agentic_context
+from actors.sim.cluster import SimCluster, SimConfig, run_sim_cluster
+from actors.sim.transport import SimTransport
 from daemon.config import AgentdConfig
 from daemon.config_loading import config_warnings
 from daemon.dispatch import NativeDispatcher
@@ -49,13 +52,30 @@ from daemon.upstream import client_kwargs
 
 logger = get_logger("supervisor")
 ClientFactory = Callable[[AgentdConfig], httpx.AsyncClient]
+SimConfigure = Callable[[SimConfig], SimConfig]
 
 
-def default_client(cfg: AgentdConfig, mounts: Mapping[str, httpx.AsyncBaseTransport] | None = None) -> httpx.AsyncClient:
+def default_client(cfg: AgentdConfig, transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
     kwargs = client_kwargs(cfg.routing.request_timeout_seconds, cfg.routing.connect_timeout_seconds)
-    if mounts:
-        kwargs["mounts"] = dict(mounts)
+    if transport is not None:
+        kwargs["transport"] = transport
     return httpx.AsyncClient(**kwargs)
+
+
+async def _start_embedded(
+    root: trio.Nursery, cfg: AgentdConfig, configure: SimConfigure | None
+) -> dict[str, SimCluster]:
+    """One simulated server per embedded worker URL, each with ``cfg.embedded.dp_size`` ranks."""
+    clusters: dict[str, SimCluster] = {}
+    for index, url in enumerate(cfg.worker_urls()):
+        clusters[url] = await root.start(
+            partial(run_sim_cluster, cfg.embedded, worker_index=index, configure=configure))
+    e = cfg.embedded
+    log_event(logger, logging.INFO, "embedded_mode", workers=",".join(clusters), dp_size=e.dp_size,
+              model=e.model, num_gpu_blocks=e.num_gpu_blocks, block_size=e.block_size,
+              time_scale=e.time_scale,
+              message="no worker_urls configured: serving from the in-process simulated vLLM cluster")
+    return clusters
 
 
 def identity_parser_for(cfg: AgentdConfig) -> Callable[[dict[str, Any], Mapping[str, str]], Any] | None:
@@ -97,6 +117,7 @@ async def run_daemon(
     serve_http: bool = True,
     rng: random.Random | None = None,
     handle_signals: bool = False,
+    sim_configure: SimConfigure | None = None,
     task_status: trio.TaskStatus[DaemonHandles] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run agentd until ``handles.shutdown`` is set (or a signal when ``handle_signals``).
@@ -104,6 +125,8 @@ async def run_daemon(
     ``client_factory(cfg)`` builds the upstream client for external workers (tests pass one on
     an ``httpx.MockTransport``); in embedded mode the client is mounted on the simulated cluster.
     ``rng`` seeds the ``random``/``power_of_two`` policies (default: an unseeded Random).
+    ``sim_configure`` adjusts each embedded simulated server's ``SimConfig`` (``agentd simulate``
+    passes ``deterministic=True`` for virtual time).
     """
     _log_startup(cfg)
     registry = build_registry()
@@ -115,10 +138,8 @@ async def run_daemon(
             root.start_soon(_watch_signals, shutdown, root.cancel_scope)
         embedded: Any = None
         if cfg.embedded_mode:
-            from daemon.embedded import start_embedded  # noqa: PLC0415 - only in embedded mode
-
-            embedded, mounts = await start_embedded(root, cfg, registry)
-            client = default_client(cfg, mounts)
+            embedded = await _start_embedded(root, cfg, sim_configure)
+            client = default_client(cfg, transport=SimTransport(embedded))
         else:
             client = client_factory(cfg) if client_factory is not None else default_client(cfg)
         async with client:

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import trio
 
-from conftest import make_config
+from native_fakes import make_config
 from daemon.config import ProgramSchedulingConfig
 from daemon.handles import DaemonHandles
 from daemon.supervisor import run_daemon
@@ -117,6 +117,10 @@ async def start(nursery: trio.Nursery, worker: ProgramWorker, **ps: Any) -> Daem
     return await nursery.start(partial(run_daemon, cfg, client_factory=worker.client, rng=random.Random(1)))
 
 
+async def post(client: httpx.AsyncClient, body: dict[str, Any]) -> httpx.Response:
+    return await client.post("/v1/chat/completions", json=body)
+
+
 def rank0(pred: Callable[[dict[str, Any]], bool]) -> Callable[[dict[str, Any]], bool]:
     return lambda d: pred(d["ranks"][0])
 
@@ -131,11 +135,11 @@ async def test_program_tiny_capacity_queues_and_resumes_in_order(resume_order: s
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, worker, resume_order=resume_order, **TINY)
         ps = handles.program_dispatcher
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client, trio.open_nursery() as reqs:
             for pid in ("p1", "p2", "p3"):  # finish order p1, p2, p3 (MRU: p3 most recent)
                 assert (await client.post("/v1/chat/completions", json=chat(f"warm-{pid}", pid))).status_code == 200
             worker.hold("X")
-            nursery.start_soon(client.post, "/v1/chat/completions", chat("X", "x"))
+            reqs.start_soon(post, client, chat("X", "x"))
             await worker.arrival("X").wait()
             results: dict[str, int] = {}
 
@@ -159,17 +163,17 @@ async def test_program_priority_and_deadline() -> None:
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, worker, **TINY)
         ps = handles.program_dispatcher
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client, trio.open_nursery() as reqs:
             worker.hold("X")
-            nursery.start_soon(client.post, "/v1/chat/completions", chat("X", "x"))
+            reqs.start_soon(post, client, chat("X", "x"))
             await worker.arrival("X").wait()
             async with trio.open_nursery() as senders:
-                senders.start_soon(client.post, "/v1/chat/completions", chat("LOW", "low"))
+                senders.start_soon(post, client, chat("LOW", "low"))
                 await ps.wait_diagnostics(lambda d: d["retained_requests"] == 1)
-                senders.start_soon(client.post, "/v1/chat/completions", chat("HIGH", "high", priority=5))
+                senders.start_soon(post, client, chat("HIGH", "high", priority=5))
                 await ps.wait_diagnostics(lambda d: d["retained_requests"] == 2)
                 # a request deadline forces resume while X still holds the rank
-                senders.start_soon(client.post, "/v1/chat/completions", chat("DL", "dl", deadline_seconds=0.3))
+                senders.start_soon(post, client, chat("DL", "dl", deadline_seconds=0.3))
                 await worker.arrival("DL").wait()
                 assert "X" in worker.holds and not worker.holds["X"].is_set()
                 worker.release("X")
@@ -185,12 +189,12 @@ async def test_program_segment_yield_lets_the_waiter_in() -> None:
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, worker, max_segment_rounds=1, **TINY)
         ps = handles.program_dispatcher
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client, trio.open_nursery() as reqs:
             worker.hold("A")
             # a 60 s retention hint would keep A's KV reserved; the completed segment yields instead
-            nursery.start_soon(client.post, "/v1/chat/completions", chat("A", "a", kv_retention_ttl_seconds=60))
+            reqs.start_soon(post, client, chat("A", "a", kv_retention_ttl_seconds=60))
             await worker.arrival("A").wait()
-            nursery.start_soon(client.post, "/v1/chat/completions", chat("B", "b"))
+            reqs.start_soon(post, client, chat("B", "b"))
             await ps.wait_diagnostics(lambda d: d["retained_requests"] == 1)
             worker.release("A")
             await worker.arrival("B").wait()
@@ -211,7 +215,7 @@ async def test_program_cross_rank_resume_with_global_queue() -> None:
             metrics_interval_seconds=0.2,
         )
         ps = handles.program_dispatcher
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client, trio.open_nursery() as reqs:
             # mature both ranks' request windows (stats_window_size = 1)
             k = 0
             while not all(r["rolling"]["request_window_complete"] for r in ps.diagnostics()["ranks"]):
@@ -237,11 +241,11 @@ async def test_program_waiting_gate_holds_programs_not_identity_free_traffic() -
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, worker, metrics_interval_seconds=0.2)
         ps = handles.program_dispatcher
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client, trio.open_nursery() as reqs:
             assert (await client.post("/v1/chat/completions", json=chat("warm", "w"))).status_code == 200
             worker.waiting[(W0, 0)] = 1
             await ps.wait_diagnostics(rank0(lambda r: r["vllm_waiting_requests"] == 1 and r["observation_fresh"]))
-            nursery.start_soon(client.post, "/v1/chat/completions", chat("GATED", "g"))
+            reqs.start_soon(post, client, chat("GATED", "g"))
             await ps.wait_diagnostics(lambda d: d["retained_requests"] == 1)
             plain = await client.post("/v1/chat/completions", json=chat("PLAIN", None))
             assert plain.status_code == 200
@@ -257,22 +261,21 @@ async def test_program_client_disconnect_while_queued_leaves_ledger_at_zero() ->
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, worker, **TINY)
         ps = handles.program_dispatcher
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client, trio.open_nursery() as reqs:
             worker.hold("X")
-            nursery.start_soon(client.post, "/v1/chat/completions", chat("X", "x"))
+            reqs.start_soon(post, client, chat("X", "x"))
             await worker.arrival("X").wait()
-            with trio.CancelScope() as gone:
-                async def queued() -> None:
+            gone = trio.CancelScope()
+
+            async def queued() -> None:
+                with gone:  # the client gives up: its connection closes while the request is queued
                     await client.post("/v1/chat/completions", json=chat("Q", "q"))
 
-                nursery.start_soon(queued)
-                await ps.wait_diagnostics(lambda d: d["retained_requests"] == 1)
-                gone.cancel()
-            async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as other:
-                # a separate connection: drop the queued client's connection for real
-                pass
-        await ps.wait_diagnostics(lambda d: d["retained_requests"] == 0)
-        worker.release("X")
+            reqs.start_soon(queued)
+            await ps.wait_diagnostics(lambda d: d["retained_requests"] == 1)
+            gone.cancel()
+            await ps.wait_diagnostics(lambda d: d["retained_requests"] == 0)
+            worker.release("X")
         diag = await ps.wait_diagnostics(rank0(lambda r: r["router_in_flight_requests"] == 0
                                                and r["router_active_programs"] == 0))
         rank = diag["ranks"][0]
