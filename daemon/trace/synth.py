@@ -35,7 +35,7 @@ from typing import Any
 
 import attrs
 
-from daemon.trace.format import Trace, TraceMeta, TraceRecord, compute_hash_ids
+from daemon.trace.format import HashChain, Trace, TraceMeta, TraceRecord
 
 PROFILES = ("swe-short", "coding-long", "bfcl", "chat-human", "batch")
 
@@ -366,14 +366,17 @@ def _with_hash_ids(drafts: list[_Draft]) -> list[TraceRecord]:
     ids: dict[tuple[Any, ...], int] = {}
     out: list[TraceRecord] = []
     for d in drafts:
-        history: list[tuple[str, int]] = []
+        chain = HashChain(ids)
+        prev: TraceRecord | None = None
         for rec in d.records:
-            if rec.turn == 0 or rec.compaction:
-                history = [(rec.shared_prefix_id or f"{d.session_id}:none", rec.shared_prefix_tokens)]
-            history.append((f"{d.session_id}:in{rec.turn}", rec.input_delta))
-            segments = [s for s in history if s[1] > 0]
-            out.append(attrs.evolve(rec, hash_ids=compute_hash_ids(segments, ids)))
-            history.append((f"{d.session_id}:out{rec.turn}", rec.output_length))
+            if prev is None or rec.compaction:
+                chain = HashChain(ids)
+                chain.extend(rec.shared_prefix_id or f"{d.session_id}:none", rec.shared_prefix_tokens)
+            else:
+                chain.extend(f"{d.session_id}:out{prev.turn}", prev.output_length)
+            chain.extend(f"{d.session_id}:in{rec.turn}", rec.input_delta)
+            out.append(attrs.evolve(rec, hash_ids=chain.hash_ids()))
+            prev = rec
     return out
 
 
