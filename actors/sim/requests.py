@@ -147,7 +147,7 @@ def parse_generation(body: Mapping[str, Any], *, chat: bool, cluster: SimCluster
             400,
             f"This model's maximum context length is {config.engine.max_model_len} tokens. However, you requested "
             f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the messages, {max_tokens} in the "
-            "completion). Please reduce the length of the messages or completion.",
+            f"completion). Please reduce the length of the messages or {max_key}.",
             param=max_key,
         )
 

@@ -1,0 +1,277 @@
+"""The simulated server's OpenAI API through the in-process transport, in virtual time."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from actors.sim import tokenizer
+from actors.sim.cluster import SimConfig
+from actors.sim.engine import EngineConfig
+from actors.sim.stats import CostModel
+from tests.sim.conftest import sse_payloads, sim_client
+
+USER = {"role": "user", "content": "please list the files in the repository"}
+
+
+async def test_non_streaming_chat_shape_and_exact_virtual_time(autojump_clock: trio.abc.Clock) -> None:
+    async with sim_client() as (_cluster, client):
+        t0 = trio.current_time()
+        r = await client.post("/v1/chat/completions", json={"messages": [USER], "max_tokens": 3})
+        elapsed = trio.current_time() - t0
+    assert r.status_code == 200
+    body = r.json()
+    n_prompt = len(tokenizer.render_chat([USER]))
+    assert body["object"] == "chat.completion"
+    assert body["id"].startswith("chatcmpl-")
+    assert r.headers["x-request-id"] == body["id"]
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert tokenizer.count_tokens(choice["message"]["content"]) == 3
+    assert body["usage"] == {"prompt_tokens": n_prompt, "completion_tokens": 3, "total_tokens": n_prompt + 3,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
+    cost = CostModel()
+    expected = (cost.cold_prefill_seconds(n_prompt) + cost.decode_step_seconds(1, n_prompt + 1)
+                + cost.decode_step_seconds(1, n_prompt + 2))
+    assert elapsed == pytest.approx(expected, rel=1e-9)
+
+
+async def test_streaming_frames_usage_and_done(autojump_clock: trio.abc.Clock) -> None:
+    arrivals: list[float] = []
+    raw = b""
+    async with sim_client() as (_cluster, client):
+        payload = {"messages": [USER], "max_tokens": 5, "stream": True, "stream_options": {"include_usage": True}}
+        async with client.stream("POST", "/v1/chat/completions", json=payload) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            async for chunk in r.aiter_bytes():
+                arrivals.append(trio.current_time())
+                raw += chunk
+    frames = sse_payloads(raw)
+    assert frames[-1] == "[DONE]"
+    usage_frame = frames[-2]
+    assert usage_frame["choices"] == []
+    assert usage_frame["usage"]["completion_tokens"] == 5
+    chunks = frames[:-2]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    contents = [c["choices"][0]["delta"]["content"] for c in chunks[1:]]
+    assert len(contents) == 5 and tokenizer.count_tokens("".join(contents)) == 5
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * 5 + ["length"]
+    assert all("usage" not in c for c in chunks)
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    # fed token by token as the engine steps, not buffered: 5 distinct virtual arrival times
+    assert len(set(arrivals)) == 5 and arrivals == sorted(arrivals)
+
+
+async def test_completions_stream_and_non_stream(autojump_clock: trio.abc.Clock) -> None:
+    text = tokenizer.text_of_tokens(40, "c")
+    async with sim_client() as (_cluster, client):
+        r = await client.post("/v1/completions", json={"prompt": text})
+        async with client.stream("POST", "/v1/completions",
+                                 json={"prompt": text, "max_tokens": 2, "stream": True}) as s:
+            raw = b"".join([c async for c in s.aiter_bytes()])
+    body = r.json()
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+    assert body["usage"]["prompt_tokens"] == 40
+    assert body["usage"]["completion_tokens"] == 16  # vLLM's completions default max_tokens
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    frames = sse_payloads(raw)
+    assert frames[-1] == "[DONE]" and len(frames) == 3  # no usage frame without include_usage
+    assert frames[1]["choices"][0]["finish_reason"] == "length"
+
+
+async def test_next_turn_extends_prompt_and_hits_prefix_cache(autojump_clock: trio.abc.Clock) -> None:
+    system = {"role": "system", "content": tokenizer.text_of_tokens(200, "sys")}
+    turn1 = [system, USER]
+    async with sim_client(SimConfig(dp_size=1, deterministic=True)) as (_cluster, client):
+        r1 = (await client.post("/v1/chat/completions", json={"messages": turn1, "max_tokens": 30})).json()
+        reply = {"role": "assistant", "content": r1["choices"][0]["message"]["content"]}
+        turn2 = [*turn1, reply, {"role": "user", "content": "and now the tests"}]
+        r2 = (await client.post("/v1/chat/completions", json={"messages": turn2, "max_tokens": 5})).json()
+    p1 = tokenizer.render_chat(turn1)
+    p2 = tokenizer.render_chat(turn2)
+    assert p2[: len(p1)] == p1  # the template extends the previous prompt exactly
+    computed = len(p1) + 30 - 1  # the last generated token never entered the KV cache
+    assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == (computed // 16) * 16
+    assert r2["usage"]["prompt_tokens"] == len(p2)
+
+
+async def test_tool_call_hint_and_tool_turn_prefix(autojump_clock: trio.abc.Clock) -> None:
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
+    async with sim_client(SimConfig(dp_size=1, deterministic=True)) as (_cluster, client):
+        first = {"messages": [USER], "tools": tools, "max_tokens": 20, "vllm_xargs": {"sim_finish_reason": "tool_calls"}}
+        r1 = (await client.post("/v1/chat/completions", json=first)).json()
+        msg = r1["choices"][0]["message"]
+        assert r1["choices"][0]["finish_reason"] == "tool_calls"
+        assert msg["content"] is None
+        (call,) = msg["tool_calls"]
+        assert call["type"] == "function" and call["function"]["name"] == "read_file"
+        assert json.loads(call["function"]["arguments"])["q"]
+        assert r1["usage"]["completion_tokens"] == 20
+        turn2 = [USER, {"role": "assistant", "content": None, "tool_calls": msg["tool_calls"]},
+                 {"role": "tool", "tool_call_id": call["id"], "content": "README.md setup.py"}]
+        r2 = (await client.post("/v1/chat/completions", json={"messages": turn2, "tools": tools, "max_tokens": 4})).json()
+        stream_req = {**first, "stream": True}
+        async with client.stream("POST", "/v1/chat/completions", json=stream_req) as s:
+            frames = sse_payloads(b"".join([c async for c in s.aiter_bytes()]))
+    p1 = tokenizer.render_chat([USER], tools=tools)
+    computed = len(p1) + 20 - 1
+    assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] == (computed // 16) * 16
+    deltas = [f["choices"][0]["delta"] for f in frames[:-1]]
+    assert deltas[1]["tool_calls"][0]["function"] == {"name": "read_file", "arguments": ""}
+    args = "".join(d["tool_calls"][0]["function"]["arguments"] for d in deltas[2:] if "tool_calls" in d)
+    assert args == call["function"]["arguments"]
+    assert frames[-2]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+async def test_sim_output_tokens_hint_stops_early(autojump_clock: trio.abc.Clock) -> None:
+    async with sim_client() as (_cluster, client):
+        r = await client.post("/v1/chat/completions",
+                              json={"messages": [USER], "max_tokens": 50, "vllm_xargs": {"sim_output_tokens": 7}})
+    assert r.json()["usage"]["completion_tokens"] == 7
+    assert r.json()["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_dp_pinning_and_least_loaded_routing(autojump_clock: trio.abc.Clock) -> None:
+    async with sim_client(SimConfig(dp_size=3, deterministic=True)) as (cluster, client):
+        r = await client.post("/v1/chat/completions", json={"messages": [USER], "max_tokens": 4},
+                              headers={"X-data-parallel-rank": "2"})
+        assert r.status_code == 200
+        assert [e.stats.generation_tokens for e in cluster.engines] == [0, 0, 4]
+        bad = await client.post("/v1/chat/completions", json={"messages": [USER]}, headers={"x-data-parallel-rank": "3"})
+        assert bad.status_code == 400
+        assert bad.json()["error"]["message"] == "data_parallel_rank 3 is out of range [0, 3)."
+        ignored = await client.post("/v1/chat/completions", json={"messages": [USER], "max_tokens": 1},
+                                    headers={"x-data-parallel-rank": "two"})
+        assert ignored.status_code == 200
+        assert cluster.engines[0].stats.generation_tokens == 1  # unpinned, all idle -> lowest rank
+
+        async def one(i: int) -> None:
+            await client.post("/v1/chat/completions",
+                              json={"messages": [{"role": "user", "content": f"task {i}"}], "max_tokens": 50})
+
+        async with trio.open_nursery() as nursery:
+            for i in range(3):
+                nursery.start_soon(one, i)
+        # three concurrent requests spread over the three ranks (waiting*4 + running)
+        assert [e.stats.generation_tokens for e in cluster.engines] == [51, 50, 54]
+
+
+async def test_metrics_exposition_matches_engine_counters(autojump_clock: trio.abc.Clock) -> None:
+    async with sim_client() as (cluster, client):
+        long_user = {"role": "user", "content": tokenizer.text_of_tokens(100, "metrics")}
+        for i in range(3):
+            await client.post("/v1/chat/completions", json={"messages": [long_user], "max_tokens": 3 + i},
+                              headers={"x-data-parallel-rank": str(i % 2)})
+        text = (await client.get("/metrics")).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    # family names as the parser reports them (counters lose the _total suffix)
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:cache_config_info", "vllm:time_to_first_token_seconds",
+                 "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds"):
+        assert name in families, name
+
+    def value(sample_name: str, engine: int) -> float:
+        for fam in families.values():
+            for s in fam.samples:
+                if s.name == sample_name and s.labels.get("engine") == str(engine):
+                    assert s.labels.get("model_name", "agentd-sim") == "agentd-sim"
+                    return s.value
+        raise AssertionError(sample_name)
+
+    for rank, engine in enumerate(cluster.engines):
+        st = engine.stats
+        assert value("vllm:prompt_tokens_total", rank) == st.prompt_tokens
+        assert value("vllm:prompt_tokens_cached_total", rank) == st.prompt_tokens_cached
+        assert value("vllm:generation_tokens_total", rank) == st.generation_tokens
+        assert value("vllm:prefix_cache_queries_total", rank) == st.prefix_cache_queries
+        assert value("vllm:prefix_cache_hits_total", rank) == st.prefix_cache_hits
+        assert value("vllm:num_preemptions_total", rank) == st.num_preemptions
+        assert value("vllm:time_to_first_token_seconds_count", rank) == st.ttft.count
+        assert value("vllm:inter_token_latency_seconds_count", rank) == st.itl.count
+        assert value("vllm:kv_cache_usage_perc", rank) == engine.kv_cache_usage()
+    assert [cluster.engines[r].stats.generation_tokens for r in (0, 1)] == [3 + 5, 4]
+    assert value("vllm:prefix_cache_hits_total", 0) > 0  # the third request reused the first's prompt
+    info = [s for s in families["vllm:cache_config_info"].samples if s.labels["engine"] == "1"][0]
+    assert info.labels["num_gpu_blocks"] == "4096" and info.labels["block_size"] == "16"
+
+
+async def test_client_disconnect_aborts_the_request(autojump_clock: trio.abc.Clock) -> None:
+    async with sim_client() as (cluster, client):
+        payload = {"messages": [USER], "max_tokens": 500, "stream": True}
+        async with client.stream("POST", "/v1/chat/completions", json=payload) as s:
+            async for _chunk in s.aiter_bytes():
+                break
+        await trio.sleep(1.0)
+        assert sum(e.stats.request_success["abort"] for e in cluster.engines) == 1
+        assert sum(e.num_running + e.num_waiting for e in cluster.engines) == 0
+        assert sum(e.stats.generation_tokens for e in cluster.engines) < 500
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        ({"messages": "notalist"}, 400, "messages"),
+        ({"messages": [{"content": "x"}]}, 400, "messages[0]"),
+        ({"messages": [USER], "max_tokens": 0}, 400, "max_tokens"),
+        ({"messages": [USER], "max_tokens": "10"}, 400, "max_tokens"),
+        ({"messages": [USER], "priority": "high"}, 400, "priority"),
+        ({"messages": [USER], "priority": 2**63}, 400, "priority"),
+        ({"messages": [USER], "stream_options": {"include_usage": True}}, 400, "stream_options"),
+        ({"messages": [USER], "model": "gpt-4"}, 404, "model"),
+        ({"messages": [USER], "n": 2}, 400, "n"),
+        ({"messages": [USER], "vllm_xargs": "nope"}, 400, "vllm_xargs"),
+        ({"messages": [USER], "vllm_xargs": {"sim_finish_reason": "eos"}}, 400, "vllm_xargs.sim_finish_reason"),
+        ({"messages": [USER], "cache_salt": ""}, 400, "cache_salt"),
+        ({"messages": [USER], "max_tokens": 70_000}, 400, "max_tokens"),
+    ],
+)
+async def test_bad_requests_name_the_field(
+    autojump_clock: trio.abc.Clock, body: dict[str, object], status: int, param: str
+) -> None:
+    async with sim_client() as (_cluster, client):
+        r = await client.post("/v1/chat/completions", json=body)
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert err["param"] == param and err["code"] == status
+    assert param.split("[")[0] in err["message"] or status == 404
+
+
+async def test_strict_xargs_rejects_nested_values_lenient_accepts(autojump_clock: trio.abc.Clock) -> None:
+    body = {"messages": [USER], "max_tokens": 2, "vllm_xargs": {"agentic_context": {"program_id": "p1"}, "k": [1, "a"]}}
+    async with sim_client(SimConfig(strict_xargs=True, deterministic=True)) as (_c, client):
+        strict = await client.post("/v1/chat/completions", json=body)
+        scalar = await client.post("/v1/chat/completions",
+                                   json={**body, "vllm_xargs": {"agentic_context": '{"program_id": "p1"}', "k": [1]}})
+    async with sim_client() as (_c, client):
+        lenient = await client.post("/v1/chat/completions", json=body)
+    assert strict.status_code == 400
+    assert strict.json()["error"]["param"] == "vllm_xargs.agentic_context"
+    assert scalar.status_code == 200 and lenient.status_code == 200
+
+
+async def test_priority_under_fcfs_can_be_rejected(autojump_clock: trio.abc.Clock) -> None:
+    async with sim_client(SimConfig(priority_under_fcfs="reject", deterministic=True)) as (_c, client):
+        r = await client.post("/v1/chat/completions", json={"messages": [USER], "priority": 3})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "Got priority 3 but Priority scheduling is not enabled."
+
+
+async def test_other_endpoints(autojump_clock: trio.abc.Clock) -> None:
+    async with sim_client(SimConfig(dp_size=1, engine=EngineConfig(num_gpu_blocks=101), deterministic=True)) as (_c, client):
+        assert (await client.get("/health")).status_code == 200
+        models = (await client.get("/v1/models")).json()
+        assert models["data"][0]["id"] == "agentd-sim" and models["data"][0]["max_model_len"] == 1600
+        tok = (await client.post("/tokenize", json={"prompt": "hello big world"})).json()
+        assert tok == {"count": 3, "max_model_len": 1600, "tokens": tokenizer.tokenize("hello big world")}
+        chat_tok = (await client.post("/tokenize", json={"messages": [USER]})).json()
+        assert chat_tok["tokens"] == tokenizer.render_chat([USER])
+        render = (await client.post("/v1/chat/completions/render", json={"messages": [USER], "model": "x"})).json()
+        assert render["token_ids"] == tokenizer.render_chat([USER])
+        assert (await client.get("/get_load")).json() == {"load": 0}
+        assert (await client.get("/nope")).status_code == 404
+        assert (await client.get("/v1/chat/completions")).status_code == 405
+        bad_json = await client.post("/v1/chat/completions", content=b"{not json")
+        assert bad_json.status_code == 400 and bad_json.json()["error"]["param"] == "body"
