@@ -24,7 +24,7 @@ latest scheduler state, the rank observers and each channel's statistics.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
@@ -219,6 +219,17 @@ class ProgramDispatcher:
             await inbox.send(Abandoned(request_id=req.request_id))
         except trio.BrokenResourceError:
             pass  # the scheduler is gone: nothing left to account
+
+    async def wait_diagnostics(self, predicate: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+        """Wait until ``predicate(diagnostics())`` holds, re-checking after every scheduler step.
+
+        No checkpoint separates the check from subscribing to the next step, so no change is missed.
+        """
+        while True:
+            doc = self.diagnostics()
+            if predicate(doc):
+                return doc
+            await self.scheduler.wait_changed()
 
     def diagnostics(self) -> dict[str, Any]:
         now = trio.current_time()

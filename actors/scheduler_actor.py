@@ -88,6 +88,15 @@ class SchedulerHandle:
         self.steps_count = 0
         self.last_step_at: float | None = None
         self.pending_replies_count = 0
+        self._changed = trio.Event()
+
+    def _stepped(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_changed(self) -> None:
+        """Return after the next step (for ``wait_<condition>`` helpers; never polls)."""
+        await self._changed.wait()
 
     def statistics(self) -> list[dict[str, Any]]:
         out = [self.inbox.statistics()]
@@ -337,6 +346,7 @@ async def run_scheduler_actor(
                     handle.steps_count += 1
                     handle.last_step_at = now
                     router.route(result.effects, now)
+                handle._stepped()
                 if isinstance(msg, RepairTick) and on_tick is not None:
                     on_tick(handle, now)
         finally:

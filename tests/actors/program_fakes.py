@@ -1,4 +1,4 @@
-"""Helpers for the Program-scheduling actor tests: a controllable fake vLLM worker (served by
+"""Helpers (and the ``event_log`` fixture) for the Program-scheduling actor tests: a controllable fake vLLM worker (served by
 httpx.MockTransport, so no real I/O) and a way to drive the ProgramDispatcher without HTTP."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.actors.conftest import FakeWorkers, daemon_config, ok, program_request, program_scheduling
+from program_fakes import FakeWorkers, daemon_config, ok, program_request, program_scheduling
 
 
 def _program(diag: dict, target: str | None = None) -> list[dict]:
