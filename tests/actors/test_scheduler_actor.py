@@ -12,6 +12,7 @@ import pytest
 import trio
 import trio.testing
 
+from daemon.dispatch import DispatchRejected
 from program_fakes import FakeWorkers, daemon_config, ok, program_request, program_scheduling
 
 
@@ -82,7 +83,7 @@ async def test_acting_ttl_expires_exactly_at_armed_deadline(autojump_clock: trio
 
 
 async def test_paused_retention_releases_after_1800_seconds(autojump_clock: trio.testing.MockClock, event_log) -> None:
-    cfg = daemon_config(SINGLE, dp=1)
+    cfg = daemon_config(SINGLE, dp=1, metrics_interval_seconds=60.0)  # few ticks: the timer releases it
     async with program_scheduling(cfg) as (dispatcher, registry, _):
         t0 = trio.current_time()
         await trio.sleep(0.5)
@@ -210,3 +211,25 @@ async def test_without_token_capacity_exactly_one_fallback_per_target(
         # one scrape per worker URL per interval, shared by both DP ranks
         assert sorted(u for t, u in workers.scrapes if t == t0) == ["http://w0:8000", "http://w1:8000"]
         assert [t - t0 for t, _ in workers.scrapes] == [float(k) for k in range(30) for _ in range(2)]
+
+
+async def test_queue_timeout_rejects_with_429_at_the_exact_deadline(autojump_clock: trio.testing.MockClock) -> None:
+    # the waiting gate holds the rank (forced resume included) until the queue timeout
+    cfg = daemon_config(SINGLE, dp=1, queue_timeout_seconds=20.0, force_resume_timeout_seconds=10.0)
+    async with program_scheduling(cfg) as (dispatcher, registry, workers):
+        t0 = trio.current_time()
+        async with dispatcher.lease(program_request("warm")) as lease:
+            lease.finish(ok())
+        workers.waiting[("http://w0:8000", 0)] = 3
+        await trio.sleep_until(t0 + 1.5)
+        rank = dispatcher.diagnostics()["ranks"][0]
+        assert rank["vllm_waiting_requests"] == 3
+        with pytest.raises(DispatchRejected) as info:
+            async with dispatcher.lease(program_request("late")):
+                raise AssertionError("must not be admitted")
+        assert trio.current_time() - t0 == 21.5
+        assert (info.value.status, info.value.code, info.value.retry_after_seconds) == (429, "queue_timeout", 1.0)
+        assert "queue timeout" in info.value.message
+        diag = dispatcher.diagnostics()
+        assert diag["retained_requests"] == 0
+        assert diag["dispatcher"]["rejected_count"] == 1
