@@ -233,3 +233,15 @@ async def test_queue_timeout_rejects_with_429_at_the_exact_deadline(autojump_clo
         diag = dispatcher.diagnostics()
         assert diag["retained_requests"] == 0
         assert diag["dispatcher"]["rejected_count"] == 1
+
+
+async def test_an_actor_crash_stops_program_scheduling(autojump_clock: trio.testing.MockClock) -> None:
+    cfg = daemon_config(SINGLE, dp=1)
+    with pytest.raises(BaseExceptionGroup) as info:
+        async with program_scheduling(cfg) as (dispatcher, _, workers):
+            async with dispatcher.lease(program_request("p1")) as lease:  # rank poller + Program actor running
+                lease.finish(ok())
+            await dispatcher.scheduler.inbox.send.send("not a scheduler message")  # type: ignore[arg-type]
+            await trio.sleep(3600)
+    assert info.group_contains(TypeError, match="no core event", depth=None)
+    assert trio.current_time() < 3600  # the crash cancelled everything at once

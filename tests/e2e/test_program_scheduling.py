@@ -46,6 +46,7 @@ class ProgramWorker:
         self.metrics_scrapes = 0
         self.holds: dict[str, trio.Event] = {}
         self.arrived: dict[str, trio.Event] = {}
+        self.fail: set[str] = set()  # request names answered with HTTP 500
 
     def client(self, cfg: Any = None) -> httpx.AsyncClient:
         return httpx.AsyncClient(transport=httpx.MockTransport(self.handler))
@@ -85,6 +86,8 @@ class ProgramWorker:
         hold = self.holds.get(name)
         if hold is not None:
             await hold.wait()
+        if name in self.fail:
+            return httpx.Response(500, json={"error": {"message": "worker exploded"}})
         usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": 2, "total_tokens": PROMPT_TOKENS + 2,
                  "prompt_tokens_details": {"cached_tokens": 0}}
         if not body.get("stream"):
@@ -282,4 +285,45 @@ async def test_program_client_disconnect_while_queued_leaves_ledger_at_zero() ->
         assert rank["router_estimated_used_tokens"] == 0
         assert rank["router_queued_requests"] == 0
         assert "Q" not in worker.order()
+        handles.shutdown.set()
+
+
+async def test_program_queue_timeout_is_429_with_retry_after() -> None:
+    worker = ProgramWorker()
+    async with trio.open_nursery() as nursery:
+        handles = await start(nursery, worker, metrics_interval_seconds=0.1, queue_timeout_seconds=0.3,
+                              force_resume_timeout_seconds=0.3)
+        ps = handles.program_dispatcher
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client:
+            assert (await post(client, chat("warm", "w"))).status_code == 200
+            worker.waiting[(W0, 0)] = 1  # the gate holds every Program admission, forced ones included
+            await ps.wait_diagnostics(rank0(lambda r: r["vllm_waiting_requests"] == 1 and r["observation_fresh"]))
+            r = await post(client, chat("LATE", "late"))
+        assert r.status_code == 429
+        assert r.headers["retry-after"] == "1"
+        err = r.json()["error"]
+        assert err["code"] == "queue_timeout"
+        assert "queue timeout" in err["message"]
+        assert "LATE" not in worker.order()
+        assert ps.diagnostics()["retained_requests"] == 0
+        handles.shutdown.set()
+
+
+async def test_program_worker_failure_is_502_and_leaves_the_program_consistent() -> None:
+    worker = ProgramWorker()
+    worker.fail.add("BOOM")
+    async with trio.open_nursery() as nursery:
+        handles = await start(nursery, worker, **TINY)
+        ps = handles.program_dispatcher
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client:
+            assert (await post(client, chat("BOOM", "p"))).status_code == 502
+            diag = ps.diagnostics()
+            (prog,) = diag["ranks"][0]["programs"]
+            assert (prog["state"], prog["pause_reason"], prog["in_flight_requests"]) == ("paused", "request_failed", 0)
+            assert diag["ranks"][0]["router_estimated_used_tokens"] == 0
+            # the Program continues normally afterwards
+            assert (await post(client, chat("fine", "p"))).status_code == 200
+        assert handles.registry.get_sample_value(
+            "vllm_router_agent_aware_transitions_total", {"target": f"{W0}@0", "reason": "request_failed"}
+        ) == 1.0
         handles.shutdown.set()
