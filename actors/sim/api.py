@@ -154,7 +154,8 @@ class SimApi:
         )
         created = int(cluster.now())
         try:
-            outputs = await cluster.submit(engine_req, dp_rank=rank, order_key=(response_id, req.body))
+            outputs = await cluster.submit(engine_req, dp_rank=rank, order_key=(response_id, req.body),
+                                           final_only=not parsed.stream)
         except BaseException:
             self._release(response_id)
             raise

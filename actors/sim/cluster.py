@@ -89,6 +89,7 @@ class Submission:
     dp_rank: int | None
     outputs: trio.MemorySendChannel[EngineOutput]
     order_key: tuple[Any, ...]
+    final_only: bool = False
 
 
 @attrs.frozen
@@ -108,6 +109,7 @@ class SimCluster:
         ]
         self._inbox_send, self._inbox_receive = trio.open_memory_channel[Submission | Abort](INBOX_BUFFER)
         self._streams: dict[str, trio.MemorySendChannel[EngineOutput]] = {}
+        self._final_only: set[str] = set()
         self._owner: dict[str, Engine] = {}
         self.started = False
 
@@ -127,14 +129,17 @@ class SimCluster:
             raise ValueError(f"data_parallel_rank {dp_rank} is out of range [0, {self.dp_size}).")
 
     async def submit(
-        self, request: Request, *, dp_rank: int | None = None, order_key: tuple[Any, ...] = ()
+        self, request: Request, *, dp_rank: int | None = None, order_key: tuple[Any, ...] = (),
+        final_only: bool = False,
     ) -> trio.MemoryReceiveChannel[EngineOutput]:
-        """Queue ``request``; returns the channel of its outputs (closed after the finish)."""
+        """Queue ``request``; returns the channel of its outputs (closed after the finish).
+
+        With ``final_only`` only the finishing output is sent (non-streamed requests)."""
         self.check_rank(dp_rank)
         # every output carries >= 1 token and the finish rides on the last one, so one slot per
         # output token is enough: the cluster task never blocks on a slow consumer
         send, receive = trio.open_memory_channel[EngineOutput](len(request.output) + 1)
-        await self._inbox_send.send(Submission(request, dp_rank, send, order_key or (request.request_id,)))
+        await self._inbox_send.send(Submission(request, dp_rank, send, order_key or (request.request_id,), final_only))
         return receive
 
     def abort(self, request_id: str) -> None:
@@ -200,10 +205,13 @@ class SimCluster:
                 continue
             self._streams[rid] = sub.outputs
             self._owner[rid] = engine
+            if sub.final_only:
+                self._final_only.add(rid)
             try:
                 outs = engine.add_request(sub.request, now)
             except ValueError:
                 del self._streams[rid], self._owner[rid]
+                self._final_only.discard(rid)
                 sub.outputs.close()
                 continue
             self._dispatch(engine, outs)
@@ -211,6 +219,7 @@ class SimCluster:
     def _abort(self, request_id: str, now: float) -> None:
         engine = self._owner.pop(request_id, None)
         stream = self._streams.pop(request_id, None)
+        self._final_only.discard(request_id)
         if stream is not None:
             stream.close()
         if engine is not None:
@@ -218,9 +227,10 @@ class SimCluster:
 
     def _dispatch(self, engine: Engine, outputs: list[EngineOutput]) -> None:
         gone: list[str] = []
+        final_only = self._final_only
         for out in outputs:
             stream = self._streams.get(out.request_id)
-            if stream is None:
+            if stream is None or (out.finish_reason is None and out.request_id in final_only):
                 continue
             try:
                 stream.send_nowait(out)
@@ -230,6 +240,7 @@ class SimCluster:
             if out.finish_reason is not None:
                 stream.close()
                 del self._streams[out.request_id], self._owner[out.request_id]
+                final_only.discard(out.request_id)
         for request_id in gone:  # the consumer went away: abort like vLLM on disconnect
             self._abort(request_id, trio.current_time())
 

@@ -65,7 +65,7 @@ def extend_block_hashes(
 class BlockPool:
     """The block table of one engine: reference counts, hashes, LRU free queue."""
 
-    __slots__ = ("num_gpu_blocks", "ref_cnt", "block_hash", "cached", "free_queue", "evictions")
+    __slots__ = ("num_gpu_blocks", "ref_cnt", "block_hash", "cached", "free_queue", "evictions", "num_dup_hashes")
 
     def __init__(self, num_gpu_blocks: int) -> None:
         if num_gpu_blocks < 2:
@@ -77,6 +77,7 @@ class BlockPool:
         self.cached: dict[int, int | list[int]] = {}
         self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_gpu_blocks))
         self.evictions = 0
+        self.num_dup_hashes = 0  # hashes held by more than one block (rare)
 
     @property
     def num_free(self) -> int:
@@ -93,26 +94,28 @@ class BlockPool:
 
     def find_hits(self, hashes: Sequence[int], max_blocks: int) -> list[int]:
         """Blocks of the longest cached prefix of ``hashes`` (at most ``max_blocks``)."""
-        cached = self.cached
-        hits: list[int] = []
-        for i in range(min(max_blocks, len(hashes))):
-            entry = cached.get(hashes[i])
-            if entry is None:
-                break
-            hits.append(entry if isinstance(entry, int) else entry[0])
-        return hits
+        # C-speed lookups of the whole candidate range, then cut at the first miss
+        found = list(map(self.cached.get, hashes[:max_blocks]))
+        try:
+            found = found[: found.index(None)]
+        except ValueError:
+            pass
+        if self.num_dup_hashes:
+            return [e if isinstance(e, int) else e[0] for e in found]  # type: ignore[index]
+        return found  # type: ignore[return-value]
 
     def count_evictable(self, blocks: Sequence[int]) -> int:
-        ref = self.ref_cnt
-        return sum(1 for b in blocks if ref[b] == 0)
+        return list(map(self.ref_cnt.__getitem__, blocks)).count(0)
 
     def touch(self, blocks: Sequence[int]) -> None:
+        """Take a reference on cache hits, removing unreferenced ones from the free queue."""
         ref = self.ref_cnt
         free_queue = self.free_queue
         for b in blocks:
-            if ref[b] == 0:
+            r = ref[b]
+            if not r:
                 del free_queue[b]
-            ref[b] += 1
+            ref[b] = r + 1
 
     def allocate(self, n: int, out: list[int]) -> None:
         """Pop ``n`` blocks from the free-queue head into ``out`` (caller checked ``num_free``)."""
@@ -138,6 +141,7 @@ class BlockPool:
             entry.remove(b)
             if len(entry) == 1:
                 self.cached[h] = entry[0]
+                self.num_dup_hashes -= 1
 
     def cache_block(self, b: int, h: int) -> None:
         if self.block_hash[b] is not None:
@@ -148,6 +152,7 @@ class BlockPool:
             self.cached[h] = b
         elif isinstance(entry, int):
             self.cached[h] = [entry, b]
+            self.num_dup_hashes += 1
         else:
             entry.append(b)
 
@@ -156,6 +161,7 @@ class BlockPool:
         ref = self.ref_cnt
         free_queue = self.free_queue
         for b in reversed(blocks):
-            ref[b] -= 1
-            if ref[b] == 0:
+            r = ref[b] - 1
+            ref[b] = r
+            if not r:
                 free_queue[b] = None
