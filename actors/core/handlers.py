@@ -65,7 +65,7 @@ def schedule_after_change(s: SchedulerState) -> None:
 
 
 def _live(s: SchedulerState, ref: ProgramRef) -> Program | None:
-    p = s.programs.get(ref.key)
+    p = s.programs.get(ref[:2])
     return p if p is not None and p.ref == ref else None
 
 
@@ -171,9 +171,7 @@ def binding_candidates(s: SchedulerState, pool: str, p: Program) -> list[Candida
     cap = cfg.token_capacity_per_dp_rank
     low = cap * cfg.low_watermark_ratio if cap is not None else None
     per: dict[TargetId, list[float]] = {t: [0, 0.0, 0.0] for t in s.pools.get(pool, ())}
-    # consistent_hash and program_round_robin ignore the per-target accounting: skip the scan
-    scan = s.binder.strategy in ("least_program_count", "reasoning_token_balance", "cache_aware")
-    for o in s.programs.values() if scan else ():
+    for o in s.programs.values():
         if o is p or o.last_target not in per:
             continue
         acc = per[o.last_target]  # type: ignore[index]
@@ -197,8 +195,11 @@ def binding_candidates(s: SchedulerState, pool: str, p: Program) -> list[Candida
 
 
 def _bind(s: SchedulerState, p: Program, text: str | None) -> TargetId | None:
+    hash_key = p.placement_hash_key or p.ref.program_id
+    if s.binder.strategy in ("consistent_hash", "program_round_robin"):  # no per-target accounting needed
+        return s.binder.bind_ids(p.ref.key, hash_key, s.pools.get(p.ref.model_pool, ()))
     cands = binding_candidates(s, p.ref.model_pool, p)
-    return s.binder.bind(p.ref.key, p.placement_hash_key or p.ref.program_id, cands, text)
+    return s.binder.bind(p.ref.key, hash_key, cands, text)
 
 
 # ---- arrival ---------------------------------------------------------------------------------------
@@ -272,7 +273,8 @@ def on_submit(s: SchedulerState, ev: RequestSubmitted) -> None:
             cancel_request(s, rid, schedule=False)
             return
         enqueue(s, p)
-        set_force_resume_deadline(s, p)
+        if hints.deadline_seconds is not None or cfg.binding_only:
+            set_force_resume_deadline(s, p)
     if cfg.binding_only:
         if p.state != ACTIVE and p.last_target is not None:
             commit_admission(s, p, s.ranks[p.last_target], None)
@@ -280,6 +282,13 @@ def on_submit(s: SchedulerState, ev: RequestSubmitted) -> None:
         expire_acting_ttls(s)
         return
     arrival_sequence(s)
+    # The workload-derived force-resume deadline is frozen once the arrival's admission pass is
+    # over (a hint deadline, which can be due at once, was set before it): Programs admitted
+    # in this very pass no longer count as "ahead", and an admitted Program needs none.
+    if p.ref[:2] in s.programs and p.state == PAUSED and p.status == REASONING and s.pool.program_len(p.ref):
+        set_force_resume_deadline(s, p)
+        if p.state == PAUSED and p.force_resume_deadline is not None and p.force_resume_deadline <= now:
+            schedule_waiting(s)
 
 
 def _refresh_metadata(p: Program, ident: Any, existed: bool) -> None:
@@ -357,7 +366,6 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     explicit_cached = min(usage.cached_prompt_tokens or 0, obs_prompt)
     impact = cache_miss_impact_seconds(obs_prompt - min(p.shared_prefix_tokens, obs_prompt), cfg.prefill_cost_model)
     hint_ttl = d.hints.kv_retention_ttl_seconds
-    ttl = hint_ttl if hint_ttl is not None else fac.fitted_acting_ttl(impact, cfg.max_acting_ttl_seconds)
     freshness = shared_prefix_freshness(s, rank)
     p.in_flight -= 1
     waiting = s.pool.program_len(p.ref)
@@ -416,6 +424,8 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     _observe_context(p, usage.prompt_tokens, d.estimated_context_tokens)
     p.output_token_reservation = None
     if action == "ttl":
+        # the fitted TTL uses the continuity window as it was before this completion's samples
+        ttl = hint_ttl if hint_ttl is not None else fac.fitted_acting_ttl(impact, cfg.max_acting_ttl_seconds)
         p.acting_since = now
         p.ttl_deadline = now + ttl
         s.ttl_heap.push(p.ttl_deadline, p.ref)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from actors.core import program as lc
 from actors.core.effects import Admit, AdmissionCapacitySnapshot, QueueWaitObserved, RetireProgram, Transition
 from actors.core.ids import TargetId
-from actors.core.ledger import Plan, charge, private_tokens, target_usage
+from actors.core.ledger import Plan, charge, private_tokens
 from actors.core.model import (
     ACTIVE, PAUSED, REASONING, REQUEST_CANCELLED, Dispatch, Program, RankState,
 )

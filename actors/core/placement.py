@@ -98,6 +98,30 @@ class Binder:
         self.bindings[key] = chosen
         return chosen
 
+    def bind_ids(self, key: ProgramKey, hash_key: str, sorted_ids: tuple[TargetId, ...]) -> TargetId | None:
+        """``bind`` for the strategies that need no per-target accounting (hash, round robin)."""
+        if not sorted_ids:
+            return None
+        existing = self.bindings.get(key)
+        if existing is not None and existing in sorted_ids:
+            return existing
+        if self.strategy == "program_round_robin":
+            n = self._rr.get(key.model_pool, 0)
+            self._rr[key.model_pool] = n + 1
+            chosen = sorted_ids[n % len(sorted_ids)]
+        else:
+            chosen = self._ring(sorted_ids).owner(hash_key)
+        self.bindings[key] = chosen
+        return chosen
+
+    def _ring(self, ids: tuple[TargetId, ...]) -> HashRing:
+        ring = self._rings.get(ids)
+        if ring is None:
+            if len(self._rings) > 64:
+                self._rings.clear()
+            ring = self._rings[ids] = HashRing(ids, self.virtual_nodes)
+        return ring
+
     def _choose(self, pool: str, hash_key: str, cands: list[Candidate], text: str | None) -> TargetId:
         s = self.strategy
         if s == "program_round_robin":
@@ -110,13 +134,7 @@ class Binder:
             return min(cands, key=lambda c: (-((c.capacity_tokens or 0) - c.accounted_tokens), c.target_id)).target_id
         if s == "cache_aware":
             return self._cache_aware(cands, text)
-        ids = tuple(c.target_id for c in cands)
-        ring = self._rings.get(ids)
-        if ring is None:
-            if len(self._rings) > 64:
-                self._rings.clear()
-            ring = self._rings[ids] = HashRing(ids, self.virtual_nodes)
-        return ring.owner(hash_key)
+        return self._ring(tuple(c.target_id for c in cands)).owner(hash_key)
 
     def _cache_aware(self, cands: list[Candidate], text: str | None) -> TargetId:
         pool = [c for c in cands if c.immediately_admissible] or cands

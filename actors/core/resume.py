@@ -16,13 +16,12 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from actors.core.ledger import Plan, admission_plan, fresh_waiting, private_tokens, target_usage
 from actors.core.lifecycle import commit_admission, is_waiting_candidate, pause
 from actors.core.model import ACTING, ACTIVE, MAX_SEGMENT_YIELD, REASONING, Program, RankState
-from actors.core.queue import fcfs_key, resume_key
+from actors.core.queue import resume_key
 
 if TYPE_CHECKING:
     from actors.core.scheduler import SchedulerState
@@ -41,7 +40,7 @@ def ordered(s: SchedulerState, refs: object, *, cross_rank: bool = False) -> lis
     """The Paused/Reasoning/waiting Programs of a queue, in local (or cross-rank) resume order."""
     out = []
     for ref in refs:  # type: ignore[attr-defined]
-        p = s.programs.get(ref.key)
+        p = s.programs.get(ref[:2])
         if p is not None and p.ref == ref and is_waiting_candidate(s, p):
             out.append(p)
     now, order = s.now, s.cfg.resume_order
@@ -107,7 +106,7 @@ def _schedule_global(s: SchedulerState, pool: str) -> None:
 
 
 def _has_pause_reason(s: SchedulerState, ref: object) -> bool:
-    p = s.programs.get(ref.key)  # type: ignore[attr-defined]
+    p = s.programs.get(ref[:2])  # type: ignore[attr-defined]
     return p is not None and p.last_pause_reason is not None
 
 
@@ -260,9 +259,3 @@ def yield_completed_segment(s: SchedulerState, p: Program) -> None:
     relief = sum(a.charged_tokens for a in rank.active.values() if a.status == REASONING and a.pause_when_idle)
     if private_tokens(waiter, cfg.decode_buffer_tokens) > relief:
         pause(s, p, MAX_SEGMENT_YIELD)
-
-
-__all__ = [
-    "fcfs_key", "force_resume_estimate", "schedule_waiting", "select_cross_rank",
-    "set_force_resume_deadline", "yield_completed_segment", "math",
-]

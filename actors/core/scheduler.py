@@ -28,7 +28,6 @@ from typing import Any
 from attrs import frozen
 
 from actors.core.effects import ArmTimer, CancelTimer, Effect
-from actors.core.errors import QUEUE_TIMEOUT as QUEUE_TIMEOUT_REJECTION
 from actors.core.events import (
     ACTING_TTL, FORCE_RESUME, PAUSED_RETENTION, QUEUE_TIMEOUT, ObservationReceived,
     ObservationStale, ObservationStarted, RepairTick, RequestAbandoned, RequestCompleted,
@@ -141,7 +140,7 @@ def wanted_timers(s: SchedulerState, p: Program) -> dict[str, float]:
 
 def _sync_timers(s: SchedulerState) -> None:
     for ref, p in s.touched.items():
-        live = s.programs.get(ref.key)
+        live = s.programs.get(ref[:2])
         if live is not p:
             continue
         want = wanted_timers(s, p)
