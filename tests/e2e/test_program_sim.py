@@ -1,0 +1,134 @@
+"""Program scheduling over HTTP in front of the embedded simulated vLLM backend.
+
+The simulated rank has a 1024-token KV pool and ``token_capacity_per_dp_rank`` says the same, so
+backend accounting (``vllm:kv_cache_usage_perc`` x capacity) and the Router ledger agree.  Each
+Program needs about 400 tokens: two run, the others are retained in the RequestPool and resume in
+arrival order as capacity frees up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from daemon.config import AgentdConfig, EmbeddedConfig, ProgramSchedulingConfig, RoutingConfig, ServerConfig
+from daemon.http.proxy import CollectingSink
+from daemon.supervisor import run_daemon
+
+TARGET = "http://embedded-sim@0"
+
+
+def sim_config(**ps: Any) -> AgentdConfig:
+    return AgentdConfig(
+        server=ServerConfig(port=0),
+        routing=RoutingConfig(policy="round_robin"),
+        embedded=EmbeddedConfig(num_workers=1, dp_size=1, num_gpu_blocks=64, block_size=16, time_scale=50.0,
+                                model="sim-model"),
+        enable_program_scheduling=True,
+        program_scheduling=ProgramSchedulingConfig(
+            token_capacity_per_dp_rank=1024, metrics_interval_seconds=0.05, **ps),
+    )
+
+
+class Admits(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.programs: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "agentd_event", None) == "program_admit":
+            self.programs.append(record.agentd_fields["program"])  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def admits() -> Iterator[Admits]:
+    handler = Admits()
+    logger = logging.getLogger("agentd.program")
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old)
+
+
+def body(program_id: str, max_tokens: int = 16) -> dict[str, Any]:
+    words = " ".join(f"{program_id}-word{i}" for i in range(120))  # ~300 estimated prompt tokens
+    return {
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": words}],
+        "max_tokens": max_tokens,
+        "vllm_xargs": {"agentic_context": {"program_id": program_id}},
+    }
+
+
+async def test_program_sim_tiny_capacity_queues_over_http() -> None:
+    cfg = sim_config()
+    # each request takes ~0.2 s of real time, far longer than sending the four of them
+    cfg = attrs.evolve(cfg, embedded=attrs.evolve(cfg.embedded, time_scale=2.0))
+    async with trio.open_nursery() as nursery:
+        handles = await nursery.start(partial(run_daemon, cfg))
+        ps = handles.program_dispatcher
+        statuses: dict[str, int] = {}
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=60) as client:
+
+            async def send(pid: str) -> None:
+                statuses[pid] = (await client.post("/v1/chat/completions", json=body(pid, 32))).status_code
+
+            async with trio.open_nursery() as senders:
+                for pid in ("p1", "p2", "p3", "p4"):
+                    senders.start_soon(send, pid)
+            diag = await ps.wait_diagnostics(lambda d: d["ranks"][0]["router_in_flight_requests"] == 0
+                                             and d["retained_requests"] == 0)
+        assert statuses == {"p1": 200, "p2": 200, "p3": 200, "p4": 200}
+        rank = diag["ranks"][0]
+        assert rank["capacity_accounting_source"] == "backend_observation"
+        assert rank["vllm_kv_capacity_tokens"] == 1024
+        assert rank["router_estimated_used_tokens"] == 0
+        assert rank["rolling"]["request_samples"] == 4
+        assert rank["rolling"]["avg_router_queue_seconds"] > 0  # two of them had to wait
+        handles.request_shutdown()
+
+
+async def test_program_sim_resumes_in_arrival_order_in_virtual_time(
+    autojump_clock: trio.testing.MockClock, admits: Admits
+) -> None:
+    cfg = sim_config(resume_order="fcfs")
+    # real simulated speed in virtual time: a request takes ~0.2 s, arrivals take ~0.01 s
+    cfg = attrs.evolve(cfg, embedded=attrs.evolve(cfg.embedded, time_scale=1.0))
+    async with trio.open_nursery() as nursery:
+        handles = await nursery.start(partial(
+            run_daemon, cfg, serve_http=False, sim_configure=lambda c: attrs.evolve(c, deterministic=True)))
+        ps = handles.program_dispatcher
+        sinks: dict[str, CollectingSink] = {}
+        started: dict[str, float] = {}
+
+        async def send(pid: str) -> None:
+            raw = json.dumps(body(pid)).encode()
+            sink = sinks[pid] = CollectingSink()
+            started[pid] = trio.current_time()
+            await handles.handle(handles.build_request("chat", raw, {}), sink, raw_body=raw)
+
+        async with trio.open_nursery() as senders:
+            for n, pid in enumerate(("p1", "p2", "p3", "p4"), start=1):
+                senders.start_soon(send, pid)
+                await ps.wait_diagnostics(lambda d, n=n: d["dispatcher"]["submitted_count"] == n)
+            peak = ps.diagnostics()
+        diag = await ps.wait_diagnostics(lambda d: d["ranks"][0]["router_in_flight_requests"] == 0)
+        assert {pid: s.status for pid, s in sinks.items()} == {"p1": 200, "p2": 200, "p3": 200, "p4": 200}
+        assert peak["retained_requests"] == 2  # p1 and p2 fit in 1024 tokens; p3 and p4 wait
+        ids = {p["root_program_id"]: p["program"] for r in diag["ranks"] for p in r["programs"]}
+        assert admits.programs == [ids["p1"], ids["p2"], ids["p3"], ids["p4"]]
+        assert diag["ranks"][0]["router_estimated_used_tokens"] == 0
+        handles.request_shutdown()
