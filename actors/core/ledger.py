@@ -208,6 +208,8 @@ def admission_plan(
     if threshold > 0:
         w = fresh_waiting(rank, now, interval)
         if w is not None and w >= threshold:
+            if forced:
+                p.force_gate_blocked_at = now  # recorded: a forced resume held by the waiting gate
             return None
     used = target_usage(rank, now, interval)
     active_count = len(rank.active)

@@ -110,6 +110,7 @@ def commit_admission(s: SchedulerState, p: Program, rank: RankState, plan: Plan 
     p.last_pause_reason = None
     p.queued_at = None
     p.force_resume_deadline = p.force_resume_timeout_seconds = None
+    p.force_gate_blocked_at = None
     p.pause_when_idle = False
     if p.segment_started_at is None:
         p.segment_started_at = s.now

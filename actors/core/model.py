@@ -176,6 +176,7 @@ class Program:
     force_resume_active_remaining_rounds: float = 0.0
     force_resume_pool_remaining_rounds: float = 0.0
     force_resume_request_throughput_per_second: float = 0.0
+    force_gate_blocked_at: float | None = None  # last time the waiting gate held a forced resume
     paused_at: float = 0.0
     last_pause_reason: str | None = None
     pause_when_idle: bool = False

@@ -104,8 +104,7 @@ def program_view(state: Any, p: Program, cfg: Any, now: float) -> dict[str, Any]
         "force_resume_active_remaining_rounds": p.force_resume_active_remaining_rounds,
         "force_resume_pool_remaining_rounds": p.force_resume_pool_remaining_rounds,
         "force_resume_request_throughput_per_second": p.force_resume_request_throughput_per_second,
-        "force_resume_waiting_gate_blocked": bool(
-            p.force_resume_deadline is not None and p.force_resume_deadline <= now and p.state == PAUSED),
+        "force_resume_waiting_gate_blocked_at": p.force_gate_blocked_at,
     }
 
 
