@@ -113,7 +113,9 @@ class _Router:
         self.metrics = metrics
         self.registry = registry
         self.replies: dict[str, trio.MemorySendChannel[Reply]] = {}
-        self.dispatched_at: dict[str, float] = {}
+        # request id -> (redacted Program id, target id) of admitted requests, for completion logs
+        self.admitted: dict[str, tuple[str, str]] = {}
+        self.completing: Completed | None = None  # the Completed message being stepped, if any
 
     def reply(self, request_id: str, value: Reply) -> None:
         channel = self.replies.pop(request_id, None)
@@ -133,6 +135,7 @@ class _Router:
                     estimated_context_tokens=e.estimated_context_tokens, placement_epoch=e.placement_epoch,
                     placement_start_request=e.placement_start_request,
                 )
+                self.admitted[e.request_id] = (program, e.target_id)
                 self.reply(
                     e.request_id,
                     Admitted(request_id=e.request_id, target=target, program=program,
@@ -165,6 +168,7 @@ class _Router:
                           interval_seconds=round(e.seconds, 6))
             elif isinstance(e, fx.CacheMissImpactObserved):
                 m.cache_miss_impact_seconds.labels(e.target_id).observe(e.seconds)
+                self._cache_observation(e)
             elif isinstance(e, fx.TtlArmed):
                 m.armed_ttl_seconds.labels(e.target_id, e.source).observe(e.ttl_seconds)
                 log_event(logger, logging.DEBUG, "ttl_armed", program=redacted_id(e.program), target=e.target_id,
@@ -191,6 +195,19 @@ class _Router:
                 log_event(logger, logging.DEBUG, "completion_ignored", reason=e.reason)
             else:
                 raise TypeError(f"scheduler actor cannot route effect {e!r}")
+
+    def _cache_observation(self, e: fx.CacheMissImpactObserved) -> None:
+        msg = self.completing
+        if msg is None:
+            return
+        program = self.admitted.get(msg.request_id, (None, None))[0]
+        prompt, cached = msg.prompt_tokens, msg.cached_tokens
+        log_event(
+            logger, logging.DEBUG, "cache_observation", program=program, target=e.target_id,
+            prompt_tokens=prompt, cached_prompt_tokens=cached,
+            uncached_prompt_tokens=None if prompt is None or cached is None else max(0, prompt - cached),
+            cache_miss_impact_seconds=round(e.seconds, 6),
+        )
 
     def _transition(self, e: fx.Transition) -> None:
         if e.counted and e.target_id is not None:
@@ -263,7 +280,14 @@ def _hints(scope: Any) -> RequestHints:
     )
 
 
-def to_core_event(msg: SchedulerMessage, targets: tuple[BackendTarget, ...] | None) -> ev.Event:
+def to_core_events(msg: SchedulerMessage) -> list[ev.Event]:
+    """Translate one inbox message into the core's input facts (one, or one per target)."""
+    if isinstance(msg, ObservationStarted):
+        return [ev.ObservationStarted(target_id=TargetId(t), epoch=msg.epoch) for t in msg.target_ids]
+    return [to_core_event(msg)]
+
+
+def to_core_event(msg: SchedulerMessage) -> ev.Event:
     """Translate one inbox message into the core's input fact."""
     if isinstance(msg, Submit):
         return ev.RequestSubmitted(
@@ -272,7 +296,6 @@ def to_core_event(msg: SchedulerMessage, targets: tuple[BackendTarget, ...] | No
             estimated_prompt_tokens=msg.estimated_prompt_tokens,
             hints=_hints(msg.parsed_identity.scope),
             model_pool=DEFAULT_MODEL_POOL,
-            targets=targets,
             routing_text=msg.routing_text,
         )
     if isinstance(msg, Completed):
@@ -327,25 +350,22 @@ async def run_scheduler_actor(
         try:
             async for msg in inbox.recv:
                 now = trio.current_time()
-                if isinstance(msg, ObservationStarted):
-                    events: list[ev.Event] = [
-                        ev.ObservationStarted(target_id=TargetId(t), epoch=msg.epoch) for t in msg.target_ids
-                    ]
-                else:
-                    if isinstance(msg, Submit):
-                        router.replies[msg.request_id] = msg.reply
-                        handle.pending_replies_count = len(router.replies)
-                        events = [to_core_event(msg, None)]
-                    else:
-                        if isinstance(msg, ObservationReceived):
-                            _log_capacity_observation(cfg, msg)
-                        events = [to_core_event(msg, None)]
+                if isinstance(msg, Submit):
+                    router.replies[msg.request_id] = msg.reply
+                    handle.pending_replies_count = len(router.replies)
+                elif isinstance(msg, ObservationReceived):
+                    _log_capacity_observation(cfg, msg)
+                events = to_core_events(msg)
+                router.completing = msg if isinstance(msg, Completed) else None
                 for event in events:
                     result = step(handle.state, event, now=now, cfg=cfg)
                     handle.state = result.state
                     handle.steps_count += 1
                     handle.last_step_at = now
                     router.route(result.effects, now)
+                if isinstance(msg, (Completed, Abandoned)):
+                    router.admitted.pop(msg.request_id, None)
+                router.completing = None
                 handle._stepped()
                 if isinstance(msg, RepairTick) and on_tick is not None:
                     on_tick(handle, now)

@@ -245,3 +245,29 @@ async def test_an_actor_crash_stops_program_scheduling(autojump_clock: trio.test
             await trio.sleep(3600)
     assert info.group_contains(TypeError, match="no core event", depth=None)
     assert trio.current_time() < 3600  # the crash cancelled everything at once
+
+
+async def test_log_events_of_the_seed_document(autojump_clock: trio.testing.MockClock, event_log) -> None:
+    cfg = daemon_config(SINGLE, dp=1, token_capacity_per_dp_rank=10_000)
+    async with program_scheduling(cfg) as (dispatcher, registry, workers):
+        t0 = trio.current_time()
+        async with dispatcher.lease(program_request("p1", tokens=900, kv_retention_ttl_seconds=10)) as lease:
+            lease.finish(ok(prompt=1000, cached=0))
+        await trio.sleep(1.5)
+        async with dispatcher.lease(program_request("p1", tokens=1000, kv_retention_ttl_seconds=10)) as lease:
+            lease.finish(ok(prompt=1100, cached=0))  # the KV kept for p1 was not hit: a discontinuity
+        await trio.sleep(0.5)
+    names = {e for _, e, _ in event_log.events}
+    assert {"program_admit", "request_dispatch", "ttl_armed", "cache_observation", "continuity_sample",
+            "capacity_observation", "unexpected_cache_discontinuity"} <= names
+    (disc,) = [f for _, f in event_log.named("unexpected_cache_discontinuity")]
+    assert (disc["prompt_tokens"], disc["cached_prompt_tokens"], disc["previous_context_tokens"]) == (1100, 0, 1000)
+    assert disc["placement_start_request"] is False
+    (sample,) = [(t - t0, f["interval_seconds"]) for t, f in event_log.named("continuity_sample")]
+    assert sample == (1.5, 1.5)
+    observations = [f for _, f in event_log.named("cache_observation")]
+    assert [(o["prompt_tokens"], o["uncached_prompt_tokens"]) for o in observations] == [(1000, 1000), (1100, 1100)]
+    assert all(len(o["program"]) == 16 for o in observations)  # redacted ids only, never the raw id
+    assert all("p1" not in str(f) for _, _, f in event_log.events)
+    assert registry.get_sample_value(
+        "vllm_router_agent_aware_request_interval_seconds_count", {"target": T0}) == 1.0
