@@ -88,7 +88,8 @@ class Request:
         self.priority = priority
         self.salt = salt_key(cache_salt)
         self.skip_prefix_cache = skip_prefix_cache
-        self.block_hashes: list[int] = list(prompt_block_hashes) if prompt_block_hashes else []
+        # the engine takes ownership of a supplied hash list (it appends output-block hashes)
+        self.block_hashes: list[int] = prompt_block_hashes if prompt_block_hashes is not None else []
         self.arrival_time = 0.0
         self.eligible_time = 0.0
         self.status = WAITING
