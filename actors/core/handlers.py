@@ -102,6 +102,7 @@ def prune_released_generations(s: SchedulerState) -> None:
             continue
         del s.released_at[key]
         s.last_generations.pop(key, None)
+        s.lineage.forget(key[0], key[1])  # B14: bounded lineage memory
 
 
 def sweep_queue_timeouts(s: SchedulerState) -> None:

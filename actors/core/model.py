@@ -289,6 +289,10 @@ class Lineage:
             self.parents.setdefault((pool, root), root)
             self.parents[(pool, program_id)] = root
 
+    def forget(self, pool: str, program_id: str) -> None:
+        """Drop a node whose Program history was pruned (B14): children then stop at its id."""
+        self.parents.pop((pool, program_id), None)
+
     def root(self, pool: str, program_id: str) -> str:
         node = program_id
         for _ in range(len(self.parents) + 2):
