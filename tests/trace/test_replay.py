@@ -13,7 +13,7 @@ from daemon.benchkit.report import build_report, scrape_all
 from daemon.replay import ReplayOptions, run_replay
 from daemon.trace.format import read_trace
 from daemon.trace.synth import synthesize
-from tests.trace.fake_worker import FakeWorker
+from trace_fake_worker import FakeWorker
 
 URL = "http://worker"
 

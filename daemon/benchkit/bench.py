@@ -1,0 +1,248 @@
+"""Side-by-side bench driver: the same trace through each system, each in front of fresh workers.
+
+For every system in order the driver starts ``workers`` simulated vLLM servers (``agentd
+sim-backend`` subprocesses on free loopback ports, identical sizes, time scale and seed), starts the
+system under test in front of them, waits for health, replays the trace (daemon.replay via
+``replay_with_metrics``: worker and router metrics scraped before and after), stops everything and
+writes ``<out>/<system>.json``.  Systems:
+
+- ``native``: agentd, Program scheduling off, ``consistent_hash`` (keyed by ``x-session-id``);
+- ``agentd``: agentd with Program scheduling (token capacity = one rank's simulated KV,
+  ``global_queue: true``, time-scaled timing parameters and cost models);
+- ``vllm-router``: the reference router with ``--policy consistent_hash``;
+- ``vllm-router-ps``: the reference router with ``--enable-program-scheduling`` and the same
+  Program scheduling JSON as ``agentd``.
+
+Both routers take the same launch flags (agentd accepts the reference router's flags).  Time
+scaling: the simulated workers run ``time_scale`` times faster than the seed's cost model, the
+replay divides trace gaps by it, and every Program-scheduling duration (intervals, timeouts,
+TTL bounds, prefill/decode cost coefficients) is divided by it, so each system sees the same
+problem, only faster.  Subprocess output goes to ``<out>/logs/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from daemon.benchkit.progress import ProgressLine
+from daemon.replay import ReplayOptions
+from daemon.trace.format import Trace
+
+SYSTEMS = ("native", "agentd", "vllm-router", "vllm-router-ps")
+_TIME_FIELDS = (
+    "metrics_interval_seconds", "queue_timeout_seconds", "force_resume_timeout_seconds",
+    "paused_retention_ttl_seconds", "shared_prefix_freshness_warmup_seconds", "max_acting_ttl_seconds",
+)
+_SEED_PREFILL = {"intercept_seconds": 0.06600061907132926, "linear_seconds_per_1k_tokens": 0.05702024012166613,
+                 "quadratic_seconds_per_1k_tokens_squared": 0.0044057347937978475}
+_SEED_DECODE = {"fixed_step_seconds": 0.010635218423115973,
+                "batch_step_seconds_per_request": 0.0004192803698834784,
+                "context_step_seconds_per_token": 1.420458414996201e-7}
+_DEFAULT_TIMES = {"metrics_interval_seconds": 1.0, "queue_timeout_seconds": 600.0,
+                  "force_resume_timeout_seconds": 300.0, "paused_retention_ttl_seconds": 1800.0,
+                  "shared_prefix_freshness_warmup_seconds": 100.0, "max_acting_ttl_seconds": 10.0}
+
+
+class BenchError(RuntimeError):
+    """A system could not be started or measured; the message says which and why."""
+
+
+@attrs.frozen
+class ClusterSpec:
+    workers: int = 2
+    dp_size: int = 2
+    num_gpu_blocks: int = 4096
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    time_scale: float = 1.0
+    seed: int = 0
+    model: str = "agentd-sim"
+
+    @property
+    def rank_kv_tokens(self) -> int:
+        return self.num_gpu_blocks * self.block_size
+
+
+@attrs.frozen
+class BenchOptions:
+    out_dir: str
+    systems: tuple[str, ...] = ("native", "agentd")
+    cluster: ClusterSpec = ClusterSpec()
+    replay: ReplayOptions = ReplayOptions()
+    vllm_router: str | None = None  # executable; None = not available
+    python: str = sys.executable
+    startup_timeout_seconds: float = 60.0
+    program_overrides: dict[str, Any] = attrs.field(factory=dict)
+    progress: bool = True
+
+
+def find_vllm_router(explicit: str | None = None) -> str | None:
+    """The ``vllm-router`` executable: ``explicit`` if given, else the one on PATH."""
+    if explicit:
+        return explicit if os.access(explicit, os.X_OK) else None
+    return shutil.which("vllm-router")
+
+
+def scaled_program_config(cluster: ClusterSpec, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The Program scheduling JSON for both agentd and vllm-router-ps at ``cluster.time_scale``."""
+    s = cluster.time_scale
+    cfg: dict[str, Any] = {
+        "global_queue": True,
+        "resume_order": "mru",
+        "token_capacity_per_dp_rank": cluster.rank_kv_tokens,
+        **{k: v / s for k, v in _DEFAULT_TIMES.items()},
+        "prefill_cost_model": {**{k: v / s for k, v in _SEED_PREFILL.items()}, "decode_throughput_alpha": 0.15},
+        "decode_throughput_model": {k: v / s for k, v in _SEED_DECODE.items()},
+    }
+    for key, value in (overrides or {}).items():
+        cfg[key] = value
+    return cfg
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def sim_backend_command(python: str, port: int, cluster: ClusterSpec, index: int) -> list[str]:
+    return [
+        python, "-m", "daemon", "sim-backend", "--host", "127.0.0.1", "--port", str(port),
+        "--dp-size", str(cluster.dp_size), "--num-gpu-blocks", str(cluster.num_gpu_blocks),
+        "--block-size", str(cluster.block_size), "--max-num-seqs", str(cluster.max_num_seqs),
+        "--max-num-batched-tokens", str(cluster.max_num_batched_tokens), "--time-scale", str(cluster.time_scale),
+        "--seed", str(cluster.seed + index), "--model", cluster.model,
+    ]
+
+
+def system_command(system: str, opts: BenchOptions, port: int, prom_port: int, worker_urls: Sequence[str],
+                   log_dir: str) -> list[str]:
+    c = opts.cluster
+    common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *worker_urls,
+              "--intra-node-data-parallel-size", str(c.dp_size), "--policy", "consistent_hash"]
+    ps = ["--enable-program-scheduling", "--program-scheduling-config-json",
+          json.dumps(scaled_program_config(c, opts.program_overrides), sort_keys=True)]
+    if system in ("native", "agentd"):
+        cmd = [opts.python, "-m", "daemon", "start", *common, "--log-level", "warning"]
+        return cmd + ps if system == "agentd" else cmd
+    if system in ("vllm-router", "vllm-router-ps"):
+        if opts.vllm_router is None:
+            raise BenchError(f"system {system!r} needs the vllm-router executable (--vllm-router or PATH)")
+        cmd = [opts.vllm_router, *common, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom_port),
+               "--log-dir", log_dir, "--log-level", "warning"]
+        return cmd + ps if system == "vllm-router-ps" else cmd
+    raise BenchError(f"systems: unknown system {system!r} (choose from {', '.join(SYSTEMS)})")
+
+
+class _Procs:
+    """Subprocesses of one system run; stopped in reverse start order."""
+
+    def __init__(self, log_dir: str) -> None:
+        self.log_dir = log_dir
+        self.procs: list[tuple[str, trio.Process, Any]] = []
+
+    async def start(self, name: str, cmd: list[str]) -> trio.Process:
+        log = open(os.path.join(self.log_dir, f"{name}.log"), "wb")  # noqa: SIM115 - closed in stop_all
+        log.write((" ".join(cmd) + "\n").encode())
+        log.flush()
+        env = dict(os.environ, NO_COLOR="1", PYTHONUNBUFFERED="1")
+        proc = await trio.lowlevel.open_process(cmd, stdout=log, stderr=log, env=env)
+        self.procs.append((name, proc, log))
+        return proc
+
+    def tail(self, name: str, lines: int = 15) -> str:
+        try:
+            with open(os.path.join(self.log_dir, f"{name}.log"), encoding="utf-8", errors="replace") as fh:
+                return "".join(fh.readlines()[-lines:])
+        except OSError:
+            return ""
+
+    async def stop_all(self) -> None:
+        """SIGTERM everything at once, wait up to 3 s, then SIGKILL what is left (nothing to flush)."""
+        with trio.CancelScope(shield=True):
+            for _name, proc, _log in self.procs:
+                if proc.returncode is None:
+                    proc.terminate()
+            with trio.move_on_after(3):
+                for _name, proc, _log in self.procs:
+                    await proc.wait()
+            for _name, proc, log in self.procs:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+                log.close()
+            self.procs.clear()
+
+
+async def _wait_healthy(client: httpx.AsyncClient, url: str, proc: trio.Process, procs: _Procs, name: str,
+                        timeout: float) -> None:
+    with trio.move_on_after(timeout):
+        while True:
+            if proc.returncode is not None:
+                raise BenchError(f"{name} exited with code {proc.returncode}:\n{procs.tail(name)}")
+            try:
+                resp = await client.get(url, timeout=2.0)
+                if resp.status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await trio.sleep(0.2)
+    raise BenchError(f"{name} not healthy at {url} after {timeout:g} s:\n{procs.tail(name)}")
+
+
+async def run_system(system: str, trace: Trace, opts: BenchOptions, info: dict[str, Any]) -> dict[str, Any]:
+    from daemon.commands.replay import replay_with_metrics  # noqa: PLC0415 - avoid an import cycle
+
+    log_dir = os.path.join(opts.out_dir, "logs", system)
+    os.makedirs(log_dir, exist_ok=True)
+    procs = _Procs(log_dir)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
+    try:
+        async with httpx.AsyncClient(limits=limits, timeout=None) as client:
+            workers = []
+            for i in range(opts.cluster.workers):  # start all, then wait: startups overlap
+                port = free_port()
+                proc = await procs.start(f"worker-{i}", sim_backend_command(opts.python, port, opts.cluster, i))
+                workers.append((f"http://127.0.0.1:{port}", proc))
+            for i, (url, proc) in enumerate(workers):
+                await _wait_healthy(client, f"{url}/health", proc, procs, f"worker-{i}", opts.startup_timeout_seconds)
+            worker_urls = [url for url, _proc in workers]
+            port, prom_port = free_port(), free_port()
+            proc = await procs.start(system, system_command(system, opts, port, prom_port, worker_urls, log_dir))
+            target = f"http://127.0.0.1:{port}"
+            await _wait_healthy(client, f"{target}/health", proc, procs, system, opts.startup_timeout_seconds)
+            router_metrics = f"http://127.0.0.1:{prom_port}/metrics" if system.startswith("vllm-router") \
+                else f"{target}/metrics"
+            progress = ProgressLine(sys.stderr, label=f"{system:>14}") if opts.progress else None
+            report = await replay_with_metrics(
+                trace, client, target, opts.replay, worker_metrics=[f"{u}/metrics" for u in worker_urls],
+                router_metrics=[router_metrics], info=info, system=system, progress=progress,
+            )
+            report["cluster"] = attrs.asdict(opts.cluster)
+            if system in ("agentd", "vllm-router-ps"):
+                report["program_scheduling_config"] = scaled_program_config(opts.cluster, opts.program_overrides)
+            return report
+    finally:
+        await procs.stop_all()
+
+
+async def run_bench(trace: Trace, opts: BenchOptions, info: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    os.makedirs(opts.out_dir, exist_ok=True)
+    reports: dict[str, dict[str, Any]] = {}
+    for system in opts.systems:
+        report = await run_system(system, trace, opts, info)
+        with open(os.path.join(opts.out_dir, f"{system}.json"), "w", encoding="utf-8") as fh:
+            json.dump(report, fh, indent=2, sort_keys=True)
+        reports[system] = report
+    return reports

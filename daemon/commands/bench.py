@@ -1,0 +1,151 @@
+"""``agentd bench --trace FILE --out DIR``: the same trace through several systems, side by side.
+
+Systems (``--systems``, comma separated): ``native``, ``agentd``, ``vllm-router``,
+``vllm-router-ps`` (the last two only when the ``vllm-router`` executable is found: ``--vllm-router``
+or PATH).  Each runs in front of fresh ``agentd sim-backend`` workers of identical size and time
+scale (daemon.benchkit.bench).  Writes ``<system>.json`` per system, ``report.md`` and, when
+matplotlib is installed, PNG plots.
+
+Pressure points: ``--point eviction`` (12 concurrent agents, KV sized so native lands near 0.80
+token cache hit) and ``--point thrash`` (32 concurrent agents, native near 0.62 with preemptions).
+``--target-native-hit R`` sizes the per-rank KV (``--kv-blocks``) by bisection with in-process
+virtual-time simulations of the ``native`` system (daemon.benchkit.calibrate) before the real runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import attrs
+import trio
+
+from daemon.benchkit.bench import SYSTEMS, BenchError, BenchOptions, ClusterSpec, find_vllm_router, run_bench
+from daemon.benchkit.markdown import render_report
+from daemon.benchkit.plots import write_plots
+from daemon.commands.replay import _positive_float, _positive_int, add_replay_flags, replay_options, trace_info
+from daemon.trace.format import TraceError, load_trace
+
+NAME = "bench"
+HELP = "Run one trace through native agentd, agentd with Program scheduling and vllm-router, side by side."
+
+POINTS: dict[str, dict[str, Any]] = {
+    "eviction": {"concurrency": 12, "target_native_hit": 0.80},
+    "thrash": {"concurrency": 32, "target_native_hit": 0.62},
+}
+
+
+def _ratio(text: str) -> float:
+    value = _positive_float(text)
+    if value >= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", required=True, help="trace JSONL (agentd trace synth)")
+    parser.add_argument("--out", required=True, help="output directory (reports, report.md, plots, logs)")
+    parser.add_argument("--systems", default=None,
+                        help=f"comma-separated subset of {','.join(SYSTEMS)} (default: all available)")
+    parser.add_argument("--vllm-router", default=None, metavar="PATH", help="vllm-router executable (default: PATH)")
+    parser.add_argument("--point", choices=sorted(POINTS), default=None,
+                        help="pressure-point preset: concurrency and target native hit")
+    parser.add_argument("--target-native-hit", type=_ratio, default=None,
+                        help="size --kv-blocks so native lands near this token cache hit (calibrated by simulation)")
+    parser.add_argument("--workers", type=_positive_int, default=2, help="simulated workers per system")
+    parser.add_argument("--dp-size", type=_positive_int, default=2, help="DP ranks per worker")
+    parser.add_argument("--kv-blocks", type=_positive_int, default=4096, help="KV blocks per rank (num_gpu_blocks)")
+    parser.add_argument("--block-size", type=_positive_int, default=16)
+    parser.add_argument("--max-num-seqs", type=_positive_int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192)
+    parser.add_argument("--seed", type=int, default=0, help="simulated worker seed")
+    parser.add_argument("--ps-config-json", default=None, metavar="JSON",
+                        help="extra Program scheduling fields for agentd and vllm-router-ps")
+    parser.add_argument("--no-progress", action="store_true")
+    add_replay_flags(parser)
+
+
+def _systems(args: argparse.Namespace, router: str | None) -> tuple[str, ...] | str:
+    if args.systems is None:
+        return SYSTEMS if router else ("native", "agentd")
+    chosen = tuple(s.strip() for s in args.systems.split(",") if s.strip())
+    for s in chosen:
+        if s not in SYSTEMS:
+            return f"--systems: unknown system {s!r} (choose from {', '.join(SYSTEMS)})"
+        if s.startswith("vllm-router") and router is None:
+            return f"--systems: {s} needs the vllm-router executable (pass --vllm-router PATH or put it on PATH)"
+    if not chosen:
+        return "--systems: must name at least one system"
+    return chosen
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        trace = load_trace(args.trace)
+    except OSError as exc:
+        print(f"agentd bench: cannot read --trace {args.trace}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except TraceError as exc:
+        print(f"agentd bench: invalid --trace {args.trace}: {exc}", file=sys.stderr)
+        return 2
+    router = find_vllm_router(args.vllm_router)
+    if args.vllm_router and router is None:
+        print(f"agentd bench: --vllm-router {args.vllm_router!r} is not an executable file", file=sys.stderr)
+        return 2
+    systems = _systems(args, router)
+    if isinstance(systems, str):
+        print(f"agentd bench: {systems}", file=sys.stderr)
+        return 2
+    overrides: dict[str, Any] = {}
+    if args.ps_config_json:
+        try:
+            overrides = json.loads(args.ps_config_json)
+        except json.JSONDecodeError as exc:
+            print(f"agentd bench: --ps-config-json is not valid JSON ({exc})", file=sys.stderr)
+            return 2
+        if not isinstance(overrides, dict):
+            print("agentd bench: --ps-config-json must be a JSON object", file=sys.stderr)
+            return 2
+    preset = POINTS.get(args.point or "", {})
+    if args.concurrency is None and "concurrency" in preset:
+        args.concurrency = preset["concurrency"]
+    target_hit = args.target_native_hit if args.target_native_hit is not None else preset.get("target_native_hit")
+    cluster = ClusterSpec(
+        workers=args.workers, dp_size=args.dp_size, num_gpu_blocks=args.kv_blocks, block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        time_scale=args.time_scale, seed=args.seed, model=args.model,
+    )
+    replay = replay_options(args)
+    context = [f"- trace: `{args.trace}` (profile {trace.meta.profile}, seed {trace.meta.seed}, "
+               f"{len(trace.sessions())} programs, {len(trace.records)} requests)"]
+    if target_hit is not None:
+        from daemon.benchkit.calibrate import calibrate_kv_blocks  # noqa: PLC0415
+
+        blocks, hit = calibrate_kv_blocks(trace, cluster, replay, target_hit,
+                                          log=lambda m: print(f"calibrate: {m}", file=sys.stderr))
+        cluster = attrs.evolve(cluster, num_gpu_blocks=blocks)
+        context.append(f"- KV calibrated by simulation: {blocks} blocks/rank gives native hit {hit:.3f} "
+                       f"(target {target_hit:.2f})")
+    context.append(
+        f"- cluster: {cluster.workers} workers x {cluster.dp_size} DP ranks, {cluster.num_gpu_blocks} blocks x "
+        f"{cluster.block_size} tokens = {cluster.rank_kv_tokens} KV tokens/rank, max_num_seqs "
+        f"{cluster.max_num_seqs}, time scale {cluster.time_scale:g}")
+    context.append(f"- replay: concurrency {replay.concurrency or trace.meta.concurrency}, "
+                   f"agentic context {replay.agentic_context}")
+    opts = BenchOptions(out_dir=args.out, systems=systems, cluster=cluster, replay=replay, vllm_router=router,
+                        program_overrides=overrides, progress=not args.no_progress)
+    info = trace_info(trace, args.trace)
+    try:
+        reports = trio.run(run_bench, trace, opts, info)
+    except BenchError as exc:
+        print(f"agentd bench: {exc}", file=sys.stderr)
+        return 1
+    plots = write_plots(reports, args.out)
+    text = render_report(reports, title=f"agentd bench: {trace.meta.profile}", context=context, plots=plots)
+    with open(os.path.join(args.out, "report.md"), "w", encoding="utf-8") as fh:
+        fh.write(text + "\n")
+    print(text)
+    return 0 if all(r["requests"]["failed"] == 0 for r in reports.values()) else 1
