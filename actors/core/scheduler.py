@@ -82,38 +82,46 @@ def initial_state(cfg: Any) -> SchedulerState:
     return SchedulerState(cfg)
 
 
+_HANDLERS: dict[type, Any] = {}
+
+
+def _handlers() -> dict[type, Any]:
+    """Event type -> handler, built on first use (``handlers`` imports this module's types)."""
+    if not _HANDLERS:
+        from actors.core import handlers as h
+
+        def targets_changed(s: SchedulerState, ev: TargetsChanged) -> None:
+            h.sync_targets(s, ev.model_pool, ev.targets)
+            h.schedule_after_change(s)
+
+        _HANDLERS.update({
+            RequestSubmitted: h.on_submit,
+            RequestCompleted: h.on_complete,
+            RequestAbandoned: h.on_abandon,
+            TimerFired: h.on_timer,
+            RepairTick: lambda s, ev: h.on_tick(s),
+            ObservationStarted: h.on_observation_started,
+            ObservationReceived: h.on_observation,
+            ObservationStale: h.on_observation_stale,
+            TargetsChanged: targets_changed,
+            "sweep": h.sweep_queue_timeouts,  # type: ignore[dict-item]
+        })
+    return _HANDLERS
+
+
 def step(state: SchedulerState, event: object, *, now: float, cfg: Any) -> Step:
     """Apply one event at time ``now``; returns the (same, updated) state and the effects."""
-    from actors.core import handlers  # local import: handlers imports this module's types
-
+    table = _HANDLERS or _handlers()
+    handler = table.get(type(event))
+    if handler is None:
+        raise TypeError(f"unknown event type {type(event).__name__}")
     s = state
     s.cfg = cfg
     s.now = now
     s.effects = []
     s.touched = {}
-    kind = type(event)
-    if kind is RequestSubmitted:
-        handlers.on_submit(s, event)  # type: ignore[arg-type]
-    elif kind is RequestCompleted:
-        handlers.on_complete(s, event)  # type: ignore[arg-type]
-    elif kind is RequestAbandoned:
-        handlers.on_abandon(s, event)  # type: ignore[arg-type]
-    elif kind is TimerFired:
-        handlers.on_timer(s, event)  # type: ignore[arg-type]
-    elif kind is RepairTick:
-        handlers.on_tick(s)
-    elif kind is ObservationStarted:
-        handlers.on_observation_started(s, event)  # type: ignore[arg-type]
-    elif kind is ObservationReceived:
-        handlers.on_observation(s, event)  # type: ignore[arg-type]
-    elif kind is ObservationStale:
-        handlers.on_observation_stale(s, event)  # type: ignore[arg-type]
-    elif kind is TargetsChanged:
-        handlers.sync_targets(s, event.model_pool, event.targets)  # type: ignore[attr-defined]
-        handlers.schedule_after_change(s)
-    else:
-        raise TypeError(f"unknown event type {kind.__name__}")
-    handlers.sweep_queue_timeouts(s)
+    handler(s, event)
+    table["sweep"](s)  # type: ignore[index]
     _sync_timers(s)
     effects = tuple(s.effects)
     s.effects = []

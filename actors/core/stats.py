@@ -163,13 +163,12 @@ class ProgressTtlFactors:
     def push_request(self, sample: RequestSample) -> None:
         if self.limit <= 0:
             return
+        rsum = self._rsum
         if len(self.requests) >= self.limit:
             old = self.requests.popleft()
-            for i, v in enumerate(_contrib(old)):
-                self._rsum[i] -= v
+            self._rsum = rsum = [a - b for a, b in zip(rsum, _contrib(old), strict=True)]
         self.requests.append(sample)
-        for i, v in enumerate(_contrib(sample)):
-            self._rsum[i] += v
+        self._rsum = [a + b for a, b in zip(rsum, _contrib(sample), strict=True)]
         self._pushes += 1
         if self._pushes >= self.limit:
             self._pushes = 0
