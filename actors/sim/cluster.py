@@ -166,11 +166,8 @@ class SimCluster:
             self.started = True
             task_status.started(self)
             while True:
-                wake = math.inf
-                for engine in engines:
-                    t = engine.next_event_time(per_step=per_step)
-                    if t is not None and t < wake:
-                        wake = t
+                times = [engine.next_event_time(per_step=per_step) for engine in engines]
+                wake = min([t for t in times if t is not None], default=math.inf)
                 batch: list[Submission | Abort] = []
                 with trio.move_on_at(wake):
                     batch.append(await self._inbox_receive.receive())
@@ -184,7 +181,10 @@ class SimCluster:
                 now = trio.current_time()
                 if batch:
                     self._take(batch, now)
-                for engine in engines:
+                    due = engines
+                else:
+                    due = [e for e, t in zip(engines, times) if t is not None and t <= now]
+                for engine in due:
                     t = engine.next_event_time(per_step=per_step)
                     if t is not None and t <= now:
                         self._dispatch(engine, engine.advance_to(now))

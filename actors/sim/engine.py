@@ -560,10 +560,7 @@ class Engine:
                 stats.prefix_cache_hits += run.head_query[1] * passes
         live = [r for r, _ in run.scheduled if r.status == RUNNING]
         if m > 1 and live:
-            itl = stats.itl
-            batch = len(live)
-            for s in range(first + 1, j):
-                itl.observe(ends[s] - ends[s - 1], batch)
+            stats.itl.observe_many([b - a for a, b in zip(ends[first : j - 1], ends[first + 1 : j])], len(live))
         # Only the run's first step was allocated at scheduling time; the run was sized so that
         # the free queue holds every later block.  Blocks are handed out in the order a
         # step-by-step scheduler would (step, then running order), because physical block order

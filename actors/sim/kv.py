@@ -11,7 +11,8 @@ Model (spec/batch-priority-and-vllm-fidelity.md §3.1-3.2):
   block still carries a hash, evicts it from the hash map; freeing a request releases its blocks in
   reverse order (deepest block first) to the tail, so shared prefixes survive longest.  A cache hit
   on a block with ``ref_cnt == 0`` removes it from the free queue ("touch").  Identical blocks are not
-  de-duplicated: the hash map keeps every block that carries a hash, and lookups use the oldest.
+  de-duplicated: ``cached`` maps a hash to its oldest block and ``dups`` keeps the younger copies,
+  promoted when the oldest is evicted.
 * ``usage = 1 - free / (num_gpu_blocks - 1)``; evictable cached blocks count as free.
 """
 
@@ -65,7 +66,7 @@ def extend_block_hashes(
 class BlockPool:
     """The block table of one engine: reference counts, hashes, LRU free queue."""
 
-    __slots__ = ("num_gpu_blocks", "ref_cnt", "block_hash", "cached", "free_queue", "evictions", "num_dup_hashes")
+    __slots__ = ("num_gpu_blocks", "ref_cnt", "block_hash", "cached", "dups", "free_queue", "evictions")
 
     def __init__(self, num_gpu_blocks: int) -> None:
         if num_gpu_blocks < 2:
@@ -73,11 +74,10 @@ class BlockPool:
         self.num_gpu_blocks = num_gpu_blocks
         self.ref_cnt: list[int] = [0] * num_gpu_blocks
         self.block_hash: list[int | None] = [None] * num_gpu_blocks
-        # hash -> block ids carrying it, oldest first (a plain int for the common single case).
-        self.cached: dict[int, int | list[int]] = {}
+        self.cached: dict[int, int] = {}  # hash -> oldest block carrying it
+        self.dups: dict[int, list[int]] = {}  # hash -> younger blocks carrying it (rare)
         self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_gpu_blocks))
         self.evictions = 0
-        self.num_dup_hashes = 0  # hashes held by more than one block (rare)
 
     @property
     def num_free(self) -> int:
@@ -87,21 +87,16 @@ class BlockPool:
         return 1.0 - len(self.free_queue) / (self.num_gpu_blocks - 1)
 
     def lookup(self, block_hash: int) -> int | None:
-        entry = self.cached.get(block_hash)
-        if entry is None:
-            return None
-        return entry if isinstance(entry, int) else entry[0]
+        return self.cached.get(block_hash)
 
     def find_hits(self, hashes: Sequence[int], max_blocks: int) -> list[int]:
         """Blocks of the longest cached prefix of ``hashes`` (at most ``max_blocks``)."""
         # C-speed lookups of the whole candidate range, then cut at the first miss
         found = list(map(self.cached.get, hashes[:max_blocks]))
         try:
-            found = found[: found.index(None)]
+            del found[found.index(None) :]
         except ValueError:
             pass
-        if self.num_dup_hashes:
-            return [e if isinstance(e, int) else e[0] for e in found]  # type: ignore[index]
         return found  # type: ignore[return-value]
 
     def count_evictable(self, blocks: Sequence[int]) -> int:
@@ -134,27 +129,25 @@ class BlockPool:
         assert h is not None
         self.block_hash[b] = None
         self.evictions += 1
-        entry = self.cached[h]
-        if isinstance(entry, int):
-            del self.cached[h]
-        else:
-            entry.remove(b)
-            if len(entry) == 1:
-                self.cached[h] = entry[0]
-                self.num_dup_hashes -= 1
+        younger = self.dups.get(h)
+        if self.cached[h] == b:
+            if younger:
+                self.cached[h] = younger.pop(0)
+            else:
+                del self.cached[h]
+        elif younger is not None:
+            younger.remove(b)
+        if younger is not None and not younger:
+            del self.dups[h]
 
     def cache_block(self, b: int, h: int) -> None:
         if self.block_hash[b] is not None:
             return
         self.block_hash[b] = h
-        entry = self.cached.get(h)
-        if entry is None:
-            self.cached[h] = b
-        elif isinstance(entry, int):
-            self.cached[h] = [entry, b]
-            self.num_dup_hashes += 1
+        if h in self.cached:
+            self.dups.setdefault(h, []).append(b)
         else:
-            entry.append(b)
+            self.cached[h] = b
 
     def free(self, blocks: Sequence[int]) -> None:
         """Release a request's blocks, tail first, to the free-queue tail."""

@@ -80,6 +80,14 @@ class Histogram:
         self.sum += value * weight
         self.count += weight
 
+    def observe_many(self, values: list[float], weight: int = 1) -> None:
+        counts = self.counts
+        bounds = self.bounds
+        for v in values:
+            counts[bisect_left(bounds, v)] += weight
+        self.sum += sum(values) * weight
+        self.count += len(values) * weight
+
     def cumulative(self) -> list[tuple[str, int]]:
         """``(le, cumulative count)`` pairs including ``+Inf``."""
         out = []

@@ -215,3 +215,26 @@ def test_rejects_request_larger_than_kv() -> None:
     engine = Engine(EngineConfig(num_gpu_blocks=5))
     with pytest.raises(ValueError, match="max_model_len 64"):
         engine.add_request(Request("big", prompt(60), list(range(10))), 0.0)
+
+
+def test_duplicate_blocks_are_kept_and_promoted_on_eviction() -> None:
+    from actors.sim.kv import BlockPool
+
+    pool = BlockPool(5)
+    first: list[int] = []
+    second: list[int] = []
+    pool.allocate(1, first)
+    pool.allocate(1, second)
+    pool.cache_block(first[0], 42)
+    pool.cache_block(second[0], 42)  # computed twice concurrently: not de-duplicated
+    assert pool.find_hits([42], 1) == first
+    pool.free(first)
+    pool.free(second)
+    rest: list[int] = []
+    pool.allocate(2, rest)  # the two never-used blocks
+    evict_one: list[int] = []
+    pool.allocate(1, evict_one)  # pops the oldest free block: the first copy
+    assert evict_one == first and pool.evictions == 1
+    assert pool.find_hits([42], 1) == second  # the younger copy still serves hits
+    pool.allocate(1, evict_one)
+    assert pool.find_hits([42], 1) == [] and pool.evictions == 2
