@@ -1,19 +1,17 @@
-"""Bounded mailboxes and the one-shot request/reply helper used by every actor.
+"""Bounded mailboxes and the one-shot reply helper used by every actor.
 
 Every actor owns exactly one inbox: a bounded ``trio`` memory channel.  :func:`open_mailbox`
 creates it with a *name* (shown in ``/scheduling/diagnostics``) and a buffer size that the caller
 must justify in a comment next to the call.  :func:`channel_statistics` turns trio's
 ``statistics()`` into a plain dict for diagnostics.
 
-:func:`request` implements request/reply: it opens a one-slot reply channel (the actor answers
-exactly once with ``send_nowait``, so one slot can never block the actor), sends the message made
-by ``make(reply_send)`` and waits for the answer.  If the actor closes the reply channel without
-answering, :class:`ActorGone` is raised.
+Request/reply: the requester opens a one-slot reply channel and sends it inside its message;
+the actor answers exactly once with :func:`reply_nowait` (one slot can never block the actor).
+A requester whose reply channel is closed without an answer raises :class:`ActorGone`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import trio
@@ -59,19 +57,6 @@ def channel_statistics(name: str, channel: trio.MemorySendChannel[Any] | trio.Me
         "tasks_waiting_send": st.tasks_waiting_send,
         "tasks_waiting_receive": st.tasks_waiting_receive,
     }
-
-
-async def request(send: trio.MemorySendChannel[Any], make: Callable[[trio.MemorySendChannel[R]], Any]) -> R:
-    """Send ``make(reply_send)`` to an actor and wait for its single reply."""
-    # Buffer 1: the actor answers exactly once with send_nowait and must never block on a reply.
-    reply_send, reply_recv = trio.open_memory_channel[R](1)
-    async with reply_recv:
-        with reply_send:
-            await send.send(make(reply_send.clone()))
-        try:
-            return await reply_recv.receive()
-        except trio.EndOfChannel:
-            raise ActorGone("actor closed the reply channel without answering") from None
 
 
 def reply_nowait(reply: trio.MemorySendChannel[R], value: R) -> bool:

@@ -33,6 +33,7 @@ import httpx
 import trio
 from prometheus_client import CollectorRegistry
 
+from actors.core.ids import DEFAULT_MODEL_POOL
 from actors.mailbox import ActorGone
 from actors.messages import Abandoned, Admitted, Completed, Rejected, Reply, Submit
 from actors.rank_actor import RankObservers, run_rank_actor
@@ -106,6 +107,8 @@ class ProgramLease:
                 self.reported = True
             except trio.WouldBlock:
                 pass  # reported (awaiting) when the lease context exits
+            except trio.BrokenResourceError:
+                self.reported = True  # the scheduler is gone: nothing left to account
 
 
 def completed_message(request_id: str, outcome: Outcome) -> Completed:
@@ -157,7 +160,7 @@ class ProgramDispatcher:
             raise ValueError("ProgramDispatcher.lease needs a request with Program identity")
         self._polling_needed.set()  # lazily start backend polling on the first Program request
         inbox = self.scheduler.inbox.send
-        estimate = self.estimator.estimate("default", req)
+        estimate = self.estimator.estimate(DEFAULT_MODEL_POOL, req)
         submitted = False
         lease: ProgramLease | None = None
         try:
@@ -204,9 +207,9 @@ class ProgramDispatcher:
         if lease is not None and lease.outcome is not None:
             self.counters.completed_count += 1
             if lease.outcome.success and lease.outcome.usage is not None:
-                self.estimator.feedback("default", req, lease.outcome.usage.prompt_tokens)
+                self.estimator.feedback(DEFAULT_MODEL_POOL, req, lease.outcome.usage.prompt_tokens)
             elif lease.outcome.success:
-                self.estimator.feedback("default", req, None)
+                self.estimator.feedback(DEFAULT_MODEL_POOL, req, None)
             if not lease.reported:
                 lease.reported = True
                 try:
