@@ -148,15 +148,51 @@ def _dist(values: Sequence[float]) -> dict[str, float | int]:
     }
 
 
-def _hist_summary(buckets: list[tuple[float, float]] | None, scale: float) -> dict[str, Any] | None:
-    if buckets is None:
+def _summary_quantiles(after: Sequence[Snapshot | None], name: str) -> list[tuple[float, float]]:
+    """Count-weighted mean over labels (targets) of a Prometheus summary's quantiles: ``(q, value)``."""
+    per_q: dict[float, list[tuple[float, float]]] = {}
+    for snap in after:
+        if snap is None or name not in snap:
+            continue
+        counts = snap.get(f"{name}_count", {})
+        for labels, value in snap[name].items():
+            d = dict(labels)
+            if "quantile" not in d or math.isnan(value):
+                continue
+            key = tuple(sorted((k, v) for k, v in d.items() if k != "quantile"))
+            weight = counts.get(key, 0.0)
+            if weight > 0:
+                per_q.setdefault(float(d["quantile"]), []).append((weight, value))
+    return [(q, sum(w * v for w, v in pts) / sum(w for w, _ in pts)) for q, pts in sorted(per_q.items())]
+
+
+def queue_wait_summary(before: Sequence[Snapshot | None], after: Sequence[Snapshot | None], name: str,
+                       scale: float) -> dict[str, Any] | None:
+    """Distribution of a queue-wait metric over the run, histogram or summary (vllm-router's).
+
+    ``cdf`` is a list of ``[seconds, fraction]`` points: bucket bounds for a histogram (quantiles
+    interpolated inside buckets), the summary's own quantiles for a summary (lifetime values: each
+    bench system starts fresh, so lifetime = the run).  Durations are scaled to trace seconds.
+    """
+    count = counter_delta(before, after, f"{name}_count")
+    if count is None:
         return None
-    count = buckets[-1][1] if buckets else 0.0
-    out: dict[str, Any] = {"count": int(count), "buckets": [[le * scale if math.isfinite(le) else "+Inf", c]
-                                                             for le, c in buckets]}
+    total = counter_delta(before, after, f"{name}_sum") or 0.0
+    out: dict[str, Any] = {"count": int(count), "mean": (total / count) * scale if count else None}
+    buckets = histogram_delta(before, after, name)
+    if buckets is not None:
+        out["kind"] = "histogram"
+        out["cdf"] = [[le * scale, c / count] for le, c in buckets if math.isfinite(le)] if count else []
+        for q, key in ((0.5, "p50"), (0.9, "p90"), (0.99, "p99")):
+            v = histogram_quantile(buckets, q)
+            out[key] = None if v is None else v * scale
+        return out
+    quantiles = _summary_quantiles(after, name)
+    out["kind"] = "summary"
+    out["cdf"] = [[v * scale, q] for q, v in quantiles]
+    lookup = dict(quantiles)
     for q, key in ((0.5, "p50"), (0.9, "p90"), (0.99, "p99")):
-        v = histogram_quantile(buckets, q)
-        out[key] = None if v is None else v * scale
+        out[key] = lookup[q] * scale if q in lookup else None
     return out
 
 
@@ -192,7 +228,7 @@ def build_report(
         reason: counter_delta(router_before, router_after, ROUTER_TRANSITIONS, {"reason": reason}) or 0.0
         for reason in reasons
     }
-    router_queue = histogram_delta(router_before, router_after, ROUTER_QUEUE)
+    router_queue = counter_delta(router_before, router_after, f"{ROUTER_QUEUE}_count")
     jct = [(t.end - t.start) * s for t in tasks_ok]
     report: dict[str, Any] = {
         "system": system,
@@ -221,8 +257,8 @@ def build_report(
         },
         "preemptions": preempt,
         "queue_wait_seconds": {
-            "router": _hist_summary(router_queue, s),
-            "backend": _hist_summary(histogram_delta(worker_before, worker_after, WORKER_QUEUE), s),
+            "router": queue_wait_summary(router_before, router_after, ROUTER_QUEUE, s),
+            "backend": queue_wait_summary(worker_before, worker_after, WORKER_QUEUE, s),
         },
         "scheduling": {
             "available": bool(reasons) or router_queue is not None,

@@ -17,14 +17,14 @@ def _report(jct: float, hit: float, preempt: float, rps: float, router_p90: floa
         "jct_seconds": {"mean": jct, "p50": jct, "p90": jct * 1.5, "p99": jct * 2},
         "throughput": {"requests_per_second": rps, "output_tokens_per_second": rps * 100},
         "cache": {"token_hit_ratio": hit}, "preemptions": preempt,
-        "queue_wait_seconds": {"router": None, "backend": {"count": 4, "buckets": [[0.5, 2], [1.0, 4], ["+Inf", 4]],
+        "queue_wait_seconds": {"router": None, "backend": {"count": 4, "cdf": [[0.5, 0.5], [1.0, 1.0]],
                                                            "p90": 0.9}},
         "samples": {"jct_seconds": [jct * 0.5, jct, jct * 1.5]},
         "scheduling": {"cross_rank_migrations": 0, "force_resumes": 0, "segment_yields": 0},
     }
     if router_p90 is not None:
         rep["queue_wait_seconds"]["router"] = {"count": 2, "p50": 0.1, "p90": router_p90,
-                                               "buckets": [[0.1, 1], [1.0, 2], ["+Inf", 2]]}
+                                               "cdf": [[0.1, 0.5], [1.0, 1.0]]}
     return rep
 
 
@@ -61,3 +61,36 @@ def test_plots_skipped_without_matplotlib(tmp_path, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     assert write_plots(REPORTS, str(tmp_path)) == []
     assert os.listdir(tmp_path) == []
+
+
+def test_queue_wait_from_a_histogram_delta_in_trace_seconds() -> None:
+    from daemon.benchkit.report import parse_metrics, queue_wait_summary
+
+    name = "vllm_router_agent_aware_queue_wait_seconds"
+    before = parse_metrics(
+        f'# TYPE {name} histogram\n{name}_bucket{{target="a",le="0.1"}} 1\n{name}_bucket{{target="a",le="1.0"}} 1\n'
+        f'{name}_bucket{{target="a",le="+Inf"}} 1\n{name}_sum{{target="a"}} 0.05\n{name}_count{{target="a"}} 1\n')
+    after = parse_metrics(
+        f'# TYPE {name} histogram\n{name}_bucket{{target="a",le="0.1"}} 3\n{name}_bucket{{target="a",le="1.0"}} 5\n'
+        f'{name}_bucket{{target="a",le="+Inf"}} 5\n{name}_sum{{target="a"}} 1.25\n{name}_count{{target="a"}} 5\n')
+    out = queue_wait_summary([before], [after], name, scale=2.0)
+    assert out["kind"] == "histogram" and out["count"] == 4
+    assert out["mean"] == 2.0 * 1.2 / 4
+    assert out["cdf"] == [[0.2, 0.5], [2.0, 1.0]]
+    # p90: rank 3.6 of 4 lies in (0.1, 1.0] holding ranks 2..4 -> 0.1 + 0.9 * 1.6 / 2, in trace seconds
+    assert out["p90"] == 2.0 * (0.1 + 0.9 * 1.6 / 2)
+
+
+def test_queue_wait_from_the_reference_routers_summary() -> None:
+    from daemon.benchkit.report import parse_metrics, queue_wait_summary
+
+    name = "vllm_router_agent_aware_queue_wait_seconds"
+    text = f"# TYPE {name} summary\n"
+    for target, count, p50, p90 in (("a", 3, 0.1, 0.4), ("b", 1, 0.5, 0.8)):
+        text += (f'{name}{{target="{target}",quantile="0.5"}} {p50}\n{name}{{target="{target}",quantile="0.9"}} {p90}\n'
+                 f'{name}_sum{{target="{target}"}} {count * p50}\n{name}_count{{target="{target}"}} {count}\n')
+    out = queue_wait_summary([None], [parse_metrics(text)], name, scale=1.0)
+    assert out["kind"] == "summary" and out["count"] == 4
+    assert out["p50"] == (3 * 0.1 + 1 * 0.5) / 4
+    assert out["p90"] == (3 * 0.4 + 1 * 0.8) / 4
+    assert out["p99"] is None
