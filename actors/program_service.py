@@ -39,7 +39,7 @@ from actors.messages import Abandoned, Admitted, Completed, Rejected, Reply, Sub
 from actors.rank_actor import RankObservers, run_rank_actor
 from actors.scheduler_actor import SchedulerHandle, diagnostics_snapshot, rank_gauges, run_scheduler_actor
 from daemon.config import AgentdConfig, BackendTarget, ProgramSchedulingConfig
-from daemon.dispatch import DispatchRejected, Outcome, ProxyRequest
+from daemon.dispatch import DispatchRejected, HealthView, Outcome, ProxyRequest
 from daemon.program_metrics import GaugeSnapshot, ProgramMetrics, TokenEstimateGauge
 
 # Abandoned/Completed are sent from a shielded finally; this caps how long a handler can be
@@ -259,9 +259,14 @@ async def run_program_scheduling(
     client: httpx.AsyncClient,
     registry: CollectorRegistry,
     *,
+    health: HealthView | None = None,
     task_status: trio.TaskStatus[ProgramDispatcher] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run Program scheduling until cancelled; ``task_status.started(ProgramDispatcher)``."""
+    """Run Program scheduling until cancelled; ``task_status.started(ProgramDispatcher)``.
+
+    ``health`` (the supervisor's health board) restricts Program targets to healthy workers;
+    without it every configured target is used.
+    """
     ps = cfg.program_scheduling
     if ps is None:
         raise ValueError("run_program_scheduling needs cfg.program_scheduling (enable_program_scheduling)")
@@ -275,7 +280,8 @@ async def run_program_scheduling(
 
     async with trio.open_nursery() as nursery:
         scheduler: SchedulerHandle = await nursery.start(
-            lambda task_status: run_scheduler_actor(ps, targets, metrics, on_tick=on_tick, task_status=task_status)
+            lambda task_status: run_scheduler_actor(
+                ps, targets, metrics, on_tick=on_tick, health=health, task_status=task_status)
         )
         polling_needed = trio.Event()
         dispatcher = ProgramDispatcher(ps, scheduler, observers, estimator, polling_needed)

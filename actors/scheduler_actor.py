@@ -53,6 +53,7 @@ from actors.messages import (
 )
 from actors.program_registry import ProgramRegistry, run_program_registry
 from daemon.config import BackendTarget, ProgramSchedulingConfig
+from daemon.dispatch import HealthView
 from daemon.logs import get_logger, log_event
 from daemon.program_metrics import ProgramMetrics, RankGauges
 
@@ -85,6 +86,8 @@ class SchedulerHandle:
         self.inbox = inbox
         self.state = state
         self.registry: ProgramRegistry | None = None
+        self.health: HealthView | None = None
+        self.synced_target_ids: tuple[str, ...] = ()
         self.steps_count = 0
         self.last_step_at: float | None = None
         self.pending_replies_count = 0
@@ -330,9 +333,14 @@ async def run_scheduler_actor(
     metrics: ProgramMetrics,
     *,
     on_tick: Callable[[SchedulerHandle, float], None] | None = None,
+    health: HealthView | None = None,
     task_status: trio.TaskStatus[SchedulerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Own the scheduler state; run until cancelled (or until a step raises, which stops the daemon)."""
+    """Own the scheduler state; run until cancelled (or until a step raises, which stops the daemon).
+
+    With ``health``, the targets given to the core are the healthy ones, re-synced at every tick
+    and arrival: an unhealthy worker's ranks leave Program scheduling (their Programs fail over).
+    """
     # See SCHEDULER_INBOX_SIZE for the bound.
     inbox: Mailbox[SchedulerMessage] = open_mailbox("scheduler_inbox", SCHEDULER_INBOX_SIZE)
     handle = SchedulerHandle(cfg, targets, inbox, initial_state(cfg))
@@ -342,14 +350,14 @@ async def run_scheduler_actor(
         router = _Router(handle, metrics, registry)
         # The configured targets are known from the start (no Program state, no polling): the
         # diagnostics list every concrete DP rank before the first Program request.
-        result = step(handle.state, ev.TargetsChanged(DEFAULT_MODEL_POOL, handle.targets),
-                      now=trio.current_time(), cfg=cfg)
-        handle.state = result.state
-        router.route(result.effects, trio.current_time())
+        handle.health = health
+        _sync_targets(handle, router, trio.current_time(), force=True)
         task_status.started(handle)
         try:
             async for msg in inbox.recv:
                 now = trio.current_time()
+                if isinstance(msg, (Submit, RepairTick)):
+                    _sync_targets(handle, router, now)
                 if isinstance(msg, Submit):
                     router.replies[msg.request_id] = msg.reply
                     handle.pending_replies_count = len(router.replies)
@@ -373,6 +381,20 @@ async def run_scheduler_actor(
             for channel in router.replies.values():
                 channel.close()
             nursery.cancel_scope.cancel()
+
+
+def _sync_targets(handle: SchedulerHandle, router: _Router, now: float, *, force: bool = False) -> None:
+    """Give the core the current (healthy) target list when it changed."""
+    targets = handle.targets if handle.health is None else tuple(
+        sorted(handle.health.healthy_targets(), key=lambda t: t.index))
+    ids = tuple(t.target_id for t in targets)
+    if ids == handle.synced_target_ids and not force:
+        return
+    handle.synced_target_ids = ids
+    result = step(handle.state, ev.TargetsChanged(DEFAULT_MODEL_POOL, targets), now=now, cfg=handle.cfg)
+    handle.state = result.state
+    handle.steps_count += 1
+    router.route(result.effects, now)
 
 
 def _log_capacity_observation(cfg: ProgramSchedulingConfig, msg: ObservationReceived) -> None:

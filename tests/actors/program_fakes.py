@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import attrs
@@ -46,6 +47,20 @@ class FakeWorkers:
         return httpx.Response(200, text="\n".join(lines) + "\n")
 
 
+@attrs.define
+class FakeHealth:
+    """A health board whose healthy workers the test sets."""
+
+    targets: tuple[Any, ...]
+    unhealthy_urls: set[str] = attrs.field(factory=set)
+
+    def healthy_targets(self) -> tuple[Any, ...]:
+        return tuple(t for t in self.targets if t.worker_url not in self.unhealthy_urls)
+
+    def unhealthy_reason(self) -> str:
+        return ",".join(sorted(self.unhealthy_urls))
+
+
 def daemon_config(workers: tuple[str, ...] = ("http://w0:8000",), dp: int = 2, **ps: Any) -> AgentdConfig:
     return AgentdConfig(
         routing=RoutingConfig(worker_urls=workers, intra_node_data_parallel_size=dp),
@@ -79,13 +94,13 @@ def ok(prompt: int = 100, cached: int | None = 0, completion: int = 10) -> Outco
 
 @asynccontextmanager
 async def program_scheduling(
-    cfg: AgentdConfig, workers: FakeWorkers | None = None
+    cfg: AgentdConfig, workers: FakeWorkers | None = None, health: Any = None
 ) -> AsyncIterator[tuple[ProgramDispatcher, CollectorRegistry, FakeWorkers]]:
     workers = workers or FakeWorkers(dp_size=cfg.routing.intra_node_data_parallel_size)
     registry = CollectorRegistry()
     async with httpx.AsyncClient(transport=httpx.MockTransport(workers.handler)) as client:
         async with trio.open_nursery() as nursery:
-            dispatcher = await nursery.start(run_program_scheduling, cfg, client, registry)
+            dispatcher = await nursery.start(partial(run_program_scheduling, cfg, client, registry, health=health))
             yield dispatcher, registry, workers
             nursery.cancel_scope.cancel()
 

@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from daemon.dispatch import DispatchRejected
-from program_fakes import FakeWorkers, daemon_config, ok, program_request, program_scheduling
+from program_fakes import FakeHealth, FakeWorkers, daemon_config, ok, program_request, program_scheduling
 
 
 def _program(diag: dict, target: str | None = None) -> list[dict]:
@@ -271,3 +271,31 @@ async def test_log_events_of_the_seed_document(autojump_clock: trio.testing.Mock
     assert all("p1" not in str(f) for _, _, f in event_log.events)
     assert registry.get_sample_value(
         "vllm_router_agent_aware_request_interval_seconds_count", {"target": T0}) == 1.0
+
+
+async def test_unhealthy_worker_leaves_program_scheduling_and_programs_fail_over(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    cfg = daemon_config(("http://w0:8000", "http://w1:8000"), dp=1)
+    health = FakeHealth(cfg.targets())
+    async with program_scheduling(cfg, health=health) as (dispatcher, registry, _):
+        async with dispatcher.lease(program_request("p")) as lease:
+            home = lease.target
+            lease.finish(ok())
+        health.unhealthy_urls.add(home.worker_url)
+        await trio.sleep(1.5)  # the next tick re-syncs the targets
+        diag = dispatcher.diagnostics()
+        assert [r["target_id"] for r in diag["ranks"]] != [] and home.target_id not in [
+            r["target_id"] for r in diag["ranks"]]
+        async with dispatcher.lease(program_request("p")) as lease:
+            assert lease.target.target_id != home.target_id
+            lease.finish(ok())
+        health.unhealthy_urls.clear()
+        await trio.sleep(1.0)
+        assert len(dispatcher.diagnostics()["ranks"]) == 2
+        health.unhealthy_urls.update({"http://w0:8000", "http://w1:8000"})
+        await trio.sleep(1.0)
+        with pytest.raises(DispatchRejected) as info:
+            async with dispatcher.lease(program_request("q")):
+                raise AssertionError("no target can admit")
+        assert (info.value.status, info.value.code) == (503, "no_targets")
