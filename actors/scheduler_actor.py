@@ -364,6 +364,10 @@ async def run_scheduler_actor(
                 elif isinstance(msg, ObservationReceived):
                     _log_capacity_observation(cfg, msg)
                 events = to_core_events(msg)
+                if isinstance(msg, (ObservationStarted, ObservationReceived)):
+                    # ranks of workers the health board took out are still scraped: not news to the core
+                    live = handle.synced_target_ids
+                    events = [e for e in events if e.target_id in live]  # type: ignore[union-attr]
                 router.completing = msg if isinstance(msg, Completed) else None
                 for event in events:
                     result = step(handle.state, event, now=now, cfg=cfg)

@@ -274,7 +274,7 @@ async def test_log_events_of_the_seed_document(autojump_clock: trio.testing.Mock
 
 
 async def test_unhealthy_worker_leaves_program_scheduling_and_programs_fail_over(
-    autojump_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock, event_log
 ) -> None:
     cfg = daemon_config(("http://w0:8000", "http://w1:8000"), dp=1)
     health = FakeHealth(cfg.targets())
@@ -299,3 +299,4 @@ async def test_unhealthy_worker_leaves_program_scheduling_and_programs_fail_over
             async with dispatcher.lease(program_request("q")):
                 raise AssertionError("no target can admit")
         assert (info.value.status, info.value.code) == (503, "no_targets")
+    assert event_log.named("stale_capacity_observation_dropped") == []
