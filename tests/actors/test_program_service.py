@@ -1,0 +1,54 @@
+"""ProgramDispatcher and its token estimator, without HTTP."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import trio
+import trio.testing
+from prometheus_client import CollectorRegistry
+
+from actors.program_service import TokenEstimator
+from daemon.program_metrics import ProgramMetrics
+from program_fakes import daemon_config, ok, program_request, program_scheduling
+
+
+def test_token_estimator_momentum_feedback_matches_reference_vector() -> None:
+    registry = CollectorRegistry()
+    est = TokenEstimator(ProgramMetrics(registry))
+    first = program_request("p", tokens=100)  # the proxy's static estimate of 400 bytes
+    assert est.estimate("default", first) == 100
+    est.feedback("default", first, 200)
+    assert est.coefficients[("default", "chat")] == pytest.approx(0.275)
+    assert est.estimate("default", program_request("p", tokens=200)) in (220, 221)  # 800 bytes
+    est.feedback("default", first, None)
+    get = registry.get_sample_value
+    assert get("vllm_router_agent_aware_token_estimate_feedback_total",
+               {"model_pool": "default", "endpoint": "chat", "outcome": "observed"}) == 1.0
+    assert get("vllm_router_agent_aware_token_estimate_feedback_total",
+               {"model_pool": "default", "endpoint": "chat", "outcome": "missing"}) == 1.0
+
+
+async def test_lease_finish_exactly_once(autojump_clock: trio.testing.MockClock) -> None:
+    async with program_scheduling(daemon_config(token_capacity_per_dp_rank=10_000)) as (dispatcher, _, _):
+        async with dispatcher.lease(program_request("p")) as lease:
+            lease.finish(ok())
+            with pytest.raises(RuntimeError, match="finished twice"):
+                lease.finish(ok())
+        diag = await dispatcher.wait_diagnostics(lambda d: d["dispatcher"]["completed_count"] == 1)
+        assert diag["dispatcher"]["abandoned_count"] == 0
+        assert diag["token_estimation"] == [
+            {"model_pool": "default", "endpoint": "chat", "tokens_per_byte": pytest.approx(0.9 * 0.25 + 0.1 * 0.25)}
+        ]
+        channels = {c["name"]: c for c in diag["channels"]}
+        assert channels["scheduler_inbox"]["max_buffer_size"] == 1024
+        assert channels["program_actors"]["max_buffer_size"] == 32
+
+
+async def test_lease_refuses_a_request_without_program_identity(autojump_clock: trio.testing.MockClock) -> None:
+    async with program_scheduling(daemon_config()) as (dispatcher, _, workers):
+        with pytest.raises(ValueError, match="Program identity"):
+            async with dispatcher.lease(attrs.evolve(program_request("p"), identity=None)):
+                raise AssertionError("unreachable")
+        assert dispatcher.diagnostics()["dispatcher"]["submitted_count"] == 0
+        assert workers.scrapes == []  # nothing started polling
