@@ -132,3 +132,40 @@ async def test_program_sim_resumes_in_arrival_order_in_virtual_time(
         assert admits.programs == [ids["p1"], ids["p2"], ids["p3"], ids["p4"]]
         assert diag["ranks"][0]["router_estimated_used_tokens"] == 0
         handles.request_shutdown()
+
+
+SEED_METRICS = (
+    "request_interval_seconds", "cache_miss_impact_seconds", "armed_ttl_seconds", "transitions_total",
+    "context_growth_tokens", "shared_prefix_observed_tokens", "rank_queue_size", "queue_wait_seconds",
+    "rank_active_programs", "admission_used_tokens", "admission_required_tokens",
+    "admission_growth_reserve_tokens", "admission_capacity_pressure_ratio", "admission_projected_pressure_ratio",
+    "capacity_observation_fresh",
+)
+
+
+async def test_program_sim_tuning_workflow_signals_exist() -> None:
+    """Every signal the seed's tuning workflow names is served after a little agent traffic."""
+    cfg = sim_config()
+    async with trio.open_nursery() as nursery:
+        handles = await nursery.start(partial(run_daemon, cfg))
+        ps = handles.program_dispatcher
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=60) as client:
+            for turn in range(2):  # two turns: the second one is a continuity sample (request interval)
+                for pid in ("a", "b"):
+                    r = await client.post("/v1/chat/completions", json=body(pid))
+                    assert r.status_code == 200
+            await ps.wait_diagnostics(lambda d: d["backend_polling_started"] and d["ranks"][0]["observation_fresh"])
+            text = (await client.get("/metrics")).text
+            diag = (await client.get("/scheduling/diagnostics")).json()
+        for name in SEED_METRICS:
+            assert f"# TYPE vllm_router_agent_aware_{name} " in text, name
+        for observed in ("request_interval_seconds_count", "cache_miss_impact_seconds_count",
+                         "armed_ttl_seconds_count", "admission_used_tokens_count", "queue_wait_seconds_count"):
+            assert f'vllm_router_agent_aware_{observed}{{' in text, observed
+        rank = diag["ranks"][0]
+        for field in ("observation_age_seconds", "observation_fresh", "capacity_accounting_source", "rolling",
+                      "programs", "router_queued_programs", "vllm_running_requests", "vllm_waiting_requests"):
+            assert field in rank, field
+        assert rank["rolling"]["continuity_samples"] == 2
+        assert {p["root_program_id"] for p in rank["programs"]} == {"a", "b"}
+        handles.request_shutdown()
