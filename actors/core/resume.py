@@ -62,6 +62,12 @@ def schedule_waiting(s: SchedulerState) -> None:
             _schedule_rank(s, target)
 
 
+def schedule_after_change(s: SchedulerState) -> None:
+    """Admission pass after a cancellation, an observation or a target change."""
+    if not s.cfg.binding_only:
+        schedule_waiting(s)
+
+
 def _schedule_rank(s: SchedulerState, target: str) -> None:
     rank = s.ranks.get(target)  # type: ignore[call-overload]
     if rank is None:

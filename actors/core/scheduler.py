@@ -89,20 +89,21 @@ def _handlers() -> dict[type, Any]:
     """Event type -> handler, built on first use (``handlers`` imports this module's types)."""
     if not _HANDLERS:
         from actors.core import handlers as h
+        from actors.core import topology as t
 
         def targets_changed(s: SchedulerState, ev: TargetsChanged) -> None:
-            h.sync_targets(s, ev.model_pool, ev.targets)
-            h.schedule_after_change(s)
+            t.sync_targets(s, ev.model_pool, ev.targets)
+            t.schedule_after_change(s)
 
         _HANDLERS.update({
             RequestSubmitted: h.on_submit,
             RequestCompleted: h.on_complete,
             RequestAbandoned: h.on_abandon,
             TimerFired: h.on_timer,
-            RepairTick: lambda s, ev: h.on_tick(s),
-            ObservationStarted: h.on_observation_started,
-            ObservationReceived: h.on_observation,
-            ObservationStale: h.on_observation_stale,
+            RepairTick: lambda s, ev: t.on_tick(s),
+            ObservationStarted: t.on_observation_started,
+            ObservationReceived: t.on_observation,
+            ObservationStale: t.on_observation_stale,
             TargetsChanged: targets_changed,
             "sweep": h.sweep_queue_timeouts,  # type: ignore[dict-item]
         })

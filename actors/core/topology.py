@@ -1,0 +1,174 @@
+"""Targets, binding candidates, ticks and backend observations (core spec 5.3-5.4, 13, 14).
+
+* :func:`sync_targets` replaces a pool's target list: a new revision fences in-flight scrapes,
+  removed ranks lose bindings, queues and statistics, and every Program of the pool whose rank
+  vanished is invalidated (``health_failover``), re-bound and, if it waits, re-queued.
+* :func:`on_observation_started` / :func:`on_observation` implement the checkpoint-and-rebase
+  protocol: the Router ledger is checkpointed when a scrape starts, and the result is dropped
+  when the topology changed meanwhile.
+* :func:`on_tick` runs the periodic sequence over every rank and reports accounting-source
+  changes once each.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.core.effects import CapacitySourceChanged, StaleObservationDropped
+from actors.core.events import ObservationReceived, ObservationStale, ObservationStarted
+from actors.core.ids import TargetId
+from actors.core.ledger import (
+    BACKEND_OBSERVATION, FRESHNESS_INTERVALS, apply_observation, capacity_accounting_source,
+    private_tokens, rank_counts, target_usage,
+)
+from actors.core.lifecycle import dequeue, enqueue, invalidate, mark_dirty, restart_freshness_anchor, touch
+from actors.core.model import ACTING, ACTIVE, PAUSED, REASONING, ObservationCheckpoint, Program, RankState
+from actors.core.placement import Candidate
+from actors.core.resume import schedule_after_change
+from actors.core.scheduler import SchedulerState
+from actors.core.stats import ProgressTtlFactors
+
+
+# ---- targets -------------------------------------------------------------------------------------
+
+def sync_targets(s: SchedulerState, pool: str, targets: tuple[Any, ...]) -> None:
+    """Replace the target list of ``pool`` (core spec 13.1)."""
+    sig = tuple(sorted((str(t.target_id), str(t.worker_url), t.dp_rank, int(t.index)) for t in targets))
+    if s.pool_signatures.get(pool) == sig:
+        return
+    s.revision += 1
+    s.pool_signatures[pool] = sig
+    new_ids = tuple(TargetId(x[0]) for x in sig)
+    old_ids = s.pools.get(pool, ())
+    s.pools[pool] = new_ids
+    for tid, url, dp, idx in sig:
+        rank = s.ranks.get(TargetId(tid))
+        if rank is None:
+            rank = s.ranks[TargetId(tid)] = RankState(TargetId(tid), url, dp, idx)
+            rank.factors = ProgressTtlFactors(s.cfg.stats_window_size)
+        else:
+            rank.worker_url, rank.dp_rank, rank.index = url, dp, idx
+        mark_dirty(s, rank.target_id)
+    removed = [t for t in old_ids if t not in new_ids]
+    still_used = {t for ids in s.pools.values() for t in ids}
+    for t in removed:
+        s.binder.remove_target(t)
+    present = set(new_ids)
+    for p in list(s.programs.values()):
+        if p.ref.model_pool != pool or (p.last_target is not None and p.last_target in present):
+            continue
+        disappeared = p.last_target is not None
+        if p.placement is not None and p.placement not in present:
+            invalidate(s, p)
+        s.binder.release(p.ref.key)
+        dequeue(s, p)
+        bound = _bind(s, p, None)
+        p.home_target = p.last_target = bound
+        if disappeared:
+            p.paused_at = s.now
+            p.pause_when_idle = False
+            p.ttl_deadline = None
+            p.segment_started_at = None
+            restart_freshness_anchor(p, s.now)
+            if p.status == ACTING:
+                s.retention_heap.push(p.paused_at + s.cfg.paused_retention_ttl_seconds, p.ref)
+        if s.pool.program_len(p.ref) and bound is not None:
+            enqueue(s, p)
+        touch(s, p)
+    for t in removed:
+        if t not in still_used:
+            s.ranks.pop(t, None)
+            s.rank_queues.pop(t, None)
+            s.dirty_ranks.pop(t, None)
+
+
+def binding_candidates(s: SchedulerState, pool: str, p: Program) -> list[Candidate]:
+    cfg = s.cfg
+    cap = cfg.token_capacity_per_dp_rank
+    low = cap * cfg.low_watermark_ratio if cap is not None else None
+    per: dict[TargetId, list[float]] = {t: [0, 0.0, 0.0] for t in s.pools.get(pool, ())}
+    for o in s.programs.values():
+        if o is p or o.last_target not in per:
+            continue
+        acc = per[o.last_target]  # type: ignore[index]
+        if o.state == ACTIVE or o.status == REASONING:
+            acc[0] += 1
+            acc[1] += private_tokens(o, cfg.decode_buffer_tokens)
+        if o.state == PAUSED and o.status == REASONING and o.completed_requests == 0 and s.pool.program_len(o.ref):
+            acc[2] += private_tokens(o, cfg.decode_buffer_tokens)
+    out = []
+    for t, (n, tokens, pending) in per.items():
+        rank = s.ranks[t]
+        usage = target_usage(rank, s.now, cfg.metrics_interval_seconds)
+        if cap is None:
+            pressure = 0.0
+        else:
+            pressure = min(1.0, max(0.0, (usage + pending) / cap)) if cap else 1.0
+        admissible = len(rank.active) + 1 <= cfg.max_active_programs_per_target and (
+            low is None or usage + p.estimated_context_tokens + cfg.decode_buffer_tokens <= low)
+        out.append(Candidate(t, int(n), tokens, cap, pressure, admissible))
+    return out
+
+
+def _bind(s: SchedulerState, p: Program, text: str | None) -> TargetId | None:
+    hash_key = p.placement_hash_key or p.ref.program_id
+    if s.binder.strategy in ("consistent_hash", "program_round_robin"):  # no per-target accounting needed
+        return s.binder.bind_ids(p.ref.key, hash_key, s.pools.get(p.ref.model_pool, ()))
+    cands = binding_candidates(s, p.ref.model_pool, p)
+    return s.binder.bind(p.ref.key, hash_key, cands, text)
+
+
+def on_tick(s: SchedulerState) -> None:
+    from actors.core.handlers import periodic_sequence
+
+    for t in s.ranks:
+        s.dirty_ranks[t] = None
+    periodic_sequence(s)
+    interval = s.cfg.metrics_interval_seconds
+    for t in sorted(s.ranks):
+        rank = s.ranks[t]
+        src = capacity_accounting_source(rank, s.now, interval)
+        prev = rank.reported_capacity_source
+        if src != prev:
+            if src != BACKEND_OBSERVATION or prev is not None:
+                age = s.now - rank.observed_at if rank.observed_at is not None else None
+                s.effects.append(CapacitySourceChanged(t, prev, src, age, FRESHNESS_INTERVALS * interval))
+            rank.reported_capacity_source = src
+
+
+def _checkpoint(s: SchedulerState, rank: RankState) -> ObservationCheckpoint:
+    rp, rr, rt, at = rank_counts(rank)
+    return ObservationCheckpoint(s.revision, rank.delta_tokens, rp, rr, rt, at)
+
+
+def on_observation_started(s: SchedulerState, ev: ObservationStarted) -> None:
+    rank = s.ranks.get(ev.target_id)
+    if rank is not None:
+        rank.checkpoints[ev.epoch] = _checkpoint(s, rank)
+
+
+def on_observation(s: SchedulerState, ev: ObservationReceived) -> None:
+    rank = s.ranks.get(ev.target_id)
+    if rank is None:
+        s.effects.append(StaleObservationDropped(ev.target_id, ev.epoch, -1, s.revision))
+        return
+    cp = rank.checkpoints.pop(ev.epoch, None)
+    for e in [e for e in rank.checkpoints if e < ev.epoch]:
+        del rank.checkpoints[e]
+    if cp is None:
+        cp = _checkpoint(s, rank)
+    if cp.revision != s.revision:
+        s.effects.append(StaleObservationDropped(ev.target_id, ev.epoch, cp.revision, s.revision))
+        return
+    observed_at = ev.observed_at if ev.observed_at is not None else s.now
+    apply_observation(rank, cp, ev.kv_cache_usage, ev.running_requests, ev.waiting_requests, observed_at,
+                      s.cfg.token_capacity_per_dp_rank)
+    mark_dirty(s, rank.target_id)
+    schedule_after_change(s)
+
+
+def on_observation_stale(s: SchedulerState, ev: ObservationStale) -> None:
+    rank = s.ranks.get(ev.target_id)
+    if rank is not None:
+        rank.observed_at = None
+        mark_dirty(s, rank.target_id)
