@@ -2,7 +2,8 @@
 
 ``virtual``: N ranks under ``trio.testing.MockClock`` (virtual time) driven by a synthetic
 multi-turn agent load for a simulated duration; reports wall time, simulated requests and tokens,
-cache hit ratio and preemptions.  Sessions are pinned to a rank (sticky routing, as a
+cache hit ratio and preemptions.  ``--driver direct`` runs the same load through the engines in a
+plain discrete-event loop without Trio, which isolates the engine model's own cost.  Sessions are pinned to a rank (sticky routing, as a
 Program-aware router would do) and submit token ids straight to the cluster (the HTTP layer is
 measured by ``server``).
 
@@ -22,6 +23,7 @@ subprocess and measures completed requests per second with concurrent clients.
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import math
 import random
@@ -35,7 +37,7 @@ import trio
 import trio.testing
 
 from actors.sim.cluster import SimCluster, SimConfig
-from actors.sim.engine import EngineConfig, Request
+from actors.sim.engine import Engine, EngineConfig, EngineOutput, Request
 from actors.sim.kv import extend_block_hashes
 
 VOCAB = 131072
@@ -57,41 +59,101 @@ def _tool_gap(rng: random.Random) -> float:
     return min(300.0, _lognormal(rng, 0.3, 2.9))
 
 
-async def _session_loop(
-    cluster: SimCluster, rank: int, sid: int, args: argparse.Namespace, end: float, totals: dict[str, int]
-) -> None:
-    rng = random.Random(args.seed * 1_000_003 + sid)
-    bs = cluster.config.engine.block_size
-    root = cluster.engines[rank].root
-    shared = _fresh_tokens(random.Random(args.seed), args.shared_prefix)
-    generation = 0
+class _Session:
+    """One synthetic agent: builds its next request and grows its context when a turn finishes."""
+
+    def __init__(self, sid: int, rank: int, args: argparse.Namespace, block_size: int, root: int) -> None:
+        self.sid = sid
+        self.rank = rank
+        self.args = args
+        self.rng = random.Random(args.seed * 1_000_003 + sid)
+        self.bs = block_size
+        self.root = root
+        self.shared = _fresh_tokens(random.Random(args.seed), args.shared_prefix)
+        self.generation = 0
+        self.turn = 0
+        self.tokens: list[int] = []
+        self.hashes: list[int] = []
+        self.output: list[int] = []
+        self._restart()
+
+    def _restart(self) -> None:
+        self.generation += 1
+        self.turn = 0
+        self.tokens = list(self.shared)
+        self.hashes = []
+
+    def next_request(self) -> Request:
+        rng, bs = self.rng, self.bs
+        append = min(16_000, max(20, int(_lognormal(rng, self.args.append_median, 1.0))))
+        n_out = min(2000, max(5, int(_lognormal(rng, 300.0, 0.7))))
+        if len(self.tokens) + append + n_out > self.args.max_context:
+            self._restart()  # context compaction: a fresh session from the shared prefix
+            append = max(1, min(append, self.args.max_context - len(self.tokens) - n_out))
+        self.tokens.extend(_fresh_tokens(rng, append))
+        n_full = len(self.tokens) // bs
+        have = len(self.hashes)
+        extend_block_hashes(self.hashes, self.tokens[have * bs : n_full * bs], n_full, bs, self.root, None, offset=None)
+        self.output = _fresh_tokens(rng, n_out)
+        rid = f"s{self.sid}-g{self.generation}-t{self.turn}"
+        return Request(rid, list(self.tokens), self.output, prompt_block_hashes=self.hashes[:n_full])
+
+    def finished(self) -> float:
+        """Record the finished turn; returns the tool gap before the next request."""
+        self.tokens.extend(self.output)
+        self.turn += 1
+        return _tool_gap(self.rng)
+
+
+async def _session_loop(cluster: SimCluster, session: _Session, end: float, totals: dict[str, int]) -> None:
     while trio.current_time() < end:
-        tokens = list(shared)
-        hashes: list[int] = []
-        generation += 1
-        turn = 0
-        while trio.current_time() < end:
-            append = min(16_000, max(20, int(_lognormal(rng, args.append_median, 1.0))))
-            n_out = min(2000, max(5, int(_lognormal(rng, 300.0, 0.7))))
-            if len(tokens) + append + n_out > args.max_context:
-                break
-            tokens.extend(_fresh_tokens(rng, append))
-            n_full = len(tokens) // bs
-            have = len(hashes)
-            extend_block_hashes(hashes, tokens[have * bs : n_full * bs], n_full, bs, root, None, offset=None)
-            output = _fresh_tokens(rng, n_out)
-            req = Request(f"s{sid}-g{generation}-t{turn}", list(tokens), output, prompt_block_hashes=hashes[:n_full])
-            outs = await cluster.submit(req, dp_rank=rank, order_key=(sid, generation, turn),
-                                       final_only=True)
-            async with outs:
-                async for out in outs:
-                    if out.finish_reason is not None:
-                        totals["requests"] += 1
-                        totals["output_tokens"] += n_out
-                        totals["prompt_tokens"] += len(req.prompt)
-            tokens.extend(output)
-            turn += 1
-            await trio.sleep(_tool_gap(rng))
+        req = session.next_request()
+        outs = await cluster.submit(req, dp_rank=session.rank, order_key=(session.sid, req.request_id),
+                                    final_only=True)
+        async with outs:
+            async for out in outs:
+                if out.finish_reason is not None:
+                    _count(totals, req)
+        await trio.sleep(session.finished())
+
+
+def _count(totals: dict[str, int], req: Request) -> None:
+    totals["requests"] += 1
+    totals["output_tokens"] += len(req.output)
+    totals["prompt_tokens"] += len(req.prompt)
+
+
+def _run_direct(engines: list[Engine], sessions: list[_Session], end: float, totals: dict[str, int]) -> None:
+    """The same load without Trio: a plain discrete-event loop over the engines (engine cost only)."""
+    wake = [(0.0, s.sid) for s in sessions]
+    heapq.heapify(wake)
+    owner: dict[str, tuple[_Session, Request]] = {}
+    while True:
+        t_eng = min([t for e in engines if (t := e.next_event_time()) is not None], default=math.inf)
+        t_sess = wake[0][0] if wake else math.inf
+        if t_eng == math.inf and t_sess == math.inf:
+            return
+        outputs: list[EngineOutput] = []
+        if t_sess <= t_eng:
+            while wake and wake[0][0] == t_sess:
+                session = sessions[heapq.heappop(wake)[1]]
+                req = session.next_request()
+                owner[req.request_id] = (session, req)
+                outputs += engines[session.rank].add_request(req, t_sess)
+            now = t_sess
+        else:
+            now = t_eng
+            for engine in engines:
+                t = engine.next_event_time()
+                if t is not None and t <= now:
+                    outputs += engine.advance_to(now)
+        for out in outputs:
+            if out.finish_reason is not None:
+                session, req = owner.pop(out.request_id)
+                _count(totals, req)
+                t_next = out.time + session.finished()
+                if t_next < end:
+                    heapq.heappush(wake, (t_next, session.sid))
 
 
 def bench_virtual(args: argparse.Namespace) -> dict[str, Any]:
@@ -101,25 +163,33 @@ def bench_virtual(args: argparse.Namespace) -> dict[str, Any]:
     totals = {"requests": 0, "output_tokens": 0, "prompt_tokens": 0}
     duration = args.hours * 3600.0
 
-    async def main() -> SimCluster:
+    def sessions_for(engines: list[Engine]) -> list[_Session]:
+        return [_Session(sid, sid % args.ranks, args, engine.block_size, engines[sid % args.ranks].root)
+                for sid in range(args.ranks * args.sessions_per_rank)]
+
+    async def main() -> list[Engine]:
         async with trio.open_nursery() as nursery:
             cluster: SimCluster = await nursery.start(SimCluster(config).run)
             end = trio.current_time() + duration
-            async with trio.open_nursery() as sessions:
-                for sid in range(args.ranks * args.sessions_per_rank):
-                    sessions.start_soon(_session_loop, cluster, sid % args.ranks, sid, args, end, totals)
+            async with trio.open_nursery() as tasks:
+                for session in sessions_for(cluster.engines):
+                    tasks.start_soon(_session_loop, cluster, session, end, totals)
             nursery.cancel_scope.cancel()
-        return cluster
+        return cluster.engines
 
     t0 = time.perf_counter()
     cpu0 = time.process_time()
-    cluster = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    if args.driver == "trio":
+        engines = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    else:
+        engines = SimCluster(config).engines
+        _run_direct(engines, sessions_for(engines), duration, totals)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
-    stats = [e.stats for e in cluster.engines]
+    stats = [e.stats for e in engines]
     queries = sum(s.prefix_cache_queries for s in stats)
     return {
-        "bench": "virtual", "ranks": args.ranks, "sessions": args.ranks * args.sessions_per_rank,
+        "bench": "virtual", "driver": args.driver, "ranks": args.ranks, "sessions": args.ranks * args.sessions_per_rank,
         "simulated_seconds": duration, "wall_seconds": round(wall, 2), "cpu_seconds": round(cpu, 2),
         "speedup_vs_real_time": round(duration / wall, 1),
         "requests": totals["requests"], "prompt_tokens": totals["prompt_tokens"],
@@ -187,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--num-gpu-blocks", type=int, default=16_384)
     v.add_argument("--max-num-seqs", type=int, default=256)
     v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--driver", choices=("trio", "direct"), default="trio",
+                   help="trio: SimCluster under MockClock (default); direct: engines only, no Trio")
     s = sub.add_parser("server", help="standalone sim-backend request throughput at zero time cost")
     s.add_argument("--seconds", type=float, default=10.0)
     s.add_argument("--concurrency", type=int, default=32)
