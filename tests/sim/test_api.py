@@ -275,3 +275,16 @@ async def test_other_endpoints(autojump_clock: trio.abc.Clock) -> None:
         assert (await client.get("/v1/chat/completions")).status_code == 405
         bad_json = await client.post("/v1/chat/completions", content=b"{not json")
         assert bad_json.status_code == 400 and bad_json.json()["error"]["param"] == "body"
+
+
+async def test_continuous_usage_and_token_id_prompts(autojump_clock: trio.abc.Clock) -> None:
+    async with sim_client() as (_cluster, client):
+        payload = {"prompt": [101, 102, 103, 104], "max_tokens": 3, "stream": True,
+                   "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        async with client.stream("POST", "/v1/completions", json=payload) as r:
+            frames = sse_payloads(b"".join([c async for c in r.aiter_bytes()]))
+        batched = await client.post("/v1/completions", json={"prompt": ["a", "b"]})
+    token_frames = frames[:-2]
+    assert [f["usage"]["completion_tokens"] for f in token_frames] == [1, 2, 3]
+    assert all(f["usage"]["prompt_tokens"] == 4 for f in frames[:-1])
+    assert batched.status_code == 400 and batched.json()["error"]["param"] == "prompt"
