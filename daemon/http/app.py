@@ -48,6 +48,7 @@ class AsgiSink:
     def __init__(self, send: Any) -> None:
         self._send = send
         self.started = False
+        self.completed = False  # the final body message was handed to the server
 
     async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
         self.started = True
@@ -63,9 +64,10 @@ class AsgiSink:
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise ClientGone(str(exc)) from exc
 
-    async def end(self) -> None:
+    async def end(self, chunk: bytes = b"") -> None:
+        self.completed = True
         try:
-            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+            await self._send({"type": "http.response.body", "body": chunk, "more_body": False})
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise ClientGone(str(exc)) from exc
 
@@ -105,11 +107,17 @@ async def _read_body(receive: Any, limit: int, declared: str | None) -> bytes | 
             return b"".join(chunks)
 
 
-async def _watch_disconnect(receive: Any, scope: trio.CancelScope) -> None:
+async def _watch_disconnect(receive: Any, scope: trio.CancelScope, sink: AsgiSink) -> None:
+    """Cancel the request when the client goes away before the response is complete.
+
+    Hypercorn also reports ``http.disconnect`` right after the final body message of a
+    completed response; that one must not cancel the (already finished) request.
+    """
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            scope.cancel()
+            if not sink.completed:
+                scope.cancel()
             return
 
 
@@ -125,7 +133,7 @@ async def serve_proxy_asgi(
             return
         req = engine.build_request(endpoint, raw, headers)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+            nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope, sink)
             await engine.handle(req, sink, raw_body=raw)
             nursery.cancel_scope.cancel()
     except ApiError as error:

@@ -64,7 +64,7 @@ class ClientGone(Exception):
 class ResponseSink(Protocol):
     async def start(self, status: int, headers: list[tuple[str, str]]) -> None: ...
     async def send(self, chunk: bytes) -> None: ...
-    async def end(self) -> None: ...
+    async def end(self, chunk: bytes = b"") -> None: ...  # final chunk (may be empty)
 
 
 @attrs.define(eq=False)
@@ -82,7 +82,9 @@ class CollectingSink:
     async def send(self, chunk: bytes) -> None:
         self.chunks.append(chunk)
 
-    async def end(self) -> None:
+    async def end(self, chunk: bytes = b"") -> None:
+        if chunk:
+            self.chunks.append(chunk)
         self.ended = True
 
     @property
@@ -96,8 +98,7 @@ async def send_error(sink: ResponseSink, error: ApiError) -> None:
         error.status,
         [*JSON_HEADERS, ("content-length", str(len(body))), *error.headers],
     )
-    await sink.send(body)
-    await sink.end()
+    await sink.end(body)
 
 
 def _truthy_include_usage(body: Mapping[str, Any]) -> bool:
@@ -219,9 +220,10 @@ class ProxyEngine:
             tm.in_flight.dec()
             tm.duration.observe(trio.current_time() - started)
             self.metrics.count_request(req.endpoint, target.target_id, outcome_label)
-            log_event(logger, logging.DEBUG, "proxy_request", request_id=req.request_id,
-                      endpoint=req.endpoint, target=target.target_id, outcome=outcome_label,
-                      duration_seconds=round(trio.current_time() - started, 6))
+            if logger.isEnabledFor(logging.DEBUG):
+                log_event(logger, logging.DEBUG, "proxy_request", request_id=req.request_id,
+                          endpoint=req.endpoint, target=target.target_id, outcome=outcome_label,
+                          duration_seconds=round(trio.current_time() - started, 6))
 
     async def _fail(self, lease: Lease, sink: ResponseSink, error: UpstreamError) -> None:
         self.metrics.upstream_errors.labels(error.target_id, error.kind).inc()
@@ -266,8 +268,7 @@ class ProxyEngine:
         ok = 200 <= status < 300
         lease.finish(Outcome(ok, accumulator.usage, None if ok else "upstream_status", None, None))
         await sink.start(status, [*headers, ("content-length", str(len(body)))])
-        await sink.send(body)
-        await sink.end()
+        await sink.end(body)
         return "success" if ok else "upstream_status"
 
     async def _relay_stream(
@@ -327,8 +328,7 @@ class ProxyEngine:
                   kind="stream", detail=error.detail)
         lease.finish(Outcome(False, None, "upstream_stream", None, None))
         payload = json.loads(error_body(str(error), "upstream_error", None, "upstream_stream"))
-        await sink.send(b"data: " + json.dumps(payload).encode() + b"\n\n")
-        await sink.end()
+        await sink.end(b"data: " + json.dumps(payload).encode() + b"\n\n")
         return "upstream_stream"
 
 

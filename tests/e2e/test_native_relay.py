@@ -33,8 +33,12 @@ async def test_native_non_streaming_chat_relayed_whole(fake_worker: FakeWorker) 
         [seen] = fake_worker.generation_requests()
         assert seen.path == "/v1/chat/completions"
         assert json.loads(seen.raw) == CHAT
+        await trio.testing.wait_all_tasks_blocked()
         handles.request_shutdown()
     assert handles.native_dispatcher.statistics().finished_count == 1
+    # the server's own "stream closed" after a complete response is not a client disconnect
+    assert handles.registry.get_sample_value("agentd_proxy_requests_total", {
+        "endpoint": "chat", "target": "http://w0:8000@0", "outcome": "success"}) == 1.0
 
 
 async def test_native_streaming_chat_relayed_chunk_by_chunk(fake_worker: FakeWorker) -> None:
@@ -53,6 +57,9 @@ async def test_native_streaming_chat_relayed_chunk_by_chunk(fake_worker: FakeWor
         # the client did not ask for usage and the native path does not want it: no injection
         [seen] = fake_worker.generation_requests()
         assert "stream_options" not in seen.body
+        await trio.testing.wait_all_tasks_blocked()
+        assert handles.registry.get_sample_value("agentd_proxy_requests_total", {
+            "endpoint": "chat", "target": "http://w0:8000@0", "outcome": "success"}) == 1.0
         handles.request_shutdown()
 
 
