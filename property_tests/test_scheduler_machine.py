@@ -1,0 +1,492 @@
+"""Stateful property test of the scheduling core with virtual time.
+
+``SchedulerMachine`` drives ``actors.core.scheduler.step`` the way the Trio shell does: requests
+are submitted (identity parsed by ``actors.core.identity``), completed, abandoned; time advances
+and the due timers (from ``ArmTimer``/``CancelTimer`` effects) are delivered in (deadline, token)
+order, interleaved with the ``RepairTick`` grid; backend observations start, arrive or go stale;
+targets disappear and come back. After every rule the machine checks, against the core state:
+
+* ``invariants.check`` (core §16 I1-I4, I8, I10, I12, I20, I21) is clean;
+* conservation: each submitted request is in exactly one of waiting / in flight / completed /
+  rejected / cancelled, and the core agrees on waiting and in-flight;
+* occupancy: in Router-ledger accounting, a rank's logical occupancy is at most
+  ``capacity x low watermark`` plus what admitted Programs grew since admission plus what
+  forced resumes brought in (recorded per admission); the active count likewise stays within
+  ``max_active_programs_per_target`` plus forced entrants (I14, I15);
+* starvation: no request waits past its force-resume deadline plus one tick unless the waiting
+  gate of its rank holds it (fresh ``waiting_requests >= threshold``, or held within the last tick);
+* the incremental ledger equals a from-scratch recomputation (here and in ``invariants.check``);
+* per step: admissions on a rank follow the naive reference order (``reference_model``); with
+  only the Program-count guard, every waiter left behind is ordered after every one admitted
+  and its rank is full; no admission through a holding waiting gate (I16); rank-local mode
+  never migrates (I19); a successful commit clears the yield marker (I30); repair only pauses
+  idle Programs (I23); FIFO dispatch per Program (I5); epochs strictly increase (I8);
+  generations step by one (I12); releases only when idle (I11), retention releases only after
+  ``paused_retention_ttl`` (I13); completions fenced by generation/epoch (I6, I7);
+* windows never exceed ``stats_window_size`` (I32); lineage roots terminate (I35);
+* identity-free requests never create Program state;
+* determinism: at teardown the recorded events are replayed into a fresh state and must
+  produce identical effects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import event as label
+from hypothesis import note
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from actors.core import invariants
+from actors.core.effects import Admit, ArmTimer, CancelTimer, CompletionIgnored, Reject, RetireProgram, SpawnProgram, Transition
+from actors.core.events import (
+    ObservationReceived, ObservationStale, ObservationStarted, RepairTick, RequestAbandoned, RequestCompleted,
+    RequestSubmitted, TargetsChanged, TimerFired,
+)
+from actors.core.identity import parse_identity
+from actors.core.ledger import BACKEND_OBSERVATION, capacity_accounting_source, fresh_waiting, private_tokens
+from actors.core.model import ACTIVE, MAX_SEGMENT_YIELD, PAUSED, REASONING, RequestHints, Usage
+from actors.core.scheduler import initial_state, step
+from property_tests.reference_model import Waiter, naive_order, resumes_before
+from property_tests.strategies import (
+    PROGRAM_COUNT, identity_free_requests, make_targets, parse_program_request, request_scopes,
+    scheduling_configs, usage_shapes,
+)
+
+ADMISSIONS = ("program_admit", "force_resume", "batch_gain_admit")
+EPS = 1e-6
+POOL = "default"
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    @initialize(cfg=scheduling_configs(), rank_count=st.integers(min_value=1, max_value=3))
+    def setup(self, cfg: Any, rank_count: int) -> None:
+        self.cfg = cfg
+        self.all_targets = make_targets(rank_count)
+        self.present = [True] * rank_count
+        self.tick = cfg.metrics_interval_seconds
+        self.state = initial_state(cfg)
+        self.now = 0.0
+        self.next_tick = self.tick
+        self.log: list[tuple[object, float]] = []
+        self.effect_log: list[tuple[object, ...]] = []
+        self.timers: dict[tuple[Any, str], tuple[float, int]] = {}
+        self.status: dict[str, str] = {}  # request id -> waiting|in_flight|completed|rejected|cancelled
+        self.program_of: dict[str, str] = {}
+        self.fifo: dict[str, list[str]] = {}  # program id -> waiting request ids in submit order
+        self.orphaned: set[str] = set()  # in-flight requests whose placement was invalidated
+        self.est_of: dict[str, int] = {}
+        self.seq = 0
+        self.epoch = 0
+        self.pending_epochs: dict[str, list[int]] = {}
+        self.gate_released_at: dict[str, float] = {}
+        self.max_epoch = 0
+        self.generations: dict[str, tuple[int, float | None]] = {}  # program id -> (generation, released at)
+        self.paused_since: dict[Any, float] = {}
+        self.admission: dict[Any, dict[str, Any]] = {}  # active ref -> admission record
+        self._step(TargetsChanged(POOL, self._targets()))
+
+    # ------------------------------------------------------------------ driving the core
+
+    def _targets(self) -> tuple[Any, ...]:
+        return tuple(t for t, ok in zip(self.all_targets, self.present, strict=True) if ok)
+
+    def _waiter_views(self) -> dict[Any, Waiter]:
+        s = self.state
+        out = {}
+        for p in s.programs.values():
+            if p.state == PAUSED and p.status == REASONING and s.pool.program_len(p.ref) and p.last_target is not None:
+                front = s.pool.front(p.ref)
+                out[p.ref] = Waiter(
+                    p.ref.program_id, p.ref.model_pool, p.last_target, p.force_resume_deadline,
+                    front.hints.priority if front is not None else 0, p.last_pause_reason == MAX_SEGMENT_YIELD,
+                    p.queued_at, p.last_request_finished_at,
+                )
+        return out
+
+    def _step(self, event: object) -> tuple[object, ...]:
+        pre_waiters = self._waiter_views()
+        pre_last_target = {p.ref: p.last_target for p in self.state.programs.values()}
+        pre_queued_at = {p.ref: p.queued_at for p in self.state.programs.values()}
+        pre_pause_reason = {p.ref: p.last_pause_reason for p in self.state.programs.values()}
+        effects = step(self.state, event, now=self.now, cfg=self.cfg).effects
+        self.log.append((event, self.now))
+        self.effect_log.append(effects)
+        note(f"t={self.now}: {event!r} -> {len(effects)} effects")
+        self._absorb(event, effects)
+        self._check_step(event, effects, pre_waiters, pre_last_target, pre_queued_at, pre_pause_reason)
+        return effects
+
+    def _absorb(self, event: object, effects: tuple[object, ...]) -> None:
+        for e in effects:
+            if isinstance(e, Admit):
+                assert self.status.get(e.request_id) == "waiting", (e, self.status.get(e.request_id))
+                pid = self.program_of[e.request_id]
+                assert self.fifo[pid][0] == e.request_id, f"I5 {e.request_id} dispatched before {self.fifo[pid][0]}"
+                self.fifo[pid].pop(0)
+                self.status[e.request_id] = "in_flight"
+                if e.placement_start_request:
+                    assert e.placement_epoch > self.max_epoch, "I8 placement epochs must strictly increase"
+                    self.max_epoch = e.placement_epoch
+            elif isinstance(e, Reject):
+                label(f"reject {e.reason}")
+                assert self.status.get(e.request_id) == "waiting", e
+                self.status[e.request_id] = "rejected"
+                self.fifo[self.program_of[e.request_id]].remove(e.request_id)
+            elif isinstance(e, ArmTimer):
+                self.timers[(e.program, e.kind)] = (e.deadline, e.token)
+            elif isinstance(e, CancelTimer):
+                self.timers.pop((e.program, e.kind), None)
+            elif isinstance(e, SpawnProgram):
+                prev = self.generations.get(e.program.program_id)
+                keep = max(self.cfg.paused_retention_ttl_seconds, 60.0)
+                if prev is not None and prev[1] is not None and self.now - prev[1] < keep:
+                    assert e.program.generation == prev[0] + 1, f"I12 {e.program} after generation {prev[0]}"
+                elif prev is not None and prev[1] is not None:
+                    assert e.program.generation in (0, prev[0] + 1), e
+                self.generations[e.program.program_id] = (e.program.generation, None)
+                self.paused_since[e.program] = self.now
+            elif isinstance(e, RetireProgram):
+                pid = e.program.program_id
+                live = [r for r, st_ in self.status.items() if self.program_of[r] == pid
+                        and st_ == "waiting"]
+                assert not live, f"I11 {e.program} released with waiting requests {live}"
+                self.generations[pid] = (e.program.generation, self.now)
+                for key in [k for k in self.timers if k[0] == e.program]:
+                    del self.timers[key]
+            elif isinstance(e, Transition):
+                label(f"transition {e.reason}")
+                if e.to_state == "paused_acting":
+                    self.paused_since[e.program] = self.now
+                if e.reason == "health_failover":
+                    for rid, st_ in self.status.items():
+                        if st_ == "in_flight" and self.program_of[rid] == e.program.program_id:
+                            self.orphaned.add(rid)
+                if e.reason == "paused_retention_release":
+                    since = self.paused_since.get(e.program)
+                    assert since is not None and self.now - since >= self.cfg.paused_retention_ttl_seconds - EPS, (
+                        f"I13 {e.program} released {self.now - (since or 0)} s after its pause")
+                if e.reason == "capacity_repair" and e.to_state != "released":
+                    assert e.from_state == "active_acting", f"I23 repair paused a busy Program: {e}"
+            elif isinstance(e, CompletionIgnored):
+                assert e.request_id in self.orphaned, f"I7 completion of a live dispatch ignored: {e}"
+
+    def _gate_holds(self, target: str) -> bool:
+        thr = self.cfg.admission_waiting_request_threshold
+        rank = self.state.ranks.get(target)
+        if thr <= 0 or rank is None:
+            return False
+        w = fresh_waiting(rank, self.now, self.tick)
+        return w is not None and w >= thr
+
+    def _check_step(
+        self, event: object, effects: tuple[object, ...], pre: dict[Any, Waiter], pre_last_target: dict[Any, Any],
+        pre_queued_at: dict[Any, Any], pre_pause_reason: dict[Any, Any],
+    ) -> None:
+        s, cfg = self.state, self.cfg
+        admitted = [e for e in effects if isinstance(e, Transition) and e.reason in ADMISSIONS]
+        cross = {e.program for e in effects if isinstance(e, Transition) and e.reason == "cross_rank_resume"}
+        if cfg.binding_only:
+            return
+        for e in admitted:
+            rank = s.ranks[e.target_id]
+            assert not self._gate_holds(e.target_id), f"I16 admission through a holding waiting gate: {e}"
+            if not cfg.global_queue:
+                assert e.program not in cross, f"I19 rank-local mode migrated {e.program}"
+            if e.forced:
+                continue
+            assert e.required_tokens is not None and e.used_tokens is not None
+            cap = cfg.token_capacity_per_dp_rank
+            if cap is not None:
+                low = cap * cfg.low_watermark_ratio
+                assert e.used_tokens + e.required_tokens <= low + EPS, f"I14 {e}"
+                if not e.batch_gain:
+                    assert e.used_tokens + e.required_tokens + (e.reserve_tokens or 0.0) <= low + EPS, f"I14 {e}"
+            self._record_admission(e, rank)
+        for e in admitted:
+            if e.forced:
+                self._record_admission(e, s.ranks[e.target_id])
+        for ref in cross:
+            assert pre_pause_reason.get(ref) is not None, f"I31 {ref} migrated without a pause reason"
+            assert self.now - (pre_queued_at.get(ref) or self.now) >= self.tick - EPS or pre_queued_at.get(ref) is None
+            dest = next(e.target_id for e in admitted if e.program == ref)
+            assert dest != pre_last_target.get(ref), f"I31 {ref} migrated to its own rank"
+        for p in s.programs.values():
+            if p.state == ACTIVE:
+                assert p.last_pause_reason is None, f"I30 active {p.ref} kept pause reason {p.last_pause_reason}"
+        self._check_order(event, admitted, cross, pre)
+
+    def _record_admission(self, e: Transition, rank: Any) -> None:
+        ledger_mode = capacity_accounting_source(rank, self.now, self.tick) != BACKEND_OBSERVATION
+        self.admission[e.program] = {
+            "forced": e.forced, "charge": e.required_tokens, "grown": 0.0, "last": e.required_tokens,
+            "ledger_mode": ledger_mode,
+        }
+
+    def _check_order(self, event: object, admitted: list[Transition], cross: set[Any], pre: dict[Any, Waiter]) -> None:
+        s, cfg = self.state, self.cfg
+        schedules = isinstance(event, (RequestSubmitted, RequestCompleted, RequestAbandoned, TimerFired, RepairTick,
+                                       ObservationReceived, TargetsChanged))
+        if not schedules:
+            assert not admitted, f"{type(event).__name__} must not admit: {admitted}"
+            return
+        skip = set()
+        if isinstance(event, (RequestSubmitted, RequestAbandoned, RequestCompleted)):
+            rid = event.request_id
+            skip = {ref for ref in pre if ref.program_id == self.program_of.get(rid)}
+        views = {ref: w for ref, w in pre.items() if ref not in skip}
+        batch_gain = any(e.batch_gain for e in admitted)
+        local = [e for e in admitted if e.program in views and e.program not in cross]
+        if not batch_gain:
+            seq = [views[e.program] for e in local]
+            if cfg.global_queue:
+                assert seq == naive_order(seq, self.now, cfg.resume_order), "phase A admissions out of order"
+            else:
+                for target in sorted({w.rank for w in seq}):
+                    on_rank = [w for w in seq if w.rank == target]
+                    assert on_rank == naive_order(on_rank, self.now, cfg.resume_order), f"{target}: out of order"
+        admitted_refs = {e.program for e in admitted}
+        for ref, w in views.items():
+            p = s.programs.get(ref.key)
+            still_waiting = (ref not in admitted_refs and p is not None and p.ref == ref and p.state == PAUSED
+                             and s.pool.program_len(ref) > 0)
+            if not still_waiting or w.rank != p.last_target:
+                continue
+            forced = w.force_resume_deadline is not None and w.force_resume_deadline <= self.now
+            if forced:
+                assert self._gate_holds(w.rank), f"forced waiter {ref} left behind without a holding waiting gate"
+                continue
+            if cfg.token_capacity_per_dp_rank is None and w.rank in s.ranks:
+                rank = s.ranks[w.rank]
+                full = len(rank.active) >= cfg.max_active_programs_per_target
+                assert full or self._gate_holds(w.rank), f"{ref} waits although {w.rank} has a free slot"
+                for e in local:
+                    a = views[e.program]
+                    if a.rank == w.rank and not e.forced:
+                        assert not resumes_before(w, a, self.now, cfg.resume_order), (
+                            f"{ref} was ordered before admitted {e.program} but left waiting")
+
+    # ------------------------------------------------------------------ rules
+
+    def _submit(self, index: int, scope: dict[str, Any], est: int) -> None:
+        parsed = parse_program_request(index, scope)
+        self.seq += 1
+        rid = f"r{self.seq}"
+        sc = parsed.scope
+        hints = RequestHints(sc.request_id, sc.priority, sc.deadline_seconds, sc.expected_output_length,
+                             sc.kv_retention_ttl_seconds)
+        self.status[rid] = "waiting"
+        self.program_of[rid] = parsed.identity.program_id
+        self.fifo.setdefault(parsed.identity.program_id, []).append(rid)
+        self.est_of[rid] = est
+        self._step(RequestSubmitted(rid, parsed.identity, est, hints))
+
+    @rule(index=st.integers(min_value=0, max_value=PROGRAM_COUNT - 1), scope=request_scopes,
+          est=st.integers(min_value=0, max_value=3000))
+    def submit(self, index: int, scope: dict[str, Any], est: int) -> None:
+        self._submit(index, scope, est)
+
+    @rule(batch=st.lists(st.tuples(st.integers(min_value=0, max_value=PROGRAM_COUNT - 1), request_scopes,
+                                   st.integers(min_value=0, max_value=3000)), min_size=2, max_size=4),
+          identity_free=st.none() | identity_free_requests)
+    def submit_burst(self, batch: list[tuple[int, dict[str, Any], int]],
+                     identity_free: tuple[dict[str, Any], dict[str, str], str] | None) -> None:
+        """Several arrivals at the same instant, plus (maybe) one identity-free request."""
+        if identity_free is not None:
+            body, headers, enable_key = identity_free
+            before = (len(self.state.programs), len(self.state.pool), len(self.state.in_flight))
+            assert parse_identity(body, headers, enable_key) is None  # the shell routes it natively
+            assert (len(self.state.programs), len(self.state.pool), len(self.state.in_flight)) == before
+        for index, scope, est in batch:
+            self._submit(index, scope, est)
+
+    def _in_flight(self) -> list[str]:
+        return sorted((r for r, st_ in self.status.items() if st_ == "in_flight"), key=lambda r: int(r[1:]))
+
+    @precondition(lambda self: any(st_ == "in_flight" for st_ in self.status.values()))
+    @rule(data=st.data(), success=st.booleans(), shape=usage_shapes)
+    def complete(self, data: st.DataObject, success: bool, shape: dict[str, Any]) -> None:
+        self._complete(data.draw(st.sampled_from(self._in_flight())), success, shape)
+
+    def _complete(self, rid: str, success: bool, shape: dict[str, Any]) -> None:
+        prompt = None if shape["growth_tokens"] is None else max(0, self.est_of[rid] + shape["growth_tokens"])
+        base = prompt if prompt is not None else self.est_of[rid]
+        cached = None if shape["cached_ratio"] is None else int(base * shape["cached_ratio"])
+        usage = Usage(prompt, cached, shape["completion_tokens"])
+        self.status[rid] = "completed"
+        self._step(RequestCompleted(rid, success, usage, shape["decode_seconds"]))
+
+    @precondition(lambda self: any(st_ == "in_flight" for st_ in self.status.values()))
+    @rule(success=st.booleans(), shape=usage_shapes, gap=st.sampled_from([0.0, 0.5, 3.0]))
+    def complete_oldest(self, success: bool, shape: dict[str, Any], gap: float) -> None:
+        """Complete the oldest in-flight request after a short decode (keeps Programs cycling)."""
+        if gap:
+            self.advance(gap)
+        flying = self._in_flight()
+        if flying:
+            self._complete(flying[0], success, shape)
+
+    @precondition(lambda self: any(st_ in ("waiting", "in_flight") for st_ in self.status.values()))
+    @rule(data=st.data())
+    def abandon(self, data: st.DataObject) -> None:
+        live = sorted((r for r, st_ in self.status.items() if st_ in ("waiting", "in_flight")), key=lambda r: int(r[1:]))
+        rid = data.draw(st.sampled_from(live))
+        if self.status[rid] == "waiting":
+            self.status[rid] = "cancelled"
+            self.fifo[self.program_of[rid]].remove(rid)
+        else:
+            self.status[rid] = "completed"
+        self._step(RequestAbandoned(rid))
+
+    @rule(dt=st.sampled_from([0.5, 2.0, 5.0, 12.0, 45.0]))
+    def advance(self, dt: float) -> None:
+        """Deliver due timers in (deadline, token) order and the tick grid, then move to now + dt."""
+        end = self.now + dt
+        for _ in range(10_000):
+            due = sorted((d, tok, key) for key, (d, tok) in self.timers.items() if d <= end)
+            if due and due[0][0] <= self.next_tick:
+                deadline, token, key = due[0]
+                del self.timers[key]
+                self.now = max(self.now, deadline)
+                self._step(TimerFired(key[0], key[1], token))
+            elif self.next_tick <= end:
+                self.now = self.next_tick
+                self.next_tick += self.tick
+                self._step(RepairTick())
+            else:
+                break
+        else:
+            raise AssertionError("timers keep re-arming in the past")
+        self.now = end
+
+    @rule(index=st.integers(min_value=0, max_value=2))
+    def start_observation(self, index: int) -> None:
+        target = self.all_targets[index % len(self.all_targets)].target_id
+        self.epoch += 1
+        self.pending_epochs.setdefault(target, []).append(self.epoch)
+        self._step(ObservationStarted(target, self.epoch))
+
+    @rule(index=st.integers(min_value=0, max_value=2), kv=st.sampled_from([None, 0.0, 0.3, 0.7, 1.0]),
+          running=st.integers(min_value=0, max_value=4), waiting=st.integers(min_value=0, max_value=3))
+    def observe(self, index: int, kv: float | None, running: int, waiting: int) -> None:
+        target = self.all_targets[index % len(self.all_targets)].target_id
+        pending = self.pending_epochs.get(target)
+        if pending:
+            epoch = pending.pop(0)
+        else:
+            self.epoch += 1
+            epoch = self.epoch
+        self._step(ObservationReceived(target, epoch, kv, running, waiting))
+
+    @rule(index=st.integers(min_value=0, max_value=2))
+    def make_stale(self, index: int) -> None:
+        target = self.all_targets[index % len(self.all_targets)].target_id
+        if self._gate_holds(target):
+            self.gate_released_at[target] = self.now
+        self._step(ObservationStale(target))
+
+    @precondition(lambda self: len(self.all_targets) > 1)
+    @rule(index=st.integers(min_value=0, max_value=2))
+    def flap_target(self, index: int) -> None:
+        i = index % len(self.all_targets)
+        if self.present[i] and sum(self.present) == 1:
+            return
+        self.present[i] = not self.present[i]
+        self._step(TargetsChanged(POOL, self._targets()))
+
+    # ------------------------------------------------------------------ invariants
+
+    @invariant()
+    def core_invariants_hold(self) -> None:
+        problems = invariants.check(self.state, self.cfg)
+        assert problems == [], problems
+
+    @invariant()
+    def every_request_is_accounted_for(self) -> None:
+        s = self.state
+        for rid, st_ in self.status.items():
+            assert st_ in ("waiting", "in_flight", "completed", "rejected", "cancelled")
+            assert (s.pool.get(rid) is not None) == (st_ == "waiting"), (rid, st_)
+            assert (rid in s.in_flight) == (st_ == "in_flight"), (rid, st_)
+        assert len(s.pool) == sum(1 for v in self.status.values() if v == "waiting")
+
+    @invariant()
+    def ledger_matches_recomputation(self) -> None:
+        s, buf = self.state, self.cfg.decode_buffer_tokens
+        for target, rank in s.ranks.items():
+            active = [p for p in s.programs.values() if p.state == ACTIVE and p.placement == target]
+            assert sorted(p.ref for p in active) == sorted(rank.active), target
+            total = sum(private_tokens(p, buf) for p in active)
+            assert abs(rank.fallback_tokens - total) <= EPS * max(1.0, total), (target, rank.fallback_tokens, total)
+
+    @invariant()
+    def occupancy_within_low_watermark_except_forced(self) -> None:
+        s, cfg = self.state, self.cfg
+        if cfg.binding_only:
+            return
+        for ref in list(self.admission):
+            p = s.programs.get(ref.key)
+            if p is None or p.ref != ref or p.state != ACTIVE:
+                del self.admission[ref]
+                continue
+            rec = self.admission[ref]
+            rec["grown"] += max(0.0, p.charged_tokens - rec["last"])
+            rec["last"] = p.charged_tokens
+        for target, rank in s.ranks.items():
+            recs = [self.admission.get(ref) for ref in rank.active]
+            forced = sum(1 for r in recs if r is not None and r["forced"])
+            assert len(rank.active) <= cfg.max_active_programs_per_target + forced, (target, len(rank.active), forced)
+            cap = cfg.token_capacity_per_dp_rank
+            if cap is None or any(r is None or not r["ledger_mode"] for r in recs):
+                continue
+            allowance = sum(r["grown"] + (r["charge"] if r["forced"] else 0.0) for r in recs if r is not None)
+            limit = cap * cfg.low_watermark_ratio + allowance
+            assert rank.fallback_tokens <= limit + EPS, (target, rank.fallback_tokens, limit)
+
+    @invariant()
+    def no_wait_past_force_deadline_plus_one_tick(self) -> None:
+        s, cfg = self.state, self.cfg
+        if cfg.binding_only:
+            return
+        for p in s.programs.values():
+            if not (p.state == PAUSED and s.pool.program_len(p.ref) and p.force_resume_deadline is not None):
+                continue
+            if p.force_resume_deadline + self.tick > self.now:
+                continue
+            target = p.last_target
+            released = self.gate_released_at.get(target, -1e18) if target is not None else -1e18
+            rank = s.ranks.get(target) if target is not None else None
+            thr = cfg.admission_waiting_request_threshold
+            recently = (
+                rank is not None and thr > 0 and rank.waiting_requests is not None and rank.waiting_requests >= thr
+                and rank.observed_at is not None and self.now - self.tick - rank.observed_at <= 3 * self.tick
+            )
+            assert recently or self.now - released < self.tick, (
+                f"{p.ref} waits {self.now - p.force_resume_deadline:.1f} s past its force-resume deadline "
+                f"on {target} without a waiting gate")
+
+    @invariant()
+    def statistics_windows_bounded(self) -> None:
+        limit = self.cfg.stats_window_size
+        for rank in self.state.ranks.values():
+            f = rank.factors
+            assert len(f.requests) <= limit and len(f.continuities) <= limit and len(f.ttl_pause_rounds) <= limit
+
+    @invariant()
+    def lineage_roots_terminate(self) -> None:
+        lineage = self.state.lineage
+        for pool, pid in list(lineage.parents):
+            root = lineage.root(pool, pid)
+            assert lineage.parents.get((pool, root), root) == root, (pid, root)
+
+    def teardown(self) -> None:
+        if not hasattr(self, "cfg"):
+            return
+        replay = initial_state(self.cfg)
+        for (event, now), expected in zip(self.log, self.effect_log, strict=True):
+            got = step(replay, event, now=now, cfg=self.cfg).effects
+            assert got == expected, f"non-deterministic effects for {event!r} at t={now}"
+
+
+TestSchedulerMachine = SchedulerMachine.TestCase
