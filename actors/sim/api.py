@@ -122,8 +122,9 @@ class SimApi:
 
     def _detokenize(self, req: ApiRequest) -> ApiResponse:
         body = _json_body(req.body)
-        raise ApiError(400, "detokenize is not supported by the simulator's hashing tokenizer", param="tokens") \
-            if "tokens" in body else ApiError(400, "Field required", param="tokens")
+        if "tokens" not in body:
+            raise ApiError(400, "tokens: field required", param="tokens")
+        raise ApiError(400, "tokens: detokenize is not supported by the simulator's hashing tokenizer", param="tokens")
 
     # ------------------------------------------------------------------ generation
     async def _generate(self, path: str, req: ApiRequest) -> ApiResponse:
