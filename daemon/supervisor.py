@@ -48,18 +48,23 @@ from daemon.http.proxy import ProxyEngine
 from daemon.http.serve import serve_http as serve_asgi
 from daemon.logs import get_logger, log_event
 from daemon.metrics import ProxyMetrics, build_registry
-from daemon.upstream import client_kwargs
+from daemon.upstream import client_kwargs, upstream_limits
 
 logger = get_logger("supervisor")
 ClientFactory = Callable[[AgentdConfig], httpx.AsyncClient]
+TransportFactory = Callable[[AgentdConfig], httpx.AsyncBaseTransport]
 SimConfigure = Callable[[SimConfig], SimConfig]
 
 
-def default_client(cfg: AgentdConfig, transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
+def default_transport(cfg: AgentdConfig) -> httpx.AsyncBaseTransport:
+    """Connection-pooling HTTP/1.1 transport to real workers."""
+    return httpx.AsyncHTTPTransport(limits=upstream_limits(), retries=0)
+
+
+def client_on(cfg: AgentdConfig, transport: httpx.AsyncBaseTransport) -> httpx.AsyncClient:
     kwargs = client_kwargs(cfg.routing.request_timeout_seconds, cfg.routing.connect_timeout_seconds)
-    if transport is not None:
-        kwargs["transport"] = transport
-    return httpx.AsyncClient(**kwargs)
+    kwargs.pop("limits")
+    return httpx.AsyncClient(transport=transport, **kwargs)
 
 
 async def _start_embedded(
@@ -114,6 +119,7 @@ async def run_daemon(
     cfg: AgentdConfig,
     *,
     client_factory: ClientFactory | None = None,
+    transport_factory: TransportFactory | None = None,
     serve_http: bool = True,
     rng: random.Random | None = None,
     handle_signals: bool = False,
@@ -122,8 +128,11 @@ async def run_daemon(
 ) -> None:
     """Run agentd until ``handles.shutdown`` is set (or a signal when ``handle_signals``).
 
-    ``client_factory(cfg)`` builds the upstream client for external workers (tests pass one on
-    an ``httpx.MockTransport``); in embedded mode the client is mounted on the simulated cluster.
+    Upstream: ``transport_factory(cfg)`` builds the transport to external workers (default: a
+    pooled ``httpx.AsyncHTTPTransport``; tests pass an ``httpx.MockTransport``) and the proxy
+    sends straight to it; ``client_factory(cfg)`` instead supplies a whole ``httpx.AsyncClient``
+    (the proxy then goes through the client layer, slower).  In embedded mode the transport is
+    the simulated cluster's ``SimTransport``.
     ``rng`` seeds the ``random``/``power_of_two`` policies (default: an unseeded Random).
     ``sim_configure`` adjusts each embedded simulated server's ``SimConfig`` (``agentd simulate``
     passes ``deterministic=True`` for virtual time).
@@ -137,11 +146,16 @@ async def run_daemon(
         if handle_signals:
             root.start_soon(_watch_signals, shutdown, root.cancel_scope)
         embedded: Any = None
+        transport: httpx.AsyncBaseTransport | None = None
         if cfg.embedded_mode:
             embedded = await _start_embedded(root, cfg, sim_configure)
-            client = default_client(cfg, transport=SimTransport(embedded))
+            transport = SimTransport(embedded)
+            client = client_on(cfg, transport)
+        elif client_factory is not None:
+            client = client_factory(cfg)
         else:
-            client = client_factory(cfg) if client_factory is not None else default_client(cfg)
+            transport = transport_factory(cfg) if transport_factory is not None else default_transport(cfg)
+            client = client_on(cfg, transport)
         async with client:
             board = HealthBoard(targets)
             await root.start(
@@ -163,6 +177,8 @@ async def run_daemon(
                 strip_agentic_context=strip_agentic_context,
                 program=program,
                 identity_parser=identity_parser_for(cfg),
+                transport=transport,
+                timeout=client.timeout,
             )
             handles = DaemonHandles(
                 config=cfg, targets=targets, registry=registry, client=client, health=board,

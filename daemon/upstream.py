@@ -78,11 +78,15 @@ def map_httpx_error(target_id: str, exc: httpx.HTTPError) -> UpstreamError:
     return UpstreamError(target_id, detail)
 
 
+def upstream_limits() -> httpx.Limits:
+    return httpx.Limits(max_connections=None, max_keepalive_connections=256)
+
+
 def client_kwargs(request_timeout_seconds: float, connect_timeout_seconds: float) -> dict[str, Any]:
     """Keyword arguments for the daemon's ``httpx.AsyncClient``."""
     return {
         "timeout": httpx.Timeout(request_timeout_seconds, connect=connect_timeout_seconds),
-        "limits": httpx.Limits(max_connections=None, max_keepalive_connections=256),
+        "limits": upstream_limits(),
         "follow_redirects": False,
         "trust_env": False,
     }

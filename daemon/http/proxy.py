@@ -117,8 +117,13 @@ class ProxyEngine:
         strip_agentic_context: StripFunction,
         program: Dispatcher | None = None,
         identity_parser: IdentityParser | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout: httpx.Timeout | None = None,
     ) -> None:
         self.client = client
+        self.transport = transport
+        self._timeout = (timeout or httpx.Timeout(600.0)).as_dict()
+        self._urls: dict[tuple[str, str], httpx.URL] = {}
         self.native = native
         self.program = program
         self.metrics = metrics
@@ -198,14 +203,10 @@ class ProxyEngine:
         outcome_label = "client_disconnect"
         tm.in_flight.inc()
         try:
-            request = self.client.build_request(
-                "POST",
-                target.worker_url + PATHS[req.endpoint],
-                headers=upstream_headers(req.headers, target.dp_rank, req.request_id),
-                content=content,
-            )
             try:
-                response = await self.client.send(request, stream=True)
+                response = await self._send(target.worker_url, PATHS[req.endpoint],
+                                            upstream_headers(req.headers, target.dp_rank, req.request_id),
+                                            content)
             except httpx.HTTPError as exc:
                 error = map_httpx_error(target.target_id, exc)
                 outcome_label = f"upstream_{error.kind}"
@@ -224,6 +225,27 @@ class ProxyEngine:
                 log_event(logger, logging.DEBUG, "proxy_request", request_id=req.request_id,
                           endpoint=req.endpoint, target=target.target_id, outcome=outcome_label,
                           duration_seconds=round(trio.current_time() - started, 6))
+
+    async def _send(
+        self, worker_url: str, path: str, headers: list[tuple[str, str]], content: bytes
+    ) -> httpx.Response:
+        """POST to the worker with a streamed response.
+
+        With a ``transport`` the request goes straight to it: the proxy needs none of the
+        client layer (URL merging, cookies, auth, redirects, event hooks), which costs more CPU
+        than the rest of the proxy path.  The worker URL is parsed once per (worker, path).
+        """
+        if self.transport is None:
+            request = self.client.build_request("POST", worker_url + path, headers=headers, content=content)
+            return await self.client.send(request, stream=True)
+        url = self._urls.get((worker_url, path))
+        if url is None:
+            url = self._urls[(worker_url, path)] = httpx.URL(worker_url + path)
+        request = httpx.Request("POST", url, headers=headers, content=content,
+                                extensions={"timeout": self._timeout})
+        response = await self.transport.handle_async_request(request)
+        response.request = request
+        return response
 
     async def _fail(self, lease: Lease, sink: ResponseSink, error: UpstreamError) -> None:
         self.metrics.upstream_errors.labels(error.target_id, error.kind).inc()
@@ -264,7 +286,8 @@ class ProxyEngine:
         except httpx.HTTPError as exc:
             return await self._fail_or_abort(lease, sink, map_httpx_error(target_id, exc), False)
         accumulator = UsageAccumulator()
-        accumulator.feed_json(body)
+        if lease.wants_usage:
+            accumulator.feed_json(body)
         ok = 200 <= status < 300
         lease.finish(Outcome(ok, accumulator.usage, None if ok else "upstream_status", None, None))
         await sink.start(status, [*headers, ("content-length", str(len(body)))])

@@ -76,6 +76,9 @@ class FakeWorker:
     def client(self, cfg: AgentdConfig | None = None) -> httpx.AsyncClient:
         return httpx.AsyncClient(transport=httpx.MockTransport(self.handler))
 
+    def transport(self, cfg: AgentdConfig | None = None) -> httpx.AsyncBaseTransport:
+        return httpx.MockTransport(self.handler)
+
     def generation_requests(self) -> list[SeenRequest]:
         return [r for r in self.requests if r.path.startswith("/v1/") and r.method == "POST"]
 

@@ -18,7 +18,7 @@ CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 
 async def start(nursery: trio.Nursery, worker: FakeWorker, **cfg_kwargs: object) -> DaemonHandles:
     cfg = make_config(worker.worker_urls, **cfg_kwargs)  # type: ignore[arg-type]
-    return await nursery.start(partial(run_daemon, cfg, client_factory=worker.client, rng=random.Random(1)))
+    return await nursery.start(partial(run_daemon, cfg, transport_factory=worker.transport, rng=random.Random(1)))
 
 
 def assert_openai_error(response: httpx.Response, status: int, code: str, param: str | None = None) -> str:

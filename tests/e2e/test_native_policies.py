@@ -24,7 +24,7 @@ from daemon.supervisor import run_daemon
 async def start(nursery: trio.Nursery, worker: FakeWorker, seed: int = 11, **cfg_kwargs: object) -> DaemonHandles:
     cfg = make_config(worker.worker_urls, **cfg_kwargs)  # type: ignore[arg-type]
     return await nursery.start(
-        partial(run_daemon, cfg, client_factory=worker.client, serve_http=False, rng=random.Random(seed)))
+        partial(run_daemon, cfg, transport_factory=worker.transport, serve_http=False, rng=random.Random(seed)))
 
 
 def chat(system: str = "you are helpful", user: str = "hi") -> bytes:

@@ -105,8 +105,11 @@ async def test_program_sim_resumes_in_arrival_order_in_virtual_time(
     autojump_clock: trio.testing.MockClock, admits: Admits
 ) -> None:
     cfg = sim_config(resume_order="fcfs")
-    # real simulated speed in virtual time: a request takes ~0.2 s, arrivals take ~0.01 s
-    cfg = attrs.evolve(cfg, embedded=attrs.evolve(cfg.embedded, time_scale=1.0))
+    # real simulated speed in virtual time: a request takes ~0.2 s, arrivals take ~0.01 s; only
+    # the first scrape happens meanwhile (a later one would legitimately let the backend's lower
+    # KV figure admit p3 early)
+    cfg = attrs.evolve(cfg, embedded=attrs.evolve(cfg.embedded, time_scale=1.0),
+                       program_scheduling=attrs.evolve(cfg.program_scheduling, metrics_interval_seconds=5.0))
     async with trio.open_nursery() as nursery:
         handles = await nursery.start(partial(
             run_daemon, cfg, serve_http=False, sim_configure=lambda c: attrs.evolve(c, deterministic=True)))

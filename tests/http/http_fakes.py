@@ -37,8 +37,8 @@ class MiniWorker:
         return httpx.Response(200, json={"choices": [{"message": {"content": "a"}}],
                                          "usage": {"prompt_tokens": 2, "completion_tokens": 1}})
 
-    def client(self, cfg: AgentdConfig) -> httpx.AsyncClient:
-        return httpx.AsyncClient(transport=httpx.MockTransport(self.handler))
+    def transport(self, cfg: AgentdConfig) -> httpx.AsyncBaseTransport:
+        return httpx.MockTransport(self.handler)
 
 
 @attrs.define
