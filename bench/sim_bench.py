@@ -157,8 +157,8 @@ def _run_direct(engines: list[Engine], sessions: list[_Session], end: float, tot
 
 
 def bench_virtual(args: argparse.Namespace) -> dict[str, Any]:
-    engine = EngineConfig(num_gpu_blocks=args.num_gpu_blocks, max_num_seqs=args.max_num_seqs,
-                          max_num_batched_tokens=8192, seed=args.seed)
+    engine = EngineConfig(num_gpu_blocks=args.num_gpu_blocks, block_size=args.block_size,
+                          max_num_seqs=args.max_num_seqs, max_num_batched_tokens=8192, seed=args.seed)
     config = SimConfig(dp_size=args.ranks, engine=engine, seed=args.seed, per_step_wakeups=False, deterministic=True)
     totals = {"requests": 0, "output_tokens": 0, "prompt_tokens": 0}
     duration = args.hours * 3600.0
@@ -189,7 +189,8 @@ def bench_virtual(args: argparse.Namespace) -> dict[str, Any]:
     stats = [e.stats for e in engines]
     queries = sum(s.prefix_cache_queries for s in stats)
     return {
-        "bench": "virtual", "driver": args.driver, "ranks": args.ranks, "sessions": args.ranks * args.sessions_per_rank,
+        "bench": "virtual", "driver": args.driver, "ranks": args.ranks, "block_size": args.block_size,
+        "sessions": args.ranks * args.sessions_per_rank,
         "simulated_seconds": duration, "wall_seconds": round(wall, 2), "cpu_seconds": round(cpu, 2),
         "speedup_vs_real_time": round(duration / wall, 1),
         "requests": totals["requests"], "prompt_tokens": totals["prompt_tokens"],
@@ -255,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--append-median", type=float, default=1000.0)
     v.add_argument("--max-context", type=int, default=32_000)
     v.add_argument("--num-gpu-blocks", type=int, default=16_384)
+    v.add_argument("--block-size", type=int, default=16)
     v.add_argument("--max-num-seqs", type=int, default=256)
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--driver", choices=("trio", "direct"), default="trio",
