@@ -119,13 +119,13 @@ def on_submit(s: SchedulerState, ev: RequestSubmitted) -> None:
         return
     ident = ev.identity
     hints = ev.hints
-    key = ProgramKey(pool, ident.program_id)
-    p = s.programs.get(key)
+    p = s.programs.get((pool, ident.program_id))  # type: ignore[call-overload]
     est = int(ev.estimated_prompt_tokens)
     if est < 0:
         raise InvalidEvent(f"estimated_prompt_tokens must be >= 0 (got {est})")
     existed = p is not None
     if p is None:
+        key = ProgramKey(pool, ident.program_id)
         gen = s.last_generations.get(key, -1) + 1
         p = Program(ProgramRef(pool, ident.program_id, gen), now)
         s.programs[key] = p
@@ -263,12 +263,15 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     fac = rank.factors
     usage: Usage = ev.usage
     obs_prompt = usage.prompt_tokens if usage.prompt_tokens is not None else d.estimated_context_tokens
-    fallback_cached = round(fac.mean_cached_prompt_tokens()) if len(fac.requests) else 0
-    cached = min(usage.cached_prompt_tokens if usage.cached_prompt_tokens is not None else fallback_cached, obs_prompt)
-    explicit_cached = min(usage.cached_prompt_tokens or 0, obs_prompt)
+    if usage.cached_prompt_tokens is not None:
+        cached = explicit_cached = min(usage.cached_prompt_tokens, obs_prompt)
+    else:  # the rank average is a cost estimate only, never shared-prefix evidence
+        cached = min(round(fac.mean_cached_prompt_tokens()) if len(fac.requests) else 0, obs_prompt)
+        explicit_cached = 0
     impact = cache_miss_impact_seconds(obs_prompt - min(p.shared_prefix_tokens, obs_prompt), cfg.prefill_cost_model)
     hint_ttl = d.hints.kv_retention_ttl_seconds
-    freshness = shared_prefix_freshness(s, rank)
+    # shared-prefix freshness is evaluated now, before this completion changes the state
+    freshness = shared_prefix_freshness(s, rank) if d.placement_start_request else 0.0
     p.in_flight -= 1
     waiting = s.pool.program_len(p.ref)
     idle = p.in_flight == 0 and waiting == 0

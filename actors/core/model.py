@@ -281,6 +281,9 @@ class Lineage:
         return True
 
     def observe(self, pool: str, program_id: str, parent: str | None, root: str | None) -> None:
+        current = self.parents.get((pool, program_id))
+        if current is not None and current == (root if root is not None and root != program_id else parent):
+            return  # the declared link is already in place (the common repeat arrival)
         self.parents.setdefault((pool, program_id), program_id)
         if parent is not None and parent != program_id and not self._would_cycle(pool, program_id, parent):
             self.parents.setdefault((pool, parent), parent)

@@ -43,6 +43,8 @@ def ordered(s: SchedulerState, refs: object, *, cross_rank: bool = False) -> lis
         p = s.programs.get(ref[:2])
         if p is not None and p.ref == ref and is_waiting_candidate(s, p):
             out.append(p)
+    if len(out) < 2:
+        return out
     now, order = s.now, s.cfg.resume_order
     if cross_rank:
         out.sort(key=lambda p: resume_key(p, s.pool.front(p.ref), now, "fcfs"))

@@ -142,13 +142,14 @@ class ProgressTtlFactors:
     """The rolling statistics of one rank."""
 
     __slots__ = (
-        "limit", "requests", "continuities", "ttl_pause_rounds", "_rsum", "_pushes",
+        "limit", "requests", "_contribs", "continuities", "ttl_pause_rounds", "_rsum", "_pushes",
         "_ln_sum", "_ln2_sum", "_ln_n", "_impact_sum", "_cpushes", "version", "_ttl_cache",
     )
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.requests: deque[RequestSample] = deque()
+        self._contribs: deque[tuple[float, ...]] = deque()
         self.continuities: deque[tuple[float, float]] = deque()
         self.ttl_pause_rounds: deque[int] = deque()
         self._rsum = [0.0] * 11
@@ -164,15 +165,19 @@ class ProgressTtlFactors:
         if self.limit <= 0:
             return
         rsum = self._rsum
+        new = _contrib(sample)
         if len(self.requests) >= self.limit:
-            old = self.requests.popleft()
-            self._rsum = rsum = [a - b for a, b in zip(rsum, _contrib(old), strict=True)]
+            self.requests.popleft()
+            old = self._contribs.popleft()
+            self._rsum = [a + b - c for a, b, c in zip(rsum, new, old, strict=True)]
+        else:
+            self._rsum = [a + b for a, b in zip(rsum, new, strict=True)]
         self.requests.append(sample)
-        self._rsum = [a + b for a, b in zip(rsum, _contrib(sample), strict=True)]
+        self._contribs.append(new)
         self._pushes += 1
         if self._pushes >= self.limit:
             self._pushes = 0
-            cols = list(zip(*(_contrib(s) for s in self.requests), strict=True))
+            cols = list(zip(*self._contribs, strict=True))
             self._rsum = [math.fsum(c) for c in cols] if cols else [0.0] * 11
 
     def push_continuity(self, interval_seconds: float, impact_seconds: float) -> None:
