@@ -6,11 +6,13 @@ import json
 import random
 from functools import partial
 
+import attrs
 import httpx
 import trio
 import trio.testing
 
 from native_fakes import FakeWorker, make_config
+from daemon.config import PrometheusConfig
 from daemon.handles import DaemonHandles
 from daemon.supervisor import run_daemon
 
@@ -159,4 +161,22 @@ async def test_native_no_healthy_target_is_503_naming_reason(fake_worker: FakeWo
         assert health.status_code == 503
         assert "http://w1:8000: HTTP 503" in health.json()["reason"]
         assert fake_worker.generation_requests() == []
+        handles.request_shutdown()
+
+
+async def test_native_metrics_on_extra_prometheus_listener(fake_worker: FakeWorker) -> None:
+    cfg = attrs.evolve(make_config(fake_worker.worker_urls),
+                       prometheus=PrometheusConfig(host="127.0.0.1", port=0))
+    async with trio.open_nursery() as nursery:
+        handles = await nursery.start(partial(run_daemon, cfg, transport_factory=fake_worker.transport))
+        assert handles.metrics_url is not None and handles.metrics_url != handles.http_url
+        async with httpx.AsyncClient(timeout=None) as client:
+            await client.post(f"{handles.http_url}/v1/chat/completions", json=CHAT)
+            await trio.testing.wait_all_tasks_blocked()
+            scrape = await client.get(f"{handles.metrics_url}/metrics")
+            other = await client.get(f"{handles.metrics_url}/v1/models")
+        assert scrape.status_code == 200
+        assert 'agentd_proxy_requests_total{endpoint="chat",outcome="success",target="http://w0:8000@0"} 1.0' \
+            in scrape.text
+        assert other.status_code == 404 and other.json()["error"]["code"] == "not_found"
         handles.request_shutdown()

@@ -130,6 +130,8 @@ async def test_program_sim_resumes_in_arrival_order_in_virtual_time(
             peak = ps.diagnostics()
         diag = await ps.wait_diagnostics(lambda d: d["ranks"][0]["router_in_flight_requests"] == 0)
         assert {pid: s.status for pid, s in sinks.items()} == {"p1": 200, "p2": 200, "p3": 200, "p4": 200}
+        if peak["retained_requests"] != 2:
+            print("PEAK", trio.current_time(), json.dumps({k: v for k, v in peak["ranks"][0].items() if k != "programs"}, default=str), [(p["root_program_id"], p["state"], p["in_flight_requests"], p["waiting_requests"]) for p in peak["ranks"][0]["programs"]])
         assert peak["retained_requests"] == 2  # p1 and p2 fit in 1024 tokens; p3 and p4 wait
         ids = {p["root_program_id"]: p["program"] for r in diag["ranks"] for p in r["programs"]}
         assert admits.programs == [ids["p1"], ids["p2"], ids["p3"], ids["p4"]]
