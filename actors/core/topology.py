@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.core.effects import CapacitySourceChanged, StaleObservationDropped
+from actors.core.effects import CapacitySourceChanged, Reject, StaleObservationDropped
+from actors.core.errors import NO_TARGETS
 from actors.core.events import ObservationReceived, ObservationStale, ObservationStarted
 from actors.core.ids import TargetId
 from actors.core.ledger import (
@@ -72,9 +73,17 @@ def sync_targets(s: SchedulerState, pool: str, targets: tuple[Any, ...]) -> None
             restart_freshness_anchor(p, s.now)
             if p.status == ACTING:
                 s.retention_heap.push(p.paused_at + s.cfg.paused_retention_ttl_seconds, p.ref)
-        if s.pool.program_len(p.ref) and bound is not None:
-            enqueue(s, p)
         touch(s, p)
+        if s.pool.program_len(p.ref):
+            if bound is not None:
+                enqueue(s, p)
+            else:  # the pool has no target left: waiting requests get 503 (retryable), not a leak
+                from actors.core.handlers import cancel_request
+
+                for req in s.pool.requests(p.ref):
+                    s.effects.append(Reject(req.request_id, NO_TARGETS.reason, NO_TARGETS.status_hint,
+                                            NO_TARGETS.message))
+                    cancel_request(s, req.request_id, schedule=False)
     for t in removed:
         if t not in still_used:
             s.ranks.pop(t, None)

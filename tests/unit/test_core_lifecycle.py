@@ -256,3 +256,17 @@ def test_core_binding_only_reactivates_on_last_target_without_checks(binding_onl
     assert of(eff, fx.AdmissionCapacitySnapshot) == []
     assert admitted(h.submit("a", at=3.0)) == ["r3"]
     assert check(h.state, h.cfg) == []
+
+
+def test_core_pool_losing_every_target_rejects_waiting_requests_with_503() -> None:
+    h = Harness(max_active_programs_per_target=1)
+    h.submit("a")
+    h.submit("b", at=1.0)  # waits
+    eff = h.feed(TargetsChanged(POOL, ()), at=2.0)
+    assert [(r.request_id, r.status_hint) for r in of(eff, fx.Reject)] == [("r2", 503)]
+    assert h.program("b") is None and len(h.state.pool) == 0
+    assert h.program("a").lifecycle == "paused_acting" and h.program("a").last_target is None
+    assert check(h.state, h.cfg) == []
+    h.feed(TargetsChanged(POOL, targets(1)), at=3.0)  # targets come back: a is re-bound
+    assert h.program("a").last_target == tid(0)
+    assert admitted(h.submit("a", at=4.0)) == ["r3"]
