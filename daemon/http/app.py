@@ -132,18 +132,20 @@ async def serve_proxy_asgi(
         if raw is None:
             return
         req = engine.build_request(endpoint, raw, headers)
+    except ApiError as error:
+        await send_error(sink, error)
+        return
+    try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope, sink)
             await engine.handle(req, sink, raw_body=raw)
             nursery.cancel_scope.cancel()
-    except ApiError as error:
-        if not sink.started:
-            await send_error(sink, error)
-    except ClientGone:
-        log_event(logger, logging.INFO, "client_gone", path=scope["path"])
-    except Exception:  # a bug: answer 500 without leaking the traceback, log it
-        logger.exception("proxy handler failed", extra={"agentd_event": "internal_error",
-                                                        "agentd_fields": {"path": scope["path"]}})
+    except* ClientGone:
+        log_event(logger, logging.INFO, "client_gone", path=scope["path"], request_id=req.request_id)
+    except* Exception as group:  # a bug: answer 500 without leaking the traceback, log it
+        logger.error("proxy handler failed", exc_info=group,
+                     extra={"agentd_event": "internal_error",
+                            "agentd_fields": {"path": scope["path"], "request_id": req.request_id}})
         if not sink.started:
             await send_error(sink, ApiError(500, "internal error in agentd (see the daemon log)",
                                             code="internal_error"))

@@ -20,6 +20,7 @@ from daemon.http.app import AgentdApp
 class MiniWorker:
     def __init__(self) -> None:
         self.healthy = True
+        self.explode = False  # raise a non-httpx error: simulates a bug below the proxy
         self.seen: list[httpx.Request] = []
         self.bodies: list[bytes] = []
 
@@ -27,6 +28,8 @@ class MiniWorker:
         if request.url.path == "/health":
             return httpx.Response(200 if self.healthy else 503)
         self.seen.append(request)
+        if self.explode:
+            raise RuntimeError("secret internals")
         self.bodies.append(await request.aread())
         if request.url.path == "/v1/models":
             return httpx.Response(200, json={"object": "list", "data": [{"id": "mini"}]})

@@ -87,3 +87,12 @@ async def test_http_errors_are_openai_shaped(daemon_app: DaemonApp) -> None:
         assert set(body["error"]) == {"message", "type", "param", "code"}
         assert body["error"]["code"] == code
     assert daemon_app.worker.seen == []
+
+
+async def test_http_unexpected_error_is_500_without_traceback(daemon_app: DaemonApp) -> None:
+    daemon_app.worker.explode = True
+    response = await daemon_app.app.test_client().post("/v1/chat/completions", json=CHAT)
+    body = await response.get_data()
+    assert response.status_code == 500
+    assert json.loads(body)["error"]["code"] == "internal_error"
+    assert b"secret" not in body and b"Traceback" not in body
