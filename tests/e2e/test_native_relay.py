@@ -180,3 +180,22 @@ async def test_native_metrics_on_extra_prometheus_listener(fake_worker: FakeWork
             in scrape.text
         assert other.status_code == 404 and other.json()["error"]["code"] == "not_found"
         handles.request_shutdown()
+
+
+async def test_native_agentic_context_json_string_and_unchanged_modes(fake_worker: FakeWorker) -> None:
+    ctx = {"program_id": "p1", "step_id": 2}
+    body = {**CHAT, "vllm_xargs": {"agentic_context": ctx}}
+    forwarded = {}
+    for mode in ("json_string", "unchanged"):
+        worker = FakeWorker(fake_worker.worker_urls)
+        base = make_config(worker.worker_urls)
+        cfg = attrs.evolve(base, routing=attrs.evolve(base.routing, agentic_context_forwarding=mode))
+        async with trio.open_nursery() as nursery:
+            handles = await nursery.start(partial(run_daemon, cfg, transport_factory=worker.transport))
+            async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+                assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
+            handles.request_shutdown()
+        [seen] = worker.generation_requests()
+        forwarded[mode] = seen.body["vllm_xargs"]["agentic_context"]
+    assert json.loads(forwarded["json_string"]) == ctx and isinstance(forwarded["json_string"], str)
+    assert forwarded["unchanged"] == ctx
