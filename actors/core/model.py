@@ -253,6 +253,11 @@ class DeadlineHeap:
             out.append((deadline, key))
         return out
 
+    def compact(self, is_valid: Any) -> None:
+        """Drop the stale entries (``is_valid(deadline, key)`` false); keeps memory bounded."""
+        self._heap = [e for e in self._heap if is_valid(e[0], e[2])]
+        heapq.heapify(self._heap)
+
     def __len__(self) -> int:
         return len(self._heap)
 

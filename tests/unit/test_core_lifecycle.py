@@ -270,3 +270,17 @@ def test_core_pool_losing_every_target_rejects_waiting_requests_with_503() -> No
     h.feed(TargetsChanged(POOL, targets(1)), at=3.0)  # targets come back: a is re-bound
     assert h.program("a").last_target == tid(0)
     assert admitted(h.submit("a", at=4.0)) == ["r3"]
+
+
+def test_core_deadline_heaps_stay_bounded_under_churn() -> None:
+    h = Harness(paused_retention_ttl_seconds=1e6)
+    for i in range(3000):  # 3000 pauses of one Program: one retention entry each
+        h.submit("a", at=float(i))
+        h.complete(f"r{i + 1}", at=i + 0.5, prompt=100)
+    assert len(h.state.retention_heap) == 3000
+    h.tick(at=3001.0)
+    assert len(h.state.retention_heap) == 1  # only the live deadline is kept
+    assert len(h.state.queue_heap) <= 600  # entries older than the queue timeout were swept
+    (arm,) = [e for e in h.log if isinstance(e, fx.ArmTimer) and e.kind == PAUSED_RETENTION][-1:]
+    assert h.fire(arm.program, PAUSED_RETENTION, arm.token, at=arm.deadline) != ()  # still released on time
+    assert h.program("a") is None
