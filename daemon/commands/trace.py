@@ -56,6 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="root arrivals per second for open-loop profiles (job bursts for batch)")
     synth.add_argument("--concurrency", type=_positive_int, default=None,
                        help="default replay concurrency stored in the trace meta")
+    synth.add_argument("--max-turns", type=_positive_int, default=None,
+                       help="cap turns per session (bench budgets; tail targets then miss)")
     stats = sub.add_parser("stats", help="print distributions and profile-target comparison")
     stats.add_argument("file")
     stats.add_argument("--json", action="store_true", help="print the statistics as JSON")
@@ -67,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         knobs = Knobs(
             input_scale=args.input_scale, output_scale=args.output_scale, gap_cap_seconds=args.gap_cap_seconds,
             human_gap_cap_seconds=args.human_gap_cap_seconds, arrival_rate_per_second=args.arrival_rate,
-            concurrency=args.concurrency,
+            concurrency=args.concurrency, max_turns=args.max_turns,
         )
         trace = synthesize(args.profile, args.programs, args.seed, knobs)
         if args.out == "-":

@@ -22,7 +22,8 @@ Calibration sources (all from the spec's §d.2 table):
   output length.
 
 ``input_scale`` / ``output_scale`` shrink token counts so a benchmark fits a CPU-only simulated
-cluster; ``gap_cap_seconds`` / ``human_gap_cap_seconds`` bound the tails. The stats module compares
+cluster; ``gap_cap_seconds`` / ``human_gap_cap_seconds`` bound the gap tails and ``max_turns`` the
+session lengths (tail targets such as ``turns_per_program.p90`` then report a miss on purpose). The stats module compares
 a trace against ``targets_for(profile, knobs)``.
 """
 
@@ -66,6 +67,7 @@ class Knobs:
     human_gap_cap_seconds: float | None = None
     arrival_rate_per_second: float | None = None
     concurrency: int | None = None
+    max_turns: int | None = None  # cap on turns per session (bench budgets); None = the profile's own
 
 
 @attrs.frozen
@@ -93,6 +95,10 @@ def _lognormal(rng: random.Random, median: float, sigma: float) -> float:
 
 def _itok(x: float, scale: float, floor: int = 1) -> int:
     return max(floor, int(round(x * scale)))
+
+
+def _cap(turns: int, k: Knobs) -> int:
+    return min(turns, k.max_turns) if k.max_turns is not None else turns
 
 
 def _tool_gap(rng: random.Random, instant_weight: float, cap_seconds: float) -> tuple[float, str]:
@@ -188,7 +194,7 @@ def _swe_short(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Draft
     drafts = []
     for i in range(programs):
         sid = f"swe-{i:05d}"
-        n = min(40, max(2, int(round(rng.gauss(11.0, 2.0)))))
+        n = _cap(min(40, max(2, int(round(rng.gauss(11.0, 2.0))))), k)
 
         def gap() -> tuple[float, str | None, str]:
             ms, name = _tool_gap(rng, 0.6, k.gap_cap_seconds)
@@ -241,7 +247,7 @@ def _coding_long(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Dra
     drafts: list[_Draft] = []
     for i in range(programs):
         sid = f"code-{i:05d}"
-        n = min(400, max(3, int(round(_lognormal(rng, 40.0, 0.95)))))
+        n = _cap(min(400, max(3, int(round(_lognormal(rng, 40.0, 0.95))))), k)
         sys_id, sys_tokens = systems[rng.randrange(len(systems))]
         turns = _agent_turns(rng, n, _itok(rng.uniform(200, 2000), k.input_scale), append, output, lead_gap)
         lead = _session(sid, turns, shared_prefix_id=sys_id, shared_prefix_tokens=sys_tokens,
@@ -253,7 +259,7 @@ def _coding_long(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Dra
             spawn_turns = sorted(rng.sample(range(n - 1), min(n - 1, rng.randint(1, 3))))
             for j, at in enumerate(spawn_turns):
                 cid = f"{sid}.sub{j}"
-                m = min(60, max(1, int(round(_lognormal(rng, 8.0, 0.6)))))
+                m = _cap(min(60, max(1, int(round(_lognormal(rng, 8.0, 0.6))))), k)
                 cturns = _agent_turns(rng, m, _itok(rng.uniform(200, 800), k.input_scale), append, output, sub_gap)
                 cturns[0]["pre_gap_ms"] = round(rng.uniform(1.0, 50.0), 3)
                 child = _session(
@@ -310,7 +316,7 @@ def _chat_human(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Draf
     drafts = []
     for i in range(programs):
         sid = f"chat-{i:05d}"
-        n = min(63, max(1, int(round(_lognormal(rng, 3.0, 0.66)))))
+        n = _cap(min(63, max(1, int(round(_lognormal(rng, 3.0, 0.66))))), k)
         turns = []
         for t in range(n):
             turn = {
@@ -389,6 +395,8 @@ def synthesize(profile: str, programs: int, seed: int, knobs: Knobs | None = Non
     knobs = knobs or Knobs()
     if knobs.input_scale <= 0 or knobs.output_scale <= 0:
         raise ValueError("input_scale and output_scale must be > 0")
+    if knobs.max_turns is not None and knobs.max_turns < 1:
+        raise ValueError(f"max_turns must be >= 1, got {knobs.max_turns}")
     rng = random.Random(seed)
     drafts, extra = _GENERATORS[profile](rng, programs, knobs)
     params = {"knobs": attrs.asdict(knobs)}

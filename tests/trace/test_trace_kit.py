@@ -115,3 +115,12 @@ def test_stats_measure_the_trace_not_the_profile() -> None:
     assert st["total_input_tokens"] == 100 + 130 + 170
     # infinite cache: turn 1 reuses 100 + 10 tokens, turn 2 reuses 130 + 10
     assert st["ideal_prefix_hit_ratio"] == pytest.approx(250 / 400)
+
+
+def test_max_turns_caps_every_session() -> None:
+    full = synthesize("coding-long", 20, seed=3)
+    capped = synthesize("coding-long", 20, seed=3, knobs=Knobs(max_turns=5))
+    assert max(len(v) for v in full.sessions().values()) > 5
+    assert max(len(v) for v in capped.sessions().values()) == 5
+    first = "code-00000"
+    assert [r.input_delta for r in capped.sessions()[first]] == [r.input_delta for r in full.sessions()[first]][:5]
