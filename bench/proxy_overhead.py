@@ -192,6 +192,14 @@ async def throughput_with_cpu(port: int, seconds: float, concurrency: int, pid: 
     return rps, (cpu_seconds(pid) - before) / requests * 1e6
 
 
+def python_speed_probe_us() -> float:
+    """Best-of-5 time of ``sum(range(1000))`` in microseconds: about 8-10 us on an idle modern
+    core; much more means the machine is contended and every number below is inflated."""
+    import timeit  # noqa: PLC0415
+
+    return min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000 * 1e6
+
+
 def percentile(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -228,6 +236,7 @@ def main() -> int:
         serve_worker(args.serve_worker)
         return 0
 
+    probe_us = python_speed_probe_us()
     worker_port, agentd_port = free_port(), free_port()
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -269,6 +278,7 @@ def main() -> int:
     load = os.getloadavg()[0]
     print(f"machine: {cpus} CPUs, load average {load:.2f} at the end; {args.seconds:g} s per cell; "
           f"policy {args.policy}")
+    print(f"python speed probe: sum(range(1000)) = {probe_us:.1f} us (about 8-10 us when the machine is idle)")
     print(f"{'path':8} {'c=1 p50 ms':>11} {'c=1 p99 ms':>11} {'c=1 mean ms':>12} "
           f"{f'c={args.concurrency} req/s':>13} {'server CPU us/req':>18}")
     for name, r in results.items():
@@ -279,7 +289,7 @@ def main() -> int:
     ok = added["added_p50_ms"] <= 1.5 and results["agentd"][f"c{args.concurrency}_rps"] >= 500
     print(f"targets (added p50 <= 1.5 ms, >= 500 req/s at c={args.concurrency}): {'met' if ok else 'NOT met'}")
     if args.json is not None:
-        args.json.write_text(json.dumps({"results": results, **added, "cpus": cpus, "load_average": load,
+        args.json.write_text(json.dumps({"results": results, **added, "cpus": cpus, "load_average": load, "python_speed_probe_us": probe_us,
                                          "seconds": args.seconds, "policy": args.policy}, indent=2))
     return 0
 
