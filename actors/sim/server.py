@@ -1,18 +1,14 @@
-"""HTTP server of the simulated vLLM backend: a Quart-Trio app delegating to ``SimApi``.
+"""HTTP app of the simulated vLLM backend: a Quart-Trio app delegating to ``SimApi``.
 
 ``create_app`` wraps one ``SimCluster``; streamed responses are written chunk by chunk as the
-engine emits tokens.  ``serve_sim`` runs the app under ``hypercorn.trio.serve`` inside the caller's
-nursery and reports the bound URL (the real port when 0 was asked) through ``task_status``.
+engine emits tokens.  ``agentd sim-backend`` serves it with ``daemon.http.serve.serve_http``
+(hypercorn under Trio, bound URL reported through ``task_status``).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from functools import partial
+from collections.abc import AsyncIterator
 
-import trio
-from hypercorn.config import Config
-from hypercorn.trio import serve
 from prometheus_client import CollectorRegistry
 from quart import Response, request
 from quart_trio import QuartTrio
@@ -55,30 +51,3 @@ def create_app(cluster: SimCluster, registry: CollectorRegistry | None = None) -
         return response
 
     return app
-
-
-def _bind(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
-
-
-async def serve_sim(
-    cluster: SimCluster,
-    host: str,
-    port: int,
-    shutdown_trigger: Callable[[], Awaitable[None]],
-    *,
-    registry: CollectorRegistry | None = None,
-    grace_seconds: float = 5.0,
-    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Serve ``cluster`` over HTTP until ``shutdown_trigger`` returns."""
-    config = Config()
-    config.bind = [_bind(host, port)]
-    config.graceful_timeout = grace_seconds
-    config.accesslog = None
-    config.include_server_header = False
-    config.keep_alive_timeout = 75.0
-    app = create_app(cluster, registry)
-    async with trio.open_nursery() as nursery:
-        binds: list[str] = await nursery.start(partial(serve, app, config, shutdown_trigger=shutdown_trigger))
-        task_status.started(binds[0])

@@ -18,6 +18,7 @@ Every duration is divided by ``time_scale``.
 from __future__ import annotations
 
 from bisect import bisect_left
+from typing import Any
 
 import attrs
 
@@ -38,7 +39,9 @@ REQUEST_LATENCY_BUCKETS: tuple[float, ...] = (
 
 @attrs.frozen
 class CostModel:
-    """Step cost coefficients; defaults are the seed's reference values."""
+    """Step cost coefficients; defaults are the seed's reference values (the same as
+    ``daemon.config``'s, checked by a test).  Field names match ``actors.core.costs``' duck types,
+    so ``prefill_seconds(u, cost)`` and ``decode_step_seconds(b, c, cost)`` apply to it."""
 
     intercept_seconds: float = 0.06600061907132926
     linear_seconds_per_1k_tokens: float = 0.05702024012166613
@@ -47,20 +50,17 @@ class CostModel:
     batch_step_seconds_per_request: float = 0.0004192803698834784
     context_step_seconds_per_token: float = 1.420458414996201e-7
 
-    def cold_prefill_seconds(self, uncached_tokens: int) -> float:
-        """The seed's closed form (before time scaling)."""
-        x = uncached_tokens / 1000.0
-        return (
-            self.intercept_seconds
-            + self.linear_seconds_per_1k_tokens * x
-            + self.quadratic_seconds_per_1k_tokens_squared * x * x
-        )
-
-    def decode_step_seconds(self, batch_size: int, context_tokens: int) -> float:
-        return (
-            self.fixed_step_seconds
-            + self.batch_step_seconds_per_request * batch_size
-            + self.context_step_seconds_per_token * context_tokens
+    @classmethod
+    def from_config(cls, prefill: Any, decode: Any) -> CostModel:
+        """From ``daemon.config``'s ``PrefillCostModel`` and ``DecodeThroughputModel`` (same field
+        names; duck-typed so that actors never import the daemon)."""
+        return cls(
+            intercept_seconds=prefill.intercept_seconds,
+            linear_seconds_per_1k_tokens=prefill.linear_seconds_per_1k_tokens,
+            quadratic_seconds_per_1k_tokens_squared=prefill.quadratic_seconds_per_1k_tokens_squared,
+            fixed_step_seconds=decode.fixed_step_seconds,
+            batch_step_seconds_per_request=decode.batch_step_seconds_per_request,
+            context_step_seconds_per_token=decode.context_step_seconds_per_token,
         )
 
 

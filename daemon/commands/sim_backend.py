@@ -15,7 +15,10 @@ import trio
 
 from actors.sim.cluster import SimCluster, SimConfig
 from actors.sim.engine import EngineConfig
-from actors.sim.server import serve_sim
+from actors.sim.server import create_app
+from daemon.http.serve import serve_http
+
+SHUTDOWN_GRACE_SECONDS = 5.0
 
 NAME = "sim-backend"
 HELP = "Run a simulated vLLM server (KV cache, prefix caching, batching and timing models)."
@@ -101,7 +104,9 @@ async def serve_until_signal(config: SimConfig, host: str, port: int) -> None:
         cluster: SimCluster = await nursery.start(SimCluster(config).run)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as server_nursery:
-                bound: str = await server_nursery.start(serve_sim, cluster, host, port, trigger)
+                bound: str = await server_nursery.start(
+                    serve_http, create_app(cluster), host, port, SHUTDOWN_GRACE_SECONDS, trigger
+                )
                 print(f"agentd sim-backend listening on {bound}", flush=True)
                 async for _signum in signals:
                     shutdown.set()

@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from actors.sim import tokenizer
 from actors.sim.cluster import SimConfig
 from actors.sim.engine import EngineConfig
+from actors.core.costs import decode_step_seconds, prefill_seconds
 from actors.sim.stats import CostModel
 from tests.sim.conftest import sse_payloads, sim_client
 
@@ -34,8 +35,8 @@ async def test_non_streaming_chat_shape_and_exact_virtual_time(autojump_clock: t
     assert body["usage"] == {"prompt_tokens": n_prompt, "completion_tokens": 3, "total_tokens": n_prompt + 3,
                              "prompt_tokens_details": {"cached_tokens": 0}}
     cost = CostModel()
-    expected = (cost.cold_prefill_seconds(n_prompt) + cost.decode_step_seconds(1, n_prompt + 1)
-                + cost.decode_step_seconds(1, n_prompt + 2))
+    expected = (prefill_seconds(n_prompt, cost) + decode_step_seconds(1, n_prompt + 1, cost)
+                + decode_step_seconds(1, n_prompt + 2, cost))
     assert elapsed == pytest.approx(expected, rel=1e-9)
 
 

@@ -13,10 +13,11 @@ import trio.testing
 from actors.sim import tokenizer
 from actors.sim.cluster import SimCluster, SimConfig, run_sim_cluster
 from actors.sim.engine import EngineConfig
-from actors.sim.server import serve_sim
+from actors.sim.server import create_app
 from actors.sim.transport import SimTransport
 from daemon.cli import main as cli_main
 from daemon.config import EmbeddedConfig
+from daemon.http.serve import serve_http
 from tests.sim.conftest import sse_payloads
 
 
@@ -76,7 +77,7 @@ async def test_real_socket_server_streams(nursery: trio.Nursery) -> None:
     config = SimConfig(dp_size=2, engine=EngineConfig(time_scale=1e6))
     cluster: SimCluster = await nursery.start(SimCluster(config).run)
     stop = trio.Event()
-    url: str = await nursery.start(serve_sim, cluster, "127.0.0.1", 0, stop.wait)
+    url: str = await nursery.start(serve_http, create_app(cluster), "127.0.0.1", 0, 5.0, stop.wait)
     assert url.startswith("http://127.0.0.1:") and not url.endswith(":0")
     async with httpx.AsyncClient(base_url=url) as client:
         assert (await client.get("/health")).status_code == 200
