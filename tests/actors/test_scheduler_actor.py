@@ -108,7 +108,7 @@ async def test_force_resume_at_its_deadline_and_disconnect_while_queued_frees_ev
     autojump_clock: trio.testing.MockClock, event_log
 ) -> None:
     # capacity 500: A (200 + 100 decode buffer = 300) fits, B (300 more) does not.
-    cfg = daemon_config(SINGLE, dp=1, token_capacity_per_dp_rank=500)
+    cfg = daemon_config(SINGLE, dp=1, token_capacity_per_dp_rank=500, metrics_interval_seconds=7.0)
     async with program_scheduling(cfg) as (dispatcher, registry, _):
         t0 = trio.current_time()
         admitted: dict[str, float] = {}
