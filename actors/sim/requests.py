@@ -214,7 +214,7 @@ def _plan_output(
     material = f"{seed}:{hash(tuple(prompt_ids))}:{n_out}"
     if finish != "tool_calls":
         pieces = tokenizer.generate_pieces(material, n_out)
-        return PlannedOutput(tokenizer.tokenize("".join(pieces)), pieces, finish)
+        return PlannedOutput(tokenizer.piece_ids(pieces), pieces, finish)
     name = _first_tool_name(body.get("tools")) or "sim_tool"
     name_ids = tokenizer.tokenize(name)
     k = n_out - 3 - len(name_ids)

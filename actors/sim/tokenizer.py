@@ -91,6 +91,11 @@ def tokenize(text: str) -> list[int]:
     return out
 
 
+def piece_ids(pieces: list[str]) -> list[int]:
+    """Ids of already-split pieces (``tokenize("".join(p)) == piece_ids(p)`` for generated text)."""
+    return [_piece_id(piece) for piece in pieces]
+
+
 def count_tokens(text: str) -> int:
     return len(_PIECE_RE.findall(text))
 

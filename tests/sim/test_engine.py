@@ -246,3 +246,18 @@ def test_cost_defaults_are_the_daemon_reference_values() -> None:
     assert CostModel() == CostModel.from_config(PrefillCostModel(), DecodeThroughputModel())
     custom = CostModel.from_config(PrefillCostModel(intercept_seconds=0.5), DecodeThroughputModel(fixed_step_seconds=0.02))
     assert (custom.intercept_seconds, custom.fixed_step_seconds) == (0.5, 0.02)
+
+
+def test_generated_text_round_trips_through_the_tokenizer() -> None:
+    from actors.sim import tokenizer
+
+    for n in (0, 1, 2, 17, 300):
+        pieces = tokenizer.generate_pieces("seed", n)
+        text = "".join(pieces)
+        assert tokenizer.count_tokens(text) == n == len(pieces)
+        assert tokenizer.tokenize(text) == tokenizer.piece_ids(pieces)
+        assert tokenizer.text_of_tokens(n, "a") == tokenizer.text_of_tokens(n, "a")
+    assert tokenizer.text_of_tokens(20, "a") != tokenizer.text_of_tokens(20, "b")
+    for k in (1, 5, 40):
+        assert tokenizer.count_tokens(tokenizer.tool_call_arguments("s", k)) == k + 1
+    assert "".join(tokenizer.split_pieces("a  bcdefghijk \n")) == "a  bcdefghijk \n"
