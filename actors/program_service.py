@@ -23,6 +23,7 @@ latest scheduler state, the rank observers and each channel's statistics.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -40,12 +41,15 @@ from actors.rank_actor import RankObservers, run_rank_actor
 from actors.scheduler_actor import SchedulerHandle, diagnostics_snapshot, rank_gauges, run_scheduler_actor
 from daemon.config import AgentdConfig, BackendTarget, ProgramSchedulingConfig
 from daemon.dispatch import DispatchRejected, HealthView, Outcome, ProxyRequest
+from daemon.http.requests import TOKENS_PER_BYTE
+from daemon.logs import get_logger, log_event
 from daemon.program_metrics import GaugeSnapshot, ProgramMetrics, TokenEstimateGauge
 
 # Abandoned/Completed are sent from a shielded finally; this caps how long a handler can be
 # held there if the scheduler inbox is saturated (the scheduler never stops draining it).
 RELEASE_TIMEOUT_SECONDS = 5.0
-PROXY_TOKENS_PER_BYTE = 0.25  # the proxy's static estimate (daemon/http/requests.py)
+PROXY_TOKENS_PER_BYTE = TOKENS_PER_BYTE  # the proxy's static estimate
+logger = get_logger("program.service")
 
 
 class TokenEstimator:
@@ -198,8 +202,12 @@ class ProgramDispatcher:
             raise DispatchRejected(503, "Program scheduling is shutting down", "scheduler_unavailable") from None
         finally:
             if submitted:
-                with trio.CancelScope(shield=True), trio.move_on_after(RELEASE_TIMEOUT_SECONDS):
-                    await self._release(req, lease, inbox)
+                with trio.CancelScope(shield=True):
+                    with trio.move_on_after(RELEASE_TIMEOUT_SECONDS) as capped:
+                        await self._release(req, lease, inbox)
+                    if capped.cancelled_caught:
+                        log_event(logger, logging.ERROR, "program_release_timeout", request_id=req.request_id,
+                                  timeout_seconds=RELEASE_TIMEOUT_SECONDS)
 
     async def _release(
         self, req: ProxyRequest, lease: ProgramLease | None, inbox: trio.MemorySendChannel[Any]
