@@ -38,7 +38,9 @@ class _ChannelSink:
     async def send(self, chunk: bytes) -> None:
         await self._chunks.send(chunk)
 
-    async def end(self) -> None:
+    async def end(self, chunk: bytes = b"") -> None:
+        if chunk:
+            await self._chunks.send(chunk)
         await self._chunks.aclose()
 
 

@@ -96,3 +96,31 @@ def test_calibration_brackets_the_target_hit() -> None:
     # the returned size is the probe closest to the target
     measured = [(int(p.split()[0]), float(p.split("native hit ")[1].split()[0])) for p in probes]
     assert (blocks, round(hit, 3)) == min(measured, key=lambda bh: (abs(bh[1] - 0.5), bh[0]))
+
+
+async def test_in_process_transport_streams_and_ends_with_a_final_chunk(autojump_clock) -> None:
+    import httpx
+    import trio
+
+    from daemon.benchkit.inprocess import InProcessTransport
+
+    class Handles:
+        registry = None
+
+        def build_request(self, endpoint: str, raw: bytes, headers: dict) -> str:
+            return endpoint
+
+        async def handle(self, req: str, sink, *, raw_body: bytes) -> None:
+            await sink.start(200, [("content-type", "text/event-stream")])
+            await sink.send(b"data: 1\n\n")
+            await trio.sleep(1.0)
+            await sink.end(b"data: [DONE]\n\n")
+
+    async with trio.open_nursery() as nursery:
+        transport = InProcessTransport(Handles(), nursery)  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://d") as client:
+            async with client.stream("POST", "/v1/chat/completions", content=b"{}") as resp:
+                assert resp.status_code == 200
+                chunks = [(trio.current_time(), c) async for c in resp.aiter_bytes()]
+    assert [c for _, c in chunks] == [b"data: 1\n\n", b"data: [DONE]\n\n"]
+    assert chunks[1][0] - chunks[0][0] == 1.0
