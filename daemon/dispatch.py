@@ -15,7 +15,7 @@ Program scheduling (``actors/program_service.py``) implements the same protocol.
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -124,13 +124,11 @@ class NativeDispatcher:
         policy: str,
         health: HealthView,
         rng: random.Random,
-        on_in_flight: Callable[[BackendTarget, int], None] | None = None,
     ) -> None:
         self.targets = tuple(targets)
         self.policy: Policy = build_policy(policy, self.targets, rng)
         self._health = health
         self._in_flight = [0] * len(self.targets)
-        self._on_in_flight = on_in_flight
         self._granted = 0
         self._finished = 0
         self._abandoned = 0
@@ -164,12 +162,12 @@ class NativeDispatcher:
     @asynccontextmanager
     async def _lease(self, target: BackendTarget) -> AsyncIterator[NativeLease]:
         lease = NativeLease(target)
-        self._adjust(target, +1)
+        self._in_flight[target.index] += 1
         self._granted += 1
         try:
             yield lease
         finally:  # synchronous release: nothing to await, so cancellation cannot skip it
-            self._adjust(target, -1)
+            self._in_flight[target.index] -= 1
             if lease.outcome is None:
                 self._abandoned += 1
             else:
@@ -177,8 +175,3 @@ class NativeDispatcher:
 
     def lease(self, req: ProxyRequest) -> AbstractAsyncContextManager[NativeLease]:
         return self._lease(self.pick(req))
-
-    def _adjust(self, target: BackendTarget, delta: int) -> None:
-        self._in_flight[target.index] += delta
-        if self._on_in_flight is not None:
-            self._on_in_flight(target, self._in_flight[target.index])
