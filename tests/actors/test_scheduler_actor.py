@@ -300,3 +300,23 @@ async def test_unhealthy_worker_leaves_program_scheduling_and_programs_fail_over
                 raise AssertionError("no target can admit")
         assert (info.value.status, info.value.code) == (503, "no_targets")
     assert event_log.named("stale_capacity_observation_dropped") == []
+
+
+async def test_capacity_repair_runs_on_the_tick_after_pressure_is_observed(
+    autojump_clock: trio.testing.MockClock, event_log
+) -> None:
+    cfg = daemon_config(SINGLE, dp=1, token_capacity_per_dp_rank=1000)
+    async with program_scheduling(cfg) as (dispatcher, registry, workers):
+        t0 = trio.current_time()
+        async with dispatcher.lease(program_request("a", tokens=500, kv_retention_ttl_seconds=100)) as lease:
+            lease.finish(ok(prompt=600))
+        await trio.testing.wait_all_tasks_blocked()
+        (prog,) = _program(dispatcher.diagnostics())
+        assert (prog["state"], prog["status"]) == ("active", "acting")  # holds its KV for 100 s
+        await trio.sleep_until(t0 + 2.5)
+        workers.kv[("http://w0:8000", 0)] = 1.0  # the backend fills up
+        await trio.sleep_until(t0 + 10)
+        pauses = [(t - t0, f["reason"]) for t, f in event_log.named("program_pause")]
+        assert pauses == [(3.0, "capacity_repair")]  # the scrape and tick at t0+3
+        assert registry.get_sample_value(
+            "vllm_router_agent_aware_transitions_total", {"target": T0, "reason": "capacity_repair"}) == 1.0
