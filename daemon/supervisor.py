@@ -48,7 +48,7 @@ from daemon.http.proxy import ProxyEngine
 from daemon.http.serve import serve_http as serve_asgi
 from daemon.logs import get_logger, log_event
 from daemon.metrics import ProxyMetrics, build_registry
-from daemon.upstream import client_kwargs, upstream_limits
+from daemon.upstream import UpstreamTransport, client_kwargs, upstream_limits
 
 logger = get_logger("supervisor")
 ClientFactory = Callable[[AgentdConfig], httpx.AsyncClient]
@@ -58,7 +58,7 @@ SimConfigure = Callable[[SimConfig], SimConfig]
 
 def default_transport(cfg: AgentdConfig) -> httpx.AsyncBaseTransport:
     """Connection-pooling HTTP/1.1 transport to real workers."""
-    return httpx.AsyncHTTPTransport(limits=upstream_limits(), retries=0)
+    return UpstreamTransport(upstream_limits())
 
 
 def client_on(cfg: AgentdConfig, transport: httpx.AsyncBaseTransport) -> httpx.AsyncClient:
