@@ -171,7 +171,8 @@ def calibration_ms() -> float:
 
 def bench_virtual(args: argparse.Namespace) -> dict[str, Any]:
     engine = EngineConfig(num_gpu_blocks=args.num_gpu_blocks, block_size=args.block_size,
-                          max_num_seqs=args.max_num_seqs, max_num_batched_tokens=8192, seed=args.seed)
+                          max_num_seqs=args.max_num_seqs, max_num_batched_tokens=8192, seed=args.seed,
+                          scheduling_policy=args.scheduling_policy)
     config = SimConfig(dp_size=args.ranks, engine=engine, seed=args.seed, per_step_wakeups=False, deterministic=True)
     totals = {"requests": 0, "output_tokens": 0, "prompt_tokens": 0}
     duration = args.hours * 3600.0
@@ -190,7 +191,6 @@ def bench_virtual(args: argparse.Namespace) -> dict[str, Any]:
             nursery.cancel_scope.cancel()
         return cluster.engines
 
-    calibration = calibration_ms()
     t0 = time.perf_counter()
     cpu0 = time.process_time()
     if args.driver == "trio":
@@ -211,8 +211,22 @@ def bench_virtual(args: argparse.Namespace) -> dict[str, Any]:
         "output_tokens": totals["output_tokens"], "engine_steps": sum(s.num_steps for s in stats),
         "prefix_hit_ratio": round(sum(s.prefix_cache_hits for s in stats) / queries, 4) if queries else 0.0,
         "preemptions": sum(s.num_preemptions for s in stats),
-        "calibration_loop_cpu_ms": calibration,
+        "fingerprint": fingerprint(engines, totals),
     }
+
+
+def fingerprint(engines: list[Engine], totals: dict[str, int]) -> dict[str, Any]:
+    """Counters that must not change when the simulator only gets faster (same seed, same load)."""
+    stats = [e.stats for e in engines]
+    fp: dict[str, Any] = {"finished_requests": totals["requests"]}
+    for name in ("prompt_tokens", "prompt_tokens_cached", "prompt_tokens_recomputed", "generation_tokens",
+                 "prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "num_steps"):
+        fp[name] = sum(getattr(s, name) for s in stats)
+    fp["evictions"] = sum(e.pool.evictions for e in engines)
+    fp["ttft_sum_seconds"] = round(sum(s.ttft.sum for s in stats), 6)
+    fp["e2e_sum_seconds"] = round(sum(s.e2e.sum for s in stats), 6)
+    fp["itl_count"] = sum(s.itl.count for s in stats)
+    return fp
 
 
 def bench_server(args: argparse.Namespace) -> dict[str, Any]:
@@ -260,7 +274,7 @@ async def _drive_server(url: str, args: argparse.Namespace) -> dict[str, Any]:
             "requests_per_second": round(done["requests"] / elapsed, 1)}
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="which", required=True)
     v = sub.add_parser("virtual", help="N ranks, synthetic agent load, virtual time")
@@ -274,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--block-size", type=int, default=16)
     v.add_argument("--max-num-seqs", type=int, default=256)
     v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
     v.add_argument("--driver", choices=("trio", "direct"), default="trio",
                    help="trio: SimCluster under MockClock (default); direct: engines only, no Trio")
     s = sub.add_parser("server", help="standalone sim-backend request throughput at zero time cost")
@@ -282,8 +297,14 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--max-tokens", type=int, default=16)
     s.add_argument("--dp-size", type=int, default=2)
     s.add_argument("--stream", action="store_true")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    calibration = calibration_ms()
     result = bench_virtual(args) if args.which == "virtual" else bench_server(args)
+    result["calibration_loop_cpu_ms"] = calibration
     print(json.dumps(result))
     return 0
 
