@@ -93,7 +93,7 @@ class SchedulerHandle:
         self.pending_replies_count = 0
         self._changed = trio.Event()
 
-    def _stepped(self) -> None:
+    def notify_stepped(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
 
@@ -378,7 +378,7 @@ async def run_scheduler_actor(
                 if isinstance(msg, (Completed, Abandoned)):
                     router.admitted.pop(msg.request_id, None)
                 router.completing = None
-                handle._stepped()
+                handle.notify_stepped()
                 if isinstance(msg, RepairTick) and on_tick is not None:
                     on_tick(handle, now)
         finally:
