@@ -83,6 +83,45 @@ def serve_worker(port: int) -> None:
     trio.run(main)
 
 
+# ----------------------------------------------------------------------------- naive baseline
+def serve_naive_proxy(port: int, worker_port: int) -> None:
+    """Reference point: the smallest hypercorn + httpx proxy (no validation, routing, metrics)."""
+    import httpx  # noqa: PLC0415
+    from hypercorn.config import Config  # noqa: PLC0415
+    from hypercorn.trio import serve  # noqa: PLC0415
+
+    upstream = f"http://127.0.0.1:{worker_port}"
+
+    async def main() -> None:
+        async with httpx.AsyncClient() as client:
+            async def app(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+                if scope["type"] == "lifespan":
+                    while True:
+                        message = await receive()  # type: ignore[operator]
+                        done = message["type"] == "lifespan.shutdown"
+                        await send({"type": "lifespan.shutdown.complete" if done  # type: ignore[operator]
+                                    else "lifespan.startup.complete"})
+                        if done:
+                            return
+                body = b""
+                while True:
+                    message = await receive()  # type: ignore[operator]
+                    body += message.get("body", b"")
+                    if not message.get("more_body"):
+                        break
+                response = await client.post(upstream + scope["path"], content=body)
+                await send({"type": "http.response.start", "status": response.status_code,  # type: ignore[operator]
+                            "headers": [(b"content-type", b"application/json")]})
+                await send({"type": "http.response.body", "body": response.content})  # type: ignore[operator]
+
+            config = Config()
+            config.bind = [f"127.0.0.1:{port}"]
+            config.accesslog = None
+            await serve(app, config)
+
+    trio.run(main)
+
+
 # ----------------------------------------------------------------------------- load generator
 class Conn:
     def __init__(self, stream: trio.SocketStream, host_port: str, path: str) -> None:
@@ -230,14 +269,20 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--policy", default="round_robin")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    parser.add_argument("--no-naive", action="store_true",
+                        help="skip the naive hypercorn+httpx proxy baseline row")
     parser.add_argument("--serve-worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-naive-proxy", type=int, nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_worker is not None:
         serve_worker(args.serve_worker)
         return 0
+    if args.serve_naive_proxy is not None:
+        serve_naive_proxy(*args.serve_naive_proxy)
+        return 0
 
     probe_us = python_speed_probe_us()
-    worker_port, agentd_port = free_port(), free_port()
+    worker_port, agentd_port, naive_port = free_port(), free_port(), free_port()
     procs: list[subprocess.Popen[bytes]] = []
     try:
         worker = subprocess.Popen([sys.executable, __file__, "--serve-worker", str(worker_port)])
@@ -249,12 +294,18 @@ def main() -> int:
             cwd=ROOT, stdout=subprocess.DEVNULL)
         procs.append(agentd)
         wait_listening(agentd_port, agentd, "agentd")
+        paths: list[tuple[str, int, int]] = [("direct", worker_port, worker.pid), ("agentd", agentd_port, agentd.pid)]
+        if not args.no_naive:
+            naive = subprocess.Popen([sys.executable, __file__, "--serve-naive-proxy", str(naive_port),
+                                      str(worker_port)], stderr=subprocess.DEVNULL)
+            procs.append(naive)
+            wait_listening(naive_port, naive, "naive proxy")
+            paths.append(("naive", naive_port, naive.pid))
 
         results: dict[str, dict[str, float]] = {}
-        for name, port in (("direct", worker_port), ("agentd", agentd_port)):
+        for name, port, pid in paths:
             samples = trio.run(latency_run, port, args.seconds)
-            rps, cpu_us = trio.run(throughput_with_cpu, port, args.seconds, args.concurrency,
-                                   agentd.pid if name == "agentd" else worker.pid)
+            rps, cpu_us = trio.run(throughput_with_cpu, port, args.seconds, args.concurrency, pid)
             results[name] = {
                 "server_cpu_us_per_request": cpu_us,
                 "c1_requests": len(samples),
@@ -284,7 +335,8 @@ def main() -> int:
     for name, r in results.items():
         print(f"{name:8} {r['c1_p50_ms']:11.3f} {r['c1_p99_ms']:11.3f} {r['c1_mean_ms']:12.3f} "
               f"{r[f'c{args.concurrency}_rps']:13.0f} {r['server_cpu_us_per_request']:18.0f}")
-    print("(server CPU = the worker process for 'direct', the agentd process for 'agentd')")
+    print("(server CPU = the worker process for 'direct', the proxy process otherwise; 'naive' is the"
+          " smallest hypercorn+httpx proxy, a floor for any Python proxy on this stack)")
     print(f"added latency at c=1: p50 {added['added_p50_ms']:+.3f} ms, p99 {added['added_p99_ms']:+.3f} ms")
     ok = added["added_p50_ms"] <= 1.5 and results["agentd"][f"c{args.concurrency}_rps"] >= 500
     print(f"targets (added p50 <= 1.5 ms, >= 500 req/s at c={args.concurrency}): {'met' if ok else 'NOT met'}")
