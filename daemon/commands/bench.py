@@ -26,8 +26,8 @@ import trio
 from daemon.benchkit.bench import SYSTEMS, BenchError, BenchOptions, ClusterSpec, find_vllm_router, run_bench
 from daemon.benchkit.markdown import render_report
 from daemon.benchkit.plots import write_plots
-from daemon.commands.replay import _positive_float, _positive_int, add_replay_flags, replay_options, trace_info
-from daemon.trace.format import TraceError, load_trace
+from daemon.commands.replay import add_replay_flags, replay_options, trace_info
+from daemon.trace.cli_support import load_trace_arg, positive_float, positive_int
 
 NAME = "bench"
 HELP = "Run one trace through native agentd, agentd with Program scheduling and vllm-router, side by side."
@@ -39,7 +39,7 @@ POINTS: dict[str, dict[str, Any]] = {
 
 
 def _ratio(text: str) -> float:
-    value = _positive_float(text)
+    value = positive_float(text)
     if value >= 1.0:
         raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text!r}")
     return value
@@ -55,12 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pressure-point preset: concurrency and target native hit")
     parser.add_argument("--target-native-hit", type=_ratio, default=None,
                         help="size --kv-blocks so native lands near this token cache hit (calibrated by simulation)")
-    parser.add_argument("--workers", type=_positive_int, default=2, help="simulated workers per system")
-    parser.add_argument("--dp-size", type=_positive_int, default=2, help="DP ranks per worker")
-    parser.add_argument("--kv-blocks", type=_positive_int, default=4096, help="KV blocks per rank (num_gpu_blocks)")
-    parser.add_argument("--block-size", type=_positive_int, default=16)
-    parser.add_argument("--max-num-seqs", type=_positive_int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192)
+    parser.add_argument("--workers", type=positive_int, default=2, help="simulated workers per system")
+    parser.add_argument("--dp-size", type=positive_int, default=2, help="DP ranks per worker")
+    parser.add_argument("--kv-blocks", type=positive_int, default=4096, help="KV blocks per rank (num_gpu_blocks)")
+    parser.add_argument("--block-size", type=positive_int, default=16)
+    parser.add_argument("--max-num-seqs", type=positive_int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=positive_int, default=8192)
     parser.add_argument("--seed", type=int, default=0, help="simulated worker seed")
     parser.add_argument("--ps-config-json", default=None, metavar="JSON",
                         help="extra Program scheduling fields for agentd and vllm-router-ps")
@@ -83,13 +83,8 @@ def _systems(args: argparse.Namespace, router: str | None) -> tuple[str, ...] | 
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        trace = load_trace(args.trace)
-    except OSError as exc:
-        print(f"agentd bench: cannot read --trace {args.trace}: {exc.strerror}", file=sys.stderr)
-        return 2
-    except TraceError as exc:
-        print(f"agentd bench: invalid --trace {args.trace}: {exc}", file=sys.stderr)
+    trace = load_trace_arg(args.trace, "agentd bench")
+    if trace is None:
         return 2
     router = find_vllm_router(args.vllm_router)
     if args.vllm_router and router is None:

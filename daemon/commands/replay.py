@@ -19,42 +19,23 @@ import trio
 from daemon.benchkit.progress import ProgressLine
 from daemon.benchkit.report import build_report, scrape_all
 from daemon.replay import ReplayOptions, run_replay
-from daemon.trace.format import Trace, TraceError, load_trace
+from daemon.trace.cli_support import load_trace_arg, positive_float, positive_int
+from daemon.trace.format import Trace
 
 NAME = "replay"
 HELP = "Replay a trace against an OpenAI-compatible endpoint and write a JSON report."
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not (value > 0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"must be finite and > 0, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-    return value
-
-
 def add_replay_flags(parser: argparse.ArgumentParser) -> None:
     """Flags shared with ``agentd bench`` and ``agentd simulate``."""
-    parser.add_argument("--time-scale", type=_positive_float, default=1.0,
+    parser.add_argument("--time-scale", type=positive_float, default=1.0,
                         help="run X times faster than the trace's recorded times (gaps, arrivals)")
-    parser.add_argument("--concurrency", type=_positive_int, default=None,
+    parser.add_argument("--concurrency", type=positive_int, default=None,
                         help="max concurrent root Programs (default: trace meta for closed-loop traces)")
     parser.add_argument("--model", default="agentd-sim", help="model name sent in requests")
     parser.add_argument("--agentic-context", choices=("object", "string", "none"), default="object",
                         help="vllm_xargs.agentic_context form (string = JSON string for stock vLLM)")
-    parser.add_argument("--request-timeout", type=_positive_float, default=600.0, help="seconds per request")
+    parser.add_argument("--request-timeout", type=positive_float, default=600.0, help="seconds per request")
 
 
 def replay_options(args: argparse.Namespace) -> ReplayOptions:
@@ -97,13 +78,8 @@ async def replay_with_metrics(trace: Trace, client: httpx.AsyncClient, target: s
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        trace = load_trace(args.trace)
-    except OSError as exc:
-        print(f"agentd replay: cannot read --trace {args.trace}: {exc.strerror}", file=sys.stderr)
-        return 2
-    except TraceError as exc:
-        print(f"agentd replay: invalid --trace {args.trace}: {exc}", file=sys.stderr)
+    trace = load_trace_arg(args.trace, "agentd replay")
+    if trace is None:
         return 2
     target = args.target.rstrip("/")
     if not target.startswith(("http://", "https://")):

@@ -20,7 +20,7 @@ from daemon.benchkit.progress import ProgressLine
 from daemon.benchkit.simulate import SimulateError, check_simulatable, run_simulation
 from daemon.commands.replay import add_replay_flags, replay_options, trace_info
 from daemon.config_loading import ConfigError, load_config
-from daemon.trace.format import TraceError, load_trace
+from daemon.trace.cli_support import load_trace_arg
 
 NAME = "simulate"
 HELP = "Simulate the daemon and a trace replay in one process in virtual time; write the replay report."
@@ -49,13 +49,8 @@ def run(args: argparse.Namespace) -> int:
     except SimulateError as exc:
         print(f"agentd simulate: {exc}", file=sys.stderr)
         return 2
-    try:
-        trace = load_trace(args.trace)
-    except OSError as exc:
-        print(f"agentd simulate: cannot read --trace {args.trace}: {exc.strerror}", file=sys.stderr)
-        return 2
-    except TraceError as exc:
-        print(f"agentd simulate: invalid --trace {args.trace}: {exc}", file=sys.stderr)
+    trace = load_trace_arg(args.trace, "agentd simulate")
+    if trace is None:
         return 2
     if args.time_scale is None:
         args.time_scale = cfg.embedded.time_scale

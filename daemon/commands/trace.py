@@ -12,7 +12,8 @@ import argparse
 import json
 import sys
 
-from daemon.trace.format import TraceError, load_trace, write_trace
+from daemon.trace.cli_support import load_trace_arg, positive_float, positive_int
+from daemon.trace.format import write_trace
 from daemon.trace.stats import compare, format_report, trace_stats
 from daemon.trace.synth import PROFILES, Knobs, knobs_from_meta, synthesize, targets_for
 
@@ -20,43 +21,23 @@ NAME = "trace"
 HELP = "Synthesize agent traces (synth) and print their statistics against profile targets (stats)."
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not value > 0 or value != value or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be finite and > 0, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="trace_command", metavar="ACTION")
     sub.required = True
     synth = sub.add_parser("synth", help="generate a synthetic trace of a profile")
     synth.add_argument("--profile", required=True, choices=PROFILES)
-    synth.add_argument("--programs", required=True, type=_positive_int, help="root Programs (sessions/tasks)")
+    synth.add_argument("--programs", required=True, type=positive_int, help="root Programs (sessions/tasks)")
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--out", required=True, help="output JSONL path ('-' for stdout)")
-    synth.add_argument("--input-scale", type=_positive_float, default=1.0, help="multiply input token counts")
-    synth.add_argument("--output-scale", type=_positive_float, default=1.0, help="multiply output token counts")
-    synth.add_argument("--gap-cap-seconds", type=_positive_float, default=300.0, help="cap on tool gaps")
-    synth.add_argument("--human-gap-cap-seconds", type=_positive_float, default=None, help="cap on human gaps")
-    synth.add_argument("--arrival-rate", type=_positive_float, default=None,
+    synth.add_argument("--input-scale", type=positive_float, default=1.0, help="multiply input token counts")
+    synth.add_argument("--output-scale", type=positive_float, default=1.0, help="multiply output token counts")
+    synth.add_argument("--gap-cap-seconds", type=positive_float, default=300.0, help="cap on tool gaps")
+    synth.add_argument("--human-gap-cap-seconds", type=positive_float, default=None, help="cap on human gaps")
+    synth.add_argument("--arrival-rate", type=positive_float, default=None,
                        help="root arrivals per second for open-loop profiles (job bursts for batch)")
-    synth.add_argument("--concurrency", type=_positive_int, default=None,
+    synth.add_argument("--concurrency", type=positive_int, default=None,
                        help="default replay concurrency stored in the trace meta")
-    synth.add_argument("--max-turns", type=_positive_int, default=None,
+    synth.add_argument("--max-turns", type=positive_int, default=None,
                        help="cap turns per session (bench budgets; tail targets then miss)")
     stats = sub.add_parser("stats", help="print distributions and profile-target comparison")
     stats.add_argument("file")
@@ -80,13 +61,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {len(trace.records)} requests of {len(trace.sessions())} programs to {args.out}",
                   file=sys.stderr)
         return 0
-    try:
-        trace = load_trace(args.file)
-    except OSError as exc:
-        print(f"agentd trace stats: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
-        return 2
-    except TraceError as exc:
-        print(f"agentd trace stats: invalid trace {args.file}: {exc}", file=sys.stderr)
+    trace = load_trace_arg(args.file, "agentd trace stats", "FILE")
+    if trace is None:
         return 2
     stats = trace_stats(trace)
     comparisons = []
