@@ -168,7 +168,9 @@ async def run_daemon(
             if cfg.program_scheduling is not None:
                 from actors.program_service import run_program_scheduling  # noqa: PLC0415
 
-                program = await root.start(run_program_scheduling, cfg, client, registry)
+                program = await root.start(
+                    partial(run_program_scheduling, health=board), cfg, client, registry
+                )
             engine = ProxyEngine(
                 client=client,
                 native=native,
