@@ -185,6 +185,17 @@ class _Procs:
             self.procs.clear()
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a live process (Linux ``/proc``); ``None`` elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    # after the command name: state is field 3, utime 14 and stime 15 (1-based, man 5 proc)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def _wait_healthy(client: httpx.AsyncClient, url: str, proc: trio.Process, procs: _Procs, name: str,
                         timeout: float) -> None:
     with trio.move_on_after(timeout):
@@ -229,6 +240,10 @@ async def run_system(system: str, trace: Trace, opts: BenchOptions, info: dict[s
                 trace, client, target, opts.replay, worker_metrics=[f"{u}/metrics" for u in worker_urls],
                 router_metrics=[router_metrics], info=info, system=system, progress=progress,
             )
+            report["process_cpu_seconds"] = {
+                "system": process_cpu_seconds(proc.pid),
+                "workers": [process_cpu_seconds(p.pid) for _url, p in workers],
+            }
             report["cluster"] = attrs.asdict(opts.cluster)
             if system in ("agentd", "vllm-router-ps"):
                 report["program_scheduling_config"] = scaled_program_config(opts.cluster, opts.program_overrides)

@@ -52,6 +52,7 @@ ROWS: tuple[tuple[str, Getter, str, bool | None], ...] = (
     ("force resumes", _get("scheduling", "force_resumes"), "{:.0f}", None),
     ("segment yields", _get("scheduling", "segment_yields"), "{:.0f}", None),
     ("wall time (trace s)", _get("duration_seconds"), "{:.1f}", True),
+    ("router process CPU (s)", _get("process_cpu_seconds", "system"), "{:.1f}", True),
 )
 
 RATIO_ROWS = ("JCT mean (s)", "JCT p90 (s)", "request latency mean (s)", "requests/s", "output tokens/s")

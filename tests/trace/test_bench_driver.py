@@ -35,6 +35,7 @@ def test_bench_native_and_agentd_on_a_tiny_trace(tmp_path, capsys) -> None:
         assert 0.0 < rep["cache"]["token_hit_ratio"] < 1.0
         assert rep["preemptions"] == 0
         assert rep["cluster"]["num_gpu_blocks"] == 256
+        assert rep["process_cpu_seconds"]["system"] > 0 and len(rep["process_cpu_seconds"]["workers"]) == 1
     assert reports["native"]["tokens"]["input"] == reports["agentd"]["tokens"]["input"]
     # Program scheduling exposes its queue-wait histogram; the native path has none
     assert reports["native"]["queue_wait_seconds"]["router"] is None
