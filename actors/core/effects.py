@@ -7,16 +7,23 @@ start/stop one Program actor per live generation.  Facts (nouns) feed logs and m
 observation facts named after the metric they feed.  The order of the tuple is part of the
 contract: within one step, effects appear in the order the decisions were taken; timer
 commands for the Programs touched by the step come last, in first-touch order.
+
+Effects are frozen attrs classes *without* ``__slots__``: a step builds about ten of them and
+the shell drops them right after, so construction speed matters and memory does not (attrs'
+frozen ``__init__`` writes a dict in one go, while a slotted one calls ``object.__setattr__``
+per field, about 1.5x slower).  They are still immutable, hashable and compared by value.
 """
 
 from __future__ import annotations
 
 from attrs import frozen
 
+_effect = frozen(slots=False)  # see the module docstring
+
 from actors.core.ids import ProgramRef, RequestId, TargetId
 
 
-@frozen
+@_effect
 class Admit:
     """Dispatch ``request_id`` to ``target_id`` (the FIFO front of an Active Program)."""
 
@@ -30,7 +37,7 @@ class Admit:
     estimated_context_tokens: int
 
 
-@frozen
+@_effect
 class Reject:
     """Refuse a waiting request (queue timeout -> 429, no targets -> 503)."""
 
@@ -40,7 +47,7 @@ class Reject:
     message: str
 
 
-@frozen
+@_effect
 class ArmTimer:
     """(Re)arm the ``kind`` timer of ``program`` at absolute ``deadline``; replaces any earlier one."""
 
@@ -50,27 +57,27 @@ class ArmTimer:
     token: int
 
 
-@frozen
+@_effect
 class CancelTimer:
     program: ProgramRef
     kind: str
 
 
-@frozen
+@_effect
 class SpawnProgram:
     """A new Program generation exists: start its actor."""
 
     program: ProgramRef
 
 
-@frozen
+@_effect
 class RetireProgram:
     """The generation was released: stop its actor (all its timers die with it)."""
 
     program: ProgramRef
 
 
-@frozen
+@_effect
 class Transition:
     """A committed lifecycle transition.
 
@@ -98,7 +105,7 @@ class Transition:
     released_private_tokens: float | None = None
 
 
-@frozen
+@_effect
 class AdmissionCapacitySnapshot:
     """Capacity facts at a committed admission (not in binding_only)."""
 
@@ -115,13 +122,13 @@ class AdmissionCapacitySnapshot:
     observation_age_seconds: float | None
 
 
-@frozen
+@_effect
 class QueueWaitObserved:
     target_id: TargetId
     seconds: float
 
 
-@frozen
+@_effect
 class RequestIntervalObserved:
     """Completion -> next arrival of the same Program (a continuity sample)."""
 
@@ -129,13 +136,13 @@ class RequestIntervalObserved:
     seconds: float
 
 
-@frozen
+@_effect
 class CacheMissImpactObserved:
     target_id: TargetId
     seconds: float
 
 
-@frozen
+@_effect
 class TtlArmed:
     program: ProgramRef
     target_id: TargetId
@@ -143,13 +150,13 @@ class TtlArmed:
     source: str  # "fitted" | "request_hint"
 
 
-@frozen
+@_effect
 class SharedPrefixObserved:
     target_id: TargetId
     tokens: int
 
 
-@frozen
+@_effect
 class CacheDiscontinuity:
     """unexpected_cache_discontinuity: cached tokens broke inside one placement."""
 
@@ -163,7 +170,7 @@ class CacheDiscontinuity:
     segment_served_rounds: int
 
 
-@frozen
+@_effect
 class CapacitySourceChanged:
     """capacity_observation_fallback (to a ledger source) / _recovered (back to backend)."""
 
@@ -174,7 +181,7 @@ class CapacitySourceChanged:
     freshness_threshold_seconds: float
 
 
-@frozen
+@_effect
 class StaleObservationDropped:
     target_id: TargetId
     epoch: int
@@ -182,7 +189,7 @@ class StaleObservationDropped:
     current_revision: int
 
 
-@frozen
+@_effect
 class CompletionIgnored:
     """A completion that the generation/epoch fence rejected (no stats, no ledger change)."""
 

@@ -75,35 +75,56 @@ def ttl_candidates(d_max: float) -> list[float]:
     return out
 
 
+_GRID_CACHE: dict[tuple[float, float], tuple[tuple[float, float], ...]] = {}
+_GRID_CACHE_LIMIT = 256  # distinct (d_min, d_max) grids kept; cleared when full (bounded memory)
+
+
+def _grid(d_min: float, d_max: float) -> tuple[tuple[float, float], ...]:
+    """The ``(d, ln d)`` candidate points of ``fit_ttl`` for one (d_min, d_max), memoised.
+
+    ``d_max`` is ``min(max_acting_ttl, C)``, so it repeats across completions; the cached
+    values are exactly the ones computed on a miss (deterministic, no behaviour change).
+    """
+    key = (d_min, d_max)
+    points = _GRID_CACHE.get(key)
+    if points is None:
+        lo, hi = math.log(d_min), math.log(d_max)
+        if d_max > d_min:
+            n = TTL_LOG_POINTS - 1
+            step = (hi - lo) / n
+            exp = math.exp
+            points = ((d_min, lo), *((exp(lo + step * k), lo + step * k) for k in range(1, n)), (d_max, hi))
+        else:
+            points = ((d_min, lo),)
+        if len(_GRID_CACHE) >= _GRID_CACHE_LIMIT:
+            _GRID_CACHE.clear()
+        _GRID_CACHE[key] = points
+    return points
+
+
 def fit_ttl(mu: float, sigma: float, c: float, max_acting_ttl_seconds: float) -> float:
     """The TTL maximising the utility over the candidate grid (see module docstring).
 
     Runs once per idle completion, so it is tuned: Phi comes from ``math.erfc`` (exact to double
     precision; the reference's A-S approximation differs by < 1.5e-7, which can only matter
     for two grid points whose utilities tie within ~1e-6 seconds), ``ln d`` of the log grid is
-    computed without ``log``, and the duplicated endpoints of the grid are evaluated once
-    (they would re-win their own tie with the same ``d``).
+    computed without ``log`` and memoised per (d_min, d_max) (``_grid``), and the duplicated
+    endpoints of the grid are evaluated once (they would re-win their own tie with the same ``d``).
     """
     d_max = min(max_acting_ttl_seconds, c)
     if d_max <= 0 or c <= 0:
         return 0.0
     d_min = min(TTL_MIN_CANDIDATE_SECONDS, d_max)
     m = math.exp(mu + sigma * sigma / 2.0)
-    erfc, exp = math.erfc, math.exp
+    erfc = math.erfc
     k_z = 1.0 / (sigma * _SQRT2)
     k_s = sigma / _SQRT2
-    lo, hi = math.log(d_min), math.log(d_max)
+    half_m = m * 0.5
     best_d, best_u = 0.0, 0.0  # candidate d = 0 has utility 0
-    if d_max > d_min:
-        n = TTL_LOG_POINTS - 1
-        step = (hi - lo) / n
-        points = [(d_min, lo)] + [(exp(lo + step * k), lo + step * k) for k in range(1, n)] + [(d_max, hi)]
-    else:
-        points = [(d_min, lo)]
-    for d, ln_d in points:
+    for d, ln_d in _grid(d_min, d_max):
         x = (ln_d - mu) * k_z  # z / sqrt(2)
         phi = 0.5 * erfc(-x)
-        v = c * phi - m * 0.5 * erfc(k_s - x) - d * (1.0 - phi)
+        v = c * phi - half_m * erfc(k_s - x) - d * (1.0 - phi)
         if v >= best_u:
             best_d, best_u = d, v
     return best_d
