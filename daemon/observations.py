@@ -21,12 +21,18 @@ An engine with none of the first three families produces no observation at all: 
 fabricated.  When several series map to the same engine (for example one per ``model_name``),
 the last one wins, as in the reference.
 
-Parsing uses ``prometheus_client.parser``; malformed text raises :class:`ObservationParseError`.
+Parsing uses ``prometheus_client.parser`` on the lines of these four families only: a real
+vLLM scrape carries hundreds of histogram samples that Program scheduling never reads, and
+parsing them every interval for every worker dominated the cost of observing the backend.  The
+line filter keeps ``# TYPE``/``# HELP`` lines of the four families and their samples, so the
+parser sees a well-formed (smaller) exposition.  Malformed text raises
+:class:`ObservationParseError`.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 from attrs import frozen
 from prometheus_client.parser import text_string_to_metric_families
@@ -67,6 +73,33 @@ def _count(value: float) -> int | None:
     return max(0, int(value))
 
 
+_WANTED = (KV_CACHE_USAGE, RUNNING, WAITING, CACHE_CONFIG_INFO)
+_WANTED_COMMENTS = tuple(f"# {kind} {name}" for kind in ("HELP", "TYPE") for name in _WANTED)
+
+
+_SAMPLE_LINE = re.compile(
+    r"^[A-Za-z_:][A-Za-z0-9_:]*(\{.*\})?\s+[-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|NaN|Inf)(?:\s+-?[0-9]+)?\s*$"
+)
+
+
+def _wanted_lines(text: str) -> str:
+    """The exposition restricted to the four families read here (samples and their metadata).
+
+    The first sample line must look like Prometheus text, so that a body that is not an
+    exposition at all (an HTML error page, say) is still reported as a parse error."""
+    keep = []
+    checked = False
+    for line in text.splitlines():
+        if line.startswith(_WANTED) or line.startswith(_WANTED_COMMENTS):
+            keep.append(line)
+        elif not checked and line and not line.startswith("#"):
+            if _SAMPLE_LINE.match(line) is None:
+                raise ObservationParseError(f"invalid Prometheus text: unexpected line {line[:80]!r}")
+            checked = True
+    keep.append("")
+    return "\n".join(keep)
+
+
 def parse_vllm_metrics(text: str) -> dict[int, EngineSample]:
     """Per-engine samples of one scrape, keyed by engine index (= DP rank)."""
     kv: dict[int, float] = {}
@@ -75,7 +108,7 @@ def parse_vllm_metrics(text: str) -> dict[int, EngineSample]:
     capacity: dict[int, int] = {}
     shared_capacity: int | None = None  # a cache_config_info without engine label serves all
     try:
-        families = list(text_string_to_metric_families(text))
+        families = list(text_string_to_metric_families(_wanted_lines(text)))
     except (ValueError, TypeError, IndexError) as exc:
         raise ObservationParseError(f"invalid Prometheus text: {exc}") from exc
     for family in families:
