@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from itertools import repeat
+from operator import mul, neg, sub
 from typing import Any
 
 from attrs import define
@@ -75,31 +77,33 @@ def ttl_candidates(d_max: float) -> list[float]:
     return out
 
 
-_GRID_CACHE: dict[tuple[float, float], tuple[tuple[float, float], ...]] = {}
+_GRID_CACHE: dict[tuple[float, float], tuple[tuple[float, ...], tuple[float, ...]]] = {}
 _GRID_CACHE_LIMIT = 256  # distinct (d_min, d_max) grids kept; cleared when full (bounded memory)
 
 
-def _grid(d_min: float, d_max: float) -> tuple[tuple[float, float], ...]:
-    """The ``(d, ln d)`` candidate points of ``fit_ttl`` for one (d_min, d_max), memoised.
+def _grid(d_min: float, d_max: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The candidate points ``(d...), (ln d...)`` of ``fit_ttl`` for one (d_min, d_max), memoised.
 
     ``d_max`` is ``min(max_acting_ttl, C)``, so it repeats across completions; the cached
     values are exactly the ones computed on a miss (deterministic, no behaviour change).
+    The log grid's ``ln d`` is computed without ``log``; the duplicated endpoints of the
+    grid are listed once (they would re-win their own tie with the same ``d``).
     """
     key = (d_min, d_max)
-    points = _GRID_CACHE.get(key)
-    if points is None:
+    grid = _GRID_CACHE.get(key)
+    if grid is None:
         lo, hi = math.log(d_min), math.log(d_max)
         if d_max > d_min:
             n = TTL_LOG_POINTS - 1
             step = (hi - lo) / n
-            exp = math.exp
-            points = ((d_min, lo), *((exp(lo + step * k), lo + step * k) for k in range(1, n)), (d_max, hi))
+            lns = (lo, *(lo + step * k for k in range(1, n)), hi)
+            ds = (d_min, *(math.exp(x) for x in lns[1:-1]), d_max)
         else:
-            points = ((d_min, lo),)
+            ds, lns = (d_min,), (lo,)
         if len(_GRID_CACHE) >= _GRID_CACHE_LIMIT:
             _GRID_CACHE.clear()
-        _GRID_CACHE[key] = points
-    return points
+        grid = _GRID_CACHE[key] = (ds, lns)
+    return grid
 
 
 def fit_ttl(mu: float, sigma: float, c: float, max_acting_ttl_seconds: float) -> float:
@@ -107,24 +111,45 @@ def fit_ttl(mu: float, sigma: float, c: float, max_acting_ttl_seconds: float) ->
 
     Runs once per idle completion, so it is tuned: Phi comes from ``math.erfc`` (exact to double
     precision; the reference's A-S approximation differs by < 1.5e-7, which can only matter
-    for two grid points whose utilities tie within ~1e-6 seconds), ``ln d`` of the log grid is
-    computed without ``log`` and memoised per (d_min, d_max) (``_grid``), and the duplicated
-    endpoints of the grid are evaluated once (they would re-win their own tie with the same ``d``).
+    for two grid points whose utilities tie within ~1e-6 seconds), the grid is memoised
+    (``_grid``), and the utilities of all points are computed by ``map`` over ``operator``
+    functions: the same IEEE operations in the same order as :func:`_fit_ttl_scalar`, without
+    a bytecode loop.  The argmax keeps the scalar loop's rule (start at d = 0 with U = 0, a
+    later point wins a tie); if any utility is not finite the scalar loop decides instead.
     """
     d_max = min(max_acting_ttl_seconds, c)
     if d_max <= 0 or c <= 0:
         return 0.0
     d_min = min(TTL_MIN_CANDIDATE_SECONDS, d_max)
+    ds, lns = _grid(d_min, d_max)
     m = math.exp(mu + sigma * sigma / 2.0)
     erfc = math.erfc
     k_z = 1.0 / (sigma * _SQRT2)
     k_s = sigma / _SQRT2
     half_m = m * 0.5
+    xs = list(map(mul, map(sub, lns, repeat(mu)), repeat(k_z)))  # (ln d - mu) * k_z = z / sqrt(2)
+    phis = list(map(mul, repeat(0.5), map(erfc, map(neg, xs))))  # 0.5 * erfc(-x)
+    tails = map(mul, repeat(half_m), map(erfc, map(sub, repeat(k_s), xs)))  # half_m * erfc(k_s - x)
+    losses = map(mul, ds, map(sub, repeat(1.0), phis))  # d * (1 - phi)
+    values = list(map(sub, map(sub, map(mul, repeat(c), phis), tails), losses))
+    if not math.isfinite(sum(values)):
+        return _fit_ttl_scalar(ds, lns, mu, c, m, k_z, k_s)
+    best = max(values)
+    if best < 0.0:
+        return 0.0  # d = 0 (utility 0) beats every point
+    return ds[len(values) - 1 - values[::-1].index(best)]  # the last point reaching the max
+
+
+def _fit_ttl_scalar(
+    ds: tuple[float, ...], lns: tuple[float, ...], mu: float, c: float, m: float, k_z: float, k_s: float,
+) -> float:
+    """The plain argmax loop of ``fit_ttl`` (also its fallback when a utility is not finite)."""
+    erfc = math.erfc
     best_d, best_u = 0.0, 0.0  # candidate d = 0 has utility 0
-    for d, ln_d in _grid(d_min, d_max):
+    for d, ln_d in zip(ds, lns, strict=True):
         x = (ln_d - mu) * k_z  # z / sqrt(2)
         phi = 0.5 * erfc(-x)
-        v = c * phi - half_m * erfc(k_s - x) - d * (1.0 - phi)
+        v = c * phi - m * 0.5 * erfc(k_s - x) - d * (1.0 - phi)
         if v >= best_u:
             best_d, best_u = d, v
     return best_d
