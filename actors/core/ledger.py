@@ -121,7 +121,7 @@ def apply_observation(
     rank.observed_at = observed_at
 
 
-@frozen
+@frozen(slots=False)  # transient, built per admission check: cheaper dict-backed init
 class Plan:
     used_tokens: float
     required_tokens: float

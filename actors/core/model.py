@@ -245,9 +245,11 @@ class DeadlineHeap:
         self._seq += 1
         heapq.heappush(self._heap, (deadline, self._seq, key))
 
-    def pop_due(self, now: float) -> list[tuple[float, Any]]:
-        out: list[tuple[float, Any]] = []
+    def pop_due(self, now: float) -> list[tuple[float, Any]] | tuple[()]:
         heap = self._heap
+        if not heap or heap[0][0] > now:
+            return ()  # the common case: nothing due (no list allocated)
+        out: list[tuple[float, Any]] = []
         while heap and heap[0][0] <= now:
             deadline, _, key = heapq.heappop(heap)
             out.append((deadline, key))

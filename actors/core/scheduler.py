@@ -72,7 +72,7 @@ class SchedulerState:
         self.touched: dict[ProgramRef, Program] = {}
 
 
-@frozen
+@frozen(slots=False)  # built once per event: a dict-backed frozen init is cheaper (see effects)
 class Step:
     state: SchedulerState
     effects: tuple[Effect, ...]
@@ -148,20 +148,24 @@ def wanted_timers(s: SchedulerState, p: Program) -> dict[str, float]:
 
 
 def _sync_timers(s: SchedulerState) -> None:
+    programs, effects = s.programs, s.effects
     for ref, p in s.touched.items():
-        live = s.programs.get(ref[:2])
-        if live is not p:
+        if programs.get(ref[:2]) is not p:
             continue
         want = wanted_timers(s, p)
-        have = p.timers or {}
-        for kind, (deadline, _token) in list(have.items()):
-            if kind not in want:
+        have = p.timers
+        if have is None:
+            if not want:
+                continue  # nothing armed, nothing wanted
+            have = {}
+        else:
+            for kind in [k for k in have if k not in want]:  # armed order
                 del have[kind]
-                s.effects.append(CancelTimer(ref, kind))
+                effects.append(CancelTimer(ref, kind))
         for kind, deadline in want.items():
             cur = have.get(kind)
             if cur is None or cur[0] != deadline:
                 token = s.timer_tokens.next()
                 have[kind] = (deadline, token)
-                s.effects.append(ArmTimer(ref, kind, deadline, token))
+                effects.append(ArmTimer(ref, kind, deadline, token))
         p.timers = have or None

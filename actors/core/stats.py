@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from itertools import repeat
-from operator import mul, neg, sub
+from operator import add, mul, neg, sub
 from typing import Any
 
 from attrs import define
@@ -215,9 +215,9 @@ class ProgressTtlFactors:
         if len(self.requests) >= self.limit:
             self.requests.popleft()
             old = self._contribs.popleft()
-            self._rsum = [a + b - c for a, b, c in zip(rsum, new, old, strict=True)]
+            self._rsum = list(map(sub, map(add, rsum, new), old))  # (sum + new) - old, per column
         else:
-            self._rsum = [a + b for a, b in zip(rsum, new, strict=True)]
+            self._rsum = list(map(add, rsum, new))
         self.requests.append(sample)
         self._contribs.append(new)
         self._pushes += 1
