@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 import trio.testing
+from trio._core import _run as trio_core_run
 
 from actors.sim.engine import Engine, EngineConfig, EngineOutput, Request
 from actors.sim.stats import CostModel
@@ -161,6 +162,8 @@ class SimCluster:
 
     async def run(self, *, task_status: trio.TaskStatus[SimCluster] = trio.TASK_STATUS_IGNORED) -> None:
         per_step = self.config.per_step_wakeups
+        # virtual time without streaming: engine events that deliver nothing run without a wake-up
+        skip_quiet = self.config.deterministic and not per_step
         engines = self.engines
         with self._inbox_receive:
             self.started = True
@@ -188,6 +191,48 @@ class SimCluster:
                     t = engine.next_event_time(per_step=per_step)
                     if t is not None and t <= now:
                         self._dispatch(engine, engine.advance_to(now))
+                if skip_quiet:
+                    await self._run_quiet_events(now)
+
+    async def _run_quiet_events(self, now: float) -> None:
+        """Apply engine events that deliver nothing (virtual time, final outputs only) without a wake.
+
+        An event at ``t`` may be applied early, while the Trio clock still reads ``now``, when no
+        input can reach the engines before ``t``: no task is runnable, the inbox is empty, nobody
+        waits in ``wait_all_tasks_blocked`` and every other deadline is later than ``t``.  Under the
+        mock clock's autojump the next wake-up would then be exactly ``t`` with nothing in between,
+        so the engines see the same inputs at the same times.  When an event does produce something
+        to deliver the task sleeps until ``t`` first, so consumers observe the same clock.
+        """
+        engines = self.engines
+        while True:
+            times = [engine.next_event_time() for engine in engines]
+            t = min([x for x in times if x is not None], default=math.inf)
+            if t == math.inf or not self._quiet_until(now, t):
+                return
+            produced = [(e, e.advance_to(t)) for e, x in zip(engines, times) if x is not None and x <= t]
+            if any(self._deliverable(outs) for _, outs in produced):
+                await trio.sleep_until(t)
+                for engine, outs in produced:
+                    self._dispatch(engine, outs)
+                return
+
+    def _quiet_until(self, now: float, t: float) -> bool:
+        stats = trio.lowlevel.current_statistics()
+        if stats.tasks_runnable or self._inbox_receive.statistics().current_buffer_used:
+            return False
+        if _idle_waiters():
+            return False
+        # a margin so that rounding in ``now + delta`` never hides a deadline at ``t`` itself
+        return now + stats.seconds_to_next_deadline > t + 1e-9 * max(1.0, abs(t))
+
+    def _deliverable(self, outputs: list[EngineOutput]) -> bool:
+        streams = self._streams
+        final_only = self._final_only
+        for out in outputs:
+            if out.request_id in streams and (out.finish_reason is not None or out.request_id not in final_only):
+                return True
+        return False
 
     def _take(self, batch: list[Submission | Abort], now: float) -> None:
         # aborts first: they can only name requests submitted before this batch (a consumer that
@@ -243,6 +288,15 @@ class SimCluster:
                 final_only.discard(out.request_id)
         for request_id in gone:  # the consumer went away: abort like vLLM on disconnect
             self._abort(request_id, trio.current_time())
+
+
+def _idle_waiters() -> bool:
+    """Whether a task waits in ``wait_all_tasks_blocked`` (it would run before the clock jumps).
+
+    Trio has no public accessor; if its internals change, answer True (never skip a wake-up)."""
+    runner = getattr(getattr(trio_core_run, "GLOBAL_RUN_CONTEXT", None), "runner", None)
+    waiting = getattr(runner, "waiting_for_idle", None)
+    return waiting is None or bool(waiting)
 
 
 def _order_key(sub: Submission) -> tuple[Any, ...]:

@@ -76,7 +76,7 @@ class BlockPool:
         self.block_hash: list[int | None] = [None] * num_gpu_blocks
         self.cached: dict[int, int] = {}  # hash -> oldest block carrying it
         self.dups: dict[int, list[int]] = {}  # hash -> younger blocks carrying it (rare)
-        self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_gpu_blocks))
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_gpu_blocks))
         self.evictions = 0
 
     @property
