@@ -33,13 +33,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from hypothesis import event as label
 from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from actors.core import invariants
-from actors.core.effects import Admit, ArmTimer, CancelTimer, CompletionIgnored, Reject, RetireProgram, SpawnProgram, Transition
+from actors.core.effects import (
+    Admit, ArmTimer, CancelTimer, CompletionIgnored, Reject, RetireProgram, SpawnProgram, StaleObservationDropped,
+    Transition,
+)
 from actors.core.events import (
     ObservationReceived, ObservationStale, ObservationStarted, RepairTick, RequestAbandoned, RequestCompleted,
     RequestSubmitted, TargetsChanged, TimerFired,
@@ -57,6 +62,24 @@ from property_tests.strategies import (
 ADMISSIONS = ("program_admit", "force_resume", "batch_gain_admit")
 EPS = 1e-6
 POOL = "default"
+
+
+def _brief(x: object) -> str:
+    """A short rendering of an event or effect for failure reports."""
+    fields = getattr(type(x), "__attrs_attrs__", ())
+    parts = []
+    for f in fields:
+        v = getattr(x, f.name)
+        if f.name == "identity":
+            v = v.program_id
+        elif f.name == "targets":
+            v = [t.target_id for t in v] if v is not None else None
+        elif hasattr(v, "program_id") and hasattr(v, "generation"):
+            v = f"{v.program_id}#{v.generation}"
+        if v is None or v is False or f.default is not attrs.NOTHING and v == f.default:
+            continue
+        parts.append(f"{f.name}={v}")
+    return f"{type(x).__name__}({', '.join(parts)})"
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -113,7 +136,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         effects = step(self.state, event, now=self.now, cfg=self.cfg).effects
         self.log.append((event, self.now))
         self.effect_log.append(effects)
-        note(f"t={self.now}: {event!r} -> {len(effects)} effects")
+        note(f"t={self.now}: {_brief(event)} -> {[_brief(e) for e in effects if not isinstance(e, (ArmTimer, CancelTimer))]}")
         self._absorb(event, effects)
         self._check_step(event, effects, pre_waiters, pre_last_target, pre_queued_at, pre_pause_reason)
         return effects
@@ -215,7 +238,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         for p in s.programs.values():
             if p.state == ACTIVE:
                 assert p.last_pause_reason is None, f"I30 active {p.ref} kept pause reason {p.last_pause_reason}"
-        self._check_order(event, admitted, cross, pre)
+        self._check_order(event, effects, admitted, cross, pre)
 
     def _record_admission(self, e: Transition, rank: Any) -> None:
         ledger_mode = capacity_accounting_source(rank, self.now, self.tick) != BACKEND_OBSERVATION
@@ -224,10 +247,15 @@ class SchedulerMachine(RuleBasedStateMachine):
             "ledger_mode": ledger_mode,
         }
 
-    def _check_order(self, event: object, admitted: list[Transition], cross: set[Any], pre: dict[Any, Waiter]) -> None:
+    def _check_order(
+        self, event: object, effects: tuple[object, ...], admitted: list[Transition], cross: set[Any],
+        pre: dict[Any, Waiter],
+    ) -> None:
         s, cfg = self.state, self.cfg
         schedules = isinstance(event, (RequestSubmitted, RequestCompleted, RequestAbandoned, TimerFired, RepairTick,
                                        ObservationReceived, TargetsChanged))
+        # a fenced (stale) completion returns before any decision; so does a late observation
+        schedules = schedules and not any(isinstance(e, (CompletionIgnored, StaleObservationDropped)) for e in effects)
         if not schedules:
             assert not admitted, f"{type(event).__name__} must not admit: {admitted}"
             return
@@ -239,12 +267,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         batch_gain = any(e.batch_gain for e in admitted)
         local = [e for e in admitted if e.program in views and e.program not in cross]
         if not batch_gain:
-            seq = [views[e.program] for e in local]
-            if cfg.global_queue:
+            if cfg.global_queue:  # phase A walks the whole pool in one order
+                seq = [views[e.program] for e in local]
                 assert seq == naive_order(seq, self.now, cfg.resume_order), "phase A admissions out of order"
-            else:
-                for target in sorted({w.rank for w in seq}):
-                    on_rank = [w for w in seq if w.rank == target]
+            else:  # each rank queue is walked in its own order (a target change may rebind waiters)
+                for target in sorted({e.target_id for e in local}):
+                    on_rank = [views[e.program] for e in local if e.target_id == target]
                     assert on_rank == naive_order(on_rank, self.now, cfg.resume_order), f"{target}: out of order"
         admitted_refs = {e.program for e in admitted}
         for ref, w in views.items():
