@@ -247,16 +247,21 @@ class _Replayer:
                         text = (await resp.aread()).decode("utf-8", "replace")
                         error = f"http_{status}: {text[:200]}"
                     else:
+                        done = False
+                        # Read to the end of the body (like an SDK client): closing the stream right
+                        # after [DONE] would look like a client disconnect to the server.
                         async for line in resp.aiter_lines():
-                            if not line.startswith("data:"):
+                            if done or not line.startswith("data:"):
                                 continue
                             data = line[5:].strip()
                             if data == "[DONE]":
-                                break
+                                done = True
+                                continue
                             chunk = json.loads(data)
                             if "error" in chunk:
                                 error = f"stream_error: {str(chunk['error'])[:200]}"
-                                break
+                                done = True
+                                continue
                             if chunk.get("usage"):
                                 usage = chunk["usage"]
                             for choice in chunk.get("choices") or []:

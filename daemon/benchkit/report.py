@@ -16,11 +16,11 @@ are interpolated linearly inside Prometheus buckets.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.replay import ReplayResult
 from daemon.trace.stats import percentile
@@ -36,31 +36,61 @@ ROUTER_TRANSITIONS = "vllm_router_agent_aware_transitions_total"
 ROUTER_QUEUE = "vllm_router_agent_aware_queue_wait_seconds"
 
 
+_SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+
 def parse_metrics(text: str) -> Snapshot:
+    """Samples of a Prometheus text exposition: ``{sample name: {sorted labels: value}}``.
+
+    A small line parser (comments skipped, label escapes undone) rather than a full exposition
+    parser: it only needs sample lines, is fast on large scrapes, and a line it cannot read
+    raises ``ValueError`` naming the line.
+    """
     out: Snapshot = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = tuple(sorted(sample.labels.items()))
-            out.setdefault(sample.name, {})[labels] = float(sample.value)
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE_RE.match(line)
+        if m is None:
+            raise ValueError(f"metrics line {lineno}: not a sample: {line[:120]!r}")
+        name, raw_labels, raw_value = m.groups()
+        try:
+            value = float(raw_value)
+        except ValueError:
+            raise ValueError(f"metrics line {lineno}: bad value {raw_value!r}") from None
+        labels = tuple(sorted(
+            (k, v.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\"))
+            for k, v in _LABEL_RE.findall(raw_labels or "")
+        ))
+        out.setdefault(name, {})[labels] = value
     return out
 
 
-async def scrape(client: httpx.AsyncClient, url: str) -> Snapshot | None:
-    """One ``/metrics`` scrape; ``None`` when the endpoint is missing or unreadable."""
+async def scrape(client: httpx.AsyncClient, url: str, errors: list[str] | None = None) -> Snapshot | None:
+    """One ``/metrics`` scrape; ``None`` (reason appended to ``errors``) when it cannot be read."""
+    reason: str
     try:
-        resp = await client.get(url, timeout=10.0)
-    except httpx.HTTPError:
-        return None
-    if resp.status_code != 200:
-        return None
-    try:
-        return parse_metrics(resp.text)
-    except ValueError:
-        return None
+        resp = await client.get(url, timeout=30.0)
+    except httpx.HTTPError as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+    else:
+        if resp.status_code != 200:
+            reason = f"HTTP {resp.status_code}"
+        else:
+            try:
+                return parse_metrics(resp.text)
+            except ValueError as exc:
+                reason = str(exc)
+    if errors is not None:
+        errors.append(f"{url}: {reason}")
+    return None
 
 
-async def scrape_all(client: httpx.AsyncClient, urls: Sequence[str]) -> list[Snapshot | None]:
-    return [await scrape(client, url) for url in urls]
+async def scrape_all(client: httpx.AsyncClient, urls: Sequence[str], errors: list[str] | None = None
+                     ) -> list[Snapshot | None]:
+    return [await scrape(client, url, errors) for url in urls]
 
 
 def _sum(snap: Snapshot | None, name: str, where: Mapping[str, str] | None = None) -> float | None:
@@ -206,6 +236,7 @@ def build_report(
     router_after: Sequence[Snapshot | None] = (),
     trace_info: Mapping[str, Any] | None = None,
     system: str | None = None,
+    metrics_errors: Sequence[str] = (),
 ) -> dict[str, Any]:
     s = time_scale
     reqs = sorted(result.requests, key=lambda r: (r.session_id, r.turn))
@@ -268,5 +299,6 @@ def build_report(
             "transitions": transitions,
         },
         "samples": {"jct_seconds": sorted(jct)},
+        "metrics_errors": list(metrics_errors),
     }
     return report

@@ -65,16 +65,17 @@ def trace_info(trace: Trace, path: str) -> dict[str, Any]:
 async def replay_with_metrics(trace: Trace, client: httpx.AsyncClient, target: str, opts: ReplayOptions, *,
                               worker_metrics: list[str], router_metrics: list[str], info: dict[str, Any],
                               system: str | None, progress: ProgressLine | None) -> dict[str, Any]:
-    wb = await scrape_all(client, worker_metrics)
-    rb = await scrape_all(client, router_metrics)
+    errors: list[str] = []
+    wb = await scrape_all(client, worker_metrics, errors)
+    rb = await scrape_all(client, router_metrics, errors)
     result = await run_replay(trace, client, target, opts, progress=progress.update if progress else None)
     if progress is not None:
         progress.close()
-    wa = await scrape_all(client, worker_metrics)
-    ra = await scrape_all(client, router_metrics)
+    wa = await scrape_all(client, worker_metrics, errors)
+    ra = await scrape_all(client, router_metrics, errors)
     info = dict(info, concurrency=opts.concurrency or info.get("concurrency"))
     return build_report(result, time_scale=opts.time_scale, worker_before=wb, worker_after=wa, router_before=rb,
-                        router_after=ra, trace_info=info, system=system)
+                        router_after=ra, trace_info=info, system=system, metrics_errors=errors)
 
 
 def run(args: argparse.Namespace) -> int:

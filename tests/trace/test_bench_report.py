@@ -94,3 +94,13 @@ def test_queue_wait_from_the_reference_routers_summary() -> None:
     assert out["p50"] == (3 * 0.1 + 1 * 0.5) / 4
     assert out["p90"] == (3 * 0.4 + 1 * 0.8) / 4
     assert out["p99"] is None
+
+
+def test_parse_metrics_reads_samples_and_names_a_bad_line() -> None:
+    from daemon.benchkit.report import parse_metrics
+
+    snap = parse_metrics('# TYPE a counter\na_total{engine="0",m="x\\"y"} 12\nb NaN\nc_bucket{le="+Inf"} 3 1700\n')
+    assert snap["a_total"] == {(("engine", "0"), ("m", 'x"y')): 12.0}
+    assert snap["c_bucket"] == {(("le", "+Inf"),): 3.0}
+    with pytest.raises(ValueError, match="metrics line 2: bad value 'twelve'"):
+        parse_metrics("a 1\nb twelve\n")
