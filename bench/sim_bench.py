@@ -98,9 +98,13 @@ class _Session:
         rid = f"s{self.sid}-g{self.generation}-t{self.turn}"
         return Request(rid, list(self.tokens), self.output, prompt_block_hashes=self.hashes[:n_full])
 
-    def finished(self) -> float:
+    def finished(self, req: Request) -> float:
         """Record the finished turn; returns the tool gap before the next request."""
         self.tokens.extend(self.output)
+        # the engine extended the request's hash chain over the full blocks it computed (prompt
+        # and output): reuse it instead of hashing the output again next turn
+        if len(req.block_hashes) > len(self.hashes):
+            self.hashes = req.block_hashes
         self.turn += 1
         return _tool_gap(self.rng)
 
@@ -114,7 +118,7 @@ async def _session_loop(cluster: SimCluster, session: _Session, end: float, tota
             async for out in outs:
                 if out.finish_reason is not None:
                     _count(totals, req)
-        await trio.sleep(session.finished())
+        await trio.sleep(session.finished(req))
 
 
 def _count(totals: dict[str, int], req: Request) -> None:
@@ -151,7 +155,7 @@ def _run_direct(engines: list[Engine], sessions: list[_Session], end: float, tot
             if out.finish_reason is not None:
                 session, req = owner.pop(out.request_id)
                 _count(totals, req)
-                t_next = out.time + session.finished()
+                t_next = out.time + session.finished(req)
                 if t_next < end:
                     heapq.heappush(wake, (t_next, session.sid))
 

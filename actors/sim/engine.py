@@ -483,9 +483,7 @@ class Engine:
                 u += bs
         if events:
             events.sort()
-            allocate = self.pool.allocate
-            for _, idx in events:
-                allocate(1, live[idx].blocks)
+            self.pool.allocate_each([live[idx].blocks for _, idx in events])
         for req in live:
             req.num_computed += m
             self._cache_full_blocks(req, req.num_computed)

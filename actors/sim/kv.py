@@ -124,6 +124,18 @@ class BlockPool:
             ref[b] = 1
             out.append(b)
 
+    def allocate_each(self, outs: list[list[int]]) -> None:
+        """Pop one block from the free-queue head into each list of ``outs``, in order."""
+        popitem = self.free_queue.popitem
+        ref = self.ref_cnt
+        block_hash = self.block_hash
+        for out in outs:
+            b = popitem(last=False)[0]
+            if block_hash[b] is not None:
+                self._evict(b)
+            ref[b] = 1
+            out.append(b)
+
     def _evict(self, b: int) -> None:
         h = self.block_hash[b]
         assert h is not None
