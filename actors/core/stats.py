@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from itertools import repeat
-from operator import add, mul, neg, sub
+from operator import add, sub
 from typing import Any
 
 from attrs import define
@@ -111,11 +110,9 @@ def fit_ttl(mu: float, sigma: float, c: float, max_acting_ttl_seconds: float) ->
 
     Runs once per idle completion, so it is tuned: Phi comes from ``math.erfc`` (exact to double
     precision; the reference's A-S approximation differs by < 1.5e-7, which can only matter
-    for two grid points whose utilities tie within ~1e-6 seconds), the grid is memoised
-    (``_grid``), and the utilities of all points are computed by ``map`` over ``operator``
-    functions: the same IEEE operations in the same order as :func:`_fit_ttl_scalar`, without
-    a bytecode loop.  The argmax keeps the scalar loop's rule (start at d = 0 with U = 0, a
-    later point wins a tie); if any utility is not finite the scalar loop decides instead.
+    for two grid points whose utilities tie within ~1e-6 seconds) and the grid is memoised
+    (``_grid``).  A plain loop over floats beats ``map`` chains of ``operator`` functions here
+    (CPython 3.11 specialises float arithmetic in the loop; measured 19 vs 38 us).
     """
     d_max = min(max_acting_ttl_seconds, c)
     if d_max <= 0 or c <= 0:
@@ -126,30 +123,12 @@ def fit_ttl(mu: float, sigma: float, c: float, max_acting_ttl_seconds: float) ->
     erfc = math.erfc
     k_z = 1.0 / (sigma * _SQRT2)
     k_s = sigma / _SQRT2
-    half_m = m * 0.5
-    xs = list(map(mul, map(sub, lns, repeat(mu)), repeat(k_z)))  # (ln d - mu) * k_z = z / sqrt(2)
-    phis = list(map(mul, repeat(0.5), map(erfc, map(neg, xs))))  # 0.5 * erfc(-x)
-    tails = map(mul, repeat(half_m), map(erfc, map(sub, repeat(k_s), xs)))  # half_m * erfc(k_s - x)
-    losses = map(mul, ds, map(sub, repeat(1.0), phis))  # d * (1 - phi)
-    values = list(map(sub, map(sub, map(mul, repeat(c), phis), tails), losses))
-    if not math.isfinite(sum(values)):
-        return _fit_ttl_scalar(ds, lns, mu, c, m, k_z, k_s)
-    best = max(values)
-    if best < 0.0:
-        return 0.0  # d = 0 (utility 0) beats every point
-    return ds[len(values) - 1 - values[::-1].index(best)]  # the last point reaching the max
-
-
-def _fit_ttl_scalar(
-    ds: tuple[float, ...], lns: tuple[float, ...], mu: float, c: float, m: float, k_z: float, k_s: float,
-) -> float:
-    """The plain argmax loop of ``fit_ttl`` (also its fallback when a utility is not finite)."""
-    erfc = math.erfc
+    half_m = m * 0.5  # m * 0.5 * erfc(.) evaluates (m * 0.5) first: same value
     best_d, best_u = 0.0, 0.0  # candidate d = 0 has utility 0
-    for d, ln_d in zip(ds, lns, strict=True):
+    for d, ln_d in zip(ds, lns):
         x = (ln_d - mu) * k_z  # z / sqrt(2)
         phi = 0.5 * erfc(-x)
-        v = c * phi - m * 0.5 * erfc(k_s - x) - d * (1.0 - phi)
+        v = c * phi - half_m * erfc(k_s - x) - d * (1.0 - phi)
         if v >= best_u:
             best_d, best_u = d, v
     return best_d
