@@ -13,7 +13,7 @@ Replay semantics encoded by the fields:
 - A session's turn ``t > 0`` is sent ``pre_gap_ms`` after turn ``t-1`` completed (the tool or human
   gap). Its prompt is the conversation so far plus ``input_delta`` new tokens (role ``role``).
 - Turn 0 of a root session arrives at ``timestamp`` (open-loop traces) or when a closed-loop slot
-  frees up, plus ``pre_gap_ms``.
+  frees up (its ``pre_gap_ms`` is not used).
 - Turn 0 of a child session (subagent) starts ``pre_gap_ms`` after turn ``parent_turn`` of
   ``parent_session_id`` completed. When ``blocks_parent`` is true the parent's turn
   ``parent_turn + 1`` additionally waits for the child's last turn to complete.
