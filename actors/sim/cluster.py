@@ -13,6 +13,13 @@ waits until every task is blocked (``trio.testing.wait_all_tasks_blocked``) befo
 and processes it sorted by each submission's ``order_key``; routing and engine order then depend
 only on the requests, never on task wake order.
 
+Quiet events: in virtual time with ``per_step_wakeups=False`` most engine events (a request
+becoming schedulable, the end of a prefill step, a decode run cut short) deliver nothing to a
+consumer that only wants final outputs.  After each wake-up the cluster applies such events at
+once, without sleeping, as long as nothing can reach the engines before them (no runnable task,
+empty inbox, no ``wait_all_tasks_blocked`` waiter, every other deadline later); it sleeps only
+until the first event with something to deliver.  Inputs and deliveries keep their exact times.
+
 Routing (spec §3.9): a pinned rank must satisfy ``0 <= rank < dp_size`` (checked in ``submit``,
 ``ValueError`` otherwise); unpinned requests go to the engine with the lowest
 ``waiting * 4 + running`` (the lowest rank on ties; vLLM rotates its scan start per client).
