@@ -228,11 +228,8 @@ class Engine:
         if full <= req.num_cached_blocks:
             return
         self._ensure_hashes(req, full)
-        hashes = req.block_hashes
-        blocks = req.blocks
-        cache_block = self.pool.cache_block
-        for i in range(req.num_cached_blocks, full):
-            cache_block(blocks[i], hashes[i])
+        start = req.num_cached_blocks
+        self.pool.cache_blocks(req.blocks[start:full], req.block_hashes[start:full])
         req.num_cached_blocks = full
 
     def _allocate(self, req: Request, num_new: int, hits: Sequence[int] = ()) -> bool:

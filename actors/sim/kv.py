@@ -114,25 +114,25 @@ class BlockPool:
 
     def allocate(self, n: int, out: list[int]) -> None:
         """Pop ``n`` blocks from the free-queue head into ``out`` (caller checked ``num_free``)."""
-        popitem = self.free_queue.popitem
-        ref = self.ref_cnt
-        block_hash = self.block_hash
-        for _ in range(n):
-            b = popitem(last=False)[0]
-            if block_hash[b] is not None:
-                self._evict(b)
-            ref[b] = 1
-            out.append(b)
+        self.allocate_each([out] * n)
 
     def allocate_each(self, outs: list[list[int]]) -> None:
         """Pop one block from the free-queue head into each list of ``outs``, in order."""
         popitem = self.free_queue.popitem
         ref = self.ref_cnt
         block_hash = self.block_hash
+        cached = self.cached
+        dups = self.dups
         for out in outs:
             b = popitem(last=False)[0]
-            if block_hash[b] is not None:
-                self._evict(b)
+            h = block_hash[b]
+            if h is not None:
+                if not dups and cached[h] == b:  # the common eviction, inlined
+                    block_hash[b] = None
+                    del cached[h]
+                    self.evictions += 1
+                else:
+                    self._evict(b)
             ref[b] = 1
             out.append(b)
 
@@ -151,6 +151,19 @@ class BlockPool:
             younger.remove(b)
         if younger is not None and not younger:
             del self.dups[h]
+
+    def cache_blocks(self, blocks: Sequence[int], hashes: Sequence[int]) -> None:
+        """``cache_block`` for each pair, in order (one call per request and step)."""
+        block_hash = self.block_hash
+        cached = self.cached
+        for b, h in zip(blocks, hashes):
+            if block_hash[b] is not None:
+                continue
+            block_hash[b] = h
+            if h in cached:
+                self.dups.setdefault(h, []).append(b)
+            else:
+                cached[h] = b
 
     def cache_block(self, b: int, h: int) -> None:
         if self.block_hash[b] is not None:
