@@ -56,14 +56,25 @@ def normal_cdf(z: float) -> float:
     return 0.0 if v < 0.0 else 1.0 if v > 1.0 else v
 
 
+# Above this, exp(mu + sigma^2/2) overflows a double: the partial expectation
+# m * Phi(z - sigma) (always within [0, d * Phi(z)]) is then evaluated in log space.
+_LOG_MEAN_FAST_LIMIT = 700.0
+
+
+def _scaled_tail(log_m: float, tail: float) -> float:
+    """``exp(log_m) * tail`` without overflowing (0 when ``tail`` underflowed to 0)."""
+    if log_m < _LOG_MEAN_FAST_LIMIT:
+        return math.exp(log_m) * tail
+    return 0.0 if tail <= 0.0 else math.exp(log_m + math.log(tail))
+
+
 def ttl_utility(d: float, c: float, mu: float, sigma: float) -> float:
     """Expected utility of holding KV for ``d`` seconds (0 for d == 0)."""
     if d <= 0:
         return 0.0
     z = (math.log(d) - mu) / sigma
     phi = normal_cdf(z)
-    m = math.exp(mu + sigma * sigma / 2.0)
-    return c * phi - m * normal_cdf(z - sigma) - d * (1.0 - phi)
+    return c * phi - _scaled_tail(mu + sigma * sigma / 2.0, normal_cdf(z - sigma)) - d * (1.0 - phi)
 
 
 def ttl_candidates(d_max: float) -> list[float]:
@@ -119,7 +130,15 @@ def fit_ttl(mu: float, sigma: float, c: float, max_acting_ttl_seconds: float) ->
         return 0.0
     d_min = min(TTL_MIN_CANDIDATE_SECONDS, d_max)
     ds, lns = _grid(d_min, d_max)
-    m = math.exp(mu + sigma * sigma / 2.0)
+    log_m = mu + sigma * sigma / 2.0
+    if log_m >= _LOG_MEAN_FAST_LIMIT:  # extremely spread intervals: overflow-safe slow path
+        best_d, best_u = 0.0, 0.0
+        for d in ds:
+            v = ttl_utility(d, c, mu, sigma)
+            if v >= best_u:
+                best_d, best_u = d, v
+        return best_d
+    m = math.exp(log_m)
     erfc = math.erfc
     k_z = 1.0 / (sigma * _SQRT2)
     k_s = sigma / _SQRT2

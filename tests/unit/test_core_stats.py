@@ -175,3 +175,26 @@ def test_core_stats_running_sums_match_recomputation_after_many_pushes() -> None
     mu2, sigma = f.log_interval_fit()  # type: ignore[misc]
     assert mu2 == pytest.approx(mu)
     assert sigma == pytest.approx(math.sqrt(sum((x - mu) ** 2 for x in lns) / 7))
+
+
+def test_core_stats_fit_ttl_survives_extremely_spread_intervals() -> None:
+    # Log-intervals of [1.0 s, 2.2e-311 s]: mu = -357.6, sigma = 505.8, so exp(mu + sigma^2/2)
+    # overflows a double.  The partial expectation m * Phi(z - sigma) is then evaluated in log
+    # space; for a d of 1 s it is exp(127,559 + ln Phi(...)) with Phi's log around -127,5xx.
+    lns = [math.log(1.0), math.log(2.2e-311)]
+    mu = sum(lns) / 2
+    sigma = math.sqrt(sum((x - mu) ** 2 for x in lns) / (len(lns) - 1))
+    assert mu + sigma * sigma / 2 > 710  # math.exp would raise OverflowError
+    got = fit_ttl(mu, sigma, 1.0, 1.0)
+    assert got == 0.0 or 0.05 <= got <= 1.0
+    assert math.isfinite(ttl_utility(0.5, 1.0, mu, sigma))
+    # Half the mass returns almost at once (the 2.2e-311 s sample): holding pays for c = 1 s.
+    assert ttl_utility(1.0, 1.0, mu, sigma) > 0.0
+
+
+def test_core_stats_ttl_utility_log_space_path_matches_direct_formula() -> None:
+    # Where both are representable, the overflow-safe evaluation equals the direct one.
+    mu, sigma, c, d = 2.0, 1.5, 4.0, 3.0
+    z = (math.log(d) - mu) / sigma
+    direct = c * normal_cdf(z) - math.exp(mu + sigma**2 / 2) * normal_cdf(z - sigma) - d * (1 - normal_cdf(z))
+    assert ttl_utility(d, c, mu, sigma) == pytest.approx(direct, rel=1e-12)
