@@ -1,7 +1,11 @@
 """Program scheduling over HTTP: usage reaches the scheduler (streaming with and without
 ``include_usage``), bad metadata is a 400 naming the field, identity-free traffic never creates
 Program state nor triggers backend polling, and the official ``openai`` client works with the
-agentic context in ``extra_body``."""
+agentic context in ``extra_body``.
+
+The daemon runs in process and the clients talk to its ASGI app (``program_daemon``, see
+``test_program_scheduling``): no sockets; under ``autojump_clock`` except the ``openai`` client
+test (it uses worker threads, so it runs on the real clock without timing assertions)."""
 
 from __future__ import annotations
 
@@ -11,24 +15,25 @@ from typing import Any
 import httpx
 import openai
 import trio
+import trio.testing
 
-from test_program_scheduling import PROMPT_TOKENS, W0, ProgramWorker, chat, start
+from test_program_scheduling import PROMPT_TOKENS, W0, ProgramWorker, chat, program_daemon
 
 
 def data_events(raw: bytes) -> list[str]:
     return [e[len("data: "):] for e in raw.decode().split("\n\n") if e.startswith("data: ")]
 
 
-async def test_program_streaming_usage_reaches_scheduler_with_and_without_include_usage() -> None:
+async def test_program_streaming_usage_reaches_scheduler_with_and_without_include_usage(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     worker = ProgramWorker()
-    async with trio.open_nursery() as nursery:
-        handles = await start(nursery, worker, metrics_interval_seconds=0.2)
+    async with program_daemon(worker, metrics_interval_seconds=0.25) as (handles, client):
         ps = handles.program_dispatcher
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client:
-            plain = await client.post("/v1/chat/completions", json=chat("s1", "p", stream=True))
-            body = chat("s2", "p", stream=True)
-            body["stream_options"] = {"include_usage": True}
-            asked = await client.post("/v1/chat/completions", json=body)
+        plain = await client.post("/v1/chat/completions", json=chat("s1", "p", stream=True))
+        body = chat("s2", "p", stream=True)
+        body["stream_options"] = {"include_usage": True}
+        asked = await client.post("/v1/chat/completions", json=body)
         assert plain.status_code == asked.status_code == 200
         # the worker was asked for usage both times
         assert [(s.name, s.include_usage) for s in worker.seen] == [("s1", True), ("s2", True)]
@@ -45,21 +50,18 @@ async def test_program_streaming_usage_reaches_scheduler_with_and_without_includ
         (prog,) = diag["ranks"][0]["programs"]
         assert prog["estimated_context_tokens"] == PROMPT_TOKENS
         assert prog["step_id"] == 1  # omitted step ids count 0, 1
-        handles.shutdown.set()
 
 
-async def test_program_bad_metadata_is_400_naming_the_field() -> None:
+async def test_program_bad_metadata_is_400_naming_the_field(autojump_clock: trio.testing.MockClock) -> None:
     worker = ProgramWorker()
-    async with trio.open_nursery() as nursery:
-        handles = await start(nursery, worker)
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client:
-            bad = chat("b", "p", priority="high")
-            r1 = await client.post("/v1/chat/completions", json=bad)
-            r2 = await client.post("/v1/chat/completions", json={
-                "model": "m", "messages": [{"role": "user", "content": "b"}],
-                "vllm_xargs": {"agentic_context": {"task_id": "t", "agent_id": "w", "blocks_parent": True,
-                                                   "parent_program_id": "t:w"}},
-            })
+    async with program_daemon(worker) as (handles, client):
+        bad = chat("b", "p", priority="high")
+        r1 = await client.post("/v1/chat/completions", json=bad)
+        r2 = await client.post("/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "b"}],
+            "vllm_xargs": {"agentic_context": {"task_id": "t", "agent_id": "w", "blocks_parent": True,
+                                               "parent_program_id": "t:w"}},
+        })
         assert r1.status_code == 400
         err = r1.json()["error"]
         assert err["param"] == "vllm_xargs.agentic_context.priority"
@@ -68,18 +70,17 @@ async def test_program_bad_metadata_is_400_naming_the_field() -> None:
         assert r2.json()["error"]["param"].startswith("vllm_xargs.agentic_context.")
         assert worker.seen == []
         assert handles.program_dispatcher.diagnostics()["live_programs"] == 0
-        handles.shutdown.set()
 
 
-async def test_program_identity_free_traffic_is_unaffected() -> None:
+async def test_program_identity_free_traffic_is_unaffected(autojump_clock: trio.testing.MockClock) -> None:
     worker = ProgramWorker(dp=2)
-    async with trio.open_nursery() as nursery:
-        handles = await start(nursery, worker, token_capacity_per_dp_rank=1, metrics_interval_seconds=0.05)
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client:
-            for k in range(6):
-                r = await client.post("/v1/chat/completions", json=chat(f"plain{k}", None))
-                assert r.status_code == 200
-            metrics = (await client.get("/metrics")).text
+    async with program_daemon(worker, token_capacity_per_dp_rank=1, metrics_interval_seconds=0.25) as (
+        handles, client
+    ):
+        for k in range(6):
+            r = await client.post("/v1/chat/completions", json=chat(f"plain{k}", None))
+            assert r.status_code == 200
+        metrics = (await client.get("/metrics")).text
         diag = handles.program_dispatcher.diagnostics()
         assert worker.metrics_scrapes == 0  # no backend polling without Program identity
         assert diag["backend_polling_started"] is False
@@ -88,17 +89,19 @@ async def test_program_identity_free_traffic_is_unaffected() -> None:
         # the native round-robin policy spread them over both ranks; a capacity of 1 token did not matter
         assert sorted({s.rank for s in worker.seen}) == [0, 1]
         assert "vllm_router_agent_aware_transitions_total{" not in metrics
-        handles.shutdown.set()
 
 
 async def test_program_openai_client_streaming_and_not() -> None:
+    """On the real clock: the openai client runs blocking helpers in worker threads (platform
+    headers), which autojump would not wait for.  No timing assertions; the in-process budget
+    (VIRTUAL_BUDGET_SECONDS, here real seconds) is never reached on the success path."""
     worker = ProgramWorker()
-    async with trio.open_nursery() as nursery:
-        handles = await start(nursery, worker, metrics_interval_seconds=0.2)
+    async with program_daemon(worker, metrics_interval_seconds=0.25) as (handles, client):
         ps = handles.program_dispatcher
         extra: dict[str, Any] = {"vllm_xargs": {"agentic_context": {"task_id": "task-a", "agent_id": "lead",
                                                                     "request_id": "r-1", "priority": 3}}}
-        async with openai.AsyncOpenAI(base_url=handles.http_url + "/v1", api_key="unused", max_retries=0) as oc:
+        async with openai.AsyncOpenAI(base_url="http://agentd/v1", api_key="unused", max_retries=0,
+                                      http_client=client) as oc:
             done = await oc.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "o1"}], extra_body=extra,
             )
@@ -116,4 +119,3 @@ async def test_program_openai_client_streaming_and_not() -> None:
         assert handles.registry.get_sample_value(
             "vllm_router_agent_aware_transitions_total", {"target": f"{W0}@0", "reason": "program_admit"}
         ) == 2.0
-        handles.shutdown.set()
