@@ -201,7 +201,7 @@ async def test_without_token_capacity_exactly_one_fallback_per_target(
         t0 = trio.current_time()
         async with dispatcher.lease(program_request("p1")) as lease:
             lease.finish(ok())
-        await trio.sleep(30)
+        await trio.sleep(29.5)  # between two ticks: the 30th scrape round (t0+29) is the last one seen
         fallback = sorted((t - t0, f["target"], f["capacity_accounting_source"])
                           for t, f in event_log.named("capacity_observation_fallback"))
         assert fallback == [

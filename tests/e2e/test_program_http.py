@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
 import openai
 import trio
 import trio.testing

@@ -4,6 +4,10 @@ The simulated rank has a 1024-token KV pool and ``token_capacity_per_dp_rank`` s
 backend accounting (``vllm:kv_cache_usage_perc`` x capacity) and the Router ledger agree.  Each
 Program needs about 400 tokens: two run, the others are retained in the RequestPool and resume in
 arrival order as capacity frees up.
+
+Every test runs under ``autojump_clock`` with the simulated cluster in deterministic mode and the
+daemon in process (``serve_http=False``); the HTTP tests talk to the daemon's ASGI app through
+``httpx.ASGITransport``, so no test depends on real time or sockets.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from functools import partial
 from typing import Any
 
 import attrs
-import httpx
 import pytest
 import trio
 import trio.testing
@@ -23,6 +26,7 @@ import trio.testing
 from daemon.config import AgentdConfig, EmbeddedConfig, ProgramSchedulingConfig, RoutingConfig, ServerConfig
 from daemon.http.proxy import CollectingSink
 from daemon.supervisor import run_daemon
+from test_program_scheduling import VIRTUAL_BUDGET_SECONDS, in_process_client
 
 TARGET = "http://embedded-sim@0"
 
@@ -73,32 +77,37 @@ def body(program_id: str, max_tokens: int = 16) -> dict[str, Any]:
     }
 
 
-async def test_program_sim_tiny_capacity_queues_over_http() -> None:
+def deterministic(c: Any) -> Any:
+    return attrs.evolve(c, deterministic=True)
+
+
+async def test_program_sim_tiny_capacity_queues_over_http(autojump_clock: trio.testing.MockClock) -> None:
     cfg = sim_config()
-    # each request takes ~0.2 s of real time, far longer than sending the four of them
-    cfg = attrs.evolve(cfg, embedded=attrs.evolve(cfg.embedded, time_scale=2.0))
-    async with trio.open_nursery() as nursery:
-        handles = await nursery.start(partial(run_daemon, cfg))
-        ps = handles.program_dispatcher
-        statuses: dict[str, int] = {}
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=60) as client:
+    # a request takes ~0.25 s of virtual time; the four are sent at the same virtual instant
+    cfg = attrs.evolve(cfg, embedded=attrs.evolve(cfg.embedded, time_scale=1.0))
+    with trio.fail_after(VIRTUAL_BUDGET_SECONDS):
+        async with trio.open_nursery() as nursery:
+            handles = await nursery.start(partial(run_daemon, cfg, serve_http=False, sim_configure=deterministic))
+            ps = handles.program_dispatcher
+            statuses: dict[str, int] = {}
+            async with in_process_client(handles) as client:
 
-            async def send(pid: str) -> None:
-                statuses[pid] = (await client.post("/v1/chat/completions", json=body(pid, 32))).status_code
+                async def send(pid: str) -> None:
+                    statuses[pid] = (await client.post("/v1/chat/completions", json=body(pid, 32))).status_code
 
-            async with trio.open_nursery() as senders:
-                for pid in ("p1", "p2", "p3", "p4"):
-                    senders.start_soon(send, pid)
-            diag = await ps.wait_diagnostics(lambda d: d["ranks"][0]["router_in_flight_requests"] == 0
-                                             and d["retained_requests"] == 0)
-        assert statuses == {"p1": 200, "p2": 200, "p3": 200, "p4": 200}
-        rank = diag["ranks"][0]
-        assert rank["capacity_accounting_source"] == "backend_observation"
-        assert rank["vllm_kv_capacity_tokens"] == 1024
-        assert rank["router_estimated_used_tokens"] == 0
-        assert rank["rolling"]["request_samples"] == 4
-        assert rank["rolling"]["avg_router_queue_seconds"] > 0  # two of them had to wait
-        handles.request_shutdown()
+                async with trio.open_nursery() as senders:
+                    for pid in ("p1", "p2", "p3", "p4"):
+                        senders.start_soon(send, pid)
+                diag = await ps.wait_diagnostics(lambda d: d["ranks"][0]["router_in_flight_requests"] == 0
+                                                 and d["retained_requests"] == 0)
+            assert statuses == {"p1": 200, "p2": 200, "p3": 200, "p4": 200}
+            rank = diag["ranks"][0]
+            assert rank["capacity_accounting_source"] == "backend_observation"
+            assert rank["vllm_kv_capacity_tokens"] == 1024
+            assert rank["router_estimated_used_tokens"] == 0
+            assert rank["rolling"]["request_samples"] == 4
+            assert rank["rolling"]["avg_router_queue_seconds"] > 0  # two of them had to wait
+            handles.request_shutdown()
 
 
 async def test_program_sim_resumes_in_arrival_order_in_virtual_time(
@@ -109,7 +118,7 @@ async def test_program_sim_resumes_in_arrival_order_in_virtual_time(
     cfg = attrs.evolve(cfg, embedded=attrs.evolve(cfg.embedded, time_scale=1.0))
     async with trio.open_nursery() as nursery:
         handles = await nursery.start(partial(
-            run_daemon, cfg, serve_http=False, sim_configure=lambda c: attrs.evolve(c, deterministic=True)))
+            run_daemon, cfg, serve_http=False, sim_configure=deterministic))
         ps = handles.program_dispatcher
         sinks: dict[str, CollectingSink] = {}
         started: dict[str, float] = {}
@@ -127,7 +136,7 @@ async def test_program_sim_resumes_in_arrival_order_in_virtual_time(
                 # the core registered this Program (woken by that very step) before the next one is sent
                 await ps.wait_diagnostics(lambda d, n=n: d["live_programs"] == n)
             peak = ps.diagnostics()
-            assert trio.current_time() - t0 < 0.01
+            assert trio.current_time() - t0 == 0.0
         diag = await ps.wait_diagnostics(lambda d: d["ranks"][0]["router_in_flight_requests"] == 0)
         assert {pid: s.status for pid, s in sinks.items()} == {"p1": 200, "p2": 200, "p3": 200, "p4": 200}
         assert peak["retained_requests"] == 2  # p1 and p2 fit in 1024 tokens; p3 and p4 wait
@@ -146,20 +155,21 @@ SEED_METRICS = (
 )
 
 
-async def test_program_sim_tuning_workflow_signals_exist() -> None:
+async def test_program_sim_tuning_workflow_signals_exist(autojump_clock: trio.testing.MockClock) -> None:
     """Every signal the seed's tuning workflow names is served after a little agent traffic."""
     cfg = sim_config()
     async with trio.open_nursery() as nursery:
-        handles = await nursery.start(partial(run_daemon, cfg))
+        handles = await nursery.start(partial(run_daemon, cfg, serve_http=False, sim_configure=deterministic))
         ps = handles.program_dispatcher
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=60) as client:
-            for turn in range(2):  # two turns: the second one is a continuity sample (request interval)
-                for pid in ("a", "b"):
-                    r = await client.post("/v1/chat/completions", json=body(pid))
-                    assert r.status_code == 200
-            await ps.wait_diagnostics(lambda d: d["backend_polling_started"] and d["ranks"][0]["observation_fresh"])
-            text = (await client.get("/metrics")).text
-            diag = (await client.get("/scheduling/diagnostics")).json()
+        with trio.fail_after(VIRTUAL_BUDGET_SECONDS):
+            async with in_process_client(handles) as client:
+                for turn in range(2):  # two turns: the second one is a continuity sample (request interval)
+                    for pid in ("a", "b"):
+                        r = await client.post("/v1/chat/completions", json=body(pid))
+                        assert r.status_code == 200
+                await ps.wait_diagnostics(lambda d: d["backend_polling_started"] and d["ranks"][0]["observation_fresh"])
+                text = (await client.get("/metrics")).text
+                diag = (await client.get("/scheduling/diagnostics")).json()
         for name in SEED_METRICS:
             assert f"# TYPE vllm_router_agent_aware_{name} " in text, name
         for observed in ("request_interval_seconds_count", "cache_miss_impact_seconds_count",
