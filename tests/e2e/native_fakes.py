@@ -20,6 +20,9 @@ import trio
 from daemon.config import AgentdConfig, RoutingConfig, ServerConfig
 
 MODEL = "fake-model"
+# Real-socket tests bound every HTTP call by this (httpx timeout): generous, never reached on success,
+# so a broken behaviour fails instead of hanging on a loaded machine.
+BUDGET_SECONDS = 60.0
 
 
 @attrs.frozen

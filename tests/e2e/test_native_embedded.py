@@ -13,6 +13,7 @@ import trio.testing
 from daemon.config import AgentdConfig, EmbeddedConfig, RoutingConfig, ServerConfig
 from daemon.http.proxy import CollectingSink
 from daemon.supervisor import run_daemon
+from native_fakes import BUDGET_SECONDS
 
 
 def embedded_config(policy: str = "round_robin") -> AgentdConfig:
@@ -28,7 +29,7 @@ async def test_native_embedded_serves_streamed_completions_over_http() -> None:
         handles = await nursery.start(partial(run_daemon, embedded_config()))
         assert [t.target_id for t in handles.targets] == ["http://embedded-sim@0", "http://embedded-sim@1"]
         body = {"model": "sim-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5}
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             whole = await client.post("/v1/chat/completions", json=body)
             streamed = await client.post("/v1/chat/completions", json={**body, "stream": True})
             health = await client.get("/health")

@@ -9,7 +9,7 @@ import httpx
 import pytest
 import trio
 
-from native_fakes import FakeWorker, make_config
+from native_fakes import BUDGET_SECONDS, FakeWorker, make_config
 from daemon.handles import DaemonHandles
 from daemon.supervisor import run_daemon
 
@@ -53,7 +53,7 @@ async def test_native_wrong_field_type_is_400_naming_field(
 ) -> None:
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker)
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             response = await client.post(path, json=body)
         message = assert_openai_error(response, 400, response.json()["error"]["code"], param)
         assert param.split("[")[0].split(".")[0] in message
@@ -64,7 +64,7 @@ async def test_native_wrong_field_type_is_400_naming_field(
 async def test_native_missing_and_malformed_bodies(fake_worker: FakeWorker) -> None:
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker)
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             malformed = await client.post("/v1/chat/completions", content=b"{not json",
                                           headers={"content-type": "application/json"})
             array = await client.post("/v1/chat/completions", json=[1, 2])
@@ -81,7 +81,7 @@ async def test_native_body_over_limit_is_413(fake_worker: FakeWorker) -> None:
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker, max_body_bytes=1000)
         big = {**CHAT, "messages": [{"role": "user", "content": "x" * 2000}]}
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             response = await client.post("/v1/chat/completions", json=big)
 
             async def chunked():  # no content-length: the limit is enforced while reading
@@ -97,7 +97,7 @@ async def test_native_body_over_limit_is_413(fake_worker: FakeWorker) -> None:
 async def test_native_unknown_route_404_and_wrong_method_405(fake_worker: FakeWorker) -> None:
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker)
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             unknown = await client.get("/v1/nothing")
             wrong = await client.get("/v1/chat/completions")
             wrong_health = await client.post("/health")
@@ -112,7 +112,7 @@ async def test_native_worker_unreachable_is_502_naming_target(fake_worker: FakeW
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker, policy="round_robin")
         fake_worker.unreachable.add("http://w0:8000")  # after the health round: still in rotation
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             response = await client.post("/v1/chat/completions", json=CHAT)
         message = assert_openai_error(response, 502, "upstream_unreachable")
         assert "http://w0:8000@0" in message
@@ -130,7 +130,7 @@ async def test_native_worker_failing_maps_to_5xx_naming_target(
     fake_worker.fail_status = worker_status
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker)
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             response = await client.post("/v1/chat/completions", json=CHAT)
         message = assert_openai_error(response, status, "upstream_status")
         assert "http://w0:8000@0" in message and f"HTTP {worker_status}" in message
@@ -141,7 +141,7 @@ async def test_native_worker_4xx_relayed_unchanged(fake_worker: FakeWorker) -> N
     fake_worker.fail_status = 400
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker)
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             response = await client.post("/v1/chat/completions", json=CHAT)
         assert response.status_code == 400
         assert response.json() == {"error": {"message": "worker exploded"}}
@@ -152,7 +152,7 @@ async def test_native_stream_broken_mid_way_ends_with_error_event(fake_worker: F
     fake_worker.break_stream_after_chunks = True
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker)
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             response = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
         assert response.status_code == 200
         last = [e for e in response.content.split(b"\n\n") if e][-1]

@@ -17,6 +17,7 @@ import trio
 from daemon.config import AgentdConfig, RoutingConfig, ServerConfig
 from daemon.http.serve import serve_http
 from daemon.supervisor import run_daemon
+from native_fakes import BUDGET_SECONDS
 
 
 class AsgiWorker:
@@ -71,7 +72,7 @@ async def test_native_real_socket_worker_relay_and_stream() -> None:
                                                  policy="round_robin"))
         handles = await nursery.start(partial(run_daemon, cfg))
         chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=30) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             first = await client.post("/v1/chat/completions", json=chat)
             second = await client.post("/v1/chat/completions", json=chat, headers={"x-data-parallel-rank": "5"})
             streamed = await client.post("/v1/chat/completions", json={**chat, "stream": True})

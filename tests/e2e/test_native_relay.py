@@ -11,7 +11,7 @@ import httpx
 import trio
 import trio.testing
 
-from native_fakes import FakeWorker, make_config
+from native_fakes import BUDGET_SECONDS, FakeWorker, make_config
 from daemon.config import PrometheusConfig
 from daemon.handles import DaemonHandles
 from daemon.supervisor import run_daemon
@@ -27,7 +27,7 @@ async def start(nursery: trio.Nursery, worker: FakeWorker, **cfg_kwargs: object)
 async def test_native_non_streaming_chat_relayed_whole(fake_worker: FakeWorker) -> None:
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker)
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             response = await client.post("/v1/chat/completions", json=CHAT)
         assert response.status_code == 200
         assert response.json()["choices"][0]["message"]["content"] == "Hello world"
@@ -47,7 +47,7 @@ async def test_native_streaming_chat_relayed_chunk_by_chunk(fake_worker: FakeWor
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker)
         body = {**CHAT, "stream": True}
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             async with client.stream("POST", "/v1/chat/completions", json=body) as response:
                 assert response.status_code == 200
                 assert response.headers["content-type"] == "text/event-stream"
@@ -69,7 +69,7 @@ async def test_native_streaming_first_chunk_arrives_before_stream_ends(fake_work
     fake_worker.hold_streams = True
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker)
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             async with client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as response:
                 chunks = response.aiter_raw()
                 # the worker cannot produce the rest before `release`: getting the first chunk
@@ -87,7 +87,7 @@ async def test_native_streaming_first_chunk_arrives_before_stream_ends(fake_work
 async def test_native_completions_and_responses_relayed(fake_worker: FakeWorker) -> None:
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker)
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             completion = await client.post("/v1/completions", json={"model": "fake-model", "prompt": "say"})
             response = await client.post("/v1/responses", json={"model": "fake-model", "input": "hello"})
             streamed = await client.post("/v1/responses", json={"model": "fake-model", "input": "x", "stream": True})
@@ -104,7 +104,7 @@ async def test_native_dp_rank_header_set_and_client_header_not_passed(fake_worke
         handles = await start(nursery, fake_worker, dp=2, policy="round_robin")
         assert [t.target_id for t in handles.targets] == [
             "http://w0:8000@0", "http://w0:8000@1", "http://w1:8000@0", "http://w1:8000@1"]
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             for _ in range(4):
                 response = await client.post(
                     "/v1/chat/completions", json=CHAT,
@@ -125,7 +125,7 @@ async def test_native_models_from_first_healthy_worker(fake_worker: FakeWorker) 
     fake_worker.healthy["http://w0:8000"] = False
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker)
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             response = await client.get("/v1/models")
         assert response.status_code == 200
         assert response.json()["data"][0]["id"] == "fake-model"
@@ -138,7 +138,7 @@ async def test_native_agentic_context_stripped_by_default(fake_worker: FakeWorke
     body = {**CHAT, "vllm_xargs": {"agentic_context": {"program_id": "p1"}, "other": 1}}
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker)
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             response = await client.post("/v1/chat/completions", json=body)
         assert response.status_code == 200
         [seen] = fake_worker.generation_requests()
@@ -151,7 +151,7 @@ async def test_native_no_healthy_target_is_503_naming_reason(fake_worker: FakeWo
         fake_worker.healthy[url] = False
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker)
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             response = await client.post("/v1/chat/completions", json=CHAT)
             health = await client.get("/health")
         assert response.status_code == 503
@@ -170,7 +170,7 @@ async def test_native_metrics_on_extra_prometheus_listener(fake_worker: FakeWork
     async with trio.open_nursery() as nursery:
         handles = await nursery.start(partial(run_daemon, cfg, transport_factory=fake_worker.transport))
         assert handles.metrics_url is not None and handles.metrics_url != handles.http_url
-        async with httpx.AsyncClient(timeout=None) as client:
+        async with httpx.AsyncClient(timeout=BUDGET_SECONDS) as client:
             await client.post(f"{handles.http_url}/v1/chat/completions", json=CHAT)
             await trio.testing.wait_all_tasks_blocked()
             scrape = await client.get(f"{handles.metrics_url}/metrics")
@@ -192,7 +192,7 @@ async def test_native_agentic_context_json_string_and_unchanged_modes(fake_worke
         cfg = attrs.evolve(base, routing=attrs.evolve(base.routing, agentic_context_forwarding=mode))
         async with trio.open_nursery() as nursery:
             handles = await nursery.start(partial(run_daemon, cfg, transport_factory=worker.transport))
-            async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+            async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
                 assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
             handles.request_shutdown()
         [seen] = worker.generation_requests()

@@ -18,7 +18,7 @@ import httpx
 import trio
 import trio.testing
 
-from native_fakes import FakeWorker, make_config
+from native_fakes import BUDGET_SECONDS, FakeWorker, make_config
 from daemon.config import ProgramSchedulingConfig
 from daemon.handles import DaemonHandles
 from daemon.supervisor import run_daemon
@@ -48,7 +48,7 @@ async def test_native_usage_injected_and_extra_chunk_removed(fake_worker: FakeWo
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker)
         assert handles.program_dispatcher is not None
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             plain = await client.post("/v1/chat/completions", json=program_chat(stream=True))
             asked = await client.post("/v1/chat/completions", json=program_chat(True, include_usage=True))
         # the worker was asked for usage both times; the agentic context never reached it
@@ -75,7 +75,7 @@ async def test_native_identity_free_request_not_rewritten(fake_worker: FakeWorke
     raw = b'{"model": "fake-model",   "messages": [{"role": "user", "content": "hi"}], "stream": true}'
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker)
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             response = await client.post("/v1/chat/completions", content=raw)
         assert response.status_code == 200
         [seen] = fake_worker.generation_requests()
@@ -88,7 +88,7 @@ async def test_native_invalid_identity_is_400_with_param(fake_worker: FakeWorker
     body["vllm_xargs"]["agentic_context"] = {"program_id": ""}
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker)
-        async with httpx.AsyncClient(base_url=handles.http_url, timeout=None) as client:
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             response = await client.post("/v1/chat/completions", json=body)
         assert response.status_code == 400
         error = response.json()["error"]
