@@ -110,11 +110,16 @@ async def test_program_sim_tiny_capacity_queues_over_http(autojump_clock: trio.t
             handles.request_shutdown()
 
 
+ARRIVAL_GAP = 0.01  # virtual seconds between arrivals, far below one request's ~0.25 s
+
+
 async def test_program_sim_resumes_in_arrival_order_in_virtual_time(
     autojump_clock: trio.testing.MockClock, admits: Admits
 ) -> None:
     cfg = sim_config(resume_order="fcfs")
-    # real simulated speed in virtual time: a request takes ~0.25 s, the four arrivals take no time
+    # real simulated speed in virtual time: a request takes ~0.25 s; the four arrivals are spaced
+    # ARRIVAL_GAP apart (distinct arrival instants, so FCFS cannot fall back on a tie-break such as
+    # the Program id) and all land while p1 and p2 still hold the capacity
     cfg = attrs.evolve(cfg, embedded=attrs.evolve(cfg.embedded, time_scale=1.0))
     async with trio.open_nursery() as nursery:
         handles = await nursery.start(partial(
@@ -135,8 +140,12 @@ async def test_program_sim_resumes_in_arrival_order_in_virtual_time(
                 senders.start_soon(send, pid)
                 # the core registered this Program (woken by that very step) before the next one is sent
                 await ps.wait_diagnostics(lambda d, n=n: d["live_programs"] == n)
+                if n < 4:
+                    await trio.sleep(ARRIVAL_GAP)
             peak = ps.diagnostics()
-            assert trio.current_time() - t0 == 0.0
+            assert trio.current_time() - t0 == pytest.approx(3 * ARRIVAL_GAP)
+        assert {pid: at - t0 for pid, at in started.items()} == pytest.approx(
+            {"p1": 0.0, "p2": ARRIVAL_GAP, "p3": 2 * ARRIVAL_GAP, "p4": 3 * ARRIVAL_GAP})
         diag = await ps.wait_diagnostics(lambda d: d["ranks"][0]["router_in_flight_requests"] == 0)
         assert {pid: s.status for pid, s in sinks.items()} == {"p1": 200, "p2": 200, "p3": 200, "p4": 200}
         assert peak["retained_requests"] == 2  # p1 and p2 fit in 1024 tokens; p3 and p4 wait
