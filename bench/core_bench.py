@@ -151,10 +151,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, default=64)
     parser.add_argument("--cycles", type=int, default=20_000)
     parser.add_argument("--warmup", type=int, default=2_000)
+    parser.add_argument("--gc-off", action="store_true",
+                        help="disable Python's cyclic GC while timing (diagnostic: shows the GC's share)")
     args = parser.parse_args(argv)
     idents = identities(args.programs)
     per_program = measure_memory(args.ranks, idents)
-    wall, cpu = measure_cycles(args.ranks, idents, args.cycles, args.warmup)
+    if args.gc_off:
+        gc.disable()
+    try:
+        wall, cpu = measure_cycles(args.ranks, idents, args.cycles, args.warmup)
+    finally:
+        gc.enable()
     q = statistics.quantiles(wall, n=100)
     median = statistics.median(cpu)
     rows = [
@@ -163,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         ("cycle wall clock median / p90 / p99", f"{statistics.median(wall):.1f} / {q[89]:.1f} / {q[98]:.1f} us", ""),
         ("memory per idle Program", f"{per_program:.0f} B", f"<= {MEMORY_TARGET_BYTES} B"),
     ]
-    print(f"python {sys.version.split()[0]}, {args.cycles} timed cycles after {args.warmup} warm-up cycles")
+    print(f"python {sys.version.split()[0]}, {args.cycles} timed cycles after {args.warmup} warm-up cycles"
+          + (" (cyclic GC disabled while timing)" if args.gc_off else ""))
     print(f"machine speed reference: sum(range(1000)) = {reference_loop_microseconds():.1f} us of CPU "
           "(a typical desktop/server core runs it in well under 15 us)")
     print("| measure | value | target |\n| --- | --- | --- |")
