@@ -1,7 +1,9 @@
 """The bench driver end to end on a tiny trace: real sim-backend subprocesses on loopback, no vllm-router.
 
-Asserts report fields and files only (never timings): both systems complete the same work, the
-token cache hit comes from the workers' counters, and report.md holds the side-by-side table.
+Asserts only what is deterministic (never timings, nor values that depend on how the real-clock
+simulator interleaves requests: cache hit ratio, preemptions, CPU seconds are checked for presence,
+type and range): both systems complete the same work, the prompt-token counters come from the
+workers, and report.md holds the side-by-side table.
 """
 
 from __future__ import annotations
@@ -32,10 +34,13 @@ def test_bench_native_and_agentd_on_a_tiny_trace(tmp_path, capsys) -> None:
         assert rep["tokens"]["output"] == sum(r.output_length for r in trace.records)
         # the workers' counters saw exactly the prompt tokens the usage reported
         assert rep["cache"]["prompt_tokens_total"] == rep["tokens"]["input"]
-        assert 0.0 < rep["cache"]["token_hit_ratio"] < 1.0
-        assert rep["preemptions"] == 0
+        assert isinstance(rep["cache"]["token_hit_ratio"], float)
+        assert 0.0 <= rep["cache"]["token_hit_ratio"] <= 1.0
+        assert isinstance(rep["preemptions"], (int, float)) and rep["preemptions"] >= 0
         assert rep["cluster"]["num_gpu_blocks"] == 256
-        assert rep["process_cpu_seconds"]["system"] > 0 and len(rep["process_cpu_seconds"]["workers"]) == 1
+        cpu = rep["process_cpu_seconds"]
+        assert isinstance(cpu["system"], (int, float)) and cpu["system"] >= 0.0  # coarse ticks: may be 0
+        assert len(cpu["workers"]) == 1
     assert reports["native"]["tokens"]["input"] == reports["agentd"]["tokens"]["input"]
     # Program scheduling exposes its queue-wait histogram; the native path has none
     assert reports["native"]["queue_wait_seconds"]["router"] is None
