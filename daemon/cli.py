@@ -25,7 +25,9 @@ COMMANDS: tuple[tuple[str, str], ...] = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser; with ``only``, just that sub-command's module is imported (each command
+    pulls in its own heavy dependencies, so ``agentd start`` does not import the bench kit)."""
     parser = argparse.ArgumentParser(
         prog="agentd",
         description="Scheduling daemon that makes LLM agents fast in front of vLLM-compatible workers.",
@@ -34,20 +36,28 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, module_name in COMMANDS:
-        try:
-            module = importlib.import_module(f"daemon.commands.{module_name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"daemon.commands.{module_name}":
-                raise
-            continue  # command not built yet in this checkout
+        if only is not None and name != only:
+            continue
+        module = importlib.import_module(f"daemon.commands.{module_name}")
         cmd_parser = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(cmd_parser)
         cmd_parser.set_defaults(_run=module.run)
     return parser
 
 
+def _requested_command(argv: Sequence[str]) -> str | None:
+    """The sub-command named on the command line, if it is a known one (else None: full parser)."""
+    names = {name for name, _ in COMMANDS}
+    for arg in argv:
+        if arg.startswith("-"):
+            continue
+        return arg if arg in names else None
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_requested_command(argv))
     args = parser.parse_args(argv)
     try:
         return int(args._run(args))
