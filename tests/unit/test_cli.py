@@ -1,0 +1,40 @@
+"""The command line: every sub-command has --help, unknown ones exit 2, lazy imports stay lazy."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from daemon.cli import COMMANDS, build_parser, main
+
+
+@pytest.mark.parametrize("name", [name for name, _ in COMMANDS])
+def test_cli_every_command_has_help(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([name, "--help"])
+    assert info.value.code == 0
+    assert f"agentd {name}" in capsys.readouterr().out
+
+
+def test_cli_top_level_help_lists_every_command() -> None:
+    text = build_parser().format_help()
+    for name, _ in COMMANDS:
+        assert name in text
+
+
+def test_cli_unknown_command_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["no-such-command"])
+    assert info.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_cli_check_config_does_not_import_the_simulator_or_bench_kit() -> None:
+    code = (
+        "import sys; import daemon.cli as c; c.build_parser('check-config'); "
+        "print(sorted(m for m in sys.modules if m.startswith(('actors.sim', 'daemon.benchkit', 'quart'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
+    assert out.strip() == "[]"
