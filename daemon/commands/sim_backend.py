@@ -14,7 +14,6 @@ import sys
 import trio
 
 from actors.sim.cluster import SimCluster, SimConfig
-from actors.sim.engine import EngineConfig
 from actors.sim.server import create_app
 from daemon.http.serve import serve_http
 
@@ -81,17 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
-    engine = EngineConfig(
-        num_gpu_blocks=args.num_gpu_blocks,
-        block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        scheduling_policy=args.scheduling_policy,
-        time_scale=args.time_scale,
-        seed=args.seed,
-    )
-    return SimConfig(dp_size=args.dp_size, engine=engine, model=args.model, seed=args.seed,
-                     strict_xargs=args.strict_xargs)
+    # The flags carry exactly the [embedded] section's field names.
+    return SimConfig.from_embedded(args, strict_xargs=args.strict_xargs)
 
 
 async def serve_until_signal(config: SimConfig, host: str, port: int) -> None:
