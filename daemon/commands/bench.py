@@ -27,7 +27,8 @@ from daemon.benchkit.bench import SYSTEMS, BenchError, BenchOptions, ClusterSpec
 from daemon.benchkit.markdown import render_report
 from daemon.benchkit.plots import write_plots
 from daemon.commands.replay import add_replay_flags, replay_options, trace_info
-from daemon.trace.cli_support import load_trace_arg, positive_float, positive_int
+from daemon.commands.argtypes import positive_float, positive_int
+from daemon.trace.cli_support import load_trace_arg
 
 NAME = "bench"
 HELP = "Run one trace through native agentd, agentd with Program scheduling and vllm-router, side by side."

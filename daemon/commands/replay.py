@@ -19,7 +19,8 @@ import trio
 from daemon.benchkit.progress import ProgressLine
 from daemon.benchkit.report import build_report, scrape_all
 from daemon.replay import ReplayOptions, run_replay
-from daemon.trace.cli_support import load_trace_arg, positive_float, positive_int
+from daemon.commands.argtypes import positive_float, positive_int
+from daemon.trace.cli_support import load_trace_arg
 from daemon.trace.format import Trace
 
 NAME = "replay"

@@ -7,7 +7,6 @@ SIGINT/SIGTERM.  Bad flag values exit 2 with a message naming the flag (argparse
 from __future__ import annotations
 
 import argparse
-import math
 import signal
 import sys
 
@@ -15,6 +14,7 @@ import trio
 
 from actors.sim.cluster import SimCluster, SimConfig
 from actors.sim.server import create_app
+from daemon.commands.argtypes import int_at_least, non_empty, port, positive_float
 from daemon.http.serve import serve_http
 
 SHUTDOWN_GRACE_SECONDS = 5.0
@@ -23,60 +23,21 @@ NAME = "sim-backend"
 HELP = "Run a simulated vLLM server (KV cache, prefix caching, batching and timing models)."
 
 
-def _int_at_least(minimum: int) -> object:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
-        return value
-
-    return parse
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer in [0, 65535], got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be an integer in [0, 65535], got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
-
-
-def _non_empty(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must not be empty")
-    return text
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1", type=_non_empty, help="bind address (default 127.0.0.1)")
-    parser.add_argument("--port", default=8000, type=_port, help="bind port, 0 = any free port (default 8000)")
-    parser.add_argument("--dp-size", default=1, type=_int_at_least(1), help="data-parallel ranks (default 1)")
-    parser.add_argument("--num-gpu-blocks", default=4096, type=_int_at_least(2), help="KV blocks per rank (default 4096)")
-    parser.add_argument("--block-size", default=16, type=_int_at_least(1), help="tokens per KV block (default 16)")
-    parser.add_argument("--max-num-seqs", default=256, type=_int_at_least(1), help="max running requests per rank")
-    parser.add_argument("--max-num-batched-tokens", default=8192, type=_int_at_least(1), help="token budget per step")
-    parser.add_argument("--time-scale", default=1.0, type=_positive_float,
+    parser.add_argument("--host", default="127.0.0.1", type=non_empty, help="bind address (default 127.0.0.1)")
+    parser.add_argument("--port", default=8000, type=port, help="bind port, 0 = any free port (default 8000)")
+    parser.add_argument("--dp-size", default=1, type=int_at_least(1), help="data-parallel ranks (default 1)")
+    parser.add_argument("--num-gpu-blocks", default=4096, type=int_at_least(2), help="KV blocks per rank (default 4096)")
+    parser.add_argument("--block-size", default=16, type=int_at_least(1), help="tokens per KV block (default 16)")
+    parser.add_argument("--max-num-seqs", default=256, type=int_at_least(1), help="max running requests per rank")
+    parser.add_argument("--max-num-batched-tokens", default=8192, type=int_at_least(1), help="token budget per step")
+    parser.add_argument("--time-scale", default=1.0, type=positive_float,
                         help="divide every simulated duration by this factor (default 1.0 = real time)")
-    parser.add_argument("--model", default="agentd-sim", type=_non_empty, help="served model name")
+    parser.add_argument("--model", default="agentd-sim", type=non_empty, help="served model name")
     parser.add_argument("--scheduling-policy", default="fcfs", choices=("fcfs", "priority"))
     parser.add_argument("--strict-xargs", action="store_true",
                         help="reject non-scalar vllm_xargs values with 400, as stock vLLM does")
-    parser.add_argument("--seed", default=0, type=_int_at_least(0), help="seed of generated text and hashes")
+    parser.add_argument("--seed", default=0, type=int_at_least(0), help="seed of generated text and hashes")
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:

@@ -12,7 +12,8 @@ import argparse
 import json
 import sys
 
-from daemon.trace.cli_support import load_trace_arg, positive_float, positive_int
+from daemon.commands.argtypes import positive_float, positive_int
+from daemon.trace.cli_support import load_trace_arg
 from daemon.trace.format import write_trace
 from daemon.trace.stats import compare, format_report, trace_stats
 from daemon.trace.synth import PROFILES, Knobs, knobs_from_meta, synthesize, targets_for

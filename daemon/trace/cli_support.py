@@ -1,32 +1,10 @@
-"""Argument types and trace loading shared by the trace, replay, simulate and bench commands."""
+"""Trace loading shared by the trace, replay, simulate and bench commands (argument types: daemon.commands.argtypes)."""
 
 from __future__ import annotations
 
-import argparse
-import math
 import sys
 
 from daemon.trace.format import Trace, TraceError, load_trace
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be finite and > 0, got {text!r}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-    return value
 
 
 def load_trace_arg(path: str, prog: str, flag: str = "--trace") -> Trace | None:
