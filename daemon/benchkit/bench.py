@@ -1,7 +1,7 @@
 """Side-by-side bench driver: the same trace through each system, each in front of fresh workers.
 
 For every system in order the driver starts ``workers`` simulated vLLM servers (``agentd
-sim-backend`` subprocesses on free loopback ports, identical sizes, time scale and seed), starts the
+sim-backend`` subprocesses on loopback, identical sizes, time scale and seed), starts the
 system under test in front of them, waits for health, replays the trace (daemon.replay via
 ``replay_with_metrics``: worker and router metrics scraped before and after), stops everything and
 writes ``<out>/<system>.json``.  Systems:
@@ -18,6 +18,12 @@ scaling: the simulated workers run ``time_scale`` times faster than the seed's c
 replay divides trace gaps by it, and every Program-scheduling duration (intervals, timeouts,
 TTL bounds, prefill/decode cost coefficients) is divided by it, so each system sees the same
 problem, only faster.  Subprocess output goes to ``<out>/logs/``.
+
+Ports are fixed by ``port_base`` (router ``base``, its Prometheus port ``base + 1``, worker ``i`` at
+``base + 2 + i``) and are the same for every system: both routers place sessions on a consistent-hash
+ring keyed by the worker URLs, so ephemeral ports would give each run a different session-to-rank
+placement (on a 4-rank cluster that alone moved the native token hit of one trace between 0.65 and
+0.78).  ``port_base = 0`` takes free ephemeral ports instead (not reproducible).
 """
 
 from __future__ import annotations
@@ -85,6 +91,7 @@ class BenchOptions:
     startup_timeout_seconds: float = 60.0
     program_overrides: dict[str, Any] = attrs.field(factory=dict)
     progress: bool = True
+    port_base: int = 18100  # 0 = ephemeral ports (placement then differs per run)
 
 
 def find_vllm_router(explicit: str | None = None) -> str | None:
@@ -114,6 +121,24 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def bench_ports(port_base: int, workers: int) -> tuple[int, int, list[int]]:
+    """``(router, prometheus, [worker...])`` ports; fixed from ``port_base`` (see the module docstring)."""
+    if port_base == 0:
+        return free_port(), free_port(), [free_port() for _ in range(workers)]
+    ports = [port_base + k for k in range(workers + 2)]
+    if ports[-1] > 65535:
+        raise BenchError(f"--port-base: {port_base} + {workers + 1} is past port 65535")
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers do: TIME_WAIT is fine
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError as exc:
+                raise BenchError(f"--port-base: port {port} (of {ports[0]}..{ports[-1]}) is in use ({exc.strerror}); "
+                                 "pick another base, or 0 for ephemeral ports") from None
+    return ports[0], ports[1], ports[2:]
 
 
 def sim_backend_command(python: str, port: int, cluster: ClusterSpec, index: int) -> list[str]:
@@ -221,15 +246,14 @@ async def run_system(system: str, trace: Trace, opts: BenchOptions, info: dict[s
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
     try:
         async with httpx.AsyncClient(limits=limits, timeout=None) as client:
+            port, prom_port, worker_ports = bench_ports(opts.port_base, opts.cluster.workers)
             workers = []
-            for i in range(opts.cluster.workers):  # start all, then wait: startups overlap
-                port = free_port()
-                proc = await procs.start(f"worker-{i}", sim_backend_command(opts.python, port, opts.cluster, i))
-                workers.append((f"http://127.0.0.1:{port}", proc))
+            for i, wport in enumerate(worker_ports):  # start all, then wait: startups overlap
+                proc = await procs.start(f"worker-{i}", sim_backend_command(opts.python, wport, opts.cluster, i))
+                workers.append((f"http://127.0.0.1:{wport}", proc))
             for i, (url, proc) in enumerate(workers):
                 await _wait_healthy(client, f"{url}/health", proc, procs, f"worker-{i}", opts.startup_timeout_seconds)
             worker_urls = [url for url, _proc in workers]
-            port, prom_port = free_port(), free_port()
             proc = await procs.start(system, system_command(system, opts, port, prom_port, worker_urls, log_dir))
             target = f"http://127.0.0.1:{port}"
             await _wait_healthy(client, f"{target}/health", proc, procs, system, opts.startup_timeout_seconds)

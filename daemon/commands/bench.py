@@ -65,8 +65,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="simulated worker seed")
     parser.add_argument("--ps-config-json", default=None, metavar="JSON",
                         help="extra Program scheduling fields for agentd and vllm-router-ps")
+    parser.add_argument("--port-base", type=_port_base, default=18100,
+                        help="fixed loopback ports: router BASE, its metrics BASE+1, workers BASE+2.. "
+                             "(same for every system, so hash placement is reproducible; 0 = ephemeral)")
     parser.add_argument("--no-progress", action="store_true")
     add_replay_flags(parser)
+
+
+def _port_base(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer port, got {text!r}") from None
+    if value != 0 and not 1024 <= value <= 65000:
+        raise argparse.ArgumentTypeError(f"must be 0 (ephemeral) or in 1024..65000, got {text!r}")
+    return value
 
 
 def _systems(args: argparse.Namespace, router: str | None) -> tuple[str, ...] | str:
@@ -132,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     context.append(f"- replay: concurrency {replay.concurrency or trace.meta.concurrency}, "
                    f"agentic context {replay.agentic_context}")
     opts = BenchOptions(out_dir=args.out, systems=systems, cluster=cluster, replay=replay, vllm_router=router,
-                        program_overrides=overrides, progress=not args.no_progress)
+                        program_overrides=overrides, progress=not args.no_progress, port_base=args.port_base)
     info = trace_info(trace, args.trace)
     try:
         reports = trio.run(run_bench, trace, opts, info)

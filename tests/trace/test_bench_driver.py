@@ -11,6 +11,11 @@ from __future__ import annotations
 import json
 import os
 
+import socket
+
+import pytest
+
+from daemon.benchkit.bench import BenchError, bench_ports
 from daemon.cli import main
 from daemon.trace.format import write_trace
 from daemon.trace.synth import Knobs, synthesize
@@ -24,7 +29,7 @@ def test_bench_native_and_agentd_on_a_tiny_trace(tmp_path, capsys) -> None:
         write_trace(trace, fh)
     out = tmp_path / "bench"
     code = main(["bench", "--trace", str(path), "--out", str(out), "--systems", "native,agentd", "--workers", "1",
-                 "--kv-blocks", "256", "--time-scale", "20", "--no-progress"])
+                 "--kv-blocks", "256", "--time-scale", "20", "--no-progress", "--port-base", "0"])
     assert code == 0
     reports = {s: json.loads((out / f"{s}.json").read_text()) for s in ("native", "agentd")}
     for system, rep in reports.items():
@@ -61,3 +66,30 @@ def test_bench_rejects_unknown_system(tmp_path, capsys) -> None:
     assert main(["bench", "--trace", str(path), "--out", str(tmp_path / "o"), "--systems", "vllm-router",
                  "--vllm-router", str(tmp_path / "missing")]) == 2
     assert "is not an executable file" in capsys.readouterr().err
+
+
+def test_bench_ports_are_fixed_from_the_base_and_a_busy_one_is_named() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        base = probe.getsockname()[1]
+    if base > 65000:
+        base = 40000
+    router, prom, workers = bench_ports(base, 3)
+    assert (router, prom, workers) == (base, base + 1, [base + 2, base + 3, base + 4])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", base + 3))
+        busy.listen()
+        with pytest.raises(BenchError, match=rf"--port-base: port {base + 3} \(of {base}..{base + 4}\) is in use"):
+            bench_ports(base, 3)
+    ephemeral = bench_ports(0, 2)
+    assert len(set([ephemeral[0], ephemeral[1], *ephemeral[2]])) == 4
+
+
+def test_bench_rejects_a_bad_port_base(tmp_path, capsys) -> None:
+    path = tmp_path / "t.jsonl"
+    with open(path, "w", encoding="utf-8") as fh:
+        write_trace(synthesize("bfcl", 1, seed=1), fh)
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--trace", str(path), "--out", str(tmp_path / "o"), "--port-base", "80"])
+    assert exc.value.code == 2
+    assert "--port-base: must be 0 (ephemeral) or in 1024..65000, got '80'" in capsys.readouterr().err
