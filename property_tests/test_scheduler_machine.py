@@ -223,6 +223,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             cap = cfg.token_capacity_per_dp_rank
             if cap is not None:
                 low = cap * cfg.low_watermark_ratio
+                if e.required_tokens > low + EPS:  # can never fit: runs alone on a rank that was idle
+                    assert set(rank.active) <= {a.program for a in admitted}, f"oversized admission beside others {e}"
+                    self._record_admission(e, rank, alone=True)
+                    continue
                 assert e.used_tokens + e.required_tokens <= low + EPS, f"I14 {e}"
                 if not e.batch_gain:
                     assert e.used_tokens + e.required_tokens + (e.reserve_tokens or 0.0) <= low + EPS, f"I14 {e}"
@@ -240,10 +244,10 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert p.last_pause_reason is None, f"I30 active {p.ref} kept pause reason {p.last_pause_reason}"
         self._check_order(event, effects, admitted, cross, pre)
 
-    def _record_admission(self, e: Transition, rank: Any) -> None:
+    def _record_admission(self, e: Transition, rank: Any, *, alone: bool = False) -> None:
         ledger_mode = capacity_accounting_source(rank, self.now, self.tick) != BACKEND_OBSERVATION
-        self.admission[e.program] = {
-            "forced": e.forced, "charge": e.required_tokens, "grown": 0.0, "last": e.required_tokens,
+        self.admission[e.program] = {  # an oversized Program admitted alone is allowed its charge, as forced ones
+            "forced": e.forced or alone, "charge": e.required_tokens, "grown": 0.0, "last": e.required_tokens,
             "ledger_mode": ledger_mode,
         }
 

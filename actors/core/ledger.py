@@ -233,6 +233,10 @@ def admission_plan(
     reserve_fits = used + required + reserve <= low
     if forced or (count_fits and immediate_fits and reserve_fits):
         return Plan(used, required, reserve, capacity, forced, False)
+    if not rank.active and required > low:
+        # agentd difference: a Program that can never fit runs alone on an idle rank (the engine
+        # chunks and, if it must, preempts it) instead of waiting for its force-resume deadline.
+        return Plan(used, required, reserve, capacity, False, False)
     if not count_fits or not immediate_fits:
         return None
     if factors is None:

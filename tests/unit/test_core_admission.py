@@ -193,3 +193,15 @@ def test_core_marked_continuation_counts_growth_exactly_once() -> None:
     assert "capacity_repair" in reasons(eff)
     assert h.rank().fallback_tokens == 0.0
     assert h.rank().delta_tokens == 0.0  # every charge was released exactly
+
+
+def test_core_program_larger_than_capacity_runs_alone_on_an_idle_rank() -> None:
+    h = Harness(token_capacity_per_dp_rank=1000, force_resume_timeout_seconds=300.0)
+    eff = h.submit("big", tokens=1500)  # 1600 private > 1000: can never fit
+    assert admitted(eff) == ["r1"]  # idle rank: admitted at once, not at the force deadline
+    assert h.program("big").lifecycle == "active_reasoning"
+    eff = h.submit("small", tokens=100, at=1.0)  # the rank is not idle now: no exception
+    assert admitted(eff) == []
+    eff = h.submit("big2", tokens=1500, at=2.0)
+    assert admitted(eff) == []  # oversized, but the rank holds an active Program
+    assert check(h.state, h.cfg) == []
