@@ -30,7 +30,7 @@ from actors.core.resume import (
     schedule_after_change, schedule_waiting, set_force_resume_deadline, yield_completed_segment,
 )
 from actors.core.scheduler import SchedulerState
-from actors.core.stats import CACHE_CONTINUITY_HIT_RATIO, RequestSample
+from actors.core.stats import CACHE_CONTINUITY_HIT_RATIO, RequestSample, acting_ttl_factors
 from actors.core.topology import _bind, sync_targets
 
 SHRINK_CONFIRMATIONS = 2
@@ -142,6 +142,7 @@ def on_submit(s: SchedulerState, ev: RequestSubmitted) -> None:
         rank = s.ranks.get(p.last_target)
         if rank is not None and math.isfinite(interval):
             rank.factors.push_continuity(interval, p.last_cache_miss_impact_seconds)
+            s.warm_factors.push_continuity(interval, p.last_cache_miss_impact_seconds)
             p.continuity_sampled_at = p.last_request_finished_at
             s.effects.append(RequestIntervalObserved(rank.target_id, interval))
     from_state = p.lifecycle
@@ -290,6 +291,8 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
         else:
             action = "ttl"
     prev_ctx = p.last_context_tokens
+    if ev.success and d.placement_start_request and prev_ctx and usage.cached_prompt_tokens is not None:
+        s.resume_hits.push(explicit_cached, prev_ctx)
     if ev.success:
         continuous = prev_ctx is None or cached >= CACHE_CONTINUITY_HIT_RATIO * prev_ctx
         new_segment = d.placement_start_request and (prev_ctx is None or not continuous)
@@ -330,7 +333,9 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     p.output_token_reservation = None
     if action == "ttl":
         # the fitted TTL uses the continuity window as it was before this completion's samples
-        ttl = hint_ttl if hint_ttl is not None else fac.fitted_acting_ttl(impact, cfg.max_acting_ttl_seconds)
+        fit = acting_ttl_factors(fac, s.warm_factors)
+        ttl = hint_ttl if hint_ttl is not None else fit.fitted_acting_ttl(
+            impact * s.resume_hits.miss_ratio(), cfg.max_acting_ttl_seconds)
         p.acting_since = now
         p.ttl_deadline = now + ttl
         s.ttl_heap.push(p.ttl_deadline, p.ref)

@@ -37,6 +37,7 @@ from actors.core.ids import ProgramKey, ProgramRef, RequestId, SeqCounter, Targe
 from actors.core.model import ACTIVE, DeadlineHeap, Dispatch, Lineage, PAUSED, ACTING, Program, RankState
 from actors.core.placement import Binder
 from actors.core.queue import RequestPool
+from actors.core.stats import ProgressTtlFactors, ResumeHitWindow
 
 
 class SchedulerState:
@@ -66,6 +67,10 @@ class SchedulerState:
         self.queue_heap = DeadlineHeap()
         self.prune_heap = DeadlineHeap()
         self.dirty_ranks: dict[TargetId, None] = {}
+        # request intervals of every rank: the TTL fit of a rank whose own window is not full yet
+        self.warm_factors = ProgressTtlFactors(cfg.stats_window_size)
+        # engine cache kept across pauses: scales the cache-miss impact in the TTL fit
+        self.resume_hits = ResumeHitWindow(cfg.stats_window_size)
         self.forced_admissions = 0
         # per-step scratch
         self.effects: list[Effect] = []

@@ -14,6 +14,7 @@ from actors.core.ledger import (
     FRESHNESS_INTERVALS, capacity_accounting_source, observation_fresh, private_tokens, target_usage,
 )
 from actors.core.model import ACTING, ACTIVE, PAUSED, REASONING, Program, RankState
+from actors.core.stats import acting_ttl_factors
 
 
 def _opt_round(x: float | None) -> int | None:
@@ -38,11 +39,13 @@ def _rolling(state: Any, rank: RankState, cfg: Any) -> dict[str, Any]:
         "avg_router_queue_seconds": f.mean_queue_seconds(),
         "avg_rounds_since_ttl_pause": f.mean_rounds_since_ttl_pause(),
         "request_throughput_per_second": f.request_throughput_per_second(),
-        "fitted_acting_ttl_seconds": _peek_ttl(f, cfg),
+        "fitted_acting_ttl_seconds": _peek_ttl(acting_ttl_factors(f, state.warm_factors), cfg,
+                                               state.resume_hits.miss_ratio()),
+        "acting_ttl_fit_window": "rank" if f.continuity_window_complete else "cluster",
     }
 
 
-def _peek_ttl(f: Any, cfg: Any) -> float:
+def _peek_ttl(f: Any, cfg: Any, miss_ratio: float) -> float:
     from actors.core.stats import fit_ttl
 
     if not f.continuity_window_complete:
@@ -50,7 +53,7 @@ def _peek_ttl(f: Any, cfg: Any) -> float:
     fit = f.log_interval_fit()
     if fit is None:
         return 0.0
-    return fit_ttl(fit[0], fit[1], f.mean_continuity_impact_seconds(), cfg.max_acting_ttl_seconds)
+    return fit_ttl(fit[0], fit[1], f.mean_continuity_impact_seconds() * miss_ratio, cfg.max_acting_ttl_seconds)
 
 
 def program_view(state: Any, p: Program, cfg: Any, now: float) -> dict[str, Any]:
@@ -166,6 +169,9 @@ def snapshot(state: Any, cfg: Any, now: float) -> dict[str, Any]:
         "resume_order": cfg.resume_order,
         "cross_rank_headroom_ratio": cfg.cross_rank_headroom_ratio,
         "retained_requests": len(state.pool),
+        "cluster_continuity_samples": len(state.warm_factors.continuities),
+        "resume_samples": len(state.resume_hits.samples),
+        "resume_cache_miss_ratio": state.resume_hits.miss_ratio(),
         "in_flight_requests": len(state.in_flight),
         "live_programs": len(state.programs),
         "forced_admissions": state.forced_admissions,

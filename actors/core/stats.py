@@ -352,6 +352,63 @@ class ProgressTtlFactors:
         return max(1, min(max_segment_rounds, r))
 
 
+class ResumeHitWindow:
+    """How much of a paused Program's context the engine still had when the Program came back.
+
+    One sample per placement start of a Program that ran before: ``(cached, reusable)`` with
+    ``reusable`` = its previous context and ``cached`` the backend-reported cached tokens (capped at
+    ``reusable``).  ``miss_ratio`` = ``1 - sum(cached) / sum(reusable)`` over the last ``limit``
+    samples, and 1.0 (the reference's assumption: a pause loses the whole cache) until the window
+    is full.  agentd scales the cache-miss impact in the TTL fit by it (docs/program-scheduling.md
+    §4): where paused Programs keep most of their KV in the engine's cache (light pressure), holding
+    capacity for them buys little.
+    """
+
+    __slots__ = ("limit", "samples", "_cached", "_reusable", "_pushes")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.samples: deque[tuple[int, int]] = deque()
+        self._cached = 0
+        self._reusable = 0
+        self._pushes = 0
+
+    def push(self, cached: int, reusable: int) -> None:
+        if self.limit <= 0 or reusable <= 0:
+            return
+        cached = max(0, min(cached, reusable))
+        if len(self.samples) >= self.limit:
+            c, r = self.samples.popleft()
+            self._cached -= c
+            self._reusable -= r
+        self.samples.append((cached, reusable))
+        self._cached += cached
+        self._reusable += reusable
+
+    @property
+    def complete(self) -> bool:
+        return self.limit > 0 and len(self.samples) >= self.limit
+
+    def miss_ratio(self) -> float:
+        if not self.complete or self._reusable <= 0:
+            return 1.0
+        return 1.0 - self._cached / self._reusable
+
+
+def acting_ttl_factors(own: ProgressTtlFactors, warm: ProgressTtlFactors | None) -> ProgressTtlFactors:
+    """The window a rank's fitted TTL comes from: its own once complete, else the cluster-wide one.
+
+    agentd difference (docs/program-scheduling.md §10): the reference arms a TTL of 0 until the
+    rank's own window holds ``stats_window_size`` request intervals, so during warm-up every
+    Program pauses at each completion.  Request intervals are a property of the agents, not of the
+    rank, so until then agentd fits on the last ``stats_window_size`` intervals of all ranks
+    (still 0 until that window is full).
+    """
+    if warm is None or own.continuity_window_complete:
+        return own
+    return warm
+
+
 def continuous_growth_reserve(factors: ProgressTtlFactors | None, target_rounds: int, remaining: list[int]) -> float:
     """``g * (R + sum(remaining))`` with g = mean context growth; 0 if R <= 0 or g <= 0."""
     if factors is None or target_rounds <= 0:

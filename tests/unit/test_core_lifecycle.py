@@ -284,3 +284,63 @@ def test_core_deadline_heaps_stay_bounded_under_churn() -> None:
     (arm,) = [e for e in h.log if isinstance(e, fx.ArmTimer) and e.kind == PAUSED_RETENTION][-1:]
     assert h.fire(arm.program, PAUSED_RETENTION, arm.token, at=arm.deadline) != ()  # still released on time
     assert h.program("a") is None
+
+
+def test_core_warm_up_ttl_is_fitted_on_the_intervals_of_all_ranks() -> None:
+    from actors.core.stats import fit_ttl
+
+    h = Harness(n_targets=2, stats_window_size=4, max_acting_ttl_seconds=10.0)
+    names = ["p0", "p1", "p2", "p3", "p4", "p5"]
+    for n in names:
+        h.submit(n, at=0.0)
+    by_rank: dict[str, list[str]] = {}
+    for n in names:
+        by_rank.setdefault(h.program(n).placement, []).append(n)
+    assert len(by_rank) == 2  # programs on both ranks
+    a, b = (v[0] for _, v in sorted(by_rank.items()))
+    t = 1.0
+    intervals = {a: [0.1, 0.4], b: [0.2, 0.3]}
+    log = []
+    for prog in (a, b):
+        for gap in intervals[prog]:
+            # complete the program's in-flight request, then come back after `gap`
+            (inflight,) = [r for r, d in h.state.in_flight.items() if d.ref.program_id == prog]
+            eff = h.complete(str(inflight), at=t, prompt=30000)
+            armed = of(eff, fx.TtlArmed)
+            log.append(armed[0].ttl_seconds if armed else None)
+            t += gap
+            h.submit(prog, at=t)
+            t += 0.25
+    assert all(x in (0.0, None) for x in log)  # warm-up: no window is full yet
+    own = h.state.ranks[h.program(a).placement].factors
+    assert len(own.continuities) == 2 and not own.continuity_window_complete
+    assert len(h.state.warm_factors.continuities) == 4
+    (inflight,) = [r for r, d in h.state.in_flight.items() if d.ref.program_id == a]
+    eff = h.complete(str(inflight), at=t, prompt=30000)
+    (armed,) = of(eff, fx.TtlArmed)
+    mu, sigma = h.state.warm_factors.log_interval_fit()
+    impact = h.program(a).last_cache_miss_impact_seconds
+    assert armed.ttl_seconds == pytest.approx(fit_ttl(mu, sigma, impact, 10.0))
+    assert armed.ttl_seconds > 0.0  # the reference would arm 0 here (rank window 2 of 4)
+    assert check(h.state, h.cfg) == []
+
+
+@pytest.mark.parametrize(("resume_cached", "expect_hold"), [(0, True), (30000, False)])
+def test_core_ttl_fit_weighs_the_cache_kept_across_pauses(resume_cached: int, expect_hold: bool) -> None:
+    # one rank, window 3: warm-up pauses after every completion; each return is a placement start
+    h = Harness(stats_window_size=3, max_acting_ttl_seconds=10.0)
+    h.submit("a", at=0.0)
+    t = 1.0
+    for i, gap in enumerate([0.1, 0.4, 0.2]):
+        (inflight,) = list(h.state.in_flight)
+        h.complete(str(inflight), at=t, prompt=30000, cached=0 if i == 0 else resume_cached)
+        t += gap
+        h.submit("a", at=t)
+        t += 0.25
+    (inflight,) = list(h.state.in_flight)
+    eff = h.complete(str(inflight), at=t, prompt=30000, cached=resume_cached)
+    assert h.state.resume_hits.complete
+    assert h.state.resume_hits.miss_ratio() == (1.0 if expect_hold else 0.0)
+    (armed,) = of(eff, fx.TtlArmed)
+    # engine kept everything across pauses: holding capacity buys nothing, TTL 0
+    assert (armed.ttl_seconds > 0.0) is expect_hold

@@ -198,3 +198,20 @@ def test_core_stats_ttl_utility_log_space_path_matches_direct_formula() -> None:
     z = (math.log(d) - mu) / sigma
     direct = c * normal_cdf(z) - math.exp(mu + sigma**2 / 2) * normal_cdf(z - sigma) - d * (1 - normal_cdf(z))
     assert ttl_utility(d, c, mu, sigma) == pytest.approx(direct, rel=1e-12)
+
+
+def test_resume_hit_window_miss_ratio_is_one_until_full_then_token_weighted() -> None:
+    from actors.core.stats import ResumeHitWindow
+
+    w = ResumeHitWindow(3)
+    assert w.miss_ratio() == 1.0
+    w.push(900, 1000)
+    w.push(5000, 4000)  # cached is capped at the reusable context
+    assert not w.complete and w.miss_ratio() == 1.0  # the reference's assumption until full
+    w.push(0, 0)  # nothing reusable: not a sample
+    w.push(0, 5000)
+    assert w.complete
+    assert w.miss_ratio() == pytest.approx(1 - (900 + 4000) / (1000 + 4000 + 5000))
+    w.push(1000, 1000)  # the oldest sample leaves the window
+    assert w.miss_ratio() == pytest.approx(1 - (4000 + 1000) / (4000 + 5000 + 1000))
+    assert len(w.samples) == 3

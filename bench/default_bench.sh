@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The default side-by-side bench of issue 6: swe-short at the thrash point and at the eviction
+# point, each through native agentd, agentd with Program scheduling, and (when the vllm-router
+# executable is found: VLLM_ROUTER=path or PATH) vllm-router and vllm-router-ps.
+#
+#   bench/default_bench.sh [OUT_DIR]        (default OUT_DIR: bench-out)
+#
+# Traces are generated with fixed seeds; the KV sizes put native serving at a token cache hit of
+# about 0.6 (thrash: 32 agents, recompute preemptions) and about 0.8 (eviction: 12 agents), as
+# measured with `agentd simulate` (docs/benchmarks.md section 4).  Time scale 4 keeps the whole
+# run near 18 minutes on a 2-core machine.
+set -euo pipefail
+OUT="${1:-bench-out}"
+AGENTD="${AGENTD:-agentd}"
+TS="${TIME_SCALE:-4}"
+mkdir -p "$OUT"
+router=()
+if [ -n "${VLLM_ROUTER:-}" ]; then router=(--vllm-router "$VLLM_ROUTER"); fi
+start=$(date +%s)
+"$AGENTD" trace synth --profile swe-short --programs 64 --seed 1 --out "$OUT/swe64.jsonl"
+"$AGENTD" trace synth --profile swe-short --programs 40 --seed 1 --out "$OUT/swe40.jsonl"
+"$AGENTD" bench --trace "$OUT/swe64.jsonl" --out "$OUT/thrash" "${router[@]}" \
+  --kv-blocks 4000 --concurrency 32 --time-scale "$TS"
+"$AGENTD" bench --trace "$OUT/swe40.jsonl" --out "$OUT/eviction" "${router[@]}" \
+  --kv-blocks 2500 --concurrency 12 --time-scale "$TS"
+echo "default bench: $(( $(date +%s) - start )) s wall; reports in $OUT/thrash/report.md and $OUT/eviction/report.md"
