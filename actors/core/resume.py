@@ -128,8 +128,12 @@ def select_cross_rank(s: SchedulerState, p: Program) -> tuple[RankState, Plan] |
     pool = p.ref.model_pool
     waiters = ordered(s, list(s.global_queues.get(pool, {})))
     interval = cfg.metrics_interval_seconds
-    if source is None or source.factors is None or not source.factors.request_window_complete:
+    if source is None or source.factors is None:
         return None
+    # agentd difference: the maturity gate (both request windows full) is waived for an idle
+    # destination (no active Program): waiting behind a busy rank while another one idles costs
+    # more than the recomputation a move implies (docs/program-scheduling.md §7, §10)
+    source_mature = source.factors.request_window_complete
     if p.queued_at is None or now - p.queued_at < interval:
         return None
     threshold = cfg.admission_waiting_request_threshold
@@ -154,7 +158,9 @@ def select_cross_rank(s: SchedulerState, p: Program) -> tuple[RankState, Plan] |
         if dest_id == source_id or dest_id in waiting_targets:
             continue
         dest = s.ranks[dest_id]
-        if dest.factors is None or not dest.factors.request_window_complete:
+        if dest.factors is None:
+            continue
+        if not (source_mature and dest.factors.request_window_complete) and dest.active:
             continue
         if capacity is not None:
             low = capacity * cfg.low_watermark_ratio

@@ -216,3 +216,25 @@ def test_core_cross_rank_order_is_fcfs_regardless_of_mru() -> None:
     b = prog("b", queued_at=1.0, finished=1.0)
     assert order([(a, 0), (b, 0)], "mru") == ["a", "b"]
     assert order([(a, 0), (b, 0)], "fcfs") == ["b", "a"]  # what cross-rank uses
+
+
+def test_core_cross_rank_escape_to_an_idle_rank_before_the_windows_mature() -> None:
+    h = Harness(n_targets=2, global_queue=True, binding_strategy="program_round_robin",
+                token_capacity_per_dp_rank=10_000, admission_waiting_request_threshold=0)
+    assert not h.rank(0).factors.request_window_complete  # stats_window_size 100: immature all along
+    h.submit("big", tokens=6000)  # rank 0
+    h.submit("z", tokens=1000, hints=RequestHints(kv_retention_ttl_seconds=600.0))  # rank 1
+    h.submit("a", tokens=2000)  # rank 0: 6100 + 2100 <= 10000
+    h.complete("r2", at=0.3, prompt=1000)  # z holds rank 1 (acting, hint TTL)
+    h.complete("r3", at=0.5, prompt=2000)  # a pauses (warm-up TTL 0)
+    h.submit("big", tokens=8000, at=0.7)  # rank 0 now 8100 used
+    h.submit("a", tokens=2000, at=1.0)  # cannot come back to rank 0
+    eff = h.tick(at=2.0)
+    assert admitted(eff) == []  # rank 1 holds z and the windows are immature: the reference gate holds
+    h.submit("z", tokens=1100, at=2.5)
+    h.complete("r6", at=3.0, prompt=1100)  # no hint now: TTL 0, z pauses, rank 1 is idle
+    assert [r.program_id for r in h.rank(1).active] == ["a"]  # a moved at once to the idle rank
+    assert admitted(h.log[-12:]) == ["r5"]
+    assert h.program("a").placement == tid(1)
+    assert reasons(h.log[-12:])[-2:] == ["program_admit", "cross_rank_resume"]
+    assert check(h.state, h.cfg) == []
