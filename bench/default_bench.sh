@@ -7,20 +7,21 @@
 #
 # Traces are generated with fixed seeds; the KV sizes put native serving at a token cache hit of
 # about 0.6 (thrash: 32 agents, recompute preemptions) and about 0.8 (eviction: 12 agents), as
-# measured with `agentd simulate` (docs/benchmarks.md section 4).  Time scale 4 keeps the whole
-# run near 18 minutes on a 2-core machine.
+# measured with `agentd simulate` (docs/benchmarks.md section 4).  Time scales 3 (thrash) and 4
+# (eviction, fewer concurrent streams) keep the whole run under 20 minutes on a 2-core machine.
 set -euo pipefail
 OUT="${1:-bench-out}"
 AGENTD="${AGENTD:-agentd}"
-TS="${TIME_SCALE:-4}"
+TS_THRASH="${TIME_SCALE_THRASH:-3}"
+TS_EVICTION="${TIME_SCALE_EVICTION:-4}"
 mkdir -p "$OUT"
 router=()
 if [ -n "${VLLM_ROUTER:-}" ]; then router=(--vllm-router "$VLLM_ROUTER"); fi
 start=$(date +%s)
-"$AGENTD" trace synth --profile swe-short --programs 64 --seed 1 --out "$OUT/swe64.jsonl"
+"$AGENTD" trace synth --profile swe-short --programs 48 --seed 1 --out "$OUT/swe48.jsonl"
 "$AGENTD" trace synth --profile swe-short --programs 40 --seed 1 --out "$OUT/swe40.jsonl"
-"$AGENTD" bench --trace "$OUT/swe64.jsonl" --out "$OUT/thrash" "${router[@]}" \
-  --kv-blocks 4000 --concurrency 32 --time-scale "$TS"
+"$AGENTD" bench --trace "$OUT/swe48.jsonl" --out "$OUT/thrash" "${router[@]}" \
+  --kv-blocks 4500 --concurrency 32 --time-scale "$TS_THRASH"
 "$AGENTD" bench --trace "$OUT/swe40.jsonl" --out "$OUT/eviction" "${router[@]}" \
-  --kv-blocks 2500 --concurrency 12 --time-scale "$TS"
+  --kv-blocks 2500 --concurrency 12 --time-scale "$TS_EVICTION"
 echo "default bench: $(( $(date +%s) - start )) s wall; reports in $OUT/thrash/report.md and $OUT/eviction/report.md"

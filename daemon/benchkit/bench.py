@@ -8,7 +8,8 @@ writes ``<out>/<system>.json``.  Systems:
 
 - ``native``: agentd, Program scheduling off, ``consistent_hash`` (keyed by ``x-session-id``);
 - ``agentd``: agentd with Program scheduling (token capacity = one rank's simulated KV,
-  ``global_queue: true``, time-scaled timing parameters and cost models);
+  ``global_queue: true``, ``binding_strategy: reasoning_token_balance``, time-scaled timing
+  parameters and cost models);
 - ``vllm-router``: the reference router with ``--policy consistent_hash``;
 - ``vllm-router-ps``: the reference router with ``--enable-program-scheduling`` and the same
   Program scheduling JSON as ``agentd``.
@@ -107,6 +108,9 @@ def scaled_program_config(cluster: ClusterSpec, overrides: dict[str, Any] | None
     cfg: dict[str, Any] = {
         "global_queue": True,
         "resume_order": "mru",
+        # new Programs start on the rank with the most free logical KV (the reference's option of
+        # the same name; its default, consistent_hash, reproduces native's hash imbalance)
+        "binding_strategy": "reasoning_token_balance",
         "token_capacity_per_dp_rank": cluster.rank_kv_tokens,
         **{k: v / s for k, v in _DEFAULT_TIMES.items()},
         "prefill_cost_model": {**{k: v / s for k, v in _SEED_PREFILL.items()}, "decode_throughput_alpha": 0.15},

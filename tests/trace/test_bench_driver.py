@@ -51,6 +51,7 @@ def test_bench_native_and_agentd_on_a_tiny_trace(tmp_path, capsys) -> None:
     assert reports["native"]["queue_wait_seconds"]["router"] is None
     assert reports["agentd"]["queue_wait_seconds"]["router"]["count"] == len(trace.records)
     assert reports["agentd"]["program_scheduling_config"]["token_capacity_per_dp_rank"] == 256 * 16
+    assert reports["agentd"]["program_scheduling_config"]["binding_strategy"] == "reasoning_token_balance"
     md = (out / "report.md").read_text()
     assert "| metric | native | agentd |" in md and "### Against `native`" in md
     assert md in capsys.readouterr().out
