@@ -7,13 +7,15 @@
 #
 # Traces are generated with fixed seeds; the KV sizes put native serving at a token cache hit of
 # about 0.6 (thrash: 32 agents, recompute preemptions) and about 0.8 (eviction: 12 agents), as
-# measured with `agentd simulate` (docs/benchmarks.md section 4).  Time scales 3 (thrash) and 4
-# (eviction, fewer concurrent streams) keep the whole run under 20 minutes on a 2-core machine.
+# measured with `agentd simulate` (docs/benchmarks.md section 4).  Time scales 2 (thrash) and 5
+# (eviction: 12 agents, fewer concurrent streams) keep the whole run under 20 minutes on a 2-core
+# machine.  Time scaling speeds up the simulated workers but not the routers' per-token CPU cost,
+# so a larger scale handicaps the slower proxy (docs/benchmarks.md section 4.3).
 set -euo pipefail
 OUT="${1:-bench-out}"
 AGENTD="${AGENTD:-agentd}"
-TS_THRASH="${TIME_SCALE_THRASH:-3}"
-TS_EVICTION="${TIME_SCALE_EVICTION:-4}"
+TS_THRASH="${TIME_SCALE_THRASH:-2}"
+TS_EVICTION="${TIME_SCALE_EVICTION:-5}"
 mkdir -p "$OUT"
 router=()
 if [ -n "${VLLM_ROUTER:-}" ]; then router=(--vllm-router "$VLLM_ROUTER"); fi
