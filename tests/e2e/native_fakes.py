@@ -186,3 +186,14 @@ def make_config(
         routing=RoutingConfig(worker_urls=worker_urls, intra_node_data_parallel_size=dp, policy=policy,
                               health_check_interval_seconds=health_interval_seconds),
     )
+
+
+async def read_line(stream: trio.abc.ReceiveStream) -> str:
+    """One line of a child process's output (byte by byte: never reads past the newline)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = await stream.receive_some(1)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode()

@@ -11,17 +11,9 @@ from pathlib import Path
 import httpx
 import trio
 
+from native_fakes import read_line
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-async def _read_line(stream: trio.abc.ReceiveStream) -> str:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = await stream.receive_some(1)
-        if not chunk:
-            break
-        data += chunk
-    return data.decode()
 
 
 async def test_native_start_command_banner_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
@@ -33,7 +25,7 @@ async def test_native_start_command_banner_serves_and_stops_on_sigterm(tmp_path:
     try:
         assert proc.stdout is not None
         with trio.fail_after(60):
-            line = await _read_line(proc.stdout)
+            line = await read_line(proc.stdout)
         match = re.fullmatch(r"agentd listening on (http://127\.0\.0\.1:(\d+))\n", line)
         assert match, line
         assert match.group(2) != "0"

@@ -15,17 +15,9 @@ import httpx
 import openai
 import trio
 
+from native_fakes import read_line
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-async def _read_line(stream: trio.abc.ReceiveStream) -> str:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = await stream.receive_some(1)
-        if not chunk:
-            break
-        data += chunk
-    return data.decode()
 
 
 async def _start(cmd: list[str], banner: str, procs: list[trio.Process]) -> str:
@@ -34,7 +26,7 @@ async def _start(cmd: list[str], banner: str, procs: list[trio.Process]) -> str:
     procs.append(proc)
     assert proc.stdout is not None
     with trio.fail_after(60):
-        line = await _read_line(proc.stdout)
+        line = await read_line(proc.stdout)
     match = re.fullmatch(banner + r" (http://127\.0\.0\.1:\d+)\n", line)
     assert match, line
     return match.group(1)

@@ -320,34 +320,38 @@ async def test_program_waiting_gate_holds_programs_not_identity_free_traffic(
     assert [(s.name, s.at - t0) for s in worker.seen] == [("warm", 0.0), ("PLAIN", 0.25), ("GATED", 3.25)]
 
 
+async def _disconnect_while_queued(worker: ProgramWorker, ps: Any, client: httpx.AsyncClient) -> None:
+    """X holds the only slot; Q queues behind it and its client goes away; the ledger ends at zero."""
+    async with trio.open_nursery() as reqs:
+        worker.hold("X")
+        reqs.start_soon(post, client, chat("X", "x"))
+        await worker.arrival("X").wait()
+        gone = trio.CancelScope()
+
+        async def queued() -> None:
+            with gone:  # the client gives up (its connection closes) while the request is queued
+                await post(client, chat("Q", "q"))
+
+        reqs.start_soon(queued)
+        await ps.wait_diagnostics(lambda d: d["retained_requests"] == 1)
+        gone.cancel()
+        await ps.wait_diagnostics(lambda d: d["retained_requests"] == 0)
+        worker.release("X")
+    diag = await ps.wait_diagnostics(rank0(lambda r: r["router_in_flight_requests"] == 0
+                                           and r["router_active_programs"] == 0))
+    rank = diag["ranks"][0]
+    assert rank["router_estimated_used_tokens"] == 0
+    assert rank["router_queued_requests"] == 0
+    assert diag["dispatcher"]["abandoned_count"] == 1
+    assert "Q" not in worker.order()
+
+
 async def test_program_client_disconnect_while_queued_leaves_ledger_at_zero(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     worker = ProgramWorker()
     async with program_daemon(worker, **TINY) as (handles, client):
-        ps = handles.program_dispatcher
-        async with trio.open_nursery() as reqs:
-            worker.hold("X")
-            reqs.start_soon(post, client, chat("X", "x"))
-            await worker.arrival("X").wait()
-            gone = trio.CancelScope()
-
-            async def queued() -> None:
-                with gone:  # the client gives up while the request is queued
-                    await post(client, chat("Q", "q"))
-
-            reqs.start_soon(queued)
-            await ps.wait_diagnostics(lambda d: d["retained_requests"] == 1)
-            gone.cancel()
-            await ps.wait_diagnostics(lambda d: d["retained_requests"] == 0)
-            worker.release("X")
-        diag = await ps.wait_diagnostics(rank0(lambda r: r["router_in_flight_requests"] == 0
-                                               and r["router_active_programs"] == 0))
-        rank = diag["ranks"][0]
-        assert rank["router_estimated_used_tokens"] == 0
-        assert rank["router_queued_requests"] == 0
-        assert diag["dispatcher"]["abandoned_count"] == 1
-        assert "Q" not in worker.order()
+        await _disconnect_while_queued(worker, handles.program_dispatcher, client)
 
 
 async def test_program_client_disconnect_over_a_real_socket_while_queued() -> None:
@@ -356,28 +360,8 @@ async def test_program_client_disconnect_over_a_real_socket_while_queued() -> No
     with trio.fail_after(REAL_BUDGET_SECONDS):  # generous; only reached if the behaviour breaks
         async with trio.open_nursery() as nursery:
             handles = await start(nursery, worker, **TINY)
-            ps = handles.program_dispatcher
-            async with httpx.AsyncClient(base_url=handles.http_url, timeout=REAL_BUDGET_SECONDS) as client, \
-                    trio.open_nursery() as reqs:
-                worker.hold("X")
-                reqs.start_soon(post, client, chat("X", "x"))
-                await worker.arrival("X").wait()
-                gone = trio.CancelScope()
-
-                async def queued() -> None:
-                    with gone:  # the client's connection closes while the request is queued
-                        await post(client, chat("Q", "q"))
-
-                reqs.start_soon(queued)
-                await ps.wait_diagnostics(lambda d: d["retained_requests"] == 1)
-                gone.cancel()
-                await ps.wait_diagnostics(lambda d: d["retained_requests"] == 0)
-                worker.release("X")
-            diag = await ps.wait_diagnostics(rank0(lambda r: r["router_in_flight_requests"] == 0
-                                                   and r["router_active_programs"] == 0))
-            assert diag["ranks"][0]["router_estimated_used_tokens"] == 0
-            assert diag["dispatcher"]["abandoned_count"] == 1
-            assert "Q" not in worker.order()
+            async with httpx.AsyncClient(base_url=handles.http_url, timeout=REAL_BUDGET_SECONDS) as client:
+                await _disconnect_while_queued(worker, handles.program_dispatcher, client)
             handles.shutdown.set()
 
 
