@@ -236,7 +236,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self._record_admission(e, s.ranks[e.target_id])
         for ref in cross:
             assert pre_pause_reason.get(ref) is not None, f"I31 {ref} migrated without a pause reason"
-            assert self.now - (pre_queued_at.get(ref) or self.now) >= self.tick - EPS or pre_queued_at.get(ref) is None
+            queued_at = pre_queued_at.get(ref)
+            assert queued_at is None or self.now - queued_at >= self.tick - EPS, f"I31 {ref} migrated too early"
             dest = next(e.target_id for e in admitted if e.program == ref)
             assert dest != pre_last_target.get(ref), f"I31 {ref} migrated to its own rank"
         for p in s.programs.values():

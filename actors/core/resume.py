@@ -149,7 +149,13 @@ def select_cross_rank(s: SchedulerState, p: Program) -> tuple[RankState, Plan] |
                 if other.last_target == source_id and other.queued_at is not None and now - other.queued_at >= interval:
                     pressure = True
                     break
-    if not pressure:
+    # agentd difference (ski rental): a Program that has waited for its source rank at least as
+    # long as recomputing its private context elsewhere would take moves to any rank that can
+    # admit it, without the headroom margin (the reference needs backend waiting requests, which
+    # a rank that is full in the ledger but not in the batch never shows).  Waiting, then moving,
+    # costs at most twice the better of the two choices (docs/program-scheduling.md §7, §10).
+    patient = now - p.queued_at >= max(interval, p.last_cache_miss_impact_seconds)
+    if not (pressure or patient):
         return None
     capacity = cfg.token_capacity_per_dp_rank
     waiting_targets = {o.last_target for o in waiters if o is not p}
@@ -160,9 +166,9 @@ def select_cross_rank(s: SchedulerState, p: Program) -> tuple[RankState, Plan] |
         dest = s.ranks[dest_id]
         if dest.factors is None:
             continue
-        if not (source_mature and dest.factors.request_window_complete) and dest.active:
+        if not (patient or (source_mature and dest.factors.request_window_complete)) and dest.active:
             continue
-        if capacity is not None:
+        if capacity is not None and not patient:
             low = capacity * cfg.low_watermark_ratio
             free_dest = max(0.0, low - target_usage(dest, now, interval))
             free_src = max(0.0, low - target_usage(source, now, interval))

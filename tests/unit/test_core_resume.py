@@ -13,6 +13,7 @@ from actors.core.queue import resume_key
 from actors.core.resume import force_resume_estimate
 from actors.core.stats import RequestSample
 from core_support import Harness, admitted, of, reasons, tid
+from daemon.config import PrefillCostModel
 
 
 def prog(pid: str, queued_at: float | None = None, finished: float | None = None, forced_at: float | None = None,
@@ -193,9 +194,14 @@ def test_core_cross_rank_resume_moves_paused_program_under_source_pressure() -> 
     assert h.program("a").home_target == tid(0)  # home is never changed by resume
 
 
+# a recompute 10x dearer than the default: the ski-rental patience (core/resume.py) stays far away
+SLOW_PREFILL = PrefillCostModel(intercept_seconds=5.0)
+
+
 @pytest.mark.parametrize(("second_ctx", "moves"), [(2000, True), (6000, False)])
 def test_core_cross_rank_headroom_inequality(second_ctx: int, moves: bool) -> None:
-    h = _global_two_ranks(token_capacity_per_dp_rank=10_000, admission_waiting_request_threshold=0)
+    h = _global_two_ranks(token_capacity_per_dp_rank=10_000, admission_waiting_request_threshold=0,
+                          prefill_cost_model=SLOW_PREFILL)
     h.submit("big", tokens=6000)  # rank 0
     h.submit("z", tokens=1000)  # rank 1: 1100 used
     h.submit("a", tokens=2000)  # rank 0: 6100 + 2100 <= 10000
@@ -211,6 +217,30 @@ def test_core_cross_rank_headroom_inequality(second_ctx: int, moves: bool) -> No
     assert check(h.state, h.cfg) == []
 
 
+def test_core_cross_rank_ski_rental_moves_after_waiting_the_recompute_cost() -> None:
+    """agentd difference: no backend pressure and no headroom margin, but a waited as long as a
+    recompute of its private context elsewhere costs, so it moves to the rank that can admit it."""
+    h = _global_two_ranks(token_capacity_per_dp_rank=10_000, admission_waiting_request_threshold=1,
+                          prefill_cost_model=SLOW_PREFILL)
+    h.submit("big", tokens=6000)  # rank 0
+    h.submit("z", tokens=1000)  # rank 1: 1100 used
+    h.submit("a", tokens=2000)  # rank 0
+    h.complete("r3", at=0.5, prompt=2000)  # a pauses
+    impact = h.program("a").last_cache_miss_impact_seconds
+    # 2000 private tokens: (5.0 + 0.057 * 2 + 0.0044 * 4) * (2 - 0.15)
+    assert impact == pytest.approx((5.0 + 0.05702024012166613 * 2 + 0.0044057347937978475 * 4) * 1.85)
+    h.submit("big", tokens=8000, at=0.7)  # rank 0 now 8100 used
+    h.submit("a", tokens=6000, at=1.0)  # cannot come back: 8100 + 6100 > 10000
+    h.observe(0, 0.5, 1, 0, at=1.5)  # no backend waiting requests on rank 0: no pressure
+    eff = h.tick(at=1.0 + impact - 0.01)
+    assert admitted(eff) == []  # headroom: 8900 < 1900 + 1.2 * 6000, and patience not yet spent
+    eff = h.tick(at=1.0 + impact)
+    assert admitted(eff) == ["r5"]
+    assert reasons(eff) == ["program_admit", "cross_rank_resume"]
+    assert h.program("a").placement == tid(1)
+    assert check(h.state, h.cfg) == []
+
+
 def test_core_cross_rank_order_is_fcfs_regardless_of_mru() -> None:
     a = prog("a", queued_at=2.0, finished=9.0)
     b = prog("b", queued_at=1.0, finished=1.0)
@@ -220,7 +250,8 @@ def test_core_cross_rank_order_is_fcfs_regardless_of_mru() -> None:
 
 def test_core_cross_rank_escape_to_an_idle_rank_before_the_windows_mature() -> None:
     h = Harness(n_targets=2, global_queue=True, binding_strategy="program_round_robin",
-                token_capacity_per_dp_rank=10_000, admission_waiting_request_threshold=0)
+                token_capacity_per_dp_rank=10_000, admission_waiting_request_threshold=0,
+                prefill_cost_model=SLOW_PREFILL)
     assert not h.rank(0).factors.request_window_complete  # stats_window_size 100: immature all along
     h.submit("big", tokens=6000)  # rank 0
     h.submit("z", tokens=1000, hints=RequestHints(kv_retention_ttl_seconds=600.0))  # rank 1
