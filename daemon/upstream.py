@@ -10,8 +10,8 @@
 * :class:`UsageAccumulator` - token usage from a JSON body or an SSE stream in the chat,
   completions and responses formats (``usage``, ``message.usage``, ``response.usage``); fields
   merge by per-field max so partial chunks never regress.
-* :class:`UpstreamTransport` - the pooled HTTP/1.1 transport to real workers; it sends each
-  request head and body in one socket write (see the section comment at the end).
+* :class:`UpstreamTransport` - the pooled HTTP/1.1 transport to real workers
+  (:mod:`daemon.h1client`: head and body in one socket write, lean streamed reads).
 * :class:`UsageChunkFilter` - when agentd injected ``stream_options.include_usage`` on behalf of
   the scheduler, drops the extra usage-only chunk (``"choices": []`` plus ``usage``) before the
   client sees it, at SSE event granularity (events are relayed as soon as they are complete).
@@ -20,14 +20,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-import httpcore
 import httpx
-import trio
 
 from daemon.dispatch import Usage
+from daemon.h1client import H1Pool
 
 HOP_BY_HOP: frozenset[str] = frozenset(
     {
@@ -307,166 +306,31 @@ def _event_end(data: bytes, start: int) -> tuple[int, int]:
 # ---------------------------------------------------------------------------------------------
 # The pooled transport to real workers
 # ---------------------------------------------------------------------------------------------
-#
-# httpcore writes a request's head and its body with separate socket sends; on loopback each
-# send wakes the worker, so the proxy pays two syscalls and two wake-ups where one does.  A
-# *corked* stream buffers writes and flushes them in one send right before the first read (an
-# HTTP/1.1 client always finishes writing its request before it reads the response), through
-# httpcore's public network-backend seam.  The transport maps httpcore errors onto httpx's own
-# exception types so the rest of the proxy sees exactly what ``httpx.AsyncHTTPTransport`` raises.
-
-_HTTPCORE_TO_HTTPX: tuple[tuple[type[Exception], type[httpx.HTTPError]], ...] = (
-    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
-    (httpcore.ReadTimeout, httpx.ReadTimeout),
-    (httpcore.WriteTimeout, httpx.WriteTimeout),
-    (httpcore.PoolTimeout, httpx.PoolTimeout),
-    (httpcore.TimeoutException, httpx.TimeoutException),
-    (httpcore.ConnectError, httpx.ConnectError),
-    (httpcore.ReadError, httpx.ReadError),
-    (httpcore.WriteError, httpx.WriteError),
-    (httpcore.NetworkError, httpx.NetworkError),
-    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
-    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
-    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
-    (httpcore.ProtocolError, httpx.ProtocolError),
-)
-
-
-def _to_httpx(exc: Exception, request: httpx.Request) -> httpx.HTTPError:
-    for core_type, httpx_type in _HTTPCORE_TO_HTTPX:
-        if isinstance(exc, core_type):
-            if issubclass(httpx_type, httpx.RequestError):
-                return httpx_type(str(exc), request=request)
-            return httpx_type(str(exc))  # type: ignore[call-arg]
-    return httpx.TransportError(str(exc), request=request)
-
-
-class _CorkedStream(httpcore.AsyncNetworkStream):
-    """Corked writes (head and body leave in one send) and a lean read path.
-
-    ``read`` runs once per relayed SSE chunk.  httpcore's Trio stream wraps every read in a
-    generator context manager (exception mapping) and ``fail_after`` (even without a timeout); here
-    the read goes straight to the Trio stream under a bare cancel scope with the same deadline and
-    the same exception mapping, which removes about a tenth of the proxy's CPU per streamed token.
-    The Trio stream is httpcore's ``TrioStream._stream`` (read-only use); if a future httpcore
-    renames it, reads fall back to ``inner.read``.
-    """
-
-    def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
-        self._inner = inner
-        raw = getattr(inner, "_stream", None)
-        self._raw: trio.abc.ReceiveStream | None = raw if isinstance(raw, trio.abc.ReceiveStream) else None
-        self._pending: list[bytes] = []
-        self._write_timeout: float | None = None
-
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        if buffer:
-            self._pending.append(buffer)
-            self._write_timeout = timeout
-
-    async def _flush(self) -> None:
-        if self._pending:
-            data = b"".join(self._pending)
-            self._pending.clear()
-            await self._inner.write(data, self._write_timeout)
-
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        if self._pending:
-            await self._flush()
-        raw = self._raw
-        if raw is None:
-            return await self._inner.read(max_bytes, timeout)
-        try:
-            if timeout is None:
-                return await raw.receive_some(max_bytes)
-            with trio.CancelScope(deadline=trio.current_time() + timeout):
-                return await raw.receive_some(max_bytes)
-            raise httpcore.ReadTimeout(f"no data from the worker for {timeout:g} s")
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise httpcore.ReadError(str(exc) or type(exc).__name__) from exc
-
-    async def aclose(self) -> None:
-        self._pending.clear()
-        await self._inner.aclose()
-
-    async def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
-                        timeout: float | None = None) -> httpcore.AsyncNetworkStream:
-        await self._flush()
-        return _CorkedStream(await self._inner.start_tls(ssl_context, server_hostname, timeout))
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._inner.get_extra_info(info)
-
-
-class _CorkedBackend(httpcore.AsyncNetworkBackend):
-    def __init__(self) -> None:
-        self._inner = httpcore.TrioBackend()
-
-    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                          local_address: str | None = None,
-                          socket_options: Iterable[Any] | None = None) -> httpcore.AsyncNetworkStream:
-        return _CorkedStream(await self._inner.connect_tcp(host, port, timeout, local_address, socket_options))
-
-    async def connect_unix_socket(self, path: str, timeout: float | None = None,
-                                  socket_options: Iterable[Any] | None = None) -> httpcore.AsyncNetworkStream:
-        return _CorkedStream(await self._inner.connect_unix_socket(path, timeout, socket_options))
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
-
-
-class _ResponseStream(httpx.AsyncByteStream):
-    def __init__(self, inner: Any, request: httpx.Request) -> None:
-        self._inner = inner
-        self._request = request
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._inner:
-                yield chunk
-        except httpcore.TimeoutException as exc:
-            raise _to_httpx(exc, self._request) from exc
-        except (httpcore.NetworkError, httpcore.ProtocolError) as exc:
-            raise _to_httpx(exc, self._request) from exc
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
 
 
 class UpstreamTransport(httpx.AsyncBaseTransport):
-    """HTTP/1.1 connection pool to the workers (httpcore, corked writes, httpx errors)."""
+    """HTTP/1.1 to the workers: :mod:`daemon.h1client` for ``http://``, httpx's transport for TLS.
+
+    Both raise httpx's own exception types, so the proxy maps errors the same way whichever path
+    a worker URL takes.
+    """
 
     def __init__(self, limits: httpx.Limits) -> None:
-        self._pool = httpcore.AsyncConnectionPool(
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry,
-            http1=True,
-            http2=False,
-            retries=0,
-            network_backend=_CorkedBackend(),
-        )
+        self._limits = limits
+        self._plain = H1Pool(limits.max_keepalive_connections, limits.keepalive_expiry)
+        self._tls: httpx.AsyncHTTPTransport | None = None
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        url = request.url
-        core_request = httpcore.Request(
-            method=request.method,
-            url=httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path),
-            headers=request.headers.raw,
-            content=request.stream,  # type: ignore[arg-type]
-            extensions=request.extensions,
-        )
-        try:
-            response = await self._pool.handle_async_request(core_request)
-        except (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError,
-                httpcore.UnsupportedProtocol) as exc:
-            raise _to_httpx(exc, request) from exc
-        return httpx.Response(
-            status_code=response.status,
-            headers=response.headers,
-            stream=_ResponseStream(response.stream, request),
-            extensions=response.extensions,
-        )
+        scheme = request.url.scheme
+        if scheme == "http":
+            return await self._plain.request(request)
+        if scheme != "https":
+            raise httpx.UnsupportedProtocol(f"unsupported worker URL scheme {scheme!r}", request=request)
+        if self._tls is None:
+            self._tls = httpx.AsyncHTTPTransport(limits=self._limits)
+        return await self._tls.handle_async_request(request)
 
     async def aclose(self) -> None:
-        await self._pool.aclose()
+        await self._plain.aclose()
+        if self._tls is not None:
+            await self._tls.aclose()

@@ -39,6 +39,7 @@ from daemon.http.errors import ApiError, error_body
 from daemon.http.requests import ENDPOINTS, parse_json_body, request_texts, validate_body
 from daemon.logs import get_logger, log_event
 from daemon.metrics import NO_TARGET, ProxyMetrics
+from daemon.h1client import UpstreamBody
 from daemon.upstream import (
     UpstreamError,
     UsageAccumulator,
@@ -308,20 +309,29 @@ class ProxyEngine:
         chunk_filter = UsageChunkFilter() if inject else None
         first: float | None = None
         last: float | None = None
+
+        async def relay(chunk: bytes) -> None:
+            nonlocal first, last
+            if not chunk:
+                return
+            accumulator.feed_sse(chunk)
+            now = trio.current_time()
+            if first is None:
+                first = now
+                tm.first_token.observe(now - started)
+            last = now
+            out = chunk_filter.feed(chunk) if chunk_filter is not None else chunk
+            if out:
+                await sink.send(out)
+
         await sink.start(response.status_code, headers)
         try:
-            async for chunk in _raw_chunks(response):
-                if not chunk:
-                    continue
-                accumulator.feed_sse(chunk)
-                now = trio.current_time()
-                if first is None:
-                    first = now
-                    tm.first_token.observe(now - started)
-                last = now
-                out = chunk_filter.feed(chunk) if chunk_filter is not None else chunk
-                if out:
-                    await sink.send(out)
+            stream = response.stream
+            if isinstance(stream, UpstreamBody) and not response.is_stream_consumed:
+                await stream.pump(relay)  # the lean path of daemon.h1client
+            else:
+                async for chunk in _raw_chunks(response):
+                    await relay(chunk)
             if chunk_filter is not None:
                 rest = chunk_filter.flush()
                 if rest:

@@ -19,6 +19,8 @@ from hypercorn.trio import serve
 
 from daemon.logs import get_logger
 
+KEEP_ALIVE_MAX_REQUESTS = 1 << 62
+
 
 def bind_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
@@ -32,6 +34,10 @@ def hypercorn_config(host: str, port: int, grace_seconds: float) -> Config:
     config.errorlog = get_logger("hypercorn")
     config.include_server_header = False
     config.keep_alive_timeout = 75.0
+    # hypercorn closes a keep-alive connection after 1000 requests by default, and that close races
+    # the app's last body write (trio.BusyResourceError): the 1000th response is lost.  Agents keep
+    # one connection for a whole session, so agentd never recycles connections by request count.
+    config.keep_alive_max_requests = KEEP_ALIVE_MAX_REQUESTS
     return config
 
 

@@ -108,3 +108,33 @@ async def test_native_graceful_shutdown_cancels_after_grace(fake_worker: FakeWor
     assert cut_at - stopped_at >= grace  # drained for the whole grace, never cut early
     assert not fake_worker.release.is_set()  # the worker never finished the stream
     assert handles.native_dispatcher.statistics().abandoned_count == 1
+
+
+async def test_native_one_keep_alive_connection_serves_more_than_a_thousand_requests(fake_worker: FakeWorker) -> None:
+    """hypercorn's default recycles a connection after 1000 requests and loses that response."""
+    body = b'{"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}'
+    async with trio.open_nursery() as nursery:
+        handles = await start(nursery, fake_worker)
+        host, port = handles.http_url.removeprefix("http://").rsplit(":", 1)
+        request = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+                   f"content-length: {len(body)}\r\n\r\n").encode() + body
+        statuses: list[bytes] = []
+        with trio.fail_after(BUDGET_SECONDS):
+            stream = await trio.open_tcp_stream(host, int(port))
+            buf = b""
+            for _ in range(1005):
+                await stream.send_all(request)
+                while b"\r\n\r\n" not in buf:
+                    data = await stream.receive_some(65536)
+                    assert data, f"connection closed after {len(statuses)} responses"
+                    buf += data
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                assert b"connection: close" not in head.lower()
+                length = int(head.lower().split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+                while len(buf) < length:
+                    buf += await stream.receive_some(65536)
+                buf = buf[length:]
+                statuses.append(head.split(b" ", 2)[1])
+            await stream.aclose()
+        assert statuses == [b"200"] * 1005
+        handles.request_shutdown()

@@ -124,34 +124,3 @@ async def test_upstream_transport_read_timeout_is_httpx_read_timeout(mock_clock:
     assert failed_at - start == pytest.approx(30.0)
     await transport.aclose()
     await listener.aclose()
-
-
-class _TrioStreamLike:
-    """What httpcore's Trio backend hands out: the Trio stream under ``_stream``."""
-
-    def __init__(self, stream: trio.abc.Stream) -> None:
-        self._stream = stream
-
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # the slow path
-        return b"via-inner"
-
-
-async def test_corked_stream_fast_read_keeps_timeout_and_error_mapping(autojump_clock) -> None:
-    import httpcore
-
-    from daemon.upstream import _CorkedStream
-
-    client, server = trio.testing.memory_stream_pair()
-    corked = _CorkedStream(_TrioStreamLike(client))  # type: ignore[arg-type]
-    await server.send_all(b"data: 1\n\n")
-    assert await corked.read(65536, timeout=5.0) == b"data: 1\n\n"
-    start = trio.current_time()
-    with pytest.raises(httpcore.ReadTimeout):
-        await corked.read(65536, timeout=5.0)
-    assert trio.current_time() - start == 5.0  # the same deadline httpcore would have used
-    await client.aclose()
-    with pytest.raises(httpcore.ReadError):
-        await corked.read(65536, timeout=None)
-    fallback = _CorkedStream(_TrioStreamLike(client))  # type: ignore[arg-type]
-    fallback._raw = None  # an httpcore without ``_stream``: reads go through the inner stream
-    assert await fallback.read(10) == b"via-inner"

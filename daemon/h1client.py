@@ -1,0 +1,391 @@
+"""A small HTTP/1.1 client for the worker hop: keep-alive pool, one write per request, lean reads.
+
+The proxy relays every streamed token as one SSE event, so the per-event cost of the upstream
+read path bounds how many tokens per second one daemon core can relay.  The general-purpose
+stack (httpx -> httpcore -> h11) spends most of that cost in layers the proxy does not need:
+per-event generator hops, trace context managers and a per-event state machine.  This client
+reads straight from the Trio socket and decodes the chunked framing of everything one read
+returned in a single pass, so a backlog of events leaves as one downstream write.
+
+Scope (the workers are vLLM-compatible OpenAI servers on plain HTTP/1.1):
+
+* ``http://`` only; :class:`daemon.upstream.UpstreamTransport` hands ``https://`` to httpx's own
+  transport;
+* request: head and body in one ``send_all``; ``Host`` and ``Content-Length`` come from httpx;
+* response framing (RFC 9112 6.3): no body for HEAD, 1xx, 204 and 304; ``Transfer-Encoding``
+  with ``chunked`` last; ``Content-Length``; otherwise until the server closes;
+* 1xx interim responses are skipped; a connection is reused only after a complete response whose
+  version and ``Connection`` header allow it, and never if the server sent more than the framing
+  said;
+* idle connections expire after ``keepalive_expiry`` seconds and are dropped when the server has
+  closed them (readable while idle);
+* errors are the httpx types the proxy maps (``ConnectError``, ``ConnectTimeout``, ``WriteError``,
+  ``WriteTimeout``, ``ReadError``, ``ReadTimeout``, ``RemoteProtocolError``); no retries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+import trio
+
+MAX_HEAD_BYTES = 64 * 1024
+MAX_CHUNK_LINE_BYTES = 4096
+READ_SIZE = 64 * 1024
+_CRLF = b"\r\n"
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+class ChunkedDecoder:
+    """Incremental decoder of the chunked transfer coding (pure; arbitrary input splits).
+
+    :meth:`feed` returns the payload bytes completed by ``data`` (possibly empty); ``done`` turns
+    true after the last-chunk and the trailer section; ``surplus`` counts bytes received after
+    that (a server that sends them cannot be trusted with another request on the connection).
+    """
+
+    __slots__ = ("_buf", "_left", "_state", "done", "surplus")
+
+    _SIZE, _DATA, _DATA_END, _TRAILER = 0, 1, 2, 3
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._left = 0
+        self._state = self._SIZE
+        self.done = False
+        self.surplus = 0
+
+    def feed(self, data: bytes) -> bytes:
+        if self.done:
+            self.surplus += len(data)
+            return b""
+        buf = self._buf + data if self._buf else data
+        pos, end = 0, len(buf)
+        out: list[bytes] = []
+        state, left = self._state, self._left
+        while pos < end:
+            if state == self._DATA:
+                take = min(left, end - pos)
+                out.append(buf[pos:pos + take])
+                pos += take
+                left -= take
+                if left:
+                    break
+                state = self._DATA_END
+            elif state == self._DATA_END:
+                if end - pos < 2:
+                    break
+                if buf[pos:pos + 2] != _CRLF:
+                    raise httpx.RemoteProtocolError("malformed chunked body: missing CRLF after chunk data")
+                pos += 2
+                state = self._SIZE
+            else:  # a size line or a trailer line
+                eol = buf.find(_CRLF, pos)
+                if eol < 0:
+                    if end - pos > MAX_CHUNK_LINE_BYTES:
+                        raise httpx.RemoteProtocolError("malformed chunked body: line too long")
+                    break
+                line = buf[pos:eol]
+                pos = eol + 2
+                if state == self._TRAILER:
+                    if not line:
+                        self.done = True
+                        self.surplus = end - pos
+                        pos = end
+                        break
+                    continue
+                size_text = line.split(b";", 1)[0].strip(b" \t")
+                if not size_text or not _HEX.issuperset(size_text) or len(size_text) > 16:
+                    raise httpx.RemoteProtocolError(f"malformed chunked body: bad chunk size {line[:40]!r}")
+                left = int(size_text, 16)
+                state = self._DATA if left else self._TRAILER
+        self._state, self._left = state, left
+        self._buf = buf[pos:] if pos < end else b""
+        return out[0] if len(out) == 1 else b"".join(out)
+
+
+class _Connection:
+    __slots__ = ("stream", "key", "buf", "idle_since")
+
+    def __init__(self, stream: trio.SocketStream, key: tuple[str, int]) -> None:
+        self.stream = stream
+        self.key = key
+        self.buf = b""  # bytes read past the response head
+        self.idle_since = 0.0
+
+
+async def _close(conn: _Connection) -> None:
+    with trio.CancelScope(shield=True):
+        try:
+            await conn.stream.aclose()
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+
+async def _receive(conn: _Connection, timeout: float | None) -> bytes:
+    try:
+        if timeout is None:
+            return await conn.stream.receive_some(READ_SIZE)
+        with trio.CancelScope(deadline=trio.current_time() + timeout):
+            return await conn.stream.receive_some(READ_SIZE)
+        raise httpx.ReadTimeout(f"no data from the worker for {timeout:g} s")
+    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
+
+
+def _token_set(values: list[bytes]) -> set[bytes]:
+    return {t.strip().lower() for v in values for t in v.split(b",") if t.strip()}
+
+
+def _parse_head(head: bytes) -> tuple[bytes, int, bytes, list[tuple[bytes, bytes]]]:
+    lines = head.split(_CRLF)
+    parts = lines[0].split(b" ", 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or len(parts[1]) != 3 or not parts[1].isdigit():
+        raise httpx.RemoteProtocolError(f"malformed status line from the worker: {lines[0][:80]!r}")
+    headers: list[tuple[bytes, bytes]] = []
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep or not name or name != name.strip() or line[:1] in (b" ", b"\t"):
+            raise httpx.RemoteProtocolError(f"malformed header line from the worker: {line[:80]!r}")
+        headers.append((name, value.strip(b" \t")))
+    return parts[0], int(parts[1]), parts[2] if len(parts) == 3 else b"", headers
+
+
+class UpstreamBody(httpx.AsyncByteStream):
+    """One response body; hands the connection back to the pool only after a clean, full read."""
+
+    def __init__(self, pool: H1Pool, conn: _Connection, framing: str, length: int, reusable: bool,
+                 read_timeout: float | None) -> None:
+        self._pool = pool
+        self._conn: _Connection | None = conn
+        self._framing = framing  # "none" | "length" | "chunked" | "close"
+        self._left = length
+        self._reusable = reusable
+        self._timeout = read_timeout
+        self._complete = framing == "none"
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        conn = self._conn
+        if conn is None or self._complete:
+            return
+        framing = self._framing
+        pending, conn.buf = conn.buf, b""
+        if framing == "chunked":
+            decoder = ChunkedDecoder()
+            while True:
+                data = pending or await _receive(conn, self._timeout)
+                pending = b""
+                if not data:
+                    raise httpx.RemoteProtocolError("the worker closed the connection inside a chunked body")
+                payload = decoder.feed(data)
+                if payload:
+                    yield payload
+                if decoder.done:
+                    self._reusable = self._reusable and not decoder.surplus
+                    break
+        elif framing == "length":
+            while self._left > 0:
+                data = pending or await _receive(conn, self._timeout)
+                pending = b""
+                if not data:
+                    raise httpx.RemoteProtocolError(
+                        f"the worker closed the connection with {self._left} body bytes missing")
+                if len(data) > self._left:
+                    self._reusable = False
+                    data = data[:self._left]
+                self._left -= len(data)
+                yield data
+        else:  # until the server closes
+            self._reusable = False
+            while True:
+                data = pending or await _receive(conn, self._timeout)
+                pending = b""
+                if not data:
+                    break
+                yield data
+        self._complete = True
+
+    async def pump(self, handler: Callable[[bytes], Awaitable[None]]) -> None:
+        """Feed every payload piece to ``handler``: the same bytes as iterating, less CPU.
+
+        Iterating has to open a cancel scope per read (a scope cannot span an async generator's
+        ``yield``); here one scope spans the whole body and only its deadline moves: armed with the
+        read timeout while waiting for the worker, disarmed while ``handler`` runs.
+        """
+        conn = self._conn
+        if conn is None or self._complete:
+            return
+        if self._framing != "chunked":
+            async for piece in self:
+                await handler(piece)
+            return
+        timeout = self._timeout
+        receive = conn.stream.receive_some
+        decoder = ChunkedDecoder()
+        pending, conn.buf = conn.buf, b""
+        with trio.CancelScope() as scope:
+            while True:
+                if pending:
+                    data, pending = pending, b""
+                else:
+                    if timeout is not None:
+                        scope.deadline = trio.current_time() + timeout
+                    try:
+                        data = await receive(READ_SIZE)
+                    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                        raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
+                    scope.deadline = math.inf
+                if not data:
+                    raise httpx.RemoteProtocolError("the worker closed the connection inside a chunked body")
+                payload = decoder.feed(data)
+                if payload:
+                    await handler(payload)
+                if decoder.done:
+                    self._reusable = self._reusable and not decoder.surplus
+                    self._complete = True
+                    return
+        raise httpx.ReadTimeout(f"no data from the worker for {timeout:g} s")
+
+    async def aclose(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if self._complete and self._reusable:
+            self._pool.release(conn)
+        else:
+            await _close(conn)
+
+
+class H1Pool:
+    """Keep-alive connections per (host, port); unbounded active connections, bounded idle ones."""
+
+    def __init__(self, max_keepalive_connections: int | None, keepalive_expiry: float | None) -> None:
+        self._max_idle = max_keepalive_connections if max_keepalive_connections is not None else 1 << 30
+        self._expiry = keepalive_expiry
+        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._idle_count = 0
+        self._closed = False
+
+    def idle_connections(self) -> int:
+        return self._idle_count
+
+    def release(self, conn: _Connection) -> None:
+        if self._closed or self._idle_count >= self._max_idle:
+            conn.stream.socket.close()
+            return
+        conn.idle_since = trio.current_time()
+        self._idle.setdefault(conn.key, []).append(conn)
+        self._idle_count += 1
+
+    def _take_idle(self, key: tuple[str, int]) -> _Connection | None:
+        stack = self._idle.get(key)
+        now = trio.current_time()
+        while stack:
+            conn = stack.pop()  # most recently used first
+            self._idle_count -= 1
+            expired = self._expiry is not None and now - conn.idle_since > self._expiry
+            if expired or conn.stream.socket.is_readable():  # closed by the server (or garbage)
+                conn.stream.socket.close()
+                continue
+            return conn
+        return None
+
+    async def _connect(self, key: tuple[str, int], timeout: float | None) -> _Connection:
+        try:
+            with trio.fail_after(timeout if timeout is not None else float("inf")):
+                stream = await trio.open_tcp_stream(key[0], key[1])
+        except trio.TooSlowError:
+            raise httpx.ConnectTimeout(f"connecting to {key[0]}:{key[1]} took more than {timeout:g} s") from None
+        except OSError as exc:
+            raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
+        return _Connection(stream, key)
+
+    async def request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        port = url.port or 80
+        host = url.host
+        key = (host, port)
+        timeouts: dict[str, Any] = request.extensions.get("timeout") or {}
+        content = await request.aread()
+        target = url.raw_path
+        head = [request.method.encode("ascii"), b" ", target, b" HTTP/1.1\r\n"]
+        for name, value in request.headers.raw:
+            head += (name, b": ", value, _CRLF)
+        head.append(_CRLF)
+        payload = b"".join(head) + content
+        conn = self._take_idle(key) or await self._connect(key, timeouts.get("connect"))
+        try:
+            return await self._exchange(conn, request, payload, timeouts)
+        except BaseException:
+            await _close(conn)
+            raise
+
+    async def _exchange(self, conn: _Connection, request: httpx.Request, payload: bytes,
+                        timeouts: dict[str, Any]) -> httpx.Response:
+        write_timeout = timeouts.get("write")
+        try:
+            with trio.fail_after(write_timeout if write_timeout is not None else float("inf")):
+                await conn.stream.send_all(payload)
+        except trio.TooSlowError:
+            raise httpx.WriteTimeout(f"sending the request took more than {write_timeout:g} s") from None
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise httpx.WriteError(str(exc) or type(exc).__name__) from exc
+        read_timeout = timeouts.get("read")
+        while True:
+            version, status, reason, headers = await self._read_head(conn, read_timeout)
+            if not 100 <= status < 200 or status == 101:
+                break
+        names: dict[bytes, list[bytes]] = {}
+        for name, value in headers:
+            names.setdefault(name.lower(), []).append(value)
+        connection = _token_set(names.get(b"connection", []))
+        reusable = b"close" not in connection and (version == b"HTTP/1.1" or b"keep-alive" in connection)
+        framing, length = "close", 0
+        if request.method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+            framing = "none"
+        elif b"transfer-encoding" in names:
+            codings = [t.strip().lower() for v in names[b"transfer-encoding"] for t in v.split(b",")]
+            framing = "chunked" if codings and codings[-1] == b"chunked" else "close"
+        elif b"content-length" in names:
+            values = {v.strip() for v in names[b"content-length"]}
+            if len(values) != 1 or not next(iter(values)).isdigit():
+                raise httpx.RemoteProtocolError(f"invalid content-length from the worker: {sorted(values)!r}")
+            framing, length = "length", int(next(iter(values)))
+            if length == 0:
+                framing = "none"
+        if framing == "none" and conn.buf:
+            reusable = False
+        body = UpstreamBody(self, conn, framing, length, reusable, read_timeout)
+        return httpx.Response(
+            status_code=status,
+            headers=headers,
+            stream=body,
+            extensions={"http_version": version, "reason_phrase": reason},
+            request=request,
+        )
+
+    async def _read_head(self, conn: _Connection, timeout: float | None) -> tuple[bytes, int, bytes, list[tuple[bytes, bytes]]]:
+        buf = conn.buf
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end >= 0:
+                break
+            if len(buf) > MAX_HEAD_BYTES:
+                raise httpx.RemoteProtocolError(f"response head from the worker exceeds {MAX_HEAD_BYTES} bytes")
+            data = await _receive(conn, timeout)
+            if not data:
+                raise httpx.RemoteProtocolError("the worker closed the connection without sending a response")
+            buf += data
+        conn.buf = buf[end + 4:]
+        return _parse_head(buf[:end])
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for stack in self._idle.values():
+            for conn in stack:
+                conn.stream.socket.close()
+        self._idle.clear()
+        self._idle_count = 0
