@@ -16,10 +16,12 @@ Forwarding rules: POST to ``worker_url + path`` with ``X-data-parallel-rank: <ra
 bytes are forwarded unchanged unless ``vllm_xargs.agentic_context`` must be rewritten
 (``routing.agentic_context_forwarding``) or usage must be injected (the lease ``wants_usage``, the
 client streams without ``stream_options.include_usage``: agentd sets it and drops the extra
-usage-only chunk).  Streams are relayed chunk by chunk (``aiter_raw``, no buffering); completion
-is the end of the upstream stream.  Worker 5xx -> 502 (503 stays 503) naming the target; worker
-4xx are relayed unchanged; unreachable -> 502; timeout -> 504.  Cancellation (client disconnect)
-propagates: the upstream request is closed and the lease is left without ``finish`` (abandoned).
+usage-only chunk).  Streams are relayed as they arrive, no buffering: whatever one socket read
+brought from a worker (``UpstreamBody.pump`` of :mod:`daemon.h1client`; ``aiter_raw`` for other
+transports) leaves in one write; completion is the end of the upstream stream.  Worker 5xx ->
+502 (503 stays 503) naming the target; worker 4xx are relayed unchanged; unreachable -> 502;
+timeout -> 504.  Cancellation (client disconnect) propagates: the upstream request is closed and
+the lease is left without ``finish`` (abandoned).
 """
 
 from __future__ import annotations
