@@ -37,7 +37,7 @@ from actors.core import events as ev
 from actors.core.ids import DEFAULT_MODEL_POOL, RequestId, TargetId, redacted_id
 from actors.core.model import RequestHints, Usage
 from actors.core.scheduler import SchedulerState, initial_state, step
-from actors.core.stats import acting_ttl_factors
+from actors.core.stats import peek_acting_ttl
 from actors.mailbox import Mailbox, open_mailbox, reply_nowait
 from actors.messages import (
     Abandoned,
@@ -456,8 +456,7 @@ def rank_gauges(handle: SchedulerHandle, now: float) -> tuple[RankGauges, ...]:
             queue_size=queued.get(t, 0),
             active_programs=len(rank.active),
             fitted_ttl_seconds=0.0 if f is None
-            else acting_ttl_factors(f, state.warm_factors).fitted_acting_ttl(
-                f.mean_continuity_impact_seconds() * state.resume_hits.miss_ratio(), cfg.max_acting_ttl_seconds),
+            else peek_acting_ttl(f, state.warm_factors, state.resume_hits.miss_ratio(), cfg.max_acting_ttl_seconds),
             context_growth_tokens=0.0 if f is None else f.mean_context_growth_tokens(),
             request_samples=0 if f is None else len(f.requests),
             continuity_samples=0 if f is None else len(f.continuities),

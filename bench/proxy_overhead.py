@@ -46,27 +46,34 @@ def _response(status: str, body: bytes) -> bytes:
             f"connection: keep-alive\r\n\r\n").encode() + body
 
 
+async def read_request(stream: trio.SocketStream, buf: bytearray) -> bytes | None:
+    """The next request head on a keep-alive connection (its body is consumed); None at EOF."""
+    while b"\r\n\r\n" not in buf:
+        data = await stream.receive_some(65536)
+        if not data:
+            return None
+        buf += data
+    end = buf.index(b"\r\n\r\n")
+    head = bytes(buf[:end])
+    del buf[:end + 4]
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(buf) < length:
+        data = await stream.receive_some(65536)
+        if not data:
+            return None
+        buf += data
+    del buf[:length]
+    return head
+
+
 async def _worker_conn(stream: trio.SocketStream) -> None:
-    buf = b""
+    buf = bytearray()
     try:
-        while True:
-            while b"\r\n\r\n" not in buf:
-                data = await stream.receive_some(65536)
-                if not data:
-                    return
-                buf += data
-            head, _, buf = buf.partition(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            while len(buf) < length:
-                data = await stream.receive_some(65536)
-                if not data:
-                    return
-                buf += data
-            buf = buf[length:]
+        while (head := await read_request(stream, buf)) is not None:
             path = head.split(b" ", 2)[1]
             if path == b"/health":
                 await stream.send_all(_response("200 OK", b"{}"))
@@ -263,6 +270,16 @@ def wait_listening(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
     raise SystemExit(f"{what} did not start listening on port {port}")
 
 
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Terminate the helper processes, newest first; kill any that ignores it for 30 s."""
+    for proc in reversed(procs):
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="measurement time per cell")
@@ -319,12 +336,7 @@ def main() -> int:
             "added_p99_ms": results["agentd"]["c1_p99_ms"] - results["direct"]["c1_p99_ms"],
         }
     finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs)
     cpus = os.cpu_count()
     load = os.getloadavg()[0]
     print(f"machine: {cpus} CPUs, load average {load:.2f} at the end; {args.seconds:g} s per cell; "

@@ -48,10 +48,7 @@ USAGE = b'data: {"id":"chatcmpl-relay","object":"chat.completion.chunk","choices
 async def _worker_conn(stream: trio.SocketStream, events: int, interval: float) -> None:
     buf = bytearray()
     try:
-        while True:
-            head = await _read_head(stream, buf)
-            if head is None:
-                return
+        while (head := await po.read_request(stream, buf)) is not None:
             if head.split(b" ", 2)[1] == b"/health":
                 await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
                 continue
@@ -63,24 +60,6 @@ async def _worker_conn(stream: trio.SocketStream, events: int, interval: float) 
             await stream.send_all(_chunk(USAGE) + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
     except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
         return
-
-
-async def _read_head(stream: trio.SocketStream, buf: bytearray) -> bytes | None:
-    while b"\r\n\r\n" not in buf:
-        data = await stream.receive_some(65536)
-        if not data:
-            return None
-        buf += data
-    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-    while len(rest) < length:
-        rest += await stream.receive_some(65536)
-    buf[:] = rest[length:]
-    return head
 
 
 def serve_worker(port: int, events: int, interval: float) -> None:
@@ -160,12 +139,7 @@ def main() -> int:
         events, elapsed = trio.run(load, agentd_port, args.streams, args.seconds)
         cpu, wcpu = po.cpu_seconds(agentd.pid) - cpu0, po.cpu_seconds(worker.pid) - wcpu0
     finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        po.stop_all(procs)
     result = {
         "streams": args.streams, "interval_ms": args.interval_ms, "events_per_response": args.events,
         "seconds": elapsed, "events": events, "events_per_second": events / elapsed,

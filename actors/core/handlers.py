@@ -333,8 +333,7 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     p.output_token_reservation = None
     if action == "ttl":
         # the fitted TTL uses the continuity window as it was before this completion's samples
-        fit = acting_ttl_factors(fac, s.warm_factors)
-        ttl = hint_ttl if hint_ttl is not None else fit.fitted_acting_ttl(
+        ttl = hint_ttl if hint_ttl is not None else acting_ttl_factors(fac, s.warm_factors).fitted_acting_ttl(
             impact * s.resume_hits.miss_ratio(), cfg.max_acting_ttl_seconds)
         p.acting_since = now
         p.ttl_deadline = now + ttl

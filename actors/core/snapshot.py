@@ -14,7 +14,7 @@ from actors.core.ledger import (
     FRESHNESS_INTERVALS, capacity_accounting_source, observation_fresh, private_tokens, target_usage,
 )
 from actors.core.model import ACTING, ACTIVE, PAUSED, REASONING, Program, RankState
-from actors.core.stats import acting_ttl_factors
+from actors.core.stats import peek_acting_ttl
 
 
 def _opt_round(x: float | None) -> int | None:
@@ -39,21 +39,10 @@ def _rolling(state: Any, rank: RankState, cfg: Any) -> dict[str, Any]:
         "avg_router_queue_seconds": f.mean_queue_seconds(),
         "avg_rounds_since_ttl_pause": f.mean_rounds_since_ttl_pause(),
         "request_throughput_per_second": f.request_throughput_per_second(),
-        "fitted_acting_ttl_seconds": _peek_ttl(acting_ttl_factors(f, state.warm_factors), cfg,
-                                               state.resume_hits.miss_ratio()),
+        "fitted_acting_ttl_seconds": peek_acting_ttl(f, state.warm_factors, state.resume_hits.miss_ratio(),
+                                                     cfg.max_acting_ttl_seconds),
         "acting_ttl_fit_window": "rank" if f.continuity_window_complete else "cluster",
     }
-
-
-def _peek_ttl(f: Any, cfg: Any, miss_ratio: float) -> float:
-    from actors.core.stats import fit_ttl
-
-    if not f.continuity_window_complete:
-        return 0.0
-    fit = f.log_interval_fit()
-    if fit is None:
-        return 0.0
-    return fit_ttl(fit[0], fit[1], f.mean_continuity_impact_seconds() * miss_ratio, cfg.max_acting_ttl_seconds)
 
 
 def program_view(state: Any, p: Program, cfg: Any, now: float) -> dict[str, Any]:

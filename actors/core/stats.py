@@ -409,6 +409,18 @@ def acting_ttl_factors(own: ProgressTtlFactors, warm: ProgressTtlFactors | None)
     return warm
 
 
+def peek_acting_ttl(own: ProgressTtlFactors, warm: ProgressTtlFactors | None, miss_ratio: float,
+                    max_acting_ttl_seconds: float) -> float:
+    """The TTL a Program with the window's mean cache-miss impact would be armed with now.
+
+    What ``/scheduling/diagnostics`` and the fitted-TTL gauge report: the same window, impact
+    weighting and fit as a real completion (``on_complete``), with the window's mean impact in
+    place of one Program's.
+    """
+    f = acting_ttl_factors(own, warm)
+    return f.fitted_acting_ttl(f.mean_continuity_impact_seconds() * miss_ratio, max_acting_ttl_seconds)
+
+
 def continuous_growth_reserve(factors: ProgressTtlFactors | None, target_rounds: int, remaining: list[int]) -> float:
     """``g * (R + sum(remaining))`` with g = mean context growth; 0 if R <= 0 or g <= 0."""
     if factors is None or target_rounds <= 0:
