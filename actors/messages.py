@@ -21,8 +21,8 @@ from typing import Any
 import trio
 from attrs import frozen
 
-from daemon.config import BackendTarget
-from daemon.observations import EngineSample
+from actors.core.config import BackendTarget
+from actors.observations import EngineSample
 
 # ---------------------------------------------------------------------------------------------
 # Requests (HTTP handler -> scheduler) and replies

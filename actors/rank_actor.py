@@ -39,10 +39,10 @@ import httpx
 import trio
 from attrs import define
 
+from actors.core.config import BackendTarget, ProgramSchedulingConfig
+from actors.logevents import get_logger, log_event
 from actors.messages import ObservationReceived, ObservationStarted, RepairTick, SchedulerMessage
-from daemon.config import BackendTarget, ProgramSchedulingConfig
-from daemon.logs import get_logger, log_event
-from daemon.observations import EngineSample, ObservationParseError, parse_vllm_metrics
+from actors.observations import EngineSample, ObservationParseError, parse_vllm_metrics
 
 SCRAPE_TIMEOUT_SECONDS = 2.0
 logger = get_logger("program.rank")

@@ -28,16 +28,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
 from actors.core import effects as fx
 from actors.core import events as ev
+from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.ids import DEFAULT_MODEL_POOL, RequestId, TargetId, redacted_id
 from actors.core.model import RequestHints, Usage
 from actors.core.scheduler import SchedulerState, initial_state, step
 from actors.core.stats import peek_acting_ttl
+from actors.logevents import get_logger, log_event
 from actors.mailbox import Mailbox, open_mailbox, reply_nowait
 from actors.messages import (
     Abandoned,
@@ -52,11 +54,8 @@ from actors.messages import (
     Submit,
     TimerFired,
 )
+from actors.program_metrics import ProgramMetrics, RankGauges
 from actors.program_registry import ProgramRegistry, run_program_registry
-from daemon.config import BackendTarget, ProgramSchedulingConfig
-from daemon.dispatch import HealthView
-from daemon.logs import get_logger, log_event
-from daemon.program_metrics import ProgramMetrics, RankGauges
 
 # Scheduler inbox.  Producers: one Submit + one Completed/Abandoned per Program request, one
 # message per target per tick from the rank actor, one TimerFired per due timer.  A step costs
@@ -69,6 +68,12 @@ logger = get_logger("program.scheduler")
 PAUSED_STATE = "paused"
 ACTIVE_STATE = "active"
 ADMIT_REASONS = ("program_admit", "batch_gain_admit", "force_resume")
+
+
+class HealthyTargets(Protocol):
+    """Where the scheduler reads which targets are healthy (the daemon's health board)."""
+
+    def healthy_targets(self) -> tuple[BackendTarget, ...]: ...
 
 
 class SchedulerHandle:
@@ -87,7 +92,7 @@ class SchedulerHandle:
         self.inbox = inbox
         self.state = state
         self.registry: ProgramRegistry | None = None
-        self.health: HealthView | None = None
+        self.health: HealthyTargets | None = None
         self.synced_target_ids: tuple[str, ...] = ()
         self.steps_count = 0
         self.last_step_at: float | None = None
@@ -334,7 +339,7 @@ async def run_scheduler_actor(
     metrics: ProgramMetrics,
     *,
     on_tick: Callable[[SchedulerHandle, float], None] | None = None,
-    health: HealthView | None = None,
+    health: HealthyTargets | None = None,
     task_status: trio.TaskStatus[SchedulerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Own the scheduler state; run until cancelled (or until a step raises, which stops the daemon).

@@ -31,12 +31,12 @@ import time
 import tracemalloc
 from typing import Any
 
+from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.effects import Admit
 from actors.core.events import RequestCompleted, RequestSubmitted, TargetsChanged
 from actors.core.identity import parse_identity
 from actors.core.model import Usage
 from actors.core.scheduler import SchedulerState, initial_state, step
-from daemon.config import BackendTarget, ProgramSchedulingConfig
 
 CYCLE_TARGET_MICROSECONDS = 50.0
 MEMORY_TARGET_BYTES = 4096

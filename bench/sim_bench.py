@@ -36,9 +36,9 @@ import httpx
 import trio
 import trio.testing
 
-from actors.sim.cluster import SimCluster, SimConfig
-from actors.sim.engine import Engine, EngineConfig, EngineOutput, Request
-from actors.sim.kv import extend_block_hashes
+from sim.cluster import SimCluster, SimConfig
+from sim.engine import Engine, EngineConfig, EngineOutput, Request
+from sim.kv import extend_block_hashes
 
 VOCAB = 131072
 

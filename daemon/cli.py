@@ -1,7 +1,11 @@
 """The ``agentd`` command line.
 
-Sub-commands live in ``daemon.commands.<module>``; this file only wires them into argparse and maps
-exit codes: 0 success, 1 runtime failure, 2 bad usage or bad configuration (argparse's own code).
+The daemon's own sub-commands live in ``daemon.commands.<module>``; packages above the daemon (the
+benchmark kit) add theirs through the ``agentd.commands`` entry-point group (name = sub-command, value
+= module), so the daemon never imports them (docs/architecture.md §1).  Each command module has
+``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``.  This file only wires them into argparse
+and maps exit codes: 0 success, 1 runtime failure, 2 bad usage or bad configuration (argparse's own
+code).
 """
 
 from __future__ import annotations
@@ -10,19 +14,25 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 
 from daemon import __version__
 
-# (sub-command, module under daemon.commands).  Order is the order shown in --help.
-COMMANDS: tuple[tuple[str, str], ...] = (
-    ("start", "start"),
-    ("check-config", "check_config"),
-    ("sim-backend", "sim_backend"),
-    ("trace", "trace"),
-    ("replay", "replay"),
-    ("bench", "bench"),
-    ("simulate", "simulate"),
+# The daemon's own (sub-command, module); shown first in --help, in this order.
+DAEMON_COMMANDS: tuple[tuple[str, str], ...] = (
+    ("start", "daemon.commands.start"),
+    ("check-config", "daemon.commands.check_config"),
+    ("sim-backend", "daemon.commands.sim_backend"),
 )
+ENTRY_POINT_GROUP = "agentd.commands"
+
+
+def commands() -> tuple[tuple[str, str], ...]:
+    """Every (sub-command, module): the daemon's own, then the installed plugins' (in the order the
+    ``pyproject.toml`` of their package declares them)."""
+    own = {name for name, _ in DAEMON_COMMANDS}
+    plugins = tuple((ep.name, ep.value) for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in own)
+    return DAEMON_COMMANDS + plugins
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -35,10 +45,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"agentd {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name, module_name in COMMANDS:
+    for name, module_name in commands():
         if only is not None and name != only:
             continue
-        module = importlib.import_module(f"daemon.commands.{module_name}")
+        module = importlib.import_module(module_name)
         cmd_parser = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(cmd_parser)
         cmd_parser.set_defaults(_run=module.run)
@@ -47,7 +57,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def _requested_command(argv: Sequence[str]) -> str | None:
     """The sub-command named on the command line, if it is a known one (else None: full parser)."""
-    names = {name for name, _ in COMMANDS}
+    names = {name for name, _ in commands()}
     for arg in argv:
         if arg.startswith("-"):
             continue

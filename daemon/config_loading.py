@@ -26,8 +26,9 @@ import cattrs
 from attrs import frozen
 from cattrs.errors import ClassValidationError, IterableValidationError
 
+from actors.core.config import COEFFICIENT_FIELDS, problems
 from actors.core.costs import reference_calibration_estimates
-from daemon.config import COEFFICIENT_FIELDS, AgentdConfig, ProgramSchedulingConfig, problems
+from daemon.config import AgentdConfig
 
 
 class ConfigError(Exception):

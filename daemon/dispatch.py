@@ -9,7 +9,7 @@ releases everything itself.
 :class:`NativeDispatcher` implements the request-level policies of :mod:`daemon.routing` for
 requests without Program identity.  It is the single writer of the per-target in-flight counts;
 health comes from a read-only view published by the health actor (:mod:`daemon.health`).
-Program scheduling (``actors/program_service.py``) implements the same protocol.
+Program scheduling (``daemon/program_dispatch.py``) implements the same protocol.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
-from daemon.config import BackendTarget
+from actors.core.config import BackendTarget
 from daemon.routing import Policy, build_policy, routing_key
 
 if TYPE_CHECKING:

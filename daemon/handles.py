@@ -15,7 +15,8 @@ import httpx
 import trio
 from prometheus_client import CollectorRegistry
 
-from daemon.config import AgentdConfig, BackendTarget
+from actors.core.config import BackendTarget
+from daemon.config import AgentdConfig
 from daemon.dispatch import Dispatcher, NativeDispatcher, ProxyRequest
 from daemon.health import HealthBoard
 from daemon.http.proxy import CollectingSink, ProxyEngine, ResponseSink

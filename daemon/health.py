@@ -22,8 +22,8 @@ import attrs
 import httpx
 import trio
 
-from daemon.config import BackendTarget
-from daemon.logs import get_logger, log_event
+from actors.core.config import BackendTarget
+from actors.logevents import get_logger, log_event
 from daemon.metrics import ProxyMetrics
 
 logger = get_logger("health")

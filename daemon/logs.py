@@ -1,8 +1,6 @@
-"""Structured logging for agentd: one line per event, keyed by a stable event name.
+"""How the daemon renders structured log events (``actors.logevents.log_event``).
 
-Every component logs through :func:`log_event` with a stable ``event`` name (``proxy_request``,
-``health_change``, ``daemon_listening`` ...) and flat key/value fields.  The rendering is chosen
-once by :func:`configure_logging`:
+The rendering is chosen once by :func:`configure_logging`:
 
 * ``kv``   -> ``ts=2026-01-01T00:00:00.000Z level=info logger=agentd.proxy event=x k=v k2="a b"``
 * ``json`` -> one JSON object per line with the same keys.
@@ -22,7 +20,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-ROOT_LOGGER = "agentd"
+from actors.logevents import ROOT_LOGGER
+
 LEVELS: dict[str, int] = {
     "debug": logging.DEBUG,
     "info": logging.INFO,
@@ -31,18 +30,6 @@ LEVELS: dict[str, int] = {
     "critical": logging.CRITICAL,
 }
 _HANDLER_MARK = "_agentd_handler"
-
-
-def get_logger(component: str) -> logging.Logger:
-    """Logger ``agentd.<component>``."""
-    return logging.getLogger(f"{ROOT_LOGGER}.{component}")
-
-
-def log_event(logger: logging.Logger, level: int, event: str, **fields: Any) -> None:
-    """Emit one structured line ``event=<event> k=v ...`` (or JSON) when ``level`` is enabled."""
-    if not logger.isEnabledFor(level):
-        return
-    logger.log(level, event, extra={"agentd_event": event, "agentd_fields": fields})
 
 
 def _kv_value(value: Any) -> str:

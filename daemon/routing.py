@@ -28,7 +28,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from daemon.config import BackendTarget
+from actors.core.config import BackendTarget
 
 POLICIES: tuple[str, ...] = ("round_robin", "random", "power_of_two", "consistent_hash")
 # Session headers checked in this order after x-session-id (lower-case).

@@ -8,7 +8,7 @@ next begins, via ``nursery.start``):
    a client whose ``http://embedded-sim*`` URLs are mounted on its transport - no sockets);
 2. the health actor (first round of ``/health`` checks done before it reports started);
 3. Program scheduling when ``cfg.program_scheduling`` is set
-   (``actors.program_service.run_program_scheduling``);
+   (``daemon.program_dispatch.run_program_scheduling``);
 4. the HTTP server last (and the extra ``/metrics`` listener when configured), so no request
    can arrive before the actors are up.
 
@@ -34,8 +34,7 @@ import httpx
 import trio
 
 from actors.core.identity import IdentityError, parse_identity, strip_agentic_context
-from actors.sim.cluster import SimCluster, SimConfig, run_sim_cluster
-from actors.sim.transport import SimTransport
+from actors.logevents import get_logger, log_event
 from daemon.config import AgentdConfig
 from daemon.config_loading import config_warnings
 from daemon.dispatch import NativeDispatcher
@@ -46,9 +45,10 @@ from daemon.http.errors import ApiError
 from daemon.http.metrics_route import metrics_asgi_app
 from daemon.http.proxy import ProxyEngine
 from daemon.http.serve import serve_http as serve_asgi
-from daemon.logs import get_logger, log_event
 from daemon.metrics import ProxyMetrics, build_registry
 from daemon.upstream import UpstreamTransport, client_kwargs, upstream_limits
+from sim.cluster import SimCluster, SimConfig, run_sim_cluster
+from sim.transport import SimTransport
 
 logger = get_logger("supervisor")
 ClientFactory = Callable[[AgentdConfig], httpx.AsyncClient]
@@ -166,7 +166,7 @@ async def run_daemon(
             native = NativeDispatcher(targets, cfg.routing.policy, board, rng or random.Random())
             program = None
             if cfg.program_scheduling is not None:
-                from actors.program_service import run_program_scheduling  # noqa: PLC0415
+                from daemon.program_dispatch import run_program_scheduling  # noqa: PLC0415
 
                 program = await root.start(
                     partial(run_program_scheduling, health=board), cfg, client, registry

@@ -7,6 +7,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors.core.config import DecodeThroughputModel, PrefillCostModel
 from actors.core.costs import (
     cache_miss_impact_seconds,
     decode_step_seconds,
@@ -14,7 +15,6 @@ from actors.core.costs import (
     prefill_seconds,
     reference_calibration_estimates,
 )
-from daemon.config import DecodeThroughputModel, PrefillCostModel
 
 coefficient = st.floats(min_value=0.0, max_value=10.0, allow_nan=False, allow_infinity=False)
 positive_coefficient = st.floats(min_value=1e-6, max_value=10.0, allow_nan=False, allow_infinity=False)

@@ -34,7 +34,6 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
-
 from hypothesis import event as label
 from hypothesis import note
 from hypothesis import strategies as st
@@ -42,12 +41,26 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from actors.core import invariants
 from actors.core.effects import (
-    Admit, ArmTimer, CancelTimer, CompletionIgnored, Reject, RetireProgram, SpawnProgram, StaleObservationDropped,
+    Admit,
+    ArmTimer,
+    CancelTimer,
+    CompletionIgnored,
+    Reject,
+    RetireProgram,
+    SpawnProgram,
+    StaleObservationDropped,
     Transition,
 )
 from actors.core.events import (
-    ObservationReceived, ObservationStale, ObservationStarted, RepairTick, RequestAbandoned, RequestCompleted,
-    RequestSubmitted, TargetsChanged, TimerFired,
+    ObservationReceived,
+    ObservationStale,
+    ObservationStarted,
+    RepairTick,
+    RequestAbandoned,
+    RequestCompleted,
+    RequestSubmitted,
+    TargetsChanged,
+    TimerFired,
 )
 from actors.core.identity import parse_identity
 from actors.core.ledger import BACKEND_OBSERVATION, capacity_accounting_source, fresh_waiting, private_tokens
@@ -55,8 +68,13 @@ from actors.core.model import ACTIVE, MAX_SEGMENT_YIELD, PAUSED, REASONING, Requ
 from actors.core.scheduler import initial_state, step
 from property_tests.reference_model import Waiter, naive_order, resumes_before
 from property_tests.strategies import (
-    PROGRAM_COUNT, identity_free_requests, make_targets, parse_program_request, request_scopes,
-    scheduling_configs, usage_shapes,
+    PROGRAM_COUNT,
+    identity_free_requests,
+    make_targets,
+    parse_program_request,
+    request_scopes,
+    scheduling_configs,
+    usage_shapes,
 )
 
 ADMISSIONS = ("program_admit", "force_resume", "batch_gain_admit")

@@ -2,16 +2,42 @@
 
 # Public API of the Program-scheduling state machine (re-exports).
 from actors.core.effects import (  # noqa: E402
-    Admit, AdmissionCapacitySnapshot, ArmTimer, CacheDiscontinuity, CacheMissImpactObserved,
-    CancelTimer, CapacitySourceChanged, CompletionIgnored, Effect, QueueWaitObserved, Reject,
-    RequestIntervalObserved, RetireProgram, SharedPrefixObserved, SpawnProgram,
-    StaleObservationDropped, Transition, TtlArmed,
+    AdmissionCapacitySnapshot,
+    Admit,
+    ArmTimer,
+    CacheDiscontinuity,
+    CacheMissImpactObserved,
+    CancelTimer,
+    CapacitySourceChanged,
+    CompletionIgnored,
+    Effect,
+    QueueWaitObserved,
+    Reject,
+    RequestIntervalObserved,
+    RetireProgram,
+    SharedPrefixObserved,
+    SpawnProgram,
+    StaleObservationDropped,
+    Transition,
+    TtlArmed,
 )
 from actors.core.errors import IllegalTransition, InvalidEvent, InvariantViolation, Rejection  # noqa: E402
 from actors.core.events import (  # noqa: E402
-    ACTING_TTL, FORCE_RESUME, PAUSED_RETENTION, QUEUE_TIMEOUT, TIMER_KINDS, Event,
-    ObservationReceived, ObservationStale, ObservationStarted, RepairTick, RequestAbandoned,
-    RequestCompleted, RequestSubmitted, TargetsChanged, TimerFired,
+    ACTING_TTL,
+    FORCE_RESUME,
+    PAUSED_RETENTION,
+    QUEUE_TIMEOUT,
+    TIMER_KINDS,
+    Event,
+    ObservationReceived,
+    ObservationStale,
+    ObservationStarted,
+    RepairTick,
+    RequestAbandoned,
+    RequestCompleted,
+    RequestSubmitted,
+    TargetsChanged,
+    TimerFired,
 )
 from actors.core.ids import ProgramKey, ProgramRef, RequestId, TargetId, redacted_id  # noqa: E402
 from actors.core.invariants import check as check_invariants  # noqa: E402

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 if TYPE_CHECKING:
-    from daemon.config import DecodeThroughputModel, PrefillCostModel
+    from actors.core.config import DecodeThroughputModel, PrefillCostModel
 
 __all__ = [
     "REFERENCE_DECODE_BATCH_SIZE",

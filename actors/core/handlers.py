@@ -11,23 +11,49 @@ from typing import Any
 from actors.core import program as lc
 from actors.core.costs import cache_miss_impact_seconds
 from actors.core.effects import (
-    CacheDiscontinuity, CacheMissImpactObserved, CompletionIgnored, Reject, RequestIntervalObserved,
-    SharedPrefixObserved, SpawnProgram, TtlArmed,
+    CacheDiscontinuity,
+    CacheMissImpactObserved,
+    CompletionIgnored,
+    Reject,
+    RequestIntervalObserved,
+    SharedPrefixObserved,
+    SpawnProgram,
+    TtlArmed,
 )
 from actors.core.errors import NO_TARGETS, QUEUE_TIMEOUT, InvalidEvent
 from actors.core.events import RequestAbandoned, RequestCompleted, RequestSubmitted, TimerFired
 from actors.core.ids import ProgramKey, ProgramRef
 from actors.core.ledger import resync
 from actors.core.lifecycle import (
-    cancel_idle, commit_admission, dequeue, dispatch_ready, enqueue, mark_dirty, pause, release, touch,
+    cancel_idle,
+    commit_admission,
+    dequeue,
+    dispatch_ready,
+    enqueue,
+    mark_dirty,
+    pause,
+    release,
+    touch,
 )
 from actors.core.model import (
-    ACTING, ACTIVE, CAPACITY_REPAIR, PAUSED, REASONING, REQUEST_FAILED, TTL_EXPIRED, PendingRequest,
-    Program, RankState, Usage,
+    ACTING,
+    ACTIVE,
+    CAPACITY_REPAIR,
+    PAUSED,
+    REASONING,
+    REQUEST_FAILED,
+    TTL_EXPIRED,
+    PendingRequest,
+    Program,
+    RankState,
+    Usage,
 )
 from actors.core.repair import repair_capacity
 from actors.core.resume import (
-    schedule_after_change, schedule_waiting, set_force_resume_deadline, yield_completed_segment,
+    schedule_after_change,
+    schedule_waiting,
+    set_force_resume_deadline,
+    yield_completed_segment,
 )
 from actors.core.scheduler import SchedulerState
 from actors.core.stats import CACHE_CONTINUITY_HIT_RATIO, RequestSample, acting_ttl_factors

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import hashlib
-from typing import NewType, NamedTuple
+from typing import NamedTuple, NewType
 
 RequestId = NewType("RequestId", str)
 TargetId = NewType("TargetId", str)

@@ -11,11 +11,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from actors.core import program as lc
-from actors.core.effects import Admit, AdmissionCapacitySnapshot, QueueWaitObserved, RetireProgram, Transition
+from actors.core.effects import AdmissionCapacitySnapshot, Admit, QueueWaitObserved, RetireProgram, Transition
 from actors.core.ids import TargetId
 from actors.core.ledger import Plan, charge, private_tokens
 from actors.core.model import (
-    ACTIVE, PAUSED, REASONING, REQUEST_CANCELLED, Dispatch, Program, RankState,
+    ACTIVE,
+    PAUSED,
+    REASONING,
+    REQUEST_CANCELLED,
+    Dispatch,
+    Program,
+    RankState,
 )
 
 if TYPE_CHECKING:

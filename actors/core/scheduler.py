@@ -29,12 +29,22 @@ from attrs import frozen
 
 from actors.core.effects import ArmTimer, CancelTimer, Effect
 from actors.core.events import (
-    ACTING_TTL, FORCE_RESUME, PAUSED_RETENTION, QUEUE_TIMEOUT, ObservationReceived,
-    ObservationStale, ObservationStarted, RepairTick, RequestAbandoned, RequestCompleted,
-    RequestSubmitted, TargetsChanged, TimerFired,
+    ACTING_TTL,
+    FORCE_RESUME,
+    PAUSED_RETENTION,
+    QUEUE_TIMEOUT,
+    ObservationReceived,
+    ObservationStale,
+    ObservationStarted,
+    RepairTick,
+    RequestAbandoned,
+    RequestCompleted,
+    RequestSubmitted,
+    TargetsChanged,
+    TimerFired,
 )
 from actors.core.ids import ProgramKey, ProgramRef, RequestId, SeqCounter, TargetId
-from actors.core.model import ACTIVE, DeadlineHeap, Dispatch, Lineage, PAUSED, ACTING, Program, RankState
+from actors.core.model import ACTING, ACTIVE, PAUSED, DeadlineHeap, Dispatch, Lineage, Program, RankState
 from actors.core.placement import Binder
 from actors.core.queue import RequestPool
 from actors.core.stats import ProgressTtlFactors, ResumeHitWindow

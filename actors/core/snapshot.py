@@ -11,7 +11,11 @@ from typing import Any
 
 from actors.core.ids import redacted_id
 from actors.core.ledger import (
-    FRESHNESS_INTERVALS, capacity_accounting_source, observation_fresh, private_tokens, target_usage,
+    FRESHNESS_INTERVALS,
+    capacity_accounting_source,
+    observation_fresh,
+    private_tokens,
+    target_usage,
 )
 from actors.core.model import ACTING, ACTIVE, PAUSED, REASONING, Program, RankState
 from actors.core.stats import peek_acting_ttl

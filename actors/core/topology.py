@@ -19,8 +19,13 @@ from actors.core.errors import NO_TARGETS
 from actors.core.events import ObservationReceived, ObservationStale, ObservationStarted
 from actors.core.ids import TargetId
 from actors.core.ledger import (
-    BACKEND_OBSERVATION, FRESHNESS_INTERVALS, apply_observation, capacity_accounting_source,
-    private_tokens, rank_counts, target_usage,
+    BACKEND_OBSERVATION,
+    FRESHNESS_INTERVALS,
+    apply_observation,
+    capacity_accounting_source,
+    private_tokens,
+    rank_counts,
+    target_usage,
 )
 from actors.core.lifecycle import dequeue, enqueue, invalidate, mark_dirty, restart_freshness_anchor, touch
 from actors.core.model import ACTING, ACTIVE, PAUSED, REASONING, ObservationCheckpoint, Program, RankState
@@ -28,7 +33,6 @@ from actors.core.placement import Candidate
 from actors.core.resume import schedule_after_change
 from actors.core.scheduler import SchedulerState
 from actors.core.stats import ProgressTtlFactors
-
 
 # ---- targets -------------------------------------------------------------------------------------
 

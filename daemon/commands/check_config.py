@@ -11,7 +11,14 @@ import argparse
 import json
 import sys
 
-from daemon.config_loading import ConfigError, add_router_flags, config_warnings, dump_config, load_config, overrides_from_args
+from daemon.config_loading import (
+    ConfigError,
+    add_router_flags,
+    config_warnings,
+    dump_config,
+    load_config,
+    overrides_from_args,
+)
 
 NAME = "check-config"
 HELP = "Validate a configuration file (and flags); print the effective configuration and warnings."

@@ -12,10 +12,10 @@ import sys
 
 import trio
 
-from actors.sim.cluster import SimCluster, SimConfig
-from actors.sim.server import create_app
 from daemon.commands.argtypes import int_at_least, non_empty, port, positive_float
 from daemon.http.serve import serve_http
+from sim.cluster import SimCluster, SimConfig
+from sim.server import create_app
 
 SHUTDOWN_GRACE_SECONDS = 5.0
 

@@ -27,12 +27,12 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from actors.logevents import get_logger, log_event
 from daemon.http.diagnostics import diagnostics_blueprint
 from daemon.http.errors import ApiError, error_body
 from daemon.http.metrics_route import metrics_blueprint
 from daemon.http.proxy import ClientGone, ProxyEngine, send_error
 from daemon.http.requests import ENDPOINTS
-from daemon.logs import get_logger, log_event
 from daemon.upstream import client_headers
 
 if TYPE_CHECKING:

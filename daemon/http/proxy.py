@@ -36,11 +36,11 @@ import attrs
 import httpx
 import trio
 
+from actors.logevents import get_logger, log_event
 from daemon.dispatch import Dispatcher, DispatchRejected, Lease, Outcome, ProxyRequest
 from daemon.h1client import UpstreamBody
 from daemon.http.errors import ApiError, error_body
 from daemon.http.requests import ENDPOINTS, parse_json_body, request_texts, validate_body
-from daemon.logs import get_logger, log_event
 from daemon.metrics import NO_TARGET, ProxyMetrics
 from daemon.upstream import (
     UpstreamError,

@@ -17,7 +17,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
-from daemon.logs import get_logger
+from actors.logevents import get_logger
 
 KEEP_ALIVE_MAX_REQUESTS = 1 << 62
 

@@ -15,10 +15,11 @@ import pytest
 import trio
 from prometheus_client import CollectorRegistry
 
+from actors.core.config import ProgramSchedulingConfig
 from actors.core.identity import parse_identity
-from actors.program_service import ProgramDispatcher, run_program_scheduling
-from daemon.config import AgentdConfig, ProgramSchedulingConfig, RoutingConfig
+from daemon.config import AgentdConfig, RoutingConfig
 from daemon.dispatch import Outcome, ProxyRequest, Usage
+from daemon.program_dispatch import ProgramDispatcher, run_program_scheduling
 
 
 @attrs.define

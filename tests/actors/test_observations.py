@@ -1,10 +1,10 @@
-"""daemon.observations: vLLM Prometheus text -> per-engine samples."""
+"""actors.observations: vLLM Prometheus text -> per-engine samples."""
 
 from __future__ import annotations
 
 import pytest
 
-from daemon.observations import EngineSample, ObservationParseError, parse_vllm_metrics
+from actors.observations import EngineSample, ObservationParseError, parse_vllm_metrics
 
 SCRAPE = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -1,10 +1,10 @@
-"""daemon.program_metrics: the vllm_router_agent_aware_* catalogue (names, types, labels, buckets)."""
+"""actors.program_metrics: the vllm_router_agent_aware_* catalogue (names, types, labels, buckets)."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from daemon.program_metrics import GaugeSnapshot, ProgramMetrics, RankGauges, TokenEstimateGauge
+from actors.program_metrics import GaugeSnapshot, ProgramMetrics, RankGauges, TokenEstimateGauge
 
 EXPECTED_TYPES = {
     "vllm_router_agent_aware_rank_queue_size": "gauge",

@@ -6,11 +6,11 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from program_fakes import daemon_config, ok, program_request, program_scheduling
 from prometheus_client import CollectorRegistry
 
-from actors.program_service import TokenEstimator
-from daemon.program_metrics import ProgramMetrics
-from program_fakes import daemon_config, ok, program_request, program_scheduling
+from actors.program_metrics import ProgramMetrics
+from daemon.program_dispatch import TokenEstimator
 
 
 def test_token_estimator_momentum_feedback_matches_reference_vector() -> None:

@@ -7,9 +7,9 @@ import httpx
 import trio
 import trio.testing
 
+from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.messages import ObservationReceived, ObservationStarted, RepairTick
 from actors.rank_actor import RankObservers, run_rank_actor
-from daemon.config import BackendTarget, ProgramSchedulingConfig
 
 W0 = "http://worker-0:8000"
 W1 = "http://worker-1:8000"

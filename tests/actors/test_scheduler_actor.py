@@ -6,14 +6,12 @@ observations -> one fallback event -> one recovery event."""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import trio
 import trio.testing
+from program_fakes import FakeHealth, daemon_config, ok, program_request, program_scheduling
 
 from daemon.dispatch import DispatchRejected
-from program_fakes import FakeHealth, FakeWorkers, daemon_config, ok, program_request, program_scheduling
 
 
 def _program(diag: dict, target: str | None = None) -> list[dict]:

@@ -9,11 +9,11 @@ import attrs
 import httpx
 import trio
 import trio.testing
+from native_fakes import BUDGET_SECONDS
 
 from daemon.config import AgentdConfig, EmbeddedConfig, RoutingConfig, ServerConfig
 from daemon.http.proxy import CollectingSink
 from daemon.supervisor import run_daemon
-from native_fakes import BUDGET_SECONDS
 
 
 def embedded_config(policy: str = "round_robin") -> AgentdConfig:

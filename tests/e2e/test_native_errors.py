@@ -8,8 +8,8 @@ from functools import partial
 import httpx
 import pytest
 import trio
-
 from native_fakes import BUDGET_SECONDS, FakeWorker, make_config
+
 from daemon.handles import DaemonHandles
 from daemon.supervisor import run_daemon
 

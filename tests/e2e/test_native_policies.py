@@ -15,8 +15,8 @@ from functools import partial
 import pytest
 import trio
 import trio.testing
-
 from native_fakes import FakeWorker, make_config
+
 from daemon.handles import DaemonHandles
 from daemon.supervisor import run_daemon
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import httpx
 import trio
+from native_fakes import BUDGET_SECONDS
 
 from daemon.config import AgentdConfig, RoutingConfig, ServerConfig
 from daemon.http.serve import serve_http
 from daemon.supervisor import run_daemon
-from native_fakes import BUDGET_SECONDS
 
 
 class AsgiWorker:

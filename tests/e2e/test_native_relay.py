@@ -10,8 +10,8 @@ import attrs
 import httpx
 import trio
 import trio.testing
-
 from native_fakes import BUDGET_SECONDS, FakeWorker, make_config
+
 from daemon.config import PrometheusConfig
 from daemon.handles import DaemonHandles
 from daemon.supervisor import run_daemon

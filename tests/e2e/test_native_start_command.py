@@ -10,7 +10,6 @@ from pathlib import Path
 
 import httpx
 import trio
-
 from native_fakes import read_line
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,9 +17,9 @@ import attrs
 import httpx
 import trio
 import trio.testing
-
 from native_fakes import BUDGET_SECONDS, FakeWorker, make_config
-from daemon.config import ProgramSchedulingConfig
+
+from actors.core.config import ProgramSchedulingConfig
 from daemon.handles import DaemonHandles
 from daemon.supervisor import run_daemon
 

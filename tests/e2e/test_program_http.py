@@ -15,7 +15,6 @@ from typing import Any
 import openai
 import trio
 import trio.testing
-
 from test_program_scheduling import PROMPT_TOKENS, W0, ProgramWorker, chat, program_daemon
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import attrs
 import httpx
 import trio
+from test_program_scheduling import ProgramWorker, chat
 
 from daemon.cli import build_parser
 from daemon.config import AgentdConfig, PrometheusConfig, ServerConfig
 from daemon.config_loading import load_config, overrides_from_args
 from daemon.supervisor import run_daemon
-from test_program_scheduling import ProgramWorker, chat
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import httpx
 import openai
 import trio
-
 from native_fakes import read_line
 
 ROOT = Path(__file__).resolve().parents[2]

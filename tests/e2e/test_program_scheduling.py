@@ -29,12 +29,12 @@ import httpx
 import pytest
 import trio
 import trio.testing
+from native_fakes import make_config
 
-from daemon.config import ProgramSchedulingConfig
+from actors.core.config import ProgramSchedulingConfig
 from daemon.handles import DaemonHandles
 from daemon.http.app import create_app
 from daemon.supervisor import run_daemon
-from native_fakes import make_config
 
 W0 = "http://w0:8000"
 PROMPT_TOKENS = 20

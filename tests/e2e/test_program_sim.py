@@ -22,11 +22,12 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from test_program_scheduling import VIRTUAL_BUDGET_SECONDS, in_process_client
 
-from daemon.config import AgentdConfig, EmbeddedConfig, ProgramSchedulingConfig, RoutingConfig, ServerConfig
+from actors.core.config import ProgramSchedulingConfig
+from daemon.config import AgentdConfig, EmbeddedConfig, RoutingConfig, ServerConfig
 from daemon.http.proxy import CollectingSink
 from daemon.supervisor import run_daemon
-from test_program_scheduling import VIRTUAL_BUDGET_SECONDS, in_process_client
 
 TARGET = "http://embedded-sim@0"
 

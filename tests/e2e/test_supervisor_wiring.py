@@ -9,9 +9,9 @@ from functools import partial
 import attrs
 import trio
 import trio.testing
-
 from native_fakes import FakeWorker, make_config
-from daemon.config import ProgramSchedulingConfig
+
+from actors.core.config import ProgramSchedulingConfig
 from daemon.supervisor import run_daemon
 
 

@@ -8,11 +8,11 @@ from functools import partial
 
 import pytest
 import trio
+from http_fakes import DaemonApp, MiniWorker, http_config
 
 from daemon.handles import DaemonHandles
 from daemon.http.app import create_app
 from daemon.supervisor import run_daemon
-from http_fakes import DaemonApp, MiniWorker, http_config
 
 
 @pytest.fixture

@@ -10,11 +10,12 @@ import random
 import httpx
 import pytest
 
+from actors.logevents import get_logger, log_event
 from daemon.config import AgentdConfig, RoutingConfig
 from daemon.dispatch import Usage
 from daemon.http.errors import ApiError
 from daemon.http.requests import request_texts, validate_body
-from daemon.logs import configure_logging, get_logger, log_event
+from daemon.logs import configure_logging
 from daemon.routing import ConsistentHash, PowerOfTwo, routing_key
 from daemon.upstream import (
     UsageAccumulator,

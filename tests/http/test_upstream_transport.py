@@ -18,7 +18,6 @@ import trio.testing
 
 from daemon.upstream import UpstreamTransport, map_httpx_error, upstream_limits
 
-
 BUDGET_SECONDS = 60.0  # generous real-time budget: a broken behaviour fails instead of hanging
 
 

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import trio
 
-from actors.sim.cluster import SimCluster, SimConfig
-from actors.sim.transport import SimTransport
+from sim.cluster import SimCluster, SimConfig
+from sim.transport import SimTransport
 
 
 @asynccontextmanager

@@ -8,12 +8,12 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from actors.sim import tokenizer
-from actors.sim.cluster import SimConfig
-from actors.sim.engine import EngineConfig
 from actors.core.costs import decode_step_seconds, prefill_seconds
-from actors.sim.stats import CostModel
-from tests.sim.conftest import sse_payloads, sim_client
+from sim import tokenizer
+from sim.cluster import SimConfig
+from sim.engine import EngineConfig
+from sim.stats import CostModel
+from tests.sim.conftest import sim_client, sse_payloads
 
 USER = {"role": "user", "content": "please list the files in the repository"}
 

@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from actors.sim.engine import Engine, EngineConfig, EngineOutput, Request
+from actors.core.config import DecodeThroughputModel, PrefillCostModel
 from actors.core.costs import decode_step_seconds, prefill_seconds
-from actors.sim.stats import CostModel
-from daemon.config import DecodeThroughputModel, PrefillCostModel
+from sim.engine import Engine, EngineConfig, EngineOutput, Request
+from sim.stats import CostModel
 
 
 def drain(engine: Engine, until: float | None = None) -> list[EngineOutput]:
@@ -220,7 +220,7 @@ def test_rejects_request_larger_than_kv() -> None:
 
 
 def test_duplicate_blocks_are_kept_and_promoted_on_eviction() -> None:
-    from actors.sim.kv import BlockPool
+    from sim.kv import BlockPool
 
     pool = BlockPool(5)
     first: list[int] = []
@@ -249,7 +249,7 @@ def test_cost_defaults_are_the_daemon_reference_values() -> None:
 
 
 def test_generated_text_round_trips_through_the_tokenizer() -> None:
-    from actors.sim import tokenizer
+    from sim import tokenizer
 
     for n in (0, 1, 2, 17, 300):
         pieces = tokenizer.generate_pieces("seed", n)

@@ -10,14 +10,14 @@ import pytest
 import trio
 import trio.testing
 
-from actors.sim import tokenizer
-from actors.sim.cluster import SimCluster, SimConfig, run_sim_cluster
-from actors.sim.engine import EngineConfig
-from actors.sim.server import create_app
-from actors.sim.transport import SimTransport
 from daemon.cli import main as cli_main
 from daemon.config import EmbeddedConfig
 from daemon.http.serve import serve_http
+from sim import tokenizer
+from sim.cluster import SimCluster, SimConfig, run_sim_cluster
+from sim.engine import EngineConfig
+from sim.server import create_app
+from sim.transport import SimTransport
 from tests.sim.conftest import sse_payloads
 
 

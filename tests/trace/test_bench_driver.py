@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-
 import socket
 
 import pytest
 
-from daemon.benchkit.bench import BenchError, bench_ports
+from bench.bench import BenchError, bench_ports
+from bench.trace.format import write_trace
+from bench.trace.synth import Knobs, synthesize
 from daemon.cli import main
-from daemon.trace.format import write_trace
-from daemon.trace.synth import Knobs, synthesize
 
 
 def test_bench_native_and_agentd_on_a_tiny_trace(tmp_path, capsys) -> None:

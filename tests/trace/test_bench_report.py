@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from daemon.benchkit.markdown import render_report
-from daemon.benchkit.plots import write_plots
+from bench.markdown import render_report
+from bench.plots import write_plots
 
 
 def _report(jct: float, hit: float, preempt: float, rps: float, router_p90: float | None = None) -> dict:
@@ -64,7 +64,7 @@ def test_plots_skipped_without_matplotlib(tmp_path, monkeypatch) -> None:
 
 
 def test_queue_wait_from_a_histogram_delta_in_trace_seconds() -> None:
-    from daemon.benchkit.report import parse_metrics, queue_wait_summary
+    from bench.report import parse_metrics, queue_wait_summary
 
     name = "vllm_router_agent_aware_queue_wait_seconds"
     before = parse_metrics(
@@ -82,7 +82,7 @@ def test_queue_wait_from_a_histogram_delta_in_trace_seconds() -> None:
 
 
 def test_queue_wait_from_the_reference_routers_summary() -> None:
-    from daemon.benchkit.report import parse_metrics, queue_wait_summary
+    from bench.report import parse_metrics, queue_wait_summary
 
     name = "vllm_router_agent_aware_queue_wait_seconds"
     text = f"# TYPE {name} summary\n"
@@ -97,7 +97,7 @@ def test_queue_wait_from_the_reference_routers_summary() -> None:
 
 
 def test_parse_metrics_reads_samples_and_names_a_bad_line() -> None:
-    from daemon.benchkit.report import parse_metrics
+    from bench.report import parse_metrics
 
     snap = parse_metrics('# TYPE a counter\na_total{engine="0",m="x\\"y"} 12\nb NaN\nc_bucket{le="+Inf"} 3 1700\n')
     assert snap["a_total"] == {(("engine", "0"), ("m", 'x"y')): 12.0}

@@ -7,13 +7,13 @@ import json
 
 import httpx
 import pytest
-
-from actors.sim.tokenizer import render_chat
-from daemon.benchkit.report import build_report, scrape_all
-from daemon.replay import ReplayOptions, run_replay
-from daemon.trace.format import read_trace
-from daemon.trace.synth import synthesize
 from trace_fake_worker import FakeWorker
+
+from bench.replay import ReplayOptions, run_replay
+from bench.report import build_report, scrape_all
+from bench.trace.format import read_trace
+from bench.trace.synth import synthesize
+from sim.tokenizer import render_chat
 
 URL = "http://worker"
 

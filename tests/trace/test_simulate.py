@@ -10,14 +10,14 @@ import json
 
 import pytest
 
-from daemon.benchkit.bench import ClusterSpec
-from daemon.benchkit.calibrate import calibrate_kv_blocks, config_for
-from daemon.benchkit.simulate import SimulateError, check_simulatable, run_simulation
+from bench.bench import ClusterSpec
+from bench.calibrate import calibrate_kv_blocks, config_for
+from bench.replay import ReplayOptions
+from bench.simulate import SimulateError, check_simulatable, run_simulation
+from bench.trace.format import write_trace
+from bench.trace.synth import Knobs, synthesize
 from daemon.cli import main
 from daemon.config_loading import load_config
-from daemon.replay import ReplayOptions
-from daemon.trace.format import write_trace
-from daemon.trace.synth import Knobs, synthesize
 
 TRACE = synthesize("swe-short", 4, seed=9, knobs=Knobs(input_scale=0.1, output_scale=0.1))
 CLUSTER = ClusterSpec(workers=1, dp_size=2, num_gpu_blocks=160, block_size=16, time_scale=1.0, seed=3)
@@ -102,7 +102,7 @@ async def test_in_process_transport_streams_and_ends_with_a_final_chunk(autojump
     import httpx
     import trio
 
-    from daemon.benchkit.inprocess import InProcessTransport
+    from bench.inprocess import InProcessTransport
 
     class Handles:
         registry = None

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from daemon.trace.format import TraceError, dumps_trace, read_trace
-from daemon.trace.stats import compare, trace_stats
-from daemon.trace.synth import PROFILES, Knobs, synthesize, targets_for
+from bench.trace.format import TraceError, dumps_trace, read_trace
+from bench.trace.stats import compare, trace_stats
+from bench.trace.synth import PROFILES, Knobs, synthesize, targets_for
 
 SIZES = {"swe-short": 300, "coding-long": 160, "bfcl": 300, "chat-human": 400, "batch": 1500}
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import trio
 
-from actors.sim.tokenizer import render_chat, text_of_tokens, tokenize
+from sim.tokenizer import render_chat, text_of_tokens, tokenize
 
 BLOCK = 16
 TTFT_SECONDS = 0.1

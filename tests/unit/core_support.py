@@ -7,14 +7,20 @@ from typing import Any
 from attrs import frozen
 
 from actors.core import effects as fx
+from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.events import (
-    ObservationReceived, ObservationStarted, RepairTick, RequestAbandoned, RequestCompleted,
-    RequestSubmitted, TargetsChanged, TimerFired,
+    ObservationReceived,
+    ObservationStarted,
+    RepairTick,
+    RequestAbandoned,
+    RequestCompleted,
+    RequestSubmitted,
+    TargetsChanged,
+    TimerFired,
 )
 from actors.core.ids import ProgramRef, RequestId, TargetId
 from actors.core.model import RequestHints, Usage
 from actors.core.scheduler import SchedulerState, initial_state, step
-from daemon.config import BackendTarget, ProgramSchedulingConfig
 
 POOL = "default"
 

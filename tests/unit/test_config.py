@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from actors.core.config import COEFFICIENT_FIELDS, ProgramSchedulingConfig
 from daemon.cli import main
-from daemon.config import COEFFICIENT_FIELDS, AgentdConfig, ProgramSchedulingConfig
+from daemon.config import AgentdConfig
 from daemon.config_loading import (
     ConfigError,
     add_router_flags,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from core_support import Harness, admitted, cfg, of, reasons
 
 from actors.core import effects as fx
 from actors.core.ids import ProgramRef, TargetId
@@ -12,7 +13,6 @@ from actors.core.invariants import check
 from actors.core.ledger import admission_plan, continuity_loss_seconds, estimate_batch_gain, private_tokens
 from actors.core.model import Program, RankState, RequestHints
 from actors.core.stats import ProgressTtlFactors, RequestSample
-from core_support import Harness, admitted, cfg, of, reasons
 
 
 def test_core_count_guard_never_reclaims_acting_program() -> None:

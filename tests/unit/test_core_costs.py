@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from actors.core.config import DecodeThroughputModel, PrefillCostModel
 from actors.core.costs import (
     cache_miss_impact_seconds,
     decode_step_seconds,
@@ -11,7 +12,6 @@ from actors.core.costs import (
     prefill_seconds,
     reference_calibration_estimates,
 )
-from daemon.config import DecodeThroughputModel, PrefillCostModel
 
 SIMPLE_PREFILL = PrefillCostModel(
     intercept_seconds=0.5,

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import pytest
+from core_support import POOL, Harness, Ident, admitted, of, reasons, targets, tid
 
 from actors.core import effects as fx
 from actors.core.events import ACTING_TTL, PAUSED_RETENTION, QUEUE_TIMEOUT, TargetsChanged, TimerFired
 from actors.core.ids import ProgramKey, redacted_id
 from actors.core.invariants import check
 from actors.core.model import RequestHints
-from core_support import POOL, Harness, Ident, admitted, of, reasons, targets, tid
 
 
 def test_core_kv_retention_ttl_hint_overrides_fitted_ttl_once() -> None:

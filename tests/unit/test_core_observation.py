@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 
+from core_support import POOL, Harness, of, targets, tid
+
 from actors.core import effects as fx
 from actors.core.events import ObservationReceived, ObservationStale, ObservationStarted, TargetsChanged
 from actors.core.invariants import check
 from actors.core.ledger import target_usage
 from actors.core.model import RequestHints
 from actors.core.snapshot import snapshot
-from core_support import POOL, Harness, of, targets, tid
 
 
 def test_core_observation_epoch_preserves_router_delta_committed_during_scrape() -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from actors.core.ids import ProgramKey, TargetId
-from actors.core.placement import Binder, Candidate, HashRing, stable_hash64
-from actors.core.model import Lineage
 from core_support import Harness, tid
+
+from actors.core.ids import ProgramKey, TargetId
+from actors.core.model import Lineage
+from actors.core.placement import Binder, Candidate, HashRing, stable_hash64
 
 
 def cand(t: str, programs: int = 0, tokens: float = 0.0, cap: int | None = None, pressure: float = 0.0,

@@ -4,6 +4,7 @@ estimate, shared-prefix freshness, TTL-pause round sampling (test 53)."""
 from __future__ import annotations
 
 import pytest
+from core_support import Harness, of
 
 from actors.core import effects as fx
 from actors.core.handlers import shared_prefix_freshness
@@ -12,7 +13,6 @@ from actors.core.model import PendingRequest, RequestHints
 from actors.core.queue import RequestPool
 from actors.core.resume import force_resume_estimate
 from actors.core.stats import RequestSample
-from core_support import Harness, of
 
 
 def req(rid: str, ref: ProgramRef, seq: int) -> PendingRequest:

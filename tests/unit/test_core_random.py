@@ -8,17 +8,24 @@ import random
 from typing import Any
 
 import pytest
+from core_support import POOL, Ident, cfg, targets
 
 from actors.core import effects as fx
 from actors.core.events import (
-    ObservationReceived, ObservationStale, ObservationStarted, RepairTick, RequestAbandoned,
-    RequestCompleted, RequestSubmitted, TargetsChanged, TimerFired,
+    ObservationReceived,
+    ObservationStale,
+    ObservationStarted,
+    RepairTick,
+    RequestAbandoned,
+    RequestCompleted,
+    RequestSubmitted,
+    TargetsChanged,
+    TimerFired,
 )
 from actors.core.ids import RequestId
 from actors.core.invariants import check
 from actors.core.model import RequestHints, Usage
 from actors.core.scheduler import initial_state, step
-from core_support import POOL, Ident, cfg, targets
 
 CONFIGS = {
     "count_guard": dict(max_active_programs_per_target=2, stats_window_size=3),

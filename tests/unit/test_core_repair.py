@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from core_support import Harness, of, reasons
 
 from actors.core import effects as fx
 from actors.core.invariants import check
 from actors.core.model import RequestHints
 from actors.core.repair import projected_tokens
 from actors.core.stats import RequestSample
-from core_support import Harness, of, reasons
 
 
 def _harness(**kw: object) -> Harness:

@@ -4,16 +4,16 @@
 from __future__ import annotations
 
 import pytest
+from core_support import Harness, admitted, of, reasons, tid
 
 from actors.core import effects as fx
+from actors.core.config import PrefillCostModel
 from actors.core.ids import ProgramRef
 from actors.core.invariants import check
 from actors.core.model import MAX_SEGMENT_YIELD, PendingRequest, Program, RequestHints
 from actors.core.queue import resume_key
 from actors.core.resume import force_resume_estimate
 from actors.core.stats import RequestSample
-from core_support import Harness, admitted, of, reasons, tid
-from daemon.config import PrefillCostModel
 
 
 def prog(pid: str, queued_at: float | None = None, finished: float | None = None, forced_at: float | None = None,

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from core_support import Harness, Ident, admitted, of, reasons, tid
 
 from actors.core import effects as fx
 from actors.core.errors import InvalidEvent
 from actors.core.events import PAUSED_RETENTION, RequestSubmitted
 from actors.core.ids import RequestId
 from actors.core.invariants import check
-from core_support import Harness, Ident, admitted, of, reasons, tid
 
 
 def test_core_first_program_admitted_as_placement_start() -> None:

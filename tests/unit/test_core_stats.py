@@ -7,8 +7,14 @@ import math
 import pytest
 
 from actors.core.stats import (
-    ProgressTtlFactors, RequestSample, continuous_growth_reserve, erf_as, fit_ttl, normal_cdf,
-    ttl_candidates, ttl_utility,
+    ProgressTtlFactors,
+    RequestSample,
+    continuous_growth_reserve,
+    erf_as,
+    fit_ttl,
+    normal_cdf,
+    ttl_candidates,
+    ttl_utility,
 )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from daemon.trace.format import Trace, TraceError, load_trace
+from bench.trace.format import Trace, TraceError, load_trace
 
 
 def load_trace_arg(path: str, prog: str, flag: str = "--trace") -> Trace | None:

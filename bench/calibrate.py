@@ -4,7 +4,7 @@ The seed's tuning workflow asks for a baseline with visible KV pressure (token c
 0.8 for the eviction point; lower, with preemptions, for the thrash point).  The hit ratio of a
 fixed trace grows with the KV pool, so ``calibrate_kv_blocks`` brackets the target by doubling or
 halving ``num_gpu_blocks`` and then bisects (geometrically) with virtual-time simulations of the
-``native`` system (daemon.benchkit.simulate): each probe costs only simulation CPU.
+``native`` system (bench.simulate): each probe costs only simulation CPU.
 ``config_for`` builds the embedded-mode config of a bench system from a ``ClusterSpec``; the bench
 and the tests use it to simulate exactly what the bench runs.
 """
@@ -17,12 +17,12 @@ from typing import Any
 
 import attrs
 
-from daemon.benchkit.bench import ClusterSpec, scaled_program_config
-from daemon.benchkit.simulate import run_simulation
+from bench.bench import ClusterSpec, scaled_program_config
+from bench.replay import ReplayOptions
+from bench.simulate import run_simulation
+from bench.trace.format import Trace
 from daemon.config import AgentdConfig
 from daemon.config_loading import load_config
-from daemon.replay import ReplayOptions
-from daemon.trace.format import Trace
 
 
 def config_for(cluster: ClusterSpec, system: str, overrides: dict[str, Any] | None = None) -> AgentdConfig:

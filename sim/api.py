@@ -24,11 +24,11 @@ import attrs
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from actors.sim.cluster import SimCluster
-from actors.sim.engine import EngineOutput, Request
-from actors.sim.metrics import SimCollector
-from actors.sim.requests import ApiError, parse_generation, parse_tokenize
-from actors.sim.responses import SseStream, final_response
+from sim.cluster import SimCluster
+from sim.engine import EngineOutput, Request
+from sim.metrics import SimCollector
+from sim.requests import ApiError, parse_generation, parse_tokenize
+from sim.responses import SseStream, final_response
 
 JSON = "application/json"
 

@@ -3,13 +3,13 @@
 Systems (``--systems``, comma separated): ``native``, ``agentd``, ``vllm-router``,
 ``vllm-router-ps`` (the last two only when the ``vllm-router`` executable is found: ``--vllm-router``
 or PATH).  Each runs in front of fresh ``agentd sim-backend`` workers of identical size and time
-scale (daemon.benchkit.bench).  Writes ``<system>.json`` per system, ``report.md`` and, when
+scale (bench.bench).  Writes ``<system>.json`` per system, ``report.md`` and, when
 matplotlib is installed, PNG plots.
 
 Pressure points: ``--point eviction`` (12 concurrent agents, KV sized so native lands near 0.80
 token cache hit) and ``--point thrash`` (32 concurrent agents, native near 0.62 with preemptions).
 ``--target-native-hit R`` sizes the per-rank KV (``--kv-blocks``) by bisection with in-process
-virtual-time simulations of the ``native`` system (daemon.benchkit.calibrate) before the real runs.
+virtual-time simulations of the ``native`` system (bench.calibrate) before the real runs.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from typing import Any
 import attrs
 import trio
 
-from daemon.benchkit.bench import SYSTEMS, BenchError, BenchOptions, ClusterSpec, find_vllm_router, run_bench
-from daemon.benchkit.markdown import render_report
-from daemon.benchkit.plots import write_plots
-from daemon.commands.replay import add_replay_flags, replay_options, trace_info
+from bench.bench import SYSTEMS, BenchError, BenchOptions, ClusterSpec, find_vllm_router, run_bench
+from bench.commands.replay import add_replay_flags, replay_options, trace_info
+from bench.markdown import render_report
+from bench.plots import write_plots
+from bench.trace.cli_support import load_trace_arg
 from daemon.commands.argtypes import positive_float, positive_int
-from daemon.trace.cli_support import load_trace_arg
 
 NAME = "bench"
 HELP = "Run one trace through native agentd, agentd with Program scheduling and vllm-router, side by side."
@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     context = [f"- trace: `{args.trace}` (profile {trace.meta.profile}, seed {trace.meta.seed}, "
                f"{len(trace.sessions())} programs, {len(trace.records)} requests)"]
     if target_hit is not None:
-        from daemon.benchkit.calibrate import calibrate_kv_blocks  # noqa: PLC0415
+        from bench.calibrate import calibrate_kv_blocks  # noqa: PLC0415
 
         blocks, hit = calibrate_kv_blocks(trace, cluster, replay, target_hit,
                                           log=lambda m: print(f"calibrate: {m}", file=sys.stderr))

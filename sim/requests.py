@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from actors.sim import tokenizer
+from sim import tokenizer
 
 if TYPE_CHECKING:
-    from actors.sim.cluster import SimCluster
+    from sim.cluster import SimCluster
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 FINISH_REASONS = ("stop", "length", "tool_calls")

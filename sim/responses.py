@@ -16,8 +16,8 @@ from typing import Any
 
 import trio
 
-from actors.sim.engine import EngineOutput
-from actors.sim.requests import ParsedRequest
+from sim.engine import EngineOutput
+from sim.requests import ParsedRequest
 
 DONE = b"data: [DONE]\n\n"
 

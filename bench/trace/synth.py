@@ -36,7 +36,7 @@ from typing import Any
 
 import attrs
 
-from daemon.trace.format import HashChain, Trace, TraceMeta, TraceRecord
+from bench.trace.format import HashChain, Trace, TraceMeta, TraceRecord
 
 PROFILES = ("swe-short", "coding-long", "bfcl", "chat-human", "batch")
 

@@ -4,7 +4,7 @@
 embedded mode (``routing.worker_urls`` empty) runs one simulated server per embedded worker behind
 a ``SimTransport`` (no sockets; ``sim_configure`` puts them in deterministic virtual-time mode),
 connects the replay client to the daemon through
-:class:`~daemon.benchkit.inprocess.InProcessTransport`, scrapes the simulated workers and the
+:class:`~bench.inprocess.InProcessTransport`, scrapes the simulated workers and the
 daemon's registry before and after, and returns the same report as ``agentd replay``.  ``run_simulation`` wraps it in ``trio.run`` under ``trio.testing.MockClock
 (autojump_threshold=0)``: time is virtual, so a run costs only the CPU of the simulation, and the
 result is a function of the config, the trace and the seed.
@@ -22,13 +22,12 @@ import attrs
 import httpx
 import trio
 
-from actors.sim.cluster import SimConfig
-
-from daemon.benchkit.inprocess import InProcessTransport
-from daemon.benchkit.report import build_report, scrape_all
+from bench.inprocess import InProcessTransport
+from bench.replay import ReplayOptions, run_replay
+from bench.report import build_report, scrape_all
+from bench.trace.format import Trace
 from daemon.config import AgentdConfig
-from daemon.replay import ReplayOptions, run_replay
-from daemon.trace.format import Trace
+from sim.cluster import SimConfig
 
 DAEMON_URL = "http://agentd.simulated"
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import attrs
 
-from actors.sim.kv import salt_key
-from actors.sim.stats import CostModel
+from sim.kv import salt_key
+from sim.stats import CostModel
 
 WAITING, RUNNING, PREEMPTED, FINISHED = "waiting", "running", "preempted", "finished"
 

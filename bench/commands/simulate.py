@@ -2,7 +2,7 @@
 
 Runs the daemon's actors and the embedded simulated ranks (the config must leave
 ``routing.worker_urls`` empty; ``[embedded]`` sizes the ranks) and replays the trace in one process
-under a mock clock (daemon.benchkit.simulate): no sockets, deterministic for the config's
+under a mock clock (bench.simulate): no sockets, deterministic for the config's
 ``embedded.seed``.  Writes the same JSON report as ``agentd replay`` plus a ``simulation`` section
 (wall seconds and speed-up against real time).  ``--time-scale`` defaults to ``embedded.time_scale``
 so trace gaps and simulated compute stay in proportion.
@@ -16,11 +16,11 @@ import sys
 
 import attrs
 
-from daemon.benchkit.progress import ProgressLine
-from daemon.benchkit.simulate import SimulateError, check_simulatable, run_simulation
-from daemon.commands.replay import add_replay_flags, replay_options, trace_info
+from bench.commands.replay import add_replay_flags, replay_options, trace_info
+from bench.progress import ProgressLine
+from bench.simulate import SimulateError, check_simulatable, run_simulation
+from bench.trace.cli_support import load_trace_arg
 from daemon.config_loading import ConfigError, load_config
-from daemon.trace.cli_support import load_trace_arg
 
 NAME = "simulate"
 HELP = "Simulate the daemon and a trace replay in one process in virtual time; write the replay report."

@@ -36,8 +36,8 @@ import trio
 import trio.testing
 from trio._core import _run as trio_core_run
 
-from actors.sim.engine import Engine, EngineConfig, EngineOutput, Request
-from actors.sim.stats import CostModel
+from sim.engine import Engine, EngineConfig, EngineOutput, Request
+from sim.stats import CostModel
 
 # Submissions waiting for the cluster task; a full inbox applies backpressure to HTTP handlers.
 INBOX_BUFFER = 1024

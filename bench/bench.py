@@ -2,7 +2,7 @@
 
 For every system in order the driver starts ``workers`` simulated vLLM servers (``agentd
 sim-backend`` subprocesses on loopback, identical sizes, time scale and seed), starts the
-system under test in front of them, waits for health, replays the trace (daemon.replay via
+system under test in front of them, waits for health, replays the trace (bench.replay via
 ``replay_with_metrics``: worker and router metrics scraped before and after), stops everything and
 writes ``<out>/<system>.json``.  Systems:
 
@@ -41,9 +41,9 @@ import attrs
 import httpx
 import trio
 
-from daemon.benchkit.progress import ProgressLine
-from daemon.replay import ReplayOptions
-from daemon.trace.format import Trace
+from bench.progress import ProgressLine
+from bench.replay import ReplayOptions
+from bench.trace.format import Trace
 
 SYSTEMS = ("native", "agentd", "vllm-router", "vllm-router-ps")
 _TIME_FIELDS = (
@@ -242,7 +242,7 @@ async def _wait_healthy(client: httpx.AsyncClient, url: str, proc: trio.Process,
 
 
 async def run_system(system: str, trace: Trace, opts: BenchOptions, info: dict[str, Any]) -> dict[str, Any]:
-    from daemon.commands.replay import replay_with_metrics  # noqa: PLC0415 - avoid an import cycle
+    from bench.commands.replay import replay_with_metrics  # noqa: PLC0415 - avoid an import cycle
 
     log_dir = os.path.join(opts.out_dir, "logs", system)
     os.makedirs(log_dir, exist_ok=True)

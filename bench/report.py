@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
-from daemon.replay import ReplayResult
-from daemon.trace.stats import percentile
+from bench.replay import ReplayResult
+from bench.trace.stats import percentile
 
 Labels = tuple[tuple[str, str], ...]
 Snapshot = dict[str, dict[Labels, float]]  # sample name -> labels -> value

@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator, Mapping
 import httpx
 from prometheus_client import CollectorRegistry
 
-from actors.sim.api import ApiRequest, SimApi
-from actors.sim.cluster import SimCluster
-from actors.sim.responses import SseStream
+from sim.api import ApiRequest, SimApi
+from sim.cluster import SimCluster
+from sim.responses import SseStream
 
 
 class _SseByteStream(httpx.AsyncByteStream):

@@ -13,7 +13,7 @@ Program drivers (one Trio task per session):
   blocking subagent spawned so far completed;
 - a subagent starts ``pre_gap_ms / time_scale`` after its parent's ``parent_turn`` completed;
 - messages are the conversation so far: the shared prefix as the system message, then user/tool
-  deltas of exact token sizes (``actors.sim.tokenizer.text_of_tokens``) and the assistant replies
+  deltas of exact token sizes (``sim.tokenizer.text_of_tokens``) and the assistant replies
   exactly as streamed back, so each prompt extends the previous prompt plus its output and
   prefixes are really shared;
 - requests stream with ``stream_options.include_usage`` and carry the canonical
@@ -22,7 +22,7 @@ Program drivers (one Trio task per session):
   policies have a key), and ``x-request-id`` with ``#job_name[<job>]#`` for batch jobs.
 
 A failed turn ends its Program (recorded, never retried: the systems under test own retries).
-``daemon.benchkit.report`` turns the raw :class:`ReplayResult` plus metric scrapes into the report.
+``bench.report`` turns the raw :class:`ReplayResult` plus metric scrapes into the report.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import attrs
 import httpx
 import trio
 
-from actors.sim.tokenizer import text_of_tokens
-from daemon.trace.format import Trace, TraceRecord
+from bench.trace.format import Trace, TraceRecord
+from sim.tokenizer import text_of_tokens
 
 
 @attrs.frozen

@@ -34,16 +34,17 @@ import httpx
 import trio
 from prometheus_client import CollectorRegistry
 
+from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.ids import DEFAULT_MODEL_POOL
+from actors.logevents import get_logger, log_event
 from actors.mailbox import ActorGone
 from actors.messages import Abandoned, Admitted, Completed, Rejected, Reply, Submit
+from actors.program_metrics import GaugeSnapshot, ProgramMetrics, TokenEstimateGauge
 from actors.rank_actor import RankObservers, run_rank_actor
 from actors.scheduler_actor import SchedulerHandle, diagnostics_snapshot, rank_gauges, run_scheduler_actor
-from daemon.config import AgentdConfig, BackendTarget, ProgramSchedulingConfig
+from daemon.config import AgentdConfig
 from daemon.dispatch import DispatchRejected, HealthView, Outcome, ProxyRequest
 from daemon.http.requests import TOKENS_PER_BYTE
-from daemon.logs import get_logger, log_event
-from daemon.program_metrics import GaugeSnapshot, ProgramMetrics, TokenEstimateGauge
 
 # Abandoned/Completed are sent from a shielded finally; this caps how long a handler can be
 # held there if the scheduler inbox is saturated (the scheduler never stops draining it).

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from actors.sim.stats import Histogram
+from sim.stats import Histogram
 
 if TYPE_CHECKING:
-    from actors.sim.cluster import SimCluster
+    from sim.cluster import SimCluster
 
 LABELS = ["model_name", "engine"]
 

@@ -2,7 +2,7 @@
 
 ``trace_stats(trace)`` returns a flat ``{metric: value}`` dict (dotted names such as
 ``turns_per_program.p50``); ``compare(stats, targets)`` pairs them with the targets from
-``daemon.trace.synth.targets_for``. ``format_report`` renders both as the text ``agentd trace stats``
+``bench.trace.synth.targets_for``. ``format_report`` renders both as the text ``agentd trace stats``
 prints. Besides the calibration metrics it reports two workload checks from the seed's tuning
 workflow: the ideal (infinite-cache) prompt-token hit ratio, and the share of return gaps shorter
 than the cold prefill of the context they would recompute (where Progress-TTL can pay off).
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import attrs
 
-from daemon.trace.format import Trace
-from daemon.trace.synth import Target
+from bench.trace.format import Trace
+from bench.trace.synth import Target
 
 # Seed-000 reference prefill cost model (seconds) used for the reuse-opportunity check.
 _PREFILL_INTERCEPT = 0.06600061907132926

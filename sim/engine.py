@@ -31,9 +31,9 @@ from collections import deque
 from collections.abc import Sequence
 from itertools import accumulate
 
-from actors.sim.kv import BlockPool, extend_block_hashes, root_hash
-from actors.sim.sequence import FINISHED, PREEMPTED, RUNNING, EngineConfig, EngineOutput, Request
-from actors.sim.stats import EngineStats
+from sim.kv import BlockPool, extend_block_hashes, root_hash
+from sim.sequence import FINISHED, PREEMPTED, RUNNING, EngineConfig, EngineOutput, Request
+from sim.stats import EngineStats
 
 __all__ = ["Engine", "EngineConfig", "EngineOutput", "Request"]
 

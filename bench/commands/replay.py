@@ -2,8 +2,8 @@
 
 Scrapes the workers' ``/metrics`` (``--worker-metrics``, repeatable) and the target's own metrics
 (``--router-metrics``, default ``<target>/metrics``) before and after the run, replays the trace
-(daemon.replay) with a live progress line on stderr, and writes the JSON report
-(daemon.benchkit.report) to ``--out`` (or stdout).
+(bench.replay) with a live progress line on stderr, and writes the JSON report
+(bench.report) to ``--out`` (or stdout).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Any
 import httpx
 import trio
 
-from daemon.benchkit.progress import ProgressLine
-from daemon.benchkit.report import build_report, scrape_all
-from daemon.replay import ReplayOptions, run_replay
+from bench.progress import ProgressLine
+from bench.replay import ReplayOptions, run_replay
+from bench.report import build_report, scrape_all
+from bench.trace.cli_support import load_trace_arg
+from bench.trace.format import Trace
 from daemon.commands.argtypes import positive_float, positive_int
-from daemon.trace.cli_support import load_trace_arg
-from daemon.trace.format import Trace
 
 NAME = "replay"
 HELP = "Replay a trace against an OpenAI-compatible endpoint and write a JSON report."

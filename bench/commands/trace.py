@@ -12,11 +12,11 @@ import argparse
 import json
 import sys
 
+from bench.trace.cli_support import load_trace_arg
+from bench.trace.format import write_trace
+from bench.trace.stats import compare, format_report, trace_stats
+from bench.trace.synth import PROFILES, Knobs, knobs_from_meta, synthesize, targets_for
 from daemon.commands.argtypes import positive_float, positive_int
-from daemon.trace.cli_support import load_trace_arg
-from daemon.trace.format import write_trace
-from daemon.trace.stats import compare, format_report, trace_stats
-from daemon.trace.synth import PROFILES, Knobs, knobs_from_meta, synthesize, targets_for
 
 NAME = "trace"
 HELP = "Synthesize agent traces (synth) and print their statistics against profile targets (stats)."

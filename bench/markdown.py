@@ -1,6 +1,6 @@
 """report.md for a bench: one side-by-side table, ratios against ``native`` and ``vllm-router-ps``.
 
-Input: ``{system: report}`` as produced by ``daemon.benchkit.report.build_report``.  Rows follow
+Input: ``{system: report}`` as produced by ``bench.report.build_report``.  Rows follow
 the seed's reporting list (JCT, request latency/TTFT, throughput, token cache hit beside
 preemptions, completed tasks, tokens, queue waits, migrations, force resumes, segment yields).
 Missing values print as ``-`` (for example router queue waits of a router without Program

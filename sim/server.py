@@ -13,9 +13,9 @@ from prometheus_client import CollectorRegistry
 from quart import Response, request
 from quart_trio import QuartTrio
 
-from actors.sim.api import ApiRequest, SimApi
-from actors.sim.cluster import SimCluster
-from actors.sim.responses import SseStream
+from sim.api import ApiRequest, SimApi
+from sim.cluster import SimCluster
+from sim.responses import SseStream
 
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH"]
 

@@ -1,0 +1,190 @@
+"""Configuration values the pure core reads: Program scheduling, its cost models, targets.
+
+Every class is an ``attrs.frozen`` value with defaults, so tests can build configs directly
+(``ProgramSchedulingConfig(token_capacity_per_dp_rank=1000)``).  Construction does not validate:
+the daemon's loader (docs/config.md) structures a file, applies CLI overrides and then calls
+:func:`problems` on the whole tree so that *every* problem is reported at once, each naming the
+field, the rule and the value.  Field rules are declared next to the field (``rule=...`` in the
+attrs metadata); cross-field rules live in ``_cross_field_problems`` methods.
+
+The ``program_scheduling`` section mirrors the reference router's ``ProgramSchedulingConfig`` field
+for field (names, defaults, constraints), so operators can carry their JSON over unchanged.  The
+seed's cost-model coefficients are written here once; the simulated backend's default cost model
+reads them from here too (docs/simulator.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+from attrs import field, frozen
+
+# --------------------------------------------------------------------------------------------
+# Field rules: (predicate, human-readable rule).  Used by ``problems``.
+# --------------------------------------------------------------------------------------------
+
+Rule = tuple[Callable[[Any], bool], str]
+
+
+def finite(x: Any) -> bool:
+    """A real number (not a bool), neither infinite nor NaN."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+FINITE_GT_0: Rule = (lambda x: finite(x) and x > 0, "must be finite and > 0")
+FINITE_GE_0: Rule = (lambda x: finite(x) and x >= 0, "must be finite and >= 0")
+FINITE_GE_1: Rule = (lambda x: finite(x) and x >= 1, "must be finite and >= 1")
+UNIT_INTERVAL: Rule = (lambda x: finite(x) and 0 <= x <= 1, "must be finite and within [0, 1]")
+INT_GT_0: Rule = (lambda x: isinstance(x, int) and x > 0, "must be an integer > 0")
+INT_GE_0: Rule = (lambda x: isinstance(x, int) and x >= 0, "must be an integer >= 0")
+PORT: Rule = (lambda x: isinstance(x, int) and 0 <= x <= 65535, "must be a port number within [0, 65535]")
+OPTIONAL_INT_GT_0: Rule = (lambda x: x is None or (isinstance(x, int) and x > 0), "must be null or an integer > 0")
+OPTIONAL_PORT: Rule = (lambda x: x is None or PORT[0](x), "must be null or a port number within [0, 65535]")
+NON_EMPTY: Rule = (lambda x: isinstance(x, str) and x.strip() != "", "must be a non-empty string")
+
+
+def one_of(*values: str) -> Rule:
+    return (lambda x: x in values, "must be one of " + ", ".join(repr(v) for v in values))
+
+
+def rule_field(rule: Rule, default: Any) -> Any:
+    return field(default=default, metadata={"rule": rule})
+
+
+def _field_problems(obj: Any, path: str) -> Iterator[str]:
+    for a in attrs.fields(type(obj)):
+        value = getattr(obj, a.name)
+        where = f"{path}.{a.name}" if path else a.name
+        rule = a.metadata.get("rule")
+        if rule is not None and not rule[0](value):
+            yield f"{where}: {rule[1]} (got {value!r})"
+        if attrs.has(type(value)):
+            yield from _field_problems(value, where)
+    cross = getattr(obj, "_cross_field_problems", None)
+    if cross is not None:
+        yield from cross(path)
+
+
+def problems(cfg: Any, path: str = "") -> list[str]:
+    """Every rule violation in ``cfg`` (any config class), as ``"<field path>: <rule> (got <value>)"``."""
+    return list(_field_problems(cfg, path))
+
+
+# --------------------------------------------------------------------------------------------
+# Program scheduling (the reference router's contract)
+# --------------------------------------------------------------------------------------------
+
+ENABLE_KEYS = ("vllm_xargs.agentic_context", "auto")
+RESUME_ORDERS = ("mru", "fcfs")
+BINDING_STRATEGIES = (
+    "consistent_hash",
+    "program_round_robin",
+    "least_program_count",
+    "reasoning_token_balance",
+    "cache_aware",
+)
+
+# The seven calibration coefficients, in the fixed order the calibration warning lists them.
+COEFFICIENT_FIELDS = (
+    "prefill_cost_model.intercept_seconds",
+    "prefill_cost_model.linear_seconds_per_1k_tokens",
+    "prefill_cost_model.quadratic_seconds_per_1k_tokens_squared",
+    "prefill_cost_model.decode_throughput_alpha",
+    "decode_throughput_model.fixed_step_seconds",
+    "decode_throughput_model.batch_step_seconds_per_request",
+    "decode_throughput_model.context_step_seconds_per_token",
+)
+
+
+@frozen
+class PrefillCostModel:
+    """Cold prefill ``p(x) = intercept + linear*x + quadratic*x^2`` with ``x = uncached tokens / 1000``."""
+
+    intercept_seconds: float = rule_field(FINITE_GE_0, 0.06600061907132926)
+    linear_seconds_per_1k_tokens: float = rule_field(FINITE_GE_0, 0.05702024012166613)
+    quadratic_seconds_per_1k_tokens_squared: float = rule_field(FINITE_GE_0, 0.0044057347937978475)
+    decode_throughput_alpha: float = rule_field(UNIT_INTERVAL, 0.15)
+
+
+@frozen
+class DecodeThroughputModel:
+    """Aggregate decode throughput ``B / (fixed + per_request*B + per_token*C)``."""
+
+    fixed_step_seconds: float = rule_field(FINITE_GT_0, 0.010635218423115973)
+    batch_step_seconds_per_request: float = rule_field(FINITE_GE_0, 0.0004192803698834784)
+    context_step_seconds_per_token: float = rule_field(FINITE_GE_0, 1.420458414996201e-7)
+
+
+@frozen
+class ProgramSchedulingConfig:
+    program_scheduling_enable_key: str = rule_field(one_of(*ENABLE_KEYS), "vllm_xargs.agentic_context")
+    binding_only: bool = False
+    global_queue: bool = False
+    resume_order: str = rule_field(one_of(*RESUME_ORDERS), "mru")
+    cross_rank_headroom_ratio: float = rule_field(FINITE_GE_1, 1.2)
+    binding_strategy: str = rule_field(one_of(*BINDING_STRATEGIES), "consistent_hash")
+    hash_virtual_nodes: int = rule_field(INT_GT_0, 160)
+    token_capacity_per_dp_rank: int | None = rule_field(OPTIONAL_INT_GT_0, None)
+    max_active_programs_per_target: int = rule_field(INT_GT_0, 64)
+    metrics_interval_seconds: float = rule_field(FINITE_GT_0, 1.0)
+    admission_waiting_request_threshold: int = rule_field(INT_GE_0, 1)
+    queue_timeout_seconds: float = rule_field(FINITE_GT_0, 600.0)
+    force_resume_timeout_seconds: float = rule_field(FINITE_GT_0, 300.0)
+    paused_retention_ttl_seconds: float = rule_field(FINITE_GT_0, 1800.0)
+    shared_prefix_freshness_warmup_seconds: float = rule_field(FINITE_GE_0, 100.0)
+    shared_prefix_freshness_kv_turnovers: float = rule_field(FINITE_GT_0, 2.0)
+    decode_buffer_tokens: int = rule_field(INT_GE_0, 100)
+    max_acting_ttl_seconds: float = rule_field(FINITE_GE_0, 10.0)
+    high_watermark_ratio: float = rule_field(UNIT_INTERVAL, 1.0)
+    low_watermark_ratio: float = rule_field(UNIT_INTERVAL, 1.0)
+    max_segment_rounds: int = rule_field(INT_GT_0, 14)
+    stats_window_size: int = rule_field(INT_GT_0, 100)
+    enable_batch_gain_admission: bool = True
+    prefill_cost_model: PrefillCostModel = field(factory=PrefillCostModel)
+    decode_throughput_model: DecodeThroughputModel = field(factory=DecodeThroughputModel)
+    # Dotted paths of the calibration coefficients the user supplied explicitly.  Bookkeeping for
+    # the calibration warning only: never read from or written to a file.
+    explicit_coefficients: frozenset[str] = field(default=frozenset(), eq=False)
+    # Deprecated input aliases the file used (e.g. token_capacity_per_target); for warnings only.
+    deprecated_inputs: tuple[str, ...] = field(default=(), eq=False)
+
+    def _cross_field_problems(self, path: str) -> Iterator[str]:
+        p = f"{path}." if path else ""
+        low, high = self.low_watermark_ratio, self.high_watermark_ratio
+        if finite(low) and finite(high):
+            if low <= 0:
+                yield f"{p}low_watermark_ratio: must be > 0 (watermarks must satisfy 0 < low <= high <= 1) (got {low!r})"
+            if high < low:
+                yield (
+                    f"{p}high_watermark_ratio: must be >= low_watermark_ratio "
+                    f"(got high_watermark_ratio={high!r}, low_watermark_ratio={low!r})"
+                )
+        force, queue = self.force_resume_timeout_seconds, self.queue_timeout_seconds
+        if finite(force) and finite(queue) and force > queue:
+            yield (
+                f"{p}force_resume_timeout_seconds: must not exceed queue_timeout_seconds "
+                f"(got force_resume_timeout_seconds={force!r}, queue_timeout_seconds={queue!r})"
+            )
+        if self.binding_strategy == "reasoning_token_balance" and self.token_capacity_per_dp_rank is None:
+            yield (
+                f"{p}binding_strategy: reasoning_token_balance requires token_capacity_per_dp_rank "
+                f"(got token_capacity_per_dp_rank=None)"
+            )
+
+    def defaulted_coefficients(self) -> tuple[str, ...]:
+        """The calibration coefficients left at their defaults, in the warning's fixed order."""
+        return tuple(f for f in COEFFICIENT_FIELDS if f not in self.explicit_coefficients)
+
+
+
+@frozen
+class BackendTarget:
+    """One concrete DP rank behind one worker URL; ``target_id`` is ``"<url>@<rank>"``."""
+
+    worker_url: str
+    dp_rank: int
+    target_id: str
+    index: int

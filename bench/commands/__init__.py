@@ -1,0 +1,1 @@
+"""The benchmark kit's sub-commands, registered under the ``agentd.commands`` entry-point group."""
