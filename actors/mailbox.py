@@ -45,7 +45,9 @@ def open_mailbox(name: str, max_buffer_size: int) -> Mailbox[Any]:
     return Mailbox(name=name, send=send, recv=recv)
 
 
-def channel_statistics(name: str, channel: trio.MemorySendChannel[Any] | trio.MemoryReceiveChannel[Any]) -> dict[str, Any]:
+def channel_statistics(
+    name: str, channel: trio.MemorySendChannel[Any] | trio.MemoryReceiveChannel[Any]
+) -> dict[str, Any]:
     """The channel's ``statistics()`` as a JSON-ready dict."""
     st = channel.statistics()
     return {

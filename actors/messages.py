@@ -147,6 +147,4 @@ class RepairTick:
     deadline: float
 
 
-SchedulerMessage = (
-    Submit | Completed | Abandoned | TimerFired | ObservationStarted | ObservationReceived | RepairTick
-)
+SchedulerMessage = Submit | Completed | Abandoned | TimerFired | ObservationStarted | ObservationReceived | RepairTick

@@ -27,7 +27,21 @@ from prometheus_client.registry import Collector
 PREFIX = "vllm_router_agent_aware"
 
 TOKEN_BUCKETS = (
-    0, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288, 1048576,
+    0,
+    128,
+    256,
+    512,
+    1024,
+    2048,
+    4096,
+    8192,
+    16384,
+    32768,
+    65536,
+    131072,
+    262144,
+    524288,
+    1048576,
 )
 RATIO_BUCKETS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 3, 4)
 REQUEST_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -99,7 +113,9 @@ class ProgramGaugeCollector(Collector):
         def fam(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
             return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
 
-        queue = fam("rank_queue_size", "Paused Programs with waiting requests whose last target is this rank.", ["target"])
+        queue = fam(
+            "rank_queue_size", "Paused Programs with waiting requests whose last target is this rank.", ["target"]
+        )
         active = fam("rank_active_programs", "Active Programs placed on this rank.", ["target"])
         ttl = fam("fitted_ttl_seconds", "Representative fitted acting TTL of this rank.", ["target"])
         growth = fam("context_growth_tokens", "Rolling mean context growth per request on this rank.", ["target"])
@@ -146,7 +162,9 @@ class ProgramMetrics:
             return Histogram(f"{PREFIX}_{name}", doc, labels, buckets=buckets, registry=registry)
 
         self.transitions = Counter(
-            f"{PREFIX}_transitions_total", "Committed Program transitions by reason.", ("target", "reason"),
+            f"{PREFIX}_transitions_total",
+            "Committed Program transitions by reason.",
+            ("target", "reason"),
             registry=registry,
         )
         self.queue_wait_seconds = hist(
@@ -159,19 +177,25 @@ class ProgramMetrics:
             registry=registry,
         )
         self.cache_miss_impact_seconds = hist(
-            "cache_miss_impact_seconds", "Modelled cache-miss impact of each successful completion.", ("target",),
+            "cache_miss_impact_seconds",
+            "Modelled cache-miss impact of each successful completion.",
+            ("target",),
             CACHE_MISS_IMPACT_BUCKETS,
         )
         self.request_interval_seconds = hist(
-            "request_interval_seconds", "Completion-to-next-arrival interval of the same Program.", ("target",),
+            "request_interval_seconds",
+            "Completion-to-next-arrival interval of the same Program.",
+            ("target",),
             INTERVAL_BUCKETS,
         )
         self.armed_ttl_seconds = hist(
             "armed_ttl_seconds", "Acting TTL armed at completion.", ("target", "source"), ARMED_TTL_BUCKETS
         )
         self.shared_prefix_observed_tokens = hist(
-            "shared_prefix_observed_tokens", "Explicit cached-token observations that refreshed a shared prefix.",
-            ("target",), TOKEN_BUCKETS,
+            "shared_prefix_observed_tokens",
+            "Explicit cached-token observations that refreshed a shared prefix.",
+            ("target",),
+            TOKEN_BUCKETS,
         )
         self.admission_used_tokens = hist(
             "admission_used_tokens", "Rank usage at each committed admission.", ("target",), TOKEN_BUCKETS
@@ -180,32 +204,46 @@ class ProgramMetrics:
             "admission_required_tokens", "Tokens required by each committed admission.", ("target",), TOKEN_BUCKETS
         )
         self.admission_growth_reserve_tokens = hist(
-            "admission_growth_reserve_tokens", "Growth reserve of each committed admission.", ("target",),
+            "admission_growth_reserve_tokens",
+            "Growth reserve of each committed admission.",
+            ("target",),
             TOKEN_BUCKETS,
         )
         self.admission_capacity_pressure_ratio = hist(
-            "admission_capacity_pressure_ratio", "used / capacity at each committed admission.", ("target",),
+            "admission_capacity_pressure_ratio",
+            "used / capacity at each committed admission.",
+            ("target",),
             RATIO_BUCKETS,
         )
         self.admission_projected_pressure_ratio = hist(
-            "admission_projected_pressure_ratio", "(used + required + reserve) / capacity at each admission.",
-            ("target",), RATIO_BUCKETS,
+            "admission_projected_pressure_ratio",
+            "(used + required + reserve) / capacity at each admission.",
+            ("target",),
+            RATIO_BUCKETS,
         )
         self.admission_backend_kv_usage_ratio = hist(
-            "admission_backend_kv_usage_ratio", "Last observed backend KV usage at each admission.", ("target",),
+            "admission_backend_kv_usage_ratio",
+            "Last observed backend KV usage at each admission.",
+            ("target",),
             RATIO_BUCKETS,
         )
         self.admission_backend_running_requests = hist(
-            "admission_backend_running_requests", "Backend running requests at each admission.", ("target",),
+            "admission_backend_running_requests",
+            "Backend running requests at each admission.",
+            ("target",),
             REQUEST_BUCKETS,
         )
         self.admission_backend_waiting_requests = hist(
-            "admission_backend_waiting_requests", "Backend waiting requests at each admission.", ("target",),
+            "admission_backend_waiting_requests",
+            "Backend waiting requests at each admission.",
+            ("target",),
             REQUEST_BUCKETS,
         )
         self.admission_capacity_observation_age_seconds = hist(
-            "admission_capacity_observation_age_seconds", "Age of the capacity observation at each admission.",
-            ("target",), INTERVAL_BUCKETS,
+            "admission_capacity_observation_age_seconds",
+            "Age of the capacity observation at each admission.",
+            ("target",),
+            INTERVAL_BUCKETS,
         )
         self.collector = ProgramGaugeCollector(lambda: self._gauges)
         registry.register(self.collector)

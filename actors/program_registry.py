@@ -67,9 +67,7 @@ class ProgramRegistry:
         try:
             self._inbox(program).send_nowait(command)
         except trio.WouldBlock:
-            raise ProgramInboxOverflow(
-                f"Program actor inbox full ({PROGRAM_INBOX_SIZE} commands pending)"
-            ) from None
+            raise ProgramInboxOverflow(f"Program actor inbox full ({PROGRAM_INBOX_SIZE} commands pending)") from None
 
     def arm(self, program: Any, kind: str, deadline: float, token: int) -> None:
         self._deliver(program, ArmTimer(kind=kind, deadline=deadline, token=token))

@@ -142,9 +142,7 @@ async def _round(
     scheduler_send: trio.MemorySendChannel[SchedulerMessage],
     epoch: int,
 ) -> None:
-    await scheduler_send.send(
-        ObservationStarted(epoch=epoch, target_ids=tuple(t.target_id for t in observers.targets))
-    )
+    await scheduler_send.send(ObservationStarted(epoch=epoch, target_ids=tuple(t.target_id for t in observers.targets)))
     results: dict[str, dict[int, EngineSample] | str] = {}
 
     async def scrape_one(url: str) -> None:

@@ -139,23 +139,33 @@ class _Router:
                 target = self.handle.targets_by_id[e.target_id]
                 program = redacted_id(e.program)
                 log_event(
-                    logger, logging.DEBUG, "request_dispatch", program=program, target=e.target_id,
+                    logger,
+                    logging.DEBUG,
+                    "request_dispatch",
+                    program=program,
+                    target=e.target_id,
                     router_queue_seconds=round(e.queue_wait_seconds, 6),
-                    estimated_context_tokens=e.estimated_context_tokens, placement_epoch=e.placement_epoch,
+                    estimated_context_tokens=e.estimated_context_tokens,
+                    placement_epoch=e.placement_epoch,
                     placement_start_request=e.placement_start_request,
                 )
                 self.admitted[e.request_id] = (program, e.target_id)
                 self.reply(
                     e.request_id,
-                    Admitted(request_id=e.request_id, target=target, program=program,
-                             queue_seconds=e.queue_wait_seconds),
+                    Admitted(
+                        request_id=e.request_id, target=target, program=program, queue_seconds=e.queue_wait_seconds
+                    ),
                 )
             elif isinstance(e, fx.Reject):
                 self.reply(
                     e.request_id,
-                    Rejected(request_id=e.request_id, reason=e.reason, status=e.status_hint, message=e.message,
-                             retry_after_seconds=self.handle.cfg.metrics_interval_seconds
-                             if e.status_hint == 429 else None),
+                    Rejected(
+                        request_id=e.request_id,
+                        reason=e.reason,
+                        status=e.status_hint,
+                        message=e.message,
+                        retry_after_seconds=self.handle.cfg.metrics_interval_seconds if e.status_hint == 429 else None,
+                    ),
                 )
             elif isinstance(e, fx.SpawnProgram):
                 pass  # the actor is spawned on its first timer command (a Program without timers needs no task)
@@ -173,33 +183,54 @@ class _Router:
                 m.queue_wait_seconds.labels(e.target_id).observe(e.seconds)
             elif isinstance(e, fx.RequestIntervalObserved):
                 m.request_interval_seconds.labels(e.target_id).observe(e.seconds)
-                log_event(logger, logging.DEBUG, "continuity_sample", target=e.target_id,
-                          interval_seconds=round(e.seconds, 6))
+                log_event(
+                    logger, logging.DEBUG, "continuity_sample", target=e.target_id, interval_seconds=round(e.seconds, 6)
+                )
             elif isinstance(e, fx.CacheMissImpactObserved):
                 m.cache_miss_impact_seconds.labels(e.target_id).observe(e.seconds)
                 self._cache_observation(e)
             elif isinstance(e, fx.TtlArmed):
                 m.armed_ttl_seconds.labels(e.target_id, e.source).observe(e.ttl_seconds)
-                log_event(logger, logging.DEBUG, "ttl_armed", program=redacted_id(e.program), target=e.target_id,
-                          request_ttl_seconds=e.ttl_seconds, source=e.source)
+                log_event(
+                    logger,
+                    logging.DEBUG,
+                    "ttl_armed",
+                    program=redacted_id(e.program),
+                    target=e.target_id,
+                    request_ttl_seconds=e.ttl_seconds,
+                    source=e.source,
+                )
             elif isinstance(e, fx.SharedPrefixObserved):
                 m.shared_prefix_observed_tokens.labels(e.target_id).observe(e.tokens)
             elif isinstance(e, fx.CacheDiscontinuity):
                 log_event(
-                    logger, logging.INFO, "unexpected_cache_discontinuity", program=redacted_id(e.program),
-                    target=e.target_id, prompt_tokens=e.prompt_tokens, cached_prompt_tokens=e.cached_prompt_tokens,
+                    logger,
+                    logging.INFO,
+                    "unexpected_cache_discontinuity",
+                    program=redacted_id(e.program),
+                    target=e.target_id,
+                    prompt_tokens=e.prompt_tokens,
+                    cached_prompt_tokens=e.cached_prompt_tokens,
                     previous_context_tokens=e.previous_context_tokens,
                     cache_hit_vs_previous_context=round(e.cached_prompt_tokens / e.previous_context_tokens, 6)
-                    if e.previous_context_tokens else None,
+                    if e.previous_context_tokens
+                    else None,
                     uncached_prompt_tokens=e.uncached_prompt_tokens,
                     cache_miss_impact_seconds=round(e.cache_miss_impact_seconds, 6),
-                    segment_served_rounds=e.segment_served_rounds, placement_start_request=False,
+                    segment_served_rounds=e.segment_served_rounds,
+                    placement_start_request=False,
                 )
             elif isinstance(e, fx.CapacitySourceChanged):
                 self._source_changed(e)
             elif isinstance(e, fx.StaleObservationDropped):
-                log_event(logger, logging.WARNING, "stale_capacity_observation_dropped", target=e.target_id,
-                          epoch_revision=e.epoch_revision, current_revision=e.current_revision)
+                log_event(
+                    logger,
+                    logging.WARNING,
+                    "stale_capacity_observation_dropped",
+                    target=e.target_id,
+                    epoch_revision=e.epoch_revision,
+                    current_revision=e.current_revision,
+                )
             elif isinstance(e, fx.CompletionIgnored):
                 log_event(logger, logging.DEBUG, "completion_ignored", reason=e.reason)
             else:
@@ -212,8 +243,13 @@ class _Router:
         program = self.admitted.get(msg.request_id, (None, None))[0]
         prompt, cached = msg.prompt_tokens, msg.cached_tokens
         log_event(
-            logger, logging.DEBUG, "cache_observation", program=program, target=e.target_id,
-            prompt_tokens=prompt, cached_prompt_tokens=cached,
+            logger,
+            logging.DEBUG,
+            "cache_observation",
+            program=program,
+            target=e.target_id,
+            prompt_tokens=prompt,
+            cached_prompt_tokens=cached,
             uncached_prompt_tokens=None if prompt is None or cached is None else max(0, prompt - cached),
             cache_miss_impact_seconds=round(e.seconds, 6),
         )
@@ -224,19 +260,38 @@ class _Router:
         program = redacted_id(e.program)
         if e.reason in ADMIT_REASONS:
             log_event(
-                logger, logging.INFO, "program_admit", program=program, target=e.target_id, forced=e.forced,
-                batch_gain=e.batch_gain, used_tokens=_num(e.used_tokens), required_tokens=_num(e.required_tokens),
-                reserve_tokens=_num(e.reserve_tokens), capacity_tokens=e.capacity_tokens,
+                logger,
+                logging.INFO,
+                "program_admit",
+                program=program,
+                target=e.target_id,
+                forced=e.forced,
+                batch_gain=e.batch_gain,
+                used_tokens=_num(e.used_tokens),
+                required_tokens=_num(e.required_tokens),
+                reserve_tokens=_num(e.reserve_tokens),
+                capacity_tokens=e.capacity_tokens,
             )
         elif e.from_state.startswith(ACTIVE_STATE) and e.to_state.startswith(PAUSED_STATE):
             log_event(
-                logger, logging.INFO, "program_pause", program=program, target=e.target_id, reason=e.reason,
+                logger,
+                logging.INFO,
+                "program_pause",
+                program=program,
+                target=e.target_id,
+                reason=e.reason,
                 released_private_tokens=_num(e.released_private_tokens),
             )
         else:
             log_event(
-                logger, logging.DEBUG, "program_transition", program=program, target=e.target_id,
-                from_state=e.from_state, to_state=e.to_state, reason=e.reason,
+                logger,
+                logging.DEBUG,
+                "program_transition",
+                program=program,
+                target=e.target_id,
+                from_state=e.from_state,
+                to_state=e.to_state,
+                reason=e.reason,
             )
 
     def _admission(self, e: fx.AdmissionCapacitySnapshot) -> None:
@@ -261,15 +316,24 @@ class _Router:
         age = None if e.observation_age_seconds is None else round(e.observation_age_seconds, 6)
         if e.source == "backend_observation":
             log_event(
-                logger, logging.INFO, "capacity_observation_recovered", target=e.target_id,
-                previous_capacity_accounting_source=e.previous_source, capacity_accounting_source=e.source,
+                logger,
+                logging.INFO,
+                "capacity_observation_recovered",
+                target=e.target_id,
+                previous_capacity_accounting_source=e.previous_source,
+                capacity_accounting_source=e.source,
                 observation_age_seconds=age,
             )
         else:
             log_event(
-                logger, logging.WARNING, "capacity_observation_fallback", target=e.target_id,
-                previous_capacity_accounting_source=e.previous_source, capacity_accounting_source=e.source,
-                observation_age_seconds=age, freshness_threshold_seconds=e.freshness_threshold_seconds,
+                logger,
+                logging.WARNING,
+                "capacity_observation_fallback",
+                target=e.target_id,
+                previous_capacity_accounting_source=e.previous_source,
+                capacity_accounting_source=e.source,
+                observation_age_seconds=age,
+                freshness_threshold_seconds=e.freshness_threshold_seconds,
             )
 
 
@@ -311,8 +375,11 @@ def to_core_event(msg: SchedulerMessage) -> ev.Event:
         return ev.RequestCompleted(
             request_id=RequestId(msg.request_id),
             success=msg.success,
-            usage=Usage(prompt_tokens=msg.prompt_tokens, cached_prompt_tokens=msg.cached_tokens,
-                        completion_tokens=msg.completion_tokens),
+            usage=Usage(
+                prompt_tokens=msg.prompt_tokens,
+                cached_prompt_tokens=msg.cached_tokens,
+                completion_tokens=msg.completion_tokens,
+            ),
             decode_seconds=msg.decode_seconds,
         )
     if isinstance(msg, Abandoned):
@@ -322,7 +389,8 @@ def to_core_event(msg: SchedulerMessage) -> ev.Event:
     if isinstance(msg, ObservationReceived):
         s = msg.sample
         return ev.ObservationReceived(
-            target_id=TargetId(msg.target_id), epoch=msg.epoch,
+            target_id=TargetId(msg.target_id),
+            epoch=msg.epoch,
             kv_cache_usage=None if s is None else s.kv_cache_usage,
             running_requests=None if s is None else s.running_requests,
             waiting_requests=None if s is None else s.waiting_requests,
@@ -395,8 +463,11 @@ async def run_scheduler_actor(
 
 def _sync_targets(handle: SchedulerHandle, router: _Router, now: float, *, force: bool = False) -> None:
     """Give the core the current (healthy) target list when it changed."""
-    targets = handle.targets if handle.health is None else tuple(
-        sorted(handle.health.healthy_targets(), key=lambda t: t.index))
+    targets = (
+        handle.targets
+        if handle.health is None
+        else tuple(sorted(handle.health.healthy_targets(), key=lambda t: t.index))
+    )
     ids = tuple(t.target_id for t in targets)
     if ids == handle.synced_target_ids and not force:
         return
@@ -414,9 +485,15 @@ def _log_capacity_observation(cfg: ProgramSchedulingConfig, msg: ObservationRece
     capacity = cfg.token_capacity_per_dp_rank
     native_used = None if capacity is None or s.kv_cache_usage is None else round(s.kv_cache_usage * capacity)
     log_event(
-        logger, logging.DEBUG, "capacity_observation", target=msg.target_id, kv_cache_usage=s.kv_cache_usage,
-        native_used_tokens=native_used, vllm_running_requests=s.running_requests,
-        vllm_waiting_requests=s.waiting_requests, capacity_tokens=capacity,
+        logger,
+        logging.DEBUG,
+        "capacity_observation",
+        target=msg.target_id,
+        kv_cache_usage=s.kv_cache_usage,
+        native_used_tokens=native_used,
+        vllm_running_requests=s.running_requests,
+        vllm_waiting_requests=s.waiting_requests,
+        capacity_tokens=capacity,
         backend_kv_capacity_tokens=s.kv_capacity_tokens,
     )
 
@@ -456,16 +533,19 @@ def rank_gauges(handle: SchedulerHandle, now: float) -> tuple[RankGauges, ...]:
     for t in sorted(state.ranks):
         rank = state.ranks[t]
         f = rank.factors
-        out.append(RankGauges(
-            target_id=t,
-            queue_size=queued.get(t, 0),
-            active_programs=len(rank.active),
-            fitted_ttl_seconds=0.0 if f is None
-            else peek_acting_ttl(f, state.warm_factors, state.resume_hits.miss_ratio(), cfg.max_acting_ttl_seconds),
-            context_growth_tokens=0.0 if f is None else f.mean_context_growth_tokens(),
-            request_samples=0 if f is None else len(f.requests),
-            continuity_samples=0 if f is None else len(f.continuities),
-            cache_miss_impact_rolling_mean_seconds=0.0 if f is None else f.mean_continuity_impact_seconds(),
-            observation_fresh=observation_fresh(rank, now, cfg.metrics_interval_seconds),
-        ))
+        out.append(
+            RankGauges(
+                target_id=t,
+                queue_size=queued.get(t, 0),
+                active_programs=len(rank.active),
+                fitted_ttl_seconds=0.0
+                if f is None
+                else peek_acting_ttl(f, state.warm_factors, state.resume_hits.miss_ratio(), cfg.max_acting_ttl_seconds),
+                context_growth_tokens=0.0 if f is None else f.mean_context_growth_tokens(),
+                request_samples=0 if f is None else len(f.requests),
+                continuity_samples=0 if f is None else len(f.continuities),
+                cache_miss_impact_rolling_mean_seconds=0.0 if f is None else f.mean_continuity_impact_seconds(),
+                observation_fresh=observation_fresh(rank, now, cfg.metrics_interval_seconds),
+            )
+        )
     return tuple(out)

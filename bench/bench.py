@@ -47,17 +47,31 @@ from bench.trace.format import Trace
 
 SYSTEMS = ("native", "agentd", "vllm-router", "vllm-router-ps")
 _TIME_FIELDS = (
-    "metrics_interval_seconds", "queue_timeout_seconds", "force_resume_timeout_seconds",
-    "paused_retention_ttl_seconds", "shared_prefix_freshness_warmup_seconds", "max_acting_ttl_seconds",
+    "metrics_interval_seconds",
+    "queue_timeout_seconds",
+    "force_resume_timeout_seconds",
+    "paused_retention_ttl_seconds",
+    "shared_prefix_freshness_warmup_seconds",
+    "max_acting_ttl_seconds",
 )
-_SEED_PREFILL = {"intercept_seconds": 0.06600061907132926, "linear_seconds_per_1k_tokens": 0.05702024012166613,
-                 "quadratic_seconds_per_1k_tokens_squared": 0.0044057347937978475}
-_SEED_DECODE = {"fixed_step_seconds": 0.010635218423115973,
-                "batch_step_seconds_per_request": 0.0004192803698834784,
-                "context_step_seconds_per_token": 1.420458414996201e-7}
-_DEFAULT_TIMES = {"metrics_interval_seconds": 1.0, "queue_timeout_seconds": 600.0,
-                  "force_resume_timeout_seconds": 300.0, "paused_retention_ttl_seconds": 1800.0,
-                  "shared_prefix_freshness_warmup_seconds": 100.0, "max_acting_ttl_seconds": 10.0}
+_SEED_PREFILL = {
+    "intercept_seconds": 0.06600061907132926,
+    "linear_seconds_per_1k_tokens": 0.05702024012166613,
+    "quadratic_seconds_per_1k_tokens_squared": 0.0044057347937978475,
+}
+_SEED_DECODE = {
+    "fixed_step_seconds": 0.010635218423115973,
+    "batch_step_seconds_per_request": 0.0004192803698834784,
+    "context_step_seconds_per_token": 1.420458414996201e-7,
+}
+_DEFAULT_TIMES = {
+    "metrics_interval_seconds": 1.0,
+    "queue_timeout_seconds": 600.0,
+    "force_resume_timeout_seconds": 300.0,
+    "paused_retention_ttl_seconds": 1800.0,
+    "shared_prefix_freshness_warmup_seconds": 100.0,
+    "max_acting_ttl_seconds": 10.0,
+}
 
 
 class BenchError(RuntimeError):
@@ -140,36 +154,81 @@ def bench_ports(port_base: int, workers: int) -> tuple[int, int, list[int]]:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError as exc:
-                raise BenchError(f"--port-base: port {port} (of {ports[0]}..{ports[-1]}) is in use ({exc.strerror}); "
-                                 "pick another base, or 0 for ephemeral ports") from None
+                raise BenchError(
+                    f"--port-base: port {port} (of {ports[0]}..{ports[-1]}) is in use ({exc.strerror}); "
+                    "pick another base, or 0 for ephemeral ports"
+                ) from None
     return ports[0], ports[1], ports[2:]
 
 
 def sim_backend_command(python: str, port: int, cluster: ClusterSpec, index: int) -> list[str]:
     return [
-        python, "-m", "daemon", "sim-backend", "--host", "127.0.0.1", "--port", str(port),
-        "--dp-size", str(cluster.dp_size), "--num-gpu-blocks", str(cluster.num_gpu_blocks),
-        "--block-size", str(cluster.block_size), "--max-num-seqs", str(cluster.max_num_seqs),
-        "--max-num-batched-tokens", str(cluster.max_num_batched_tokens), "--time-scale", str(cluster.time_scale),
-        "--seed", str(cluster.seed + index), "--model", cluster.model,
+        python,
+        "-m",
+        "daemon",
+        "sim-backend",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dp-size",
+        str(cluster.dp_size),
+        "--num-gpu-blocks",
+        str(cluster.num_gpu_blocks),
+        "--block-size",
+        str(cluster.block_size),
+        "--max-num-seqs",
+        str(cluster.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(cluster.max_num_batched_tokens),
+        "--time-scale",
+        str(cluster.time_scale),
+        "--seed",
+        str(cluster.seed + index),
+        "--model",
+        cluster.model,
     ]
 
 
-def system_command(system: str, opts: BenchOptions, port: int, prom_port: int, worker_urls: Sequence[str],
-                   log_dir: str) -> list[str]:
+def system_command(
+    system: str, opts: BenchOptions, port: int, prom_port: int, worker_urls: Sequence[str], log_dir: str
+) -> list[str]:
     c = opts.cluster
-    common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *worker_urls,
-              "--intra-node-data-parallel-size", str(c.dp_size), "--policy", "consistent_hash"]
-    ps = ["--enable-program-scheduling", "--program-scheduling-config-json",
-          json.dumps(scaled_program_config(c, opts.program_overrides), sort_keys=True)]
+    common = [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        *worker_urls,
+        "--intra-node-data-parallel-size",
+        str(c.dp_size),
+        "--policy",
+        "consistent_hash",
+    ]
+    ps = [
+        "--enable-program-scheduling",
+        "--program-scheduling-config-json",
+        json.dumps(scaled_program_config(c, opts.program_overrides), sort_keys=True),
+    ]
     if system in ("native", "agentd"):
         cmd = [opts.python, "-m", "daemon", "start", *common, "--log-level", "warning"]
         return cmd + ps if system == "agentd" else cmd
     if system in ("vllm-router", "vllm-router-ps"):
         if opts.vllm_router is None:
             raise BenchError(f"system {system!r} needs the vllm-router executable (--vllm-router or PATH)")
-        cmd = [opts.vllm_router, *common, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom_port),
-               "--log-dir", log_dir, "--log-level", "warning"]
+        cmd = [
+            opts.vllm_router,
+            *common,
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(prom_port),
+            "--log-dir",
+            log_dir,
+            "--log-level",
+            "warning",
+        ]
         return cmd + ps if system == "vllm-router-ps" else cmd
     raise BenchError(f"systems: unknown system {system!r} (choose from {', '.join(SYSTEMS)})")
 
@@ -225,8 +284,9 @@ def process_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _wait_healthy(client: httpx.AsyncClient, url: str, proc: trio.Process, procs: _Procs, name: str,
-                        timeout: float) -> None:
+async def _wait_healthy(
+    client: httpx.AsyncClient, url: str, proc: trio.Process, procs: _Procs, name: str, timeout: float
+) -> None:
     with trio.move_on_after(timeout):
         while True:
             if proc.returncode is not None:
@@ -261,12 +321,20 @@ async def run_system(system: str, trace: Trace, opts: BenchOptions, info: dict[s
             proc = await procs.start(system, system_command(system, opts, port, prom_port, worker_urls, log_dir))
             target = f"http://127.0.0.1:{port}"
             await _wait_healthy(client, f"{target}/health", proc, procs, system, opts.startup_timeout_seconds)
-            router_metrics = f"http://127.0.0.1:{prom_port}/metrics" if system.startswith("vllm-router") \
-                else f"{target}/metrics"
+            router_metrics = (
+                f"http://127.0.0.1:{prom_port}/metrics" if system.startswith("vllm-router") else f"{target}/metrics"
+            )
             progress = ProgressLine(sys.stderr, label=f"{system:>14}") if opts.progress else None
             report = await replay_with_metrics(
-                trace, client, target, opts.replay, worker_metrics=[f"{u}/metrics" for u in worker_urls],
-                router_metrics=[router_metrics], info=info, system=system, progress=progress,
+                trace,
+                client,
+                target,
+                opts.replay,
+                worker_metrics=[f"{u}/metrics" for u in worker_urls],
+                router_metrics=[router_metrics],
+                info=info,
+                system=system,
+                progress=progress,
             )
             report["process_cpu_seconds"] = {
                 "system": process_cpu_seconds(proc.pid),

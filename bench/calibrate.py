@@ -33,10 +33,15 @@ def config_for(cluster: ClusterSpec, system: str, overrides: dict[str, Any] | No
         "server": {"log_level": "warning"},
         "routing": {"policy": "consistent_hash"},
         "embedded": {
-            "num_workers": cluster.workers, "dp_size": cluster.dp_size, "num_gpu_blocks": cluster.num_gpu_blocks,
-            "block_size": cluster.block_size, "max_num_seqs": cluster.max_num_seqs,
-            "max_num_batched_tokens": cluster.max_num_batched_tokens, "time_scale": cluster.time_scale,
-            "model": cluster.model, "seed": cluster.seed,
+            "num_workers": cluster.workers,
+            "dp_size": cluster.dp_size,
+            "num_gpu_blocks": cluster.num_gpu_blocks,
+            "block_size": cluster.block_size,
+            "max_num_seqs": cluster.max_num_seqs,
+            "max_num_batched_tokens": cluster.max_num_batched_tokens,
+            "time_scale": cluster.time_scale,
+            "model": cluster.model,
+            "seed": cluster.seed,
         },
     }
     if system == "agentd":
@@ -74,8 +79,10 @@ def calibrate_kv_blocks(
             cfg = config_for(attrs.evolve(cluster, num_gpu_blocks=blocks), "native")
             report = run_simulation(cfg, trace, replay)
             probes[blocks] = float(report["cache"]["token_hit_ratio"] or 0.0)
-            log(f"{blocks} blocks/rank -> native hit {probes[blocks]:.3f} "
-                f"(preemptions {report['preemptions']:.0f}, {report['simulation']['wall_seconds']:.1f} s)")
+            log(
+                f"{blocks} blocks/rank -> native hit {probes[blocks]:.3f} "
+                f"(preemptions {report['preemptions']:.0f}, {report['simulation']['wall_seconds']:.1f} s)"
+            )
         return probes[blocks]
 
     def best() -> tuple[int, float]:

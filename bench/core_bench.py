@@ -44,8 +44,9 @@ STEP_SECONDS = 0.001  # virtual time between two events
 
 
 def make_config() -> ProgramSchedulingConfig:
-    return ProgramSchedulingConfig(paused_retention_ttl_seconds=1e9, queue_timeout_seconds=1e6,
-                                   force_resume_timeout_seconds=1e6)
+    return ProgramSchedulingConfig(
+        paused_retention_ttl_seconds=1e9, queue_timeout_seconds=1e6, force_resume_timeout_seconds=1e6
+    )
 
 
 def make_targets(ranks: int) -> tuple[BackendTarget, ...]:
@@ -58,8 +59,11 @@ def make_targets(ranks: int) -> tuple[BackendTarget, ...]:
 def identities(programs: int) -> list[Any]:
     out = []
     for i in range(programs):
-        body = {"vllm_xargs": {"agentic_context": {"task_id": f"task-{i // 4}", "agent_id": f"agent-{i % 4}",
-                                                   "blocks_parent": False}}}
+        body = {
+            "vllm_xargs": {
+                "agentic_context": {"task_id": f"task-{i // 4}", "agent_id": f"agent-{i % 4}", "blocks_parent": False}
+            }
+        }
         parsed = parse_identity(body, {})
         assert parsed is not None
         out.append(parsed.identity)
@@ -83,8 +87,10 @@ class Bench:
         self.seq += 1
         rid = f"req-{self.seq}"
         prompt = 2000 + 10 * (self.seq % 50)
-        return (RequestSubmitted(rid, self.idents[index], prompt),
-                RequestCompleted(rid, True, Usage(prompt, prompt // 2, 100)))
+        return (
+            RequestSubmitted(rid, self.idents[index], prompt),
+            RequestCompleted(rid, True, Usage(prompt, prompt // 2, 100)),
+        )
 
     def cycle(self, index: int) -> None:
         submit, complete = self.events(index)
@@ -151,8 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, default=64)
     parser.add_argument("--cycles", type=int, default=20_000)
     parser.add_argument("--warmup", type=int, default=2_000)
-    parser.add_argument("--gc-off", action="store_true",
-                        help="disable Python's cyclic GC while timing (diagnostic: shows the GC's share)")
+    parser.add_argument(
+        "--gc-off",
+        action="store_true",
+        help="disable Python's cyclic GC while timing (diagnostic: shows the GC's share)",
+    )
     args = parser.parse_args(argv)
     idents = identities(args.programs)
     per_program = measure_memory(args.ranks, idents)
@@ -166,14 +175,22 @@ def main(argv: list[str] | None = None) -> int:
     median = statistics.median(cpu)
     rows = [
         ("live Programs / ranks", f"{args.programs} / {args.ranks}", ""),
-        ("submit->admit->complete cycle, median CPU time", f"{median:.1f} us", f"<= {CYCLE_TARGET_MICROSECONDS:.0f} us"),
+        (
+            "submit->admit->complete cycle, median CPU time",
+            f"{median:.1f} us",
+            f"<= {CYCLE_TARGET_MICROSECONDS:.0f} us",
+        ),
         ("cycle wall clock median / p90 / p99", f"{statistics.median(wall):.1f} / {q[89]:.1f} / {q[98]:.1f} us", ""),
         ("memory per idle Program", f"{per_program:.0f} B", f"<= {MEMORY_TARGET_BYTES} B"),
     ]
-    print(f"python {sys.version.split()[0]}, {args.cycles} timed cycles after {args.warmup} warm-up cycles"
-          + (" (cyclic GC disabled while timing)" if args.gc_off else ""))
-    print(f"machine speed reference: sum(range(1000)) = {reference_loop_microseconds():.1f} us of CPU "
-          "(a typical desktop/server core runs it in well under 15 us)")
+    print(
+        f"python {sys.version.split()[0]}, {args.cycles} timed cycles after {args.warmup} warm-up cycles"
+        + (" (cyclic GC disabled while timing)" if args.gc_off else "")
+    )
+    print(
+        f"machine speed reference: sum(range(1000)) = {reference_loop_microseconds():.1f} us of CPU "
+        "(a typical desktop/server core runs it in well under 15 us)"
+    )
     print("| measure | value | target |\n| --- | --- | --- |")
     for name, value, target in rows:
         print(f"| {name} | {value} | {target} |")

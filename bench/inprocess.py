@@ -27,8 +27,9 @@ ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 class _ChannelSink:
     """ResponseSink that forwards start/chunks/end into memory channels."""
 
-    def __init__(self, started: trio.MemorySendChannel[tuple[int, list[tuple[str, str]]]],
-                 chunks: trio.MemorySendChannel[bytes]) -> None:
+    def __init__(
+        self, started: trio.MemorySendChannel[tuple[int, list[tuple[str, str]]]], chunks: trio.MemorySendChannel[bytes]
+    ) -> None:
         self._started = started
         self._chunks = chunks
 
@@ -68,8 +69,9 @@ class InProcessTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         if request.method == "GET" and path == "/metrics":
-            return httpx.Response(200, headers={"content-type": CONTENT_TYPE_LATEST},
-                                  content=generate_latest(self._handles.registry))
+            return httpx.Response(
+                200, headers={"content-type": CONTENT_TYPE_LATEST}, content=generate_latest(self._handles.registry)
+            )
         if request.method == "GET" and path == "/health":
             return httpx.Response(200, text="ok")
         endpoint = ENDPOINTS.get(path)

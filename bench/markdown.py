@@ -93,8 +93,9 @@ def ratio_lines(reports: Mapping[str, Mapping[str, Any]], baseline: str) -> list
     return [f"### Against `{baseline}`", "", *_table(["metric", *others], rows), ""]
 
 
-def render_report(reports: Mapping[str, Mapping[str, Any]], *, title: str, context: Sequence[str] = (),
-                  plots: Sequence[str] = ()) -> str:
+def render_report(
+    reports: Mapping[str, Mapping[str, Any]], *, title: str, context: Sequence[str] = (), plots: Sequence[str] = ()
+) -> str:
     systems = list(reports)
     lines = [f"# {title}", ""]
     lines.extend(context)
@@ -102,14 +103,23 @@ def render_report(reports: Mapping[str, Mapping[str, Any]], *, title: str, conte
         lines.append("")
     rows = [[label, *(_fmt(getter(reports[s]), fmt) for s in systems)] for label, getter, fmt, _ in ROWS]
     lines.extend(["## Side by side", "", *_table(["metric", *systems], rows), ""])
-    lines.append("Durations are in trace seconds (run time x time scale). Token cache hit = "
-                 "Δ`vllm:prompt_tokens_cached_total` / Δ`vllm:prompt_tokens_total` over all workers; "
-                 "preemptions = Δ`vllm:num_preemptions_total`.")
+    lines.append(
+        "Durations are in trace seconds (run time x time scale). Token cache hit = "
+        "Δ`vllm:prompt_tokens_cached_total` / Δ`vllm:prompt_tokens_total` over all workers; "
+        "preemptions = Δ`vllm:num_preemptions_total`."
+    )
     lines.append("")
     ratio = ratio_lines(reports, "native") + ratio_lines(reports, "vllm-router-ps")
     if ratio:
-        lines.extend(["## Ratios", "", "Ratio = system / baseline (JCT and latency: lower is better; "
-                      "throughput: higher is better).", "", *ratio])
+        lines.extend(
+            [
+                "## Ratios",
+                "",
+                "Ratio = system / baseline (JCT and latency: lower is better; throughput: higher is better).",
+                "",
+                *ratio,
+            ]
+        )
     if plots:
         lines.extend(["## Plots", ""])
         lines.extend(f"![{p}]({p})" for p in plots)

@@ -73,8 +73,7 @@ def write_plots(reports: Mapping[str, Mapping[str, Any]], out_dir: str) -> list[
     for bar, s in zip(bars, systems, strict=True):
         pre = reports[s].get("preemptions")
         label = f"{bar.get_height():.3f}\n{int(pre) if pre is not None else '-'} preempt."
-        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
-                    fontsize=8)
+        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
     ax.set_ylim(0, 1.15)
     ax.set_ylabel("token cache hit")
     ax.set_title("Token cache hit per system (preemptions annotated)")

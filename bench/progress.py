@@ -29,9 +29,11 @@ class ProgressLine:
         done = int(s.get("done_requests", 0))
         filled = int(self._width * done / total)
         bar = "#" * filled + "-" * (self._width - filled)
-        line = (f"\r{self._label} [{bar}] {done}/{total} req  {s.get('done_tasks', 0)}/{s.get('total_tasks', 0)} "
-                f"tasks  in-flight {s.get('in_flight', 0)}  failed {s.get('failed_requests', 0)}  "
-                f"{time.monotonic() - self._t0:.1f}s")
+        line = (
+            f"\r{self._label} [{bar}] {done}/{total} req  {s.get('done_tasks', 0)}/{s.get('total_tasks', 0)} "
+            f"tasks  in-flight {s.get('in_flight', 0)}  failed {s.get('failed_requests', 0)}  "
+            f"{time.monotonic() - self._t0:.1f}s"
+        )
         self._stream.write(line)
         self._stream.flush()
 

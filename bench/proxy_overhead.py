@@ -33,17 +33,24 @@ import trio
 
 ROOT = Path(__file__).resolve().parents[1]
 BODY = b'{"model":"fake-model","messages":[{"role":"user","content":"Say hi briefly."}],"max_tokens":8}'
-REPLY = json.dumps({
-    "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "fake-model",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi!"}, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14},
-}).encode()
+REPLY = json.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "fake-model",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi!"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14},
+    }
+).encode()
 
 
 # ----------------------------------------------------------------------------- fake worker
 def _response(status: str, body: bytes) -> bytes:
-    return (f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            f"connection: keep-alive\r\n\r\n").encode() + body
+    return (
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        f"connection: keep-alive\r\n\r\n"
+    ).encode() + body
 
 
 async def read_request(stream: trio.SocketStream, buf: bytearray) -> bytes | None:
@@ -55,7 +62,7 @@ async def read_request(stream: trio.SocketStream, buf: bytearray) -> bytes | Non
         buf += data
     end = buf.index(b"\r\n\r\n")
     head = bytes(buf[:end])
-    del buf[:end + 4]
+    del buf[: end + 4]
     length = 0
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
@@ -101,13 +108,19 @@ def serve_naive_proxy(port: int, worker_port: int) -> None:
 
     async def main() -> None:
         async with httpx.AsyncClient() as client:
+
             async def app(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
                 if scope["type"] == "lifespan":
                     while True:
                         message = await receive()  # type: ignore[operator]
                         done = message["type"] == "lifespan.shutdown"
-                        await send({"type": "lifespan.shutdown.complete" if done  # type: ignore[operator]
-                                    else "lifespan.startup.complete"})
+                        await send(
+                            {
+                                "type": "lifespan.shutdown.complete"
+                                if done  # type: ignore[operator]
+                                else "lifespan.startup.complete"
+                            }
+                        )
                         if done:
                             return
                 body = b""
@@ -117,8 +130,13 @@ def serve_naive_proxy(port: int, worker_port: int) -> None:
                     if not message.get("more_body"):
                         break
                 response = await client.post(upstream + scope["path"], content=body)
-                await send({"type": "http.response.start", "status": response.status_code,  # type: ignore[operator]
-                            "headers": [(b"content-type", b"application/json")]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": response.status_code,  # type: ignore[operator]
+                        "headers": [(b"content-type", b"application/json")],
+                    }
+                )
                 await send({"type": "http.response.body", "body": response.content})  # type: ignore[operator]
 
             config = Config()
@@ -133,8 +151,10 @@ def serve_naive_proxy(port: int, worker_port: int) -> None:
 class Conn:
     def __init__(self, stream: trio.SocketStream, host_port: str, path: str) -> None:
         self.stream = stream
-        self.request = (f"POST {path} HTTP/1.1\r\nhost: {host_port}\r\ncontent-type: application/json\r\n"
-                        f"content-length: {len(BODY)}\r\n\r\n").encode() + BODY
+        self.request = (
+            f"POST {path} HTTP/1.1\r\nhost: {host_port}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(BODY)}\r\n\r\n"
+        ).encode() + BODY
         self.buf = b""
 
     async def _more(self, data: bytes) -> bytes:
@@ -286,8 +306,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--policy", default="round_robin")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
-    parser.add_argument("--no-naive", action="store_true",
-                        help="skip the naive hypercorn+httpx proxy baseline row")
+    parser.add_argument("--no-naive", action="store_true", help="skip the naive hypercorn+httpx proxy baseline row")
     parser.add_argument("--serve-worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-naive-proxy", type=int, nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -306,15 +325,31 @@ def main() -> int:
         procs.append(worker)
         wait_listening(worker_port, worker, "fake worker")
         agentd = subprocess.Popen(
-            [sys.executable, "-m", "daemon", "start", "--port", str(agentd_port), "--log-level", "warning",
-             "--worker-urls", f"http://127.0.0.1:{worker_port}", "--policy", args.policy],
-            cwd=ROOT, stdout=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-m",
+                "daemon",
+                "start",
+                "--port",
+                str(agentd_port),
+                "--log-level",
+                "warning",
+                "--worker-urls",
+                f"http://127.0.0.1:{worker_port}",
+                "--policy",
+                args.policy,
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+        )
         procs.append(agentd)
         wait_listening(agentd_port, agentd, "agentd")
         paths: list[tuple[str, int, int]] = [("direct", worker_port, worker.pid), ("agentd", agentd_port, agentd.pid)]
         if not args.no_naive:
-            naive = subprocess.Popen([sys.executable, __file__, "--serve-naive-proxy", str(naive_port),
-                                      str(worker_port)], stderr=subprocess.DEVNULL)
+            naive = subprocess.Popen(
+                [sys.executable, __file__, "--serve-naive-proxy", str(naive_port), str(worker_port)],
+                stderr=subprocess.DEVNULL,
+            )
             procs.append(naive)
             wait_listening(naive_port, naive, "naive proxy")
             paths.append(("naive", naive_port, naive.pid))
@@ -339,22 +374,41 @@ def main() -> int:
         stop_all(procs)
     cpus = os.cpu_count()
     load = os.getloadavg()[0]
-    print(f"machine: {cpus} CPUs, load average {load:.2f} at the end; {args.seconds:g} s per cell; "
-          f"policy {args.policy}")
+    print(
+        f"machine: {cpus} CPUs, load average {load:.2f} at the end; {args.seconds:g} s per cell; policy {args.policy}"
+    )
     print(f"python speed probe: sum(range(1000)) = {probe_us:.1f} us (about 8-10 us when the machine is idle)")
-    print(f"{'path':8} {'c=1 p50 ms':>11} {'c=1 p99 ms':>11} {'c=1 mean ms':>12} "
-          f"{f'c={args.concurrency} req/s':>13} {'server CPU us/req':>18}")
+    print(
+        f"{'path':8} {'c=1 p50 ms':>11} {'c=1 p99 ms':>11} {'c=1 mean ms':>12} "
+        f"{f'c={args.concurrency} req/s':>13} {'server CPU us/req':>18}"
+    )
     for name, r in results.items():
-        print(f"{name:8} {r['c1_p50_ms']:11.3f} {r['c1_p99_ms']:11.3f} {r['c1_mean_ms']:12.3f} "
-              f"{r[f'c{args.concurrency}_rps']:13.0f} {r['server_cpu_us_per_request']:18.0f}")
-    print("(server CPU = the worker process for 'direct', the proxy process otherwise; 'naive' is the"
-          " smallest hypercorn+httpx proxy, a floor for any Python proxy on this stack)")
+        print(
+            f"{name:8} {r['c1_p50_ms']:11.3f} {r['c1_p99_ms']:11.3f} {r['c1_mean_ms']:12.3f} "
+            f"{r[f'c{args.concurrency}_rps']:13.0f} {r['server_cpu_us_per_request']:18.0f}"
+        )
+    print(
+        "(server CPU = the worker process for 'direct', the proxy process otherwise; 'naive' is the"
+        " smallest hypercorn+httpx proxy, a floor for any Python proxy on this stack)"
+    )
     print(f"added latency at c=1: p50 {added['added_p50_ms']:+.3f} ms, p99 {added['added_p99_ms']:+.3f} ms")
     ok = added["added_p50_ms"] <= 1.5 and results["agentd"][f"c{args.concurrency}_rps"] >= 500
     print(f"targets (added p50 <= 1.5 ms, >= 500 req/s at c={args.concurrency}): {'met' if ok else 'NOT met'}")
     if args.json is not None:
-        args.json.write_text(json.dumps({"results": results, **added, "cpus": cpus, "load_average": load, "python_speed_probe_us": probe_us,
-                                         "seconds": args.seconds, "policy": args.policy}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "results": results,
+                    **added,
+                    "cpus": cpus,
+                    "load_average": load,
+                    "python_speed_probe_us": probe_us,
+                    "seconds": args.seconds,
+                    "policy": args.policy,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

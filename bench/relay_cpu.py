@@ -26,15 +26,19 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import proxy_overhead as po  # noqa: E402
 
-BODY = (b'{"model":"fake-model","messages":[{"role":"user","content":"Say hi."}],'
-        b'"max_tokens":200,"stream":true}')
+BODY = b'{"model":"fake-model","messages":[{"role":"user","content":"Say hi."}],"max_tokens":200,"stream":true}'
 
 
 def _event(i: int) -> bytes:
-    payload = json.dumps({
-        "id": "chatcmpl-relay", "object": "chat.completion.chunk", "created": 0, "model": "fake-model",
-        "choices": [{"index": 0, "delta": {"content": f" tok{i}"}, "logprobs": None, "finish_reason": None}],
-    }).encode()
+    payload = json.dumps(
+        {
+            "id": "chatcmpl-relay",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "fake-model",
+            "choices": [{"index": 0, "delta": {"content": f" tok{i}"}, "logprobs": None, "finish_reason": None}],
+        }
+    ).encode()
     return b"data: " + payload + b"\n\n"
 
 
@@ -52,8 +56,9 @@ async def _worker_conn(stream: trio.SocketStream, events: int, interval: float) 
             if head.split(b" ", 2)[1] == b"/health":
                 await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
                 continue
-            await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                                  b"transfer-encoding: chunked\r\n\r\n")
+            await stream.send_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            )
             for i in range(events):
                 await trio.sleep(interval)
                 await stream.send_all(_chunk(_event(i)))
@@ -70,8 +75,13 @@ def serve_worker(port: int, events: int, interval: float) -> None:
 
 
 async def _stream_once(stream: trio.SocketStream, port: int, buf: bytearray) -> int:
-    await stream.send_all((f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
-                           f"content-type: application/json\r\ncontent-length: {len(BODY)}\r\n\r\n").encode() + BODY)
+    await stream.send_all(
+        (
+            f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(BODY)}\r\n\r\n"
+        ).encode()
+        + BODY
+    )
     data = bytes(buf)
     while not data.endswith(b"0\r\n\r\n"):
         more = await stream.receive_some(65536)
@@ -124,14 +134,38 @@ def main() -> int:
     worker_port, agentd_port = po.free_port(), po.free_port()
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        worker = subprocess.Popen([sys.executable, __file__, "--serve-worker", str(worker_port),
-                                   "--events", str(args.events), "--interval-ms", str(args.interval_ms)])
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--serve-worker",
+                str(worker_port),
+                "--events",
+                str(args.events),
+                "--interval-ms",
+                str(args.interval_ms),
+            ]
+        )
         procs.append(worker)
         po.wait_listening(worker_port, worker, "fake worker")
         agentd = subprocess.Popen(
-            [sys.executable, "-m", "daemon", "start", "--port", str(agentd_port), "--log-level", "warning",
-             "--worker-urls", f"http://127.0.0.1:{worker_port}", "--policy", "round_robin"],
-            cwd=po.ROOT, stdout=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-m",
+                "daemon",
+                "start",
+                "--port",
+                str(agentd_port),
+                "--log-level",
+                "warning",
+                "--worker-urls",
+                f"http://127.0.0.1:{worker_port}",
+                "--policy",
+                "round_robin",
+            ],
+            cwd=po.ROOT,
+            stdout=subprocess.DEVNULL,
+        )
         procs.append(agentd)
         po.wait_listening(agentd_port, agentd, "agentd")
         trio.run(load, agentd_port, args.streams, 2.0)  # warm-up
@@ -141,17 +175,27 @@ def main() -> int:
     finally:
         po.stop_all(procs)
     result = {
-        "streams": args.streams, "interval_ms": args.interval_ms, "events_per_response": args.events,
-        "seconds": elapsed, "events": events, "events_per_second": events / elapsed,
-        "agentd_cpu_seconds": cpu, "agentd_cpu_us_per_event": cpu / events * 1e6,
+        "streams": args.streams,
+        "interval_ms": args.interval_ms,
+        "events_per_response": args.events,
+        "seconds": elapsed,
+        "events": events,
+        "events_per_second": events / elapsed,
+        "agentd_cpu_seconds": cpu,
+        "agentd_cpu_us_per_event": cpu / events * 1e6,
         "agentd_cpu_share_of_one_core": cpu / elapsed,
-        "worker_cpu_us_per_event": wcpu / events * 1e6, "python_speed_probe_us": probe_us,
+        "worker_cpu_us_per_event": wcpu / events * 1e6,
+        "python_speed_probe_us": probe_us,
     }
     print(f"python speed probe: sum(range(1000)) = {probe_us:.1f} us (about 8-10 us when the machine is idle)")
-    print(f"{args.streams} streams, one event every {args.interval_ms:g} ms each, {args.events} events per "
-          f"response: {events} events in {elapsed:.1f} s = {events / elapsed:.0f} events/s")
-    print(f"agentd CPU: {cpu:.2f} s = {cpu / events * 1e6:.1f} us per relayed event "
-          f"({cpu / elapsed:.0%} of one core); fake worker: {wcpu / events * 1e6:.1f} us per event")
+    print(
+        f"{args.streams} streams, one event every {args.interval_ms:g} ms each, {args.events} events per "
+        f"response: {events} events in {elapsed:.1f} s = {events / elapsed:.0f} events/s"
+    )
+    print(
+        f"agentd CPU: {cpu:.2f} s = {cpu / events * 1e6:.1f} us per relayed event "
+        f"({cpu / elapsed:.0%} of one core); fake worker: {wcpu / events * 1e6:.1f} us per event"
+    )
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2))
     return 0

@@ -101,16 +101,22 @@ class _Progress:
 
     def emit(self) -> None:
         if self._callback is not None:
-            self._callback({
-                "done_requests": self.done_requests, "total_requests": self.total_requests,
-                "failed_requests": self.failed_requests, "done_tasks": self.done_tasks,
-                "total_tasks": self.total_tasks, "in_flight": self.in_flight,
-            })
+            self._callback(
+                {
+                    "done_requests": self.done_requests,
+                    "total_requests": self.total_requests,
+                    "failed_requests": self.failed_requests,
+                    "done_tasks": self.done_tasks,
+                    "total_tasks": self.total_tasks,
+                    "in_flight": self.in_flight,
+                }
+            )
 
 
 class _Replayer:
-    def __init__(self, trace: Trace, client: httpx.AsyncClient, base_url: str, opts: ReplayOptions,
-                 progress: _Progress):
+    def __init__(
+        self, trace: Trace, client: httpx.AsyncClient, base_url: str, opts: ReplayOptions, progress: _Progress
+    ):
         if not (opts.time_scale > 0 and math.isfinite(opts.time_scale)):
             raise ValueError(f"time_scale must be finite and > 0, got {opts.time_scale}")
         if opts.agentic_context not in ("object", "string", "none"):
@@ -141,8 +147,15 @@ class _Replayer:
         self.progress.done_tasks += 1
         self.progress.emit()
 
-    async def _run_session(self, sid: str, nursery: trio.Nursery, ends: list[float], ok_flags: list[bool],
-                           counts: list[int], parent_done: trio.Event | None = None) -> None:
+    async def _run_session(
+        self,
+        sid: str,
+        nursery: trio.Nursery,
+        ends: list[float],
+        ok_flags: list[bool],
+        counts: list[int],
+        parent_done: trio.Event | None = None,
+    ) -> None:
         recs = self.sessions[sid]
         messages: list[dict[str, Any]] = []
         blocking: list[trio.Event] = []
@@ -229,7 +242,9 @@ class _Replayer:
         headers["x-request-id"] = request_id
         return headers
 
-    async def _send(self, rec: TraceRecord, messages: list[dict[str, Any]]) -> tuple[RequestResult, dict[str, Any] | None]:
+    async def _send(
+        self, rec: TraceRecord, messages: list[dict[str, Any]]
+    ) -> tuple[RequestResult, dict[str, Any] | None]:
         start = trio.current_time()
         first_token: float | None = None
         usage: dict[str, Any] = {}
@@ -240,8 +255,9 @@ class _Replayer:
         self.progress.in_flight += 1
         try:
             with trio.move_on_after(self.opts.request_timeout_seconds) as scope:
-                async with self.client.stream("POST", self.url, json=self._body(rec, messages),
-                                              headers=self._headers(rec), timeout=None) as resp:
+                async with self.client.stream(
+                    "POST", self.url, json=self._body(rec, messages), headers=self._headers(rec), timeout=None
+                ) as resp:
                     status = resp.status_code
                     if status != 200:
                         text = (await resp.aread()).decode("utf-8", "replace")
@@ -270,7 +286,9 @@ class _Replayer:
                                 if piece:
                                     content.append(piece)
                                 for call in delta.get("tool_calls") or []:
-                                    slot = calls.setdefault(int(call.get("index", 0)), {"id": None, "name": "", "arguments": ""})
+                                    slot = calls.setdefault(
+                                        int(call.get("index", 0)), {"id": None, "name": "", "arguments": ""}
+                                    )
                                     if call.get("id"):
                                         slot["id"] = call["id"]
                                     fn = call.get("function") or {}
@@ -288,8 +306,15 @@ class _Replayer:
         ok = error is None and status == 200
         details = usage.get("prompt_tokens_details") or {}
         result = RequestResult(
-            session_id=rec.session_id, turn=rec.turn, start=start, end=end, first_token=first_token, ok=ok,
-            status=status, error=error, prompt_tokens=usage.get("prompt_tokens"),
+            session_id=rec.session_id,
+            turn=rec.turn,
+            start=start,
+            end=end,
+            first_token=first_token,
+            ok=ok,
+            status=status,
+            error=error,
+            prompt_tokens=usage.get("prompt_tokens"),
             cached_tokens=details.get("cached_tokens") if isinstance(details, dict) else None,
             completion_tokens=usage.get("completion_tokens"),
         )
@@ -303,7 +328,11 @@ class _Replayer:
         reply: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
         if calls:
             reply["tool_calls"] = [
-                {"id": c["id"] or f"call-{i}", "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                {
+                    "id": c["id"] or f"call-{i}",
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": c["arguments"]},
+                }
                 for i, c in sorted(calls.items())
             ]
         return result, reply
@@ -352,7 +381,10 @@ async def run_replay(
                 await limiter.acquire_on_behalf_of(token)
             nursery.start_soon(one, root, token, (index % 1000) * 1e-6)
     return ReplayResult(
-        started=started, finished=trio.current_time(), requests=tuple(rep.results),
-        tasks=tuple(sorted(tasks, key=lambda t: t.task_id)), planned_requests=len(trace.records),
+        started=started,
+        finished=trio.current_time(),
+        requests=tuple(rep.results),
+        tasks=tuple(sorted(tasks, key=lambda t: t.task_id)),
+        planned_requests=len(trace.records),
         planned_tasks=len(roots),
     )

@@ -60,10 +60,12 @@ def parse_metrics(text: str) -> Snapshot:
             value = float(raw_value)
         except ValueError:
             raise ValueError(f"metrics line {lineno}: bad value {raw_value!r}") from None
-        labels = tuple(sorted(
-            (k, v.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\"))
-            for k, v in _LABEL_RE.findall(raw_labels or "")
-        ))
+        labels = tuple(
+            sorted(
+                (k, v.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\"))
+                for k, v in _LABEL_RE.findall(raw_labels or "")
+            )
+        )
         out.setdefault(name, {})[labels] = value
     return out
 
@@ -88,8 +90,9 @@ async def scrape(client: httpx.AsyncClient, url: str, errors: list[str] | None =
     return None
 
 
-async def scrape_all(client: httpx.AsyncClient, urls: Sequence[str], errors: list[str] | None = None
-                     ) -> list[Snapshot | None]:
+async def scrape_all(
+    client: httpx.AsyncClient, urls: Sequence[str], errors: list[str] | None = None
+) -> list[Snapshot | None]:
     return [await scrape(client, url, errors) for url in urls]
 
 
@@ -105,8 +108,12 @@ def _sum(snap: Snapshot | None, name: str, where: Mapping[str, str] | None = Non
     return total
 
 
-def counter_delta(before: Sequence[Snapshot | None], after: Sequence[Snapshot | None], name: str,
-                  where: Mapping[str, str] | None = None) -> float | None:
+def counter_delta(
+    before: Sequence[Snapshot | None],
+    after: Sequence[Snapshot | None],
+    name: str,
+    where: Mapping[str, str] | None = None,
+) -> float | None:
     """Σ over endpoints of (after - before); ``None`` when no endpoint exposes ``name``."""
     total: float | None = None
     for b, a in zip(before, after, strict=True):
@@ -130,8 +137,9 @@ def _label_values(snaps: Sequence[Snapshot | None], name: str, label: str) -> li
     return sorted(values)
 
 
-def histogram_delta(before: Sequence[Snapshot | None], after: Sequence[Snapshot | None], name: str
-                    ) -> list[tuple[float, float]] | None:
+def histogram_delta(
+    before: Sequence[Snapshot | None], after: Sequence[Snapshot | None], name: str
+) -> list[tuple[float, float]] | None:
     """Cumulative ``(le, count)`` buckets of the run (summed over endpoints and labels)."""
     buckets: dict[float, float] = {}
     seen = False
@@ -196,8 +204,9 @@ def _summary_quantiles(after: Sequence[Snapshot | None], name: str) -> list[tupl
     return [(q, sum(w * v for w, v in pts) / sum(w for w, _ in pts)) for q, pts in sorted(per_q.items())]
 
 
-def queue_wait_summary(before: Sequence[Snapshot | None], after: Sequence[Snapshot | None], name: str,
-                       scale: float) -> dict[str, Any] | None:
+def queue_wait_summary(
+    before: Sequence[Snapshot | None], after: Sequence[Snapshot | None], name: str, scale: float
+) -> dict[str, Any] | None:
     """Distribution of a queue-wait metric over the run, histogram or summary (vllm-router's).
 
     ``cdf`` is a list of ``[seconds, fraction]`` points: bucket bounds for a histogram (quantiles
@@ -266,13 +275,20 @@ def build_report(
         "trace": dict(trace_info or {}),
         "time_scale": time_scale,
         "duration_seconds": elapsed * s,
-        "tasks": {"planned": result.planned_tasks, "completed": len(tasks_ok),
-                  "failed": len(result.tasks) - len(tasks_ok)},
+        "tasks": {
+            "planned": result.planned_tasks,
+            "completed": len(tasks_ok),
+            "failed": len(result.tasks) - len(tasks_ok),
+        },
         "jct_seconds": _dist(jct),
         "request_latency_seconds": _dist([(r.end - r.start) * s for r in ok]),
         "ttft_seconds": _dist([(r.first_token - r.start) * s for r in ok if r.first_token is not None]),
-        "requests": {"planned": result.planned_requests, "completed": len(ok), "failed": len(reqs) - len(ok),
-                     "errors": dict(sorted(errors.items()))},
+        "requests": {
+            "planned": result.planned_requests,
+            "completed": len(ok),
+            "failed": len(reqs) - len(ok),
+            "errors": dict(sorted(errors.items())),
+        },
         "throughput": {
             "requests_per_second": len(ok) / (elapsed * s),
             "output_tokens_per_second": usage_output / (elapsed * s),

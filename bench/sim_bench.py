@@ -112,8 +112,7 @@ class _Session:
 async def _session_loop(cluster: SimCluster, session: _Session, end: float, totals: dict[str, int]) -> None:
     while trio.current_time() < end:
         req = session.next_request()
-        outs = await cluster.submit(req, dp_rank=session.rank, order_key=(session.sid, req.request_id),
-                                    final_only=True)
+        outs = await cluster.submit(req, dp_rank=session.rank, order_key=(session.sid, req.request_id), final_only=True)
         async with outs:
             async for out in outs:
                 if out.finish_reason is not None:
@@ -174,16 +173,23 @@ def calibration_ms() -> float:
 
 
 def bench_virtual(args: argparse.Namespace) -> dict[str, Any]:
-    engine = EngineConfig(num_gpu_blocks=args.num_gpu_blocks, block_size=args.block_size,
-                          max_num_seqs=args.max_num_seqs, max_num_batched_tokens=8192, seed=args.seed,
-                          scheduling_policy=args.scheduling_policy)
+    engine = EngineConfig(
+        num_gpu_blocks=args.num_gpu_blocks,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=8192,
+        seed=args.seed,
+        scheduling_policy=args.scheduling_policy,
+    )
     config = SimConfig(dp_size=args.ranks, engine=engine, seed=args.seed, per_step_wakeups=False, deterministic=True)
     totals = {"requests": 0, "output_tokens": 0, "prompt_tokens": 0}
     duration = args.hours * 3600.0
 
     def sessions_for(engines: list[Engine]) -> list[_Session]:
-        return [_Session(sid, sid % args.ranks, args, engine.block_size, engines[sid % args.ranks].root)
-                for sid in range(args.ranks * args.sessions_per_rank)]
+        return [
+            _Session(sid, sid % args.ranks, args, engine.block_size, engines[sid % args.ranks].root)
+            for sid in range(args.ranks * args.sessions_per_rank)
+        ]
 
     async def main() -> list[Engine]:
         async with trio.open_nursery() as nursery:
@@ -207,12 +213,19 @@ def bench_virtual(args: argparse.Namespace) -> dict[str, Any]:
     stats = [e.stats for e in engines]
     queries = sum(s.prefix_cache_queries for s in stats)
     return {
-        "bench": "virtual", "driver": args.driver, "ranks": args.ranks, "block_size": args.block_size,
+        "bench": "virtual",
+        "driver": args.driver,
+        "ranks": args.ranks,
+        "block_size": args.block_size,
         "sessions": args.ranks * args.sessions_per_rank,
-        "simulated_seconds": duration, "wall_seconds": round(wall, 2), "cpu_seconds": round(cpu, 2),
+        "simulated_seconds": duration,
+        "wall_seconds": round(wall, 2),
+        "cpu_seconds": round(cpu, 2),
         "speedup_vs_real_time": round(duration / wall, 1),
-        "requests": totals["requests"], "prompt_tokens": totals["prompt_tokens"],
-        "output_tokens": totals["output_tokens"], "engine_steps": sum(s.num_steps for s in stats),
+        "requests": totals["requests"],
+        "prompt_tokens": totals["prompt_tokens"],
+        "output_tokens": totals["output_tokens"],
+        "engine_steps": sum(s.num_steps for s in stats),
         "prefix_hit_ratio": round(sum(s.prefix_cache_hits for s in stats) / queries, 4) if queries else 0.0,
         "preemptions": sum(s.num_preemptions for s in stats),
         "fingerprint": fingerprint(engines, totals),
@@ -223,8 +236,16 @@ def fingerprint(engines: list[Engine], totals: dict[str, int]) -> dict[str, Any]
     """Counters that must not change when the simulator only gets faster (same seed, same load)."""
     stats = [e.stats for e in engines]
     fp: dict[str, Any] = {"finished_requests": totals["requests"]}
-    for name in ("prompt_tokens", "prompt_tokens_cached", "prompt_tokens_recomputed", "generation_tokens",
-                 "prefix_cache_queries", "prefix_cache_hits", "num_preemptions", "num_steps"):
+    for name in (
+        "prompt_tokens",
+        "prompt_tokens_cached",
+        "prompt_tokens_recomputed",
+        "generation_tokens",
+        "prefix_cache_queries",
+        "prefix_cache_hits",
+        "num_preemptions",
+        "num_steps",
+    ):
         fp[name] = sum(getattr(s, name) for s in stats)
     fp["evictions"] = sum(e.pool.evictions for e in engines)
     fp["ttft_sum_seconds"] = round(sum(s.ttft.sum for s in stats), 6)
@@ -234,8 +255,18 @@ def fingerprint(engines: list[Engine], totals: dict[str, int]) -> dict[str, Any]
 
 
 def bench_server(args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "daemon", "sim-backend", "--port", "0", "--time-scale", "1e9",
-           "--dp-size", str(args.dp_size)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "daemon",
+        "sim-backend",
+        "--port",
+        "0",
+        "--time-scale",
+        "1e9",
+        "--dp-size",
+        str(args.dp_size),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert proc.stdout is not None
@@ -251,8 +282,11 @@ def bench_server(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _drive_server(url: str, args: argparse.Namespace) -> dict[str, Any]:
     done = {"requests": 0, "errors": 0}
-    body: dict[str, Any] = {"messages": [{"role": "user", "content": "say something"}], "max_tokens": args.max_tokens,
-                            "stream": args.stream}
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": "say something"}],
+        "max_tokens": args.max_tokens,
+        "stream": args.stream,
+    }
     limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30.0) as client:
         deadline = trio.current_time() + args.seconds
@@ -273,9 +307,16 @@ async def _drive_server(url: str, args: argparse.Namespace) -> dict[str, Any]:
             for _ in range(args.concurrency):
                 nursery.start_soon(worker)
         elapsed = trio.current_time() - t0
-    return {"bench": "server", "stream": args.stream, "concurrency": args.concurrency, "max_tokens": args.max_tokens,
-            "seconds": round(elapsed, 2), "requests": done["requests"], "errors": done["errors"],
-            "requests_per_second": round(done["requests"] / elapsed, 1)}
+    return {
+        "bench": "server",
+        "stream": args.stream,
+        "concurrency": args.concurrency,
+        "max_tokens": args.max_tokens,
+        "seconds": round(elapsed, 2),
+        "requests": done["requests"],
+        "errors": done["errors"],
+        "requests_per_second": round(done["requests"] / elapsed, 1),
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -293,8 +334,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-num-seqs", type=int, default=256)
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
-    v.add_argument("--driver", choices=("trio", "direct"), default="trio",
-                   help="trio: SimCluster under MockClock (default); direct: engines only, no Trio")
+    v.add_argument(
+        "--driver",
+        choices=("trio", "direct"),
+        default="trio",
+        help="trio: SimCluster under MockClock (default); direct: engines only, no Trio",
+    )
     s = sub.add_parser("server", help="standalone sim-backend request throughput at zero time cost")
     s.add_argument("--seconds", type=float, default=10.0)
     s.add_argument("--concurrency", type=int, default=32)

@@ -70,9 +70,15 @@ async def simulate_trace(
         return attrs.evolve(sim, deterministic=True, per_step_wakeups=per_step_wakeups)
 
     async with trio.open_nursery() as nursery:
-        handles = await nursery.start(functools.partial(
-            run_daemon, cfg, serve_http=False, rng=random.Random(cfg.embedded.seed), sim_configure=configure,
-        ))
+        handles = await nursery.start(
+            functools.partial(
+                run_daemon,
+                cfg,
+                serve_http=False,
+                rng=random.Random(cfg.embedded.seed),
+                sim_configure=configure,
+            )
+        )
         transport = InProcessTransport(handles, nursery)
         async with httpx.AsyncClient(transport=transport, base_url=DAEMON_URL, timeout=None) as client:
             wb = await scrape_all(handles.client, worker_metrics)
@@ -81,8 +87,16 @@ async def simulate_trace(
             wa = await scrape_all(handles.client, worker_metrics)
             ra = await scrape_all(client, [f"{DAEMON_URL}/metrics"])
         handles.request_shutdown()
-    return build_report(result, time_scale=opts.time_scale, worker_before=wb, worker_after=wa, router_before=rb,
-                        router_after=ra, trace_info=info, system=system)
+    return build_report(
+        result,
+        time_scale=opts.time_scale,
+        worker_before=wb,
+        worker_after=wa,
+        router_before=rb,
+        router_after=ra,
+        trace_info=info,
+        system=system,
+    )
 
 
 def run_simulation(

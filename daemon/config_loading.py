@@ -213,7 +213,9 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         else:
             raw = tomllib.loads(data.decode("utf-8"))
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError([f"config: {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'TOML'} ({exc})"]) from None
+        raise ConfigError(
+            [f"config: {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'TOML'} ({exc})"]
+        ) from None
     if not isinstance(raw, dict):
         raise ConfigError([f"config: {str(p)!r} must hold a table/object at the top level (got {type(raw).__name__})"])
     return raw
@@ -315,7 +317,9 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if ps_json is not None:
         if not enabled:
             raise ConfigError(
-                ["program_scheduling_config_json: requires enable_program_scheduling (pass --enable-program-scheduling)"]
+                [
+                    "program_scheduling_config_json: requires enable_program_scheduling (pass --enable-program-scheduling)"
+                ]
             )
         try:
             ps = json.loads(ps_json)

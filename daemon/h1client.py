@@ -69,7 +69,7 @@ class ChunkedDecoder:
         while pos < end:
             if state == self._DATA:
                 take = min(left, end - pos)
-                out.append(buf[pos:pos + take])
+                out.append(buf[pos : pos + take])
                 pos += take
                 left -= take
                 if left:
@@ -78,7 +78,7 @@ class ChunkedDecoder:
             elif state == self._DATA_END:
                 if end - pos < 2:
                     break
-                if buf[pos:pos + 2] != _CRLF:
+                if buf[pos : pos + 2] != _CRLF:
                     raise httpx.RemoteProtocolError("malformed chunked body: missing CRLF after chunk data")
                 pos += 2
                 state = self._SIZE
@@ -157,8 +157,9 @@ def _parse_head(head: bytes) -> tuple[bytes, int, bytes, list[tuple[bytes, bytes
 class UpstreamBody(httpx.AsyncByteStream):
     """One response body; hands the connection back to the pool only after a clean, full read."""
 
-    def __init__(self, pool: H1Pool, conn: _Connection, framing: str, length: int, reusable: bool,
-                 read_timeout: float | None) -> None:
+    def __init__(
+        self, pool: H1Pool, conn: _Connection, framing: str, length: int, reusable: bool, read_timeout: float | None
+    ) -> None:
         self._pool = pool
         self._conn: _Connection | None = conn
         self._framing = framing  # "none" | "length" | "chunked" | "close"
@@ -192,10 +193,11 @@ class UpstreamBody(httpx.AsyncByteStream):
                 pending = b""
                 if not data:
                     raise httpx.RemoteProtocolError(
-                        f"the worker closed the connection with {self._left} body bytes missing")
+                        f"the worker closed the connection with {self._left} body bytes missing"
+                    )
                 if len(data) > self._left:
                     self._reusable = False
-                    data = data[:self._left]
+                    data = data[: self._left]
                 self._left -= len(data)
                 yield data
         else:  # until the server closes
@@ -323,8 +325,9 @@ class H1Pool:
             await _close(conn)
             raise
 
-    async def _exchange(self, conn: _Connection, request: httpx.Request, payload: bytes,
-                        timeouts: dict[str, Any]) -> httpx.Response:
+    async def _exchange(
+        self, conn: _Connection, request: httpx.Request, payload: bytes, timeouts: dict[str, Any]
+    ) -> httpx.Response:
         write_timeout = timeouts.get("write")
         try:
             with trio.fail_after(write_timeout if write_timeout is not None else float("inf")):
@@ -367,7 +370,9 @@ class H1Pool:
             request=request,
         )
 
-    async def _read_head(self, conn: _Connection, timeout: float | None) -> tuple[bytes, int, bytes, list[tuple[bytes, bytes]]]:
+    async def _read_head(
+        self, conn: _Connection, timeout: float | None
+    ) -> tuple[bytes, int, bytes, list[tuple[bytes, bytes]]]:
         buf = conn.buf
         while True:
             end = buf.find(b"\r\n\r\n")
@@ -379,7 +384,7 @@ class H1Pool:
             if not data:
                 raise httpx.RemoteProtocolError("the worker closed the connection without sending a response")
             buf += data
-        conn.buf = buf[end + 4:]
+        conn.buf = buf[end + 4 :]
         return _parse_head(buf[:end])
 
     async def aclose(self) -> None:

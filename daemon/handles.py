@@ -43,9 +43,7 @@ class DaemonHandles:
         """Stop accepting, drain in-flight requests within the grace period, then stop."""
         self.shutdown.set()
 
-    async def handle(
-        self, req: ProxyRequest, sink: ResponseSink, *, raw_body: bytes | None = None
-    ) -> None:
+    async def handle(self, req: ProxyRequest, sink: ResponseSink, *, raw_body: bytes | None = None) -> None:
         """Run the proxy for one request without HTTP (streams into ``sink``)."""
         await self.engine.handle(req, sink, raw_body=raw_body)
 

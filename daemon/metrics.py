@@ -30,13 +30,34 @@ import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS_SECONDS: tuple[float, ...] = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-    120.0, 300.0, 600.0,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
 )
 ENDPOINTS: tuple[str, ...] = ("chat", "completions", "responses")
 OUTCOMES: tuple[str, ...] = (
-    "success", "upstream_status", "upstream_unreachable", "upstream_timeout", "upstream_stream",
-    "client_disconnect", "rejected",
+    "success",
+    "upstream_status",
+    "upstream_unreachable",
+    "upstream_timeout",
+    "upstream_stream",
+    "client_disconnect",
+    "rejected",
 )
 UPSTREAM_ERROR_KINDS: tuple[str, ...] = ("unreachable", "timeout", "status", "stream")
 NO_TARGET = "none"

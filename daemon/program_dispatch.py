@@ -174,8 +174,11 @@ class ProgramDispatcher:
             with reply_recv:
                 with reply_send:
                     msg = Submit(
-                        request_id=req.request_id, parsed_identity=req.identity, model=req.model,
-                        estimated_prompt_tokens=estimate, routing_text=req.routing_text,
+                        request_id=req.request_id,
+                        parsed_identity=req.identity,
+                        model=req.model,
+                        estimated_prompt_tokens=estimate,
+                        routing_text=req.routing_text,
                         reply=reply_send.clone(),
                     )
                     await inbox.send(msg)
@@ -188,14 +191,15 @@ class ProgramDispatcher:
             if isinstance(reply, Rejected):
                 submitted = False  # the core already dropped the request
                 self.counters.rejected_count += 1
-                raise DispatchRejected(
-                    reply.status, reply.message, reply.reason, None, reply.retry_after_seconds
-                )
+                raise DispatchRejected(reply.status, reply.message, reply.reason, None, reply.retry_after_seconds)
             assert isinstance(reply, Admitted)
             self.counters.admitted_count += 1
             lease = ProgramLease(
-                target=reply.target, request_id=req.request_id, program=reply.program,
-                queue_seconds=reply.queue_seconds, send=inbox,
+                target=reply.target,
+                request_id=req.request_id,
+                program=reply.program,
+                queue_seconds=reply.queue_seconds,
+                send=inbox,
             )
             yield lease
         except ActorGone:
@@ -207,12 +211,15 @@ class ProgramDispatcher:
                     with trio.move_on_after(RELEASE_TIMEOUT_SECONDS) as capped:
                         await self._release(req, lease, inbox)
                     if capped.cancelled_caught:
-                        log_event(logger, logging.ERROR, "program_release_timeout", request_id=req.request_id,
-                                  timeout_seconds=RELEASE_TIMEOUT_SECONDS)
+                        log_event(
+                            logger,
+                            logging.ERROR,
+                            "program_release_timeout",
+                            request_id=req.request_id,
+                            timeout_seconds=RELEASE_TIMEOUT_SECONDS,
+                        )
 
-    async def _release(
-        self, req: ProxyRequest, lease: ProgramLease | None, inbox: trio.MemorySendChannel[Any]
-    ) -> None:
+    async def _release(self, req: ProxyRequest, lease: ProgramLease | None, inbox: trio.MemorySendChannel[Any]) -> None:
         if lease is not None and lease.outcome is not None:
             self.counters.completed_count += 1
             if lease.outcome.success and lease.outcome.usage is not None:
@@ -290,7 +297,8 @@ async def run_program_scheduling(
     async with trio.open_nursery() as nursery:
         scheduler: SchedulerHandle = await nursery.start(
             lambda task_status: run_scheduler_actor(
-                ps, targets, metrics, on_tick=on_tick, health=health, task_status=task_status)
+                ps, targets, metrics, on_tick=on_tick, health=health, task_status=task_status
+            )
         )
         polling_needed = trio.Event()
         dispatcher = ProgramDispatcher(ps, scheduler, observers, estimator, polling_needed)

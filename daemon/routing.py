@@ -73,9 +73,7 @@ class RoundRobin:
     def __init__(self) -> None:
         self._counter = 0
 
-    def choose(
-        self, healthy: Sequence[BackendTarget], key: str, in_flight: Sequence[int]
-    ) -> BackendTarget:
+    def choose(self, healthy: Sequence[BackendTarget], key: str, in_flight: Sequence[int]) -> BackendTarget:
         target = healthy[self._counter % len(healthy)]
         self._counter += 1
         return target
@@ -87,9 +85,7 @@ class RandomChoice:
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
 
-    def choose(
-        self, healthy: Sequence[BackendTarget], key: str, in_flight: Sequence[int]
-    ) -> BackendTarget:
+    def choose(self, healthy: Sequence[BackendTarget], key: str, in_flight: Sequence[int]) -> BackendTarget:
         return healthy[self._rng.randrange(len(healthy))]
 
 
@@ -99,9 +95,7 @@ class PowerOfTwo:
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
 
-    def choose(
-        self, healthy: Sequence[BackendTarget], key: str, in_flight: Sequence[int]
-    ) -> BackendTarget:
+    def choose(self, healthy: Sequence[BackendTarget], key: str, in_flight: Sequence[int]) -> BackendTarget:
         if len(healthy) == 1:
             return healthy[0]
         first, second = self._rng.sample(range(len(healthy)), 2)
@@ -121,9 +115,7 @@ class ConsistentHash:
         self._hashes = [p[0] for p in points]
         self._owners = [p[1] for p in points]
 
-    def choose(
-        self, healthy: Sequence[BackendTarget], key: str, in_flight: Sequence[int]
-    ) -> BackendTarget:
+    def choose(self, healthy: Sequence[BackendTarget], key: str, in_flight: Sequence[int]) -> BackendTarget:
         by_index = {t.index: t for t in healthy}
         start = bisect.bisect_left(self._hashes, stable_hash64(key))
         count = len(self._hashes)

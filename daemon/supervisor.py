@@ -74,12 +74,21 @@ async def _start_embedded(
     clusters: dict[str, SimCluster] = {}
     for index, url in enumerate(cfg.worker_urls()):
         clusters[url] = await root.start(
-            partial(run_sim_cluster, cfg.embedded, worker_index=index, configure=configure))
+            partial(run_sim_cluster, cfg.embedded, worker_index=index, configure=configure)
+        )
     e = cfg.embedded
-    log_event(logger, logging.INFO, "embedded_mode", workers=",".join(clusters), dp_size=e.dp_size,
-              model=e.model, num_gpu_blocks=e.num_gpu_blocks, block_size=e.block_size,
-              time_scale=e.time_scale,
-              message="no worker_urls configured: serving from the in-process simulated vLLM cluster")
+    log_event(
+        logger,
+        logging.INFO,
+        "embedded_mode",
+        workers=",".join(clusters),
+        dp_size=e.dp_size,
+        model=e.model,
+        num_gpu_blocks=e.num_gpu_blocks,
+        block_size=e.block_size,
+        time_scale=e.time_scale,
+        message="no worker_urls configured: serving from the in-process simulated vLLM cluster",
+    )
     return clusters
 
 
@@ -159,8 +168,11 @@ async def run_daemon(
         async with client:
             board = HealthBoard(targets)
             await root.start(
-                run_health_checks, board, client,
-                cfg.routing.health_check_interval_seconds, cfg.routing.health_check_timeout_seconds,
+                run_health_checks,
+                board,
+                client,
+                cfg.routing.health_check_interval_seconds,
+                cfg.routing.health_check_timeout_seconds,
                 metrics,
             )
             native = NativeDispatcher(targets, cfg.routing.policy, board, rng or random.Random())
@@ -168,9 +180,7 @@ async def run_daemon(
             if cfg.program_scheduling is not None:
                 from daemon.program_dispatch import run_program_scheduling  # noqa: PLC0415
 
-                program = await root.start(
-                    partial(run_program_scheduling, health=board), cfg, client, registry
-                )
+                program = await root.start(partial(run_program_scheduling, health=board), cfg, client, registry)
             engine = ProxyEngine(
                 client=client,
                 native=native,
@@ -183,28 +193,48 @@ async def run_daemon(
                 timeout=client.timeout,
             )
             handles = DaemonHandles(
-                config=cfg, targets=targets, registry=registry, client=client, health=board,
-                native_dispatcher=native, program_dispatcher=program, engine=engine,
-                metrics=metrics, embedded=embedded, shutdown=shutdown,
+                config=cfg,
+                targets=targets,
+                registry=registry,
+                client=client,
+                health=board,
+                native_dispatcher=native,
+                program_dispatcher=program,
+                engine=engine,
+                metrics=metrics,
+                embedded=embedded,
+                shutdown=shutdown,
             )
             async with trio.open_nursery() as servers:
                 if serve_http:
                     grace = cfg.server.shutdown_grace_seconds
                     app = create_app(handles)
                     http_url = await servers.start(
-                        serve_asgi, app, cfg.server.host, cfg.server.port, grace, shutdown.wait)
+                        serve_asgi, app, cfg.server.host, cfg.server.port, grace, shutdown.wait
+                    )
                     metrics_url = None
                     if cfg.prometheus.port is not None:
                         metrics_url = await servers.start(
-                            serve_asgi, metrics_asgi_app(registry),
-                            cfg.prometheus.host or cfg.server.host, cfg.prometheus.port, grace,
-                            shutdown.wait)
+                            serve_asgi,
+                            metrics_asgi_app(registry),
+                            cfg.prometheus.host or cfg.server.host,
+                            cfg.prometheus.port,
+                            grace,
+                            shutdown.wait,
+                        )
                     handles = attrs.evolve(handles, http_url=http_url, metrics_url=metrics_url)
                     app.handles = handles
-                    log_event(logger, logging.INFO, "daemon_listening", url=http_url,
-                              metrics_url=metrics_url, targets=len(targets),
-                              embedded=cfg.embedded_mode, policy=cfg.routing.policy,
-                              program_scheduling=program is not None)
+                    log_event(
+                        logger,
+                        logging.INFO,
+                        "daemon_listening",
+                        url=http_url,
+                        metrics_url=metrics_url,
+                        targets=len(targets),
+                        embedded=cfg.embedded_mode,
+                        policy=cfg.routing.policy,
+                        program_scheduling=program is not None,
+                    )
                 task_status.started(handles)
                 if not serve_http:
                     await shutdown.wait()

@@ -30,8 +30,16 @@ from daemon.h1client import H1Pool
 
 HOP_BY_HOP: frozenset[str] = frozenset(
     {
-        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
-        "te", "trailer", "trailers", "transfer-encoding", "upgrade",
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
     }
 )
 DP_RANK_HEADER = "x-data-parallel-rank"
@@ -103,9 +111,7 @@ def _connection_named(headers: Iterable[tuple[str, str]]) -> frozenset[str]:
     return frozenset(named)
 
 
-def upstream_headers(
-    client_headers: Mapping[str, str], dp_rank: int, request_id: str
-) -> list[tuple[str, str]]:
+def upstream_headers(client_headers: Mapping[str, str], dp_rank: int, request_id: str) -> list[tuple[str, str]]:
     """Headers sent to a worker: the client's minus hop-by-hop/DP/length, plus ours."""
     extra_drop = _connection_named(client_headers.items())
     out = [
@@ -252,11 +258,7 @@ def _is_usage_only_event(event: bytes) -> bool:
                 obj = json.loads(line[5:].strip())
             except ValueError:
                 return False
-            return (
-                isinstance(obj, dict)
-                and obj.get("choices") == []
-                and isinstance(obj.get("usage"), dict)
-            )
+            return isinstance(obj, dict) and obj.get("choices") == [] and isinstance(obj.get("usage"), dict)
     return False
 
 

@@ -109,7 +109,9 @@ def test_reference_estimates_match_the_formulas(prefill: PrefillCostModel, decod
         + prefill.quadratic_seconds_per_1k_tokens_squared * 2500
     )
     expected_thr = 4 / (
-        decode.fixed_step_seconds + decode.batch_step_seconds_per_request * 4 + decode.context_step_seconds_per_token * 200_000
+        decode.fixed_step_seconds
+        + decode.batch_step_seconds_per_request * 4
+        + decode.context_step_seconds_per_token * 200_000
     )
     assert math.isclose(est.reference_prefill_seconds, expected_prefill, rel_tol=1e-12, abs_tol=1e-12)
     assert math.isclose(est.reference_decode_throughput_tokens_per_second, expected_thr, rel_tol=1e-12)

@@ -68,8 +68,12 @@ def test_admission_order_matches_the_naive_model(
     k: int, resume_order: str, specs: list[tuple[bool, int, float | None, float]], prelude_order: list[int]
 ) -> None:
     cfg = ProgramSchedulingConfig(
-        max_active_programs_per_target=k, resume_order=resume_order, admission_waiting_request_threshold=0,
-        stats_window_size=1000, queue_timeout_seconds=10_000.0, force_resume_timeout_seconds=10_000.0,
+        max_active_programs_per_target=k,
+        resume_order=resume_order,
+        admission_waiting_request_threshold=0,
+        stats_window_size=1000,
+        queue_timeout_seconds=10_000.0,
+        force_resume_timeout_seconds=10_000.0,
         paused_retention_ttl_seconds=100_000.0,
     )
     d = Driver(cfg)
@@ -99,8 +103,16 @@ def test_admission_order_matches_the_naive_model(
         pid = parse_program_request(first + i, {}).identity.program_id
         d.admitted.clear()
         d.submit(first + i, priority, deadline)
-        w = Waiter(pid, "default", d.target.target_id, None if deadline is None else d.now, priority, False, d.now,
-                   finished.get(first + i))
+        w = Waiter(
+            pid,
+            "default",
+            d.target.target_id,
+            None if deadline is None else d.now,
+            priority,
+            False,
+            d.now,
+            finished.get(first + i),
+        )
         queue = [x for x in waiters if x not in forced] + [w]
         entered = count_only_admissions(queue, k + len(forced), k, False, d.now, resume_order)
         assert d.admitted == [x.program_id for x in entered]

@@ -140,9 +140,14 @@ class SchedulerMachine(RuleBasedStateMachine):
             if p.state == PAUSED and p.status == REASONING and s.pool.program_len(p.ref) and p.last_target is not None:
                 front = s.pool.front(p.ref)
                 out[p.ref] = Waiter(
-                    p.ref.program_id, p.ref.model_pool, p.last_target, p.force_resume_deadline,
-                    front.hints.priority if front is not None else 0, p.last_pause_reason == MAX_SEGMENT_YIELD,
-                    p.queued_at, p.last_request_finished_at,
+                    p.ref.program_id,
+                    p.ref.model_pool,
+                    p.last_target,
+                    p.force_resume_deadline,
+                    front.hints.priority if front is not None else 0,
+                    p.last_pause_reason == MAX_SEGMENT_YIELD,
+                    p.queued_at,
+                    p.last_request_finished_at,
                 )
         return out
 
@@ -154,7 +159,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         effects = step(self.state, event, now=self.now, cfg=self.cfg).effects
         self.log.append((event, self.now))
         self.effect_log.append(effects)
-        note(f"t={self.now}: {_brief(event)} -> {[_brief(e) for e in effects if not isinstance(e, (ArmTimer, CancelTimer))]}")
+        note(
+            f"t={self.now}: {_brief(event)} -> {[_brief(e) for e in effects if not isinstance(e, (ArmTimer, CancelTimer))]}"
+        )
         self._absorb(event, effects)
         self._check_step(event, effects, pre_waiters, pre_last_target, pre_queued_at, pre_pause_reason)
         return effects
@@ -190,8 +197,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self.paused_since[e.program] = self.now
             elif isinstance(e, RetireProgram):
                 pid = e.program.program_id
-                live = [r for r, st_ in self.status.items() if self.program_of[r] == pid
-                        and st_ == "waiting"]
+                live = [r for r, st_ in self.status.items() if self.program_of[r] == pid and st_ == "waiting"]
                 assert not live, f"I11 {e.program} released with waiting requests {live}"
                 self.generations[pid] = (e.program.generation, self.now)
                 for key in [k for k in self.timers if k[0] == e.program]:
@@ -207,7 +213,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                 if e.reason == "paused_retention_release":
                     since = self.paused_since.get(e.program)
                     assert since is not None and self.now - since >= self.cfg.paused_retention_ttl_seconds - EPS, (
-                        f"I13 {e.program} released {self.now - (since or 0)} s after its pause")
+                        f"I13 {e.program} released {self.now - (since or 0)} s after its pause"
+                    )
                 if e.reason == "capacity_repair" and e.to_state != "released":
                     assert e.from_state == "active_acting", f"I23 repair paused a busy Program: {e}"
             elif isinstance(e, CompletionIgnored):
@@ -222,8 +229,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         return w is not None and w >= thr
 
     def _check_step(
-        self, event: object, effects: tuple[object, ...], pre: dict[Any, Waiter], pre_last_target: dict[Any, Any],
-        pre_queued_at: dict[Any, Any], pre_pause_reason: dict[Any, Any],
+        self,
+        event: object,
+        effects: tuple[object, ...],
+        pre: dict[Any, Waiter],
+        pre_last_target: dict[Any, Any],
+        pre_queued_at: dict[Any, Any],
+        pre_pause_reason: dict[Any, Any],
     ) -> None:
         s, cfg = self.state, self.cfg
         admitted = [e for e in effects if isinstance(e, Transition) and e.reason in ADMISSIONS]
@@ -266,17 +278,34 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _record_admission(self, e: Transition, rank: Any, *, alone: bool = False) -> None:
         ledger_mode = capacity_accounting_source(rank, self.now, self.tick) != BACKEND_OBSERVATION
         self.admission[e.program] = {  # an oversized Program admitted alone is allowed its charge, as forced ones
-            "forced": e.forced or alone, "charge": e.required_tokens, "grown": 0.0, "last": e.required_tokens,
+            "forced": e.forced or alone,
+            "charge": e.required_tokens,
+            "grown": 0.0,
+            "last": e.required_tokens,
             "ledger_mode": ledger_mode,
         }
 
     def _check_order(
-        self, event: object, effects: tuple[object, ...], admitted: list[Transition], cross: set[Any],
+        self,
+        event: object,
+        effects: tuple[object, ...],
+        admitted: list[Transition],
+        cross: set[Any],
         pre: dict[Any, Waiter],
     ) -> None:
         s, cfg = self.state, self.cfg
-        schedules = isinstance(event, (RequestSubmitted, RequestCompleted, RequestAbandoned, TimerFired, RepairTick,
-                                       ObservationReceived, TargetsChanged))
+        schedules = isinstance(
+            event,
+            (
+                RequestSubmitted,
+                RequestCompleted,
+                RequestAbandoned,
+                TimerFired,
+                RepairTick,
+                ObservationReceived,
+                TargetsChanged,
+            ),
+        )
         # a fenced (stale) completion returns before any decision; so does a late observation
         schedules = schedules and not any(isinstance(e, (CompletionIgnored, StaleObservationDropped)) for e in effects)
         if not schedules:
@@ -300,8 +329,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         admitted_refs = {e.program for e in admitted}
         for ref, w in views.items():
             p = s.programs.get(ref.key)
-            still_waiting = (ref not in admitted_refs and p is not None and p.ref == ref and p.state == PAUSED
-                             and s.pool.program_len(ref) > 0)
+            still_waiting = (
+                ref not in admitted_refs
+                and p is not None
+                and p.ref == ref
+                and p.state == PAUSED
+                and s.pool.program_len(ref) > 0
+            )
             if not still_waiting or w.rank != p.last_target:
                 continue
             forced = w.force_resume_deadline is not None and w.force_resume_deadline <= self.now
@@ -316,7 +350,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                     a = views[e.program]
                     if a.rank == w.rank and not e.forced:
                         assert not resumes_before(w, a, self.now, cfg.resume_order), (
-                            f"{ref} was ordered before admitted {e.program} but left waiting")
+                            f"{ref} was ordered before admitted {e.program} but left waiting"
+                        )
 
     # ------------------------------------------------------------------ rules
 
@@ -325,24 +360,40 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.seq += 1
         rid = f"r{self.seq}"
         sc = parsed.scope
-        hints = RequestHints(sc.request_id, sc.priority, sc.deadline_seconds, sc.expected_output_length,
-                             sc.kv_retention_ttl_seconds)
+        hints = RequestHints(
+            sc.request_id, sc.priority, sc.deadline_seconds, sc.expected_output_length, sc.kv_retention_ttl_seconds
+        )
         self.status[rid] = "waiting"
         self.program_of[rid] = parsed.identity.program_id
         self.fifo.setdefault(parsed.identity.program_id, []).append(rid)
         self.est_of[rid] = est
         self._step(RequestSubmitted(rid, parsed.identity, est, hints))
 
-    @rule(index=st.integers(min_value=0, max_value=PROGRAM_COUNT - 1), scope=request_scopes,
-          est=st.integers(min_value=0, max_value=3000))
+    @rule(
+        index=st.integers(min_value=0, max_value=PROGRAM_COUNT - 1),
+        scope=request_scopes,
+        est=st.integers(min_value=0, max_value=3000),
+    )
     def submit(self, index: int, scope: dict[str, Any], est: int) -> None:
         self._submit(index, scope, est)
 
-    @rule(batch=st.lists(st.tuples(st.integers(min_value=0, max_value=PROGRAM_COUNT - 1), request_scopes,
-                                   st.integers(min_value=0, max_value=3000)), min_size=2, max_size=4),
-          identity_free=st.none() | identity_free_requests)
-    def submit_burst(self, batch: list[tuple[int, dict[str, Any], int]],
-                     identity_free: tuple[dict[str, Any], dict[str, str], str] | None) -> None:
+    @rule(
+        batch=st.lists(
+            st.tuples(
+                st.integers(min_value=0, max_value=PROGRAM_COUNT - 1),
+                request_scopes,
+                st.integers(min_value=0, max_value=3000),
+            ),
+            min_size=2,
+            max_size=4,
+        ),
+        identity_free=st.none() | identity_free_requests,
+    )
+    def submit_burst(
+        self,
+        batch: list[tuple[int, dict[str, Any], int]],
+        identity_free: tuple[dict[str, Any], dict[str, str], str] | None,
+    ) -> None:
         """Several arrivals at the same instant, plus (maybe) one identity-free request."""
         if identity_free is not None:
             body, headers, enable_key = identity_free
@@ -381,7 +432,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(st_ in ("waiting", "in_flight") for st_ in self.status.values()))
     @rule(data=st.data())
     def abandon(self, data: st.DataObject) -> None:
-        live = sorted((r for r, st_ in self.status.items() if st_ in ("waiting", "in_flight")), key=lambda r: int(r[1:]))
+        live = sorted(
+            (r for r, st_ in self.status.items() if st_ in ("waiting", "in_flight")), key=lambda r: int(r[1:])
+        )
         rid = data.draw(st.sampled_from(live))
         if self.status[rid] == "waiting":
             self.status[rid] = "cancelled"
@@ -418,8 +471,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.pending_epochs.setdefault(target, []).append(self.epoch)
         self._step(ObservationStarted(target, self.epoch))
 
-    @rule(index=st.integers(min_value=0, max_value=2), kv=st.sampled_from([None, 0.0, 0.3, 0.7, 1.0]),
-          running=st.integers(min_value=0, max_value=4), waiting=st.integers(min_value=0, max_value=3))
+    @rule(
+        index=st.integers(min_value=0, max_value=2),
+        kv=st.sampled_from([None, 0.0, 0.3, 0.7, 1.0]),
+        running=st.integers(min_value=0, max_value=4),
+        waiting=st.integers(min_value=0, max_value=3),
+    )
     def observe(self, index: int, kv: float | None, running: int, waiting: int) -> None:
         target = self.all_targets[index % len(self.all_targets)].target_id
         pending = self.pending_epochs.get(target)
@@ -510,12 +567,17 @@ class SchedulerMachine(RuleBasedStateMachine):
             rank = s.ranks.get(target) if target is not None else None
             thr = cfg.admission_waiting_request_threshold
             recently = (
-                rank is not None and thr > 0 and rank.waiting_requests is not None and rank.waiting_requests >= thr
-                and rank.observed_at is not None and self.now - self.tick - rank.observed_at <= 3 * self.tick
+                rank is not None
+                and thr > 0
+                and rank.waiting_requests is not None
+                and rank.waiting_requests >= thr
+                and rank.observed_at is not None
+                and self.now - self.tick - rank.observed_at <= 3 * self.tick
             )
             assert recently or self.now - released < self.tick, (
                 f"{p.ref} waits {self.now - p.force_resume_deadline:.1f} s past its force-resume deadline "
-                f"on {target} without a waiting gate")
+                f"on {target} without a waiting gate"
+            )
 
     @invariant()
     def statistics_windows_bounded(self) -> None:

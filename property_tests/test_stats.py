@@ -50,7 +50,9 @@ def test_request_window_bounded_and_means_match_recomputation(limit: int, sample
     window = list(f.requests)
     assert window == samples[len(samples) - len(window) :]
     assert f.request_window_complete == (limit > 0 and len(samples) >= limit)
-    assert math.isclose(f.mean_prompt_tokens(), naive_mean([s.prompt_tokens for s in window]), rel_tol=1e-9, abs_tol=1e-6)
+    assert math.isclose(
+        f.mean_prompt_tokens(), naive_mean([s.prompt_tokens for s in window]), rel_tol=1e-9, abs_tol=1e-6
+    )
     assert math.isclose(
         f.mean_completion_tokens(), naive_mean([s.completion_tokens for s in window]), rel_tol=1e-9, abs_tol=1e-6
     )
@@ -66,7 +68,11 @@ def test_request_window_bounded_and_means_match_recomputation(limit: int, sample
     assert math.isclose(f.mean_rounds_since_ttl_pause(), rounds, rel_tol=1e-9, abs_tol=1e-9)
 
 
-@given(st.integers(min_value=1, max_value=10), st.integers(min_value=1, max_value=20), st.lists(request_samples(), max_size=30))
+@given(
+    st.integers(min_value=1, max_value=10),
+    st.integers(min_value=1, max_value=20),
+    st.lists(request_samples(), max_size=30),
+)
 def test_target_rounds_is_zero_or_an_integer_within_the_cap(limit: int, cap: int, samples: list[RequestSample]) -> None:
     f = ProgressTtlFactors(limit)
     for s in samples:

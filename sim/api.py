@@ -92,8 +92,16 @@ class SimApi:
             return ApiResponse(200, "text/plain", b"")
         if path == "/v1/models":
             model = cluster.config.model
-            card = {"id": model, "object": "model", "created": 0, "owned_by": "vllm", "root": model,
-                    "parent": None, "max_model_len": cluster.max_model_len, "permission": []}
+            card = {
+                "id": model,
+                "object": "model",
+                "created": 0,
+                "owned_by": "vllm",
+                "root": model,
+                "parent": None,
+                "max_model_len": cluster.max_model_len,
+                "permission": [],
+            }
             return json_response(200, {"object": "list", "data": [card]})
         if path == "/metrics":
             return ApiResponse(200, CONTENT_TYPE_LATEST, generate_latest(self.registry))
@@ -105,10 +113,18 @@ class SimApi:
             return json_response(200, {"version": "agentd-sim"})
         if path in ("/get_model_info", "/get_server_info", "/server_info"):
             e = cluster.config.engine
-            return json_response(200, {"model_path": cluster.config.model, "data_parallel_size": cluster.dp_size,
-                                       "block_size": e.block_size, "num_gpu_blocks": e.num_gpu_blocks,
-                                       "max_num_seqs": e.max_num_seqs, "scheduling_policy": e.scheduling_policy,
-                                       "max_model_len": cluster.max_model_len})
+            return json_response(
+                200,
+                {
+                    "model_path": cluster.config.model,
+                    "data_parallel_size": cluster.dp_size,
+                    "block_size": e.block_size,
+                    "num_gpu_blocks": e.num_gpu_blocks,
+                    "max_num_seqs": e.max_num_seqs,
+                    "scheduling_policy": e.scheduling_policy,
+                    "max_model_len": cluster.max_model_len,
+                },
+            )
         if path in _KNOWN_PATHS:
             raise ApiError(405, f"Method GET not allowed for {path}", "MethodNotAllowed")
         raise ApiError(404, f"Not Found: {path}", "NotFoundError")
@@ -137,7 +153,9 @@ class SimApi:
             cluster.check_rank(rank)
         except ValueError as exc:
             raise ApiError(400, str(exc), param="X-data-parallel-rank") from None
-        base = req.headers.get("x-request-id") or (body.get("request_id") if isinstance(body.get("request_id"), str) else None)
+        base = req.headers.get("x-request-id") or (
+            body.get("request_id") if isinstance(body.get("request_id"), str) else None
+        )
         if not base:
             digest = _digest(cluster.config.seed, req.body)
             n = self._anon_counter.get(digest, 0)
@@ -150,20 +168,33 @@ class SimApi:
             engine_id = f"{response_id}-{n}"
         self._in_flight[response_id] = n + 1
         engine_req = Request(
-            engine_id, parsed.prompt_ids, parsed.output.token_ids, finish_reason=parsed.output.finish_reason,
-            priority=parsed.priority, cache_salt=parsed.cache_salt, skip_prefix_cache=parsed.skip_prefix_cache,
+            engine_id,
+            parsed.prompt_ids,
+            parsed.output.token_ids,
+            finish_reason=parsed.output.finish_reason,
+            priority=parsed.priority,
+            cache_salt=parsed.cache_salt,
+            skip_prefix_cache=parsed.skip_prefix_cache,
         )
         created = int(cluster.now())
         try:
-            outputs = await cluster.submit(engine_req, dp_rank=rank, order_key=(response_id, req.body),
-                                           final_only=not parsed.stream)
+            outputs = await cluster.submit(
+                engine_req, dp_rank=rank, order_key=(response_id, req.body), final_only=not parsed.stream
+            )
         except BaseException:
             self._release(response_id)
             raise
         headers = (("x-request-id", response_id),)
         if parsed.stream:
-            stream = SseStream(parsed, outputs, response_id=response_id, created=created, model=cluster.config.model,
-                               chat=chat, on_close=lambda aborted: self._finish(engine_id, response_id, aborted=aborted))
+            stream = SseStream(
+                parsed,
+                outputs,
+                response_id=response_id,
+                created=created,
+                model=cluster.config.model,
+                chat=chat,
+                on_close=lambda aborted: self._finish(engine_id, response_id, aborted=aborted),
+            )
             return ApiResponse(200, "text/event-stream; charset=utf-8", stream=stream, headers=headers)
         try:
             async with outputs:
@@ -174,8 +205,14 @@ class SimApi:
             self._finish(engine_id, response_id, aborted=last is None or last.finish_reason is None)
         if last is None or last.finish_reason is None:
             raise ApiError(500, "request aborted by the engine", "InternalServerError")
-        payload = final_response(parsed, response_id=response_id, created=created, model=cluster.config.model,
-                                 chat=chat, num_cached_tokens=last.num_cached_tokens)
+        payload = final_response(
+            parsed,
+            response_id=response_id,
+            created=created,
+            model=cluster.config.model,
+            chat=chat,
+            num_cached_tokens=last.num_cached_tokens,
+        )
         return json_response(200, payload, headers)
 
     def _finish(self, engine_id: str, response_id: str, *, aborted: bool) -> None:
@@ -191,11 +228,26 @@ class SimApi:
             self._in_flight[response_id] = n - 1
 
 
-_KNOWN_PATHS = frozenset({
-    "/health", "/ping", "/v1/models", "/metrics", "/get_load", "/load", "/version", "/get_model_info",
-    "/get_server_info", "/server_info", "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize",
-    "/v1/chat/completions/render", "/v1/completions/render",
-})
+_KNOWN_PATHS = frozenset(
+    {
+        "/health",
+        "/ping",
+        "/v1/models",
+        "/metrics",
+        "/get_load",
+        "/load",
+        "/version",
+        "/get_model_info",
+        "/get_server_info",
+        "/server_info",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/tokenize",
+        "/detokenize",
+        "/v1/chat/completions/render",
+        "/v1/completions/render",
+    }
+)
 
 
 def _json_body(raw: bytes) -> dict[str, Any]:
@@ -220,4 +272,3 @@ def _rank_header(headers: Mapping[str, str]) -> int | None:
 
 def _digest(seed: int, body: bytes) -> str:
     return hashlib.blake2b(body, digest_size=12, key=str(seed).encode()).hexdigest()
-

@@ -76,8 +76,9 @@ class SimConfig:
     deterministic: bool = False
 
     @classmethod
-    def from_embedded(cls, cfg: EmbeddedLike, *, worker_index: int = 0, cost: CostModel | None = None,
-                      **overrides: Any) -> SimConfig:
+    def from_embedded(
+        cls, cfg: EmbeddedLike, *, worker_index: int = 0, cost: CostModel | None = None, **overrides: Any
+    ) -> SimConfig:
         engine = EngineConfig(
             num_gpu_blocks=cfg.num_gpu_blocks,
             block_size=cfg.block_size,
@@ -137,7 +138,11 @@ class SimCluster:
             raise ValueError(f"data_parallel_rank {dp_rank} is out of range [0, {self.dp_size}).")
 
     async def submit(
-        self, request: Request, *, dp_rank: int | None = None, order_key: tuple[Any, ...] = (),
+        self,
+        request: Request,
+        *,
+        dp_rank: int | None = None,
+        order_key: tuple[Any, ...] = (),
         final_only: bool = False,
     ) -> trio.MemoryReceiveChannel[EngineOutput]:
         """Queue ``request``; returns the channel of its outputs (closed after the finish).

@@ -486,9 +486,7 @@ class Engine:
             self._cache_full_blocks(req, req.num_computed)
             self._emit(req, m, t_last, out, first_time=ends[first])
 
-    def _emit(
-        self, req: Request, m: int, t: float, out: list[EngineOutput], first_time: float | None = None
-    ) -> None:
+    def _emit(self, req: Request, m: int, t: float, out: list[EngineOutput], first_time: float | None = None) -> None:
         """Record ``m`` new tokens of ``req`` (the first at ``first_time``, the last at ``t``)."""
         stats = self.stats
         t_first = t if first_time is None else first_time

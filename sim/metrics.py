@@ -31,19 +31,35 @@ class SimCollector(Collector):
         engines = list(enumerate(cluster.engines))
         ecfg = cluster.config.engine
 
-        running = GaugeMetricFamily("vllm:num_requests_running", "Number of requests in model execution batches.", labels=LABELS)
-        waiting = GaugeMetricFamily("vllm:num_requests_waiting", "Number of requests waiting to be processed.", labels=LABELS)
-        usage = GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels=LABELS)
-        info_labels = ["engine", "block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype",
-                       "gpu_memory_utilization", "prefix_caching_hash_algo"]
-        info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=info_labels)
+        running = GaugeMetricFamily(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", labels=LABELS
+        )
+        waiting = GaugeMetricFamily(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", labels=LABELS
+        )
+        usage = GaugeMetricFamily(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", labels=LABELS
+        )
+        info_labels = [
+            "engine",
+            "block_size",
+            "num_gpu_blocks",
+            "enable_prefix_caching",
+            "cache_dtype",
+            "gpu_memory_utilization",
+            "prefix_caching_hash_algo",
+        ]
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=info_labels
+        )
         for rank, engine in engines:
             labels = [model, str(rank)]
             running.add_metric(labels, engine.num_running)
             waiting.add_metric(labels, engine.num_waiting)
             usage.add_metric(labels, engine.kv_cache_usage())
-            info.add_metric([str(rank), str(ecfg.block_size), str(ecfg.num_gpu_blocks), "True", "auto", "0.9",
-                             "builtin"], 1.0)
+            info.add_metric(
+                [str(rank), str(ecfg.block_size), str(ecfg.num_gpu_blocks), "True", "auto", "0.9", "builtin"], 1.0
+            )
         yield from (running, waiting, usage, info)
 
         def counter(name: str, doc: str, attr: str) -> CounterMetricFamily:
@@ -53,19 +69,31 @@ class SimCollector(Collector):
             return fam
 
         yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens")
-        yield counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).", "prompt_tokens_cached")
-        yield counter("vllm:prompt_tokens_recomputed", "Number of cached tokens recomputed for forward pass.",
-                      "prompt_tokens_recomputed")
+        yield counter(
+            "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).", "prompt_tokens_cached"
+        )
+        yield counter(
+            "vllm:prompt_tokens_recomputed",
+            "Number of cached tokens recomputed for forward pass.",
+            "prompt_tokens_recomputed",
+        )
         yield counter("vllm:generation_tokens", "Number of generation tokens processed.", "generation_tokens")
-        yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
-                      "prefix_cache_queries")
-        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", "prefix_cache_hits")
+        yield counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            "prefix_cache_queries",
+        )
+        yield counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", "prefix_cache_hits"
+        )
         yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", "num_preemptions")
 
-        by_source = CounterMetricFamily("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
-                                        labels=[*LABELS, "source"])
-        success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
-                                      labels=[*LABELS, "finished_reason"])
+        by_source = CounterMetricFamily(
+            "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", labels=[*LABELS, "source"]
+        )
+        success = CounterMetricFamily(
+            "vllm:request_success", "Count of successfully processed requests.", labels=[*LABELS, "finished_reason"]
+        )
         for rank, engine in engines:
             s = engine.stats
             by_source.add_metric([model, str(rank), "local_compute"], s.prompt_tokens_local_compute)
@@ -86,4 +114,6 @@ class SimCollector(Collector):
         yield histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", "ttft")
         yield histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", "itl")
         yield histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", "e2e")
-        yield histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", "queue")
+        yield histogram(
+            "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", "queue"
+        )

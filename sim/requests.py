@@ -201,13 +201,17 @@ def _plan_output(
     hint_n = xargs.get("sim_output_tokens")
     if hint_n is not None:
         if not _is_int(hint_n) or not 1 <= hint_n <= max_tokens:
-            raise bad("vllm_xargs.sim_output_tokens", f"must be an integer in [1, max_tokens={max_tokens}], got {hint_n!r}")
+            raise bad(
+                "vllm_xargs.sim_output_tokens", f"must be an integer in [1, max_tokens={max_tokens}], got {hint_n!r}"
+            )
         n_out = hint_n
         finish = "stop" if hint_n < max_tokens else "length"
     hint_finish = xargs.get("sim_finish_reason")
     if hint_finish is not None:
         if hint_finish not in FINISH_REASONS:
-            raise bad("vllm_xargs.sim_finish_reason", f"must be one of {', '.join(FINISH_REASONS)}, got {hint_finish!r}")
+            raise bad(
+                "vllm_xargs.sim_finish_reason", f"must be one of {', '.join(FINISH_REASONS)}, got {hint_finish!r}"
+            )
         if hint_finish == "tool_calls" and not chat:
             raise bad("vllm_xargs.sim_finish_reason", "'tool_calls' needs /v1/chat/completions")
         finish = hint_finish
@@ -219,7 +223,9 @@ def _plan_output(
     name_ids = tokenizer.tokenize(name)
     k = n_out - 3 - len(name_ids)
     if k < 1:
-        raise bad("vllm_xargs.sim_finish_reason", f"a tool call to {name!r} needs at least {len(name_ids) + 4} output tokens")
+        raise bad(
+            "vllm_xargs.sim_finish_reason", f"a tool call to {name!r} needs at least {len(name_ids) + 4} output tokens"
+        )
     arguments = tokenizer.tool_call_arguments(material, k)
     ids = tokenizer.render_tool_call(name, arguments)
     pieces = ["", *([""] * len(name_ids)), *tokenizer.split_pieces(arguments), ""]

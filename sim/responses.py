@@ -45,21 +45,42 @@ def final_response(
         call = out.tool_call
         if call is not None:
             message: dict[str, Any] = {
-                "role": "assistant", "content": None, "reasoning_content": None,
-                "tool_calls": [{"id": call.id, "type": "function",
-                                "function": {"name": call.name, "arguments": call.arguments}}],
+                "role": "assistant",
+                "content": None,
+                "reasoning_content": None,
+                "tool_calls": [
+                    {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+                ],
             }
         else:
             message = {"role": "assistant", "content": "".join(out.pieces), "reasoning_content": None, "tool_calls": []}
-        choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
-                                  "finish_reason": out.finish_reason, "stop_reason": None}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": out.finish_reason,
+            "stop_reason": None,
+        }
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": "".join(out.pieces), "logprobs": None, "finish_reason": out.finish_reason,
-                  "stop_reason": None, "prompt_logprobs": None}
+        choice = {
+            "index": 0,
+            "text": "".join(out.pieces),
+            "logprobs": None,
+            "finish_reason": out.finish_reason,
+            "stop_reason": None,
+            "prompt_logprobs": None,
+        }
         obj = "text_completion"
-    return {"id": response_id, "object": obj, "created": created, "model": model, "choices": [choice],
-            "usage": usage(parsed, n, num_cached_tokens), "prompt_logprobs": None}
+    return {
+        "id": response_id,
+        "object": obj,
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage(parsed, n, num_cached_tokens),
+        "prompt_logprobs": None,
+    }
 
 
 class SseStream:
@@ -83,8 +104,12 @@ class SseStream:
         self._done = False
         self._sent_role = False
         self._emitted = 0
-        self._head = {"id": response_id, "object": "chat.completion.chunk" if chat else "text_completion",
-                      "created": created, "model": model}
+        self._head = {
+            "id": response_id,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created,
+            "model": model,
+        }
 
     def __aiter__(self) -> SseStream:
         return self
@@ -96,14 +121,32 @@ class SseStream:
             out = await self._outputs.receive()
         except (trio.EndOfChannel, trio.ClosedResourceError):
             self._done = True
-            return _frame({"error": {"message": "request aborted by the engine", "type": "InternalServerError",
-                                     "param": None, "code": 500}}) + DONE
+            return (
+                _frame(
+                    {
+                        "error": {
+                            "message": "request aborted by the engine",
+                            "type": "InternalServerError",
+                            "param": None,
+                            "code": 500,
+                        }
+                    }
+                )
+                + DONE
+            )
         frames = [self._token_frames(out)]
         if out.finish_reason is not None:
             self._done = True
             if self._parsed.include_usage:
-                frames.append(_frame({**self._head, "choices": [],
-                                      "usage": usage(self._parsed, self._emitted, out.num_cached_tokens)}))
+                frames.append(
+                    _frame(
+                        {
+                            **self._head,
+                            "choices": [],
+                            "usage": usage(self._parsed, self._emitted, out.num_cached_tokens),
+                        }
+                    )
+                )
             frames.append(DONE)
             self._finish(aborted=False)
         return b"".join(frames)
@@ -119,16 +162,26 @@ class SseStream:
             if self._chat:
                 if not self._sent_role:
                     self._sent_role = True
-                    role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                            "finish_reason": None}
+                    role = {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
                     chunks.append(_frame({**self._head, "choices": [role]}))
                 delta: dict[str, Any] = {}
                 if call is None:
                     if pieces[i]:
                         delta["content"] = pieces[i]
                 elif i == call.name_tokens:
-                    delta["tool_calls"] = [{"index": 0, "id": call.id, "type": "function",
-                                            "function": {"name": call.name, "arguments": ""}}]
+                    delta["tool_calls"] = [
+                        {
+                            "index": 0,
+                            "id": call.id,
+                            "type": "function",
+                            "function": {"name": call.name, "arguments": ""},
+                        }
+                    ]
                 elif pieces[i]:
                     delta["tool_calls"] = [{"index": 0, "function": {"arguments": pieces[i]}}]
                 if not delta and finish is None:

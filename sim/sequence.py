@@ -34,10 +34,27 @@ class Request:
     """One request inside the engine (mutable; owned by the engine)."""
 
     __slots__ = (
-        "request_id", "prompt", "output", "finish_reason", "priority", "arrival_time", "eligible_time",
-        "salt", "skip_prefix_cache", "block_hashes", "status", "num_computed", "num_output", "blocks",
-        "num_cached_blocks", "num_cached_tokens", "num_preemptions", "first_scheduled_time",
-        "first_token_time", "last_token_time", "seq",
+        "request_id",
+        "prompt",
+        "output",
+        "finish_reason",
+        "priority",
+        "arrival_time",
+        "eligible_time",
+        "salt",
+        "skip_prefix_cache",
+        "block_hashes",
+        "status",
+        "num_computed",
+        "num_output",
+        "blocks",
+        "num_cached_blocks",
+        "num_cached_tokens",
+        "num_preemptions",
+        "first_scheduled_time",
+        "first_token_time",
+        "last_token_time",
+        "seq",
     )
 
     def __init__(

@@ -61,7 +61,10 @@ _ID_CACHE_MAX = 200_000
 _ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z")
 _VOWELS = ("a", "e", "i", "o", "u")
 _WORDS: tuple[str, ...] = tuple(
-    sorted({o + v for o in _ONSETS for v in _VOWELS} | {o + v + c for o in _ONSETS for v in _VOWELS for c in ("n", "r", "s")})
+    sorted(
+        {o + v for o in _ONSETS for v in _VOWELS}
+        | {o + v + c for o in _ONSETS for v in _VOWELS for c in ("n", "r", "s")}
+    )
 )
 
 

@@ -65,6 +65,7 @@ class SimTransport(httpx.AsyncBaseTransport):
         response = await api.handle(ApiRequest(request.method, path, headers, body))
         out_headers = [("content-type", response.content_type), *response.headers]
         if response.stream is not None:
-            return httpx.Response(response.status, headers=out_headers, stream=_SseByteStream(response.stream),
-                                  request=request)
+            return httpx.Response(
+                response.status, headers=out_headers, stream=_SseByteStream(response.stream), request=request
+            )
         return httpx.Response(response.status, headers=out_headers, content=response.body, request=request)

@@ -179,7 +179,6 @@ class ProgramSchedulingConfig:
         return tuple(f for f in COEFFICIENT_FIELDS if f not in self.explicit_coefficients)
 
 
-
 @frozen
 class BackendTarget:
     """One concrete DP rank behind one worker URL; ``target_id`` is ``"<url>@<rank>"``."""

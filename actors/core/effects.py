@@ -198,8 +198,21 @@ class CompletionIgnored:
 
 
 Effect = (
-    Admit | Reject | ArmTimer | CancelTimer | SpawnProgram | RetireProgram | Transition
-    | AdmissionCapacitySnapshot | QueueWaitObserved | RequestIntervalObserved
-    | CacheMissImpactObserved | TtlArmed | SharedPrefixObserved | CacheDiscontinuity
-    | CapacitySourceChanged | StaleObservationDropped | CompletionIgnored
+    Admit
+    | Reject
+    | ArmTimer
+    | CancelTimer
+    | SpawnProgram
+    | RetireProgram
+    | Transition
+    | AdmissionCapacitySnapshot
+    | QueueWaitObserved
+    | RequestIntervalObserved
+    | CacheMissImpactObserved
+    | TtlArmed
+    | SharedPrefixObserved
+    | CacheDiscontinuity
+    | CapacitySourceChanged
+    | StaleObservationDropped
+    | CompletionIgnored
 )

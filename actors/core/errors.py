@@ -46,7 +46,5 @@ class Rejection:
     message: str
 
 
-QUEUE_TIMEOUT = Rejection(
-    "queue_timeout", 429, "Program request exceeded its admission queue timeout"
-)
+QUEUE_TIMEOUT = Rejection("queue_timeout", 429, "Program request exceeded its admission queue timeout")
 NO_TARGETS = Rejection("no_targets", 503, "no healthy DP targets are available")

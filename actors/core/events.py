@@ -108,6 +108,13 @@ class TargetsChanged:
 
 
 Event = (
-    RequestSubmitted | RequestCompleted | RequestAbandoned | TimerFired | ObservationStarted
-    | ObservationReceived | ObservationStale | RepairTick | TargetsChanged
+    RequestSubmitted
+    | RequestCompleted
+    | RequestAbandoned
+    | TimerFired
+    | ObservationStarted
+    | ObservationReceived
+    | ObservationStale
+    | RepairTick
+    | TargetsChanged
 )

@@ -64,6 +64,7 @@ SHRINK_CONFIRMATIONS = 2
 
 # ---- decision sequences ------------------------------------------------------------------------
 
+
 def arrival_sequence(s: SchedulerState) -> None:
     release_expired_paused(s)
     expire_acting_ttls(s)
@@ -132,6 +133,7 @@ def sweep_queue_timeouts(s: SchedulerState) -> None:
 
 # ---- arrival ---------------------------------------------------------------------------------------
 
+
 def on_submit(s: SchedulerState, ev: RequestSubmitted) -> None:
     cfg, now = s.cfg, s.now
     pool = ev.model_pool
@@ -162,8 +164,13 @@ def on_submit(s: SchedulerState, ev: RequestSubmitted) -> None:
         p.estimated_context_tokens = est
         s.effects.append(SpawnProgram(p.ref))
     # continuity sample (B9 fix: at most one per idle period)
-    if (existed and p.in_flight == 0 and p.last_request_finished_at is not None and p.last_target is not None
-            and p.continuity_sampled_at != p.last_request_finished_at):
+    if (
+        existed
+        and p.in_flight == 0
+        and p.last_request_finished_at is not None
+        and p.last_target is not None
+        and p.continuity_sampled_at != p.last_request_finished_at
+    ):
         interval = max(0.0, now - p.last_request_finished_at)
         rank = s.ranks.get(p.last_target)
         if rank is not None and math.isfinite(interval):
@@ -241,6 +248,7 @@ def _refresh_metadata(p: Program, ident: Any, existed: bool) -> None:
 
 # ---- cancellation -------------------------------------------------------------------------------
 
+
 def cancel_request(s: SchedulerState, rid: Any, *, schedule: bool = True) -> None:
     """Remove a waiting request (core spec 4.4)."""
     found = s.pool.cancel(rid)
@@ -272,6 +280,7 @@ def on_abandon(s: SchedulerState, ev: RequestAbandoned) -> None:
 
 
 # ---- completion -------------------------------------------------------------------------------------
+
 
 def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     cfg, now = s.cfg, s.now
@@ -326,18 +335,35 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
             p.segment_served_rounds = 0
             p.ttl_pause_sampled_segment_rounds = 0
             p.segment_started_at = d.dispatched_at
-            due = not p.shared_prefix_observed or p.shared_prefix_fresh_until is None or now >= p.shared_prefix_fresh_until
+            due = (
+                not p.shared_prefix_observed
+                or p.shared_prefix_fresh_until is None
+                or now >= p.shared_prefix_fresh_until
+            )
             if due:
                 p.shared_prefix_tokens = explicit_cached
                 p.shared_prefix_observed = True
                 p.shared_prefix_fresh_until = p.shared_prefix_freshness_anchor_at + freshness
                 if usage.cached_prompt_tokens is not None:
                     s.effects.append(SharedPrefixObserved(rank.target_id, explicit_cached))
-        if (usage.cached_prompt_tokens is not None and prev_ctx is not None and not d.placement_start_request
-                and not continuous):
-            s.effects.append(CacheDiscontinuity(
-                p.ref, rank.target_id, obs_prompt, cached, prev_ctx, obs_prompt - cached, impact,
-                p.segment_served_rounds))
+        if (
+            usage.cached_prompt_tokens is not None
+            and prev_ctx is not None
+            and not d.placement_start_request
+            and not continuous
+        ):
+            s.effects.append(
+                CacheDiscontinuity(
+                    p.ref,
+                    rank.target_id,
+                    obs_prompt,
+                    cached,
+                    prev_ctx,
+                    obs_prompt - cached,
+                    impact,
+                    p.segment_served_rounds,
+                )
+            )
         growth = obs_prompt - prev_ctx if prev_ctx is not None and prev_ctx > 0 else None
         if growth is not None and not 0 < growth < prev_ctx:  # type: ignore[operator]
             growth = None
@@ -352,15 +378,30 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
         p.last_request_finished_at = now
         p.last_cache_miss_impact_seconds = impact
         s.effects.append(CacheMissImpactObserved(rank.target_id, impact))
-        fac.push_request(RequestSample(
-            obs_prompt, completion, cached, growth, now - d.arrived_at, ev.decode_seconds,
-            d.dispatched_at - d.arrived_at, p.rounds_since_ttl_pause, now))
+        fac.push_request(
+            RequestSample(
+                obs_prompt,
+                completion,
+                cached,
+                growth,
+                now - d.arrived_at,
+                ev.decode_seconds,
+                d.dispatched_at - d.arrived_at,
+                p.rounds_since_ttl_pause,
+                now,
+            )
+        )
     _observe_context(p, usage.prompt_tokens, d.estimated_context_tokens)
     p.output_token_reservation = None
     if action == "ttl":
         # the fitted TTL uses the continuity window as it was before this completion's samples
-        ttl = hint_ttl if hint_ttl is not None else acting_ttl_factors(fac, s.warm_factors).fitted_acting_ttl(
-            impact * s.resume_hits.miss_ratio(), cfg.max_acting_ttl_seconds)
+        ttl = (
+            hint_ttl
+            if hint_ttl is not None
+            else acting_ttl_factors(fac, s.warm_factors).fitted_acting_ttl(
+                impact * s.resume_hits.miss_ratio(), cfg.max_acting_ttl_seconds
+            )
+        )
         p.acting_since = now
         p.ttl_deadline = now + ttl
         s.ttl_heap.push(p.ttl_deadline, p.ref)
@@ -410,6 +451,7 @@ def shared_prefix_freshness(s: SchedulerState, rank: RankState) -> float:
 
 
 # ---- timers, ticks, observations -----------------------------------------------------------------
+
 
 def on_timer(s: SchedulerState, ev: TimerFired) -> None:
     p = _live(s, ev.program)

@@ -315,7 +315,11 @@ def _from_context(ctx: Mapping[str, Any], headers: Mapping[str, str]) -> _Draft 
     if fallback is not None:
         schema, session_name, h_session, h_agent, h_parent = fallback
         agent_name, parent_name = next((s[2], s[3]) for s in _HEADER_SCHEMAS if s[0] == schema)
-        h_params = {"session": f"headers.{session_name}", "agent": f"headers.{agent_name}", "parent": f"headers.{parent_name}"}
+        h_params = {
+            "session": f"headers.{session_name}",
+            "agent": f"headers.{agent_name}",
+            "parent": f"headers.{parent_name}",
+        }
 
     params: dict[str, str] = {}
     explicit_program, params["program_id"] = f.string("program_id")
@@ -358,7 +362,10 @@ def _from_context(ctx: Mapping[str, Any], headers: Mapping[str, str]) -> _Draft 
 
     if parent is None and parent_agent is not None:
         parent_agent = _normalise_actor(parent_agent, task_id, parent_agent_param, "parent_agent_id")
-        parent, params["parent_program_id"] = _related_id(program_id, agent_id, task_id, parent_agent), parent_agent_param
+        parent, params["parent_program_id"] = (
+            _related_id(program_id, agent_id, task_id, parent_agent),
+            parent_agent_param,
+        )
     elif parent is None and agent_role == "subagent":
         parent = _related_id(program_id, agent_id, task_id, _LEAD)
         params["parent_program_id"] = f.path("parent_program_id")
@@ -368,7 +375,9 @@ def _from_context(ctx: Mapping[str, Any], headers: Mapping[str, str]) -> _Draft 
             params["parent_program_id"], f"parent_program_id must differ from program_id, both are {_fmt(parent)}"
         )
     if blocks_parent and parent is None:
-        raise IdentityError(f.path("blocks_parent"), "blocks_parent requires parent_program_id, got blocks_parent=true and no parent")
+        raise IdentityError(
+            f.path("blocks_parent"), "blocks_parent requires parent_program_id, got blocks_parent=true and no parent"
+        )
     if expected_resume is None:
         expected_resume = not (blocks_parent and agent_role == "subagent")
     fields = {
@@ -457,7 +466,9 @@ def _from_headers(headers: Mapping[str, str]) -> _Draft | None:
 # --------------------------------------------------------------------------- assembly
 
 
-def _placement_hash_key(body: Mapping[str, Any], headers: Mapping[str, str], fields: Mapping[str, Any]) -> tuple[str, str]:
+def _placement_hash_key(
+    body: Mapping[str, Any], headers: Mapping[str, str], fields: Mapping[str, Any]
+) -> tuple[str, str]:
     """(key, param): framework session header, generic headers, then structured body fields."""
     for name in ("x-claude-code-session-id", "session-id", "x-session-id") + _HASH_KEY_HEADERS[1:]:
         value = _header(headers, name)
@@ -512,7 +523,9 @@ def parse_identity(
     and ``ValueError`` for an unknown ``enable_key`` (a programming error: config validated it).
     """
     if enable_key not in (ENABLE_KEY_AGENTIC_CONTEXT, ENABLE_KEY_AUTO):
-        raise ValueError(f"enable_key must be {ENABLE_KEY_AGENTIC_CONTEXT!r} or {ENABLE_KEY_AUTO!r}, got {enable_key!r}")
+        raise ValueError(
+            f"enable_key must be {ENABLE_KEY_AGENTIC_CONTEXT!r} or {ENABLE_KEY_AUTO!r}, got {enable_key!r}"
+        )
     ctx = _locate_context(body)
     draft: _Draft | None
     if ctx is not None:

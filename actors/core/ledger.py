@@ -95,8 +95,13 @@ def fresh_waiting(rank: RankState, now: float, metrics_interval_seconds: float) 
 
 
 def apply_observation(
-    rank: RankState, checkpoint: Any, kv_cache_usage: float | None, running: int | None,
-    waiting: int | None, observed_at: float, capacity: int | None,
+    rank: RankState,
+    checkpoint: Any,
+    kv_cache_usage: float | None,
+    running: int | None,
+    waiting: int | None,
+    observed_at: float,
+    capacity: int | None,
 ) -> None:
     """Store a scrape result and rebase the delta on ``checkpoint`` (core spec 5.3)."""
     native = kv_cache_usage * capacity if kv_cache_usage is not None and capacity is not None else None
@@ -143,9 +148,15 @@ DISABLED_GAIN = BatchGain(0.0, 0.0, 0.0, False)
 
 
 def estimate_batch_gain(
-    cfg: Any, factors: ProgressTtlFactors | None, candidate: Program, running_count: int,
-    running_context_tokens: float, protected: list[tuple[int, float]], used: float,
-    required: float, target_rounds: int,
+    cfg: Any,
+    factors: ProgressTtlFactors | None,
+    candidate: Program,
+    running_count: int,
+    running_context_tokens: float,
+    protected: list[tuple[int, float]],
+    used: float,
+    required: float,
+    target_rounds: int,
 ) -> BatchGain:
     """Decode batch gain of admitting ``candidate`` vs the recovery and continuity cost (6.6.1)."""
     capacity = cfg.token_capacity_per_dp_rank
@@ -168,14 +179,22 @@ def estimate_batch_gain(
     uncached = max(0, candidate.estimated_context_tokens - candidate.shared_prefix_tokens)
     recovery = cache_miss_impact_seconds(uncached, cfg.prefill_cost_model)
     loss = continuity_loss_seconds(
-        factors.mean_context_growth_tokens(), protected, capacity * cfg.low_watermark_ratio, used, required,
+        factors.mean_context_growth_tokens(),
+        protected,
+        capacity * cfg.low_watermark_ratio,
+        used,
+        required,
         target_rounds,
     )
     return BatchGain(gain, recovery, loss, gain >= recovery + loss)
 
 
 def continuity_loss_seconds(
-    g: float, protected: list[tuple[int, float]], low_tokens: float, used: float, required: float,
+    g: float,
+    protected: list[tuple[int, float]],
+    low_tokens: float,
+    used: float,
+    required: float,
     target_rounds: int,
 ) -> float:
     """Protected rounds lost by admitting, times the mean protected cache-miss cost (6.6.1)."""
@@ -195,7 +214,13 @@ def continuity_loss_seconds(
 
 
 def admission_plan(
-    p: Program, rank: RankState, now: float, cfg: Any, *, front_output: int | None, global_mode: bool,
+    p: Program,
+    rank: RankState,
+    now: float,
+    cfg: Any,
+    *,
+    front_output: int | None,
+    global_mode: bool,
 ) -> Plan | None:
     """The admission/resume plan of Program ``p`` on ``rank`` at ``now``, or None (core spec 6)."""
     if not global_mode and p.last_target != rank.target_id:

@@ -84,15 +84,30 @@ def dispatch_ready(s: SchedulerState, p: Program) -> None:
         p.placement_start_pending = False
         p.in_flight += 1
         d = Dispatch(
-            req.request_id, p.ref, rank.target_id, p.placement_epoch, req.arrived_at, s.now,
-            req.estimated_context_tokens, start, req.hints,
+            req.request_id,
+            p.ref,
+            rank.target_id,
+            p.placement_epoch,
+            req.arrived_at,
+            s.now,
+            req.estimated_context_tokens,
+            start,
+            req.hints,
         )
         s.in_flight[req.request_id] = d
         wait = max(0.0, s.now - req.arrived_at)
-        s.effects.append(Admit(
-            req.request_id, rank.target_id, p.ref, p.ref.generation, p.placement_epoch, start, wait,
-            p.estimated_context_tokens,
-        ))
+        s.effects.append(
+            Admit(
+                req.request_id,
+                rank.target_id,
+                p.ref,
+                p.ref.generation,
+                p.placement_epoch,
+                start,
+                wait,
+                p.estimated_context_tokens,
+            )
+        )
         s.effects.append(QueueWaitObserved(rank.target_id, wait))
         s.binder.commit_placement(req.routing_text, rank.target_id)
         mark_dirty(s, rank.target_id)
@@ -131,22 +146,42 @@ def commit_admission(s: SchedulerState, p: Program, rank: RankState, plan: Plan 
     if plan is not None and not cfg.binding_only:
         used, required, reserve = plan.used_tokens, plan.required_tokens, plan.reserve_tokens
         age = s.now - rank.observed_at if rank.observed_at is not None else None
-        s.effects.append(AdmissionCapacitySnapshot(
-            rank.target_id, used, required, reserve, capacity,
-            used / capacity if capacity else None,
-            (used + required + reserve) / capacity if capacity else None,
-            rank.kv_cache_usage, rank.running_requests, rank.waiting_requests, age,
-        ))
+        s.effects.append(
+            AdmissionCapacitySnapshot(
+                rank.target_id,
+                used,
+                required,
+                reserve,
+                capacity,
+                used / capacity if capacity else None,
+                (used + required + reserve) / capacity if capacity else None,
+                rank.kv_cache_usage,
+                rank.running_requests,
+                rank.waiting_requests,
+                age,
+            )
+        )
     forced = plan is not None and plan.forced
     batch_gain = plan is not None and plan.batch_gain
     reason = "force_resume" if forced else "batch_gain_admit" if batch_gain else "program_admit"
     if forced:
         s.forced_admissions += 1
-    s.effects.append(Transition(
-        p.ref, frm, to, reason, rank.target_id, True, forced, batch_gain,
-        plan.used_tokens if plan else None, plan.required_tokens if plan else None,
-        plan.reserve_tokens if plan else None, capacity,
-    ))
+    s.effects.append(
+        Transition(
+            p.ref,
+            frm,
+            to,
+            reason,
+            rank.target_id,
+            True,
+            forced,
+            batch_gain,
+            plan.used_tokens if plan else None,
+            plan.required_tokens if plan else None,
+            plan.reserve_tokens if plan else None,
+            capacity,
+        )
+    )
     if previous is not None and previous != rank.target_id:
         s.effects.append(Transition(p.ref, frm, to, "cross_rank_resume", rank.target_id))
     dispatch_ready(s, p)
@@ -193,8 +228,9 @@ def cancel_idle(s: SchedulerState, p: Program) -> None:
     if was_active:
         target, tokens = _unplace(s, p)
         _after_pause(s, p, REQUEST_CANCELLED)
-        s.effects.append(Transition(p.ref, frm, to, REQUEST_CANCELLED, target, counted=False,
-                                    released_private_tokens=tokens))
+        s.effects.append(
+            Transition(p.ref, frm, to, REQUEST_CANCELLED, target, counted=False, released_private_tokens=tokens)
+        )
     else:
         p.paused_at = s.now
         s.retention_heap.push(p.paused_at + s.cfg.paused_retention_ttl_seconds, p.ref)
@@ -229,8 +265,9 @@ def release(s: SchedulerState, p: Program, reason: str) -> bool:
     s.prune_heap.push(s.now + max(s.cfg.paused_retention_ttl_seconds, 60.0), key)
     s.binder.release(key)
     s.touched.pop(p.ref, None)
-    s.effects.append(Transition(p.ref, frm, to, reason, target or p.last_target,
-                                counted=reason == "paused_retention_release"))
+    s.effects.append(
+        Transition(p.ref, frm, to, reason, target or p.last_target, counted=reason == "paused_retention_release")
+    )
     s.effects.append(RetireProgram(p.ref))
     return True
 

@@ -45,8 +45,17 @@ INVALIDATE_IDLE = "invalidate_idle"  # placement target removed; no waiter left
 INVALIDATE_WAITING = "invalidate_waiting"  # placement target removed; waiters remain
 RELEASE = "release"  # terminal release (retention, terminate, unstarted cancel)
 TRIGGERS = (
-    ARRIVE, ACTIVATE, DISPATCH, COMPLETE_BUSY, COMPLETE_IDLE, PAUSE, CANCEL_IDLE, CANCEL_BUSY,
-    INVALIDATE_IDLE, INVALIDATE_WAITING, RELEASE,
+    ARRIVE,
+    ACTIVATE,
+    DISPATCH,
+    COMPLETE_BUSY,
+    COMPLETE_IDLE,
+    PAUSE,
+    CANCEL_IDLE,
+    CANCEL_BUSY,
+    INVALIDATE_IDLE,
+    INVALIDATE_WAITING,
+    RELEASE,
 )
 
 TRANSITIONS: dict[tuple[str, str], str] = {

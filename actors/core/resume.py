@@ -189,6 +189,7 @@ def select_cross_rank(s: SchedulerState, p: Program) -> tuple[RankState, Plan] |
 
 # ---- force-resume deadline -------------------------------------------------------------------
 
+
 def _remaining_rounds(rank: RankState, rounds: int) -> int:
     total = 0
     for a in rank.active.values():
@@ -259,6 +260,7 @@ def set_force_resume_deadline(s: SchedulerState, p: Program) -> None:
 
 
 # ---- segment yield ----------------------------------------------------------------------------
+
 
 def yield_completed_segment(s: SchedulerState, p: Program) -> None:
     cfg = s.cfg

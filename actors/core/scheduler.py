@@ -110,18 +110,20 @@ def _handlers() -> dict[type, Any]:
             t.sync_targets(s, ev.model_pool, ev.targets)
             t.schedule_after_change(s)
 
-        _HANDLERS.update({
-            RequestSubmitted: h.on_submit,
-            RequestCompleted: h.on_complete,
-            RequestAbandoned: h.on_abandon,
-            TimerFired: h.on_timer,
-            RepairTick: lambda s, ev: t.on_tick(s),
-            ObservationStarted: t.on_observation_started,
-            ObservationReceived: t.on_observation,
-            ObservationStale: t.on_observation_stale,
-            TargetsChanged: targets_changed,
-            "sweep": h.sweep_queue_timeouts,  # type: ignore[dict-item]
-        })
+        _HANDLERS.update(
+            {
+                RequestSubmitted: h.on_submit,
+                RequestCompleted: h.on_complete,
+                RequestAbandoned: h.on_abandon,
+                TimerFired: h.on_timer,
+                RepairTick: lambda s, ev: t.on_tick(s),
+                ObservationStarted: t.on_observation_started,
+                ObservationReceived: t.on_observation,
+                ObservationStale: t.on_observation_stale,
+                TargetsChanged: targets_changed,
+                "sweep": h.sweep_queue_timeouts,  # type: ignore[dict-item]
+            }
+        )
     return _HANDLERS
 
 

@@ -43,8 +43,9 @@ def _rolling(state: Any, rank: RankState, cfg: Any) -> dict[str, Any]:
         "avg_router_queue_seconds": f.mean_queue_seconds(),
         "avg_rounds_since_ttl_pause": f.mean_rounds_since_ttl_pause(),
         "request_throughput_per_second": f.request_throughput_per_second(),
-        "fitted_acting_ttl_seconds": peek_acting_ttl(f, state.warm_factors, state.resume_hits.miss_ratio(),
-                                                     cfg.max_acting_ttl_seconds),
+        "fitted_acting_ttl_seconds": peek_acting_ttl(
+            f, state.warm_factors, state.resume_hits.miss_ratio(), cfg.max_acting_ttl_seconds
+        ),
         "acting_ttl_fit_window": "rank" if f.continuity_window_complete else "cluster",
     }
 
@@ -73,8 +74,11 @@ def program_view(state: Any, p: Program, cfg: Any, now: float) -> dict[str, Any]
         "request_priority": h.priority if h is not None else 0,
         "request_deadline_seconds": h.deadline_seconds if h is not None else None,
         "kv_retention_ttl_seconds": h.kv_retention_ttl_seconds if h is not None else None,
-        "expected_output_tokens": (h.expected_output_length if h is not None and h.expected_output_length is not None
-                                   else p.output_token_reservation),
+        "expected_output_tokens": (
+            h.expected_output_length
+            if h is not None and h.expected_output_length is not None
+            else p.output_token_reservation
+        ),
         "home_target": p.home_target,
         "last_target": p.last_target,
         "placement": p.placement,
@@ -92,10 +96,14 @@ def program_view(state: Any, p: Program, cfg: Any, now: float) -> dict[str, Any]
         "pause_reason": p.last_pause_reason,
         "acting_seconds": now - p.acting_since if p.acting_since is not None else None,
         "queued_seconds": now - p.queued_at if p.queued_at is not None else None,
-        "ttl_remaining_seconds": (max(0.0, p.ttl_deadline - now) if p.ttl_deadline is not None
-                                  and p.state == ACTIVE and p.status == ACTING else None),
-        "force_resume_remaining_seconds": (max(0.0, p.force_resume_deadline - now)
-                                           if p.force_resume_deadline is not None else None),
+        "ttl_remaining_seconds": (
+            max(0.0, p.ttl_deadline - now)
+            if p.ttl_deadline is not None and p.state == ACTIVE and p.status == ACTING
+            else None
+        ),
+        "force_resume_remaining_seconds": (
+            max(0.0, p.force_resume_deadline - now) if p.force_resume_deadline is not None else None
+        ),
         "force_resume_timeout_seconds": p.force_resume_timeout_seconds,
         "force_resume_active_remaining_rounds": p.force_resume_active_remaining_rounds,
         "force_resume_pool_remaining_rounds": p.force_resume_pool_remaining_rounds,

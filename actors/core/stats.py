@@ -174,10 +174,16 @@ def _contrib(s: RequestSample) -> tuple[float, ...]:
     dec = s.decode_seconds
     dec_ok = dec is not None and math.isfinite(dec) and dec >= 0
     return (
-        s.prompt_tokens, s.completion_tokens, s.cached_prompt_tokens,
+        s.prompt_tokens,
+        s.completion_tokens,
+        s.cached_prompt_tokens,
         s.prompt_tokens - s.cached_prompt_tokens,
-        growth if growth is not None else 0, 1 if growth is not None else 0,
-        s.e2e_seconds, dec if dec_ok else 0.0, 1 if dec_ok else 0, s.queue_seconds,
+        growth if growth is not None else 0,
+        1 if growth is not None else 0,
+        s.e2e_seconds,
+        dec if dec_ok else 0.0,
+        1 if dec_ok else 0,
+        s.queue_seconds,
         s.rounds_since_ttl_pause,
     )
 
@@ -186,8 +192,20 @@ class ProgressTtlFactors:
     """The rolling statistics of one rank."""
 
     __slots__ = (
-        "limit", "requests", "_contribs", "continuities", "ttl_pause_rounds", "_rsum", "_pushes",
-        "_ln_sum", "_ln2_sum", "_ln_n", "_impact_sum", "_cpushes", "version", "_ttl_cache",
+        "limit",
+        "requests",
+        "_contribs",
+        "continuities",
+        "ttl_pause_rounds",
+        "_rsum",
+        "_pushes",
+        "_ln_sum",
+        "_ln2_sum",
+        "_ln_n",
+        "_impact_sum",
+        "_cpushes",
+        "version",
+        "_ttl_cache",
     )
 
     def __init__(self, limit: int) -> None:
@@ -409,8 +427,9 @@ def acting_ttl_factors(own: ProgressTtlFactors, warm: ProgressTtlFactors | None)
     return warm
 
 
-def peek_acting_ttl(own: ProgressTtlFactors, warm: ProgressTtlFactors | None, miss_ratio: float,
-                    max_acting_ttl_seconds: float) -> float:
+def peek_acting_ttl(
+    own: ProgressTtlFactors, warm: ProgressTtlFactors | None, miss_ratio: float, max_acting_ttl_seconds: float
+) -> float:
     """The TTL a Program with the window's mean cache-miss impact would be armed with now.
 
     What ``/scheduling/diagnostics`` and the fitted-TTL gauge report: the same window, impact

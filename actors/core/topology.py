@@ -36,6 +36,7 @@ from actors.core.stats import ProgressTtlFactors
 
 # ---- targets -------------------------------------------------------------------------------------
 
+
 def sync_targets(s: SchedulerState, pool: str, targets: tuple[Any, ...]) -> None:
     """Replace the target list of ``pool`` (core spec 13.1)."""
     sig = tuple(sorted((str(t.target_id), str(t.worker_url), t.dp_rank, int(t.index)) for t in targets))
@@ -85,8 +86,9 @@ def sync_targets(s: SchedulerState, pool: str, targets: tuple[Any, ...]) -> None
                 from actors.core.handlers import cancel_request
 
                 for req in s.pool.requests(p.ref):
-                    s.effects.append(Reject(req.request_id, NO_TARGETS.reason, NO_TARGETS.status_hint,
-                                            NO_TARGETS.message))
+                    s.effects.append(
+                        Reject(req.request_id, NO_TARGETS.reason, NO_TARGETS.status_hint, NO_TARGETS.message)
+                    )
                     cancel_request(s, req.request_id, schedule=False)
     for t in removed:
         if t not in still_used:
@@ -118,7 +120,8 @@ def binding_candidates(s: SchedulerState, pool: str, p: Program) -> list[Candida
         else:
             pressure = min(1.0, max(0.0, (usage + pending) / cap)) if cap else 1.0
         admissible = len(rank.active) + 1 <= cfg.max_active_programs_per_target and (
-            low is None or usage + p.estimated_context_tokens + cfg.decode_buffer_tokens <= low)
+            low is None or usage + p.estimated_context_tokens + cfg.decode_buffer_tokens <= low
+        )
         out.append(Candidate(t, int(n), tokens, cap, pressure, admissible))
     return out
 
@@ -175,8 +178,15 @@ def on_observation(s: SchedulerState, ev: ObservationReceived) -> None:
         s.effects.append(StaleObservationDropped(ev.target_id, ev.epoch, cp.revision, s.revision))
         return
     observed_at = ev.observed_at if ev.observed_at is not None else s.now
-    apply_observation(rank, cp, ev.kv_cache_usage, ev.running_requests, ev.waiting_requests, observed_at,
-                      s.cfg.token_capacity_per_dp_rank)
+    apply_observation(
+        rank,
+        cp,
+        ev.kv_cache_usage,
+        ev.running_requests,
+        ev.waiting_requests,
+        observed_at,
+        s.cfg.token_capacity_per_dp_rank,
+    )
     mark_dirty(s, rank.target_id)
     schedule_after_change(s)
 
@@ -214,7 +224,11 @@ def compact_heaps(s: SchedulerState) -> None:
         at = s.released_at.get(key)
         return at is not None and at + keep == deadline
 
-    for heap, ok in ((s.ttl_heap, ttl_ok), (s.retention_heap, retention_ok), (s.queue_heap, queue_ok),
-                     (s.prune_heap, prune_ok)):
+    for heap, ok in (
+        (s.ttl_heap, ttl_ok),
+        (s.retention_heap, retention_ok),
+        (s.queue_heap, queue_ok),
+        (s.prune_heap, prune_ok),
+    ):
         if len(heap) > 2 * live:
             heap.compact(ok)

@@ -49,13 +49,19 @@ def _ratio(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", required=True, help="trace JSONL (agentd trace synth)")
     parser.add_argument("--out", required=True, help="output directory (reports, report.md, plots, logs)")
-    parser.add_argument("--systems", default=None,
-                        help=f"comma-separated subset of {','.join(SYSTEMS)} (default: all available)")
+    parser.add_argument(
+        "--systems", default=None, help=f"comma-separated subset of {','.join(SYSTEMS)} (default: all available)"
+    )
     parser.add_argument("--vllm-router", default=None, metavar="PATH", help="vllm-router executable (default: PATH)")
-    parser.add_argument("--point", choices=sorted(POINTS), default=None,
-                        help="pressure-point preset: concurrency and target native hit")
-    parser.add_argument("--target-native-hit", type=_ratio, default=None,
-                        help="size --kv-blocks so native lands near this token cache hit (calibrated by simulation)")
+    parser.add_argument(
+        "--point", choices=sorted(POINTS), default=None, help="pressure-point preset: concurrency and target native hit"
+    )
+    parser.add_argument(
+        "--target-native-hit",
+        type=_ratio,
+        default=None,
+        help="size --kv-blocks so native lands near this token cache hit (calibrated by simulation)",
+    )
     parser.add_argument("--workers", type=positive_int, default=2, help="simulated workers per system")
     parser.add_argument("--dp-size", type=positive_int, default=2, help="DP ranks per worker")
     parser.add_argument("--kv-blocks", type=positive_int, default=4096, help="KV blocks per rank (num_gpu_blocks)")
@@ -63,11 +69,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=positive_int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=positive_int, default=8192)
     parser.add_argument("--seed", type=int, default=0, help="simulated worker seed")
-    parser.add_argument("--ps-config-json", default=None, metavar="JSON",
-                        help="extra Program scheduling fields for agentd and vllm-router-ps")
-    parser.add_argument("--port-base", type=_port_base, default=18100,
-                        help="fixed loopback ports: router BASE, its metrics BASE+1, workers BASE+2.. "
-                             "(same for every system, so hash placement is reproducible; 0 = ephemeral)")
+    parser.add_argument(
+        "--ps-config-json",
+        default=None,
+        metavar="JSON",
+        help="extra Program scheduling fields for agentd and vllm-router-ps",
+    )
+    parser.add_argument(
+        "--port-base",
+        type=_port_base,
+        default=18100,
+        help="fixed loopback ports: router BASE, its metrics BASE+1, workers BASE+2.. "
+        "(same for every system, so hash placement is reproducible; 0 = ephemeral)",
+    )
     parser.add_argument("--no-progress", action="store_true")
     add_replay_flags(parser)
 
@@ -123,29 +137,50 @@ def run(args: argparse.Namespace) -> int:
         args.concurrency = preset["concurrency"]
     target_hit = args.target_native_hit if args.target_native_hit is not None else preset.get("target_native_hit")
     cluster = ClusterSpec(
-        workers=args.workers, dp_size=args.dp_size, num_gpu_blocks=args.kv_blocks, block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        time_scale=args.time_scale, seed=args.seed, model=args.model,
+        workers=args.workers,
+        dp_size=args.dp_size,
+        num_gpu_blocks=args.kv_blocks,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        time_scale=args.time_scale,
+        seed=args.seed,
+        model=args.model,
     )
     replay = replay_options(args)
-    context = [f"- trace: `{args.trace}` (profile {trace.meta.profile}, seed {trace.meta.seed}, "
-               f"{len(trace.sessions())} programs, {len(trace.records)} requests)"]
+    context = [
+        f"- trace: `{args.trace}` (profile {trace.meta.profile}, seed {trace.meta.seed}, "
+        f"{len(trace.sessions())} programs, {len(trace.records)} requests)"
+    ]
     if target_hit is not None:
         from bench.calibrate import calibrate_kv_blocks  # noqa: PLC0415
 
-        blocks, hit = calibrate_kv_blocks(trace, cluster, replay, target_hit,
-                                          log=lambda m: print(f"calibrate: {m}", file=sys.stderr))
+        blocks, hit = calibrate_kv_blocks(
+            trace, cluster, replay, target_hit, log=lambda m: print(f"calibrate: {m}", file=sys.stderr)
+        )
         cluster = attrs.evolve(cluster, num_gpu_blocks=blocks)
-        context.append(f"- KV calibrated by simulation: {blocks} blocks/rank gives native hit {hit:.3f} "
-                       f"(target {target_hit:.2f})")
+        context.append(
+            f"- KV calibrated by simulation: {blocks} blocks/rank gives native hit {hit:.3f} (target {target_hit:.2f})"
+        )
     context.append(
         f"- cluster: {cluster.workers} workers x {cluster.dp_size} DP ranks, {cluster.num_gpu_blocks} blocks x "
         f"{cluster.block_size} tokens = {cluster.rank_kv_tokens} KV tokens/rank, max_num_seqs "
-        f"{cluster.max_num_seqs}, time scale {cluster.time_scale:g}")
-    context.append(f"- replay: concurrency {replay.concurrency or trace.meta.concurrency}, "
-                   f"agentic context {replay.agentic_context}")
-    opts = BenchOptions(out_dir=args.out, systems=systems, cluster=cluster, replay=replay, vllm_router=router,
-                        program_overrides=overrides, progress=not args.no_progress, port_base=args.port_base)
+        f"{cluster.max_num_seqs}, time scale {cluster.time_scale:g}"
+    )
+    context.append(
+        f"- replay: concurrency {replay.concurrency or trace.meta.concurrency}, "
+        f"agentic context {replay.agentic_context}"
+    )
+    opts = BenchOptions(
+        out_dir=args.out,
+        systems=systems,
+        cluster=cluster,
+        replay=replay,
+        vllm_router=router,
+        program_overrides=overrides,
+        progress=not args.no_progress,
+        port_base=args.port_base,
+    )
     info = trace_info(trace, args.trace)
     try:
         reports = trio.run(run_bench, trace, opts, info)

@@ -58,9 +58,14 @@ def run(args: argparse.Namespace) -> int:
     if args.model == "agentd-sim":
         opts = attrs.evolve(opts, model=cfg.embedded.model)
     progress = ProgressLine(sys.stderr, label="simulate") if args.progress else None
-    report = run_simulation(cfg, trace, opts, info=trace_info(trace, args.trace),
-                            system="agentd" if cfg.program_scheduling is not None else "native",
-                            progress=progress.update if progress else None)
+    report = run_simulation(
+        cfg,
+        trace,
+        opts,
+        info=trace_info(trace, args.trace),
+        system="agentd" if cfg.program_scheduling is not None else "native",
+        progress=progress.update if progress else None,
+    )
     if progress is not None:
         progress.close()
     text = json.dumps(report, indent=2, sort_keys=True)

@@ -34,12 +34,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     synth.add_argument("--output-scale", type=positive_float, default=1.0, help="multiply output token counts")
     synth.add_argument("--gap-cap-seconds", type=positive_float, default=300.0, help="cap on tool gaps")
     synth.add_argument("--human-gap-cap-seconds", type=positive_float, default=None, help="cap on human gaps")
-    synth.add_argument("--arrival-rate", type=positive_float, default=None,
-                       help="root arrivals per second for open-loop profiles (job bursts for batch)")
-    synth.add_argument("--concurrency", type=positive_int, default=None,
-                       help="default replay concurrency stored in the trace meta")
-    synth.add_argument("--max-turns", type=positive_int, default=None,
-                       help="cap turns per session (bench budgets; tail targets then miss)")
+    synth.add_argument(
+        "--arrival-rate",
+        type=positive_float,
+        default=None,
+        help="root arrivals per second for open-loop profiles (job bursts for batch)",
+    )
+    synth.add_argument(
+        "--concurrency", type=positive_int, default=None, help="default replay concurrency stored in the trace meta"
+    )
+    synth.add_argument(
+        "--max-turns",
+        type=positive_int,
+        default=None,
+        help="cap turns per session (bench budgets; tail targets then miss)",
+    )
     stats = sub.add_parser("stats", help="print distributions and profile-target comparison")
     stats.add_argument("file")
     stats.add_argument("--json", action="store_true", help="print the statistics as JSON")
@@ -49,9 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.trace_command == "synth":
         knobs = Knobs(
-            input_scale=args.input_scale, output_scale=args.output_scale, gap_cap_seconds=args.gap_cap_seconds,
-            human_gap_cap_seconds=args.human_gap_cap_seconds, arrival_rate_per_second=args.arrival_rate,
-            concurrency=args.concurrency, max_turns=args.max_turns,
+            input_scale=args.input_scale,
+            output_scale=args.output_scale,
+            gap_cap_seconds=args.gap_cap_seconds,
+            human_gap_cap_seconds=args.human_gap_cap_seconds,
+            arrival_rate_per_second=args.arrival_rate,
+            concurrency=args.concurrency,
+            max_turns=args.max_turns,
         )
         trace = synthesize(args.profile, args.programs, args.seed, knobs)
         if args.out == "-":
@@ -59,8 +72,10 @@ def run(args: argparse.Namespace) -> int:
         else:
             with open(args.out, "w", encoding="utf-8") as fh:
                 write_trace(trace, fh)
-            print(f"wrote {len(trace.records)} requests of {len(trace.sessions())} programs to {args.out}",
-                  file=sys.stderr)
+            print(
+                f"wrote {len(trace.records)} requests of {len(trace.sessions())} programs to {args.out}",
+                file=sys.stderr,
+            )
         return 0
     trace = load_trace_arg(args.file, "agentd trace stats", "FILE")
     if trace is None:
@@ -70,9 +85,19 @@ def run(args: argparse.Namespace) -> int:
     if trace.meta.profile in PROFILES:
         comparisons = compare(stats, targets_for(trace.meta.profile, knobs_from_meta(trace.meta)))
     if args.json:
-        print(json.dumps({"stats": stats, "targets": [
-            {"metric": c.metric, "observed": c.observed, "target": c.target, "ok": c.ok} for c in comparisons
-        ]}, indent=2, sort_keys=True))
+        print(
+            json.dumps(
+                {
+                    "stats": stats,
+                    "targets": [
+                        {"metric": c.metric, "observed": c.observed, "target": c.target, "ok": c.ok}
+                        for c in comparisons
+                    ],
+                },
+                indent=2,
+                sort_keys=True,
+            )
+        )
     else:
         sys.stdout.write(format_report(trace, stats, comparisons))
     if args.strict and not all(c.ok for c in comparisons):

@@ -71,9 +71,7 @@ def trace_stats(trace: Trace) -> dict[str, float]:
         "subagent_session_share": (sum(1 for s in roots if s in children_of) / len(roots)) if roots else 0.0,
     }
     out.update(summarize("turns_per_program", [len(sessions[s]) for s in roots]))
-    out.update(
-        summarize("user_turns_per_program", [sum(1 for r in sessions[s] if r.role == "user") for s in roots])
-    )
+    out.update(summarize("user_turns_per_program", [sum(1 for r in sessions[s] if r.role == "user") for s in roots]))
     out.update(summarize("initial_input_tokens", [sessions[s][0].input_length for s in roots]))
     appends = [r.input_delta for r in trace.records if r.turn > 0 and not r.compaction]
     out.update(summarize("append_tokens", appends))
@@ -168,15 +166,30 @@ def compare(stats: dict[str, float], targets: Sequence[Target]) -> list[Comparis
 
 
 _SHOWN = (
-    "programs", "root_programs", "subagent_programs", "requests", "total_input_tokens", "total_output_tokens",
-    "turns_per_program", "user_turns_per_program", "initial_input_tokens", "append_tokens", "output_tokens",
-    "input_tokens", "tool_gap_seconds", "human_gap_seconds", "programs_per_job",
+    "programs",
+    "root_programs",
+    "subagent_programs",
+    "requests",
+    "total_input_tokens",
+    "total_output_tokens",
+    "turns_per_program",
+    "user_turns_per_program",
+    "initial_input_tokens",
+    "append_tokens",
+    "output_tokens",
+    "input_tokens",
+    "tool_gap_seconds",
+    "human_gap_seconds",
+    "programs_per_job",
 )
 
 
 def format_report(trace: Trace, stats: dict[str, float], comparisons: Sequence[Comparison]) -> str:
-    lines = [f"profile={trace.meta.profile} seed={trace.meta.seed} arrival={trace.meta.arrival} "
-             f"concurrency={trace.meta.concurrency}", ""]
+    lines = [
+        f"profile={trace.meta.profile} seed={trace.meta.seed} arrival={trace.meta.arrival} "
+        f"concurrency={trace.meta.concurrency}",
+        "",
+    ]
     lines.append(f"{'distribution':<26}{'count':>8}{'mean':>12}{'p50':>12}{'p90':>12}{'p99':>12}{'max':>12}")
     for name in _SHOWN[6:]:
         if stats.get(f"{name}.count", 0.0) == 0.0:
@@ -186,9 +199,16 @@ def format_report(trace: Trace, stats: dict[str, float], comparisons: Sequence[C
     lines.append("")
     for name in _SHOWN[:6]:
         lines.append(f"{name:<34}{stats.get(name, 0.0):>14.6g}")
-    for name in ("subagent_session_share", "return_gap.share_under_1s", "return_gap.share_under_10s", "compactions",
-                 "shared_prefix_share", "ideal_prefix_hit_ratio", "gaps_below_cold_prefill_share",
-                 "output_short_share"):
+    for name in (
+        "subagent_session_share",
+        "return_gap.share_under_1s",
+        "return_gap.share_under_10s",
+        "compactions",
+        "shared_prefix_share",
+        "ideal_prefix_hit_ratio",
+        "gaps_below_cold_prefill_share",
+        "output_short_share",
+    ):
         if name in stats:
             lines.append(f"{name:<34}{stats[name]:>14.4f}")
     if comparisons:

@@ -209,8 +209,13 @@ def _swe_short(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Draft
             gap=gap,
         )
         drafts.append(
-            _session(sid, turns, shared_prefix_id="swe-short-system", shared_prefix_tokens=prefix_tokens,
-                     common={"task_id": sid})
+            _session(
+                sid,
+                turns,
+                shared_prefix_id="swe-short-system",
+                shared_prefix_tokens=prefix_tokens,
+                common={"task_id": sid},
+            )
         )
     return drafts, {"arrival": "closed_loop", "concurrency": k.concurrency or 16}
 
@@ -250,8 +255,15 @@ def _coding_long(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Dra
         n = _cap(min(400, max(3, int(round(_lognormal(rng, 40.0, 0.95))))), k)
         sys_id, sys_tokens = systems[rng.randrange(len(systems))]
         turns = _agent_turns(rng, n, _itok(rng.uniform(200, 2000), k.input_scale), append, output, lead_gap)
-        lead = _session(sid, turns, shared_prefix_id=sys_id, shared_prefix_tokens=sys_tokens,
-                        common={"task_id": sid}, compaction_tokens=compaction_at, summary_tokens=summary)
+        lead = _session(
+            sid,
+            turns,
+            shared_prefix_id=sys_id,
+            shared_prefix_tokens=sys_tokens,
+            common={"task_id": sid},
+            compaction_tokens=compaction_at,
+            summary_tokens=summary,
+        )
         lead.records[0] = attrs.evolve(lead.records[0], timestamp=round(now_ms, 3))
         now_ms += rng.expovariate(rate) * 1000.0
         drafts.append(lead)
@@ -263,10 +275,18 @@ def _coding_long(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Dra
                 cturns = _agent_turns(rng, m, _itok(rng.uniform(200, 800), k.input_scale), append, output, sub_gap)
                 cturns[0]["pre_gap_ms"] = round(rng.uniform(1.0, 50.0), 3)
                 child = _session(
-                    cid, cturns, shared_prefix_id=sub_system[0], shared_prefix_tokens=sub_system[1],
-                    common={"task_id": sid, "agent_id": f"sub{j}", "parent_session_id": sid,
-                            "blocks_parent": rng.random() < 0.6},
-                    compaction_tokens=compaction_at, summary_tokens=summary,
+                    cid,
+                    cturns,
+                    shared_prefix_id=sub_system[0],
+                    shared_prefix_tokens=sub_system[1],
+                    common={
+                        "task_id": sid,
+                        "agent_id": f"sub{j}",
+                        "parent_session_id": sid,
+                        "blocks_parent": rng.random() < 0.6,
+                    },
+                    compaction_tokens=compaction_at,
+                    summary_tokens=summary,
                 )
                 child.records[0] = attrs.evolve(child.records[0], parent_turn=at)
                 for r in range(1, len(child.records)):
@@ -297,15 +317,20 @@ def _bfcl(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Draft], di
                 user_msg["pre_gap_ms"] = round(rng.uniform(1.0, 10.0), 3)
             turns.append(user_msg)
             if rng.random() < 0.5:  # a second step after the tool result
-                turns.append({
-                    "input_delta": _itok(rng.uniform(50, 500), k.input_scale),
-                    "output_length": _itok(rng.uniform(30, 150), k.output_scale),
-                    "pre_gap_ms": round(rng.uniform(1.0, 10.0), 3),
-                    "role": "tool",
-                    "tool_name": rng.choice(classes),
-                })
-        drafts.append(_session(sid, turns, shared_prefix_id=prefix_id, shared_prefix_tokens=prefix_tokens,
-                               common={"task_id": sid}))
+                turns.append(
+                    {
+                        "input_delta": _itok(rng.uniform(50, 500), k.input_scale),
+                        "output_length": _itok(rng.uniform(30, 150), k.output_scale),
+                        "pre_gap_ms": round(rng.uniform(1.0, 10.0), 3),
+                        "role": "tool",
+                        "tool_name": rng.choice(classes),
+                    }
+                )
+        drafts.append(
+            _session(
+                sid, turns, shared_prefix_id=prefix_id, shared_prefix_tokens=prefix_tokens, common={"task_id": sid}
+            )
+        )
     return drafts, {"arrival": "closed_loop", "concurrency": k.concurrency or 32}
 
 
@@ -350,8 +375,13 @@ def _batch(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Draft], d
             median = 600.0 if long_job else 40.0
             out = _itok(min(4096.0, _lognormal(rng, median, 0.4)), k.output_scale)
             turn = {"input_delta": _itok(rng.uniform(100, 1000), k.input_scale), "output_length": out}
-            d = _session(sid, [turn], shared_prefix_id=prefix_id, shared_prefix_tokens=prefix_tokens,
-                         common={"task_id": sid, "job": prefix_id, "priority": 1})
+            d = _session(
+                sid,
+                [turn],
+                shared_prefix_id=prefix_id,
+                shared_prefix_tokens=prefix_tokens,
+                common={"task_id": sid, "job": prefix_id, "priority": 1},
+            )
             d.records[0] = attrs.evolve(d.records[0], timestamp=round(burst_ms + rng.uniform(0, 2000.0), 3))
             drafts.append(d)
         burst_ms += rng.expovariate(rate) * 1000.0
@@ -403,8 +433,12 @@ def synthesize(profile: str, programs: int, seed: int, knobs: Knobs | None = Non
     if "arrival_rate_per_second" in extra:
         params["arrival_rate_per_second"] = extra["arrival_rate_per_second"]
     meta = TraceMeta(
-        profile=profile, seed=seed, programs=programs, arrival=extra["arrival"],
-        concurrency=extra["concurrency"], params=params,
+        profile=profile,
+        seed=seed,
+        programs=programs,
+        arrival=extra["arrival"],
+        concurrency=extra["concurrency"],
+        params=params,
     )
     return Trace(meta=meta, records=tuple(_with_hash_ids(drafts)))
 

@@ -27,16 +27,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", type=non_empty, help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", default=8000, type=port, help="bind port, 0 = any free port (default 8000)")
     parser.add_argument("--dp-size", default=1, type=int_at_least(1), help="data-parallel ranks (default 1)")
-    parser.add_argument("--num-gpu-blocks", default=4096, type=int_at_least(2), help="KV blocks per rank (default 4096)")
+    parser.add_argument(
+        "--num-gpu-blocks", default=4096, type=int_at_least(2), help="KV blocks per rank (default 4096)"
+    )
     parser.add_argument("--block-size", default=16, type=int_at_least(1), help="tokens per KV block (default 16)")
     parser.add_argument("--max-num-seqs", default=256, type=int_at_least(1), help="max running requests per rank")
     parser.add_argument("--max-num-batched-tokens", default=8192, type=int_at_least(1), help="token budget per step")
-    parser.add_argument("--time-scale", default=1.0, type=positive_float,
-                        help="divide every simulated duration by this factor (default 1.0 = real time)")
+    parser.add_argument(
+        "--time-scale",
+        default=1.0,
+        type=positive_float,
+        help="divide every simulated duration by this factor (default 1.0 = real time)",
+    )
     parser.add_argument("--model", default="agentd-sim", type=non_empty, help="served model name")
     parser.add_argument("--scheduling-policy", default="fcfs", choices=("fcfs", "priority"))
-    parser.add_argument("--strict-xargs", action="store_true",
-                        help="reject non-scalar vllm_xargs values with 400, as stock vLLM does")
+    parser.add_argument(
+        "--strict-xargs", action="store_true", help="reject non-scalar vllm_xargs values with 400, as stock vLLM does"
+    )
     parser.add_argument("--seed", default=0, type=int_at_least(0), help="seed of generated text and hashes")
 
 

@@ -52,11 +52,13 @@ class AsgiSink:
 
     async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
         self.started = True
-        await self._send({
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers],
-        })
+        await self._send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+            }
+        )
 
     async def send(self, chunk: bytes) -> None:
         try:
@@ -83,15 +85,17 @@ def _scope_headers(scope: dict[str, Any]) -> dict[str, str]:
 
 async def _read_body(receive: Any, limit: int, declared: str | None) -> bytes | None:
     """The request body, ``None`` when the client disconnected; ApiError 413 over ``limit``."""
-    too_large = ApiError(413, f"request body exceeds the limit of {limit} bytes (server.max_body_bytes)",
-                         code="body_too_large")
+    too_large = ApiError(
+        413, f"request body exceeds the limit of {limit} bytes (server.max_body_bytes)", code="body_too_large"
+    )
     if declared is not None:
         try:
             if int(declared) > limit:
                 raise too_large
         except ValueError:
-            raise ApiError(400, f"invalid content-length header: {declared!r}",
-                           code="invalid_header", param="content-length") from None
+            raise ApiError(
+                400, f"invalid content-length header: {declared!r}", code="invalid_header", param="content-length"
+            ) from None
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -143,12 +147,18 @@ async def serve_proxy_asgi(
     except* ClientGone:
         log_event(logger, logging.INFO, "client_gone", path=scope["path"], request_id=req.request_id)
     except* Exception as group:  # a bug: answer 500 without leaking the traceback, log it
-        logger.error("proxy handler failed", exc_info=group,
-                     extra={"agentd_event": "internal_error",
-                            "agentd_fields": {"path": scope["path"], "request_id": req.request_id}})
+        logger.error(
+            "proxy handler failed",
+            exc_info=group,
+            extra={
+                "agentd_event": "internal_error",
+                "agentd_fields": {"path": scope["path"], "request_id": req.request_id},
+            },
+        )
         if not sink.started:
-            await send_error(sink, ApiError(500, "internal error in agentd (see the daemon log)",
-                                            code="internal_error"))
+            await send_error(
+                sink, ApiError(500, "internal error in agentd (see the daemon log)", code="internal_error")
+            )
 
 
 class AgentdApp(QuartTrio):
@@ -160,12 +170,20 @@ class AgentdApp(QuartTrio):
             if endpoint is not None:
                 if scope["method"] == "POST":
                     await serve_proxy_asgi(
-                        self.handles.engine, self.handles.config.server.max_body_bytes,
-                        endpoint, scope, receive, send,
+                        self.handles.engine,
+                        self.handles.config.server.max_body_bytes,
+                        endpoint,
+                        scope,
+                        receive,
+                        send,
                     )
                     return
-                error = ApiError(405, f"method {scope['method']} is not allowed on {scope['path']}; use POST",
-                                 code="method_not_allowed", headers=(("allow", "POST"),))
+                error = ApiError(
+                    405,
+                    f"method {scope['method']} is not allowed on {scope['path']}; use POST",
+                    code="method_not_allowed",
+                    headers=(("allow", "POST"),),
+                )
                 await send_error(AsgiSink(send), error)
                 return
         await super().asgi_app(scope, receive, send)
@@ -188,23 +206,32 @@ def create_app(handles: DaemonHandles) -> AgentdApp:
     async def models() -> Response:
         healthy = handles.health.healthy_targets()
         if not healthy:
-            raise ApiError(503, f"no healthy targets are available: {handles.health.unhealthy_reason()}",
-                           code="no_healthy_target")
+            raise ApiError(
+                503, f"no healthy targets are available: {handles.health.unhealthy_reason()}", code="no_healthy_target"
+            )
         target = healthy[0]
         try:
             upstream = await handles.client.get(
                 f"{target.worker_url}/v1/models",
                 headers={"authorization": request.headers["authorization"]}
-                if "authorization" in request.headers else None,
+                if "authorization" in request.headers
+                else None,
             )
         except httpx.HTTPError as exc:
-            raise ApiError(502, f"worker {target.target_id} is unreachable: {type(exc).__name__}: {exc}",
-                           code="upstream_unreachable", error_type="upstream_error") from exc
+            raise ApiError(
+                502,
+                f"worker {target.target_id} is unreachable: {type(exc).__name__}: {exc}",
+                code="upstream_unreachable",
+                error_type="upstream_error",
+            ) from exc
         if upstream.status_code >= 500:
-            raise ApiError(502, f"worker {target.target_id} failed with HTTP {upstream.status_code}",
-                           code="upstream_status", error_type="upstream_error")
-        return Response(upstream.content, status=upstream.status_code,
-                        headers=dict(client_headers(upstream.headers)))
+            raise ApiError(
+                502,
+                f"worker {target.target_id} failed with HTTP {upstream.status_code}",
+                code="upstream_status",
+                error_type="upstream_error",
+            )
+        return Response(upstream.content, status=upstream.status_code, headers=dict(client_headers(upstream.headers)))
 
     @app.errorhandler(ApiError)
     async def api_error(error: ApiError) -> Response:
@@ -222,14 +249,21 @@ def create_app(handles: DaemonHandles) -> AgentdApp:
         headers = {}
         if status == 405 and getattr(error, "valid_methods", None):
             headers["allow"] = ", ".join(error.valid_methods)  # type: ignore[attr-defined]
-        body = error_body(message, "invalid_request_error" if status < 500 else "server_error",
-                          None, codes.get(status, f"http_{status}"))
+        body = error_body(
+            message,
+            "invalid_request_error" if status < 500 else "server_error",
+            None,
+            codes.get(status, f"http_{status}"),
+        )
         return _json_response(body, status, headers)
 
     @app.errorhandler(Exception)
     async def internal_error(error: Exception) -> Response:
-        logger.error("unhandled error", exc_info=error,
-                     extra={"agentd_event": "internal_error", "agentd_fields": {"path": request.path}})
+        logger.error(
+            "unhandled error",
+            exc_info=error,
+            extra={"agentd_event": "internal_error", "agentd_fields": {"path": request.path}},
+        )
         body = error_body("internal error in agentd (see the daemon log)", "server_error", None, "internal_error")
         return _json_response(body, 500)
 

@@ -45,16 +45,18 @@ def proxy_section(handles: DaemonHandles) -> dict[str, Any]:
     targets = []
     for target in handles.targets:
         worker = board.worker(target.worker_url)
-        targets.append({
-            "target_id": target.target_id,
-            "base_url": target.worker_url,
-            "dp_rank": target.dp_rank,
-            "healthy": worker.healthy,
-            "health_reason": worker.reason,
-            "health_checked_at": worker.checked_at,
-            "consecutive_health_failures": worker.consecutive_failures_count,
-            "native_in_flight_requests": native.in_flight(target),
-        })
+        targets.append(
+            {
+                "target_id": target.target_id,
+                "base_url": target.worker_url,
+                "dp_rank": target.dp_rank,
+                "healthy": worker.healthy,
+                "health_reason": worker.reason,
+                "health_checked_at": worker.checked_at,
+                "consecutive_health_failures": worker.consecutive_failures_count,
+                "native_in_flight_requests": native.in_flight(target),
+            }
+        )
     return {
         "policy": handles.config.routing.policy,
         "embedded": handles.config.embedded_mode,
@@ -85,7 +87,8 @@ def diagnostics_blueprint(handles: DaemonHandles) -> Blueprint:
 
     @bp.get("/scheduling/diagnostics")
     async def diagnostics() -> Response:
-        return Response(json.dumps(diagnostics_payload(handles), default=str),
-                        status=200, content_type="application/json")
+        return Response(
+            json.dumps(diagnostics_payload(handles), default=str), status=200, content_type="application/json"
+        )
 
     return bp

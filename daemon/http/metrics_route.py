@@ -44,19 +44,26 @@ def metrics_asgi_app(registry: CollectorRegistry) -> Asgi:
             return
         if scope["path"] != "/metrics":
             status, content_type = 404, "application/json"
-            body = error_body(f"unknown route {scope['method']} {scope['path']}", "invalid_request_error",
-                              None, "not_found")
+            body = error_body(
+                f"unknown route {scope['method']} {scope['path']}", "invalid_request_error", None, "not_found"
+            )
         elif scope["method"] not in ("GET", "HEAD"):
             status, content_type = 405, "application/json"
-            body = error_body(f"method {scope['method']} is not allowed on /metrics", "invalid_request_error",
-                              None, "method_not_allowed")
+            body = error_body(
+                f"method {scope['method']} is not allowed on /metrics",
+                "invalid_request_error",
+                None,
+                "method_not_allowed",
+            )
         else:
             status, content_type, body = 200, CONTENT_TYPE_LATEST, generate_latest(registry)
-        await send({
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())],
-        })
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body if scope["method"] != "HEAD" else b""})
 
     return app

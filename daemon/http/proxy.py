@@ -135,9 +135,7 @@ class ProxyEngine:
         self.identity_parser = identity_parser
         self._ids = itertools.count(1)
 
-    def build_request(
-        self, endpoint: str, raw: bytes, headers: Mapping[str, str]
-    ) -> ProxyRequest:
+    def build_request(self, endpoint: str, raw: bytes, headers: Mapping[str, str]) -> ProxyRequest:
         body = parse_json_body(raw)
         validate_body(endpoint, body)
         identity = None
@@ -156,9 +154,7 @@ class ProxyEngine:
             identity=identity,
         )
 
-    async def handle(
-        self, req: ProxyRequest, sink: ResponseSink, *, raw_body: bytes | None = None
-    ) -> None:
+    async def handle(self, req: ProxyRequest, sink: ResponseSink, *, raw_body: bytes | None = None) -> None:
         """Serve one request end to end; every expected failure becomes an error response."""
         dispatcher = self.program if (self.program is not None and req.identity is not None) else self.native
         try:
@@ -170,10 +166,19 @@ class ProxyEngine:
             headers: tuple[tuple[str, str], ...] = ()
             if rejected.retry_after_seconds is not None:
                 headers = (("retry-after", str(max(1, round(rejected.retry_after_seconds)))),)
-            log_event(logger, logging.INFO, "proxy_rejected", request_id=req.request_id,
-                      status=rejected.status, code=rejected.code, reason=rejected.message)
-            await send_error(sink, ApiError(rejected.status, rejected.message, code=rejected.code,
-                                            param=rejected.param, headers=headers))
+            log_event(
+                logger,
+                logging.INFO,
+                "proxy_rejected",
+                request_id=req.request_id,
+                status=rejected.status,
+                code=rejected.code,
+                reason=rejected.message,
+            )
+            await send_error(
+                sink,
+                ApiError(rejected.status, rejected.message, code=rejected.code, param=rejected.param, headers=headers),
+            )
 
     def _outgoing_body(self, req: ProxyRequest, lease: Lease, raw_body: bytes | None) -> tuple[bytes, bool]:
         body = req.body
@@ -196,9 +201,7 @@ class ProxyEngine:
             return json.dumps(body).encode(), inject
         return raw_body, inject
 
-    async def _forward(
-        self, req: ProxyRequest, lease: Lease, sink: ResponseSink, raw_body: bytes | None
-    ) -> None:
+    async def _forward(self, req: ProxyRequest, lease: Lease, sink: ResponseSink, raw_body: bytes | None) -> None:
         target = lease.target
         tm = self.metrics.for_target(target.target_id)
         content, inject = self._outgoing_body(req, lease, raw_body)
@@ -207,9 +210,12 @@ class ProxyEngine:
         tm.in_flight.inc()
         try:
             try:
-                response = await self._send(target.worker_url, PATHS[req.endpoint],
-                                            upstream_headers(req.headers, target.dp_rank, req.request_id),
-                                            content)
+                response = await self._send(
+                    target.worker_url,
+                    PATHS[req.endpoint],
+                    upstream_headers(req.headers, target.dp_rank, req.request_id),
+                    content,
+                )
             except httpx.HTTPError as exc:
                 error = map_httpx_error(target.target_id, exc)
                 outcome_label = f"upstream_{error.kind}"
@@ -225,13 +231,18 @@ class ProxyEngine:
             tm.duration.observe(trio.current_time() - started)
             self.metrics.count_request(req.endpoint, target.target_id, outcome_label)
             if logger.isEnabledFor(logging.DEBUG):
-                log_event(logger, logging.DEBUG, "proxy_request", request_id=req.request_id,
-                          endpoint=req.endpoint, target=target.target_id, outcome=outcome_label,
-                          duration_seconds=round(trio.current_time() - started, 6))
+                log_event(
+                    logger,
+                    logging.DEBUG,
+                    "proxy_request",
+                    request_id=req.request_id,
+                    endpoint=req.endpoint,
+                    target=target.target_id,
+                    outcome=outcome_label,
+                    duration_seconds=round(trio.current_time() - started, 6),
+                )
 
-    async def _send(
-        self, worker_url: str, path: str, headers: list[tuple[str, str]], content: bytes
-    ) -> httpx.Response:
+    async def _send(self, worker_url: str, path: str, headers: list[tuple[str, str]], content: bytes) -> httpx.Response:
         """POST to the worker with a streamed response.
 
         With a ``transport`` the request goes straight to it: the proxy needs none of the
@@ -244,19 +255,20 @@ class ProxyEngine:
         url = self._urls.get((worker_url, path))
         if url is None:
             url = self._urls[(worker_url, path)] = httpx.URL(worker_url + path)
-        request = httpx.Request("POST", url, headers=headers, content=content,
-                                extensions={"timeout": self._timeout})
+        request = httpx.Request("POST", url, headers=headers, content=content, extensions={"timeout": self._timeout})
         response = await self.transport.handle_async_request(request)
         response.request = request
         return response
 
     async def _fail(self, lease: Lease, sink: ResponseSink, error: UpstreamError) -> None:
         self.metrics.upstream_errors.labels(error.target_id, error.kind).inc()
-        log_event(logger, logging.WARNING, "upstream_error", target=error.target_id,
-                  kind=error.kind, detail=error.detail)
+        log_event(
+            logger, logging.WARNING, "upstream_error", target=error.target_id, kind=error.kind, detail=error.detail
+        )
         lease.finish(Outcome(False, None, f"upstream_{error.kind}", None, None))
-        await send_error(sink, ApiError(error.status, str(error), code=f"upstream_{error.kind}",
-                                        error_type="upstream_error"))
+        await send_error(
+            sink, ApiError(error.status, str(error), code=f"upstream_{error.kind}", error_type="upstream_error")
+        )
 
     async def _relay(
         self,
@@ -272,13 +284,25 @@ class ProxyEngine:
         if status >= 500:
             snippet = await _read_snippet(response)
             self.metrics.upstream_errors.labels(target_id, "status").inc()
-            log_event(logger, logging.WARNING, "upstream_error", target=target_id, kind="status",
-                      status=status, detail=snippet)
+            log_event(
+                logger,
+                logging.WARNING,
+                "upstream_error",
+                target=target_id,
+                kind="status",
+                status=status,
+                detail=snippet,
+            )
             lease.finish(Outcome(False, None, "upstream_status", None, None))
-            await send_error(sink, ApiError(
-                503 if status == 503 else 502,
-                f"worker {target_id} failed with HTTP {status}: {snippet}",
-                code="upstream_status", error_type="upstream_error"))
+            await send_error(
+                sink,
+                ApiError(
+                    503 if status == 503 else 502,
+                    f"worker {target_id} failed with HTTP {status}: {snippet}",
+                    code="upstream_status",
+                    error_type="upstream_error",
+                ),
+            )
             return "upstream_status"
         headers = client_headers(response.headers)
         is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
@@ -341,26 +365,25 @@ class ProxyEngine:
         except httpx.HTTPError as exc:
             error = map_httpx_error(lease.target.target_id, exc)
             return await self._fail_or_abort(lease, sink, error, True)
-        lease.finish(Outcome(
-            True,
-            accumulator.finish(),
-            None,
-            None if first is None else first - started,
-            None if first is None or last is None else last - first,
-        ))
+        lease.finish(
+            Outcome(
+                True,
+                accumulator.finish(),
+                None,
+                None if first is None else first - started,
+                None if first is None or last is None else last - first,
+            )
+        )
         await sink.end()
         return "success"
 
-    async def _fail_or_abort(
-        self, lease: Lease, sink: ResponseSink, error: UpstreamError, stream_started: bool
-    ) -> str:
+    async def _fail_or_abort(self, lease: Lease, sink: ResponseSink, error: UpstreamError, stream_started: bool) -> str:
         """A worker failure after the upstream headers arrived."""
         if not stream_started:
             await self._fail(lease, sink, error)
             return f"upstream_{error.kind}"
         self.metrics.upstream_errors.labels(error.target_id, "stream").inc()
-        log_event(logger, logging.WARNING, "upstream_error", target=error.target_id,
-                  kind="stream", detail=error.detail)
+        log_event(logger, logging.WARNING, "upstream_error", target=error.target_id, kind="stream", detail=error.detail)
         lease.finish(Outcome(False, None, "upstream_stream", None, None))
         payload = json.loads(error_body(str(error), "upstream_error", None, "upstream_stream"))
         await sink.end(b"data: " + json.dumps(payload).encode() + b"\n\n")

@@ -113,8 +113,7 @@ def _validate_prompt(body: Mapping[str, Any]) -> None:
     if isinstance(prompt, str):
         return
     if isinstance(prompt, list) and all(
-        isinstance(p, str) or _is_int(p) or (isinstance(p, list) and all(_is_int(t) for t in p))
-        for p in prompt
+        isinstance(p, str) or _is_int(p) or (isinstance(p, list) and all(_is_int(t) for t in p)) for p in prompt
     ):
         return
     raise bad_field("prompt", "must be a string, a list of strings or a list of token ids", prompt)
@@ -167,8 +166,7 @@ def chat_texts(body: Mapping[str, Any]) -> tuple[str, str]:
         function_call = message.get("function_call")
         if isinstance(function_call, dict):
             lines.append(
-                f"assistant_function_call:{function_call.get('name', '')}:"
-                f"{function_call.get('arguments', '')}"
+                f"assistant_function_call:{function_call.get('name', '')}:{function_call.get('arguments', '')}"
             )
     tools = [t for t in body.get("tools") or () if isinstance(t, dict)]
     schemas = []

@@ -54,7 +54,5 @@ async def serve_http(
     config = hypercorn_config(host, port, grace_seconds)
 
     async with trio.open_nursery() as nursery:
-        binds: list[str] = await nursery.start(
-            partial(serve, app, config, shutdown_trigger=shutdown_trigger)
-        )
+        binds: list[str] = await nursery.start(partial(serve, app, config, shutdown_trigger=shutdown_trigger))
         task_status.started(binds[0])

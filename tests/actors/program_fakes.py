@@ -84,8 +84,15 @@ def program_request(program_id: str, *, tokens: int = 100, endpoint: str = "chat
     identity = parse_identity(body, {})
     assert identity is not None
     return ProxyRequest(
-        request_id=f"agentd-{_counter}", endpoint=endpoint, body=body, headers={}, model="m", stream=False,
-        estimated_prompt_tokens=tokens, routing_text="x", identity=identity,
+        request_id=f"agentd-{_counter}",
+        endpoint=endpoint,
+        body=body,
+        headers={},
+        model="m",
+        stream=False,
+        estimated_prompt_tokens=tokens,
+        routing_text="x",
+        identity=identity,
     )
 
 

@@ -23,8 +23,13 @@ async def test_mailbox_statistics_report_buffer_use() -> None:
     box.send.send_nowait(2)
     stats = box.statistics()
     assert stats == {
-        "name": "inbox", "current_buffer_used": 2, "max_buffer_size": 4, "open_send_channels": 1,
-        "open_receive_channels": 1, "tasks_waiting_send": 0, "tasks_waiting_receive": 0,
+        "name": "inbox",
+        "current_buffer_used": 2,
+        "max_buffer_size": 4,
+        "open_send_channels": 1,
+        "open_receive_channels": 1,
+        "tasks_waiting_send": 0,
+        "tasks_waiting_receive": 0,
     }
     assert channel_statistics("inbox", box.recv)["current_buffer_used"] == 2
 

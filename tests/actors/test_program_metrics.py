@@ -58,21 +58,54 @@ def test_program_metrics_histogram_buckets_match_reference() -> None:
     m.admission_backend_waiting_requests.labels(target="http://w:8000@0").observe(3)
     m.cache_miss_impact_seconds.labels(target="http://w:8000@0").observe(0.3)
     assert _buckets(registry, "vllm_router_agent_aware_armed_ttl_seconds", {"source": "fitted"}) == [
-        "0.0", "0.01", "0.05", "0.1", "0.25", "0.5", "1.0", "2.0", "5.0", "10.0", "20.0", "30.0", "60.0",
-        "120.0", "300.0", "600.0", "+Inf",
+        "0.0",
+        "0.01",
+        "0.05",
+        "0.1",
+        "0.25",
+        "0.5",
+        "1.0",
+        "2.0",
+        "5.0",
+        "10.0",
+        "20.0",
+        "30.0",
+        "60.0",
+        "120.0",
+        "300.0",
+        "600.0",
+        "+Inf",
     ]
     assert _buckets(registry, "vllm_router_agent_aware_admission_used_tokens", {})[-3:] == [
-        "524288.0", "1.048576e+06", "+Inf",
+        "524288.0",
+        "1.048576e+06",
+        "+Inf",
     ]
     assert _buckets(registry, "vllm_router_agent_aware_admission_backend_waiting_requests", {}) == [
-        "0.0", "1.0", "2.0", "4.0", "8.0", "16.0", "32.0", "64.0", "128.0", "256.0", "+Inf",
+        "0.0",
+        "1.0",
+        "2.0",
+        "4.0",
+        "8.0",
+        "16.0",
+        "32.0",
+        "64.0",
+        "128.0",
+        "256.0",
+        "+Inf",
     ]
-    assert registry.get_sample_value(
-        "vllm_router_agent_aware_cache_miss_impact_seconds_bucket", {"target": "http://w:8000@0", "le": "0.25"}
-    ) == 0.0
-    assert registry.get_sample_value(
-        "vllm_router_agent_aware_cache_miss_impact_seconds_bucket", {"target": "http://w:8000@0", "le": "0.5"}
-    ) == 1.0
+    assert (
+        registry.get_sample_value(
+            "vllm_router_agent_aware_cache_miss_impact_seconds_bucket", {"target": "http://w:8000@0", "le": "0.25"}
+        )
+        == 0.0
+    )
+    assert (
+        registry.get_sample_value(
+            "vllm_router_agent_aware_cache_miss_impact_seconds_bucket", {"target": "http://w:8000@0", "le": "0.5"}
+        )
+        == 1.0
+    )
 
 
 def test_program_metrics_gauges_follow_published_snapshot() -> None:
@@ -94,6 +127,9 @@ def test_program_metrics_gauges_follow_published_snapshot() -> None:
     assert get("vllm_router_agent_aware_rolling_samples", {"target": "t@0", "window": "continuity"}) == 7
     assert get("vllm_router_agent_aware_capacity_observation_fresh", {"target": "t@0"}) == 1
     assert get("vllm_router_agent_aware_capacity_observation_fresh", {"target": "t@1"}) == 0
-    assert get("vllm_router_agent_aware_token_estimate_coefficient", {"model_pool": "default", "endpoint": "chat"}) == 0.275
+    assert (
+        get("vllm_router_agent_aware_token_estimate_coefficient", {"model_pool": "default", "endpoint": "chat"})
+        == 0.275
+    )
     text = generate_latest(registry).decode()
     assert 'vllm_router_agent_aware_fitted_ttl_seconds{target="t@0"} 0.5' in text

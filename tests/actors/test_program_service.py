@@ -23,10 +23,20 @@ def test_token_estimator_momentum_feedback_matches_reference_vector() -> None:
     assert est.estimate("default", program_request("p", tokens=200)) in (220, 221)  # 800 bytes
     est.feedback("default", first, None)
     get = registry.get_sample_value
-    assert get("vllm_router_agent_aware_token_estimate_feedback_total",
-               {"model_pool": "default", "endpoint": "chat", "outcome": "observed"}) == 1.0
-    assert get("vllm_router_agent_aware_token_estimate_feedback_total",
-               {"model_pool": "default", "endpoint": "chat", "outcome": "missing"}) == 1.0
+    assert (
+        get(
+            "vllm_router_agent_aware_token_estimate_feedback_total",
+            {"model_pool": "default", "endpoint": "chat", "outcome": "observed"},
+        )
+        == 1.0
+    )
+    assert (
+        get(
+            "vllm_router_agent_aware_token_estimate_feedback_total",
+            {"model_pool": "default", "endpoint": "chat", "outcome": "missing"},
+        )
+        == 1.0
+    )
 
 
 async def test_lease_finish_exactly_once(autojump_clock: trio.testing.MockClock) -> None:

@@ -56,9 +56,12 @@ async def test_rank_actor_scrapes_once_per_worker_and_ticks_on_grid(autojump_clo
             await trio.sleep(2.5)
             nursery.cancel_scope.cancel()
     assert sorted((t - t0, u) for t, u in scrapes) == [
-        (0.0, f"{W0}/metrics"), (0.0, f"{W1}/metrics"),
-        (1.0, f"{W0}/metrics"), (1.0, f"{W1}/metrics"),
-        (2.0, f"{W0}/metrics"), (2.0, f"{W1}/metrics"),
+        (0.0, f"{W0}/metrics"),
+        (0.0, f"{W1}/metrics"),
+        (1.0, f"{W0}/metrics"),
+        (1.0, f"{W1}/metrics"),
+        (2.0, f"{W0}/metrics"),
+        (2.0, f"{W1}/metrics"),
     ]
     first_round = [m for t, m in got if t == t0]
     assert isinstance(first_round[0], ObservationStarted)

@@ -44,12 +44,19 @@ async def test_first_program_request_is_admitted_and_polling_starts_lazily(
         # warm-up: TTL 0 -> paused right after the completion (reason ttl_expired)
         assert (progs[0]["state"], progs[0]["status"], progs[0]["pause_reason"]) == ("paused", "acting", "ttl_expired")
         assert all(r["router_estimated_used_tokens"] == 0 for r in diag["ranks"])
-        assert registry.get_sample_value(
-            "vllm_router_agent_aware_transitions_total", {"target": lease.target.target_id, "reason": "program_admit"}
-        ) == 1.0
-        assert registry.get_sample_value(
-            "vllm_router_agent_aware_transitions_total", {"target": lease.target.target_id, "reason": "ttl_expired"}
-        ) == 1.0
+        assert (
+            registry.get_sample_value(
+                "vllm_router_agent_aware_transitions_total",
+                {"target": lease.target.target_id, "reason": "program_admit"},
+            )
+            == 1.0
+        )
+        assert (
+            registry.get_sample_value(
+                "vllm_router_agent_aware_transitions_total", {"target": lease.target.target_id, "reason": "ttl_expired"}
+            )
+            == 1.0
+        )
 
 
 SINGLE = ("http://w0:8000",)
@@ -75,9 +82,12 @@ async def test_acting_ttl_expires_exactly_at_armed_deadline(autojump_clock: trio
         assert [(t - t0, f["reason"]) for t, f in pauses] == [(4.75, "ttl_expired")]
         armed = event_log.named("ttl_armed")
         assert [(t - t0, f["request_ttl_seconds"], f["source"]) for t, f in armed] == [(0.25, 4.5, "request_hint")]
-        assert registry.get_sample_value(
-            "vllm_router_agent_aware_armed_ttl_seconds_count", {"target": T0, "source": "request_hint"}
-        ) == 1.0
+        assert (
+            registry.get_sample_value(
+                "vllm_router_agent_aware_armed_ttl_seconds_count", {"target": T0, "source": "request_hint"}
+            )
+            == 1.0
+        )
 
 
 async def test_paused_retention_releases_after_1800_seconds(autojump_clock: trio.testing.MockClock, event_log) -> None:
@@ -93,12 +103,18 @@ async def test_paused_retention_releases_after_1800_seconds(autojump_clock: trio
         await trio.sleep_until(t0 + 1800.5)
         await trio.testing.wait_all_tasks_blocked()
         assert _program(dispatcher.diagnostics()) == []
-        releases = [(t - t0, f["reason"]) for t, f in event_log.named("program_transition")
-                    if f["reason"] == "paused_retention_release"]
+        releases = [
+            (t - t0, f["reason"])
+            for t, f in event_log.named("program_transition")
+            if f["reason"] == "paused_retention_release"
+        ]
         assert releases == [(1800.5, "paused_retention_release")]
-        assert registry.get_sample_value(
-            "vllm_router_agent_aware_transitions_total", {"target": T0, "reason": "paused_retention_release"}
-        ) == 1.0
+        assert (
+            registry.get_sample_value(
+                "vllm_router_agent_aware_transitions_total", {"target": T0, "reason": "paused_retention_release"}
+            )
+            == 1.0
+        )
         assert dispatcher.diagnostics()["channels"][1]["live_program_actors"] == 0
 
 
@@ -140,9 +156,12 @@ async def test_force_resume_at_its_deadline_and_disconnect_while_queued_frees_ev
             release_a.set()
         admits = [(t - t0, f["forced"]) for t, f in event_log.named("program_admit")]
         assert admits == [(0.0, False), (300.25, True)]
-        assert registry.get_sample_value(
-            "vllm_router_agent_aware_transitions_total", {"target": T0, "reason": "force_resume"}
-        ) == 1.0
+        assert (
+            registry.get_sample_value(
+                "vllm_router_agent_aware_transitions_total", {"target": T0, "reason": "force_resume"}
+            )
+            == 1.0
+        )
         await trio.testing.wait_all_tasks_blocked()
         diag = dispatcher.diagnostics()
         rank = diag["ranks"][0]
@@ -179,12 +198,21 @@ async def test_stale_observation_falls_back_once_then_recovers_once(
         workers.failing.clear()
         await trio.sleep_until(t0 + 20.0)
         await trio.testing.wait_all_tasks_blocked()
-        fallback = [(t - t0, f["previous_capacity_accounting_source"], f["capacity_accounting_source"],
-                     f["observation_age_seconds"], f["freshness_threshold_seconds"])
-                    for t, f in event_log.named("capacity_observation_fallback")]
+        fallback = [
+            (
+                t - t0,
+                f["previous_capacity_accounting_source"],
+                f["capacity_accounting_source"],
+                f["observation_age_seconds"],
+                f["freshness_threshold_seconds"],
+            )
+            for t, f in event_log.named("capacity_observation_fallback")
+        ]
         assert fallback == [(7.0, "backend_observation", "router_ledger_stale_observation", 4.0, 3.0)]
-        recovered = [(t - t0, f["previous_capacity_accounting_source"], f["capacity_accounting_source"])
-                     for t, f in event_log.named("capacity_observation_recovered")]
+        recovered = [
+            (t - t0, f["previous_capacity_accounting_source"], f["capacity_accounting_source"])
+            for t, f in event_log.named("capacity_observation_recovered")
+        ]
         assert recovered == [(11.0, "router_ledger_stale_observation", "backend_observation")]
         failures = [t - t0 for t, _ in event_log.named("backend_observation_failed")]
         assert failures == [4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]
@@ -200,8 +228,10 @@ async def test_without_token_capacity_exactly_one_fallback_per_target(
         async with dispatcher.lease(program_request("p1")) as lease:
             lease.finish(ok())
         await trio.sleep(29.5)  # between two ticks: the 30th scrape round (t0+29) is the last one seen
-        fallback = sorted((t - t0, f["target"], f["capacity_accounting_source"])
-                          for t, f in event_log.named("capacity_observation_fallback"))
+        fallback = sorted(
+            (t - t0, f["target"], f["capacity_accounting_source"])
+            for t, f in event_log.named("capacity_observation_fallback")
+        )
         assert fallback == [
             (0.0, f"http://w{w}:8000@{r}", "router_ledger_missing_token_estimate") for w in (0, 1) for r in (0, 1)
         ]
@@ -256,8 +286,15 @@ async def test_log_events_of_the_seed_document(autojump_clock: trio.testing.Mock
             lease.finish(ok(prompt=1100, cached=0))  # the KV kept for p1 was not hit: a discontinuity
         await trio.sleep(0.5)
     names = {e for _, e, _ in event_log.events}
-    assert {"program_admit", "request_dispatch", "ttl_armed", "cache_observation", "continuity_sample",
-            "capacity_observation", "unexpected_cache_discontinuity"} <= names
+    assert {
+        "program_admit",
+        "request_dispatch",
+        "ttl_armed",
+        "cache_observation",
+        "continuity_sample",
+        "capacity_observation",
+        "unexpected_cache_discontinuity",
+    } <= names
     (disc,) = [f for _, f in event_log.named("unexpected_cache_discontinuity")]
     assert (disc["prompt_tokens"], disc["cached_prompt_tokens"], disc["previous_context_tokens"]) == (1100, 0, 1000)
     assert disc["placement_start_request"] is False
@@ -267,8 +304,7 @@ async def test_log_events_of_the_seed_document(autojump_clock: trio.testing.Mock
     assert [(o["prompt_tokens"], o["uncached_prompt_tokens"]) for o in observations] == [(1000, 1000), (1100, 1100)]
     assert all(len(o["program"]) == 16 for o in observations)  # redacted ids only, never the raw id
     assert all("p1" not in str(f) for _, _, f in event_log.events)
-    assert registry.get_sample_value(
-        "vllm_router_agent_aware_request_interval_seconds_count", {"target": T0}) == 1.0
+    assert registry.get_sample_value("vllm_router_agent_aware_request_interval_seconds_count", {"target": T0}) == 1.0
 
 
 async def test_unhealthy_worker_leaves_program_scheduling_and_programs_fail_over(
@@ -284,7 +320,8 @@ async def test_unhealthy_worker_leaves_program_scheduling_and_programs_fail_over
         await trio.sleep(1.5)  # the next tick re-syncs the targets
         diag = dispatcher.diagnostics()
         assert [r["target_id"] for r in diag["ranks"]] != [] and home.target_id not in [
-            r["target_id"] for r in diag["ranks"]]
+            r["target_id"] for r in diag["ranks"]
+        ]
         async with dispatcher.lease(program_request("p")) as lease:
             assert lease.target.target_id != home.target_id
             lease.finish(ok())
@@ -316,5 +353,9 @@ async def test_capacity_repair_runs_on_the_tick_after_pressure_is_observed(
         await trio.sleep_until(t0 + 10)
         pauses = [(t - t0, f["reason"]) for t, f in event_log.named("program_pause")]
         assert pauses == [(3.0, "capacity_repair")]  # the scrape and tick at t0+3
-        assert registry.get_sample_value(
-            "vllm_router_agent_aware_transitions_total", {"target": T0, "reason": "capacity_repair"}) == 1.0
+        assert (
+            registry.get_sample_value(
+                "vllm_router_agent_aware_transitions_total", {"target": T0, "reason": "capacity_repair"}
+            )
+            == 1.0
+        )

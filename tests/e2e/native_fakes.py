@@ -96,7 +96,9 @@ class FakeWorker:
         if path == "/metrics":  # minimal vLLM scrape for Program scheduling's rank observers
             text = "".join(
                 f'vllm:num_requests_running{{engine="{r}"}} 0\nvllm:num_requests_waiting{{engine="{r}"}} 0\n'
-                f'vllm:kv_cache_usage_perc{{engine="{r}"}} 0.0\n' for r in range(2))
+                f'vllm:kv_cache_usage_perc{{engine="{r}"}} 0.0\n'
+                for r in range(2)
+            )
             return httpx.Response(200, text=text)
         raw = await request.aread()
         body = json.loads(raw) if raw else None
@@ -125,15 +127,29 @@ class FakeWorker:
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=FakeStream(self, chunks))
 
     def _chat(self, body: dict[str, Any]) -> httpx.Response:
-        usage = {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14,
-                 "prompt_tokens_details": {"cached_tokens": 4}}
+        usage = {
+            "prompt_tokens": 11,
+            "completion_tokens": 3,
+            "total_tokens": 14,
+            "prompt_tokens_details": {"cached_tokens": 4},
+        }
         if not body.get("stream"):
-            return httpx.Response(200, json={
-                "id": "chatcmpl-1", "object": "chat.completion", "model": MODEL,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello world"},
-                             "finish_reason": "stop"}],
-                "usage": usage,
-            })
+            return httpx.Response(
+                200,
+                json={
+                    "id": "chatcmpl-1",
+                    "object": "chat.completion",
+                    "model": MODEL,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "Hello world"},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": usage,
+                },
+            )
         chunks = [
             sse({"id": "c1", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}),
             sse({"id": "c1", "choices": [{"index": 0, "delta": {"content": "Hello"}}]}),
@@ -147,28 +163,48 @@ class FakeWorker:
     def _completions(self, body: dict[str, Any]) -> httpx.Response:
         usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
         if not body.get("stream"):
-            return httpx.Response(200, json={"id": "cmpl-1", "object": "text_completion", "model": MODEL,
-                                             "choices": [{"index": 0, "text": "ok!", "finish_reason": "stop"}],
-                                             "usage": usage})
-        chunks = [sse({"id": "cmpl-1", "choices": [{"index": 0, "text": "ok"}]}),
-                  sse({"id": "cmpl-1", "choices": [{"index": 0, "text": "!", "finish_reason": "stop"}]})]
+            return httpx.Response(
+                200,
+                json={
+                    "id": "cmpl-1",
+                    "object": "text_completion",
+                    "model": MODEL,
+                    "choices": [{"index": 0, "text": "ok!", "finish_reason": "stop"}],
+                    "usage": usage,
+                },
+            )
+        chunks = [
+            sse({"id": "cmpl-1", "choices": [{"index": 0, "text": "ok"}]}),
+            sse({"id": "cmpl-1", "choices": [{"index": 0, "text": "!", "finish_reason": "stop"}]}),
+        ]
         if self._include_usage(body):
             chunks.append(sse({"id": "cmpl-1", "choices": [], "usage": usage}))
         chunks.append(b"data: [DONE]\n\n")
         return self._stream(chunks)
 
     def _responses(self, body: dict[str, Any]) -> httpx.Response:
-        usage = {"input_tokens": 9, "output_tokens": 2, "total_tokens": 11,
-                 "input_tokens_details": {"cached_tokens": 1}}
-        response = {"id": "resp-1", "object": "response", "status": "completed", "usage": usage,
-                    "output": [{"type": "message", "content": [{"type": "output_text", "text": "hi"}]}]}
+        usage = {
+            "input_tokens": 9,
+            "output_tokens": 2,
+            "total_tokens": 11,
+            "input_tokens_details": {"cached_tokens": 1},
+        }
+        response = {
+            "id": "resp-1",
+            "object": "response",
+            "status": "completed",
+            "usage": usage,
+            "output": [{"type": "message", "content": [{"type": "output_text", "text": "hi"}]}],
+        }
         if not body.get("stream"):
             return httpx.Response(200, json=response)
-        return self._stream([
-            b"event: response.created\n" + sse({"type": "response.created", "response": {"id": "resp-1"}}),
-            b"event: response.output_text.delta\n" + sse({"type": "response.output_text.delta", "delta": "hi"}),
-            b"event: response.completed\n" + sse({"type": "response.completed", "response": response}),
-        ])
+        return self._stream(
+            [
+                b"event: response.created\n" + sse({"type": "response.created", "response": {"id": "resp-1"}}),
+                b"event: response.output_text.delta\n" + sse({"type": "response.output_text.delta", "delta": "hi"}),
+                b"event: response.completed\n" + sse({"type": "response.completed", "response": response}),
+            ]
+        )
 
 
 def make_config(
@@ -181,10 +217,15 @@ def make_config(
     health_interval_seconds: float = 5.0,
 ) -> AgentdConfig:
     return AgentdConfig(
-        server=ServerConfig(host="127.0.0.1", port=0, max_body_bytes=max_body_bytes,
-                            shutdown_grace_seconds=grace_seconds),
-        routing=RoutingConfig(worker_urls=worker_urls, intra_node_data_parallel_size=dp, policy=policy,
-                              health_check_interval_seconds=health_interval_seconds),
+        server=ServerConfig(
+            host="127.0.0.1", port=0, max_body_bytes=max_body_bytes, shutdown_grace_seconds=grace_seconds
+        ),
+        routing=RoutingConfig(
+            worker_urls=worker_urls,
+            intra_node_data_parallel_size=dp,
+            policy=policy,
+            health_check_interval_seconds=health_interval_seconds,
+        ),
     )
 
 

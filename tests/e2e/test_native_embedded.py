@@ -38,8 +38,9 @@ async def test_native_embedded_serves_streamed_completions_over_http() -> None:
         assert whole.json()["usage"]["completion_tokens"] == 5
         events = [e for e in streamed.content.split(b"\n\n") if e]
         assert events[-1] == b"data: [DONE]"
-        deltas = [json.loads(e[6:])["choices"][0]["delta"].get("content") for e in events[:-1]
-                  if json.loads(e[6:])["choices"]]
+        deltas = [
+            json.loads(e[6:])["choices"][0]["delta"].get("content") for e in events[:-1] if json.loads(e[6:])["choices"]
+        ]
         assert sum(1 for d in deltas if d) == 5  # one event per generated token
         assert health.status_code == 200 and health.json()["embedded"] is True
         assert models.json()["data"][0]["id"] == "sim-model"
@@ -49,12 +50,13 @@ async def test_native_embedded_serves_streamed_completions_over_http() -> None:
 async def test_native_embedded_without_http_in_virtual_time(autojump_clock: trio.testing.MockClock) -> None:
     cfg = attrs.evolve(embedded_config(), embedded=EmbeddedConfig(dp_size=2, num_gpu_blocks=256, time_scale=1.0))
     async with trio.open_nursery() as nursery:
-        handles = await nursery.start(partial(
-            run_daemon, cfg, serve_http=False,
-            sim_configure=lambda c: attrs.evolve(c, deterministic=True)))
+        handles = await nursery.start(
+            partial(run_daemon, cfg, serve_http=False, sim_configure=lambda c: attrs.evolve(c, deterministic=True))
+        )
         assert handles.http_url is None
-        raw = json.dumps({"model": "agentd-sim", "prompt": "once upon a time", "max_tokens": 4,
-                          "stream": True}).encode()
+        raw = json.dumps(
+            {"model": "agentd-sim", "prompt": "once upon a time", "max_tokens": 4, "stream": True}
+        ).encode()
         sinks: list[CollectingSink] = []
         for _ in range(2):
             sink = CollectingSink()

@@ -65,8 +65,9 @@ async def test_native_missing_and_malformed_bodies(fake_worker: FakeWorker) -> N
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker)
         async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
-            malformed = await client.post("/v1/chat/completions", content=b"{not json",
-                                          headers={"content-type": "application/json"})
+            malformed = await client.post(
+                "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+            )
             array = await client.post("/v1/chat/completions", json=[1, 2])
             missing = await client.post("/v1/chat/completions", json={"model": "m"})
             binary = await client.post("/v1/completions", content=b"\xff\xfe")
@@ -118,7 +119,8 @@ async def test_native_worker_unreachable_is_502_naming_target(fake_worker: FakeW
         assert "http://w0:8000@0" in message
         assert response.json()["error"]["type"] == "upstream_error"
         errors = handles.registry.get_sample_value(
-            "agentd_proxy_upstream_errors_total", {"target": "http://w0:8000@0", "kind": "unreachable"})
+            "agentd_proxy_upstream_errors_total", {"target": "http://w0:8000@0", "kind": "unreachable"}
+        )
         assert errors == 1.0
         handles.request_shutdown()
 

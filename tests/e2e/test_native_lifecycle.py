@@ -46,7 +46,8 @@ async def test_native_client_disconnect_cancels_upstream_and_abandons_lease(fake
         def outcome() -> float | None:
             return handles.registry.get_sample_value(
                 "agentd_proxy_requests_total",
-                {"endpoint": "chat", "target": "http://w0:8000@0", "outcome": "client_disconnect"})
+                {"endpoint": "chat", "target": "http://w0:8000@0", "outcome": "client_disconnect"},
+            )
 
         async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             async with client.stream("POST", "/v1/chat/completions", json=CHAT) as response:
@@ -55,8 +56,9 @@ async def test_native_client_disconnect_cancels_upstream_and_abandons_lease(fake
             # leaving the block closes the connection mid-stream
         with trio.fail_after(BUDGET_SECONDS):
             await fake_worker.stream_closed.wait()
-            await wait_until(lambda: handles.native_dispatcher.statistics().abandoned_count >= 1
-                             and outcome() is not None)
+            await wait_until(
+                lambda: handles.native_dispatcher.statistics().abandoned_count >= 1 and outcome() is not None
+            )
         stats = handles.native_dispatcher.statistics()
         assert (stats.abandoned_count, stats.finished_count) == (1, 0)
         assert handles.native_dispatcher.total_in_flight() == 0
@@ -116,8 +118,10 @@ async def test_native_one_keep_alive_connection_serves_more_than_a_thousand_requ
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker)
         host, port = handles.http_url.removeprefix("http://").rsplit(":", 1)
-        request = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
-                   f"content-length: {len(body)}\r\n\r\n").encode() + body
+        request = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n"
+        ).encode() + body
         statuses: list[bytes] = []
         with trio.fail_after(BUDGET_SECONDS):
             stream = await trio.open_tcp_stream(host, int(port))

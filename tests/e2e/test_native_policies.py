@@ -24,12 +24,14 @@ from daemon.supervisor import run_daemon
 async def start(nursery: trio.Nursery, worker: FakeWorker, seed: int = 11, **cfg_kwargs: object) -> DaemonHandles:
     cfg = make_config(worker.worker_urls, **cfg_kwargs)  # type: ignore[arg-type]
     return await nursery.start(
-        partial(run_daemon, cfg, transport_factory=worker.transport, serve_http=False, rng=random.Random(seed)))
+        partial(run_daemon, cfg, transport_factory=worker.transport, serve_http=False, rng=random.Random(seed))
+    )
 
 
 def chat(system: str = "you are helpful", user: str = "hi") -> bytes:
-    return json.dumps({"model": "fake-model", "messages": [
-        {"role": "system", "content": system}, {"role": "user", "content": user}]}).encode()
+    return json.dumps(
+        {"model": "fake-model", "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+    ).encode()
 
 
 async def send(handles: DaemonHandles, raw: bytes, headers: dict[str, str] | None = None) -> tuple[int, str]:
@@ -117,8 +119,7 @@ async def test_native_health_transitions_leave_and_rejoin_rotation(
         assert len(handles.health.healthy_targets()) == 2  # not re-checked yet
         await trio.sleep(0.2)  # the check at t0 + 5 sees it failing
         assert [t.target_id for t in handles.health.healthy_targets()] == ["http://w1:8000@0"]
-        assert handles.registry.get_sample_value(
-            "agentd_health_target_healthy", {"target": "http://w0:8000@0"}) == 0.0
+        assert handles.registry.get_sample_value("agentd_health_target_healthy", {"target": "http://w0:8000@0"}) == 0.0
         fake_worker.requests.clear()
         for _ in range(4):
             await send(handles, chat())

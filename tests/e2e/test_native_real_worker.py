@@ -28,8 +28,11 @@ class AsgiWorker:
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()
-                reply = "lifespan.startup.complete" if message["type"] == "lifespan.startup" \
+                reply = (
+                    "lifespan.startup.complete"
+                    if message["type"] == "lifespan.startup"
                     else "lifespan.shutdown.complete"
+                )
                 await send({"type": reply})
                 if reply == "lifespan.shutdown.complete":
                     return
@@ -47,18 +50,20 @@ class AsgiWorker:
         self.seen.append((scope["path"], headers))
         request = json.loads(body)
         if request.get("stream"):
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/event-stream")]})
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
+            )
             for word in ("a", "b", "c"):
                 chunk = {"choices": [{"delta": {"content": word}}]}
-                await send({"type": "http.response.body", "body": f"data: {json.dumps(chunk)}\n\n".encode(),
-                            "more_body": True})
+                await send(
+                    {"type": "http.response.body", "body": f"data: {json.dumps(chunk)}\n\n".encode(), "more_body": True}
+                )
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
             return
-        payload = json.dumps({"choices": [{"message": {"content": "abc"}}],
-                              "rank": headers.get("x-data-parallel-rank")}).encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json")]})
+        payload = json.dumps(
+            {"choices": [{"message": {"content": "abc"}}], "rank": headers.get("x-data-parallel-rank")}
+        ).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": payload})
 
 
@@ -67,9 +72,10 @@ async def test_native_real_socket_worker_relay_and_stream() -> None:
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         worker_url = await nursery.start(serve_http, worker, "127.0.0.1", 0, 1.0, stop.wait)
-        cfg = AgentdConfig(server=ServerConfig(port=0),
-                           routing=RoutingConfig(worker_urls=(worker_url,), intra_node_data_parallel_size=2,
-                                                 policy="round_robin"))
+        cfg = AgentdConfig(
+            server=ServerConfig(port=0),
+            routing=RoutingConfig(worker_urls=(worker_url,), intra_node_data_parallel_size=2, policy="round_robin"),
+        )
         handles = await nursery.start(partial(run_daemon, cfg))
         chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:

@@ -39,8 +39,12 @@ async def test_native_non_streaming_chat_relayed_whole(fake_worker: FakeWorker) 
         handles.request_shutdown()
     assert handles.native_dispatcher.statistics().finished_count == 1
     # the server's own "stream closed" after a complete response is not a client disconnect
-    assert handles.registry.get_sample_value("agentd_proxy_requests_total", {
-        "endpoint": "chat", "target": "http://w0:8000@0", "outcome": "success"}) == 1.0
+    assert (
+        handles.registry.get_sample_value(
+            "agentd_proxy_requests_total", {"endpoint": "chat", "target": "http://w0:8000@0", "outcome": "success"}
+        )
+        == 1.0
+    )
 
 
 async def test_native_streaming_chat_relayed_chunk_by_chunk(fake_worker: FakeWorker) -> None:
@@ -60,8 +64,12 @@ async def test_native_streaming_chat_relayed_chunk_by_chunk(fake_worker: FakeWor
         [seen] = fake_worker.generation_requests()
         assert "stream_options" not in seen.body
         await trio.testing.wait_all_tasks_blocked()
-        assert handles.registry.get_sample_value("agentd_proxy_requests_total", {
-            "endpoint": "chat", "target": "http://w0:8000@0", "outcome": "success"}) == 1.0
+        assert (
+            handles.registry.get_sample_value(
+                "agentd_proxy_requests_total", {"endpoint": "chat", "target": "http://w0:8000@0", "outcome": "success"}
+            )
+            == 1.0
+        )
         handles.request_shutdown()
 
 
@@ -95,7 +103,10 @@ async def test_native_completions_and_responses_relayed(fake_worker: FakeWorker)
         assert response.status_code == 200 and response.json()["usage"]["input_tokens"] == 9
         assert streamed.status_code == 200 and b"response.completed" in streamed.content
         assert [r.path for r in fake_worker.generation_requests()] == [
-            "/v1/completions", "/v1/responses", "/v1/responses"]
+            "/v1/completions",
+            "/v1/responses",
+            "/v1/responses",
+        ]
         handles.request_shutdown()
 
 
@@ -103,17 +114,31 @@ async def test_native_dp_rank_header_set_and_client_header_not_passed(fake_worke
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker, dp=2, policy="round_robin")
         assert [t.target_id for t in handles.targets] == [
-            "http://w0:8000@0", "http://w0:8000@1", "http://w1:8000@0", "http://w1:8000@1"]
+            "http://w0:8000@0",
+            "http://w0:8000@1",
+            "http://w1:8000@0",
+            "http://w1:8000@1",
+        ]
         async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             for _ in range(4):
                 response = await client.post(
-                    "/v1/chat/completions", json=CHAT,
-                    headers={"X-Data-Parallel-Rank": "7", "Connection": "keep-alive, x-hop", "x-hop": "1",
-                             "x-custom": "kept"})
+                    "/v1/chat/completions",
+                    json=CHAT,
+                    headers={
+                        "X-Data-Parallel-Rank": "7",
+                        "Connection": "keep-alive, x-hop",
+                        "x-hop": "1",
+                        "x-custom": "kept",
+                    },
+                )
                 assert response.status_code == 200
         seen = fake_worker.generation_requests()
         assert [(r.base_url, r.headers["x-data-parallel-rank"]) for r in seen] == [
-            ("http://w0:8000", "0"), ("http://w0:8000", "1"), ("http://w1:8000", "0"), ("http://w1:8000", "1")]
+            ("http://w0:8000", "0"),
+            ("http://w0:8000", "1"),
+            ("http://w1:8000", "0"),
+            ("http://w1:8000", "1"),
+        ]
         for r in seen:
             assert "@" not in r.base_url
             assert r.headers["x-custom"] == "kept"
@@ -165,8 +190,7 @@ async def test_native_no_healthy_target_is_503_naming_reason(fake_worker: FakeWo
 
 
 async def test_native_metrics_on_extra_prometheus_listener(fake_worker: FakeWorker) -> None:
-    cfg = attrs.evolve(make_config(fake_worker.worker_urls),
-                       prometheus=PrometheusConfig(host="127.0.0.1", port=0))
+    cfg = attrs.evolve(make_config(fake_worker.worker_urls), prometheus=PrometheusConfig(host="127.0.0.1", port=0))
     async with trio.open_nursery() as nursery:
         handles = await nursery.start(partial(run_daemon, cfg, transport_factory=fake_worker.transport))
         assert handles.metrics_url is not None and handles.metrics_url != handles.http_url
@@ -176,8 +200,10 @@ async def test_native_metrics_on_extra_prometheus_listener(fake_worker: FakeWork
             scrape = await client.get(f"{handles.metrics_url}/metrics")
             other = await client.get(f"{handles.metrics_url}/v1/models")
         assert scrape.status_code == 200
-        assert 'agentd_proxy_requests_total{endpoint="chat",outcome="success",target="http://w0:8000@0"} 1.0' \
+        assert (
+            'agentd_proxy_requests_total{endpoint="chat",outcome="success",target="http://w0:8000@0"} 1.0'
             in scrape.text
+        )
         assert other.status_code == 404 and other.json()["error"]["code"] == "not_found"
         handles.request_shutdown()
 

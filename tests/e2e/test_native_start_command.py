@@ -17,9 +17,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 async def test_native_start_command_banner_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
     config = tmp_path / "agentd.toml"
-    config.write_text('[server]\nport = 3999\n[embedded]\ndp_size = 2\ntime_scale = 100.0\n')
-    cmd = [sys.executable, "-m", "daemon", "start", "--config", str(config), "--port", "0",
-           "--policy", "round_robin", "--log-level", "warning"]
+    config.write_text("[server]\nport = 3999\n[embedded]\ndp_size = 2\ntime_scale = 100.0\n")
+    cmd = [
+        sys.executable,
+        "-m",
+        "daemon",
+        "start",
+        "--config",
+        str(config),
+        "--port",
+        "0",
+        "--policy",
+        "round_robin",
+        "--log-level",
+        "warning",
+    ]
     proc = await trio.lowlevel.open_process(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert proc.stdout is not None
@@ -45,8 +57,14 @@ async def test_native_start_command_banner_serves_and_stops_on_sigterm(tmp_path:
 def test_native_start_command_bad_config_exits_2(tmp_path: Path) -> None:
     config = tmp_path / "bad.toml"
     config.write_text('[server]\nport = "x"\nbogus = 1\n')
-    done = subprocess.run([sys.executable, "-m", "daemon", "start", "--config", str(config)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "daemon", "start", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 2
     assert done.stdout == ""
     assert "server.port" in done.stderr and "server.bogus" in done.stderr

@@ -27,16 +27,21 @@ CTX = {"program_id": "prog-1", "agent_id": "lead"}
 
 
 def program_chat(stream: bool, include_usage: bool | None = None) -> dict:
-    body: dict = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "stream": stream,
-                  "vllm_xargs": {"agentic_context": CTX}}
+    body: dict = {
+        "model": "fake-model",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": stream,
+        "vllm_xargs": {"agentic_context": CTX},
+    }
     if include_usage is not None:
         body["stream_options"] = {"include_usage": include_usage}
     return body
 
 
 async def start(nursery: trio.Nursery, worker: FakeWorker) -> DaemonHandles:
-    cfg = attrs.evolve(make_config(worker.worker_urls), enable_program_scheduling=True,
-                       program_scheduling=ProgramSchedulingConfig())
+    cfg = attrs.evolve(
+        make_config(worker.worker_urls), enable_program_scheduling=True, program_scheduling=ProgramSchedulingConfig()
+    )
     return await nursery.start(partial(run_daemon, cfg, client_factory=worker.client, rng=random.Random(2)))
 
 

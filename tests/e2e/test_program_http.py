@@ -19,7 +19,7 @@ from test_program_scheduling import PROMPT_TOKENS, W0, ProgramWorker, chat, prog
 
 
 def data_events(raw: bytes) -> list[str]:
-    return [e[len("data: "):] for e in raw.decode().split("\n\n") if e.startswith("data: ")]
+    return [e[len("data: ") :] for e in raw.decode().split("\n\n") if e.startswith("data: ")]
 
 
 async def test_program_streaming_usage_reaches_scheduler_with_and_without_include_usage(
@@ -55,11 +55,21 @@ async def test_program_bad_metadata_is_400_naming_the_field(autojump_clock: trio
     async with program_daemon(worker) as (handles, client):
         bad = chat("b", "p", priority="high")
         r1 = await client.post("/v1/chat/completions", json=bad)
-        r2 = await client.post("/v1/chat/completions", json={
-            "model": "m", "messages": [{"role": "user", "content": "b"}],
-            "vllm_xargs": {"agentic_context": {"task_id": "t", "agent_id": "w", "blocks_parent": True,
-                                               "parent_program_id": "t:w"}},
-        })
+        r2 = await client.post(
+            "/v1/chat/completions",
+            json={
+                "model": "m",
+                "messages": [{"role": "user", "content": "b"}],
+                "vllm_xargs": {
+                    "agentic_context": {
+                        "task_id": "t",
+                        "agent_id": "w",
+                        "blocks_parent": True,
+                        "parent_program_id": "t:w",
+                    }
+                },
+            },
+        )
         assert r1.status_code == 400
         err = r1.json()["error"]
         assert err["param"] == "vllm_xargs.agentic_context.priority"
@@ -72,9 +82,7 @@ async def test_program_bad_metadata_is_400_naming_the_field(autojump_clock: trio
 
 async def test_program_identity_free_traffic_is_unaffected(autojump_clock: trio.testing.MockClock) -> None:
     worker = ProgramWorker(dp=2)
-    async with program_daemon(worker, token_capacity_per_dp_rank=1, metrics_interval_seconds=0.25) as (
-        handles, client
-    ):
+    async with program_daemon(worker, token_capacity_per_dp_rank=1, metrics_interval_seconds=0.25) as (handles, client):
         for k in range(6):
             r = await client.post("/v1/chat/completions", json=chat(f"plain{k}", None))
             assert r.status_code == 200
@@ -96,15 +104,24 @@ async def test_program_openai_client_streaming_and_not() -> None:
     worker = ProgramWorker()
     async with program_daemon(worker, metrics_interval_seconds=0.25) as (handles, client):
         ps = handles.program_dispatcher
-        extra: dict[str, Any] = {"vllm_xargs": {"agentic_context": {"task_id": "task-a", "agent_id": "lead",
-                                                                    "request_id": "r-1", "priority": 3}}}
-        async with openai.AsyncOpenAI(base_url="http://agentd/v1", api_key="unused", max_retries=0,
-                                      http_client=client) as oc:
+        extra: dict[str, Any] = {
+            "vllm_xargs": {
+                "agentic_context": {"task_id": "task-a", "agent_id": "lead", "request_id": "r-1", "priority": 3}
+            }
+        }
+        async with openai.AsyncOpenAI(
+            base_url="http://agentd/v1", api_key="unused", max_retries=0, http_client=client
+        ) as oc:
             done = await oc.chat.completions.create(
-                model="m", messages=[{"role": "user", "content": "o1"}], extra_body=extra,
+                model="m",
+                messages=[{"role": "user", "content": "o1"}],
+                extra_body=extra,
             )
             stream = await oc.chat.completions.create(
-                model="m", messages=[{"role": "user", "content": "o2"}], extra_body=extra, stream=True,
+                model="m",
+                messages=[{"role": "user", "content": "o2"}],
+                extra_body=extra,
+                stream=True,
             )
             pieces = [chunk.choices[0].delta.content async for chunk in stream if chunk.choices]
         assert done.choices[0].message.content == "ok"
@@ -114,6 +131,9 @@ async def test_program_openai_client_streaming_and_not() -> None:
         diag = await ps.wait_diagnostics(lambda d: d["ranks"][0]["rolling"]["request_samples"] == 2)
         (prog,) = [p for r in diag["ranks"] for p in r["programs"]]
         assert (prog["task_id"], prog["agent_id"], prog["root_program_id"]) == ("task-a", "lead", "task-a:lead")
-        assert handles.registry.get_sample_value(
-            "vllm_router_agent_aware_transitions_total", {"target": f"{W0}@0", "reason": "program_admit"}
-        ) == 2.0
+        assert (
+            handles.registry.get_sample_value(
+                "vllm_router_agent_aware_transitions_total", {"target": f"{W0}@0", "reason": "program_admit"}
+            )
+            == 2.0
+        )

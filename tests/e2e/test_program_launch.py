@@ -22,19 +22,29 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def seed_command_config(host: str = "0.0.0.0", port: str = "3001", prometheus_port: str = "29000") -> AgentdConfig:
-    program_json = json.dumps(json.loads((REPO / "configs" / "program-scheduling.json").read_text()),
-                              separators=(",", ":"))
+    program_json = json.dumps(
+        json.loads((REPO / "configs" / "program-scheduling.json").read_text()), separators=(",", ":")
+    )
     argv = [
         "start",
-        "--host", host,
-        "--port", port,
-        "--worker-urls", "http://worker-0:8000", "http://worker-1:8000",
-        "--intra-node-data-parallel-size", "2",
-        "--policy", "consistent_hash",
-        "--prometheus-host", host,
-        "--prometheus-port", prometheus_port,
+        "--host",
+        host,
+        "--port",
+        port,
+        "--worker-urls",
+        "http://worker-0:8000",
+        "http://worker-1:8000",
+        "--intra-node-data-parallel-size",
+        "2",
+        "--policy",
+        "consistent_hash",
+        "--prometheus-host",
+        host,
+        "--prometheus-port",
+        prometheus_port,
         "--enable-program-scheduling",
-        "--program-scheduling-config-json", program_json,
+        "--program-scheduling-config-json",
+        program_json,
     ]
     args = build_parser().parse_args(argv)
     return load_config(getattr(args, "config", None), overrides_from_args(args))
@@ -50,7 +60,10 @@ def test_program_launch_command_and_toml_give_the_same_config() -> None:
     assert from_cli.program_scheduling.global_queue is True
     assert from_cli.program_scheduling.token_capacity_per_dp_rank == 266864
     assert [t.target_id for t in from_cli.targets()] == [
-        "http://worker-0:8000@0", "http://worker-0:8000@1", "http://worker-1:8000@0", "http://worker-1:8000@1",
+        "http://worker-0:8000@0",
+        "http://worker-0:8000@1",
+        "http://worker-1:8000@0",
+        "http://worker-1:8000@1",
     ]
 
 
@@ -76,7 +89,10 @@ async def test_program_launch_command_runs_and_toml_behaves_the_same() -> None:
     cli_diag, cli_metrics, cli_seen = await _run_and_probe(cli_cfg)
     toml_diag, _, toml_seen = await _run_and_probe(toml_cfg)
     assert [r["target_id"] for r in cli_diag["ranks"]] == [
-        "http://worker-0:8000@0", "http://worker-0:8000@1", "http://worker-1:8000@0", "http://worker-1:8000@1",
+        "http://worker-0:8000@0",
+        "http://worker-0:8000@1",
+        "http://worker-1:8000@0",
+        "http://worker-1:8000@1",
     ]
     assert cli_diag["global_queue"] is True and cli_diag["resume_order"] == "mru"
     assert all(r["configured_token_capacity"] == 266864 for r in cli_diag["ranks"])

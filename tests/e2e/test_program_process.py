@@ -40,17 +40,31 @@ async def _stop(proc: trio.Process) -> int:
 
 
 async def test_program_seed_launch_command_as_processes() -> None:
-    program_json = json.dumps(json.loads((ROOT / "configs" / "program-scheduling.json").read_text()),
-                              separators=(",", ":"))
+    program_json = json.dumps(
+        json.loads((ROOT / "configs" / "program-scheduling.json").read_text()), separators=(",", ":")
+    )
     procs: list[trio.Process] = []
     try:
         started: dict[int, str] = {}
 
         async def start_worker(i: int) -> None:
             started[i] = await _start(
-                [sys.executable, "-m", "daemon", "sim-backend", "--port", "0", "--dp-size", "2",
-                 "--time-scale", "100", "--model", "sim-model"],
-                "agentd sim-backend listening on", procs,
+                [
+                    sys.executable,
+                    "-m",
+                    "daemon",
+                    "sim-backend",
+                    "--port",
+                    "0",
+                    "--dp-size",
+                    "2",
+                    "--time-scale",
+                    "100",
+                    "--model",
+                    "sim-model",
+                ],
+                "agentd sim-backend listening on",
+                procs,
             )
 
         async with trio.open_nursery() as nursery:  # both workers boot concurrently
@@ -58,26 +72,48 @@ async def test_program_seed_launch_command_as_processes() -> None:
                 nursery.start_soon(start_worker, i)
         workers = [started[0], started[1]]
         agentd = await _start(
-            [sys.executable, "-m", "daemon", "start",
-             "--host", "127.0.0.1", "--port", "0",
-             "--worker-urls", *workers,
-             "--intra-node-data-parallel-size", "2",
-             "--policy", "consistent_hash",
-             "--prometheus-host", "127.0.0.1", "--prometheus-port", "0",
-             "--enable-program-scheduling",
-             "--program-scheduling-config-json", program_json,
-             "--log-level", "warning"],
-            "agentd listening on", procs,
+            [
+                sys.executable,
+                "-m",
+                "daemon",
+                "start",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--worker-urls",
+                *workers,
+                "--intra-node-data-parallel-size",
+                "2",
+                "--policy",
+                "consistent_hash",
+                "--prometheus-host",
+                "127.0.0.1",
+                "--prometheus-port",
+                "0",
+                "--enable-program-scheduling",
+                "--program-scheduling-config-json",
+                program_json,
+                "--log-level",
+                "warning",
+            ],
+            "agentd listening on",
+            procs,
         )
         context = {"vllm_xargs": {"agentic_context": {"task_id": "task-a", "agent_id": "lead", "step_id": 7}}}
         async with openai.AsyncOpenAI(base_url=agentd + "/v1", api_key="unused", max_retries=0) as client:
             done = await client.chat.completions.create(
-                model="sim-model", messages=[{"role": "user", "content": "plan the task"}], max_tokens=4,
+                model="sim-model",
+                messages=[{"role": "user", "content": "plan the task"}],
+                max_tokens=4,
                 extra_body=context,
             )
             stream = await client.chat.completions.create(
-                model="sim-model", messages=[{"role": "user", "content": "plan the task"}], max_tokens=4,
-                extra_body=context, stream=True,
+                model="sim-model",
+                messages=[{"role": "user", "content": "plan the task"}],
+                max_tokens=4,
+                extra_body=context,
+                stream=True,
             )
             pieces = [c.choices[0].delta.content async for c in stream if c.choices and c.choices[0].delta.content]
         assert done.usage is not None and done.usage.completion_tokens == 4

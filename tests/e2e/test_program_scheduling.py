@@ -102,24 +102,42 @@ class ProgramWorker:
         name = body["messages"][-1]["content"]
         rank = request.headers.get("x-data-parallel-rank")
         include = (body.get("stream_options") or {}).get("include_usage")
-        self.seen.append(Seen(name, None if rank is None else int(rank), bool(body.get("stream")), include,
-                              trio.current_time()))
+        self.seen.append(
+            Seen(name, None if rank is None else int(rank), bool(body.get("stream")), include, trio.current_time())
+        )
         self.arrival(name).set()
         hold = self.holds.get(name)
         if hold is not None:
             await hold.wait()
         if name in self.fail:
             return httpx.Response(500, json={"error": {"message": "worker exploded"}})
-        usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": 2, "total_tokens": PROMPT_TOKENS + 2,
-                 "prompt_tokens_details": {"cached_tokens": 0}}
+        usage = {
+            "prompt_tokens": PROMPT_TOKENS,
+            "completion_tokens": 2,
+            "total_tokens": PROMPT_TOKENS + 2,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
         if not body.get("stream"):
-            return httpx.Response(200, json={
-                "id": "c", "object": "chat.completion", "model": "m",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-                "usage": usage,
-            })
-        chunks = [{"id": "c", "object": "chat.completion.chunk", "model": "m",
-                   "choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}]}]
+            return httpx.Response(
+                200,
+                json={
+                    "id": "c",
+                    "object": "chat.completion",
+                    "model": "m",
+                    "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+                    ],
+                    "usage": usage,
+                },
+            )
+        chunks = [
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "model": "m",
+                "choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}],
+            }
+        ]
         if include:
             chunks.append({"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [], "usage": usage})
         text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
@@ -139,8 +157,9 @@ async def start(nursery: trio.Nursery, worker: ProgramWorker, *, serve_http: boo
         enable_program_scheduling=True,
         program_scheduling=ProgramSchedulingConfig(**ps),
     )
-    return await nursery.start(partial(
-        run_daemon, cfg, client_factory=worker.client, rng=random.Random(1), serve_http=serve_http))
+    return await nursery.start(
+        partial(run_daemon, cfg, client_factory=worker.client, rng=random.Random(1), serve_http=serve_http)
+    )
 
 
 @asynccontextmanager
@@ -234,9 +253,12 @@ async def test_program_priority_and_deadline(autojump_clock: trio.testing.MockCl
                 await trio.sleep_until(t0 + 4.0)
                 worker.release("X")
         assert [(s.name, s.at - t0) for s in worker.seen] == [("X", 0.0), ("DL", 2.625), ("HIGH", 4.0), ("LOW", 4.0)]
-        assert handles.registry.get_sample_value(
-            "vllm_router_agent_aware_transitions_total", {"target": f"{W0}@0", "reason": "force_resume"}
-        ) == 1.0
+        assert (
+            handles.registry.get_sample_value(
+                "vllm_router_agent_aware_transitions_total", {"target": f"{W0}@0", "reason": "force_resume"}
+            )
+            == 1.0
+        )
 
 
 async def test_program_segment_yield_lets_the_waiter_in(autojump_clock: trio.testing.MockClock) -> None:
@@ -258,15 +280,22 @@ async def test_program_segment_yield_lets_the_waiter_in(autojump_clock: trio.tes
         diag = await ps.wait_diagnostics(lambda d: d["ranks"][0]["router_in_flight_requests"] == 0)
         (a,) = [p for p in diag["ranks"][0]["programs"] if p["root_program_id"] == "a"]
         assert (a["state"], a["pause_reason"]) == ("paused", "max_segment_yield")
-        assert handles.registry.get_sample_value(
-            "vllm_router_agent_aware_transitions_total", {"target": f"{W0}@0", "reason": "max_segment_yield"}
-        ) == 1.0
+        assert (
+            handles.registry.get_sample_value(
+                "vllm_router_agent_aware_transitions_total", {"target": f"{W0}@0", "reason": "max_segment_yield"}
+            )
+            == 1.0
+        )
 
 
 async def test_program_cross_rank_resume_with_global_queue(autojump_clock: trio.testing.MockClock) -> None:
     worker = ProgramWorker(dp=2)
     async with program_daemon(
-        worker, global_queue=True, stats_window_size=1, max_acting_ttl_seconds=0.0, metrics_interval_seconds=INTERVAL,
+        worker,
+        global_queue=True,
+        stats_window_size=1,
+        max_acting_ttl_seconds=0.0,
+        metrics_interval_seconds=INTERVAL,
     ) as (handles, client):
         ps = handles.program_dispatcher
         t0 = trio.current_time()
@@ -281,8 +310,9 @@ async def test_program_cross_rank_resume_with_global_queue(autojump_clock: trio.
         other = 1 - home
         await trio.sleep_until(t0 + 0.125)  # after the first scrape round (t0), before the next one
         worker.waiting[(W0, home)] = 1  # the home rank's vLLM queue closes the waiting gate
-        await ps.wait_diagnostics(lambda d: d["ranks"][home]["vllm_waiting_requests"] == 1
-                                  and d["ranks"][home]["observation_fresh"])
+        await ps.wait_diagnostics(
+            lambda d: d["ranks"][home]["vllm_waiting_requests"] == 1 and d["ranks"][home]["observation_fresh"]
+        )
         assert trio.current_time() - t0 == 0.25
         await trio.sleep_until(t0 + 1.125)
         response = await post(client, chat("P-second", "p"))
@@ -291,9 +321,12 @@ async def test_program_cross_rank_resume_with_global_queue(autojump_clock: trio.
     # queued at 1.125; the tick at 1.25 is too early (minimum residence: one metrics interval);
     # the tick at 1.5 moves it to the other rank
     assert worker.seen[-1].at - t0 == 1.5
-    assert handles.registry.get_sample_value(
-        "vllm_router_agent_aware_transitions_total", {"target": f"{W0}@{other}", "reason": "cross_rank_resume"}
-    ) == 1.0
+    assert (
+        handles.registry.get_sample_value(
+            "vllm_router_agent_aware_transitions_total", {"target": f"{W0}@{other}", "reason": "cross_rank_resume"}
+        )
+        == 1.0
+    )
 
 
 async def test_program_waiting_gate_holds_programs_not_identity_free_traffic(
@@ -337,8 +370,9 @@ async def _disconnect_while_queued(worker: ProgramWorker, ps: Any, client: httpx
         gone.cancel()
         await ps.wait_diagnostics(lambda d: d["retained_requests"] == 0)
         worker.release("X")
-    diag = await ps.wait_diagnostics(rank0(lambda r: r["router_in_flight_requests"] == 0
-                                           and r["router_active_programs"] == 0))
+    diag = await ps.wait_diagnostics(
+        rank0(lambda r: r["router_in_flight_requests"] == 0 and r["router_active_programs"] == 0)
+    )
     rank = diag["ranks"][0]
     assert rank["router_estimated_used_tokens"] == 0
     assert rank["router_queued_requests"] == 0
@@ -367,8 +401,9 @@ async def test_program_client_disconnect_over_a_real_socket_while_queued() -> No
 
 async def test_program_queue_timeout_is_429_with_retry_after(autojump_clock: trio.testing.MockClock) -> None:
     worker = ProgramWorker()
-    async with program_daemon(worker, metrics_interval_seconds=INTERVAL, queue_timeout_seconds=2.0,
-                              force_resume_timeout_seconds=1.0) as (handles, client):
+    async with program_daemon(
+        worker, metrics_interval_seconds=INTERVAL, queue_timeout_seconds=2.0, force_resume_timeout_seconds=1.0
+    ) as (handles, client):
         ps = handles.program_dispatcher
         t0 = trio.current_time()
         assert (await post(client, chat("warm", "w"))).status_code == 200
@@ -403,6 +438,9 @@ async def test_program_worker_failure_is_502_and_leaves_the_program_consistent(
         assert diag["ranks"][0]["router_estimated_used_tokens"] == 0
         # the Program continues normally afterwards
         assert (await post(client, chat("fine", "p"))).status_code == 200
-    assert handles.registry.get_sample_value(
-        "vllm_router_agent_aware_transitions_total", {"target": f"{W0}@0", "reason": "request_failed"}
-    ) == 1.0
+    assert (
+        handles.registry.get_sample_value(
+            "vllm_router_agent_aware_transitions_total", {"target": f"{W0}@0", "reason": "request_failed"}
+        )
+        == 1.0
+    )

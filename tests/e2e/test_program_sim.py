@@ -36,11 +36,13 @@ def sim_config(**ps: Any) -> AgentdConfig:
     return AgentdConfig(
         server=ServerConfig(port=0),
         routing=RoutingConfig(policy="round_robin"),
-        embedded=EmbeddedConfig(num_workers=1, dp_size=1, num_gpu_blocks=64, block_size=16, time_scale=50.0,
-                                model="sim-model"),
+        embedded=EmbeddedConfig(
+            num_workers=1, dp_size=1, num_gpu_blocks=64, block_size=16, time_scale=50.0, model="sim-model"
+        ),
         enable_program_scheduling=True,
         program_scheduling=ProgramSchedulingConfig(
-            token_capacity_per_dp_rank=1024, metrics_interval_seconds=0.05, **ps),
+            token_capacity_per_dp_rank=1024, metrics_interval_seconds=0.05, **ps
+        ),
     )
 
 
@@ -99,8 +101,9 @@ async def test_program_sim_tiny_capacity_queues_over_http(autojump_clock: trio.t
                 async with trio.open_nursery() as senders:
                     for pid in ("p1", "p2", "p3", "p4"):
                         senders.start_soon(send, pid)
-                diag = await ps.wait_diagnostics(lambda d: d["ranks"][0]["router_in_flight_requests"] == 0
-                                                 and d["retained_requests"] == 0)
+                diag = await ps.wait_diagnostics(
+                    lambda d: d["ranks"][0]["router_in_flight_requests"] == 0 and d["retained_requests"] == 0
+                )
             assert statuses == {"p1": 200, "p2": 200, "p3": 200, "p4": 200}
             rank = diag["ranks"][0]
             assert rank["capacity_accounting_source"] == "backend_observation"
@@ -123,8 +126,7 @@ async def test_program_sim_resumes_in_arrival_order_in_virtual_time(
     # the Program id) and all land while p1 and p2 still hold the capacity
     cfg = attrs.evolve(cfg, embedded=attrs.evolve(cfg.embedded, time_scale=1.0))
     async with trio.open_nursery() as nursery:
-        handles = await nursery.start(partial(
-            run_daemon, cfg, serve_http=False, sim_configure=deterministic))
+        handles = await nursery.start(partial(run_daemon, cfg, serve_http=False, sim_configure=deterministic))
         ps = handles.program_dispatcher
         sinks: dict[str, CollectingSink] = {}
         started: dict[str, float] = {}
@@ -146,7 +148,8 @@ async def test_program_sim_resumes_in_arrival_order_in_virtual_time(
             peak = ps.diagnostics()
             assert trio.current_time() - t0 == pytest.approx(3 * ARRIVAL_GAP)
         assert {pid: at - t0 for pid, at in started.items()} == pytest.approx(
-            {"p1": 0.0, "p2": ARRIVAL_GAP, "p3": 2 * ARRIVAL_GAP, "p4": 3 * ARRIVAL_GAP})
+            {"p1": 0.0, "p2": ARRIVAL_GAP, "p3": 2 * ARRIVAL_GAP, "p4": 3 * ARRIVAL_GAP}
+        )
         diag = await ps.wait_diagnostics(lambda d: d["ranks"][0]["router_in_flight_requests"] == 0)
         assert {pid: s.status for pid, s in sinks.items()} == {"p1": 200, "p2": 200, "p3": 200, "p4": 200}
         assert peak["retained_requests"] == 2  # p1 and p2 fit in 1024 tokens; p3 and p4 wait
@@ -157,10 +160,20 @@ async def test_program_sim_resumes_in_arrival_order_in_virtual_time(
 
 
 SEED_METRICS = (
-    "request_interval_seconds", "cache_miss_impact_seconds", "armed_ttl_seconds", "transitions_total",
-    "context_growth_tokens", "shared_prefix_observed_tokens", "rank_queue_size", "queue_wait_seconds",
-    "rank_active_programs", "admission_used_tokens", "admission_required_tokens",
-    "admission_growth_reserve_tokens", "admission_capacity_pressure_ratio", "admission_projected_pressure_ratio",
+    "request_interval_seconds",
+    "cache_miss_impact_seconds",
+    "armed_ttl_seconds",
+    "transitions_total",
+    "context_growth_tokens",
+    "shared_prefix_observed_tokens",
+    "rank_queue_size",
+    "queue_wait_seconds",
+    "rank_active_programs",
+    "admission_used_tokens",
+    "admission_required_tokens",
+    "admission_growth_reserve_tokens",
+    "admission_capacity_pressure_ratio",
+    "admission_projected_pressure_ratio",
     "capacity_observation_fresh",
 )
 
@@ -182,12 +195,25 @@ async def test_program_sim_tuning_workflow_signals_exist(autojump_clock: trio.te
                 diag = (await client.get("/scheduling/diagnostics")).json()
         for name in SEED_METRICS:
             assert f"# TYPE vllm_router_agent_aware_{name} " in text, name
-        for observed in ("request_interval_seconds_count", "cache_miss_impact_seconds_count",
-                         "armed_ttl_seconds_count", "admission_used_tokens_count", "queue_wait_seconds_count"):
-            assert f'vllm_router_agent_aware_{observed}{{' in text, observed
+        for observed in (
+            "request_interval_seconds_count",
+            "cache_miss_impact_seconds_count",
+            "armed_ttl_seconds_count",
+            "admission_used_tokens_count",
+            "queue_wait_seconds_count",
+        ):
+            assert f"vllm_router_agent_aware_{observed}{{" in text, observed
         rank = diag["ranks"][0]
-        for field in ("observation_age_seconds", "observation_fresh", "capacity_accounting_source", "rolling",
-                      "programs", "router_queued_programs", "vllm_running_requests", "vllm_waiting_requests"):
+        for field in (
+            "observation_age_seconds",
+            "observation_fresh",
+            "capacity_accounting_source",
+            "rolling",
+            "programs",
+            "router_queued_programs",
+            "vllm_running_requests",
+            "vllm_waiting_requests",
+        ):
             assert field in rank, field
         assert rank["rolling"]["continuity_samples"] == 2
         assert {p["root_program_id"] for p in rank["programs"]} == {"a", "b"}

@@ -20,7 +20,9 @@ async def daemon_app() -> AsyncIterator[DaemonApp]:
     worker = MiniWorker()
     async with trio.open_nursery() as nursery:
         handles: DaemonHandles = await nursery.start(
-            partial(run_daemon, http_config(), transport_factory=worker.transport, serve_http=False,
-                    rng=random.Random(0)))
+            partial(
+                run_daemon, http_config(), transport_factory=worker.transport, serve_http=False, rng=random.Random(0)
+            )
+        )
         yield DaemonApp(handles, create_app(handles), worker)
         handles.request_shutdown()

@@ -37,8 +37,10 @@ class MiniWorker:
         if body.get("stream"):
             chunks = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\ndata: [DONE]\n\n'
             return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=chunks)
-        return httpx.Response(200, json={"choices": [{"message": {"content": "a"}}],
-                                         "usage": {"prompt_tokens": 2, "completion_tokens": 1}})
+        return httpx.Response(
+            200,
+            json={"choices": [{"message": {"content": "a"}}], "usage": {"prompt_tokens": 2, "completion_tokens": 1}},
+        )
 
     def transport(self, cfg: AgentdConfig) -> httpx.AsyncBaseTransport:
         return httpx.MockTransport(self.handler)

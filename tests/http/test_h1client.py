@@ -125,14 +125,19 @@ async def _with_server(handler: Handler, body: Callable[[H1Pool, str, Server], A
 
 
 def _request(url: str, path: str = "/v1/x", method: str = "POST", timeout: float = BUDGET_SECONDS) -> httpx.Request:
-    return httpx.Request(method, url + path, content=b"{}" if method == "POST" else None,
-                         extensions={"timeout": httpx.Timeout(timeout).as_dict()})
+    return httpx.Request(
+        method,
+        url + path,
+        content=b"{}" if method == "POST" else None,
+        extensions={"timeout": httpx.Timeout(timeout).as_dict()},
+    )
 
 
 def _reply(head: bytes, body: bytes) -> Handler:
     async def handler(stream: trio.SocketStream, request_head: bytes) -> bool:
         await stream.send_all(head + body)
         return b"connection: close" not in head.lower()
+
     return handler
 
 
@@ -161,7 +166,8 @@ async def test_connection_close_and_unread_bodies_are_never_reused() -> None:
         assert pool.idle_connections() == 0
 
     server = await _with_server(
-        _reply(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\n", b"hello"), body)
+        _reply(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\n", b"hello"), body
+    )
     assert server.accepted == 2
 
 
@@ -188,7 +194,9 @@ async def test_chunked_stream_is_decoded_and_the_connection_reused(use_pump: boo
     events = [b"data: %d\n\n" % i for i in range(5)]
 
     async def handler(stream: trio.SocketStream, head: bytes) -> bool:
-        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        await stream.send_all(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
         for event in events:
             await stream.send_all(f"{len(event):x}\r\n".encode() + event + b"\r\n")
         await stream.send_all(b"0\r\n\r\n")
@@ -204,6 +212,7 @@ async def test_chunked_stream_is_decoded_and_the_connection_reused(use_pump: boo
 
                 async def collect(piece: bytes) -> None:
                     got.append(piece)
+
                 await response.stream.pump(collect)
             else:
                 got = [piece async for piece in response.aiter_raw()]
@@ -215,10 +224,13 @@ async def test_chunked_stream_is_decoded_and_the_connection_reused(use_pump: boo
     assert server.accepted == 1
 
 
-@pytest.mark.parametrize(("reply", "framing"), [
-    (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort", "length"),
-    (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhel", "chunked"),
-])
+@pytest.mark.parametrize(
+    ("reply", "framing"),
+    [
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort", "length"),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhel", "chunked"),
+    ],
+)
 async def test_a_body_cut_short_is_a_remote_protocol_error(reply: bytes, framing: str) -> None:
     async def handler(stream: trio.SocketStream, head: bytes) -> bool:
         await stream.send_all(reply)
@@ -235,10 +247,12 @@ async def test_a_body_cut_short_is_a_remote_protocol_error(reply: bytes, framing
 
 
 async def test_body_until_close_interim_responses_and_no_body_statuses() -> None:
-    replies = iter([
-        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.0 200 OK\r\nx-a: 1\r\n\r\nuntil the end",
-        b"HTTP/1.1 204 No Content\r\nx-b:   spaced  \r\n\r\n",
-    ])
+    replies = iter(
+        [
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.0 200 OK\r\nx-a: 1\r\n\r\nuntil the end",
+            b"HTTP/1.1 204 No Content\r\nx-b:   spaced  \r\n\r\n",
+        ]
+    )
 
     async def handler(stream: trio.SocketStream, head: bytes) -> bool:
         await stream.send_all(next(replies))
@@ -257,12 +271,15 @@ async def test_body_until_close_interim_responses_and_no_body_statuses() -> None
     await _with_server(handler, body)
 
 
-@pytest.mark.parametrize("reply", [
-    b"HTTP/2 200 OK\r\n\r\n",
-    b"HTTP/1.1 abc OK\r\n\r\n",
-    b"HTTP/1.1 200 OK\r\nno-colon-here\r\n\r\n",
-    b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nx",
-])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"HTTP/2 200 OK\r\n\r\n",
+        b"HTTP/1.1 abc OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nno-colon-here\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nx",
+    ],
+)
 async def test_malformed_heads_are_remote_protocol_errors(reply: bytes) -> None:
     async def handler(stream: trio.SocketStream, head: bytes) -> bool:
         await stream.send_all(reply)

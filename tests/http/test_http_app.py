@@ -59,9 +59,14 @@ async def test_http_diagnostics_proxy_section(daemon_app: DaemonApp) -> None:
     assert proxy["native"]["finished_count"] == 1
     [target] = proxy["targets"]
     assert target == {
-        "target_id": "http://mini:9000@0", "base_url": "http://mini:9000", "dp_rank": 0, "healthy": True,
-        "health_reason": "ok", "health_checked_at": target["health_checked_at"],
-        "consecutive_health_failures": 0, "native_in_flight_requests": 0,
+        "target_id": "http://mini:9000@0",
+        "base_url": "http://mini:9000",
+        "dp_rank": 0,
+        "healthy": True,
+        "health_reason": "ok",
+        "health_checked_at": target["health_checked_at"],
+        "consecutive_health_failures": 0,
+        "native_in_flight_requests": 0,
     }
 
 
@@ -76,8 +81,11 @@ async def test_http_errors_are_openai_shaped(daemon_app: DaemonApp) -> None:
     cases = [
         (await client.get("/nope"), 404, "not_found"),
         (await client.put("/v1/completions", json={}), 405, "method_not_allowed"),
-        (await client.post("/v1/chat/completions", data=b"[", headers={"content-type": "application/json"}),
-         400, "invalid_json"),
+        (
+            await client.post("/v1/chat/completions", data=b"[", headers={"content-type": "application/json"}),
+            400,
+            "invalid_json",
+        ),
         (await client.post("/v1/chat/completions", json={**CHAT, "x": "y" * 5000}), 413, "body_too_large"),
         (await client.post("/v1/chat/completions", json={**CHAT, "n": 0}), 400, "invalid_type"),
     ]

@@ -37,24 +37,36 @@ def test_usage_chat_completions_format() -> None:
 
 
 def test_usage_responses_format_nested_in_response() -> None:
-    obj = {"type": "response.completed", "response": {"usage": {
-        "input_tokens": 9, "output_tokens": 2, "input_tokens_details": {"cached_tokens": 1}}}}
+    obj = {
+        "type": "response.completed",
+        "response": {"usage": {"input_tokens": 9, "output_tokens": 2, "input_tokens_details": {"cached_tokens": 1}}},
+    }
     assert usage_from_object(obj) == Usage(prompt_tokens=9, cached_tokens=1, completion_tokens=2)
 
 
 def test_usage_anthropic_semantics_no_double_counting() -> None:
-    obj = {"message": {"usage": {"input_tokens": 10, "cache_read_input_tokens": 30,
-                                 "cache_creation_input_tokens": 20, "output_tokens": 5}}}
+    obj = {
+        "message": {
+            "usage": {
+                "input_tokens": 10,
+                "cache_read_input_tokens": 30,
+                "cache_creation_input_tokens": 20,
+                "output_tokens": 5,
+            }
+        }
+    }
     assert usage_from_object(obj) == Usage(prompt_tokens=60, cached_tokens=30, completion_tokens=5)
 
 
 def test_usage_accumulator_sse_split_across_chunks_and_merging() -> None:
-    stream = (sse({"choices": [{"delta": {"content": "x"}}]})
-              + sse({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}})
-              + b"data: [DONE]\n\n")
+    stream = (
+        sse({"choices": [{"delta": {"content": "x"}}]})
+        + sse({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}})
+        + b"data: [DONE]\n\n"
+    )
     acc = UsageAccumulator()
     for i in range(0, len(stream), 5):  # 5-byte pieces split lines anywhere
-        acc.feed_sse(stream[i:i + 5])
+        acc.feed_sse(stream[i : i + 5])
     assert acc.finish() == Usage(prompt_tokens=7, cached_tokens=None, completion_tokens=3)
     acc2 = UsageAccumulator()
     acc2.feed_sse(sse({"usage": {"prompt_tokens": 7, "completion_tokens": 1}}))
@@ -74,7 +86,7 @@ def test_usage_chunk_filter_drops_only_usage_only_event() -> None:
     done = b"data: [DONE]\n\n"
     stream = keep1 + drop + done
     f = UsageChunkFilter()
-    out = b"".join(f.feed(stream[i:i + 7]) for i in range(0, len(stream), 7)) + f.flush()
+    out = b"".join(f.feed(stream[i : i + 7]) for i in range(0, len(stream), 7)) + f.flush()
     assert out == keep1 + done
     assert f.dropped_count == 1
 
@@ -82,21 +94,42 @@ def test_usage_chunk_filter_drops_only_usage_only_event() -> None:
 def test_usage_chunk_filter_relays_complete_events_immediately() -> None:
     f = UsageChunkFilter()
     first = sse({"choices": [{"delta": {"content": "a"}}]})
-    assert f.feed(first + b"data: {\"cho") == first  # the partial second event waits
+    assert f.feed(first + b'data: {"cho') == first  # the partial second event waits
 
 
 def test_upstream_headers_drop_hop_by_hop_and_client_dp_rank() -> None:
-    headers = {"connection": "keep-alive, x-secret-hop", "x-secret-hop": "1", "keep-alive": "5",
-               "transfer-encoding": "chunked", "x-data-parallel-rank": "9", "host": "agentd",
-               "content-length": "12", "authorization": "Bearer k", "x-session-id": "s"}
+    headers = {
+        "connection": "keep-alive, x-secret-hop",
+        "x-secret-hop": "1",
+        "keep-alive": "5",
+        "transfer-encoding": "chunked",
+        "x-data-parallel-rank": "9",
+        "host": "agentd",
+        "content-length": "12",
+        "authorization": "Bearer k",
+        "x-session-id": "s",
+    }
     out = dict(upstream_headers(headers, 3, "agentd-1"))
-    assert out == {"authorization": "Bearer k", "x-session-id": "s", "content-type": "application/json",
-                   "accept-encoding": "identity", "x-data-parallel-rank": "3", "x-request-id": "agentd-1"}
+    assert out == {
+        "authorization": "Bearer k",
+        "x-session-id": "s",
+        "content-type": "application/json",
+        "accept-encoding": "identity",
+        "x-data-parallel-rank": "3",
+        "x-request-id": "agentd-1",
+    }
 
 
 def test_client_headers_drop_framing() -> None:
-    upstream = httpx.Headers({"content-type": "text/event-stream", "transfer-encoding": "chunked",
-                              "content-length": "10", "connection": "close", "x-request-id": "r"})
+    upstream = httpx.Headers(
+        {
+            "content-type": "text/event-stream",
+            "transfer-encoding": "chunked",
+            "content-length": "10",
+            "connection": "close",
+            "x-request-id": "r",
+        }
+    )
     assert client_headers(upstream) == [("content-type", "text/event-stream"), ("x-request-id", "r")]
 
 
@@ -117,8 +150,9 @@ def test_routing_key_precedence_and_no_constant_key() -> None:
 
 
 def test_consistent_hash_only_moves_keys_of_failed_target() -> None:
-    targets = AgentdConfig(routing=RoutingConfig(worker_urls=("http://a:1", "http://b:1"),
-                                                 intra_node_data_parallel_size=2)).targets()
+    targets = AgentdConfig(
+        routing=RoutingConfig(worker_urls=("http://a:1", "http://b:1"), intra_node_data_parallel_size=2)
+    ).targets()
     ring = ConsistentHash(targets)
     keys = [f"k{i}" for i in range(300)]
     before = {k: ring.choose(targets, k, [0] * 4) for k in keys}
@@ -133,8 +167,9 @@ def test_consistent_hash_only_moves_keys_of_failed_target() -> None:
 
 
 def test_power_of_two_picks_less_loaded_candidate() -> None:
-    targets = AgentdConfig(routing=RoutingConfig(worker_urls=("http://a:1",),
-                                                 intra_node_data_parallel_size=4)).targets()
+    targets = AgentdConfig(
+        routing=RoutingConfig(worker_urls=("http://a:1",), intra_node_data_parallel_size=4)
+    ).targets()
     policy = PowerOfTwo(random.Random(0))
     in_flight = [9, 0, 9, 9]
     picks = [policy.choose(targets, "", in_flight).index for _ in range(200)]
@@ -144,8 +179,13 @@ def test_power_of_two_picks_less_loaded_candidate() -> None:
 
 
 def test_request_texts_routing_and_estimate() -> None:
-    body = {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U1"},
-                         {"role": "user", "content": "U2"}]}
+    body = {
+        "messages": [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "U1"},
+            {"role": "user", "content": "U2"},
+        ]
+    }
     routing, estimate = request_texts("chat", body)
     assert routing == "S\nU1"
     assert estimate == 6  # "system:S\nuser:U1\nuser:U2" is 24 bytes, * 0.25 tokens per byte
@@ -156,8 +196,16 @@ def test_request_texts_routing_and_estimate() -> None:
 
 
 def test_validate_body_accepts_valid_and_names_bad_field() -> None:
-    validate_body("chat", {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}],
-                           "stream": False, "max_tokens": 1, "stream_options": None})
+    validate_body(
+        "chat",
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}],
+            "stream": False,
+            "max_tokens": 1,
+            "stream_options": None,
+        },
+    )
     with pytest.raises(ApiError) as info:
         validate_body("chat", {"messages": [{"role": "user", "content": 5}]})
     assert info.value.param == "messages[0].content" and info.value.status == 400
@@ -181,7 +229,7 @@ def test_log_event_kv_and_json_lines(restore_agentd_logger: object) -> None:
     configure_logging("debug", "kv", buffer)
     log_event(get_logger("test"), logging.INFO, "thing_done", target="http://w@0", note="two words", n=3)
     line = buffer.getvalue().strip()
-    assert " logger=agentd.test event=thing_done target=http://w@0 note=\"two words\" n=3" in line
+    assert ' logger=agentd.test event=thing_done target=http://w@0 note="two words" n=3' in line
     assert line.startswith("ts=") and " level=info " in line
     buffer = io.StringIO()
     configure_logging("info", "json", buffer)

@@ -21,8 +21,9 @@ from daemon.upstream import UpstreamTransport, map_httpx_error, upstream_limits
 BUDGET_SECONDS = 60.0  # generous real-time budget: a broken behaviour fails instead of hanging
 
 
-async def _serve_once(listener: trio.SocketListener, received: list[bytes], reply: bytes | None,
-                      got_request: trio.Event | None = None) -> None:
+async def _serve_once(
+    listener: trio.SocketListener, received: list[bytes], reply: bytes | None, got_request: trio.Event | None = None
+) -> None:
     stream = await listener.accept()
     data = b""
     while b"\r\n\r\n" not in data or not data.endswith(b"}"):
@@ -48,12 +49,16 @@ async def test_upstream_transport_sends_head_and_body_in_one_write_and_relays() 
     listener = await _listener()
     port = listener.socket.getsockname()[1]
     received: list[bytes] = []
-    reply = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"ok\": 1}\r\n"
+    reply = b'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{"ok": 1}\r\n'
     transport = UpstreamTransport(upstream_limits())
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_serve_once, listener, received, reply)
-        request = httpx.Request("POST", f"http://127.0.0.1:{port}/v1/completions", content=b'{"prompt": "x"}',
-                                extensions={"timeout": httpx.Timeout(BUDGET_SECONDS).as_dict()})
+        request = httpx.Request(
+            "POST",
+            f"http://127.0.0.1:{port}/v1/completions",
+            content=b'{"prompt": "x"}',
+            extensions={"timeout": httpx.Timeout(BUDGET_SECONDS).as_dict()},
+        )
         response = await transport.handle_async_request(request)
         body = await response.aread()
         await response.aclose()
@@ -68,8 +73,12 @@ async def test_upstream_transport_connection_refused_is_httpx_connect_error() ->
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again when the block ends: nothing listens there
     transport = UpstreamTransport(upstream_limits())
-    request = httpx.Request("POST", f"http://127.0.0.1:{port}/x", content=b"{}",
-                            extensions={"timeout": httpx.Timeout(BUDGET_SECONDS).as_dict()})
+    request = httpx.Request(
+        "POST",
+        f"http://127.0.0.1:{port}/x",
+        content=b"{}",
+        extensions={"timeout": httpx.Timeout(BUDGET_SECONDS).as_dict()},
+    )
     with pytest.raises(httpx.ConnectError) as info:
         await transport.handle_async_request(request)
     assert map_httpx_error("w@0", info.value).status == 502
@@ -103,8 +112,12 @@ async def test_upstream_transport_read_timeout_is_httpx_read_timeout(mock_clock:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_real_time_guard, BUDGET_SECONDS, guard)
             nursery.start_soon(_serve_once, listener, [], None, got_request)
-            request = httpx.Request("POST", f"http://127.0.0.1:{port}/x", content=b"{}",
-                                    extensions={"timeout": httpx.Timeout(30.0, connect=5.0).as_dict()})
+            request = httpx.Request(
+                "POST",
+                f"http://127.0.0.1:{port}/x",
+                content=b"{}",
+                extensions={"timeout": httpx.Timeout(30.0, connect=5.0).as_dict()},
+            )
             start = trio.current_time()
             nursery.start_soon(send, request)
             await got_request.wait()  # connected and written on a frozen clock: real I/O only

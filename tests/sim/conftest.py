@@ -31,6 +31,6 @@ def sse_payloads(raw: bytes) -> list[Any]:
     out: list[Any] = []
     for frame in frames[:-1]:
         assert frame.startswith("data: "), frame
-        data = frame[len("data: "):]
+        data = frame[len("data: ") :]
         out.append(data if data == "[DONE]" else json.loads(data))
     return out

@@ -32,11 +32,18 @@ async def test_non_streaming_chat_shape_and_exact_virtual_time(autojump_clock: t
     choice = body["choices"][0]
     assert choice["finish_reason"] == "length"
     assert tokenizer.count_tokens(choice["message"]["content"]) == 3
-    assert body["usage"] == {"prompt_tokens": n_prompt, "completion_tokens": 3, "total_tokens": n_prompt + 3,
-                             "prompt_tokens_details": {"cached_tokens": 0}}
+    assert body["usage"] == {
+        "prompt_tokens": n_prompt,
+        "completion_tokens": 3,
+        "total_tokens": n_prompt + 3,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     cost = CostModel()
-    expected = (prefill_seconds(n_prompt, cost) + decode_step_seconds(1, n_prompt + 1, cost)
-                + decode_step_seconds(1, n_prompt + 2, cost))
+    expected = (
+        prefill_seconds(n_prompt, cost)
+        + decode_step_seconds(1, n_prompt + 1, cost)
+        + decode_step_seconds(1, n_prompt + 2, cost)
+    )
     assert elapsed == pytest.approx(expected, rel=1e-9)
 
 
@@ -70,8 +77,9 @@ async def test_completions_stream_and_non_stream(autojump_clock: trio.abc.Clock)
     text = tokenizer.text_of_tokens(40, "c")
     async with sim_client() as (_cluster, client):
         r = await client.post("/v1/completions", json={"prompt": text})
-        async with client.stream("POST", "/v1/completions",
-                                 json={"prompt": text, "max_tokens": 2, "stream": True}) as s:
+        async with client.stream(
+            "POST", "/v1/completions", json={"prompt": text, "max_tokens": 2, "stream": True}
+        ) as s:
             raw = b"".join([c async for c in s.aiter_bytes()])
     body = r.json()
     assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
@@ -102,7 +110,12 @@ async def test_next_turn_extends_prompt_and_hits_prefix_cache(autojump_clock: tr
 async def test_tool_call_hint_and_tool_turn_prefix(autojump_clock: trio.abc.Clock) -> None:
     tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
     async with sim_client(SimConfig(dp_size=1, deterministic=True)) as (_cluster, client):
-        first = {"messages": [USER], "tools": tools, "max_tokens": 20, "vllm_xargs": {"sim_finish_reason": "tool_calls"}}
+        first = {
+            "messages": [USER],
+            "tools": tools,
+            "max_tokens": 20,
+            "vllm_xargs": {"sim_finish_reason": "tool_calls"},
+        }
         r1 = (await client.post("/v1/chat/completions", json=first)).json()
         msg = r1["choices"][0]["message"]
         assert r1["choices"][0]["finish_reason"] == "tool_calls"
@@ -111,9 +124,14 @@ async def test_tool_call_hint_and_tool_turn_prefix(autojump_clock: trio.abc.Cloc
         assert call["type"] == "function" and call["function"]["name"] == "read_file"
         assert json.loads(call["function"]["arguments"])["q"]
         assert r1["usage"]["completion_tokens"] == 20
-        turn2 = [USER, {"role": "assistant", "content": None, "tool_calls": msg["tool_calls"]},
-                 {"role": "tool", "tool_call_id": call["id"], "content": "README.md setup.py"}]
-        r2 = (await client.post("/v1/chat/completions", json={"messages": turn2, "tools": tools, "max_tokens": 4})).json()
+        turn2 = [
+            USER,
+            {"role": "assistant", "content": None, "tool_calls": msg["tool_calls"]},
+            {"role": "tool", "tool_call_id": call["id"], "content": "README.md setup.py"},
+        ]
+        r2 = (
+            await client.post("/v1/chat/completions", json={"messages": turn2, "tools": tools, "max_tokens": 4})
+        ).json()
         stream_req = {**first, "stream": True}
         async with client.stream("POST", "/v1/chat/completions", json=stream_req) as s:
             frames = sse_payloads(b"".join([c async for c in s.aiter_bytes()]))
@@ -129,29 +147,35 @@ async def test_tool_call_hint_and_tool_turn_prefix(autojump_clock: trio.abc.Cloc
 
 async def test_sim_output_tokens_hint_stops_early(autojump_clock: trio.abc.Clock) -> None:
     async with sim_client() as (_cluster, client):
-        r = await client.post("/v1/chat/completions",
-                              json={"messages": [USER], "max_tokens": 50, "vllm_xargs": {"sim_output_tokens": 7}})
+        r = await client.post(
+            "/v1/chat/completions", json={"messages": [USER], "max_tokens": 50, "vllm_xargs": {"sim_output_tokens": 7}}
+        )
     assert r.json()["usage"]["completion_tokens"] == 7
     assert r.json()["choices"][0]["finish_reason"] == "stop"
 
 
 async def test_dp_pinning_and_least_loaded_routing(autojump_clock: trio.abc.Clock) -> None:
     async with sim_client(SimConfig(dp_size=3, deterministic=True)) as (cluster, client):
-        r = await client.post("/v1/chat/completions", json={"messages": [USER], "max_tokens": 4},
-                              headers={"X-data-parallel-rank": "2"})
+        r = await client.post(
+            "/v1/chat/completions", json={"messages": [USER], "max_tokens": 4}, headers={"X-data-parallel-rank": "2"}
+        )
         assert r.status_code == 200
         assert [e.stats.generation_tokens for e in cluster.engines] == [0, 0, 4]
-        bad = await client.post("/v1/chat/completions", json={"messages": [USER]}, headers={"x-data-parallel-rank": "3"})
+        bad = await client.post(
+            "/v1/chat/completions", json={"messages": [USER]}, headers={"x-data-parallel-rank": "3"}
+        )
         assert bad.status_code == 400
         assert bad.json()["error"]["message"] == "data_parallel_rank 3 is out of range [0, 3)."
-        ignored = await client.post("/v1/chat/completions", json={"messages": [USER], "max_tokens": 1},
-                                    headers={"x-data-parallel-rank": "two"})
+        ignored = await client.post(
+            "/v1/chat/completions", json={"messages": [USER], "max_tokens": 1}, headers={"x-data-parallel-rank": "two"}
+        )
         assert ignored.status_code == 200
         assert cluster.engines[0].stats.generation_tokens == 1  # unpinned, all idle -> lowest rank
 
         async def one(i: int) -> None:
-            await client.post("/v1/chat/completions",
-                              json={"messages": [{"role": "user", "content": f"task {i}"}], "max_tokens": 50})
+            await client.post(
+                "/v1/chat/completions", json={"messages": [{"role": "user", "content": f"task {i}"}], "max_tokens": 50}
+            )
 
         async with trio.open_nursery() as nursery:
             for i in range(3):
@@ -164,14 +188,23 @@ async def test_metrics_exposition_matches_engine_counters(autojump_clock: trio.a
     async with sim_client() as (cluster, client):
         long_user = {"role": "user", "content": tokenizer.text_of_tokens(100, "metrics")}
         for i in range(3):
-            await client.post("/v1/chat/completions", json={"messages": [long_user], "max_tokens": 3 + i},
-                              headers={"x-data-parallel-rank": str(i % 2)})
+            await client.post(
+                "/v1/chat/completions",
+                json={"messages": [long_user], "max_tokens": 3 + i},
+                headers={"x-data-parallel-rank": str(i % 2)},
+            )
         text = (await client.get("/metrics")).text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     # family names as the parser reports them (counters lose the _total suffix)
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "vllm:cache_config_info", "vllm:time_to_first_token_seconds",
-                 "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds"):
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:cache_config_info",
+        "vllm:time_to_first_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:e2e_request_latency_seconds",
+    ):
         assert name in families, name
 
     def value(sample_name: str, engine: int) -> float:
@@ -244,8 +277,9 @@ async def test_strict_xargs_rejects_nested_values_lenient_accepts(autojump_clock
     body = {"messages": [USER], "max_tokens": 2, "vllm_xargs": {"agentic_context": {"program_id": "p1"}, "k": [1, "a"]}}
     async with sim_client(SimConfig(strict_xargs=True, deterministic=True)) as (_c, client):
         strict = await client.post("/v1/chat/completions", json=body)
-        scalar = await client.post("/v1/chat/completions",
-                                   json={**body, "vllm_xargs": {"agentic_context": '{"program_id": "p1"}', "k": [1]}})
+        scalar = await client.post(
+            "/v1/chat/completions", json={**body, "vllm_xargs": {"agentic_context": '{"program_id": "p1"}', "k": [1]}}
+        )
     async with sim_client() as (_c, client):
         lenient = await client.post("/v1/chat/completions", json=body)
     assert strict.status_code == 400
@@ -261,7 +295,10 @@ async def test_priority_under_fcfs_can_be_rejected(autojump_clock: trio.abc.Cloc
 
 
 async def test_other_endpoints(autojump_clock: trio.abc.Clock) -> None:
-    async with sim_client(SimConfig(dp_size=1, engine=EngineConfig(num_gpu_blocks=101), deterministic=True)) as (_c, client):
+    async with sim_client(SimConfig(dp_size=1, engine=EngineConfig(num_gpu_blocks=101), deterministic=True)) as (
+        _c,
+        client,
+    ):
         assert (await client.get("/health")).status_code == 200
         models = (await client.get("/v1/models")).json()
         assert models["data"][0]["id"] == "agentd-sim" and models["data"][0]["max_model_len"] == 1600
@@ -280,8 +317,12 @@ async def test_other_endpoints(autojump_clock: trio.abc.Clock) -> None:
 
 async def test_continuous_usage_and_token_id_prompts(autojump_clock: trio.abc.Clock) -> None:
     async with sim_client() as (_cluster, client):
-        payload = {"prompt": [101, 102, 103, 104], "max_tokens": 3, "stream": True,
-                   "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        payload = {
+            "prompt": [101, 102, 103, 104],
+            "max_tokens": 3,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
         async with client.stream("POST", "/v1/completions", json=payload) as r:
             frames = sse_payloads(b"".join([c async for c in r.aiter_bytes()]))
         batched = await client.post("/v1/completions", json={"prompt": ["a", "b"]})

@@ -17,10 +17,19 @@ import pytest
 _BENCH = Path(__file__).resolve().parents[2] / "bench" / "sim_bench.py"
 
 GOLDEN = {
-    "finished_requests": 152, "prompt_tokens": 673527, "prompt_tokens_cached": 168656,
-    "prompt_tokens_recomputed": 0, "generation_tokens": 56874, "prefix_cache_queries": 104593611,
-    "prefix_cache_hits": 19627504, "num_preemptions": 35, "num_steps": 378, "evictions": 33994,
-    "ttft_sum_seconds": 1224.76778, "e2e_sum_seconds": 2039.402865, "itl_count": 56722,
+    "finished_requests": 152,
+    "prompt_tokens": 673527,
+    "prompt_tokens_cached": 168656,
+    "prompt_tokens_recomputed": 0,
+    "generation_tokens": 56874,
+    "prefix_cache_queries": 104593611,
+    "prefix_cache_hits": 19627504,
+    "num_preemptions": 35,
+    "num_steps": 378,
+    "evictions": 33994,
+    "ttft_sum_seconds": 1224.76778,
+    "e2e_sum_seconds": 2039.402865,
+    "itl_count": 56722,
 }
 
 
@@ -36,10 +45,28 @@ def _bench() -> ModuleType:
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
 def test_small_seeded_load_matches_golden(driver: str, policy: str) -> None:
     bench = _bench()
-    args = bench.build_parser().parse_args([
-        "virtual", "--ranks", "2", "--hours", "0.05", "--sessions-per-rank", "6", "--shared-prefix", "1000",
-        "--append-median", "400", "--max-context", "9000", "--num-gpu-blocks", "700",
-        "--scheduling-policy", policy, "--driver", driver,
-    ])
+    args = bench.build_parser().parse_args(
+        [
+            "virtual",
+            "--ranks",
+            "2",
+            "--hours",
+            "0.05",
+            "--sessions-per-rank",
+            "6",
+            "--shared-prefix",
+            "1000",
+            "--append-median",
+            "400",
+            "--max-context",
+            "9000",
+            "--num-gpu-blocks",
+            "700",
+            "--scheduling-policy",
+            policy,
+            "--driver",
+            driver,
+        ]
+    )
     result = bench.bench_virtual(args)
     assert result["fingerprint"] == GOLDEN

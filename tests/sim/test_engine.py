@@ -188,8 +188,13 @@ def _random_workload(engine: Engine, seed: int) -> list[EngineOutput]:
 def test_multi_step_runs_equal_step_by_step(policy: str) -> None:
     def make(max_steps: int) -> Engine:
         return Engine(
-            EngineConfig(num_gpu_blocks=150, max_num_batched_tokens=2048, max_num_seqs=8,
-                         scheduling_policy=policy, max_steps_per_run=max_steps)
+            EngineConfig(
+                num_gpu_blocks=150,
+                max_num_batched_tokens=2048,
+                max_num_seqs=8,
+                scheduling_policy=policy,
+                max_steps_per_run=max_steps,
+            )
         )
 
     fast, slow = make(1 << 30), make(1)
@@ -244,7 +249,9 @@ def test_duplicate_blocks_are_kept_and_promoted_on_eviction() -> None:
 
 def test_cost_defaults_are_the_daemon_reference_values() -> None:
     assert CostModel() == CostModel.from_config(PrefillCostModel(), DecodeThroughputModel())
-    custom = CostModel.from_config(PrefillCostModel(intercept_seconds=0.5), DecodeThroughputModel(fixed_step_seconds=0.02))
+    custom = CostModel.from_config(
+        PrefillCostModel(intercept_seconds=0.5), DecodeThroughputModel(fixed_step_seconds=0.02)
+    )
     assert (custom.intercept_seconds, custom.fixed_step_seconds) == (0.5, 0.02)
 
 

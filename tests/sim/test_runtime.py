@@ -26,32 +26,49 @@ def _scenario(seed: int) -> tuple[list[bytes], str]:
 
     async def agent(client: httpx.AsyncClient, i: int, log: list[tuple[int, int, bytes]]) -> None:
         rng = random.Random(i)
-        messages = [{"role": "system", "content": tokenizer.text_of_tokens(300, "shared")},
-                    {"role": "user", "content": tokenizer.text_of_tokens(rng.randint(20, 400), f"u{i}")}]
+        messages = [
+            {"role": "system", "content": tokenizer.text_of_tokens(300, "shared")},
+            {"role": "user", "content": tokenizer.text_of_tokens(rng.randint(20, 400), f"u{i}")},
+        ]
         for turn in range(3):
-            body = {"messages": messages, "max_tokens": rng.randint(50, 250), "stream": turn % 2 == 0,
-                    "stream_options": {"include_usage": True} if turn % 2 == 0 else None,
-                    "priority": rng.randint(0, 2)}
+            body = {
+                "messages": messages,
+                "max_tokens": rng.randint(50, 250),
+                "stream": turn % 2 == 0,
+                "stream_options": {"include_usage": True} if turn % 2 == 0 else None,
+                "priority": rng.randint(0, 2),
+            }
             body = {k: v for k, v in body.items() if v is not None}
             if body["stream"]:
                 async with client.stream("POST", "/v1/chat/completions", json=body) as r:
                     raw = b"".join([c async for c in r.aiter_bytes()])
-                content = "".join(f["choices"][0]["delta"].get("content", "")
-                                  for f in sse_payloads(raw) if isinstance(f, dict) and f["choices"])
+                content = "".join(
+                    f["choices"][0]["delta"].get("content", "")
+                    for f in sse_payloads(raw)
+                    if isinstance(f, dict) and f["choices"]
+                )
             else:
                 r = await client.post("/v1/chat/completions", json=body)
                 raw = r.content
                 content = r.json()["choices"][0]["message"]["content"]
             log.append((i, turn, raw + repr(trio.current_time()).encode()))
-            messages = [*messages, {"role": "assistant", "content": content},
-                        {"role": "tool", "content": tokenizer.text_of_tokens(rng.randint(5, 200), f"t{i}{turn}")}]
+            messages = [
+                *messages,
+                {"role": "assistant", "content": content},
+                {"role": "tool", "content": tokenizer.text_of_tokens(rng.randint(5, 200), f"t{i}{turn}")},
+            ]
             await trio.sleep(rng.choice([0.0, 0.5, 2.0]))
 
     async def main() -> tuple[list[bytes], str]:
         log: list[tuple[int, int, bytes]] = []
-        config = SimConfig(dp_size=2, seed=seed, deterministic=True,
-                           engine=EngineConfig(num_gpu_blocks=120, max_num_batched_tokens=512,
-                                               scheduling_policy="priority", seed=seed))
+        config = SimConfig(
+            dp_size=2,
+            seed=seed,
+            deterministic=True,
+            engine=EngineConfig(
+                num_gpu_blocks=120, max_num_batched_tokens=512, scheduling_policy="priority", seed=seed
+            ),
+        )
         async with trio.open_nursery() as nursery:
             cluster: SimCluster = await nursery.start(SimCluster(config).run)
             async with httpx.AsyncClient(transport=SimTransport(cluster), base_url="http://sim") as client:
@@ -81,9 +98,15 @@ async def test_real_socket_server_streams(nursery: trio.Nursery) -> None:
     assert url.startswith("http://127.0.0.1:") and not url.endswith(":0")
     async with httpx.AsyncClient(base_url=url) as client:
         assert (await client.get("/health")).status_code == 200
-        payload = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True,
-                   "stream_options": {"include_usage": True}}
-        async with client.stream("POST", "/v1/chat/completions", json=payload, headers={"X-data-parallel-rank": "1"}) as r:
+        payload = {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        async with client.stream(
+            "POST", "/v1/chat/completions", json=payload, headers={"X-data-parallel-rank": "1"}
+        ) as r:
             raw = b"".join([c async for c in r.aiter_bytes()])
         frames = sse_payloads(raw)
         assert frames[-1] == "[DONE]" and frames[-2]["usage"]["completion_tokens"] == 4
@@ -101,8 +124,10 @@ async def test_run_sim_cluster_from_embedded_config(autojump_clock: trio.abc.Clo
     other: SimCluster = await nursery.start(run_sim_cluster, cfg)
     transport = SimTransport({"http://w0:8000": other, "http://w1:8000": cluster})
     async with httpx.AsyncClient(transport=transport) as client:
-        r = await client.post("http://w1:8000/v1/chat/completions",
-                              json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "model": "emb"})
+        r = await client.post(
+            "http://w1:8000/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "model": "emb"},
+        )
         assert r.status_code == 200
         assert sum(e.stats.generation_tokens for e in cluster.engines) == 2
         assert sum(e.stats.generation_tokens for e in other.engines) == 0

@@ -21,14 +21,31 @@ from daemon.cli import main
 
 
 def test_bench_native_and_agentd_on_a_tiny_trace(tmp_path, capsys) -> None:
-    trace = synthesize("swe-short", 2, seed=4, knobs=Knobs(input_scale=0.05, output_scale=0.05,
-                                                           gap_cap_seconds=0.5))
+    trace = synthesize("swe-short", 2, seed=4, knobs=Knobs(input_scale=0.05, output_scale=0.05, gap_cap_seconds=0.5))
     path = tmp_path / "tiny.jsonl"
     with open(path, "w", encoding="utf-8") as fh:
         write_trace(trace, fh)
     out = tmp_path / "bench"
-    code = main(["bench", "--trace", str(path), "--out", str(out), "--systems", "native,agentd", "--workers", "1",
-                 "--kv-blocks", "256", "--time-scale", "20", "--no-progress", "--port-base", "0"])
+    code = main(
+        [
+            "bench",
+            "--trace",
+            str(path),
+            "--out",
+            str(out),
+            "--systems",
+            "native,agentd",
+            "--workers",
+            "1",
+            "--kv-blocks",
+            "256",
+            "--time-scale",
+            "20",
+            "--no-progress",
+            "--port-base",
+            "0",
+        ]
+    )
     assert code == 0
     reports = {s: json.loads((out / f"{s}.json").read_text()) for s in ("native", "agentd")}
     for system, rep in reports.items():
@@ -63,8 +80,22 @@ def test_bench_rejects_unknown_system(tmp_path, capsys) -> None:
         write_trace(synthesize("bfcl", 1, seed=1), fh)
     assert main(["bench", "--trace", str(path), "--out", str(tmp_path / "o"), "--systems", "native,sglang"]) == 2
     assert "--systems: unknown system 'sglang'" in capsys.readouterr().err
-    assert main(["bench", "--trace", str(path), "--out", str(tmp_path / "o"), "--systems", "vllm-router",
-                 "--vllm-router", str(tmp_path / "missing")]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "--trace",
+                str(path),
+                "--out",
+                str(tmp_path / "o"),
+                "--systems",
+                "vllm-router",
+                "--vllm-router",
+                str(tmp_path / "missing"),
+            ]
+        )
+        == 2
+    )
     assert "is not an executable file" in capsys.readouterr().err
 
 

@@ -13,23 +13,31 @@ from bench.plots import write_plots
 
 def _report(jct: float, hit: float, preempt: float, rps: float, router_p90: float | None = None) -> dict:
     rep = {
-        "tasks": {"completed": 10}, "requests": {"failed": 0},
+        "tasks": {"completed": 10},
+        "requests": {"failed": 0},
         "jct_seconds": {"mean": jct, "p50": jct, "p90": jct * 1.5, "p99": jct * 2},
         "throughput": {"requests_per_second": rps, "output_tokens_per_second": rps * 100},
-        "cache": {"token_hit_ratio": hit}, "preemptions": preempt,
-        "queue_wait_seconds": {"router": None, "backend": {"count": 4, "cdf": [[0.5, 0.5], [1.0, 1.0]],
-                                                           "p90": 0.9}},
+        "cache": {"token_hit_ratio": hit},
+        "preemptions": preempt,
+        "queue_wait_seconds": {"router": None, "backend": {"count": 4, "cdf": [[0.5, 0.5], [1.0, 1.0]], "p90": 0.9}},
         "samples": {"jct_seconds": [jct * 0.5, jct, jct * 1.5]},
         "scheduling": {"cross_rank_migrations": 0, "force_resumes": 0, "segment_yields": 0},
     }
     if router_p90 is not None:
-        rep["queue_wait_seconds"]["router"] = {"count": 2, "p50": 0.1, "p90": router_p90,
-                                               "cdf": [[0.1, 0.5], [1.0, 1.0]]}
+        rep["queue_wait_seconds"]["router"] = {
+            "count": 2,
+            "p50": 0.1,
+            "p90": router_p90,
+            "cdf": [[0.1, 0.5], [1.0, 1.0]],
+        }
     return rep
 
 
-REPORTS = {"native": _report(100.0, 0.6, 70, 2.0), "agentd": _report(70.0, 0.72, 3, 3.0, 0.4),
-           "vllm-router-ps": _report(80.0, 0.70, 4, 2.5, 0.6)}
+REPORTS = {
+    "native": _report(100.0, 0.6, 70, 2.0),
+    "agentd": _report(70.0, 0.72, 3, 3.0, 0.4),
+    "vllm-router-ps": _report(80.0, 0.70, 4, 2.5, 0.6),
+}
 
 
 def test_report_md_side_by_side_and_ratios() -> None:
@@ -69,10 +77,12 @@ def test_queue_wait_from_a_histogram_delta_in_trace_seconds() -> None:
     name = "vllm_router_agent_aware_queue_wait_seconds"
     before = parse_metrics(
         f'# TYPE {name} histogram\n{name}_bucket{{target="a",le="0.1"}} 1\n{name}_bucket{{target="a",le="1.0"}} 1\n'
-        f'{name}_bucket{{target="a",le="+Inf"}} 1\n{name}_sum{{target="a"}} 0.05\n{name}_count{{target="a"}} 1\n')
+        f'{name}_bucket{{target="a",le="+Inf"}} 1\n{name}_sum{{target="a"}} 0.05\n{name}_count{{target="a"}} 1\n'
+    )
     after = parse_metrics(
         f'# TYPE {name} histogram\n{name}_bucket{{target="a",le="0.1"}} 3\n{name}_bucket{{target="a",le="1.0"}} 5\n'
-        f'{name}_bucket{{target="a",le="+Inf"}} 5\n{name}_sum{{target="a"}} 1.25\n{name}_count{{target="a"}} 5\n')
+        f'{name}_bucket{{target="a",le="+Inf"}} 5\n{name}_sum{{target="a"}} 1.25\n{name}_count{{target="a"}} 5\n'
+    )
     out = queue_wait_summary([before], [after], name, scale=2.0)
     assert out["kind"] == "histogram" and out["count"] == 4
     assert out["mean"] == 2.0 * 1.2 / 4
@@ -87,8 +97,10 @@ def test_queue_wait_from_the_reference_routers_summary() -> None:
     name = "vllm_router_agent_aware_queue_wait_seconds"
     text = f"# TYPE {name} summary\n"
     for target, count, p50, p90 in (("a", 3, 0.1, 0.4), ("b", 1, 0.5, 0.8)):
-        text += (f'{name}{{target="{target}",quantile="0.5"}} {p50}\n{name}{{target="{target}",quantile="0.9"}} {p90}\n'
-                 f'{name}_sum{{target="{target}"}} {count * p50}\n{name}_count{{target="{target}"}} {count}\n')
+        text += (
+            f'{name}{{target="{target}",quantile="0.5"}} {p50}\n{name}{{target="{target}",quantile="0.9"}} {p90}\n'
+            f'{name}_sum{{target="{target}"}} {count * p50}\n{name}_count{{target="{target}"}} {count}\n'
+        )
     out = queue_wait_summary([None], [parse_metrics(text)], name, scale=1.0)
     assert out["kind"] == "summary" and out["count"] == 4
     assert out["p50"] == (3 * 0.1 + 1 * 0.5) / 4

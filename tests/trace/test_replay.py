@@ -27,16 +27,25 @@ def _trace(lines: list[dict], meta: dict | None = None):
 
 
 def _rec(sid: str, turn: int, delta: int, out: int, gap: float = 0.0, **extra: object) -> dict:
-    return {"session_id": sid, "turn": turn, "input_delta": delta, "output_length": out, "pre_gap_ms": gap,
-            "role": "tool" if turn else "user", **extra}
+    return {
+        "session_id": sid,
+        "turn": turn,
+        "input_delta": delta,
+        "output_length": out,
+        "pre_gap_ms": gap,
+        "role": "tool" if turn else "user",
+        **extra,
+    }
 
 
 async def test_replay_timing_messages_and_report(autojump_clock) -> None:
     worker = FakeWorker()
-    trace = _trace([
-        _rec("a", 0, 40, 5, shared_prefix_id="sys", shared_prefix_tokens=30),
-        _rec("a", 1, 20, 5, gap=500.0, shared_prefix_id="sys", shared_prefix_tokens=30),
-    ])
+    trace = _trace(
+        [
+            _rec("a", 0, 40, 5, shared_prefix_id="sys", shared_prefix_tokens=30),
+            _rec("a", 1, 20, 5, gap=500.0, shared_prefix_id="sys", shared_prefix_tokens=30),
+        ]
+    )
     async with httpx.AsyncClient(transport=httpx.MockTransport(worker.handler)) as client:
         before = await scrape_all(client, [f"{URL}/metrics"])
         result = await run_replay(trace, client, URL, ReplayOptions(time_scale=2.0))
@@ -50,8 +59,14 @@ async def test_replay_timing_messages_and_report(autojump_clock) -> None:
     assert second[: len(first)] == first
     assert worker.bodies[1]["messages"][2]["role"] == "assistant"
     ctx = worker.bodies[1]["vllm_xargs"]["agentic_context"]
-    assert ctx == {"program_id": "a", "task_id": "a", "agent_id": "lead", "step_id": 1, "expected_resume": True,
-                   "priority": 0}
+    assert ctx == {
+        "program_id": "a",
+        "task_id": "a",
+        "agent_id": "lead",
+        "step_id": 1,
+        "expected_resume": True,
+        "priority": 0,
+    }
     assert worker.bodies[0]["stream_options"] == {"include_usage": True}
     assert worker.headers[0]["x-session-id"] == "a"
 
@@ -75,13 +90,25 @@ async def test_replay_timing_messages_and_report(autojump_clock) -> None:
 
 async def test_replay_subagents_block_the_parent(autojump_clock) -> None:
     worker = FakeWorker()
-    trace = _trace([
-        _rec("p", 0, 10, 5),
-        _rec("p", 1, 10, 5, gap=100.0),
-        _rec("p.c", 0, 10, 5, gap=10.0, parent_session_id="p", parent_turn=0, blocks_parent=True,
-             agent_id="sub0", task_id="p"),
-        _rec("p.c", 1, 10, 5, gap=1000.0, parent_session_id="p", agent_id="sub0", task_id="p"),
-    ])
+    trace = _trace(
+        [
+            _rec("p", 0, 10, 5),
+            _rec("p", 1, 10, 5, gap=100.0),
+            _rec(
+                "p.c",
+                0,
+                10,
+                5,
+                gap=10.0,
+                parent_session_id="p",
+                parent_turn=0,
+                blocks_parent=True,
+                agent_id="sub0",
+                task_id="p",
+            ),
+            _rec("p.c", 1, 10, 5, gap=1000.0, parent_session_id="p", agent_id="sub0", task_id="p"),
+        ]
+    )
     async with httpx.AsyncClient(transport=httpx.MockTransport(worker.handler)) as client:
         result = await run_replay(trace, client, URL)
     by = {(r.session_id, r.turn): r for r in result.requests}

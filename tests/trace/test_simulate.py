@@ -81,8 +81,9 @@ def test_simulate_command_writes_the_report(tmp_path) -> None:
     with open(trace, "w", encoding="utf-8") as fh:
         write_trace(TRACE, fh)
     out = tmp_path / "r.json"
-    assert main(["simulate", "--config", str(conf), "--trace", str(trace), "--out", str(out),
-                 "--concurrency", "4"]) == 0
+    assert (
+        main(["simulate", "--config", str(conf), "--trace", str(trace), "--out", str(out), "--concurrency", "4"]) == 0
+    )
     report = json.loads(out.read_text())
     assert report["system"] == "native" and report["tasks"]["completed"] == 4
     assert report["trace"]["requests"] == len(TRACE.records)

@@ -95,19 +95,30 @@ def test_read_trace_rejects_bad_records_naming_line_and_field(lines: list[str], 
 
 
 def test_plain_mooncake_lines_load_as_one_turn_sessions() -> None:
-    text = '{"timestamp": 0, "input_length": 100, "output_length": 20, "hash_ids": [1, 2]}\n' \
-           '{"timestamp": 50, "input_length": 70, "output_length": 10, "hash_ids": [1]}\n'
+    text = (
+        '{"timestamp": 0, "input_length": 100, "output_length": 20, "hash_ids": [1, 2]}\n'
+        '{"timestamp": 50, "input_length": 70, "output_length": 10, "hash_ids": [1]}\n'
+    )
     trace = read_trace(io.StringIO(text))
     assert [(r.session_id, r.turn, r.input_delta, r.input_length) for r in trace.records] == [
-        ("line-1", 0, 100, 100), ("line-2", 0, 70, 70)]
+        ("line-1", 0, 100, 100),
+        ("line-2", 0, 70, 70),
+    ]
 
 
 def test_stats_measure_the_trace_not_the_profile() -> None:
-    trace = read_trace(io.StringIO("\n".join([
-        _line(session_id="a", input_delta=100, output_length=10),
-        _line(session_id="a", turn=1, input_delta=20, output_length=10, pre_gap_ms=500, role="tool"),
-        _line(session_id="a", turn=2, input_delta=30, output_length=10, pre_gap_ms=20000, role="tool"),
-    ]) + "\n"))
+    trace = read_trace(
+        io.StringIO(
+            "\n".join(
+                [
+                    _line(session_id="a", input_delta=100, output_length=10),
+                    _line(session_id="a", turn=1, input_delta=20, output_length=10, pre_gap_ms=500, role="tool"),
+                    _line(session_id="a", turn=2, input_delta=30, output_length=10, pre_gap_ms=20000, role="tool"),
+                ]
+            )
+            + "\n"
+        )
+    )
     st = trace_stats(trace)
     assert st["turns_per_program.p50"] == 3
     assert st["append_tokens.mean"] == 25

@@ -64,8 +64,12 @@ class FakeWorker:
         text = text_of_tokens(n, salt=request.headers.get("x-request-id", ""))
         pieces = [text.split(" ")[0]] + [" " + w for w in text.split(" ")[1:]]
         self.sequences.append(prompt + tokenize(text))
-        usage = {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n,
-                 "prompt_tokens_details": {"cached_tokens": cached}}
+        usage = {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": n,
+            "total_tokens": len(prompt) + n,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
 
         async def stream() -> AsyncIterator[bytes]:
             await trio.sleep(TTFT_SECONDS)

@@ -74,17 +74,35 @@ class Harness:
         self.log.extend(st.effects)
         return st.effects
 
-    def submit(self, program: str, tokens: int = 100, at: float | None = None, rid: str | None = None,
-               hints: RequestHints | None = None, ident: Ident | None = None, **ik: Any) -> tuple[Any, ...]:
+    def submit(
+        self,
+        program: str,
+        tokens: int = 100,
+        at: float | None = None,
+        rid: str | None = None,
+        hints: RequestHints | None = None,
+        ident: Ident | None = None,
+        **ik: Any,
+    ) -> tuple[Any, ...]:
         self._n += 1
         rid = rid or f"r{self._n}"
         identity = ident or Ident(program, placement_key=program, placement_hash_key=program, **ik)
         return self.feed(RequestSubmitted(RequestId(rid), identity, tokens, hints or RequestHints()), at)
 
-    def complete(self, rid: str, at: float | None = None, success: bool = True, prompt: int | None = None,
-                 cached: int | None = None, completion: int | None = None, decode: float | None = None,
-                 terminate: bool = False) -> tuple[Any, ...]:
-        return self.feed(RequestCompleted(RequestId(rid), success, Usage(prompt, cached, completion), decode, terminate), at)
+    def complete(
+        self,
+        rid: str,
+        at: float | None = None,
+        success: bool = True,
+        prompt: int | None = None,
+        cached: int | None = None,
+        completion: int | None = None,
+        decode: float | None = None,
+        terminate: bool = False,
+    ) -> tuple[Any, ...]:
+        return self.feed(
+            RequestCompleted(RequestId(rid), success, Usage(prompt, cached, completion), decode, terminate), at
+        )
 
     def abandon(self, rid: str, at: float | None = None) -> tuple[Any, ...]:
         return self.feed(RequestAbandoned(RequestId(rid)), at)
@@ -92,8 +110,15 @@ class Harness:
     def tick(self, at: float | None = None) -> tuple[Any, ...]:
         return self.feed(RepairTick(), at)
 
-    def observe(self, i: int, kv: float | None, running: int | None, waiting: int | None, at: float | None = None,
-                epoch: int = 1) -> tuple[Any, ...]:
+    def observe(
+        self,
+        i: int,
+        kv: float | None,
+        running: int | None,
+        waiting: int | None,
+        at: float | None = None,
+        epoch: int = 1,
+    ) -> tuple[Any, ...]:
         self.feed(ObservationStarted(tid(i), epoch), at)
         return self.feed(ObservationReceived(tid(i), epoch, kv, running, waiting))
 

@@ -35,7 +35,9 @@ def test_config_invalid_golden(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", INVALID, ids=[p.stem for p in INVALID])
-def test_config_check_config_cli_exits_2_with_the_lines(path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_config_check_config_cli_exits_2_with_the_lines(
+    path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(ROOT)
     assert main(["check-config", str(path.relative_to(ROOT))]) == 2
     err = capsys.readouterr().err.splitlines()
@@ -57,7 +59,11 @@ def test_config_defaults_match_the_seed_contract() -> None:
     assert ps.cross_rank_headroom_ratio == 1.2 and ps.hash_virtual_nodes == 160
     assert ps.token_capacity_per_dp_rank is None and ps.max_active_programs_per_target == 64
     assert (ps.metrics_interval_seconds, ps.admission_waiting_request_threshold) == (1.0, 1)
-    assert (ps.queue_timeout_seconds, ps.force_resume_timeout_seconds, ps.paused_retention_ttl_seconds) == (600.0, 300.0, 1800.0)
+    assert (ps.queue_timeout_seconds, ps.force_resume_timeout_seconds, ps.paused_retention_ttl_seconds) == (
+        600.0,
+        300.0,
+        1800.0,
+    )
     assert (ps.shared_prefix_freshness_warmup_seconds, ps.shared_prefix_freshness_kv_turnovers) == (100.0, 2.0)
     assert (ps.decode_buffer_tokens, ps.max_acting_ttl_seconds) == (100, 10.0)
     assert (ps.high_watermark_ratio, ps.low_watermark_ratio) == (1.0, 1.0)
@@ -73,7 +79,9 @@ def test_config_enable_flag_alone_gives_all_defaults() -> None:
 
 
 def test_config_deprecated_alias_is_accepted_warned_and_never_emitted() -> None:
-    cfg = config_from_dict({"enable_program_scheduling": True, "program_scheduling": {"token_capacity_per_target": 5000}})
+    cfg = config_from_dict(
+        {"enable_program_scheduling": True, "program_scheduling": {"token_capacity_per_target": 5000}}
+    )
     assert cfg.program_scheduling is not None and cfg.program_scheduling.token_capacity_per_dp_rank == 5000
     assert [w.event for w in config_warnings(cfg)][0] == "deprecated_config_alias"
     dumped = dump_config(cfg)["program_scheduling"]
@@ -81,12 +89,17 @@ def test_config_deprecated_alias_is_accepted_warned_and_never_emitted() -> None:
 
 
 def test_config_targets_are_worker_major_url_at_rank() -> None:
-    cfg = config_from_dict({"routing": {"worker_urls": ["http://a:1/", "http://b:2"], "intra_node_data_parallel_size": 2}})
+    cfg = config_from_dict(
+        {"routing": {"worker_urls": ["http://a:1/", "http://b:2"], "intra_node_data_parallel_size": 2}}
+    )
     assert [t.target_id for t in cfg.targets()] == ["http://a:1@0", "http://a:1@1", "http://b:2@0", "http://b:2@1"]
     assert [t.index for t in cfg.targets()] == [0, 1, 2, 3]
     assert not cfg.embedded_mode
     embedded = AgentdConfig()
-    assert embedded.embedded_mode and [t.target_id for t in embedded.targets()] == ["http://embedded-sim@0", "http://embedded-sim@1"]
+    assert embedded.embedded_mode and [t.target_id for t in embedded.targets()] == [
+        "http://embedded-sim@0",
+        "http://embedded-sim@1",
+    ]
 
 
 def _router_args(argv: list[str]) -> argparse.Namespace:
@@ -99,11 +112,24 @@ def test_config_router_flags_match_the_same_json_in_toml(tmp_path: Path) -> None
     ps_json = (ROOT / "configs" / "program-scheduling.json").read_text()
     args = _router_args(
         [
-            "--host", "0.0.0.0", "--port", "3001",
-            "--worker-urls", "http://worker-0:8000", "http://worker-1:8000",
-            "--intra-node-data-parallel-size", "2", "--policy", "consistent_hash",
-            "--prometheus-host", "0.0.0.0", "--prometheus-port", "29000",
-            "--enable-program-scheduling", "--program-scheduling-config-json", json.dumps(json.loads(ps_json)),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "3001",
+            "--worker-urls",
+            "http://worker-0:8000",
+            "http://worker-1:8000",
+            "--intra-node-data-parallel-size",
+            "2",
+            "--policy",
+            "consistent_hash",
+            "--prometheus-host",
+            "0.0.0.0",
+            "--prometheus-port",
+            "29000",
+            "--enable-program-scheduling",
+            "--program-scheduling-config-json",
+            json.dumps(json.loads(ps_json)),
         ]
     )
     from_flags = load_config(None, overrides_from_args(args))
@@ -193,7 +219,12 @@ def test_config_calibration_warning_reference_figures_with_all_defaults() -> Non
 def test_config_calibration_warning_suppressed_when_all_seven_given_or_binding_only() -> None:
     all_seven = json.loads((ROOT / "configs" / "program-scheduling.json").read_text())
     assert _calibration(config_from_dict({"enable_program_scheduling": True, "program_scheduling": all_seven})) is None
-    assert _calibration(config_from_dict({"enable_program_scheduling": True, "program_scheduling": {"binding_only": True}})) is None
+    assert (
+        _calibration(
+            config_from_dict({"enable_program_scheduling": True, "program_scheduling": {"binding_only": True}})
+        )
+        is None
+    )
 
 
 def _field_paths(cls: type, prefix: str = "") -> list[str]:

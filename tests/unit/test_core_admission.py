@@ -77,8 +77,9 @@ def test_core_threshold_zero_disables_gate() -> None:
     assert admitted(h.submit("a", at=0.1)) == ["r1"]
 
 
-def _mature_rank(capacity_rounds: tuple[int, ...], growth: int, decode: float | None,
-                 completion: int = 50) -> RankState:
+def _mature_rank(
+    capacity_rounds: tuple[int, ...], growth: int, decode: float | None, completion: int = 50
+) -> RankState:
     rank = RankState(TargetId("t@0"), "t", 0, 0)
     rank.factors = ProgressTtlFactors(len(capacity_rounds))
     for i, r in enumerate(capacity_rounds):

@@ -149,7 +149,11 @@ def test_identity_absent_or_null_context_is_identity_free() -> None:
 
 
 def test_identity_parent_agent_from_claude_header_in_canonical_mode() -> None:
-    headers = {"x-claude-code-session-id": "sess", "x-claude-code-agent-id": "worker", "x-claude-code-parent-agent-id": "planner"}
+    headers = {
+        "x-claude-code-session-id": "sess",
+        "x-claude-code-agent-id": "worker",
+        "x-claude-code-parent-agent-id": "planner",
+    }
     ident = identity(ctx_body(priority=1), headers)
     assert ident.program_id == "sess:worker"
     assert ident.parent_program_id == "sess:planner"
@@ -314,7 +318,12 @@ def test_placement_hash_key_over_512_bytes_is_rejected() -> None:
         (ctx_body(program_id="p", priority=False), {}, f"{CTX}.priority", "must be an integer"),
         (ctx_body(program_id="p", deadline_seconds="10"), {}, f"{CTX}.deadline_seconds", "seconds as a number"),
         (ctx_body(program_id="p", deadline=-1), {}, f"{CTX}.deadline", "finite and non-negative"),
-        (ctx_body(program_id="p", kv_retention_ttl_seconds=float("inf")), {}, f"{CTX}.kv_retention_ttl_seconds", "finite"),
+        (
+            ctx_body(program_id="p", kv_retention_ttl_seconds=float("inf")),
+            {},
+            f"{CTX}.kv_retention_ttl_seconds",
+            "finite",
+        ),
         (ctx_body(program_id="p", kv_retention_ttl=float("nan")), {}, f"{CTX}.kv_retention_ttl", "finite"),
         (ctx_body(program_id="p", expected_output_length=-5), {}, f"{CTX}.expected_output_length", "non-negative"),
         (ctx_body(program_id="p", request_id={}), {}, f"{CTX}.request_id", "string-compatible"),
@@ -377,10 +386,28 @@ def test_identity_unknown_enable_key_is_a_programming_error() -> None:
 
 
 @pytest.mark.parametrize(
-    "field", ["program_id", "task_id", "session_id", "agent_id", "parent_program_id", "root_program_id", "agent_role", "spawn_reason", "request_id"]
+    "field",
+    [
+        "program_id",
+        "task_id",
+        "session_id",
+        "agent_id",
+        "parent_program_id",
+        "root_program_id",
+        "agent_role",
+        "spawn_reason",
+        "request_id",
+    ],
 )
 def test_identity_component_over_256_bytes_is_rejected(field: str) -> None:
-    fields = {"program_id": "p", "task_id": "t", "agent_id": "a", "session_id": "s", "parent_program_id": "q", "blocks_parent": False}
+    fields = {
+        "program_id": "p",
+        "task_id": "t",
+        "agent_id": "a",
+        "session_id": "s",
+        "parent_program_id": "q",
+        "blocks_parent": False,
+    }
     parsed = parse(ctx_body(**dict(fields, **{field: "x" * 256})))
     value = parsed.scope.request_id if field == "request_id" else getattr(parsed.identity, field)
     assert value == "x" * 256

@@ -69,8 +69,10 @@ def test_core_accounting_sources_missing_fresh_stale_and_no_capacity() -> None:
     assert (r["observation_fresh"], r["capacity_accounting_source"]) == (False, "router_ledger_stale_observation")
     h2 = Harness()
     h2.observe(0, 0.2, 0, 0, at=1.0)
-    assert snapshot(h2.state, h2.cfg, 1.0)["ranks"][0]["capacity_accounting_source"] == \
-        "router_ledger_missing_token_estimate"
+    assert (
+        snapshot(h2.state, h2.cfg, 1.0)["ranks"][0]["capacity_accounting_source"]
+        == "router_ledger_missing_token_estimate"
+    )
 
 
 def test_core_capacity_source_transition_reported_once() -> None:
@@ -82,7 +84,10 @@ def test_core_capacity_source_transition_reported_once() -> None:
     h.observe(0, 0.1, 0, 0, at=2.5)
     (rec,) = of(h.tick(at=3.0), fx.CapacitySourceChanged)
     assert (rec.previous_source, rec.source, rec.observation_age_seconds) == (
-        "router_ledger_missing_observation", "backend_observation", 0.5)
+        "router_ledger_missing_observation",
+        "backend_observation",
+        0.5,
+    )
     h.feed(ObservationStale(tid(0)), at=3.5)
     (back,) = of(h.tick(at=4.0), fx.CapacitySourceChanged)
     assert back.source == "router_ledger_missing_observation"
@@ -97,8 +102,12 @@ def test_core_first_report_of_backend_source_is_silent() -> None:
 def test_core_snapshot_exposes_program_and_rank_facts() -> None:
     h = Harness(max_active_programs_per_target=1)
     h.submit("a", tokens=100, hints=RequestHints(request_id="req-1", priority=9))
-    h.submit("b", tokens=50, at=1.0, hints=RequestHints(request_id="req-2", priority=3, deadline_seconds=12.5,
-                                                         expected_output_length=2048))
+    h.submit(
+        "b",
+        tokens=50,
+        at=1.0,
+        hints=RequestHints(request_id="req-2", priority=3, deadline_seconds=12.5, expected_output_length=2048),
+    )
     snap = snapshot(h.state, h.cfg, 2.0)
     json.dumps(snap)  # JSON ready
     assert snap["retained_requests"] == 1

@@ -9,8 +9,14 @@ from actors.core.model import Lineage
 from actors.core.placement import Binder, Candidate, HashRing, stable_hash64
 
 
-def cand(t: str, programs: int = 0, tokens: float = 0.0, cap: int | None = None, pressure: float = 0.0,
-         admissible: bool = True) -> Candidate:
+def cand(
+    t: str,
+    programs: int = 0,
+    tokens: float = 0.0,
+    cap: int | None = None,
+    pressure: float = 0.0,
+    admissible: bool = True,
+) -> Candidate:
     return Candidate(TargetId(t), programs, tokens, cap, pressure, admissible)
 
 
@@ -57,8 +63,7 @@ def test_core_consistent_hash_ring_is_stable_and_balanced() -> None:
     assert stable_hash64("x") == int.from_bytes(__import__("hashlib").blake2b(b"x", digest_size=8).digest(), "big")
     # removing a target only moves the keys it owned
     ring3 = HashRing(ids[:3], 160)
-    moved = sum(1 for i in range(2000) if ring.owner(f"k{i}") != ring3.owner(f"k{i}")
-                and ring.owner(f"k{i}") != ids[3])
+    moved = sum(1 for i in range(2000) if ring.owner(f"k{i}") != ring3.owner(f"k{i}") and ring.owner(f"k{i}") != ids[3])
     assert moved == 0
 
 

@@ -45,8 +45,13 @@ def test_core_pool_cancel_reports_front_and_deletes_empty_fifo() -> None:
 
 
 def test_core_global_force_resume_estimate_worked_numbers() -> None:
-    h = Harness(n_targets=2, global_queue=True, stats_window_size=2, max_active_programs_per_target=1,
-                binding_strategy="program_round_robin")
+    h = Harness(
+        n_targets=2,
+        global_queue=True,
+        stats_window_size=2,
+        max_active_programs_per_target=1,
+        binding_strategy="program_round_robin",
+    )
     for i, gap in ((0, 2.0), (1, 1.0)):
         f = h.rank(i).factors
         for k, r in enumerate((1, 2)):  # R = ceil(2 * 1.5) = 3 on both ranks

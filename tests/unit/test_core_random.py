@@ -29,13 +29,29 @@ from actors.core.scheduler import initial_state, step
 
 CONFIGS = {
     "count_guard": dict(max_active_programs_per_target=2, stats_window_size=3),
-    "capacity": dict(token_capacity_per_dp_rank=3000, low_watermark_ratio=0.8, high_watermark_ratio=0.9,
-                     stats_window_size=3, max_active_programs_per_target=4),
-    "global": dict(token_capacity_per_dp_rank=3000, global_queue=True, stats_window_size=2,
-                   admission_waiting_request_threshold=0, max_segment_rounds=2, resume_order="fcfs"),
+    "capacity": dict(
+        token_capacity_per_dp_rank=3000,
+        low_watermark_ratio=0.8,
+        high_watermark_ratio=0.9,
+        stats_window_size=3,
+        max_active_programs_per_target=4,
+    ),
+    "global": dict(
+        token_capacity_per_dp_rank=3000,
+        global_queue=True,
+        stats_window_size=2,
+        admission_waiting_request_threshold=0,
+        max_segment_rounds=2,
+        resume_order="fcfs",
+    ),
     "binding_only": dict(binding_only=True, stats_window_size=2),
-    "least_count": dict(binding_strategy="least_program_count", max_active_programs_per_target=1,
-                        stats_window_size=2, queue_timeout_seconds=30.0, force_resume_timeout_seconds=10.0),
+    "least_count": dict(
+        binding_strategy="least_program_count",
+        max_active_programs_per_target=1,
+        stats_window_size=2,
+        queue_timeout_seconds=30.0,
+        force_resume_timeout_seconds=10.0,
+    ),
 }
 
 
@@ -104,8 +120,14 @@ def run(name: str, seed: int, steps: int = 400) -> tuple[list[Any], dict[str, st
             fate[rid] = "completed"
             prompt = rnd.choice((None, rnd.randrange(50, 1800)))
             cached = rnd.choice((None, 0, 40)) if prompt is not None else None
-            feed(RequestCompleted(RequestId(rid), rnd.random() < 0.9, Usage(prompt, cached, rnd.randrange(0, 80)),
-                                  rnd.choice((None, 0.5))))
+            feed(
+                RequestCompleted(
+                    RequestId(rid),
+                    rnd.random() < 0.9,
+                    Usage(prompt, cached, rnd.randrange(0, 80)),
+                    rnd.choice((None, 0.5)),
+                )
+            )
         elif r < 0.72:
             waiting = [k for k, v in fate.items() if v == "waiting"]
             if waiting:

@@ -16,8 +16,13 @@ from actors.core.resume import force_resume_estimate
 from actors.core.stats import RequestSample
 
 
-def prog(pid: str, queued_at: float | None = None, finished: float | None = None, forced_at: float | None = None,
-         yielded: bool = False) -> Program:
+def prog(
+    pid: str,
+    queued_at: float | None = None,
+    finished: float | None = None,
+    forced_at: float | None = None,
+    yielded: bool = False,
+) -> Program:
     p = Program(ProgramRef("default", pid, 0), 0.0)
     p.queued_at = queued_at
     p.last_request_finished_at = finished
@@ -31,7 +36,9 @@ def front(p: Program, priority: int = 0) -> PendingRequest:
 
 
 def order(items: list[tuple[Program, int]], mode: str, now: float = 10.0) -> list[str]:
-    return [p.ref.program_id for p, _ in sorted(items, key=lambda it: resume_key(it[0], front(it[0], it[1]), now, mode))]
+    return [
+        p.ref.program_id for p, _ in sorted(items, key=lambda it: resume_key(it[0], front(it[0], it[1]), now, mode))
+    ]
 
 
 def test_core_resume_order_forced_then_priority_then_yield_then_mru() -> None:
@@ -162,7 +169,9 @@ def test_core_no_yield_without_waiter() -> None:
 
 
 def test_core_global_mode_new_programs_stay_on_initial_binding() -> None:
-    h = Harness(n_targets=2, global_queue=True, max_active_programs_per_target=1, binding_strategy="program_round_robin")
+    h = Harness(
+        n_targets=2, global_queue=True, max_active_programs_per_target=1, binding_strategy="program_round_robin"
+    )
     h.submit("a")  # round robin -> rank 0
     h.submit("b")  # -> rank 1
     h.submit("c")  # -> rank 0, busy; rank 1 busy too
@@ -200,8 +209,9 @@ SLOW_PREFILL = PrefillCostModel(intercept_seconds=5.0)
 
 @pytest.mark.parametrize(("second_ctx", "moves"), [(2000, True), (6000, False)])
 def test_core_cross_rank_headroom_inequality(second_ctx: int, moves: bool) -> None:
-    h = _global_two_ranks(token_capacity_per_dp_rank=10_000, admission_waiting_request_threshold=0,
-                          prefill_cost_model=SLOW_PREFILL)
+    h = _global_two_ranks(
+        token_capacity_per_dp_rank=10_000, admission_waiting_request_threshold=0, prefill_cost_model=SLOW_PREFILL
+    )
     h.submit("big", tokens=6000)  # rank 0
     h.submit("z", tokens=1000)  # rank 1: 1100 used
     h.submit("a", tokens=2000)  # rank 0: 6100 + 2100 <= 10000
@@ -220,8 +230,9 @@ def test_core_cross_rank_headroom_inequality(second_ctx: int, moves: bool) -> No
 def test_core_cross_rank_ski_rental_moves_after_waiting_the_recompute_cost() -> None:
     """agentd difference: no backend pressure and no headroom margin, but a waited as long as a
     recompute of its private context elsewhere costs, so it moves to the rank that can admit it."""
-    h = _global_two_ranks(token_capacity_per_dp_rank=10_000, admission_waiting_request_threshold=1,
-                          prefill_cost_model=SLOW_PREFILL)
+    h = _global_two_ranks(
+        token_capacity_per_dp_rank=10_000, admission_waiting_request_threshold=1, prefill_cost_model=SLOW_PREFILL
+    )
     h.submit("big", tokens=6000)  # rank 0
     h.submit("z", tokens=1000)  # rank 1: 1100 used
     h.submit("a", tokens=2000)  # rank 0
@@ -249,9 +260,14 @@ def test_core_cross_rank_order_is_fcfs_regardless_of_mru() -> None:
 
 
 def test_core_cross_rank_escape_to_an_idle_rank_before_the_windows_mature() -> None:
-    h = Harness(n_targets=2, global_queue=True, binding_strategy="program_round_robin",
-                token_capacity_per_dp_rank=10_000, admission_waiting_request_threshold=0,
-                prefill_cost_model=SLOW_PREFILL)
+    h = Harness(
+        n_targets=2,
+        global_queue=True,
+        binding_strategy="program_round_robin",
+        token_capacity_per_dp_rank=10_000,
+        admission_waiting_request_threshold=0,
+        prefill_cost_model=SLOW_PREFILL,
+    )
     assert not h.rank(0).factors.request_window_complete  # stats_window_size 100: immature all along
     h.submit("big", tokens=6000)  # rank 0
     h.submit("z", tokens=1000, hints=RequestHints(kv_retention_ttl_seconds=600.0))  # rank 1

@@ -18,9 +18,17 @@ from actors.core.stats import (
 )
 
 
-def sample(prompt: int = 100, completion: int = 10, cached: int = 0, growth: int | None = None,
-           e2e: float = 1.0, decode: float | None = None, queue: float = 0.0, rounds: int = 1,
-           at: float = 0.0) -> RequestSample:
+def sample(
+    prompt: int = 100,
+    completion: int = 10,
+    cached: int = 0,
+    growth: int | None = None,
+    e2e: float = 1.0,
+    decode: float | None = None,
+    queue: float = 0.0,
+    rounds: int = 1,
+    at: float = 0.0,
+) -> RequestSample:
     return RequestSample(prompt, completion, cached, growth, e2e, decode, queue, rounds, at)
 
 
