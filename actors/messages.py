@@ -1,27 +1,34 @@
-"""Every message that travels between the Program-scheduling actors.
+"""Every message that travels between the Program-scheduling actors (docs/architecture.md §3).
 
-Naming follows the architecture guide: facts are past-tense nouns (``Completed``,
-``TimerFired``, ``ObservationReceived``), commands are imperative (``ArmTimer``, ``CancelTimer``),
-replies are ``Admitted``/``Rejected``.  All messages are frozen attrs values; those carrying a
-reply channel use ``eq=False`` (a channel has identity, not value).
+One value type per fact: what the scheduler actor receives *is* the pure core's input event
+(``actors.core.events``: ``RequestSubmitted``, ``RequestCompleted``, ``RequestAbandoned``,
+``TimerFired``), and what a Program actor receives *is* the core's timer effect (``ArmTimer``,
+``CancelTimer``).  Nothing is translated on the way, so the fields the edge filled in reach the
+core unchanged.  Every message is a frozen attrs value that cattrs can (un)structure, so the
+messages could cross a process boundary; the in-process reply channel therefore travels beside
+the message, in a :class:`Submission`, never inside it.
 
 Flow::
 
-    HTTP handler --Submit(reply)--> scheduler actor --Admitted|Rejected--> handler
-    HTTP handler --Completed | Abandoned--> scheduler actor
-    rank actors  --ObservationStarted, ObservationReceived, RepairTick--> scheduler actor
-    scheduler    --ArmTimer | CancelTimer--> Program actor (via the registry); Retire = inbox closed
+    HTTP handler --Submission(RequestSubmitted, reply)--> scheduler actor --Admitted|Rejection--> handler
+    HTTP handler --RequestCompleted | RequestAbandoned--> scheduler actor
+    observation pacer / rank actors --ObservationStarted, ObservationReceived, RepairTick--> scheduler actor
+    scheduler    --ArmTimer | CancelTimer--> Program actor (via the registry); retire = inbox closed
     Program actor --TimerFired--> scheduler actor
+
+Replies are :class:`Admitted` (the target to forward to) or the core's
+:class:`~actors.core.errors.Rejection` (status, reason, message, Retry-After).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import trio
 from attrs import frozen
 
 from actors.core.config import BackendTarget
+from actors.core.effects import ArmTimer, CancelTimer
+from actors.core.errors import Rejection
+from actors.core.events import RequestAbandoned, RequestCompleted, RequestSubmitted, TimerFired
 from actors.observations import EngineSample
 
 # ---------------------------------------------------------------------------------------------
@@ -39,82 +46,19 @@ class Admitted:
     queue_seconds: float
 
 
-@frozen
-class Rejected:
-    """The request will not be dispatched; ``status`` is the HTTP status to answer."""
-
-    request_id: str
-    reason: str  # bounded enum: "queue_timeout" | "no_targets" | ...
-    status: int
-    message: str
-    retry_after_seconds: float | None
-
-
-Reply = Admitted | Rejected
+Reply = Admitted | Rejection
 
 
 @frozen(eq=False)
-class Submit:
-    """A request carrying Program identity arrived; answer exactly once on ``reply``."""
+class Submission:
+    """In-process delivery of a ``RequestSubmitted`` with the one-shot channel for its reply.
 
-    request_id: str
-    parsed_identity: Any  # actors.core.identity.ParsedIdentity
-    model: str | None
-    estimated_prompt_tokens: int
-    routing_text: str
+    Not a message (a channel is not a value): a transport across processes would carry the
+    event and map ``reply`` to its connection.  ``eq=False``: a channel has identity only.
+    """
+
+    event: RequestSubmitted
     reply: trio.MemorySendChannel[Reply]
-
-
-@frozen
-class Completed:
-    """The dispatched request ended (reported exactly once per admitted request)."""
-
-    request_id: str
-    success: bool
-    prompt_tokens: int | None
-    cached_tokens: int | None
-    completion_tokens: int | None
-    decode_seconds: float | None
-    error: str | None
-
-
-@frozen
-class Abandoned:
-    """The request left before being dispatched or without a result (client gone, cancelled)."""
-
-    request_id: str
-
-
-# ---------------------------------------------------------------------------------------------
-# Timers (scheduler <-> Program actors)
-# ---------------------------------------------------------------------------------------------
-
-
-@frozen
-class ArmTimer:
-    """(Re-)arm timer ``kind`` of one Program generation; replaces any timer of that kind."""
-
-    kind: str
-    deadline: float  # absolute trio clock
-    token: int
-
-
-@frozen
-class CancelTimer:
-    kind: str
-
-
-ProgramCommand = ArmTimer | CancelTimer
-
-
-@frozen
-class TimerFired:
-    """A Program actor's timer reached its deadline; stale tokens are dropped by the core."""
-
-    program: Any  # actors.core.ids.ProgramRef
-    kind: str
-    token: int
-    deadline: float
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,9 +86,25 @@ class ObservationReceived:
 
 @frozen
 class RepairTick:
-    """The periodic decision tick (capacity repair, TTL expiry, retention, scheduling)."""
+    """The periodic decision tick (capacity repair, retention, scheduling)."""
 
     deadline: float
 
 
-SchedulerMessage = Submit | Completed | Abandoned | TimerFired | ObservationStarted | ObservationReceived | RepairTick
+# ---------------------------------------------------------------------------------------------
+# Mailbox types
+# ---------------------------------------------------------------------------------------------
+
+ProgramCommand = ArmTimer | CancelTimer
+
+SchedulerMessage = (
+    RequestSubmitted
+    | RequestCompleted
+    | RequestAbandoned
+    | TimerFired
+    | ObservationStarted
+    | ObservationReceived
+    | RepairTick
+)
+
+SchedulerInboxItem = Submission | SchedulerMessage

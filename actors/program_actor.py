@@ -1,14 +1,14 @@
 """One Program actor per live Program generation: its timers.
 
-A Program generation has at most three timers, one per kind: the acting TTL, the force-resume
-deadline and the paused-retention TTL (the kinds are the core's strings; this module does not
+A Program generation has at most four timers, one per kind: the acting TTL, the force-resume
+deadline, the paused-retention TTL and its queued requests' timeout (the kinds are the core's strings; this module does not
 interpret them).  The actor holds ``kind -> (deadline, token)`` and loops::
 
     with trio.move_on_at(min(armed deadlines)):
         command = await inbox.receive()      # ArmTimer replaces a kind, CancelTimer drops it
 
 When the cancel scope expires, every due timer fires, in ``(deadline, token)`` order, as
-``TimerFired(program, kind, token, deadline)`` to the scheduler.  Re-arming is just a new
+``TimerFired(program, kind, token)`` to the scheduler.  Re-arming is just a new
 deadline in the dict.  Tokens come from the core's monotonic counter; a firing whose token no
 longer matches the Program's record (a timer re-armed or cancelled after the firing was sent) is
 dropped by the core, so a race between a firing and a re-arm is harmless.
@@ -24,7 +24,9 @@ from typing import Any
 
 import trio
 
-from actors.messages import ArmTimer, CancelTimer, ProgramCommand, TimerFired
+from actors.core.effects import ArmTimer, CancelTimer
+from actors.core.events import TimerFired
+from actors.messages import ProgramCommand
 
 
 async def run_program_actor(
@@ -55,6 +57,6 @@ async def run_program_actor(
                 continue
             now = trio.current_time()
             due = sorted((d, tok, kind) for kind, (d, tok) in timers.items() if d <= now)
-            for deadline, token, kind in due:
+            for _deadline, token, kind in due:
                 del timers[kind]
-                await fired_send.send(TimerFired(program=program, kind=kind, token=token, deadline=deadline))
+                await fired_send.send(TimerFired(program=program, kind=kind, token=token))

@@ -50,6 +50,50 @@ CACHE_MISS_IMPACT_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120)
 ARMED_TTL_BUCKETS = (0, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 
 # transitions_total reason label values (bounded enum).
+# (metric name after "admission_", AdmissionCapacitySnapshot field, help, buckets): one histogram
+# per capacity fact observed at each committed admission; a None field is not observed.
+ADMISSION_HISTOGRAMS: tuple[tuple[str, str, str, tuple[float, ...]], ...] = (
+    ("used_tokens", "used_tokens", "Rank usage at each committed admission.", TOKEN_BUCKETS),
+    ("required_tokens", "required_tokens", "Tokens required by each committed admission.", TOKEN_BUCKETS),
+    ("growth_reserve_tokens", "growth_reserve_tokens", "Growth reserve of each committed admission.", TOKEN_BUCKETS),
+    (
+        "capacity_pressure_ratio",
+        "capacity_pressure_ratio",
+        "used / capacity at each committed admission.",
+        RATIO_BUCKETS,
+    ),
+    (
+        "projected_pressure_ratio",
+        "projected_pressure_ratio",
+        "(used + required + reserve) / capacity at each admission.",
+        RATIO_BUCKETS,
+    ),
+    (
+        "backend_kv_usage_ratio",
+        "backend_kv_usage_ratio",
+        "Last observed backend KV usage at each admission.",
+        RATIO_BUCKETS,
+    ),
+    (
+        "backend_running_requests",
+        "backend_running_requests",
+        "Backend running requests at each admission.",
+        REQUEST_BUCKETS,
+    ),
+    (
+        "backend_waiting_requests",
+        "backend_waiting_requests",
+        "Backend waiting requests at each admission.",
+        REQUEST_BUCKETS,
+    ),
+    (
+        "capacity_observation_age_seconds",
+        "observation_age_seconds",
+        "Age of the capacity observation at each admission.",
+        INTERVAL_BUCKETS,
+    ),
+)
+
 TRANSITION_REASONS = (
     "program_admit",
     "batch_gain_admit",
@@ -197,53 +241,10 @@ class ProgramMetrics:
             ("target",),
             TOKEN_BUCKETS,
         )
-        self.admission_used_tokens = hist(
-            "admission_used_tokens", "Rank usage at each committed admission.", ("target",), TOKEN_BUCKETS
-        )
-        self.admission_required_tokens = hist(
-            "admission_required_tokens", "Tokens required by each committed admission.", ("target",), TOKEN_BUCKETS
-        )
-        self.admission_growth_reserve_tokens = hist(
-            "admission_growth_reserve_tokens",
-            "Growth reserve of each committed admission.",
-            ("target",),
-            TOKEN_BUCKETS,
-        )
-        self.admission_capacity_pressure_ratio = hist(
-            "admission_capacity_pressure_ratio",
-            "used / capacity at each committed admission.",
-            ("target",),
-            RATIO_BUCKETS,
-        )
-        self.admission_projected_pressure_ratio = hist(
-            "admission_projected_pressure_ratio",
-            "(used + required + reserve) / capacity at each admission.",
-            ("target",),
-            RATIO_BUCKETS,
-        )
-        self.admission_backend_kv_usage_ratio = hist(
-            "admission_backend_kv_usage_ratio",
-            "Last observed backend KV usage at each admission.",
-            ("target",),
-            RATIO_BUCKETS,
-        )
-        self.admission_backend_running_requests = hist(
-            "admission_backend_running_requests",
-            "Backend running requests at each admission.",
-            ("target",),
-            REQUEST_BUCKETS,
-        )
-        self.admission_backend_waiting_requests = hist(
-            "admission_backend_waiting_requests",
-            "Backend waiting requests at each admission.",
-            ("target",),
-            REQUEST_BUCKETS,
-        )
-        self.admission_capacity_observation_age_seconds = hist(
-            "admission_capacity_observation_age_seconds",
-            "Age of the capacity observation at each admission.",
-            ("target",),
-            INTERVAL_BUCKETS,
+        # admission_<name> histograms, one per AdmissionCapacitySnapshot field (see ADMISSION_HISTOGRAMS)
+        self.admission: tuple[tuple[str, Histogram], ...] = tuple(
+            (field, hist(f"admission_{name}", doc, ("target",), buckets))
+            for name, field, doc, buckets in ADMISSION_HISTOGRAMS
         )
         self.collector = ProgramGaugeCollector(lambda: self._gauges)
         registry.register(self.collector)

@@ -12,7 +12,7 @@ the :class:`ProgramRegistry` handle and calls it synchronously while routing the
 Deadlock freedom: the scheduler never awaits a Program actor.  Commands are delivered with
 ``send_nowait`` into a small bounded inbox; the Program actor only ever blocks while sending a
 ``TimerFired`` into the scheduler inbox, which the scheduler drains without awaiting anything
-else.  A full Program inbox therefore means a bug (the scheduler sent far more than the three
+else.  A full Program inbox therefore means a bug (the scheduler sent far more than the four
 live timers need) and raises :class:`ProgramInboxOverflow`, which stops the daemon
 (one-cancels-all) instead of silently dropping a timer.
 """
@@ -24,10 +24,12 @@ from typing import Any
 import trio
 
 from actors.mailbox import channel_statistics
-from actors.messages import ArmTimer, CancelTimer, ProgramCommand, TimerFired
+from actors.core.effects import ArmTimer, CancelTimer
+from actors.core.events import TimerFired
+from actors.messages import ProgramCommand
 from actors.program_actor import run_program_actor
 
-# Per-Program inbox.  At most three timer kinds are live; a scheduler step emits at most one
+# Per-Program inbox.  At most four timer kinds are live; a scheduler step emits at most one
 # command per kind (arm or cancel), and the actor drains its inbox whenever it is not handing a
 # firing to the scheduler.  32 leaves ample room for bursts of steps during such a hand-over.
 PROGRAM_INBOX_SIZE = 32
@@ -69,12 +71,12 @@ class ProgramRegistry:
         except trio.WouldBlock:
             raise ProgramInboxOverflow(f"Program actor inbox full ({PROGRAM_INBOX_SIZE} commands pending)") from None
 
-    def arm(self, program: Any, kind: str, deadline: float, token: int) -> None:
-        self._deliver(program, ArmTimer(kind=kind, deadline=deadline, token=token))
+    def arm(self, command: ArmTimer) -> None:
+        self._deliver(command.program, command)
 
-    def cancel(self, program: Any, kind: str) -> None:
-        if program in self._inboxes:
-            self._deliver(program, CancelTimer(kind=kind))
+    def cancel(self, command: CancelTimer) -> None:
+        if command.program in self._inboxes:
+            self._deliver(command.program, command)
 
     def retire(self, program: Any) -> None:
         send = self._inboxes.pop(program, None)

@@ -34,7 +34,7 @@ from typing import Any
 from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.effects import Admit
 from actors.core.events import RequestCompleted, RequestSubmitted, TargetsChanged
-from actors.core.identity import parse_identity
+from daemon.http.identity import parse_identity
 from actors.core.model import Usage
 from actors.core.scheduler import SchedulerState, initial_state, step
 

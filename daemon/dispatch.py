@@ -22,10 +22,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 
 from actors.core.config import BackendTarget
+from actors.core.errors import Rejection
+from actors.core.model import Usage
 from daemon.routing import Policy, build_policy, routing_key
 
 if TYPE_CHECKING:
-    from actors.core.identity import ParsedIdentity
+    from daemon.http.identity import ParsedIdentity
+    from daemon.http.requests import PromptSize
 
 
 @attrs.frozen
@@ -36,16 +39,9 @@ class ProxyRequest:
     headers: Mapping[str, str]  # lower-case header names
     model: str | None
     stream: bool
-    estimated_prompt_tokens: int
+    prompt: PromptSize
     routing_text: str
     identity: ParsedIdentity | None = None
-
-
-@attrs.frozen
-class Usage:
-    prompt_tokens: int | None
-    cached_tokens: int | None
-    completion_tokens: int | None
 
 
 @attrs.frozen
@@ -70,22 +66,11 @@ class Dispatcher(Protocol):
 
 
 class DispatchRejected(Exception):
-    """An expected refusal (429/503 style) carrying the HTTP mapping."""
+    """An expected refusal (429/503 style): carries the core's :class:`Rejection` unchanged."""
 
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        code: str,
-        param: str | None = None,
-        retry_after_seconds: float | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-        self.param = param
-        self.retry_after_seconds = retry_after_seconds
+    def __init__(self, rejection: Rejection) -> None:
+        super().__init__(rejection.message)
+        self.rejection = rejection
 
 
 class HealthView(Protocol):
@@ -148,9 +133,11 @@ class NativeDispatcher:
         if not healthy:
             self._rejected += 1
             raise DispatchRejected(
-                503,
-                f"no healthy targets are available: {self._health.unhealthy_reason()}",
-                "no_healthy_target",
+                Rejection(
+                    reason="no_healthy_target",
+                    status_hint=503,
+                    message=f"no healthy targets are available: {self._health.unhealthy_reason()}",
+                )
             )
         if len(healthy) == 1:
             return healthy[0]

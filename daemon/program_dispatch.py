@@ -10,11 +10,12 @@ traffic creates no Program state and triggers no backend polling.
 
 :class:`ProgramDispatcher` implements the proxy's ``Dispatcher`` protocol:
 
-* ``lease(req)`` sends ``Submit`` to the scheduler actor and waits for ``Admitted`` (the request
-  was retained in the RequestPool until then) or ``Rejected`` (queue timeout -> 429 with
+* ``lease(req)`` sends the core's ``RequestSubmitted`` to the scheduler actor and waits for
+  ``Admitted`` (the request was retained in the RequestPool until then) or a ``Rejection`` (queue
+  timeout -> 429 with
   ``Retry-After``; no targets -> 503);
 * ``lease.finish(outcome)`` reports ``Completed`` with usage exactly once;
-* leaving the lease without ``finish`` (client gone, cancellation) sends ``Abandoned`` from a
+* leaving the lease without ``finish`` (client gone, cancellation) sends ``RequestAbandoned`` from a
   shielded ``finally``, so a disconnect never leaks ledger capacity.
 
 ``diagnostics()`` renders the ``/scheduling/diagnostics`` document (periphery spec §6) from the
@@ -38,39 +39,47 @@ from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.ids import DEFAULT_MODEL_POOL
 from actors.logevents import get_logger, log_event
 from actors.mailbox import ActorGone
-from actors.messages import Abandoned, Admitted, Completed, Rejected, Reply, Submit
+from actors.core.errors import Rejection
+from actors.core.events import RequestAbandoned, RequestCompleted, RequestSubmitted
+from actors.core.ids import RequestId
+from actors.core.model import NO_USAGE
+from actors.messages import Admitted, Reply, Submission
 from actors.program_metrics import GaugeSnapshot, ProgramMetrics, TokenEstimateGauge
 from actors.rank_actor import RankObservers, run_rank_actor
 from actors.scheduler_actor import SchedulerHandle, diagnostics_snapshot, rank_gauges, run_scheduler_actor
 from daemon.config import AgentdConfig
 from daemon.dispatch import DispatchRejected, HealthView, Outcome, ProxyRequest
-from daemon.http.requests import TOKENS_PER_BYTE
 
-# Abandoned/Completed are sent from a shielded finally; this caps how long a handler can be
+# RequestAbandoned/RequestCompleted are sent from a shielded finally; this caps how long a handler can be
 # held there if the scheduler inbox is saturated (the scheduler never stops draining it).
 RELEASE_TIMEOUT_SECONDS = 5.0
-PROXY_TOKENS_PER_BYTE = TOKENS_PER_BYTE  # the proxy's static estimate
+DEFAULT_TOKENS_PER_BYTE = 0.25  # the estimator's starting coefficient (about 4 UTF-8 bytes per token)
+SCHEDULER_UNAVAILABLE = Rejection(
+    reason="scheduler_unavailable", status_hint=503, message="Program scheduling is shutting down"
+)
 logger = get_logger("program.service")
 
 
 class TokenEstimator:
-    """Momentum prompt-token estimator per (model pool, endpoint) (periphery spec §9.5).
+    """The prompt-token estimate, made in this one place (docs/architecture.md §4).
 
-    The proxy estimates ``ceil(bytes * 0.25)``; this refines the coefficient from the prompt
-    token counts the workers report: ``coef = 0.9 * coef + 0.1 * clamp(prompt / bytes, 0.01, 4)``.
+    A prompt given as token ids counts exactly.  Otherwise the estimate is
+    ``max(1, ceil(text_bytes * coef))`` with one momentum coefficient per (model pool, endpoint),
+    starting at ``DEFAULT_TOKENS_PER_BYTE`` and refined from the prompt token counts the workers
+    report: ``coef = 0.9 * coef + 0.1 * clamp(prompt / bytes, 0.01, 4)`` (the reference router's
+    estimator, docs/program-scheduling.md §2).
     """
 
     def __init__(self, metrics: ProgramMetrics) -> None:
         self.coefficients: dict[tuple[str, str], float] = {}
         self._metrics = metrics
 
-    @staticmethod
-    def text_bytes(req: ProxyRequest) -> float:
-        return req.estimated_prompt_tokens / PROXY_TOKENS_PER_BYTE
-
     def estimate(self, pool: str, req: ProxyRequest) -> int:
-        coef = self.coefficients.get((pool, req.endpoint), PROXY_TOKENS_PER_BYTE)
-        return max(1, math.ceil(self.text_bytes(req) * coef))
+        exact = req.prompt.exact_tokens
+        if exact is not None:
+            return max(1, exact)
+        coef = self.coefficients.get((pool, req.endpoint), DEFAULT_TOKENS_PER_BYTE)
+        return max(1, math.ceil(req.prompt.text_bytes * coef))
 
     def feedback(self, pool: str, req: ProxyRequest, prompt_tokens: int | None) -> None:
         key = (pool, req.endpoint)
@@ -78,11 +87,11 @@ class TokenEstimator:
             self._metrics.token_estimate_feedback.labels(pool, req.endpoint, "missing").inc()
             return
         self._metrics.token_estimate_feedback.labels(pool, req.endpoint, "observed").inc()
-        nbytes = self.text_bytes(req)
-        if nbytes <= 0 or prompt_tokens <= 0:
-            return
+        nbytes = req.prompt.text_bytes
+        if req.prompt.exact_tokens is not None or nbytes <= 0 or prompt_tokens <= 0:
+            return  # token-id prompts say nothing about tokens per byte
         observed = min(4.0, max(0.01, prompt_tokens / nbytes))
-        old = self.coefficients.get(key, PROXY_TOKENS_PER_BYTE)
+        old = self.coefficients.get(key, DEFAULT_TOKENS_PER_BYTE)
         self.coefficients[key] = 0.9 * old + 0.1 * observed
 
     def gauges(self) -> tuple[TokenEstimateGauge, ...]:
@@ -116,16 +125,12 @@ class ProgramLease:
                 self.reported = True  # the scheduler is gone: nothing left to account
 
 
-def completed_message(request_id: str, outcome: Outcome) -> Completed:
-    u = outcome.usage
-    return Completed(
-        request_id=request_id,
+def completed_message(request_id: str, outcome: Outcome) -> RequestCompleted:
+    return RequestCompleted(
+        request_id=RequestId(request_id),
         success=outcome.success,
-        prompt_tokens=None if u is None else u.prompt_tokens,
-        cached_tokens=None if u is None else u.cached_tokens,
-        completion_tokens=None if u is None else u.completion_tokens,
+        usage=NO_USAGE if outcome.usage is None else outcome.usage,
         decode_seconds=outcome.decode_seconds,
-        error=outcome.error,
     )
 
 
@@ -173,25 +178,25 @@ class ProgramDispatcher:
             reply_send, reply_recv = trio.open_memory_channel[Reply](1)
             with reply_recv:
                 with reply_send:
-                    msg = Submit(
-                        request_id=req.request_id,
-                        parsed_identity=req.identity,
-                        model=req.model,
+                    event = RequestSubmitted(
+                        request_id=RequestId(req.request_id),
+                        identity=req.identity.identity,
                         estimated_prompt_tokens=estimate,
+                        hints=req.identity.hints,
+                        model_pool=DEFAULT_MODEL_POOL,
                         routing_text=req.routing_text,
-                        reply=reply_send.clone(),
                     )
-                    await inbox.send(msg)
+                    await inbox.send(Submission(event=event, reply=reply_send.clone()))
                     submitted = True
                     self.counters.submitted_count += 1
                 try:
                     reply = await reply_recv.receive()
                 except trio.EndOfChannel:
                     raise ActorGone("scheduler actor stopped") from None
-            if isinstance(reply, Rejected):
+            if isinstance(reply, Rejection):
                 submitted = False  # the core already dropped the request
                 self.counters.rejected_count += 1
-                raise DispatchRejected(reply.status, reply.message, reply.reason, None, reply.retry_after_seconds)
+                raise DispatchRejected(reply)
             assert isinstance(reply, Admitted)
             self.counters.admitted_count += 1
             lease = ProgramLease(
@@ -204,7 +209,7 @@ class ProgramDispatcher:
             yield lease
         except ActorGone:
             submitted = False
-            raise DispatchRejected(503, "Program scheduling is shutting down", "scheduler_unavailable") from None
+            raise DispatchRejected(SCHEDULER_UNAVAILABLE) from None
         finally:
             if submitted:
                 with trio.CancelScope(shield=True):
@@ -235,7 +240,7 @@ class ProgramDispatcher:
             return
         self.counters.abandoned_count += 1
         try:
-            await inbox.send(Abandoned(request_id=req.request_id))
+            await inbox.send(RequestAbandoned(request_id=RequestId(req.request_id)))
         except trio.BrokenResourceError:
             pass  # the scheduler is gone: nothing left to account
 

@@ -25,15 +25,14 @@ from __future__ import annotations
 import logging
 import random
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 import attrs
 import httpx
 import trio
+from prometheus_client import CollectorRegistry
 
-from actors.core.identity import IdentityError, parse_identity, strip_agentic_context
 from actors.logevents import get_logger, log_event
 from daemon.config import AgentdConfig
 from daemon.config_loading import config_warnings
@@ -41,11 +40,11 @@ from daemon.dispatch import NativeDispatcher
 from daemon.handles import DaemonHandles
 from daemon.health import HealthBoard, run_health_checks
 from daemon.http.app import create_app
-from daemon.http.errors import ApiError
 from daemon.http.metrics_route import metrics_asgi_app
-from daemon.http.proxy import ProxyEngine
+from daemon.http.proxy import ProgramRoute, ProxyEngine
 from daemon.http.serve import serve_http as serve_asgi
 from daemon.metrics import ProxyMetrics, build_registry
+from daemon.program_dispatch import ProgramDispatcher, run_program_scheduling
 from daemon.upstream import UpstreamTransport, client_kwargs, upstream_limits
 from sim.cluster import SimCluster, SimConfig, run_sim_cluster
 from sim.transport import SimTransport
@@ -92,22 +91,6 @@ async def _start_embedded(
     return clusters
 
 
-def identity_parser_for(cfg: AgentdConfig) -> Callable[[dict[str, Any], Mapping[str, str]], Any] | None:
-    """Program identity parsing when Program scheduling is on (IdentityError -> HTTP 400)."""
-    ps = cfg.program_scheduling
-    if ps is None:
-        return None
-    enable_key = ps.program_scheduling_enable_key
-
-    def parse(body: dict[str, Any], headers: Mapping[str, str]) -> Any:
-        try:
-            return parse_identity(body, headers, enable_key)
-        except IdentityError as exc:
-            raise ApiError(400, str(exc), code="invalid_program_identity", param=exc.param) from exc
-
-    return parse
-
-
 async def _watch_signals(shutdown: trio.Event, root: trio.CancelScope) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
@@ -124,6 +107,86 @@ def _log_startup(cfg: AgentdConfig) -> None:
         log_event(logger, logging.WARNING, warning.event, message=warning.message, **dict(warning.fields))
 
 
+@attrs.frozen(eq=False)
+class Upstream:
+    """How the daemon reaches its workers: the client, the proxy's raw transport, embedded ranks."""
+
+    client: httpx.AsyncClient
+    transport: httpx.AsyncBaseTransport | None
+    embedded: dict[str, SimCluster] | None
+
+
+async def _open_upstream(
+    root: trio.Nursery,
+    cfg: AgentdConfig,
+    client_factory: ClientFactory | None,
+    transport_factory: TransportFactory | None,
+    sim_configure: SimConfigure | None,
+) -> Upstream:
+    """Step 1: the workers - the embedded simulated cluster, a given client, or a pooled transport."""
+    if cfg.embedded_mode:
+        embedded = await _start_embedded(root, cfg, sim_configure)
+        transport: httpx.AsyncBaseTransport = SimTransport(embedded)
+        return Upstream(client_on(cfg, transport), transport, embedded)
+    if client_factory is not None:
+        return Upstream(client_factory(cfg), None, None)
+    transport = transport_factory(cfg) if transport_factory is not None else default_transport(cfg)
+    return Upstream(client_on(cfg, transport), transport, None)
+
+
+async def _start_dispatchers(
+    root: trio.Nursery,
+    cfg: AgentdConfig,
+    upstream: Upstream,
+    registry: CollectorRegistry,
+    metrics: ProxyMetrics,
+    rng: random.Random | None,
+) -> tuple[HealthBoard, NativeDispatcher, ProgramDispatcher | None]:
+    """Steps 2-3: the health actor (first round done), the native dispatcher, Program scheduling."""
+    targets = cfg.targets()
+    board = HealthBoard(targets)
+    await root.start(
+        run_health_checks,
+        board,
+        upstream.client,
+        cfg.routing.health_check_interval_seconds,
+        cfg.routing.health_check_timeout_seconds,
+        metrics,
+    )
+    native = NativeDispatcher(targets, cfg.routing.policy, board, rng or random.Random())
+    program = None
+    if cfg.program_scheduling is not None:
+        program = await root.start(partial(run_program_scheduling, health=board), cfg, upstream.client, registry)
+    return board, native, program
+
+
+async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandles) -> DaemonHandles:
+    """Step 4: the HTTP server (and the extra ``/metrics`` listener); the handles with their URLs."""
+    grace = cfg.server.shutdown_grace_seconds
+    shutdown = handles.shutdown
+    app = create_app(handles)
+    http_url = await servers.start(serve_asgi, app, cfg.server.host, cfg.server.port, grace, shutdown.wait)
+    metrics_url = None
+    if cfg.prometheus.port is not None:
+        host = cfg.prometheus.host or cfg.server.host
+        metrics_app = metrics_asgi_app(handles.registry)
+        metrics_url = await servers.start(serve_asgi, metrics_app, host, cfg.prometheus.port, grace, shutdown.wait)
+    handles = attrs.evolve(handles, http_url=http_url, metrics_url=metrics_url)
+    app.handles = handles
+    log_event(
+        logger,
+        logging.INFO,
+        "daemon_listening",
+        url=http_url,
+        metrics_url=metrics_url,
+        targets=len(handles.targets),
+        embedded=cfg.embedded_mode,
+        policy=cfg.routing.policy,
+        program_scheduling=handles.program_dispatcher is not None,
+    )
+    return handles
+
+
 async def run_daemon(
     cfg: AgentdConfig,
     *,
@@ -138,13 +201,12 @@ async def run_daemon(
     """Run agentd until ``handles.shutdown`` is set (or a signal when ``handle_signals``).
 
     Upstream: ``transport_factory(cfg)`` builds the transport to external workers (default: a
-    pooled ``httpx.AsyncHTTPTransport``; tests pass an ``httpx.MockTransport``) and the proxy
-    sends straight to it; ``client_factory(cfg)`` instead supplies a whole ``httpx.AsyncClient``
-    (the proxy then goes through the client layer, slower).  In embedded mode the transport is
-    the simulated cluster's ``SimTransport``.
-    ``rng`` seeds the ``random``/``power_of_two`` policies (default: an unseeded Random).
-    ``sim_configure`` adjusts each embedded simulated server's ``SimConfig`` (``agentd simulate``
-    passes ``deterministic=True`` for virtual time).
+    pooled HTTP/1.1 transport; tests pass an ``httpx.MockTransport``) and the proxy sends straight
+    to it; ``client_factory(cfg)`` instead supplies a whole ``httpx.AsyncClient`` (the proxy then
+    goes through the client layer, slower).  In embedded mode the transport is the simulated
+    cluster's ``SimTransport``.  ``rng`` seeds the ``random``/``power_of_two`` policies (default: an
+    unseeded Random).  ``sim_configure`` adjusts each embedded simulated server's ``SimConfig``
+    (``agentd simulate`` passes ``deterministic=True`` for virtual time).
     """
     _log_startup(cfg)
     registry = build_registry()
@@ -154,87 +216,37 @@ async def run_daemon(
     async with trio.open_nursery() as root:
         if handle_signals:
             root.start_soon(_watch_signals, shutdown, root.cancel_scope)
-        embedded: Any = None
-        transport: httpx.AsyncBaseTransport | None = None
-        if cfg.embedded_mode:
-            embedded = await _start_embedded(root, cfg, sim_configure)
-            transport = SimTransport(embedded)
-            client = client_on(cfg, transport)
-        elif client_factory is not None:
-            client = client_factory(cfg)
-        else:
-            transport = transport_factory(cfg) if transport_factory is not None else default_transport(cfg)
-            client = client_on(cfg, transport)
-        async with client:
-            board = HealthBoard(targets)
-            await root.start(
-                run_health_checks,
-                board,
-                client,
-                cfg.routing.health_check_interval_seconds,
-                cfg.routing.health_check_timeout_seconds,
-                metrics,
-            )
-            native = NativeDispatcher(targets, cfg.routing.policy, board, rng or random.Random())
-            program = None
-            if cfg.program_scheduling is not None:
-                from daemon.program_dispatch import run_program_scheduling  # noqa: PLC0415
-
-                program = await root.start(partial(run_program_scheduling, health=board), cfg, client, registry)
+        upstream = await _open_upstream(root, cfg, client_factory, transport_factory, sim_configure)
+        async with upstream.client:
+            board, native, program = await _start_dispatchers(root, cfg, upstream, registry, metrics, rng)
+            ps = cfg.program_scheduling
             engine = ProxyEngine(
-                client=client,
+                client=upstream.client,
                 native=native,
                 metrics=metrics,
                 agentic_context_forwarding=cfg.routing.agentic_context_forwarding,
-                strip_agentic_context=strip_agentic_context,
-                program=program,
-                identity_parser=identity_parser_for(cfg),
-                transport=transport,
-                timeout=client.timeout,
+                program=None
+                if program is None or ps is None
+                else ProgramRoute(ps.program_scheduling_enable_key, program),
+                transport=upstream.transport,
+                timeout=upstream.client.timeout,
             )
             handles = DaemonHandles(
                 config=cfg,
                 targets=targets,
                 registry=registry,
-                client=client,
+                client=upstream.client,
                 health=board,
                 native_dispatcher=native,
                 program_dispatcher=program,
                 engine=engine,
                 metrics=metrics,
-                embedded=embedded,
+                embedded=upstream.embedded,
                 shutdown=shutdown,
             )
             async with trio.open_nursery() as servers:
                 if serve_http:
-                    grace = cfg.server.shutdown_grace_seconds
-                    app = create_app(handles)
-                    http_url = await servers.start(
-                        serve_asgi, app, cfg.server.host, cfg.server.port, grace, shutdown.wait
-                    )
-                    metrics_url = None
-                    if cfg.prometheus.port is not None:
-                        metrics_url = await servers.start(
-                            serve_asgi,
-                            metrics_asgi_app(registry),
-                            cfg.prometheus.host or cfg.server.host,
-                            cfg.prometheus.port,
-                            grace,
-                            shutdown.wait,
-                        )
-                    handles = attrs.evolve(handles, http_url=http_url, metrics_url=metrics_url)
-                    app.handles = handles
-                    log_event(
-                        logger,
-                        logging.INFO,
-                        "daemon_listening",
-                        url=http_url,
-                        metrics_url=metrics_url,
-                        targets=len(targets),
-                        embedded=cfg.embedded_mode,
-                        policy=cfg.routing.policy,
-                        program_scheduling=program is not None,
-                    )
+                    handles = await _serve(servers, cfg, handles)
                 task_status.started(handles)
                 if not serve_http:
                     await shutdown.wait()

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from daemon.dispatch import Usage
+from actors.core.model import Usage
 from daemon.h1client import H1Pool
 
 HOP_BY_HOP: frozenset[str] = frozenset(
@@ -180,7 +180,7 @@ def _parse_usage(u: dict[str, Any]) -> Usage:
                 break
     if cached is None:
         cached = cache_read
-    return Usage(prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion)
+    return Usage(prompt_tokens=prompt, cached_prompt_tokens=cached, completion_tokens=completion)
 
 
 def _max_opt(a: int | None, b: int | None) -> int | None:
@@ -198,7 +198,7 @@ def merge_usage(a: Usage | None, b: Usage | None) -> Usage | None:
         return a
     return Usage(
         prompt_tokens=_max_opt(a.prompt_tokens, b.prompt_tokens),
-        cached_tokens=_max_opt(a.cached_tokens, b.cached_tokens),
+        cached_prompt_tokens=_max_opt(a.cached_prompt_tokens, b.cached_prompt_tokens),
         completion_tokens=_max_opt(a.completion_tokens, b.completion_tokens),
     )
 

@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from actors.core.config import BackendTarget, ProgramSchedulingConfig
-from actors.core.identity import parse_identity
+from daemon.http.identity import parse_identity
 
 CTX = "vllm_xargs.agentic_context"
 METRICS_INTERVAL_SECONDS = 5.0

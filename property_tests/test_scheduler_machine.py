@@ -1,7 +1,7 @@
 """Stateful property test of the scheduling core with virtual time.
 
 ``SchedulerMachine`` drives ``actors.core.scheduler.step`` the way the Trio shell does: requests
-are submitted (identity parsed by ``actors.core.identity``), completed, abandoned; time advances
+are submitted (identity parsed by ``daemon.http.identity``), completed, abandoned; time advances
 and the due timers (from ``ArmTimer``/``CancelTimer`` effects) are delivered in (deadline, token)
 order, interleaved with the ``RepairTick`` grid; backend observations start, arrive or go stale;
 targets disappear and come back. After every rule the machine checks, against the core state:
@@ -62,10 +62,10 @@ from actors.core.events import (
     TargetsChanged,
     TimerFired,
 )
-from actors.core.identity import parse_identity
 from actors.core.ledger import BACKEND_OBSERVATION, capacity_accounting_source, fresh_waiting, private_tokens
-from actors.core.model import ACTIVE, MAX_SEGMENT_YIELD, PAUSED, REASONING, RequestHints, Usage
+from actors.core.model import ACTIVE, MAX_SEGMENT_YIELD, PAUSED, REASONING, Usage
 from actors.core.scheduler import initial_state, step
+from daemon.http.identity import parse_identity
 from property_tests.reference_model import Waiter, naive_order, resumes_before
 from property_tests.strategies import (
     PROGRAM_COUNT,
@@ -359,15 +359,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         parsed = parse_program_request(index, scope)
         self.seq += 1
         rid = f"r{self.seq}"
-        sc = parsed.scope
-        hints = RequestHints(
-            sc.request_id, sc.priority, sc.deadline_seconds, sc.expected_output_length, sc.kv_retention_ttl_seconds
-        )
         self.status[rid] = "waiting"
         self.program_of[rid] = parsed.identity.program_id
         self.fifo.setdefault(parsed.identity.program_id, []).append(rid)
         self.est_of[rid] = est
-        self._step(RequestSubmitted(rid, parsed.identity, est, hints))
+        self._step(RequestSubmitted(rid, parsed.identity, est, parsed.hints))
 
     @rule(
         index=st.integers(min_value=0, max_value=PROGRAM_COUNT - 1),

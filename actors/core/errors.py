@@ -39,12 +39,20 @@ class InvalidEvent(CoreError):
 
 @frozen
 class Rejection:
-    """Why a retained request was refused, with the HTTP status the shell should answer."""
+    """Why a request was refused, with the HTTP status the edge answers.
+
+    The same value travels from the core (``Reject`` effects) or a dispatcher to the HTTP edge,
+    which renders it as an OpenAI-style error whose ``code`` is ``reason`` (docs/architecture.md
+    §5).  ``retry_after_seconds`` becomes a ``Retry-After`` header when set.
+    """
 
     reason: str
     status_hint: int
     message: str
+    retry_after_seconds: float | None = None
 
 
-QUEUE_TIMEOUT = Rejection("queue_timeout", 429, "Program request exceeded its admission queue timeout")
-NO_TARGETS = Rejection("no_targets", 503, "no healthy DP targets are available")
+QUEUE_TIMEOUT = Rejection(
+    reason="queue_timeout", status_hint=429, message="Program request exceeded its admission queue timeout"
+)
+NO_TARGETS = Rejection(reason="no_targets", status_hint=503, message="no healthy DP targets are available")

@@ -14,7 +14,7 @@ Optional collections are created lazily (``None`` while empty) to keep idle Prog
 from __future__ import annotations
 
 import heapq
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 from attrs import define, frozen
@@ -40,22 +40,31 @@ PAUSE_REASONS = (TTL_EXPIRED, CAPACITY_REPAIR, MAX_SEGMENT_YIELD, REQUEST_FAILED
 INTERACTIVE = "interactive"
 
 
-class IdentityLike(Protocol):
-    """What the core reads from a parsed Program identity (``actors.core.identity``)."""
+@frozen
+class ProgramIdentity:
+    """Program-level identity of one request, as the edge parsed it (overwrites the Program's
+    metadata on arrival).
+
+    ``source`` is the schema that produced it: ``"agentic_context"``, ``"agent_hint"``,
+    ``"claude_code"``, ``"codex"`` or ``"x_session_id"``. ``placement_key`` groups a task
+    (task_id, else session_id, else program_id); ``placement_hash_key`` feeds
+    consistent-hash binding. ``step_id`` is the raw explicit value (None when omitted).
+    """
 
     program_id: str
-    placement_key: str
-    placement_hash_key: str
     task_id: str | None
     session_id: str | None
     agent_id: str | None
     parent_program_id: str | None
     root_program_id: str | None
     blocks_parent: bool
+    expected_resume: bool
     agent_role: str | None
     spawn_reason: str | None
-    expected_resume: bool
     step_id: int | None
+    source: str
+    placement_key: str
+    placement_hash_key: str
 
 
 @frozen

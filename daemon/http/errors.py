@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+from actors.core.errors import Rejection
+
 
 class ApiError(Exception):
     def __init__(
@@ -32,6 +34,14 @@ class ApiError(Exception):
 
     def body(self) -> bytes:
         return error_body(self.message, self.error_type, self.param, self.code)
+
+    @classmethod
+    def from_rejection(cls, rejection: Rejection) -> ApiError:
+        """The HTTP answer to a scheduling refusal: ``code`` is its reason, plus ``Retry-After``."""
+        headers: tuple[tuple[str, str], ...] = ()
+        if rejection.retry_after_seconds is not None:
+            headers = (("retry-after", str(max(1, round(rejection.retry_after_seconds)))),)
+        return cls(rejection.status_hint, rejection.message, code=rejection.reason, headers=headers)
 
 
 def default_type(status: int) -> str:

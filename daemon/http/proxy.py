@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 import attrs
@@ -40,6 +40,7 @@ from actors.logevents import get_logger, log_event
 from daemon.dispatch import Dispatcher, DispatchRejected, Lease, Outcome, ProxyRequest
 from daemon.h1client import UpstreamBody
 from daemon.http.errors import ApiError, error_body
+from daemon.http.identity import IdentityError, ParsedIdentity, parse_identity, strip_agentic_context
 from daemon.http.requests import ENDPOINTS, parse_json_body, request_texts, validate_body
 from daemon.metrics import NO_TARGET, ProxyMetrics
 from daemon.upstream import (
@@ -56,8 +57,21 @@ PATHS: dict[str, str] = {endpoint: path for path, endpoint in ENDPOINTS.items()}
 ERROR_SNIPPET_BYTES = 512
 JSON_HEADERS: list[tuple[str, str]] = [("content-type", "application/json")]
 
-IdentityParser = Callable[[dict[str, Any], Mapping[str, str]], Any]
-StripFunction = Callable[[dict[str, Any], str], dict[str, Any]]
+
+@attrs.frozen(eq=False)
+class ProgramRoute:
+    """Program scheduling as the proxy sees it: which key enables it, and its dispatcher."""
+
+    enable_key: str
+    dispatcher: Dispatcher
+
+
+def parse_program_identity(body: dict[str, Any], headers: Mapping[str, str], enable_key: str) -> ParsedIdentity | None:
+    """Program identity of a request (None = identity-free); bad metadata is a 400 naming the field."""
+    try:
+        return parse_identity(body, headers, enable_key)
+    except IdentityError as exc:
+        raise ApiError(400, str(exc), code="invalid_program_identity", param=exc.param) from exc
 
 
 class ClientGone(Exception):
@@ -117,9 +131,7 @@ class ProxyEngine:
         native: Dispatcher,
         metrics: ProxyMetrics,
         agentic_context_forwarding: str,
-        strip_agentic_context: StripFunction,
-        program: Dispatcher | None = None,
-        identity_parser: IdentityParser | None = None,
+        program: ProgramRoute | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         timeout: httpx.Timeout | None = None,
     ) -> None:
@@ -131,17 +143,13 @@ class ProxyEngine:
         self.program = program
         self.metrics = metrics
         self.forwarding_mode = agentic_context_forwarding
-        self.strip = strip_agentic_context
-        self.identity_parser = identity_parser
         self._ids = itertools.count(1)
 
     def build_request(self, endpoint: str, raw: bytes, headers: Mapping[str, str]) -> ProxyRequest:
         body = parse_json_body(raw)
         validate_body(endpoint, body)
-        identity = None
-        if self.identity_parser is not None:
-            identity = self.identity_parser(body, headers)
-        routing_text, estimate = request_texts(endpoint, body)
+        identity = None if self.program is None else parse_program_identity(body, headers, self.program.enable_key)
+        routing_text, prompt = request_texts(endpoint, body)
         return ProxyRequest(
             request_id=f"agentd-{next(self._ids)}",
             endpoint=endpoint,
@@ -149,43 +157,38 @@ class ProxyEngine:
             headers=headers,
             model=body.get("model"),
             stream=body.get("stream") is True,
-            estimated_prompt_tokens=estimate,
+            prompt=prompt,
             routing_text=routing_text,
             identity=identity,
         )
 
     async def handle(self, req: ProxyRequest, sink: ResponseSink, *, raw_body: bytes | None = None) -> None:
         """Serve one request end to end; every expected failure becomes an error response."""
-        dispatcher = self.program if (self.program is not None and req.identity is not None) else self.native
+        dispatcher = self.native if req.identity is None or self.program is None else self.program.dispatcher
         try:
             async with dispatcher.lease(req) as lease:
                 await self._forward(req, lease, sink, raw_body)
         except DispatchRejected as rejected:
-            self.metrics.rejected.labels(rejected.code).inc()
+            rejection = rejected.rejection
+            self.metrics.rejected.labels(rejection.reason).inc()
             self.metrics.count_request(req.endpoint, NO_TARGET, "rejected")
-            headers: tuple[tuple[str, str], ...] = ()
-            if rejected.retry_after_seconds is not None:
-                headers = (("retry-after", str(max(1, round(rejected.retry_after_seconds)))),)
             log_event(
                 logger,
                 logging.INFO,
                 "proxy_rejected",
                 request_id=req.request_id,
-                status=rejected.status,
-                code=rejected.code,
-                reason=rejected.message,
+                status=rejection.status_hint,
+                code=rejection.reason,
+                reason=rejection.message,
             )
-            await send_error(
-                sink,
-                ApiError(rejected.status, rejected.message, code=rejected.code, param=rejected.param, headers=headers),
-            )
+            await send_error(sink, ApiError.from_rejection(rejection))
 
     def _outgoing_body(self, req: ProxyRequest, lease: Lease, raw_body: bytes | None) -> tuple[bytes, bool]:
         body = req.body
         modified = False
         xargs = body.get("vllm_xargs")
         if self.forwarding_mode != "unchanged" and isinstance(xargs, dict) and "agentic_context" in xargs:
-            body = self.strip(body, self.forwarding_mode)
+            body = strip_agentic_context(body, self.forwarding_mode)
             modified = True
         inject = (
             req.stream

@@ -8,20 +8,24 @@ strings / token ids (completions), ``input`` a string or a list (responses), tok
 integers >= 1, ``n`` an integer >= 1, ``vllm_xargs`` an object.  Everything else is the worker's
 business and passes through untouched.
 
-Text used for routing and prompt-token estimation (periphery spec 9.5):
+What the edge measures for routing and for the prompt-token estimate (docs/architecture.md §4):
 
 * ``routing_text`` = system prompt + first user message (chat), the prompt (completions),
   instructions + first input item (responses) - the native consistent-hash key material;
-* ``estimated_prompt_tokens`` = ``max(1, ceil(bytes(text) * 0.25))`` where ``text`` is one
-  role-prefixed line per message part plus tool schemas sorted by name.
+* :class:`PromptSize`: the UTF-8 size of the prompt text (one role-prefixed line per message
+  part plus tool schemas sorted by name) and, for prompts given as token ids, their exact count.
+  The token *estimate* is made in one place, by the Program dispatcher
+  (``daemon.program_dispatch.TokenEstimator``), which refines its tokens-per-byte coefficient
+  from what the workers report.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from typing import Any
+
+import attrs
 
 from daemon.http.errors import ApiError
 
@@ -30,7 +34,6 @@ ENDPOINTS: dict[str, str] = {
     "/v1/completions": "completions",
     "/v1/responses": "responses",
 }
-TOKENS_PER_BYTE = 0.25
 _TOKEN_LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n")
 
 
@@ -214,17 +217,26 @@ def responses_texts(body: Mapping[str, Any]) -> tuple[str, str]:
     return routing, "\n".join(lines) or routing
 
 
-def estimate_tokens(text: str) -> int:
-    return max(1, math.ceil(len(text.encode("utf-8")) * TOKENS_PER_BYTE))
+@attrs.frozen
+class PromptSize:
+    """How large a request's prompt is: its text in UTF-8 bytes, and its exact token count when
+    the client sent token ids (``None`` otherwise)."""
+
+    text_bytes: int
+    exact_tokens: int | None = None
 
 
-def request_texts(endpoint: str, body: Mapping[str, Any]) -> tuple[str, int]:
-    """(routing_text, estimated_prompt_tokens) of a validated body."""
+def _size(text: str, exact_tokens: int | None = None) -> PromptSize:
+    return PromptSize(text_bytes=len(text.encode("utf-8")), exact_tokens=exact_tokens)
+
+
+def request_texts(endpoint: str, body: Mapping[str, Any]) -> tuple[str, PromptSize]:
+    """(routing_text, prompt size) of a validated body."""
     if endpoint == "chat":
         routing, text = chat_texts(body)
-        return routing, estimate_tokens(text)
+        return routing, _size(text)
     if endpoint == "completions":
         text, token_count = completions_text(body)
-        return text, max(1, token_count) if token_count is not None else estimate_tokens(text)
+        return text, _size(text, token_count)
     routing, text = responses_texts(body)
-    return routing, estimate_tokens(text)
+    return routing, _size(text)

@@ -16,7 +16,8 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from actors.core.config import ProgramSchedulingConfig
-from actors.core.identity import parse_identity
+from daemon.http.identity import parse_identity
+from daemon.http.requests import PromptSize
 from daemon.config import AgentdConfig, RoutingConfig
 from daemon.dispatch import Outcome, ProxyRequest, Usage
 from daemon.program_dispatch import ProgramDispatcher, run_program_scheduling
@@ -73,7 +74,11 @@ def daemon_config(workers: tuple[str, ...] = ("http://w0:8000",), dp: int = 2, *
 _counter = 0
 
 
-def program_request(program_id: str, *, tokens: int = 100, endpoint: str = "chat", **ctx: Any) -> ProxyRequest:
+def program_request(
+    program_id: str, *, tokens: int = 100, endpoint: str = "chat", exact_tokens: int | None = None, **ctx: Any
+) -> ProxyRequest:
+    """A chat request whose prompt text is ``4 * tokens`` bytes (``tokens`` at the default 0.25
+    tokens per byte), or given as ``exact_tokens`` token ids."""
     global _counter
     _counter += 1
     body = {
@@ -90,7 +95,7 @@ def program_request(program_id: str, *, tokens: int = 100, endpoint: str = "chat
         headers={},
         model="m",
         stream=False,
-        estimated_prompt_tokens=tokens,
+        prompt=PromptSize(text_bytes=4 * tokens, exact_tokens=exact_tokens),
         routing_text="x",
         identity=identity,
     )

@@ -6,7 +6,8 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from actors.messages import TimerFired
+from actors.core.effects import ArmTimer, CancelTimer
+from actors.core.events import TimerFired
 from actors.program_registry import ProgramRegistry, run_program_registry
 
 
@@ -27,15 +28,15 @@ async def test_program_actor_fires_ttl_at_exact_deadline(autojump_clock: trio.te
     async with trio.open_nursery() as nursery:
         registry, fired = await _start(nursery)
         t0 = trio.current_time()
-        registry.arm("p1", "acting_ttl", t0 + 7.5, token=1)
-        registry.arm("p1", "paused_retention", t0 + 1800.0, token=2)
+        registry.arm(ArmTimer("p1", "acting_ttl", t0 + 7.5, 1))
+        registry.arm(ArmTimer("p1", "paused_retention", t0 + 1800.0, 2))
         await trio.sleep(2000)
         assert [(t - t0, m.kind, m.token) for t, m in fired] == [
             (7.5, "acting_ttl", 1),
             (1800.0, "paused_retention", 2),
         ]
         assert fired[0][1].program == "p1"
-        assert fired[0][1].deadline == t0 + 7.5
+        assert fired[0][0] == t0 + 7.5
         nursery.cancel_scope.cancel()
 
 
@@ -43,12 +44,12 @@ async def test_program_actor_rearm_replaces_and_cancel_drops(autojump_clock: tri
     async with trio.open_nursery() as nursery:
         registry, fired = await _start(nursery)
         t0 = trio.current_time()
-        registry.arm("p", "force_resume", t0 + 300.0, token=1)
+        registry.arm(ArmTimer("p", "force_resume", t0 + 300.0, 1))
         await trio.sleep(100)
-        registry.arm("p", "force_resume", t0 + 150.0, token=2)  # earlier deadline, new token
-        registry.arm("p", "acting_ttl", t0 + 120.0, token=3)
+        registry.arm(ArmTimer("p", "force_resume", t0 + 150.0, 2))  # earlier deadline, new token
+        registry.arm(ArmTimer("p", "acting_ttl", t0 + 120.0, 3))
         await trio.sleep(10)
-        registry.cancel("p", "acting_ttl")
+        registry.cancel(CancelTimer("p", "acting_ttl"))
         await trio.sleep(500)
         assert [(t - t0, m.kind, m.token) for t, m in fired] == [(150.0, "force_resume", 2)]
         nursery.cancel_scope.cancel()
@@ -58,9 +59,9 @@ async def test_program_actor_due_timers_fire_in_deadline_token_order(autojump_cl
     async with trio.open_nursery() as nursery:
         registry, fired = await _start(nursery)
         t0 = trio.current_time()
-        registry.arm("p", "b", t0 + 5.0, token=9)
-        registry.arm("p", "a", t0 + 5.0, token=4)
-        registry.arm("p", "c", t0 + 4.0, token=10)
+        registry.arm(ArmTimer("p", "b", t0 + 5.0, 9))
+        registry.arm(ArmTimer("p", "a", t0 + 5.0, 4))
+        registry.arm(ArmTimer("p", "c", t0 + 4.0, 10))
         await trio.sleep(10)
         assert [(t - t0, m.kind) for t, m in fired] == [(4.0, "c"), (5.0, "a"), (5.0, "b")]
         nursery.cancel_scope.cancel()
@@ -70,8 +71,8 @@ async def test_program_registry_retire_ends_actor_and_drops_timers(autojump_cloc
     async with trio.open_nursery() as nursery:
         registry, fired = await _start(nursery)
         t0 = trio.current_time()
-        registry.arm("p", "acting_ttl", t0 + 5.0, token=1)
-        registry.arm("q", "acting_ttl", t0 + 6.0, token=2)
+        registry.arm(ArmTimer("p", "acting_ttl", t0 + 5.0, 1))
+        registry.arm(ArmTimer("q", "acting_ttl", t0 + 6.0, 2))
         await trio.testing.wait_all_tasks_blocked()
         assert len(registry) == 2
         registry.retire("p")

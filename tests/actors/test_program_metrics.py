@@ -54,8 +54,9 @@ def test_program_metrics_histogram_buckets_match_reference() -> None:
     registry = CollectorRegistry()
     m = ProgramMetrics(registry)
     m.armed_ttl_seconds.labels(target="http://w:8000@0", source="fitted").observe(0)
-    m.admission_used_tokens.labels(target="http://w:8000@0").observe(300)
-    m.admission_backend_waiting_requests.labels(target="http://w:8000@0").observe(3)
+    admission = dict(m.admission)
+    admission["used_tokens"].labels(target="http://w:8000@0").observe(300)
+    admission["backend_waiting_requests"].labels(target="http://w:8000@0").observe(3)
     m.cache_miss_impact_seconds.labels(target="http://w:8000@0").observe(0.3)
     assert _buckets(registry, "vllm_router_agent_aware_armed_ttl_seconds", {"source": "fitted"}) == [
         "0.0",

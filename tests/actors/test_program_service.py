@@ -22,13 +22,18 @@ def test_token_estimator_momentum_feedback_matches_reference_vector() -> None:
     assert est.coefficients[("default", "chat")] == pytest.approx(0.275)
     assert est.estimate("default", program_request("p", tokens=200)) in (220, 221)  # 800 bytes
     est.feedback("default", first, None)
+    # token-id prompts count exactly and teach nothing about tokens per byte
+    ids = program_request("p", tokens=1000, exact_tokens=37)
+    assert est.estimate("default", ids) == 37
+    est.feedback("default", ids, 37)
+    assert est.coefficients[("default", "chat")] == pytest.approx(0.275)
     get = registry.get_sample_value
     assert (
         get(
             "vllm_router_agent_aware_token_estimate_feedback_total",
             {"model_pool": "default", "endpoint": "chat", "outcome": "observed"},
         )
-        == 1.0
+        == 2.0
     )
     assert (
         get(

@@ -14,7 +14,7 @@ from actors.logevents import get_logger, log_event
 from daemon.config import AgentdConfig, RoutingConfig
 from daemon.dispatch import Usage
 from daemon.http.errors import ApiError
-from daemon.http.requests import request_texts, validate_body
+from daemon.http.requests import PromptSize, request_texts, validate_body
 from daemon.logs import configure_logging
 from daemon.routing import ConsistentHash, PowerOfTwo, routing_key
 from daemon.upstream import (
@@ -33,7 +33,7 @@ def sse(obj: object) -> bytes:
 
 def test_usage_chat_completions_format() -> None:
     obj = {"usage": {"prompt_tokens": 10, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 6}}}
-    assert usage_from_object(obj) == Usage(prompt_tokens=10, cached_tokens=6, completion_tokens=4)
+    assert usage_from_object(obj) == Usage(prompt_tokens=10, cached_prompt_tokens=6, completion_tokens=4)
 
 
 def test_usage_responses_format_nested_in_response() -> None:
@@ -41,7 +41,7 @@ def test_usage_responses_format_nested_in_response() -> None:
         "type": "response.completed",
         "response": {"usage": {"input_tokens": 9, "output_tokens": 2, "input_tokens_details": {"cached_tokens": 1}}},
     }
-    assert usage_from_object(obj) == Usage(prompt_tokens=9, cached_tokens=1, completion_tokens=2)
+    assert usage_from_object(obj) == Usage(prompt_tokens=9, cached_prompt_tokens=1, completion_tokens=2)
 
 
 def test_usage_anthropic_semantics_no_double_counting() -> None:
@@ -55,7 +55,7 @@ def test_usage_anthropic_semantics_no_double_counting() -> None:
             }
         }
     }
-    assert usage_from_object(obj) == Usage(prompt_tokens=60, cached_tokens=30, completion_tokens=5)
+    assert usage_from_object(obj) == Usage(prompt_tokens=60, cached_prompt_tokens=30, completion_tokens=5)
 
 
 def test_usage_accumulator_sse_split_across_chunks_and_merging() -> None:
@@ -67,17 +67,17 @@ def test_usage_accumulator_sse_split_across_chunks_and_merging() -> None:
     acc = UsageAccumulator()
     for i in range(0, len(stream), 5):  # 5-byte pieces split lines anywhere
         acc.feed_sse(stream[i : i + 5])
-    assert acc.finish() == Usage(prompt_tokens=7, cached_tokens=None, completion_tokens=3)
+    assert acc.finish() == Usage(prompt_tokens=7, cached_prompt_tokens=None, completion_tokens=3)
     acc2 = UsageAccumulator()
     acc2.feed_sse(sse({"usage": {"prompt_tokens": 7, "completion_tokens": 1}}))
     acc2.feed_sse(sse({"usage": {"prompt_tokens": 5, "completion_tokens": 3}}))
-    assert acc2.finish() == Usage(prompt_tokens=7, cached_tokens=None, completion_tokens=3)  # per-field max
+    assert acc2.finish() == Usage(prompt_tokens=7, cached_prompt_tokens=None, completion_tokens=3)  # per-field max
 
 
 def test_usage_accumulator_last_line_without_newline() -> None:
     acc = UsageAccumulator()
     acc.feed_sse(b'data: {"usage": {"prompt_tokens": 3}}')
-    assert acc.finish() == Usage(prompt_tokens=3, cached_tokens=None, completion_tokens=None)
+    assert acc.finish() == Usage(prompt_tokens=3, cached_prompt_tokens=None, completion_tokens=None)
 
 
 def test_usage_chunk_filter_drops_only_usage_only_event() -> None:
@@ -178,7 +178,7 @@ def test_power_of_two_picks_less_loaded_candidate() -> None:
     assert all(p == 1 or in_flight[p] == 9 for p in picks)
 
 
-def test_request_texts_routing_and_estimate() -> None:
+def test_request_texts_routing_and_prompt_size() -> None:
     body = {
         "messages": [
             {"role": "system", "content": "S"},
@@ -186,13 +186,16 @@ def test_request_texts_routing_and_estimate() -> None:
             {"role": "user", "content": "U2"},
         ]
     }
-    routing, estimate = request_texts("chat", body)
+    routing, size = request_texts("chat", body)
     assert routing == "S\nU1"
-    assert estimate == 6  # "system:S\nuser:U1\nuser:U2" is 24 bytes, * 0.25 tokens per byte
-    assert request_texts("completions", {"prompt": [1, 2, 3]}) == ("[1, 2, 3]", 3)  # token ids count exactly
-    assert request_texts("completions", {"prompt": "x" * 400}) == ("x" * 400, 100)
-    routing, estimate = request_texts("responses", {"instructions": "I", "input": "hello"})
+    assert size == PromptSize(text_bytes=24)  # "system:S\nuser:U1\nuser:U2"
+    # token ids are counted exactly
+    assert request_texts("completions", {"prompt": [1, 2, 3]}) == ("[1, 2, 3]", PromptSize(9, exact_tokens=3))
+    assert request_texts("completions", {"prompt": "x" * 400}) == ("x" * 400, PromptSize(400))
+    assert request_texts("completions", {"prompt": "é"}) == ("é", PromptSize(2))  # UTF-8 bytes
+    routing, size = request_texts("responses", {"instructions": "I", "input": "hello"})
     assert routing == "I\nhello"
+    assert size == PromptSize(len("system:I\nuser:hello"))
 
 
 def test_validate_body_accepts_valid_and_names_bad_field() -> None:

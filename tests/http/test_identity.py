@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from actors.core.identity import (
+from daemon.http.identity import (
     IdentityError,
     ParsedIdentity,
     ProgramIdentity,
-    RequestScope,
+    RequestHints,
     parse_identity,
     strip_agentic_context,
 )
@@ -57,11 +57,11 @@ def test_identity_seed_canonical_example_keeps_every_field() -> None:
         expected_resume=True, agent_role="subagent", spawn_reason="research", step_id=7,
         source="agentic_context", placement_key="task-a", placement_hash_key="session:session-a",
     )  # fmt: skip
-    assert parsed.scope == RequestScope(
+    assert parsed.hints == RequestHints(
         request_id="request-a", priority=10, deadline_seconds=30.0, expected_output_length=2048,
         kv_retention_ttl_seconds=5.0,
     )  # fmt: skip
-    assert isinstance(parsed.scope.deadline_seconds, float)
+    assert isinstance(parsed.hints.deadline_seconds, float)
 
 
 def test_identity_explicit_program_id_not_resumable() -> None:
@@ -77,7 +77,7 @@ def test_identity_context_as_json_string_is_accepted() -> None:
     text = json.dumps({"task_id": "t", "agent_id": "lead", "priority": 3})
     parsed = parse({"vllm_xargs": {"agentic_context": text}})
     assert parsed.identity.program_id == "t:lead"
-    assert parsed.scope.priority == 3
+    assert parsed.hints.priority == 3
 
 
 def test_identity_task_and_agent_infer_blocking_subagent() -> None:
@@ -104,7 +104,7 @@ def test_identity_full_contract_with_aliases_and_derived_parent() -> None:
     assert parsed.identity.root_program_id == "workflow:root"
     assert parsed.identity.step_id == 7
     assert parsed.identity.spawn_reason == "explore"
-    assert parsed.scope == RequestScope(None, 9, 12.5, 2048, 4.5)
+    assert parsed.hints == RequestHints(None, 9, 12.5, 2048, 4.5)
 
 
 def test_identity_session_only_becomes_task_and_lead() -> None:
@@ -409,7 +409,7 @@ def test_identity_component_over_256_bytes_is_rejected(field: str) -> None:
         "blocks_parent": False,
     }
     parsed = parse(ctx_body(**dict(fields, **{field: "x" * 256})))
-    value = parsed.scope.request_id if field == "request_id" else getattr(parsed.identity, field)
+    value = parsed.hints.request_id if field == "request_id" else getattr(parsed.identity, field)
     assert value == "x" * 256
     err = error(ctx_body(**dict(fields, **{field: "x" * 257})), enable_key=CTX)
     assert err.param == f"{CTX}.{field}"

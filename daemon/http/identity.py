@@ -1,4 +1,4 @@
-"""Program identity parsing: request metadata -> ``ProgramIdentity`` (pure, no I/O).
+"""Program identity parsing at the edge: request body and headers -> ``ParsedIdentity``.
 
 A request takes part in Program scheduling only when it carries Program identity. The
 sources, in strict precedence (periphery spec §1, seed "Canonical request metadata" and
@@ -29,7 +29,7 @@ placement hash key to 512 bytes. Bad metadata raises ``IdentityError(param, mess
 ``agent_hint.session_id``, ``headers.x-session-id``), the message states rule and value.
 
 Request-scoped hints (request_id, priority, deadline_seconds, expected_output_length,
-kv_retention_ttl_seconds) are returned separately as ``RequestScope``: they bind to
+kv_retention_ttl_seconds) are returned separately as the core's ``RequestHints``: they bind to
 exactly one RequestPool entry, never to the Program. ``step_id`` is returned raw; the
 "omitted means previous + 1" rule needs Program state and is applied by the scheduler.
 
@@ -51,6 +51,8 @@ from typing import Any
 
 import attrs
 
+from actors.core.model import ProgramIdentity, RequestHints
+
 __all__ = [
     "ENABLE_KEY_AGENTIC_CONTEXT",
     "ENABLE_KEY_AUTO",
@@ -61,7 +63,7 @@ __all__ = [
     "IdentityError",
     "ParsedIdentity",
     "ProgramIdentity",
-    "RequestScope",
+    "RequestHints",
     "parse_identity",
     "strip_agentic_context",
 ]
@@ -98,46 +100,11 @@ class IdentityError(ValueError):
 
 
 @attrs.frozen
-class ProgramIdentity:
-    """Program-level identity of one request (overwrites the Program's metadata on arrival).
-
-    ``source`` is the schema that produced it: ``"agentic_context"``, ``"agent_hint"``,
-    ``"claude_code"``, ``"codex"`` or ``"x_session_id"``. ``placement_key`` groups a task
-    (task_id, else session_id, else program_id); ``placement_hash_key`` feeds
-    consistent-hash binding. ``step_id`` is the raw explicit value (None when omitted).
-    """
-
-    program_id: str
-    task_id: str | None
-    session_id: str | None
-    agent_id: str | None
-    parent_program_id: str | None
-    root_program_id: str | None
-    blocks_parent: bool
-    expected_resume: bool
-    agent_role: str | None
-    spawn_reason: str | None
-    step_id: int | None
-    source: str
-    placement_key: str
-    placement_hash_key: str
-
-
-@attrs.frozen
-class RequestScope:
-    """Hints bound to exactly one retained request (dropped on completion or cancellation)."""
-
-    request_id: str | None = None
-    priority: int = 0
-    deadline_seconds: float | None = None
-    expected_output_length: int | None = None
-    kv_retention_ttl_seconds: float | None = None
-
-
-@attrs.frozen
 class ParsedIdentity:
+    """What the edge read from one request: the Program's identity and this request's hints."""
+
     identity: ProgramIdentity
-    scope: RequestScope
+    hints: RequestHints
 
 
 # --------------------------------------------------------------------------- field readers
@@ -264,7 +231,7 @@ class _Draft:
 
     fields: dict[str, Any]
     params: dict[str, str]
-    scope: RequestScope
+    hints: RequestHints
 
 
 def _locate_context(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -356,7 +323,7 @@ def _from_context(ctx: Mapping[str, Any], headers: Mapping[str, str]) -> _Draft 
     expected_resume = f.boolean("expected_resume")
     spawn_reason, params["spawn_reason"] = f.string("spawn_reason", "subagent_type", "agent_type")
     step_id = f.unsigned("step_id")
-    scope = _scope_from(f)
+    hints = _hints_from(f)
     if program_id is None:
         return None  # canonical context without any Program id: identity-free (values checked above)
 
@@ -387,13 +354,13 @@ def _from_context(ctx: Mapping[str, Any], headers: Mapping[str, str]) -> _Draft 
         "step_id": step_id, "source": "agentic_context",
         "placement_key": task_id if task_id is not None else session_id if session_id is not None else program_id,
     }  # fmt: skip
-    return _Draft(fields, params, scope)
+    return _Draft(fields, params, hints)
 
 
-def _scope_from(f: _Fields) -> RequestScope:
+def _hints_from(f: _Fields) -> RequestHints:
     request_id, _ = f.string("request_id")
     priority = f.integer("priority", lo=_I64_MIN, hi=_I64_MAX, rule="an integer")
-    return RequestScope(
+    return RequestHints(
         request_id=request_id,
         priority=0 if priority is None else priority,
         deadline_seconds=f.duration("deadline", "deadline_seconds"),
@@ -425,7 +392,7 @@ def _from_agent_hint(hint: Any) -> _Draft:
         "placement_key": session_id,
     }  # fmt: skip
     params = {"program_id": session_param, "session_id": session_param, "parent_program_id": parent_param}
-    return _Draft(fields, params, RequestScope())
+    return _Draft(fields, params, RequestHints())
 
 
 def _from_headers(headers: Mapping[str, str]) -> _Draft | None:
@@ -460,7 +427,7 @@ def _from_headers(headers: Mapping[str, str]) -> _Draft | None:
         "program_id": agent_param, "task_id": session_param, "session_id": session_param,
         "agent_id": agent_param, "parent_program_id": parent_param, "agent_role": agent_param,
     }  # fmt: skip
-    return _Draft(fields, params, RequestScope())
+    return _Draft(fields, params, RequestHints())
 
 
 # --------------------------------------------------------------------------- assembly
@@ -507,11 +474,11 @@ def _finish(draft: _Draft, body: Mapping[str, Any], headers: Mapping[str, str]) 
         value = fields[field]
         if value is not None:
             _check_bound(value, params.get(field, field), field, MAX_IDENTITY_COMPONENT_BYTES)
-    if draft.scope.request_id is not None:
-        _check_bound(draft.scope.request_id, f"{_CTX}.request_id", "request_id", MAX_IDENTITY_COMPONENT_BYTES)
+    if draft.hints.request_id is not None:
+        _check_bound(draft.hints.request_id, f"{_CTX}.request_id", "request_id", MAX_IDENTITY_COMPONENT_BYTES)
     key, key_param = _placement_hash_key(body, headers, fields)
     _check_bound(key, key_param, "placement hash key", MAX_PLACEMENT_HASH_KEY_BYTES)
-    return ParsedIdentity(ProgramIdentity(placement_hash_key=key, **fields), draft.scope)
+    return ParsedIdentity(ProgramIdentity(placement_hash_key=key, **fields), draft.hints)
 
 
 def parse_identity(

@@ -1,0 +1,301 @@
+"""How the scheduler actor carries out one step's effects (docs/architecture.md §3).
+
+The pure core returns an ordered tuple of effects; :class:`EffectRouter` performs each one, in
+order, through a static table ``effect type -> method``:
+
+* ``Admit`` / ``Reject`` -> the waiting handler's one-shot reply channel (``send_nowait``; a
+  handler that already left is followed by its ``RequestAbandoned``, which the core handles);
+* ``ArmTimer`` / ``CancelTimer`` / ``RetireProgram`` -> the Program actors, through the
+  :class:`~actors.program_registry.ProgramRegistry` (never awaited, so no cycle between the
+  scheduler inbox and the Program inboxes can deadlock);
+* ``Transition`` and the observation facts -> INFO/DEBUG log events and the
+  ``vllm_router_agent_aware_*`` metrics (docs/operations.md).
+
+An effect type missing from the table is a bug and raises ``TypeError`` (the daemon stops).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import trio
+
+from actors.core import effects as fx
+from actors.core.config import BackendTarget, ProgramSchedulingConfig
+from actors.core.errors import Rejection
+from actors.core.events import RequestCompleted
+from actors.core.ids import redacted_id
+from actors.logevents import get_logger, log_event
+from actors.mailbox import reply_nowait
+from actors.messages import Admitted, Reply
+from actors.program_metrics import ProgramMetrics
+from actors.program_registry import ProgramRegistry
+
+logger = get_logger("program.scheduler")
+
+PAUSED_STATE = "paused"
+ACTIVE_STATE = "active"
+ADMIT_REASONS = ("program_admit", "batch_gain_admit", "force_resume")
+
+
+class EffectRouter:
+    """Performs the effects of the scheduler's steps (the scheduler actor's I/O side)."""
+
+    def __init__(
+        self,
+        cfg: ProgramSchedulingConfig,
+        targets_by_id: dict[str, BackendTarget],
+        metrics: ProgramMetrics,
+        registry: ProgramRegistry,
+    ) -> None:
+        self.cfg = cfg
+        self.targets_by_id = targets_by_id
+        self.metrics = metrics
+        self.registry = registry
+        self.replies: dict[str, trio.MemorySendChannel[Reply]] = {}
+        # request id -> redacted Program id of admitted requests, for completion logs
+        self.admitted: dict[str, str] = {}
+        self.completing: RequestCompleted | None = None  # the completion being stepped, if any
+
+    def expect_reply(self, request_id: str, reply: trio.MemorySendChannel[Reply]) -> None:
+        self.replies[request_id] = reply
+
+    def forget(self, request_id: str) -> None:
+        """The request left (completed or abandoned): drop what was kept for its logs."""
+        self.admitted.pop(request_id, None)
+
+    def close_replies(self) -> None:
+        """Shutting down: every waiting handler sees its reply channel close (``ActorGone``)."""
+        for channel in self.replies.values():
+            channel.close()
+        self.replies.clear()
+
+    def route(self, effects: Sequence[Any]) -> None:
+        routes = _ROUTES
+        for e in effects:
+            perform = routes.get(type(e))
+            if perform is None:
+                raise TypeError(f"scheduler actor cannot route effect {e!r}")
+            perform(self, e)
+
+    # ---- replies -----------------------------------------------------------------------------
+
+    def _reply(self, request_id: str, value: Reply) -> None:
+        channel = self.replies.pop(request_id, None)
+        if channel is not None:
+            reply_nowait(channel, value)
+
+    def _admit(self, e: fx.Admit) -> None:
+        program = redacted_id(e.program)
+        log_event(
+            logger,
+            logging.DEBUG,
+            "request_dispatch",
+            program=program,
+            target=e.target_id,
+            router_queue_seconds=round(e.queue_wait_seconds, 6),
+            estimated_context_tokens=e.estimated_context_tokens,
+            placement_epoch=e.placement_epoch,
+            placement_start_request=e.placement_start_request,
+        )
+        self.admitted[e.request_id] = program
+        admitted = Admitted(
+            request_id=e.request_id,
+            target=self.targets_by_id[e.target_id],
+            program=program,
+            queue_seconds=e.queue_wait_seconds,
+        )
+        self._reply(e.request_id, admitted)
+
+    def _reject(self, e: fx.Reject) -> None:
+        retry_after = self.cfg.metrics_interval_seconds if e.status_hint == 429 else None
+        rejection = Rejection(
+            reason=e.reason, status_hint=e.status_hint, message=e.message, retry_after_seconds=retry_after
+        )
+        self._reply(e.request_id, rejection)
+
+    # ---- Program actors ------------------------------------------------------------------------
+
+    def _spawn(self, e: fx.SpawnProgram) -> None:
+        """Nothing to do: a Program's actor starts on its first timer command (most need none)."""
+
+    def _arm(self, e: fx.ArmTimer) -> None:
+        self.registry.arm(e)
+
+    def _cancel(self, e: fx.CancelTimer) -> None:
+        self.registry.cancel(e)
+
+    def _retire(self, e: fx.RetireProgram) -> None:
+        self.registry.retire(e.program)
+
+    # ---- logs and metrics ----------------------------------------------------------------------
+
+    def _transition(self, e: fx.Transition) -> None:
+        if e.counted and e.target_id is not None:
+            self.metrics.transitions.labels(e.target_id, e.reason).inc()
+        program = redacted_id(e.program)
+        if e.reason in ADMIT_REASONS:
+            log_event(
+                logger,
+                logging.INFO,
+                "program_admit",
+                program=program,
+                target=e.target_id,
+                forced=e.forced,
+                batch_gain=e.batch_gain,
+                used_tokens=_num(e.used_tokens),
+                required_tokens=_num(e.required_tokens),
+                reserve_tokens=_num(e.reserve_tokens),
+                capacity_tokens=e.capacity_tokens,
+            )
+        elif e.from_state.startswith(ACTIVE_STATE) and e.to_state.startswith(PAUSED_STATE):
+            log_event(
+                logger,
+                logging.INFO,
+                "program_pause",
+                program=program,
+                target=e.target_id,
+                reason=e.reason,
+                released_private_tokens=_num(e.released_private_tokens),
+            )
+        else:
+            log_event(
+                logger,
+                logging.DEBUG,
+                "program_transition",
+                program=program,
+                target=e.target_id,
+                from_state=e.from_state,
+                to_state=e.to_state,
+                reason=e.reason,
+            )
+
+    def _admission(self, e: fx.AdmissionCapacitySnapshot) -> None:
+        for field, histogram in self.metrics.admission:
+            value = getattr(e, field)
+            if value is not None:
+                histogram.labels(e.target_id).observe(value)
+
+    def _queue_wait(self, e: fx.QueueWaitObserved) -> None:
+        self.metrics.queue_wait_seconds.labels(e.target_id).observe(e.seconds)
+
+    def _interval(self, e: fx.RequestIntervalObserved) -> None:
+        self.metrics.request_interval_seconds.labels(e.target_id).observe(e.seconds)
+        log_event(logger, logging.DEBUG, "continuity_sample", target=e.target_id, interval_seconds=round(e.seconds, 6))
+
+    def _impact(self, e: fx.CacheMissImpactObserved) -> None:
+        self.metrics.cache_miss_impact_seconds.labels(e.target_id).observe(e.seconds)
+        done = self.completing
+        if done is None:
+            return
+        prompt, cached = done.usage.prompt_tokens, done.usage.cached_prompt_tokens
+        log_event(
+            logger,
+            logging.DEBUG,
+            "cache_observation",
+            program=self.admitted.get(done.request_id),
+            target=e.target_id,
+            prompt_tokens=prompt,
+            cached_prompt_tokens=cached,
+            uncached_prompt_tokens=None if prompt is None or cached is None else max(0, prompt - cached),
+            cache_miss_impact_seconds=round(e.seconds, 6),
+        )
+
+    def _ttl_armed(self, e: fx.TtlArmed) -> None:
+        self.metrics.armed_ttl_seconds.labels(e.target_id, e.source).observe(e.ttl_seconds)
+        log_event(
+            logger,
+            logging.DEBUG,
+            "ttl_armed",
+            program=redacted_id(e.program),
+            target=e.target_id,
+            request_ttl_seconds=e.ttl_seconds,
+            source=e.source,
+        )
+
+    def _shared_prefix(self, e: fx.SharedPrefixObserved) -> None:
+        self.metrics.shared_prefix_observed_tokens.labels(e.target_id).observe(e.tokens)
+
+    def _discontinuity(self, e: fx.CacheDiscontinuity) -> None:
+        previous = e.previous_context_tokens
+        log_event(
+            logger,
+            logging.INFO,
+            "unexpected_cache_discontinuity",
+            program=redacted_id(e.program),
+            target=e.target_id,
+            prompt_tokens=e.prompt_tokens,
+            cached_prompt_tokens=e.cached_prompt_tokens,
+            previous_context_tokens=previous,
+            cache_hit_vs_previous_context=round(e.cached_prompt_tokens / previous, 6) if previous else None,
+            uncached_prompt_tokens=e.uncached_prompt_tokens,
+            cache_miss_impact_seconds=round(e.cache_miss_impact_seconds, 6),
+            segment_served_rounds=e.segment_served_rounds,
+            placement_start_request=False,
+        )
+
+    def _source_changed(self, e: fx.CapacitySourceChanged) -> None:
+        age = None if e.observation_age_seconds is None else round(e.observation_age_seconds, 6)
+        if e.source == "backend_observation":
+            log_event(
+                logger,
+                logging.INFO,
+                "capacity_observation_recovered",
+                target=e.target_id,
+                previous_capacity_accounting_source=e.previous_source,
+                capacity_accounting_source=e.source,
+                observation_age_seconds=age,
+            )
+        else:
+            log_event(
+                logger,
+                logging.WARNING,
+                "capacity_observation_fallback",
+                target=e.target_id,
+                previous_capacity_accounting_source=e.previous_source,
+                capacity_accounting_source=e.source,
+                observation_age_seconds=age,
+                freshness_threshold_seconds=e.freshness_threshold_seconds,
+            )
+
+    def _stale_dropped(self, e: fx.StaleObservationDropped) -> None:
+        log_event(
+            logger,
+            logging.WARNING,
+            "stale_capacity_observation_dropped",
+            target=e.target_id,
+            epoch_revision=e.epoch_revision,
+            current_revision=e.current_revision,
+        )
+
+    def _completion_ignored(self, e: fx.CompletionIgnored) -> None:
+        log_event(logger, logging.DEBUG, "completion_ignored", reason=e.reason)
+
+
+_ROUTES: dict[type, Callable[[EffectRouter, Any], None]] = {
+    fx.Admit: EffectRouter._admit,
+    fx.Reject: EffectRouter._reject,
+    fx.SpawnProgram: EffectRouter._spawn,
+    fx.ArmTimer: EffectRouter._arm,
+    fx.CancelTimer: EffectRouter._cancel,
+    fx.RetireProgram: EffectRouter._retire,
+    fx.Transition: EffectRouter._transition,
+    fx.AdmissionCapacitySnapshot: EffectRouter._admission,
+    fx.QueueWaitObserved: EffectRouter._queue_wait,
+    fx.RequestIntervalObserved: EffectRouter._interval,
+    fx.CacheMissImpactObserved: EffectRouter._impact,
+    fx.TtlArmed: EffectRouter._ttl_armed,
+    fx.SharedPrefixObserved: EffectRouter._shared_prefix,
+    fx.CacheDiscontinuity: EffectRouter._discontinuity,
+    fx.CapacitySourceChanged: EffectRouter._source_changed,
+    fx.StaleObservationDropped: EffectRouter._stale_dropped,
+    fx.CompletionIgnored: EffectRouter._completion_ignored,
+}
+
+
+def _num(x: float | None) -> float | int | None:
+    if x is None:
+        return None
+    return int(x) if float(x).is_integer() else round(x, 3)
