@@ -1,8 +1,8 @@
 """One Program actor per live Program generation: its timers.
 
 A Program generation has at most four timers, one per kind: the acting TTL, the force-resume
-deadline, the paused-retention TTL and its queued requests' timeout (the kinds are the core's strings; this module does not
-interpret them).  The actor holds ``kind -> (deadline, token)`` and loops::
+deadline, the paused-retention TTL and its queued requests' timeout (the kinds are the core's
+strings; this module does not interpret them).  The actor holds ``kind -> (deadline, token)`` and loops::
 
     with trio.move_on_at(min(armed deadlines)):
         command = await inbox.receive()      # ArmTimer replaces a kind, CancelTimer drops it

@@ -23,9 +23,9 @@ from typing import Any
 
 import trio
 
-from actors.mailbox import channel_statistics
 from actors.core.effects import ArmTimer, CancelTimer
 from actors.core.events import TimerFired
+from actors.mailbox import channel_statistics
 from actors.messages import ProgramCommand
 from actors.program_actor import run_program_actor
 

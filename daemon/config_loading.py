@@ -318,7 +318,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
         if not enabled:
             raise ConfigError(
                 [
-                    "program_scheduling_config_json: requires enable_program_scheduling (pass --enable-program-scheduling)"
+                    "program_scheduling_config_json: requires enable_program_scheduling "
+                    "(pass --enable-program-scheduling)"
                 ]
             )
         try:

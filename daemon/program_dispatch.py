@@ -36,13 +36,12 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from actors.core.config import BackendTarget, ProgramSchedulingConfig
-from actors.core.ids import DEFAULT_MODEL_POOL
-from actors.logevents import get_logger, log_event
-from actors.mailbox import ActorGone
 from actors.core.errors import Rejection
 from actors.core.events import RequestAbandoned, RequestCompleted, RequestSubmitted
-from actors.core.ids import RequestId
+from actors.core.ids import DEFAULT_MODEL_POOL, RequestId
 from actors.core.model import NO_USAGE
+from actors.logevents import get_logger, log_event
+from actors.mailbox import ActorGone
 from actors.messages import Admitted, Reply, Submission
 from actors.program_metrics import GaugeSnapshot, ProgramMetrics, TokenEstimateGauge
 from actors.rank_actor import RankObservers, run_rank_actor

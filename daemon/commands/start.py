@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _main(cfg: AgentdConfig) -> None:
-    from daemon.supervisor import run_daemon  # noqa: PLC0415 - keep `agentd --help` light
+    from daemon.supervisor import run_daemon
 
     async with trio.open_nursery() as nursery:
         handles = await nursery.start(lambda task_status: run_daemon(cfg, handle_signals=True, task_status=task_status))

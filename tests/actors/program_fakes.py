@@ -1,5 +1,6 @@
-"""Helpers (and the ``event_log`` fixture) for the Program-scheduling actor tests: a controllable fake vLLM worker (served by
-httpx.MockTransport, so no real I/O) and a way to drive the ProgramDispatcher without HTTP."""
+"""Helpers (and the ``event_log`` fixture) for the Program-scheduling actor tests: a controllable
+fake vLLM worker (served by httpx.MockTransport, so no real I/O) and a way to drive the
+ProgramDispatcher without HTTP."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from actors.core.config import ProgramSchedulingConfig
-from daemon.http.identity import parse_identity
-from daemon.http.requests import PromptSize
 from daemon.config import AgentdConfig, RoutingConfig
 from daemon.dispatch import Outcome, ProxyRequest, Usage
+from daemon.http.identity import parse_identity
+from daemon.http.requests import PromptSize
 from daemon.program_dispatch import ProgramDispatcher, run_program_scheduling
 
 

@@ -16,6 +16,7 @@ from functools import partial
 import httpx
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 from native_fakes import FakeWorker, make_config
 
@@ -30,7 +31,7 @@ async def wait_until(predicate: Callable[[], bool]) -> None:
     """Checkpoint until ``predicate()`` holds (the caller bounds it with ``trio.fail_after``)."""
     while not predicate():
         await trio.testing.wait_all_tasks_blocked()
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
 
 
 async def start(nursery: trio.Nursery, worker: FakeWorker, **cfg_kwargs: object) -> DaemonHandles:

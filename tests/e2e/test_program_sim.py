@@ -186,7 +186,7 @@ async def test_program_sim_tuning_workflow_signals_exist(autojump_clock: trio.te
         ps = handles.program_dispatcher
         with trio.fail_after(VIRTUAL_BUDGET_SECONDS):
             async with in_process_client(handles) as client:
-                for turn in range(2):  # two turns: the second one is a continuity sample (request interval)
+                for _turn in range(2):  # two turns: the second one is a continuity sample (request interval)
                     for pid in ("a", "b"):
                         r = await client.post("/v1/chat/completions", json=body(pid))
                         assert r.status_code == 200

@@ -45,7 +45,7 @@ def test_chunked_decoder_any_split_gives_the_payload(
     bounds = sorted({min(c, len(wire)) for c in cuts} | {0, len(wire)})
     decoder = ChunkedDecoder()
     out = b""
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in zip(bounds, bounds[1:], strict=False):
         assert not decoder.done
         out += decoder.feed(wire[a:b])
     assert decoder.done and out == b"".join(pieces)
@@ -176,6 +176,12 @@ async def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None
         await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
         return False  # close after answering, without saying so
 
+    def _appender(into: list[bytes]) -> Callable[[bytes], Awaitable[None]]:
+        async def collect(piece: bytes) -> None:
+            into.append(piece)
+
+        return collect
+
     async def body(pool: H1Pool, url: str, server: Server) -> None:
         for _ in range(2):
             response = await pool.request(_request(url))
@@ -202,6 +208,12 @@ async def test_chunked_stream_is_decoded_and_the_connection_reused(use_pump: boo
         await stream.send_all(b"0\r\n\r\n")
         return True
 
+    def _appender(into: list[bytes]) -> Callable[[bytes], Awaitable[None]]:
+        async def collect(piece: bytes) -> None:
+            into.append(piece)
+
+        return collect
+
     async def body(pool: H1Pool, url: str, server: Server) -> None:
         for _ in range(2):
             response = await pool.request(_request(url))
@@ -210,10 +222,7 @@ async def test_chunked_stream_is_decoded_and_the_connection_reused(use_pump: boo
             if use_pump:
                 assert isinstance(response.stream, UpstreamBody)
 
-                async def collect(piece: bytes) -> None:
-                    got.append(piece)
-
-                await response.stream.pump(collect)
+                await response.stream.pump(_appender(got))
             else:
                 got = [piece async for piece in response.aiter_raw()]
             await response.aclose()

@@ -14,6 +14,7 @@ import threading
 import httpx
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 
 from daemon.upstream import UpstreamTransport, map_httpx_error, upstream_limits
@@ -128,7 +129,7 @@ async def test_upstream_transport_read_timeout_is_httpx_read_timeout(mock_clock:
             mock_clock.jump(0.001)
             while not outcome:
                 await trio.testing.wait_all_tasks_blocked()
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
             nursery.cancel_scope.cancel()
     assert not guard.cancelled_caught, "real-time budget ran out"
     [(exc, failed_at)] = outcome
