@@ -164,7 +164,7 @@ async def serve_proxy_asgi(
 class AgentdApp(QuartTrio):
     handles: DaemonHandles
 
-    async def asgi_app(self, scope: Any, receive: Any, send: Any) -> None:  # type: ignore[override]
+    async def asgi_app(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             endpoint = ENDPOINTS.get(scope["path"])
             if endpoint is not None:

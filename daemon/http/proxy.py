@@ -197,7 +197,8 @@ class ProxyEngine:
             and not _truthy_include_usage(body)
         )
         if inject:
-            options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
+            given = body.get("stream_options")
+            options: dict[str, Any] = given if isinstance(given, dict) else {}
             body = {**body, "stream_options": {**options, "include_usage": True}}
             modified = True
         if modified or raw_body is None:

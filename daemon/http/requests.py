@@ -174,10 +174,11 @@ def chat_texts(body: Mapping[str, Any]) -> tuple[str, str]:
     tools = [t for t in body.get("tools") or () if isinstance(t, dict)]
     schemas = []
     for tool in tools:
-        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
-        name = str(fn.get("name", ""))
-        params = json.dumps(fn.get("parameters"), sort_keys=True)
-        schemas.append((name, f"tool_schema:{name}:{fn.get('description', '')}:{params}"))
+        function = tool.get("function")
+        spec: dict[str, Any] = function if isinstance(function, dict) else tool
+        name = str(spec.get("name", ""))
+        params = json.dumps(spec.get("parameters"), sort_keys=True)
+        schemas.append((name, f"tool_schema:{name}:{spec.get('description', '')}:{params}"))
     lines.extend(text for _, text in sorted(schemas))
     routing = "\n".join([*system, first_user or ""]) if (system or first_user) else ""
     return routing, "\n".join(lines) or routing
