@@ -4,15 +4,13 @@ ProgramDispatcher without HTTP."""
 
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
 import attrs
 import httpx
-import pytest
 import trio
 from prometheus_client import CollectorRegistry
 
@@ -117,33 +115,3 @@ async def program_scheduling(
             dispatcher = await nursery.start(partial(run_program_scheduling, cfg, client, registry, health=health))
             yield dispatcher, registry, workers
             nursery.cancel_scope.cancel()
-
-
-class EventLog(logging.Handler):
-    """Captures agentd log events with the trio virtual time at which they were emitted."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.events: list[tuple[float, str, dict[str, Any]]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        event = getattr(record, "agentd_event", None)
-        if event is not None:
-            self.events.append((trio.current_time(), event, dict(getattr(record, "agentd_fields", {}))))
-
-    def named(self, name: str) -> list[tuple[float, dict[str, Any]]]:
-        return [(t, f) for t, e, f in self.events if e == name]
-
-
-@pytest.fixture
-def event_log() -> Iterator[EventLog]:
-    handler = EventLog()
-    logger = logging.getLogger("agentd.program")
-    old_level = logger.level
-    logger.setLevel(logging.DEBUG)
-    logger.addHandler(handler)
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)

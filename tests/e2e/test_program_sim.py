@@ -13,8 +13,6 @@ daemon in process (``serve_http=False``); the HTTP tests talk to the daemon's AS
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
@@ -22,6 +20,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from log_capture import EventLog
 from test_program_scheduling import VIRTUAL_BUDGET_SECONDS, in_process_client
 
 from actors.core.config import ProgramSchedulingConfig
@@ -44,30 +43,6 @@ def sim_config(**ps: Any) -> AgentdConfig:
             token_capacity_per_dp_rank=1024, metrics_interval_seconds=0.05, **ps
         ),
     )
-
-
-class Admits(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.programs: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if getattr(record, "agentd_event", None) == "program_admit":
-            self.programs.append(record.agentd_fields["program"])  # type: ignore[attr-defined]
-
-
-@pytest.fixture
-def admits() -> Iterator[Admits]:
-    handler = Admits()
-    logger = logging.getLogger("agentd.program")
-    old = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old)
 
 
 def body(program_id: str, max_tokens: int = 16) -> dict[str, Any]:
@@ -118,7 +93,7 @@ ARRIVAL_GAP = 0.01  # virtual seconds between arrivals, far below one request's 
 
 
 async def test_program_sim_resumes_in_arrival_order_in_virtual_time(
-    autojump_clock: trio.testing.MockClock, admits: Admits
+    autojump_clock: trio.testing.MockClock, event_log: EventLog
 ) -> None:
     cfg = sim_config(resume_order="fcfs")
     # real simulated speed in virtual time: a request takes ~0.25 s; the four arrivals are spaced
@@ -154,7 +129,8 @@ async def test_program_sim_resumes_in_arrival_order_in_virtual_time(
         assert {pid: s.status for pid, s in sinks.items()} == {"p1": 200, "p2": 200, "p3": 200, "p4": 200}
         assert peak["retained_requests"] == 2  # p1 and p2 fit in 1024 tokens; p3 and p4 wait
         ids = {p["root_program_id"]: p["program"] for r in diag["ranks"] for p in r["programs"]}
-        assert admits.programs == [ids["p1"], ids["p2"], ids["p3"], ids["p4"]]
+        admitted = [fields["program"] for _, fields in event_log.named("program_admit")]
+        assert admitted == [ids["p1"], ids["p2"], ids["p3"], ids["p4"]]
         assert diag["ranks"][0]["router_estimated_used_tokens"] == 0
         handles.request_shutdown()
 

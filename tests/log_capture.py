@@ -1,0 +1,41 @@
+"""Log capture for tests: agentd's structured log events with the Trio time they were emitted."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import trio
+
+
+class EventLog(logging.Handler):
+    """Captures agentd log events with the trio virtual time at which they were emitted."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.events: list[tuple[float, str, dict[str, Any]]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        event = getattr(record, "agentd_event", None)
+        if event is not None:
+            self.events.append((trio.current_time(), event, dict(getattr(record, "agentd_fields", {}))))
+
+    def named(self, name: str) -> list[tuple[float, dict[str, Any]]]:
+        return [(t, f) for t, e, f in self.events if e == name]
+
+
+@pytest.fixture
+def event_log() -> Iterator[EventLog]:
+    """Every ``agentd.program.*`` log event (DEBUG and up) of the test, with its Trio time."""
+    handler = EventLog()
+    logger = logging.getLogger("agentd.program")
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
