@@ -237,28 +237,19 @@ class EffectRouter:
         )
 
     def _source_changed(self, e: fx.CapacitySourceChanged) -> None:
-        age = None if e.observation_age_seconds is None else round(e.observation_age_seconds, 6)
+        fields: dict[str, Any] = {
+            "target": e.target_id,
+            "previous_capacity_accounting_source": e.previous_source,
+            "capacity_accounting_source": e.source,
+            "observation_age_seconds": None
+            if e.observation_age_seconds is None
+            else round(e.observation_age_seconds, 6),
+        }
         if e.source == "backend_observation":
-            log_event(
-                logger,
-                logging.INFO,
-                "capacity_observation_recovered",
-                target=e.target_id,
-                previous_capacity_accounting_source=e.previous_source,
-                capacity_accounting_source=e.source,
-                observation_age_seconds=age,
-            )
+            log_event(logger, logging.INFO, "capacity_observation_recovered", **fields)
         else:
-            log_event(
-                logger,
-                logging.WARNING,
-                "capacity_observation_fallback",
-                target=e.target_id,
-                previous_capacity_accounting_source=e.previous_source,
-                capacity_accounting_source=e.source,
-                observation_age_seconds=age,
-                freshness_threshold_seconds=e.freshness_threshold_seconds,
-            )
+            fields["freshness_threshold_seconds"] = e.freshness_threshold_seconds
+            log_event(logger, logging.WARNING, "capacity_observation_fallback", **fields)
 
     def _stale_dropped(self, e: fx.StaleObservationDropped) -> None:
         log_event(
