@@ -1,6 +1,6 @@
 """The ``vllm_router_agent_aware_*`` Prometheus catalogue of Program scheduling.
 
-Same names, types, labels and buckets as the reference router (periphery spec §7), so dashboards
+Same names, types, labels and buckets as the reference router (docs/operations.md, Reference), so dashboards
 and the seed document's tuning workflow carry over unchanged.  Everything is registered on the
 daemon's own ``CollectorRegistry`` passed in (never the global one), and only when Program
 scheduling is enabled.  Labels are limited to target ids and bounded enums.

@@ -18,7 +18,7 @@ traffic creates no Program state and triggers no backend polling.
 * leaving the lease without ``finish`` (client gone, cancellation) sends ``RequestAbandoned`` from a
   shielded ``finally``, so a disconnect never leaks ledger capacity.
 
-``diagnostics()`` renders the ``/scheduling/diagnostics`` document (periphery spec §6) from the
+``diagnostics()`` renders the ``/scheduling/diagnostics`` document (docs/operations.md, Reference) from the
 latest scheduler state, the rank observers and each channel's statistics.
 """
 

@@ -4,8 +4,8 @@
 is healthy; 503 ``{"status": "unavailable", "reason": ...}`` naming each worker's last verdict
 otherwise.
 
-``/scheduling/diagnostics``: the Program scheduling snapshot (periphery spec section 6 schema,
-from ``program_dispatcher.diagnostics()``) when Program scheduling is on, else
+``/scheduling/diagnostics``: the Program scheduling snapshot (the reference router's document,
+docs/operations.md "Reference"; from ``program_dispatcher.diagnostics()``) when Program scheduling is on, else
 ``{"enabled": false}``; in both cases merged with a ``proxy`` section owned by the proxy:
 targets with health and in-flight counts, the native policy and its lease statistics.
 Snapshots are built on demand, never on the request hot path.

@@ -1,8 +1,8 @@
 """Program identity parsing at the edge: request body and headers -> ``ParsedIdentity``.
 
 A request takes part in Program scheduling only when it carries Program identity. The
-sources, in strict precedence (periphery spec §1, seed "Canonical request metadata" and
-"Compatibility identity inputs"):
+sources, in strict precedence (the seed's "Canonical request metadata" and "Compatibility identity
+inputs"; docs/program-scheduling.md §0):
 
 1. the canonical ``vllm_xargs.agentic_context`` (an object, or a string holding a JSON
    object of at most 16 KiB). It is parsed first in every mode, so malformed canonical

@@ -1,4 +1,4 @@
-"""Program identity parsing (periphery spec §1, seed "Canonical request metadata")."""
+"""Program identity parsing at the edge (docs/program-scheduling.md §0; the seed's "Canonical request metadata")."""
 
 from __future__ import annotations
 
