@@ -6,12 +6,11 @@ happens into one of these and feeds it to ``step`` one at a time, in arrival ord
 
 from __future__ import annotations
 
-from typing import Any
-
 from attrs import frozen
 
+from actors.core.config import BackendTarget
 from actors.core.ids import DEFAULT_MODEL_POOL, ProgramRef, RequestId, TargetId
-from actors.core.model import NO_HINTS, NO_USAGE, RequestHints, Usage
+from actors.core.model import NO_HINTS, NO_USAGE, ProgramIdentity, RequestHints, Usage
 
 # Timer kinds armed in the Program actor.
 ACTING_TTL = "acting_ttl"
@@ -26,17 +25,17 @@ class RequestSubmitted:
     """A request with a Program identity arrived.
 
     ``request_id`` is the shell's unique handle (must not be reused while the request lives).
-    ``identity`` provides the attributes of ``model.IdentityLike``; ``hints`` the request-scoped
-    fields.  ``targets`` (``BackendTarget``-like: target_id, worker_url, dp_rank, index) is the
-    current target list of ``model_pool`` when the shell knows it; ``None`` keeps the known one.
+    ``identity`` is the Program's identity as the edge parsed it; ``hints`` the request-scoped
+    fields.  ``targets`` is the current target list of ``model_pool`` when the shell knows it;
+    ``None`` keeps the known one.
     """
 
     request_id: RequestId
-    identity: Any
+    identity: ProgramIdentity
     estimated_prompt_tokens: int
     hints: RequestHints = NO_HINTS
     model_pool: str = DEFAULT_MODEL_POOL
-    targets: tuple[Any, ...] | None = None
+    targets: tuple[BackendTarget, ...] | None = None
     routing_text: str | None = None
 
 
@@ -104,7 +103,7 @@ class TargetsChanged:
     """The healthy target list of ``model_pool`` changed (replaced atomically)."""
 
     model_pool: str
-    targets: tuple[Any, ...]
+    targets: tuple[BackendTarget, ...]
 
 
 Event = (

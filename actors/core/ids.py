@@ -10,8 +10,8 @@
   blake2b over ``model_pool \\0 program_id \\0 generation``, so generations differ.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: the NamedTuple fields keep real types, so
+# cattrs can (un)structure the messages that carry these ids (docs/architecture.md §3).
 import hashlib
 from typing import NamedTuple, NewType
 
