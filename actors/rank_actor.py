@@ -1,56 +1,74 @@
-"""Backend observation of the DP rank targets and the periodic scheduling tick.
+"""One rank actor per DP rank target: the single writer of what agentd learned about that rank.
 
-Each DP rank target has a :class:`RankObserver`: the single writer of what agentd last learned
-about that rank from its worker (sample, scrape time, last error, backend KV capacity from
-``vllm:cache_config_info``).  All rank observers are driven by one loop, :func:`run_rank_actor`,
-because two facts couple them:
+A rank actor owns one target's backend observation: the last engine sample, when it was observed,
+when the rank was last scraped, the last scrape error, the scrape and failure counts, and the
+backend KV capacity (``vllm:cache_config_info``, in the sample).  Its whole state is one frozen
+:class:`RankSnapshot`; each update builds the next value (:meth:`RankSnapshot.after_scrape`) and
+*publishes* it by swapping a reference, so diagnostics read an immutable value and never the
+actor's working state (docs/architecture.md, "Who owns what").  Freshness is derived from
+``observed_at`` at read time: at most ``3 x metrics_interval_seconds`` old
+(docs/program-scheduling.md §2).
 
-* one ``/metrics`` scrape per *worker URL* serves every DP rank behind it (``engine`` label ->
-  DP rank), so the ranks of one worker share each scrape;
-* the core's periodic tick (TTL expiry, paused retention, capacity repair, scheduling, and the
-  capacity-accounting-source report) is global, once per interval, after the observations.
+The actor does not scrape.  One ``/metrics`` GET per *worker URL* serves every DP rank behind it
+(vLLM labels each series with its ``engine`` = DP rank), so the observation pacer
+(``actors/rank_registry.py``) scrapes each worker once per round and hands every rank actor its
+worker's result as a :class:`WorkerScraped` message, one rank after the other in target order.
+The actor then, in this order:
 
-The loop runs on a fixed grid of absolute deadlines ``start + k * metrics_interval_seconds``;
-a deadline that has already passed when the previous round ends is skipped, never bursted.
-Each round, in this order:
+1. counts the scrape (a failed scrape is counted as a failure and its error string kept; a
+   successful one clears the error);
+2. when its engine had series, records the sample and ``observed_at`` (an engine without series
+   keeps the previous sample: nothing is fabricated);
+3. publishes the new snapshot;
+4. sends ``ObservationReceived`` to the scheduler when there was a sample;
+5. acknowledges on the message's one-shot ``done`` channel, which is what lets the pacer keep the
+   scheduler's ``ObservationReceived`` messages in target order.
 
-1. ``ObservationStarted`` for every target (the core checkpoints its ledger: epoch protocol,
-   so admissions committed while the scrape is in flight stay counted);
-2. scrape every worker URL concurrently (``GET <url>/metrics``, 2 s timeout each);
-3. ``ObservationReceived`` for every target whose engine had series, in target order; a failed
-   scrape is logged (WARN ``backend_observation_failed``) and produces nothing, so the previous
-   observation ages out: stale after three intervals, which the core reports once as
-   ``capacity_observation_fallback`` and once as ``capacity_observation_recovered`` when usable
-   accounting returns;
-4. ``RepairTick``.
-
-Nothing here runs until the first Program request: the service starts this actor lazily
-(identity-free traffic never triggers backend polling).
+Lifecycle: the registry starts the actor in its nursery when its target appears and cancels it
+when the target goes.  However the actor ends, every ``done`` channel it holds or still has in
+its inbox is closed, so the pacer never waits for a rank that is gone.
 """
 
 from __future__ import annotations
 
-import logging
-import math
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Any
 
-import httpx
+import attrs
 import trio
-from attrs import define
+from attrs import frozen
 
-from actors.core.config import BackendTarget, ProgramSchedulingConfig
-from actors.logevents import get_logger, log_event
-from actors.messages import ObservationReceived, ObservationStarted, RepairTick, SchedulerMessage
-from actors.observations import EngineSample, ObservationParseError, parse_vllm_metrics
+from actors.core.config import BackendTarget
+from actors.mailbox import reply_nowait
+from actors.messages import ObservationReceived, SchedulerMessage
+from actors.observations import EngineSample
 
-SCRAPE_TIMEOUT_SECONDS = 2.0
-logger = get_logger("program.rank")
+# What one scrape of a worker's /metrics gave: samples by engine index (= DP rank), or an error.
+ScrapeResult = dict[int, EngineSample] | str
 
 
-@define
-class RankObserver:
-    """What agentd last learned about one DP rank (written only by the rank actor loop)."""
+@frozen(eq=False)
+class WorkerScraped:
+    """Pacer -> rank actor: the result of this round's scrape of the rank's worker.
+
+    The actor acknowledges exactly once on ``done`` (buffer 1); a ``done`` closed without an
+    acknowledgement means the actor was cancelled before handling the scrape.
+    """
+
+    epoch: int
+    observed_at: float
+    result: ScrapeResult
+    done: trio.MemorySendChannel[bool]
+
+
+def sample_of(result: ScrapeResult, dp_rank: int) -> EngineSample | None:
+    """The rank's sample in a scrape result; None when the scrape failed or its engine had no series."""
+    return None if isinstance(result, str) else result.get(dp_rank)
+
+
+@frozen
+class RankSnapshot:
+    """What agentd last learned about one DP rank (an immutable value published by its actor)."""
 
     target: BackendTarget
     observed_at: float | None = None
@@ -60,117 +78,88 @@ class RankObserver:
     scrapes_count: int = 0
     failures_count: int = 0
 
-    def snapshot(self, now: float, interval_seconds: float) -> dict[str, Any]:
-        age = None if self.observed_at is None else max(0.0, now - self.observed_at)
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        """Backend KV capacity (``num_gpu_blocks * block_size``) from the last sample."""
+        return None if self.sample is None else self.sample.kv_capacity_tokens
+
+    def age(self, now: float) -> float | None:
+        return None if self.observed_at is None else max(0.0, now - self.observed_at)
+
+    def fresh(self, now: float, interval_seconds: float) -> bool:
+        """At most three intervals old (docs/program-scheduling.md §2)."""
+        age = self.age(now)
+        return age is not None and age <= 3 * interval_seconds
+
+    def after_scrape(self, observed_at: float, result: ScrapeResult) -> RankSnapshot:
+        """The next snapshot once the rank's worker was scraped at ``observed_at``."""
+        if isinstance(result, str):
+            return attrs.evolve(
+                self,
+                last_scrape_at=observed_at,
+                last_error=result,
+                scrapes_count=self.scrapes_count + 1,
+                failures_count=self.failures_count + 1,
+            )
+        sample = sample_of(result, self.target.dp_rank)
+        return attrs.evolve(
+            self,
+            last_scrape_at=observed_at,
+            last_error=None,
+            scrapes_count=self.scrapes_count + 1,
+            # no series for this engine: keep the previous sample (never fabricate an observation)
+            sample=self.sample if sample is None else sample,
+            observed_at=self.observed_at if sample is None else observed_at,
+        )
+
+    def as_dict(self, now: float, interval_seconds: float) -> dict[str, Any]:
+        """JSON-ready view of the snapshot at ``now``."""
         s = self.sample
         return {
             "target_id": self.target.target_id,
-            "observation_age_seconds": age,
-            "observation_fresh": age is not None and age <= 3 * interval_seconds,
+            "observation_age_seconds": self.age(now),
+            "observation_fresh": self.fresh(now, interval_seconds),
             "vllm_kv_cache_usage": None if s is None else s.kv_cache_usage,
             "vllm_running_requests": None if s is None else s.running_requests,
             "vllm_waiting_requests": None if s is None else s.waiting_requests,
-            "vllm_kv_capacity_tokens": None if s is None else s.kv_capacity_tokens,
+            "vllm_kv_capacity_tokens": self.kv_capacity_tokens,
             "last_scrape_error": self.last_error,
             "scrapes_count": self.scrapes_count,
             "scrape_failures_count": self.failures_count,
         }
 
 
-class RankObservers:
-    """The rank observers of all targets, grouped by worker URL (read by diagnostics)."""
-
-    def __init__(self, targets: Sequence[BackendTarget]) -> None:
-        self.targets = tuple(sorted(targets, key=lambda t: t.index))
-        self.by_target = {t.target_id: RankObserver(t) for t in self.targets}
-        self.worker_urls = tuple(dict.fromkeys(t.worker_url for t in self.targets))
-        self.rounds_count = 0
-        self.started = False
-
-    def snapshot(self, now: float, interval_seconds: float) -> list[dict[str, Any]]:
-        return [self.by_target[t.target_id].snapshot(now, interval_seconds) for t in self.targets]
-
-
-async def _scrape(client: httpx.AsyncClient, url: str) -> dict[int, EngineSample] | str:
-    """Per-engine samples, or an error string."""
-    with trio.move_on_after(SCRAPE_TIMEOUT_SECONDS):
-        try:
-            response = await client.get(url.rstrip("/") + "/metrics")
-        except httpx.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc}"
-        if not 200 <= response.status_code < 300:
-            return f"HTTP {response.status_code}"
-        try:
-            return parse_vllm_metrics(response.text)
-        except ObservationParseError as exc:
-            return str(exc)
-    return f"timeout after {SCRAPE_TIMEOUT_SECONDS} s"
-
-
 async def run_rank_actor(
-    cfg: ProgramSchedulingConfig,
-    client: httpx.AsyncClient,
-    observers: RankObservers,
+    target: BackendTarget,
+    inbox: trio.MemoryReceiveChannel[WorkerScraped],
     scheduler_send: trio.MemorySendChannel[SchedulerMessage],
+    publish: Callable[[RankSnapshot], None],
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Scrape and tick on a fixed grid of absolute deadlines until cancelled."""
-    interval = cfg.metrics_interval_seconds
-    async with scheduler_send:
-        observers.started = True
-        task_status.started()
-        if not observers.targets:
-            return  # nothing to observe and nothing to tick (reference: skip without targets)
-        start = trio.current_time()
-        k = 0
-        epoch = 0
-        while True:
-            epoch += 1
-            await _round(client, observers, scheduler_send, epoch)
-            observers.rounds_count += 1
-            await scheduler_send.send(RepairTick(deadline=start + k * interval))
-            # Next grid point strictly in the future: missed ticks are skipped, not bursted.
-            now = trio.current_time()
-            k = max(k + 1, math.floor((now - start) / interval) + 1)
-            await trio.sleep_until(start + k * interval)
-
-
-async def _round(
-    client: httpx.AsyncClient,
-    observers: RankObservers,
-    scheduler_send: trio.MemorySendChannel[SchedulerMessage],
-    epoch: int,
-) -> None:
-    await scheduler_send.send(ObservationStarted(epoch=epoch, target_ids=tuple(t.target_id for t in observers.targets)))
-    results: dict[str, dict[int, EngineSample] | str] = {}
-
-    async def scrape_one(url: str) -> None:
-        results[url] = await _scrape(client, url)
-
-    async with trio.open_nursery() as nursery:
-        for url in observers.worker_urls:
-            nursery.start_soon(scrape_one, url)
-    observed_at = trio.current_time()
-    for url in observers.worker_urls:  # deterministic order: worker order, then rank order
-        result = results[url]
-        if isinstance(result, str):
-            log_event(logger, logging.WARNING, "backend_observation_failed", base_url=url, error=result)
-    for target in observers.targets:
-        rank = observers.by_target[target.target_id]
-        result = results[target.worker_url]
-        rank.last_scrape_at = observed_at
-        rank.scrapes_count += 1
-        if isinstance(result, str):
-            rank.failures_count += 1
-            rank.last_error = result
-            continue
-        rank.last_error = None
-        sample = result.get(target.dp_rank)
-        if sample is None:
-            continue  # no series for this engine: never fabricate an observation
-        rank.sample = sample
-        rank.observed_at = observed_at
-        await scheduler_send.send(
-            ObservationReceived(epoch=epoch, target_id=target.target_id, observed_at=observed_at, sample=sample)
-        )
+    """Observe ``target`` from the scrapes handed to it until cancelled or the inbox closes."""
+    snapshot = RankSnapshot(target)
+    publish(snapshot)
+    async with inbox, scheduler_send:
+        try:
+            task_status.started()
+            async for msg in inbox:
+                with msg.done:  # closed however this ends: the pacer never waits for a gone actor
+                    snapshot = snapshot.after_scrape(msg.observed_at, msg.result)
+                    publish(snapshot)
+                    sample = sample_of(msg.result, target.dp_rank)
+                    if sample is not None:
+                        await scheduler_send.send(
+                            ObservationReceived(
+                                epoch=msg.epoch, target_id=target.target_id, observed_at=msg.observed_at, sample=sample
+                            )
+                        )
+                    reply_nowait(msg.done, True)
+        finally:
+            # Scrapes handed over but never handled (the actor was cancelled): release their waiters.
+            while True:
+                try:
+                    pending = inbox.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+                pending.done.close()

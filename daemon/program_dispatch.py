@@ -44,7 +44,7 @@ from actors.logevents import get_logger, log_event
 from actors.mailbox import ActorGone
 from actors.messages import Admitted, Reply, Submission
 from actors.program_metrics import GaugeSnapshot, ProgramMetrics, TokenEstimateGauge
-from actors.rank_actor import RankObservers, run_rank_actor
+from actors.rank_registry import RankRegistry, run_rank_registry
 from actors.scheduler_actor import SchedulerHandle, diagnostics_snapshot, rank_gauges, run_scheduler_actor
 from daemon.config import AgentdConfig
 from daemon.dispatch import DispatchRejected, HealthView, Outcome, ProxyRequest
@@ -149,7 +149,7 @@ class ProgramDispatcher:
         self,
         cfg: ProgramSchedulingConfig,
         scheduler: SchedulerHandle,
-        observers: RankObservers,
+        observers: RankRegistry,
         estimator: TokenEstimator,
         polling_needed: trio.Event,
     ) -> None:
@@ -257,20 +257,20 @@ class ProgramDispatcher:
     def diagnostics(self) -> dict[str, Any]:
         now = trio.current_time()
         doc = diagnostics_snapshot(self.scheduler, now)
-        backend = {r["target_id"]: r for r in self.observers.snapshot(now, self.cfg.metrics_interval_seconds)}
+        backend = self.observers.snapshots()  # the frozen values the rank actors published
         for rank in doc["ranks"]:
             b = backend.get(rank["target_id"])
             if b is not None:
-                rank["vllm_kv_capacity_tokens"] = b["vllm_kv_capacity_tokens"]
-                rank["last_scrape_error"] = b["last_scrape_error"]
-                rank["scrape_failures_count"] = b["scrape_failures_count"]
+                rank["vllm_kv_capacity_tokens"] = b.kv_capacity_tokens
+                rank["last_scrape_error"] = b.last_error
+                rank["scrape_failures_count"] = b.failures_count
         doc["token_estimation"] = [
             {"model_pool": p, "endpoint": e, "tokens_per_byte": c}
             for (p, e), c in sorted(self.estimator.coefficients.items())
         ]
         doc["dispatcher"] = attrs.asdict(self.counters)
         doc["backend_polling_started"] = self.observers.started
-        doc["channels"] = self.scheduler.statistics()
+        doc["channels"] = [*self.scheduler.statistics(), self.observers.statistics()]
         return doc
 
 
@@ -293,7 +293,7 @@ async def run_program_scheduling(
     targets = cfg.targets()
     metrics = ProgramMetrics(registry)
     estimator = TokenEstimator(metrics)
-    observers = RankObservers(targets)
+    observers = RankRegistry(targets)
 
     def on_tick(handle: SchedulerHandle, now: float) -> None:
         metrics.publish(GaugeSnapshot(ranks=rank_gauges(handle, now), token_estimates=estimator.gauges()))
@@ -309,7 +309,7 @@ async def run_program_scheduling(
 
         async def start_polling_when_needed() -> None:
             await polling_needed.wait()
-            await nursery.start(run_rank_actor, ps, client, observers, scheduler.inbox.send.clone())
+            await nursery.start(run_rank_registry, ps, client, observers, scheduler.inbox.send.clone())
 
         nursery.start_soon(start_polling_when_needed)
         task_status.started(dispatcher)

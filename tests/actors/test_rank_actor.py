@@ -4,12 +4,15 @@ grid of absolute deadlines (missed ones skipped), failures produce no observatio
 from __future__ import annotations
 
 import httpx
+import pytest
 import trio
 import trio.testing
 
 from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.messages import ObservationReceived, ObservationStarted, RepairTick
-from actors.rank_actor import RankObservers, run_rank_actor
+from actors.observations import EngineSample
+from actors.rank_actor import RankSnapshot, ScrapeResult, WorkerScraped, run_rank_actor
+from actors.rank_registry import RankRegistry, run_rank_registry
 
 W0 = "http://worker-0:8000"
 W1 = "http://worker-1:8000"
@@ -46,15 +49,14 @@ async def test_rank_actor_scrapes_once_per_worker_and_ticks_on_grid(autojump_clo
 
     send, recv = trio.open_memory_channel[object](100)  # test sink
     got: list[tuple[float, object]] = []
-    observers = RankObservers(TARGETS)
+    observers = RankRegistry(TARGETS)
     cfg = ProgramSchedulingConfig(metrics_interval_seconds=1.0)
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_drain, recv, got)
-            t0 = trio.current_time()
-            await nursery.start(run_rank_actor, cfg, client, observers, send)
-            await trio.sleep(2.5)
-            nursery.cancel_scope.cancel()
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client, trio.open_nursery() as nursery:
+        nursery.start_soon(_drain, recv, got)
+        t0 = trio.current_time()
+        await nursery.start(run_rank_registry, cfg, client, observers, send)
+        await trio.sleep(2.5)
+        nursery.cancel_scope.cancel()
     assert sorted((t - t0, u) for t, u in scrapes) == [
         (0.0, f"{W0}/metrics"),
         (0.0, f"{W1}/metrics"),
@@ -74,7 +76,7 @@ async def test_rank_actor_scrapes_once_per_worker_and_ticks_on_grid(autojump_clo
     assert isinstance(first_round[-1], RepairTick)
     ticks = [(t - t0, m.deadline - t0) for t, m in got if isinstance(m, RepairTick)]
     assert ticks == [(0.0, 0.0), (1.0, 1.0), (2.0, 2.0)]
-    snap = observers.snapshot(t0 + 2.0, 1.0)
+    snap = [s.as_dict(t0 + 2.0, 1.0) for s in observers.snapshots().values()]
     assert snap[0]["observation_fresh"] is True and snap[0]["vllm_waiting_requests"] == 3
     assert snap[2]["observation_age_seconds"] is None and snap[2]["last_scrape_error"] == "HTTP 503"
     assert snap[2]["scrape_failures_count"] == 3
@@ -92,15 +94,14 @@ async def test_rank_actor_skips_missed_ticks_after_slow_scrape(autojump_clock: t
 
     send, recv = trio.open_memory_channel[object](100)  # test sink
     got: list[tuple[float, object]] = []
-    observers = RankObservers(TARGETS[:2])
+    observers = RankRegistry(TARGETS[:2])
     cfg = ProgramSchedulingConfig(metrics_interval_seconds=1.0)
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_drain, recv, got)
-            t0 = trio.current_time()
-            await nursery.start(run_rank_actor, cfg, client, observers, send)
-            await trio.sleep(4.5)
-            nursery.cancel_scope.cancel()
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client, trio.open_nursery() as nursery:
+        nursery.start_soon(_drain, recv, got)
+        t0 = trio.current_time()
+        await nursery.start(run_rank_registry, cfg, client, observers, send)
+        await trio.sleep(4.5)
+        nursery.cancel_scope.cancel()
     ticks = [round(t - t0, 6) for t, m in got if isinstance(m, RepairTick)]
     assert ticks == [0.0, 2.7, 3.0, 4.0]
     assert [round(m.deadline - t0, 6) for _, m in got if isinstance(m, RepairTick)] == [0.0, 1.0, 3.0, 4.0]
@@ -113,15 +114,71 @@ async def test_rank_actor_scrape_timeout_is_two_seconds(autojump_clock: trio.tes
 
     send, recv = trio.open_memory_channel[object](100)  # test sink
     got: list[tuple[float, object]] = []
-    observers = RankObservers(TARGETS[:1])
+    observers = RankRegistry(TARGETS[:1])
     cfg = ProgramSchedulingConfig(metrics_interval_seconds=5.0)
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_drain, recv, got)
-            t0 = trio.current_time()
-            await nursery.start(run_rank_actor, cfg, client, observers, send)
-            await trio.sleep(1)
-            await trio.sleep(1.5)
-            nursery.cancel_scope.cancel()
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client, trio.open_nursery() as nursery:
+        nursery.start_soon(_drain, recv, got)
+        t0 = trio.current_time()
+        await nursery.start(run_rank_registry, cfg, client, observers, send)
+        await trio.sleep(1)
+        await trio.sleep(1.5)
+        nursery.cancel_scope.cancel()
     assert [(t - t0, type(m).__name__) for t, m in got] == [(0.0, "ObservationStarted"), (2.0, "RepairTick")]
-    assert observers.by_target[TARGETS[0].target_id].last_error == "timeout after 2.0 s"
+    assert observers.snapshots()[TARGETS[0].target_id].last_error == "timeout after 2.0 s"
+
+
+def _scraped(epoch: int, at: float, result: ScrapeResult) -> tuple[WorkerScraped, trio.MemoryReceiveChannel[bool]]:
+    done_send, done_recv = trio.open_memory_channel[bool](1)  # one-shot acknowledgement
+    return WorkerScraped(epoch=epoch, observed_at=at, result=result, done=done_send), done_recv
+
+
+async def test_rank_actor_publishes_reports_and_acknowledges_each_scrape(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    target = TARGETS[1]  # engine 1 of worker-0
+    inbox_send, inbox_recv = trio.open_memory_channel[WorkerScraped](1)
+    sched_send, sched_recv = trio.open_memory_channel[object](10)  # test sink
+    published: list[RankSnapshot] = []
+    sample = EngineSample(kv_cache_usage=0.5, running_requests=2, waiting_requests=0, kv_capacity_tokens=4096)
+    other = EngineSample(kv_cache_usage=0.1, running_requests=1, waiting_requests=0, kv_capacity_tokens=None)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_rank_actor, target, inbox_recv, sched_send, published.append)
+        assert published == [RankSnapshot(target)]
+
+        msg, done = _scraped(1, 10.0, {0: other, 1: sample})
+        inbox_send.send_nowait(msg)
+        assert await done.receive() is True
+        assert sched_recv.receive_nowait() == ObservationReceived(
+            epoch=1, target_id=target.target_id, observed_at=10.0, sample=sample
+        )
+
+        msg, done = _scraped(2, 11.0, {0: other})  # no series for engine 1: nothing fabricated
+        inbox_send.send_nowait(msg)
+        assert await done.receive() is True
+        msg, done = _scraped(3, 12.0, "HTTP 502")
+        inbox_send.send_nowait(msg)
+        assert await done.receive() is True
+        with pytest.raises(trio.WouldBlock):
+            sched_recv.receive_nowait()
+        nursery.cancel_scope.cancel()
+    assert [(s.observed_at, s.last_scrape_at, s.last_error, s.scrapes_count, s.failures_count) for s in published] == [
+        (None, None, None, 0, 0),
+        (10.0, 10.0, None, 1, 0),
+        (10.0, 11.0, None, 2, 0),  # the previous sample is kept and ages
+        (10.0, 12.0, "HTTP 502", 3, 1),
+    ]
+    assert published[-1].sample == sample and published[-1].kv_capacity_tokens == 4096
+    assert published[-1].fresh(13.0, 1.0) is True and published[-1].fresh(13.5, 1.0) is False
+
+
+async def test_cancelled_rank_actor_releases_every_pending_hand_over(autojump_clock: trio.testing.MockClock) -> None:
+    inbox_send, inbox_recv = trio.open_memory_channel[WorkerScraped](1)
+    sched_send, _sched_recv = trio.open_memory_channel[object](10)  # test sink
+    msg, done = _scraped(1, 0.0, {0: EngineSample(0.1, 1, 0, None)})
+    inbox_send.send_nowait(msg)  # handed over, never handled
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await run_rank_actor(TARGETS[0], inbox_recv, sched_send, lambda _snapshot: None)
+    with trio.fail_after(1), pytest.raises(trio.EndOfChannel):
+        await done.receive()  # closed without an acknowledgement: the pacer moves on
+    assert sched_send.statistics().open_send_channels == 0  # the actor closed its scheduler channel

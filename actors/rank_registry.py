@@ -1,0 +1,298 @@
+"""The rank actors' registry and the observation pacer: backend polling and the periodic tick.
+
+:class:`RankRegistry` keeps one rank actor (``actors/rank_actor.py``) per DP rank target.
+:meth:`RankRegistry.sync` declares the wanted targets: once the registry runs, it starts an actor
+for each new target and cancels the actor of each removed one, all in the registry's own nursery
+(as ``actors/program_registry.py`` does for Program actors).  A removed target's snapshot
+disappears at once; an added target reads as never observed until its first scrape.
+
+:func:`run_observation_rounds` is the pacer.  It owns the grid of absolute deadlines
+``start + k * metrics_interval_seconds``; a deadline already past when a round ends is skipped,
+never bursted.  Each round, in this order:
+
+1. ``ObservationStarted`` for every target to the scheduler (the core checkpoints its ledger:
+   admissions committed while the scrape is in flight stay counted, docs/program-scheduling.md §2);
+2. one ``GET <url>/metrics`` per *worker URL*, all concurrently, 2 s timeout each: one scrape
+   serves every DP rank behind the worker (``engine`` label = DP rank); each failed worker is
+   logged once, in worker order (WARN ``backend_observation_failed``, docs/operations.md §1);
+3. each rank actor, in target order, gets its worker's result and the pacer waits for its
+   acknowledgement before the next rank, so the actors' ``ObservationReceived`` messages reach the
+   scheduler in target order (a failed scrape produces none: the previous observation ages out and
+   turns stale after three intervals);
+4. ``RepairTick`` (TTL expiry, paused retention, capacity repair, scheduling).
+
+Order comes from explicit keys (target index, then worker order), never from task wake order.
+
+Lifecycle: :func:`run_rank_registry` is started lazily, on the first request that carries Program
+identity (docs/operations.md §1); identity-free traffic never polls the backend.  With no targets
+no actor exists and the pacer is parked: nothing is scraped and nothing ticks.  Cancelling the
+registry's task cancels the pacer and every rank actor.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import httpx
+import trio
+
+from actors.core.config import BackendTarget, ProgramSchedulingConfig
+from actors.logevents import get_logger, log_event
+from actors.mailbox import channel_statistics
+from actors.messages import ObservationStarted, RepairTick, SchedulerMessage
+from actors.observations import ObservationParseError, parse_vllm_metrics
+from actors.rank_actor import RankSnapshot, ScrapeResult, WorkerScraped, run_rank_actor
+
+SCRAPE_TIMEOUT_SECONDS = 2.0
+
+# Per-rank inbox.  Only the pacer sends to it, one WorkerScraped per round, and it waits for that
+# scrape's acknowledgement before handing anything else to any rank: at most one message is ever
+# pending, so one slot means the hand-over never blocks the pacer.
+RANK_INBOX_SIZE = 1
+
+logger = get_logger("program.rank")
+
+
+class RankInboxOverflow(RuntimeError):
+    """A rank actor's inbox was full: the pacer handed over a scrape without awaiting the last one."""
+
+
+class RankHandle:
+    """The registry's record of one running rank actor: its target, inbox, cancel scope and the
+    snapshot it last published."""
+
+    def __init__(self, target: BackendTarget, inbox: trio.MemorySendChannel[WorkerScraped]) -> None:
+        self.target = target
+        self.inbox = inbox
+        self.cancel_scope = trio.CancelScope()
+        self.snapshot = RankSnapshot(target)
+
+    def publish(self, snapshot: RankSnapshot) -> None:
+        """Called by the rank actor only: swap in its newest snapshot."""
+        self.snapshot = snapshot
+
+    async def hand_over(self, epoch: int, observed_at: float, result: ScrapeResult) -> bool:
+        """Give the actor its worker's scrape and wait until it has handled it.
+
+        False when the actor is gone (its target was removed before or during the hand-over).
+        """
+        # One-shot acknowledgement: the actor answers once with send_nowait (buffer 1).
+        done_send, done_recv = trio.open_memory_channel[bool](1)
+        with done_recv:
+            try:
+                self.inbox.send_nowait(
+                    WorkerScraped(epoch=epoch, observed_at=observed_at, result=result, done=done_send)
+                )
+            except trio.WouldBlock:
+                done_send.close()
+                raise RankInboxOverflow(f"rank actor {self.target.target_id} inbox full") from None
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                done_send.close()
+                return False
+            try:
+                return await done_recv.receive()
+            except trio.EndOfChannel:
+                return False  # cancelled before handling it (target removed)
+
+
+class RankRegistry:
+    """One rank actor per DP rank target; what the dispatcher's diagnostics read."""
+
+    def __init__(self, targets: Iterable[BackendTarget] = ()) -> None:
+        self.targets: tuple[BackendTarget, ...] = ()
+        self.started = False  # backend polling has started (the registry runs)
+        self.rounds_count = 0  # written by the pacer only
+        self.started_count = 0
+        self.stopped_count = 0
+        self._ranks: dict[str, RankHandle] = {}  # target order
+        self._nursery: trio.Nursery | None = None
+        self._scheduler_send: trio.MemorySendChannel[SchedulerMessage] | None = None
+        self._targets_changed = trio.Event()
+        self.sync(targets)
+
+    def sync(self, targets: Iterable[BackendTarget]) -> None:
+        """Make the running actors match ``targets``: start new ones, cancel removed ones.
+
+        Before the registry runs this only records the targets (their actors start with it).
+        """
+        self.targets = tuple(sorted(targets, key=lambda t: t.index))
+        self._targets_changed.set()
+        self._targets_changed = trio.Event()
+        if self._nursery is None:
+            return
+        wanted = {t.target_id: t for t in self.targets}
+        for target_id, handle in list(self._ranks.items()):
+            if wanted.get(target_id) != handle.target:  # removed, or moved (index, URL, rank)
+                del self._ranks[target_id]
+                handle.inbox.close()
+                handle.cancel_scope.cancel()
+        running = self._ranks
+        self._ranks = {t.target_id: running.get(t.target_id) or self._start(t) for t in self.targets}
+
+    def _bind(self, nursery: trio.Nursery, scheduler_send: trio.MemorySendChannel[SchedulerMessage]) -> None:
+        """The registry runs: start the actors of the synced targets in ``nursery``."""
+        self._nursery = nursery
+        self._scheduler_send = scheduler_send
+        self.started = True
+        self._ranks = {}
+        self.sync(self.targets)
+
+    def _unbind(self) -> None:
+        """The registry stops (its nursery cancels the actors); their last snapshots stay readable."""
+        self._nursery = None
+        self._scheduler_send = None
+
+    def _start(self, target: BackendTarget) -> RankHandle:
+        assert self._nursery is not None and self._scheduler_send is not None
+        # See RANK_INBOX_SIZE for the bound.
+        send, recv = trio.open_memory_channel[WorkerScraped](RANK_INBOX_SIZE)
+        handle = RankHandle(target, send)
+        self._nursery.start_soon(self._run_actor, handle, recv, self._scheduler_send.clone())
+        self.started_count += 1
+        return handle
+
+    async def _run_actor(
+        self,
+        handle: RankHandle,
+        recv: trio.MemoryReceiveChannel[WorkerScraped],
+        scheduler_send: trio.MemorySendChannel[SchedulerMessage],
+    ) -> None:
+        try:
+            with handle.cancel_scope:
+                await run_rank_actor(handle.target, recv, scheduler_send, handle.publish)
+        finally:
+            self.stopped_count += 1
+
+    async def wait_targets_changed(self) -> None:
+        """Return after the next :meth:`sync`."""
+        await self._targets_changed.wait()
+
+    def ranks(self) -> tuple[RankHandle, ...]:
+        """The running rank actors, in target order."""
+        return tuple(self._ranks.values())
+
+    def snapshots(self) -> dict[str, RankSnapshot]:
+        """Each rank's last published snapshot by target id, in target order.
+
+        Before the registry runs (polling not started), every synced target reads as never observed.
+        """
+        if not self.started:
+            return {t.target_id: RankSnapshot(t) for t in self.targets}
+        return {target_id: handle.snapshot for target_id, handle in self._ranks.items()}
+
+    def statistics(self) -> dict[str, Any]:
+        """Rank actors' inbox statistics (for the diagnostics ``channels`` list)."""
+        inboxes = [channel_statistics(f"rank_inbox:{h.target.target_id}", h.inbox) for h in self._ranks.values()]
+        used = [c["current_buffer_used"] for c in inboxes]
+        return {
+            "name": "rank_actors",
+            "live_rank_actors": self.started_count - self.stopped_count,  # tasks still running
+            "started_total": self.started_count,
+            "stopped_total": self.stopped_count,
+            "observation_rounds_total": self.rounds_count,
+            "max_buffer_size": RANK_INBOX_SIZE,
+            "current_buffer_used_total": sum(used),
+            "current_buffer_used_max": max(used, default=0),
+            "inboxes": inboxes,
+        }
+
+
+async def run_rank_registry(
+    cfg: ProgramSchedulingConfig,
+    client: httpx.AsyncClient,
+    registry: RankRegistry,
+    scheduler_send: trio.MemorySendChannel[SchedulerMessage],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the rank actors of ``registry`` and the observation pacer until cancelled."""
+    async with scheduler_send, trio.open_nursery() as nursery:
+        registry._bind(nursery, scheduler_send)
+        try:
+            task_status.started()
+            await run_observation_rounds(cfg, client, registry, scheduler_send)
+        finally:
+            registry._unbind()
+
+
+async def run_observation_rounds(
+    cfg: ProgramSchedulingConfig,
+    client: httpx.AsyncClient,
+    registry: RankRegistry,
+    scheduler_send: trio.MemorySendChannel[SchedulerMessage],
+) -> None:
+    """Observation rounds and ticks on a fixed grid of absolute deadlines, until cancelled."""
+    interval = cfg.metrics_interval_seconds
+    if not registry.ranks():
+        await _wait_for_ranks(registry)  # nothing to observe and nothing to tick
+    start = trio.current_time()
+    k = 0
+    epoch = 0
+    while True:
+        ranks = registry.ranks()
+        if ranks:
+            epoch += 1
+            await _observation_round(client, ranks, scheduler_send, epoch)
+            registry.rounds_count += 1
+            await scheduler_send.send(RepairTick(deadline=start + k * interval))
+        else:
+            await _wait_for_ranks(registry)  # every target was removed: parked until one returns
+        # Next grid point strictly in the future: missed ticks are skipped, not bursted.
+        now = trio.current_time()
+        k = max(k + 1, math.floor((now - start) / interval) + 1)
+        await trio.sleep_until(start + k * interval)
+
+
+async def _wait_for_ranks(registry: RankRegistry) -> None:
+    while not registry.ranks():
+        await registry.wait_targets_changed()
+
+
+async def _observation_round(
+    client: httpx.AsyncClient,
+    ranks: tuple[RankHandle, ...],
+    scheduler_send: trio.MemorySendChannel[SchedulerMessage],
+    epoch: int,
+) -> None:
+    await scheduler_send.send(ObservationStarted(epoch=epoch, target_ids=tuple(h.target.target_id for h in ranks)))
+    worker_urls = tuple(dict.fromkeys(h.target.worker_url for h in ranks))  # worker order = first target's order
+    results = await scrape_workers(client, worker_urls)
+    observed_at = trio.current_time()
+    for url in worker_urls:
+        result = results[url]
+        if isinstance(result, str):
+            log_event(logger, logging.WARNING, "backend_observation_failed", base_url=url, error=result)
+    for handle in ranks:  # target order; each rank is done before the next one starts
+        await handle.hand_over(epoch, observed_at, results[handle.target.worker_url])
+
+
+async def scrape_workers(client: httpx.AsyncClient, worker_urls: tuple[str, ...]) -> dict[str, ScrapeResult]:
+    """Scrape every worker concurrently; each result is per-engine samples or an error string."""
+    results: dict[str, ScrapeResult] = {}
+
+    async def scrape_one(url: str) -> None:
+        results[url] = await scrape_worker(client, url)
+
+    async with trio.open_nursery() as nursery:
+        for url in worker_urls:
+            nursery.start_soon(scrape_one, url)
+    return results
+
+
+async def scrape_worker(client: httpx.AsyncClient, url: str) -> ScrapeResult:
+    """``GET <url>/metrics`` parsed into per-engine samples, or an error string."""
+    with trio.move_on_after(SCRAPE_TIMEOUT_SECONDS):
+        try:
+            response = await client.get(url.rstrip("/") + "/metrics")
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if not 200 <= response.status_code < 300:
+            return f"HTTP {response.status_code}"
+        try:
+            return parse_vllm_metrics(response.text)
+        except ObservationParseError as exc:
+            return str(exc)
+    return f"timeout after {SCRAPE_TIMEOUT_SECONDS} s"
