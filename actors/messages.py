@@ -2,17 +2,19 @@
 
 One value type per fact: what the scheduler actor receives *is* the pure core's input event
 (``actors.core.events``: ``RequestSubmitted``, ``RequestCompleted``, ``RequestAbandoned``,
-``TimerFired``), and what a Program actor receives *is* the core's timer effect (``ArmTimer``,
-``CancelTimer``).  Nothing is translated on the way, so the fields the edge filled in reach the
-core unchanged.  Every message is a frozen attrs value that cattrs can (un)structure, so the
-messages could cross a process boundary; the in-process reply channel therefore travels beside
-the message, in a :class:`Submission`, never inside it.
+``TimerFired``, ``ObservationReceived``, ``RepairTick``), and what a Program actor receives *is* the
+core's timer effect (``ArmTimer``, ``CancelTimer``). The one actor-level fact is
+:class:`ObservationRoundStarted` (one scrape round of every target). Nothing is translated on the
+way, so the fields the edge filled in reach the core unchanged. Every message is a frozen attrs
+value that cattrs can (un)structure, so the messages could cross a process boundary; the in-process
+reply channel therefore travels beside the message, in a :class:`Submission`, never inside it.
 
 Flow::
 
     HTTP handler --Submission(RequestSubmitted, reply)--> scheduler actor --Admitted|Rejection--> handler
     HTTP handler --RequestCompleted | RequestAbandoned--> scheduler actor
-    observation pacer / rank actors --ObservationStarted, ObservationReceived, RepairTick--> scheduler actor
+    observation pacer --ObservationRoundStarted, RepairTick--> scheduler actor
+    rank actor (one per DP rank) --ObservationReceived--> scheduler actor
     scheduler    --ArmTimer | CancelTimer--> Program actor (via the registry); retire = inbox closed
     Program actor --TimerFired--> scheduler actor
 
@@ -28,8 +30,14 @@ from attrs import frozen
 from actors.core.config import BackendTarget
 from actors.core.effects import ArmTimer, CancelTimer
 from actors.core.errors import Rejection
-from actors.core.events import RequestAbandoned, RequestCompleted, RequestSubmitted, TimerFired
-from actors.observations import EngineSample
+from actors.core.events import (
+    ObservationReceived,
+    RepairTick,
+    RequestAbandoned,
+    RequestCompleted,
+    RequestSubmitted,
+    TimerFired,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Requests (HTTP handler -> scheduler) and replies
@@ -62,33 +70,17 @@ class Submission:
 
 
 # ---------------------------------------------------------------------------------------------
-# Observations (rank actors -> scheduler)
+# Observation rounds (observation pacer -> scheduler)
 # ---------------------------------------------------------------------------------------------
 
 
 @frozen
-class ObservationStarted:
-    """A scrape of these targets begins now (the core checkpoints its ledger: epoch protocol)."""
+class ObservationRoundStarted:
+    """A scrape round of these targets begins now: the scheduler checkpoints each live target's
+    ledger (one core ``ObservationStarted`` per target, the epoch protocol)."""
 
     epoch: int
     target_ids: tuple[str, ...]
-
-
-@frozen
-class ObservationReceived:
-    """What one scrape said about one target; ``sample`` None = no series for its engine."""
-
-    epoch: int
-    target_id: str
-    observed_at: float
-    sample: EngineSample | None
-
-
-@frozen
-class RepairTick:
-    """The periodic decision tick (capacity repair, retention, scheduling)."""
-
-    deadline: float
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,7 +94,7 @@ SchedulerMessage = (
     | RequestCompleted
     | RequestAbandoned
     | TimerFired
-    | ObservationStarted
+    | ObservationRoundStarted
     | ObservationReceived
     | RepairTick
 )

@@ -39,8 +39,10 @@ import trio
 from attrs import frozen
 
 from actors.core.config import BackendTarget
+from actors.core.events import ObservationReceived
+from actors.core.ids import TargetId
 from actors.mailbox import reply_nowait
-from actors.messages import ObservationReceived, SchedulerMessage
+from actors.messages import SchedulerMessage
 from actors.observations import EngineSample
 
 # What one scrape of a worker's /metrics gave: samples by engine index (= DP rank), or an error.
@@ -151,7 +153,13 @@ async def run_rank_actor(
                     if sample is not None:
                         await scheduler_send.send(
                             ObservationReceived(
-                                epoch=msg.epoch, target_id=target.target_id, observed_at=msg.observed_at, sample=sample
+                                target_id=TargetId(target.target_id),
+                                epoch=msg.epoch,
+                                kv_cache_usage=sample.kv_cache_usage,
+                                running_requests=sample.running_requests,
+                                waiting_requests=sample.waiting_requests,
+                                observed_at=msg.observed_at,
+                                kv_capacity_tokens=sample.kv_capacity_tokens,
                             )
                         )
                     reply_nowait(msg.done, True)

@@ -10,7 +10,7 @@ disappears at once; an added target reads as never observed until its first scra
 ``start + k * metrics_interval_seconds``; a deadline already past when a round ends is skipped,
 never bursted.  Each round, in this order:
 
-1. ``ObservationStarted`` for every target to the scheduler (the core checkpoints its ledger:
+1. ``ObservationRoundStarted`` for every target to the scheduler (the core checkpoints its ledger:
    admissions committed while the scrape is in flight stay counted, docs/program-scheduling.md §2);
 2. one ``GET <url>/metrics`` per *worker URL*, all concurrently, 2 s timeout each: one scrape
    serves every DP rank behind the worker (``engine`` label = DP rank); each failed worker is
@@ -40,9 +40,10 @@ import httpx
 import trio
 
 from actors.core.config import BackendTarget, ProgramSchedulingConfig
+from actors.core.events import RepairTick
 from actors.logevents import get_logger, log_event
 from actors.mailbox import channel_statistics
-from actors.messages import ObservationStarted, RepairTick, SchedulerMessage
+from actors.messages import ObservationRoundStarted, SchedulerMessage
 from actors.observations import ObservationParseError, parse_vllm_metrics
 from actors.rank_actor import RankSnapshot, ScrapeResult, WorkerScraped, run_rank_actor
 
@@ -257,7 +258,7 @@ async def _observation_round(
     scheduler_send: trio.MemorySendChannel[SchedulerMessage],
     epoch: int,
 ) -> None:
-    await scheduler_send.send(ObservationStarted(epoch=epoch, target_ids=tuple(h.target.target_id for h in ranks)))
+    await scheduler_send.send(ObservationRoundStarted(epoch=epoch, target_ids=tuple(h.target.target_id for h in ranks)))
     worker_urls = tuple(dict.fromkeys(h.target.worker_url for h in ranks))  # worker order = first target's order
     results = await scrape_workers(client, worker_urls)
     observed_at = trio.current_time()

@@ -7,7 +7,7 @@ lock exists anywhere.  The actor then hands the step's effects, in order, to its
 :class:`~actors.effect_router.EffectRouter` (replies, Program-actor timers, logs, metrics).
 
 The messages it receives are the core's own input events (docs/architecture.md §3); only the
-observation messages of the rank actors are turned into core events here (one per target), and
+round-start message of the observation pacer is turned into core events here (one per target), and
 observations of targets the health board took out are not news to the core.
 
 After every ``RepairTick`` it calls ``on_tick`` (the dispatcher publishes the gauge snapshot for
@@ -36,14 +36,7 @@ from actors.core.stats import peek_acting_ttl
 from actors.effect_router import PAUSED_STATE, EffectRouter, logger
 from actors.logevents import log_event
 from actors.mailbox import Mailbox, open_mailbox
-from actors.messages import (
-    ObservationReceived,
-    ObservationStarted,
-    RepairTick,
-    SchedulerInboxItem,
-    SchedulerMessage,
-    Submission,
-)
+from actors.messages import ObservationRoundStarted, SchedulerInboxItem, SchedulerMessage, Submission
 from actors.program_metrics import ProgramMetrics, RankGauges
 from actors.program_registry import ProgramRegistry, run_program_registry
 
@@ -131,7 +124,7 @@ class SchedulerHandle:
             self.router.expect_reply(item.event.request_id, item.reply)
             self.apply(item.event, now)
             return
-        if isinstance(item, RepairTick):
+        if isinstance(item, ev.RepairTick):
             self.sync_targets(now)
         for event in self.core_events(item):
             self.router.completing = event if isinstance(event, ev.RequestCompleted) else None
@@ -142,26 +135,13 @@ class SchedulerHandle:
 
     def core_events(self, msg: SchedulerMessage) -> list[ev.Event]:
         """The core events of one message: itself, or one per live target for observations."""
-        if isinstance(msg, ObservationStarted):
+        if isinstance(msg, ObservationRoundStarted):
             live = self.synced_target_ids
             return [ev.ObservationStarted(target_id=TargetId(t), epoch=msg.epoch) for t in msg.target_ids if t in live]
-        if isinstance(msg, ObservationReceived):
+        if isinstance(msg, ev.ObservationReceived):
             _log_capacity_observation(self.cfg, msg)
             if msg.target_id not in self.synced_target_ids:
                 return []  # scraped, but the health board took its worker out: not news to the core
-            s = msg.sample
-            return [
-                ev.ObservationReceived(
-                    target_id=TargetId(msg.target_id),
-                    epoch=msg.epoch,
-                    kv_cache_usage=None if s is None else s.kv_cache_usage,
-                    running_requests=None if s is None else s.running_requests,
-                    waiting_requests=None if s is None else s.waiting_requests,
-                    observed_at=msg.observed_at,
-                )
-            ]
-        if isinstance(msg, RepairTick):
-            return [ev.RepairTick()]
         return [msg]
 
 
@@ -196,30 +176,28 @@ async def run_scheduler_actor(
                 now = trio.current_time()
                 handle.receive(item, now)
                 handle.notify_stepped()
-                if isinstance(item, RepairTick) and on_tick is not None:
+                if isinstance(item, ev.RepairTick) and on_tick is not None:
                     on_tick(handle, now)
         finally:
             handle.router.close_replies()
             nursery.cancel_scope.cancel()
 
 
-def _log_capacity_observation(cfg: ProgramSchedulingConfig, msg: ObservationReceived) -> None:
-    s = msg.sample
-    if s is None:
-        return
+def _log_capacity_observation(cfg: ProgramSchedulingConfig, msg: ev.ObservationReceived) -> None:
     capacity = cfg.token_capacity_per_dp_rank
-    native_used = None if capacity is None or s.kv_cache_usage is None else round(s.kv_cache_usage * capacity)
+    usage = msg.kv_cache_usage
+    native_used = None if capacity is None or usage is None else round(usage * capacity)
     log_event(
         logger,
         logging.DEBUG,
         "capacity_observation",
         target=msg.target_id,
-        kv_cache_usage=s.kv_cache_usage,
+        kv_cache_usage=usage,
         native_used_tokens=native_used,
-        vllm_running_requests=s.running_requests,
-        vllm_waiting_requests=s.waiting_requests,
+        vllm_running_requests=msg.running_requests,
+        vllm_waiting_requests=msg.waiting_requests,
         capacity_tokens=capacity,
-        backend_kv_capacity_tokens=s.kv_capacity_tokens,
+        backend_kv_capacity_tokens=msg.kv_capacity_tokens,
     )
 
 

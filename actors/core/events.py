@@ -84,6 +84,7 @@ class ObservationReceived:
     running_requests: int | None
     waiting_requests: int | None
     observed_at: float | None = None  # default: the step's `now`
+    kv_capacity_tokens: int | None = None  # vllm:cache_config_info (logged; not used by decisions)
 
 
 @frozen
@@ -95,7 +96,12 @@ class ObservationStale:
 
 @frozen
 class RepairTick:
-    """The periodic tick (every metrics_interval): periodic decisions + source reporting."""
+    """The periodic tick (every metrics_interval): periodic decisions + source reporting.
+
+    ``deadline`` is the grid point the tick stands for (the observation pacer's schedule).
+    """
+
+    deadline: float | None = None
 
 
 @frozen

@@ -19,14 +19,13 @@ from actors.core.model import RequestHints, Usage
 from actors.messages import (
     Admitted,
     ObservationReceived,
-    ObservationStarted,
+    ObservationRoundStarted,
     ProgramCommand,
     RepairTick,
     Reply,
     SchedulerMessage,
     Submission,
 )
-from actors.observations import EngineSample
 from daemon.http.identity import parse_identity
 
 TARGET = BackendTarget(worker_url="http://w0:8000", dp_rank=1, target_id="http://w0:8000@1", index=1)
@@ -55,15 +54,19 @@ MESSAGES: list[object] = [
     RequestCompleted(RequestId("agentd-2"), False),
     RequestAbandoned(RequestId("agentd-3")),
     TimerFired(program=REF, kind="acting_ttl", token=7),
-    ObservationStarted(epoch=2, target_ids=(TARGET.target_id,)),
+    ObservationRoundStarted(epoch=2, target_ids=(TARGET.target_id,)),
     ObservationReceived(
+        target_id=TargetId(TARGET.target_id),
         epoch=2,
-        target_id=TARGET.target_id,
+        kv_cache_usage=0.5,
+        running_requests=3,
+        waiting_requests=0,
         observed_at=12.5,
-        sample=EngineSample(kv_cache_usage=0.5, running_requests=3, waiting_requests=0, kv_capacity_tokens=64000),
+        kv_capacity_tokens=64000,
     ),
-    ObservationReceived(epoch=3, target_id=TARGET.target_id, observed_at=13.5, sample=None),
+    ObservationReceived(TargetId(TARGET.target_id), 3, None, 4, None),
     RepairTick(deadline=14.0),
+    RepairTick(),
     ArmTimer(program=REF, kind="force_resume", deadline=300.25, token=8),
     CancelTimer(program=REF, kind="force_resume"),
     Admitted(request_id="agentd-1", target=TARGET, program="0123456789abcdef", queue_seconds=0.25),

@@ -9,7 +9,9 @@ import trio
 import trio.testing
 
 from actors.core.config import BackendTarget, ProgramSchedulingConfig
-from actors.messages import ObservationReceived, ObservationStarted, RepairTick
+from actors.core.events import ObservationReceived, RepairTick
+from actors.core.ids import TargetId
+from actors.messages import ObservationRoundStarted
 from actors.observations import EngineSample
 from actors.rank_actor import RankSnapshot, ScrapeResult, WorkerScraped, run_rank_actor
 from actors.rank_registry import RankRegistry, run_rank_registry
@@ -66,10 +68,10 @@ async def test_rank_actor_scrapes_once_per_worker_and_ticks_on_grid(autojump_clo
         (2.0, f"{W1}/metrics"),
     ]
     first_round = [m for t, m in got if t == t0]
-    assert isinstance(first_round[0], ObservationStarted)
+    assert isinstance(first_round[0], ObservationRoundStarted)
     assert first_round[0].target_ids == tuple(t.target_id for t in TARGETS)
     received = [m for m in first_round if isinstance(m, ObservationReceived)]
-    assert [(m.target_id, m.sample.kv_cache_usage, m.sample.waiting_requests) for m in received] == [
+    assert [(m.target_id, m.kv_cache_usage, m.waiting_requests) for m in received] == [
         (f"{W0}@0", 0.25, 3),
         (f"{W0}@1", 0.5, 0),
     ]
@@ -123,7 +125,7 @@ async def test_rank_actor_scrape_timeout_is_two_seconds(autojump_clock: trio.tes
         await trio.sleep(1)
         await trio.sleep(1.5)
         nursery.cancel_scope.cancel()
-    assert [(t - t0, type(m).__name__) for t, m in got] == [(0.0, "ObservationStarted"), (2.0, "RepairTick")]
+    assert [(t - t0, type(m).__name__) for t, m in got] == [(0.0, "ObservationRoundStarted"), (2.0, "RepairTick")]
     assert observers.snapshots()[TARGETS[0].target_id].last_error == "timeout after 2.0 s"
 
 
@@ -149,7 +151,13 @@ async def test_rank_actor_publishes_reports_and_acknowledges_each_scrape(
         inbox_send.send_nowait(msg)
         assert await done.receive() is True
         assert sched_recv.receive_nowait() == ObservationReceived(
-            epoch=1, target_id=target.target_id, observed_at=10.0, sample=sample
+            target_id=TargetId(target.target_id),
+            epoch=1,
+            kv_cache_usage=0.5,
+            running_requests=2,
+            waiting_requests=0,
+            observed_at=10.0,
+            kv_capacity_tokens=4096,
         )
 
         msg, done = _scraped(2, 11.0, {0: other})  # no series for engine 1: nothing fabricated

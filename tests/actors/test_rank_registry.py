@@ -12,7 +12,8 @@ import trio.testing
 from program_fakes import FakeWorkers, daemon_config, ok, program_request, program_scheduling
 
 from actors.core.config import BackendTarget, ProgramSchedulingConfig
-from actors.messages import ObservationReceived, ObservationStarted, RepairTick
+from actors.core.events import ObservationReceived, RepairTick
+from actors.messages import ObservationRoundStarted
 from actors.rank_actor import RankSnapshot
 from actors.rank_registry import RANK_INBOX_SIZE, RankRegistry, run_rank_registry
 
@@ -37,7 +38,7 @@ def _summary(got: list[tuple[float, object]], t0: float) -> list[tuple[float, st
     """(time since t0, message type, target id / target ids / tick deadline since t0)."""
     out: list[tuple[float, str, object]] = []
     for t, m in got:
-        if isinstance(m, ObservationStarted):
+        if isinstance(m, ObservationRoundStarted):
             out.append((round(t - t0, 6), "started", m.target_ids))
         elif isinstance(m, ObservationReceived):
             out.append((round(t - t0, 6), "received", m.target_id))
@@ -93,7 +94,7 @@ async def test_observation_received_follows_target_order_not_scrape_completion(
     ]
     assert registry.statistics()["observation_rounds_total"] == 2
     received = [m for _, m in got if isinstance(m, ObservationReceived)]
-    running = [None if m.sample is None else m.sample.running_requests for m in received[:4]]
+    running = [m.running_requests for m in received[:4]]
     assert running == [1, 1, 2, 2]  # engine label -> DP rank
     assert {m.epoch for m in received} == {1, 2}
 
