@@ -1,25 +1,26 @@
 """Program scheduling as a daemon service: the :class:`ProgramDispatcher` and its actors.
 
 ``run_program_scheduling(cfg, client, registry, *, task_status)`` is started by the supervisor
-(``nursery.start``) when ``cfg.program_scheduling`` is set.  It starts the scheduler actor
-(which owns the Program actors' nursery through the registry), registers the
+(``nursery.start``) when ``cfg.program_scheduling`` is set.  It starts the scheduler actor (which
+owns the Program actors' nursery through its registry), registers the
 ``vllm_router_agent_aware_*`` metrics on the daemon's registry, and hands back a
-:class:`ProgramDispatcher`.  The rank actor (backend ``/metrics`` polling + periodic tick) is
-started *lazily*, when the first request carrying Program identity arrives: identity-free
-traffic creates no Program state and triggers no backend polling.
+:class:`ProgramDispatcher`.  The rank actors and their observation pacer (backend ``/metrics``
+polling and the periodic tick) start *lazily*, when the first request carrying Program identity
+arrives: identity-free traffic creates no Program state and triggers no backend polling.
 
 :class:`ProgramDispatcher` implements the proxy's ``Dispatcher`` protocol:
 
-* ``lease(req)`` sends the core's ``RequestSubmitted`` to the scheduler actor and waits for
-  ``Admitted`` (the request was retained in the RequestPool until then) or a ``Rejection`` (queue
-  timeout -> 429 with
+* ``lease(req)`` sends the core's ``RequestSubmitted`` (with the prompt-token estimate of
+  :class:`TokenEstimator`) to the scheduler actor and waits for ``Admitted`` (the request was
+  retained in the RequestPool until then) or a ``Rejection`` (queue timeout -> 429 with
   ``Retry-After``; no targets -> 503);
-* ``lease.finish(outcome)`` reports ``Completed`` with usage exactly once;
-* leaving the lease without ``finish`` (client gone, cancellation) sends ``RequestAbandoned`` from a
-  shielded ``finally``, so a disconnect never leaks ledger capacity.
+* ``lease.finish(outcome)`` reports ``RequestCompleted`` with the usage exactly once;
+* leaving the lease without ``finish`` (client gone, cancellation) sends ``RequestAbandoned`` from
+  a shielded ``finally``, so a disconnect never leaks ledger capacity.
 
-``diagnostics()`` renders the ``/scheduling/diagnostics`` document (docs/operations.md, Reference) from the
-latest scheduler state, the rank observers and each channel's statistics.
+``diagnostics()`` renders the ``/scheduling/diagnostics`` document (docs/operations.md,
+Reference) from the latest scheduler state, the rank actors' published snapshots and each
+channel's statistics.
 """
 
 from __future__ import annotations
