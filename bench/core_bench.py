@@ -17,8 +17,8 @@ completion; ``paused_retention_ttl_seconds`` is large so none is released).
 
 Targets: median cycle <= 50 us, memory <= 4 KB per idle Program.
 
-    python bench/core_bench.py                      # 10,000 Programs over 64 ranks
-    python bench/core_bench.py --programs 2000 --cycles 5000
+    python -m bench.core_bench                      # 10,000 Programs over 64 ranks
+    python -m bench.core_bench --programs 2000 --cycles 5000
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.effects import Admit
 from actors.core.events import RequestCompleted, RequestSubmitted, TargetsChanged
 from actors.core.identity import parse_identity
+from actors.core.ids import RequestId
 from actors.core.model import Usage
 from actors.core.scheduler import SchedulerState, initial_state, step
 
@@ -85,7 +86,7 @@ class Bench:
 
     def events(self, index: int) -> tuple[RequestSubmitted, RequestCompleted]:
         self.seq += 1
-        rid = f"req-{self.seq}"
+        rid = RequestId(f"req-{self.seq}")
         prompt = 2000 + 10 * (self.seq % 50)
         return (
             RequestSubmitted(rid, self.idents[index], prompt),
