@@ -15,7 +15,7 @@ writes ``<out>/<system>.json``.  Systems:
   Program scheduling JSON as ``agentd``.
 
 Both routers take the same launch flags (agentd accepts the reference router's flags).  Time
-scaling: the simulated workers run ``time_scale`` times faster than the seed's cost model, the
+scaling: the simulated workers run ``time_scale`` times faster than their cost model, the
 replay divides trace gaps by it, and every Program-scheduling duration (intervals, timeouts,
 TTL bounds, prefill/decode cost coefficients) is divided by it, so each system sees the same
 problem, only faster.  Subprocess output goes to ``<out>/logs/``.

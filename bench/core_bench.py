@@ -15,7 +15,8 @@ completion; ``paused_retention_ttl_seconds`` is large so none is released).
   (ids, records, heaps, rank statistics, lineage) minus the same state with only the targets,
   divided by the number of Programs.
 
-Targets: median cycle <= 50 us, memory <= 4 KB per idle Program.
+Targets: median cycle <= 50 us, memory <= 4 KB per idle Program (results: docs/benchmarks.md
+section 1).
 
     python -m bench.core_bench                      # 10,000 Programs over 64 ranks
     python -m bench.core_bench --programs 2000 --cycles 5000

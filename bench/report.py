@@ -1,12 +1,14 @@
 """The replay report: raw replay results plus metric scrapes -> one JSON-able dict.
 
-Everything a Program-scheduling comparison needs, side by side (seed 000 "Performance tuning
-workflow"): job completion time, request latency and TTFT, request/token throughput, token cache
-hit from the workers' own counters (``vllm:prompt_tokens_cached_total / vllm:prompt_tokens_total``,
-the difference between a scrape before and after the run), preemptions
-(``vllm:num_preemptions_total``), completed tasks, input/output tokens, queue-wait distributions,
-and the router's Program-scheduling events (``vllm_router_agent_aware_transitions_total`` by reason:
-cross-rank resumes = migrations, force resumes, max-segment yields) when the router exposes them.
+Everything a Program-scheduling comparison needs, side by side (docs/operations.md, "5. Report";
+the fields are described in docs/traces.md, "Replay, simulate, bench"): job completion time,
+request latency and TTFT, request/token throughput, token cache hit from the workers' own counters
+(``vllm:prompt_tokens_cached_total / vllm:prompt_tokens_total``, the difference between a scrape
+before and after the run), preemptions (``vllm:num_preemptions_total``), completed tasks,
+input/output tokens, queue-wait distributions, and the router's Program-scheduling events
+(``vllm_router_agent_aware_transitions_total`` by reason: cross-rank resumes = migrations, force
+resumes, max-segment yields) when the router exposes them.  ``measured_replay`` runs one replay
+between the scrapes and builds the report.
 
 Durations are reported in *trace* seconds: measured run time multiplied by the replay time scale,
 so runs at different time scales compare directly.  Quantiles of histogram metrics (queue waits)
