@@ -23,17 +23,7 @@ from pathlib import Path
 
 import trio
 
-from bench.harness import (
-    cpu_seconds,
-    free_port,
-    python_speed_probe_us,
-    read_request,
-    request_path,
-    spawn_module,
-    start_agentd,
-    stop_all,
-    wait_listening,
-)
+from bench import harness
 from bench.output import write_atomic
 
 MODULE = "bench.relay_cpu"  # re-run as the fake worker
@@ -66,8 +56,8 @@ USAGE = (
 async def _worker_conn(stream: trio.SocketStream, events: int, interval: float) -> None:
     buf = bytearray()
     try:
-        while (head := await read_request(stream, buf)) is not None:
-            if request_path(head) == b"/health":
+        while (head := await harness.read_request(stream, buf)) is not None:
+            if harness.request_path(head) == b"/health":
                 await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
                 continue
             await stream.send_all(
@@ -144,23 +134,23 @@ def main() -> int:
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
 
-    probe_us = python_speed_probe_us()
-    worker_port, agentd_port = free_port(), free_port()
+    probe_us = harness.python_speed_probe_us()
+    worker_port, agentd_port = harness.free_port(), harness.free_port()
     procs: list[subprocess.Popen[bytes]] = []
     try:
         worker_args = ["--serve-worker", str(worker_port), "--events", str(args.events)]
-        worker = spawn_module(MODULE, *worker_args, "--interval-ms", str(args.interval_ms))
+        worker = harness.spawn_module(MODULE, *worker_args, "--interval-ms", str(args.interval_ms))
         procs.append(worker)
-        wait_listening(worker_port, worker, "fake worker")
-        agentd = start_agentd(agentd_port, worker_port, "round_robin")
+        harness.wait_listening(worker_port, worker, "fake worker")
+        agentd = harness.start_agentd(agentd_port, worker_port, "round_robin")
         procs.append(agentd)
-        wait_listening(agentd_port, agentd, "agentd")
+        harness.wait_listening(agentd_port, agentd, "agentd")
         trio.run(load, agentd_port, args.streams, 2.0)  # warm-up
-        cpu0, wcpu0 = cpu_seconds(agentd.pid), cpu_seconds(worker.pid)
+        cpu0, wcpu0 = harness.cpu_seconds(agentd.pid), harness.cpu_seconds(worker.pid)
         events, elapsed = trio.run(load, agentd_port, args.streams, args.seconds)
-        cpu, wcpu = cpu_seconds(agentd.pid) - cpu0, cpu_seconds(worker.pid) - wcpu0
+        cpu, wcpu = harness.cpu_seconds(agentd.pid) - cpu0, harness.cpu_seconds(worker.pid) - wcpu0
     finally:
-        stop_all(procs)
+        harness.stop_all(procs)
     result = {
         "streams": args.streams,
         "interval_ms": args.interval_ms,
