@@ -3,7 +3,7 @@
 For every system in order the driver starts ``workers`` simulated vLLM servers (``agentd
 sim-backend`` subprocesses on loopback, identical sizes, time scale and seed), starts the
 system under test in front of them, waits for health, replays the trace (bench.replay via
-``replay_with_metrics``: worker and router metrics scraped before and after), stops everything and
+``bench.report.measured_replay``: worker and router metrics scraped before and after), stops everything and
 writes ``<out>/<system>.json``.  Systems:
 
 - ``native``: agentd, Program scheduling off, ``consistent_hash`` (keyed by ``x-session-id``);
@@ -15,7 +15,7 @@ writes ``<out>/<system>.json``.  Systems:
   Program scheduling JSON as ``agentd``.
 
 Both routers take the same launch flags (agentd accepts the reference router's flags).  Time
-scaling: the simulated workers run ``time_scale`` times faster than the seed's cost model, the
+scaling: the simulated workers run ``time_scale`` times faster than their cost model, the
 replay divides trace gaps by it, and every Program-scheduling duration (intervals, timeouts,
 TTL bounds, prefill/decode cost coefficients) is divided by it, so each system sees the same
 problem, only faster.  Subprocess output goes to ``<out>/logs/``.
@@ -35,14 +35,17 @@ import shutil
 import socket
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import IO, Any
 
 import attrs
 import httpx
 import trio
 
-from bench.progress import ProgressLine
-from bench.replay import ReplayOptions
+from bench.harness import cpu_seconds, free_port
+from bench.output import report_json, write_atomic
+from bench.progress import progress_line
+from bench.replay import ReplayOptions, replay_client
+from bench.report import measured_replay
 from bench.trace.format import Trace
 
 SYSTEMS = ("native", "agentd", "vllm-router", "vllm-router-ps")
@@ -133,12 +136,6 @@ def scaled_program_config(cluster: ClusterSpec, overrides: dict[str, Any] | None
     for key, value in (overrides or {}).items():
         cfg[key] = value
     return cfg
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def bench_ports(port_base: int, workers: int) -> tuple[int, int, list[int]]:
@@ -238,12 +235,17 @@ class _Procs:
 
     def __init__(self, log_dir: str) -> None:
         self.log_dir = log_dir
-        self.procs: list[tuple[str, trio.Process, Any]] = []
+        self.procs: list[tuple[str, trio.Process, IO[bytes]]] = []
 
-    async def start(self, name: str, cmd: list[str]) -> trio.Process:
+    def _open_log(self, name: str, cmd: list[str]) -> IO[bytes]:
+        """The process's log file, headed by its command line (a small local write)."""
         log = open(os.path.join(self.log_dir, f"{name}.log"), "wb")  # noqa: SIM115 - closed in stop_all
         log.write((" ".join(cmd) + "\n").encode())
         log.flush()
+        return log
+
+    async def start(self, name: str, cmd: list[str]) -> trio.Process:
+        log = self._open_log(name, cmd)
         env = dict(os.environ, NO_COLOR="1", PYTHONUNBUFFERED="1")
         proc = await trio.lowlevel.open_process(cmd, stdout=log, stderr=log, env=env)
         self.procs.append((name, proc, log))
@@ -276,18 +278,15 @@ class _Procs:
 def process_cpu_seconds(pid: int) -> float | None:
     """User + system CPU seconds of a live process (Linux ``/proc``); ``None`` elsewhere."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
+        return cpu_seconds(pid)
     except OSError:
         return None
-    # after the command name: state is field 3, utime 14 and stime 15 (1-based, man 5 proc)
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _wait_healthy(
-    client: httpx.AsyncClient, url: str, proc: trio.Process, procs: _Procs, name: str, timeout: float
+    client: httpx.AsyncClient, url: str, proc: trio.Process, procs: _Procs, name: str, startup_seconds: float
 ) -> None:
-    with trio.move_on_after(timeout):
+    with trio.move_on_after(startup_seconds):
         while True:
             if proc.returncode is not None:
                 raise BenchError(f"{name} exited with code {proc.returncode}:\n{procs.tail(name)}")
@@ -298,18 +297,15 @@ async def _wait_healthy(
             except httpx.HTTPError:
                 pass
             await trio.sleep(0.2)
-    raise BenchError(f"{name} not healthy at {url} after {timeout:g} s:\n{procs.tail(name)}")
+    raise BenchError(f"{name} not healthy at {url} after {startup_seconds:g} s:\n{procs.tail(name)}")
 
 
 async def run_system(system: str, trace: Trace, opts: BenchOptions, info: dict[str, Any]) -> dict[str, Any]:
-    from bench.commands.replay import replay_with_metrics  # noqa: PLC0415 - avoid an import cycle
-
     log_dir = os.path.join(opts.out_dir, "logs", system)
     os.makedirs(log_dir, exist_ok=True)
     procs = _Procs(log_dir)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
     try:
-        async with httpx.AsyncClient(limits=limits, timeout=None) as client:
+        async with replay_client() as client:
             port, prom_port, worker_ports = bench_ports(opts.port_base, opts.cluster.workers)
             workers = []
             for i, wport in enumerate(worker_ports):  # start all, then wait: startups overlap
@@ -324,18 +320,18 @@ async def run_system(system: str, trace: Trace, opts: BenchOptions, info: dict[s
             router_metrics = (
                 f"http://127.0.0.1:{prom_port}/metrics" if system.startswith("vllm-router") else f"{target}/metrics"
             )
-            progress = ProgressLine(sys.stderr, label=f"{system:>14}") if opts.progress else None
-            report = await replay_with_metrics(
-                trace,
-                client,
-                target,
-                opts.replay,
-                worker_metrics=[f"{u}/metrics" for u in worker_urls],
-                router_metrics=[router_metrics],
-                info=info,
-                system=system,
-                progress=progress,
-            )
+            with progress_line(opts.progress, f"{system:>14}") as progress:
+                report = await measured_replay(
+                    trace,
+                    client,
+                    target,
+                    opts.replay,
+                    worker_metrics=[f"{u}/metrics" for u in worker_urls],
+                    router_metrics=[router_metrics],
+                    info=info,
+                    system=system,
+                    progress=progress,
+                )
             report["process_cpu_seconds"] = {
                 "system": process_cpu_seconds(proc.pid),
                 "workers": [process_cpu_seconds(p.pid) for _url, p in workers],
@@ -353,7 +349,6 @@ async def run_bench(trace: Trace, opts: BenchOptions, info: dict[str, Any]) -> d
     reports: dict[str, dict[str, Any]] = {}
     for system in opts.systems:
         report = await run_system(system, trace, opts, info)
-        with open(os.path.join(opts.out_dir, f"{system}.json"), "w", encoding="utf-8") as fh:
-            json.dump(report, fh, indent=2, sort_keys=True)
+        write_atomic(os.path.join(opts.out_dir, f"{system}.json"), report_json(report))
         reports[system] = report
     return reports

@@ -1,7 +1,8 @@
 """Find the pressure point: size per-rank KV so the native baseline lands near a target hit ratio.
 
-The seed's tuning workflow asks for a baseline with visible KV pressure (token cache hit around
-0.8 for the eviction point; lower, with preemptions, for the thrash point).  The hit ratio of a
+The tuning workflow asks for a baseline with visible KV pressure (docs/operations.md, "2. Establish
+a comparable pressure point": token cache hit around 0.8 for the eviction point; lower, with
+preemptions, for the thrash point).  The hit ratio of a
 fixed trace grows with the KV pool, so ``calibrate_kv_blocks`` brackets the target by doubling or
 halving ``num_gpu_blocks`` and then bisects (geometrically) with virtual-time simulations of the
 ``native`` system (bench.simulate): each probe costs only simulation CPU.

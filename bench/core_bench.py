@@ -15,10 +15,11 @@ completion; ``paused_retention_ttl_seconds`` is large so none is released).
   (ids, records, heaps, rank statistics, lineage) minus the same state with only the targets,
   divided by the number of Programs.
 
-Targets: median cycle <= 50 us, memory <= 4 KB per idle Program.
+Targets: median cycle <= 50 us, memory <= 4 KB per idle Program (results: docs/benchmarks.md
+section 1).
 
-    python bench/core_bench.py                      # 10,000 Programs over 64 ranks
-    python bench/core_bench.py --programs 2000 --cycles 5000
+    python -m bench.core_bench                      # 10,000 Programs over 64 ranks
+    python -m bench.core_bench --programs 2000 --cycles 5000
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ from typing import Any
 from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.effects import Admit
 from actors.core.events import RequestCompleted, RequestSubmitted, TargetsChanged
-from daemon.http.identity import parse_identity
+from actors.core.ids import RequestId
 from actors.core.model import Usage
 from actors.core.scheduler import SchedulerState, initial_state, step
+from daemon.http.identity import parse_identity
 
 CYCLE_TARGET_MICROSECONDS = 50.0
 MEMORY_TARGET_BYTES = 4096
@@ -85,7 +87,7 @@ class Bench:
 
     def events(self, index: int) -> tuple[RequestSubmitted, RequestCompleted]:
         self.seq += 1
-        rid = f"req-{self.seq}"
+        rid = RequestId(f"req-{self.seq}")
         prompt = 2000 + 10 * (self.seq % 50)
         return (
             RequestSubmitted(rid, self.idents[index], prompt),

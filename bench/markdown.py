@@ -1,8 +1,9 @@
 """report.md for a bench: one side-by-side table, ratios against ``native`` and ``vllm-router-ps``.
 
 Input: ``{system: report}`` as produced by ``bench.report.build_report``.  Rows follow
-the seed's reporting list (JCT, request latency/TTFT, throughput, token cache hit beside
-preemptions, completed tasks, tokens, queue waits, migrations, force resumes, segment yields).
+the reporting list of the tuning workflow (docs/operations.md, "5. Report": JCT, request
+latency/TTFT, throughput, token cache hit beside preemptions, completed tasks, tokens, queue waits,
+migrations, force resumes, segment yields).
 Missing values print as ``-`` (for example router queue waits of a router without Program
 scheduling).
 """
@@ -13,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 Getter = Callable[[Mapping[str, Any]], float | None]
+Cell = Callable[[float | None, float | None], str]  # (value, baseline value) -> table cell
 
 
 def _get(*path: str) -> Getter:
@@ -27,33 +29,44 @@ def _get(*path: str) -> Getter:
     return get
 
 
-# (label, getter, format, lower_is_better)
-ROWS: tuple[tuple[str, Getter, str, bool | None], ...] = (
+Row = tuple[str, Getter, str, bool | None]  # (label, getter, format, lower_is_better)
+
+
+def _seconds(label: str, stats: Sequence[str], fmt: str, *path: str) -> tuple[Row, ...]:
+    """``"<label> <stat> (s)"`` rows of one distribution in the report (lower is better)."""
+    return tuple((f"{label} {stat} (s)", _get(*path, stat), fmt, True) for stat in stats)
+
+
+def _counts(section: str, labels: Mapping[str, str]) -> tuple[Row, ...]:
+    """Count rows ``{label: key}`` of one report section (neither direction is better)."""
+    return tuple((label, _get(section, key), "{:.0f}", None) for label, key in labels.items())
+
+
+ROWS: tuple[Row, ...] = (
     ("completed tasks", _get("tasks", "completed"), "{:.0f}", None),
     ("failed requests", _get("requests", "failed"), "{:.0f}", True),
-    ("JCT mean (s)", _get("jct_seconds", "mean"), "{:.2f}", True),
-    ("JCT p50 (s)", _get("jct_seconds", "p50"), "{:.2f}", True),
-    ("JCT p90 (s)", _get("jct_seconds", "p90"), "{:.2f}", True),
-    ("JCT p99 (s)", _get("jct_seconds", "p99"), "{:.2f}", True),
-    ("request latency mean (s)", _get("request_latency_seconds", "mean"), "{:.3f}", True),
-    ("request latency p90 (s)", _get("request_latency_seconds", "p90"), "{:.3f}", True),
-    ("TTFT p50 (s)", _get("ttft_seconds", "p50"), "{:.3f}", True),
-    ("TTFT p90 (s)", _get("ttft_seconds", "p90"), "{:.3f}", True),
+    *_seconds("JCT", ("mean", "p50", "p90", "p99"), "{:.2f}", "jct_seconds"),
+    *_seconds("request latency", ("mean", "p90"), "{:.3f}", "request_latency_seconds"),
+    *_seconds("TTFT", ("p50", "p90"), "{:.3f}", "ttft_seconds"),
     ("requests/s", _get("throughput", "requests_per_second"), "{:.3f}", False),
     ("output tokens/s", _get("throughput", "output_tokens_per_second"), "{:.1f}", False),
     ("token cache hit", _get("cache", "token_hit_ratio"), "{:.3f}", False),
     ("preemptions", _get("preemptions"), "{:.0f}", True),
-    ("input tokens", _get("tokens", "input"), "{:.0f}", None),
-    ("output tokens", _get("tokens", "output"), "{:.0f}", None),
-    ("router queue wait p50 (s)", _get("queue_wait_seconds", "router", "p50"), "{:.3f}", True),
-    ("router queue wait p90 (s)", _get("queue_wait_seconds", "router", "p90"), "{:.3f}", True),
-    ("backend queue wait p90 (s)", _get("queue_wait_seconds", "backend", "p90"), "{:.3f}", True),
-    ("cross-rank migrations", _get("scheduling", "cross_rank_migrations"), "{:.0f}", None),
-    ("force resumes", _get("scheduling", "force_resumes"), "{:.0f}", None),
-    ("segment yields", _get("scheduling", "segment_yields"), "{:.0f}", None),
+    *_counts("tokens", {"input tokens": "input", "output tokens": "output"}),
+    *_seconds("router queue wait", ("p50", "p90"), "{:.3f}", "queue_wait_seconds", "router"),
+    *_seconds("backend queue wait", ("p90",), "{:.3f}", "queue_wait_seconds", "backend"),
+    *_counts(
+        "scheduling",
+        {
+            "cross-rank migrations": "cross_rank_migrations",
+            "force resumes": "force_resumes",
+            "segment yields": "segment_yields",
+        },
+    ),
     ("wall time (trace s)", _get("duration_seconds"), "{:.1f}", True),
     ("router process CPU (s)", _get("process_cpu_seconds", "system"), "{:.1f}", True),
 )
+_GETTERS = {label: getter for label, getter, _fmt, _better in ROWS}
 
 RATIO_ROWS = ("JCT mean (s)", "JCT p90 (s)", "request latency mean (s)", "requests/s", "output tokens/s")
 
@@ -68,28 +81,32 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return out
 
 
+def _against(
+    label: str, reports: Mapping[str, Mapping[str, Any]], baseline: str, others: Sequence[str], cell: Cell
+) -> list[str]:
+    """``label``'s values of ``others`` set against ``baseline``'s, one cell per system."""
+    get = _GETTERS[label]
+    base = get(reports[baseline])
+    return [cell(get(reports[s]), base) for s in others]
+
+
+def _ratio(value: float | None, base: float | None) -> str:
+    return "-" if value is None or not base else f"{value / base:.3f}"
+
+
+def _difference(value: float | None, base: float | None) -> str:
+    return "-" if value is None or base is None else f"{value - base:+.3f}"
+
+
 def ratio_lines(reports: Mapping[str, Mapping[str, Any]], baseline: str) -> list[str]:
     if baseline not in reports:
         return []
-    base = reports[baseline]
     others = [s for s in reports if s != baseline]
     if not others:
         return []
-    rows = []
-    getters = {label: getter for label, getter, _fmt_, _better in ROWS}
-    for label in RATIO_ROWS:
-        b = getters[label](base)
-        row = [f"{label} ratio"]
-        for s in others:
-            v = getters[label](reports[s])
-            row.append("-" if v is None or not b else f"{v / b:.3f}")
-        rows.append(row)
-    hit_b = getters["token cache hit"](base)
-    row = ["token cache hit difference"]
-    for s in others:
-        v = getters["token cache hit"](reports[s])
-        row.append("-" if v is None or hit_b is None else f"{v - hit_b:+.3f}")
-    rows.append(row)
+    rows = [[f"{label} ratio", *_against(label, reports, baseline, others, _ratio)] for label in RATIO_ROWS]
+    hit = _against("token cache hit", reports, baseline, others, _difference)
+    rows.append(["token cache hit difference", *hit])
     return [f"### Against `{baseline}`", "", *_table(["metric", *others], rows), ""]
 
 

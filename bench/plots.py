@@ -20,11 +20,11 @@ def _cdf(values: list[float]) -> tuple[list[float], list[float]]:
 
 
 def write_plots(reports: Mapping[str, Mapping[str, Any]], out_dir: str) -> list[str]:
-    try:
-        import matplotlib  # noqa: PLC0415 - optional extra
+    try:  # the optional `plots` extra: imported only when plotting
+        import matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
+        import matplotlib.pyplot as plt
     except ImportError:
         return []
     written = []

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 
@@ -42,3 +45,17 @@ class ProgressLine:
             self._draw()
         self._stream.write("\n")
         self._stream.flush()
+
+
+@contextlib.contextmanager
+def progress_line(enabled: bool, label: str) -> Iterator[Callable[[dict[str, Any]], None] | None]:
+    """A ``ProgressLine`` on stderr for the replay's ``progress`` callback (``None`` when disabled),
+    closed with its final state when the block ends."""
+    if not enabled:
+        yield None
+        return
+    line = ProgressLine(sys.stderr, label=label)
+    try:
+        yield line.update
+    finally:
+        line.close()

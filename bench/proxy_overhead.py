@@ -2,19 +2,19 @@
 
 Usage (from the repository root)::
 
-    python bench/proxy_overhead.py [--seconds 5] [--concurrency 32] [--json out.json]
+    python -m bench.proxy_overhead [--seconds 5] [--concurrency 32] [--json out.json]
 
 Three processes share the machine: a zero-delay fake worker (raw Trio sockets, HTTP/1.1
 keep-alive, a fixed chat-completion body), ``agentd start --worker-urls <worker> --policy
 round_robin`` and this load generator (raw keep-alive sockets, so the client costs little CPU).
-Both paths are measured with the same request as the reference measurement
-(spec/vllm-router-side-by-side.md section 10)::
+Both paths are measured with the request the reference router's own overhead measurement uses::
 
     {"model":"fake-model","messages":[{"role":"user","content":"Say hi briefly."}],"max_tokens":8}
 
 Reported: p50/p99 latency at concurrency 1 (and the difference = added latency), and requests/s
 at concurrency ``--concurrency`` (closed loop, one connection per virtual user).  Targets from
-issue 2: added p50 <= 1.5 ms, >= 500 req/s at concurrency 32 on 2 cores.
+issue 2 (docs/benchmarks.md section 2): added p50 <= 1.5 ms, >= 500 req/s at concurrency 32 on 2
+cores.
 """
 
 from __future__ import annotations
@@ -31,7 +31,20 @@ from pathlib import Path
 
 import trio
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.harness import (
+    cpu_seconds,
+    free_port,
+    python_speed_probe_us,
+    read_request,
+    request_path,
+    spawn_module,
+    start_agentd,
+    stop_all,
+    wait_listening,
+)
+from bench.output import write_atomic
+
+MODULE = "bench.proxy_overhead"  # re-run as the fake worker and the naive proxy
 BODY = b'{"model":"fake-model","messages":[{"role":"user","content":"Say hi briefly."}],"max_tokens":8}'
 REPLY = json.dumps(
     {
@@ -53,36 +66,11 @@ def _response(status: str, body: bytes) -> bytes:
     ).encode() + body
 
 
-async def read_request(stream: trio.SocketStream, buf: bytearray) -> bytes | None:
-    """The next request head on a keep-alive connection (its body is consumed); None at EOF."""
-    while b"\r\n\r\n" not in buf:
-        data = await stream.receive_some(65536)
-        if not data:
-            return None
-        buf += data
-    end = buf.index(b"\r\n\r\n")
-    head = bytes(buf[:end])
-    del buf[: end + 4]
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-    while len(buf) < length:
-        data = await stream.receive_some(65536)
-        if not data:
-            return None
-        buf += data
-    del buf[:length]
-    return head
-
-
 async def _worker_conn(stream: trio.SocketStream) -> None:
     buf = bytearray()
     try:
         while (head := await read_request(stream, buf)) is not None:
-            path = head.split(b" ", 2)[1]
-            if path == b"/health":
+            if request_path(head) == b"/health":
                 await stream.send_all(_response("200 OK", b"{}"))
             else:
                 await stream.send_all(_response("200 OK", REPLY))
@@ -100,44 +88,42 @@ def serve_worker(port: int) -> None:
 # ----------------------------------------------------------------------------- naive baseline
 def serve_naive_proxy(port: int, worker_port: int) -> None:
     """Reference point: the smallest hypercorn + httpx proxy (no validation, routing, metrics)."""
-    import httpx  # noqa: PLC0415
-    from hypercorn.config import Config  # noqa: PLC0415
-    from hypercorn.trio import serve  # noqa: PLC0415
+    # imported here: only this helper process needs hypercorn and httpx
+    import httpx
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+    from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
 
     upstream = f"http://127.0.0.1:{worker_port}"
 
     async def main() -> None:
         async with httpx.AsyncClient() as client:
 
-            async def app(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+            async def app(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
                 if scope["type"] == "lifespan":
                     while True:
-                        message = await receive()  # type: ignore[operator]
-                        done = message["type"] == "lifespan.shutdown"
-                        await send(
-                            {
-                                "type": "lifespan.shutdown.complete"
-                                if done  # type: ignore[operator]
-                                else "lifespan.startup.complete"
-                            }
-                        )
-                        if done:
+                        message = await receive()
+                        if message["type"] == "lifespan.shutdown":
+                            await send({"type": "lifespan.shutdown.complete"})
                             return
+                        await send({"type": "lifespan.startup.complete"})
                 body = b""
                 while True:
-                    message = await receive()  # type: ignore[operator]
-                    body += message.get("body", b"")
-                    if not message.get("more_body"):
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return  # the client went away
+                    body += message["body"]
+                    if not message["more_body"]:
                         break
                 response = await client.post(upstream + scope["path"], content=body)
                 await send(
                     {
                         "type": "http.response.start",
-                        "status": response.status_code,  # type: ignore[operator]
+                        "status": response.status_code,
                         "headers": [(b"content-type", b"application/json")],
                     }
                 )
-                await send({"type": "http.response.body", "body": response.content})  # type: ignore[operator]
+                await send({"type": "http.response.body", "body": response.content, "more_body": False})
 
             config = Config()
             config.bind = [f"127.0.0.1:{port}"]
@@ -237,12 +223,6 @@ async def throughput_run(port: int, seconds: float, concurrency: int) -> float:
     return sum(counts) / elapsed
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def throughput_with_cpu(port: int, seconds: float, concurrency: int, pid: int) -> tuple[float, float]:
     """(requests/s, CPU microseconds per request of process ``pid``) for one closed-loop run."""
     before = cpu_seconds(pid)
@@ -258,46 +238,9 @@ async def throughput_with_cpu(port: int, seconds: float, concurrency: int, pid: 
     return rps, (cpu_seconds(pid) - before) / requests * 1e6
 
 
-def python_speed_probe_us() -> float:
-    """Best-of-5 time of ``sum(range(1000))`` in microseconds: about 8-10 us on an idle modern
-    core; much more means the machine is contended and every number below is inflated."""
-    import timeit  # noqa: PLC0415
-
-    return min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000 * 1e6
-
-
 def percentile(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_listening(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{what} exited early with code {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"{what} did not start listening on port {port}")
-
-
-def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
-    """Terminate the helper processes, newest first; kill any that ignores it for 30 s."""
-    for proc in reversed(procs):
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def main() -> int:
@@ -321,34 +264,16 @@ def main() -> int:
     worker_port, agentd_port, naive_port = free_port(), free_port(), free_port()
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        worker = subprocess.Popen([sys.executable, __file__, "--serve-worker", str(worker_port)])
+        worker = spawn_module(MODULE, "--serve-worker", str(worker_port))
         procs.append(worker)
         wait_listening(worker_port, worker, "fake worker")
-        agentd = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "daemon",
-                "start",
-                "--port",
-                str(agentd_port),
-                "--log-level",
-                "warning",
-                "--worker-urls",
-                f"http://127.0.0.1:{worker_port}",
-                "--policy",
-                args.policy,
-            ],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-        )
+        agentd = start_agentd(agentd_port, worker_port, args.policy)
         procs.append(agentd)
         wait_listening(agentd_port, agentd, "agentd")
         paths: list[tuple[str, int, int]] = [("direct", worker_port, worker.pid), ("agentd", agentd_port, agentd.pid)]
         if not args.no_naive:
-            naive = subprocess.Popen(
-                [sys.executable, __file__, "--serve-naive-proxy", str(naive_port), str(worker_port)],
-                stderr=subprocess.DEVNULL,
+            naive = spawn_module(
+                MODULE, "--serve-naive-proxy", str(naive_port), str(worker_port), stderr=subprocess.DEVNULL
             )
             procs.append(naive)
             wait_listening(naive_port, naive, "naive proxy")
@@ -395,7 +320,8 @@ def main() -> int:
     ok = added["added_p50_ms"] <= 1.5 and results["agentd"][f"c{args.concurrency}_rps"] >= 500
     print(f"targets (added p50 <= 1.5 ms, >= 500 req/s at c={args.concurrency}): {'met' if ok else 'NOT met'}")
     if args.json is not None:
-        args.json.write_text(
+        write_atomic(
+            args.json,
             json.dumps(
                 {
                     "results": results,
@@ -407,7 +333,7 @@ def main() -> int:
                     "policy": args.policy,
                 },
                 indent=2,
-            )
+            ),
         )
     return 0
 

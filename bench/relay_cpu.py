@@ -2,7 +2,7 @@
 
 Usage (from the repository root)::
 
-    python bench/relay_cpu.py [--seconds 10] [--streams 32] [--interval-ms 20] [--events 200]
+    python -m bench.relay_cpu [--seconds 10] [--streams 32] [--interval-ms 20] [--events 200]
 
 A fake worker (raw Trio sockets, HTTP/1.1 keep-alive, chunked SSE) answers every streaming chat
 request with ``--events`` token events, one every ``--interval-ms`` per stream (a decode step),
@@ -23,9 +23,10 @@ from pathlib import Path
 
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import proxy_overhead as po  # noqa: E402
+from bench import harness
+from bench.output import write_atomic
 
+MODULE = "bench.relay_cpu"  # re-run as the fake worker
 BODY = b'{"model":"fake-model","messages":[{"role":"user","content":"Say hi."}],"max_tokens":200,"stream":true}'
 
 
@@ -46,14 +47,17 @@ def _chunk(data: bytes) -> bytes:
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
 
-USAGE = b'data: {"id":"chatcmpl-relay","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":8,"completion_tokens":1,"total_tokens":9}}\n\n'
+USAGE = (
+    b'data: {"id":"chatcmpl-relay","object":"chat.completion.chunk","choices":[],'
+    b'"usage":{"prompt_tokens":8,"completion_tokens":1,"total_tokens":9}}\n\n'
+)
 
 
 async def _worker_conn(stream: trio.SocketStream, events: int, interval: float) -> None:
     buf = bytearray()
     try:
-        while (head := await po.read_request(stream, buf)) is not None:
-            if head.split(b" ", 2)[1] == b"/health":
+        while (head := await harness.read_request(stream, buf)) is not None:
+            if harness.request_path(head) == b"/health":
                 await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
                 continue
             await stream.send_all(
@@ -130,50 +134,23 @@ def main() -> int:
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
 
-    probe_us = po.python_speed_probe_us()
-    worker_port, agentd_port = po.free_port(), po.free_port()
+    probe_us = harness.python_speed_probe_us()
+    worker_port, agentd_port = harness.free_port(), harness.free_port()
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                __file__,
-                "--serve-worker",
-                str(worker_port),
-                "--events",
-                str(args.events),
-                "--interval-ms",
-                str(args.interval_ms),
-            ]
-        )
+        worker_args = ["--serve-worker", str(worker_port), "--events", str(args.events)]
+        worker = harness.spawn_module(MODULE, *worker_args, "--interval-ms", str(args.interval_ms))
         procs.append(worker)
-        po.wait_listening(worker_port, worker, "fake worker")
-        agentd = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "daemon",
-                "start",
-                "--port",
-                str(agentd_port),
-                "--log-level",
-                "warning",
-                "--worker-urls",
-                f"http://127.0.0.1:{worker_port}",
-                "--policy",
-                "round_robin",
-            ],
-            cwd=po.ROOT,
-            stdout=subprocess.DEVNULL,
-        )
+        harness.wait_listening(worker_port, worker, "fake worker")
+        agentd = harness.start_agentd(agentd_port, worker_port, "round_robin")
         procs.append(agentd)
-        po.wait_listening(agentd_port, agentd, "agentd")
+        harness.wait_listening(agentd_port, agentd, "agentd")
         trio.run(load, agentd_port, args.streams, 2.0)  # warm-up
-        cpu0, wcpu0 = po.cpu_seconds(agentd.pid), po.cpu_seconds(worker.pid)
+        cpu0, wcpu0 = harness.cpu_seconds(agentd.pid), harness.cpu_seconds(worker.pid)
         events, elapsed = trio.run(load, agentd_port, args.streams, args.seconds)
-        cpu, wcpu = po.cpu_seconds(agentd.pid) - cpu0, po.cpu_seconds(worker.pid) - wcpu0
+        cpu, wcpu = harness.cpu_seconds(agentd.pid) - cpu0, harness.cpu_seconds(worker.pid) - wcpu0
     finally:
-        po.stop_all(procs)
+        harness.stop_all(procs)
     result = {
         "streams": args.streams,
         "interval_ms": args.interval_ms,
@@ -197,7 +174,7 @@ def main() -> int:
         f"({cpu / elapsed:.0%} of one core); fake worker: {wcpu / events * 1e6:.1f} us per event"
     )
     if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2))
+        write_atomic(args.json, json.dumps(result, indent=2))
     return 0
 
 

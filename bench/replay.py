@@ -165,9 +165,7 @@ class _Replayer:
             for ev in blocking:
                 await ev.wait()
             gap = rec.pre_gap_ms / 1000.0 / self.opts.time_scale
-            if rec.turn > 0:
-                await trio.sleep(gap)
-            elif rec.parent_session_id is not None and gap > 0:
+            if rec.turn > 0 or (rec.parent_session_id is not None and gap > 0):
                 await trio.sleep(gap)
             messages = self._next_messages(messages, rec)
             result, reply = await self._send(rec, messages)
@@ -336,6 +334,12 @@ class _Replayer:
                 for i, c in sorted(calls.items())
             ]
         return result, reply
+
+
+def replay_client() -> httpx.AsyncClient:
+    """A client for replaying over sockets: no cap on connections (one per in-flight request), no
+    client-side timeout (``ReplayOptions.request_timeout_seconds`` bounds each request)."""
+    return httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024), timeout=None)
 
 
 async def run_replay(

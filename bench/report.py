@@ -1,12 +1,14 @@
 """The replay report: raw replay results plus metric scrapes -> one JSON-able dict.
 
-Everything a Program-scheduling comparison needs, side by side (seed 000 "Performance tuning
-workflow"): job completion time, request latency and TTFT, request/token throughput, token cache
-hit from the workers' own counters (``vllm:prompt_tokens_cached_total / vllm:prompt_tokens_total``,
-the difference between a scrape before and after the run), preemptions
-(``vllm:num_preemptions_total``), completed tasks, input/output tokens, queue-wait distributions,
-and the router's Program-scheduling events (``vllm_router_agent_aware_transitions_total`` by reason:
-cross-rank resumes = migrations, force resumes, max-segment yields) when the router exposes them.
+Everything a Program-scheduling comparison needs, side by side (docs/operations.md, "5. Report";
+the fields are described in docs/traces.md, "Replay, simulate, bench"): job completion time,
+request latency and TTFT, request/token throughput, token cache hit from the workers' own counters
+(``vllm:prompt_tokens_cached_total / vllm:prompt_tokens_total``, the difference between a scrape
+before and after the run), preemptions (``vllm:num_preemptions_total``), completed tasks,
+input/output tokens, queue-wait distributions, and the router's Program-scheduling events
+(``vllm_router_agent_aware_transitions_total`` by reason: cross-rank resumes = migrations, force
+resumes, max-segment yields) when the router exposes them.  ``measured_replay`` runs one replay
+between the scrapes and builds the report.
 
 Durations are reported in *trace* seconds: measured run time multiplied by the replay time scale,
 so runs at different time scales compare directly.  Quantiles of histogram metrics (queue waits)
@@ -17,12 +19,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
 
-from bench.replay import ReplayResult
+from bench.replay import ReplayOptions, ReplayResult, run_replay
+from bench.trace.format import Trace
 from bench.trace.stats import percentile
 
 Labels = tuple[tuple[str, str], ...]
@@ -318,3 +321,57 @@ def build_report(
         "metrics_errors": list(metrics_errors),
     }
     return report
+
+
+def trace_summary(trace: Trace, path: str, concurrency: int | None = None) -> dict[str, Any]:
+    """The report's ``trace`` section: the file, its meta, and ``concurrency`` when the replay overrode
+    the trace's own."""
+    return {
+        "path": path,
+        "profile": trace.meta.profile,
+        "seed": trace.meta.seed,
+        "programs": trace.meta.programs,
+        "requests": len(trace.records),
+        "arrival": trace.meta.arrival,
+        "concurrency": concurrency or trace.meta.concurrency,
+    }
+
+
+async def measured_replay(
+    trace: Trace,
+    client: httpx.AsyncClient,
+    base_url: str,
+    opts: ReplayOptions,
+    *,
+    worker_metrics: Sequence[str],
+    router_metrics: Sequence[str],
+    worker_client: httpx.AsyncClient | None = None,
+    info: Mapping[str, Any] | None = None,
+    system: str | None = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Replay ``trace`` against ``base_url`` with the workers' and the router's metrics scraped just
+    before and just after, and build the report.
+
+    ``worker_client`` reads the worker metrics when the workers are not reachable through ``client``
+    (the simulated workers of ``agentd simulate``).  A scrape that fails is named in the report's
+    ``metrics_errors``.
+    """
+    workers = worker_client or client
+    errors: list[str] = []
+    worker_before = await scrape_all(workers, worker_metrics, errors)
+    router_before = await scrape_all(client, router_metrics, errors)
+    result = await run_replay(trace, client, base_url, opts, progress=progress)
+    worker_after = await scrape_all(workers, worker_metrics, errors)
+    router_after = await scrape_all(client, router_metrics, errors)
+    return build_report(
+        result,
+        time_scale=opts.time_scale,
+        worker_before=worker_before,
+        worker_after=worker_after,
+        router_before=router_before,
+        router_after=router_after,
+        trace_info=info,
+        system=system,
+        metrics_errors=errors,
+    )

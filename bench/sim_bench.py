@@ -3,11 +3,11 @@
 ``virtual``: N ranks under ``trio.testing.MockClock`` (virtual time) driven by a synthetic
 multi-turn agent load for a simulated duration; reports wall time, simulated requests and tokens,
 cache hit ratio and preemptions.  ``--driver direct`` runs the same load through the engines in a
-plain discrete-event loop without Trio, which isolates the engine model's own cost.  Sessions are pinned to a rank (sticky routing, as a
-Program-aware router would do) and submit token ids straight to the cluster (the HTTP layer is
-measured by ``server``).
+plain discrete-event loop without Trio, which isolates the engine model's own cost.  Sessions are
+pinned to a rank (sticky routing, as a Program-aware router would do) and submit token ids straight
+to the cluster (the HTTP layer is measured by ``server``).
 
-Agent load (after spec/peers-workloads-and-beyond.md §d.4, "coding-long", scaled down): each
+Agent load (after the ``coding-long`` trace profile, docs/traces.md "Profiles", scaled down): each
 session starts from a shared system prefix, appends a log-normal tool result per turn (median
 ``--append-median`` tokens, capped at 16k), generates a log-normal output (median 300 tokens,
 capped at 2k), waits a tool gap (60% <= 50 ms, else log-normal median 0.3 s, sigma 2.9, cap 300 s)
@@ -16,8 +16,8 @@ and restarts as a fresh session once its context would exceed ``--max-context`` 
 ``server``: starts ``agentd sim-backend --time-scale 1e9`` (every simulated duration ~0) in a
 subprocess and measures completed requests per second with concurrent clients.
 
-    python bench/sim_bench.py virtual --ranks 16 --hours 1
-    python bench/sim_bench.py server --seconds 10 --concurrency 32
+    python -m bench.sim_bench virtual --ranks 16 --hours 1
+    python -m bench.sim_bench server --seconds 10 --concurrency 32
 """
 
 from __future__ import annotations

@@ -24,10 +24,12 @@ import attrs
 import trio
 
 from bench.bench import SYSTEMS, BenchError, BenchOptions, ClusterSpec, find_vllm_router, run_bench
-from bench.commands.replay import add_replay_flags, replay_options, trace_info
+from bench.calibrate import calibrate_kv_blocks
+from bench.commands.common import add_replay_flags, from_args, load_trace_arg, replay_options
 from bench.markdown import render_report
+from bench.output import write_atomic
 from bench.plots import write_plots
-from bench.trace.cli_support import load_trace_arg
+from bench.report import trace_summary
 from daemon.commands.argtypes import positive_float, positive_int
 
 NAME = "bench"
@@ -136,25 +138,13 @@ def run(args: argparse.Namespace) -> int:
     if args.concurrency is None and "concurrency" in preset:
         args.concurrency = preset["concurrency"]
     target_hit = args.target_native_hit if args.target_native_hit is not None else preset.get("target_native_hit")
-    cluster = ClusterSpec(
-        workers=args.workers,
-        dp_size=args.dp_size,
-        num_gpu_blocks=args.kv_blocks,
-        block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        time_scale=args.time_scale,
-        seed=args.seed,
-        model=args.model,
-    )
+    cluster = from_args(ClusterSpec, args, num_gpu_blocks="kv_blocks")
     replay = replay_options(args)
     context = [
         f"- trace: `{args.trace}` (profile {trace.meta.profile}, seed {trace.meta.seed}, "
         f"{len(trace.sessions())} programs, {len(trace.records)} requests)"
     ]
     if target_hit is not None:
-        from bench.calibrate import calibrate_kv_blocks  # noqa: PLC0415
-
         blocks, hit = calibrate_kv_blocks(
             trace, cluster, replay, target_hit, log=lambda m: print(f"calibrate: {m}", file=sys.stderr)
         )
@@ -181,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         port_base=args.port_base,
     )
-    info = trace_info(trace, args.trace)
+    info = trace_summary(trace, args.trace, replay.concurrency)
     try:
         reports = trio.run(run_bench, trace, opts, info)
     except BenchError as exc:
@@ -189,7 +179,6 @@ def run(args: argparse.Namespace) -> int:
         return 1
     plots = write_plots(reports, args.out)
     text = render_report(reports, title=f"agentd bench: {trace.meta.profile}", context=context, plots=plots)
-    with open(os.path.join(args.out, "report.md"), "w", encoding="utf-8") as fh:
-        fh.write(text + "\n")
+    write_atomic(os.path.join(args.out, "report.md"), text + "\n")
     print(text)
     return 0 if all(r["requests"]["failed"] == 0 for r in reports.values()) else 1

@@ -11,15 +11,15 @@ so trace gaps and simulated compute stay in proportion.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import attrs
 
-from bench.commands.replay import add_replay_flags, replay_options, trace_info
-from bench.progress import ProgressLine
+from bench.commands.common import add_replay_flags, load_trace_arg, replay_options
+from bench.output import write_report
+from bench.progress import progress_line
+from bench.report import trace_summary
 from bench.simulate import SimulateError, check_simulatable, run_simulation
-from bench.trace.cli_support import load_trace_arg
 from daemon.config_loading import ConfigError, load_config
 
 NAME = "simulate"
@@ -57,21 +57,16 @@ def run(args: argparse.Namespace) -> int:
     opts = replay_options(args)
     if args.model == "agentd-sim":
         opts = attrs.evolve(opts, model=cfg.embedded.model)
-    progress = ProgressLine(sys.stderr, label="simulate") if args.progress else None
-    report = run_simulation(
-        cfg,
-        trace,
-        opts,
-        info=trace_info(trace, args.trace),
-        system="agentd" if cfg.program_scheduling is not None else "native",
-        progress=progress.update if progress else None,
-    )
-    if progress is not None:
-        progress.close()
-    text = json.dumps(report, indent=2, sort_keys=True)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
-    else:
-        print(text)
+    with progress_line(args.progress, "simulate") as progress:
+        report = run_simulation(
+            cfg,
+            trace,
+            opts,
+            # trace.concurrency stays the trace's own here (replay and bench report the
+            # --concurrency they ran at), so simulate reports compare with earlier ones
+            info=trace_summary(trace, args.trace),
+            system="agentd" if cfg.program_scheduling is not None else "native",
+            progress=progress,
+        )
+    write_report(report, args.out)
     return 0 if report["requests"]["failed"] == 0 else 1

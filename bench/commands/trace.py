@@ -1,9 +1,9 @@
 """``agentd trace synth|stats``: generate synthetic agent traces and inspect their distributions.
 
 ``synth --profile NAME --programs N --seed S --out FILE`` writes a JSONL trace (docs/traces.md) of
-one of the §d.4 profiles, deterministic for the seed; ``stats FILE`` prints the distributions and
-compares them with the profile's calibration targets (exit 0 even when a target is missed: it is a
-report, not a check; ``--strict`` makes a miss exit 1).
+one of the profiles (docs/traces.md, "Profiles"), deterministic for the seed; ``stats FILE`` prints
+the distributions and compares them with the profile's calibration targets (exit 0 even when a
+target is missed: it is a report, not a check; ``--strict`` makes a miss exit 1).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import argparse
 import json
 import sys
 
-from bench.trace.cli_support import load_trace_arg
-from bench.trace.format import write_trace
+from bench.commands.common import from_args, load_trace_arg
+from bench.trace.format import save_trace, write_trace
 from bench.trace.stats import compare, format_report, trace_stats
 from bench.trace.synth import PROFILES, Knobs, knobs_from_meta, synthesize, targets_for
 from daemon.commands.argtypes import positive_float, positive_int
@@ -56,27 +56,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.trace_command == "synth":
-        knobs = Knobs(
-            input_scale=args.input_scale,
-            output_scale=args.output_scale,
-            gap_cap_seconds=args.gap_cap_seconds,
-            human_gap_cap_seconds=args.human_gap_cap_seconds,
-            arrival_rate_per_second=args.arrival_rate,
-            concurrency=args.concurrency,
-            max_turns=args.max_turns,
-        )
-        trace = synthesize(args.profile, args.programs, args.seed, knobs)
-        if args.out == "-":
-            write_trace(trace, sys.stdout)
-        else:
-            with open(args.out, "w", encoding="utf-8") as fh:
-                write_trace(trace, fh)
-            print(
-                f"wrote {len(trace.records)} requests of {len(trace.sessions())} programs to {args.out}",
-                file=sys.stderr,
-            )
-        return 0
+    return _synth(args) if args.trace_command == "synth" else _stats(args)
+
+
+def _synth(args: argparse.Namespace) -> int:
+    knobs = from_args(Knobs, args, arrival_rate_per_second="arrival_rate")
+    trace = synthesize(args.profile, args.programs, args.seed, knobs)
+    if args.out == "-":
+        write_trace(trace, sys.stdout)
+    else:
+        save_trace(trace, args.out)
+        print(f"wrote {len(trace.records)} requests of {len(trace.sessions())} programs to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
     trace = load_trace_arg(args.file, "agentd trace stats", "FILE")
     if trace is None:
         return 2
@@ -85,19 +79,8 @@ def run(args: argparse.Namespace) -> int:
     if trace.meta.profile in PROFILES:
         comparisons = compare(stats, targets_for(trace.meta.profile, knobs_from_meta(trace.meta)))
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "stats": stats,
-                    "targets": [
-                        {"metric": c.metric, "observed": c.observed, "target": c.target, "ok": c.ok}
-                        for c in comparisons
-                    ],
-                },
-                indent=2,
-                sort_keys=True,
-            )
-        )
+        targets = [{"metric": c.metric, "observed": c.observed, "target": c.target, "ok": c.ok} for c in comparisons]
+        print(json.dumps({"stats": stats, "targets": targets}, indent=2, sort_keys=True))
     else:
         sys.stdout.write(format_report(trace, stats, comparisons))
     if args.strict and not all(c.ok for c in comparisons):

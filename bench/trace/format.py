@@ -5,8 +5,8 @@ One JSON object per line. The optional first line is a metadata object ``{"meta"
 one LLM request (one *turn* of one *session* = one Program). Field names follow Mooncake
 (``timestamp``, ``input_length``, ``output_length``, ``hash_ids``) and ABench (``input_delta``,
 ``pre_gap_ms``) where those exist; the agent fields (``session_id``, ``parent_session_id``, ``turn``,
-``tool_name``, ``finish_reason``, ``priority``, ``job``) are the §d.4 extension. docs/traces.md is
-the user-facing reference.
+``tool_name``, ``finish_reason``, ``priority``, ``job``) are the agent extension. docs/traces.md
+("Format") is the user-facing reference.
 
 Replay semantics encoded by the fields:
 
@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
 
 import attrs
+
+from bench.output import write_atomic
 
 FORMAT_NAME = "agentd-trace/1"
 MOONCAKE_BLOCK_TOKENS = 512  # Mooncake traces hash 512-token blocks
@@ -127,16 +130,20 @@ def meta_to_json(meta: TraceMeta) -> dict[str, Any]:
     return {"meta": {"format": FORMAT_NAME, **attrs.asdict(meta)}}
 
 
-def write_trace(trace: Trace, fh: TextIO) -> None:
-    fh.write(json.dumps(meta_to_json(trace.meta), sort_keys=True) + "\n")
-    for rec in trace.records:
-        fh.write(json.dumps(record_to_json(rec), sort_keys=True) + "\n")
-
-
 def dumps_trace(trace: Trace) -> str:
+    """The JSONL text of ``trace``: the meta line, then one line per record."""
     lines = [json.dumps(meta_to_json(trace.meta), sort_keys=True)]
     lines.extend(json.dumps(record_to_json(r), sort_keys=True) for r in trace.records)
     return "\n".join(lines) + "\n"
+
+
+def write_trace(trace: Trace, fh: TextIO) -> None:
+    fh.write(dumps_trace(trace))
+
+
+def save_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
+    """Write ``trace`` to ``path`` atomically (the whole file or, on failure, the previous one)."""
+    write_atomic(path, dumps_trace(trace))
 
 
 def _parse_meta(obj: Any, lineno: int) -> TraceMeta:
@@ -219,13 +226,17 @@ def expected_input_length(rec: TraceRecord, prev: TraceRecord | None) -> int:
     return prev.input_length + prev.output_length + rec.input_delta
 
 
+def _where(idx: int, linenos: list[int] | None) -> str:
+    return f"line {linenos[idx]}" if linenos else f"record {idx}"
+
+
 def validate_structure(records: Iterable[TraceRecord], linenos: list[int] | None = None) -> tuple[TraceRecord, ...]:
     """Check turn order, parent links and derived lengths; fill a missing ``input_length``."""
     out: list[TraceRecord] = []
     last: dict[str, TraceRecord] = {}
     turns_of: dict[str, int] = {}
     for idx, rec in enumerate(records):
-        where = f"line {linenos[idx]}" if linenos else f"record {idx}"
+        where = _where(idx, linenos)
         prev = last.get(rec.session_id)
         want_turn = 0 if prev is None else prev.turn + 1
         if rec.turn != want_turn:
@@ -254,12 +265,9 @@ def validate_structure(records: Iterable[TraceRecord], linenos: list[int] | None
         out.append(rec)
     # parent_turn must exist in the parent (checked once all parent turns are known).
     for idx, rec in enumerate(out):
-        if rec.turn == 0 and rec.parent_session_id is not None and rec.parent_turn is not None:
-            if rec.parent_turn >= turns_of[rec.parent_session_id]:
-                where = f"line {linenos[idx]}" if linenos else f"record {idx}"
-                raise TraceError(
-                    f"{where}: field 'parent_turn' {rec.parent_turn} is beyond the last turn of {rec.parent_session_id!r}"
-                )
+        owner, at = rec.parent_session_id, rec.parent_turn
+        if rec.turn == 0 and owner is not None and at is not None and at >= turns_of[owner]:
+            raise TraceError(f"{_where(idx, linenos)}: field 'parent_turn' {at} is beyond the last turn of {owner!r}")
     return tuple(out)
 
 

@@ -1,11 +1,12 @@
-"""Distributions of a trace, and how they compare with its profile's §d targets.
+"""Distributions of a trace, and how they compare with its profile's calibration targets.
 
 ``trace_stats(trace)`` returns a flat ``{metric: value}`` dict (dotted names such as
 ``turns_per_program.p50``); ``compare(stats, targets)`` pairs them with the targets from
 ``bench.trace.synth.targets_for``. ``format_report`` renders both as the text ``agentd trace stats``
-prints. Besides the calibration metrics it reports two workload checks from the seed's tuning
-workflow: the ideal (infinite-cache) prompt-token hit ratio, and the share of return gaps shorter
-than the cold prefill of the context they would recompute (where Progress-TTL can pay off).
+prints. Besides the calibration metrics it reports two workload checks of the tuning workflow
+(docs/operations.md, "2. Establish a comparable pressure point"; docs/traces.md, "Statistics"): the
+ideal (infinite-cache) prompt-token hit ratio, and the share of return gaps shorter than the cold
+prefill of the context they would recompute (where Progress-TTL can pay off).
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from collections.abc import Sequence
 
 import attrs
 
+from actors.core.config import PrefillCostModel
+from actors.core.costs import prefill_seconds
 from bench.trace.format import Trace
 from bench.trace.synth import Target
 
-# Seed-000 reference prefill cost model (seconds) used for the reuse-opportunity check.
-_PREFILL_INTERCEPT = 0.06600061907132926
-_PREFILL_LINEAR_PER_1K = 0.05702024012166613
-_PREFILL_QUADRATIC_PER_1K2 = 0.0044057347937978475
+# The cold-prefill cost of the reuse-opportunity check: Program scheduling's default prefill cost
+# model (``program_scheduling.prefill_cost_model``, docs/config.md).
+_PREFILL = PrefillCostModel()
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -48,11 +50,6 @@ def summarize(name: str, values: Sequence[float]) -> dict[str, float]:
         f"{name}.p99": percentile(values, 99),
         f"{name}.max": float(max(values)),
     }
-
-
-def prefill_seconds(tokens: int) -> float:
-    k = tokens / 1000.0
-    return _PREFILL_INTERCEPT + _PREFILL_LINEAR_PER_1K * k + _PREFILL_QUADRATIC_PER_1K2 * k * k
 
 
 def trace_stats(trace: Trace) -> dict[str, float]:
@@ -141,7 +138,7 @@ def _reuse_opportunity(trace: Trace) -> float:
         prev = last.get(r.session_id)
         if prev is not None and not r.compaction:
             total += 1
-            if r.pre_gap_ms / 1000.0 < prefill_seconds(prev[0] + prev[1]):
+            if r.pre_gap_ms / 1000.0 < prefill_seconds(prev[0] + prev[1], _PREFILL):
                 hits += 1
         last[r.session_id] = (r.input_length, r.output_length)
     return hits / total if total else 0.0

@@ -1,11 +1,11 @@
-"""Synthetic agent traces calibrated to the workload statistics of spec §d.
+"""Synthetic agent traces calibrated to published agent-workload statistics (docs/traces.md, "Profiles").
 
-Five profiles (§d.4): ``swe-short``, ``coding-long``, ``bfcl``, ``chat-human``, ``batch``. Each is
+Five profiles: ``swe-short``, ``coding-long``, ``bfcl``, ``chat-human``, ``batch``. Each is
 a function ``(rng, programs, knobs) -> (records, meta)`` driven only by one ``random.Random(seed)``,
 so the same (profile, programs, seed, knobs) always yields byte-identical JSONL. Token counts are
 *content* tokens (the chat template's overhead is added by the backend's tokenizer at replay).
 
-Calibration sources (all from the spec's §d.2 table):
+Calibration (the sources are listed in docs/traces.md, "Profiles"):
 
 - tool gaps: log-normal(median 0.3 s, sigma 2.9) — TraceLab per-call latency — mixed with an
   "instant" (<= 50 ms) component of weight 0.6 for the router-RFC-like ``swe-short`` (86% < 1 s,
@@ -23,8 +23,8 @@ Calibration sources (all from the spec's §d.2 table):
 
 ``input_scale`` / ``output_scale`` shrink token counts so a benchmark fits a CPU-only simulated
 cluster; ``gap_cap_seconds`` / ``human_gap_cap_seconds`` bound the gap tails and ``max_turns`` the
-session lengths (tail targets such as ``turns_per_program.p90`` then report a miss on purpose). The stats module compares
-a trace against ``targets_for(profile, knobs)``.
+session lengths (tail targets such as ``turns_per_program.p90`` then report a miss on purpose). The
+stats module compares a trace against ``targets_for(profile, knobs)``.
 """
 
 from __future__ import annotations
@@ -76,9 +76,17 @@ class Target:
     value: float
     rel_tol: float = 0.0
     abs_tol: float = 0.0
+    scaled_by: str | None = None  # "input" / "output": the value is for input_scale / output_scale 1
 
     def accepts(self, observed: float) -> bool:
         return abs(observed - self.value) <= max(self.abs_tol, self.rel_tol * abs(self.value))
+
+    def scaled(self, knobs: Knobs) -> Target:
+        """This target for a trace synthesized with ``knobs`` (token counts follow the scales)."""
+        if self.scaled_by is None:
+            return self
+        scale = knobs.input_scale if self.scaled_by == "input" else knobs.output_scale
+        return attrs.evolve(self, value=self.value * scale, scaled_by=None)
 
 
 @attrs.frozen
@@ -101,8 +109,8 @@ def _cap(turns: int, k: Knobs) -> int:
     return min(turns, k.max_turns) if k.max_turns is not None else turns
 
 
-def _tool_gap(rng: random.Random, instant_weight: float, cap_seconds: float) -> tuple[float, str]:
-    """(gap_ms, tool_name): an instant/log-normal mixture; the name follows the latency class."""
+def _tool_gap(rng: random.Random, instant_weight: float, cap_seconds: float) -> tuple[float, str | None, str]:
+    """``(gap_ms, tool_name, "tool")``: an instant/log-normal mixture; the name follows the latency class."""
     if rng.random() < instant_weight:
         seconds = rng.uniform(0.001, 0.050)
     else:
@@ -117,7 +125,7 @@ def _tool_gap(rng: random.Random, instant_weight: float, cap_seconds: float) -> 
         name = "run_tests"
     else:
         name = rng.choice(("install_deps", "web_fetch"))
-    return round(seconds * 1000.0, 3), name
+    return round(seconds * 1000.0, 3), name, "tool"
 
 
 def _human_gap_ms(rng: random.Random, cap_seconds: float) -> float:
@@ -130,11 +138,15 @@ def _session(
     *,
     shared_prefix_id: str | None,
     shared_prefix_tokens: int,
-    common: dict[str, Any],
+    common: dict[str, Any] | None = None,
     compaction_tokens: int | None = None,
     summary_tokens: Callable[[], int] | None = None,
 ) -> _Draft:
-    """Turn dicts (input_delta, output_length, pre_gap_ms, role, tool_name) -> chained records."""
+    """Turn dicts (input_delta, output_length, pre_gap_ms, role, tool_name) -> chained records.
+
+    ``common`` holds record fields shared by every turn; ``task_id`` defaults to the session's id.
+    """
+    common = {"task_id": session_id, **(common or {})}
     recs: list[TraceRecord] = []
     prev: TraceRecord | None = None
     for t, turn in enumerate(turns):
@@ -195,28 +207,15 @@ def _swe_short(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Draft
     for i in range(programs):
         sid = f"swe-{i:05d}"
         n = _cap(min(40, max(2, int(round(rng.gauss(11.0, 2.0))))), k)
-
-        def gap() -> tuple[float, str | None, str]:
-            ms, name = _tool_gap(rng, 0.6, k.gap_cap_seconds)
-            return ms, name, "tool"
-
         turns = _agent_turns(
             rng,
             n,
             first_delta=_itok(rng.uniform(500, 2500), k.input_scale),
             append=lambda: _itok(rng.uniform(500, 2000), k.input_scale),
             output=lambda: _itok(rng.uniform(100, 300), k.output_scale),
-            gap=gap,
+            gap=lambda: _tool_gap(rng, 0.6, k.gap_cap_seconds),
         )
-        drafts.append(
-            _session(
-                sid,
-                turns,
-                shared_prefix_id="swe-short-system",
-                shared_prefix_tokens=prefix_tokens,
-                common={"task_id": sid},
-            )
-        )
+        drafts.append(_session(sid, turns, shared_prefix_id="swe-short-system", shared_prefix_tokens=prefix_tokens))
     return drafts, {"arrival": "closed_loop", "concurrency": k.concurrency or 16}
 
 
@@ -237,12 +236,10 @@ def _coding_long(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Dra
     def lead_gap() -> tuple[float, str | None, str]:
         if rng.random() < 1.0 / 7.8:  # tool-initiated steps per human request avg 7.8 (TraceLab)
             return _human_gap_ms(rng, human_cap), None, "user"
-        ms, name = _tool_gap(rng, 0.0, k.gap_cap_seconds)
-        return ms, name, "tool"
+        return _tool_gap(rng, 0.0, k.gap_cap_seconds)
 
     def sub_gap() -> tuple[float, str | None, str]:
-        ms, name = _tool_gap(rng, 0.0, k.gap_cap_seconds)
-        return ms, name, "tool"
+        return _tool_gap(rng, 0.0, k.gap_cap_seconds)
 
     def summary() -> int:
         return _itok(rng.uniform(4_000, 10_000), k.input_scale)
@@ -260,7 +257,6 @@ def _coding_long(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Dra
             turns,
             shared_prefix_id=sys_id,
             shared_prefix_tokens=sys_tokens,
-            common={"task_id": sid},
             compaction_tokens=compaction_at,
             summary_tokens=summary,
         )
@@ -326,11 +322,7 @@ def _bfcl(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Draft], di
                         "tool_name": rng.choice(classes),
                     }
                 )
-        drafts.append(
-            _session(
-                sid, turns, shared_prefix_id=prefix_id, shared_prefix_tokens=prefix_tokens, common={"task_id": sid}
-            )
-        )
+        drafts.append(_session(sid, turns, shared_prefix_id=prefix_id, shared_prefix_tokens=prefix_tokens))
     return drafts, {"arrival": "closed_loop", "concurrency": k.concurrency or 32}
 
 
@@ -353,7 +345,7 @@ def _chat_human(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Draf
             if t > 0:
                 turn["pre_gap_ms"] = _human_gap_ms(rng, human_cap)
             turns.append(turn)
-        d = _session(sid, turns, shared_prefix_id=None, shared_prefix_tokens=0, common={"task_id": sid})
+        d = _session(sid, turns, shared_prefix_id=None, shared_prefix_tokens=0)
         d.records[0] = attrs.evolve(d.records[0], timestamp=round(now_ms, 3))
         now_ms += rng.expovariate(rate) * 1000.0
         drafts.append(d)
@@ -380,7 +372,7 @@ def _batch(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Draft], d
                 [turn],
                 shared_prefix_id=prefix_id,
                 shared_prefix_tokens=prefix_tokens,
-                common={"task_id": sid, "job": prefix_id, "priority": 1},
+                common={"job": prefix_id, "priority": 1},
             )
             d.records[0] = attrs.evolve(d.records[0], timestamp=round(burst_ms + rng.uniform(0, 2000.0), 3))
             drafts.append(d)
@@ -418,8 +410,7 @@ def _with_hash_ids(drafts: list[_Draft]) -> list[TraceRecord]:
 
 def synthesize(profile: str, programs: int, seed: int, knobs: Knobs | None = None) -> Trace:
     """Generate ``programs`` root Programs (subagents come on top) of ``profile``."""
-    if profile not in _GENERATORS:
-        raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    _check_profile(profile)
     if programs < 1:
         raise ValueError(f"programs must be >= 1, got {programs}")
     knobs = knobs or Knobs()
@@ -443,57 +434,63 @@ def synthesize(profile: str, programs: int, seed: int, knobs: Knobs | None = Non
     return Trace(meta=meta, records=tuple(_with_hash_ids(drafts)))
 
 
+# What a trace of each profile should reproduce: the workload statistics it is calibrated to (the
+# sources in the module docstring), with the tolerance a trace of a few hundred Programs meets.
+_TARGETS: dict[str, tuple[Target, ...]] = {
+    "swe-short": (
+        Target("turns_per_program.p50", 11, abs_tol=1.0),
+        Target("turns_per_program.mean", 11, abs_tol=0.6),
+        Target("initial_input_tokens.p50", 3000, rel_tol=0.12, scaled_by="input"),
+        Target("append_tokens.p50", 1250, rel_tol=0.12, scaled_by="input"),
+        Target("output_tokens.p50", 200, rel_tol=0.12, scaled_by="output"),
+        Target("return_gap.share_under_1s", 0.8646, abs_tol=0.04),
+        Target("return_gap.share_under_10s", 0.9512, abs_tol=0.03),
+        Target("subagent_session_share", 0.0, abs_tol=0.0),
+    ),
+    "coding-long": (
+        Target("turns_per_program.p50", 40, rel_tol=0.2),
+        Target("turns_per_program.p90", 135, rel_tol=0.3),
+        Target("initial_input_tokens.p50", 16_000, rel_tol=0.35, scaled_by="input"),
+        Target("append_tokens.p50", 1500, rel_tol=0.15, scaled_by="input"),
+        Target("output_tokens.p50", 400, rel_tol=0.15, scaled_by="output"),
+        Target("tool_gap_seconds.p50", TOOL_MEDIAN_SECONDS, rel_tol=0.35),
+        Target("tool_gap_seconds.p90", 12.3, rel_tol=0.4),
+        Target("human_gap_seconds.p50", HUMAN_MEDIAN_SECONDS, rel_tol=0.4),
+        Target("subagent_session_share", 0.40, abs_tol=0.08),
+    ),
+    "bfcl": (
+        Target("user_turns_per_program.p50", 4, abs_tol=0.5),
+        Target("user_turns_per_program.mean", 3.67, abs_tol=0.3),
+        Target("initial_input_tokens.p50", 2600, rel_tol=0.35, scaled_by="input"),
+        Target("output_tokens.p50", 90, rel_tol=0.15, scaled_by="output"),
+        Target("return_gap.share_under_1s", 1.0, abs_tol=0.0),
+    ),
+    "chat-human": (
+        Target("turns_per_program.p50", 3, abs_tol=1.0),
+        Target("turns_per_program.p90", 7, abs_tol=2.0),
+        Target("initial_input_tokens.p50", 20, rel_tol=0.3, scaled_by="input"),
+        Target("output_tokens.p50", 300, rel_tol=0.15, scaled_by="output"),
+        Target("human_gap_seconds.p50", HUMAN_MEDIAN_SECONDS, rel_tol=0.4),
+        Target("shared_prefix_share", 0.0, abs_tol=0.0),
+    ),
+    "batch": (
+        Target("turns_per_program.max", 1, abs_tol=0.0),
+        Target("output_short_share", 0.5, abs_tol=0.15),
+        Target("programs_per_job.mean", 45, rel_tol=0.35),
+    ),
+}
+
+
+def _check_profile(profile: str) -> None:
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+
+
 def targets_for(profile: str, knobs: Knobs | None = None) -> list[Target]:
-    """The §d statistics a trace of ``profile`` should reproduce (after scaling)."""
+    """The statistics a trace of ``profile`` synthesized with ``knobs`` should reproduce."""
+    _check_profile(profile)
     k = knobs or Knobs()
-    i, o = k.input_scale, k.output_scale
-    if profile == "swe-short":
-        return [
-            Target("turns_per_program.p50", 11, abs_tol=1.0),
-            Target("turns_per_program.mean", 11, abs_tol=0.6),
-            Target("initial_input_tokens.p50", 3000 * i, rel_tol=0.12),
-            Target("append_tokens.p50", 1250 * i, rel_tol=0.12),
-            Target("output_tokens.p50", 200 * o, rel_tol=0.12),
-            Target("return_gap.share_under_1s", 0.8646, abs_tol=0.04),
-            Target("return_gap.share_under_10s", 0.9512, abs_tol=0.03),
-            Target("subagent_session_share", 0.0, abs_tol=0.0),
-        ]
-    if profile == "coding-long":
-        return [
-            Target("turns_per_program.p50", 40, rel_tol=0.2),
-            Target("turns_per_program.p90", 135, rel_tol=0.3),
-            Target("initial_input_tokens.p50", 16_000 * i, rel_tol=0.35),
-            Target("append_tokens.p50", 1500 * i, rel_tol=0.15),
-            Target("output_tokens.p50", 400 * o, rel_tol=0.15),
-            Target("tool_gap_seconds.p50", 0.3, rel_tol=0.35),
-            Target("tool_gap_seconds.p90", 12.3, rel_tol=0.4),
-            Target("human_gap_seconds.p50", 84.0, rel_tol=0.4),
-            Target("subagent_session_share", 0.40, abs_tol=0.08),
-        ]
-    if profile == "bfcl":
-        return [
-            Target("user_turns_per_program.p50", 4, abs_tol=0.5),
-            Target("user_turns_per_program.mean", 3.67, abs_tol=0.3),
-            Target("initial_input_tokens.p50", 2600 * i, rel_tol=0.35),
-            Target("output_tokens.p50", 90 * o, rel_tol=0.15),
-            Target("return_gap.share_under_1s", 1.0, abs_tol=0.0),
-        ]
-    if profile == "chat-human":
-        return [
-            Target("turns_per_program.p50", 3, abs_tol=1.0),
-            Target("turns_per_program.p90", 7, abs_tol=2.0),
-            Target("initial_input_tokens.p50", 20 * i, rel_tol=0.3),
-            Target("output_tokens.p50", 300 * o, rel_tol=0.15),
-            Target("human_gap_seconds.p50", 84.0, rel_tol=0.4),
-            Target("shared_prefix_share", 0.0, abs_tol=0.0),
-        ]
-    if profile == "batch":
-        return [
-            Target("turns_per_program.max", 1, abs_tol=0.0),
-            Target("output_short_share", 0.5, abs_tol=0.15),
-            Target("programs_per_job.mean", 45, rel_tol=0.35),
-        ]
-    raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    return [t.scaled(k) for t in _TARGETS[profile]]
 
 
 def knobs_from_meta(meta: TraceMeta) -> Knobs:

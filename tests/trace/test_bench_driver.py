@@ -15,7 +15,7 @@ import socket
 import pytest
 
 from bench.bench import BenchError, bench_ports
-from bench.trace.format import write_trace
+from bench.trace.format import save_trace
 from bench.trace.synth import Knobs, synthesize
 from daemon.cli import main
 
@@ -23,8 +23,7 @@ from daemon.cli import main
 def test_bench_native_and_agentd_on_a_tiny_trace(tmp_path, capsys) -> None:
     trace = synthesize("swe-short", 2, seed=4, knobs=Knobs(input_scale=0.05, output_scale=0.05, gap_cap_seconds=0.5))
     path = tmp_path / "tiny.jsonl"
-    with open(path, "w", encoding="utf-8") as fh:
-        write_trace(trace, fh)
+    save_trace(trace, path)
     out = tmp_path / "bench"
     code = main(
         [
@@ -76,8 +75,7 @@ def test_bench_native_and_agentd_on_a_tiny_trace(tmp_path, capsys) -> None:
 
 def test_bench_rejects_unknown_system(tmp_path, capsys) -> None:
     path = tmp_path / "t.jsonl"
-    with open(path, "w", encoding="utf-8") as fh:
-        write_trace(synthesize("bfcl", 1, seed=1), fh)
+    save_trace(synthesize("bfcl", 1, seed=1), path)
     assert main(["bench", "--trace", str(path), "--out", str(tmp_path / "o"), "--systems", "native,sglang"]) == 2
     assert "--systems: unknown system 'sglang'" in capsys.readouterr().err
     assert (
@@ -118,8 +116,7 @@ def test_bench_ports_are_fixed_from_the_base_and_a_busy_one_is_named() -> None:
 
 def test_bench_rejects_a_bad_port_base(tmp_path, capsys) -> None:
     path = tmp_path / "t.jsonl"
-    with open(path, "w", encoding="utf-8") as fh:
-        write_trace(synthesize("bfcl", 1, seed=1), fh)
+    save_trace(synthesize("bfcl", 1, seed=1), path)
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--trace", str(path), "--out", str(tmp_path / "o"), "--port-base", "80"])
     assert exc.value.code == 2

@@ -10,7 +10,7 @@ import pytest
 from trace_fake_worker import FakeWorker
 
 from bench.replay import ReplayOptions, run_replay
-from bench.report import build_report, scrape_all
+from bench.report import build_report, measured_replay
 from bench.trace.format import read_trace
 from bench.trace.synth import synthesize
 from sim.tokenizer import render_chat
@@ -47,13 +47,16 @@ async def test_replay_timing_messages_and_report(autojump_clock) -> None:
         ]
     )
     async with httpx.AsyncClient(transport=httpx.MockTransport(worker.handler)) as client:
-        before = await scrape_all(client, [f"{URL}/metrics"])
-        result = await run_replay(trace, client, URL, ReplayOptions(time_scale=2.0))
-        after = await scrape_all(client, [f"{URL}/metrics"])
-    # request = 0.1 s + 5 x 0.01 s; gap 500 ms at time scale 2 = 0.25 s
-    assert [round(r.end - r.start, 9) for r in result.requests] == [0.15, 0.15]
-    task = result.tasks[0]
-    assert task.end - task.start == pytest.approx(0.15 + 0.25 + 0.15, abs=1e-9)
+        report = await measured_replay(
+            trace,
+            client,
+            URL,
+            ReplayOptions(time_scale=2.0),
+            worker_metrics=[f"{URL}/metrics"],
+            router_metrics=[],
+            info={"path": "t.jsonl"},
+            system="s",
+        )
     # the second prompt extends the first prompt plus the streamed reply
     first, second = (render_chat(b["messages"]) for b in worker.bodies)
     assert second[: len(first)] == first
@@ -70,10 +73,12 @@ async def test_replay_timing_messages_and_report(autojump_clock) -> None:
     assert worker.bodies[0]["stream_options"] == {"include_usage": True}
     assert worker.headers[0]["x-session-id"] == "a"
 
-    report = build_report(result, time_scale=2.0, worker_before=before, worker_after=after)
-    # trace seconds = run seconds x time scale
-    assert report["jct_seconds"]["mean"] == pytest.approx(2 * 0.55)
-    assert report["request_latency_seconds"]["p50"] == pytest.approx(0.3)
+    # in trace seconds (run seconds x time scale): each request takes 0.1 s + 5 x 0.01 s, and the
+    # task adds the 500 ms gap, 0.25 s at time scale 2
+    assert report["system"] == "s" and report["trace"] == {"path": "t.jsonl"}
+    assert report["request_latency_seconds"]["count"] == 2
+    assert report["request_latency_seconds"]["mean"] == report["request_latency_seconds"]["max"] == pytest.approx(0.3)
+    assert report["jct_seconds"]["mean"] == pytest.approx(2 * (0.15 + 0.25 + 0.15))
     assert report["ttft_seconds"]["mean"] == pytest.approx(2 * 0.11)
     assert report["tasks"] == {"planned": 1, "completed": 1, "failed": 0}
     assert report["requests"]["completed"] == 2
@@ -86,6 +91,7 @@ async def test_replay_timing_messages_and_report(autojump_clock) -> None:
     assert report["tokens"] == {"input": prompt_total, "output": 10, "cached_by_usage": cached}
     assert report["preemptions"] == 0
     assert report["scheduling"]["available"] is False
+    assert report["metrics_errors"] == []
 
 
 async def test_replay_subagents_block_the_parent(autojump_clock) -> None:
@@ -150,3 +156,21 @@ async def test_replay_records_http_errors_and_ends_the_program(autojump_clock) -
     report = build_report(result, time_scale=1.0)
     assert report["tasks"] == {"planned": 1, "completed": 0, "failed": 1}
     assert report["requests"]["errors"] == {"http_429": 1}
+
+
+async def test_measured_replay_names_the_scrapes_that_failed(autojump_clock) -> None:
+    worker = FakeWorker()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(503)
+        return await worker.handler(request)
+
+    trace = _trace([_rec("a", 0, 10, 5)])
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        report = await measured_replay(
+            trace, client, URL, ReplayOptions(), worker_metrics=[f"{URL}/metrics"], router_metrics=[]
+        )
+    assert report["requests"]["completed"] == 1
+    assert report["metrics_errors"] == [f"{URL}/metrics: HTTP 503"] * 2  # before and after
+    assert report["cache"]["token_hit_ratio"] is None

@@ -14,7 +14,7 @@ from bench.bench import ClusterSpec
 from bench.calibrate import calibrate_kv_blocks, config_for
 from bench.replay import ReplayOptions
 from bench.simulate import SimulateError, check_simulatable, run_simulation
-from bench.trace.format import write_trace
+from bench.trace.format import save_trace
 from bench.trace.synth import Knobs, synthesize
 from daemon.cli import main
 from daemon.config_loading import load_config
@@ -68,8 +68,7 @@ def test_simulate_rejects_external_workers(tmp_path, capsys) -> None:
     conf = tmp_path / "c.json"
     conf.write_text(json.dumps({"routing": {"worker_urls": ["http://127.0.0.1:9"]}}))
     trace = tmp_path / "t.jsonl"
-    with open(trace, "w", encoding="utf-8") as fh:
-        write_trace(TRACE, fh)
+    save_trace(TRACE, trace)
     assert main(["simulate", "--config", str(conf), "--trace", str(trace)]) == 2
     assert "routing.worker_urls: must be empty for simulate" in capsys.readouterr().err
 
@@ -78,8 +77,7 @@ def test_simulate_command_writes_the_report(tmp_path) -> None:
     conf = tmp_path / "c.json"
     conf.write_text(json.dumps({"embedded": {"num_workers": 1, "dp_size": 2, "num_gpu_blocks": 160, "seed": 3}}))
     trace = tmp_path / "t.jsonl"
-    with open(trace, "w", encoding="utf-8") as fh:
-        write_trace(TRACE, fh)
+    save_trace(TRACE, trace)
     out = tmp_path / "r.json"
     assert (
         main(["simulate", "--config", str(conf), "--trace", str(trace), "--out", str(out), "--concurrency", "4"]) == 0
@@ -119,9 +117,11 @@ async def test_in_process_transport_streams_and_ends_with_a_final_chunk(autojump
 
     async with trio.open_nursery() as nursery:
         transport = InProcessTransport(Handles(), nursery)  # type: ignore[arg-type]
-        async with httpx.AsyncClient(transport=transport, base_url="http://d") as client:
-            async with client.stream("POST", "/v1/chat/completions", content=b"{}") as resp:
-                assert resp.status_code == 200
-                chunks = [(trio.current_time(), c) async for c in resp.aiter_bytes()]
+        async with (
+            httpx.AsyncClient(transport=transport, base_url="http://d") as client,
+            client.stream("POST", "/v1/chat/completions", content=b"{}") as resp,
+        ):
+            assert resp.status_code == 200
+            chunks = [(trio.current_time(), c) async for c in resp.aiter_bytes()]
     assert [c for _, c in chunks] == [b"data: 1\n\n", b"data: [DONE]\n\n"]
     assert chunks[1][0] - chunks[0][0] == 1.0

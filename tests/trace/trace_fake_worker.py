@@ -33,7 +33,7 @@ class FakeWorker:
         best = 0
         for seq in self.sequences:
             n = 0
-            for a, b in zip(seq, prompt):
+            for a, b in zip(seq, prompt, strict=False):  # the common prefix of two sequences
                 if a != b:
                     break
                 n += 1

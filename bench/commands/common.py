@@ -1,0 +1,74 @@
+"""What the kit's commands share: the replay flags, trace loading, and options built from flags.
+
+Argument types come from ``daemon.commands.argtypes``.  This module is not a command (it is not in
+the ``agentd.commands`` entry-point group).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TypeVar
+
+import attrs
+from attrs import AttrsInstance
+
+from bench.replay import ReplayOptions
+from bench.trace.format import Trace, TraceError, load_trace
+from daemon.commands.argtypes import positive_float, positive_int
+
+T = TypeVar("T", bound=AttrsInstance)
+
+
+def from_args(cls: type[T], args: argparse.Namespace, **renamed: str) -> T:
+    """An attrs ``cls`` built from parsed flags.
+
+    Each field takes the flag of the same name, or the flag ``renamed`` names for it
+    (``num_gpu_blocks="kv_blocks"``); a field no flag carries keeps its default.
+    """
+    flags = vars(args)
+    values = {}
+    for field in attrs.fields(cls):
+        flag = renamed.get(field.name, field.name)
+        if flag in flags:
+            values[field.name] = flags[flag]
+    return cls(**values)
+
+
+def add_replay_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``agentd replay``, ``agentd simulate`` and ``agentd bench``: see ``replay_options``."""
+    parser.add_argument(
+        "--time-scale",
+        type=positive_float,
+        default=1.0,
+        help="run X times faster than the trace's recorded times (gaps, arrivals)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=positive_int,
+        default=None,
+        help="max concurrent root Programs (default: trace meta for closed-loop traces)",
+    )
+    parser.add_argument("--model", default="agentd-sim", help="model name sent in requests")
+    parser.add_argument(
+        "--agentic-context",
+        choices=("object", "string", "none"),
+        default="object",
+        help="vllm_xargs.agentic_context form (string = JSON string for stock vLLM)",
+    )
+    parser.add_argument("--request-timeout", type=positive_float, default=600.0, help="seconds per request")
+
+
+def replay_options(args: argparse.Namespace) -> ReplayOptions:
+    return from_args(ReplayOptions, args, request_timeout_seconds="request_timeout")
+
+
+def load_trace_arg(path: str, prog: str, flag: str = "--trace") -> Trace | None:
+    """The trace at ``path``, or ``None`` after printing why it cannot be used (exit code 2)."""
+    try:
+        return load_trace(path)
+    except OSError as exc:
+        print(f"{prog}: cannot read {flag} {path}: {exc.strerror}", file=sys.stderr)
+    except TraceError as exc:
+        print(f"{prog}: invalid {flag} {path}: {exc}", file=sys.stderr)
+    return None

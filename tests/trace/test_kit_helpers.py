@@ -1,0 +1,100 @@
+"""The kit's shared helpers: atomic writes, options from flags, the report's trace section, layering."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+from pathlib import Path
+
+import pytest
+
+from bench.bench import ClusterSpec
+from bench.commands.common import from_args, replay_options
+from bench.output import write_atomic, write_report
+from bench.replay import ReplayOptions
+from bench.report import trace_summary
+from bench.trace.format import dumps_trace, load_trace, save_trace
+from bench.trace.synth import Knobs, synthesize
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def test_write_atomic_replaces_the_file_and_leaves_nothing_behind(tmp_path) -> None:
+    path = tmp_path / "r.json"
+    write_atomic(path, "old\n")
+    write_atomic(str(path), "new\n")
+    assert path.read_text() == "new\n"
+    assert os.listdir(tmp_path) == ["r.json"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_write_atomic_keeps_the_old_file_when_writing_fails(tmp_path) -> None:
+    path = tmp_path / "r.json"
+    write_atomic(path, "old\n")
+    with pytest.raises(UnicodeEncodeError):
+        write_atomic(path, "half \ud800 written")
+    assert path.read_text() == "old\n"
+    assert os.listdir(tmp_path) == ["r.json"]
+
+
+def test_write_report_to_a_file_or_stdout(tmp_path, capsys) -> None:
+    write_report({"b": 1, "a": [2]}, str(tmp_path / "r.json"))
+    write_report({"b": 1, "a": [2]}, None)
+    text = '{\n  "a": [\n    2\n  ],\n  "b": 1\n}\n'
+    assert (tmp_path / "r.json").read_text() == text
+    assert capsys.readouterr().out == text
+
+
+def test_save_trace_writes_the_jsonl_text(tmp_path) -> None:
+    trace = synthesize("bfcl", 3, seed=1)
+    save_trace(trace, tmp_path / "t.jsonl")
+    assert (tmp_path / "t.jsonl").read_text() == dumps_trace(trace)
+    assert load_trace(str(tmp_path / "t.jsonl")) == trace
+
+
+def test_from_args_takes_same_named_and_renamed_flags_and_keeps_other_defaults() -> None:
+    args = argparse.Namespace(workers=3, kv_blocks=99, num_gpu_blocks=1, time_scale=2.0, unrelated="x")
+    assert from_args(ClusterSpec, args, num_gpu_blocks="kv_blocks") == ClusterSpec(
+        workers=3, num_gpu_blocks=99, time_scale=2.0
+    )
+    args = argparse.Namespace(input_scale=0.5, arrival_rate=3.0, max_turns=None)
+    assert from_args(Knobs, args, arrival_rate_per_second="arrival_rate") == Knobs(
+        input_scale=0.5, arrival_rate_per_second=3.0
+    )
+    flags = argparse.Namespace(time_scale=4.0, concurrency=8, model="m", agentic_context="string", request_timeout=9.0)
+    assert replay_options(flags) == ReplayOptions(
+        time_scale=4.0, concurrency=8, model="m", agentic_context="string", request_timeout_seconds=9.0
+    )
+
+
+def test_trace_summary_reports_the_concurrency_the_replay_ran_at() -> None:
+    trace = synthesize("swe-short", 2, seed=1)
+    assert trace_summary(trace, "t.jsonl") == {
+        "path": "t.jsonl",
+        "profile": "swe-short",
+        "seed": 1,
+        "programs": 2,
+        "requests": len(trace.records),
+        "arrival": "closed_loop",
+        "concurrency": 16,
+    }
+    assert trace_summary(trace, "t.jsonl", 32)["concurrency"] == 32
+
+
+def test_the_kit_library_does_not_import_its_commands() -> None:
+    """bench/commands/* are the CLI edge of the kit: the library modules never import them."""
+    offenders = []
+    for path in sorted(BENCH.rglob("*.py")):
+        if "commands" in path.relative_to(BENCH).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[:2] == ["bench", "commands"]]
+    assert offenders == []
