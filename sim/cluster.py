@@ -17,8 +17,12 @@ Quiet events: in virtual time with ``per_step_wakeups=False`` most engine events
 becoming schedulable, the end of a prefill step, a decode run cut short) deliver nothing to a
 consumer that only wants final outputs.  After each wake-up the cluster applies such events at
 once, without sleeping, as long as nothing can reach the engines before them (no runnable task,
-empty inbox, no ``wait_all_tasks_blocked`` waiter, every other deadline later); it sleeps only
-until the first event with something to deliver.  Inputs and deliveries keep their exact times.
+empty inbox, no cluster waiting for its batch in ``wait_all_tasks_blocked``, every other deadline
+later); it sleeps only until the first event with something to deliver.  Inputs and deliveries
+keep their exact times.  Trio has no public way to ask whether *some* task waits in
+``wait_all_tasks_blocked``, so the clusters record their own waits (``_IdleWaits``, one per Trio
+run); other code that waits for idle next to a virtual-time cluster with ``per_step_wakeups=False``
+is not seen (no such caller exists in agentd).
 
 Routing (spec §3.9): a pinned rank must satisfy ``0 <= rank < dp_size`` (checked in ``submit``,
 ``ValueError`` otherwise); unpinned requests go to the engine with the lowest
@@ -34,7 +38,6 @@ from typing import Any, Protocol
 import attrs
 import trio
 import trio.testing
-from trio._core import _run as trio_core_run
 
 from sim.engine import Engine, EngineConfig, EngineOutput, Request
 from sim.stats import CostModel
@@ -187,7 +190,7 @@ class SimCluster:
                 with trio.move_on_at(wake):
                     batch.append(await self._inbox_receive.receive())
                     if self.config.deterministic:
-                        await trio.testing.wait_all_tasks_blocked()
+                        await _wait_all_tasks_blocked()
                     while True:
                         try:
                             batch.append(self._inbox_receive.receive_nowait())
@@ -210,7 +213,7 @@ class SimCluster:
         """Apply engine events that deliver nothing (virtual time, final outputs only) without a wake.
 
         An event at ``t`` may be applied early, while the Trio clock still reads ``now``, when no
-        input can reach the engines before ``t``: no task is runnable, the inbox is empty, nobody
+        input can reach the engines before ``t``: no task is runnable, the inbox is empty, no cluster
         waits in ``wait_all_tasks_blocked`` and every other deadline is later than ``t``.  Under the
         mock clock's autojump the next wake-up would then be exactly ``t`` with nothing in between,
         so the engines see the same inputs at the same times.  When an event does produce something
@@ -233,7 +236,7 @@ class SimCluster:
         stats = trio.lowlevel.current_statistics()
         if stats.tasks_runnable or self._inbox_receive.statistics().current_buffer_used:
             return False
-        if _idle_waiters():
+        if _idle_waits().waiting:
             return False
         # a margin so that rounding in ``now + delta`` never hides a deadline at ``t`` itself
         return now + stats.seconds_to_next_deadline > t + 1e-9 * max(1.0, abs(t))
@@ -302,13 +305,48 @@ class SimCluster:
             self._abort(request_id, trio.current_time())
 
 
-def _idle_waiters() -> bool:
-    """Whether a task waits in ``wait_all_tasks_blocked`` (it would run before the clock jumps).
+class _IdleWaits:
+    """The clusters' own ``wait_all_tasks_blocked`` calls in one Trio run (see the module docstring).
 
-    Trio has no public accessor; if its internals change, answer True (never skip a wake-up)."""
-    runner = getattr(getattr(trio_core_run, "GLOBAL_RUN_CONTEXT", None), "runner", None)
-    waiting = getattr(runner, "waiting_for_idle", None)
-    return waiting is None or bool(waiting)
+    ``waiting`` counts the waits that Trio has not woken yet: a waiter that is still registered runs
+    before the clock may jump.  Trio wakes *every* waiter of the smallest cushion at once, and all
+    of ours use cushion 0, so the first of our waiters to return knows that every wait of its
+    ``epoch`` was woken with it: it starts a new epoch and resets the count.
+    """
+
+    __slots__ = ("epoch", "waiting")
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.waiting = 0
+
+
+_IDLE_WAITS: trio.lowlevel.RunVar[_IdleWaits] = trio.lowlevel.RunVar("sim_cluster_idle_waits")
+
+
+def _idle_waits() -> _IdleWaits:
+    try:
+        return _IDLE_WAITS.get()
+    except LookupError:
+        waits = _IdleWaits()
+        _IDLE_WAITS.set(waits)
+        return waits
+
+
+async def _wait_all_tasks_blocked() -> None:
+    """``trio.testing.wait_all_tasks_blocked()``, recorded in this run's ``_IdleWaits``."""
+    waits = _idle_waits()
+    epoch = waits.epoch
+    waits.waiting += 1
+    try:
+        await trio.testing.wait_all_tasks_blocked()
+    except BaseException:
+        if waits.epoch == epoch:  # left (cancelled) without being woken
+            waits.waiting -= 1
+        raise
+    if waits.epoch == epoch:  # the first of this epoch's waiters to run: all of them were woken
+        waits.epoch += 1
+        waits.waiting = 0
 
 
 def _order_key(sub: Submission) -> tuple[Any, ...]:
