@@ -7,13 +7,13 @@ import json
 import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
+from sim_fakes import sim_client, sse_payloads
 
 from actors.core.costs import decode_step_seconds, prefill_seconds
 from sim import tokenizer
 from sim.cluster import SimConfig
 from sim.engine import EngineConfig
 from sim.stats import CostModel
-from tests.sim.conftest import sim_client, sse_payloads
 
 USER = {"role": "user", "content": "please list the files in the repository"}
 

@@ -9,6 +9,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
+from sim_fakes import sse_payloads
 
 from daemon.cli import main as cli_main
 from daemon.config import EmbeddedConfig
@@ -18,7 +19,6 @@ from sim.cluster import SimCluster, SimConfig, run_sim_cluster
 from sim.engine import EngineConfig
 from sim.server import create_app
 from sim.transport import SimTransport
-from tests.sim.conftest import sse_payloads
 
 
 def _scenario(seed: int) -> tuple[list[bytes], str]:
