@@ -41,6 +41,7 @@ import attrs
 import httpx
 import trio
 
+from actors.core.config import DecodeThroughputModel, PrefillCostModel
 from bench.progress import ProgressLine
 from bench.replay import ReplayOptions
 from bench.trace.format import Trace
@@ -54,16 +55,11 @@ _TIME_FIELDS = (
     "shared_prefix_freshness_warmup_seconds",
     "max_acting_ttl_seconds",
 )
-_SEED_PREFILL = {
-    "intercept_seconds": 0.06600061907132926,
-    "linear_seconds_per_1k_tokens": 0.05702024012166613,
-    "quadratic_seconds_per_1k_tokens_squared": 0.0044057347937978475,
-}
-_SEED_DECODE = {
-    "fixed_step_seconds": 0.010635218423115973,
-    "batch_step_seconds_per_request": 0.0004192803698834784,
-    "context_step_seconds_per_token": 1.420458414996201e-7,
-}
+# The seed's cost-model coefficients, from their single source (actors.core.config).  All are
+# durations, divided by the time scale, except decode_throughput_alpha (a ratio).
+_SEED_PREFILL = attrs.asdict(PrefillCostModel())
+_SEED_DECODE = attrs.asdict(DecodeThroughputModel())
+_UNSCALED = frozenset({"decode_throughput_alpha"})
 _DEFAULT_TIMES = {
     "metrics_interval_seconds": 1.0,
     "queue_timeout_seconds": 600.0,
@@ -127,7 +123,7 @@ def scaled_program_config(cluster: ClusterSpec, overrides: dict[str, Any] | None
         "binding_strategy": "reasoning_token_balance",
         "token_capacity_per_dp_rank": cluster.rank_kv_tokens,
         **{k: v / s for k, v in _DEFAULT_TIMES.items()},
-        "prefill_cost_model": {**{k: v / s for k, v in _SEED_PREFILL.items()}, "decode_throughput_alpha": 0.15},
+        "prefill_cost_model": {k: v if k in _UNSCALED else v / s for k, v in _SEED_PREFILL.items()},
         "decode_throughput_model": {k: v / s for k, v in _SEED_DECODE.items()},
     }
     for key, value in (overrides or {}).items():

@@ -40,9 +40,9 @@ async def test_non_streaming_chat_shape_and_exact_virtual_time(autojump_clock: t
     }
     cost = CostModel()
     expected = (
-        prefill_seconds(n_prompt, cost)
-        + decode_step_seconds(1, n_prompt + 1, cost)
-        + decode_step_seconds(1, n_prompt + 2, cost)
+        prefill_seconds(n_prompt, cost.prefill)
+        + decode_step_seconds(1, n_prompt + 1, cost.decode)
+        + decode_step_seconds(1, n_prompt + 2, cost.decode)
     )
     assert elapsed == pytest.approx(expected, rel=1e-9)
 
