@@ -45,6 +45,7 @@ from actors.core.config import DecodeThroughputModel, PrefillCostModel
 from bench.progress import ProgressLine
 from bench.replay import ReplayOptions
 from bench.trace.format import Trace
+from sim.config import SimServerShape
 
 SYSTEMS = ("native", "agentd", "vllm-router", "vllm-router-ps")
 _TIME_FIELDS = (
@@ -75,16 +76,11 @@ class BenchError(RuntimeError):
 
 
 @attrs.frozen
-class ClusterSpec:
+class ClusterSpec(SimServerShape):
+    """``workers`` simulated servers of one shape (``sim.config.SimServerShape``); worker ``i`` is
+    seeded ``seed + i``."""
+
     workers: int = 2
-    dp_size: int = 2
-    num_gpu_blocks: int = 4096
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    time_scale: float = 1.0
-    seed: int = 0
-    model: str = "agentd-sim"
 
     @property
     def rank_kv_tokens(self) -> int:

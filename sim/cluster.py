@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn
 
 import attrs
 import trio
 import trio.testing
 
+from sim.config import DEFAULT_MODEL, SimServerShape, shape_fields
 from sim.engine import Engine, EngineConfig, EngineOutput, Request
 from sim.stats import CostModel
 
@@ -46,25 +47,16 @@ from sim.stats import CostModel
 INBOX_BUFFER = 1024
 
 
-class EmbeddedLike(Protocol):
-    """The fields of ``daemon.config.EmbeddedConfig`` the simulator reads."""
-
-    dp_size: int
-    num_gpu_blocks: int
-    block_size: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    time_scale: float
-    model: str
-    scheduling_policy: str
-    seed: int
-
-
 @attrs.frozen
 class SimConfig:
+    """One simulated server: ``dp_size`` engines made from ``engine`` (rank ``r`` seeded
+    ``engine.seed * 1000 + r``) serving ``model``, plus options of the API and of this Trio shell.
+    ``from_shape`` builds one from a ``SimServerShape``; the server's ``dp_size``, ``model`` and
+    ``seed`` are these fields (the copies inside ``engine`` are not read here)."""
+
     dp_size: int = 1
     engine: EngineConfig = EngineConfig()
-    model: str = "agentd-sim"
+    model: str = DEFAULT_MODEL
     seed: int = 0
     strict_xargs: bool = False
     # "ignore" (vLLM v1) or "reject" (HTTP 400, as V0 and some deployments) a non-zero priority
@@ -79,20 +71,14 @@ class SimConfig:
     deterministic: bool = False
 
     @classmethod
-    def from_embedded(
-        cls, cfg: EmbeddedLike, *, worker_index: int = 0, cost: CostModel | None = None, **overrides: Any
+    def from_shape(
+        cls, shape: SimServerShape, *, worker_index: int = 0, cost: CostModel | None = None, **overrides: Any
     ) -> SimConfig:
-        engine = EngineConfig(
-            num_gpu_blocks=cfg.num_gpu_blocks,
-            block_size=cfg.block_size,
-            max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            scheduling_policy=cfg.scheduling_policy,
-            time_scale=cfg.time_scale,
-            cost=cost if cost is not None else CostModel(),
-            seed=cfg.seed + worker_index,
-        )
-        return cls(dp_size=cfg.dp_size, engine=engine, model=cfg.model, seed=cfg.seed + worker_index, **overrides)
+        """The server of ``shape`` (an ``EmbeddedConfig``, a ``ClusterSpec``...) that is worker
+        ``worker_index`` of its cluster: seed ``shape.seed + worker_index``."""
+        seed = shape.seed + worker_index
+        engine = EngineConfig(**{**shape_fields(shape), "seed": seed}, cost=cost if cost is not None else CostModel())
+        return cls(dp_size=shape.dp_size, engine=engine, model=shape.model, seed=seed, **overrides)
 
 
 @attrs.frozen(eq=False)
@@ -372,7 +358,7 @@ def _order_key(sub: Submission) -> tuple[Any, ...]:
 
 
 async def run_sim_cluster(
-    cfg: EmbeddedLike | SimConfig,
+    cfg: SimServerShape | SimConfig,
     *,
     worker_index: int = 0,
     cost: CostModel | None = None,
@@ -381,10 +367,11 @@ async def run_sim_cluster(
 ) -> None:
     """Run one simulated server's engines; ``task_status.started(cluster)`` once it accepts work.
 
-    ``cfg`` is an ``EmbeddedConfig`` (or anything with its fields) or a ready ``SimConfig``;
-    ``configure`` may adjust the derived ``SimConfig`` (e.g. ``deterministic=True``).
+    ``cfg`` is a ``SimServerShape`` (e.g. the daemon's ``EmbeddedConfig``; this server is worker
+    ``worker_index`` of it) or a ready ``SimConfig``; ``configure`` may adjust the derived
+    ``SimConfig`` (e.g. ``deterministic=True``).
     """
-    config = cfg if isinstance(cfg, SimConfig) else SimConfig.from_embedded(cfg, worker_index=worker_index, cost=cost)
+    config = cfg if isinstance(cfg, SimConfig) else SimConfig.from_shape(cfg, worker_index=worker_index, cost=cost)
     if configure is not None:
         config = configure(config)
     cluster = SimCluster(config)
