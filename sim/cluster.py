@@ -31,6 +31,7 @@ Routing (spec §3.9): a pinned rank must satisfy ``0 <= rank < dp_size`` (checke
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -149,10 +150,8 @@ class SimCluster:
     def abort(self, request_id: str) -> None:
         """Best-effort abort, callable from cancelled code.  If the inbox is full the abort is
         picked up anyway when the request's next output finds its channel closed."""
-        try:
+        with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError):
             self._inbox_send.send_nowait(Abort(request_id))
-        except (trio.WouldBlock, trio.ClosedResourceError):
-            pass
 
     def pick_rank(self) -> int:
         best = 0
@@ -189,7 +188,7 @@ class SimCluster:
                     self._take(batch, now)
                     due = engines
                 else:
-                    due = [e for e, t in zip(engines, times) if t is not None and t <= now]
+                    due = [e for e, t in zip(engines, times, strict=True) if t is not None and t <= now]
                 for engine in due:
                     t = engine.next_event_time(per_step=per_step)
                     if t is not None and t <= now:
@@ -215,7 +214,7 @@ class SimCluster:
             t = min([x for x in times if x is not None], default=math.inf)
             if t == math.inf or not self._quiet_until(now, t):
                 return
-            produced = [(e, e.advance_to(t)) for e, x in zip(engines, times) if x is not None and x <= t]
+            produced = [(e, e.advance_to(t)) for e, x in zip(engines, times, strict=True) if x is not None and x <= t]
             self._quiet_horizon = t
             if any(self._deliverable(outs) for _, outs in produced):
                 await trio.sleep_until(t)

@@ -322,9 +322,10 @@ class Engine:
         blocked_on_kv = False
         if not preempted:
             while budget > 0 and len(running) < cfg.max_num_seqs:
-                req = self._peek_waiting()
-                if req is None:
+                head = self._peek_waiting()
+                if head is None:
                     break
+                req = head
                 hits: list[int] = []
                 if req.num_computed == 0:
                     q0, h0 = self.stats.prefix_cache_queries, self.stats.prefix_cache_hits
@@ -468,7 +469,9 @@ class Engine:
                 stats.prefix_cache_hits += run.head_query[1] * passes
         live = [r for r, _ in run.scheduled if r.status == RUNNING]
         if m > 1 and live:
-            stats.itl.observe_many([b - a for a, b in zip(ends[first : j - 1], ends[first + 1 : j])], len(live))
+            stats.itl.observe_many(
+                [b - a for a, b in zip(ends[first : j - 1], ends[first + 1 : j], strict=True)], len(live)
+            )
         # Only the run's first step was allocated at scheduling time; the run was sized so that
         # the free queue holds every later block.  Blocks are handed out in the order a
         # step-by-step scheduler would (step, then running order), because physical block order

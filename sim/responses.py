@@ -104,7 +104,7 @@ class SseStream:
         self._done = False
         self._sent_role = False
         self._emitted = 0
-        self._head = {
+        self._head: dict[str, Any] = {
             "id": response_id,
             "object": "chat.completion.chunk" if chat else "text_completion",
             "created": created,

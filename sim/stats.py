@@ -146,7 +146,7 @@ class Histogram:
         """``(le, cumulative count)`` pairs including ``+Inf``."""
         out = []
         acc = 0
-        for bound, c in zip(self.bounds, self.counts):
+        for bound, c in zip(self.bounds, self.counts, strict=False):  # counts[-1] is +Inf's, added below
             acc += c
             out.append((repr(float(bound)), acc))
         out.append(("+Inf", acc + self.counts[-1]))
