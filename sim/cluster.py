@@ -24,7 +24,7 @@ keep their exact times.  Trio has no public way to ask whether *some* task waits
 run); other code that waits for idle next to a virtual-time cluster with ``per_step_wakeups=False``
 is not seen (no such caller exists in agentd).
 
-Routing (spec §3.9): a pinned rank must satisfy ``0 <= rank < dp_size`` (checked in ``submit``,
+Routing (docs/simulator.md §3, "DP ranks"): a pinned rank must satisfy ``0 <= rank < dp_size`` (checked in ``submit``,
 ``ValueError`` otherwise); unpinned requests go to the engine with the lowest
 ``waiting * 4 + running`` (the lowest rank on ties; vLLM rotates its scan start per client).
 """

@@ -2,7 +2,7 @@
 
 No trio, no clock: callers pass ``now`` and the engine tells them when its next event is.
 
-Scheduling (spec/batch-priority-and-vllm-fidelity.md §2.3-2.4, §3.4): each step has a token budget
+Scheduling (docs/simulator.md §1, "Scheduler"): each step has a token budget
 of ``max_num_batched_tokens``.  The running pass walks the running list in order, giving every
 request its remaining tokens (1 for a decode, a chunk for a prefill) capped by the budget, and
 allocates KV slots; when allocation fails it preempts by recompute (victim: tail of the running list

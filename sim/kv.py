@@ -1,6 +1,6 @@
 """Paged KV block pool with vLLM-style prefix caching (pure, no I/O).
 
-Model (spec/batch-priority-and-vllm-fidelity.md §3.1-3.2):
+Model (docs/simulator.md §1, "Paged KV cache" and "Prefix caching"):
 
 * Blocks ``1..num_gpu_blocks-1`` are usable; block 0 is vLLM's reserved null block.
 * A request's KV is a list of block ids.  Only *full* blocks are hashed: the hash of block ``i`` is

@@ -1,8 +1,8 @@
 """Engine counters, histograms and the step cost model of the simulated vLLM engine (pure).
 
 The cost model is the core's two calibrated surfaces (``actors.core.config.PrefillCostModel`` and
-``DecodeThroughputModel``; their defaults are the seed's reference values, written only there)
-turned into a per-step model (docs/simulator.md §1, "Timing"):
+``DecodeThroughputModel``; their defaults are the reference calibration of docs/program-scheduling.md
+§11, written only there) turned into a per-step model (docs/simulator.md §1, "Timing"):
 
 * a prefill chunk of ``n`` new tokens on top of ``ctx`` tokens already in KV costs
   ``linear/1000 * n + 2*quadratic/1e6 * n * (ctx + n/2)``; summed over the chunks of a cold prompt
@@ -11,8 +11,8 @@ turned into a per-step model (docs/simulator.md §1, "Timing"):
   ``actors.core.costs.decode_step_seconds(B, C)`` = ``fixed + per_request * B + per_token * C``
   (nothing when there is no decode);
 * the prefill ``intercept`` is a per-request front-end delay before the request reaches the
-  scheduler, so a lone cold prompt's time to first token is exactly the seed's
-  ``intercept + linear*x + quadratic*x^2`` (``actors.core.costs.prefill_seconds``).
+  scheduler, so a lone cold prompt's time to first token is exactly
+  ``intercept + linear*x + quadratic*x^2``, the core's ``actors.core.costs.prefill_seconds``.
 
 Every duration is divided by ``time_scale``.
 """
@@ -25,7 +25,7 @@ import attrs
 
 from actors.core.config import DecodeThroughputModel, PrefillCostModel
 
-# vLLM v1 bucket boundaries (spec §3.5).
+# vLLM v1 bucket boundaries (docs/simulator.md §3, "Metrics").
 TTFT_BUCKETS: tuple[float, ...] = (
     0.001,
     0.005,
@@ -192,7 +192,7 @@ class EngineStats:
         self.queue = Histogram(REQUEST_LATENCY_BUCKETS)
 
     def record_prompt(self, prompt_len: int, cached: int) -> None:
-        """vLLM PromptTokenStats for one request whose prefill completed (spec §3.3)."""
+        """vLLM's PromptTokenStats for one request whose prefill completed (docs/simulator.md §3, "Metrics")."""
         recomputed = 1 if cached + 1 == prompt_len else 0
         self.prompt_tokens += prompt_len
         self.prompt_tokens_cached += cached
