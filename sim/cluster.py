@@ -22,11 +22,12 @@ later); it sleeps only until the first event with something to deliver.  Inputs 
 keep their exact times.  Trio has no public way to ask whether *some* task waits in
 ``wait_all_tasks_blocked``, so the clusters record their own waits (``_IdleWaits``, one per Trio
 run); other code that waits for idle next to a virtual-time cluster with ``per_step_wakeups=False``
-is not seen (no such caller exists in agentd).
+is not seen (no such caller exists in agentd), and an input it sends too late raises
+``RuntimeError`` (docs/simulator.md §4).
 
-Routing (docs/simulator.md §3, "DP ranks"): a pinned rank must satisfy ``0 <= rank < dp_size`` (checked in ``submit``,
-``ValueError`` otherwise); unpinned requests go to the engine with the lowest
-``waiting * 4 + running`` (the lowest rank on ties; vLLM rotates its scan start per client).
+Routing (docs/simulator.md §3, "DP ranks"): a pinned rank must satisfy ``0 <= rank < dp_size``
+(checked in ``submit``, ``ValueError`` otherwise); unpinned requests go to the engine with the
+lowest ``waiting * 4 + running`` (the lowest rank on ties; vLLM rotates its scan start per client).
 """
 
 from __future__ import annotations
