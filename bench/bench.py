@@ -41,14 +41,22 @@ import attrs
 import httpx
 import trio
 
+from actors.core.config import DecodeThroughputModel, PrefillCostModel, ProgramSchedulingConfig
 from bench.harness import cpu_seconds, free_port
 from bench.output import report_json, write_atomic
 from bench.progress import progress_line
 from bench.replay import ReplayOptions, replay_client
 from bench.report import measured_replay
 from bench.trace.format import Trace
+from sim.config import SimServerShape
 
 SYSTEMS = ("native", "agentd", "vllm-router", "vllm-router-ps")
+# The seed's cost-model coefficients, from their single source (actors.core.config).  All are
+# durations, divided by the time scale, except decode_throughput_alpha (a ratio).
+_SEED_PREFILL = attrs.asdict(PrefillCostModel())
+_SEED_DECODE = attrs.asdict(DecodeThroughputModel())
+_UNSCALED = frozenset({"decode_throughput_alpha"})
+# The Program-scheduling durations scaled with the time scale, at their defaults (from the core).
 _TIME_FIELDS = (
     "metrics_interval_seconds",
     "queue_timeout_seconds",
@@ -57,24 +65,7 @@ _TIME_FIELDS = (
     "shared_prefix_freshness_warmup_seconds",
     "max_acting_ttl_seconds",
 )
-_SEED_PREFILL = {
-    "intercept_seconds": 0.06600061907132926,
-    "linear_seconds_per_1k_tokens": 0.05702024012166613,
-    "quadratic_seconds_per_1k_tokens_squared": 0.0044057347937978475,
-}
-_SEED_DECODE = {
-    "fixed_step_seconds": 0.010635218423115973,
-    "batch_step_seconds_per_request": 0.0004192803698834784,
-    "context_step_seconds_per_token": 1.420458414996201e-7,
-}
-_DEFAULT_TIMES = {
-    "metrics_interval_seconds": 1.0,
-    "queue_timeout_seconds": 600.0,
-    "force_resume_timeout_seconds": 300.0,
-    "paused_retention_ttl_seconds": 1800.0,
-    "shared_prefix_freshness_warmup_seconds": 100.0,
-    "max_acting_ttl_seconds": 10.0,
-}
+_DEFAULT_TIMES = {name: getattr(ProgramSchedulingConfig(), name) for name in _TIME_FIELDS}
 
 
 class BenchError(RuntimeError):
@@ -82,16 +73,11 @@ class BenchError(RuntimeError):
 
 
 @attrs.frozen
-class ClusterSpec:
+class ClusterSpec(SimServerShape):
+    """``workers`` simulated servers of one shape (``sim.config.SimServerShape``); worker ``i`` is
+    seeded ``seed + i``."""
+
     workers: int = 2
-    dp_size: int = 2
-    num_gpu_blocks: int = 4096
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    time_scale: float = 1.0
-    seed: int = 0
-    model: str = "agentd-sim"
 
     @property
     def rank_kv_tokens(self) -> int:
@@ -130,7 +116,7 @@ def scaled_program_config(cluster: ClusterSpec, overrides: dict[str, Any] | None
         "binding_strategy": "reasoning_token_balance",
         "token_capacity_per_dp_rank": cluster.rank_kv_tokens,
         **{k: v / s for k, v in _DEFAULT_TIMES.items()},
-        "prefill_cost_model": {**{k: v / s for k, v in _SEED_PREFILL.items()}, "decode_throughput_alpha": 0.15},
+        "prefill_cost_model": {k: v if k in _UNSCALED else v / s for k, v in _SEED_PREFILL.items()},
         "decode_throughput_model": {k: v / s for k, v in _SEED_DECODE.items()},
     }
     for key, value in (overrides or {}).items():

@@ -24,7 +24,6 @@ from attrs import field, frozen
 from actors.core.config import (
     FINITE_GE_0,
     FINITE_GT_0,
-    INT_GE_0,
     INT_GT_0,
     NON_EMPTY,
     OPTIONAL_PORT,
@@ -34,6 +33,7 @@ from actors.core.config import (
     one_of,
     rule_field,
 )
+from sim.config import SimServerShape, own_fields_first
 
 # --------------------------------------------------------------------------------------------
 # The daemon
@@ -97,20 +97,13 @@ class PrometheusConfig:
             yield f"{p}port: must be set when {p}host is set (got None)"
 
 
-@frozen
-class EmbeddedConfig:
-    """In-process simulated vLLM ranks, used when ``routing.worker_urls`` is empty."""
+@frozen(field_transformer=own_fields_first)
+class EmbeddedConfig(SimServerShape):
+    """In-process simulated vLLM ranks, used when ``routing.worker_urls`` is empty: ``num_workers``
+    servers of one shape (``sim.config.SimServerShape``: its fields, defaults and rules are this
+    section's other keys)."""
 
     num_workers: int = rule_field(INT_GT_0, 1)
-    dp_size: int = rule_field(INT_GT_0, 2)
-    num_gpu_blocks: int = rule_field(INT_GT_0, 4096)
-    block_size: int = rule_field(INT_GT_0, 16)
-    max_num_seqs: int = rule_field(INT_GT_0, 256)
-    max_num_batched_tokens: int = rule_field(INT_GT_0, 8192)
-    time_scale: float = rule_field(FINITE_GT_0, 1.0)
-    model: str = rule_field(NON_EMPTY, "agentd-sim")
-    scheduling_policy: str = rule_field(one_of("fcfs", "priority"), "fcfs")
-    seed: int = rule_field(INT_GE_0, 0)
 
 
 EMBEDDED_WORKER_URL = "http://embedded-sim"

@@ -17,25 +17,31 @@ Quiet events: in virtual time with ``per_step_wakeups=False`` most engine events
 becoming schedulable, the end of a prefill step, a decode run cut short) deliver nothing to a
 consumer that only wants final outputs.  After each wake-up the cluster applies such events at
 once, without sleeping, as long as nothing can reach the engines before them (no runnable task,
-empty inbox, no ``wait_all_tasks_blocked`` waiter, every other deadline later); it sleeps only
-until the first event with something to deliver.  Inputs and deliveries keep their exact times.
+empty inbox, no cluster waiting for its batch in ``wait_all_tasks_blocked``, every other deadline
+later); it sleeps only until the first event with something to deliver.  Inputs and deliveries
+keep their exact times.  Trio has no public way to ask whether *some* task waits in
+``wait_all_tasks_blocked``, so the clusters record their own waits (``_IdleWaits``, one per Trio
+run); other code that waits for idle next to a virtual-time cluster with ``per_step_wakeups=False``
+is not seen (no such caller exists in agentd), and an input it sends too late raises
+``RuntimeError`` (docs/simulator.md §4).
 
-Routing (spec §3.9): a pinned rank must satisfy ``0 <= rank < dp_size`` (checked in ``submit``,
-``ValueError`` otherwise); unpinned requests go to the engine with the lowest
-``waiting * 4 + running`` (the lowest rank on ties; vLLM rotates its scan start per client).
+Routing (docs/simulator.md §3, "DP ranks"): a pinned rank must satisfy ``0 <= rank < dp_size``
+(checked in ``submit``, ``ValueError`` otherwise); unpinned requests go to the engine with the
+lowest ``waiting * 4 + running`` (the lowest rank on ties; vLLM rotates its scan start per client).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NoReturn
 
 import attrs
 import trio
 import trio.testing
-from trio._core import _run as trio_core_run
 
+from sim.config import DEFAULT_MODEL, SimServerShape, shape_fields
 from sim.engine import Engine, EngineConfig, EngineOutput, Request
 from sim.stats import CostModel
 
@@ -43,25 +49,16 @@ from sim.stats import CostModel
 INBOX_BUFFER = 1024
 
 
-class EmbeddedLike(Protocol):
-    """The fields of ``daemon.config.EmbeddedConfig`` the simulator reads."""
-
-    dp_size: int
-    num_gpu_blocks: int
-    block_size: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    time_scale: float
-    model: str
-    scheduling_policy: str
-    seed: int
-
-
 @attrs.frozen
 class SimConfig:
+    """One simulated server: ``dp_size`` engines made from ``engine`` (rank ``r`` seeded
+    ``engine.seed * 1000 + r``) serving ``model``, plus options of the API and of this Trio shell.
+    ``from_shape`` builds one from a ``SimServerShape``; the server's ``dp_size``, ``model`` and
+    ``seed`` are these fields (the copies inside ``engine`` are not read here)."""
+
     dp_size: int = 1
     engine: EngineConfig = EngineConfig()
-    model: str = "agentd-sim"
+    model: str = DEFAULT_MODEL
     seed: int = 0
     strict_xargs: bool = False
     # "ignore" (vLLM v1) or "reject" (HTTP 400, as V0 and some deployments) a non-zero priority
@@ -76,20 +73,14 @@ class SimConfig:
     deterministic: bool = False
 
     @classmethod
-    def from_embedded(
-        cls, cfg: EmbeddedLike, *, worker_index: int = 0, cost: CostModel | None = None, **overrides: Any
+    def from_shape(
+        cls, shape: SimServerShape, *, worker_index: int = 0, cost: CostModel | None = None, **overrides: Any
     ) -> SimConfig:
-        engine = EngineConfig(
-            num_gpu_blocks=cfg.num_gpu_blocks,
-            block_size=cfg.block_size,
-            max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            scheduling_policy=cfg.scheduling_policy,
-            time_scale=cfg.time_scale,
-            cost=cost if cost is not None else CostModel(),
-            seed=cfg.seed + worker_index,
-        )
-        return cls(dp_size=cfg.dp_size, engine=engine, model=cfg.model, seed=cfg.seed + worker_index, **overrides)
+        """The server of ``shape`` (an ``EmbeddedConfig``, a ``ClusterSpec``...) that is worker
+        ``worker_index`` of its cluster: seed ``shape.seed + worker_index``."""
+        seed = shape.seed + worker_index
+        engine = EngineConfig(**{**shape_fields(shape), "seed": seed}, cost=cost if cost is not None else CostModel())
+        return cls(dp_size=shape.dp_size, engine=engine, model=shape.model, seed=seed, **overrides)
 
 
 @attrs.frozen(eq=False)
@@ -121,6 +112,8 @@ class SimCluster:
         self._final_only: set[str] = set()
         self._owner: dict[str, Engine] = {}
         self.started = False
+        # the latest time quiet events were applied at while the clock still read an earlier time
+        self._quiet_horizon = -math.inf
 
     @property
     def dp_size(self) -> int:
@@ -158,10 +151,8 @@ class SimCluster:
     def abort(self, request_id: str) -> None:
         """Best-effort abort, callable from cancelled code.  If the inbox is full the abort is
         picked up anyway when the request's next output finds its channel closed."""
-        try:
+        with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError):
             self._inbox_send.send_nowait(Abort(request_id))
-        except (trio.WouldBlock, trio.ClosedResourceError):
-            pass
 
     def pick_rank(self) -> int:
         best = 0
@@ -187,7 +178,7 @@ class SimCluster:
                 with trio.move_on_at(wake):
                     batch.append(await self._inbox_receive.receive())
                     if self.config.deterministic:
-                        await trio.testing.wait_all_tasks_blocked()
+                        await _wait_all_tasks_blocked()
                     while True:
                         try:
                             batch.append(self._inbox_receive.receive_nowait())
@@ -198,7 +189,7 @@ class SimCluster:
                     self._take(batch, now)
                     due = engines
                 else:
-                    due = [e for e, t in zip(engines, times) if t is not None and t <= now]
+                    due = [e for e, t in zip(engines, times, strict=True) if t is not None and t <= now]
                 for engine in due:
                     t = engine.next_event_time(per_step=per_step)
                     if t is not None and t <= now:
@@ -210,11 +201,13 @@ class SimCluster:
         """Apply engine events that deliver nothing (virtual time, final outputs only) without a wake.
 
         An event at ``t`` may be applied early, while the Trio clock still reads ``now``, when no
-        input can reach the engines before ``t``: no task is runnable, the inbox is empty, nobody
+        input can reach the engines before ``t``: no task is runnable, the inbox is empty, no cluster
         waits in ``wait_all_tasks_blocked`` and every other deadline is later than ``t``.  Under the
         mock clock's autojump the next wake-up would then be exactly ``t`` with nothing in between,
         so the engines see the same inputs at the same times.  When an event does produce something
-        to deliver the task sleeps until ``t`` first, so consumers observe the same clock.
+        to deliver the task sleeps until ``t`` first, so consumers observe the same clock.  An input
+        that arrives before ``t`` all the same (something the check cannot see ran at ``now``)
+        raises ``RuntimeError`` rather than reaching the engines late or in their past.
         """
         engines = self.engines
         while True:
@@ -222,9 +215,12 @@ class SimCluster:
             t = min([x for x in times if x is not None], default=math.inf)
             if t == math.inf or not self._quiet_until(now, t):
                 return
-            produced = [(e, e.advance_to(t)) for e, x in zip(engines, times) if x is not None and x <= t]
+            produced = [(e, e.advance_to(t)) for e, x in zip(engines, times, strict=True) if x is not None and x <= t]
+            self._quiet_horizon = t
             if any(self._deliverable(outs) for _, outs in produced):
                 await trio.sleep_until(t)
+                if self._inbox_receive.statistics().current_buffer_used:
+                    _missed_input(now, t)
                 for engine, outs in produced:
                     self._dispatch(engine, outs)
                 return
@@ -233,7 +229,7 @@ class SimCluster:
         stats = trio.lowlevel.current_statistics()
         if stats.tasks_runnable or self._inbox_receive.statistics().current_buffer_used:
             return False
-        if _idle_waiters():
+        if _idle_waits().waiting:
             return False
         # a margin so that rounding in ``now + delta`` never hides a deadline at ``t`` itself
         return now + stats.seconds_to_next_deadline > t + 1e-9 * max(1.0, abs(t))
@@ -247,6 +243,8 @@ class SimCluster:
         return False
 
     def _take(self, batch: list[Submission | Abort], now: float) -> None:
+        if now < self._quiet_horizon:
+            _missed_input(now, self._quiet_horizon)
         # aborts first: they can only name requests submitted before this batch (a consumer that
         # leaves before its submission is taken is caught by its closed channel)
         for msg in batch:
@@ -302,13 +300,57 @@ class SimCluster:
             self._abort(request_id, trio.current_time())
 
 
-def _idle_waiters() -> bool:
-    """Whether a task waits in ``wait_all_tasks_blocked`` (it would run before the clock jumps).
+class _IdleWaits:
+    """The clusters' own ``wait_all_tasks_blocked`` calls in one Trio run (see the module docstring).
 
-    Trio has no public accessor; if its internals change, answer True (never skip a wake-up)."""
-    runner = getattr(getattr(trio_core_run, "GLOBAL_RUN_CONTEXT", None), "runner", None)
-    waiting = getattr(runner, "waiting_for_idle", None)
-    return waiting is None or bool(waiting)
+    ``waiting`` counts the waits that Trio has not woken yet: a waiter that is still registered runs
+    before the clock may jump.  Trio wakes *every* waiter of the smallest cushion at once, and all
+    of ours use cushion 0, so the first of our waiters to return knows that every wait of its
+    ``epoch`` was woken with it: it starts a new epoch and resets the count.
+    """
+
+    __slots__ = ("epoch", "waiting")
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.waiting = 0
+
+
+_IDLE_WAITS: trio.lowlevel.RunVar[_IdleWaits] = trio.lowlevel.RunVar("sim_cluster_idle_waits")
+
+
+def _idle_waits() -> _IdleWaits:
+    try:
+        return _IDLE_WAITS.get()
+    except LookupError:
+        waits = _IdleWaits()
+        _IDLE_WAITS.set(waits)
+        return waits
+
+
+async def _wait_all_tasks_blocked() -> None:
+    """``trio.testing.wait_all_tasks_blocked()``, recorded in this run's ``_IdleWaits``."""
+    waits = _idle_waits()
+    epoch = waits.epoch
+    waits.waiting += 1
+    try:
+        await trio.testing.wait_all_tasks_blocked()
+    except BaseException:
+        if waits.epoch == epoch:  # left (cancelled) without being woken
+            waits.waiting -= 1
+        raise
+    if waits.epoch == epoch:  # the first of this epoch's waiters to run: all of them were woken
+        waits.epoch += 1
+        waits.waiting = 0
+
+
+def _missed_input(now: float, t: float) -> NoReturn:
+    raise RuntimeError(
+        f"simulated cluster: an input arrived at or after {now!r} but before {t!r}, the time the engines had "
+        "been advanced to without a wake-up (quiet events, docs/simulator.md §4): a task the check cannot see "
+        "ran in between, e.g. one waiting in trio.testing.wait_all_tasks_blocked outside the simulator; "
+        "use per_step_wakeups=True"
+    )
 
 
 def _order_key(sub: Submission) -> tuple[Any, ...]:
@@ -316,7 +358,7 @@ def _order_key(sub: Submission) -> tuple[Any, ...]:
 
 
 async def run_sim_cluster(
-    cfg: EmbeddedLike | SimConfig,
+    cfg: SimServerShape | SimConfig,
     *,
     worker_index: int = 0,
     cost: CostModel | None = None,
@@ -325,10 +367,11 @@ async def run_sim_cluster(
 ) -> None:
     """Run one simulated server's engines; ``task_status.started(cluster)`` once it accepts work.
 
-    ``cfg`` is an ``EmbeddedConfig`` (or anything with its fields) or a ready ``SimConfig``;
-    ``configure`` may adjust the derived ``SimConfig`` (e.g. ``deterministic=True``).
+    ``cfg`` is a ``SimServerShape`` (e.g. the daemon's ``EmbeddedConfig``; this server is worker
+    ``worker_index`` of it) or a ready ``SimConfig``; ``configure`` may adjust the derived
+    ``SimConfig`` (e.g. ``deterministic=True``).
     """
-    config = cfg if isinstance(cfg, SimConfig) else SimConfig.from_embedded(cfg, worker_index=worker_index, cost=cost)
+    config = cfg if isinstance(cfg, SimConfig) else SimConfig.from_shape(cfg, worker_index=worker_index, cost=cost)
     if configure is not None:
         config = configure(config)
     cluster = SimCluster(config)

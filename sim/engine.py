@@ -2,7 +2,7 @@
 
 No trio, no clock: callers pass ``now`` and the engine tells them when its next event is.
 
-Scheduling (spec/batch-priority-and-vllm-fidelity.md §2.3-2.4, §3.4): each step has a token budget
+Scheduling (docs/simulator.md §1, "Scheduler"): each step has a token budget
 of ``max_num_batched_tokens``.  The running pass walks the running list in order, giving every
 request its remaining tokens (1 for a decode, a chunk for a prefill) capped by the budget, and
 allocates KV slots; when allocation fails it preempts by recompute (victim: tail of the running list
@@ -31,6 +31,8 @@ from collections import deque
 from collections.abc import Sequence
 from itertools import accumulate
 
+from actors.core.config import DecodeThroughputModel
+from actors.core.costs import decode_step_seconds
 from sim.kv import BlockPool, extend_block_hashes, root_hash
 from sim.sequence import FINISHED, PREEMPTED, RUNNING, EngineConfig, EngineOutput, Request
 from sim.stats import EngineStats
@@ -69,14 +71,17 @@ class Engine:
         self._run: _Run | None = None
         self._clock = 0.0
         self._seq = 0
-        c = config.cost
+        prefill, decode = config.cost.prefill, config.cost.decode
         scale = config.time_scale
-        self._lin = c.linear_seconds_per_1k_tokens / 1000.0 / scale
-        self._quad = 2.0 * c.quadratic_seconds_per_1k_tokens_squared / 1e6 / scale
-        self._fixed = c.fixed_step_seconds / scale
-        self._per_req = c.batch_step_seconds_per_request / scale
-        self._per_tok = c.context_step_seconds_per_token / scale
-        self._intercept = c.intercept_seconds / scale
+        self._lin = prefill.linear_seconds_per_1k_tokens / 1000.0 / scale
+        self._quad = 2.0 * prefill.quadratic_seconds_per_1k_tokens_squared / 1e6 / scale
+        self._intercept = prefill.intercept_seconds / scale
+        # the decode surface with every coefficient divided by time_scale, for decode_step_seconds
+        self._decode = DecodeThroughputModel(
+            fixed_step_seconds=decode.fixed_step_seconds / scale,
+            batch_step_seconds_per_request=decode.batch_step_seconds_per_request / scale,
+            context_step_seconds_per_token=decode.context_step_seconds_per_token / scale,
+        )
 
     # ----------------------------------------------------------------- observation
     @property
@@ -317,9 +322,10 @@ class Engine:
         blocked_on_kv = False
         if not preempted:
             while budget > 0 and len(running) < cfg.max_num_seqs:
-                req = self._peek_waiting()
-                if req is None:
+                head = self._peek_waiting()
+                if head is None:
                     break
+                req = head
                 hits: list[int] = []
                 if req.num_computed == 0:
                     q0, h0 = self.stats.prefix_cache_queries, self.stats.prefix_cache_hits
@@ -384,7 +390,7 @@ class Engine:
                 prefill += lin * n + quad * n * (req.num_computed + n / 2.0)
         duration = prefill
         if n_dec:
-            duration += self._fixed + self._per_req * n_dec + self._per_tok * ctx_dec
+            duration += decode_step_seconds(n_dec, ctx_dec, self._decode)
         return duration, n_dec == len(scheduled)
 
     def _extend_decode_run(self, run: _Run) -> None:
@@ -413,12 +419,12 @@ class Engine:
         if k <= 1:
             return
         batch = len(reqs)
-        base = self._fixed + self._per_req * batch
         ctx = sum(r.num_tokens for r in reqs)
         ends = run.ends
-        per_tok = self._per_tok
-        # step i ends at ends[i-1] + (base + per_tok * ctx_i): the same float operations as a
-        # step-by-step loop, accumulated at C speed
+        # step i ends at ends[i-1] + decode_step_seconds(batch, ctx_i), with the batch term taken out
+        # of the loop: the same float operations as a step-by-step loop, accumulated at C speed
+        base = decode_step_seconds(batch, 0, self._decode)  # fixed + per_request * batch (+ 0.0)
+        per_tok = self._decode.context_step_seconds_per_token
         increments = [base + per_tok * c for c in range(ctx + batch, ctx + batch * k, batch)]
         ends.extend(accumulate(increments, initial=ends[0]))
         del ends[1]  # accumulate repeats the initial value
@@ -463,7 +469,9 @@ class Engine:
                 stats.prefix_cache_hits += run.head_query[1] * passes
         live = [r for r, _ in run.scheduled if r.status == RUNNING]
         if m > 1 and live:
-            stats.itl.observe_many([b - a for a, b in zip(ends[first : j - 1], ends[first + 1 : j])], len(live))
+            stats.itl.observe_many(
+                [b - a for a, b in zip(ends[first : j - 1], ends[first + 1 : j], strict=True)], len(live)
+            )
         # Only the run's first step was allocated at scheduling time; the run was sized so that
         # the free queue holds every later block.  Blocks are handed out in the order a
         # step-by-step scheduler would (step, then running order), because physical block order

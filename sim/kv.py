@@ -1,6 +1,6 @@
 """Paged KV block pool with vLLM-style prefix caching (pure, no I/O).
 
-Model (spec/batch-priority-and-vllm-fidelity.md §3.1-3.2):
+Model (docs/simulator.md §1, "Paged KV cache" and "Prefix caching"):
 
 * Blocks ``1..num_gpu_blocks-1`` are usable; block 0 is vLLM's reserved null block.
 * A request's KV is a list of block ids.  Only *full* blocks are hashed: the hash of block ``i`` is
@@ -94,10 +94,11 @@ class BlockPool:
         # C-speed lookups of the whole candidate range, then cut at the first miss
         found = list(map(self.cached.get, hashes[:max_blocks]))
         try:
-            del found[found.index(None) :]
+            first_miss = found.index(None)
         except ValueError:
-            pass
-        return found  # type: ignore[return-value]
+            first_miss = len(found)
+        del found[first_miss:]
+        return found  # type: ignore[return-value]  # no None is left
 
     def count_evictable(self, blocks: Sequence[int]) -> int:
         return list(map(self.ref_cnt.__getitem__, blocks)).count(0)
@@ -156,7 +157,7 @@ class BlockPool:
         """``cache_block`` for each pair, in order (one call per request and step)."""
         block_hash = self.block_hash
         cached = self.cached
-        for b, h in zip(blocks, hashes):
+        for b, h in zip(blocks, hashes, strict=True):
             if block_hash[b] is not None:
                 continue
             block_hash[b] = h

@@ -1,4 +1,4 @@
-"""Prometheus exposition of the simulated engines under vLLM v1 metric names (spec §3.5).
+"""Prometheus exposition of the simulated engines under vLLM v1 metric names (docs/simulator.md §3).
 
 ``SimCollector`` is registered in the server's own ``CollectorRegistry`` (never the global one) and
 reads the engines' counters at scrape time, so the exposition always equals the engine state.

@@ -1,4 +1,4 @@
-"""OpenAI response bodies and the SSE stream of the simulated server (vLLM shapes, spec §3.6).
+"""OpenAI response bodies and the SSE stream of the simulated server (vLLM shapes, docs/simulator.md §3).
 
 Streaming: the first frame carries ``delta {role: "assistant", content: ""}`` and is sent with the
 first token (vLLM sends nothing while a prefill runs); then one frame per output token, the last one
@@ -104,7 +104,7 @@ class SseStream:
         self._done = False
         self._sent_role = False
         self._emitted = 0
-        self._head = {
+        self._head: dict[str, Any] = {
             "id": response_id,
             "object": "chat.completion.chunk" if chat else "text_completion",
             "created": created,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import attrs
 
+from sim.config import SimServerShape
 from sim.kv import salt_key
 from sim.stats import CostModel
 
@@ -14,20 +15,12 @@ WAITING, RUNNING, PREEMPTED, FINISHED = "waiting", "running", "preempted", "fini
 
 
 @attrs.frozen
-class EngineConfig:
-    num_gpu_blocks: int = 4096
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    scheduling_policy: str = "fcfs"  # "fcfs" | "priority"
-    time_scale: float = 1.0
-    cost: CostModel = CostModel()
-    seed: int = 0
-    max_steps_per_run: int = 1 << 30  # 1 disables multi-step runs (reference step-by-step mode)
+class EngineConfig(SimServerShape):
+    """The engine of one rank: the server's shape (the engine reads the per-rank fields, not
+    ``dp_size`` nor ``model``) plus what only the engine model needs."""
 
-    @property
-    def max_model_len(self) -> int:
-        return (self.num_gpu_blocks - 1) * self.block_size
+    cost: CostModel = CostModel()
+    max_steps_per_run: int = 1 << 30  # 1 disables multi-step runs (reference step-by-step mode)
 
 
 class Request:

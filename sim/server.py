@@ -38,7 +38,7 @@ def create_app(cluster: SimCluster, registry: CollectorRegistry | None = None) -
     @app.route("/", defaults={"path": ""}, methods=METHODS)
     @app.route("/<path:path>", methods=METHODS)
     async def catch_all(path: str) -> Response:
-        body = await request.get_data()
+        body = await request.get_data(cache=True, as_text=False, parse_form_data=False)
         headers = {k.lower(): v for k, v in request.headers.items()}
         result = await api.handle(ApiRequest(request.method, "/" + path, headers, body))
         if result.stream is not None:

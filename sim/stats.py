@@ -1,16 +1,18 @@
 """Engine counters, histograms and the step cost model of the simulated vLLM engine (pure).
 
-The cost model follows the seed's offline calibration models (seed 000, "Offline calibration
-models") turned into a per-step model (spec §4.6):
+The cost model is the core's two calibrated surfaces (``actors.core.config.PrefillCostModel`` and
+``DecodeThroughputModel``; their defaults are the reference calibration of docs/program-scheduling.md
+§11, written only there) turned into a per-step model (docs/simulator.md §1, "Timing"):
 
 * a prefill chunk of ``n`` new tokens on top of ``ctx`` tokens already in KV costs
   ``linear/1000 * n + 2*quadratic/1e6 * n * (ctx + n/2)``; summed over the chunks of a cold prompt
   of ``N`` tokens this is exactly ``linear * x + quadratic * x^2`` with ``x = N/1000``;
 * a step that carries ``B`` decodes with ``C`` total context tokens adds
-  ``fixed + per_request * B + per_token * C`` (nothing when there is no decode);
+  ``actors.core.costs.decode_step_seconds(B, C)`` = ``fixed + per_request * B + per_token * C``
+  (nothing when there is no decode);
 * the prefill ``intercept`` is a per-request front-end delay before the request reaches the
-  scheduler, so a lone cold prompt's time to first token is exactly the seed's
-  ``intercept + linear*x + quadratic*x^2``.
+  scheduler, so a lone cold prompt's time to first token is exactly
+  ``intercept + linear*x + quadratic*x^2``, the core's ``actors.core.costs.prefill_seconds``.
 
 Every duration is divided by ``time_scale``.
 """
@@ -18,11 +20,12 @@ Every duration is divided by ``time_scale``.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from typing import Any
 
 import attrs
 
-# vLLM v1 bucket boundaries (spec §3.5).
+from actors.core.config import DecodeThroughputModel, PrefillCostModel
+
+# vLLM v1 bucket boundaries (docs/simulator.md §3, "Metrics").
 TTFT_BUCKETS: tuple[float, ...] = (
     0.001,
     0.005,
@@ -95,29 +98,13 @@ REQUEST_LATENCY_BUCKETS: tuple[float, ...] = (
 
 @attrs.frozen
 class CostModel:
-    """Step cost coefficients; defaults are the seed's reference values (the same as
-    ``daemon.config``'s, checked by a test).  Field names match ``actors.core.costs``' duck types,
-    so ``prefill_seconds(u, cost)`` and ``decode_step_seconds(b, c, cost)`` apply to it."""
+    """The simulated engine's cost coefficients: the same two values agentd's ``[program_scheduling]``
+    section configures, so ``CostModel(prefill=ps.prefill_cost_model, decode=ps.decode_throughput_model)``
+    simulates a deployment calibrated for the daemon.  ``decode_throughput_alpha`` is not used: mixed
+    prefill/decode interference emerges from the additive step model."""
 
-    intercept_seconds: float = 0.06600061907132926
-    linear_seconds_per_1k_tokens: float = 0.05702024012166613
-    quadratic_seconds_per_1k_tokens_squared: float = 0.0044057347937978475
-    fixed_step_seconds: float = 0.010635218423115973
-    batch_step_seconds_per_request: float = 0.0004192803698834784
-    context_step_seconds_per_token: float = 1.420458414996201e-7
-
-    @classmethod
-    def from_config(cls, prefill: Any, decode: Any) -> CostModel:
-        """From ``daemon.config``'s ``PrefillCostModel`` and ``DecodeThroughputModel`` (same field
-        names; duck-typed so that actors never import the daemon)."""
-        return cls(
-            intercept_seconds=prefill.intercept_seconds,
-            linear_seconds_per_1k_tokens=prefill.linear_seconds_per_1k_tokens,
-            quadratic_seconds_per_1k_tokens_squared=prefill.quadratic_seconds_per_1k_tokens_squared,
-            fixed_step_seconds=decode.fixed_step_seconds,
-            batch_step_seconds_per_request=decode.batch_step_seconds_per_request,
-            context_step_seconds_per_token=decode.context_step_seconds_per_token,
-        )
+    prefill: PrefillCostModel = attrs.field(factory=PrefillCostModel)
+    decode: DecodeThroughputModel = attrs.field(factory=DecodeThroughputModel)
 
 
 class Histogram:
@@ -159,7 +146,7 @@ class Histogram:
         """``(le, cumulative count)`` pairs including ``+Inf``."""
         out = []
         acc = 0
-        for bound, c in zip(self.bounds, self.counts):
+        for bound, c in zip(self.bounds, self.counts, strict=False):  # counts[-1] is +Inf's, added below
             acc += c
             out.append((repr(float(bound)), acc))
         out.append(("+Inf", acc + self.counts[-1]))
@@ -205,7 +192,7 @@ class EngineStats:
         self.queue = Histogram(REQUEST_LATENCY_BUCKETS)
 
     def record_prompt(self, prompt_len: int, cached: int) -> None:
-        """vLLM PromptTokenStats for one request whose prefill completed (spec §3.3)."""
+        """vLLM's PromptTokenStats for one request whose prefill completed (docs/simulator.md §3, "Metrics")."""
         recomputed = 1 if cached + 1 == prompt_len else 0
         self.prompt_tokens += prompt_len
         self.prompt_tokens_cached += cached

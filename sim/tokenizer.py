@@ -86,7 +86,7 @@ def split_pieces(text: str) -> list[str]:
 def tokenize(text: str) -> list[int]:
     """Token ids of ``text`` (deterministic, no special tokens added)."""
     cache = _ID_CACHE
-    out = []
+    out: list[int] = []
     append = out.append
     for piece in _PIECE_RE.findall(text):
         token_id = cache.get(piece)

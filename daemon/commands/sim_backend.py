@@ -15,6 +15,7 @@ import trio
 from daemon.commands.argtypes import int_at_least, non_empty, port, positive_float
 from daemon.http.serve import serve_http
 from sim.cluster import SimCluster, SimConfig
+from sim.config import shape_of
 from sim.server import create_app
 
 SHUTDOWN_GRACE_SECONDS = 5.0
@@ -48,8 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
-    # The flags carry exactly the [embedded] section's field names.
-    return SimConfig.from_embedded(args, strict_xargs=args.strict_xargs)
+    # The flags carry exactly the shape's field names (and defaults, but one DP rank: tests/sim/test_shape.py).
+    return SimConfig.from_shape(shape_of(args), strict_xargs=args.strict_xargs)
 
 
 async def serve_until_signal(config: SimConfig, host: str, port: int) -> None:

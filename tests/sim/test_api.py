@@ -7,13 +7,13 @@ import json
 import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
+from sim_fakes import sim_client, sse_payloads
 
 from actors.core.costs import decode_step_seconds, prefill_seconds
 from sim import tokenizer
 from sim.cluster import SimConfig
 from sim.engine import EngineConfig
 from sim.stats import CostModel
-from tests.sim.conftest import sim_client, sse_payloads
 
 USER = {"role": "user", "content": "please list the files in the repository"}
 
@@ -40,9 +40,9 @@ async def test_non_streaming_chat_shape_and_exact_virtual_time(autojump_clock: t
     }
     cost = CostModel()
     expected = (
-        prefill_seconds(n_prompt, cost)
-        + decode_step_seconds(1, n_prompt + 1, cost)
-        + decode_step_seconds(1, n_prompt + 2, cost)
+        prefill_seconds(n_prompt, cost.prefill)
+        + decode_step_seconds(1, n_prompt + 1, cost.decode)
+        + decode_step_seconds(1, n_prompt + 2, cost.decode)
     )
     assert elapsed == pytest.approx(expected, rel=1e-9)
 

@@ -29,7 +29,7 @@ def test_lone_cold_prefill_matches_seed_figure() -> None:
     (out,) = drain(engine)
     assert out.finish_reason == "length"
     assert out.time == pytest.approx(13.93, rel=0.01)
-    assert out.time == pytest.approx(prefill_seconds(50_000, CostModel()), rel=1e-12)
+    assert out.time == pytest.approx(prefill_seconds(50_000, PrefillCostModel()), rel=1e-12)
     # 50,000 tokens at 8192 per step: 7 chunked-prefill steps
     assert engine.stats.num_steps == 7
     assert engine.stats.ttft.count == 1
@@ -47,7 +47,7 @@ def test_batch_of_four_decodes_at_seed_throughput() -> None:
     steady = [o for o in outs if start < o.time <= end]
     tokens = sum(o.num_tokens for o in steady)
     assert tokens / (end - start) == pytest.approx(98.23, rel=0.01)
-    assert 4 / decode_step_seconds(4, 200_000, CostModel()) == pytest.approx(98.23, rel=0.001)
+    assert 4 / decode_step_seconds(4, 200_000, DecodeThroughputModel()) == pytest.approx(98.23, rel=0.001)
 
 
 def test_time_scale_divides_durations() -> None:
@@ -55,7 +55,7 @@ def test_time_scale_divides_durations() -> None:
     engine.add_request(Request("a", prompt(10_000), [1, 2]), 5.0)
     outs = drain(engine)
     assert outs[-1].time - 5.0 == pytest.approx(
-        (prefill_seconds(10_000, CostModel()) + decode_step_seconds(1, 10_001, CostModel())) / 100.0
+        (prefill_seconds(10_000, PrefillCostModel()) + decode_step_seconds(1, 10_001, DecodeThroughputModel())) / 100.0
     )
 
 
@@ -247,12 +247,19 @@ def test_duplicate_blocks_are_kept_and_promoted_on_eviction() -> None:
     assert pool.find_hits([42], 1) == [] and pool.evictions == 2
 
 
-def test_cost_defaults_are_the_daemon_reference_values() -> None:
-    assert CostModel() == CostModel.from_config(PrefillCostModel(), DecodeThroughputModel())
-    custom = CostModel.from_config(
-        PrefillCostModel(intercept_seconds=0.5), DecodeThroughputModel(fixed_step_seconds=0.02)
+def test_cost_model_is_the_cores_calibration() -> None:
+    """Defaults are the core's (the seed's values, written only in actors.core.config); calibrated
+    ``[program_scheduling]`` cost models plug in unchanged."""
+    assert CostModel() == CostModel(prefill=PrefillCostModel(), decode=DecodeThroughputModel())
+    custom = CostModel(
+        prefill=PrefillCostModel(intercept_seconds=0.5, linear_seconds_per_1k_tokens=0.1),
+        decode=DecodeThroughputModel(fixed_step_seconds=0.02),
     )
-    assert (custom.intercept_seconds, custom.fixed_step_seconds) == (0.5, 0.02)
+    engine = Engine(EngineConfig(num_gpu_blocks=1000, cost=custom))
+    engine.add_request(Request("a", prompt(5_000), [7, 8]), 0.0)
+    first, second = drain(engine)
+    assert first.time == pytest.approx(prefill_seconds(5_000, custom.prefill), rel=1e-12)
+    assert second.time - first.time == pytest.approx(decode_step_seconds(1, 5_001, custom.decode), rel=1e-12)
 
 
 def test_generated_text_round_trips_through_the_tokenizer() -> None:

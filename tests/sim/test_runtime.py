@@ -9,16 +9,17 @@ import httpx
 import pytest
 import trio
 import trio.testing
+from sim_fakes import sse_payloads
 
 from daemon.cli import main as cli_main
 from daemon.config import EmbeddedConfig
 from daemon.http.serve import serve_http
+from sim import cluster as cluster_module
 from sim import tokenizer
 from sim.cluster import SimCluster, SimConfig, run_sim_cluster
-from sim.engine import EngineConfig
+from sim.engine import EngineConfig, Request
 from sim.server import create_app
 from sim.transport import SimTransport
-from tests.sim.conftest import sse_payloads
 
 
 def _scenario(seed: int) -> tuple[list[bytes], str]:
@@ -88,6 +89,55 @@ def test_same_seed_same_bytes() -> None:
     second = _scenario(1)
     assert first == second
     assert _scenario(2)[0] != first[0]
+
+
+async def test_idle_waits_count_the_waits_trio_has_not_woken() -> None:
+    waits = cluster_module._idle_waits()
+    returned: list[str] = []
+
+    async def waiter(name: str) -> None:
+        await cluster_module._wait_all_tasks_blocked()
+        returned.append(name)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter, "a")
+        nursery.start_soon(waiter, "b")
+        while waits.waiting < 2:  # until both have registered (no idle moment in between)
+            await trio.lowlevel.checkpoint()
+        assert waits.epoch == 0
+        await trio.testing.wait_all_tasks_blocked()  # Trio wakes a, b and this task together
+        await trio.lowlevel.checkpoint()
+        assert sorted(returned) == ["a", "b"]
+        assert (waits.waiting, waits.epoch) == (0, 1)  # one new epoch for the waits woken together
+        nursery.start_soon(waiter, "c")
+        while not waits.waiting:
+            await trio.lowlevel.checkpoint()
+        assert (waits.waiting, waits.epoch) == (1, 1)
+        nursery.cancel_scope.cancel()
+    assert (waits.waiting, waits.epoch, sorted(returned)) == (0, 1, ["a", "b"])  # c left without a wake
+
+
+async def test_input_missed_by_the_quiet_event_check_fails_loudly(autojump_clock: trio.abc.Clock) -> None:
+    """A task outside the simulator that waits for idle (here with a cushion, so that Trio wakes it
+    after the cluster) is invisible to the quiet-event check: its request must not reach the engines
+    late, so the cluster raises."""
+    cluster = SimCluster(SimConfig(dp_size=1, deterministic=True, per_step_wakeups=False))
+
+    async def client(request_id: str) -> None:
+        outputs = await cluster.submit(Request(request_id, list(range(1, 200)), [7] * 20), final_only=True)
+        async for _ in outputs:
+            pass
+
+    async def outsider() -> None:
+        await trio.testing.wait_all_tasks_blocked(cushion=1e-4)
+        await client("late")
+
+    with pytest.raises(ExceptionGroup) as info:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(cluster.run)
+            nursery.start_soon(client, "first")
+            nursery.start_soon(outsider)
+    assert info.group_contains(RuntimeError, match="without a wake-up")
 
 
 async def test_real_socket_server_streams(nursery: trio.Nursery) -> None:

@@ -1,4 +1,4 @@
-"""Fixtures for the simulator tests: a cluster plus an in-process httpx client (no sockets)."""
+"""Helpers for the simulator tests: a cluster plus an in-process httpx client (no sockets), SSE decoding."""
 
 from __future__ import annotations
 
