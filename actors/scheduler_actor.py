@@ -37,7 +37,8 @@ from actors.core import events as ev
 from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.ids import DEFAULT_MODEL_POOL, RequestId, TargetId, redacted_id
 from actors.core.model import RequestHints, Usage
-from actors.core.scheduler import SchedulerState, initial_state, step
+from actors.core.scheduler import initial_state, step
+from actors.core.state import SchedulerState
 from actors.core.stats import peek_acting_ttl
 from actors.logevents import get_logger, log_event
 from actors.mailbox import Mailbox, open_mailbox, reply_nowait

@@ -36,7 +36,8 @@ from actors.core.effects import Admit
 from actors.core.events import RequestCompleted, RequestSubmitted, TargetsChanged
 from actors.core.identity import parse_identity
 from actors.core.model import Usage
-from actors.core.scheduler import SchedulerState, initial_state, step
+from actors.core.scheduler import initial_state, step
+from actors.core.state import SchedulerState
 
 CYCLE_TARGET_MICROSECONDS = 50.0
 MEMORY_TARGET_BYTES = 4096

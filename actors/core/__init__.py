@@ -42,5 +42,6 @@ from actors.core.events import (  # noqa: E402
 from actors.core.ids import ProgramKey, ProgramRef, RequestId, TargetId, redacted_id  # noqa: E402
 from actors.core.invariants import check as check_invariants  # noqa: E402
 from actors.core.model import RequestHints, Usage  # noqa: E402
-from actors.core.scheduler import SchedulerState, Step, initial_state, step  # noqa: E402
+from actors.core.scheduler import Step, initial_state, step  # noqa: E402
 from actors.core.snapshot import snapshot  # noqa: E402
+from actors.core.state import SchedulerState  # noqa: E402

@@ -30,12 +30,10 @@ The model objects are duck-typed (``PrefillCostModel`` / ``DecodeThroughputModel
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import attrs
 
-if TYPE_CHECKING:
-    from actors.core.config import DecodeThroughputModel, PrefillCostModel
+from actors.core.config import DecodeThroughputModel, PrefillCostModel
 
 __all__ = [
     "REFERENCE_DECODE_BATCH_SIZE",

@@ -1,6 +1,7 @@
-"""Event handlers of ``scheduler.step``: arrival, completion, cancellation and timers, plus the
-decision sequences (targets, ticks and observations are in ``topology``).  See ``scheduler`` for the decision sequences and
-docs/program-scheduling.md for the behaviour and the deviations from the reference.
+"""Event handlers of ``scheduler.step``: arrival, completion, cancellation, timers and the tick,
+plus the decision sequences they end with (targets and observations are in ``topology``).  See
+``scheduler`` for the decision sequences and docs/program-scheduling.md for the behaviour and the
+deviations from the reference.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import math
 from typing import Any
 
 from actors.core import program as lc
+from actors.core.binding import bind
 from actors.core.costs import cache_miss_impact_seconds
 from actors.core.effects import (
     CacheDiscontinuity,
@@ -21,13 +23,12 @@ from actors.core.effects import (
     TtlArmed,
 )
 from actors.core.errors import NO_TARGETS, QUEUE_TIMEOUT, InvalidEvent
-from actors.core.events import RequestAbandoned, RequestCompleted, RequestSubmitted, TimerFired
-from actors.core.ids import ProgramKey, ProgramRef
+from actors.core.events import RepairTick, RequestAbandoned, RequestCompleted, RequestSubmitted, TimerFired
+from actors.core.ids import ProgramKey, ProgramRef, RequestId
 from actors.core.ledger import resync
 from actors.core.lifecycle import (
-    cancel_idle,
+    cancel_waiting,
     commit_admission,
-    dequeue,
     dispatch_ready,
     enqueue,
     mark_dirty,
@@ -55,9 +56,9 @@ from actors.core.resume import (
     set_force_resume_deadline,
     yield_completed_segment,
 )
-from actors.core.scheduler import SchedulerState
+from actors.core.state import SchedulerState, live_program
 from actors.core.stats import CACHE_CONTINUITY_HIT_RATIO, RequestSample, acting_ttl_factors
-from actors.core.topology import _bind, sync_targets
+from actors.core.topology import compact_heaps, report_capacity_sources, sync_targets
 
 SHRINK_CONFIRMATIONS = 2
 
@@ -81,14 +82,9 @@ def periodic_sequence(s: SchedulerState) -> None:
         schedule_waiting(s)
 
 
-def _live(s: SchedulerState, ref: ProgramRef) -> Program | None:
-    p = s.programs.get(ref[:2])
-    return p if p is not None and p.ref == ref else None
-
-
 def expire_acting_ttls(s: SchedulerState) -> None:
     for deadline, ref in s.ttl_heap.pop_due(s.now):
-        p = _live(s, ref)
+        p = live_program(s, ref)
         if p is None or p.state != ACTIVE or p.status != ACTING or p.in_flight or p.ttl_deadline != deadline:
             continue
         rounds = max(0, p.segment_served_rounds - p.ttl_pause_sampled_segment_rounds)
@@ -103,7 +99,7 @@ def expire_acting_ttls(s: SchedulerState) -> None:
 def release_expired_paused(s: SchedulerState) -> None:
     retention = s.cfg.paused_retention_ttl_seconds
     for deadline, ref in s.retention_heap.pop_due(s.now):
-        p = _live(s, ref)
+        p = live_program(s, ref)
         if p is None or p.state != PAUSED or p.status != ACTING or p.in_flight or s.pool.program_len(ref):
             continue
         if p.paused_at + retention != deadline:
@@ -196,7 +192,7 @@ def on_submit(s: SchedulerState, ev: RequestSubmitted) -> None:
             p.estimated_context_tokens = est
             p.context_shrink_observations = 0
     else:
-        bound = _bind(s, p, ev.routing_text)
+        bound = bind(s, p, ev.routing_text)
         p.home_target = p.last_target = bound
     touch(s, p)
     if p.state == ACTIVE:
@@ -206,7 +202,7 @@ def on_submit(s: SchedulerState, ev: RequestSubmitted) -> None:
     else:
         if p.last_target is None:  # B2 fix: never leave a retained request behind
             s.effects.append(Reject(rid, NO_TARGETS.reason, NO_TARGETS.status_hint, NO_TARGETS.message))
-            cancel_request(s, rid, schedule=False)
+            cancel_waiting(s, rid)
             return
         enqueue(s, p)
         if hints.deadline_seconds is not None or cfg.binding_only:
@@ -249,27 +245,10 @@ def _refresh_metadata(p: Program, ident: Any, existed: bool) -> None:
 # ---- cancellation -------------------------------------------------------------------------------
 
 
-def cancel_request(s: SchedulerState, rid: Any, *, schedule: bool = True) -> None:
-    """Remove a waiting request (core spec 4.4)."""
-    found = s.pool.cancel(rid)
-    if found is None:
-        return
-    req, _was_front = found
-    p = _live(s, req.ref)
-    if p is None:
-        return
-    waiting = s.pool.program_len(p.ref)
-    if p.in_flight == 0 and waiting == 0:
-        cancel_idle(s, p)
-    else:
-        lc.apply(p, lc.CANCEL_BUSY)
-    if waiting == 0:
-        dequeue(s, p)
-    touch(s, p)
-    if p.in_flight == 0 and waiting == 0 and p.completed_requests == 0:
-        release(s, p, "program_release")
-    if schedule:
-        schedule_after_change(s)
+def cancel_request(s: SchedulerState, rid: RequestId) -> None:
+    """Remove a waiting request (core spec 4.4), then run an admission pass."""
+    cancel_waiting(s, rid)
+    schedule_after_change(s)
 
 
 def on_abandon(s: SchedulerState, ev: RequestAbandoned) -> None:
@@ -288,7 +267,7 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     if d is None:
         s.effects.append(CompletionIgnored(ev.request_id, "unknown_request"))
         return
-    p = _live(s, d.ref)
+    p = live_program(s, d.ref)
     if p is None:
         s.effects.append(CompletionIgnored(ev.request_id, "stale_generation"))
         return
@@ -413,7 +392,7 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
         pause(s, p, action)  # B7 fix: after the statistics
     elif action == "terminate":
         release(s, p, "program_release")
-    if not cfg.binding_only and _live(s, d.ref) is not None:
+    if not cfg.binding_only and live_program(s, d.ref) is not None:
         yield_completed_segment(s, p)
     periodic_sequence(s)
 
@@ -450,11 +429,11 @@ def shared_prefix_freshness(s: SchedulerState, rank: RankState) -> float:
     return seconds if math.isfinite(seconds) and seconds >= 0 else warm
 
 
-# ---- timers, ticks, observations -----------------------------------------------------------------
+# ---- timers and ticks ----------------------------------------------------------------------------
 
 
 def on_timer(s: SchedulerState, ev: TimerFired) -> None:
-    p = _live(s, ev.program)
+    p = live_program(s, ev.program)
     if p is None or p.timers is None:
         return
     cur = p.timers.get(ev.kind)
@@ -470,3 +449,12 @@ def on_timer(s: SchedulerState, ev: TimerFired) -> None:
             arrival_sequence(s)
     else:
         periodic_sequence(s)
+
+
+def on_tick(s: SchedulerState, ev: RepairTick) -> None:
+    """The periodic tick: every rank is re-examined, then accounting-source changes are reported."""
+    for t in s.ranks:
+        s.dirty_ranks[t] = None
+    periodic_sequence(s)
+    compact_heaps(s)
+    report_capacity_sources(s)

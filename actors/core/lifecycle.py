@@ -8,11 +8,9 @@ They read ``s.cfg`` and ``s.now``, which ``scheduler.step`` sets for the duratio
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from actors.core import program as lc
 from actors.core.effects import AdmissionCapacitySnapshot, Admit, QueueWaitObserved, RetireProgram, Transition
-from actors.core.ids import TargetId
+from actors.core.ids import RequestId, TargetId
 from actors.core.ledger import Plan, charge, private_tokens
 from actors.core.model import (
     ACTIVE,
@@ -23,9 +21,7 @@ from actors.core.model import (
     Program,
     RankState,
 )
-
-if TYPE_CHECKING:
-    from actors.core.scheduler import SchedulerState
+from actors.core.state import SchedulerState, live_program
 
 
 def touch(s: SchedulerState, p: Program) -> None:
@@ -274,3 +270,24 @@ def release(s: SchedulerState, p: Program, reason: str) -> bool:
 
 def is_waiting_candidate(s: SchedulerState, p: Program) -> bool:
     return p.state == PAUSED and p.status == REASONING and s.pool.program_len(p.ref) > 0
+
+
+def cancel_waiting(s: SchedulerState, rid: RequestId) -> None:
+    """Remove a waiting request (core spec 4.4); the caller runs the admission pass if it wants one."""
+    found = s.pool.cancel(rid)
+    if found is None:
+        return
+    req, _was_front = found
+    p = live_program(s, req.ref)
+    if p is None:
+        return
+    waiting = s.pool.program_len(p.ref)
+    if p.in_flight == 0 and waiting == 0:
+        cancel_idle(s, p)
+    else:
+        lc.apply(p, lc.CANCEL_BUSY)
+    if waiting == 0:
+        dequeue(s, p)
+    touch(s, p)
+    if p.in_flight == 0 and waiting == 0 and p.completed_requests == 0:
+        release(s, p, "program_release")

@@ -21,15 +21,12 @@ eligible was already paused or marked), so skipping it is exact and keeps the st
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from actors.core.effects import Transition
 from actors.core.ledger import target_usage
 from actors.core.lifecycle import pause, touch
 from actors.core.model import ACTING, CAPACITY_REPAIR, REASONING, Program, RankState
-
-if TYPE_CHECKING:
-    from actors.core.scheduler import SchedulerState
+from actors.core.state import SchedulerState
 
 
 def repair_capacity(s: SchedulerState) -> None:

@@ -16,15 +16,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from actors.core.ledger import Plan, admission_plan, fresh_waiting, private_tokens, target_usage
 from actors.core.lifecycle import commit_admission, is_waiting_candidate, pause
 from actors.core.model import ACTING, ACTIVE, MAX_SEGMENT_YIELD, REASONING, Program, RankState
 from actors.core.queue import resume_key
-
-if TYPE_CHECKING:
-    from actors.core.scheduler import SchedulerState
+from actors.core.state import SchedulerState
 
 
 def _front_output(s: SchedulerState, p: Program) -> int | None:

@@ -1,4 +1,4 @@
-"""Targets, binding candidates, ticks and backend observations (core spec 5.3-5.4, 13, 14).
+"""Targets and backend observations (core spec 5.3-5.4, 13, 14).
 
 * :func:`sync_targets` replaces a pool's target list: a new revision fences in-flight scrapes,
   removed ranks lose bindings, queues and statistics, and every Program of the pool whose rank
@@ -6,32 +6,37 @@
 * :func:`on_observation_started` / :func:`on_observation` implement the checkpoint-and-rebase
   protocol: the Router ledger is checkpointed when a scrape starts, and the result is dropped
   when the topology changed meanwhile.
-* :func:`on_tick` runs the periodic sequence over every rank and reports accounting-source
-  changes once each.
+* :func:`report_capacity_sources` (run at every tick) reports accounting-source changes once each.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from actors.core.binding import bind
 from actors.core.effects import CapacitySourceChanged, Reject, StaleObservationDropped
 from actors.core.errors import NO_TARGETS
-from actors.core.events import ObservationReceived, ObservationStale, ObservationStarted
+from actors.core.events import ObservationReceived, ObservationStale, ObservationStarted, TargetsChanged
 from actors.core.ids import TargetId
 from actors.core.ledger import (
     BACKEND_OBSERVATION,
     FRESHNESS_INTERVALS,
     apply_observation,
     capacity_accounting_source,
-    private_tokens,
     rank_counts,
-    target_usage,
 )
-from actors.core.lifecycle import dequeue, enqueue, invalidate, mark_dirty, restart_freshness_anchor, touch
-from actors.core.model import ACTING, ACTIVE, PAUSED, REASONING, ObservationCheckpoint, Program, RankState
-from actors.core.placement import Candidate
+from actors.core.lifecycle import (
+    cancel_waiting,
+    dequeue,
+    enqueue,
+    invalidate,
+    mark_dirty,
+    restart_freshness_anchor,
+    touch,
+)
+from actors.core.model import ACTING, ACTIVE, PAUSED, ObservationCheckpoint, Program, RankState
 from actors.core.resume import schedule_after_change
-from actors.core.scheduler import SchedulerState
+from actors.core.state import SchedulerState
 from actors.core.stats import ProgressTtlFactors
 
 # ---- targets -------------------------------------------------------------------------------------
@@ -68,7 +73,7 @@ def sync_targets(s: SchedulerState, pool: str, targets: tuple[Any, ...]) -> None
             invalidate(s, p)
         s.binder.release(p.ref.key)
         dequeue(s, p)
-        bound = _bind(s, p, None)
+        bound = bind(s, p, None)
         p.home_target = p.last_target = bound
         if disappeared:
             p.paused_at = s.now
@@ -83,13 +88,11 @@ def sync_targets(s: SchedulerState, pool: str, targets: tuple[Any, ...]) -> None
             if bound is not None:
                 enqueue(s, p)
             else:  # the pool has no target left: waiting requests get 503 (retryable), not a leak
-                from actors.core.handlers import cancel_request
-
                 for req in s.pool.requests(p.ref):
                     s.effects.append(
                         Reject(req.request_id, NO_TARGETS.reason, NO_TARGETS.status_hint, NO_TARGETS.message)
                     )
-                    cancel_request(s, req.request_id, schedule=False)
+                    cancel_waiting(s, req.request_id)
     for t in removed:
         if t not in still_used:
             s.ranks.pop(t, None)
@@ -97,50 +100,8 @@ def sync_targets(s: SchedulerState, pool: str, targets: tuple[Any, ...]) -> None
             s.dirty_ranks.pop(t, None)
 
 
-def binding_candidates(s: SchedulerState, pool: str, p: Program) -> list[Candidate]:
-    cfg = s.cfg
-    cap = cfg.token_capacity_per_dp_rank
-    low = cap * cfg.low_watermark_ratio if cap is not None else None
-    per: dict[TargetId, list[float]] = {t: [0, 0.0, 0.0] for t in s.pools.get(pool, ())}
-    for o in s.programs.values():
-        if o is p or o.last_target not in per:
-            continue
-        acc = per[o.last_target]  # type: ignore[index]
-        if o.state == ACTIVE or o.status == REASONING:
-            acc[0] += 1
-            acc[1] += private_tokens(o, cfg.decode_buffer_tokens)
-        if o.state == PAUSED and o.status == REASONING and o.completed_requests == 0 and s.pool.program_len(o.ref):
-            acc[2] += private_tokens(o, cfg.decode_buffer_tokens)
-    out = []
-    for t, (n, tokens, pending) in per.items():
-        rank = s.ranks[t]
-        usage = target_usage(rank, s.now, cfg.metrics_interval_seconds)
-        if cap is None:
-            pressure = 0.0
-        else:
-            pressure = min(1.0, max(0.0, (usage + pending) / cap)) if cap else 1.0
-        admissible = len(rank.active) + 1 <= cfg.max_active_programs_per_target and (
-            low is None or usage + p.estimated_context_tokens + cfg.decode_buffer_tokens <= low
-        )
-        out.append(Candidate(t, int(n), tokens, cap, pressure, admissible))
-    return out
-
-
-def _bind(s: SchedulerState, p: Program, text: str | None) -> TargetId | None:
-    hash_key = p.placement_hash_key or p.ref.program_id
-    if s.binder.strategy in ("consistent_hash", "program_round_robin"):  # no per-target accounting needed
-        return s.binder.bind_ids(p.ref.key, hash_key, s.pools.get(p.ref.model_pool, ()))
-    cands = binding_candidates(s, p.ref.model_pool, p)
-    return s.binder.bind(p.ref.key, hash_key, cands, text)
-
-
-def on_tick(s: SchedulerState) -> None:
-    from actors.core.handlers import periodic_sequence
-
-    for t in s.ranks:
-        s.dirty_ranks[t] = None
-    periodic_sequence(s)
-    compact_heaps(s)
+def report_capacity_sources(s: SchedulerState) -> None:
+    """Report each rank whose capacity accounting source changed since the last report (once each)."""
     interval = s.cfg.metrics_interval_seconds
     for t in sorted(s.ranks):
         rank = s.ranks[t]
@@ -156,6 +117,12 @@ def on_tick(s: SchedulerState) -> None:
 def _checkpoint(s: SchedulerState, rank: RankState) -> ObservationCheckpoint:
     rp, rr, rt, at = rank_counts(rank)
     return ObservationCheckpoint(s.revision, rank.delta_tokens, rp, rr, rt, at)
+
+
+def on_targets_changed(s: SchedulerState, ev: TargetsChanged) -> None:
+    """The healthy target list of a pool changed: sync it, then run an admission pass."""
+    sync_targets(s, ev.model_pool, ev.targets)
+    schedule_after_change(s)
 
 
 def on_observation_started(s: SchedulerState, ev: ObservationStarted) -> None:

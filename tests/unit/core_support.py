@@ -20,7 +20,8 @@ from actors.core.events import (
 )
 from actors.core.ids import ProgramRef, RequestId, TargetId
 from actors.core.model import RequestHints, Usage
-from actors.core.scheduler import SchedulerState, initial_state, step
+from actors.core.scheduler import initial_state, step
+from actors.core.state import SchedulerState
 
 POOL = "default"
 
