@@ -23,7 +23,17 @@ from actors.core.effects import (
     TtlArmed,
 )
 from actors.core.errors import NO_TARGETS, QUEUE_TIMEOUT, InvalidEvent
-from actors.core.events import RepairTick, RequestAbandoned, RequestCompleted, RequestSubmitted, TimerFired
+from actors.core.events import (
+    ACTING_TTL,
+    FORCE_RESUME,
+    PAUSED_RETENTION,
+    RepairTick,
+    RequestAbandoned,
+    RequestCompleted,
+    RequestSubmitted,
+    TimerFired,
+)
+from actors.core.events import QUEUE_TIMEOUT as QUEUE_TIMEOUT_TIMER
 from actors.core.ids import ProgramKey, ProgramRef, RequestId
 from actors.core.ledger import resync
 from actors.core.lifecycle import (
@@ -58,7 +68,7 @@ from actors.core.resume import (
 )
 from actors.core.state import SchedulerState, live_program
 from actors.core.stats import CACHE_CONTINUITY_HIT_RATIO, RequestSample, acting_ttl_factors
-from actors.core.topology import compact_heaps, report_capacity_sources, sync_targets
+from actors.core.topology import report_capacity_sources, sync_targets
 
 SHRINK_CONFIRMATIONS = 2
 
@@ -67,64 +77,76 @@ SHRINK_CONFIRMATIONS = 2
 
 
 def arrival_sequence(s: SchedulerState) -> None:
-    release_expired_paused(s)
-    expire_acting_ttls(s)
+    """After an arrival, a force-resume or a queue timeout: capacity repair, then admission."""
     repair_capacity(s)
     schedule_waiting(s)
 
 
 def periodic_sequence(s: SchedulerState) -> None:
-    prune_released_generations(s)
-    expire_acting_ttls(s)
-    release_expired_paused(s)
+    """After a completion, an acting-TTL or retention timer and at every tick (not in binding_only)."""
     if not s.cfg.binding_only:
         repair_capacity(s)
         schedule_waiting(s)
 
 
-def expire_acting_ttls(s: SchedulerState) -> None:
-    for deadline, ref in s.ttl_heap.pop_due(s.now):
-        p = live_program(s, ref)
-        if p is None or p.state != ACTIVE or p.status != ACTING or p.in_flight or p.ttl_deadline != deadline:
-            continue
-        rounds = max(0, p.segment_served_rounds - p.ttl_pause_sampled_segment_rounds)
-        pause(s, p, TTL_EXPIRED)
-        p.ttl_pause_sampled_segment_rounds = p.segment_served_rounds
-        p.rounds_since_ttl_pause = 0
-        rank = s.ranks.get(p.last_target) if p.last_target is not None else None
-        if rank is not None and rank.factors is not None:
-            rank.factors.push_ttl_pause_rounds(rounds)
+# ---- deadlines (each acted on when its Program actor's timer fires) ------------------------------
 
 
-def release_expired_paused(s: SchedulerState) -> None:
-    retention = s.cfg.paused_retention_ttl_seconds
-    for deadline, ref in s.retention_heap.pop_due(s.now):
-        p = live_program(s, ref)
-        if p is None or p.state != PAUSED or p.status != ACTING or p.in_flight or s.pool.program_len(ref):
+def expire_acting_ttl(s: SchedulerState, p: Program) -> None:
+    """The acting TTL of ``p`` is over: pause it (``ttl_expired``) and sample its served rounds."""
+    if p.state != ACTIVE or p.status != ACTING or p.in_flight or p.ttl_deadline is None or p.ttl_deadline > s.now:
+        return
+    rounds = max(0, p.segment_served_rounds - p.ttl_pause_sampled_segment_rounds)
+    pause(s, p, TTL_EXPIRED)
+    p.ttl_pause_sampled_segment_rounds = p.segment_served_rounds
+    p.rounds_since_ttl_pause = 0
+    rank = s.ranks.get(p.last_target) if p.last_target is not None else None
+    if rank is not None and rank.factors is not None:
+        rank.factors.push_ttl_pause_rounds(rounds)
+
+
+def release_retained(s: SchedulerState, p: Program) -> None:
+    """``p`` stayed idle and paused for ``paused_retention_ttl_seconds``: release the generation."""
+    if p.state != PAUSED or p.status != ACTING or p.in_flight or s.pool.program_len(p.ref):
+        return
+    if p.paused_at + s.cfg.paused_retention_ttl_seconds > s.now:
+        return
+    release(s, p, "paused_retention_release")
+
+
+def reject_timed_out(s: SchedulerState, p: Program) -> None:
+    """Reject (429) every waiting request of ``p`` whose queue deadline has passed, earliest first.
+
+    Each rejection is a cancellation followed by an admission pass, which may dispatch the
+    Program's other requests; those are then no longer waiting and are not rejected.
+    """
+    now = s.now
+    due = sorted(
+        (r for r in s.pool.requests(p.ref) if r.queue_deadline <= now), key=lambda r: (r.queue_deadline, r.seq)
+    )
+    for req in due:
+        if s.pool.get(req.request_id) is not req:
             continue
-        if p.paused_at + retention != deadline:
-            continue
-        release(s, p, "paused_retention_release")
+        s.effects.append(Reject(req.request_id, QUEUE_TIMEOUT.reason, QUEUE_TIMEOUT.status_hint, QUEUE_TIMEOUT.message))
+        cancel_request(s, req.request_id)
 
 
 def prune_released_generations(s: SchedulerState) -> None:
+    """Forget the generation history of Programs released at least ``max(retention, 60 s)`` ago.
+
+    Not a Program deadline (the Program is gone, and so is its actor): the tick does it, taking
+    entries from the front of ``released_at``, which is kept in release order.  This bounds the
+    memory of generation numbers and lineage nodes (B14).
+    """
     keep = max(s.cfg.paused_retention_ttl_seconds, 60.0)
-    for deadline, key in s.prune_heap.pop_due(s.now):
-        at = s.released_at.get(key)
-        if key in s.programs or at is None or at + keep != deadline:
-            continue
-        del s.released_at[key]
+    released = s.released_at
+    while released:
+        key, at = next(iter(released.items()))
+        if at + keep > s.now:
+            return
+        del released[key]
         s.last_generations.pop(key, None)
-        s.lineage.forget(key[0], key[1])  # B14: bounded lineage memory
-
-
-def sweep_queue_timeouts(s: SchedulerState) -> None:
-    for deadline, rid in s.queue_heap.pop_due(s.now):
-        req = s.pool.get(rid)
-        if req is None or req.queue_deadline != deadline:
-            continue
-        s.effects.append(Reject(rid, QUEUE_TIMEOUT.reason, QUEUE_TIMEOUT.status_hint, QUEUE_TIMEOUT.message))
-        cancel_request(s, rid)
+        s.lineage.forget(key.model_pool, key.program_id)
 
 
 # ---- arrival ---------------------------------------------------------------------------------------
@@ -183,7 +205,6 @@ def on_submit(s: SchedulerState, ev: RequestSubmitted) -> None:
     timeout = cfg.queue_timeout_seconds if deadline_hint is None else min(cfg.queue_timeout_seconds, deadline_hint)
     req = PendingRequest(rid, p.ref, s.request_seq.next(), now, est, hints, ev.routing_text, now + timeout)
     s.pool.retain(req)
-    s.queue_heap.push(req.queue_deadline, rid)
     s.lineage.observe(pool, ident.program_id, ident.parent_program_id, ident.root_program_id)
     _refresh_metadata(p, ident, existed)
     p.output_token_reservation = hints.expected_output_length
@@ -210,8 +231,6 @@ def on_submit(s: SchedulerState, ev: RequestSubmitted) -> None:
     if cfg.binding_only:
         if p.state != ACTIVE and p.last_target is not None:
             commit_admission(s, p, s.ranks[p.last_target], None)
-        release_expired_paused(s)
-        expire_acting_ttls(s)
         return
     arrival_sequence(s)
     # The workload-derived force-resume deadline is frozen once the arrival's admission pass is
@@ -383,7 +402,6 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
         )
         p.acting_since = now
         p.ttl_deadline = now + ttl
-        s.ttl_heap.push(p.ttl_deadline, p.ref)
         s.effects.append(TtlArmed(p.ref, rank.target_id, ttl, "request_hint" if hint_ttl is not None else "fitted"))
     resync(p, rank, cfg.decode_buffer_tokens)
     mark_dirty(s, rank.target_id)
@@ -394,6 +412,8 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
         release(s, p, "program_release")
     if not cfg.binding_only and live_program(s, d.ref) is not None:
         yield_completed_segment(s, p)
+    if action == "ttl" and p.ttl_deadline is not None and p.ttl_deadline <= now:
+        expire_acting_ttl(s, p)  # a TTL of 0 holds nothing: the Program pauses now, no timer
     periodic_sequence(s)
 
 
@@ -433,6 +453,11 @@ def shared_prefix_freshness(s: SchedulerState, rank: RankState) -> float:
 
 
 def on_timer(s: SchedulerState, ev: TimerFired) -> None:
+    """A Program actor's timer fired: act on that deadline, then run the kind's decision sequence.
+
+    A firing whose token is not the armed one is dropped.  A valid firing consumes the timer;
+    one delivered before its deadline acts on nothing, and the end-of-step timer sync re-arms it.
+    """
     p = live_program(s, ev.program)
     if p is None or p.timers is None:
         return
@@ -441,20 +466,27 @@ def on_timer(s: SchedulerState, ev: TimerFired) -> None:
         return  # stale token: dropped
     del p.timers[ev.kind]
     touch(s, p)
-    if ev.kind in ("force_resume", "queue_timeout"):
-        if s.cfg.binding_only:
-            release_expired_paused(s)
-            expire_acting_ttls(s)
-        else:
+    if ev.kind == ACTING_TTL:
+        expire_acting_ttl(s, p)
+        periodic_sequence(s)
+    elif ev.kind == PAUSED_RETENTION:
+        release_retained(s, p)
+        periodic_sequence(s)
+    elif ev.kind == QUEUE_TIMEOUT_TIMER:
+        reject_timed_out(s, p)
+        if not s.cfg.binding_only:
+            arrival_sequence(s)
+    elif ev.kind == FORCE_RESUME:
+        if not s.cfg.binding_only:
             arrival_sequence(s)
     else:
-        periodic_sequence(s)
+        raise InvalidEvent(f"unknown timer kind {ev.kind!r}")
 
 
 def on_tick(s: SchedulerState, ev: RepairTick) -> None:
-    """The periodic tick: every rank is re-examined, then accounting-source changes are reported."""
+    """The periodic tick: forget old generation histories, re-examine every rank, report sources."""
+    prune_released_generations(s)
     for t in s.ranks:
         s.dirty_ranks[t] = None
     periodic_sequence(s)
-    compact_heaps(s)
     report_capacity_sources(s)

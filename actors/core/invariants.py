@@ -6,6 +6,7 @@ it after every step; the scheduler actor may call it in debug mode.  It never mu
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from actors.core.ledger import private_tokens
@@ -115,8 +116,11 @@ def check(state: Any, cfg: Any) -> list[str]:
             total_tokens += private_tokens(p, buf)
         if abs(rank.fallback_tokens - total_tokens) > 1e-6 * max(1.0, total_tokens):
             out.append(f"I20 rank {t} ledger {rank.fallback_tokens} != recomputed {total_tokens}")
-    for key, g in s.released_at.items():
+    previous = -math.inf
+    for key, at in s.released_at.items():
         if key in s.programs:
             out.append(f"{key} is live but has a release record")
-        del g
+        if at < previous:
+            out.append(f"release record of {key} ({at}) is out of release order")
+        previous = at
     return out

@@ -213,7 +213,6 @@ def _after_pause(s: SchedulerState, p: Program, reason: str) -> None:
     p.acting_since = p.ttl_deadline = None
     p.pause_when_idle = False
     restart_freshness_anchor(p, s.now)
-    s.retention_heap.push(p.paused_at + s.cfg.paused_retention_ttl_seconds, p.ref)
     touch(s, p)
 
 
@@ -229,7 +228,6 @@ def cancel_idle(s: SchedulerState, p: Program) -> None:
         )
     else:
         p.paused_at = s.now
-        s.retention_heap.push(p.paused_at + s.cfg.paused_retention_ttl_seconds, p.ref)
         touch(s, p)
 
 
@@ -257,8 +255,8 @@ def release(s: SchedulerState, p: Program, reason: str) -> bool:
     key = p.ref.key
     del s.programs[key]
     s.last_generations[key] = p.ref.generation
+    s.released_at.pop(key, None)  # re-inserted at the end: the dict stays in release order
     s.released_at[key] = s.now
-    s.prune_heap.push(s.now + max(s.cfg.paused_retention_ttl_seconds, 60.0), key)
     s.binder.release(key)
     s.touched.pop(p.ref, None)
     s.effects.append(

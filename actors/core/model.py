@@ -13,7 +13,6 @@ Optional collections are created lazily (``None`` while empty) to keep idle Prog
 
 from __future__ import annotations
 
-import heapq
 from typing import Any, Protocol
 
 import attrs
@@ -225,43 +224,6 @@ class RankState:
     reported_capacity_source: str | None = None
     checkpoints: dict[int, ObservationCheckpoint] = attrs.field(factory=dict)
     factors: Any = None  # stats.ProgressTtlFactors
-
-
-class DeadlineHeap:
-    """A min-heap of ``(deadline, seq, key)`` with lazy deletion.
-
-    The caller validates each popped key against the live record (a re-armed or cancelled
-    deadline leaves a stale entry behind, which is skipped).  Ties are broken by the explicit
-    insertion sequence, never by object identity.
-    """
-
-    __slots__ = ("_heap", "_seq")
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Any]] = []
-        self._seq = 0
-
-    def push(self, deadline: float, key: Any) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (deadline, self._seq, key))
-
-    def pop_due(self, now: float) -> list[tuple[float, Any]] | tuple[()]:
-        heap = self._heap
-        if not heap or heap[0][0] > now:
-            return ()  # the common case: nothing due (no list allocated)
-        out: list[tuple[float, Any]] = []
-        while heap and heap[0][0] <= now:
-            deadline, _, key = heapq.heappop(heap)
-            out.append((deadline, key))
-        return out
-
-    def compact(self, is_valid: Any) -> None:
-        """Drop the stale entries (``is_valid(deadline, key)`` false); keeps memory bounded."""
-        self._heap = [e for e in self._heap if is_valid(e[0], e[2])]
-        heapq.heapify(self._heap)
-
-    def __len__(self) -> int:
-        return len(self._heap)
 
 
 class Lineage:

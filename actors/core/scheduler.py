@@ -1,24 +1,34 @@
 """The scheduler core: ``step(state, event, *, now, cfg) -> Step(state, effects)``.
 
-One ``SchedulerState`` holds every Program, the RequestPool, the per-rank ledgers and queues.
-``step`` handles one event atomically (the reference's "one lock section"), mutates the state
-in place for speed and returns it with the ordered effects.  It reads no clock, does no I/O,
-logs nothing and uses no randomness: the same events at the same ``now`` give the same effects.
+One ``SchedulerState`` (``state``) holds every Program, the RequestPool, the per-rank ledgers and
+queues.  ``step`` handles one event atomically (the reference's "one lock section"), mutates the
+state in place for speed and returns it with the ordered effects.  It reads no clock, does no
+I/O, logs nothing and uses no randomness: the same events at the same ``now`` give the same
+effects.  ``HANDLERS`` maps each event type to its handler (``handlers``, ``topology``).
 
-Decision sequences (core spec 11; the order matters):
+Decision sequences (the order matters):
 
-* arrival / force-resume or queue-timeout timer: release expired paused -> expire acting TTLs ->
-  capacity repair -> schedule waiting;
-* completion / acting-TTL or retention timer / tick: prune released generations -> expire TTLs
-  -> release expired paused -> (unless binding_only) capacity repair -> schedule waiting;
-* cancellation: schedule waiting only; observation: schedule waiting only.
+* arrival: the arrival's own bookkeeping -> capacity repair -> schedule waiting;
+* completion: statistics, acting TTL or pause -> segment yield -> a TTL of 0 pauses the
+  Program now (``ttl_expired``; there is nothing to wait for, so no timer) -> (unless
+  binding_only) capacity repair -> schedule waiting;
+* timer firings, each acting on its own Program's deadline first:
+  acting TTL -> pause ``ttl_expired``; paused retention -> release; queue timeout -> reject
+  (429) the Program's requests whose queue deadline passed; force resume -> nothing.  Then
+  acting TTL and retention run the completion's sequence (repair -> schedule), queue timeout
+  and force resume the arrival's (not in binding_only);
+* tick: forget old generation histories -> (unless binding_only) repair on every rank ->
+  schedule waiting -> report capacity-source changes;
+* cancellation, observation, target change: schedule waiting only.
 
-Every step ends with the queue-timeout sweep (``Reject`` 429 for requests whose
-``queue_deadline <= now``) and the timer sync: for every Program touched by the step, the
-wanted timers (acting TTL, force resume, paused retention, queue timeout) are diffed with the
-armed ones and ``ArmTimer``/``CancelTimer`` effects are emitted.  Expiry itself is driven by
-deadline heaps, so a late or lost timer only delays a decision, it never changes it; a
-``TimerFired`` whose token is not the armed one is dropped.
+Deadlines live in exactly one place.  The core keeps their values on its records
+(``Program.ttl_deadline``, ``force_resume_deadline``, ``paused_at`` + retention,
+``PendingRequest.queue_deadline``) and the waiting is done by the Program actors: every step ends
+with the timer sync (``timers.sync_timers``), which diffs the timers wanted by every Program the
+step touched with the armed ones and emits ``ArmTimer``/``CancelTimer``.  A deadline is acted on
+only when its ``TimerFired`` arrives with the armed token; a stale token is dropped, and an early
+firing is re-armed.  Pruning released generation histories is not a Program deadline (the
+Program is gone): the tick does it (``handlers.prune_released_generations``).
 """
 
 from __future__ import annotations
@@ -82,7 +92,6 @@ def step(state: SchedulerState, event: object, *, now: float, cfg: Any) -> Step:
     s.effects = []
     s.touched = {}
     handler(s, event)
-    handlers.sweep_queue_timeouts(s)
     sync_timers(s)
     effects = tuple(s.effects)
     s.effects = []

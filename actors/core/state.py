@@ -16,7 +16,7 @@ from typing import Any
 
 from actors.core.effects import Effect
 from actors.core.ids import ProgramKey, ProgramRef, RequestId, SeqCounter, TargetId
-from actors.core.model import DeadlineHeap, Dispatch, Lineage, Program, RankState
+from actors.core.model import Dispatch, Lineage, Program, RankState
 from actors.core.placement import Binder
 from actors.core.queue import RequestPool
 from actors.core.stats import ProgressTtlFactors, ResumeHitWindow
@@ -38,16 +38,14 @@ class SchedulerState:
         self.rank_queues: dict[TargetId, dict[ProgramRef, None]] = {}
         self.global_queues: dict[str, dict[ProgramRef, None]] = {}
         self.last_generations: dict[ProgramKey, int] = {}
+        # release time of each released Program, in release order (oldest first): the tick
+        # forgets generation histories from the front (handlers.prune_released_generations)
         self.released_at: dict[ProgramKey, float] = {}
         self.epochs = SeqCounter()
         self.timer_tokens = SeqCounter()
         self.request_seq = SeqCounter()
         self.binder = Binder(cfg.binding_strategy, cfg.hash_virtual_nodes)
         self.lineage = Lineage()
-        self.ttl_heap = DeadlineHeap()
-        self.retention_heap = DeadlineHeap()
-        self.queue_heap = DeadlineHeap()
-        self.prune_heap = DeadlineHeap()
         self.dirty_ranks: dict[TargetId, None] = {}
         # request intervals of every rank: the TTL fit of a rank whose own window is not full yet
         self.warm_factors = ProgressTtlFactors(cfg.stats_window_size)

@@ -16,10 +16,18 @@ from actors.core.state import SchedulerState
 
 
 def wanted_timers(s: SchedulerState, p: Program) -> dict[str, float]:
+    """``kind -> deadline`` of the timers ``p`` needs now.
+
+    * acting TTL while Active/Acting, even when already due (a fitted TTL of 0 fires at once);
+    * force resume while Paused with waiters and the deadline is still ahead (one already due
+      makes the Program a forced candidate of every admission pass, no timer needed);
+    * queue timeout while Paused with waiters: the earliest queue deadline of its requests;
+    * paused retention while Paused/Acting and idle.
+    """
     now = s.now
     out: dict[str, float] = {}
     waiting = s.pool.program_len(p.ref)
-    if p.state == ACTIVE and p.status == ACTING and p.ttl_deadline is not None and p.ttl_deadline > now:
+    if p.state == ACTIVE and p.status == ACTING and p.ttl_deadline is not None:
         out[ACTING_TTL] = p.ttl_deadline
     if p.state == PAUSED and waiting:
         if p.force_resume_deadline is not None and p.force_resume_deadline > now:

@@ -34,7 +34,7 @@ from actors.core.lifecycle import (
     restart_freshness_anchor,
     touch,
 )
-from actors.core.model import ACTING, ACTIVE, PAUSED, ObservationCheckpoint, Program, RankState
+from actors.core.model import ObservationCheckpoint, RankState
 from actors.core.resume import schedule_after_change
 from actors.core.state import SchedulerState
 from actors.core.stats import ProgressTtlFactors
@@ -81,8 +81,6 @@ def sync_targets(s: SchedulerState, pool: str, targets: tuple[Any, ...]) -> None
             p.ttl_deadline = None
             p.segment_started_at = None
             restart_freshness_anchor(p, s.now)
-            if p.status == ACTING:
-                s.retention_heap.push(p.paused_at + s.cfg.paused_retention_ttl_seconds, p.ref)
         touch(s, p)
         if s.pool.program_len(p.ref):
             if bound is not None:
@@ -163,39 +161,3 @@ def on_observation_stale(s: SchedulerState, ev: ObservationStale) -> None:
     if rank is not None:
         rank.observed_at = None
         mark_dirty(s, rank.target_id)
-
-
-def compact_heaps(s: SchedulerState) -> None:
-    """Drop stale deadline-heap entries once they outnumber the live ones (bounded memory)."""
-    live = len(s.programs) + len(s.pool) + 1024
-    retention = s.cfg.paused_retention_ttl_seconds
-    keep = max(retention, 60.0)
-
-    def program(ref: Any) -> Program | None:
-        p = s.programs.get(ref[:2])
-        return p if p is not None and p.ref == ref else None
-
-    def ttl_ok(deadline: float, ref: Any) -> bool:
-        p = program(ref)
-        return p is not None and p.state == ACTIVE and p.status == ACTING and p.ttl_deadline == deadline
-
-    def retention_ok(deadline: float, ref: Any) -> bool:
-        p = program(ref)
-        return p is not None and p.state == PAUSED and p.status == ACTING and p.paused_at + retention == deadline
-
-    def queue_ok(deadline: float, rid: Any) -> bool:
-        req = s.pool.get(rid)
-        return req is not None and req.queue_deadline == deadline
-
-    def prune_ok(deadline: float, key: Any) -> bool:
-        at = s.released_at.get(key)
-        return at is not None and at + keep == deadline
-
-    for heap, ok in (
-        (s.ttl_heap, ttl_ok),
-        (s.retention_heap, retention_ok),
-        (s.queue_heap, queue_ok),
-        (s.prune_heap, prune_ok),
-    ):
-        if len(heap) > 2 * live:
-            heap.compact(ok)
