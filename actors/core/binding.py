@@ -40,7 +40,16 @@ def binding_candidates(s: SchedulerState, pool: str, p: Program) -> list[Candida
         admissible = len(rank.active) + 1 <= cfg.max_active_programs_per_target and (
             low is None or usage + p.estimated_context_tokens + cfg.decode_buffer_tokens <= low
         )
-        out.append(Candidate(t, int(n), tokens, cap, pressure, admissible))
+        out.append(
+            Candidate(
+                target_id=t,
+                accounted_programs=int(n),
+                accounted_tokens=tokens,
+                capacity_tokens=cap,
+                kv_pressure=pressure,
+                immediately_admissible=admissible,
+            )
+        )
     return out
 
 

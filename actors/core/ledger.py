@@ -144,7 +144,26 @@ class BatchGain:
     admits: bool
 
 
-DISABLED_GAIN = BatchGain(0.0, 0.0, 0.0, False)
+def _plan(
+    used: float,
+    required: float,
+    reserve: float,
+    capacity: int | None,
+    *,
+    forced: bool = False,
+    batch_gain: bool = False,
+) -> Plan:
+    return Plan(
+        used_tokens=used,
+        required_tokens=required,
+        reserve_tokens=reserve,
+        capacity_tokens=capacity,
+        forced=forced,
+        batch_gain=batch_gain,
+    )
+
+
+DISABLED_GAIN = BatchGain(gain_seconds=0.0, candidate_recovery_seconds=0.0, continuity_loss_seconds=0.0, admits=False)
 
 
 def estimate_batch_gain(
@@ -186,7 +205,12 @@ def estimate_batch_gain(
         required,
         target_rounds,
     )
-    return BatchGain(gain, recovery, loss, gain >= recovery + loss)
+    return BatchGain(
+        gain_seconds=gain,
+        candidate_recovery_seconds=recovery,
+        continuity_loss_seconds=loss,
+        admits=gain >= recovery + loss,
+    )
 
 
 def continuity_loss_seconds(
@@ -244,7 +268,7 @@ def admission_plan(
     if capacity is None:
         if not forced and not count_fits:
             return None
-        return Plan(used, required, 0.0, None, forced, False)
+        return _plan(used, required, 0.0, None, forced=forced)
     low = capacity * cfg.low_watermark_ratio
     immediate_fits = used + required <= low
     factors: ProgressTtlFactors | None = rank.factors
@@ -257,11 +281,11 @@ def admission_plan(
             reserve = continuous_growth_reserve(factors, rounds, remaining)
     reserve_fits = used + required + reserve <= low
     if forced or (count_fits and immediate_fits and reserve_fits):
-        return Plan(used, required, reserve, capacity, forced, False)
+        return _plan(used, required, reserve, capacity, forced=forced)
     if not rank.active and required > low:
         # agentd difference: a Program that can never fit runs alone on an idle rank (the engine
         # chunks and, if it must, preempts it) instead of waiting for its force-resume deadline.
-        return Plan(used, required, reserve, capacity, False, False)
+        return _plan(used, required, reserve, capacity)
     if not count_fits or not immediate_fits:
         return None
     if factors is None:
@@ -275,7 +299,7 @@ def admission_plan(
             protected.append((rem, a.last_cache_miss_impact_seconds))
     gain = estimate_batch_gain(cfg, factors, p, len(running), ctx_before, protected, used, required, rounds)
     if gain.admits:
-        return Plan(used, required, reserve, capacity, False, True)
+        return _plan(used, required, reserve, capacity, batch_gain=True)
     return None
 
 

@@ -9,7 +9,8 @@ They read ``s.cfg`` and ``s.now``, which ``scheduler.step`` sets for the duratio
 from __future__ import annotations
 
 from actors.core import program as lc
-from actors.core.effects import AdmissionCapacitySnapshot, Admit, QueueWaitObserved, RetireProgram, Transition
+from actors.core.effects import AdmissionCapacitySnapshot, Admit, QueueWaitObserved, Reject, RetireProgram, Transition
+from actors.core.errors import Rejection
 from actors.core.ids import RequestId, TargetId
 from actors.core.ledger import Plan, charge, private_tokens
 from actors.core.model import (
@@ -22,6 +23,11 @@ from actors.core.model import (
     RankState,
 )
 from actors.core.state import SchedulerState, live_program
+
+
+def reject(rid: RequestId, why: Rejection) -> Reject:
+    """The ``Reject`` effect refusing the retained request ``rid`` for reason ``why``."""
+    return Reject(request_id=rid, reason=why.reason, status_hint=why.status_hint, message=why.message)
 
 
 def touch(s: SchedulerState, p: Program) -> None:
@@ -80,31 +86,31 @@ def dispatch_ready(s: SchedulerState, p: Program) -> None:
         p.placement_start_pending = False
         p.in_flight += 1
         d = Dispatch(
-            req.request_id,
-            p.ref,
-            rank.target_id,
-            p.placement_epoch,
-            req.arrived_at,
-            s.now,
-            req.estimated_context_tokens,
-            start,
-            req.hints,
+            request_id=req.request_id,
+            ref=p.ref,
+            target_id=rank.target_id,
+            placement_epoch=p.placement_epoch,
+            arrived_at=req.arrived_at,
+            dispatched_at=s.now,
+            estimated_context_tokens=req.estimated_context_tokens,
+            placement_start_request=start,
+            hints=req.hints,
         )
         s.in_flight[req.request_id] = d
         wait = max(0.0, s.now - req.arrived_at)
         s.effects.append(
             Admit(
-                req.request_id,
-                rank.target_id,
-                p.ref,
-                p.ref.generation,
-                p.placement_epoch,
-                start,
-                wait,
-                p.estimated_context_tokens,
+                request_id=req.request_id,
+                target_id=rank.target_id,
+                program=p.ref,
+                generation=p.ref.generation,
+                placement_epoch=p.placement_epoch,
+                placement_start_request=start,
+                queue_wait_seconds=wait,
+                estimated_context_tokens=p.estimated_context_tokens,
             )
         )
-        s.effects.append(QueueWaitObserved(rank.target_id, wait))
+        s.effects.append(QueueWaitObserved(target_id=rank.target_id, seconds=wait))
         s.binder.commit_placement(req.routing_text, rank.target_id)
         mark_dirty(s, rank.target_id)
         touch(s, p)
@@ -144,17 +150,17 @@ def commit_admission(s: SchedulerState, p: Program, rank: RankState, plan: Plan 
         age = s.now - rank.observed_at if rank.observed_at is not None else None
         s.effects.append(
             AdmissionCapacitySnapshot(
-                rank.target_id,
-                used,
-                required,
-                reserve,
-                capacity,
-                used / capacity if capacity else None,
-                (used + required + reserve) / capacity if capacity else None,
-                rank.kv_cache_usage,
-                rank.running_requests,
-                rank.waiting_requests,
-                age,
+                target_id=rank.target_id,
+                used_tokens=used,
+                required_tokens=required,
+                growth_reserve_tokens=reserve,
+                capacity_tokens=capacity,
+                capacity_pressure_ratio=used / capacity if capacity else None,
+                projected_pressure_ratio=(used + required + reserve) / capacity if capacity else None,
+                backend_kv_usage_ratio=rank.kv_cache_usage,
+                backend_running_requests=rank.running_requests,
+                backend_waiting_requests=rank.waiting_requests,
+                observation_age_seconds=age,
             )
         )
     forced = plan is not None and plan.forced
@@ -164,22 +170,24 @@ def commit_admission(s: SchedulerState, p: Program, rank: RankState, plan: Plan 
         s.forced_admissions += 1
     s.effects.append(
         Transition(
-            p.ref,
-            frm,
-            to,
-            reason,
-            rank.target_id,
-            True,
-            forced,
-            batch_gain,
-            plan.used_tokens if plan else None,
-            plan.required_tokens if plan else None,
-            plan.reserve_tokens if plan else None,
-            capacity,
+            program=p.ref,
+            from_state=frm,
+            to_state=to,
+            reason=reason,
+            target_id=rank.target_id,
+            counted=True,
+            forced=forced,
+            batch_gain=batch_gain,
+            used_tokens=plan.used_tokens if plan else None,
+            required_tokens=plan.required_tokens if plan else None,
+            reserve_tokens=plan.reserve_tokens if plan else None,
+            capacity_tokens=capacity,
         )
     )
     if previous is not None and previous != rank.target_id:
-        s.effects.append(Transition(p.ref, frm, to, "cross_rank_resume", rank.target_id))
+        s.effects.append(
+            Transition(program=p.ref, from_state=frm, to_state=to, reason="cross_rank_resume", target_id=rank.target_id)
+        )
     dispatch_ready(s, p)
 
 
@@ -203,7 +211,16 @@ def pause(s: SchedulerState, p: Program, reason: str) -> None:
     frm, to = lc.apply(p, lc.PAUSE)
     target, tokens = _unplace(s, p)
     _after_pause(s, p, reason)
-    s.effects.append(Transition(p.ref, frm, to, reason, target, released_private_tokens=tokens))
+    s.effects.append(
+        Transition(
+            program=p.ref,
+            from_state=frm,
+            to_state=to,
+            reason=reason,
+            target_id=target,
+            released_private_tokens=tokens,
+        )
+    )
 
 
 def _after_pause(s: SchedulerState, p: Program, reason: str) -> None:
@@ -224,7 +241,15 @@ def cancel_idle(s: SchedulerState, p: Program) -> None:
         target, tokens = _unplace(s, p)
         _after_pause(s, p, REQUEST_CANCELLED)
         s.effects.append(
-            Transition(p.ref, frm, to, REQUEST_CANCELLED, target, counted=False, released_private_tokens=tokens)
+            Transition(
+                program=p.ref,
+                from_state=frm,
+                to_state=to,
+                reason=REQUEST_CANCELLED,
+                target_id=target,
+                counted=False,
+                released_private_tokens=tokens,
+            )
         )
     else:
         p.paused_at = s.now
@@ -239,7 +264,16 @@ def invalidate(s: SchedulerState, p: Program) -> None:
     p.placement_epoch = s.epochs.next()
     p.placement_start_pending = False
     p.in_flight = 0
-    s.effects.append(Transition(p.ref, frm, to, "health_failover", target, released_private_tokens=tokens))
+    s.effects.append(
+        Transition(
+            program=p.ref,
+            from_state=frm,
+            to_state=to,
+            reason="health_failover",
+            target_id=target,
+            released_private_tokens=tokens,
+        )
+    )
     touch(s, p)
 
 
@@ -260,9 +294,16 @@ def release(s: SchedulerState, p: Program, reason: str) -> bool:
     s.binder.release(key)
     s.touched.pop(p.ref, None)
     s.effects.append(
-        Transition(p.ref, frm, to, reason, target or p.last_target, counted=reason == "paused_retention_release")
+        Transition(
+            program=p.ref,
+            from_state=frm,
+            to_state=to,
+            reason=reason,
+            target_id=target or p.last_target,
+            counted=reason == "paused_retention_release",
+        )
     )
-    s.effects.append(RetireProgram(p.ref))
+    s.effects.append(RetireProgram(program=p.ref))
     return True
 
 

@@ -92,5 +92,13 @@ def repair_rank(s: SchedulerState, rank: RankState, capacity: int) -> None:
             relief = a.charged_tokens + c_bar
             a.pause_when_idle = True
             touch(s, a)
-            s.effects.append(Transition(a.ref, a.lifecycle, a.lifecycle, "capacity_repair_mark", rank.target_id))
+            s.effects.append(
+                Transition(
+                    program=a.ref,
+                    from_state=a.lifecycle,
+                    to_state=a.lifecycle,
+                    reason="capacity_repair_mark",
+                    target_id=rank.target_id,
+                )
+            )
         projected = max(0.0, projected - relief)

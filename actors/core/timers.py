@@ -55,11 +55,11 @@ def sync_timers(s: SchedulerState) -> None:
         else:
             for kind in [k for k in have if k not in want]:  # armed order
                 del have[kind]
-                effects.append(CancelTimer(ref, kind))
+                effects.append(CancelTimer(program=ref, kind=kind))
         for kind, deadline in want.items():
             cur = have.get(kind)
             if cur is None or cur[0] != deadline:
                 token = s.timer_tokens.next()
                 have[kind] = (deadline, token)
-                effects.append(ArmTimer(ref, kind, deadline, token))
+                effects.append(ArmTimer(program=ref, kind=kind, deadline=deadline, token=token))
         p.timers = have or None

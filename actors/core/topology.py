@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from actors.core.binding import bind
-from actors.core.effects import CapacitySourceChanged, Reject, StaleObservationDropped
+from actors.core.effects import CapacitySourceChanged, StaleObservationDropped
 from actors.core.errors import NO_TARGETS
 from actors.core.events import ObservationReceived, ObservationStale, ObservationStarted, TargetsChanged
 from actors.core.ids import TargetId
@@ -31,6 +31,7 @@ from actors.core.lifecycle import (
     enqueue,
     invalidate,
     mark_dirty,
+    reject,
     restart_freshness_anchor,
     touch,
 )
@@ -55,7 +56,7 @@ def sync_targets(s: SchedulerState, pool: str, targets: tuple[Any, ...]) -> None
     for tid, url, dp, idx in sig:
         rank = s.ranks.get(TargetId(tid))
         if rank is None:
-            rank = s.ranks[TargetId(tid)] = RankState(TargetId(tid), url, dp, idx)
+            rank = s.ranks[TargetId(tid)] = RankState(target_id=TargetId(tid), worker_url=url, dp_rank=dp, index=idx)
             rank.factors = ProgressTtlFactors(s.cfg.stats_window_size)
         else:
             rank.worker_url, rank.dp_rank, rank.index = url, dp, idx
@@ -87,9 +88,7 @@ def sync_targets(s: SchedulerState, pool: str, targets: tuple[Any, ...]) -> None
                 enqueue(s, p)
             else:  # the pool has no target left: waiting requests get 503 (retryable), not a leak
                 for req in s.pool.requests(p.ref):
-                    s.effects.append(
-                        Reject(req.request_id, NO_TARGETS.reason, NO_TARGETS.status_hint, NO_TARGETS.message)
-                    )
+                    s.effects.append(reject(req.request_id, NO_TARGETS))
                     cancel_waiting(s, req.request_id)
     for t in removed:
         if t not in still_used:
@@ -108,13 +107,28 @@ def report_capacity_sources(s: SchedulerState) -> None:
         if src != prev:
             if src != BACKEND_OBSERVATION or prev is not None:
                 age = s.now - rank.observed_at if rank.observed_at is not None else None
-                s.effects.append(CapacitySourceChanged(t, prev, src, age, FRESHNESS_INTERVALS * interval))
+                s.effects.append(
+                    CapacitySourceChanged(
+                        target_id=t,
+                        previous_source=prev,
+                        source=src,
+                        observation_age_seconds=age,
+                        freshness_threshold_seconds=FRESHNESS_INTERVALS * interval,
+                    )
+                )
             rank.reported_capacity_source = src
 
 
 def _checkpoint(s: SchedulerState, rank: RankState) -> ObservationCheckpoint:
     rp, rr, rt, at = rank_counts(rank)
-    return ObservationCheckpoint(s.revision, rank.delta_tokens, rp, rr, rt, at)
+    return ObservationCheckpoint(
+        revision=s.revision,
+        ledger_checkpoint=rank.delta_tokens,
+        active_reasoning_programs=rp,
+        active_reasoning_requests=rr,
+        active_reasoning_private_tokens=rt,
+        active_acting_private_tokens=at,
+    )
 
 
 def on_targets_changed(s: SchedulerState, ev: TargetsChanged) -> None:
@@ -132,7 +146,11 @@ def on_observation_started(s: SchedulerState, ev: ObservationStarted) -> None:
 def on_observation(s: SchedulerState, ev: ObservationReceived) -> None:
     rank = s.ranks.get(ev.target_id)
     if rank is None:
-        s.effects.append(StaleObservationDropped(ev.target_id, ev.epoch, -1, s.revision))
+        s.effects.append(
+            StaleObservationDropped(
+                target_id=ev.target_id, epoch=ev.epoch, epoch_revision=-1, current_revision=s.revision
+            )
+        )
         return
     cp = rank.checkpoints.pop(ev.epoch, None)
     for e in [e for e in rank.checkpoints if e < ev.epoch]:
@@ -140,7 +158,11 @@ def on_observation(s: SchedulerState, ev: ObservationReceived) -> None:
     if cp is None:
         cp = _checkpoint(s, rank)
     if cp.revision != s.revision:
-        s.effects.append(StaleObservationDropped(ev.target_id, ev.epoch, cp.revision, s.revision))
+        s.effects.append(
+            StaleObservationDropped(
+                target_id=ev.target_id, epoch=ev.epoch, epoch_revision=cp.revision, current_revision=s.revision
+            )
+        )
         return
     observed_at = ev.observed_at if ev.observed_at is not None else s.now
     apply_observation(

@@ -22,6 +22,7 @@ from actors.core.ids import ProgramKey, ProgramRef, RequestId, TargetId
 from actors.core.model import RequestHints, Usage
 from actors.core.scheduler import initial_state, step
 from actors.core.state import SchedulerState
+from actors.core.stats import RequestSample
 
 POOL = "default"
 
@@ -41,6 +42,32 @@ class Ident:
     spawn_reason: str | None = None
     expected_resume: bool = True
     step_id: int | None = None
+
+
+def request_sample(
+    *,
+    prompt: int = 100,
+    completion: int = 10,
+    cached: int = 0,
+    growth: int | None = None,
+    e2e: float = 1.0,
+    decode: float | None = None,
+    queue: float = 0.0,
+    rounds: int = 1,
+    at: float = 0.0,
+) -> RequestSample:
+    """One statistics-window sample, with short keyword names and neutral defaults."""
+    return RequestSample(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        cached_prompt_tokens=cached,
+        context_growth_tokens=growth,
+        e2e_seconds=e2e,
+        decode_seconds=decode,
+        queue_seconds=queue,
+        rounds_since_ttl_pause=rounds,
+        finished_at=at,
+    )
 
 
 def cfg(**kw: Any) -> ProgramSchedulingConfig:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import math
 
 import pytest
-from core_support import Harness, admitted, cfg, of, reasons
+from core_support import Harness, admitted, cfg, of, reasons, request_sample
 
 from actors.core import effects as fx
 from actors.core.ids import ProgramRef, TargetId
 from actors.core.invariants import check
 from actors.core.ledger import admission_plan, continuity_loss_seconds, estimate_batch_gain, private_tokens
 from actors.core.model import Program, RankState, RequestHints
-from actors.core.stats import ProgressTtlFactors, RequestSample
+from actors.core.stats import ProgressTtlFactors
 
 
 def test_core_count_guard_never_reclaims_acting_program() -> None:
@@ -83,12 +83,14 @@ def _mature_rank(
     rank = RankState(TargetId("t@0"), "t", 0, 0)
     rank.factors = ProgressTtlFactors(len(capacity_rounds))
     for i, r in enumerate(capacity_rounds):
-        rank.factors.push_request(RequestSample(1000, completion, 0, growth, 1.0, decode, 0.0, r, float(i)))
+        rank.factors.push_request(
+            request_sample(prompt=1000, completion=completion, growth=growth, decode=decode, rounds=r, at=float(i))
+        )
     return rank
 
 
 def _program(pid: str, ctx: int, state: str = "paused", status: str = "reasoning") -> Program:
-    p = Program(ProgramRef("default", pid, 0), 0.0)
+    p = Program(ref=ProgramRef("default", pid, 0), created_at=0.0)
     p.state, p.status = state, status
     p.estimated_context_tokens = ctx
     p.last_target = TargetId("t@0")

@@ -7,7 +7,7 @@ import pytest
 from core_support import POOL, Harness, Ident, admitted, of, reasons, targets, tid
 
 from actors.core import effects as fx
-from actors.core.events import ACTING_TTL, PAUSED_RETENTION, QUEUE_TIMEOUT, TargetsChanged, TimerFired
+from actors.core.events import ACTING_TTL, PAUSED_RETENTION, QUEUE_TIMEOUT, TargetsChanged
 from actors.core.ids import ProgramKey, redacted_id
 from actors.core.invariants import check
 from actors.core.model import RequestHints

@@ -18,7 +18,7 @@ SPLIT = {
 
 
 def make(state: str) -> Program:
-    p = Program(ProgramRef("default", "p", 0), 0.0)
+    p = Program(ref=ProgramRef("default", "p", 0), created_at=0.0)
     p.state, p.status = SPLIT[state]
     return p
 
