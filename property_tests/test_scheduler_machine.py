@@ -159,9 +159,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         effects = step(self.state, event, now=self.now, cfg=self.cfg).effects
         self.log.append((event, self.now))
         self.effect_log.append(effects)
-        note(
-            f"t={self.now}: {_brief(event)} -> {[_brief(e) for e in effects if not isinstance(e, (ArmTimer, CancelTimer))]}"
-        )
+        shown = [_brief(e) for e in effects if not isinstance(e, (ArmTimer, CancelTimer))]
+        note(f"t={self.now}: {_brief(event)} -> {shown}")
         self._absorb(event, effects)
         self._check_step(event, effects, pre_waiters, pre_last_target, pre_queued_at, pre_pause_reason)
         return effects

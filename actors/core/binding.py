@@ -21,9 +21,10 @@ def binding_candidates(s: SchedulerState, pool: str, p: Program) -> list[Candida
     low = cap * cfg.low_watermark_ratio if cap is not None else None
     per: dict[TargetId, list[float]] = {t: [0, 0.0, 0.0] for t in s.pools.get(pool, ())}
     for o in s.programs.values():
-        if o is p or o.last_target not in per:
+        target = o.last_target
+        if o is p or target is None or target not in per:
             continue
-        acc = per[o.last_target]  # type: ignore[index]
+        acc = per[target]
         if o.state == ACTIVE or o.status == REASONING:
             acc[0] += 1
             acc[1] += private_tokens(o, cfg.decode_buffer_tokens)
@@ -35,8 +36,10 @@ def binding_candidates(s: SchedulerState, pool: str, p: Program) -> list[Candida
         usage = target_usage(rank, s.now, cfg.metrics_interval_seconds)
         if cap is None:
             pressure = 0.0
+        elif cap:
+            pressure = min(1.0, max(0.0, (usage + pending) / cap))
         else:
-            pressure = min(1.0, max(0.0, (usage + pending) / cap)) if cap else 1.0
+            pressure = 1.0
         admissible = len(rank.active) + 1 <= cfg.max_active_programs_per_target and (
             low is None or usage + p.estimated_context_tokens + cfg.decode_buffer_tokens <= low
         )

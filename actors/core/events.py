@@ -6,12 +6,11 @@ happens into one of these and feeds it to ``step`` one at a time, in arrival ord
 
 from __future__ import annotations
 
-from typing import Any
-
 from attrs import frozen
 
+from actors.core.config import BackendTarget
 from actors.core.ids import DEFAULT_MODEL_POOL, ProgramRef, RequestId, TargetId
-from actors.core.model import NO_HINTS, NO_USAGE, RequestHints, Usage
+from actors.core.model import NO_HINTS, NO_USAGE, IdentityLike, RequestHints, Usage
 
 # Timer kinds armed in the Program actor.
 ACTING_TTL = "acting_ttl"
@@ -32,11 +31,11 @@ class RequestSubmitted:
     """
 
     request_id: RequestId
-    identity: Any
+    identity: IdentityLike
     estimated_prompt_tokens: int
     hints: RequestHints = NO_HINTS
     model_pool: str = DEFAULT_MODEL_POOL
-    targets: tuple[Any, ...] | None = None
+    targets: tuple[BackendTarget, ...] | None = None
     routing_text: str | None = None
 
 
@@ -104,7 +103,7 @@ class TargetsChanged:
     """The healthy target list of ``model_pool`` changed (replaced atomically)."""
 
     model_pool: str
-    targets: tuple[Any, ...]
+    targets: tuple[BackendTarget, ...]
 
 
 Event = (

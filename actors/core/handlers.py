@@ -7,7 +7,7 @@ deviations from the reference.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from actors.core import program as lc
 from actors.core.binding import bind
@@ -55,6 +55,7 @@ from actors.core.model import (
     REQUEST_FAILED,
     TTL_EXPIRED,
     Dispatch,
+    IdentityLike,
     PendingRequest,
     Program,
     RankState,
@@ -103,7 +104,7 @@ def expire_acting_ttl(s: SchedulerState, p: Program) -> None:
     p.ttl_pause_sampled_segment_rounds = p.segment_served_rounds
     p.rounds_since_ttl_pause = 0
     rank = s.ranks.get(p.last_target) if p.last_target is not None else None
-    if rank is not None and rank.factors is not None:
+    if rank is not None:
         rank.factors.push_ttl_pause_rounds(rounds)
 
 
@@ -308,7 +309,7 @@ def freeze_force_resume_deadline(s: SchedulerState, p: Program) -> None:
         schedule_waiting(s)
 
 
-def _refresh_metadata(p: Program, ident: Any, existed: bool) -> None:
+def _refresh_metadata(p: Program, ident: IdentityLike, existed: bool) -> None:
     p.placement_key = ident.placement_key
     p.placement_hash_key = ident.placement_hash_key
     p.task_id = ident.task_id
@@ -575,7 +576,7 @@ def arm_acting_ttl(s: SchedulerState, p: Program, rank: RankState, impact: float
 
 def apply_idle_action(s: SchedulerState, p: Program, action: str | None) -> None:
     """Pause a Program that repair marked or whose request failed; release a terminated one."""
-    if action == CAPACITY_REPAIR or action == REQUEST_FAILED:
+    if action is not None and action in (CAPACITY_REPAIR, REQUEST_FAILED):
         pause(s, p, action)  # B7 fix: after the statistics
     elif action == TERMINATE:
         release(s, p, "program_release")
@@ -602,7 +603,7 @@ def shared_prefix_freshness(s: SchedulerState, rank: RankState) -> float:
     warm = cfg.shared_prefix_freshness_warmup_seconds
     fac = rank.factors
     cap = cfg.token_capacity_per_dp_rank
-    if fac is None or not fac.request_window_complete or cap is None:
+    if not fac.request_window_complete or cap is None:
         return warm
     a = sum(1 for o in rank.active.values() if o.status == REASONING)
     u = fac.mean_uncached_prompt_tokens()

@@ -14,7 +14,7 @@ from actors.core.config import ProgramSchedulingConfig
 from actors.core.ids import ProgramRef
 from actors.core.ledger import private_tokens
 from actors.core.model import ACTING, ACTIVE, PAUSED, REASONING, Program
-from actors.core.state import SchedulerState
+from actors.core.state import SchedulerState, live_program
 
 _EPS = 1e-6
 
@@ -33,8 +33,7 @@ def check(state: SchedulerState, cfg: ProgramSchedulingConfig) -> list[str]:
             out.append(f"program filed under {key} has ref {p.ref}")
         check_program(s, p, buf, live_in_flight, queued, epochs, out)
     for ref in queued:
-        p = s.programs.get(ref.key)
-        if p is None or p.ref != ref:
+        if live_program(s, ref) is None:
             out.append(f"queued ref {ref} is not live")
     check_ledgers(s, buf, out)
     check_release_records(s, out)

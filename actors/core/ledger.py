@@ -24,12 +24,12 @@ growth reserve, batch-gain admission (bypasses only the reserve).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from attrs import frozen
 
+from actors.core.config import ProgramSchedulingConfig
 from actors.core.costs import cache_miss_impact_seconds
-from actors.core.model import ACTING, ACTIVE, PAUSED, REASONING, Program, RankState
+from actors.core.model import ACTING, ACTIVE, PAUSED, REASONING, ObservationCheckpoint, Program, RankState
 from actors.core.stats import ProgressTtlFactors, continuous_growth_reserve, decode_throughput
 
 BACKEND_OBSERVATION = "backend_observation"
@@ -96,7 +96,7 @@ def fresh_waiting(rank: RankState, now: float, metrics_interval_seconds: float) 
 
 def apply_observation(
     rank: RankState,
-    checkpoint: Any,
+    checkpoint: ObservationCheckpoint,
     kv_cache_usage: float | None,
     running: int | None,
     waiting: int | None,
@@ -167,7 +167,7 @@ DISABLED_GAIN = BatchGain(gain_seconds=0.0, candidate_recovery_seconds=0.0, cont
 
 
 def estimate_batch_gain(
-    cfg: Any,
+    cfg: ProgramSchedulingConfig,
     factors: ProgressTtlFactors | None,
     candidate: Program,
     running_count: int,
@@ -241,7 +241,7 @@ def admission_plan(
     p: Program,
     rank: RankState,
     now: float,
-    cfg: Any,
+    cfg: ProgramSchedulingConfig,
     *,
     front_output: int | None,
     global_mode: bool,
@@ -271,14 +271,12 @@ def admission_plan(
         return _plan(used, required, 0.0, None, forced=forced)
     low = capacity * cfg.low_watermark_ratio
     immediate_fits = used + required <= low
-    factors: ProgressTtlFactors | None = rank.factors
+    factors = rank.factors
     reserve = 0.0
-    rounds = 0
-    if factors is not None:
-        rounds = factors.target_rounds(cfg.max_segment_rounds)
-        if rounds > 0:
-            remaining = [max(0, rounds - a.rounds_since_activation) for a in rank.active.values()]
-            reserve = continuous_growth_reserve(factors, rounds, remaining)
+    rounds = factors.target_rounds(cfg.max_segment_rounds)
+    if rounds > 0:
+        remaining = [max(0, rounds - a.rounds_since_activation) for a in rank.active.values()]
+        reserve = continuous_growth_reserve(factors, rounds, remaining)
     reserve_fits = used + required + reserve <= low
     if forced or (count_fits and immediate_fits and reserve_fits):
         return _plan(used, required, reserve, capacity, forced=forced)
@@ -287,8 +285,6 @@ def admission_plan(
         # chunks and, if it must, preempts it) instead of waiting for its force-resume deadline.
         return _plan(used, required, reserve, capacity)
     if not count_fits or not immediate_fits:
-        return None
-    if factors is None:
         return None
     running = [a for a in rank.active.values() if a.status == REASONING]
     ctx_before = float(sum(a.estimated_context_tokens for a in running))

@@ -8,14 +8,18 @@ They read ``s.cfg`` and ``s.now``, which ``scheduler.step`` sets for the duratio
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from actors.core import program as lc
 from actors.core.effects import AdmissionCapacitySnapshot, Admit, QueueWaitObserved, Reject, RetireProgram, Transition
 from actors.core.errors import Rejection
-from actors.core.ids import RequestId, TargetId
+from actors.core.ids import ProgramRef, RequestId, TargetId
 from actors.core.ledger import Plan, charge, private_tokens
 from actors.core.model import (
     ACTIVE,
+    GLOBAL_QUEUE,
     PAUSED,
+    RANK_QUEUE,
     REASONING,
     REQUEST_CANCELLED,
     Dispatch,
@@ -23,6 +27,8 @@ from actors.core.model import (
     RankState,
 )
 from actors.core.state import SchedulerState, live_program
+
+K = TypeVar("K", bound=str)
 
 
 def reject(rid: RequestId, why: Rejection) -> Reject:
@@ -50,11 +56,11 @@ def enqueue(s: SchedulerState, p: Program) -> None:
     if p.queued_in is not None:
         return
     if s.cfg.global_queue:
-        where = ("global", p.ref.model_pool)
+        where = (GLOBAL_QUEUE, p.ref.model_pool)
         s.global_queues.setdefault(p.ref.model_pool, {})[p.ref] = None
     else:
         assert p.last_target is not None
-        where = ("rank", p.last_target)
+        where = (RANK_QUEUE, p.last_target)
         s.rank_queues.setdefault(p.last_target, {})[p.ref] = None
     p.queued_in = where
     if p.queued_at is None:  # B8: a queued Program always has a queued_at
@@ -65,13 +71,21 @@ def dequeue(s: SchedulerState, p: Program) -> None:
     where = p.queued_in
     if where is None:
         return
-    table = s.global_queues if where[0] == "global" else s.rank_queues
-    q = table.get(where[1])
-    if q is not None:
-        q.pop(p.ref, None)
-        if not q:
-            del table[where[1]]
+    kind, name = where
+    if kind == GLOBAL_QUEUE:
+        _leave(s.global_queues, name, p.ref)
+    else:
+        _leave(s.rank_queues, TargetId(name), p.ref)
     p.queued_in = None
+
+
+def _leave(table: dict[K, dict[ProgramRef, None]], name: K, ref: ProgramRef) -> None:
+    """Remove ``ref`` from queue ``table[name]``; an emptied queue is deleted."""
+    q = table.get(name)
+    if q is not None:
+        q.pop(ref, None)
+        if not q:
+            del table[name]
 
 
 def dispatch_ready(s: SchedulerState, p: Program) -> None:

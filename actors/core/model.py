@@ -13,12 +13,13 @@ Optional collections are created lazily (``None`` while empty) to keep idle Prog
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import attrs
 from attrs import define, frozen
 
 from actors.core.ids import ProgramRef, RequestId, TargetId
+from actors.core.stats import ProgressTtlFactors
 
 # Program state / status (the pair is the lifecycle state, see program.py).
 ACTIVE = "active"
@@ -40,21 +41,40 @@ INTERACTIVE = "interactive"
 
 
 class IdentityLike(Protocol):
-    """What the core reads from a parsed Program identity (``actors.core.identity``)."""
+    """What the core reads from a parsed Program identity (``actors.core.identity``), read-only."""
 
-    program_id: str
-    placement_key: str
-    placement_hash_key: str
-    task_id: str | None
-    session_id: str | None
-    agent_id: str | None
-    parent_program_id: str | None
-    root_program_id: str | None
-    blocks_parent: bool
-    agent_role: str | None
-    spawn_reason: str | None
-    expected_resume: bool
-    step_id: int | None
+    @property
+    def program_id(self) -> str: ...
+    @property
+    def placement_key(self) -> str: ...
+    @property
+    def placement_hash_key(self) -> str: ...
+    @property
+    def task_id(self) -> str | None: ...
+    @property
+    def session_id(self) -> str | None: ...
+    @property
+    def agent_id(self) -> str | None: ...
+    @property
+    def parent_program_id(self) -> str | None: ...
+    @property
+    def root_program_id(self) -> str | None: ...
+    @property
+    def blocks_parent(self) -> bool: ...
+    @property
+    def agent_role(self) -> str | None: ...
+    @property
+    def spawn_reason(self) -> str | None: ...
+    @property
+    def expected_resume(self) -> bool: ...
+    @property
+    def step_id(self) -> int | None: ...
+
+
+# Where a queued Program waits: ("rank", target id) or ("global", model pool).
+RANK_QUEUE = "rank"
+GLOBAL_QUEUE = "global"
+QueueSlot = tuple[str, str]
 
 
 @frozen
@@ -169,7 +189,7 @@ class Program:
     ttl_deadline: float | None = None
     queued_at: float | None = None
     queue_seq: int = 0
-    queued_in: Any = None  # ("rank", target_id) | ("global", pool) | None
+    queued_in: QueueSlot | None = None  # (RANK_QUEUE, target_id) | (GLOBAL_QUEUE, pool)
     force_resume_deadline: float | None = None
     force_resume_timeout_seconds: float | None = None
     force_resume_active_remaining_rounds: float = 0.0
@@ -223,7 +243,7 @@ class RankState:
     observed_at: float | None = None
     reported_capacity_source: str | None = None
     checkpoints: dict[int, ObservationCheckpoint] = attrs.field(factory=dict)
-    factors: Any = None  # stats.ProgressTtlFactors
+    factors: ProgressTtlFactors = attrs.field(kw_only=True)  # the rank's rolling statistics
 
 
 class Lineage:

@@ -96,10 +96,9 @@ def next_state(current: str, trigger: str) -> str:
         raise IllegalTransition(current, trigger) from None
 
 
-# (state, status, trigger) -> (new state or None when released, new status, from name, to name)
-_FAST: dict[tuple[str, str, str], tuple[str | None, str | None, str, str]] = {
-    (*_SPLIT[frm], trig): (*(_SPLIT[to] if to != RELEASED else (None, None)), frm, to)
-    for (frm, trig), to in TRANSITIONS.items()
+# (state, status, trigger) -> ((new state, new status) or None when released, from name, to name)
+_FAST: dict[tuple[str, str, str], tuple[tuple[str, str] | None, str, str]] = {
+    (*_SPLIT[frm], trig): (_SPLIT.get(to), frm, to) for (frm, trig), to in TRANSITIONS.items()
 }
 
 
@@ -113,8 +112,7 @@ def apply(program: Program, trigger: str) -> tuple[str, str]:
     row = _FAST.get((program.state, program.status, trigger))
     if row is None:
         raise IllegalTransition(program.lifecycle, trigger)
-    new_state, new_status, frm, to = row
-    if new_state is not None:
-        program.state = new_state
-        program.status = new_status  # type: ignore[assignment]
+    split, frm, to = row
+    if split is not None:
+        program.state, program.status = split
     return frm, to

@@ -61,7 +61,7 @@ def repair_rank(s: SchedulerState, rank: RankState, capacity: int) -> None:
     high = capacity * cfg.high_watermark_ratio
     low = capacity * cfg.low_watermark_ratio
     fac = rank.factors
-    has_samples = fac is not None and len(fac.requests) > 0
+    has_samples = len(fac.requests) > 0
     c_bar = float(math.ceil(fac.mean_completion_tokens())) if has_samples else 0.0
     usage = target_usage(rank, s.now, cfg.metrics_interval_seconds)
     if usage + c_bar * len(rank.active) <= high:  # upper bound of `projected`: nothing to do

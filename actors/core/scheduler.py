@@ -39,6 +39,7 @@ from typing import Any
 from attrs import frozen
 
 from actors.core import handlers, topology
+from actors.core.config import ProgramSchedulingConfig
 from actors.core.effects import Effect
 from actors.core.events import (
     ObservationReceived,
@@ -63,11 +64,12 @@ class Step:
     effects: tuple[Effect, ...]
 
 
-def initial_state(cfg: Any) -> SchedulerState:
+def initial_state(cfg: ProgramSchedulingConfig) -> SchedulerState:
     return SchedulerState(cfg)
 
 
-# Event type -> handler.  Every handler takes (state, event) and appends to ``state.effects``.
+# Event type -> handler.  Every handler takes (state, event of that type) and appends its effects
+# to ``state.effects``; the event parameter is ``Any`` here because each handler takes its own type.
 HANDLERS: dict[type, Callable[[SchedulerState, Any], None]] = {
     RequestSubmitted: handlers.on_submit,
     RequestCompleted: handlers.on_complete,
@@ -81,7 +83,7 @@ HANDLERS: dict[type, Callable[[SchedulerState, Any], None]] = {
 }
 
 
-def step(state: SchedulerState, event: object, *, now: float, cfg: Any) -> Step:
+def step(state: SchedulerState, event: object, *, now: float, cfg: ProgramSchedulingConfig) -> Step:
     """Apply one event at time ``now``; returns the (same, updated) state and the effects."""
     handler = HANDLERS.get(type(event))
     if handler is None:

@@ -221,7 +221,7 @@ def _rank_document(rank: RankSnapshot) -> dict[str, Any]:
     return doc
 
 
-def _document(value: Any) -> dict[str, Any]:
+def _document(value: SchedulerSnapshot | RankSnapshot | RollingSnapshot | ProgramSnapshot) -> dict[str, Any]:
     """The rendered attributes of one snapshot value (nested values are rendered by the caller)."""
     return {a.name: getattr(value, a.name) for a in attrs.fields(type(value)) if not a.metadata.get("gauge_only")}
 

@@ -12,8 +12,9 @@ core's modules import each other in one direction only::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import cast
 
+from actors.core.config import ProgramSchedulingConfig
 from actors.core.effects import Effect
 from actors.core.ids import ProgramKey, ProgramRef, RequestId, SeqCounter, TargetId
 from actors.core.model import Dispatch, Lineage, Program, RankState
@@ -21,11 +22,14 @@ from actors.core.placement import Binder
 from actors.core.queue import RequestPool
 from actors.core.stats import ProgressTtlFactors, ResumeHitWindow
 
+# (target id, worker url, DP rank, index) of one target, as a pool's target list is compared
+TargetSignature = tuple[str, str, int, int]
+
 
 class SchedulerState:
     """All scheduling state (one writer: the scheduler actor)."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: ProgramSchedulingConfig) -> None:
         self.cfg = cfg
         self.now = 0.0
         self.programs: dict[ProgramKey, Program] = {}
@@ -33,7 +37,7 @@ class SchedulerState:
         self.in_flight: dict[RequestId, Dispatch] = {}
         self.ranks: dict[TargetId, RankState] = {}
         self.pools: dict[str, tuple[TargetId, ...]] = {}
-        self.pool_signatures: dict[str, tuple[tuple[object, ...], ...]] = {}
+        self.pool_signatures: dict[str, tuple[TargetSignature, ...]] = {}
         self.revision = 0
         self.rank_queues: dict[TargetId, dict[ProgramRef, None]] = {}
         self.global_queues: dict[str, dict[ProgramRef, None]] = {}
@@ -57,7 +61,14 @@ class SchedulerState:
         self.touched: dict[ProgramRef, Program] = {}
 
 
+def lookup_key(ref: ProgramRef) -> ProgramKey:
+    """``ref.key`` for dict lookups only: the plain ``(model_pool, program_id)`` slice hashes and
+    compares equal to the ``ProgramKey`` without building one (this runs several times per event).
+    Use ``ref.key`` wherever the key is kept or its fields are read."""
+    return cast(ProgramKey, ref[:2])
+
+
 def live_program(s: SchedulerState, ref: ProgramRef) -> Program | None:
     """The live Program of generation ``ref``, or None when that generation is gone."""
-    p = s.programs.get(ref.key)
+    p = s.programs.get(lookup_key(ref))
     return p if p is not None and p.ref == ref else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 from actors.core.effects import ArmTimer, CancelTimer
 from actors.core.events import ACTING_TTL, FORCE_RESUME, PAUSED_RETENTION, QUEUE_TIMEOUT
 from actors.core.model import ACTING, ACTIVE, PAUSED, Program
-from actors.core.state import SchedulerState
+from actors.core.state import SchedulerState, lookup_key
 
 
 def wanted_timers(s: SchedulerState, p: Program) -> dict[str, float]:
@@ -44,7 +44,7 @@ def sync_timers(s: SchedulerState) -> None:
     """Emit the timer commands of every Program touched by this step (first-touch order)."""
     programs, effects = s.programs, s.effects
     for ref, p in s.touched.items():
-        if programs.get(ref.key) is not p:
+        if programs.get(lookup_key(ref)) is not p:
             continue
         want = wanted_timers(s, p)
         have = p.timers

@@ -11,9 +11,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from actors.core.binding import bind
+from actors.core.config import BackendTarget
 from actors.core.effects import CapacitySourceChanged, StaleObservationDropped
 from actors.core.errors import NO_TARGETS
 from actors.core.events import ObservationReceived, ObservationStale, ObservationStarted, TargetsChanged
@@ -43,7 +42,7 @@ from actors.core.stats import ProgressTtlFactors
 # ---- targets -------------------------------------------------------------------------------------
 
 
-def sync_targets(s: SchedulerState, pool: str, targets: tuple[Any, ...]) -> None:
+def sync_targets(s: SchedulerState, pool: str, targets: tuple[BackendTarget, ...]) -> None:
     """Replace the target list of ``pool`` (core spec 13.1)."""
     sig = tuple(sorted((str(t.target_id), str(t.worker_url), t.dp_rank, int(t.index)) for t in targets))
     if s.pool_signatures.get(pool) == sig:
@@ -56,8 +55,13 @@ def sync_targets(s: SchedulerState, pool: str, targets: tuple[Any, ...]) -> None
     for tid, url, dp, idx in sig:
         rank = s.ranks.get(TargetId(tid))
         if rank is None:
-            rank = s.ranks[TargetId(tid)] = RankState(target_id=TargetId(tid), worker_url=url, dp_rank=dp, index=idx)
-            rank.factors = ProgressTtlFactors(s.cfg.stats_window_size)
+            rank = s.ranks[TargetId(tid)] = RankState(
+                target_id=TargetId(tid),
+                worker_url=url,
+                dp_rank=dp,
+                index=idx,
+                factors=ProgressTtlFactors(s.cfg.stats_window_size),
+            )
         else:
             rank.worker_url, rank.dp_rank, rank.index = url, dp, idx
         mark_dirty(s, rank.target_id)

@@ -80,8 +80,9 @@ def test_core_threshold_zero_disables_gate() -> None:
 def _mature_rank(
     capacity_rounds: tuple[int, ...], growth: int, decode: float | None, completion: int = 50
 ) -> RankState:
-    rank = RankState(TargetId("t@0"), "t", 0, 0)
-    rank.factors = ProgressTtlFactors(len(capacity_rounds))
+    rank = RankState(
+        target_id=TargetId("t@0"), worker_url="t", dp_rank=0, index=0, factors=ProgressTtlFactors(len(capacity_rounds))
+    )
     for i, r in enumerate(capacity_rounds):
         rank.factors.push_request(
             request_sample(prompt=1000, completion=completion, growth=growth, decode=decode, rounds=r, at=float(i))
