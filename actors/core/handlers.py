@@ -332,7 +332,7 @@ def _refresh_metadata(p: Program, ident: IdentityLike, existed: bool) -> None:
 
 
 def cancel_request(s: SchedulerState, rid: RequestId) -> None:
-    """Remove a waiting request (core spec 4.4), then run an admission pass."""
+    """Remove a waiting request (docs/program-scheduling.md §1), then run an admission pass."""
     cancel_waiting(s, rid)
     schedule_after_change(s)
 

@@ -1,9 +1,8 @@
 """Structural invariants of ``SchedulerState``, recomputed from scratch.
 
 ``check(state, cfg)`` returns human-readable problems (empty = healthy).  Property tests call
-it after every step; the scheduler actor may call it in debug mode.  It never mutates.  The
-``I<n>`` labels name the invariants the property tests check (property_tests/test_scheduler_machine.py);
-``B<n>`` the fixed reference behaviours of docs/program-scheduling.md §10.
+it after every step; the scheduler actor may call it in debug mode.  It never mutates.  ``B<n>``
+labels name the fixed reference behaviours of docs/program-scheduling.md §10.
 """
 
 from __future__ import annotations
@@ -41,12 +40,12 @@ def check(state: SchedulerState, cfg: ProgramSchedulingConfig) -> list[str]:
 
 
 def check_request_pool(s: SchedulerState, out: list[str]) -> None:
-    """I4: no empty FIFO is kept, the index matches the FIFOs, every waiter belongs to a live generation."""
+    """No empty FIFO is kept, the index matches the FIFOs, every waiter belongs to a live generation."""
     total = 0
     for ref in list(s.pool.refs()):
         n = s.pool.program_len(ref)
         if n == 0:
-            out.append(f"I4 empty FIFO kept for {ref}")
+            out.append(f"empty FIFO kept for {ref}")
         total += n
         p = s.programs.get(ref.key)
         if p is None or p.ref != ref:
@@ -55,7 +54,7 @@ def check_request_pool(s: SchedulerState, out: list[str]) -> None:
             if req.ref != ref:
                 out.append(f"request {req.request_id} filed under {ref} but belongs to {req.ref}")
     if total != len(s.pool):
-        out.append(f"I4 pool total {len(s.pool)} != sum of FIFOs {total}")
+        out.append(f"pool total {len(s.pool)} != sum of FIFOs {total}")
 
 
 def count_live_dispatches(s: SchedulerState, out: list[str]) -> dict[ProgramRef, int]:
@@ -71,21 +70,21 @@ def count_live_dispatches(s: SchedulerState, out: list[str]) -> dict[ProgramRef,
 
 
 def queue_membership(s: SchedulerState, out: list[str]) -> dict[ProgramRef, str]:
-    """Which queue each queued Program is in; I10: at most one, and no empty queue is kept."""
+    """Which queue each queued Program is in (at most one); no empty queue is kept."""
     queued: dict[ProgramRef, str] = {}
     for t, q in s.rank_queues.items():
         if not q:
             out.append(f"empty rank queue kept for {t}")
         for ref in q:
             if ref in queued:
-                out.append(f"I10 {ref} in two queues")
+                out.append(f"{ref} in two queues")
             queued[ref] = f"rank:{t}"
     for pool, q in s.global_queues.items():
         if not q:
             out.append(f"empty global queue kept for {pool}")
         for ref in q:
             if ref in queued:
-                out.append(f"I10 {ref} in two queues")
+                out.append(f"{ref} in two queues")
             queued[ref] = f"global:{pool}"
     return queued
 
@@ -103,9 +102,9 @@ def check_program(
     ref = p.ref
     waiting = s.pool.program_len(ref)
     if (p.state == ACTIVE) != (p.placement is not None):
-        out.append(f"I1 {ref} state {p.state} with placement {p.placement}")
+        out.append(f"{ref} state {p.state} with placement {p.placement}")
     if p.status == ACTING and (p.in_flight or waiting):
-        out.append(f"I3 {ref} acting with in_flight={p.in_flight} waiting={waiting}")
+        out.append(f"{ref} acting with in_flight={p.in_flight} waiting={waiting}")
     if p.state == PAUSED and p.in_flight:
         out.append(f"{ref} paused with {p.in_flight} requests in flight")
     if p.state == ACTIVE and waiting:
@@ -115,7 +114,7 @@ def check_program(
     if live_in_flight.get(ref, 0) != p.in_flight:
         out.append(f"{ref} in_flight={p.in_flight} but {live_in_flight.get(ref, 0)} live dispatches")
     if s.last_generations.get(ref.key) != ref.generation:
-        out.append(f"I12 last generation of {ref.key} is {s.last_generations.get(ref.key)} not {ref.generation}")
+        out.append(f"last generation of {ref.key} is {s.last_generations.get(ref.key)} not {ref.generation}")
     if p.state == ACTIVE:
         rank = s.ranks.get(p.placement) if p.placement is not None else None
         if rank is None or rank.active.get(ref) is not p:
@@ -124,9 +123,9 @@ def check_program(
         if abs(p.charged_tokens - expect) > _EPS:
             out.append(f"{ref} charged {p.charged_tokens} but private tokens are {expect}")
         if ref in queued:
-            out.append(f"I10 active {ref} is queued ({queued[ref]})")
+            out.append(f"active {ref} is queued ({queued[ref]})")
         if p.placement_epoch in epochs:
-            out.append(f"I8 epoch {p.placement_epoch} shared by {ref} and {epochs[p.placement_epoch]}")
+            out.append(f"epoch {p.placement_epoch} shared by {ref} and {epochs[p.placement_epoch]}")
         epochs[p.placement_epoch] = ref
     else:
         if p.charged_tokens:
@@ -141,11 +140,11 @@ def check_program(
     if p.queued_in is not None and p.queued_at is None:
         out.append(f"B8 {ref} queued without queued_at")
     if private_tokens(p, buf) < 0:
-        out.append(f"I21 {ref} negative private tokens")
+        out.append(f"{ref} negative private tokens")
 
 
 def check_ledgers(s: SchedulerState, buf: int, out: list[str]) -> None:
-    """I20: each rank's incremental ledger equals the private tokens of its active Programs."""
+    """Each rank's incremental ledger equals the private tokens of its active Programs."""
     for t, rank in s.ranks.items():
         total_tokens = 0.0
         for ref, p in rank.active.items():
@@ -153,7 +152,7 @@ def check_ledgers(s: SchedulerState, buf: int, out: list[str]) -> None:
                 out.append(f"rank {t} lists {ref} which is not active there")
             total_tokens += private_tokens(p, buf)
         if abs(rank.fallback_tokens - total_tokens) > 1e-6 * max(1.0, total_tokens):
-            out.append(f"I20 rank {t} ledger {rank.fallback_tokens} != recomputed {total_tokens}")
+            out.append(f"rank {t} ledger {rank.fallback_tokens} != recomputed {total_tokens}")
 
 
 def check_release_records(s: SchedulerState, out: list[str]) -> None:

@@ -1,4 +1,4 @@
-"""Logical occupancy ("ledger"), backend observations and the admission plan (core spec 5-6).
+"""Logical occupancy ("ledger"), backend observations and the admission plan (docs/program-scheduling.md §2, §3).
 
 Private tokens of a Program (what it occupies on its rank)::
 
@@ -103,7 +103,7 @@ def apply_observation(
     observed_at: float,
     capacity: int | None,
 ) -> None:
-    """Store a scrape result and rebase the delta on ``checkpoint`` (core spec 5.3)."""
+    """Store a scrape result and rebase the delta on ``checkpoint`` (docs/program-scheduling.md §2)."""
     native = kv_cache_usage * capacity if kv_cache_usage is not None and capacity is not None else None
     if native is not None:
         if running is not None and running > 0:
@@ -177,7 +177,7 @@ def estimate_batch_gain(
     required: float,
     target_rounds: int,
 ) -> BatchGain:
-    """Decode batch gain of admitting ``candidate`` vs the recovery and continuity cost (6.6.1)."""
+    """Decode batch gain of admitting ``candidate`` vs recovery and continuity loss (docs/program-scheduling.md §3)."""
     capacity = cfg.token_capacity_per_dp_rank
     if capacity is None or not cfg.enable_batch_gain_admission or factors is None:
         return DISABLED_GAIN
@@ -221,7 +221,7 @@ def continuity_loss_seconds(
     required: float,
     target_rounds: int,
 ) -> float:
-    """Protected rounds lost by admitting, times the mean protected cache-miss cost (6.6.1)."""
+    """Protected rounds lost by admitting, times the mean protected cache-miss cost (docs/program-scheduling.md §3)."""
     if g <= 0:
         return 0.0
     total = sum(r for r, _ in protected)
@@ -246,7 +246,7 @@ def admission_plan(
     front_output: int | None,
     global_mode: bool,
 ) -> Plan | None:
-    """The admission/resume plan of Program ``p`` on ``rank`` at ``now``, or None (core spec 6)."""
+    """The admission/resume plan of Program ``p`` on ``rank`` at ``now``, or None (docs/program-scheduling.md §3)."""
     if not global_mode and p.last_target != rank.target_id:
         return None
     if p.state != PAUSED or p.status != REASONING:

@@ -1,4 +1,4 @@
-"""Lifecycle operations shared by the scheduler, resume and repair (core spec 2.3-2.5, 4).
+"""Lifecycle operations shared by the scheduler, resume and repair (docs/program-scheduling.md §1).
 
 Every state change of a Program goes through ``program.apply`` (the transition table) and
 every ledger change through ``ledger.charge``; these helpers add the side effects the
@@ -89,7 +89,7 @@ def _leave(table: dict[K, dict[ProgramRef, None]], name: K, ref: ProgramRef) -> 
 
 
 def dispatch_ready(s: SchedulerState, p: Program) -> None:
-    """Claim every waiting request of an Active Program, FIFO front first (core spec 4.2)."""
+    """Claim every waiting request of an Active Program, FIFO front first (docs/program-scheduling.md §1)."""
     rank = s.ranks[p.placement] if p.placement is not None else None
     while p.state == ACTIVE and rank is not None:
         req = s.pool.take_front(p.ref)
@@ -131,7 +131,7 @@ def dispatch_ready(s: SchedulerState, p: Program) -> None:
 
 
 def commit_admission(s: SchedulerState, p: Program, rank: RankState, plan: Plan | None) -> None:
-    """Paused/Reasoning -> Active/Reasoning on ``rank`` (core spec 6.7), then dispatch."""
+    """Paused/Reasoning -> Active/Reasoning on ``rank`` (docs/program-scheduling.md §3), then dispatch."""
     cfg = s.cfg
     front = s.pool.front(p.ref)
     # B4 fix: the Program is charged exactly the `required` the plan checked (front hint).
@@ -271,7 +271,7 @@ def cancel_idle(s: SchedulerState, p: Program) -> None:
 
 
 def invalidate(s: SchedulerState, p: Program) -> None:
-    """The placement target vanished (core spec 2.2 item 8, with the B6 fix)."""
+    """The placement target vanished: ``health_failover`` (docs/program-scheduling.md §1, with the B6 fix of §10)."""
     waiting = s.pool.program_len(p.ref)
     frm, to = lc.apply(p, lc.INVALIDATE_WAITING if waiting else lc.INVALIDATE_IDLE)
     target, tokens = _unplace(s, p)
@@ -292,7 +292,7 @@ def invalidate(s: SchedulerState, p: Program) -> None:
 
 
 def release(s: SchedulerState, p: Program, reason: str) -> bool:
-    """Terminal release of an idle Program generation (core spec 2.5)."""
+    """Terminal release of an idle Program generation (docs/program-scheduling.md §1)."""
     if p.in_flight or s.pool.program_len(p.ref):
         return False
     frm, to = lc.apply(p, lc.RELEASE)
@@ -326,7 +326,7 @@ def is_waiting_candidate(s: SchedulerState, p: Program) -> bool:
 
 
 def cancel_waiting(s: SchedulerState, rid: RequestId) -> None:
-    """Remove a waiting request (core spec 4.4); the caller runs the admission pass if it wants one."""
+    """Remove a waiting request (docs/program-scheduling.md §1); the caller runs the admission pass if it wants one."""
     found = s.pool.cancel(rid)
     if found is None:
         return

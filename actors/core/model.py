@@ -7,7 +7,7 @@ Programs with a few-microsecond cycle and a few hundred bytes per idle Program, 
 copies of the whole state cannot give.  Nothing outside the core may mutate them; the shell
 reads the frozen ``snapshot.snapshot(...)`` instead.
 
-Field names follow the reference decision record (core spec section 1.3) with unit suffixes.
+Field names follow the reference router's Program record, with unit suffixes.
 Optional collections are created lazily (``None`` while empty) to keep idle Programs small.
 """
 
@@ -135,7 +135,7 @@ class Dispatch:
 
 @define(slots=True, eq=False)
 class Program:
-    """Runtime record + decision record of one live Program generation (core spec 1.2/1.3)."""
+    """Runtime and decision record of one live Program generation (docs/program-scheduling.md §1)."""
 
     ref: ProgramRef
     created_at: float
@@ -210,7 +210,7 @@ class Program:
 
 @define(slots=True, eq=False)
 class ObservationCheckpoint:
-    """Router ledger facts captured when a backend scrape starts (core spec 5.3)."""
+    """Router ledger facts captured when a backend scrape starts (docs/program-scheduling.md §2: the checkpoint)."""
 
     revision: int
     ledger_checkpoint: float
@@ -232,7 +232,7 @@ class RankState:
     active: dict[ProgramRef, Program] = attrs.field(factory=dict)
     fallback_tokens: float = 0.0  # incremental sum of charged_tokens of `active`
     delta_tokens: float = 0.0  # active_program_token_delta (rebased at every observation)
-    # observation record (core spec 1.5)
+    # the last backend observation (docs/program-scheduling.md §2)
     kv_cache_usage: float | None = None
     running_requests: int | None = None
     waiting_requests: int | None = None
@@ -247,7 +247,7 @@ class RankState:
 
 
 class Lineage:
-    """Model-scoped parent forest over program ids (periphery 1.10); diagnostics only.
+    """Model-scoped parent forest over program ids; diagnostics only (``root_program_id``).
 
     ``observe`` links a Program to its declared parent, then to its declared root (which
     overrides the parent link), skipping self links and links that would create a cycle.
@@ -282,7 +282,7 @@ class Lineage:
             self.parents[(pool, program_id)] = root
 
     def forget(self, pool: str, program_id: str) -> None:
-        """Drop a node whose Program history was pruned (B14): children then stop at its id."""
+        """Drop a node whose history was pruned (docs/program-scheduling.md §10, B14); its children stop at its id."""
         self.parents.pop((pool, program_id), None)
 
     def root(self, pool: str, program_id: str) -> str:

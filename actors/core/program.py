@@ -1,4 +1,4 @@
-"""Program lifecycle as an explicit transition table (h11 ``_state.py`` style).
+"""Program lifecycle as an explicit transition table (docs/program-scheduling.md §1).
 
 A live Program generation is in one of four lifecycle states, the pair (state, status):
 
@@ -14,10 +14,10 @@ Triggers are the scheduler's verbs.  :func:`next_state` looks the pair up and ra
 :class:`IllegalTransition` for a missing entry; :func:`apply` changes the record only after the
 lookup succeeded, so an illegal transition leaves the Program untouched.
 
-agentd differs from the reference in two places (see docs/program-scheduling.md):
+agentd differs from the reference here in one place (docs/program-scheduling.md §10, B6):
 ``invalidate`` of an idle Program (no waiter, nothing counted in flight) goes to
 ``paused_acting`` instead of the reference's orphaned ``paused_reasoning`` with zero waiters
-(bug B6), so the paused-retention release can reclaim it.
+so the paused-retention release can reclaim it.
 """
 
 from __future__ import annotations

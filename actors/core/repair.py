@@ -1,4 +1,4 @@
-"""Capacity repair between the watermarks (core spec 9).
+"""Capacity repair between the watermarks (docs/program-scheduling.md §6).
 
 Runs only with a token capacity ``C``.  For every rank touched since the last repair (in
 target-id order) with ``c`` = ceil(mean completion tokens) and ``N`` = Active/Reasoning count::

@@ -1,4 +1,4 @@
-"""Admission/resume scheduling, force-resume deadlines and segment yield (core spec 8, 10).
+"""Admission/resume scheduling, force-resume deadlines and segment yield (docs/program-scheduling.md §3, §5, §7).
 
 * :func:`schedule_waiting` serves the queues: rank-local mode walks every non-empty rank queue
   in target-id order (B11: the reference used hash-map order) and commits the first candidate,
@@ -118,7 +118,7 @@ def _has_pause_reason(s: SchedulerState, ref: ProgramRef) -> bool:
 
 
 def select_cross_rank(s: SchedulerState, p: Program) -> tuple[RankState, Plan] | None:
-    """The destination of a cross-rank resume, or None (core spec 10.3)."""
+    """The destination of a cross-rank resume, or None (docs/program-scheduling.md §7)."""
     cfg, now = s.cfg, s.now
     source_id = p.last_target
     if p.last_pause_reason is None or source_id is None:
@@ -196,7 +196,8 @@ def _remaining_rounds(rank: RankState, rounds: int) -> int:
 
 
 def force_resume_estimate(s: SchedulerState, p: Program) -> tuple[float, float, float, float]:
-    """(timeout, active remaining rounds, pool remaining rounds, throughput) of core spec 8.2."""
+    """(timeout, active remaining rounds, pool remaining rounds, throughput) of the force-resume
+    deadline (docs/program-scheduling.md §5)."""
     cfg = s.cfg
     f = cfg.force_resume_timeout_seconds
     lo = min(30.0, f)

@@ -1,4 +1,4 @@
-"""Rolling ProgressTtlFactors per rank, and the Progress-TTL formulas (core spec 7, 8.3, 12).
+"""Rolling ProgressTtlFactors per rank, and the Progress-TTL formulas (docs/program-scheduling.md §4, §5).
 
 Three FIFO windows, each bounded by ``stats_window_size`` (the oldest sample is dropped once
 the window is full; "complete" means ``limit > 0 and len >= limit``):

@@ -1,4 +1,4 @@
-"""Targets and backend observations (core spec 5.3-5.4, 13, 14).
+"""Targets and backend observations (docs/program-scheduling.md §2, §9, §10).
 
 * :func:`sync_targets` replaces a pool's target list: a new revision fences in-flight scrapes,
   removed ranks lose bindings, queues and statistics, and every Program of the pool whose rank
@@ -43,7 +43,7 @@ from actors.core.stats import ProgressTtlFactors
 
 
 def sync_targets(s: SchedulerState, pool: str, targets: tuple[BackendTarget, ...]) -> None:
-    """Replace the target list of ``pool`` (core spec 13.1)."""
+    """Replace the target list of ``pool`` (a new revision; the pool's Programs follow)."""
     sig = tuple(sorted((str(t.target_id), str(t.worker_url), t.dp_rank, int(t.index)) for t in targets))
     if s.pool_signatures.get(pool) == sig:
         return

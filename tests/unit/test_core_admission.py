@@ -1,4 +1,4 @@
-"""Admission checks and the ledger (periphery tests 35-41; core spec 5, 6)."""
+"""Admission checks and the ledger (docs/program-scheduling.md §2, §3)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def test_core_count_guard_never_reclaims_acting_program() -> None:
     assert h.program("a").lifecycle == "active_acting"
     eff = h.submit("b", at=2.0)
     assert admitted(eff) == []
-    assert h.program("a").lifecycle == "active_acting"  # I18: admission never evicts
+    assert h.program("a").lifecycle == "active_acting"  # admission never evicts
     assert h.program("b").lifecycle == "paused_reasoning"
 
 
@@ -155,7 +155,7 @@ def test_core_batch_gain_disabled_cases() -> None:
 
 
 def test_core_continuity_loss_infinite_when_protection_would_be_exhausted() -> None:
-    # free = 5000 - 1000 = 4000; before = min(3, 4) = 3; after = max(0, 4000 - 3500 - 1000) = 0 -> inf (I17)
+    # free = 5000 - 1000 = 4000; before = min(3, 4) = 3; after = max(0, 4000 - 3500 - 1000) = 0 -> inf
     assert continuity_loss_seconds(1000.0, [(3, 0.5)], 5000.0, 1000.0, 3500.0, 1) == math.inf
     assert continuity_loss_seconds(0.0, [(3, 0.5)], 5000.0, 1000.0, 3500.0, 1) == 0.0
     assert continuity_loss_seconds(1000.0, [], 50_000.0, 1000.0, 3500.0, 1) == 0.0

@@ -1,5 +1,5 @@
 """Completion bookkeeping, TTL arming/expiry, timers, cancellation, retention and fencing
-(periphery tests 22, 32, 42-47, 60; core spec 2, 4, 7, 12)."""
+(docs/program-scheduling.md §1, §2.2, §4, §5)."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def test_core_cancel_waiting_request_keeps_fifo_of_others() -> None:
     h.abandon("r3", at=4.0)  # middle of the FIFO
     assert [r.request_id for r in h.state.pool.requests(h.program("a").ref)] == ["r2", "r4"]
     eff = h.complete("r1", at=5.0, prompt=100)
-    assert admitted(eff) == ["r2", "r4"]  # FIFO order (I5)
+    assert admitted(eff) == ["r2", "r4"]  # FIFO order
 
 
 def test_core_cancel_last_waiter_of_completed_program_pauses_it() -> None:
@@ -201,7 +201,7 @@ def test_core_context_estimate_shrinks_only_after_two_confirmations() -> None:
     h.complete("r1", at=1.0, prompt=1000)
     h.submit("a", tokens=10, at=2.0, hints=hold)
     h.complete("r2", at=3.0, prompt=600)
-    assert h.program("a").estimated_context_tokens == 1000  # I33: one smaller reading
+    assert h.program("a").estimated_context_tokens == 1000  # one smaller reading is not enough
     h.submit("a", tokens=10, at=4.0, hints=hold)
     h.complete("r3", at=5.0, prompt=600)
     assert h.program("a").estimated_context_tokens == 600

@@ -1,5 +1,5 @@
-"""Backend observations, ledger accounting and the diagnostics snapshot
-(periphery tests 29, 30, 55-57; core spec 5; periphery 5.4, 6)."""
+"""Backend observations, ledger accounting and the diagnostics snapshot (docs/program-scheduling.md §2;
+the document's fields are listed in docs/operations.md)."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ def test_core_program_released_is_terminal() -> None:
 
 
 def test_core_program_expected_moves() -> None:
-    # spot checks against core spec 2.3
+    # spot checks against the transition table of docs/program-scheduling.md §1
     assert lc.next_state(lc.PAUSED_REASONING, lc.ACTIVATE) == lc.ACTIVE_REASONING
     assert lc.next_state(lc.ACTIVE_REASONING, lc.COMPLETE_IDLE) == lc.ACTIVE_ACTING
     assert lc.next_state(lc.ACTIVE_ACTING, lc.PAUSE) == lc.PAUSED_ACTING

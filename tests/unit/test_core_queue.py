@@ -1,5 +1,5 @@
-"""RequestPool (periphery tests 21-23) and formulas around the queue: global force-resume
-estimate, shared-prefix freshness, TTL-pause round sampling (test 53)."""
+"""RequestPool and formulas around the queue: global force-resume estimate (docs/program-scheduling.md §5),
+shared-prefix freshness (§2.2), TTL-pause round sampling."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_core_pool_cancel_reports_front_and_deletes_empty_fifo() -> None:
     pool.retain(req("x", g1, 3))
     assert pool.cancel(RequestId("b"))[1] is False  # type: ignore[index]
     assert pool.cancel(RequestId("a"))[1] is True  # type: ignore[index]
-    assert pool.front(g0) is None and g0 not in list(pool.refs())  # I4: no empty FIFO
+    assert pool.front(g0) is None and g0 not in list(pool.refs())  # no empty FIFO is kept
     assert pool.cancel(RequestId("a")) is None  # already gone: no-op
     assert pool.requests(g1)[0].request_id == "x"  # the other generation is untouched
     assert not pool.has_empty_fifo() and pool.fifo_lengths_total() == len(pool) == 1

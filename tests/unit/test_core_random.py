@@ -90,7 +90,7 @@ def run(name: str, seed: int, steps: int = 400) -> tuple[list[Any], dict[str, st
         if cap is not None and not c.binding_only:
             for e in out:
                 if isinstance(e, fx.Transition) and e.reason in ("program_admit", "batch_gain_admit"):
-                    # I14 at decision time: used + required <= C x low for non-forced admissions
+                    # at decision time: used + required <= C x low for non-forced admissions
                     assert e.used_tokens + e.required_tokens <= cap * c.low_watermark_ratio + 1e-6
 
     feed(TargetsChanged(POOL, targets(3)))

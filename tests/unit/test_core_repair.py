@@ -1,4 +1,4 @@
-"""Capacity repair between the watermarks (periphery test 44; core spec 9, I22, I23)."""
+"""Capacity repair between the watermarks (docs/program-scheduling.md §6)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_core_repair_never_pauses_in_flight_program_then_pauses_at_idle() -> Non
     h.submit("a", tokens=300)
     h.submit("b", tokens=300, at=1.0)
     h.submit("a", tokens=500, at=2.0)
-    assert h.program("a").lifecycle == "active_reasoning"  # I23: only marked
+    assert h.program("a").lifecycle == "active_reasoning"  # a busy Program is only marked
     h.complete("r1", at=3.0, prompt=300)
     assert h.program("a").lifecycle == "active_reasoning"  # r3 still in flight
     eff = h.complete("r3", at=4.0, prompt=500)

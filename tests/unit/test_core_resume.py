@@ -1,5 +1,5 @@
 """Resume order, force-resume deadlines, segment yield, global queue and cross-rank resume
-(periphery tests 37, 48-50; core spec 8, 10)."""
+(docs/program-scheduling.md §5, §7)."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_core_successful_resume_clears_yield_marker() -> None:
     h.complete("r1", at=1.0, prompt=100)
     h.program("a").last_pause_reason = MAX_SEGMENT_YIELD
     h.submit("a", at=2.0)
-    assert h.program("a").last_pause_reason is None  # I30: one-shot
+    assert h.program("a").last_pause_reason is None  # the yield marker is one-shot
 
 
 def test_core_force_deadline_is_static_timeout_before_window_matures() -> None:

@@ -1,4 +1,4 @@
-"""Rolling ProgressTtlFactors and the Progress-TTL formulas (periphery tests 51-54, core 7, 8.3, 12)."""
+"""Rolling ProgressTtlFactors and the Progress-TTL formulas (docs/program-scheduling.md §4, §5)."""
 
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def test_core_stats_fit_ttl_is_argmax_of_independent_utility() -> None:
     best = max(grid, key=u)
     got = fit_ttl(mu, sigma, c, 10.0)
     assert got == pytest.approx(best)
-    assert 0.05 <= got <= 5.0  # I24: 0 or within [min(0.05, d_max), d_max]
+    assert 0.05 <= got <= 5.0  # 0 or within [min(0.05, d_max), d_max]
 
 
 def test_core_stats_fit_ttl_zero_when_holding_never_pays() -> None:
@@ -156,7 +156,7 @@ def test_core_stats_fitted_ttl_requires_complete_continuity_window() -> None:
     f = ProgressTtlFactors(3)
     f.push_continuity(1.0, 0.0)
     f.push_continuity(math.e**2, 0.0)
-    assert f.fitted_acting_ttl(5.0, 10.0) == 0.0  # I24: incomplete -> 0
+    assert f.fitted_acting_ttl(5.0, 10.0) == 0.0  # incomplete window -> 0
     f.push_continuity(0.0, 0.0)  # zero intervals count for maturity but not for the fit
     mu, sigma = f.log_interval_fit()  # type: ignore[misc]
     assert (mu, sigma) == (pytest.approx(1.0), pytest.approx(1.0))
