@@ -12,7 +12,7 @@ completion; ``paused_retention_ttl_seconds`` is large so none is released).
   inflate; wall-clock median, p90 and p99 (``time.perf_counter_ns``) are printed too. Over
   ``--cycles`` cycles, after ``--warmup`` untimed cycles.
 * memory: ``tracemalloc`` traced bytes of a fresh state holding ``--programs`` idle Programs
-  (ids, records, heaps, rank statistics, lineage) minus the same state with only the targets,
+  (ids, records, timers, rank statistics, lineage) minus the same state with only the targets,
   divided by the number of Programs.
 
 Targets: median cycle <= 50 us, memory <= 4 KB per idle Program.

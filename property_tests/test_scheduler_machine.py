@@ -165,6 +165,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         note(f"t={self.now}: {_brief(event)} -> {shown}")
         self._absorb(event, effects)
         self._check_step(event, effects, pre_waiters, pre_last_target, pre_queued_at, pre_pause_reason)
+        self._track_growth()
         return effects
 
     def _absorb(self, event: object, effects: tuple[object, ...]) -> None:
@@ -275,6 +276,23 @@ class SchedulerMachine(RuleBasedStateMachine):
             if p.state == ACTIVE:
                 assert p.last_pause_reason is None, f"active {p.ref} kept pause reason {p.last_pause_reason}"
         self._check_order(event, effects, admitted, cross, pre)
+
+    def _track_growth(self) -> None:
+        """Add what each admitted Program grew since the last look to its allowance.
+
+        Called after every step, not only between rules: within one rule a Program can shrink (a
+        smaller output allowance), let another one in, and grow again; seen only at the end of
+        the rule, that growth would look like an over-admission.
+        """
+        s = self.state
+        for ref in list(self.admission):
+            p = s.programs.get(ref.key)
+            if p is None or p.ref != ref or p.state != ACTIVE:
+                del self.admission[ref]
+                continue
+            rec = self.admission[ref]
+            rec["grown"] += max(0.0, p.charged_tokens - rec["last"])
+            rec["last"] = p.charged_tokens
 
     def _record_admission(self, e: Transition, rank: Any, *, alone: bool = False) -> None:
         ledger_mode = capacity_accounting_source(rank, self.now, self.tick) != BACKEND_OBSERVATION
@@ -534,14 +552,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         s, cfg = self.state, self.cfg
         if cfg.binding_only:
             return
-        for ref in list(self.admission):
-            p = s.programs.get(ref.key)
-            if p is None or p.ref != ref or p.state != ACTIVE:
-                del self.admission[ref]
-                continue
-            rec = self.admission[ref]
-            rec["grown"] += max(0.0, p.charged_tokens - rec["last"])
-            rec["last"] = p.charged_tokens
+        self._track_growth()
         for target, rank in s.ranks.items():
             recs = [self.admission.get(ref) for ref in rank.active]
             forced = sum(1 for r in recs if r is not None and r["forced"])
