@@ -27,13 +27,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import trio
+from attrs import asdict
 
 from actors.core import events as ev
 from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.ids import DEFAULT_MODEL_POOL, TargetId
-from actors.core.scheduler import SchedulerState, initial_state, step
-from actors.core.stats import peek_acting_ttl
-from actors.effect_router import PAUSED_STATE, EffectRouter, logger
+from actors.core.scheduler import initial_state, step
+from actors.core.snapshot import diagnostics_document, snapshot
+from actors.core.state import SchedulerState
+from actors.effect_router import EffectRouter, logger
 from actors.logevents import log_event
 from actors.mailbox import Mailbox, open_mailbox
 from actors.messages import ObservationRoundStarted, SchedulerInboxItem, SchedulerMessage, Submission
@@ -207,12 +209,8 @@ def _log_capacity_observation(cfg: ProgramSchedulingConfig, msg: ev.ObservationR
 
 
 def diagnostics_snapshot(handle: SchedulerHandle, now: float) -> dict[str, Any]:
-    """The periphery-spec §6 document (the core's snapshot) plus a configuration summary."""
-    from attrs import asdict
-
-    from actors.core.snapshot import snapshot
-
-    doc = snapshot(handle.state, handle.cfg, now)
+    """The core's diagnostics document (rendered from its frozen snapshot) plus a configuration summary."""
+    doc = diagnostics_document(snapshot(handle.state, handle.cfg, now))
     summary = asdict(handle.cfg, filter=lambda a, _v: a.name not in ("explicit_coefficients", "deprecated_inputs"))
     doc["configuration"] = summary
     doc["scheduler"] = {
@@ -224,31 +222,18 @@ def diagnostics_snapshot(handle: SchedulerHandle, now: float) -> dict[str, Any]:
 
 
 def rank_gauges(handle: SchedulerHandle, now: float) -> tuple[RankGauges, ...]:
-    """Gauge values per target (published at each tick)."""
-    from actors.core.ledger import observation_fresh
-
-    state, cfg = handle.state, handle.cfg
-    queued: dict[str, int] = {}
-    for p in state.programs.values():
-        if p.state == PAUSED_STATE and p.last_target is not None and state.pool.program_len(p.ref) > 0:
-            queued[p.last_target] = queued.get(p.last_target, 0) + 1
-    out = []
-    for t in sorted(state.ranks):
-        rank = state.ranks[t]
-        f = rank.factors
-        out.append(
-            RankGauges(
-                target_id=t,
-                queue_size=queued.get(t, 0),
-                active_programs=len(rank.active),
-                fitted_ttl_seconds=0.0
-                if f is None
-                else peek_acting_ttl(f, state.warm_factors, state.resume_hits.miss_ratio(), cfg.max_acting_ttl_seconds),
-                context_growth_tokens=0.0 if f is None else f.mean_context_growth_tokens(),
-                request_samples=0 if f is None else len(f.requests),
-                continuity_samples=0 if f is None else len(f.continuities),
-                cache_miss_impact_rolling_mean_seconds=0.0 if f is None else f.mean_continuity_impact_seconds(),
-                observation_fresh=observation_fresh(rank, now, cfg.metrics_interval_seconds),
-            )
+    """Gauge values per target (published at each tick), read from the core's frozen snapshot."""
+    return tuple(
+        RankGauges(
+            target_id=r.target_id,
+            queue_size=r.queue_size,
+            active_programs=r.active_programs,
+            fitted_ttl_seconds=r.fitted_ttl_seconds,
+            context_growth_tokens=r.context_growth_tokens,
+            request_samples=r.request_samples,
+            continuity_samples=r.continuity_samples,
+            cache_miss_impact_rolling_mean_seconds=r.cache_miss_impact_rolling_mean_seconds,
+            observation_fresh=r.observation_fresh,
         )
-    return tuple(out)
+        for r in snapshot(handle.state, handle.cfg, now, include_programs=False).ranks
+    )

@@ -12,7 +12,7 @@ completion; ``paused_retention_ttl_seconds`` is large so none is released).
   inflate; wall-clock median, p90 and p99 (``time.perf_counter_ns``) are printed too. Over
   ``--cycles`` cycles, after ``--warmup`` untimed cycles.
 * memory: ``tracemalloc`` traced bytes of a fresh state holding ``--programs`` idle Programs
-  (ids, records, heaps, rank statistics, lineage) minus the same state with only the targets,
+  (ids, records, timers, rank statistics, lineage) minus the same state with only the targets,
   divided by the number of Programs.
 
 Targets: median cycle <= 50 us, memory <= 4 KB per idle Program (results: docs/benchmarks.md
@@ -37,7 +37,8 @@ from actors.core.effects import Admit
 from actors.core.events import RequestCompleted, RequestSubmitted, TargetsChanged
 from actors.core.ids import RequestId
 from actors.core.model import Usage
-from actors.core.scheduler import SchedulerState, initial_state, step
+from actors.core.scheduler import initial_state, step
+from actors.core.state import SchedulerState
 from daemon.http.identity import parse_identity
 
 CYCLE_TARGET_MICROSECONDS = 50.0

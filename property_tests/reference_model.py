@@ -1,7 +1,7 @@
 """A deliberately naive model of resume ordering and count-only admission.
 
-It restates the ordering rules of the seed document ("Resume ordering and capacity") and core
-spec §8.1 as plain pairwise comparisons and an insertion sort, without tuples or sort keys, so
+It restates the ordering rules of docs/program-scheduling.md §5 (resume order) and §3 (the Program-count
+guard) as plain pairwise comparisons and an insertion sort, without tuples or sort keys, so
 that it shares no code (and no cleverness) with ``actors.core.queue.resume_key``:
 
 1. expired force-resume deadlines first;

@@ -1,4 +1,4 @@
-"""Properties of the cost formulas (core spec I25, seed "Offline calibration models")."""
+"""Properties of the cost formulas (docs/program-scheduling.md §11)."""
 
 from __future__ import annotations
 

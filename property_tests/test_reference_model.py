@@ -16,7 +16,8 @@ from actors.core.config import ProgramSchedulingConfig
 from actors.core.effects import Transition
 from actors.core.events import RequestCompleted, RequestSubmitted, TargetsChanged
 from actors.core.model import RequestHints
-from actors.core.scheduler import SchedulerState, initial_state, step
+from actors.core.scheduler import initial_state, step
+from actors.core.state import SchedulerState
 from property_tests.reference_model import Waiter, count_only_admissions, naive_order
 from property_tests.strategies import make_targets, parse_program_request
 

@@ -3,27 +3,29 @@
 ``SchedulerMachine`` drives ``actors.core.scheduler.step`` the way the Trio shell does: requests
 are submitted (identity parsed by ``daemon.http.identity``), completed, abandoned; time advances
 and the due timers (from ``ArmTimer``/``CancelTimer`` effects) are delivered in (deadline, token)
-order, interleaved with the ``RepairTick`` grid; backend observations start, arrive or go stale;
-targets disappear and come back. After every rule the machine checks, against the core state:
+order, interleaved with the ``RepairTick`` grid, as the Program actors deliver them (the core acts
+on a deadline only when its timer fires); backend observations start, arrive or go stale;
+targets disappear and come back. After every rule the machine checks, against the core state
+(the rules are those of docs/program-scheduling.md):
 
-* ``invariants.check`` (core §16 I1-I4, I8, I10, I12, I20, I21) is clean;
+* ``invariants.check`` is clean;
 * conservation: each submitted request is in exactly one of waiting / in flight / completed /
   rejected / cancelled, and the core agrees on waiting and in-flight;
 * occupancy: in Router-ledger accounting, a rank's logical occupancy is at most
   ``capacity x low watermark`` plus what admitted Programs grew since admission plus what
   forced resumes brought in (recorded per admission); the active count likewise stays within
-  ``max_active_programs_per_target`` plus forced entrants (I14, I15);
+  ``max_active_programs_per_target`` plus forced entrants (§3);
 * starvation: no request waits past its force-resume deadline plus one tick unless the waiting
   gate of its rank holds it (fresh ``waiting_requests >= threshold``, or held within the last tick);
 * the incremental ledger equals a from-scratch recomputation (here and in ``invariants.check``);
 * per step: admissions on a rank follow the naive reference order (``reference_model``); with
   only the Program-count guard, every waiter left behind is ordered after every one admitted
-  and its rank is full; no admission through a holding waiting gate (I16); rank-local mode
-  never migrates (I19); a successful commit clears the yield marker (I30); repair only pauses
-  idle Programs (I23); FIFO dispatch per Program (I5); epochs strictly increase (I8);
-  generations step by one (I12); releases only when idle (I11), retention releases only after
-  ``paused_retention_ttl`` (I13); completions fenced by generation/epoch (I6, I7);
-* windows never exceed ``stats_window_size`` (I32); lineage roots terminate (I35);
+  and its rank is full; no admission through a holding waiting gate; rank-local mode never
+  migrates (§7); a successful commit clears the yield marker (§5); repair only pauses idle
+  Programs (§6); FIFO dispatch per Program; placement epochs strictly increase; generations
+  step by one; releases only when idle, retention releases only after
+  ``paused_retention_ttl`` (§1); completions fenced by generation and placement epoch;
+* windows never exceed ``stats_window_size``; lineage roots terminate;
 * identity-free requests never create Program state;
 * determinism: at teardown the recorded events are replayed into a fresh state and must
   produce identical effects.
@@ -159,11 +161,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         effects = step(self.state, event, now=self.now, cfg=self.cfg).effects
         self.log.append((event, self.now))
         self.effect_log.append(effects)
-        note(
-            f"t={self.now}: {_brief(event)} -> {[_brief(e) for e in effects if not isinstance(e, (ArmTimer, CancelTimer))]}"
-        )
+        shown = [_brief(e) for e in effects if not isinstance(e, (ArmTimer, CancelTimer))]
+        note(f"t={self.now}: {_brief(event)} -> {shown}")
         self._absorb(event, effects)
         self._check_step(event, effects, pre_waiters, pre_last_target, pre_queued_at, pre_pause_reason)
+        self._track_growth()
         return effects
 
     def _absorb(self, event: object, effects: tuple[object, ...]) -> None:
@@ -171,11 +173,11 @@ class SchedulerMachine(RuleBasedStateMachine):
             if isinstance(e, Admit):
                 assert self.status.get(e.request_id) == "waiting", (e, self.status.get(e.request_id))
                 pid = self.program_of[e.request_id]
-                assert self.fifo[pid][0] == e.request_id, f"I5 {e.request_id} dispatched before {self.fifo[pid][0]}"
+                assert self.fifo[pid][0] == e.request_id, f"{e.request_id} dispatched before {self.fifo[pid][0]}"
                 self.fifo[pid].pop(0)
                 self.status[e.request_id] = "in_flight"
                 if e.placement_start_request:
-                    assert e.placement_epoch > self.max_epoch, "I8 placement epochs must strictly increase"
+                    assert e.placement_epoch > self.max_epoch, "placement epochs must strictly increase"
                     self.max_epoch = e.placement_epoch
             elif isinstance(e, Reject):
                 label(f"reject {e.reason}")
@@ -190,7 +192,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 prev = self.generations.get(e.program.program_id)
                 keep = max(self.cfg.paused_retention_ttl_seconds, 60.0)
                 if prev is not None and prev[1] is not None and self.now - prev[1] < keep:
-                    assert e.program.generation == prev[0] + 1, f"I12 {e.program} after generation {prev[0]}"
+                    assert e.program.generation == prev[0] + 1, f"{e.program} after generation {prev[0]}"
                 elif prev is not None and prev[1] is not None:
                     assert e.program.generation in (0, prev[0] + 1), e
                 self.generations[e.program.program_id] = (e.program.generation, None)
@@ -198,7 +200,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             elif isinstance(e, RetireProgram):
                 pid = e.program.program_id
                 live = [r for r, st_ in self.status.items() if self.program_of[r] == pid and st_ == "waiting"]
-                assert not live, f"I11 {e.program} released with waiting requests {live}"
+                assert not live, f"{e.program} released with waiting requests {live}"
                 self.generations[pid] = (e.program.generation, self.now)
                 for key in [k for k in self.timers if k[0] == e.program]:
                     del self.timers[key]
@@ -213,12 +215,12 @@ class SchedulerMachine(RuleBasedStateMachine):
                 if e.reason == "paused_retention_release":
                     since = self.paused_since.get(e.program)
                     assert since is not None and self.now - since >= self.cfg.paused_retention_ttl_seconds - EPS, (
-                        f"I13 {e.program} released {self.now - (since or 0)} s after its pause"
+                        f"{e.program} released {self.now - (since or 0)} s after its pause"
                     )
                 if e.reason == "capacity_repair" and e.to_state != "released":
-                    assert e.from_state == "active_acting", f"I23 repair paused a busy Program: {e}"
+                    assert e.from_state == "active_acting", f"repair paused a busy Program: {e}"
             elif isinstance(e, CompletionIgnored):
-                assert e.request_id in self.orphaned, f"I7 completion of a live dispatch ignored: {e}"
+                assert e.request_id in self.orphaned, f"completion of a live dispatch ignored: {e}"
 
     def _gate_holds(self, target: str) -> bool:
         thr = self.cfg.admission_waiting_request_threshold
@@ -244,9 +246,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         for e in admitted:
             rank = s.ranks[e.target_id]
-            assert not self._gate_holds(e.target_id), f"I16 admission through a holding waiting gate: {e}"
+            assert not self._gate_holds(e.target_id), f"admission through a holding waiting gate: {e}"
             if not cfg.global_queue:
-                assert e.program not in cross, f"I19 rank-local mode migrated {e.program}"
+                assert e.program not in cross, f"rank-local mode migrated {e.program}"
             if e.forced:
                 continue
             assert e.required_tokens is not None and e.used_tokens is not None
@@ -257,23 +259,40 @@ class SchedulerMachine(RuleBasedStateMachine):
                     assert set(rank.active) <= {a.program for a in admitted}, f"oversized admission beside others {e}"
                     self._record_admission(e, rank, alone=True)
                     continue
-                assert e.used_tokens + e.required_tokens <= low + EPS, f"I14 {e}"
+                assert e.used_tokens + e.required_tokens <= low + EPS, f"{e}"
                 if not e.batch_gain:
-                    assert e.used_tokens + e.required_tokens + (e.reserve_tokens or 0.0) <= low + EPS, f"I14 {e}"
+                    assert e.used_tokens + e.required_tokens + (e.reserve_tokens or 0.0) <= low + EPS, f"{e}"
             self._record_admission(e, rank)
         for e in admitted:
             if e.forced:
                 self._record_admission(e, s.ranks[e.target_id])
         for ref in cross:
-            assert pre_pause_reason.get(ref) is not None, f"I31 {ref} migrated without a pause reason"
+            assert pre_pause_reason.get(ref) is not None, f"{ref} migrated without a pause reason"
             queued_at = pre_queued_at.get(ref)
-            assert queued_at is None or self.now - queued_at >= self.tick - EPS, f"I31 {ref} migrated too early"
+            assert queued_at is None or self.now - queued_at >= self.tick - EPS, f"{ref} migrated too early"
             dest = next(e.target_id for e in admitted if e.program == ref)
-            assert dest != pre_last_target.get(ref), f"I31 {ref} migrated to its own rank"
+            assert dest != pre_last_target.get(ref), f"{ref} migrated to its own rank"
         for p in s.programs.values():
             if p.state == ACTIVE:
-                assert p.last_pause_reason is None, f"I30 active {p.ref} kept pause reason {p.last_pause_reason}"
+                assert p.last_pause_reason is None, f"active {p.ref} kept pause reason {p.last_pause_reason}"
         self._check_order(event, effects, admitted, cross, pre)
+
+    def _track_growth(self) -> None:
+        """Add what each admitted Program grew since the last look to its allowance.
+
+        Called after every step, not only between rules: within one rule a Program can shrink (a
+        smaller output allowance), let another one in, and grow again; seen only at the end of
+        the rule, that growth would look like an over-admission.
+        """
+        s = self.state
+        for ref in list(self.admission):
+            p = s.programs.get(ref.key)
+            if p is None or p.ref != ref or p.state != ACTIVE:
+                del self.admission[ref]
+                continue
+            rec = self.admission[ref]
+            rec["grown"] += max(0.0, p.charged_tokens - rec["last"])
+            rec["last"] = p.charged_tokens
 
     def _record_admission(self, e: Transition, rank: Any, *, alone: bool = False) -> None:
         ledger_mode = capacity_accounting_source(rank, self.now, self.tick) != BACKEND_OBSERVATION
@@ -529,14 +548,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         s, cfg = self.state, self.cfg
         if cfg.binding_only:
             return
-        for ref in list(self.admission):
-            p = s.programs.get(ref.key)
-            if p is None or p.ref != ref or p.state != ACTIVE:
-                del self.admission[ref]
-                continue
-            rec = self.admission[ref]
-            rec["grown"] += max(0.0, p.charged_tokens - rec["last"])
-            rec["last"] = p.charged_tokens
+        self._track_growth()
         for target, rank in s.ranks.items():
             recs = [self.admission.get(ref) for ref in rank.active]
             forced = sum(1 for r in recs if r is not None and r["forced"])

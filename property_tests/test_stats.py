@@ -1,4 +1,4 @@
-"""Properties of the rolling statistics and the Progress-TTL fit (core spec §7, §8.3, §12, I24-I27, I32)."""
+"""Properties of the rolling statistics and the Progress-TTL fit (docs/program-scheduling.md §4, §5)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_request_window_bounded_and_means_match_recomputation(limit: int, sample
     f = ProgressTtlFactors(limit)
     for i, s in enumerate(samples, 1):
         f.push_request(s)
-        assert len(f.requests) == min(i, limit) if limit > 0 else len(f.requests) == 0  # I32
+        assert len(f.requests) == min(i, limit) if limit > 0 else len(f.requests) == 0  # windows stay bounded
     window = list(f.requests)
     assert window == samples[len(samples) - len(window) :]
     assert f.request_window_complete == (limit > 0 and len(samples) >= limit)
@@ -80,7 +80,7 @@ def test_target_rounds_is_zero_or_an_integer_within_the_cap(limit: int, cap: int
     r = f.target_rounds(cap)
     assert isinstance(r, int)
     if not f.request_window_complete:
-        assert r == 0  # I26 / I27 input
+        assert r == 0  # no target rounds before the window is full
         assert continuous_growth_reserve(f, r, [3, 4]) == 0.0
     else:
         assert 1 <= r <= cap
@@ -96,7 +96,7 @@ def test_fitted_ttl_zero_until_mature_then_bounded(limit: int, gaps: list[float]
     ttl = f.fitted_acting_ttl(impact, cap)
     d_max = min(cap, impact)
     if not f.continuity_window_complete:
-        assert ttl == 0.0  # I24
+        assert ttl == 0.0  # an incomplete window fits 0
     assert ttl == 0.0 or min(0.05, d_max) - 1e-12 <= ttl <= d_max + 1e-12
     assert len(f.continuities) == min(len(gaps), limit)
 

@@ -1,7 +1,10 @@
-"""The pure, sans-IO scheduling core: no trio, httpx, quart, prometheus, clock, logging or randomness."""
+"""The pure, sans-IO scheduling core: no trio, httpx, quart, prometheus, clock, logging or randomness.
 
-# Public API of the Program-scheduling state machine (re-exports).
-from actors.core.effects import (  # noqa: E402
+Public API of the Program-scheduling state machine (re-exports); docs/architecture.md describes
+how the scheduler actor drives it.
+"""
+
+from actors.core.effects import (
     AdmissionCapacitySnapshot,
     Admit,
     ArmTimer,
@@ -21,8 +24,8 @@ from actors.core.effects import (  # noqa: E402
     Transition,
     TtlArmed,
 )
-from actors.core.errors import IllegalTransition, InvalidEvent, InvariantViolation, Rejection  # noqa: E402
-from actors.core.events import (  # noqa: E402
+from actors.core.errors import IllegalTransition, InvalidEvent, InvariantViolation, Rejection
+from actors.core.events import (
     ACTING_TTL,
     FORCE_RESUME,
     PAUSED_RETENTION,
@@ -39,8 +42,65 @@ from actors.core.events import (  # noqa: E402
     TargetsChanged,
     TimerFired,
 )
-from actors.core.ids import ProgramKey, ProgramRef, RequestId, TargetId, redacted_id  # noqa: E402
-from actors.core.invariants import check as check_invariants  # noqa: E402
-from actors.core.model import RequestHints, Usage  # noqa: E402
-from actors.core.scheduler import SchedulerState, Step, initial_state, step  # noqa: E402
-from actors.core.snapshot import snapshot  # noqa: E402
+from actors.core.ids import ProgramKey, ProgramRef, RequestId, TargetId, redacted_id
+from actors.core.invariants import check as check_invariants
+from actors.core.model import RequestHints, Usage
+from actors.core.scheduler import Step, initial_state, step
+from actors.core.snapshot import RankSnapshot, SchedulerSnapshot, diagnostics_document, snapshot
+from actors.core.state import SchedulerState
+
+__all__ = [
+    "ACTING_TTL",
+    "FORCE_RESUME",
+    "PAUSED_RETENTION",
+    "QUEUE_TIMEOUT",
+    "TIMER_KINDS",
+    "AdmissionCapacitySnapshot",
+    "Admit",
+    "ArmTimer",
+    "CacheDiscontinuity",
+    "CacheMissImpactObserved",
+    "CancelTimer",
+    "CapacitySourceChanged",
+    "CompletionIgnored",
+    "Effect",
+    "Event",
+    "IllegalTransition",
+    "InvalidEvent",
+    "InvariantViolation",
+    "ObservationReceived",
+    "ObservationStale",
+    "ObservationStarted",
+    "ProgramKey",
+    "ProgramRef",
+    "QueueWaitObserved",
+    "RankSnapshot",
+    "Reject",
+    "Rejection",
+    "RepairTick",
+    "RequestAbandoned",
+    "RequestCompleted",
+    "RequestHints",
+    "RequestId",
+    "RequestIntervalObserved",
+    "RequestSubmitted",
+    "RetireProgram",
+    "SchedulerSnapshot",
+    "SchedulerState",
+    "SharedPrefixObserved",
+    "SpawnProgram",
+    "StaleObservationDropped",
+    "Step",
+    "TargetId",
+    "TargetsChanged",
+    "TimerFired",
+    "Transition",
+    "TtlArmed",
+    "Usage",
+    "check_invariants",
+    "diagnostics_document",
+    "initial_state",
+    "redacted_id",
+    "snapshot",
+    "step",
+]

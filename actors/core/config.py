@@ -156,7 +156,8 @@ class ProgramSchedulingConfig:
         low, high = self.low_watermark_ratio, self.high_watermark_ratio
         if finite(low) and finite(high):
             if low <= 0:
-                yield f"{p}low_watermark_ratio: must be > 0 (watermarks must satisfy 0 < low <= high <= 1) (got {low!r})"
+                rule = "must be > 0 (watermarks must satisfy 0 < low <= high <= 1)"
+                yield f"{p}low_watermark_ratio: {rule} (got {low!r})"
             if high < low:
                 yield (
                     f"{p}high_watermark_ratio: must be >= low_watermark_ratio "

@@ -1,7 +1,7 @@
 """Offline-calibrated cost models used by Progress-TTL and batch-gain admission (pure).
 
-Two fitted surfaces, with coefficients from ``daemon.config`` (seed "Offline calibration
-models", periphery §3.4-3.5, core §7.1):
+Two fitted surfaces, with coefficients from ``actors.core.config`` (docs/program-scheduling.md §11; the impact
+prices the Progress-TTL fit and batch-gain admission, §3 and §4):
 
 - cold prefill of ``u`` uncached prompt tokens, with ``x = u / 1000``::
 
@@ -23,19 +23,17 @@ models", periphery §3.4-3.5, core §7.1):
 warning: a 50,000-token cold prefill (about 13.93 s with the defaults) and batch 4 with
 4 x 50,000 context tokens (about 98.23 tok/s).
 
-The model objects are duck-typed (``PrefillCostModel`` / ``DecodeThroughputModel`` from
-``daemon.config``); the core never imports ``daemon`` at runtime.
+The model objects are ``PrefillCostModel`` / ``DecodeThroughputModel`` from ``actors.core.config``
+(the simulated backend reads the same fields).
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import attrs
 
-if TYPE_CHECKING:
-    from actors.core.config import DecodeThroughputModel, PrefillCostModel
+from actors.core.config import DecodeThroughputModel, PrefillCostModel
 
 __all__ = [
     "REFERENCE_DECODE_BATCH_SIZE",

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 from attrs import frozen
 
-_effect = frozen(slots=False)  # see the module docstring
-
 from actors.core.ids import ProgramRef, RequestId, TargetId
 
 
-@_effect
+@frozen(slots=False)  # see the module docstring
 class Admit:
     """Dispatch ``request_id`` to ``target_id`` (the FIFO front of an Active Program)."""
 
@@ -37,7 +35,7 @@ class Admit:
     estimated_context_tokens: int
 
 
-@_effect
+@frozen(slots=False)
 class Reject:
     """Refuse a waiting request (queue timeout -> 429, no targets -> 503)."""
 
@@ -47,7 +45,7 @@ class Reject:
     message: str
 
 
-@_effect
+@frozen(slots=False)
 class ArmTimer:
     """(Re)arm the ``kind`` timer of ``program`` at absolute ``deadline``; replaces any earlier one."""
 
@@ -57,27 +55,27 @@ class ArmTimer:
     token: int
 
 
-@_effect
+@frozen(slots=False)
 class CancelTimer:
     program: ProgramRef
     kind: str
 
 
-@_effect
+@frozen(slots=False)
 class SpawnProgram:
     """A new Program generation exists: start its actor."""
 
     program: ProgramRef
 
 
-@_effect
+@frozen(slots=False)
 class RetireProgram:
     """The generation was released: stop its actor (all its timers die with it)."""
 
     program: ProgramRef
 
 
-@_effect
+@frozen(slots=False)
 class Transition:
     """A committed lifecycle transition.
 
@@ -105,7 +103,7 @@ class Transition:
     released_private_tokens: float | None = None
 
 
-@_effect
+@frozen(slots=False)
 class AdmissionCapacitySnapshot:
     """Capacity facts at a committed admission (not in binding_only)."""
 
@@ -122,13 +120,13 @@ class AdmissionCapacitySnapshot:
     observation_age_seconds: float | None
 
 
-@_effect
+@frozen(slots=False)
 class QueueWaitObserved:
     target_id: TargetId
     seconds: float
 
 
-@_effect
+@frozen(slots=False)
 class RequestIntervalObserved:
     """Completion -> next arrival of the same Program (a continuity sample)."""
 
@@ -136,13 +134,13 @@ class RequestIntervalObserved:
     seconds: float
 
 
-@_effect
+@frozen(slots=False)
 class CacheMissImpactObserved:
     target_id: TargetId
     seconds: float
 
 
-@_effect
+@frozen(slots=False)
 class TtlArmed:
     program: ProgramRef
     target_id: TargetId
@@ -150,13 +148,13 @@ class TtlArmed:
     source: str  # "fitted" | "request_hint"
 
 
-@_effect
+@frozen(slots=False)
 class SharedPrefixObserved:
     target_id: TargetId
     tokens: int
 
 
-@_effect
+@frozen(slots=False)
 class CacheDiscontinuity:
     """unexpected_cache_discontinuity: cached tokens broke inside one placement."""
 
@@ -170,7 +168,7 @@ class CacheDiscontinuity:
     segment_served_rounds: int
 
 
-@_effect
+@frozen(slots=False)
 class CapacitySourceChanged:
     """capacity_observation_fallback (to a ledger source) / _recovered (back to backend)."""
 
@@ -181,7 +179,7 @@ class CapacitySourceChanged:
     freshness_threshold_seconds: float
 
 
-@_effect
+@frozen(slots=False)
 class StaleObservationDropped:
     target_id: TargetId
     epoch: int
@@ -189,7 +187,7 @@ class StaleObservationDropped:
     current_revision: int
 
 
-@_effect
+@frozen(slots=False)
 class CompletionIgnored:
     """A completion that the generation/epoch fence rejected (no stats, no ledger change)."""
 

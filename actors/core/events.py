@@ -52,7 +52,7 @@ class RequestCompleted:
 
 @frozen
 class RequestAbandoned:
-    """The client went away.  Waiting: cancelled (core spec 4.4); in flight: a failed completion."""
+    """The client went away.  Waiting: cancelled; in flight: a failed completion."""
 
     request_id: RequestId
 

@@ -3,7 +3,7 @@
 * ``ProgramKey`` = ``(model_pool, program_id)``: the runtime key of a Program across generations.
 * ``ProgramRef`` = ``(model_pool, program_id, generation)``: one materialisation (generation) of a
   Program.  Every table of the core is indexed by the full ref, so a stale ref of an older
-  generation never matches the live one (reference invariant I6).
+  generation never matches the live one.
 * ``RequestId``/``TargetId`` are plain strings chosen by the shell (``RequestId`` is the shell's
   unique handle of one HTTP request, not the client's correlation ``request_id`` hint).
 * ``redacted_id`` is the 16-hex-digit stable hash used in logs and metrics (never the raw id);

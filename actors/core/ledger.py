@@ -1,4 +1,4 @@
-"""Logical occupancy ("ledger"), backend observations and the admission plan (core spec 5-6).
+"""Logical occupancy ("ledger"), backend observations and the admission plan (docs/program-scheduling.md §2, §3).
 
 Private tokens of a Program (what it occupies on its rank)::
 
@@ -24,12 +24,12 @@ growth reserve, batch-gain admission (bypasses only the reserve).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from attrs import frozen
 
+from actors.core.config import ProgramSchedulingConfig
 from actors.core.costs import cache_miss_impact_seconds
-from actors.core.model import ACTING, ACTIVE, PAUSED, REASONING, Program, RankState
+from actors.core.model import ACTING, ACTIVE, PAUSED, REASONING, ObservationCheckpoint, Program, RankState
 from actors.core.stats import ProgressTtlFactors, continuous_growth_reserve, decode_throughput
 
 BACKEND_OBSERVATION = "backend_observation"
@@ -96,14 +96,14 @@ def fresh_waiting(rank: RankState, now: float, metrics_interval_seconds: float) 
 
 def apply_observation(
     rank: RankState,
-    checkpoint: Any,
+    checkpoint: ObservationCheckpoint,
     kv_cache_usage: float | None,
     running: int | None,
     waiting: int | None,
     observed_at: float,
     capacity: int | None,
 ) -> None:
-    """Store a scrape result and rebase the delta on ``checkpoint`` (core spec 5.3)."""
+    """Store a scrape result and rebase the delta on ``checkpoint`` (docs/program-scheduling.md §2)."""
     native = kv_cache_usage * capacity if kv_cache_usage is not None and capacity is not None else None
     if native is not None:
         if running is not None and running > 0:
@@ -144,11 +144,30 @@ class BatchGain:
     admits: bool
 
 
-DISABLED_GAIN = BatchGain(0.0, 0.0, 0.0, False)
+def _plan(
+    used: float,
+    required: float,
+    reserve: float,
+    capacity: int | None,
+    *,
+    forced: bool = False,
+    batch_gain: bool = False,
+) -> Plan:
+    return Plan(
+        used_tokens=used,
+        required_tokens=required,
+        reserve_tokens=reserve,
+        capacity_tokens=capacity,
+        forced=forced,
+        batch_gain=batch_gain,
+    )
+
+
+DISABLED_GAIN = BatchGain(gain_seconds=0.0, candidate_recovery_seconds=0.0, continuity_loss_seconds=0.0, admits=False)
 
 
 def estimate_batch_gain(
-    cfg: Any,
+    cfg: ProgramSchedulingConfig,
     factors: ProgressTtlFactors | None,
     candidate: Program,
     running_count: int,
@@ -158,7 +177,7 @@ def estimate_batch_gain(
     required: float,
     target_rounds: int,
 ) -> BatchGain:
-    """Decode batch gain of admitting ``candidate`` vs the recovery and continuity cost (6.6.1)."""
+    """Decode batch gain of admitting ``candidate`` vs recovery and continuity loss (docs/program-scheduling.md §3)."""
     capacity = cfg.token_capacity_per_dp_rank
     if capacity is None or not cfg.enable_batch_gain_admission or factors is None:
         return DISABLED_GAIN
@@ -186,7 +205,12 @@ def estimate_batch_gain(
         required,
         target_rounds,
     )
-    return BatchGain(gain, recovery, loss, gain >= recovery + loss)
+    return BatchGain(
+        gain_seconds=gain,
+        candidate_recovery_seconds=recovery,
+        continuity_loss_seconds=loss,
+        admits=gain >= recovery + loss,
+    )
 
 
 def continuity_loss_seconds(
@@ -197,7 +221,7 @@ def continuity_loss_seconds(
     required: float,
     target_rounds: int,
 ) -> float:
-    """Protected rounds lost by admitting, times the mean protected cache-miss cost (6.6.1)."""
+    """Protected rounds lost by admitting, times the mean protected cache-miss cost (docs/program-scheduling.md §3)."""
     if g <= 0:
         return 0.0
     total = sum(r for r, _ in protected)
@@ -217,12 +241,12 @@ def admission_plan(
     p: Program,
     rank: RankState,
     now: float,
-    cfg: Any,
+    cfg: ProgramSchedulingConfig,
     *,
     front_output: int | None,
     global_mode: bool,
 ) -> Plan | None:
-    """The admission/resume plan of Program ``p`` on ``rank`` at ``now``, or None (core spec 6)."""
+    """The admission/resume plan of Program ``p`` on ``rank`` at ``now``, or None (docs/program-scheduling.md §3)."""
     if not global_mode and p.last_target != rank.target_id:
         return None
     if p.state != PAUSED or p.status != REASONING:
@@ -244,27 +268,23 @@ def admission_plan(
     if capacity is None:
         if not forced and not count_fits:
             return None
-        return Plan(used, required, 0.0, None, forced, False)
+        return _plan(used, required, 0.0, None, forced=forced)
     low = capacity * cfg.low_watermark_ratio
     immediate_fits = used + required <= low
-    factors: ProgressTtlFactors | None = rank.factors
+    factors = rank.factors
     reserve = 0.0
-    rounds = 0
-    if factors is not None:
-        rounds = factors.target_rounds(cfg.max_segment_rounds)
-        if rounds > 0:
-            remaining = [max(0, rounds - a.rounds_since_activation) for a in rank.active.values()]
-            reserve = continuous_growth_reserve(factors, rounds, remaining)
+    rounds = factors.target_rounds(cfg.max_segment_rounds)
+    if rounds > 0:
+        remaining = [max(0, rounds - a.rounds_since_activation) for a in rank.active.values()]
+        reserve = continuous_growth_reserve(factors, rounds, remaining)
     reserve_fits = used + required + reserve <= low
     if forced or (count_fits and immediate_fits and reserve_fits):
-        return Plan(used, required, reserve, capacity, forced, False)
+        return _plan(used, required, reserve, capacity, forced=forced)
     if not rank.active and required > low:
         # agentd difference: a Program that can never fit runs alone on an idle rank (the engine
         # chunks and, if it must, preempts it) instead of waiting for its force-resume deadline.
-        return Plan(used, required, reserve, capacity, False, False)
+        return _plan(used, required, reserve, capacity)
     if not count_fits or not immediate_fits:
-        return None
-    if factors is None:
         return None
     running = [a for a in rank.active.values() if a.status == REASONING]
     ctx_before = float(sum(a.estimated_context_tokens for a in running))
@@ -275,7 +295,7 @@ def admission_plan(
             protected.append((rem, a.last_cache_miss_impact_seconds))
     gain = estimate_batch_gain(cfg, factors, p, len(running), ctx_before, protected, used, required, rounds)
     if gain.admits:
-        return Plan(used, required, reserve, capacity, False, True)
+        return _plan(used, required, reserve, capacity, batch_gain=True)
     return None
 
 

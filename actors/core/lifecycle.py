@@ -1,4 +1,4 @@
-"""Lifecycle operations shared by the scheduler, resume and repair (core spec 2.3-2.5, 4).
+"""Lifecycle operations shared by the scheduler, resume and repair (docs/program-scheduling.md §1).
 
 Every state change of a Program goes through ``program.apply`` (the transition table) and
 every ledger change through ``ledger.charge``; these helpers add the side effects the
@@ -8,24 +8,32 @@ They read ``s.cfg`` and ``s.now``, which ``scheduler.step`` sets for the duratio
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TypeVar
 
 from actors.core import program as lc
-from actors.core.effects import AdmissionCapacitySnapshot, Admit, QueueWaitObserved, RetireProgram, Transition
-from actors.core.ids import TargetId
+from actors.core.effects import AdmissionCapacitySnapshot, Admit, QueueWaitObserved, Reject, RetireProgram, Transition
+from actors.core.errors import Rejection
+from actors.core.ids import ProgramRef, RequestId, TargetId
 from actors.core.ledger import Plan, charge, private_tokens
 from actors.core.model import (
     ACTIVE,
+    GLOBAL_QUEUE,
     PAUSED,
+    RANK_QUEUE,
     REASONING,
     REQUEST_CANCELLED,
     Dispatch,
     Program,
     RankState,
 )
+from actors.core.state import SchedulerState, live_program
 
-if TYPE_CHECKING:
-    from actors.core.scheduler import SchedulerState
+K = TypeVar("K", bound=str)
+
+
+def reject(rid: RequestId, why: Rejection) -> Reject:
+    """The ``Reject`` effect refusing the retained request ``rid`` for reason ``why``."""
+    return Reject(request_id=rid, reason=why.reason, status_hint=why.status_hint, message=why.message)
 
 
 def touch(s: SchedulerState, p: Program) -> None:
@@ -48,11 +56,11 @@ def enqueue(s: SchedulerState, p: Program) -> None:
     if p.queued_in is not None:
         return
     if s.cfg.global_queue:
-        where = ("global", p.ref.model_pool)
+        where = (GLOBAL_QUEUE, p.ref.model_pool)
         s.global_queues.setdefault(p.ref.model_pool, {})[p.ref] = None
     else:
         assert p.last_target is not None
-        where = ("rank", p.last_target)
+        where = (RANK_QUEUE, p.last_target)
         s.rank_queues.setdefault(p.last_target, {})[p.ref] = None
     p.queued_in = where
     if p.queued_at is None:  # B8: a queued Program always has a queued_at
@@ -63,17 +71,25 @@ def dequeue(s: SchedulerState, p: Program) -> None:
     where = p.queued_in
     if where is None:
         return
-    table = s.global_queues if where[0] == "global" else s.rank_queues
-    q = table.get(where[1])
-    if q is not None:
-        q.pop(p.ref, None)
-        if not q:
-            del table[where[1]]
+    kind, name = where
+    if kind == GLOBAL_QUEUE:
+        _leave(s.global_queues, name, p.ref)
+    else:
+        _leave(s.rank_queues, TargetId(name), p.ref)
     p.queued_in = None
 
 
+def _leave(table: dict[K, dict[ProgramRef, None]], name: K, ref: ProgramRef) -> None:
+    """Remove ``ref`` from queue ``table[name]``; an emptied queue is deleted."""
+    q = table.get(name)
+    if q is not None:
+        q.pop(ref, None)
+        if not q:
+            del table[name]
+
+
 def dispatch_ready(s: SchedulerState, p: Program) -> None:
-    """Claim every waiting request of an Active Program, FIFO front first (core spec 4.2)."""
+    """Claim every waiting request of an Active Program, FIFO front first (docs/program-scheduling.md §1)."""
     rank = s.ranks[p.placement] if p.placement is not None else None
     while p.state == ACTIVE and rank is not None:
         req = s.pool.take_front(p.ref)
@@ -84,38 +100,38 @@ def dispatch_ready(s: SchedulerState, p: Program) -> None:
         p.placement_start_pending = False
         p.in_flight += 1
         d = Dispatch(
-            req.request_id,
-            p.ref,
-            rank.target_id,
-            p.placement_epoch,
-            req.arrived_at,
-            s.now,
-            req.estimated_context_tokens,
-            start,
-            req.hints,
+            request_id=req.request_id,
+            ref=p.ref,
+            target_id=rank.target_id,
+            placement_epoch=p.placement_epoch,
+            arrived_at=req.arrived_at,
+            dispatched_at=s.now,
+            estimated_context_tokens=req.estimated_context_tokens,
+            placement_start_request=start,
+            hints=req.hints,
         )
         s.in_flight[req.request_id] = d
         wait = max(0.0, s.now - req.arrived_at)
         s.effects.append(
             Admit(
-                req.request_id,
-                rank.target_id,
-                p.ref,
-                p.ref.generation,
-                p.placement_epoch,
-                start,
-                wait,
-                p.estimated_context_tokens,
+                request_id=req.request_id,
+                target_id=rank.target_id,
+                program=p.ref,
+                generation=p.ref.generation,
+                placement_epoch=p.placement_epoch,
+                placement_start_request=start,
+                queue_wait_seconds=wait,
+                estimated_context_tokens=p.estimated_context_tokens,
             )
         )
-        s.effects.append(QueueWaitObserved(rank.target_id, wait))
+        s.effects.append(QueueWaitObserved(target_id=rank.target_id, seconds=wait))
         s.binder.commit_placement(req.routing_text, rank.target_id)
         mark_dirty(s, rank.target_id)
         touch(s, p)
 
 
 def commit_admission(s: SchedulerState, p: Program, rank: RankState, plan: Plan | None) -> None:
-    """Paused/Reasoning -> Active/Reasoning on ``rank`` (core spec 6.7), then dispatch."""
+    """Paused/Reasoning -> Active/Reasoning on ``rank`` (docs/program-scheduling.md §3), then dispatch."""
     cfg = s.cfg
     front = s.pool.front(p.ref)
     # B4 fix: the Program is charged exactly the `required` the plan checked (front hint).
@@ -148,17 +164,17 @@ def commit_admission(s: SchedulerState, p: Program, rank: RankState, plan: Plan 
         age = s.now - rank.observed_at if rank.observed_at is not None else None
         s.effects.append(
             AdmissionCapacitySnapshot(
-                rank.target_id,
-                used,
-                required,
-                reserve,
-                capacity,
-                used / capacity if capacity else None,
-                (used + required + reserve) / capacity if capacity else None,
-                rank.kv_cache_usage,
-                rank.running_requests,
-                rank.waiting_requests,
-                age,
+                target_id=rank.target_id,
+                used_tokens=used,
+                required_tokens=required,
+                growth_reserve_tokens=reserve,
+                capacity_tokens=capacity,
+                capacity_pressure_ratio=used / capacity if capacity else None,
+                projected_pressure_ratio=(used + required + reserve) / capacity if capacity else None,
+                backend_kv_usage_ratio=rank.kv_cache_usage,
+                backend_running_requests=rank.running_requests,
+                backend_waiting_requests=rank.waiting_requests,
+                observation_age_seconds=age,
             )
         )
     forced = plan is not None and plan.forced
@@ -168,22 +184,24 @@ def commit_admission(s: SchedulerState, p: Program, rank: RankState, plan: Plan 
         s.forced_admissions += 1
     s.effects.append(
         Transition(
-            p.ref,
-            frm,
-            to,
-            reason,
-            rank.target_id,
-            True,
-            forced,
-            batch_gain,
-            plan.used_tokens if plan else None,
-            plan.required_tokens if plan else None,
-            plan.reserve_tokens if plan else None,
-            capacity,
+            program=p.ref,
+            from_state=frm,
+            to_state=to,
+            reason=reason,
+            target_id=rank.target_id,
+            counted=True,
+            forced=forced,
+            batch_gain=batch_gain,
+            used_tokens=plan.used_tokens if plan else None,
+            required_tokens=plan.required_tokens if plan else None,
+            reserve_tokens=plan.reserve_tokens if plan else None,
+            capacity_tokens=capacity,
         )
     )
     if previous is not None and previous != rank.target_id:
-        s.effects.append(Transition(p.ref, frm, to, "cross_rank_resume", rank.target_id))
+        s.effects.append(
+            Transition(program=p.ref, from_state=frm, to_state=to, reason="cross_rank_resume", target_id=rank.target_id)
+        )
     dispatch_ready(s, p)
 
 
@@ -207,7 +225,16 @@ def pause(s: SchedulerState, p: Program, reason: str) -> None:
     frm, to = lc.apply(p, lc.PAUSE)
     target, tokens = _unplace(s, p)
     _after_pause(s, p, reason)
-    s.effects.append(Transition(p.ref, frm, to, reason, target, released_private_tokens=tokens))
+    s.effects.append(
+        Transition(
+            program=p.ref,
+            from_state=frm,
+            to_state=to,
+            reason=reason,
+            target_id=target,
+            released_private_tokens=tokens,
+        )
+    )
 
 
 def _after_pause(s: SchedulerState, p: Program, reason: str) -> None:
@@ -217,7 +244,6 @@ def _after_pause(s: SchedulerState, p: Program, reason: str) -> None:
     p.acting_since = p.ttl_deadline = None
     p.pause_when_idle = False
     restart_freshness_anchor(p, s.now)
-    s.retention_heap.push(p.paused_at + s.cfg.paused_retention_ttl_seconds, p.ref)
     touch(s, p)
 
 
@@ -229,28 +255,44 @@ def cancel_idle(s: SchedulerState, p: Program) -> None:
         target, tokens = _unplace(s, p)
         _after_pause(s, p, REQUEST_CANCELLED)
         s.effects.append(
-            Transition(p.ref, frm, to, REQUEST_CANCELLED, target, counted=False, released_private_tokens=tokens)
+            Transition(
+                program=p.ref,
+                from_state=frm,
+                to_state=to,
+                reason=REQUEST_CANCELLED,
+                target_id=target,
+                counted=False,
+                released_private_tokens=tokens,
+            )
         )
     else:
         p.paused_at = s.now
-        s.retention_heap.push(p.paused_at + s.cfg.paused_retention_ttl_seconds, p.ref)
         touch(s, p)
 
 
 def invalidate(s: SchedulerState, p: Program) -> None:
-    """The placement target vanished (core spec 2.2 item 8, with the B6 fix)."""
+    """The placement target vanished: ``health_failover`` (docs/program-scheduling.md §1, with the B6 fix of §10)."""
     waiting = s.pool.program_len(p.ref)
     frm, to = lc.apply(p, lc.INVALIDATE_WAITING if waiting else lc.INVALIDATE_IDLE)
     target, tokens = _unplace(s, p)
     p.placement_epoch = s.epochs.next()
     p.placement_start_pending = False
     p.in_flight = 0
-    s.effects.append(Transition(p.ref, frm, to, "health_failover", target, released_private_tokens=tokens))
+    s.effects.append(
+        Transition(
+            program=p.ref,
+            from_state=frm,
+            to_state=to,
+            reason="health_failover",
+            target_id=target,
+            released_private_tokens=tokens,
+        )
+    )
     touch(s, p)
 
 
 def release(s: SchedulerState, p: Program, reason: str) -> bool:
-    """Terminal release of an idle Program generation (core spec 2.5)."""
+    """Terminal release of an idle Program generation (docs/program-scheduling.md §1)."""
     if p.in_flight or s.pool.program_len(p.ref):
         return False
     frm, to = lc.apply(p, lc.RELEASE)
@@ -261,16 +303,44 @@ def release(s: SchedulerState, p: Program, reason: str) -> bool:
     key = p.ref.key
     del s.programs[key]
     s.last_generations[key] = p.ref.generation
+    s.released_at.pop(key, None)  # re-inserted at the end: the dict stays in release order
     s.released_at[key] = s.now
-    s.prune_heap.push(s.now + max(s.cfg.paused_retention_ttl_seconds, 60.0), key)
     s.binder.release(key)
     s.touched.pop(p.ref, None)
     s.effects.append(
-        Transition(p.ref, frm, to, reason, target or p.last_target, counted=reason == "paused_retention_release")
+        Transition(
+            program=p.ref,
+            from_state=frm,
+            to_state=to,
+            reason=reason,
+            target_id=target or p.last_target,
+            counted=reason == "paused_retention_release",
+        )
     )
-    s.effects.append(RetireProgram(p.ref))
+    s.effects.append(RetireProgram(program=p.ref))
     return True
 
 
 def is_waiting_candidate(s: SchedulerState, p: Program) -> bool:
     return p.state == PAUSED and p.status == REASONING and s.pool.program_len(p.ref) > 0
+
+
+def cancel_waiting(s: SchedulerState, rid: RequestId) -> None:
+    """Remove a waiting request (docs/program-scheduling.md §1); the caller runs the admission pass if it wants one."""
+    found = s.pool.cancel(rid)
+    if found is None:
+        return
+    req, _was_front = found
+    p = live_program(s, req.ref)
+    if p is None:
+        return
+    waiting = s.pool.program_len(p.ref)
+    if p.in_flight == 0 and waiting == 0:
+        cancel_idle(s, p)
+    else:
+        lc.apply(p, lc.CANCEL_BUSY)
+    if waiting == 0:
+        dequeue(s, p)
+    touch(s, p)
+    if p.in_flight == 0 and waiting == 0 and p.completed_requests == 0:
+        release(s, p, "program_release")

@@ -7,19 +7,17 @@ Programs with a few-microsecond cycle and a few hundred bytes per idle Program, 
 copies of the whole state cannot give.  Nothing outside the core may mutate them; the shell
 reads the frozen ``snapshot.snapshot(...)`` instead.
 
-Field names follow the reference decision record (core spec section 1.3) with unit suffixes.
+Field names follow the reference router's Program record, with unit suffixes.
 Optional collections are created lazily (``None`` while empty) to keep idle Programs small.
 """
 
 from __future__ import annotations
 
-import heapq
-from typing import Any
-
 import attrs
 from attrs import define, frozen
 
 from actors.core.ids import ProgramRef, RequestId, TargetId
+from actors.core.stats import ProgressTtlFactors
 
 # Program state / status (the pair is the lifecycle state, see program.py).
 ACTIVE = "active"
@@ -65,6 +63,12 @@ class ProgramIdentity:
     source: str
     placement_key: str
     placement_hash_key: str
+
+
+# Where a queued Program waits: ("rank", target id) or ("global", model pool).
+RANK_QUEUE = "rank"
+GLOBAL_QUEUE = "global"
+QueueSlot = tuple[str, str]
 
 
 @frozen
@@ -125,7 +129,7 @@ class Dispatch:
 
 @define(slots=True, eq=False)
 class Program:
-    """Runtime record + decision record of one live Program generation (core spec 1.2/1.3)."""
+    """Runtime and decision record of one live Program generation (docs/program-scheduling.md §1)."""
 
     ref: ProgramRef
     created_at: float
@@ -179,7 +183,7 @@ class Program:
     ttl_deadline: float | None = None
     queued_at: float | None = None
     queue_seq: int = 0
-    queued_in: Any = None  # ("rank", target_id) | ("global", pool) | None
+    queued_in: QueueSlot | None = None  # (RANK_QUEUE, target_id) | (GLOBAL_QUEUE, pool)
     force_resume_deadline: float | None = None
     force_resume_timeout_seconds: float | None = None
     force_resume_active_remaining_rounds: float = 0.0
@@ -200,7 +204,7 @@ class Program:
 
 @define(slots=True, eq=False)
 class ObservationCheckpoint:
-    """Router ledger facts captured when a backend scrape starts (core spec 5.3)."""
+    """Router ledger facts captured when a backend scrape starts (docs/program-scheduling.md §2: the checkpoint)."""
 
     revision: int
     ledger_checkpoint: float
@@ -222,7 +226,7 @@ class RankState:
     active: dict[ProgramRef, Program] = attrs.field(factory=dict)
     fallback_tokens: float = 0.0  # incremental sum of charged_tokens of `active`
     delta_tokens: float = 0.0  # active_program_token_delta (rebased at every observation)
-    # observation record (core spec 1.5)
+    # the last backend observation (docs/program-scheduling.md §2)
     kv_cache_usage: float | None = None
     running_requests: int | None = None
     waiting_requests: int | None = None
@@ -233,48 +237,11 @@ class RankState:
     observed_at: float | None = None
     reported_capacity_source: str | None = None
     checkpoints: dict[int, ObservationCheckpoint] = attrs.field(factory=dict)
-    factors: Any = None  # stats.ProgressTtlFactors
-
-
-class DeadlineHeap:
-    """A min-heap of ``(deadline, seq, key)`` with lazy deletion.
-
-    The caller validates each popped key against the live record (a re-armed or cancelled
-    deadline leaves a stale entry behind, which is skipped).  Ties are broken by the explicit
-    insertion sequence, never by object identity.
-    """
-
-    __slots__ = ("_heap", "_seq")
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Any]] = []
-        self._seq = 0
-
-    def push(self, deadline: float, key: Any) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (deadline, self._seq, key))
-
-    def pop_due(self, now: float) -> list[tuple[float, Any]] | tuple[()]:
-        heap = self._heap
-        if not heap or heap[0][0] > now:
-            return ()  # the common case: nothing due (no list allocated)
-        out: list[tuple[float, Any]] = []
-        while heap and heap[0][0] <= now:
-            deadline, _, key = heapq.heappop(heap)
-            out.append((deadline, key))
-        return out
-
-    def compact(self, is_valid: Any) -> None:
-        """Drop the stale entries (``is_valid(deadline, key)`` false); keeps memory bounded."""
-        self._heap = [e for e in self._heap if is_valid(e[0], e[2])]
-        heapq.heapify(self._heap)
-
-    def __len__(self) -> int:
-        return len(self._heap)
+    factors: ProgressTtlFactors = attrs.field(kw_only=True)  # the rank's rolling statistics
 
 
 class Lineage:
-    """Model-scoped parent forest over program ids (periphery 1.10); diagnostics only.
+    """Model-scoped parent forest over program ids; diagnostics only (``root_program_id``).
 
     ``observe`` links a Program to its declared parent, then to its declared root (which
     overrides the parent link), skipping self links and links that would create a cycle.
@@ -309,7 +276,7 @@ class Lineage:
             self.parents[(pool, program_id)] = root
 
     def forget(self, pool: str, program_id: str) -> None:
-        """Drop a node whose Program history was pruned (B14): children then stop at its id."""
+        """Drop a node whose history was pruned (docs/program-scheduling.md §10, B14); its children stop at its id."""
         self.parents.pop((pool, program_id), None)
 
     def root(self, pool: str, program_id: str) -> str:

@@ -1,4 +1,4 @@
-"""Initial binding of a new Program generation to its home rank (periphery spec 2, core 14).
+"""Initial binding of a new Program generation to its home rank (docs/program-scheduling.md §9).
 
 Binding only picks ``home_target`` (= the first ``last_target``) of a new generation; admission
 and resume decide the actual placement.  The table is keyed by ``(model_pool, program_id)``:

@@ -1,4 +1,4 @@
-"""Program lifecycle as an explicit transition table (h11 ``_state.py`` style).
+"""Program lifecycle as an explicit transition table (docs/program-scheduling.md §1).
 
 A live Program generation is in one of four lifecycle states, the pair (state, status):
 
@@ -14,10 +14,10 @@ Triggers are the scheduler's verbs.  :func:`next_state` looks the pair up and ra
 :class:`IllegalTransition` for a missing entry; :func:`apply` changes the record only after the
 lookup succeeded, so an illegal transition leaves the Program untouched.
 
-agentd differs from the reference in two places (see docs/program-scheduling.md):
+agentd differs from the reference here in one place (docs/program-scheduling.md §10, B6):
 ``invalidate`` of an idle Program (no waiter, nothing counted in flight) goes to
 ``paused_acting`` instead of the reference's orphaned ``paused_reasoning`` with zero waiters
-(bug B6), so the paused-retention release can reclaim it.
+so the paused-retention release can reclaim it.
 """
 
 from __future__ import annotations
@@ -96,10 +96,9 @@ def next_state(current: str, trigger: str) -> str:
         raise IllegalTransition(current, trigger) from None
 
 
-# (state, status, trigger) -> (new state or None when released, new status, from name, to name)
-_FAST: dict[tuple[str, str, str], tuple[str | None, str | None, str, str]] = {
-    (*_SPLIT[frm], trig): (*(_SPLIT[to] if to != RELEASED else (None, None)), frm, to)
-    for (frm, trig), to in TRANSITIONS.items()
+# (state, status, trigger) -> ((new state, new status) or None when released, from name, to name)
+_FAST: dict[tuple[str, str, str], tuple[tuple[str, str] | None, str, str]] = {
+    (*_SPLIT[frm], trig): (_SPLIT.get(to), frm, to) for (frm, trig), to in TRANSITIONS.items()
 }
 
 
@@ -113,8 +112,7 @@ def apply(program: Program, trigger: str) -> tuple[str, str]:
     row = _FAST.get((program.state, program.status, trigger))
     if row is None:
         raise IllegalTransition(program.lifecycle, trigger)
-    new_state, new_status, frm, to = row
-    if new_state is not None:
-        program.state = new_state
-        program.status = new_status  # type: ignore[assignment]
+    split, frm, to = row
+    if split is not None:
+        program.state, program.status = split
     return frm, to

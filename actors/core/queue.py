@@ -1,10 +1,10 @@
-"""The RequestPool and the resume ordering keys (core spec 3 and 8.1).
+"""The RequestPool and the resume ordering keys (docs/program-scheduling.md §1 and §5).
 
 RequestPool
     One strict FIFO per exact Program generation (``ProgramRef``), plus an index by request
     id.  Request-scoped fields (``hints``) live on exactly one ``PendingRequest``; they travel
     with it into the ``Dispatch`` and are dropped at completion or cancellation.  Empty FIFOs
-    are deleted (invariant I4).  Only the FIFO front can be taken (I5).
+    are deleted.  Only the FIFO front can be taken.
 
 Ordering across Programs (resume order) is not the pool's business; it is the explicit key
 of :func:`resume_key` (smaller resumes first)::
@@ -25,7 +25,7 @@ fairness) — both slot in without changing the pool:
   not a rewrite.
 
 Queue membership (rank or global queues) is a ``dict[ProgramRef, None]`` (an insertion-ordered
-set); a Program is in at most one queue (I10) and records which in ``Program.queued_in``.
+set); a Program is in at most one queue and records which in ``Program.queued_in``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Capacity repair between the watermarks (core spec 9).
+"""Capacity repair between the watermarks (docs/program-scheduling.md §6).
 
 Runs only with a token capacity ``C``.  For every rank touched since the last repair (in
 target-id order) with ``c`` = ceil(mean completion tokens) and ``N`` = Active/Reasoning count::
@@ -21,15 +21,12 @@ eligible was already paused or marked), so skipping it is exact and keeps the st
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from actors.core.effects import Transition
 from actors.core.ledger import target_usage
 from actors.core.lifecycle import pause, touch
 from actors.core.model import ACTING, CAPACITY_REPAIR, REASONING, Program, RankState
-
-if TYPE_CHECKING:
-    from actors.core.scheduler import SchedulerState
+from actors.core.state import SchedulerState
 
 
 def repair_capacity(s: SchedulerState) -> None:
@@ -64,7 +61,7 @@ def repair_rank(s: SchedulerState, rank: RankState, capacity: int) -> None:
     high = capacity * cfg.high_watermark_ratio
     low = capacity * cfg.low_watermark_ratio
     fac = rank.factors
-    has_samples = fac is not None and len(fac.requests) > 0
+    has_samples = len(fac.requests) > 0
     c_bar = float(math.ceil(fac.mean_completion_tokens())) if has_samples else 0.0
     usage = target_usage(rank, s.now, cfg.metrics_interval_seconds)
     if usage + c_bar * len(rank.active) <= high:  # upper bound of `projected`: nothing to do
@@ -95,5 +92,13 @@ def repair_rank(s: SchedulerState, rank: RankState, capacity: int) -> None:
             relief = a.charged_tokens + c_bar
             a.pause_when_idle = True
             touch(s, a)
-            s.effects.append(Transition(a.ref, a.lifecycle, a.lifecycle, "capacity_repair_mark", rank.target_id))
+            s.effects.append(
+                Transition(
+                    program=a.ref,
+                    from_state=a.lifecycle,
+                    to_state=a.lifecycle,
+                    reason="capacity_repair_mark",
+                    target_id=rank.target_id,
+                )
+            )
         projected = max(0.0, projected - relief)

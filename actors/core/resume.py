@@ -1,4 +1,4 @@
-"""Admission/resume scheduling, force-resume deadlines and segment yield (core spec 8, 10).
+"""Admission/resume scheduling, force-resume deadlines and segment yield (docs/program-scheduling.md §3, §5, §7).
 
 * :func:`schedule_waiting` serves the queues: rank-local mode walks every non-empty rank queue
   in target-id order (B11: the reference used hash-map order) and commits the first candidate,
@@ -16,15 +16,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
 
+from actors.core.ids import ProgramRef, TargetId
 from actors.core.ledger import Plan, admission_plan, fresh_waiting, private_tokens, target_usage
 from actors.core.lifecycle import commit_admission, is_waiting_candidate, pause
 from actors.core.model import ACTING, ACTIVE, MAX_SEGMENT_YIELD, REASONING, Program, RankState
 from actors.core.queue import resume_key
-
-if TYPE_CHECKING:
-    from actors.core.scheduler import SchedulerState
+from actors.core.state import SchedulerState, live_program
 
 
 def _front_output(s: SchedulerState, p: Program) -> int | None:
@@ -36,12 +35,12 @@ def plan_for(s: SchedulerState, p: Program, rank: RankState) -> Plan | None:
     return admission_plan(p, rank, s.now, s.cfg, front_output=_front_output(s, p), global_mode=s.cfg.global_queue)
 
 
-def ordered(s: SchedulerState, refs: object, *, cross_rank: bool = False) -> list[Program]:
+def ordered(s: SchedulerState, refs: Iterable[ProgramRef], *, cross_rank: bool = False) -> list[Program]:
     """The Paused/Reasoning/waiting Programs of a queue, in local (or cross-rank) resume order."""
     out = []
-    for ref in refs:  # type: ignore[attr-defined]
-        p = s.programs.get(ref[:2])
-        if p is not None and p.ref == ref and is_waiting_candidate(s, p):
+    for ref in refs:
+        p = live_program(s, ref)
+        if p is not None and is_waiting_candidate(s, p):
             out.append(p)
     if len(out) < 2:
         return out
@@ -70,12 +69,12 @@ def schedule_after_change(s: SchedulerState) -> None:
         schedule_waiting(s)
 
 
-def _schedule_rank(s: SchedulerState, target: str) -> None:
-    rank = s.ranks.get(target)  # type: ignore[call-overload]
+def _schedule_rank(s: SchedulerState, target: TargetId) -> None:
+    rank = s.ranks.get(target)
     if rank is None:
         return
     while True:
-        q = s.rank_queues.get(target)  # type: ignore[call-overload]
+        q = s.rank_queues.get(target)
         if not q:
             return
         for p in ordered(s, list(q)):
@@ -113,13 +112,13 @@ def _schedule_global(s: SchedulerState, pool: str) -> None:
             return
 
 
-def _has_pause_reason(s: SchedulerState, ref: object) -> bool:
-    p = s.programs.get(ref[:2])  # type: ignore[attr-defined]
+def _has_pause_reason(s: SchedulerState, ref: ProgramRef) -> bool:
+    p = s.programs.get(ref.key)
     return p is not None and p.last_pause_reason is not None
 
 
 def select_cross_rank(s: SchedulerState, p: Program) -> tuple[RankState, Plan] | None:
-    """The destination of a cross-rank resume, or None (core spec 10.3)."""
+    """The destination of a cross-rank resume, or None (docs/program-scheduling.md §7)."""
     cfg, now = s.cfg, s.now
     source_id = p.last_target
     if p.last_pause_reason is None or source_id is None:
@@ -128,7 +127,7 @@ def select_cross_rank(s: SchedulerState, p: Program) -> tuple[RankState, Plan] |
     pool = p.ref.model_pool
     waiters = ordered(s, list(s.global_queues.get(pool, {})))
     interval = cfg.metrics_interval_seconds
-    if source is None or source.factors is None:
+    if source is None:
         return None
     # agentd difference: the maturity gate (both request windows full) is waived for an idle
     # destination (no active Program): waiting behind a busy rank while another one idles costs
@@ -164,8 +163,6 @@ def select_cross_rank(s: SchedulerState, p: Program) -> tuple[RankState, Plan] |
         if dest_id == source_id or dest_id in waiting_targets:
             continue
         dest = s.ranks[dest_id]
-        if dest.factors is None:
-            continue
         if not (patient or (source_mature and dest.factors.request_window_complete)) and dest.active:
             continue
         if capacity is not None and not patient:
@@ -199,7 +196,8 @@ def _remaining_rounds(rank: RankState, rounds: int) -> int:
 
 
 def force_resume_estimate(s: SchedulerState, p: Program) -> tuple[float, float, float, float]:
-    """(timeout, active remaining rounds, pool remaining rounds, throughput) of core spec 8.2."""
+    """(timeout, active remaining rounds, pool remaining rounds, throughput) of the force-resume
+    deadline (docs/program-scheduling.md §5)."""
     cfg = s.cfg
     f = cfg.force_resume_timeout_seconds
     lo = min(30.0, f)
@@ -212,8 +210,8 @@ def force_resume_estimate(s: SchedulerState, p: Program) -> tuple[float, float, 
         active = 0
         for t in targets:
             fac = s.ranks[t].factors
-            r = fac.target_rounds(cfg.max_segment_rounds) if fac is not None else 0
-            thr = fac.request_throughput_per_second() if fac is not None else 0.0
+            r = fac.target_rounds(cfg.max_segment_rounds)
+            thr = fac.request_throughput_per_second()
             if r <= 0 or thr <= 0:
                 return f, 0.0, 0.0, 0.0
             rounds_by[t] = r
@@ -228,9 +226,9 @@ def force_resume_estimate(s: SchedulerState, p: Program) -> tuple[float, float, 
         timeout = min(f, max(lo, 3.0 * (active + pool_rem) / agg))
         return timeout, float(active), pool_rem, agg
     rank = s.ranks.get(p.last_target) if p.last_target is not None else None
-    fac = rank.factors if rank is not None else None
-    if rank is None or fac is None:
+    if rank is None:
         return f, 0.0, 0.0, 0.0
+    fac = rank.factors
     thr = fac.request_throughput_per_second()
     r = fac.target_rounds(cfg.max_segment_rounds)
     if thr <= 0 or r <= 0:

@@ -1,15 +1,26 @@
-"""Diagnostics snapshot of the scheduler (periphery spec 6), as a plain JSON-ready dict.
+"""A frozen snapshot of the scheduler, and the ``/scheduling/diagnostics`` document rendered from it.
 
-``snapshot(state, cfg, now)`` is pure and never mutates the state; the shell calls it on
-demand (``GET /scheduling/diagnostics``) or after steps to publish gauges.  Program ids are
-redacted; ranks are sorted by target id and Programs by redacted id.
+``snapshot(state, cfg, now)`` reads the state once and returns a :class:`SchedulerSnapshot`: frozen
+values only, so the shell can keep, publish or render it after the state has moved on.  It never
+mutates the state.  :func:`diagnostics_document` renders a snapshot as the JSON-ready diagnostics
+body (without the shell's additions: configuration, scheduler counters, backend scrape facts,
+token estimation, channels); the ``/metrics`` gauges read the same :class:`RankSnapshot` values.
+
+Program ids are redacted; ranks are sorted by target id and Programs by redacted id.  The
+attribute names and order of :class:`ProgramSnapshot`, :class:`RollingSnapshot`,
+:class:`RankSnapshot` and :class:`SchedulerSnapshot` are the document's keys and key order; the
+attributes marked ``gauge_only`` are not rendered.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from actors.core.ids import redacted_id
+import attrs
+from attrs import field, frozen
+
+from actors.core.config import ProgramSchedulingConfig
+from actors.core.ids import TargetId, redacted_id
 from actors.core.ledger import (
     FRESHNESS_INTERVALS,
     capacity_accounting_source,
@@ -18,101 +29,296 @@ from actors.core.ledger import (
     target_usage,
 )
 from actors.core.model import ACTING, ACTIVE, PAUSED, REASONING, Program, RankState
-from actors.core.stats import peek_acting_ttl
+from actors.core.state import SchedulerState
+from actors.core.stats import ProgressTtlFactors, peek_acting_ttl
+
+GAUGE_ONLY = {"gauge_only": True}
+
+
+@frozen
+class ProgramSnapshot:
+    """One live Program generation as the diagnostics show it."""
+
+    program: str  # redacted id
+    generation: int
+    state: str
+    status: str
+    expected_resume: bool
+    task_id: str | None
+    session_id: str | None
+    agent_id: str | None
+    parent_program_id: str | None
+    root_program_id: str
+    blocks_parent: bool
+    agent_role: str | None
+    spawn_reason: str | None
+    step_id: int
+    request_id: str | None
+    request_priority: int
+    request_deadline_seconds: float | None
+    kv_retention_ttl_seconds: float | None
+    expected_output_tokens: int | None
+    home_target: TargetId | None
+    last_target: TargetId | None
+    placement: TargetId | None
+    estimated_context_tokens: int
+    shared_prefix_tokens: int
+    shared_prefix_freshness_remaining_seconds: float | None
+    logical_tokens: int
+    private_tokens: int
+    in_flight_requests: int
+    waiting_requests: int
+    segment_served_rounds: int
+    rounds_since_activation: int
+    rounds_since_ttl_pause: int
+    pause_when_idle: bool
+    pause_reason: str | None
+    acting_seconds: float | None
+    queued_seconds: float | None
+    ttl_remaining_seconds: float | None
+    force_resume_remaining_seconds: float | None
+    force_resume_timeout_seconds: float | None
+    force_resume_active_remaining_rounds: float
+    force_resume_pool_remaining_rounds: float
+    force_resume_request_throughput_per_second: float
+    force_resume_waiting_gate_blocked_at: float | None
+
+
+@frozen
+class RollingSnapshot:
+    """The rolling statistics of one rank and the acting TTL they fit now."""
+
+    request_samples: int
+    continuity_samples: int
+    ttl_pause_samples: int
+    request_window_complete: bool
+    continuity_window_complete: bool
+    avg_prompt_tokens: float
+    avg_completion_tokens: float
+    avg_cached_prompt_tokens: float
+    avg_cached_prompt_ratio: float
+    avg_context_growth_tokens: float
+    avg_e2e_seconds: float
+    avg_decode_seconds: float | None
+    avg_router_queue_seconds: float
+    avg_rounds_since_ttl_pause: float
+    request_throughput_per_second: float
+    fitted_acting_ttl_seconds: float
+    acting_ttl_fit_window: str  # "rank" | "cluster"
+
+
+@frozen
+class RankSnapshot:
+    """One DP rank: ledger, backend observation, Program counts, statistics and its Programs."""
+
+    target_id: TargetId
+    base_url: str
+    dp_rank: int | None
+    configured_token_capacity: int | None
+    router_estimated_used_tokens: int
+    router_estimated_headroom_tokens: int | None
+    vllm_usage_scaled_tokens: int | None
+    observed_active_reasoning_tokens: int | None
+    observed_active_program_tokens: int | None
+    tracked_active_reasoning_requests: int
+    observed_router_active_reasoning_programs: int
+    observed_router_active_reasoning_requests: int
+    active_program_token_delta_since_observation: float
+    future_pause_relief_tokens: int
+    active_acting_private_tokens: int
+    router_minus_vllm_used_tokens: int | None
+    router_active_programs: int
+    router_active_reasoning_programs: int
+    router_active_acting_programs: int
+    router_paused_reasoning_programs: int
+    router_paused_acting_programs: int
+    router_in_flight_requests: int
+    router_queued_programs: int
+    router_queued_requests: int
+    vllm_kv_cache_usage: float | None
+    vllm_running_requests: int | None
+    vllm_waiting_requests: int | None
+    observation_age_seconds: float | None
+    observation_fresh: bool
+    capacity_accounting_source: str
+    freshness_threshold_seconds: float
+    rolling: RollingSnapshot
+    programs: tuple[ProgramSnapshot, ...]  # empty when the snapshot was taken without Programs
+    # gauges only (the diagnostics show the same facts under their own keys)
+    queue_size: int = field(metadata=GAUGE_ONLY)  # paused Programs last on this rank with waiters
+    active_programs: int = field(metadata=GAUGE_ONLY)  # Programs in the rank's ledger
+    cache_miss_impact_rolling_mean_seconds: float = field(metadata=GAUGE_ONLY)
+
+    @property
+    def fitted_ttl_seconds(self) -> float:
+        return self.rolling.fitted_acting_ttl_seconds
+
+    @property
+    def context_growth_tokens(self) -> float:
+        return self.rolling.avg_context_growth_tokens
+
+    @property
+    def request_samples(self) -> int:
+        return self.rolling.request_samples
+
+    @property
+    def continuity_samples(self) -> int:
+        return self.rolling.continuity_samples
+
+
+@frozen
+class SchedulerSnapshot:
+    """The whole scheduler at one instant."""
+
+    enabled: bool
+    binding_only: bool
+    global_queue: bool
+    resume_order: str
+    cross_rank_headroom_ratio: float
+    retained_requests: int
+    cluster_continuity_samples: int
+    resume_samples: int
+    resume_cache_miss_ratio: float
+    in_flight_requests: int
+    live_programs: int
+    forced_admissions: int
+    ranks: tuple[RankSnapshot, ...]
+
+
+def snapshot(
+    state: SchedulerState, cfg: ProgramSchedulingConfig, now: float, *, include_programs: bool = True
+) -> SchedulerSnapshot:
+    """The frozen snapshot of ``state`` at ``now`` (``include_programs=False``: ranks only, for gauges)."""
+    return SchedulerSnapshot(
+        enabled=True,
+        binding_only=cfg.binding_only,
+        global_queue=cfg.global_queue,
+        resume_order=cfg.resume_order,
+        cross_rank_headroom_ratio=cfg.cross_rank_headroom_ratio,
+        retained_requests=len(state.pool),
+        cluster_continuity_samples=len(state.warm_factors.continuities),
+        resume_samples=len(state.resume_hits.samples),
+        resume_cache_miss_ratio=state.resume_hits.miss_ratio(),
+        in_flight_requests=len(state.in_flight),
+        live_programs=len(state.programs),
+        forced_admissions=state.forced_admissions,
+        ranks=tuple(rank_snapshot(state, state.ranks[t], cfg, now, include_programs) for t in sorted(state.ranks)),
+    )
+
+
+def diagnostics_document(snap: SchedulerSnapshot) -> dict[str, Any]:
+    """The ``/scheduling/diagnostics`` body of ``snap``: fresh JSON-ready dicts and lists (the caller
+    may extend them), keys in attribute order, gauge-only attributes left out."""
+    doc = _document(snap)
+    doc["ranks"] = [_rank_document(r) for r in snap.ranks]
+    return doc
+
+
+def _rank_document(rank: RankSnapshot) -> dict[str, Any]:
+    doc = _document(rank)
+    doc["rolling"] = _document(rank.rolling)
+    doc["programs"] = [_document(p) for p in rank.programs]
+    return doc
+
+
+def _document(value: SchedulerSnapshot | RankSnapshot | RollingSnapshot | ProgramSnapshot) -> dict[str, Any]:
+    """The rendered attributes of one snapshot value (nested values are rendered by the caller)."""
+    return {a.name: getattr(value, a.name) for a in attrs.fields(type(value)) if not a.metadata.get("gauge_only")}
 
 
 def _opt_round(x: float | None) -> int | None:
     return None if x is None else round(x)
 
 
-def _rolling(state: Any, rank: RankState, cfg: Any) -> dict[str, Any]:
-    f = rank.factors
-    return {
-        "request_samples": len(f.requests),
-        "continuity_samples": len(f.continuities),
-        "ttl_pause_samples": len(f.ttl_pause_rounds),
-        "request_window_complete": f.request_window_complete,
-        "continuity_window_complete": f.continuity_window_complete,
-        "avg_prompt_tokens": f.mean_prompt_tokens(),
-        "avg_completion_tokens": f.mean_completion_tokens(),
-        "avg_cached_prompt_tokens": f.mean_cached_prompt_tokens(),
-        "avg_cached_prompt_ratio": f.cached_prompt_ratio(),
-        "avg_context_growth_tokens": f.mean_context_growth_tokens(),
-        "avg_e2e_seconds": f.mean_e2e_seconds(),
-        "avg_decode_seconds": f.mean_decode_seconds(),
-        "avg_router_queue_seconds": f.mean_queue_seconds(),
-        "avg_rounds_since_ttl_pause": f.mean_rounds_since_ttl_pause(),
-        "request_throughput_per_second": f.request_throughput_per_second(),
-        "fitted_acting_ttl_seconds": peek_acting_ttl(
+def rolling_snapshot(state: SchedulerState, f: ProgressTtlFactors, cfg: ProgramSchedulingConfig) -> RollingSnapshot:
+    return RollingSnapshot(
+        request_samples=len(f.requests),
+        continuity_samples=len(f.continuities),
+        ttl_pause_samples=len(f.ttl_pause_rounds),
+        request_window_complete=f.request_window_complete,
+        continuity_window_complete=f.continuity_window_complete,
+        avg_prompt_tokens=f.mean_prompt_tokens(),
+        avg_completion_tokens=f.mean_completion_tokens(),
+        avg_cached_prompt_tokens=f.mean_cached_prompt_tokens(),
+        avg_cached_prompt_ratio=f.cached_prompt_ratio(),
+        avg_context_growth_tokens=f.mean_context_growth_tokens(),
+        avg_e2e_seconds=f.mean_e2e_seconds(),
+        avg_decode_seconds=f.mean_decode_seconds(),
+        avg_router_queue_seconds=f.mean_queue_seconds(),
+        avg_rounds_since_ttl_pause=f.mean_rounds_since_ttl_pause(),
+        request_throughput_per_second=f.request_throughput_per_second(),
+        fitted_acting_ttl_seconds=peek_acting_ttl(
             f, state.warm_factors, state.resume_hits.miss_ratio(), cfg.max_acting_ttl_seconds
         ),
-        "acting_ttl_fit_window": "rank" if f.continuity_window_complete else "cluster",
-    }
+        acting_ttl_fit_window="rank" if f.continuity_window_complete else "cluster",
+    )
 
 
-def program_view(state: Any, p: Program, cfg: Any, now: float) -> dict[str, Any]:
+def program_snapshot(state: SchedulerState, p: Program, cfg: ProgramSchedulingConfig, now: float) -> ProgramSnapshot:
     front = state.pool.front(p.ref)
     h = front.hints if front is not None else None
     buf = cfg.decode_buffer_tokens
     fresh_left = p.shared_prefix_fresh_until - now if p.shared_prefix_fresh_until is not None else None
-    return {
-        "program": redacted_id(p.ref),
-        "generation": p.ref.generation,
-        "state": p.state,
-        "status": p.status,
-        "expected_resume": p.expected_resume,
-        "task_id": p.task_id,
-        "session_id": p.session_id,
-        "agent_id": p.agent_id,
-        "parent_program_id": p.parent_program_id,
-        "root_program_id": state.lineage.root(p.ref.model_pool, p.ref.program_id),
-        "blocks_parent": p.blocks_parent,
-        "agent_role": p.agent_role,
-        "spawn_reason": p.spawn_reason,
-        "step_id": p.step_id,
-        "request_id": h.request_id if h is not None else None,
-        "request_priority": h.priority if h is not None else 0,
-        "request_deadline_seconds": h.deadline_seconds if h is not None else None,
-        "kv_retention_ttl_seconds": h.kv_retention_ttl_seconds if h is not None else None,
-        "expected_output_tokens": (
+    return ProgramSnapshot(
+        program=redacted_id(p.ref),
+        generation=p.ref.generation,
+        state=p.state,
+        status=p.status,
+        expected_resume=p.expected_resume,
+        task_id=p.task_id,
+        session_id=p.session_id,
+        agent_id=p.agent_id,
+        parent_program_id=p.parent_program_id,
+        root_program_id=state.lineage.root(p.ref.model_pool, p.ref.program_id),
+        blocks_parent=p.blocks_parent,
+        agent_role=p.agent_role,
+        spawn_reason=p.spawn_reason,
+        step_id=p.step_id,
+        request_id=h.request_id if h is not None else None,
+        request_priority=h.priority if h is not None else 0,
+        request_deadline_seconds=h.deadline_seconds if h is not None else None,
+        kv_retention_ttl_seconds=h.kv_retention_ttl_seconds if h is not None else None,
+        expected_output_tokens=(
             h.expected_output_length
             if h is not None and h.expected_output_length is not None
             else p.output_token_reservation
         ),
-        "home_target": p.home_target,
-        "last_target": p.last_target,
-        "placement": p.placement,
-        "estimated_context_tokens": p.estimated_context_tokens,
-        "shared_prefix_tokens": p.shared_prefix_tokens,
-        "shared_prefix_freshness_remaining_seconds": fresh_left,
-        "logical_tokens": p.estimated_context_tokens + buf,
-        "private_tokens": round(private_tokens(p, buf)),
-        "in_flight_requests": p.in_flight,
-        "waiting_requests": state.pool.program_len(p.ref),
-        "segment_served_rounds": p.segment_served_rounds,
-        "rounds_since_activation": p.rounds_since_activation,
-        "rounds_since_ttl_pause": p.rounds_since_ttl_pause,
-        "pause_when_idle": p.pause_when_idle,
-        "pause_reason": p.last_pause_reason,
-        "acting_seconds": now - p.acting_since if p.acting_since is not None else None,
-        "queued_seconds": now - p.queued_at if p.queued_at is not None else None,
-        "ttl_remaining_seconds": (
+        home_target=p.home_target,
+        last_target=p.last_target,
+        placement=p.placement,
+        estimated_context_tokens=p.estimated_context_tokens,
+        shared_prefix_tokens=p.shared_prefix_tokens,
+        shared_prefix_freshness_remaining_seconds=fresh_left,
+        logical_tokens=p.estimated_context_tokens + buf,
+        private_tokens=round(private_tokens(p, buf)),
+        in_flight_requests=p.in_flight,
+        waiting_requests=state.pool.program_len(p.ref),
+        segment_served_rounds=p.segment_served_rounds,
+        rounds_since_activation=p.rounds_since_activation,
+        rounds_since_ttl_pause=p.rounds_since_ttl_pause,
+        pause_when_idle=p.pause_when_idle,
+        pause_reason=p.last_pause_reason,
+        acting_seconds=now - p.acting_since if p.acting_since is not None else None,
+        queued_seconds=now - p.queued_at if p.queued_at is not None else None,
+        ttl_remaining_seconds=(
             max(0.0, p.ttl_deadline - now)
             if p.ttl_deadline is not None and p.state == ACTIVE and p.status == ACTING
             else None
         ),
-        "force_resume_remaining_seconds": (
+        force_resume_remaining_seconds=(
             max(0.0, p.force_resume_deadline - now) if p.force_resume_deadline is not None else None
         ),
-        "force_resume_timeout_seconds": p.force_resume_timeout_seconds,
-        "force_resume_active_remaining_rounds": p.force_resume_active_remaining_rounds,
-        "force_resume_pool_remaining_rounds": p.force_resume_pool_remaining_rounds,
-        "force_resume_request_throughput_per_second": p.force_resume_request_throughput_per_second,
-        "force_resume_waiting_gate_blocked_at": p.force_gate_blocked_at,
-    }
+        force_resume_timeout_seconds=p.force_resume_timeout_seconds,
+        force_resume_active_remaining_rounds=p.force_resume_active_remaining_rounds,
+        force_resume_pool_remaining_rounds=p.force_resume_pool_remaining_rounds,
+        force_resume_request_throughput_per_second=p.force_resume_request_throughput_per_second,
+        force_resume_waiting_gate_blocked_at=p.force_gate_blocked_at,
+    )
 
 
-def rank_view(state: Any, rank: RankState, cfg: Any, now: float) -> dict[str, Any]:
+def rank_snapshot(
+    state: SchedulerState, rank: RankState, cfg: ProgramSchedulingConfig, now: float, include_programs: bool
+) -> RankSnapshot:
     cap = cfg.token_capacity_per_dp_rank
     interval = cfg.metrics_interval_seconds
     used = round(max(0.0, target_usage(rank, now, interval)))
@@ -124,57 +330,47 @@ def rank_view(state: Any, rank: RankState, cfg: Any, now: float) -> dict[str, An
     paused_r = [p for p in programs if p.state == PAUSED and p.status == REASONING]
     paused_a = [p for p in programs if p.state == PAUSED and p.status == ACTING]
     buf = cfg.decode_buffer_tokens
-    return {
-        "target_id": rank.target_id,
-        "base_url": rank.worker_url,
-        "dp_rank": rank.dp_rank,
-        "configured_token_capacity": cap,
-        "router_estimated_used_tokens": used,
-        "router_estimated_headroom_tokens": max(0, cap - used) if cap is not None else None,
-        "vllm_usage_scaled_tokens": scaled,
-        "observed_active_reasoning_tokens": _opt_round(rank.estimated_active_reasoning_tokens),
-        "observed_active_program_tokens": _opt_round(rank.estimated_active_program_tokens),
-        "tracked_active_reasoning_requests": sum(p.in_flight for p in reasoning),
-        "observed_router_active_reasoning_programs": rank.observed_router_active_reasoning_programs,
-        "observed_router_active_reasoning_requests": rank.observed_router_active_reasoning_requests,
-        "active_program_token_delta_since_observation": rank.delta_tokens,
-        "future_pause_relief_tokens": round(sum(private_tokens(p, buf) for p in reasoning if p.pause_when_idle)),
-        "active_acting_private_tokens": round(sum(private_tokens(p, buf) for p in acting)),
-        "router_minus_vllm_used_tokens": used - scaled if scaled is not None else None,
-        "router_active_programs": len(active),
-        "router_active_reasoning_programs": len(reasoning),
-        "router_active_acting_programs": len(acting),
-        "router_paused_reasoning_programs": len(paused_r),
-        "router_paused_acting_programs": len(paused_a),
-        "router_in_flight_requests": sum(p.in_flight for p in active),
-        "router_queued_programs": sum(1 for p in paused_r if state.pool.program_len(p.ref)),
-        "router_queued_requests": sum(state.pool.program_len(p.ref) for p in paused_r),
-        "vllm_kv_cache_usage": rank.kv_cache_usage,
-        "vllm_running_requests": rank.running_requests,
-        "vllm_waiting_requests": rank.waiting_requests,
-        "observation_age_seconds": now - rank.observed_at if rank.observed_at is not None else None,
-        "observation_fresh": observation_fresh(rank, now, interval),
-        "capacity_accounting_source": capacity_accounting_source(rank, now, interval),
-        "freshness_threshold_seconds": FRESHNESS_INTERVALS * interval,
-        "rolling": _rolling(state, rank, cfg),
-        "programs": sorted((program_view(state, p, cfg, now) for p in programs), key=lambda v: v["program"]),
-    }
-
-
-def snapshot(state: Any, cfg: Any, now: float) -> dict[str, Any]:
-    """The ``/scheduling/diagnostics`` body (without the shell's ``token_estimation``)."""
-    return {
-        "enabled": True,
-        "binding_only": cfg.binding_only,
-        "global_queue": cfg.global_queue,
-        "resume_order": cfg.resume_order,
-        "cross_rank_headroom_ratio": cfg.cross_rank_headroom_ratio,
-        "retained_requests": len(state.pool),
-        "cluster_continuity_samples": len(state.warm_factors.continuities),
-        "resume_samples": len(state.resume_hits.samples),
-        "resume_cache_miss_ratio": state.resume_hits.miss_ratio(),
-        "in_flight_requests": len(state.in_flight),
-        "live_programs": len(state.programs),
-        "forced_admissions": state.forced_admissions,
-        "ranks": [rank_view(state, state.ranks[t], cfg, now) for t in sorted(state.ranks)],
-    }
+    f = rank.factors
+    views = (
+        tuple(sorted((program_snapshot(state, p, cfg, now) for p in programs), key=lambda v: v.program))
+        if include_programs
+        else ()
+    )
+    return RankSnapshot(
+        target_id=rank.target_id,
+        base_url=rank.worker_url,
+        dp_rank=rank.dp_rank,
+        configured_token_capacity=cap,
+        router_estimated_used_tokens=used,
+        router_estimated_headroom_tokens=max(0, cap - used) if cap is not None else None,
+        vllm_usage_scaled_tokens=scaled,
+        observed_active_reasoning_tokens=_opt_round(rank.estimated_active_reasoning_tokens),
+        observed_active_program_tokens=_opt_round(rank.estimated_active_program_tokens),
+        tracked_active_reasoning_requests=sum(p.in_flight for p in reasoning),
+        observed_router_active_reasoning_programs=rank.observed_router_active_reasoning_programs,
+        observed_router_active_reasoning_requests=rank.observed_router_active_reasoning_requests,
+        active_program_token_delta_since_observation=rank.delta_tokens,
+        future_pause_relief_tokens=round(sum(private_tokens(p, buf) for p in reasoning if p.pause_when_idle)),
+        active_acting_private_tokens=round(sum(private_tokens(p, buf) for p in acting)),
+        router_minus_vllm_used_tokens=used - scaled if scaled is not None else None,
+        router_active_programs=len(active),
+        router_active_reasoning_programs=len(reasoning),
+        router_active_acting_programs=len(acting),
+        router_paused_reasoning_programs=len(paused_r),
+        router_paused_acting_programs=len(paused_a),
+        router_in_flight_requests=sum(p.in_flight for p in active),
+        router_queued_programs=sum(1 for p in paused_r if state.pool.program_len(p.ref)),
+        router_queued_requests=sum(state.pool.program_len(p.ref) for p in paused_r),
+        vllm_kv_cache_usage=rank.kv_cache_usage,
+        vllm_running_requests=rank.running_requests,
+        vllm_waiting_requests=rank.waiting_requests,
+        observation_age_seconds=now - rank.observed_at if rank.observed_at is not None else None,
+        observation_fresh=observation_fresh(rank, now, interval),
+        capacity_accounting_source=capacity_accounting_source(rank, now, interval),
+        freshness_threshold_seconds=FRESHNESS_INTERVALS * interval,
+        rolling=rolling_snapshot(state, f, cfg),
+        programs=views,
+        queue_size=sum(1 for p in programs if p.state == PAUSED and state.pool.program_len(p.ref) > 0),
+        active_programs=len(rank.active),
+        cache_miss_impact_rolling_mean_seconds=f.mean_continuity_impact_seconds(),
+    )

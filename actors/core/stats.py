@@ -1,4 +1,4 @@
-"""Rolling ProgressTtlFactors per rank, and the Progress-TTL formulas (core spec 7, 8.3, 12).
+"""Rolling ProgressTtlFactors per rank, and the Progress-TTL formulas (docs/program-scheduling.md §4, §5).
 
 Three FIFO windows, each bounded by ``stats_window_size`` (the oldest sample is dropped once
 the window is full; "complete" means ``limit > 0 and len >= limit``):
@@ -28,10 +28,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from operator import add, sub
-from typing import Any
 
 from attrs import define
 
+from actors.core.config import DecodeThroughputModel
 from actors.core.costs import decode_throughput_tokens_per_second
 
 _P = 0.3275911
@@ -144,7 +144,7 @@ def fit_ttl(mu: float, sigma: float, c: float, max_acting_ttl_seconds: float) ->
     k_s = sigma / _SQRT2
     half_m = m * 0.5  # m * 0.5 * erfc(.) evaluates (m * 0.5) first: same value
     best_d, best_u = 0.0, 0.0  # candidate d = 0 has utility 0
-    for d, ln_d in zip(ds, lns):
+    for d, ln_d in zip(ds, lns, strict=True):
         x = (ln_d - mu) * k_z  # z / sqrt(2)
         phi = 0.5 * erfc(-x)
         v = c * phi - half_m * erfc(k_s - x) - d * (1.0 - phi)
@@ -166,13 +166,13 @@ class RequestSample:
     finished_at: float
 
 
-_REQ_FIELDS = ("prompt", "completion", "cached", "uncached", "growth", "e2e", "decode", "queue", "rounds")
-
-
 def _contrib(s: RequestSample) -> tuple[float, ...]:
     growth = s.context_growth_tokens
     dec = s.decode_seconds
-    dec_ok = dec is not None and math.isfinite(dec) and dec >= 0
+    if dec is not None and math.isfinite(dec) and dec >= 0:
+        decode, decoded = dec, 1
+    else:
+        decode, decoded = 0.0, 0
     return (
         s.prompt_tokens,
         s.completion_tokens,
@@ -181,8 +181,8 @@ def _contrib(s: RequestSample) -> tuple[float, ...]:
         growth if growth is not None else 0,
         1 if growth is not None else 0,
         s.e2e_seconds,
-        dec if dec_ok else 0.0,
-        1 if dec_ok else 0,
+        decode,
+        decoded,
         s.queue_seconds,
         s.rounds_since_ttl_pause,
     )
@@ -450,5 +450,5 @@ def continuous_growth_reserve(factors: ProgressTtlFactors | None, target_rounds:
     return g * (target_rounds + sum(remaining))
 
 
-def decode_throughput(batch: float, context_tokens: float, model: Any) -> float:
+def decode_throughput(batch: float, context_tokens: float, model: DecodeThroughputModel) -> float:
     return decode_throughput_tokens_per_second(batch, context_tokens, model)

@@ -1,4 +1,4 @@
-"""Targets, binding candidates, ticks and backend observations (core spec 5.3-5.4, 13, 14).
+"""Targets and backend observations (docs/program-scheduling.md §2, §9, §10).
 
 * :func:`sync_targets` replaces a pool's target list: a new revision fences in-flight scrapes,
   removed ranks lose bindings, queues and statistics, and every Program of the pool whose rank
@@ -6,39 +6,44 @@
 * :func:`on_observation_started` / :func:`on_observation` implement the checkpoint-and-rebase
   protocol: the Router ledger is checkpointed when a scrape starts, and the result is dropped
   when the topology changed meanwhile.
-* :func:`on_tick` runs the periodic sequence over every rank and reports accounting-source
-  changes once each.
+* :func:`report_capacity_sources` (run at every tick) reports accounting-source changes once each.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from actors.core.effects import CapacitySourceChanged, Reject, StaleObservationDropped
+from actors.core.binding import bind
+from actors.core.config import BackendTarget
+from actors.core.effects import CapacitySourceChanged, StaleObservationDropped
 from actors.core.errors import NO_TARGETS
-from actors.core.events import ObservationReceived, ObservationStale, ObservationStarted
+from actors.core.events import ObservationReceived, ObservationStale, ObservationStarted, TargetsChanged
 from actors.core.ids import TargetId
 from actors.core.ledger import (
     BACKEND_OBSERVATION,
     FRESHNESS_INTERVALS,
     apply_observation,
     capacity_accounting_source,
-    private_tokens,
     rank_counts,
-    target_usage,
 )
-from actors.core.lifecycle import dequeue, enqueue, invalidate, mark_dirty, restart_freshness_anchor, touch
-from actors.core.model import ACTING, ACTIVE, PAUSED, REASONING, ObservationCheckpoint, Program, RankState
-from actors.core.placement import Candidate
+from actors.core.lifecycle import (
+    cancel_waiting,
+    dequeue,
+    enqueue,
+    invalidate,
+    mark_dirty,
+    reject,
+    restart_freshness_anchor,
+    touch,
+)
+from actors.core.model import ObservationCheckpoint, RankState
 from actors.core.resume import schedule_after_change
-from actors.core.scheduler import SchedulerState
+from actors.core.state import SchedulerState
 from actors.core.stats import ProgressTtlFactors
 
 # ---- targets -------------------------------------------------------------------------------------
 
 
-def sync_targets(s: SchedulerState, pool: str, targets: tuple[Any, ...]) -> None:
-    """Replace the target list of ``pool`` (core spec 13.1)."""
+def sync_targets(s: SchedulerState, pool: str, targets: tuple[BackendTarget, ...]) -> None:
+    """Replace the target list of ``pool`` (a new revision; the pool's Programs follow)."""
     sig = tuple(sorted((str(t.target_id), str(t.worker_url), t.dp_rank, int(t.index)) for t in targets))
     if s.pool_signatures.get(pool) == sig:
         return
@@ -50,8 +55,13 @@ def sync_targets(s: SchedulerState, pool: str, targets: tuple[Any, ...]) -> None
     for tid, url, dp, idx in sig:
         rank = s.ranks.get(TargetId(tid))
         if rank is None:
-            rank = s.ranks[TargetId(tid)] = RankState(TargetId(tid), url, dp, idx)
-            rank.factors = ProgressTtlFactors(s.cfg.stats_window_size)
+            rank = s.ranks[TargetId(tid)] = RankState(
+                target_id=TargetId(tid),
+                worker_url=url,
+                dp_rank=dp,
+                index=idx,
+                factors=ProgressTtlFactors(s.cfg.stats_window_size),
+            )
         else:
             rank.worker_url, rank.dp_rank, rank.index = url, dp, idx
         mark_dirty(s, rank.target_id)
@@ -68,7 +78,7 @@ def sync_targets(s: SchedulerState, pool: str, targets: tuple[Any, ...]) -> None
             invalidate(s, p)
         s.binder.release(p.ref.key)
         dequeue(s, p)
-        bound = _bind(s, p, None)
+        bound = bind(s, p, None)
         p.home_target = p.last_target = bound
         if disappeared:
             p.paused_at = s.now
@@ -76,20 +86,14 @@ def sync_targets(s: SchedulerState, pool: str, targets: tuple[Any, ...]) -> None
             p.ttl_deadline = None
             p.segment_started_at = None
             restart_freshness_anchor(p, s.now)
-            if p.status == ACTING:
-                s.retention_heap.push(p.paused_at + s.cfg.paused_retention_ttl_seconds, p.ref)
         touch(s, p)
         if s.pool.program_len(p.ref):
             if bound is not None:
                 enqueue(s, p)
             else:  # the pool has no target left: waiting requests get 503 (retryable), not a leak
-                from actors.core.handlers import cancel_request
-
                 for req in s.pool.requests(p.ref):
-                    s.effects.append(
-                        Reject(req.request_id, NO_TARGETS.reason, NO_TARGETS.status_hint, NO_TARGETS.message)
-                    )
-                    cancel_request(s, req.request_id, schedule=False)
+                    s.effects.append(reject(req.request_id, NO_TARGETS))
+                    cancel_waiting(s, req.request_id)
     for t in removed:
         if t not in still_used:
             s.ranks.pop(t, None)
@@ -97,50 +101,8 @@ def sync_targets(s: SchedulerState, pool: str, targets: tuple[Any, ...]) -> None
             s.dirty_ranks.pop(t, None)
 
 
-def binding_candidates(s: SchedulerState, pool: str, p: Program) -> list[Candidate]:
-    cfg = s.cfg
-    cap = cfg.token_capacity_per_dp_rank
-    low = cap * cfg.low_watermark_ratio if cap is not None else None
-    per: dict[TargetId, list[float]] = {t: [0, 0.0, 0.0] for t in s.pools.get(pool, ())}
-    for o in s.programs.values():
-        if o is p or o.last_target not in per:
-            continue
-        acc = per[o.last_target]  # type: ignore[index]
-        if o.state == ACTIVE or o.status == REASONING:
-            acc[0] += 1
-            acc[1] += private_tokens(o, cfg.decode_buffer_tokens)
-        if o.state == PAUSED and o.status == REASONING and o.completed_requests == 0 and s.pool.program_len(o.ref):
-            acc[2] += private_tokens(o, cfg.decode_buffer_tokens)
-    out = []
-    for t, (n, tokens, pending) in per.items():
-        rank = s.ranks[t]
-        usage = target_usage(rank, s.now, cfg.metrics_interval_seconds)
-        if cap is None:
-            pressure = 0.0
-        else:
-            pressure = min(1.0, max(0.0, (usage + pending) / cap)) if cap else 1.0
-        admissible = len(rank.active) + 1 <= cfg.max_active_programs_per_target and (
-            low is None or usage + p.estimated_context_tokens + cfg.decode_buffer_tokens <= low
-        )
-        out.append(Candidate(t, int(n), tokens, cap, pressure, admissible))
-    return out
-
-
-def _bind(s: SchedulerState, p: Program, text: str | None) -> TargetId | None:
-    hash_key = p.placement_hash_key or p.ref.program_id
-    if s.binder.strategy in ("consistent_hash", "program_round_robin"):  # no per-target accounting needed
-        return s.binder.bind_ids(p.ref.key, hash_key, s.pools.get(p.ref.model_pool, ()))
-    cands = binding_candidates(s, p.ref.model_pool, p)
-    return s.binder.bind(p.ref.key, hash_key, cands, text)
-
-
-def on_tick(s: SchedulerState) -> None:
-    from actors.core.handlers import periodic_sequence
-
-    for t in s.ranks:
-        s.dirty_ranks[t] = None
-    periodic_sequence(s)
-    compact_heaps(s)
+def report_capacity_sources(s: SchedulerState) -> None:
+    """Report each rank whose capacity accounting source changed since the last report (once each)."""
     interval = s.cfg.metrics_interval_seconds
     for t in sorted(s.ranks):
         rank = s.ranks[t]
@@ -149,13 +111,34 @@ def on_tick(s: SchedulerState) -> None:
         if src != prev:
             if src != BACKEND_OBSERVATION or prev is not None:
                 age = s.now - rank.observed_at if rank.observed_at is not None else None
-                s.effects.append(CapacitySourceChanged(t, prev, src, age, FRESHNESS_INTERVALS * interval))
+                s.effects.append(
+                    CapacitySourceChanged(
+                        target_id=t,
+                        previous_source=prev,
+                        source=src,
+                        observation_age_seconds=age,
+                        freshness_threshold_seconds=FRESHNESS_INTERVALS * interval,
+                    )
+                )
             rank.reported_capacity_source = src
 
 
 def _checkpoint(s: SchedulerState, rank: RankState) -> ObservationCheckpoint:
     rp, rr, rt, at = rank_counts(rank)
-    return ObservationCheckpoint(s.revision, rank.delta_tokens, rp, rr, rt, at)
+    return ObservationCheckpoint(
+        revision=s.revision,
+        ledger_checkpoint=rank.delta_tokens,
+        active_reasoning_programs=rp,
+        active_reasoning_requests=rr,
+        active_reasoning_private_tokens=rt,
+        active_acting_private_tokens=at,
+    )
+
+
+def on_targets_changed(s: SchedulerState, ev: TargetsChanged) -> None:
+    """The healthy target list of a pool changed: sync it, then run an admission pass."""
+    sync_targets(s, ev.model_pool, ev.targets)
+    schedule_after_change(s)
 
 
 def on_observation_started(s: SchedulerState, ev: ObservationStarted) -> None:
@@ -167,7 +150,11 @@ def on_observation_started(s: SchedulerState, ev: ObservationStarted) -> None:
 def on_observation(s: SchedulerState, ev: ObservationReceived) -> None:
     rank = s.ranks.get(ev.target_id)
     if rank is None:
-        s.effects.append(StaleObservationDropped(ev.target_id, ev.epoch, -1, s.revision))
+        s.effects.append(
+            StaleObservationDropped(
+                target_id=ev.target_id, epoch=ev.epoch, epoch_revision=-1, current_revision=s.revision
+            )
+        )
         return
     cp = rank.checkpoints.pop(ev.epoch, None)
     for e in [e for e in rank.checkpoints if e < ev.epoch]:
@@ -175,7 +162,11 @@ def on_observation(s: SchedulerState, ev: ObservationReceived) -> None:
     if cp is None:
         cp = _checkpoint(s, rank)
     if cp.revision != s.revision:
-        s.effects.append(StaleObservationDropped(ev.target_id, ev.epoch, cp.revision, s.revision))
+        s.effects.append(
+            StaleObservationDropped(
+                target_id=ev.target_id, epoch=ev.epoch, epoch_revision=cp.revision, current_revision=s.revision
+            )
+        )
         return
     observed_at = ev.observed_at if ev.observed_at is not None else s.now
     apply_observation(
@@ -196,39 +187,3 @@ def on_observation_stale(s: SchedulerState, ev: ObservationStale) -> None:
     if rank is not None:
         rank.observed_at = None
         mark_dirty(s, rank.target_id)
-
-
-def compact_heaps(s: SchedulerState) -> None:
-    """Drop stale deadline-heap entries once they outnumber the live ones (bounded memory)."""
-    live = len(s.programs) + len(s.pool) + 1024
-    retention = s.cfg.paused_retention_ttl_seconds
-    keep = max(retention, 60.0)
-
-    def program(ref: Any) -> Program | None:
-        p = s.programs.get(ref[:2])
-        return p if p is not None and p.ref == ref else None
-
-    def ttl_ok(deadline: float, ref: Any) -> bool:
-        p = program(ref)
-        return p is not None and p.state == ACTIVE and p.status == ACTING and p.ttl_deadline == deadline
-
-    def retention_ok(deadline: float, ref: Any) -> bool:
-        p = program(ref)
-        return p is not None and p.state == PAUSED and p.status == ACTING and p.paused_at + retention == deadline
-
-    def queue_ok(deadline: float, rid: Any) -> bool:
-        req = s.pool.get(rid)
-        return req is not None and req.queue_deadline == deadline
-
-    def prune_ok(deadline: float, key: Any) -> bool:
-        at = s.released_at.get(key)
-        return at is not None and at + keep == deadline
-
-    for heap, ok in (
-        (s.ttl_heap, ttl_ok),
-        (s.retention_heap, retention_ok),
-        (s.queue_heap, queue_ok),
-        (s.prune_heap, prune_ok),
-    ):
-        if len(heap) > 2 * live:
-            heap.compact(ok)

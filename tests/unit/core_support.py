@@ -18,9 +18,11 @@ from actors.core.events import (
     TargetsChanged,
     TimerFired,
 )
-from actors.core.ids import ProgramRef, RequestId, TargetId
+from actors.core.ids import ProgramKey, ProgramRef, RequestId, TargetId
 from actors.core.model import RequestHints, Usage
-from actors.core.scheduler import SchedulerState, initial_state, step
+from actors.core.scheduler import initial_state, step
+from actors.core.state import SchedulerState
+from actors.core.stats import RequestSample
 
 POOL = "default"
 
@@ -42,6 +44,32 @@ class Ident:
     step_id: int | None = None
 
 
+def request_sample(
+    *,
+    prompt: int = 100,
+    completion: int = 10,
+    cached: int = 0,
+    growth: int | None = None,
+    e2e: float = 1.0,
+    decode: float | None = None,
+    queue: float = 0.0,
+    rounds: int = 1,
+    at: float = 0.0,
+) -> RequestSample:
+    """One statistics-window sample, with short keyword names and neutral defaults."""
+    return RequestSample(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        cached_prompt_tokens=cached,
+        context_growth_tokens=growth,
+        e2e_seconds=e2e,
+        decode_seconds=decode,
+        queue_seconds=queue,
+        rounds_since_ttl_pause=rounds,
+        finished_at=at,
+    )
+
+
 def cfg(**kw: Any) -> ProgramSchedulingConfig:
     return ProgramSchedulingConfig(**kw)
 
@@ -55,24 +83,65 @@ def tid(i: int, url: str = "http://w") -> TargetId:
 
 
 class Harness:
-    """Drives the core with explicit times and keeps every effect."""
+    """Drives the core with explicit times and keeps every effect.
 
-    def __init__(self, config: ProgramSchedulingConfig | None = None, n_targets: int = 1, **kw: Any) -> None:
+    Like the Program actors, the harness delivers every armed timer when its deadline is reached:
+    before an event at ``at``, the timers due by then fire in ``(deadline, token)`` order, each at
+    its deadline; after the event, the timers it armed for ``now`` or earlier fire at once.
+    ``feed`` returns the effects of all these steps in order.  ``fire`` delivers one
+    ``TimerFired`` by hand and nothing else.
+    """
+
+    def __init__(
+        self,
+        config: ProgramSchedulingConfig | None = None,
+        n_targets: int = 1,
+        **kw: Any,
+    ) -> None:
         self.cfg = config if config is not None else cfg(**kw)
         self.state: SchedulerState = initial_state(self.cfg)
         self.now = 0.0
         self.log: list[Any] = []
+        self.timers: dict[tuple[ProgramRef, str], tuple[float, int]] = {}
         self._n = 0
         if n_targets:
             self.feed(TargetsChanged(POOL, targets(n_targets)))
 
-    def feed(self, event: Any, at: float | None = None) -> tuple[Any, ...]:
-        if at is not None:
-            self.now = at
+    def _step(self, event: Any) -> tuple[Any, ...]:
         st = step(self.state, event, now=self.now, cfg=self.cfg)
         assert st.state is self.state
         self.log.extend(st.effects)
+        for e in st.effects:
+            if isinstance(e, fx.ArmTimer):
+                self.timers[(e.program, e.kind)] = (e.deadline, e.token)
+            elif isinstance(e, fx.CancelTimer):
+                self.timers.pop((e.program, e.kind), None)
+            elif isinstance(e, fx.RetireProgram):
+                for key in [k for k in self.timers if k[0] == e.program]:
+                    del self.timers[key]
         return st.effects
+
+    def deliver_due(self, until: float) -> tuple[Any, ...]:
+        """Fire the armed timers due at or before ``until``, in (deadline, token) order."""
+        out: list[Any] = []
+        for _ in range(10_000):
+            due = sorted((d, tok, key) for key, (d, tok) in self.timers.items() if d <= until)
+            if not due:
+                return tuple(out)
+            deadline, token, key = due[0]
+            del self.timers[key]
+            self.now = max(self.now, deadline)
+            out.extend(self._step(TimerFired(key[0], key[1], token)))
+        raise AssertionError("timers keep re-arming in the past")
+
+    def feed(self, event: Any, at: float | None = None) -> tuple[Any, ...]:
+        out: list[Any] = []
+        out.extend(self.deliver_due(self.now if at is None else at))
+        if at is not None:
+            self.now = at
+        out.extend(self._step(event))
+        out.extend(self.deliver_due(self.now))
+        return tuple(out)
 
     def submit(
         self,
@@ -123,11 +192,14 @@ class Harness:
         return self.feed(ObservationReceived(tid(i), epoch, kv, running, waiting))
 
     def fire(self, ref: ProgramRef, kind: str, token: int, at: float | None = None) -> tuple[Any, ...]:
-        return self.feed(TimerFired(ref, kind, token), at)
+        """Deliver one ``TimerFired`` by hand (no other timer is delivered)."""
+        if at is not None:
+            self.now = at
+        if self.timers.get((ref, kind), (None, None))[1] == token:
+            del self.timers[(ref, kind)]
+        return self._step(TimerFired(ref, kind, token))
 
     def program(self, program_id: str) -> Any:
-        from actors.core.ids import ProgramKey
-
         return self.state.programs.get(ProgramKey(POOL, program_id))
 
     def rank(self, i: int = 0) -> Any:

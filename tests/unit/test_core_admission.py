@@ -1,18 +1,18 @@
-"""Admission checks and the ledger (periphery tests 35-41; core spec 5, 6)."""
+"""Admission checks and the ledger (docs/program-scheduling.md §2, §3)."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-from core_support import Harness, admitted, cfg, of, reasons
+from core_support import Harness, admitted, cfg, of, reasons, request_sample
 
 from actors.core import effects as fx
 from actors.core.ids import ProgramRef, TargetId
 from actors.core.invariants import check
 from actors.core.ledger import admission_plan, continuity_loss_seconds, estimate_batch_gain, private_tokens
 from actors.core.model import Program, RankState, RequestHints
-from actors.core.stats import ProgressTtlFactors, RequestSample
+from actors.core.stats import ProgressTtlFactors
 
 
 def test_core_count_guard_never_reclaims_acting_program() -> None:
@@ -22,7 +22,7 @@ def test_core_count_guard_never_reclaims_acting_program() -> None:
     assert h.program("a").lifecycle == "active_acting"
     eff = h.submit("b", at=2.0)
     assert admitted(eff) == []
-    assert h.program("a").lifecycle == "active_acting"  # I18: admission never evicts
+    assert h.program("a").lifecycle == "active_acting"  # admission never evicts
     assert h.program("b").lifecycle == "paused_reasoning"
 
 
@@ -80,15 +80,18 @@ def test_core_threshold_zero_disables_gate() -> None:
 def _mature_rank(
     capacity_rounds: tuple[int, ...], growth: int, decode: float | None, completion: int = 50
 ) -> RankState:
-    rank = RankState(TargetId("t@0"), "t", 0, 0)
-    rank.factors = ProgressTtlFactors(len(capacity_rounds))
+    rank = RankState(
+        target_id=TargetId("t@0"), worker_url="t", dp_rank=0, index=0, factors=ProgressTtlFactors(len(capacity_rounds))
+    )
     for i, r in enumerate(capacity_rounds):
-        rank.factors.push_request(RequestSample(1000, completion, 0, growth, 1.0, decode, 0.0, r, float(i)))
+        rank.factors.push_request(
+            request_sample(prompt=1000, completion=completion, growth=growth, decode=decode, rounds=r, at=float(i))
+        )
     return rank
 
 
 def _program(pid: str, ctx: int, state: str = "paused", status: str = "reasoning") -> Program:
-    p = Program(ProgramRef("default", pid, 0), 0.0)
+    p = Program(ref=ProgramRef("default", pid, 0), created_at=0.0)
     p.state, p.status = state, status
     p.estimated_context_tokens = ctx
     p.last_target = TargetId("t@0")
@@ -152,7 +155,7 @@ def test_core_batch_gain_disabled_cases() -> None:
 
 
 def test_core_continuity_loss_infinite_when_protection_would_be_exhausted() -> None:
-    # free = 5000 - 1000 = 4000; before = min(3, 4) = 3; after = max(0, 4000 - 3500 - 1000) = 0 -> inf (I17)
+    # free = 5000 - 1000 = 4000; before = min(3, 4) = 3; after = max(0, 4000 - 3500 - 1000) = 0 -> inf
     assert continuity_loss_seconds(1000.0, [(3, 0.5)], 5000.0, 1000.0, 3500.0, 1) == math.inf
     assert continuity_loss_seconds(0.0, [(3, 0.5)], 5000.0, 1000.0, 3500.0, 1) == 0.0
     assert continuity_loss_seconds(1000.0, [], 50_000.0, 1000.0, 3500.0, 1) == 0.0

@@ -1,4 +1,4 @@
-"""Cost formulas (seed "Offline calibration models", periphery §3.4-3.5), checked by hand."""
+"""Cost formulas (docs/program-scheduling.md §11), checked by hand."""
 
 from __future__ import annotations
 

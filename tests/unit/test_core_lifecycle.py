@@ -1,5 +1,5 @@
 """Completion bookkeeping, TTL arming/expiry, timers, cancellation, retention and fencing
-(periphery tests 22, 32, 42-47, 60; core spec 2, 4, 7, 12)."""
+(docs/program-scheduling.md §1, §2.2, §4, §5)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from core_support import POOL, Harness, Ident, admitted, of, reasons, targets, tid
 
 from actors.core import effects as fx
-from actors.core.events import ACTING_TTL, PAUSED_RETENTION, QUEUE_TIMEOUT, TargetsChanged, TimerFired
+from actors.core.events import ACTING_TTL, PAUSED_RETENTION, QUEUE_TIMEOUT, TargetsChanged
 from actors.core.ids import ProgramKey, redacted_id
 from actors.core.invariants import check
 from actors.core.model import RequestHints
@@ -111,7 +111,7 @@ def test_core_cancel_waiting_request_keeps_fifo_of_others() -> None:
     h.abandon("r3", at=4.0)  # middle of the FIFO
     assert [r.request_id for r in h.state.pool.requests(h.program("a").ref)] == ["r2", "r4"]
     eff = h.complete("r1", at=5.0, prompt=100)
-    assert admitted(eff) == ["r2", "r4"]  # FIFO order (I5)
+    assert admitted(eff) == ["r2", "r4"]  # FIFO order
 
 
 def test_core_cancel_last_waiter_of_completed_program_pauses_it() -> None:
@@ -201,7 +201,7 @@ def test_core_context_estimate_shrinks_only_after_two_confirmations() -> None:
     h.complete("r1", at=1.0, prompt=1000)
     h.submit("a", tokens=10, at=2.0, hints=hold)
     h.complete("r2", at=3.0, prompt=600)
-    assert h.program("a").estimated_context_tokens == 1000  # I33: one smaller reading
+    assert h.program("a").estimated_context_tokens == 1000  # one smaller reading is not enough
     h.submit("a", tokens=10, at=4.0, hints=hold)
     h.complete("r3", at=5.0, prompt=600)
     assert h.program("a").estimated_context_tokens == 600
@@ -242,7 +242,7 @@ def test_core_stale_timer_of_old_generation_is_dropped() -> None:
     h.submit("a", at=2.0, hints=RequestHints(kv_retention_ttl_seconds=5.0))
     (arm2,) = of(h.complete("r2", at=3.0), fx.ArmTimer)
     old = arm2.program._replace(generation=0)
-    assert h.feed(TimerFired(old, ACTING_TTL, arm2.token), at=8.0) == ()
+    assert h.fire(old, ACTING_TTL, arm2.token, at=8.0) == ()
     assert h.program("a").lifecycle == "active_acting"
 
 
@@ -272,18 +272,32 @@ def test_core_pool_losing_every_target_rejects_waiting_requests_with_503() -> No
     assert admitted(h.submit("a", at=4.0)) == ["r3"]
 
 
-def test_core_deadline_heaps_stay_bounded_under_churn() -> None:
+def test_core_timers_stay_one_per_kind_under_churn() -> None:
     h = Harness(paused_retention_ttl_seconds=1e6)
-    for i in range(3000):  # 3000 pauses of one Program: one retention entry each
+    for i in range(3000):  # 3000 pauses of one Program: each re-arms the same retention kind
         h.submit("a", at=float(i))
         h.complete(f"r{i + 1}", at=i + 0.5, prompt=100)
-    assert len(h.state.retention_heap) == 3000
-    h.tick(at=3001.0)
-    assert len(h.state.retention_heap) == 1  # only the live deadline is kept
-    assert len(h.state.queue_heap) <= 600  # entries older than the queue timeout were swept
+    p = h.program("a")
+    assert p.lifecycle == "paused_acting"
+    assert list(p.timers) == [PAUSED_RETENTION]  # the core keeps one deadline per kind
+    assert list(h.timers) == [(p.ref, PAUSED_RETENTION)]  # and so does the Program actor
     (arm,) = [e for e in h.log if isinstance(e, fx.ArmTimer) and e.kind == PAUSED_RETENTION][-1:]
-    assert h.fire(arm.program, PAUSED_RETENTION, arm.token, at=arm.deadline) != ()  # still released on time
+    assert reasons(h.tick(at=arm.deadline)) == ["paused_retention_release"]  # released on time
     assert h.program("a") is None
+
+
+def test_core_released_history_is_pruned_in_release_order() -> None:
+    h = Harness(paused_retention_ttl_seconds=10.0)
+    for i, name in enumerate(["a", "b", "c"]):
+        h.submit(name, at=float(i))
+        h.complete(f"r{i + 1}", at=i + 0.5, prompt=100, terminate=True)  # released at 0.5, 1.5, 2.5
+    h.submit("a", at=3.0)
+    h.complete("r4", at=3.5, prompt=100, terminate=True)  # re-released: moves behind b and c
+    assert list(h.state.released_at) == [ProgramKey(POOL, "b"), ProgramKey(POOL, "c"), ProgramKey(POOL, "a")]
+    h.tick(at=63.0)  # keep = max(10, 60) s: b (1.5) and c (2.5) are forgotten, a (3.5) is not
+    assert list(h.state.released_at) == [ProgramKey(POOL, "a")]
+    assert set(h.state.last_generations) == {ProgramKey(POOL, "a")}
+    assert check(h.state, h.cfg) == []
 
 
 def test_core_warm_up_ttl_is_fitted_on_the_intervals_of_all_ranks() -> None:

@@ -1,4 +1,4 @@
-"""Initial binding strategies (periphery tests 11-17, 31; spec periphery 2)."""
+"""Initial binding strategies (docs/program-scheduling.md §9)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ SPLIT = {
 
 
 def make(state: str) -> Program:
-    p = Program(ProgramRef("default", "p", 0), 0.0)
+    p = Program(ref=ProgramRef("default", "p", 0), created_at=0.0)
     p.state, p.status = SPLIT[state]
     return p
 
@@ -53,7 +53,7 @@ def test_core_program_released_is_terminal() -> None:
 
 
 def test_core_program_expected_moves() -> None:
-    # spot checks against core spec 2.3
+    # spot checks against the transition table of docs/program-scheduling.md §1
     assert lc.next_state(lc.PAUSED_REASONING, lc.ACTIVATE) == lc.ACTIVE_REASONING
     assert lc.next_state(lc.ACTIVE_REASONING, lc.COMPLETE_IDLE) == lc.ACTIVE_ACTING
     assert lc.next_state(lc.ACTIVE_ACTING, lc.PAUSE) == lc.PAUSED_ACTING

@@ -1,10 +1,10 @@
-"""RequestPool (periphery tests 21-23) and formulas around the queue: global force-resume
-estimate, shared-prefix freshness, TTL-pause round sampling (test 53)."""
+"""RequestPool and formulas around the queue: global force-resume estimate (docs/program-scheduling.md §5),
+shared-prefix freshness (§2.2), TTL-pause round sampling."""
 
 from __future__ import annotations
 
 import pytest
-from core_support import Harness, of
+from core_support import Harness, of, request_sample
 
 from actors.core import effects as fx
 from actors.core.handlers import shared_prefix_freshness
@@ -12,11 +12,19 @@ from actors.core.ids import ProgramRef, RequestId
 from actors.core.model import PendingRequest, RequestHints
 from actors.core.queue import RequestPool
 from actors.core.resume import force_resume_estimate
-from actors.core.stats import RequestSample
 
 
 def req(rid: str, ref: ProgramRef, seq: int) -> PendingRequest:
-    return PendingRequest(RequestId(rid), ref, seq, float(seq), 10, RequestHints(), None, 600.0)
+    return PendingRequest(
+        request_id=RequestId(rid),
+        ref=ref,
+        seq=seq,
+        arrived_at=float(seq),
+        estimated_context_tokens=10,
+        hints=RequestHints(),
+        routing_text=None,
+        queue_deadline=600.0,
+    )
 
 
 def test_core_pool_fifo_per_exact_generation_and_front_only() -> None:
@@ -38,7 +46,7 @@ def test_core_pool_cancel_reports_front_and_deletes_empty_fifo() -> None:
     pool.retain(req("x", g1, 3))
     assert pool.cancel(RequestId("b"))[1] is False  # type: ignore[index]
     assert pool.cancel(RequestId("a"))[1] is True  # type: ignore[index]
-    assert pool.front(g0) is None and g0 not in list(pool.refs())  # I4: no empty FIFO
+    assert pool.front(g0) is None and g0 not in list(pool.refs())  # no empty FIFO is kept
     assert pool.cancel(RequestId("a")) is None  # already gone: no-op
     assert pool.requests(g1)[0].request_id == "x"  # the other generation is untouched
     assert not pool.has_empty_fifo() and pool.fifo_lengths_total() == len(pool) == 1
@@ -55,7 +63,7 @@ def test_core_global_force_resume_estimate_worked_numbers() -> None:
     for i, gap in ((0, 2.0), (1, 1.0)):
         f = h.rank(i).factors
         for k, r in enumerate((1, 2)):  # R = ceil(2 * 1.5) = 3 on both ranks
-            f.push_request(RequestSample(100, 10, 0, None, 1.0, None, 0.0, r, k * gap))
+            f.push_request(request_sample(rounds=r, at=k * gap))
     # throughputs 0.5/s and 1.0/s -> aggregate 1.5/s
     h.submit("a")  # rank 0, active: max(1, 3 - 0) = 3
     h.submit("b")  # rank 1, active: 3
@@ -72,12 +80,12 @@ def test_core_shared_prefix_freshness_formula_worked_numbers() -> None:
     rank = h.rank()
     assert shared_prefix_freshness(h.state, rank) == 100.0  # warm-up value: window incomplete
     for k in range(2):
-        rank.factors.push_request(RequestSample(1000, 10, 600, None, 4.0, None, 0.0, 1, float(k)))
+        rank.factors.push_request(request_sample(prompt=1000, cached=600, e2e=4.0, at=float(k)))
     assert shared_prefix_freshness(h.state, rank) == 100.0  # no active reasoning Program
     h.submit("a")
     h.submit("b")
     # 2 turnovers x 10000 tokens x 4.0 s mean e2e / 2 active reasoning / 400 mean uncached = 100.0
-    rank.factors.push_request(RequestSample(1000, 10, 800, None, 4.0, None, 0.0, 1, 2.0))
+    rank.factors.push_request(request_sample(prompt=1000, cached=800, e2e=4.0, at=2.0))
     # window now (600, 800 cached) -> mean uncached 300 -> 2 * 10000 * 4 / 2 / 300 = 133.33
     assert shared_prefix_freshness(h.state, rank) == pytest.approx(133.333333)
 

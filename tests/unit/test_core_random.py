@@ -90,7 +90,7 @@ def run(name: str, seed: int, steps: int = 400) -> tuple[list[Any], dict[str, st
         if cap is not None and not c.binding_only:
             for e in out:
                 if isinstance(e, fx.Transition) and e.reason in ("program_admit", "batch_gain_admit"):
-                    # I14 at decision time: used + required <= C x low for non-forced admissions
+                    # at decision time: used + required <= C x low for non-forced admissions
                     assert e.used_tokens + e.required_tokens <= cap * c.low_watermark_ratio + 1e-6
 
     feed(TargetsChanged(POOL, targets(3)))
@@ -157,9 +157,10 @@ def run(name: str, seed: int, steps: int = 400) -> tuple[list[Any], dict[str, st
             assert s.pool.get(RequestId(rid)) is None and RequestId(rid) not in s.in_flight, rid
     # starvation: nothing waits past its force deadline plus one tick unless the gate holds it
     for p in s.programs.values():
-        if p.state == "paused" and s.pool.program_len(p.ref) and p.force_resume_deadline is not None:
-            if now > p.force_resume_deadline + c.metrics_interval_seconds + 3.0:
-                assert p.force_gate_blocked_at is not None, (name, seed, p.ref)
+        deadline = p.force_resume_deadline
+        waiting = p.state == "paused" and s.pool.program_len(p.ref) > 0
+        if waiting and deadline is not None and now > deadline + c.metrics_interval_seconds + 3.0:
+            assert p.force_gate_blocked_at is not None, (name, seed, p.ref)
     return log, fate
 
 

@@ -1,15 +1,14 @@
-"""Capacity repair between the watermarks (periphery test 44; core spec 9, I22, I23)."""
+"""Capacity repair between the watermarks (docs/program-scheduling.md §6)."""
 
 from __future__ import annotations
 
 import pytest
-from core_support import Harness, of, reasons
+from core_support import Harness, of, reasons, request_sample
 
 from actors.core import effects as fx
 from actors.core.invariants import check
 from actors.core.model import RequestHints
 from actors.core.repair import projected_tokens
-from actors.core.stats import RequestSample
 
 
 def _harness(**kw: object) -> Harness:
@@ -37,7 +36,7 @@ def test_core_repair_never_pauses_in_flight_program_then_pauses_at_idle() -> Non
     h.submit("a", tokens=300)
     h.submit("b", tokens=300, at=1.0)
     h.submit("a", tokens=500, at=2.0)
-    assert h.program("a").lifecycle == "active_reasoning"  # I23: only marked
+    assert h.program("a").lifecycle == "active_reasoning"  # a busy Program is only marked
     h.complete("r1", at=3.0, prompt=300)
     assert h.program("a").lifecycle == "active_reasoning"  # r3 still in flight
     eff = h.complete("r3", at=4.0, prompt=500)
@@ -63,7 +62,7 @@ def test_core_repair_pauses_acting_victims_first_by_score() -> None:
 def test_core_repair_score_prefers_small_contexts_worked_numbers() -> None:
     h = _harness()
     f = h.rank().factors
-    f.push_request(RequestSample(400, 0, 0, None, 1.0, None, 0.0, 1, 0.0))  # mean prompt 400, c_bar 0
+    f.push_request(request_sample(prompt=400, completion=0))  # mean prompt 400, c_bar 0
     hold = RequestHints(kv_retention_ttl_seconds=100.0)
     h.submit("small", tokens=100, hints=hold)  # 200 private
     h.complete("r1", at=1.0, prompt=100)
@@ -80,7 +79,7 @@ def test_core_repair_projection_includes_expected_output_growth() -> None:
     h = _harness()
     f = h.rank().factors
     for c in (40, 41):
-        f.push_request(RequestSample(100, c, 0, None, 1.0, None, 0.0, 1, 0.0))
+        f.push_request(request_sample(completion=c))
     # c_bar = ceil(40.5) = 41
     h.submit("a", tokens=300)  # 400
     h.submit("b", tokens=300, at=1.0)  # 800

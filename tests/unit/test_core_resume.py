@@ -1,10 +1,10 @@
 """Resume order, force-resume deadlines, segment yield, global queue and cross-rank resume
-(periphery tests 37, 48-50; core spec 8, 10)."""
+(docs/program-scheduling.md §5, §7)."""
 
 from __future__ import annotations
 
 import pytest
-from core_support import Harness, admitted, of, reasons, tid
+from core_support import Harness, admitted, of, reasons, request_sample, tid
 
 from actors.core import effects as fx
 from actors.core.config import PrefillCostModel
@@ -13,7 +13,6 @@ from actors.core.invariants import check
 from actors.core.model import MAX_SEGMENT_YIELD, PendingRequest, Program, RequestHints
 from actors.core.queue import resume_key
 from actors.core.resume import force_resume_estimate
-from actors.core.stats import RequestSample
 
 
 def prog(
@@ -23,7 +22,7 @@ def prog(
     forced_at: float | None = None,
     yielded: bool = False,
 ) -> Program:
-    p = Program(ProgramRef("default", pid, 0), 0.0)
+    p = Program(ref=ProgramRef("default", pid, 0), created_at=0.0)
     p.queued_at = queued_at
     p.last_request_finished_at = finished
     p.force_resume_deadline = forced_at
@@ -32,7 +31,16 @@ def prog(
 
 
 def front(p: Program, priority: int = 0) -> PendingRequest:
-    return PendingRequest("r", p.ref, 1, 0.0, 10, RequestHints(priority=priority), None, 600.0)  # type: ignore[arg-type]
+    return PendingRequest(
+        request_id="r",
+        ref=p.ref,
+        seq=1,
+        arrived_at=0.0,
+        estimated_context_tokens=10,
+        hints=RequestHints(priority=priority),
+        routing_text=None,
+        queue_deadline=600.0,
+    )  # type: ignore[arg-type]
 
 
 def order(items: list[tuple[Program, int]], mode: str, now: float = 10.0) -> list[str]:
@@ -74,7 +82,7 @@ def test_core_successful_resume_clears_yield_marker() -> None:
     h.complete("r1", at=1.0, prompt=100)
     h.program("a").last_pause_reason = MAX_SEGMENT_YIELD
     h.submit("a", at=2.0)
-    assert h.program("a").last_pause_reason is None  # I30: one-shot
+    assert h.program("a").last_pause_reason is None  # the yield marker is one-shot
 
 
 def test_core_force_deadline_is_static_timeout_before_window_matures() -> None:
@@ -121,7 +129,7 @@ def test_core_force_resume_fires_at_deadline_and_bypasses_count_guard() -> None:
 def _mature(h: Harness, throughput_gap: float, rounds: tuple[int, ...]) -> None:
     f = h.rank().factors
     for i, r in enumerate(rounds):
-        f.push_request(RequestSample(100, 10, 0, None, 1.0, None, 0.0, r, i * throughput_gap))
+        f.push_request(request_sample(rounds=r, at=i * throughput_gap))
 
 
 def test_core_local_force_resume_estimate_worked_numbers() -> None:
@@ -183,7 +191,7 @@ def test_core_global_mode_new_programs_stay_on_initial_binding() -> None:
 def _global_two_ranks(**kw: object) -> Harness:
     h = Harness(n_targets=2, global_queue=True, stats_window_size=1, binding_strategy="program_round_robin", **kw)
     for i in (0, 1):
-        h.rank(i).factors.push_request(RequestSample(100, 10, 0, None, 1.0, None, 0.0, 1, 0.0))
+        h.rank(i).factors.push_request(request_sample())
     return h
 
 

@@ -1,4 +1,4 @@
-"""Scheduler core: the basic request lifecycle (periphery test inventory 18-24, 34, 39, 47)."""
+"""Scheduler core: the basic request lifecycle (docs/program-scheduling.md §1)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,14 @@
-"""Rolling ProgressTtlFactors and the Progress-TTL formulas (periphery tests 51-54, core 7, 8.3, 12)."""
+"""Rolling ProgressTtlFactors and the Progress-TTL formulas (docs/program-scheduling.md §4, §5)."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
+from core_support import request_sample
 
 from actors.core.stats import (
     ProgressTtlFactors,
-    RequestSample,
     continuous_growth_reserve,
     erf_as,
     fit_ttl,
@@ -18,24 +18,10 @@ from actors.core.stats import (
 )
 
 
-def sample(
-    prompt: int = 100,
-    completion: int = 10,
-    cached: int = 0,
-    growth: int | None = None,
-    e2e: float = 1.0,
-    decode: float | None = None,
-    queue: float = 0.0,
-    rounds: int = 1,
-    at: float = 0.0,
-) -> RequestSample:
-    return RequestSample(prompt, completion, cached, growth, e2e, decode, queue, rounds, at)
-
-
 def test_core_stats_window_drops_oldest_and_reports_complete() -> None:
     f = ProgressTtlFactors(3)
     for i in range(5):
-        f.push_request(sample(prompt=100 * (i + 1), at=float(i)))
+        f.push_request(request_sample(prompt=100 * (i + 1), at=float(i)))
     assert len(f.requests) == 3
     assert f.request_window_complete
     # the window holds prompts 300, 400, 500
@@ -44,9 +30,9 @@ def test_core_stats_window_drops_oldest_and_reports_complete() -> None:
 
 def test_core_stats_token_weighted_cache_ratio_and_throughput() -> None:
     f = ProgressTtlFactors(10)
-    f.push_request(sample(prompt=100, cached=90, at=10.0))
-    f.push_request(sample(prompt=300, cached=30, at=12.0))
-    f.push_request(sample(prompt=600, cached=480, at=14.0))
+    f.push_request(request_sample(prompt=100, cached=90, at=10.0))
+    f.push_request(request_sample(prompt=300, cached=30, at=12.0))
+    f.push_request(request_sample(prompt=600, cached=480, at=14.0))
     # token weighted: (90 + 30 + 480) / (100 + 300 + 600) = 600 / 1000
     assert f.cached_prompt_ratio() == pytest.approx(0.6)
     # (n - 1) / (last - first) = 2 / 4
@@ -57,7 +43,7 @@ def test_core_stats_token_weighted_cache_ratio_and_throughput() -> None:
 
 def test_core_stats_empty_and_zero_limit_windows_are_safe() -> None:
     f = ProgressTtlFactors(0)
-    f.push_request(sample())
+    f.push_request(request_sample())
     f.push_continuity(1.0, 0.5)
     assert len(f.requests) == 0 and len(f.continuities) == 0
     assert not f.request_window_complete and not f.continuity_window_complete
@@ -71,19 +57,19 @@ def test_core_stats_empty_and_zero_limit_windows_are_safe() -> None:
 
 def test_core_stats_growth_and_decode_means_only_count_valid_samples() -> None:
     f = ProgressTtlFactors(10)
-    f.push_request(sample(growth=100, decode=2.0))
-    f.push_request(sample(growth=None, decode=None))
-    f.push_request(sample(growth=300, decode=float("nan")))
+    f.push_request(request_sample(growth=100, decode=2.0))
+    f.push_request(request_sample(growth=None, decode=None))
+    f.push_request(request_sample(growth=300, decode=float("nan")))
     assert f.mean_context_growth_tokens() == pytest.approx(200.0)
     assert f.mean_decode_seconds() == pytest.approx(2.0)
 
 
 def test_core_stats_target_rounds_and_mature_reserve_formula() -> None:
     f = ProgressTtlFactors(2)
-    f.push_request(sample(rounds=1, growth=500))
+    f.push_request(request_sample(rounds=1, growth=500))
     assert f.target_rounds(14) == 0  # window incomplete
     assert continuous_growth_reserve(f, f.target_rounds(14), [3]) == 0.0
-    f.push_request(sample(rounds=2, growth=700))
+    f.push_request(request_sample(rounds=2, growth=700))
     # ceil(2 * mean(1, 2)) = ceil(3.0) = 3, within [1, 14]
     assert f.target_rounds(14) == 3
     assert f.target_rounds(2) == 2  # clamped to max_segment_rounds
@@ -93,8 +79,8 @@ def test_core_stats_target_rounds_and_mature_reserve_formula() -> None:
 
 def test_core_stats_target_rounds_floor_is_one() -> None:
     f = ProgressTtlFactors(2)
-    f.push_request(sample(rounds=0))
-    f.push_request(sample(rounds=0))
+    f.push_request(request_sample(rounds=0))
+    f.push_request(request_sample(rounds=0))
     assert f.target_rounds(14) == 1
 
 
@@ -150,7 +136,7 @@ def test_core_stats_fit_ttl_is_argmax_of_independent_utility() -> None:
     best = max(grid, key=u)
     got = fit_ttl(mu, sigma, c, 10.0)
     assert got == pytest.approx(best)
-    assert 0.05 <= got <= 5.0  # I24: 0 or within [min(0.05, d_max), d_max]
+    assert 0.05 <= got <= 5.0  # 0 or within [min(0.05, d_max), d_max]
 
 
 def test_core_stats_fit_ttl_zero_when_holding_never_pays() -> None:
@@ -170,7 +156,7 @@ def test_core_stats_fitted_ttl_requires_complete_continuity_window() -> None:
     f = ProgressTtlFactors(3)
     f.push_continuity(1.0, 0.0)
     f.push_continuity(math.e**2, 0.0)
-    assert f.fitted_acting_ttl(5.0, 10.0) == 0.0  # I24: incomplete -> 0
+    assert f.fitted_acting_ttl(5.0, 10.0) == 0.0  # incomplete window -> 0
     f.push_continuity(0.0, 0.0)  # zero intervals count for maturity but not for the fit
     mu, sigma = f.log_interval_fit()  # type: ignore[misc]
     assert (mu, sigma) == (pytest.approx(1.0), pytest.approx(1.0))
@@ -180,7 +166,7 @@ def test_core_stats_fitted_ttl_requires_complete_continuity_window() -> None:
 def test_core_stats_running_sums_match_recomputation_after_many_pushes() -> None:
     f = ProgressTtlFactors(7)
     for i in range(53):
-        f.push_request(sample(prompt=100 + i, cached=i, e2e=0.1 * i, at=float(i)))
+        f.push_request(request_sample(prompt=100 + i, cached=i, e2e=0.1 * i, at=float(i)))
         f.push_continuity(0.1 * (i + 1), 0.01 * i)
     prompts = [s.prompt_tokens for s in f.requests]
     assert f.mean_prompt_tokens() == pytest.approx(sum(prompts) / 7)

@@ -1,0 +1,74 @@
+"""``SchedulerState``: every piece of Program-scheduling state, in one record with one writer.
+
+The scheduler actor owns one ``SchedulerState`` and changes it only through ``scheduler.step``.
+Every other core module takes it as its first argument; this module imports none of them, so the
+core's modules import each other in one direction only::
+
+    state <- lifecycle <- resume, repair <- binding <- topology <- timers <- handlers <- scheduler
+
+(``program``, ``ledger``, ``queue``, ``placement``, ``stats`` and the value modules sit below
+``state``; ``snapshot`` and ``invariants`` read it from the side.)
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from actors.core.config import ProgramSchedulingConfig
+from actors.core.effects import Effect
+from actors.core.ids import ProgramKey, ProgramRef, RequestId, SeqCounter, TargetId
+from actors.core.model import Dispatch, Lineage, Program, RankState
+from actors.core.placement import Binder
+from actors.core.queue import RequestPool
+from actors.core.stats import ProgressTtlFactors, ResumeHitWindow
+
+# (target id, worker url, DP rank, index) of one target, as a pool's target list is compared
+TargetSignature = tuple[str, str, int, int]
+
+
+class SchedulerState:
+    """All scheduling state (one writer: the scheduler actor)."""
+
+    def __init__(self, cfg: ProgramSchedulingConfig) -> None:
+        self.cfg = cfg
+        self.now = 0.0
+        self.programs: dict[ProgramKey, Program] = {}
+        self.pool = RequestPool()
+        self.in_flight: dict[RequestId, Dispatch] = {}
+        self.ranks: dict[TargetId, RankState] = {}
+        self.pools: dict[str, tuple[TargetId, ...]] = {}
+        self.pool_signatures: dict[str, tuple[TargetSignature, ...]] = {}
+        self.revision = 0
+        self.rank_queues: dict[TargetId, dict[ProgramRef, None]] = {}
+        self.global_queues: dict[str, dict[ProgramRef, None]] = {}
+        self.last_generations: dict[ProgramKey, int] = {}
+        # release time of each released Program, in release order (oldest first): the tick
+        # forgets generation histories from the front (handlers.prune_released_generations)
+        self.released_at: dict[ProgramKey, float] = {}
+        self.epochs = SeqCounter()
+        self.timer_tokens = SeqCounter()
+        self.request_seq = SeqCounter()
+        self.binder = Binder(cfg.binding_strategy, cfg.hash_virtual_nodes)
+        self.lineage = Lineage()
+        self.dirty_ranks: dict[TargetId, None] = {}
+        # request intervals of every rank: the TTL fit of a rank whose own window is not full yet
+        self.warm_factors = ProgressTtlFactors(cfg.stats_window_size)
+        # engine cache kept across pauses: scales the cache-miss impact in the TTL fit
+        self.resume_hits = ResumeHitWindow(cfg.stats_window_size)
+        self.forced_admissions = 0
+        # per-step scratch
+        self.effects: list[Effect] = []
+        self.touched: dict[ProgramRef, Program] = {}
+
+
+def lookup_key(ref: ProgramRef) -> ProgramKey:
+    """``ref.key`` for dict lookups only: the plain ``(model_pool, program_id)`` slice hashes and
+    compares equal to the ``ProgramKey`` without building one (this runs several times per event).
+    Use ``ref.key`` wherever the key is kept or its fields are read."""
+    return cast(ProgramKey, ref[:2])
+
+
+def live_program(s: SchedulerState, ref: ProgramRef) -> Program | None:
+    """The live Program of generation ``ref``, or None when that generation is gone."""
+    p = s.programs.get(lookup_key(ref))
+    return p if p is not None and p.ref == ref else None
