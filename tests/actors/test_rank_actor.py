@@ -7,37 +7,15 @@ import httpx
 import pytest
 import trio
 import trio.testing
+from rank_fakes import W0, W1, observing, target, vllm_metrics
 
-from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.events import ObservationReceived, RepairTick
 from actors.core.ids import TargetId
 from actors.messages import ObservationRoundStarted
 from actors.observations import EngineSample
 from actors.rank_actor import RankSnapshot, ScrapeResult, WorkerScraped, run_rank_actor
-from actors.rank_registry import RankRegistry, run_rank_registry
 
-W0 = "http://worker-0:8000"
-W1 = "http://worker-1:8000"
-TARGETS = tuple(
-    BackendTarget(worker_url=u, dp_rank=r, target_id=f"{u}@{r}", index=i)
-    for i, (u, r) in enumerate([(W0, 0), (W0, 1), (W1, 0), (W1, 1)])
-)
-
-
-def _metrics(kv0: float, kv1: float, waiting: int = 0) -> str:
-    return (
-        f'vllm:kv_cache_usage_perc{{engine="0"}} {kv0}\n'
-        f'vllm:kv_cache_usage_perc{{engine="1"}} {kv1}\n'
-        f'vllm:num_requests_running{{engine="0"}} 1\n'
-        f'vllm:num_requests_running{{engine="1"}} 2\n'
-        f'vllm:num_requests_waiting{{engine="0"}} {waiting}\n'
-        f'vllm:num_requests_waiting{{engine="1"}} 0\n'
-    )
-
-
-async def _drain(recv: trio.MemoryReceiveChannel[object], out: list[tuple[float, object]]) -> None:
-    async for msg in recv:
-        out.append((trio.current_time(), msg))
+TARGETS = tuple(target(u, r, i) for i, (u, r) in enumerate([(W0, 0), (W0, 1), (W1, 0), (W1, 1)]))
 
 
 async def test_rank_actor_scrapes_once_per_worker_and_ticks_on_grid(autojump_clock: trio.testing.MockClock) -> None:
@@ -46,20 +24,12 @@ async def test_rank_actor_scrapes_once_per_worker_and_ticks_on_grid(autojump_clo
     def handler(request: httpx.Request) -> httpx.Response:
         scrapes.append((trio.current_time(), str(request.url)))
         if request.url.host == "worker-0":
-            return httpx.Response(200, text=_metrics(0.25, 0.5, waiting=3))
+            return httpx.Response(200, text=vllm_metrics((0.25, 0.5), waiting=(3,)))
         return httpx.Response(503)
 
-    send, recv = trio.open_memory_channel[object](100)  # test sink
-    got: list[tuple[float, object]] = []
-    observers = RankRegistry(TARGETS)
-    cfg = ProgramSchedulingConfig(metrics_interval_seconds=1.0)
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client, trio.open_nursery() as nursery:
-        nursery.start_soon(_drain, recv, got)
-        t0 = trio.current_time()
-        await nursery.start(run_rank_registry, cfg, client, observers, send)
+    async with observing(TARGETS, handler) as obs:
         await trio.sleep(2.5)
-        nursery.cancel_scope.cancel()
-    assert sorted((t - t0, u) for t, u in scrapes) == [
+    assert sorted((t - obs.t0, u) for t, u in scrapes) == [
         (0.0, f"{W0}/metrics"),
         (0.0, f"{W1}/metrics"),
         (1.0, f"{W0}/metrics"),
@@ -67,7 +37,7 @@ async def test_rank_actor_scrapes_once_per_worker_and_ticks_on_grid(autojump_clo
         (2.0, f"{W0}/metrics"),
         (2.0, f"{W1}/metrics"),
     ]
-    first_round = [m for t, m in got if t == t0]
+    first_round = [m for t, m in obs.got if t == obs.t0]
     assert isinstance(first_round[0], ObservationRoundStarted)
     assert first_round[0].target_ids == tuple(t.target_id for t in TARGETS)
     received = [m for m in first_round if isinstance(m, ObservationReceived)]
@@ -76,9 +46,9 @@ async def test_rank_actor_scrapes_once_per_worker_and_ticks_on_grid(autojump_clo
         (f"{W0}@1", 0.5, 0),
     ]
     assert isinstance(first_round[-1], RepairTick)
-    ticks = [(t - t0, m.deadline - t0) for t, m in got if isinstance(m, RepairTick)]
+    ticks = [(t - obs.t0, m.deadline - obs.t0) for t, m in obs.got if isinstance(m, RepairTick)]
     assert ticks == [(0.0, 0.0), (1.0, 1.0), (2.0, 2.0)]
-    snap = [s.as_dict(t0 + 2.0, 1.0) for s in observers.snapshots().values()]
+    snap = [s.as_dict(obs.t0 + 2.0, 1.0) for s in obs.registry.snapshots().values()]
     assert snap[0]["observation_fresh"] is True and snap[0]["vllm_waiting_requests"] == 3
     assert snap[2]["observation_age_seconds"] is None and snap[2]["last_scrape_error"] == "HTTP 503"
     assert snap[2]["scrape_failures_count"] == 3
@@ -92,21 +62,13 @@ async def test_rank_actor_skips_missed_ticks_after_slow_scrape(autojump_clock: t
         calls += 1
         if calls == 2:
             await trio.sleep(1.7)  # the round started at t=1 ends at t=2.7: tick 2 is missed
-        return httpx.Response(200, text=_metrics(0.1, 0.1))
+        return httpx.Response(200, text=vllm_metrics((0.1, 0.1)))
 
-    send, recv = trio.open_memory_channel[object](100)  # test sink
-    got: list[tuple[float, object]] = []
-    observers = RankRegistry(TARGETS[:2])
-    cfg = ProgramSchedulingConfig(metrics_interval_seconds=1.0)
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client, trio.open_nursery() as nursery:
-        nursery.start_soon(_drain, recv, got)
-        t0 = trio.current_time()
-        await nursery.start(run_rank_registry, cfg, client, observers, send)
+    async with observing(TARGETS[:2], handler) as obs:
         await trio.sleep(4.5)
-        nursery.cancel_scope.cancel()
-    ticks = [round(t - t0, 6) for t, m in got if isinstance(m, RepairTick)]
+    ticks = [round(t - obs.t0, 6) for t, m in obs.got if isinstance(m, RepairTick)]
     assert ticks == [0.0, 2.7, 3.0, 4.0]
-    assert [round(m.deadline - t0, 6) for _, m in got if isinstance(m, RepairTick)] == [0.0, 1.0, 3.0, 4.0]
+    assert [round(m.deadline - obs.t0, 6) for _, m in obs.got if isinstance(m, RepairTick)] == [0.0, 1.0, 3.0, 4.0]
 
 
 async def test_rank_actor_scrape_timeout_is_two_seconds(autojump_clock: trio.testing.MockClock) -> None:
@@ -114,19 +76,14 @@ async def test_rank_actor_scrape_timeout_is_two_seconds(autojump_clock: trio.tes
         await trio.sleep(100)
         return httpx.Response(200, text="")
 
-    send, recv = trio.open_memory_channel[object](100)  # test sink
-    got: list[tuple[float, object]] = []
-    observers = RankRegistry(TARGETS[:1])
-    cfg = ProgramSchedulingConfig(metrics_interval_seconds=5.0)
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client, trio.open_nursery() as nursery:
-        nursery.start_soon(_drain, recv, got)
-        t0 = trio.current_time()
-        await nursery.start(run_rank_registry, cfg, client, observers, send)
+    async with observing(TARGETS[:1], handler, interval=5.0) as obs:
         await trio.sleep(1)
         await trio.sleep(1.5)
-        nursery.cancel_scope.cancel()
-    assert [(t - t0, type(m).__name__) for t, m in got] == [(0.0, "ObservationRoundStarted"), (2.0, "RepairTick")]
-    assert observers.snapshots()[TARGETS[0].target_id].last_error == "timeout after 2.0 s"
+    assert [(t - obs.t0, type(m).__name__) for t, m in obs.got] == [
+        (0.0, "ObservationRoundStarted"),
+        (2.0, "RepairTick"),
+    ]
+    assert obs.registry.snapshots()[TARGETS[0].target_id].last_error == "timeout after 2.0 s"
 
 
 def _scraped(epoch: int, at: float, result: ScrapeResult) -> tuple[WorkerScraped, trio.MemoryReceiveChannel[bool]]:

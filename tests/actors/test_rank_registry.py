@@ -10,28 +10,12 @@ import pytest
 import trio
 import trio.testing
 from program_fakes import FakeWorkers, daemon_config, ok, program_request, program_scheduling
+from rank_fakes import W0, W1, observing, target, vllm_metrics
 
-from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.events import ObservationReceived, RepairTick
 from actors.messages import ObservationRoundStarted
 from actors.rank_actor import RankSnapshot
-from actors.rank_registry import RANK_INBOX_SIZE, RankRegistry, run_rank_registry
-
-W0 = "http://worker-0:8000"
-W1 = "http://worker-1:8000"
-
-
-def _target(url: str, rank: int, index: int) -> BackendTarget:
-    return BackendTarget(worker_url=url, dp_rank=rank, target_id=f"{url}@{rank}", index=index)
-
-
-def _metrics(dp: int = 2, kv: float = 0.25) -> str:
-    return "".join(
-        f'vllm:kv_cache_usage_perc{{engine="{e}"}} {kv}\n'
-        f'vllm:num_requests_running{{engine="{e}"}} {e + 1}\n'
-        f'vllm:num_requests_waiting{{engine="{e}"}} 0\n'
-        for e in range(dp)
-    )
+from actors.rank_registry import RANK_INBOX_SIZE
 
 
 def _summary(got: list[tuple[float, object]], t0: float) -> list[tuple[float, str, object]]:
@@ -47,44 +31,31 @@ def _summary(got: list[tuple[float, object]], t0: float) -> list[tuple[float, st
     return out
 
 
-async def _drain(recv: trio.MemoryReceiveChannel[object], out: list[tuple[float, object]]) -> None:
-    async for msg in recv:
-        out.append((trio.current_time(), msg))
-
-
 async def test_observation_received_follows_target_order_not_scrape_completion(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     # Target order interleaves the workers, and worker-0 (first in worker order) answers last.
-    targets = (_target(W1, 1, 3), _target(W0, 0, 0), _target(W1, 0, 1), _target(W0, 1, 2))
+    targets = (target(W1, 1, 3), target(W0, 0, 0), target(W1, 0, 1), target(W0, 1, 2))
     scrapes: list[tuple[float, str]] = []
 
     async def handler(request: httpx.Request) -> httpx.Response:
         if request.url.host == "worker-0":
             await trio.sleep(0.5)
         scrapes.append((trio.current_time(), str(request.url)))
-        return httpx.Response(200, text=_metrics())
+        return httpx.Response(200, text=vllm_metrics())
 
-    send, recv = trio.open_memory_channel[object](100)  # test sink
-    got: list[tuple[float, object]] = []
-    registry = RankRegistry(targets)
-    cfg = ProgramSchedulingConfig(metrics_interval_seconds=1.0)
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client, trio.open_nursery() as nursery:
-        nursery.start_soon(_drain, recv, got)
-        t0 = trio.current_time()
-        await nursery.start(run_rank_registry, cfg, client, registry, send)
-        assert [h.target.target_id for h in registry.ranks()] == [f"{W0}@0", f"{W1}@0", f"{W0}@1", f"{W1}@1"]
+    async with observing(targets, handler) as obs:
+        assert [h.target.target_id for h in obs.registry.ranks()] == [f"{W0}@0", f"{W1}@0", f"{W0}@1", f"{W1}@1"]
         await trio.sleep(1.7)
-        nursery.cancel_scope.cancel()
     # one GET per worker URL per round, whatever the number of ranks behind it
-    assert [(round(t - t0, 6), u) for t, u in scrapes] == [
+    assert [(round(t - obs.t0, 6), u) for t, u in scrapes] == [
         (0.0, f"{W1}/metrics"),
         (0.5, f"{W0}/metrics"),
         (1.0, f"{W1}/metrics"),
         (1.5, f"{W0}/metrics"),
     ]
     ids = (f"{W0}@0", f"{W1}@0", f"{W0}@1", f"{W1}@1")
-    assert _summary(got, t0) == [
+    assert _summary(obs.got, obs.t0) == [
         (0.0, "started", ids),
         *[(0.5, "received", i) for i in ids],
         (0.5, "tick", 0.0),
@@ -92,8 +63,8 @@ async def test_observation_received_follows_target_order_not_scrape_completion(
         *[(1.5, "received", i) for i in ids],
         (1.5, "tick", 1.0),
     ]
-    assert registry.statistics()["observation_rounds_total"] == 2
-    received = [m for _, m in got if isinstance(m, ObservationReceived)]
+    assert obs.registry.statistics()["observation_rounds_total"] == 2
+    received = [m for _, m in obs.got if isinstance(m, ObservationReceived)]
     running = [m.running_requests for m in received[:4]]
     assert running == [1, 1, 2, 2]  # engine label -> DP rank
     assert {m.epoch for m in received} == {1, 2}
@@ -102,28 +73,20 @@ async def test_observation_received_follows_target_order_not_scrape_completion(
 async def test_missed_grid_points_are_skipped_and_ranks_still_share_the_scrape(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    targets = (_target(W0, 0, 0), _target(W0, 1, 1))
+    targets = (target(W0, 0, 0), target(W0, 1, 1))
     scrapes: list[float] = []
 
     async def handler(request: httpx.Request) -> httpx.Response:
         scrapes.append(trio.current_time())
         if len(scrapes) == 2:
             await trio.sleep(1.9)  # still under the 2 s timeout: the round of t=1 ends at t=2.9
-        return httpx.Response(200, text=_metrics())
+        return httpx.Response(200, text=vllm_metrics())
 
-    send, recv = trio.open_memory_channel[object](100)  # test sink
-    got: list[tuple[float, object]] = []
-    registry = RankRegistry(targets)
-    cfg = ProgramSchedulingConfig(metrics_interval_seconds=1.0)
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client, trio.open_nursery() as nursery:
-        nursery.start_soon(_drain, recv, got)
-        t0 = trio.current_time()
-        await nursery.start(run_rank_registry, cfg, client, registry, send)
+    async with observing(targets, handler) as obs:
         await trio.sleep(3.5)
-        nursery.cancel_scope.cancel()
-    assert [round(t - t0, 6) for t in scrapes] == [0.0, 1.0, 3.0]  # grid point 2 skipped, never bursted
+    assert [round(t - obs.t0, 6) for t in scrapes] == [0.0, 1.0, 3.0]  # grid point 2 skipped, never bursted
     ids = (f"{W0}@0", f"{W0}@1")
-    assert _summary(got, t0) == [
+    assert _summary(obs.got, obs.t0) == [
         (0.0, "started", ids),
         (0.0, "received", ids[0]),
         (0.0, "received", ids[1]),
@@ -137,87 +100,65 @@ async def test_missed_grid_points_are_skipped_and_ranks_still_share_the_scrape(
         (3.0, "received", ids[1]),
         (3.0, "tick", 3.0),
     ]
-    snap = registry.snapshots()[ids[1]]
-    assert (snap.age(t0 + 3.5), snap.scrapes_count, snap.fresh(t0 + 3.5, 1.0)) == (0.5, 3, True)
+    snap = obs.registry.snapshots()[ids[1]]
+    assert (snap.age(obs.t0 + 3.5), snap.scrapes_count, snap.fresh(obs.t0 + 3.5, 1.0)) == (0.5, 3, True)
 
 
 async def test_sync_cancels_removed_actors_and_starts_added_ones(autojump_clock: trio.testing.MockClock) -> None:
-    a, b, c = _target(W0, 0, 0), _target(W0, 1, 1), _target(W1, 0, 2)
-    d = _target(W1, 1, 3)
+    a, b, c = target(W0, 0, 0), target(W0, 1, 1), target(W1, 0, 2)
+    d = target(W1, 1, 3)
     scrapes: list[tuple[float, str]] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
         scrapes.append((trio.current_time(), request.url.host or ""))
-        return httpx.Response(200, text=_metrics())
+        return httpx.Response(200, text=vllm_metrics())
 
-    send, recv = trio.open_memory_channel[object](100)  # test sink
-    got: list[tuple[float, object]] = []
-    registry = RankRegistry((a, b, c))
-    cfg = ProgramSchedulingConfig(metrics_interval_seconds=1.0)
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client, trio.open_nursery() as nursery:
-        nursery.start_soon(_drain, recv, got)
-        t0 = trio.current_time()
-        await nursery.start(run_rank_registry, cfg, client, registry, send)
+    async with observing((a, b, c), handler) as obs:
         await trio.sleep(0.5)
-        assert send.statistics().open_send_channels == 1 + 3  # the registry's + one per rank actor
-        old_b = registry.snapshots()[b.target_id]
+        assert obs.send.statistics().open_send_channels == 1 + 3  # the registry's + one per rank actor
+        old_b = obs.registry.snapshots()[b.target_id]
         assert old_b.scrapes_count == 1
 
-        registry.sync((d, c, a))  # b removed, d added (given in any order: kept in target order)
-        assert list(registry.snapshots()) == [a.target_id, c.target_id, d.target_id]  # b's snapshot is gone
-        assert registry.snapshots()[d.target_id] == RankSnapshot(d)  # not observed yet
+        obs.registry.sync((d, c, a))  # b removed, d added (given in any order: kept in target order)
+        assert list(obs.registry.snapshots()) == [a.target_id, c.target_id, d.target_id]  # b's snapshot is gone
+        assert obs.registry.snapshots()[d.target_id] == RankSnapshot(d)  # not observed yet
         await trio.testing.wait_all_tasks_blocked()
-        stats = registry.statistics()
+        stats = obs.registry.statistics()
         assert (stats["live_rank_actors"], stats["started_total"], stats["stopped_total"]) == (3, 4, 1)
         assert [i["name"] for i in stats["inboxes"]] == [f"rank_inbox:{t.target_id}" for t in (a, c, d)]
-        assert send.statistics().open_send_channels == 1 + 3  # b's actor ended and closed its clone
+        assert obs.send.statistics().open_send_channels == 1 + 3  # b's actor ended and closed its clone
         await trio.sleep(1.0)
-        nursery.cancel_scope.cancel()
     assert old_b.scrapes_count == 1  # a published snapshot is a value: it never changes
-    assert sorted((round(t - t0, 6), host) for t, host in scrapes) == [
+    assert sorted((round(t - obs.t0, 6), host) for t, host in scrapes) == [
         (0.0, "worker-0"),
         (0.0, "worker-1"),
         (1.0, "worker-0"),
         (1.0, "worker-1"),
     ]
-    assert _summary(got, t0)[5:] == [
+    assert _summary(obs.got, obs.t0)[5:] == [
         (1.0, "started", (a.target_id, c.target_id, d.target_id)),
         (1.0, "received", a.target_id),
         (1.0, "received", c.target_id),
         (1.0, "received", d.target_id),
         (1.0, "tick", 1.0),
     ]
-    assert registry.snapshots()[d.target_id].scrapes_count == 1
+    assert obs.registry.snapshots()[d.target_id].scrapes_count == 1
 
 
 async def test_targets_removed_in_the_middle_of_a_round(autojump_clock: trio.testing.MockClock) -> None:
-    a, b, c = _target(W0, 0, 0), _target(W0, 1, 1), _target(W1, 0, 2)
+    a, b, c = target(W0, 0, 0), target(W0, 1, 1), target(W1, 0, 2)
 
     def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, text=_metrics())
+        return httpx.Response(200, text=vllm_metrics())
 
-    # Unbuffered sink: a rank actor's ObservationReceived waits until the drain takes it.
-    send, recv = trio.open_memory_channel[object](0)
-    got: list[tuple[float, object]] = []
-
-    async def slow_drain() -> None:
-        async for msg in recv:
-            got.append((trio.current_time(), msg))
-            if len(got) == 1:
-                await trio.sleep(0.3)  # the scheduler is busy: a's actor is blocked sending
-
-    registry = RankRegistry((a, b, c))
-    cfg = ProgramSchedulingConfig(metrics_interval_seconds=1.0)
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client, trio.open_nursery() as nursery:
-        nursery.start_soon(slow_drain)
-        t0 = trio.current_time()
-        await nursery.start(run_rank_registry, cfg, client, registry, send)
+    # Unbuffered sink: a rank actor's ObservationReceived waits until the drain takes it, and after
+    # the first message the scheduler is busy for 0.3 s: a's actor is blocked sending.
+    async with observing((a, b, c), handler, sink_size=0, hold_first=0.3) as obs:
         await trio.sleep(0.2)
         # a's actor is cancelled in the middle of its hand-over; b's turn has not come yet
-        registry.sync((c,))
+        obs.registry.sync((c,))
         await trio.sleep(1.0)
-        nursery.cancel_scope.cancel()
-    assert _summary(got, t0) == [
+    assert _summary(obs.got, obs.t0) == [
         (0.0, "started", (a.target_id, b.target_id, c.target_id)),
         (0.3, "received", c.target_id),  # the pacer neither waited for a nor handed over to b
         (0.3, "tick", 0.0),
@@ -225,36 +166,28 @@ async def test_targets_removed_in_the_middle_of_a_round(autojump_clock: trio.tes
         (1.0, "received", c.target_id),
         (1.0, "tick", 1.0),
     ]
-    assert registry.statistics()["stopped_total"] == 2 + 1  # a and b, then c at shutdown
+    assert obs.registry.statistics()["stopped_total"] == 2 + 1  # a and b, then c at shutdown
 
 
 async def test_without_targets_nothing_runs_until_sync_adds_one(autojump_clock: trio.testing.MockClock) -> None:
-    a = _target(W0, 0, 0)
+    a = target(W0, 0, 0)
     scrapes: list[float] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
         scrapes.append(trio.current_time())
-        return httpx.Response(200, text=_metrics(dp=1))
+        return httpx.Response(200, text=vllm_metrics((0.25,)))
 
-    send, recv = trio.open_memory_channel[object](100)  # test sink
-    got: list[tuple[float, object]] = []
-    registry = RankRegistry(())
-    cfg = ProgramSchedulingConfig(metrics_interval_seconds=1.0)
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client, trio.open_nursery() as nursery:
-        nursery.start_soon(_drain, recv, got)
-        t0 = trio.current_time()
-        await nursery.start(run_rank_registry, cfg, client, registry, send)
+    async with observing((), handler) as obs:
         await trio.sleep(5.0)
-        assert (scrapes, got, registry.statistics()["live_rank_actors"]) == ([], [], 0)
-        registry.sync((a,))  # the grid starts with the first target
+        assert (scrapes, obs.got, obs.registry.statistics()["live_rank_actors"]) == ([], [], 0)
+        obs.registry.sync((a,))  # the grid starts with the first target
         await trio.sleep(1.5)
-        registry.sync(())  # every target gone: parked, no scrape and no tick
+        obs.registry.sync(())  # every target gone: parked, no scrape and no tick
         await trio.sleep(1.6)
-        registry.sync((a,))  # back at t=8.1: the next round is on the grid, at t=9
+        obs.registry.sync((a,))  # back at t=8.1: the next round is on the grid, at t=9
         await trio.sleep(1.0)
-        nursery.cancel_scope.cancel()
-    assert [round(t - t0, 6) for t in scrapes] == [5.0, 6.0, 9.0]
-    assert [(t, kind) for t, kind, _ in _summary(got, t0) if kind != "received"] == [
+    assert [round(t - obs.t0, 6) for t in scrapes] == [5.0, 6.0, 9.0]
+    assert [(t, kind) for t, kind, _ in _summary(obs.got, obs.t0) if kind != "received"] == [
         (5.0, "started"),
         (5.0, "tick"),
         (6.0, "started"),
@@ -262,14 +195,14 @@ async def test_without_targets_nothing_runs_until_sync_adds_one(autojump_clock: 
         (9.0, "started"),
         (9.0, "tick"),
     ]
-    assert [m.deadline - t0 for _, m in got if isinstance(m, RepairTick)] == [5.0, 6.0, 9.0]
+    assert [m.deadline - obs.t0 for _, m in obs.got if isinstance(m, RepairTick)] == [5.0, 6.0, 9.0]
 
 
 async def test_failed_scrape_counts_on_every_rank_of_the_worker(
     autojump_clock: trio.testing.MockClock, event_log
 ) -> None:
     # worker-1 comes first in target order, so it is first in worker order too
-    targets = (_target(W1, 0, 0), _target(W1, 1, 1), _target(W0, 0, 2), _target(W0, 1, 3))
+    targets = (target(W1, 0, 0), target(W1, 1, 1), target(W0, 0, 2), target(W0, 1, 3))
     failing = {"worker-0": "503", "worker-1": "connect"}
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -278,21 +211,15 @@ async def test_failed_scrape_counts_on_every_rank_of_the_worker(
             return httpx.Response(503)
         if mode == "connect":
             raise httpx.ConnectError("connection refused", request=request)
-        return httpx.Response(200, text=_metrics())
+        return httpx.Response(200, text=vllm_metrics())
 
-    send, recv = trio.open_memory_channel[object](100)  # test sink
-    got: list[tuple[float, object]] = []
-    registry = RankRegistry(targets)
-    cfg = ProgramSchedulingConfig(metrics_interval_seconds=1.0)
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client, trio.open_nursery() as nursery:
-        nursery.start_soon(_drain, recv, got)
-        t0 = trio.current_time()
-        await nursery.start(run_rank_registry, cfg, client, registry, send)
+    async with observing(targets, handler) as obs:
         await trio.sleep(1.5)
         failing.pop("worker-1")  # worker-1 recovers for the round of t=2
         await trio.sleep(1.0)
-        nursery.cancel_scope.cancel()
-    failures = [(round(t - t0, 6), f["base_url"], f["error"]) for t, f in event_log.named("backend_observation_failed")]
+    failures = [
+        (round(t - obs.t0, 6), f["base_url"], f["error"]) for t, f in event_log.named("backend_observation_failed")
+    ]
     assert failures == [
         (0.0, W1, "ConnectError: connection refused"),
         (0.0, W0, "HTTP 503"),
@@ -300,7 +227,7 @@ async def test_failed_scrape_counts_on_every_rank_of_the_worker(
         (1.0, W0, "HTTP 503"),
         (2.0, W0, "HTTP 503"),
     ]
-    assert _summary(got, t0) == [
+    assert _summary(obs.got, obs.t0) == [
         (0.0, "started", tuple(t.target_id for t in targets)),
         (0.0, "tick", 0.0),
         (1.0, "started", tuple(t.target_id for t in targets)),
@@ -310,7 +237,7 @@ async def test_failed_scrape_counts_on_every_rank_of_the_worker(
         (2.0, "received", f"{W1}@1"),
         (2.0, "tick", 2.0),
     ]
-    snaps = registry.snapshots()
+    snaps = obs.registry.snapshots()
     summary = {
         i: (s.scrapes_count, s.failures_count, s.last_error, s.observed_at is not None) for i, s in snaps.items()
     }
