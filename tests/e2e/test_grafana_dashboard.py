@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -330,3 +331,14 @@ async def test_every_dashboard_metric_is_exported(autojump_clock: trio.testing.M
     assert not any(n.startswith("vllm:") for n in agentd)
     assert unexported(used, agentd, worker) == {}
     assert any(n.startswith("vllm:") for n in used) and any(n.startswith("vllm_router_") for n in used)
+
+
+def test_scrape_example_matches_the_production_config() -> None:
+    """configs/grafana/prometheus.yml scrapes the ports and workers configs/production.toml serves."""
+    prod = tomllib.loads((DASHBOARD.parents[1] / "production.toml").read_text())
+    scrape = (DASHBOARD.parent / "prometheus.yml").read_text()
+    assert f'"agentd-host:{prod["prometheus"]["port"]}"' in scrape
+    assert f'"agentd-host:{prod["server"]["port"]}"' in scrape
+    for url in prod["routing"]["worker_urls"]:
+        assert f'"{url.removeprefix("http://")}"' in scrape, url
+    assert scrape.count("metrics_path: /metrics") >= 2
