@@ -3,7 +3,7 @@
 Every component logs through :func:`log_event` with a stable ``event`` name (``program_admit``,
 ``health_change``, ``daemon_listening`` ...) and flat key/value fields.  Fields travel on the
 ``LogRecord`` (``record.agentd_event`` / ``record.agentd_fields``), so the formatter the daemon
-installs (docs/operations.md, "Logs"), not the call site, decides the wire format.  ``log_event``
+installs (docs/operations.md §7), not the call site, decides the wire format.  ``log_event``
 checks ``isEnabledFor`` first, so debug events on the request hot path cost one comparison when
 debug is off.  All loggers live under ``agentd``.
 """

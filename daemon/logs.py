@@ -10,6 +10,14 @@ formatter, not the call site, decides the wire format.  ``log_event`` checks ``i
 first, so debug events on the request hot path cost one comparison when debug is off.
 All loggers live under ``agentd`` and only that logger gets a handler: the root logger and the
 global logging state of embedding programs (tests) are left alone.
+
+``agentd start --log-format json`` owns its process, so it also calls :func:`capture_process_output`:
+a JSON handler on the named library loggers (:data:`LIBRARY_LOGGERS`, ``propagate`` off so a line is
+never written twice; their levels are left alone, so the same records as before come out, only
+formatted), Python warnings through ``logging.captureWarnings`` (event ``python_warning``) and
+"Exception ignored in ..." reports through ``sys.unraisablehook`` (event ``unraisable_exception``).
+The root logger is still not touched.  :func:`banner_line` renders the start-up banner for either
+format and :func:`event_line` any one-off event (``config_error``) before logging is configured.
 """
 
 from __future__ import annotations
@@ -17,10 +25,12 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import traceback
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from actors.logevents import ROOT_LOGGER
+from daemon.config import LOG_FORMATS
 
 LEVELS: dict[str, int] = {
     "debug": logging.DEBUG,
@@ -30,6 +40,10 @@ LEVELS: dict[str, int] = {
     "critical": logging.CRITICAL,
 }
 _HANDLER_MARK = "_agentd_handler"
+# Loggers of the libraries on the daemon's run path (hypercorn's own loggers are used when its
+# config names none; agentd routes its error log to ``agentd.hypercorn``).
+LIBRARY_LOGGERS = ("hypercorn", "quart", "trio", "httpx", "httpcore", "asyncio")
+WARNINGS_LOGGER = "py.warnings"
 
 
 def _kv_value(value: Any) -> str:
@@ -50,11 +64,11 @@ def _timestamp(record: logging.LogRecord) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{int(record.msecs):03d}Z"
 
 
-def _record_fields(record: logging.LogRecord) -> tuple[str, dict[str, Any]]:
+def _record_fields(record: logging.LogRecord, plain_event: str = "message") -> tuple[str, dict[str, Any]]:
     event = getattr(record, "agentd_event", None)
     fields = getattr(record, "agentd_fields", None)
     if event is None:  # a plain logger.info("...") call: keep the text as a field
-        return "message", {"text": record.getMessage()}
+        return plain_event, {"text": record.getMessage()}
     return str(event), dict(fields or {})
 
 
@@ -76,10 +90,17 @@ class KeyValueFormatter(logging.Formatter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, event, then the fields."""
+    """One JSON object per line: ts, level, logger, event, then the fields.
+
+    A record without an agentd event (a library's plain ``logger.warning("...")``) gets the event
+    ``plain_event`` and its text in ``text``."""
+
+    def __init__(self, plain_event: str = "message") -> None:
+        super().__init__()
+        self.plain_event = plain_event
 
     def format(self, record: logging.LogRecord) -> str:
-        event, fields = _record_fields(record)
+        event, fields = _record_fields(record, self.plain_event)
         payload: dict[str, Any] = {
             "ts": _timestamp(record),
             "level": record.levelname.lower(),
@@ -101,7 +122,7 @@ def configure_logging(level: str, fmt: str, stream: TextIO | None = None) -> log
     """
     if level not in LEVELS:
         raise ValueError(f"log level must be one of {sorted(LEVELS)}, got {level!r}")
-    if fmt not in ("kv", "json"):
+    if fmt not in LOG_FORMATS:
         raise ValueError(f"log format must be 'kv' or 'json', got {fmt!r}")
     logger = logging.getLogger(ROOT_LOGGER)
     for handler in list(logger.handlers):
@@ -114,3 +135,74 @@ def configure_logging(level: str, fmt: str, stream: TextIO | None = None) -> log
     logger.setLevel(LEVELS[level])
     logger.propagate = False
     return logger
+
+
+def _json_handler(stream: TextIO | None, plain_event: str) -> logging.Handler:
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    setattr(handler, _HANDLER_MARK, True)
+    handler.setFormatter(JsonFormatter(plain_event))
+    return handler
+
+
+def _own_handler(name: str, handler: logging.Handler) -> None:
+    logger = logging.getLogger(name)
+    for old in list(logger.handlers):
+        if getattr(old, _HANDLER_MARK, False):
+            logger.removeHandler(old)
+    logger.addHandler(handler)
+    logger.propagate = False
+
+
+def capture_process_output(stream: TextIO | None = None) -> None:
+    """JSON mode of ``agentd start``: library logs, warnings and unraisable exceptions as JSON lines.
+
+    Each logger of :data:`LIBRARY_LOGGERS` gets a JSON handler (event ``library_log``) and stops
+    propagating; ``py.warnings`` gets one (event ``python_warning``) and ``logging.captureWarnings``
+    is switched on; ``sys.unraisablehook`` logs ``unraisable_exception``.  Levels and the root
+    logger are left as they are.  Call it once, after :func:`configure_logging`.
+    """
+    for name in LIBRARY_LOGGERS:
+        _own_handler(name, _json_handler(stream, "library_log"))
+    _own_handler(WARNINGS_LOGGER, _json_handler(stream, "python_warning"))
+    logging.captureWarnings(True)
+    unraisable_logger = logging.getLogger(f"{ROOT_LOGGER}.unraisable")
+
+    def unraisable_hook(info: Any) -> None:
+        lines = traceback.format_exception(info.exc_type, info.exc_value, info.exc_traceback)
+        unraisable_logger.error(
+            "unraisable_exception",
+            extra={
+                "agentd_event": "unraisable_exception",
+                "agentd_fields": {
+                    "message": info.err_msg or "Exception ignored in",
+                    "object": repr(info.object),
+                    "traceback": "".join(lines),
+                },
+            },
+        )
+
+    sys.unraisablehook = unraisable_hook
+
+
+def event_line(fmt: str, logger_name: str, level: int, event: str, **fields: Any) -> str:
+    """One event rendered as a line of ``fmt`` without going through a handler (no newline)."""
+    record = logging.makeLogRecord(
+        {
+            "name": logger_name,
+            "levelno": level,
+            "levelname": logging.getLevelName(level),
+            "msg": event,
+            "agentd_event": event,
+            "agentd_fields": fields,
+        }
+    )
+    formatter: logging.Formatter = JsonFormatter() if fmt == "json" else KeyValueFormatter()
+    return formatter.format(record)
+
+
+def banner_line(fmt: str, url: str, metrics_url: str | None) -> str:
+    """The start-up banner on stdout: ``agentd listening on URL`` (kv, unchanged for scripts that
+    read it) or the JSON event ``daemon_listening`` with ``url`` and ``metrics_url``."""
+    if fmt != "json":
+        return f"agentd listening on {url}"
+    return event_line(fmt, f"{ROOT_LOGGER}.start", logging.INFO, "daemon_listening", url=url, metrics_url=metrics_url)

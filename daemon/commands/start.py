@@ -1,21 +1,29 @@
 """``agentd start``: run the daemon in the foreground until SIGINT/SIGTERM.
 
 Accepts ``--config PATH`` plus the reference router's launch flags (they override the file).
-Prints exactly one line on stdout, ``agentd listening on http://H:P`` (the real bound port when
-``--port 0``), once the server accepts connections; logs go to stderr.  A configuration error
-prints its lines to stderr and exits 2; a clean shutdown exits 0.
+Prints exactly one line on stdout once the server accepts connections: ``agentd listening on
+http://H:P`` (the real bound port when ``--port 0``), or with ``--log-format json`` the JSON event
+``daemon_listening`` (``url``, ``metrics_url``); logs go to stderr.  A configuration error prints
+its lines to stderr (one JSON ``config_error`` line when the requested format is json) and exits 2;
+a clean shutdown exits 0.  In json mode library logs and Python warnings are JSON lines too
+(:func:`daemon.logs.capture_process_output`) and an uncaught exception becomes one
+``daemon_crashed`` line (traceback as a string field) and exit 1; in kv mode it propagates as before.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+import traceback
+from typing import Any
 
 import trio
 
-from daemon.config import AgentdConfig
-from daemon.config_loading import ConfigError, add_router_flags, load_config, overrides_from_args
-from daemon.logs import configure_logging
+from actors.logevents import get_logger, log_event
+from daemon.config import LOG_FORMATS, AgentdConfig
+from daemon.config_loading import ConfigError, add_router_flags, load_config, overrides_from_args, read_config_file
+from daemon.logs import banner_line, capture_process_output, configure_logging, event_line
 
 NAME = "start"
 HELP = "Run the agentd daemon in front of vLLM-compatible workers (or the embedded simulator)."
@@ -31,16 +39,56 @@ async def _main(cfg: AgentdConfig) -> None:
 
     async with trio.open_nursery() as nursery:
         handles = await nursery.start(lambda task_status: run_daemon(cfg, handle_signals=True, task_status=task_status))
-        print(f"agentd listening on {handles.http_url}", flush=True)
+        print(banner_line(cfg.server.log_format, handles.http_url, handles.metrics_url), flush=True)
+
+
+def requested_log_format(args: argparse.Namespace) -> str:
+    """The log format asked for (flag first, then the file's ``[server] log_format``), for output
+    written before the configuration is valid; ``kv`` when neither names a valid one."""
+    flag = getattr(args, "log_format", None)
+    if flag is not None:
+        return flag if flag in LOG_FORMATS else "kv"
+    if args.config is None:
+        return "kv"
+    try:
+        server: Any = read_config_file(args.config).get("server")
+    except ConfigError:
+        return "kv"
+    value = server.get("log_format") if isinstance(server, dict) else None
+    return value if isinstance(value, str) and value in LOG_FORMATS else "kv"
+
+
+def _leaf_errors(exc: BaseException) -> str:
+    """``Type: message`` of the exceptions inside (nested) exception groups, ``; ``-joined."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_leaf_errors(inner) for inner in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}"
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, overrides_from_args(args))
     except ConfigError as error:
-        for line in error.lines:
-            print(line, file=sys.stderr)
+        if requested_log_format(args) == "json":
+            print(event_line("json", "agentd.start", logging.ERROR, "config_error", lines=error.lines), file=sys.stderr)
+        else:
+            for line in error.lines:
+                print(line, file=sys.stderr)
         return 2
     configure_logging(cfg.server.log_level, cfg.server.log_format)
-    trio.run(_main, cfg)
+    if cfg.server.log_format != "json":
+        trio.run(_main, cfg)
+        return 0
+    capture_process_output()
+    try:
+        trio.run(_main, cfg)
+    except Exception as exc:  # the top of the process: one JSON line, exit 1
+        log_event(
+            get_logger("start"),
+            logging.CRITICAL,
+            "daemon_crashed",
+            error=_leaf_errors(exc),
+            traceback="".join(traceback.format_exception(exc)),
+        )
+        return 1
     return 0
