@@ -177,7 +177,9 @@ class Prober:
     def prompt(self, n: int) -> list[int]:
         return [self.rng.randrange(_TOKEN_LOW, _TOKEN_HIGH) for _ in range(n)]
 
-    async def stream(self, prompt: list[int], max_tokens: int, on_token: Callable[[int], None] | None = None) -> StreamTrace:
+    async def stream(
+        self, prompt: list[int], max_tokens: int, on_token: Callable[[int], None] | None = None
+    ) -> StreamTrace:
         body: dict[str, Any] = {
             "prompt": prompt,
             "max_tokens": max_tokens,
@@ -254,8 +256,7 @@ class Prober:
             inside = [(ts, n) for ts, n in t.tokens if start <= ts <= end]
             if len(inside) < 2 or inside[-1][1] == inside[0][1]:
                 raise CalibrationError(
-                    f"decode probe B={b} P={p}: fewer than 2 steps with the whole batch decoding; "
-                    "raise --decode-tokens"
+                    f"decode probe B={b} P={p}: fewer than 2 steps with the whole batch decoding; raise --decode-tokens"
                 )
             steps.append((inside[-1][0] - inside[0][0]) / (inside[-1][1] - inside[0][1]))
             # the context of a step that produces token n is prompt + n - 1 tokens (mean over the window)
@@ -352,7 +353,12 @@ class Calibration:
 
     def toml_block(self) -> str:
         c = self.coefficients()
-        lines = ["[program_scheduling.prefill_cost_model]"]
+        lines = [
+            "# agentd calibrate: the seven cost-model coefficients (drop the next line if the file has it)",
+            "enable_program_scheduling = true",
+            "",
+            "[program_scheduling.prefill_cost_model]",
+        ]
         for name, v in c.items():
             if name.startswith("prefill_cost_model."):
                 lines.append(f"{name.split('.', 1)[1]} = {v!r}")
