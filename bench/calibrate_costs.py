@@ -245,19 +245,33 @@ class Prober:
         return [t for t in traces if t is not None]
 
     async def decode_point(self, b: int, p: int) -> tuple[int, float, float]:
-        """``(B, mean context tokens, seconds per step)`` over the window where all ``b`` decode."""
-        traces = await self.batch(b, p, self.opts.decode_tokens)
-        self._tick()
+        """``(B, mean context tokens, seconds per step)`` over the window where all ``b`` decode.
+
+        When the streams overlap too little (a backend that throttles prefill next to decodes lets
+        the first streams finish before the last one starts), the probe is rerun with 4x the output
+        tokens, up to three times."""
+        k = self.opts.decode_tokens
+        for attempt in range(4):
+            point = self._decode_window(b, p, await self.batch(b, p, k))
+            if point is not None:
+                self._tick()
+                return point
+            if attempt < 3:
+                k *= 4
+        raise CalibrationError(
+            f"decode probe B={b} P={p}: fewer than 2 steps with the whole batch decoding even with "
+            f"{k} output tokens per stream"
+        )
+
+    def _decode_window(self, b: int, p: int, traces: list[StreamTrace]) -> tuple[int, float, float] | None:
         start = max(t.first for t in traces)
         end = min(t.last for t in traces)
         steps: list[float] = []
         context = 0.0
         for t in traces:
             inside = [(ts, n) for ts, n in t.tokens if start <= ts <= end]
-            if len(inside) < 2 or inside[-1][1] == inside[0][1]:
-                raise CalibrationError(
-                    f"decode probe B={b} P={p}: fewer than 2 steps with the whole batch decoding; raise --decode-tokens"
-                )
+            if len(inside) < 2 or inside[-1][1] - inside[0][1] < 2:
+                return None
             steps.append((inside[-1][0] - inside[0][0]) / (inside[-1][1] - inside[0][1]))
             # the context of a step that produces token n is prompt + n - 1 tokens (mean over the window)
             context += t.prompt_tokens + (inside[0][1] + inside[-1][1]) / 2.0

@@ -58,7 +58,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ):
         for a in attrs.fields(type(model)):
             if a.name == "decode_throughput_alpha":
-                continue  # not simulated: mixed prefill/decode interference emerges from the step model
+                parser.add_argument(
+                    "--decode-throughput-alpha",
+                    default=None,
+                    type=alpha_share,
+                    metavar="A",
+                    help="simulate prefill_cost_model.decode_throughput_alpha: a decode batch keeps the share A "
+                    "of its throughput while a prefill runs (default: not simulated, additive step model)",
+                )
+                continue
             default = getattr(model, a.name)
             parser.add_argument(
                 "--" + a.name.replace("_", "-"),
@@ -67,6 +75,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 metavar="S",
                 help=f"{section}.{a.name} of the simulated engine (default {default:.6g})",
             )
+
+
+def alpha_share(text: str) -> float:
+    value = positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be a number within (0, 1], got {text!r}")
+    return value
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -80,7 +95,11 @@ def cost_model_from_args(args: argparse.Namespace) -> CostModel:
     def build(cls: Any) -> Any:
         return cls(**{a.name: getattr(args, a.name) for a in attrs.fields(cls) if hasattr(args, a.name)})
 
-    return CostModel(prefill=build(PrefillCostModel), decode=build(DecodeThroughputModel))
+    prefill = build(PrefillCostModel)
+    if args.decode_throughput_alpha is None:
+        return CostModel(prefill=prefill, decode=build(DecodeThroughputModel))
+    prefill = attrs.evolve(prefill, decode_throughput_alpha=args.decode_throughput_alpha)
+    return CostModel(prefill=prefill, decode=build(DecodeThroughputModel), simulate_alpha=True)
 
 
 async def serve_until_signal(config: SimConfig, host: str, port: int) -> None:

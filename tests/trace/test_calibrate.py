@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+import attrs
 import httpx
 import pytest
 import trio
@@ -28,19 +29,20 @@ TRUTH = CostModel(
         intercept_seconds=D_PRE.intercept_seconds * 2.0,
         linear_seconds_per_1k_tokens=D_PRE.linear_seconds_per_1k_tokens * 1.5,
         quadratic_seconds_per_1k_tokens_squared=D_PRE.quadratic_seconds_per_1k_tokens_squared * 2.5,
-        decode_throughput_alpha=0.3,  # not simulated (docs/simulator.md §1)
+        decode_throughput_alpha=0.3,
     ),
     decode=DecodeThroughputModel(
         fixed_step_seconds=D_DEC.fixed_step_seconds * 1.7,
         batch_step_seconds_per_request=D_DEC.batch_step_seconds_per_request * 2.2,
         context_step_seconds_per_token=D_DEC.context_step_seconds_per_token * 2.8,
     ),
+    simulate_alpha=True,
 )
 
 
-def run_calibration(opts: CalibrateOptions) -> tuple[Calibration, float]:
+def run_calibration(opts: CalibrateOptions, truth: CostModel = TRUTH) -> tuple[Calibration, float]:
     async def main() -> tuple[Calibration, float]:
-        cfg = SimConfig.from_shape(SimServerShape(dp_size=1), cost=TRUTH)
+        cfg = SimConfig.from_shape(SimServerShape(dp_size=1), cost=truth)
         async with trio.open_nursery() as nursery:
             cluster = await nursery.start(SimCluster(cfg).run)
             t0 = trio.current_time()
@@ -73,9 +75,8 @@ def test_recovers_non_default_coefficients(tmp_path):
     for name, value in truth.items():
         assert got[name] == pytest.approx(value, rel=0.05), name
     assert result.prefill.r_squared > 0.999 and result.decode.r_squared > 0.999
-    # The simulator does not model alpha: a mixed step is prefill chunk + decode step, so a decode
-    # batch keeps about one step's worth of throughput per prefill chunk (a small share).
-    assert 0.0 <= got["prefill_cost_model.decode_throughput_alpha"] <= 0.15
+    alpha = got["prefill_cost_model.decode_throughput_alpha"]
+    assert alpha == pytest.approx(TRUTH.prefill.decode_throughput_alpha, abs=0.05)
 
     block = result.toml_block()
     path = tmp_path / "calibrated.toml"
@@ -86,6 +87,14 @@ def test_recovers_non_default_coefficients(tmp_path):
     assert ps.defaulted_coefficients() == ()
     assert not [w for w in config_warnings(cfg) if w.event == "program_scheduling_reference_calibration"]
     assert ps.prefill_cost_model.linear_seconds_per_1k_tokens == got["prefill_cost_model.linear_seconds_per_1k_tokens"]
+
+
+def test_alpha_of_the_additive_step_model_is_small():
+    """Without ``simulate_alpha`` a mixed step is prefill chunk + decode step: a decode batch keeps
+    about one step's worth of throughput per 8192-token chunk, a few percent."""
+    result, _ = run_calibration(CalibrateOptions(repeats=1), attrs.evolve(TRUTH, simulate_alpha=False))
+    assert 0.0 <= result.alpha <= 0.1
+    assert result.decode.coefficients[0] == pytest.approx(TRUTH.decode.fixed_step_seconds, rel=0.05)
 
 
 def test_least_squares_exact_on_consistent_data():
