@@ -93,7 +93,8 @@ def cost_model_from_args(args: argparse.Namespace) -> CostModel:
     """The engine's cost model from the coefficient flags (each named after its field)."""
 
     def build(cls: Any) -> Any:
-        return cls(**{a.name: getattr(args, a.name) for a in attrs.fields(cls) if hasattr(args, a.name)})
+        fields = [a.name for a in attrs.fields(cls) if a.name != "decode_throughput_alpha"]
+        return cls(**{name: getattr(args, name) for name in fields if hasattr(args, name)})
 
     prefill = build(PrefillCostModel)
     if args.decode_throughput_alpha is None:
