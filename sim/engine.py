@@ -27,6 +27,7 @@ called in the middle of a run (streaming) and applies the steps that ended by ``
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from collections.abc import Sequence
 from itertools import accumulate
@@ -76,6 +77,9 @@ class Engine:
         self._lin = prefill.linear_seconds_per_1k_tokens / 1000.0 / scale
         self._quad = 2.0 * prefill.quadratic_seconds_per_1k_tokens_squared / 1e6 / scale
         self._intercept = prefill.intercept_seconds / scale
+        alpha = prefill.decode_throughput_alpha
+        # mixed steps: prefill seconds allowed per second of the step's decode cost (None: no cap)
+        self._mixed_ratio: float | None = (1.0 - alpha) / alpha if config.cost.simulate_alpha and alpha > 0 else None
         # the decode surface with every coefficient divided by time_scale, for decode_step_seconds
         self._decode = DecodeThroughputModel(
             fixed_step_seconds=decode.fixed_step_seconds / scale,
@@ -291,10 +295,18 @@ class Engine:
         running = self.running
         scheduled: list[tuple[Request, int]] = []
         preempted = False
+        cap = self._prefill_cap(running)
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
             num_new = min(req.num_tokens - req.num_computed, budget)
+            if cap is not None and not _decodes(req):
+                n_cap = self._tokens_within(cap, req.num_computed, first=not any(not _decodes(r) for r, _ in scheduled))
+                if n_cap == 0:
+                    i += 1
+                    continue
+                num_new = min(num_new, n_cap)
+                cap -= self._prefill_cost(num_new, req.num_computed)
             ok = True
             while not self._allocate(req, num_new):
                 if self.priority_policy:
@@ -332,6 +344,12 @@ class Engine:
                     hits = self._lookup(req)
                     head_query = (self.stats.prefix_cache_queries - q0, self.stats.prefix_cache_hits - h0)
                 num_new = min(req.num_tokens - len(hits) * self.block_size, budget)
+                if cap is not None:
+                    start = len(hits) * self.block_size
+                    n_cap = self._tokens_within(cap, start, first=not any(not _decodes(r) for r, _ in scheduled))
+                    if n_cap == 0:
+                        break  # the step's prefill share is used up; the head waits (nothing allocated)
+                    num_new = min(num_new, n_cap)
                 if not self._allocate(req, num_new, hits):
                     blocked_on_kv = True
                     break
@@ -347,6 +365,8 @@ class Engine:
                     self.stats.queue.observe(now - req.arrival_time)
                 scheduled.append((req, num_new))
                 budget -= num_new
+                if cap is not None:
+                    cap -= self._prefill_cost(num_new, req.num_computed)
         if not scheduled:
             return None, preempted
         self.stats.num_steps += 1
@@ -362,6 +382,38 @@ class Engine:
             run.head_query = head_query if blocked_on_kv else None
             self._extend_decode_run(run)
         return run, preempted
+
+    def _prefill_cap(self, running: list[Request]) -> float | None:
+        """Prefill seconds a step may carry next to its decodes (``simulate_alpha``), else None."""
+        ratio = self._mixed_ratio
+        if ratio is None:
+            return None
+        n_dec = 0
+        ctx = 0
+        for req in running:
+            if _decodes(req):
+                n_dec += 1
+                ctx += req.num_tokens
+        if not n_dec:
+            return None
+        return decode_step_seconds(n_dec, ctx, self._decode) * ratio
+
+    def _prefill_cost(self, n: int, ctx: int) -> float:
+        return self._lin * n + self._quad * n * (ctx + n / 2.0)
+
+    def _tokens_within(self, cap: float, ctx: int, *, first: bool) -> int:
+        """Most prefill tokens over ``ctx`` computed ones costing at most ``cap`` (at least 1 if ``first``)."""
+        a = self._quad / 2.0
+        b = self._lin + self._quad * ctx
+        if cap <= 0:
+            n = 0
+        elif a > 0:
+            n = int((-b + math.sqrt(b * b + 4.0 * a * cap)) / (2.0 * a))
+        else:
+            n = int(cap / b) if b > 0 else 1 << 30
+        while n > 0 and self._prefill_cost(n, ctx) > cap:
+            n -= 1
+        return max(n, 1) if first else n
 
     def _num_queued(self) -> int:
         return len(self._fcfs_waiting) + len(self._prio_waiting)
@@ -520,6 +572,11 @@ class Engine:
             label = "length" if finish == "length" else "stop"  # vLLM reports tool calls as stop
             stats.request_success[label] += 1
         out.append(EngineOutput(req.request_id, start, m, t, finish, req.num_cached_tokens))
+
+
+def _decodes(req: Request) -> bool:
+    """``req`` (running) decodes one token in the next step (the test of ``_step_duration``)."""
+    return bool(req.num_output) and req.num_computed == req.num_tokens - 1
 
 
 def _victim_key(req: Request) -> tuple[int, float]:

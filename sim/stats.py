@@ -101,10 +101,13 @@ class CostModel:
     """The simulated engine's cost coefficients: the same two values agentd's ``[program_scheduling]``
     section configures, so ``CostModel(prefill=ps.prefill_cost_model, decode=ps.decode_throughput_model)``
     simulates a deployment calibrated for the daemon.  ``decode_throughput_alpha`` is not used: mixed
-    prefill/decode interference emerges from the additive step model."""
+    prefill/decode interference emerges from the additive step model, unless ``simulate_alpha``:
+    then a step that carries decodes caps its prefill chunks so that the decode batch keeps the share
+    ``prefill.decode_throughput_alpha`` of its throughput while a prefill runs (docs/simulator.md §1)."""
 
     prefill: PrefillCostModel = attrs.field(factory=PrefillCostModel)
     decode: DecodeThroughputModel = attrs.field(factory=DecodeThroughputModel)
+    simulate_alpha: bool = False
 
 
 class Histogram:

@@ -9,14 +9,18 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from typing import Any
 
+import attrs
 import trio
 
-from daemon.commands.argtypes import int_at_least, non_empty, port, positive_float
+from actors.core.config import DecodeThroughputModel, PrefillCostModel
+from daemon.commands.argtypes import int_at_least, non_empty, non_negative_float, port, positive_float
 from daemon.http.serve import serve_http
 from sim.cluster import SimCluster, SimConfig
 from sim.config import shape_of
 from sim.server import create_app
+from sim.stats import CostModel
 
 SHUTDOWN_GRACE_SECONDS = 5.0
 
@@ -46,11 +50,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--strict-xargs", action="store_true", help="reject non-scalar vllm_xargs values with 400, as stock vLLM does"
     )
     parser.add_argument("--seed", default=0, type=int_at_least(0), help="seed of generated text and hashes")
+    # The cost model (docs/simulator.md §1, "Timing"): the coefficients of [program_scheduling]'s two
+    # cost-model sections under their field names; defaults are the seed's reference calibration.
+    for section, model in (
+        ("prefill_cost_model", PrefillCostModel()),
+        ("decode_throughput_model", DecodeThroughputModel()),
+    ):
+        for a in attrs.fields(type(model)):
+            if a.name == "decode_throughput_alpha":
+                parser.add_argument(
+                    "--decode-throughput-alpha",
+                    default=None,
+                    type=alpha_share,
+                    metavar="A",
+                    help="simulate prefill_cost_model.decode_throughput_alpha: a decode batch keeps the share A "
+                    "of its throughput while a prefill runs (default: not simulated, additive step model)",
+                )
+                continue
+            default = getattr(model, a.name)
+            parser.add_argument(
+                "--" + a.name.replace("_", "-"),
+                default=default,
+                type=positive_float if a.name == "fixed_step_seconds" else non_negative_float,
+                metavar="S",
+                help=f"{section}.{a.name} of the simulated engine (default {default:.6g})",
+            )
+
+
+def alpha_share(text: str) -> float:
+    value = positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be a number within (0, 1], got {text!r}")
+    return value
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     # The flags carry exactly the shape's field names (and defaults, but one DP rank: tests/sim/test_shape.py).
-    return SimConfig.from_shape(shape_of(args), strict_xargs=args.strict_xargs)
+    return SimConfig.from_shape(shape_of(args), strict_xargs=args.strict_xargs, cost=cost_model_from_args(args))
+
+
+def cost_model_from_args(args: argparse.Namespace) -> CostModel:
+    """The engine's cost model from the coefficient flags (each named after its field)."""
+
+    def build(cls: Any) -> Any:
+        fields = [a.name for a in attrs.fields(cls) if a.name != "decode_throughput_alpha"]
+        return cls(**{name: getattr(args, name) for name in fields if hasattr(args, name)})
+
+    prefill = build(PrefillCostModel)
+    if args.decode_throughput_alpha is None:
+        return CostModel(prefill=prefill, decode=build(DecodeThroughputModel))
+    prefill = attrs.evolve(prefill, decode_throughput_alpha=args.decode_throughput_alpha)
+    return CostModel(prefill=prefill, decode=build(DecodeThroughputModel), simulate_alpha=True)
 
 
 async def serve_until_signal(config: SimConfig, host: str, port: int) -> None:

@@ -78,3 +78,25 @@ def test_sim_backend_flags_are_the_shape() -> None:
     assert config == SimConfig.from_shape(expected, strict_xargs=True)
     defaults = parser.parse_args([])
     assert shape_of(defaults) == attrs.evolve(SimServerShape(), dp_size=1)
+
+
+def test_sim_backend_cost_flags() -> None:
+    parser = argparse.ArgumentParser()
+    sim_backend.add_arguments(parser)
+    assert sim_backend.config_from_args(parser.parse_args([])).engine.cost == CostModel()
+    args = parser.parse_args(
+        ["--intercept-seconds", "0.2", "--fixed-step-seconds", "0.03", "--context-step-seconds-per-token", "0"]
+    )
+    cost = sim_backend.config_from_args(args).engine.cost
+    assert cost.prefill.intercept_seconds == 0.2 and not cost.simulate_alpha
+    assert (cost.decode.fixed_step_seconds, cost.decode.context_step_seconds_per_token) == (0.03, 0.0)
+    assert cost.decode.batch_step_seconds_per_request == CostModel().decode.batch_step_seconds_per_request
+    cost = sim_backend.config_from_args(parser.parse_args(["--decode-throughput-alpha", "0.3"])).engine.cost
+    assert cost.simulate_alpha and cost.prefill.decode_throughput_alpha == 0.3
+    for bad in (
+        ["--fixed-step-seconds", "0"],
+        ["--linear-seconds-per-1k-tokens", "-1"],
+        ["--decode-throughput-alpha", "1.5"],
+    ):
+        with pytest.raises(SystemExit):
+            parser.parse_args(bad)

@@ -1,0 +1,121 @@
+"""``agentd calibrate --target URL``: measure the seven cost-model coefficients of a live backend.
+
+Runs the probes of ``bench.calibrate_costs`` against any OpenAI-compatible server (a vLLM worker,
+``agentd sim-backend``), prints the fit quality on stderr and the ``[program_scheduling]`` TOML block
+on stdout (``--out FILE`` also writes it atomically).  A progress bar (probes done / total, ETA)
+goes to stderr.  Bad flags exit 2 naming the flag; an unreachable target or a failed probe exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import httpx
+import trio
+
+from bench.calibrate_costs import CalibrateOptions, CalibrationError, calibrate
+from bench.output import write_atomic
+from daemon.commands.argtypes import int_at_least, non_empty, positive_float
+
+NAME = "calibrate"
+HELP = "Measure the seven cost-model coefficients of a live backend; print the [program_scheduling] TOML block."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = CalibrateOptions()
+    parser.add_argument("--target", required=True, type=non_empty, metavar="URL", help="backend base URL")
+    parser.add_argument("--model", default=None, type=non_empty, help="model name sent in requests (default: none)")
+    parser.add_argument("--out", default=None, metavar="FILE", help="also write the TOML block to FILE (atomic)")
+    parser.add_argument(
+        "--time-scale",
+        default=d.time_scale,
+        type=positive_float,
+        help="the backend runs X times faster than real time (agentd sim-backend --time-scale X)",
+    )
+    parser.add_argument(
+        "--max-seconds", default=d.max_seconds, type=positive_float, help="give up after this many seconds"
+    )
+    parser.add_argument(
+        "--max-concurrency", default=d.max_concurrency, type=int_at_least(2), help="largest decode batch probed"
+    )
+    parser.add_argument(
+        "--max-prompt-tokens", default=d.max_prompt_tokens, type=int_at_least(512), help="longest probe prompt"
+    )
+    parser.add_argument(
+        "--max-context-tokens",
+        default=d.max_context_tokens,
+        type=int_at_least(1024),
+        help="most KV tokens one probe holds at once",
+    )
+    parser.add_argument("--prefill-points", default=d.prefill_points, type=int_at_least(3), help="prompt lengths")
+    parser.add_argument(
+        "--decode-tokens", default=d.decode_tokens, type=int_at_least(8), help="output tokens per decode stream"
+    )
+    parser.add_argument(
+        "--alpha-prompt-tokens", default=d.alpha_prompt_tokens, type=int_at_least(256), help="alpha probe's prompt"
+    )
+    parser.add_argument("--repeats", default=d.repeats, type=int_at_least(1), help="runs of every probe")
+    parser.add_argument("--request-timeout", default=d.request_timeout, type=positive_float, help="seconds per request")
+    parser.add_argument("--seed", default=d.seed, type=int_at_least(0), help="seed of the probe prompts")
+
+
+def options(args: argparse.Namespace) -> CalibrateOptions:
+    return CalibrateOptions(
+        model=args.model,
+        time_scale=args.time_scale,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_context_tokens=args.max_context_tokens,
+        max_concurrency=args.max_concurrency,
+        prefill_points=args.prefill_points,
+        decode_tokens=args.decode_tokens,
+        alpha_prompt_tokens=args.alpha_prompt_tokens,
+        repeats=args.repeats,
+        max_seconds=args.max_seconds,
+        request_timeout=args.request_timeout,
+        seed=args.seed,
+    )
+
+
+class _Bar:
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        elapsed = time.monotonic() - self.t0
+        eta = elapsed / done * (total - done) if done else 0.0
+        filled = 30 * done // max(1, total)
+        sys.stderr.write(f"\rcalibrate [{'#' * filled}{'-' * (30 - filled)}] {done}/{total} probes  ETA {eta:.0f}s ")
+        sys.stderr.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    target = args.target
+    if not target.startswith(("http://", "https://")):
+        print(f"agentd calibrate: --target: must be an http(s) URL, got {target!r}", file=sys.stderr)
+        return 2
+    opts = options(args)
+
+    async def main() -> str:
+        async with httpx.AsyncClient(timeout=opts.request_timeout) as client:
+            result = await calibrate(client, target, opts, _Bar())
+        sys.stderr.write("\n" + result.report() + "\n")
+        return result.toml_block()
+
+    try:
+        block = trio.run(main)
+    except CalibrationError as exc:
+        print(f"\nagentd calibrate: {exc}", file=sys.stderr)
+        return 1
+    except trio.TooSlowError:
+        print(f"\nagentd calibrate: did not finish within --max-seconds {args.max_seconds:g}", file=sys.stderr)
+        return 1
+    sys.stdout.write(block)
+    if args.out is not None:
+        try:
+            write_atomic(args.out, block)
+        except OSError as exc:
+            print(f"agentd calibrate: cannot write --out {args.out}: {exc.strerror}", file=sys.stderr)
+            return 1
+    return 0
