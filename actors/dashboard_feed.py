@@ -18,7 +18,7 @@ from actors.core.effects import Transition
 from actors.core.ids import redacted_id
 
 EVENTS_KEPT = 50
-TICKS_KEPT = 120
+TICKS_KEPT = 60
 
 # Transition reason -> the dashboard's event kind; resumes are admissions of a paused Program.
 _KIND_BY_REASON = {
@@ -90,10 +90,10 @@ class DashboardFeed:
         self._admissions = self._pauses = self._wait_count = 0
         self._wait_sum = 0.0
 
-    def document(self, now: float, events: int = 20) -> dict[str, Any]:
-        """Recent events (newest first, at most ``events``) and the tick history as columns."""
+    def document(self, now: float, events: int = 15, ticks: int = 60) -> dict[str, Any]:
+        """Recent events (newest first, at most ``events``) and the last ``ticks`` tick samples as columns."""
         recent = list(self.events)[-events:][::-1]
-        ticks = list(self.ticks)
+        samples = list(self.ticks)[-ticks:]
         return {
             "events_total": self.events_total,
             "events": [
@@ -107,12 +107,12 @@ class DashboardFeed:
                 for ev in recent
             ],
             "history": {
-                "ticks": len(ticks),
-                "admissions": [t.admissions for t in ticks],
-                "pauses": [t.pauses for t in ticks],
-                "queue_wait_mean_seconds": [_r(t.queue_wait_mean_seconds) for t in ticks],
-                "resume_cache_miss_ratio": [_r(t.resume_cache_miss_ratio) for t in ticks],
-                "cache_miss_impact_mean_seconds": [_r(t.cache_miss_impact_mean_seconds) for t in ticks],
+                "ticks": len(samples),
+                "admissions": [t.admissions for t in samples],
+                "pauses": [t.pauses for t in samples],
+                "queue_wait_mean_seconds": [_r(t.queue_wait_mean_seconds) for t in samples],
+                "resume_cache_miss_ratio": [_r(t.resume_cache_miss_ratio) for t in samples],
+                "cache_miss_impact_mean_seconds": [_r(t.cache_miss_impact_mean_seconds) for t in samples],
             },
         }
 

@@ -18,7 +18,7 @@ from actors.core.state import SchedulerState
 from actors.dashboard_feed import DashboardFeed
 from actors.scheduler_actor import SchedulerHandle
 
-PAGE_SIZE = 100
+PAGE_SIZE = 25
 STATE_FILTERS = ("all", "active", "reasoning", "acting", "paused", "queued")
 SORT_KEYS = ("program", "context", "waiting")
 
