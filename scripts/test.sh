@@ -23,7 +23,7 @@ rm -f "$log"; trap - EXIT
 # machine); otherwise that one test is skipped and says why.
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing chromium for the dashboard browser test ..."
-  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } >/tmp/agentd-chromium-install.log 2>&1; then
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/tmp/agentd-chromium-install.log 2>&1; then
     echo "could not install chromium (see /tmp/agentd-chromium-install.log): the browser test will be skipped" >&2
   fi
 fi
