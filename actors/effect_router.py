@@ -27,6 +27,7 @@ from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.errors import Rejection
 from actors.core.events import RequestCompleted
 from actors.core.ids import redacted_id
+from actors.dashboard_feed import DashboardFeed
 from actors.logevents import get_logger, log_event
 from actors.mailbox import reply_nowait
 from actors.messages import Admitted, Reply
@@ -49,8 +50,10 @@ class EffectRouter:
         targets_by_id: dict[str, BackendTarget],
         metrics: ProgramMetrics,
         registry: ProgramRegistry,
+        feed: DashboardFeed | None = None,
     ) -> None:
         self.cfg = cfg
+        self.feed = feed  # the dashboard's bounded event ring and tick history
         self.targets_by_id = targets_by_id
         self.metrics = metrics
         self.registry = registry
@@ -135,6 +138,8 @@ class EffectRouter:
     def _transition(self, e: fx.Transition) -> None:
         if e.counted and e.target_id is not None:
             self.metrics.transitions.labels(e.target_id, e.reason).inc()
+        if self.feed is not None:
+            self.feed.transition(e, trio.current_time())
         program = redacted_id(e.program)
         if e.reason in ADMIT_REASONS:
             log_event(
@@ -180,6 +185,8 @@ class EffectRouter:
 
     def _queue_wait(self, e: fx.QueueWaitObserved) -> None:
         self.metrics.queue_wait_seconds.labels(e.target_id).observe(e.seconds)
+        if self.feed is not None:
+            self.feed.queue_wait(e.seconds)
 
     def _interval(self, e: fx.RequestIntervalObserved) -> None:
         self.metrics.request_interval_seconds.labels(e.target_id).observe(e.seconds)

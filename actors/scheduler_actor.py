@@ -35,6 +35,7 @@ from actors.core.ids import DEFAULT_MODEL_POOL, TargetId
 from actors.core.scheduler import initial_state, step
 from actors.core.snapshot import diagnostics_document, snapshot
 from actors.core.state import SchedulerState
+from actors.dashboard_feed import DashboardFeed
 from actors.effect_router import EffectRouter, logger
 from actors.logevents import log_event
 from actors.mailbox import Mailbox, open_mailbox
@@ -154,6 +155,7 @@ async def run_scheduler_actor(
     *,
     on_tick: Callable[[SchedulerHandle, float], None] | None = None,
     health: HealthyTargets | None = None,
+    feed: DashboardFeed | None = None,
     task_status: trio.TaskStatus[SchedulerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Own the scheduler state; run until cancelled (or until a step raises, which stops the daemon).
@@ -167,7 +169,7 @@ async def run_scheduler_actor(
     async with inbox.recv, trio.open_nursery() as nursery:
         registry: ProgramRegistry = await nursery.start(run_program_registry, inbox.send.clone())
         handle.registry = registry
-        handle.router = EffectRouter(cfg, handle.targets_by_id, metrics, registry)
+        handle.router = EffectRouter(cfg, handle.targets_by_id, metrics, registry, feed)
         handle.health = health
         # The configured targets are known from the start (no Program state, no polling): the
         # diagnostics list every concrete DP rank before the first Program request.

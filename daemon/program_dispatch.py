@@ -41,6 +41,8 @@ from actors.core.errors import Rejection
 from actors.core.events import RequestAbandoned, RequestCompleted, RequestSubmitted
 from actors.core.ids import DEFAULT_MODEL_POOL, RequestId
 from actors.core.model import NO_USAGE
+from actors.dashboard_feed import DashboardFeed
+from actors.dashboard_view import dashboard_document
 from actors.logevents import get_logger, log_event
 from actors.mailbox import ActorGone
 from actors.messages import Admitted, Reply, Submission
@@ -153,8 +155,10 @@ class ProgramDispatcher:
         observers: RankRegistry,
         estimator: TokenEstimator,
         polling_needed: trio.Event,
+        feed: DashboardFeed | None = None,
     ) -> None:
         self.cfg = cfg
+        self.feed = feed if feed is not None else DashboardFeed()
         self.scheduler = scheduler
         self.observers = observers
         self.estimator = estimator
@@ -255,6 +259,10 @@ class ProgramDispatcher:
                 return doc
             await self.scheduler.wait_changed()
 
+    def dashboard(self, *, page: int = 1, state: str = "all", sort: str = "program") -> dict[str, Any]:
+        """The compact live document of ``/scheduling/dashboard.json`` (actors/dashboard_view.py)."""
+        return dashboard_document(self.scheduler, self.feed, trio.current_time(), page=page, state=state, sort=sort)
+
     def diagnostics(self) -> dict[str, Any]:
         now = trio.current_time()
         doc = diagnostics_snapshot(self.scheduler, now)
@@ -295,18 +303,22 @@ async def run_program_scheduling(
     metrics = ProgramMetrics(registry)
     estimator = TokenEstimator(metrics)
     observers = RankRegistry(targets)
+    feed = DashboardFeed()
 
     def on_tick(handle: SchedulerHandle, now: float) -> None:
-        metrics.publish(GaugeSnapshot(ranks=rank_gauges(handle, now), token_estimates=estimator.gauges()))
+        gauges = rank_gauges(handle, now)
+        metrics.publish(GaugeSnapshot(ranks=gauges, token_estimates=estimator.gauges()))
+        impact = sum(g.cache_miss_impact_rolling_mean_seconds for g in gauges) / len(gauges) if gauges else 0.0
+        feed.close_tick(now, handle.state.resume_hits.miss_ratio(), impact)
 
     async with trio.open_nursery() as nursery:
         scheduler: SchedulerHandle = await nursery.start(
             lambda task_status: run_scheduler_actor(
-                ps, targets, metrics, on_tick=on_tick, health=health, task_status=task_status
+                ps, targets, metrics, on_tick=on_tick, health=health, feed=feed, task_status=task_status
             )
         )
         polling_needed = trio.Event()
-        dispatcher = ProgramDispatcher(ps, scheduler, observers, estimator, polling_needed)
+        dispatcher = ProgramDispatcher(ps, scheduler, observers, estimator, polling_needed, feed)
 
         async def start_polling_when_needed() -> None:
             await polling_needed.wait()

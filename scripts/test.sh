@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (if missing), install agentd with its test extras, and run the whole check:
 # ruff (lint and format), mypy (configured in pyproject.toml), then the whole pytest suite.
+# As root with apt-get, it also installs Chromium when missing (the dashboard's browser test).
 # Extra arguments go to pytest and skip the linters (e.g. ./scripts/test.sh tests/unit -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +18,15 @@ if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m p
   exit 1
 fi
 rm -f "$log"; trap - EXIT
+# The dashboard's browser test (tests/e2e/test_dashboard_browser.py) needs Chromium: install the
+# Debian package quietly when it is missing and we are root (CI runs this script as root on a fresh
+# machine); otherwise that one test is skipped and says why.
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing chromium for the dashboard browser test ..."
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/tmp/agentd-chromium-install.log 2>&1; then
+    echo "could not install chromium (see /tmp/agentd-chromium-install.log): the browser test will be skipped" >&2
+  fi
+fi
 status=0
 if [ "$#" -eq 0 ]; then
   echo "ruff check ..."

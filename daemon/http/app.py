@@ -11,7 +11,8 @@ limit, validation, dispatch, forwarding and relay - in one coroutine:
   goes away mid-stream cancels the upstream request at once;
 * it avoids Quart's per-request context machinery on the hot path.
 
-Everything else (``/v1/models``, ``/health``, ``/metrics``, ``/scheduling/diagnostics``, 404/405
+Everything else (``/v1/models``, ``/health``, ``/metrics``, ``/scheduling/diagnostics``, the
+``/dashboard`` page and its ``/scheduling/dashboard.json``, 404/405
 for unknown routes/methods) is ordinary Quart.  Every error body is OpenAI-shaped; unexpected
 exceptions become a 500 ``internal_error`` without a traceback (the traceback goes to the log).
 """
@@ -28,6 +29,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from actors.logevents import get_logger, log_event
+from daemon.http.dashboard import dashboard_blueprint
 from daemon.http.diagnostics import diagnostics_blueprint
 from daemon.http.errors import ApiError, error_body
 from daemon.http.metrics_route import metrics_blueprint
@@ -200,6 +202,7 @@ def create_app(handles: DaemonHandles) -> AgentdApp:
     app.config["BODY_TIMEOUT"] = None
     app.config["MAX_CONTENT_LENGTH"] = handles.config.server.max_body_bytes
     app.register_blueprint(diagnostics_blueprint(handles))
+    app.register_blueprint(dashboard_blueprint(handles))
     app.register_blueprint(metrics_blueprint(handles.registry))
 
     @app.get("/v1/models")
