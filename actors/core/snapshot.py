@@ -188,7 +188,14 @@ class SchedulerSnapshot:
 def snapshot(
     state: SchedulerState, cfg: ProgramSchedulingConfig, now: float, *, include_programs: bool = True
 ) -> SchedulerSnapshot:
-    """The frozen snapshot of ``state`` at ``now`` (``include_programs=False``: ranks only, for gauges)."""
+    """The frozen snapshot of ``state`` at ``now`` (``include_programs=False``: ranks only, for gauges).
+
+    One pass over the Programs groups them by their last rank, so the cost is linear in Programs
+    plus ranks (it runs at every tick for the gauges)."""
+    by_rank: dict[str, list[Program]] = {t: [] for t in state.ranks}
+    for p in state.programs.values():
+        if p.last_target is not None and p.last_target in by_rank:
+            by_rank[p.last_target].append(p)
     return SchedulerSnapshot(
         enabled=True,
         binding_only=cfg.binding_only,
@@ -202,7 +209,9 @@ def snapshot(
         in_flight_requests=len(state.in_flight),
         live_programs=len(state.programs),
         forced_admissions=state.forced_admissions,
-        ranks=tuple(rank_snapshot(state, state.ranks[t], cfg, now, include_programs) for t in sorted(state.ranks)),
+        ranks=tuple(
+            rank_snapshot(state, state.ranks[t], by_rank[t], cfg, now, include_programs) for t in sorted(state.ranks)
+        ),
     )
 
 
@@ -317,13 +326,18 @@ def program_snapshot(state: SchedulerState, p: Program, cfg: ProgramSchedulingCo
 
 
 def rank_snapshot(
-    state: SchedulerState, rank: RankState, cfg: ProgramSchedulingConfig, now: float, include_programs: bool
+    state: SchedulerState,
+    rank: RankState,
+    programs: list[Program],
+    cfg: ProgramSchedulingConfig,
+    now: float,
+    include_programs: bool,
 ) -> RankSnapshot:
+    """One rank's snapshot; ``programs`` are the live Programs whose last rank it is (state order)."""
     cap = cfg.token_capacity_per_dp_rank
     interval = cfg.metrics_interval_seconds
     used = round(max(0.0, target_usage(rank, now, interval)))
     scaled = round(rank.kv_cache_usage * cap) if rank.kv_cache_usage is not None and cap is not None else None
-    programs = [p for p in state.programs.values() if p.last_target == rank.target_id]
     active = [p for p in programs if p.state == ACTIVE and p.placement == rank.target_id]
     reasoning = [p for p in active if p.status == REASONING]
     acting = [p for p in active if p.status == ACTING]
