@@ -223,6 +223,11 @@ def _unplace(s: SchedulerState, p: Program) -> tuple[TargetId | None, float]:
 def pause(s: SchedulerState, p: Program, reason: str) -> None:
     """Active/Acting -> Paused/Acting with ``reason`` (the reference's pause wrapper)."""
     frm, to = lc.apply(p, lc.PAUSE)
+    _unplace_paused(s, p, frm, to, reason, counted=True)
+
+
+def _unplace_paused(s: SchedulerState, p: Program, frm: str, to: str, reason: str, *, counted: bool) -> None:
+    """A Program that just left Active: release its placement, reset it as paused, report it."""
     target, tokens = _unplace(s, p)
     _after_pause(s, p, reason)
     s.effects.append(
@@ -232,6 +237,7 @@ def pause(s: SchedulerState, p: Program, reason: str) -> None:
             to_state=to,
             reason=reason,
             target_id=target,
+            counted=counted,
             released_private_tokens=tokens,
         )
     )
@@ -252,19 +258,7 @@ def cancel_idle(s: SchedulerState, p: Program) -> None:
     was_active = p.state == ACTIVE
     frm, to = lc.apply(p, lc.CANCEL_IDLE)
     if was_active:
-        target, tokens = _unplace(s, p)
-        _after_pause(s, p, REQUEST_CANCELLED)
-        s.effects.append(
-            Transition(
-                program=p.ref,
-                from_state=frm,
-                to_state=to,
-                reason=REQUEST_CANCELLED,
-                target_id=target,
-                counted=False,
-                released_private_tokens=tokens,
-            )
-        )
+        _unplace_paused(s, p, frm, to, REQUEST_CANCELLED, counted=False)
     else:
         p.paused_at = s.now
         touch(s, p)
