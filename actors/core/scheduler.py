@@ -4,7 +4,7 @@ One ``SchedulerState`` (``state``) holds every Program, the RequestPool, the per
 queues.  ``step`` handles one event atomically (the reference's "one lock section"), mutates the
 state in place for speed and returns it with the ordered effects.  It reads no clock, does no
 I/O, logs nothing and uses no randomness: the same events at the same ``now`` give the same
-effects.  ``HANDLERS`` maps each event type to its handler (``handlers``, ``topology``).
+effects.  ``HANDLERS`` maps each event type to its handler (``arrival``, ``completion``, ``handlers``, ``topology``).
 
 Decision sequences (the order matters):
 
@@ -28,7 +28,7 @@ with the timer sync (``timers.sync_timers``), which diffs the timers wanted by e
 step touched with the armed ones and emits ``ArmTimer``/``CancelTimer``.  A deadline is acted on
 only when its ``TimerFired`` arrives with the armed token; a stale token is dropped, and an early
 firing is re-armed.  Pruning released generation histories is not a Program deadline (the
-Program is gone): the tick does it (``handlers.prune_released_generations``).
+Program is gone): the tick does it (``sequences.prune_released_generations``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any
 
 from attrs import frozen
 
-from actors.core import handlers, topology
+from actors.core import arrival, completion, handlers, topology
 from actors.core.config import ProgramSchedulingConfig
 from actors.core.effects import Effect
 from actors.core.events import (
@@ -71,8 +71,8 @@ def initial_state(cfg: ProgramSchedulingConfig) -> SchedulerState:
 # Event type -> handler.  Every handler takes (state, event of that type) and appends its effects
 # to ``state.effects``; the event parameter is ``Any`` here because each handler takes its own type.
 HANDLERS: dict[type, Callable[[SchedulerState, Any], None]] = {
-    RequestSubmitted: handlers.on_submit,
-    RequestCompleted: handlers.on_complete,
+    RequestSubmitted: arrival.on_submit,
+    RequestCompleted: completion.on_complete,
     RequestAbandoned: handlers.on_abandon,
     TimerFired: handlers.on_timer,
     RepairTick: handlers.on_tick,

@@ -43,7 +43,7 @@ class SchedulerState:
         self.global_queues: dict[str, dict[ProgramRef, None]] = {}
         self.last_generations: dict[ProgramKey, int] = {}
         # release time of each released Program, in release order (oldest first): the tick
-        # forgets generation histories from the front (handlers.prune_released_generations)
+        # forgets generation histories from the front (sequences.prune_released_generations)
         self.released_at: dict[ProgramKey, float] = {}
         self.epochs = SeqCounter()
         self.timer_tokens = SeqCounter()

@@ -90,8 +90,22 @@ def test_core_modules_import_everything_at_import_time() -> None:
 
 
 def test_core_layers_import_leftwards() -> None:
-    # state <- lifecycle <- resume, repair <- binding <- topology <- timers <- handlers <- scheduler
-    order = ["state", "lifecycle", "resume", "repair", "binding", "topology", "timers", "handlers", "scheduler"]
+    # state <- lifecycle <- resume, repair <- binding <- topology <- timers <- sequences
+    #   <- arrival, completion <- handlers <- scheduler
+    order = [
+        "state",
+        "lifecycle",
+        "resume",
+        "repair",
+        "binding",
+        "topology",
+        "timers",
+        "sequences",
+        "arrival",
+        "completion",
+        "handlers",
+        "scheduler",
+    ]
     modules = core_modules()
     for i, name in enumerate(order):
         imported = core_imports(ast.parse(modules[f"{PACKAGE}.{name}"].read_text()), set(modules))

@@ -7,7 +7,7 @@ import pytest
 from core_support import Harness, of, request_sample
 
 from actors.core import effects as fx
-from actors.core.handlers import shared_prefix_freshness
+from actors.core.completion import shared_prefix_freshness
 from actors.core.ids import ProgramRef, RequestId
 from actors.core.model import PendingRequest, RequestHints
 from actors.core.queue import RequestPool

@@ -1,0 +1,224 @@
+"""Arrival: a request with Program identity enters the RequestPool (``RequestSubmitted``).
+
+``on_submit`` runs the arrival's named steps in order: create or find the Program's generation,
+sample the request interval, retain the request, refresh the Program's metadata, place it (admit
+at once on an Active Program, queue otherwise), the arrival's decision sequence, and the
+force-resume deadline (docs/program-scheduling.md §3, §5).
+"""
+
+from __future__ import annotations
+
+import math
+
+from actors.core import program as lc
+from actors.core.binding import bind
+from actors.core.effects import (
+    RequestIntervalObserved,
+    SpawnProgram,
+)
+from actors.core.errors import NO_TARGETS, InvalidEvent
+from actors.core.events import (
+    RequestSubmitted,
+)
+from actors.core.ids import ProgramKey, ProgramRef, RequestId
+from actors.core.ledger import resync
+from actors.core.lifecycle import (
+    cancel_waiting,
+    commit_admission,
+    dispatch_ready,
+    enqueue,
+    mark_dirty,
+    reject,
+    touch,
+)
+from actors.core.model import (
+    ACTIVE,
+    PAUSED,
+    REASONING,
+    PendingRequest,
+    Program,
+    ProgramIdentity,
+    RequestHints,
+)
+from actors.core.resume import (
+    schedule_waiting,
+    set_force_resume_deadline,
+)
+from actors.core.sequences import arrival_sequence
+from actors.core.state import SchedulerState, live_program
+from actors.core.topology import sync_targets
+
+# ---- arrival ---------------------------------------------------------------------------------------
+
+
+def on_submit(s: SchedulerState, ev: RequestSubmitted) -> None:
+    """A request with Program identity arrived (docs/program-scheduling.md §1, §3, §5).
+
+    The steps, in order: sync the pool's targets if the shell sent them; validate; find the live
+    generation or create one; sample the request interval of an idle Program; retain the request;
+    refresh the Program's metadata and context estimate (a new generation is bound to its home
+    rank); dispatch it at once when the Program is active, else queue the Program; the arrival
+    sequence; finally freeze the workload-derived force-resume deadline.
+    """
+    pool = ev.model_pool
+    if ev.targets is not None:
+        sync_targets(s, pool, ev.targets)
+    rid = ev.request_id
+    if s.pool.get(rid) is not None or rid in s.in_flight:
+        raise InvalidEvent(f"request_id {rid!r} is already live")
+    if not s.pools.get(pool):
+        s.effects.append(reject(rid, NO_TARGETS))
+        return
+    est = int(ev.estimated_prompt_tokens)
+    if est < 0:
+        raise InvalidEvent(f"estimated_prompt_tokens must be >= 0 (got {est})")
+    key = ProgramKey(pool, ev.identity.program_id)
+    p = s.programs.get(key)
+    existed = p is not None
+    if p is None:
+        p = create_generation(s, key, est)
+    else:
+        sample_request_interval(s, p)
+    retain_request(s, p, ev, est)
+    refresh_program(s, p, ev, est, existed)
+    touch(s, p)
+    if not place_arrival(s, p, rid, ev.hints):
+        return
+    if s.cfg.binding_only:
+        if p.state != ACTIVE and p.last_target is not None:
+            commit_admission(s, p, s.ranks[p.last_target], None)
+        return
+    arrival_sequence(s)
+    freeze_force_resume_deadline(s, p)
+
+
+def create_generation(s: SchedulerState, key: ProgramKey, est: int) -> Program:
+    """A new generation of ``key`` (one more than the last remembered one), Paused/Reasoning."""
+    now = s.now
+    gen = s.last_generations.get(key, -1) + 1
+    p = Program(ref=ProgramRef(key.model_pool, key.program_id, gen), created_at=now)
+    s.programs[key] = p
+    s.last_generations[key] = gen
+    s.released_at.pop(key, None)
+    p.paused_at = now
+    p.shared_prefix_freshness_anchor_at = now
+    p.estimated_context_tokens = est
+    s.effects.append(SpawnProgram(program=p.ref))
+    return p
+
+
+def sample_request_interval(s: SchedulerState, p: Program) -> None:
+    """Completion -> this arrival of an idle Program: one continuity sample per idle period (B9)."""
+    if (
+        p.in_flight == 0
+        and p.last_request_finished_at is not None
+        and p.last_target is not None
+        and p.continuity_sampled_at != p.last_request_finished_at
+    ):
+        interval = max(0.0, s.now - p.last_request_finished_at)
+        rank = s.ranks.get(p.last_target)
+        if rank is not None and math.isfinite(interval):
+            rank.factors.push_continuity(interval, p.last_cache_miss_impact_seconds)
+            s.warm_factors.push_continuity(interval, p.last_cache_miss_impact_seconds)
+            p.continuity_sampled_at = p.last_request_finished_at
+            s.effects.append(RequestIntervalObserved(target_id=rank.target_id, seconds=interval))
+
+
+def retain_request(s: SchedulerState, p: Program, ev: RequestSubmitted, est: int) -> None:
+    """The request joins its Program's FIFO; an acting Program stops its acting period.
+
+    Its queue deadline is ``arrival + min(queue_timeout_seconds, deadline_seconds)`` (D1).
+    """
+    now = s.now
+    from_state = p.lifecycle
+    lc.apply(p, lc.ARRIVE)
+    if from_state == lc.ACTIVE_ACTING:
+        p.acting_since = p.ttl_deadline = None
+    p.expected_resume = bool(ev.identity.expected_resume)
+    hints = ev.hints
+    timeout = s.cfg.queue_timeout_seconds
+    if hints.deadline_seconds is not None:
+        timeout = min(timeout, hints.deadline_seconds)
+    s.pool.retain(
+        PendingRequest(
+            request_id=ev.request_id,
+            ref=p.ref,
+            seq=s.request_seq.next(),
+            arrived_at=now,
+            estimated_context_tokens=est,
+            hints=hints,
+            routing_text=ev.routing_text,
+            queue_deadline=now + timeout,
+        )
+    )
+
+
+def refresh_program(s: SchedulerState, p: Program, ev: RequestSubmitted, est: int, existed: bool) -> None:
+    """Lineage, identity metadata, output allowance and context estimate; binds a new generation."""
+    ident = ev.identity
+    s.lineage.observe(ev.model_pool, ident.program_id, ident.parent_program_id, ident.root_program_id)
+    _refresh_metadata(p, ident, existed)
+    p.output_token_reservation = ev.hints.expected_output_length
+    if existed:
+        if est >= p.estimated_context_tokens:
+            p.estimated_context_tokens = est
+            p.context_shrink_observations = 0
+    else:
+        bound = bind(s, p, ev.routing_text)
+        p.home_target = p.last_target = bound
+
+
+def place_arrival(s: SchedulerState, p: Program, rid: RequestId, hints: RequestHints) -> bool:
+    """Dispatch the request of an active Program at once, or queue its paused Program.
+
+    Returns False when the request was rejected because its Program has no rank (B2).  A deadline
+    hint on this request sets the force-resume deadline now (it may be due at once); so does
+    binding_only.
+    """
+    if p.state == ACTIVE:
+        assert p.placement is not None
+        resync(p, s.ranks.get(p.placement), s.cfg.decode_buffer_tokens)
+        mark_dirty(s, p.placement)
+        dispatch_ready(s, p)
+        return True
+    if p.last_target is None:  # B2 fix: never leave a retained request behind
+        s.effects.append(reject(rid, NO_TARGETS))
+        cancel_waiting(s, rid)
+        return False
+    enqueue(s, p)
+    if hints.deadline_seconds is not None or s.cfg.binding_only:
+        set_force_resume_deadline(s, p)
+    return True
+
+
+def freeze_force_resume_deadline(s: SchedulerState, p: Program) -> None:
+    """Set the workload-derived force-resume deadline of a Program still waiting after the pass.
+
+    It is frozen once the arrival's admission pass is over (a hint deadline, which can be due at
+    once, was set before it): Programs admitted in this very pass no longer count as "ahead", and
+    an admitted Program needs none.  A deadline that is already due triggers one more pass.
+    """
+    if live_program(s, p.ref) is None or p.state != PAUSED or p.status != REASONING or not s.pool.program_len(p.ref):
+        return
+    set_force_resume_deadline(s, p)
+    if p.state == PAUSED and p.force_resume_deadline is not None and p.force_resume_deadline <= s.now:
+        schedule_waiting(s)
+
+
+def _refresh_metadata(p: Program, ident: ProgramIdentity, existed: bool) -> None:
+    p.placement_key = ident.placement_key
+    p.placement_hash_key = ident.placement_hash_key
+    p.task_id = ident.task_id
+    p.session_id = ident.session_id
+    p.agent_id = ident.agent_id
+    p.parent_program_id = ident.parent_program_id
+    p.root_program_id = ident.root_program_id
+    p.blocks_parent = bool(ident.blocks_parent)
+    p.agent_role = ident.agent_role
+    p.spawn_reason = ident.spawn_reason
+    if ident.step_id is not None:
+        p.step_id = int(ident.step_id)
+    elif existed:
+        p.step_id = min(p.step_id + 1, 2**64 - 1)
+    else:
+        p.step_id = 0
