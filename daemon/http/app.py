@@ -141,6 +141,14 @@ async def serve_proxy_asgi(
     except ApiError as error:
         await send_error(sink, error)
         return
+    except Exception as exc:  # a bug in parsing: a JSON 500, logged once, never a bare 500
+        logger.error(
+            "request parsing failed",
+            exc_info=exc,
+            extra={"agentd_event": "internal_error", "agentd_fields": {"path": scope["path"]}},
+        )
+        await send_error(sink, ApiError(500, "internal error in agentd (see the daemon log)", code="internal_error"))
+        return
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope, sink)

@@ -74,6 +74,28 @@ def parse_program_identity(body: dict[str, Any], headers: Mapping[str, str], ena
         raise ApiError(400, str(exc), code="invalid_program_identity", param=exc.param) from exc
 
 
+def parse_request(
+    request_id: str, endpoint: str, raw: bytes, headers: Mapping[str, str], enable_key: str | None
+) -> ProxyRequest:
+    """Raw body and headers -> a validated :class:`ProxyRequest`; Program identity is read only
+    when Program scheduling is on (``enable_key``).  Every bad input raises :class:`ApiError` (4xx)."""
+    body = parse_json_body(raw)
+    validate_body(endpoint, body)
+    identity = None if enable_key is None else parse_program_identity(body, headers, enable_key)
+    routing_text, prompt = request_texts(endpoint, body)
+    return ProxyRequest(
+        request_id=request_id,
+        endpoint=endpoint,
+        body=body,
+        headers=headers,
+        model=body.get("model"),
+        stream=body.get("stream") is True,
+        prompt=prompt,
+        routing_text=routing_text,
+        identity=identity,
+    )
+
+
 class ClientGone(Exception):
     """The client went away while the response was being written."""
 
@@ -146,21 +168,8 @@ class ProxyEngine:
         self._ids = itertools.count(1)
 
     def build_request(self, endpoint: str, raw: bytes, headers: Mapping[str, str]) -> ProxyRequest:
-        body = parse_json_body(raw)
-        validate_body(endpoint, body)
-        identity = None if self.program is None else parse_program_identity(body, headers, self.program.enable_key)
-        routing_text, prompt = request_texts(endpoint, body)
-        return ProxyRequest(
-            request_id=f"agentd-{next(self._ids)}",
-            endpoint=endpoint,
-            body=body,
-            headers=headers,
-            model=body.get("model"),
-            stream=body.get("stream") is True,
-            prompt=prompt,
-            routing_text=routing_text,
-            identity=identity,
-        )
+        enable_key = None if self.program is None else self.program.enable_key
+        return parse_request(f"agentd-{next(self._ids)}", endpoint, raw, headers, enable_key)
 
     async def handle(self, req: ProxyRequest, sink: ResponseSink, *, raw_body: bytes | None = None) -> None:
         """Serve one request end to end; every expected failure becomes an error response."""

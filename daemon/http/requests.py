@@ -22,6 +22,7 @@ What the edge measures for routing and for the prompt-token estimate (docs/archi
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +43,11 @@ def bad_field(param: str, rule: str, value: Any) -> ApiError:
     return ApiError(400, f"'{param}' {rule}, got {shown}", code="invalid_type", param=param)
 
 
+# A JSON string escape of a UTF-16 surrogate (\ud800-\udfff): only then can a parsed body hold a
+# lone surrogate, which no UTF-8 encoder (ours or the worker's) accepts.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def parse_json_body(raw: bytes) -> dict[str, Any]:
     try:
         body = json.loads(raw)
@@ -49,6 +55,15 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
         raise ApiError(400, f"request body is not valid UTF-8: {exc}", code="invalid_json") from exc
     except ValueError as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    except RecursionError as exc:
+        raise ApiError(400, "request body nests JSON arrays or objects too deeply", code="invalid_json") from exc
+    if _SURROGATE_ESCAPE.search(raw) is not None:
+        try:
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ApiError(
+                400, "request body contains a lone UTF-16 surrogate escape (not valid Unicode)", code="invalid_json"
+            ) from exc
     if not isinstance(body, dict):
         raise ApiError(
             400,
@@ -107,6 +122,12 @@ def _validate_messages(body: Mapping[str, Any]) -> None:
         content = message.get("content")
         if content is not None and not isinstance(content, str | list):
             raise bad_field(f"messages[{i}].content", "must be a string, a list or null", content)
+        tool_calls = message.get("tool_calls")
+        if tool_calls is not None and not isinstance(tool_calls, list):
+            raise bad_field(f"messages[{i}].tool_calls", "must be a list or null", tool_calls)
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise bad_field("tools", "must be a list or null", tools)
 
 
 def _validate_prompt(body: Mapping[str, Any]) -> None:
