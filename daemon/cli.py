@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
@@ -73,6 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args._run(args))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader left (``agentd check-config X | head``): stop quietly, as other CLI tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -40,3 +40,21 @@ def test_cli_check_config_does_not_import_the_simulator_or_bench_kit() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
     assert out.strip() == "[]"
+
+
+def test_a_closed_output_pipe_ends_quietly(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    repo = __import__("pathlib").Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daemon", "check-config", str(repo / "configs" / "quickstart.toml")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # like `| head -1`
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) in (0, 1)
+    assert "Traceback" not in err and "BrokenPipeError" not in err
