@@ -27,6 +27,7 @@ from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.errors import Rejection
 from actors.core.events import RequestCompleted
 from actors.core.ids import redacted_id
+from actors.batch_metrics import BatchMetrics
 from actors.dashboard_feed import DashboardFeed
 from actors.logevents import get_logger, log_event
 from actors.mailbox import reply_nowait
@@ -51,8 +52,10 @@ class EffectRouter:
         metrics: ProgramMetrics,
         registry: ProgramRegistry,
         feed: DashboardFeed | None = None,
+        batch_metrics: BatchMetrics | None = None,
     ) -> None:
         self.cfg = cfg
+        self.batch_metrics = batch_metrics
         self.feed = feed  # the dashboard's bounded event ring and tick history
         self.targets_by_id = targets_by_id
         self.metrics = metrics
@@ -66,8 +69,10 @@ class EffectRouter:
         self.replies[request_id] = reply
 
     def forget(self, request_id: str) -> None:
-        """The request left (completed or abandoned): drop what was kept for its logs."""
+        """The request left (completed or abandoned): drop what was kept for it, including the reply
+        channel of a request abandoned while it still waited (the handler is gone)."""
         self.admitted.pop(request_id, None)
+        self.replies.pop(request_id, None)
 
     def close_replies(self) -> None:
         """Shutting down: every waiting handler sees its reply channel close (``ActorGone``)."""
@@ -111,6 +116,46 @@ class EffectRouter:
             queue_seconds=e.queue_wait_seconds,
         )
         self._reply(e.request_id, admitted)
+
+    def _admit_batch(self, e: fx.AdmitBatch) -> None:
+        log_event(
+            logger,
+            logging.DEBUG,
+            "batch_dispatch",
+            job=e.job,
+            target=e.target_id,
+            router_queue_seconds=round(e.queue_wait_seconds, 6),
+            predicted_decode_tokens=e.predicted_decode_tokens,
+            charged_tokens=e.charged_tokens,
+            starvation_escape=e.starvation_escape,
+        )
+        if self.batch_metrics is not None:
+            self.batch_metrics.admitted.labels("true" if e.starvation_escape else "false").inc()
+            self.batch_metrics.queue_wait_seconds.observe(e.queue_wait_seconds)
+        admitted = Admitted(
+            request_id=e.request_id,
+            target=self.targets_by_id[e.target_id],
+            program=f"batch:{e.job}",
+            queue_seconds=e.queue_wait_seconds,
+        )
+        self._reply(e.request_id, admitted)
+
+    def _batch_completed(self, e: fx.BatchCompleted) -> None:
+        if self.batch_metrics is None:
+            return
+        self.batch_metrics.completed.labels("success" if e.success else "failure").inc()
+        if e.observed_decode_tokens is not None and e.predicted_decode_tokens > 0:
+            self.batch_metrics.decode_ratio.observe(e.observed_decode_tokens / e.predicted_decode_tokens)
+
+    def _batch_job_created(self, e: fx.BatchJobCreated) -> None:
+        log_event(logger, logging.INFO, "batch_job_created", job=e.job)
+        if self.batch_metrics is not None:
+            self.batch_metrics.jobs_created.inc()
+
+    def _batch_job_evicted(self, e: fx.BatchJobEvicted) -> None:
+        log_event(logger, logging.INFO, "batch_job_evicted", job=e.job, reason="max_jobs")
+        if self.batch_metrics is not None:
+            self.batch_metrics.jobs_evicted.inc()
 
     def _reject(self, e: fx.Reject) -> None:
         retry_after = self.cfg.metrics_interval_seconds if e.status_hint == 429 else None
@@ -275,6 +320,10 @@ class EffectRouter:
 _ROUTES: dict[type, Callable[[EffectRouter, Any], None]] = {
     fx.Admit: EffectRouter._admit,
     fx.Reject: EffectRouter._reject,
+    fx.AdmitBatch: EffectRouter._admit_batch,
+    fx.BatchCompleted: EffectRouter._batch_completed,
+    fx.BatchJobCreated: EffectRouter._batch_job_created,
+    fx.BatchJobEvicted: EffectRouter._batch_job_evicted,
     fx.SpawnProgram: EffectRouter._spawn,
     fx.ArmTimer: EffectRouter._arm,
     fx.CancelTimer: EffectRouter._cancel,

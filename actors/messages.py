@@ -31,6 +31,7 @@ from actors.core.config import BackendTarget
 from actors.core.effects import ArmTimer, CancelTimer
 from actors.core.errors import Rejection
 from actors.core.events import (
+    BatchSubmitted,
     ObservationReceived,
     RepairTick,
     RequestAbandoned,
@@ -59,13 +60,13 @@ Reply = Admitted | Rejection
 
 @frozen(eq=False)
 class Submission:
-    """In-process delivery of a ``RequestSubmitted`` with the one-shot channel for its reply.
+    """In-process delivery of a ``RequestSubmitted`` (or ``BatchSubmitted``) with the one-shot channel for its reply.
 
     Not a message (a channel is not a value): a transport across processes would carry the
     event and map ``reply`` to its connection.  ``eq=False``: a channel has identity only.
     """
 
-    event: RequestSubmitted
+    event: RequestSubmitted | BatchSubmitted
     reply: trio.MemorySendChannel[Reply]
 
 

@@ -30,11 +30,13 @@ import trio
 from attrs import asdict
 
 from actors.core import events as ev
-from actors.core.config import BackendTarget, ProgramSchedulingConfig
+from actors.core.batch_class import batch_diagnostics
+from actors.core.config import BackendTarget, BatchJobsConfig, ProgramSchedulingConfig
 from actors.core.ids import DEFAULT_MODEL_POOL, TargetId
 from actors.core.scheduler import initial_state, step
 from actors.core.snapshot import diagnostics_document, snapshot
 from actors.core.state import SchedulerState
+from actors.batch_metrics import BatchMetrics
 from actors.dashboard_feed import DashboardFeed
 from actors.effect_router import EffectRouter, logger
 from actors.logevents import log_event
@@ -156,6 +158,8 @@ async def run_scheduler_actor(
     on_tick: Callable[[SchedulerHandle, float], None] | None = None,
     health: HealthyTargets | None = None,
     feed: DashboardFeed | None = None,
+    batch: BatchJobsConfig | None = None,
+    batch_metrics: BatchMetrics | None = None,
     task_status: trio.TaskStatus[SchedulerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Own the scheduler state; run until cancelled (or until a step raises, which stops the daemon).
@@ -165,11 +169,11 @@ async def run_scheduler_actor(
     """
     # See SCHEDULER_INBOX_SIZE for the bound.
     inbox: Mailbox[SchedulerInboxItem] = open_mailbox("scheduler_inbox", SCHEDULER_INBOX_SIZE)
-    handle = SchedulerHandle(cfg, targets, inbox, initial_state(cfg))
+    handle = SchedulerHandle(cfg, targets, inbox, initial_state(cfg, batch))
     async with inbox.recv, trio.open_nursery() as nursery:
         registry: ProgramRegistry = await nursery.start(run_program_registry, inbox.send.clone())
         handle.registry = registry
-        handle.router = EffectRouter(cfg, handle.targets_by_id, metrics, registry, feed)
+        handle.router = EffectRouter(cfg, handle.targets_by_id, metrics, registry, feed, batch_metrics)
         handle.health = health
         # The configured targets are known from the start (no Program state, no polling): the
         # diagnostics list every concrete DP rank before the first Program request.
@@ -215,6 +219,7 @@ def diagnostics_snapshot(handle: SchedulerHandle, now: float) -> dict[str, Any]:
     doc = diagnostics_document(snapshot(handle.state, handle.cfg, now))
     summary = asdict(handle.cfg, filter=lambda a, _v: a.name not in ("explicit_coefficients", "deprecated_inputs"))
     doc["configuration"] = summary
+    doc["batch"] = batch_diagnostics(handle.state)
     doc["scheduler"] = {
         "steps_count": handle.steps_count,
         "last_step_at": handle.last_step_at,

@@ -42,6 +42,8 @@ class ProxyRequest:
     prompt: PromptSize
     routing_text: str
     identity: ParsedIdentity | None = None
+    # the job name when the request is batch class (docs/batch.md §2), else None
+    batch_job: str | None = None
 
 
 @attrs.frozen
@@ -51,6 +53,7 @@ class Outcome:
     error: str | None
     first_token_seconds: float | None
     decode_seconds: float | None
+    finish_reason: str | None = None  # the first choice's, when the response carried one
 
 
 class Lease(Protocol):

@@ -38,9 +38,11 @@ from prometheus_client import CollectorRegistry
 
 from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.errors import Rejection
-from actors.core.events import RequestAbandoned, RequestCompleted, RequestSubmitted
+from actors.core.events import BatchSubmitted, RequestAbandoned, RequestCompleted, RequestSubmitted
 from actors.core.ids import DEFAULT_MODEL_POOL, RequestId
 from actors.core.model import NO_USAGE
+from actors.batch_metrics import BatchGaugeCollector, BatchMetrics
+from actors.core.batch_class import batch_diagnostics
 from actors.dashboard_feed import DashboardFeed
 from actors.dashboard_view import dashboard_document
 from actors.logevents import get_logger, log_event
@@ -127,12 +129,23 @@ class ProgramLease:
                 self.reported = True  # the scheduler is gone: nothing left to account
 
 
+def output_cap(body: dict[str, Any]) -> int | None:
+    """The request's output-token cap (``max_completion_tokens``, ``max_tokens`` or the Responses
+    API's ``max_output_tokens``), when it set a positive integer one."""
+    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+        v = body.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
 def completed_message(request_id: str, outcome: Outcome) -> RequestCompleted:
     return RequestCompleted(
         request_id=RequestId(request_id),
         success=outcome.success,
         usage=NO_USAGE if outcome.usage is None else outcome.usage,
         decode_seconds=outcome.decode_seconds,
+        finish_reason=outcome.finish_reason,
     )
 
 
@@ -143,6 +156,16 @@ class DispatcherCounters:
     rejected_count: int = 0
     completed_count: int = 0
     abandoned_count: int = 0
+
+
+@attrs.frozen(eq=False)
+class BatchDispatcher:
+    """The proxy's dispatcher for batch-class requests: the Program dispatcher's batch lease."""
+
+    program: ProgramDispatcher
+
+    def lease(self, req: ProxyRequest) -> AbstractAsyncContextManager[ProgramLease]:
+        return self.program.batch_lease(req)
 
 
 class ProgramDispatcher:
@@ -166,15 +189,37 @@ class ProgramDispatcher:
         self.counters = DispatcherCounters()
 
     def lease(self, req: ProxyRequest) -> AbstractAsyncContextManager[ProgramLease]:
-        return self._lease(req)
-
-    @asynccontextmanager
-    async def _lease(self, req: ProxyRequest) -> AsyncIterator[ProgramLease]:
         if req.identity is None:
             raise ValueError("ProgramDispatcher.lease needs a request with Program identity")
-        self._polling_needed.set()  # lazily start backend polling on the first Program request
-        inbox = self.scheduler.inbox.send
         estimate = self.estimator.estimate(DEFAULT_MODEL_POOL, req)
+        event = RequestSubmitted(
+            request_id=RequestId(req.request_id),
+            identity=req.identity.identity,
+            estimated_prompt_tokens=estimate,
+            hints=req.identity.hints,
+            model_pool=DEFAULT_MODEL_POOL,
+            routing_text=req.routing_text,
+        )
+        return self._lease(req, event)
+
+    def batch_lease(self, req: ProxyRequest) -> AbstractAsyncContextManager[ProgramLease]:
+        """A lease for a batch-class request (docs/batch.md §2): it waits in the scheduler's
+        job-aware batch queue until a rank has capacity the Programs leave free."""
+        if req.batch_job is None:
+            raise ValueError("ProgramDispatcher.batch_lease needs a batch-class request")
+        event = BatchSubmitted(
+            request_id=RequestId(req.request_id),
+            job=req.batch_job,
+            estimated_prompt_tokens=self.estimator.estimate(DEFAULT_MODEL_POOL, req),
+            max_tokens=output_cap(req.body),
+            model_pool=DEFAULT_MODEL_POOL,
+        )
+        return self._lease(req, event)
+
+    @asynccontextmanager
+    async def _lease(self, req: ProxyRequest, event: RequestSubmitted | BatchSubmitted) -> AsyncIterator[ProgramLease]:
+        self._polling_needed.set()  # lazily start backend polling on the first scheduled request
+        inbox = self.scheduler.inbox.send
         submitted = False
         lease: ProgramLease | None = None
         try:
@@ -182,14 +227,6 @@ class ProgramDispatcher:
             reply_send, reply_recv = trio.open_memory_channel[Reply](1)
             with reply_recv:
                 with reply_send:
-                    event = RequestSubmitted(
-                        request_id=RequestId(req.request_id),
-                        identity=req.identity.identity,
-                        estimated_prompt_tokens=estimate,
-                        hints=req.identity.hints,
-                        model_pool=DEFAULT_MODEL_POOL,
-                        routing_text=req.routing_text,
-                    )
                     await inbox.send(Submission(event=event, reply=reply_send.clone()))
                     submitted = True
                     self.counters.submitted_count += 1
@@ -301,6 +338,8 @@ async def run_program_scheduling(
         raise ValueError("run_program_scheduling needs cfg.program_scheduling (enable_program_scheduling)")
     targets = cfg.targets()
     metrics = ProgramMetrics(registry)
+    batch = cfg.batch_jobs if cfg.batch_jobs.enabled else None
+    batch_metrics = BatchMetrics(registry) if batch is not None else None
     estimator = TokenEstimator(metrics)
     observers = RankRegistry(targets)
     feed = DashboardFeed()
@@ -314,9 +353,19 @@ async def run_program_scheduling(
     async with trio.open_nursery() as nursery:
         scheduler: SchedulerHandle = await nursery.start(
             lambda task_status: run_scheduler_actor(
-                ps, targets, metrics, on_tick=on_tick, health=health, feed=feed, task_status=task_status
+                ps,
+                targets,
+                metrics,
+                on_tick=on_tick,
+                health=health,
+                feed=feed,
+                batch=batch,
+                batch_metrics=batch_metrics,
+                task_status=task_status,
             )
         )
+        if batch is not None:
+            registry.register(BatchGaugeCollector(lambda: batch_diagnostics(scheduler.state)))
         polling_needed = trio.Event()
         dispatcher = ProgramDispatcher(ps, scheduler, observers, estimator, polling_needed, feed)
 

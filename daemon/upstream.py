@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -203,20 +204,46 @@ def merge_usage(a: Usage | None, b: Usage | None) -> Usage | None:
     )
 
 
+# a finish_reason that is a string (not null): only the event that ends a choice has one
+_FINAL_REASON = re.compile(rb'"finish_reason"\s*:\s*"')
+
+
+def finish_reason_of(obj: Any) -> str | None:
+    """The first choice's ``finish_reason`` of a completion object or stream event, if it is set."""
+    if not isinstance(obj, dict):
+        return None
+    choices = obj.get("choices")
+    if not isinstance(choices, list):
+        return None
+    for choice in choices:
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            reason = choice.get("finish_reason")
+            return reason if isinstance(reason, str) else None
+    return None
+
+
 class UsageAccumulator:
-    """Collects usage from a whole JSON body (:meth:`feed_json`) or SSE chunks (:meth:`feed_sse`)."""
+    """Collects usage and the first choice's ``finish_reason`` from a whole JSON body
+    (:meth:`feed_json`) or SSE chunks (:meth:`feed_sse`).  Only events that carry usage or a
+    non-null finish reason are parsed (a cheap byte test first), so ordinary token events cost one
+    substring search."""
 
     def __init__(self) -> None:
         self.usage: Usage | None = None
+        self.finish_reason: str | None = None
         self._partial = b""
 
     def feed_json(self, body: bytes) -> None:
-        if b'"usage"' not in body:
+        wants_reason = self.finish_reason is None and _FINAL_REASON.search(body) is not None
+        if b'"usage"' not in body and not wants_reason:
             return
         try:
-            self.usage = merge_usage(self.usage, usage_from_object(json.loads(body)))
+            obj = json.loads(body)
         except ValueError:
             return
+        self.usage = merge_usage(self.usage, usage_from_object(obj))
+        if wants_reason:
+            self.finish_reason = finish_reason_of(obj)
 
     def feed_sse(self, chunk: bytes) -> None:
         data = self._partial + chunk if self._partial else chunk
@@ -227,7 +254,7 @@ class UsageAccumulator:
         complete, self._partial = data[: cut + 1], data[cut + 1 :]
         if len(self._partial) > MAX_SSE_LINE_BYTES:
             self._partial = b""
-        if b'"usage"' in complete:
+        if b'"usage"' in complete or (self.finish_reason is None and _FINAL_REASON.search(complete) is not None):
             for line in complete.split(b"\n"):
                 self._line(line)
 
@@ -239,13 +266,18 @@ class UsageAccumulator:
 
     def _line(self, line: bytes) -> None:
         line = line.rstrip(b"\r")
-        if not line.startswith(b"data:") or b'"usage"' not in line:
+        if not line.startswith(b"data:"):
             return
-        payload = line[5:].strip()
+        wants_reason = self.finish_reason is None and _FINAL_REASON.search(line) is not None
+        if b'"usage"' not in line and not wants_reason:
+            return
         try:
-            self.usage = merge_usage(self.usage, usage_from_object(json.loads(payload)))
+            obj = json.loads(line[5:].strip())
         except ValueError:
             return
+        self.usage = merge_usage(self.usage, usage_from_object(obj))
+        if wants_reason:
+            self.finish_reason = finish_reason_of(obj)
 
 
 def _is_usage_only_event(event: bytes) -> bool:

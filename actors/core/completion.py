@@ -12,6 +12,7 @@ import math
 from typing import NamedTuple
 
 from actors.core import program as lc
+from actors.core.batch_class import on_batch_complete
 from actors.core.costs import cache_miss_impact_seconds
 from actors.core.effects import (
     CacheDiscontinuity,
@@ -73,6 +74,8 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     re-charge the ledger; apply the idle action (pause or release, after the statistics: B7);
     segment yield; a TTL of 0 pauses now; then the periodic decision sequence.
     """
+    if on_batch_complete(s, ev):
+        return  # a batch request: its own accounting (docs/batch.md §2)
     found = fenced_dispatch(s, ev)
     if found is None:
         return

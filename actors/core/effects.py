@@ -195,8 +195,51 @@ class CompletionIgnored:
     reason: str  # "unknown_request" | "stale_generation" | "stale_placement"
 
 
+@frozen(slots=False)
+class AdmitBatch:
+    """Dispatch the batch request ``request_id`` to ``target_id`` (docs/batch.md §2)."""
+
+    request_id: RequestId
+    target_id: TargetId
+    job: str
+    queue_wait_seconds: float
+    predicted_decode_tokens: int
+    charged_tokens: int
+    starvation_escape: bool = False
+
+
+@frozen(slots=False)
+class BatchCompleted:
+    """A running batch request ended; ``observed_decode_tokens`` is set for natural stops only."""
+
+    request_id: RequestId
+    job: str
+    target_id: TargetId
+    success: bool
+    predicted_decode_tokens: int
+    observed_decode_tokens: int | None
+
+
+@frozen(slots=False)
+class BatchJobCreated:
+    """A job name was seen for the first time (or again after it was forgotten)."""
+
+    job: str
+
+
+@frozen(slots=False)
+class BatchJobEvicted:
+    """The decode estimate of the least recently used job was dropped to make room (``max_jobs``)."""
+
+    job: str
+
+
 Effect = (
     Admit
+    | AdmitBatch
+    | BatchCompleted
+    | BatchJobCreated
+    | BatchJobEvicted
     | Reject
     | ArmTimer
     | CancelTimer

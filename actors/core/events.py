@@ -40,14 +40,35 @@ class RequestSubmitted:
 
 
 @frozen
+class BatchSubmitted:
+    """A batch-class request arrived (docs/batch.md §2): it waits in the job-aware batch queue.
+
+    ``job`` is the job name from the request id's ``#job_name[...]#`` tag (``__default__``
+    without one); ``max_tokens`` the request's output cap, if it set one.
+    """
+
+    request_id: RequestId
+    job: str
+    estimated_prompt_tokens: int
+    max_tokens: int | None = None
+    model_pool: str = DEFAULT_MODEL_POOL
+    targets: tuple[BackendTarget, ...] | None = None
+
+
+@frozen
 class RequestCompleted:
-    """A dispatched request finished (``success`` iff the upstream answered 2xx and ended normally)."""
+    """A dispatched request finished (``success`` iff the upstream answered 2xx and ended normally).
+
+    ``finish_reason`` is the first choice's (``stop`` = a natural stop, which alone feeds a batch
+    job's decode-length estimate), when the response carried one.
+    """
 
     request_id: RequestId
     success: bool
     usage: Usage = NO_USAGE
     decode_seconds: float | None = None
     terminate: bool = False
+    finish_reason: str | None = None
 
 
 @frozen
@@ -114,6 +135,7 @@ class TargetsChanged:
 
 Event = (
     RequestSubmitted
+    | BatchSubmitted
     | RequestCompleted
     | RequestAbandoned
     | TimerFired

@@ -5,6 +5,7 @@ the decision sequences are in ``sequences``; targets and observations in ``topol
 
 from __future__ import annotations
 
+from actors.core.batch_class import on_batch_abandon
 from actors.core.completion import on_complete
 from actors.core.errors import InvalidEvent
 from actors.core.events import (
@@ -36,6 +37,8 @@ from actors.core.topology import report_capacity_sources
 
 
 def on_abandon(s: SchedulerState, ev: RequestAbandoned) -> None:
+    if on_batch_abandon(s, ev.request_id):
+        return
     if s.pool.get(ev.request_id) is not None:
         cancel_request(s, ev.request_id)
     elif ev.request_id in s.in_flight:

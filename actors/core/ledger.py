@@ -54,6 +54,18 @@ def charge(rank: RankState, delta: float) -> None:
     rank.delta_tokens += delta
 
 
+def charge_batch(rank: RankState, delta: float, requests: int) -> None:
+    """Add ``delta`` batch tokens (and ``requests`` running batch requests) to the rank (docs/batch.md §2).
+
+    Batch tokens join the observation delta like Program tokens, so a fresh observation (which
+    already sees the batch KV the engine holds) plus the delta stays exact; the stale-observation
+    fallback adds them to the Programs' ledger.
+    """
+    rank.batch_tokens += delta
+    rank.batch_requests += requests
+    rank.delta_tokens += delta
+
+
 def resync(p: Program, rank: RankState | None, decode_buffer_tokens: int) -> float:
     """Re-charge an Active Program after its private-token inputs changed; returns the change."""
     if rank is None or p.state != ACTIVE:
@@ -84,7 +96,7 @@ def target_usage(rank: RankState, now: float, metrics_interval_seconds: float) -
     if rank.estimated_active_program_tokens is not None and observation_fresh(rank, now, metrics_interval_seconds):
         v = rank.estimated_active_program_tokens + rank.delta_tokens
         return v if v > 0 else 0.0
-    return rank.fallback_tokens
+    return rank.fallback_tokens + rank.batch_tokens
 
 
 def fresh_waiting(rank: RankState, now: float, metrics_interval_seconds: float) -> int | None:

@@ -226,6 +226,9 @@ class RankState:
     active: dict[ProgramRef, Program] = attrs.field(factory=dict)
     fallback_tokens: float = 0.0  # incremental sum of charged_tokens of `active`
     delta_tokens: float = 0.0  # active_program_token_delta (rebased at every observation)
+    # running batch requests here and the tokens charged for them (docs/batch.md §2)
+    batch_tokens: float = 0.0
+    batch_requests: int = 0
     # the last backend observation (docs/program-scheduling.md §2)
     kv_cache_usage: float | None = None
     running_requests: int | None = None

@@ -19,7 +19,9 @@ Decision sequences (the order matters):
   and force resume the arrival's (not in binding_only);
 * tick: forget old generation histories -> (unless binding_only) repair on every rank ->
   schedule waiting -> report capacity-source changes;
-* cancellation, observation, target change: schedule waiting only.
+* cancellation, observation, target change: schedule waiting only;
+* every step ends, after its Program decisions, with the batch class's dispatch
+  (``batch_class.dispatch_batch``, docs/batch.md §2) when batch requests wait.
 
 Deadlines live in exactly one place.  The core keeps their values on its records
 (``Program.ttl_deadline``, ``force_resume_deadline``, ``paused_at`` + retention,
@@ -38,10 +40,11 @@ from typing import Any
 
 from attrs import frozen
 
-from actors.core import arrival, completion, handlers, topology
-from actors.core.config import ProgramSchedulingConfig
+from actors.core import arrival, batch_class, completion, handlers, topology
+from actors.core.config import BatchJobsConfig, ProgramSchedulingConfig
 from actors.core.effects import Effect
 from actors.core.events import (
+    BatchSubmitted,
     ObservationReceived,
     ObservationStale,
     ObservationStarted,
@@ -64,14 +67,15 @@ class Step:
     effects: tuple[Effect, ...]
 
 
-def initial_state(cfg: ProgramSchedulingConfig) -> SchedulerState:
-    return SchedulerState(cfg)
+def initial_state(cfg: ProgramSchedulingConfig, batch: BatchJobsConfig | None = None) -> SchedulerState:
+    return SchedulerState(cfg, batch)
 
 
 # Event type -> handler.  Every handler takes (state, event of that type) and appends its effects
 # to ``state.effects``; the event parameter is ``Any`` here because each handler takes its own type.
 HANDLERS: dict[type, Callable[[SchedulerState, Any], None]] = {
     RequestSubmitted: arrival.on_submit,
+    BatchSubmitted: batch_class.on_batch_submit,
     RequestCompleted: completion.on_complete,
     RequestAbandoned: handlers.on_abandon,
     TimerFired: handlers.on_timer,
@@ -94,6 +98,8 @@ def step(state: SchedulerState, event: object, *, now: float, cfg: ProgramSchedu
     s.effects = []
     s.touched = {}
     handler(s, event)
+    if s.batch is not None and s.batch.pending:
+        batch_class.dispatch_batch(s)  # after the step's Program decisions: Programs first
     sync_timers(s)
     effects = tuple(s.effects)
     s.effects = []

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import cast
 
-from actors.core.config import ProgramSchedulingConfig
+from actors.core.batch_state import BatchState
+from actors.core.config import BatchJobsConfig, ProgramSchedulingConfig
 from actors.core.effects import Effect
 from actors.core.ids import ProgramKey, ProgramRef, RequestId, SeqCounter, TargetId
 from actors.core.model import Dispatch, Lineage, Program, RankState
@@ -29,8 +30,10 @@ TargetSignature = tuple[str, str, int, int]
 class SchedulerState:
     """All scheduling state (one writer: the scheduler actor)."""
 
-    def __init__(self, cfg: ProgramSchedulingConfig) -> None:
+    def __init__(self, cfg: ProgramSchedulingConfig, batch: BatchJobsConfig | None = None) -> None:
         self.cfg = cfg
+        # the batch class (docs/batch.md §2); None when [batch_jobs] is disabled
+        self.batch: BatchState | None = None if batch is None or not batch.enabled else BatchState(batch)
         self.now = 0.0
         self.programs: dict[ProgramKey, Program] = {}
         self.pool = RequestPool()

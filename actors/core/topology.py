@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from actors.core.batch_class import forget_target, reject_without_targets
 from actors.core.binding import bind
 from actors.core.config import BackendTarget
 from actors.core.effects import CapacitySourceChanged, StaleObservationDropped
@@ -96,9 +97,12 @@ def sync_targets(s: SchedulerState, pool: str, targets: tuple[BackendTarget, ...
                     cancel_waiting(s, req.request_id)
     for t in removed:
         if t not in still_used:
+            forget_target(s, t)
             s.ranks.pop(t, None)
             s.rank_queues.pop(t, None)
             s.dirty_ranks.pop(t, None)
+    if not new_ids:
+        reject_without_targets(s, pool)
 
 
 def report_capacity_sources(s: SchedulerState) -> None:

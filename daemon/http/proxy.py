@@ -37,6 +37,8 @@ import httpx
 import trio
 
 from actors.logevents import get_logger, log_event
+from actors.core.batchjobs import DEFAULT_JOB, job_name
+from daemon.batchfile import BATCH_CLASS, BATCH_CLASS_HEADER
 from daemon.dispatch import Dispatcher, DispatchRejected, Lease, Outcome, ProxyRequest
 from daemon.h1client import UpstreamBody
 from daemon.http.errors import ApiError, error_body
@@ -53,6 +55,7 @@ from daemon.upstream import (
 )
 
 logger = get_logger("proxy")
+JOB_TAG_MARK = "#job_name["
 PATHS: dict[str, str] = {endpoint: path for path, endpoint in ENDPOINTS.items()}
 ERROR_SNIPPET_BYTES = 512
 JSON_HEADERS: list[tuple[str, str]] = [("content-type", "application/json")]
@@ -60,10 +63,41 @@ JSON_HEADERS: list[tuple[str, str]] = [("content-type", "application/json")]
 
 @attrs.frozen(eq=False)
 class ProgramRoute:
-    """Program scheduling as the proxy sees it: which key enables it, and its dispatcher."""
+    """Program scheduling as the proxy sees it: which key enables it, and its dispatcher; with
+    ``[batch_jobs]`` enabled, the dispatcher of batch-class requests (docs/batch.md §2)."""
 
     enable_key: str
     dispatcher: Dispatcher
+    batch: Dispatcher | None = None
+
+
+REQUEST_CLASSES = (BATCH_CLASS, "interactive")
+
+
+def batch_job_of(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:
+    """The job name of a batch-class request, None for any other (docs/batch.md §2).
+
+    Batch class: the ``X-Agentd-Class: batch`` header, or a ``#job_name[...]#`` tag in the request
+    id (body ``request_id``, else the ``X-Request-Id`` header); ``X-Agentd-Class: interactive``
+    opts a tagged request out.  The job is the tag's name, ``__default__`` without one.
+    """
+    rid = body.get("request_id")
+    if rid is not None and not isinstance(rid, str):
+        raise ApiError(400, f"request_id: must be a string (got {type(rid).__name__})", param="request_id")
+    ids = [x for x in (rid, headers.get("x-request-id")) if x]
+    tagged = next((x for x in ids if JOB_TAG_MARK in x and job_name(x) != DEFAULT_JOB), None)
+    cls = headers.get(BATCH_CLASS_HEADER)
+    if cls is not None:
+        cls = cls.strip().lower()
+        if cls not in REQUEST_CLASSES:
+            raise ApiError(
+                400,
+                f"{BATCH_CLASS_HEADER}: must be one of {', '.join(REQUEST_CLASSES)} (got {cls[:64]!r})",
+                param=BATCH_CLASS_HEADER,
+            )
+    if cls == BATCH_CLASS or (cls is None and tagged is not None):
+        return job_name(tagged)
+    return None
 
 
 def parse_program_identity(body: dict[str, Any], headers: Mapping[str, str], enable_key: str) -> ParsedIdentity | None:
@@ -82,6 +116,7 @@ def parse_request(
     body = parse_json_body(raw)
     validate_body(endpoint, body)
     identity = None if enable_key is None else parse_program_identity(body, headers, enable_key)
+    batch_job = batch_job_of(body, headers)
     routing_text, prompt = request_texts(endpoint, body)
     return ProxyRequest(
         request_id=request_id,
@@ -93,6 +128,7 @@ def parse_request(
         prompt=prompt,
         routing_text=routing_text,
         identity=identity,
+        batch_job=batch_job,
     )
 
 
@@ -173,7 +209,12 @@ class ProxyEngine:
 
     async def handle(self, req: ProxyRequest, sink: ResponseSink, *, raw_body: bytes | None = None) -> None:
         """Serve one request end to end; every expected failure becomes an error response."""
-        dispatcher = self.native if req.identity is None or self.program is None else self.program.dispatcher
+        dispatcher = self.native
+        if self.program is not None:
+            if req.identity is not None:
+                dispatcher = self.program.dispatcher
+            elif req.batch_job is not None and self.program.batch is not None:
+                dispatcher = self.program.batch
         try:
             async with dispatcher.lease(req) as lease:
                 await self._forward(req, lease, sink, raw_body)
@@ -329,7 +370,9 @@ class ProxyEngine:
         if lease.wants_usage:
             accumulator.feed_json(body)
         ok = 200 <= status < 300
-        lease.finish(Outcome(ok, accumulator.usage, None if ok else "upstream_status", None, None))
+        lease.finish(
+            Outcome(ok, accumulator.usage, None if ok else "upstream_status", None, None, accumulator.finish_reason)
+        )
         await sink.start(status, [*headers, ("content-length", str(len(body)))])
         await sink.end(body)
         return "success" if ok else "upstream_status"
@@ -385,6 +428,7 @@ class ProxyEngine:
                 None,
                 None if first is None else first - started,
                 None if first is None or last is None else last - first,
+                accumulator.finish_reason,
             )
         )
         await sink.end()

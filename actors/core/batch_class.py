@@ -1,0 +1,317 @@
+"""Batch requests as a class of the scheduler (docs/batch.md §2).
+
+A batch request (``BatchSubmitted``) waits in the router, in the seed's job-aware queue
+(``batchjobs.JobQueue``), beside the Programs' RequestPool, and is dispatched into the KV capacity
+the Programs leave free, on the same per-rank ledger:
+
+* **Programs first.** :func:`dispatch_batch` runs at the end of every step, after the step's
+  Program decisions. While any Program of the pool waits for admission, batch admission stops
+  (the starvation escape below aside), so a Program is never held back by batch work admitted
+  after it started waiting.
+* **Budget per rank** (the seed's admission budget at router scale)::
+
+      free_blocks = floor((capacity * low_watermark_ratio - used) / B)
+      reserve     = min(running batch requests on the rank + reserve_margin_blocks, reserve_max_blocks)
+      budget      = max(0, (free_blocks - reserve) * B)
+
+  ``used`` is the rank's ``target_usage`` (which includes batch, ``ledger.charge_batch``); each
+  running batch request decodes at most one new block per engine step, the seed's per-request
+  projection in the decode phase, hence one block each. A rank whose fresh observation shows a
+  waiting engine queue while batch runs there is under pressure and gets nothing.
+* **Pick**: the rank with the largest budget (ties: lower target index) asks the queue for the
+  seed's pick (cold start first, job order by budget against ``low_available_tokens_threshold``,
+  LPT inside the job). The request is charged ``prompt + min(predicted decode, max_tokens)``. If
+  that does not fit the budget, admission stops (head of line, as in the engine), unless the rank
+  runs nothing at all (a request larger than any budget runs alone rather than never).
+* **Starvation bound**: with free capacity and no Program waiting, a queued batch request that
+  fits is dispatched in the same step. When Programs keep waiting, the oldest batch request is
+  dispatched anyway once it has waited ``max_wait_seconds`` and a rank's budget fits it.
+* Completion releases the charge and, for natural stops (``finish_reason == "stop"``), feeds the
+  job's decode estimate; abandon removes a queued request or releases a running one.
+"""
+
+from __future__ import annotations
+
+from actors.core.batch_state import BatchPending, BatchRunning, BatchState, JobCounters
+from actors.core.effects import AdmitBatch, BatchCompleted, BatchJobCreated, BatchJobEvicted
+from actors.core.errors import NO_TARGETS, InvalidEvent
+from actors.core.events import BatchSubmitted, RequestCompleted
+from actors.core.ids import RequestId, TargetId
+from actors.core.ledger import charge_batch, fresh_waiting, target_usage
+from actors.core.lifecycle import reject
+from actors.core.model import RankState
+from actors.core.state import SchedulerState
+
+NATURAL_STOP = "stop"
+
+
+# ---- events ------------------------------------------------------------------------------------
+
+
+def on_batch_submit(s: SchedulerState, ev: BatchSubmitted) -> None:
+    """Queue a batch request (dispatch happens at the end of the step, :func:`dispatch_batch`)."""
+    b = s.batch
+    if b is None:
+        raise InvalidEvent("a batch request arrived but batch scheduling is disabled")
+    rid = ev.request_id
+    if rid in b.pending or rid in b.running or s.pool.get(rid) is not None or rid in s.in_flight:
+        raise InvalidEvent(f"request_id {rid!r} is already live")
+    if not s.pools.get(ev.model_pool):
+        s.effects.append(reject(rid, NO_TARGETS))
+        return
+    if ev.estimated_prompt_tokens < 0:
+        raise InvalidEvent(f"estimated_prompt_tokens must be >= 0 (got {ev.estimated_prompt_tokens})")
+    job = ev.job
+    counters = b.jobs.get(job)
+    if counters is None:
+        counters = b.jobs[job] = JobCounters()
+        s.effects.append(BatchJobCreated(job=job))
+    counters.submitted += 1
+    b.estimator.touch(job)
+    b.pending[rid] = BatchPending(rid, job, ev.estimated_prompt_tokens, ev.max_tokens, ev.model_pool, s.now)
+    b.queue.add(rid, job, ev.estimated_prompt_tokens)
+
+
+def on_batch_complete(s: SchedulerState, ev: RequestCompleted) -> bool:
+    """Release a running batch request; False when ``ev`` is not a batch request's."""
+    b = s.batch
+    if b is None:
+        return False
+    r = b.running.pop(ev.request_id, None)
+    if r is None:
+        return False
+    rank = s.ranks.get(r.target_id)
+    if rank is not None:
+        charge_batch(rank, -r.charged_tokens, -1)
+    counters = b.jobs.get(r.job)
+    natural = ev.success and ev.finish_reason == NATURAL_STOP and ev.usage.completion_tokens is not None
+    observed = ev.usage.completion_tokens if natural else None
+    if counters is not None:
+        if ev.success:
+            counters.completed += 1
+        else:
+            counters.failed += 1
+        if observed is not None:
+            counters.observed_decode_tokens_sum += observed
+            counters.observed_count += 1
+    if observed is not None:
+        evicted = b.estimator.observe(r.job, observed)
+        if evicted is not None:
+            s.effects.append(BatchJobEvicted(job=evicted))
+            _forget_job_if_idle(b, evicted)
+    s.effects.append(
+        BatchCompleted(
+            request_id=r.request_id,
+            job=r.job,
+            target_id=r.target_id,
+            success=ev.success,
+            predicted_decode_tokens=r.predicted_decode_tokens,
+            observed_decode_tokens=observed,
+        )
+    )
+    _forget_job_if_idle(b, r.job)
+    return True
+
+
+def on_batch_abandon(s: SchedulerState, rid: RequestId) -> bool:
+    """A batch request's client left: unqueue it, or release it as a failure when it runs."""
+    b = s.batch
+    if b is None:
+        return False
+    pending = b.pending.pop(rid, None)
+    if pending is not None:
+        b.queue.remove(rid)
+        counters = b.jobs.get(pending.job)
+        if counters is not None:
+            counters.abandoned += 1
+        _forget_job_if_idle(b, pending.job)
+        return True
+    if rid in b.running:
+        return on_batch_complete(s, RequestCompleted(rid, False))
+    return False
+
+
+def _forget_job_if_idle(b: BatchState, job: str) -> None:
+    """Drop a job's counters once nothing of it is queued or running and its estimate is gone."""
+    if job in b.jobs and b.queue.job_size(job) == 0 and job not in b.estimator.jobs():
+        if not any(r.job == job for r in b.running.values()):
+            del b.jobs[job]
+
+
+# ---- dispatch ----------------------------------------------------------------------------------
+
+
+def rank_budget_tokens(s: SchedulerState, rank: RankState) -> int:
+    """The batch admission budget of ``rank`` in tokens (module docstring)."""
+    b = s.batch
+    capacity = s.cfg.token_capacity_per_dp_rank
+    if b is None or capacity is None:
+        return 0
+    cfg = b.cfg
+    if rank.batch_requests and (fresh_waiting(rank, s.now, s.cfg.metrics_interval_seconds) or 0) > 0:
+        return 0  # the engine already queues work while our batch runs there: under pressure
+    block = cfg.block_size_tokens
+    used = target_usage(rank, s.now, s.cfg.metrics_interval_seconds)
+    free_blocks = int((capacity * s.cfg.low_watermark_ratio - used) // block)
+    reserve = min(rank.batch_requests + cfg.reserve_margin_blocks, cfg.reserve_max_blocks)
+    return max(0, (free_blocks - reserve) * block)
+
+
+def programs_waiting(s: SchedulerState, pool: str) -> bool:
+    if s.global_queues.get(pool):
+        return True
+    return any(s.rank_queues.get(t) for t in s.pools.get(pool, ()))
+
+
+def predicted_decode(b: BatchState, p: BatchPending) -> int:
+    pred = b.estimator.predict(p.job)
+    return pred if p.max_tokens is None else min(pred, p.max_tokens)
+
+
+def dispatch_batch(s: SchedulerState) -> None:
+    """Dispatch queued batch requests into the capacity Programs leave free (module docstring)."""
+    b = s.batch
+    if b is None or not b.pending:
+        return
+    while b.pending:
+        oldest = next(iter(b.pending.values()))
+        pool = oldest.model_pool
+        waiting = programs_waiting(s, pool)
+        escape = waiting and s.now - oldest.arrived_at >= b.cfg.max_wait_seconds
+        if waiting and not escape:
+            return
+        best: RankState | None = None
+        best_budget = -1
+        for tid in s.pools.get(pool, ()):
+            rank = s.ranks[tid]
+            budget = rank_budget_tokens(s, rank)
+            if budget > best_budget:
+                best, best_budget = rank, budget
+        if best is None:
+            return
+        if escape:
+            rid: RequestId | None = oldest.request_id
+        else:
+            rid = b.queue.pick(
+                best_budget,
+                b.estimator,
+                low_available_tokens_threshold=b.cfg.low_available_tokens_threshold,
+                short_decode_token_threshold=b.cfg.short_decode_token_threshold,
+            )
+        if rid is None:
+            return
+        p = b.pending[rid]
+        pred = predicted_decode(b, p)
+        need = p.prompt_tokens + pred
+        idle = not best.active and not best.batch_requests
+        if need > best_budget and not idle:
+            return  # head of line: re-evaluated when capacity frees (a completion, a tick)
+        _dispatch(s, b, p, best, pred, need, escape=escape)
+
+
+def _dispatch(
+    s: SchedulerState, b: BatchState, p: BatchPending, rank: RankState, pred: int, need: int, *, escape: bool
+) -> None:
+    del b.pending[p.request_id]
+    b.queue.remove(p.request_id)
+    charge_batch(rank, float(need), 1)
+    b.running[p.request_id] = BatchRunning(p.request_id, p.job, rank.target_id, float(need), pred, s.now)
+    wait = s.now - p.arrived_at
+    counters = b.jobs.get(p.job)
+    if counters is not None:
+        counters.admitted += 1
+        counters.queue_wait_seconds_sum += wait
+        counters.predicted_decode_tokens_sum += pred
+    if escape:
+        b.escapes_count += 1
+    s.effects.append(
+        AdmitBatch(
+            request_id=p.request_id,
+            target_id=rank.target_id,
+            job=p.job,
+            queue_wait_seconds=wait,
+            predicted_decode_tokens=pred,
+            charged_tokens=need,
+            starvation_escape=escape,
+        )
+    )
+
+
+def reject_without_targets(s: SchedulerState, pool: str) -> None:
+    """The pool lost its last target: its queued batch requests get a 503 (retryable), not a wait."""
+    b = s.batch
+    if b is None:
+        return
+    for p in [p for p in b.pending.values() if p.model_pool == pool]:
+        del b.pending[p.request_id]
+        b.queue.remove(p.request_id)
+        s.effects.append(reject(p.request_id, NO_TARGETS))
+        _forget_job_if_idle(b, p.job)
+
+
+def forget_target(s: SchedulerState, target: TargetId) -> None:
+    """A rank left the topology: its running batch requests keep their entries (their completions
+    still come) but no longer count on a ledger that is gone."""
+    b = s.batch
+    if b is None:
+        return
+    for r in b.running.values():
+        if r.target_id == target:
+            r.charged_tokens = 0.0
+
+
+# ---- diagnostics -------------------------------------------------------------------------------
+
+
+def batch_diagnostics(s: SchedulerState) -> dict[str, object]:
+    """The ``batch`` section of ``/scheduling/diagnostics`` (docs/batch.md §2), read between steps."""
+    b = s.batch
+    if b is None:
+        return {"enabled": False}
+    running_by_job: dict[str, int] = {}
+    for r in b.running.values():
+        running_by_job[r.job] = running_by_job.get(r.job, 0) + 1
+    jobs = []
+    for job in sorted(b.jobs):
+        c = b.jobs[job]
+        stats = b.estimator.stats(job)
+        jobs.append(
+            {
+                "job": job,
+                "queued": b.queue.job_size(job),
+                "running": running_by_job.get(job, 0),
+                "submitted": c.submitted,
+                "admitted": c.admitted,
+                "completed": c.completed,
+                "failed": c.failed,
+                "abandoned": c.abandoned,
+                "predicted_decode_tokens": b.estimator.predict(job),
+                "estimate_samples": 0 if stats is None else stats.samples,
+                "observed_decode_tokens_mean": c.observed_decode_tokens_sum / c.observed_count
+                if c.observed_count
+                else None,
+                "mean_queue_wait_seconds": c.queue_wait_seconds_sum / c.admitted if c.admitted else None,
+            }
+        )
+    ranks = []
+    for tid in sorted(s.ranks):
+        rank = s.ranks[tid]
+        ranks.append(
+            {
+                "target_id": tid,
+                "running": rank.batch_requests,
+                "charged_tokens": rank.batch_tokens,
+                "reserve_blocks": min(rank.batch_requests + b.cfg.reserve_margin_blocks, b.cfg.reserve_max_blocks),
+                "budget_tokens": rank_budget_tokens(s, rank),
+            }
+        )
+    return {
+        "enabled": True,
+        "queued": len(b.pending),
+        "running": len(b.running),
+        "starvation_escapes": b.escapes_count,
+        "oldest_wait_seconds": s.now - next(iter(b.pending.values())).arrived_at if b.pending else None,
+        "programs_waiting": any(programs_waiting(s, pool) for pool in s.pools),
+        "jobs": jobs,
+        "ranks": ranks,
+    }

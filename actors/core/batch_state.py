@@ -1,0 +1,63 @@
+"""The batch class's part of the scheduler state (docs/batch.md §2); decisions are in ``batch_class``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from attrs import define
+
+from actors.core.batchjobs import DecodeEstimator, JobQueue
+from actors.core.config import BatchJobsConfig
+from actors.core.ids import RequestId, TargetId
+
+
+@define(slots=True, eq=False)
+class BatchPending:
+    request_id: RequestId
+    job: str
+    prompt_tokens: int
+    max_tokens: int | None
+    model_pool: str
+    arrived_at: float
+
+
+@define(slots=True, eq=False)
+class BatchRunning:
+    request_id: RequestId
+    job: str
+    target_id: TargetId
+    charged_tokens: float
+    predicted_decode_tokens: int
+    dispatched_at: float
+
+
+@define(slots=True, eq=False)
+class JobCounters:
+    """Per-job counts (diagnostics and metrics); kept while the job is live or its estimate is."""
+
+    submitted: int = 0
+    admitted: int = 0
+    completed: int = 0
+    failed: int = 0
+    abandoned: int = 0
+    queue_wait_seconds_sum: float = 0.0
+    observed_decode_tokens_sum: int = 0
+    observed_count: int = 0
+    predicted_decode_tokens_sum: int = 0
+
+
+class BatchState:
+    """The batch class's part of the scheduler state (one writer: the scheduler actor)."""
+
+    def __init__(self, cfg: BatchJobsConfig) -> None:
+        self.cfg = cfg
+        self.queue: JobQueue[RequestId] = JobQueue()
+        self.estimator = DecodeEstimator(cfg.max_jobs)
+        # insertion order = arrival order: the first entry is the oldest waiting request
+        self.pending: dict[RequestId, BatchPending] = {}
+        self.running: dict[RequestId, BatchRunning] = {}
+        self.jobs: dict[str, JobCounters] = {}
+        self.escapes_count = 0
+
+    def running_on(self, target: TargetId) -> Iterator[BatchRunning]:
+        return (r for r in self.running.values() if r.target_id == target)
