@@ -63,7 +63,9 @@ class BatchGaugeCollector(Collector):
         doc = self._document()
         if not doc.get("enabled"):
             return
-        queued = GaugeMetricFamily(f"{PREFIX}_job_queued", "Batch requests of the job waiting in the router.", labels=["job"])
+        queued = GaugeMetricFamily(
+            f"{PREFIX}_job_queued", "Batch requests of the job waiting in the router.", labels=["job"]
+        )
         running = GaugeMetricFamily(f"{PREFIX}_job_running", "Batch requests of the job dispatched.", labels=["job"])
         predicted = GaugeMetricFamily(
             f"{PREFIX}_job_predicted_decode_tokens", "The job's decode-length estimate (EWMA).", labels=["job"]
@@ -80,7 +82,9 @@ class BatchGaugeCollector(Collector):
             predicted.add_metric([name], job["predicted_decode_tokens"])
             if job["observed_decode_tokens_mean"] is not None:
                 observed.add_metric([name], job["observed_decode_tokens_mean"])
-        rank_running = GaugeMetricFamily(f"{PREFIX}_rank_running", "Batch requests running on the rank.", labels=["target"])
+        rank_running = GaugeMetricFamily(
+            f"{PREFIX}_rank_running", "Batch requests running on the rank.", labels=["target"]
+        )
         rank_tokens = GaugeMetricFamily(
             f"{PREFIX}_rank_charged_tokens", "Tokens charged for running batch requests on the rank.", labels=["target"]
         )

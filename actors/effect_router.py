@@ -22,12 +22,12 @@ from typing import Any
 
 import trio
 
+from actors.batch_metrics import BatchMetrics
 from actors.core import effects as fx
 from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.errors import Rejection
 from actors.core.events import RequestCompleted
 from actors.core.ids import redacted_id
-from actors.batch_metrics import BatchMetrics
 from actors.dashboard_feed import DashboardFeed
 from actors.logevents import get_logger, log_event
 from actors.mailbox import reply_nowait

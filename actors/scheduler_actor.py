@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import trio
 from attrs import asdict
 
+from actors.batch_metrics import BatchMetrics
 from actors.core import events as ev
 from actors.core.batch_class import batch_diagnostics
 from actors.core.config import BackendTarget, BatchJobsConfig, ProgramSchedulingConfig
@@ -36,7 +37,6 @@ from actors.core.ids import DEFAULT_MODEL_POOL, TargetId
 from actors.core.scheduler import initial_state, step
 from actors.core.snapshot import diagnostics_document, snapshot
 from actors.core.state import SchedulerState
-from actors.batch_metrics import BatchMetrics
 from actors.dashboard_feed import DashboardFeed
 from actors.effect_router import EffectRouter, logger
 from actors.logevents import log_event

@@ -36,13 +36,13 @@ import httpx
 import trio
 from prometheus_client import CollectorRegistry
 
+from actors.batch_metrics import BatchGaugeCollector, BatchMetrics
+from actors.core.batch_class import batch_diagnostics
 from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.errors import Rejection
 from actors.core.events import BatchSubmitted, RequestAbandoned, RequestCompleted, RequestSubmitted
 from actors.core.ids import DEFAULT_MODEL_POOL, RequestId
 from actors.core.model import NO_USAGE
-from actors.batch_metrics import BatchGaugeCollector, BatchMetrics
-from actors.core.batch_class import batch_diagnostics
 from actors.dashboard_feed import DashboardFeed
 from actors.dashboard_view import dashboard_document
 from actors.logevents import get_logger, log_event

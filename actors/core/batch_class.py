@@ -81,9 +81,11 @@ def on_batch_complete(s: SchedulerState, ev: RequestCompleted) -> bool:
     if r is None:
         return False
     rank = s.ranks.get(r.target_id)
-    if rank is not None:
+    if rank is not None and r.on_ledger:
         charge_batch(rank, -r.charged_tokens, -1)
     counters = b.jobs.get(r.job)
+    if counters is not None:
+        counters.running -= 1
     natural = ev.success and ev.finish_reason == NATURAL_STOP and ev.usage.completion_tokens is not None
     observed = ev.usage.completion_tokens if natural else None
     if counters is not None:
@@ -133,9 +135,9 @@ def on_batch_abandon(s: SchedulerState, rid: RequestId) -> bool:
 
 def _forget_job_if_idle(b: BatchState, job: str) -> None:
     """Drop a job's counters once nothing of it is queued or running and its estimate is gone."""
-    if job in b.jobs and b.queue.job_size(job) == 0 and job not in b.estimator.jobs():
-        if not any(r.job == job for r in b.running.values()):
-            del b.jobs[job]
+    c = b.jobs.get(job)
+    if c is not None and c.running == 0 and b.queue.job_size(job) == 0 and b.estimator.stats(job) is None:
+        del b.jobs[job]
 
 
 # ---- dispatch ----------------------------------------------------------------------------------
@@ -220,6 +222,7 @@ def _dispatch(
     counters = b.jobs.get(p.job)
     if counters is not None:
         counters.admitted += 1
+        counters.running += 1
         counters.queue_wait_seconds_sum += wait
         counters.predicted_decode_tokens_sum += pred
     if escape:
@@ -257,7 +260,7 @@ def forget_target(s: SchedulerState, target: TargetId) -> None:
         return
     for r in b.running.values():
         if r.target_id == target:
-            r.charged_tokens = 0.0
+            r.on_ledger = False
 
 
 # ---- diagnostics -------------------------------------------------------------------------------
@@ -268,9 +271,6 @@ def batch_diagnostics(s: SchedulerState) -> dict[str, object]:
     b = s.batch
     if b is None:
         return {"enabled": False}
-    running_by_job: dict[str, int] = {}
-    for r in b.running.values():
-        running_by_job[r.job] = running_by_job.get(r.job, 0) + 1
     jobs = []
     for job in sorted(b.jobs):
         c = b.jobs[job]
@@ -279,7 +279,7 @@ def batch_diagnostics(s: SchedulerState) -> dict[str, object]:
             {
                 "job": job,
                 "queued": b.queue.job_size(job),
-                "running": running_by_job.get(job, 0),
+                "running": c.running,
                 "submitted": c.submitted,
                 "admitted": c.admitted,
                 "completed": c.completed,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from attrs import define
 
 from actors.core.batchjobs import DecodeEstimator, JobQueue
@@ -29,6 +27,7 @@ class BatchRunning:
     charged_tokens: float
     predicted_decode_tokens: int
     dispatched_at: float
+    on_ledger: bool = True  # False once its rank left the topology (nothing to release there)
 
 
 @define(slots=True, eq=False)
@@ -36,6 +35,7 @@ class JobCounters:
     """Per-job counts (diagnostics and metrics); kept while the job is live or its estimate is."""
 
     submitted: int = 0
+    running: int = 0
     admitted: int = 0
     completed: int = 0
     failed: int = 0
@@ -58,6 +58,3 @@ class BatchState:
         self.running: dict[RequestId, BatchRunning] = {}
         self.jobs: dict[str, JobCounters] = {}
         self.escapes_count = 0
-
-    def running_on(self, target: TargetId) -> Iterator[BatchRunning]:
-        return (r for r in self.running.values() if r.target_id == target)

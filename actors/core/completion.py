@@ -75,7 +75,8 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     segment yield; a TTL of 0 pauses now; then the periodic decision sequence.
     """
     if on_batch_complete(s, ev):
-        return  # a batch request: its own accounting (docs/batch.md §2)
+        periodic_sequence(s)  # a batch request (docs/batch.md §2): its capacity is free for Programs
+        return
     found = fenced_dispatch(s, ev)
     if found is None:
         return

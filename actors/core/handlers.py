@@ -38,6 +38,7 @@ from actors.core.topology import report_capacity_sources
 
 def on_abandon(s: SchedulerState, ev: RequestAbandoned) -> None:
     if on_batch_abandon(s, ev.request_id):
+        periodic_sequence(s)
         return
     if s.pool.get(ev.request_id) is not None:
         cancel_request(s, ev.request_id)

@@ -36,7 +36,35 @@ def check(state: SchedulerState, cfg: ProgramSchedulingConfig) -> list[str]:
             out.append(f"queued ref {ref} is not live")
     check_ledgers(s, buf, out)
     check_release_records(s, out)
+    check_batch(s, out)
     return out
+
+
+def check_batch(s: SchedulerState, out: list[str]) -> None:
+    """The batch class (docs/batch.md §2): each rank's batch charge is the sum over its running
+    batch requests, queue and pending table agree, and no request is both queued and running."""
+    b = s.batch
+    if b is None:
+        return
+    if len(b.queue) != len(b.pending):
+        out.append(f"batch queue holds {len(b.queue)} requests but {len(b.pending)} are pending")
+    for rid in b.pending:
+        if rid in b.running:
+            out.append(f"batch request {rid} is both queued and running")
+        if b.queue.job_of(rid) is None:
+            out.append(f"pending batch request {rid} is not in the queue")
+    tokens: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for r in b.running.values():
+        if not r.on_ledger:
+            continue
+        tokens[r.target_id] = tokens.get(r.target_id, 0.0) + r.charged_tokens
+        counts[r.target_id] = counts.get(r.target_id, 0) + 1
+    for tid, rank in s.ranks.items():
+        if abs(rank.batch_tokens - tokens.get(tid, 0.0)) > _EPS:
+            out.append(f"{tid}: batch_tokens {rank.batch_tokens} != running charges {tokens.get(tid, 0.0)}")
+        if rank.batch_requests != counts.get(tid, 0):
+            out.append(f"{tid}: batch_requests {rank.batch_requests} != running {counts.get(tid, 0)}")
 
 
 def check_request_pool(s: SchedulerState, out: list[str]) -> None:

@@ -36,8 +36,8 @@ import attrs
 import httpx
 import trio
 
-from actors.logevents import get_logger, log_event
 from actors.core.batchjobs import DEFAULT_JOB, job_name
+from actors.logevents import get_logger, log_event
 from daemon.batchfile import BATCH_CLASS, BATCH_CLASS_HEADER
 from daemon.dispatch import Dispatcher, DispatchRejected, Lease, Outcome, ProxyRequest
 from daemon.h1client import UpstreamBody
@@ -83,7 +83,12 @@ def batch_job_of(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | N
     """
     rid = body.get("request_id")
     if rid is not None and not isinstance(rid, str):
-        raise ApiError(400, f"request_id: must be a string (got {type(rid).__name__})", param="request_id")
+        raise ApiError(
+            400,
+            f"request_id: must be a string (got {type(rid).__name__})",
+            code="invalid_request_id",
+            param="request_id",
+        )
     ids = [x for x in (rid, headers.get("x-request-id")) if x]
     tagged = next((x for x in ids if JOB_TAG_MARK in x and job_name(x) != DEFAULT_JOB), None)
     cls = headers.get(BATCH_CLASS_HEADER)
@@ -93,6 +98,7 @@ def batch_job_of(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | N
             raise ApiError(
                 400,
                 f"{BATCH_CLASS_HEADER}: must be one of {', '.join(REQUEST_CLASSES)} (got {cls[:64]!r})",
+                code="invalid_request_class",
                 param=BATCH_CLASS_HEADER,
             )
     if cls == BATCH_CLASS or (cls is None and tagged is not None):

@@ -7,8 +7,9 @@ from typing import Any
 from attrs import frozen
 
 from actors.core import effects as fx
-from actors.core.config import BackendTarget, ProgramSchedulingConfig
+from actors.core.config import BackendTarget, BatchJobsConfig, ProgramSchedulingConfig
 from actors.core.events import (
+    BatchSubmitted,
     ObservationReceived,
     ObservationStarted,
     RepairTick,
@@ -96,10 +97,11 @@ class Harness:
         self,
         config: ProgramSchedulingConfig | None = None,
         n_targets: int = 1,
+        batch: BatchJobsConfig | None = None,
         **kw: Any,
     ) -> None:
         self.cfg = config if config is not None else cfg(**kw)
-        self.state: SchedulerState = initial_state(self.cfg)
+        self.state: SchedulerState = initial_state(self.cfg, batch)
         self.now = 0.0
         self.log: list[Any] = []
         self.timers: dict[tuple[ProgramRef, str], tuple[float, int]] = {}
@@ -168,10 +170,24 @@ class Harness:
         completion: int | None = None,
         decode: float | None = None,
         terminate: bool = False,
+        finish_reason: str | None = None,
     ) -> tuple[Any, ...]:
         return self.feed(
-            RequestCompleted(RequestId(rid), success, Usage(prompt, cached, completion), decode, terminate), at
+            RequestCompleted(
+                RequestId(rid), success, Usage(prompt, cached, completion), decode, terminate, finish_reason
+            ),
+            at,
         )
+
+    def submit_batch(
+        self,
+        rid: str,
+        job: str = "__default__",
+        tokens: int = 100,
+        max_tokens: int | None = None,
+        at: float | None = None,
+    ) -> tuple[Any, ...]:
+        return self.feed(BatchSubmitted(RequestId(rid), job, tokens, max_tokens), at)
 
     def abandon(self, rid: str, at: float | None = None) -> tuple[Any, ...]:
         return self.feed(RequestAbandoned(RequestId(rid)), at)

@@ -1,0 +1,257 @@
+"""Stateful property test of the batch class beside Programs (docs/batch.md §2).
+
+``BatchMachine`` drives ``actors.core.scheduler.step`` with Program requests, batch requests of a
+few jobs, completions (natural stops, length stops, failures), abandons, ticks and backend
+observations, in virtual time.  After every step it checks:
+
+* ``invariants.check`` is clean (each rank's batch charge equals its running batch requests);
+* conservation: every batch request is queued, running, finished, abandoned or rejected, exactly
+  once, and the core agrees;
+* the reserve never exceeds ``reserve_max_blocks`` (and is at least ``min(margin, max)``);
+* Programs first: a batch request is dispatched without the starvation escape only when no
+  Program waits at the end of that step;
+* work conservation: after a step, when no Program waits, no queued batch request that the
+  seed's pick would choose fits a rank's budget (it would have been dispatched);
+* starvation bound: with no Program waiting and a rank whose budget fits the oldest request,
+  it does not stay queued (work conservation covers it); with Programs waiting, the escape
+  dispatches the oldest request once it waited ``max_wait_seconds`` and a budget fits it;
+* determinism: replaying the recorded events into a fresh state gives identical effects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from actors.core import invariants
+from actors.core.batch_class import predicted_decode, programs_waiting, rank_budget_tokens
+from actors.core.config import BackendTarget, BatchJobsConfig, ProgramSchedulingConfig
+from actors.core.effects import AdmitBatch, Reject
+from actors.core.events import (
+    BatchSubmitted,
+    ObservationReceived,
+    ObservationStarted,
+    RepairTick,
+    RequestAbandoned,
+    RequestCompleted,
+    RequestSubmitted,
+    TargetsChanged,
+    TimerFired,
+)
+from actors.core.ids import RequestId
+from actors.core.ledger import target_usage
+from actors.core.model import ProgramIdentity, Usage
+from actors.core.scheduler import initial_state, step
+
+POOL = "default"
+JOBS = ("__default__", "short", "long", "mid")
+
+
+def identity(program: str) -> ProgramIdentity:
+    return ProgramIdentity(
+        program_id=program,
+        task_id=None,
+        session_id=None,
+        agent_id=None,
+        parent_program_id=None,
+        root_program_id=None,
+        blocks_parent=False,
+        expected_resume=True,
+        agent_role=None,
+        spawn_reason=None,
+        step_id=None,
+        source="agentic_context",
+        placement_key=program,
+        placement_hash_key=program,
+    )
+
+
+class BatchMachine(RuleBasedStateMachine):
+    @initialize(
+        ranks=st.integers(min_value=1, max_value=2),
+        capacity=st.sampled_from([2_000, 6_000, 20_000]),
+        margin=st.integers(min_value=0, max_value=4),
+        cap=st.integers(min_value=1, max_value=8),
+        max_jobs=st.sampled_from([0, 1, 2, 20]),
+    )
+    def setup(self, ranks: int, capacity: int, margin: int, cap: int, max_jobs: int) -> None:
+        self.cfg = ProgramSchedulingConfig(token_capacity_per_dp_rank=capacity, metrics_interval_seconds=1.0)
+        self.bcfg = BatchJobsConfig(
+            enabled=True, reserve_margin_blocks=margin, reserve_max_blocks=cap, max_jobs=max_jobs, max_wait_seconds=10.0
+        )
+        self.state = initial_state(self.cfg, self.bcfg)
+        self.now = 0.0
+        self.events: list[tuple[float, object]] = []
+        self.effects: list[tuple[object, ...]] = []
+        self.timers: dict[tuple[Any, str], tuple[float, int]] = {}
+        self.n = 0
+        self.queued: set[str] = set()
+        self.running: set[str] = set()
+        self.done: set[str] = set()
+        self.program_in_flight: list[str] = []
+        self.targets = tuple(BackendTarget("http://w", i, f"http://w@{i}", i) for i in range(ranks))
+        self._step(TargetsChanged(POOL, self.targets))
+
+    # ---- driving ----------------------------------------------------------------------------
+
+    def _step(self, event: object) -> tuple[object, ...]:
+        self.events.append((self.now, event))
+        result = step(self.state, event, now=self.now, cfg=self.cfg)
+        self.effects.append(result.effects)
+        dispatched_to: set[str] = set()
+        for e in result.effects:
+            name = type(e).__name__
+            if name == "ArmTimer":
+                self.timers[(e.program, e.kind)] = (e.deadline, e.token)  # type: ignore[attr-defined]
+            elif name == "CancelTimer":
+                self.timers.pop((e.program, e.kind), None)  # type: ignore[attr-defined]
+            elif name == "Admit":
+                self.program_in_flight.append(e.request_id)  # type: ignore[attr-defined]
+            elif isinstance(e, AdmitBatch):
+                assert e.request_id in self.queued, f"dispatched {e.request_id} that was not queued"
+                self.queued.discard(e.request_id)
+                self.running.add(e.request_id)
+                if not e.starvation_escape:
+                    assert not programs_waiting(self.state, POOL), "batch dispatched while a Program waits"
+                    dispatched_to.add(e.target_id)
+            elif isinstance(e, Reject) and e.request_id in self.queued:
+                self.queued.discard(e.request_id)
+                self.done.add(e.request_id)
+        # capacity: batch fills only the budget (what Programs leave below the low watermark), except
+        # a lone request on an otherwise idle rank
+        cap = self.cfg.token_capacity_per_dp_rank
+        assert cap is not None
+        for tid in dispatched_to:
+            rank = self.state.ranks[tid]  # type: ignore[index]
+            used = target_usage(rank, self.now, self.cfg.metrics_interval_seconds)
+            alone = rank.batch_requests == 1 and not rank.active
+            assert used <= cap * self.cfg.low_watermark_ratio or alone, f"{tid}: batch overfilled to {used}"
+        self._check_after_step()
+        return result.effects
+
+    def _deliver_due(self) -> None:
+        for _ in range(1000):
+            due = sorted((d, tok, key) for key, (d, tok) in self.timers.items() if d <= self.now)
+            if not due:
+                return
+            _, token, key = due[0]
+            del self.timers[key]
+            self._step(TimerFired(key[0], key[1], token))
+
+    # ---- rules --------------------------------------------------------------------------------
+
+    @rule(
+        job=st.sampled_from(JOBS),
+        tokens=st.integers(min_value=0, max_value=3_000),
+        cap=st.sampled_from([None, 8, 200]),
+    )
+    def submit_batch(self, job: str, tokens: int, cap: int | None) -> None:
+        self.n += 1
+        rid = f"b{self.n}"
+        self.queued.add(rid)
+        self._step(BatchSubmitted(RequestId(rid), job, tokens, cap))
+
+    @rule(program=st.sampled_from(["p1", "p2", "p3"]), tokens=st.sampled_from([40, 300, 1_500, 5_000, 15_000]))
+    def submit_program(self, program: str, tokens: int) -> None:
+        self.n += 1
+        self._step(RequestSubmitted(RequestId(f"r{self.n}"), identity(program), tokens))
+
+    @rule(
+        data=st.data(),
+        reason=st.sampled_from(["stop", "length", None]),
+        success=st.booleans(),
+        decode=st.integers(min_value=0, max_value=600),
+    )
+    def complete_batch(self, data: st.DataObject, reason: str | None, success: bool, decode: int) -> None:
+        if not self.running:
+            return
+        rid = data.draw(st.sampled_from(sorted(self.running)))
+        self.running.discard(rid)
+        self.done.add(rid)
+        self._step(RequestCompleted(RequestId(rid), success, Usage(None, None, decode), finish_reason=reason))
+
+    @rule(data=st.data())
+    def complete_program(self, data: st.DataObject) -> None:
+        if not self.program_in_flight:
+            return
+        rid = data.draw(st.sampled_from(self.program_in_flight))
+        self.program_in_flight.remove(rid)
+        self._step(RequestCompleted(RequestId(rid), True, Usage(500, 0, 20), terminate=data.draw(st.booleans())))
+
+    @rule(data=st.data())
+    def abandon_batch(self, data: st.DataObject) -> None:
+        live = sorted(self.queued | self.running)
+        if not live:
+            return
+        rid = data.draw(st.sampled_from(live))
+        self.queued.discard(rid)
+        self.running.discard(rid)
+        self.done.add(rid)
+        self._step(RequestAbandoned(RequestId(rid)))
+
+    @rule(dt=st.sampled_from([0.5, 3.0, 11.0]))
+    def tick(self, dt: float) -> None:
+        self.now += dt
+        self._deliver_due()
+        self._step(RepairTick(self.now))
+
+    @rule(index=st.integers(min_value=0, max_value=1), kv=st.floats(0.0, 1.0), waiting=st.integers(0, 3))
+    def observe(self, index: int, kv: float, waiting: int) -> None:
+        if index >= len(self.targets):
+            return
+        t = self.targets[index].target_id
+        self._step(ObservationStarted(t, 1 + self.n))  # type: ignore[arg-type]
+        self._step(ObservationReceived(t, 1 + self.n, kv, 2, waiting))  # type: ignore[arg-type]
+
+    # ---- checks -----------------------------------------------------------------------------
+
+    def _check_after_step(self) -> None:
+        s = self.state
+        b = s.batch
+        assert b is not None
+        assert invariants.check(s, self.cfg) == []
+        assert set(b.pending) == self.queued, (set(b.pending), self.queued)
+        assert set(b.running) == self.running, (set(b.running), self.running)
+        for rank in s.ranks.values():
+            reserve = min(rank.batch_requests + self.bcfg.reserve_margin_blocks, self.bcfg.reserve_max_blocks)
+            assert min(self.bcfg.reserve_margin_blocks, self.bcfg.reserve_max_blocks) <= reserve
+            assert reserve <= self.bcfg.reserve_max_blocks
+        if b.pending and programs_waiting(s, POOL):
+            # starvation bound: the oldest request that waited max_wait_seconds goes once a budget fits it
+            oldest = next(iter(b.pending.values()))
+            if s.now - oldest.arrived_at >= self.bcfg.max_wait_seconds:
+                best = max((s.ranks[t] for t in s.pools[POOL]), key=lambda r: (rank_budget_tokens(s, r), -r.index))
+                idle = not best.active and not best.batch_requests
+                need = oldest.prompt_tokens + predicted_decode(b, oldest)
+                assert need > rank_budget_tokens(s, best) and not idle, "the starvation escape did not fire"
+        if b.pending and not programs_waiting(s, POOL):
+            # work conservation: the seed's pick for the best rank does not fit it
+            best = max((s.ranks[t] for t in s.pools[POOL]), key=lambda r: (rank_budget_tokens(s, r), -r.index))
+            budget = rank_budget_tokens(s, best)
+            pick = b.queue.pick(
+                budget,
+                b.estimator,
+                low_available_tokens_threshold=self.bcfg.low_available_tokens_threshold,
+                short_decode_token_threshold=self.bcfg.short_decode_token_threshold,
+            )
+            if pick is not None:
+                p = b.pending[pick]
+                idle = not best.active and not best.batch_requests
+                assert p.prompt_tokens + predicted_decode(b, p) > budget and not idle, "a fitting batch request waits"
+
+    @invariant()
+    def nothing_lost(self) -> None:
+        assert not (self.queued & self.running)
+        assert not ((self.queued | self.running) & self.done)
+
+    def teardown(self) -> None:
+        if not hasattr(self, "events"):
+            return
+        fresh = initial_state(self.cfg, self.bcfg)
+        for (now, event), expected in zip(self.events, self.effects, strict=True):
+            assert step(fresh, event, now=now, cfg=self.cfg).effects == expected
+
+
+TestBatchMachine = BatchMachine.TestCase

@@ -1,0 +1,209 @@
+"""Scheduler core: batch requests as a class beside the Programs (docs/batch.md §2)."""
+
+from __future__ import annotations
+
+from core_support import POOL, Harness, of, targets, tid
+
+from actors.core import effects as fx
+from actors.core.batch_class import batch_diagnostics, rank_budget_tokens
+from actors.core.config import BatchJobsConfig
+from actors.core.events import TargetsChanged
+from actors.core.invariants import check
+
+CAP = 10_000
+BATCH = BatchJobsConfig(enabled=True)
+
+
+def harness(n_targets: int = 1, batch: BatchJobsConfig = BATCH, **kw: object) -> Harness:
+    kw.setdefault("token_capacity_per_dp_rank", CAP)
+    return Harness(n_targets=n_targets, batch=batch, **kw)  # type: ignore[arg-type]
+
+
+def admitted_ids(effects: tuple[object, ...]) -> list[str]:
+    return [e.request_id for e in of(effects, fx.AdmitBatch)]
+
+
+def test_batch_request_is_dispatched_at_once_into_free_capacity_and_charged() -> None:
+    h = harness()
+    eff = h.submit_batch("b1", job="j", tokens=100)
+    (adm,) = of(eff, fx.AdmitBatch)
+    # cold-start prediction 128 decode tokens: charged prompt + prediction
+    assert (adm.target_id, adm.job, adm.predicted_decode_tokens, adm.charged_tokens) == (tid(0), "j", 128, 228)
+    assert adm.queue_wait_seconds == 0.0 and not adm.starvation_escape
+    assert [type(e) for e in eff] == [fx.BatchJobCreated, fx.AdmitBatch]
+    rank = h.rank()
+    assert (rank.batch_tokens, rank.batch_requests, rank.fallback_tokens) == (228.0, 1, 0.0)
+    assert check(h.state, h.cfg) == []
+
+
+def test_budget_keeps_the_reserve_and_admission_stops_at_the_head_of_line() -> None:
+    h = harness()
+    # each request needs 1000 + 128 = 1128 tokens; the reserve is min(running + 2, 8) blocks of 16
+    for i in range(10):
+        h.submit_batch(f"b{i}", tokens=1000)
+    rank = h.rank()
+    # 8 running: used 9024, free blocks floor(976/16) = 61, reserve min(10, 8) = 8 -> budget 848 < 1128
+    assert rank.batch_requests == 8
+    assert rank_budget_tokens(h.state, rank) == (61 - 8) * 16
+    assert len(h.state.batch.pending) == 2  # type: ignore[union-attr]
+    eff = h.complete("b0", at=5.0, completion=50, finish_reason="stop")
+    # the completion frees 1128 tokens: the oldest waiting request goes (FIFO inside one job)
+    assert admitted_ids(eff) == ["b8"]
+    (adm,) = of(eff, fx.AdmitBatch)
+    assert adm.queue_wait_seconds == 5.0
+    assert check(h.state, h.cfg) == []
+
+
+def test_max_tokens_caps_the_predicted_decode_charge() -> None:
+    h = harness()
+    (adm,) = of(h.submit_batch("b1", tokens=100, max_tokens=20), fx.AdmitBatch)
+    assert (adm.predicted_decode_tokens, adm.charged_tokens) == (20, 120)
+
+
+def test_only_natural_stops_feed_the_job_estimate() -> None:
+    h = harness()
+    h.submit_batch("b1", job="j", tokens=10)
+    h.complete("b1", completion=500, finish_reason="length")
+    h.submit_batch("b2", job="j", tokens=10)
+    h.complete("b2", success=False, completion=400, finish_reason="stop")
+    (adm,) = of(h.submit_batch("b3", job="j", tokens=10), fx.AdmitBatch)
+    assert adm.predicted_decode_tokens == 128  # still the cold-start prediction
+    eff = h.complete("b3", completion=300, finish_reason="stop")
+    (done,) = of(eff, fx.BatchCompleted)
+    assert (done.predicted_decode_tokens, done.observed_decode_tokens, done.success) == (128, 300, True)
+    (adm,) = of(h.submit_batch("b4", job="j", tokens=10), fx.AdmitBatch)
+    assert adm.predicted_decode_tokens == 300
+
+
+def _train(h: Harness, job: str, decode: int, rid: str) -> None:
+    h.submit_batch(rid, job=job, tokens=10)
+    h.complete(rid, completion=decode, finish_reason="stop")
+
+
+def _queue_cold_then_next(h: Harness) -> None:
+    """Queue three cold-start requests per job (short first) and then one more of each."""
+    for job in ("short", "long"):
+        for i in range(3):
+            h.submit_batch(f"{job[0]}{i}", job=job, tokens=10)
+    h.submit_batch("s-next", job="short", tokens=10)
+    h.submit_batch("l-next", job="long", tokens=10)
+
+
+def test_long_decode_jobs_go_first_when_the_budget_is_above_the_threshold() -> None:
+    h = harness(token_capacity_per_dp_rank=100_000)
+    _train(h, "long", 400, "t1")
+    _train(h, "short", 10, "t2")
+    h.submit_batch("blocker", job="block", tokens=99_989, max_tokens=1)  # leaves no free block
+    _queue_cold_then_next(h)
+    assert len(h.state.batch.pending) == 8  # type: ignore[union-attr]
+    order = admitted_ids(h.complete("blocker", completion=1, finish_reason="length"))
+    # cold-start requests first (the first 3 adds of each job, job by job), then by job order:
+    # budget > low_available_tokens_threshold (4096) -> the long-decode job first
+    assert order == ["s0", "s1", "s2", "l0", "l1", "l2", "l-next", "s-next"]
+
+
+def test_short_decode_jobs_go_first_when_the_budget_is_at_or_below_the_threshold() -> None:
+    h = harness(token_capacity_per_dp_rank=100_000)
+    _train(h, "long", 400, "t1")
+    _train(h, "short", 10, "t2")
+    h.submit_batch("filler", job="fill", tokens=96_000, max_tokens=1)  # stays: 96,001 charged
+    h.submit_batch("blocker", job="block", tokens=3_935, max_tokens=1)  # 99,937 in all: budget 0
+    _queue_cold_then_next(h)
+    order = admitted_ids(h.complete("blocker", completion=1, finish_reason="length"))
+    # after the cold starts the budget is (floor(2709 / 16) - 8) * 16 = 2576 <= 4096: short first
+    assert order == ["s0", "s1", "s2", "l0", "l1", "l2", "s-next", "l-next"]
+
+
+def test_programs_first_then_the_starvation_escape() -> None:
+    h = harness()
+    h.submit("a", tokens=9000)  # 9000 + 100 decode buffer: active
+    h.submit("b", tokens=5000)  # does not fit: waits
+    assert h.program("b").state == "paused"
+    eff = h.submit_batch("x", tokens=100, at=1.0)
+    # the budget (free 900 tokens) would fit it, but a Program waits: batch admission stops
+    assert of(eff, fx.AdmitBatch) == []
+    assert batch_diagnostics(h.state)["programs_waiting"] is True
+    eff = h.tick(at=30.0)
+    assert of(eff, fx.AdmitBatch) == []  # waited 29 s < max_wait_seconds
+    eff = h.tick(at=31.0)
+    (adm,) = of(eff, fx.AdmitBatch)
+    assert adm.starvation_escape and adm.queue_wait_seconds == 30.0
+    assert h.state.batch.escapes_count == 1  # type: ignore[union-attr]
+    assert check(h.state, h.cfg) == []
+
+
+def test_programs_see_batch_charges_in_their_admission() -> None:
+    h = harness()
+    h.submit_batch("x", tokens=9000, max_tokens=100)  # 9100 charged
+    h.submit("a", tokens=5000)
+    assert h.program("a").state == "paused"  # 5100 more does not fit next to the batch charge
+    eff = h.complete("x", at=2.0, completion=100, finish_reason="length")
+    assert h.program("a").state == "active"
+    assert [e.request_id for e in of(eff, fx.Admit)] == ["r1"]
+
+
+def test_abandon_unqueues_or_releases() -> None:
+    h = harness()
+    h.submit_batch("big", tokens=9500, max_tokens=10)
+    h.submit_batch("q", tokens=1000)
+    b = h.state.batch
+    assert b is not None and "q" in b.pending
+    h.abandon("q")
+    assert "q" not in b.pending and len(b.queue) == 0
+    assert b.jobs["__default__"].abandoned == 1
+    (done,) = of(h.abandon("big"), fx.BatchCompleted)
+    assert (done.request_id, done.success, done.observed_decode_tokens) == ("big", False, None)
+    assert h.rank().batch_tokens == 0.0 and h.rank().batch_requests == 0
+    assert "__default__" not in b.jobs  # nothing of the job is left: its counters are forgotten
+    assert check(h.state, h.cfg) == []
+
+
+def test_an_idle_rank_takes_a_request_larger_than_any_budget() -> None:
+    h = harness()
+    (adm,) = of(h.submit_batch("huge", tokens=20_000), fx.AdmitBatch)
+    assert adm.charged_tokens == 20_128
+    # the next one waits: the rank is no longer idle
+    assert of(h.submit_batch("next", tokens=10), fx.AdmitBatch) == []
+
+
+def test_a_waiting_engine_queue_stops_batch_on_that_rank() -> None:
+    h = harness(n_targets=2)
+    h.submit_batch("b1", tokens=100)
+    assert h.state.ranks[tid(0)].batch_requests == 1
+    h.observe(0, 0.5, 4, 3, at=1.0)  # rank 0: the engine queues 3 requests while our batch runs
+    assert rank_budget_tokens(h.state, h.state.ranks[tid(0)]) == 0
+    (adm,) = of(h.submit_batch("b2", tokens=100), fx.AdmitBatch)
+    assert adm.target_id == tid(1)
+
+
+def test_losing_every_target_answers_queued_batch_requests_with_503() -> None:
+    h = harness()
+    h.submit_batch("big", tokens=9900, max_tokens=10)
+    h.submit_batch("q", tokens=1000)
+    eff = h.feed(TargetsChanged(POOL, ()))
+    (rej,) = of(eff, fx.Reject)
+    assert (rej.request_id, rej.status_hint) == ("q", 503)
+    # the running one's completion still comes and changes nothing on a ledger that is gone
+    h.complete("big", completion=1, finish_reason="stop")
+    h.feed(TargetsChanged(POOL, targets(1)))
+    assert h.rank().batch_requests == 0
+    assert check(h.state, h.cfg) == []
+
+
+def test_batch_disabled_state_has_no_batch_section() -> None:
+    h = Harness(token_capacity_per_dp_rank=CAP)
+    assert h.state.batch is None
+    assert batch_diagnostics(h.state) == {"enabled": False}
+
+
+def test_diagnostics_per_job_and_rank() -> None:
+    h = harness()
+    h.submit_batch("a1", job="A", tokens=100)
+    h.complete("a1", completion=40, finish_reason="stop", at=1.0)
+    h.submit_batch("a2", job="A", tokens=100, at=1.0)
+    doc = batch_diagnostics(h.state)
+    (job,) = doc["jobs"]  # type: ignore[misc]
+    assert job["job"] == "A" and job["running"] == 1 and job["completed"] == 1
+    assert job["predicted_decode_tokens"] == 40 and job["observed_decode_tokens_mean"] == 40
+    (rank,) = doc["ranks"]  # type: ignore[misc]
+    assert rank["running"] == 1 and rank["charged_tokens"] == 140.0 and rank["reserve_blocks"] == 3
