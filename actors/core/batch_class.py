@@ -14,6 +14,8 @@ the Programs leave free, on the same per-rank ledger:
       reserve     = min(running batch requests on the rank + reserve_margin_blocks, reserve_max_blocks)
       budget      = max(0, (free_blocks - reserve) * B)
 
+  ``capacity`` is ``token_capacity_per_dp_rank``, or, when unset, the KV pool the engine reports
+  (``vllm:cache_config_info``); until either is known a rank takes batch work only while idle.
   ``used`` is the rank's ``target_usage`` (which includes batch, ``ledger.charge_batch``); each
   running batch request decodes at most one new block per engine step, the seed's per-request
   projection in the decode phase, hence one block each. A rank whose fresh observation shows a
@@ -147,6 +149,8 @@ def rank_budget_tokens(s: SchedulerState, rank: RankState) -> int:
     """The batch admission budget of ``rank`` in tokens (module docstring)."""
     b = s.batch
     capacity = s.cfg.token_capacity_per_dp_rank
+    if capacity is None:
+        capacity = rank.backend_kv_capacity_tokens  # the engine's own report (vllm:cache_config_info)
     if b is None or capacity is None:
         return 0
     cfg = b.cfg
@@ -191,11 +195,14 @@ def dispatch_batch(s: SchedulerState) -> None:
                 best, best_budget = rank, budget
         if best is None:
             return
+        idle = not best.active and not best.batch_requests
         if escape:
             rid: RequestId | None = oldest.request_id
         else:
+            # an idle rank with no budget yet (capacity unknown) still asks for a pick: budget 1
+            # makes the seed's best fit return the smallest prompt of the first job
             rid = b.queue.pick(
-                best_budget,
+                max(best_budget, 1) if idle else best_budget,
                 b.estimator,
                 low_available_tokens_threshold=b.cfg.low_available_tokens_threshold,
                 short_decode_token_threshold=b.cfg.short_decode_token_threshold,
@@ -205,7 +212,6 @@ def dispatch_batch(s: SchedulerState) -> None:
         p = b.pending[rid]
         pred = predicted_decode(b, p)
         need = p.prompt_tokens + pred
-        idle = not best.active and not best.batch_requests
         if need > best_budget and not idle:
             return  # head of line: re-evaluated when capacity frees (a completion, a tick)
         _dispatch(s, b, p, best, pred, need, escape=escape)

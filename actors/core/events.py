@@ -105,7 +105,8 @@ class ObservationReceived:
     running_requests: int | None
     waiting_requests: int | None
     observed_at: float | None = None  # default: the step's `now`
-    kv_capacity_tokens: int | None = None  # vllm:cache_config_info (logged; not used by decisions)
+    # vllm:cache_config_info; sizes the batch budget when token_capacity_per_dp_rank is unset
+    kv_capacity_tokens: int | None = None
 
 
 @frozen

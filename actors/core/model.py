@@ -229,6 +229,7 @@ class RankState:
     # running batch requests here and the tokens charged for them (docs/batch.md §2)
     batch_tokens: float = 0.0
     batch_requests: int = 0
+    backend_kv_capacity_tokens: int | None = None  # the engine's KV pool, as last reported
     # the last backend observation (docs/program-scheduling.md §2)
     kv_cache_usage: float | None = None
     running_requests: int | None = None

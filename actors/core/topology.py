@@ -182,6 +182,8 @@ def on_observation(s: SchedulerState, ev: ObservationReceived) -> None:
         observed_at,
         s.cfg.token_capacity_per_dp_rank,
     )
+    if ev.kv_capacity_tokens is not None:
+        rank.backend_kv_capacity_tokens = ev.kv_capacity_tokens
     mark_dirty(s, rank.target_id)
     schedule_after_change(s)
 

@@ -7,7 +7,7 @@ from core_support import POOL, Harness, of, targets, tid
 from actors.core import effects as fx
 from actors.core.batch_class import batch_diagnostics, rank_budget_tokens
 from actors.core.config import BatchJobsConfig
-from actors.core.events import TargetsChanged
+from actors.core.events import ObservationReceived, ObservationStarted, TargetsChanged
 from actors.core.invariants import check
 
 CAP = 10_000
@@ -207,3 +207,14 @@ def test_diagnostics_per_job_and_rank() -> None:
     assert job["predicted_decode_tokens"] == 40 and job["observed_decode_tokens_mean"] == 40
     (rank,) = doc["ranks"]  # type: ignore[misc]
     assert rank["running"] == 1 and rank["charged_tokens"] == 140.0 and rank["reserve_blocks"] == 3
+
+
+def test_without_a_configured_capacity_the_engines_reported_pool_sizes_the_budget() -> None:
+    h = Harness(batch=BATCH)  # token_capacity_per_dp_rank unset
+    h.submit_batch("first", tokens=100)  # an idle rank takes one request before any observation
+    assert of(h.submit_batch("second", tokens=100), fx.AdmitBatch) == []
+    assert rank_budget_tokens(h.state, h.rank()) == 0
+    h.feed(ObservationStarted(tid(0), 1), at=1.0)
+    eff = h.feed(ObservationReceived(tid(0), 1, 0.0, 1, 0, kv_capacity_tokens=10_000))
+    assert admitted_ids(eff) == ["second"]
+    assert h.rank().backend_kv_capacity_tokens == 10_000
