@@ -29,6 +29,7 @@ from actors.core.config import (
     OPTIONAL_PORT,
     PORT,
     BackendTarget,
+    BatchJobsConfig,
     ProgramSchedulingConfig,
     one_of,
     rule_field,
@@ -117,6 +118,7 @@ class AgentdConfig:
     embedded: EmbeddedConfig = field(factory=EmbeddedConfig)
     enable_program_scheduling: bool = False
     program_scheduling: ProgramSchedulingConfig | None = None
+    batch_jobs: BatchJobsConfig = field(factory=BatchJobsConfig)
 
     @property
     def embedded_mode(self) -> bool:
@@ -147,6 +149,11 @@ class AgentdConfig:
             yield (
                 f"prometheus.port: must differ from server.port "
                 f"(got prometheus.port={self.prometheus.port!r}, server.port={self.server.port!r})"
+            )
+        if self.batch_jobs.enabled is True and self.enable_program_scheduling is not True:
+            yield (
+                "batch_jobs.enabled: requires enable_program_scheduling = true (batch jobs share the Program "
+                f"scheduler's ledger) (got enable_program_scheduling={self.enable_program_scheduling!r})"
             )
         if not self.enable_program_scheduling and self.program_scheduling is not None:
             yield (

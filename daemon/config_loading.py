@@ -189,6 +189,39 @@ def _prepare_program_scheduling(raw: Any, path: str, errors: list[str]) -> tuple
     return ps, frozenset(explicit), tuple(deprecated)
 
 
+# The seed's JSON shape for the batch-job parameters: ``{"scheduler_config": {"batch_job_sched_config":
+# {...}}}`` is read as ``[batch_jobs]``; its errors name the path the file used.
+SEED_BATCH_PATH = "scheduler_config.batch_job_sched_config"
+
+
+def _take_seed_batch_shape(raw: dict[str, Any], errors: list[str]) -> bool:
+    """Move ``scheduler_config.batch_job_sched_config`` to ``batch_jobs`` in ``raw``; True if it did."""
+    if "scheduler_config" not in raw:
+        return False
+    sc = raw.pop("scheduler_config")
+    if not isinstance(sc, Mapping):
+        errors.append(f"scheduler_config: must be a table/object (got {sc!r})")
+        return False
+    for key in sc:
+        if key != "batch_job_sched_config":
+            errors.append(f"scheduler_config.{key}: unknown key (only batch_job_sched_config is read)")
+    if "batch_job_sched_config" not in sc:
+        return False
+    if "batch_jobs" in raw:
+        errors.append(f"batch_jobs: given twice, as batch_jobs and as {SEED_BATCH_PATH}; give only one of them")
+        return False
+    raw["batch_jobs"] = sc["batch_job_sched_config"]
+    return True
+
+
+def _seed_batch_path(line: str) -> str:
+    """An error line about ``batch_jobs`` renamed to the seed's path the file used."""
+    for head in ("batch_jobs.", "batch_jobs:"):
+        if line.startswith(head):
+            return SEED_BATCH_PATH + line[len("batch_jobs") :]
+    return line
+
+
 def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in over.items():
@@ -234,6 +267,7 @@ def config_from_dict(raw: Mapping[str, Any]) -> AgentdConfig:
         raw["program_scheduling"], explicit, deprecated = _prepare_program_scheduling(
             raw["program_scheduling"], "program_scheduling", errors
         )
+    seed_batch = _take_seed_batch_shape(raw, errors)
     cfg: AgentdConfig = _structure_section(AgentdConfig, raw, "", errors)
     if not isinstance(enabled, bool):
         # Already reported as a type error; do not add a cascading "section without enable" error.
@@ -246,6 +280,8 @@ def config_from_dict(raw: Mapping[str, Any]) -> AgentdConfig:
             ),
         )
     errors.extend(problems(cfg))
+    if seed_batch:
+        errors = [_seed_batch_path(line) for line in errors]
     if errors:
         raise ConfigError(errors)
     return cfg

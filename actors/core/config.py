@@ -188,3 +188,27 @@ class BackendTarget:
     dp_rank: int
     target_id: str
     index: int
+
+
+# --------------------------------------------------------------------------------------------
+# Batch jobs (the seed-002 scheduler's parameters; docs/batch.md §1, docs/config.md)
+# --------------------------------------------------------------------------------------------
+
+
+@frozen
+class BatchJobsConfig:
+    """The seed's ``batch_job_sched_config`` (same names, defaults and rules) plus agentd's own two.
+
+    ``max_jobs`` bounds the jobs whose decode statistics are kept (0 = no bound; the least
+    recently used job's are evicted, docs/batch.md §1.2).  ``block_size_tokens`` is the KV block
+    size the router reasons in; ``max_wait_seconds`` bounds how long a batch request may wait.
+    """
+
+    enabled: bool = False
+    max_jobs: int = rule_field(INT_GE_0, 20)
+    reserve_margin_blocks: int = rule_field(INT_GE_0, 2)
+    reserve_max_blocks: int = rule_field(INT_GT_0, 8)
+    low_available_tokens_threshold: int = rule_field(INT_GT_0, 4096)
+    short_decode_token_threshold: int = rule_field(INT_GT_0, 32)
+    block_size_tokens: int = rule_field(INT_GT_0, 16)
+    max_wait_seconds: float = rule_field(FINITE_GT_0, 30.0)
