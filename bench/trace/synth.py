@@ -367,10 +367,11 @@ BATCH_JOBS: tuple[tuple[str, tuple[int, int], tuple[int, int], int], ...] = (
 
 def _batch(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Draft], dict[str, Any]]:
     """``programs`` one-turn batch requests split evenly over ``BATCH_JOBS`` (the first jobs take
-    the remainder); job ``j`` is submitted as a burst starting at ``j / rate`` seconds (rate
-    default 1 job per second), its requests within 200 ms.  Records are non-streaming, end with a
-    natural stop and carry no Program identity (``job`` set, docs/traces.md)."""
-    rate = k.arrival_rate_per_second or 1.0
+    the remainder), submitted job after job in one burst: job ``j``'s requests arrive within
+    ``[j, j + 1) / rate`` seconds (rate default 20 jobs per second: the whole batch within
+    200 ms).  Records are non-streaming, end with a natural stop and carry no Program identity
+    (``job`` set, docs/traces.md)."""
+    rate = k.arrival_rate_per_second or 20.0
     timed: list[tuple[float, int, dict[str, Any], tuple[str, int]]] = []
     n_jobs = len(BATCH_JOBS)
     for j, (name, (out_lo, out_hi), (in_lo, in_hi), shared) in enumerate(BATCH_JOBS):
@@ -381,7 +382,7 @@ def _batch(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Draft], d
                 "input_delta": _itok(rng.uniform(in_lo, in_hi), k.input_scale),
                 "output_length": _itok(rng.randint(out_lo, out_hi), k.output_scale),
             }
-            at = round(start_ms + rng.uniform(0.0, 200.0), 3)
+            at = round(start_ms + rng.uniform(0.0, 1000.0 / rate), 3)
             timed.append((at, len(timed), turn, (name, _itok(shared, k.input_scale))))
     timed.sort(key=lambda item: (item[0], item[1]))
     drafts: list[_Draft] = []
