@@ -11,9 +11,13 @@ import httpx
 import pytest
 from trace_fake_worker import FakeWorker
 
+from bench import batch_compare
+from bench.bench import ClusterSpec
+from bench.calibrate import config_for
 from bench.markdown import render_report
 from bench.replay import ReplayOptions
 from bench.report import measured_replay
+from bench.simulate import run_simulation
 from bench.trace.format import TraceError, dumps_trace, merge_traces, read_trace, save_trace
 from bench.trace.stats import compare, trace_stats
 from bench.trace.synth import BATCH_JOBS, Knobs, synthesize, targets_for
@@ -62,7 +66,7 @@ def test_batch_profile_scales_and_meets_its_targets() -> None:
     knobs = Knobs(output_scale=0.5, arrival_rate_per_second=4.0)
     trace = synthesize("batch", 400, seed=1, knobs=knobs)
     assert [c for c in compare(trace_stats(trace), targets_for("batch", knobs)) if not c.ok] == []
-    assert 750.0 <= min(r.timestamp for r in trace.records if r.job == "generate")  # job 3 at 3 / 4 s
+    assert min(r.timestamp for r in trace.records if r.job == "generate") >= 750.0  # job 3 at 3 / 4 s
     assert max(r.timestamp for r in trace.records) <= 1000.0
 
 
@@ -227,3 +231,45 @@ def test_report_md_batch_rows_and_ratios() -> None:
     assert "| makespan job short (s) ratio | 1.500 |" in text
     plain = render_report({"native": _report(None, 0, {}), "agentd": _report(None, 0, {})}, title="t")
     assert "batch" not in plain and "makespan" not in plain
+
+
+# ----------------------------------------------------------------------------- simulate and the table
+
+
+def test_simulate_a_batch_trace_with_each_engine_policy() -> None:
+    trace = synthesize("batch", 24, seed=5, knobs=Knobs(input_scale=0.2, output_scale=0.2))
+    reports = {}
+    for policy in ("fcfs", "batch_job_aware"):
+        cluster = ClusterSpec(workers=1, dp_size=1, num_gpu_blocks=120, scheduling_policy=policy, seed=1)
+        cfg = config_for(cluster, "native")
+        assert cfg.embedded.scheduling_policy == policy
+        first = run_simulation(cfg, trace, ReplayOptions())
+        again = run_simulation(cfg, trace, ReplayOptions())
+        first.pop("simulation"), again.pop("simulation")
+        assert json.dumps(first, sort_keys=True) == json.dumps(again, sort_keys=True)
+        batch = first["batch"]
+        assert (batch["planned"], batch["completed"], batch["failed"]) == (24, 24, 0)
+        assert batch["output_tokens"] == sum(r.output_length for r in trace.records)
+        assert sorted(batch["jobs"]) == sorted(name for name, *_ in BATCH_JOBS)
+        assert batch["engine_preemptions"] == first["preemptions"]
+        assert first["tasks"]["planned"] == 0 and first["jct_seconds"] == {"count": 0}
+        reports[policy] = first
+    # the same requests and tokens either way; only the order (and so the times) differ
+    assert reports["fcfs"]["tokens"]["output"] == reports["batch_job_aware"]["tokens"]["output"]
+
+
+def test_batch_compare_table(tmp_path, capsys) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_report(100.0, 40, {"long": 100.0})))
+    b.write_text(json.dumps(_report(80.0, 10, {"long": 90.0})))
+    out = tmp_path / "t.md"
+    assert batch_compare.main(["--title", "T", "--out", str(out), f"fcfs={a}", f"x={b}"]) == 0
+    text = capsys.readouterr().out
+    assert text == out.read_text()
+    assert "| metric | fcfs | x | x / fcfs |" in text
+    assert "| batch makespan (s) | 100.00 | 80.00 | 0.800 |" in text
+    assert "| engine preemptions | 40 | 10 | 0.250 |" in text
+    assert "| makespan job long (s) | 100.00 | 90.00 | 0.900 |" in text
+    assert "agents' JCT p90" not in text  # no value in any report
+    assert batch_compare.main(["--title", "T", "nolabel"]) == 2
+    assert "expected LABEL=REPORT.json" in capsys.readouterr().err
