@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The batch-job benchmarks of issue 12 (docs/benchmarks.md section 6), side by side in one run,
+# The batch-job benchmarks of issue 12 (docs/batch.md section 5), side by side in one run,
 # each system simulated in virtual time with `agentd simulate` (deterministic; no sockets):
 #
 #   1. batch only, KV pressure (the `batch` trace profile: four jobs with different decode lengths):

@@ -2,7 +2,7 @@
 
 ``python -m bench.batch_compare --title T [--out FILE] LABEL=REPORT.json ...`` prints (and with
 ``--out`` writes atomically) a markdown table of the figures the batch benchmarks compare
-(bench/batch_bench.sh, docs/benchmarks.md): batch makespan overall and per job, batch throughput,
+(bench/batch_bench.sh, docs/batch.md §5): batch makespan overall and per job, batch throughput,
 engine preemptions and the agents' JCT, one column per report, then ``ratio`` columns (report /
 first report).  A missing figure prints as ``-``.
 """

@@ -5,7 +5,8 @@ the reporting list of the tuning workflow (docs/operations.md, "5. Report": JCT,
 latency/TTFT, throughput, token cache hit beside preemptions, completed tasks, tokens, queue waits,
 migrations, force resumes, segment yields).
 Missing values print as ``-`` (for example router queue waits of a router without Program
-scheduling).
+scheduling).  When a report has a ``batch`` section (a trace with batch records) the table and the
+ratios add the batch rows: makespan overall and per job, batch throughput, engine preemptions.
 """
 
 from __future__ import annotations

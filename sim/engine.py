@@ -10,7 +10,11 @@ under ``fcfs``; ``max(priority, arrival_time)`` under ``priority``, possibly the
 frees the victim's blocks and requeues it at the front.  Only when no preemption happened does the
 waiting pass admit requests from the head of the waiting queue (FCFS deque or priority heap keyed
 by ``(priority, arrival_time, request_id)``), with prefix-cache lookup, until ``max_num_seqs``, the
-budget or the first allocation failure (head-of-line blocking).
+budget or the first allocation failure (head-of-line blocking).  Under ``batch_job_aware`` (the
+seed's batch-job-aware scheduler, docs/simulator.md §1) the waiting queue is an
+``actors.core.batchjobs.JobQueue``: nothing is admitted while the admission budget (free blocks
+minus the running set's reserve) is 0, the queue's pick is kept until admitted, preempted requests
+go back into their job's bucket, and natural stops feed the per-job decode estimator.
 
 Timing: a request becomes schedulable ``intercept/time_scale`` after it is added (front-end
 overhead, see ``stats.CostModel``).  A step's duration comes from ``CostModel``; its tokens and
