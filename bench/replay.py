@@ -21,7 +21,7 @@ Program drivers (one Trio task per session):
   blocks_parent, expected_resume, priority), ``x-session-id`` = the task id (so session-hash
   policies have a key);
 - batch records (a ``job``, docs/traces.md) are sent without Program identity (no agentic
-  context, no session header) with ``X-Agentd-Class: batch`` and
+  context, no session header) with ``X-Agentd-Class: batch`` (``daemon.batchfile``) and
   ``X-Request-Id: <session>-t<turn>#job_name[<job>]#``, streamed only when the record says so, with
   ``max_tokens`` = the record's output length (exact, ``ignore_eos``) and, for a record that ended
   with ``stop``, the simulator hint ``vllm_xargs.sim_output_tokens`` so that the simulated engine
@@ -44,12 +44,8 @@ import httpx
 import trio
 
 from bench.trace.format import Trace, TraceRecord
+from daemon.batchfile import BATCH_CLASS, BATCH_CLASS_HEADER
 from sim.tokenizer import text_of_tokens
-
-# The batch-class header of docs/batch.md (``daemon.batchfile.BATCH_CLASS_HEADER``, not imported:
-# the bench replays against any endpoint and must not depend on the daemon's batch module).
-BATCH_CLASS_HEADER = "x-agentd-class"
-BATCH_CLASS_VALUE = "batch"
 
 
 @attrs.frozen
@@ -269,7 +265,7 @@ class _Replayer:
         if rec.is_batch:
             return {
                 "content-type": "application/json",
-                BATCH_CLASS_HEADER: BATCH_CLASS_VALUE,
+                BATCH_CLASS_HEADER: BATCH_CLASS,
                 "x-request-id": f"{rec.session_id}-t{rec.turn}#job_name[{rec.job}]#",
             }
         headers = {"content-type": "application/json"}
