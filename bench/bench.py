@@ -170,6 +170,8 @@ def sim_backend_command(python: str, port: int, cluster: ClusterSpec, index: int
         str(cluster.seed + index),
         "--model",
         cluster.model,
+        "--scheduling-policy",
+        cluster.scheduling_policy,
     ]
 
 

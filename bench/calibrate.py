@@ -42,6 +42,7 @@ def config_for(cluster: ClusterSpec, system: str, overrides: dict[str, Any] | No
             "max_num_batched_tokens": cluster.max_num_batched_tokens,
             "time_scale": cluster.time_scale,
             "model": cluster.model,
+            "scheduling_policy": cluster.scheduling_policy,
             "seed": cluster.seed,
         },
     }

@@ -5,7 +5,8 @@ the reporting list of the tuning workflow (docs/operations.md, "5. Report": JCT,
 latency/TTFT, throughput, token cache hit beside preemptions, completed tasks, tokens, queue waits,
 migrations, force resumes, segment yields).
 Missing values print as ``-`` (for example router queue waits of a router without Program
-scheduling).
+scheduling).  When a report has a ``batch`` section (a trace with batch records) the table and the
+ratios add the batch rows: makespan overall and per job, batch throughput, engine preemptions.
 """
 
 from __future__ import annotations
@@ -66,9 +67,36 @@ ROWS: tuple[Row, ...] = (
     ("wall time (trace s)", _get("duration_seconds"), "{:.1f}", True),
     ("router process CPU (s)", _get("process_cpu_seconds", "system"), "{:.1f}", True),
 )
-_GETTERS = {label: getter for label, getter, _fmt, _better in ROWS}
+# Rows of the report's ``batch`` section (docs/traces.md, "Report"), shown when some report has one.
+BATCH_ROWS: tuple[Row, ...] = (
+    ("batch makespan (s)", _get("batch", "makespan_seconds"), "{:.2f}", True),
+    ("batch requests/s", _get("batch", "requests_per_second"), "{:.3f}", False),
+    ("batch output tokens/s", _get("batch", "output_tokens_per_second"), "{:.1f}", False),
+    ("batch total tokens/s", _get("batch", "total_tokens_per_second"), "{:.1f}", False),
+    ("batch failed requests", _get("batch", "failed"), "{:.0f}", True),
+    ("engine preemptions", _get("batch", "engine_preemptions"), "{:.0f}", True),
+)
+_GETTERS = {label: getter for label, getter, _fmt, _better in (*ROWS, *BATCH_ROWS)}
 
 RATIO_ROWS = ("JCT mean (s)", "JCT p90 (s)", "request latency mean (s)", "requests/s", "output tokens/s")
+BATCH_RATIO_ROWS = ("batch makespan (s)", "batch output tokens/s", "engine preemptions")
+
+
+def has_batch(reports: Mapping[str, Mapping[str, Any]]) -> bool:
+    return any(isinstance(r.get("batch"), Mapping) for r in reports.values())
+
+
+def job_rows(reports: Mapping[str, Mapping[str, Any]]) -> tuple[Row, ...]:
+    """A makespan row per batch job found in any report, in name order."""
+    jobs: set[str] = set()
+    for r in reports.values():
+        batch = r.get("batch")
+        if isinstance(batch, Mapping) and isinstance(batch.get("jobs"), Mapping):
+            jobs.update(batch["jobs"])
+    return tuple(
+        (f"makespan job {job} (s)", _get("batch", "jobs", job, "makespan_seconds"), "{:.2f}", True)
+        for job in sorted(jobs)
+    )
 
 
 def _fmt(value: float | None, fmt: str) -> str:
@@ -85,7 +113,7 @@ def _against(
     label: str, reports: Mapping[str, Mapping[str, Any]], baseline: str, others: Sequence[str], cell: Cell
 ) -> list[str]:
     """``label``'s values of ``others`` set against ``baseline``'s, one cell per system."""
-    get = _GETTERS[label]
+    get = _GETTERS.get(label) or dict((row[0], row[1]) for row in job_rows(reports))[label]
     base = get(reports[baseline])
     return [cell(get(reports[s]), base) for s in others]
 
@@ -104,7 +132,10 @@ def ratio_lines(reports: Mapping[str, Mapping[str, Any]], baseline: str) -> list
     others = [s for s in reports if s != baseline]
     if not others:
         return []
-    rows = [[f"{label} ratio", *_against(label, reports, baseline, others, _ratio)] for label in RATIO_ROWS]
+    labels = list(RATIO_ROWS)
+    if has_batch(reports):
+        labels += [*BATCH_RATIO_ROWS, *(row[0] for row in job_rows(reports))]
+    rows = [[f"{label} ratio", *_against(label, reports, baseline, others, _ratio)] for label in labels]
     hit = _against("token cache hit", reports, baseline, others, _difference)
     rows.append(["token cache hit difference", *hit])
     return [f"### Against `{baseline}`", "", *_table(["metric", *others], rows), ""]
@@ -118,12 +149,19 @@ def render_report(
     lines.extend(context)
     if context:
         lines.append("")
-    rows = [[label, *(_fmt(getter(reports[s]), fmt) for s in systems)] for label, getter, fmt, _ in ROWS]
+    shown = (*ROWS, *BATCH_ROWS, *job_rows(reports)) if has_batch(reports) else ROWS
+    rows = [[label, *(_fmt(getter(reports[s]), fmt) for s in systems)] for label, getter, fmt, _ in shown]
     lines.extend(["## Side by side", "", *_table(["metric", *systems], rows), ""])
     lines.append(
         "Durations are in trace seconds (run time x time scale). Token cache hit = "
         "Δ`vllm:prompt_tokens_cached_total` / Δ`vllm:prompt_tokens_total` over all workers; "
         "preemptions = Δ`vllm:num_preemptions_total`."
+        + (
+            " Batch makespan = first batch arrival to last batch completion (per job: that job's);"
+            " batch throughput is over the makespan; JCT covers the Programs only."
+            if has_batch(reports)
+            else ""
+        )
     )
     lines.append("")
     ratio = ratio_lines(reports, "native") + ratio_lines(reports, "vllm-router-ps")

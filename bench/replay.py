@@ -19,7 +19,14 @@ Program drivers (one Trio task per session):
 - requests stream with ``stream_options.include_usage`` and carry the canonical
   ``vllm_xargs.agentic_context`` (program_id, task_id, agent_id, parent_program_id, step_id,
   blocks_parent, expected_resume, priority), ``x-session-id`` = the task id (so session-hash
-  policies have a key), and ``x-request-id`` with ``#job_name[<job>]#`` for batch jobs.
+  policies have a key);
+- batch records (a ``job``, docs/traces.md) are sent without Program identity (no agentic
+  context, no session header) with ``X-Agentd-Class: batch`` (``daemon.batchfile``) and
+  ``X-Request-Id: <session>-t<turn>#job_name[<job>]#``, streamed only when the record says so, with
+  ``max_tokens`` = the record's output length (exact, ``ignore_eos``) and, for a record that ended
+  with ``stop``, the simulator hint ``vllm_xargs.sim_output_tokens`` so that the simulated engine
+  reports a natural stop (what a batch-job-aware scheduler learns decode lengths from); batch roots
+  always start at their ``timestamp`` (open loop, not limited by ``concurrency``).
 
 A failed turn ends its Program (recorded, never retried: the systems under test own retries).
 ``bench.report`` turns the raw :class:`ReplayResult` plus metric scrapes into the report.
@@ -37,6 +44,7 @@ import httpx
 import trio
 
 from bench.trace.format import Trace, TraceRecord
+from daemon.batchfile import BATCH_CLASS, BATCH_CLASS_HEADER
 from sim.tokenizer import text_of_tokens
 
 
@@ -64,6 +72,7 @@ class RequestResult:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     completion_tokens: int | None = None
+    job: str | None = None  # the record's batch job (None: an agent turn)
 
 
 @attrs.frozen
@@ -75,6 +84,7 @@ class TaskResult:
     end: float
     ok: bool
     requests: int
+    batch: bool = False  # a batch-job request (not a Program): left out of the JCT
 
 
 @attrs.frozen
@@ -84,7 +94,9 @@ class ReplayResult:
     requests: tuple[RequestResult, ...]
     tasks: tuple[TaskResult, ...]
     planned_requests: int
-    planned_tasks: int
+    planned_tasks: int  # every root, batch requests included
+    planned_batch_requests: int = 0  # records with a job (docs/traces.md)
+    planned_batch_tasks: int = 0  # of planned_tasks, the batch roots
 
 
 class _Progress:
@@ -143,7 +155,8 @@ class _Replayer:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._run_session, root, nursery, ends, ok_flags, counts)
         end = max(ends) if ends else trio.current_time()
-        done.append(TaskResult(root, start, end, all(ok_flags) and bool(ok_flags), counts[0]))
+        batch = self.sessions[root][0].is_batch
+        done.append(TaskResult(root, start, end, all(ok_flags) and bool(ok_flags), counts[0], batch))
         self.progress.done_tasks += 1
         self.progress.emit()
 
@@ -204,6 +217,8 @@ class _Replayer:
         return [*messages, {"role": "user", "content": content}]
 
     def _body(self, rec: TraceRecord, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        if rec.is_batch:
+            return self._batch_body(rec, messages)
         body: dict[str, Any] = {
             "model": self.opts.model,
             "messages": messages,
@@ -230,14 +245,33 @@ class _Replayer:
             body["vllm_xargs"] = {"agentic_context": json.dumps(ctx) if self.opts.agentic_context == "string" else ctx}
         return body
 
+    def _batch_body(self, rec: TraceRecord, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.opts.model,
+            "messages": messages,
+            "max_tokens": rec.output_length,
+            "min_tokens": rec.output_length,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": rec.stream,
+        }
+        if rec.stream:
+            body["stream_options"] = {"include_usage": True}
+        if rec.finish_reason == "stop":
+            body["vllm_xargs"] = {"sim_output_tokens": rec.output_length}
+        return body
+
     def _headers(self, rec: TraceRecord) -> dict[str, str]:
+        if rec.is_batch:
+            return {
+                "content-type": "application/json",
+                BATCH_CLASS_HEADER: BATCH_CLASS,
+                "x-request-id": f"{rec.session_id}-t{rec.turn}#job_name[{rec.job}]#",
+            }
         headers = {"content-type": "application/json"}
         if self.opts.session_header:
             headers["x-session-id"] = rec.task_id or rec.session_id
-        request_id = f"{rec.session_id}-t{rec.turn}"
-        if rec.job is not None:
-            request_id += f"#job_name[{rec.job}]#"
-        headers["x-request-id"] = request_id
+        headers["x-request-id"] = f"{rec.session_id}-t{rec.turn}"
         return headers
 
     async def _send(
@@ -250,16 +284,32 @@ class _Replayer:
         calls: dict[int, dict[str, Any]] = {}
         status: int | None = None
         error: str | None = None
+        body = self._body(rec, messages)
         self.progress.in_flight += 1
         try:
             with trio.move_on_after(self.opts.request_timeout_seconds) as scope:
                 async with self.client.stream(
-                    "POST", self.url, json=self._body(rec, messages), headers=self._headers(rec), timeout=None
+                    "POST", self.url, json=body, headers=self._headers(rec), timeout=None
                 ) as resp:
                     status = resp.status_code
                     if status != 200:
                         text = (await resp.aread()).decode("utf-8", "replace")
                         error = f"http_{status}: {text[:200]}"
+                    elif not body["stream"]:
+                        payload = json.loads(await resp.aread())
+                        if not isinstance(payload, dict):
+                            raise ValueError(f"response is not a JSON object: {str(payload)[:100]}")
+                        usage = payload.get("usage") or {}
+                        message = ((payload.get("choices") or [{}])[0]).get("message") or {}
+                        if message.get("content"):
+                            content.append(message["content"])
+                        for i, call in enumerate(message.get("tool_calls") or []):
+                            fn = call.get("function") or {}
+                            calls[i] = {
+                                "id": call.get("id"),
+                                "name": fn.get("name") or "",
+                                "arguments": fn.get("arguments") or "",
+                            }
                     else:
                         done = False
                         # Read to the end of the body (like an SDK client): closing the stream right
@@ -315,6 +365,7 @@ class _Replayer:
             prompt_tokens=usage.get("prompt_tokens"),
             cached_tokens=details.get("cached_tokens") if isinstance(details, dict) else None,
             completion_tokens=usage.get("completion_tokens"),
+            job=rec.job,
         )
         self.results.append(result)
         self.progress.done_requests += 1
@@ -363,21 +414,36 @@ async def run_replay(
     started = trio.current_time()
     tasks: list[TaskResult] = []
 
-    async def one(root: str, token: object, stagger: float) -> None:
+    async def one(root: str, token: object | None, stagger: float) -> None:
         try:
             # A distinct start instant per root keeps the arrival order at the system under test
             # independent of Trio's run-queue order (simulate must be deterministic).
             await trio.sleep(stagger)
             await rep.run_task(root, trio.current_time(), tasks)
         finally:
-            if limiter is not None:
+            if limiter is not None and token is not None:
                 limiter.release_on_behalf_of(token)
 
     prog.emit()
+    sessions = rep.sessions
+    batch_roots = [(index, root) for index, root in enumerate(roots) if sessions[root][0].is_batch]
+
+    async def open_loop_batch(nursery: trio.Nursery) -> None:
+        # Batch requests are open loop whatever the trace's arrival mode: each starts at its
+        # timestamp (a missing one: at once), in timestamp order, outside the concurrency limit.
+        order = sorted(batch_roots, key=lambda item: (sessions[item[1]][0].timestamp or 0.0, item[0]))
+        for index, root in order:
+            at = sessions[root][0].timestamp or 0.0
+            await trio.sleep_until(started + at / 1000.0 / opts.time_scale)
+            nursery.start_soon(one, root, None, (index % 1000) * 1e-6)
+
     async with trio.open_nursery() as nursery:
-        sessions = rep.sessions
+        if batch_roots:
+            nursery.start_soon(open_loop_batch, nursery)
         for index, root in enumerate(roots):
             first = sessions[root][0]
+            if first.is_batch:
+                continue
             if not closed and first.timestamp is not None:
                 await trio.sleep_until(started + first.timestamp / 1000.0 / opts.time_scale)
             token = object()
@@ -391,4 +457,6 @@ async def run_replay(
         tasks=tuple(sorted(tasks, key=lambda t: t.task_id)),
         planned_requests=len(trace.records),
         planned_tasks=len(roots),
+        planned_batch_requests=sum(1 for rec in trace.records if rec.is_batch),
+        planned_batch_tasks=len(batch_roots),
     )

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from bench.replay import ReplayOptions, ReplayResult, run_replay
+from bench.replay import ReplayOptions, ReplayResult, RequestResult, run_replay
 from bench.trace.format import Trace
 from bench.trace.stats import percentile
 
@@ -253,7 +253,9 @@ def build_report(
     s = time_scale
     reqs = sorted(result.requests, key=lambda r: (r.session_id, r.turn))
     ok = [r for r in reqs if r.ok]
-    tasks_ok = [t for t in result.tasks if t.ok]
+    # Programs (agent tasks) only: batch requests have their own section
+    agent_tasks = [t for t in result.tasks if not t.batch]
+    tasks_ok = [t for t in agent_tasks if t.ok]
     elapsed = max(result.finished - result.started, 1e-9)
     errors: dict[str, int] = {}
     for r in reqs:
@@ -279,9 +281,9 @@ def build_report(
         "time_scale": time_scale,
         "duration_seconds": elapsed * s,
         "tasks": {
-            "planned": result.planned_tasks,
+            "planned": result.planned_tasks - result.planned_batch_tasks,
             "completed": len(tasks_ok),
-            "failed": len(result.tasks) - len(tasks_ok),
+            "failed": len(agent_tasks) - len(tasks_ok),
         },
         "jct_seconds": _dist(jct),
         "request_latency_seconds": _dist([(r.end - r.start) * s for r in ok]),
@@ -320,7 +322,42 @@ def build_report(
         "samples": {"jct_seconds": sorted(jct)},
         "metrics_errors": list(metrics_errors),
     }
+    if result.planned_batch_requests:
+        report["batch"] = batch_summary(result, s, preempt)
     return report
+
+
+def _makespan_stats(reqs: Sequence[RequestResult], scale: float) -> dict[str, Any]:
+    """Makespan (first arrival -> last completion) and throughput of one set of batch requests."""
+    ok = [r for r in reqs if r.ok]
+    out: dict[str, Any] = {"requests": len(reqs), "completed": len(ok), "failed": len(reqs) - len(ok)}
+    output = sum(r.completion_tokens or 0 for r in ok)
+    total = output + sum(r.prompt_tokens or 0 for r in ok)
+    makespan = (max(r.end for r in ok) - min(r.start for r in reqs)) * scale if ok else None
+    out["makespan_seconds"] = makespan
+    out["output_tokens"] = output
+    per_s = makespan if makespan else None
+    out["requests_per_second"] = len(ok) / per_s if per_s else None
+    out["output_tokens_per_second"] = output / per_s if per_s else None
+    out["total_tokens_per_second"] = total / per_s if per_s else None
+    out["latency_seconds"] = _dist([(r.end - r.start) * scale for r in ok])
+    return out
+
+
+def batch_summary(result: ReplayResult, scale: float, preemptions: float | None) -> dict[str, Any]:
+    """The report's ``batch`` section (only for traces with batch records, docs/traces.md): makespan
+    from the first batch arrival to the last batch completion, batch throughput over that span,
+    the same per job, and the engines' preemptions over the whole run (all classes: the engines do
+    not say whose request was preempted)."""
+    batch = [r for r in result.requests if r.job is not None]
+    by_job: dict[str, list[RequestResult]] = {}
+    for r in batch:
+        by_job.setdefault(r.job or "", []).append(r)
+    out: dict[str, Any] = _makespan_stats(batch, scale) if batch else {"requests": 0, "completed": 0, "failed": 0}
+    out["planned"] = result.planned_batch_requests
+    out["engine_preemptions"] = preemptions
+    out["jobs"] = {job: _makespan_stats(reqs, scale) for job, reqs in sorted(by_job.items())}
+    return out
 
 
 def trace_summary(trace: Trace, path: str, concurrency: int | None = None) -> dict[str, Any]:

@@ -37,6 +37,7 @@ import trio
 import trio.testing
 
 from sim.cluster import SimCluster, SimConfig
+from sim.config import SCHEDULING_POLICIES
 from sim.engine import Engine, EngineConfig, EngineOutput, Request
 from sim.kv import extend_block_hashes
 
@@ -333,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--block-size", type=int, default=16)
     v.add_argument("--max-num-seqs", type=int, default=256)
     v.add_argument("--seed", type=int, default=0)
-    v.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
+    v.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs")
     v.add_argument(
         "--driver",
         choices=("trio", "direct"),

@@ -20,7 +20,9 @@ import attrs
 
 from actors.core.config import FINITE_GT_0, INT_GE_0, INT_GT_0, NON_EMPTY, one_of, rule_field
 
-SCHEDULING_POLICIES = ("fcfs", "priority")
+# fcfs and priority: vLLM v1's waiting queues; batch_job_aware: the seed's batch-job-aware
+# scheduler (docs/simulator.md §1, "Scheduler", docs/batch.md §5).
+SCHEDULING_POLICIES = ("fcfs", "priority", "batch_job_aware")
 DEFAULT_MODEL = "agentd-sim"
 
 

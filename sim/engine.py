@@ -10,7 +10,11 @@ under ``fcfs``; ``max(priority, arrival_time)`` under ``priority``, possibly the
 frees the victim's blocks and requeues it at the front.  Only when no preemption happened does the
 waiting pass admit requests from the head of the waiting queue (FCFS deque or priority heap keyed
 by ``(priority, arrival_time, request_id)``), with prefix-cache lookup, until ``max_num_seqs``, the
-budget or the first allocation failure (head-of-line blocking).
+budget or the first allocation failure (head-of-line blocking).  Under ``batch_job_aware`` (the
+seed's batch-job-aware scheduler, docs/simulator.md §1) the waiting queue is an
+``actors.core.batchjobs.JobQueue``: nothing is admitted while the admission budget (free blocks
+minus the running set's reserve) is 0, the queue's pick is kept until admitted, preempted requests
+go back into their job's bucket, and natural stops feed the per-job decode estimator.
 
 Timing: a request becomes schedulable ``intercept/time_scale`` after it is added (front-end
 overhead, see ``stats.CostModel``).  A step's duration comes from ``CostModel``; its tokens and
@@ -32,8 +36,17 @@ from collections import deque
 from collections.abc import Sequence
 from itertools import accumulate
 
+from actors.core.batchjobs import (
+    DecodeEstimator,
+    JobQueue,
+    admission_budget_tokens,
+    job_name,
+    request_reserve_blocks,
+    reserve_blocks,
+)
 from actors.core.config import DecodeThroughputModel
 from actors.core.costs import decode_step_seconds
+from sim.config import SCHEDULING_POLICIES
 from sim.kv import BlockPool, extend_block_hashes, root_hash
 from sim.sequence import FINISHED, PREEMPTED, RUNNING, EngineConfig, EngineOutput, Request
 from sim.stats import EngineStats
@@ -56,8 +69,10 @@ class _Run:
 
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
-        if config.scheduling_policy not in ("fcfs", "priority"):
-            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {config.scheduling_policy!r}")
+        if config.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {config.scheduling_policy!r}"
+            )
         self.config = config
         self.block_size = config.block_size
         self.pool = BlockPool(config.num_gpu_blocks)
@@ -67,6 +82,13 @@ class Engine:
         self.running: list[Request] = []
         self._fcfs_waiting: deque[Request] = deque()
         self._prio_waiting: list[tuple[tuple[int, float, str, int], Request]] = []
+        # batch_job_aware (the seed's scheduler): the waiting queue is a JobQueue of requests, the
+        # decode estimator learns from natural stops, the pick sticks until it is admitted
+        self.job_policy = config.scheduling_policy == "batch_job_aware"
+        self._job_waiting: JobQueue[Request] = JobQueue()
+        self.estimator = DecodeEstimator(config.batch_jobs.max_jobs)
+        self._picked: Request | None = None
+        self._admission_closed = False  # this step's waiting pass stopped on a zero admission budget
         self._pending: list[tuple[float, int, Request]] = []
         self._requests: dict[str, Request] = {}
         self._run: _Run | None = None
@@ -95,7 +117,7 @@ class Engine:
     @property
     def num_waiting(self) -> int:
         """Waiting + preempted requests, including those still in the front-end delay."""
-        return len(self._fcfs_waiting) + len(self._prio_waiting) + len(self._pending)
+        return len(self._fcfs_waiting) + len(self._prio_waiting) + len(self._job_waiting) + len(self._pending)
 
     def kv_cache_usage(self) -> float:
         return self.pool.usage()
@@ -151,6 +173,10 @@ class Engine:
         elif self.priority_policy:
             self._prio_waiting = [e for e in self._prio_waiting if e[1] is not req]
             heapq.heapify(self._prio_waiting)
+        elif self.job_policy:
+            self._job_waiting.remove(req)
+            if self._picked is req:
+                self._picked = None
         else:
             self._fcfs_waiting.remove(req)
         req.status = FINISHED
@@ -197,12 +223,19 @@ class Engine:
     def _push_waiting(self, req: Request) -> None:
         if self.priority_policy:
             heapq.heappush(self._prio_waiting, (req.sort_key(), req))
+        elif self.job_policy:
+            job = job_name(req.request_id)
+            self.estimator.touch(job)
+            self._job_waiting.add(req, job, len(req.prompt))
         else:
             self._fcfs_waiting.append(req)
 
     def _prepend_waiting(self, req: Request) -> None:
         if self.priority_policy:
             heapq.heappush(self._prio_waiting, (req.sort_key(), req))
+        elif self.job_policy:
+            # no front of the queue: a preempted request goes back into its job's bucket
+            self._job_waiting.add(req, job_name(req.request_id), len(req.prompt))
         else:
             self._fcfs_waiting.appendleft(req)
 
@@ -332,6 +365,7 @@ class Engine:
             i += 1
         head_query: tuple[int, int] | None = None
         blocked_on_kv = False
+        self._admission_closed = False
         if not preempted:
             while budget > 0 and len(running) < cfg.max_num_seqs:
                 head = self._peek_waiting()
@@ -372,11 +406,15 @@ class Engine:
         self.stats.num_steps += 1
         duration, decode = self._step_duration(scheduled)
         run = _Run(scheduled, [now + duration], decode)
+        # batch_job_aware: a run may only start when admission is closed by a zero admission budget,
+        # which stays zero through a steady decode run (no blocks are freed, the reserve is capped);
+        # a pick blocked on KV is retried step by step (its lookups and the pick itself may change)
+        nothing_admissible = self._admission_closed if self.job_policy else blocked_on_kv
         steady = (
             decode
             and not preempted
             and len(scheduled) == len(running)
-            and (not self._num_queued() or len(running) >= cfg.max_num_seqs or budget <= 0 or blocked_on_kv)
+            and (not self._num_queued() or len(running) >= cfg.max_num_seqs or budget <= 0 or nothing_admissible)
         )
         if steady and cfg.max_steps_per_run > 1:
             run.head_query = head_query if blocked_on_kv else None
@@ -416,18 +454,56 @@ class Engine:
         return max(n, 1) if first else n
 
     def _num_queued(self) -> int:
-        return len(self._fcfs_waiting) + len(self._prio_waiting)
+        return len(self._fcfs_waiting) + len(self._prio_waiting) + len(self._job_waiting)
 
     def _peek_waiting(self) -> Request | None:
         if self.priority_policy:
             return self._prio_waiting[0][1] if self._prio_waiting else None
+        if self.job_policy:
+            return self._peek_job_waiting()
         return self._fcfs_waiting[0] if self._fcfs_waiting else None
 
     def _pop_waiting(self) -> None:
         if self.priority_policy:
             heapq.heappop(self._prio_waiting)
+        elif self.job_policy:
+            assert self._picked is not None
+            self._job_waiting.remove(self._picked)
+            self._picked = None
         else:
             self._fcfs_waiting.popleft()
+
+    def admission_budget(self) -> int:
+        """The seed's admission budget in tokens: ``(free blocks - reserve) * block_size``, the
+        reserve being the running set's next-round blocks plus the margin, capped (docs/batch.md §1)."""
+        jobs = self.config.batch_jobs
+        bs = self.block_size
+        m = self.config.max_num_batched_tokens
+        reserve = reserve_blocks(
+            (request_reserve_blocks(len(r.prompt), r.num_computed, bs, m) for r in self.running),
+            jobs.reserve_margin_blocks,
+            jobs.reserve_max_blocks,
+        )
+        return admission_budget_tokens(self.pool.num_free, reserve, bs)
+
+    def _peek_job_waiting(self) -> Request | None:
+        """The seed's waiting-queue head: nothing when the admission budget is 0, else the pick
+        (kept until admitted: a pick that cannot get blocks blocks the queue and is tried again)."""
+        if not self._job_waiting:
+            return None
+        budget = self.admission_budget()
+        if budget <= 0:
+            self._admission_closed = True
+            return None
+        if self._picked is None:
+            jobs = self.config.batch_jobs
+            self._picked = self._job_waiting.pick(
+                budget,
+                self.estimator,
+                low_available_tokens_threshold=jobs.low_available_tokens_threshold,
+                short_decode_token_threshold=jobs.short_decode_token_threshold,
+            )
+        return self._picked
 
     def _step_duration(self, scheduled: list[tuple[Request, int]]) -> tuple[float, bool]:
         n_dec = 0
@@ -571,6 +647,8 @@ class Engine:
             stats.e2e.observe(t - req.arrival_time)
             label = "length" if finish == "length" else "stop"  # vLLM reports tool calls as stop
             stats.request_success[label] += 1
+            if self.job_policy and label == "stop":  # natural stops only teach the estimator
+                self.estimator.observe(job_name(req.request_id), len(req.output))
         out.append(EngineOutput(req.request_id, start, m, t, finish, req.num_cached_tokens))
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import attrs
 
+from actors.core.config import BatchJobsConfig
 from sim.config import SimServerShape
 from sim.kv import salt_key
 from sim.stats import CostModel
@@ -21,6 +22,10 @@ class EngineConfig(SimServerShape):
 
     cost: CostModel = CostModel()
     max_steps_per_run: int = 1 << 30  # 1 disables multi-step runs (reference step-by-step mode)
+    # the seed's batch_job_sched_config under scheduling_policy "batch_job_aware": the engine reads
+    # max_jobs, reserve_margin_blocks, reserve_max_blocks, low_available_tokens_threshold and
+    # short_decode_token_threshold (enabled, block_size_tokens and max_wait_seconds are the router's)
+    batch_jobs: BatchJobsConfig = BatchJobsConfig()
 
 
 class Request:

@@ -31,6 +31,7 @@ from bench.output import write_atomic
 from bench.plots import write_plots
 from bench.report import trace_summary
 from daemon.commands.argtypes import positive_float, positive_int
+from sim.config import SCHEDULING_POLICIES
 
 NAME = "bench"
 HELP = "Run one trace through native agentd, agentd with Program scheduling and vllm-router, side by side."
@@ -71,6 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=positive_int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=positive_int, default=8192)
     parser.add_argument("--seed", type=int, default=0, help="simulated worker seed")
+    parser.add_argument(
+        "--scheduling-policy",
+        choices=SCHEDULING_POLICIES,
+        default="fcfs",
+        help="the simulated engines' waiting-queue policy (docs/simulator.md §1)",
+    )
     parser.add_argument(
         "--ps-config-json",
         default=None,
@@ -155,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     context.append(
         f"- cluster: {cluster.workers} workers x {cluster.dp_size} DP ranks, {cluster.num_gpu_blocks} blocks x "
         f"{cluster.block_size} tokens = {cluster.rank_kv_tokens} KV tokens/rank, max_num_seqs "
-        f"{cluster.max_num_seqs}, time scale {cluster.time_scale:g}"
+        f"{cluster.max_num_seqs}, time scale {cluster.time_scale:g}, engine policy {cluster.scheduling_policy}"
     )
     context.append(
         f"- replay: concurrency {replay.concurrency or trace.meta.concurrency}, "

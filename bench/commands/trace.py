@@ -1,9 +1,10 @@
-"""``agentd trace synth|stats``: generate synthetic agent traces and inspect their distributions.
+"""``agentd trace synth|stats|merge``: generate synthetic agent traces, inspect and merge them.
 
 ``synth --profile NAME --programs N --seed S --out FILE`` writes a JSONL trace (docs/traces.md) of
 one of the profiles (docs/traces.md, "Profiles"), deterministic for the seed; ``stats FILE`` prints
 the distributions and compares them with the profile's calibration targets (exit 0 even when a
-target is missed: it is a report, not a check; ``--strict`` makes a miss exit 1).
+target is missed: it is a report, not a check; ``--strict`` makes a miss exit 1); ``merge A B -o C``
+writes one mixed workload holding every session of A and B (``bench.trace.format.merge_traces``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import sys
 
 from bench.commands.common import from_args, load_trace_arg
-from bench.trace.format import save_trace, write_trace
+from bench.trace.format import TraceError, merge_traces, save_trace, write_trace
 from bench.trace.stats import compare, format_report, trace_stats
 from bench.trace.synth import PROFILES, Knobs, knobs_from_meta, synthesize, targets_for
 from daemon.commands.argtypes import positive_float, positive_int
@@ -49,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="cap turns per session (bench budgets; tail targets then miss)",
     )
+    merge = sub.add_parser("merge", help="merge traces into one mixed workload (e.g. agents + a batch job)")
+    merge.add_argument("files", nargs="+", metavar="FILE", help="two or more trace files")
+    merge.add_argument("-o", "--out", required=True, help="output JSONL path ('-' for stdout)")
     stats = sub.add_parser("stats", help="print distributions and profile-target comparison")
     stats.add_argument("file")
     stats.add_argument("--json", action="store_true", help="print the statistics as JSON")
@@ -56,7 +60,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.trace_command == "merge":
+        return _merge(args)
     return _synth(args) if args.trace_command == "synth" else _stats(args)
+
+
+def _merge(args: argparse.Namespace) -> int:
+    if len(args.files) < 2:
+        print("agentd trace merge: FILE: give at least two traces to merge", file=sys.stderr)
+        return 2
+    parts = []
+    for path in args.files:
+        trace = load_trace_arg(path, "agentd trace merge", "FILE")
+        if trace is None:
+            return 2
+        parts.append((path, trace))
+    try:
+        merged = merge_traces(parts)
+    except TraceError as exc:
+        print(f"agentd trace merge: {exc}", file=sys.stderr)
+        return 2
+    if args.out == "-":
+        write_trace(merged, sys.stdout)
+    else:
+        save_trace(merged, args.out)
+        print(
+            f"wrote {len(merged.records)} requests of {len(merged.sessions())} programs to {args.out}", file=sys.stderr
+        )
+    return 0
 
 
 def _synth(args: argparse.Namespace) -> int:

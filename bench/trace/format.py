@@ -5,7 +5,7 @@ One JSON object per line. The optional first line is a metadata object ``{"meta"
 one LLM request (one *turn* of one *session* = one Program). Field names follow Mooncake
 (``timestamp``, ``input_length``, ``output_length``, ``hash_ids``) and ABench (``input_delta``,
 ``pre_gap_ms``) where those exist; the agent fields (``session_id``, ``parent_session_id``, ``turn``,
-``tool_name``, ``finish_reason``, ``priority``, ``job``) are the agent extension. docs/traces.md
+``tool_name``, ``finish_reason``, ``priority``, ``job``, ``stream``) are the agent extension. docs/traces.md
 ("Format") is the user-facing reference.
 
 Replay semantics encoded by the fields:
@@ -17,6 +17,9 @@ Replay semantics encoded by the fields:
 - Turn 0 of a child session (subagent) starts ``pre_gap_ms`` after turn ``parent_turn`` of
   ``parent_session_id`` completed. When ``blocks_parent`` is true the parent's turn
   ``parent_turn + 1`` additionally waits for the child's last turn to complete.
+- a record with a ``job`` is a batch request: sent without Program identity, with
+  ``X-Agentd-Class: batch`` and the job tag in its request id, streamed only if ``stream``;
+  batch roots always start at their ``timestamp`` (open loop), whatever the trace's arrival mode.
 - ``compaction`` drops the history: the prompt is the shared prefix plus ``input_delta`` only.
 - ``input_length`` is derived (shared prefix + history + delta) and checked on load.
 
@@ -28,7 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TextIO
 
 import attrs
@@ -68,6 +71,12 @@ class TraceRecord:
     agent_id: str = "lead"
     task_id: str | None = None
     hash_ids: tuple[int, ...] = ()
+    stream: bool = True  # batch records may be sent non-streaming; written only when false
+
+    @property
+    def is_batch(self) -> bool:
+        """A batch-job request (``job`` set): replayed without Program identity (docs/traces.md)."""
+        return self.job is not None
 
 
 @attrs.frozen
@@ -115,14 +124,23 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "agent_id": (str,),
     "task_id": (str,),
     "hash_ids": (list,),
+    "stream": (bool,),
 }
 _NULLABLE = {"timestamp", "parent_session_id", "parent_turn", "tool_name", "shared_prefix_id", "job", "task_id"}
 _IGNORED = {"cached_tokens", "input_tokens", "output_tokens"}  # ABench extras we accept and recompute
 
 
+# Fields added after agentd-trace/1 was first written: left out of a line at their default, so
+# traces without them keep their bytes (and older readers their input).
+_OMITTED_AT_DEFAULT = {"stream": True}
+
+
 def record_to_json(rec: TraceRecord) -> dict[str, Any]:
     out = attrs.asdict(rec, recurse=False)
     out["hash_ids"] = list(rec.hash_ids)
+    for key, default in _OMITTED_AT_DEFAULT.items():
+        if out[key] == default:
+            del out[key]
     return out
 
 
@@ -302,6 +320,55 @@ def read_trace(fh: TextIO) -> Trace:
 def load_trace(path: str) -> Trace:
     with open(path, encoding="utf-8") as fh:
         return read_trace(fh)
+
+
+def merge_traces(traces: Sequence[tuple[str, Trace]]) -> Trace:
+    """One trace holding every session of ``traces`` (``(name, trace)`` pairs, e.g. file paths).
+
+    Records keep their order, trace by trace; ``hash_ids`` of each later trace are shifted past the
+    earlier ones' (block ids are only comparable within one trace).  Every trace keeps its own
+    clock: all start at t = 0.  The agent (non-batch) sessions must share one arrival mode, which
+    becomes the merged trace's (with the concurrency of the first trace that has agents); batch
+    records are open loop in any mode (docs/traces.md, "Merging").  A session id found in two
+    traces is an error naming both.
+    """
+    if len(traces) < 2:
+        raise TraceError(f"merge needs at least two traces, got {len(traces)}")
+    owner: dict[str, int] = {}
+    records: list[TraceRecord] = []
+    agent_modes: list[tuple[str, TraceMeta]] = []
+    shift = 0
+    for index, (name, trace) in enumerate(traces):
+        top = -1
+        for rec in trace.records:
+            first = owner.setdefault(rec.session_id, index)
+            if first != index:
+                raise TraceError(
+                    f"{name} (trace {index + 1}): session_id {rec.session_id!r} is also in "
+                    f"{traces[first][0]} (trace {first + 1})"
+                )
+            if rec.hash_ids:
+                top = max(top, *rec.hash_ids)
+                rec = attrs.evolve(rec, hash_ids=tuple(h + shift for h in rec.hash_ids))
+            records.append(rec)
+        shift += top + 1
+        if any(not rec.is_batch for rec in trace.records):
+            agent_modes.append((name, trace.meta))
+    modes = {meta.arrival for _name, meta in agent_modes}
+    if len(modes) > 1:
+        named = ", ".join(f"{name} ({meta.arrival})" for name, meta in agent_modes)
+        raise TraceError(f"meta.arrival: the agent sessions of merged traces must share one arrival mode, got {named}")
+    base = agent_modes[0][1] if agent_modes else TraceMeta(arrival="bursts", concurrency=traces[0][1].meta.concurrency)
+    parts = [{"name": name, **{k: v for k, v in attrs.asdict(t.meta).items() if k != "params"}} for name, t in traces]
+    meta = TraceMeta(
+        profile="+".join(t.meta.profile for _name, t in traces),
+        seed=None,
+        programs=sum(t.meta.programs for _name, t in traces),
+        arrival=base.arrival,
+        concurrency=base.concurrency,
+        params={"merged": parts},
+    )
+    return Trace(meta=meta, records=validate_structure(records))
 
 
 class HashChain:

@@ -102,8 +102,12 @@ def trace_stats(trace: Trace) -> dict[str, float]:
         for r in trace.records:
             if r.job is not None:
                 outs_by_job.setdefault(r.job, []).append(r.output_length)
-        short = sum(len(v) for v in outs_by_job.values() if percentile(v, 50) < 150 * _output_scale(trace))
+        # short jobs: median decode at most the engine's short-decode threshold (32 tokens, docs/batch.md)
+        short = sum(len(v) for v in outs_by_job.values() if percentile(v, 50) <= 32 * _output_scale(trace))
         out["output_short_share"] = short / sum(len(v) for v in outs_by_job.values())
+        medians = [percentile(v, 50) for v in outs_by_job.values()]
+        out["job_output_tokens_p50.min"] = min(medians)
+        out["job_output_tokens_p50.max"] = max(medians)
     return out
 
 

@@ -18,7 +18,7 @@ from actors.core.config import DecodeThroughputModel, PrefillCostModel
 from daemon.commands.argtypes import int_at_least, non_empty, non_negative_float, port, positive_float
 from daemon.http.serve import serve_http
 from sim.cluster import SimCluster, SimConfig
-from sim.config import shape_of
+from sim.config import SCHEDULING_POLICIES, shape_of
 from sim.server import create_app
 from sim.stats import CostModel
 
@@ -45,7 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="divide every simulated duration by this factor (default 1.0 = real time)",
     )
     parser.add_argument("--model", default="agentd-sim", type=non_empty, help="served model name")
-    parser.add_argument("--scheduling-policy", default="fcfs", choices=("fcfs", "priority"))
+    parser.add_argument(
+        "--scheduling-policy",
+        default="fcfs",
+        choices=SCHEDULING_POLICIES,
+        help="waiting-queue policy of every rank (docs/simulator.md §1; default fcfs)",
+    )
     parser.add_argument(
         "--strict-xargs", action="store_true", help="reject non-scalar vllm_xargs values with 400, as stock vLLM does"
     )

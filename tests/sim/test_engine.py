@@ -168,6 +168,11 @@ def test_chunked_prefill_mixes_with_decodes_within_budget() -> None:
     assert sum(o.num_tokens for o in dec_during) >= 3
 
 
+def _rid(engine: Engine, i: int) -> str:
+    """Request ids of ``_random_workload``: three batch jobs under batch_job_aware."""
+    return f"q{i}#job_name[j{i % 3}]#" if engine.job_policy else f"q{i}"
+
+
 def _random_workload(engine: Engine, seed: int) -> list[EngineOutput]:
     rng = random.Random(seed)
     out: list[EngineOutput] = []
@@ -178,13 +183,16 @@ def _random_workload(engine: Engine, seed: int) -> list[EngineOutput]:
         out += drain(engine, until=t)
         n_out = rng.randint(1, 120)
         p = shared + prompt(rng.randint(1, 2000), base=rng.randint(0, 1_000_000))
-        engine.add_request(Request(f"q{i}", p, list(range(n_out)), priority=rng.randint(0, 3)), t)
+        finish = "stop" if engine.job_policy and i % 2 else "length"  # natural stops teach the estimator
+        engine.add_request(
+            Request(_rid(engine, i), p, list(range(n_out)), finish_reason=finish, priority=rng.randint(0, 3)), t
+        )
         if i % 7 == 3:
-            out += engine.abort(f"q{i - 2}", t + 0.01)
+            out += engine.abort(_rid(engine, i - 2), t + 0.01)
     return out + drain(engine)
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@pytest.mark.parametrize("policy", ["fcfs", "priority", "batch_job_aware"])
 def test_multi_step_runs_equal_step_by_step(policy: str) -> None:
     def make(max_steps: int) -> Engine:
         return Engine(

@@ -49,7 +49,7 @@ def test_records_carry_the_agent_fields() -> None:
     later = [r for r in trace.records if r.turn > 0]
     assert any(r.tool_name for r in later) and all(r.pre_gap_ms >= 0 for r in later)
     batch = synthesize("batch", 30, seed=2)
-    assert all(r.job is not None and r.priority == 1 for r in batch.records)
+    assert all(r.job is not None and r.is_batch and not r.stream for r in batch.records)
 
 
 def test_hash_ids_share_prefix_blocks() -> None:

@@ -1,6 +1,7 @@
 """A tiny vLLM-like worker for replay tests (process boundary fake, via httpx.MockTransport).
 
-Streams ``max_tokens`` one-token chunks (TTFT 0.1 s, then 0.01 s per token, in Trio time), caches
+Streams ``max_tokens`` one-token chunks (TTFT 0.1 s, then 0.01 s per token, in Trio time; a
+non-streaming request gets the whole response at the same end time), caches
 every served sequence (prompt + output) and reports the longest cached prefix in whole 16-token
 blocks as ``cached_tokens``, and exposes vLLM's counters on ``/metrics``.
 """
@@ -28,6 +29,7 @@ class FakeWorker:
         self.cached_tokens_total = 0
         self.bodies: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.preemptions = 0  # reported as vllm:num_preemptions_total
 
     def _cached(self, prompt: list[int]) -> int:
         best = 0
@@ -47,7 +49,7 @@ class FakeWorker:
             "# TYPE vllm:prompt_tokens_cached counter\n"
             f'vllm:prompt_tokens_cached_total{{engine="0",model_name="m"}} {self.cached_tokens_total}\n'
             "# TYPE vllm:num_preemptions counter\n"
-            'vllm:num_preemptions_total{engine="0",model_name="m"} 0\n'
+            f'vllm:num_preemptions_total{{engine="0",model_name="m"}} {self.preemptions}\n'
         )
 
     async def handler(self, request: httpx.Request) -> httpx.Response:
@@ -70,6 +72,12 @@ class FakeWorker:
             "total_tokens": len(prompt) + n,
             "prompt_tokens_details": {"cached_tokens": cached},
         }
+
+        if not body.get("stream", False):
+            await trio.sleep(TTFT_SECONDS + ITL_SECONDS * len(pieces))
+            message = {"role": "assistant", "content": text}
+            payload = {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}], "usage": usage}
+            return httpx.Response(200, json=payload)
 
         async def stream() -> AsyncIterator[bytes]:
             await trio.sleep(TTFT_SECONDS)

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The batch-job benchmarks of issue 12 (docs/batch.md section 5), side by side in one run,
+# each system simulated in virtual time with `agentd simulate` (deterministic; no sockets):
+#
+#   1. batch only, KV pressure (the `batch` trace profile: four jobs with different decode lengths):
+#        fcfs          native dispatch, [batch_jobs] enabled = false (batch takes the native path),
+#                      engines fcfs
+#        agentd        Program scheduling + [batch_jobs] enabled = true (router-side batch
+#                      scheduling), engines fcfs
+#        engine-bja    native dispatch, engines --scheduling-policy batch_job_aware (the seed's
+#                      scheduler inside each simulated engine)
+#   2. agents (swe-short) + a batch job merged into one trace (`agentd trace merge`):
+#        fcfs          native dispatch of everything (FCFS co-location), engines fcfs
+#        agentd-ps     Program scheduling, batch on the native path
+#        agentd        Program scheduling + [batch_jobs] enabled = true
+#        engine-bja    native dispatch, engines batch_job_aware
+#
+#   bench/batch_bench.sh [OUT_DIR]        (default OUT_DIR: batch-bench-out)
+#
+# Until the router's batch scheduling exists, [batch_jobs] enabled = true is accepted and ignored,
+# so the `agentd` rows equal Program scheduling with batch on the native path.  Prints a ratio
+# table per scenario (python -m bench.batch_compare; report / first column) and writes it to
+# OUT_DIR/summary.md; every report is OUT_DIR/<scenario>/<system>.json, configs in OUT_DIR/configs.
+# Environment: AGENTD (default agentd), PYTHON (the interpreter agentd is installed in, for the
+# table; default: the one running agentd), BATCH_REQUESTS (default 400), MIX_PROGRAMS (swe-short
+# Programs of scenario 2, default 24), MIX_BATCH_REQUESTS (default 200), BLOCKS_BATCH and
+# BLOCKS_MIX (KV blocks per rank; defaults 2048 and 1500).
+set -euo pipefail
+OUT="${1:-batch-bench-out}"
+AGENTD="${AGENTD:-agentd}"
+if [ -z "${PYTHON:-}" ]; then
+  PYTHON="$(head -1 "$(command -v "$AGENTD")" | sed -n 's/^#!//p')"
+  [ -n "$PYTHON" ] || PYTHON=python3
+fi
+BATCH_REQUESTS="${BATCH_REQUESTS:-400}"
+MIX_PROGRAMS="${MIX_PROGRAMS:-24}"
+MIX_BATCH_REQUESTS="${MIX_BATCH_REQUESTS:-200}"
+BLOCKS_BATCH="${BLOCKS_BATCH:-2048}"
+BLOCKS_MIX="${BLOCKS_MIX:-1500}"
+mkdir -p "$OUT/configs" "$OUT/batch-only" "$OUT/mixed"
+start=$(date +%s)
+
+# config NAME BLOCKS WORKERS ENGINE_POLICY PROGRAM_SCHEDULING(0|1) BATCH_JOBS(0|1)
+config() {
+  local name=$1 blocks=$2 workers=$3 policy=$4 ps=$5 bj=$6
+  {
+    [ "$ps" = 1 ] && echo "enable_program_scheduling = true"
+    cat <<EOF
+[server]
+log_level = "warning"
+
+[routing]
+policy = "consistent_hash"
+
+[embedded]
+num_workers = $workers
+dp_size = 2
+num_gpu_blocks = $blocks
+block_size = 16
+scheduling_policy = "$policy"
+seed = 0
+EOF
+    if [ "$ps" = 1 ]; then
+      cat <<EOF
+
+[program_scheduling]
+global_queue = true
+resume_order = "mru"
+token_capacity_per_dp_rank = $((blocks * 16))
+binding_strategy = "reasoning_token_balance"
+EOF
+    fi
+    if [ "$bj" = 1 ]; then
+      cat <<EOF
+
+[batch_jobs]
+enabled = true
+EOF
+    fi
+  } > "$OUT/configs/$name.toml"
+}
+
+simulate() {  # SCENARIO SYSTEM CONFIG TRACE
+  local t0=$(date +%s)
+  "$AGENTD" simulate --config "$OUT/configs/$3.toml" --trace "$4" --out "$OUT/$1/$2.json" || {
+    echo "batch bench: $1/$2 had failed requests (see $OUT/$1/$2.json)" >&2
+  }
+  echo "batch bench: $1/$2 simulated in $(( $(date +%s) - t0 )) s" >&2
+}
+
+"$AGENTD" trace synth --profile batch --programs "$BATCH_REQUESTS" --seed 1 --out "$OUT/batch.jsonl"
+"$AGENTD" trace synth --profile swe-short --programs "$MIX_PROGRAMS" --seed 1 --input-scale 0.5 \
+  --out "$OUT/agents.jsonl"
+"$AGENTD" trace synth --profile batch --programs "$MIX_BATCH_REQUESTS" --seed 2 --out "$OUT/mix-batch.jsonl"
+"$AGENTD" trace merge "$OUT/agents.jsonl" "$OUT/mix-batch.jsonl" -o "$OUT/mixed.jsonl"
+
+# 1. batch only: one worker x 2 DP ranks under KV pressure
+config batch-fcfs "$BLOCKS_BATCH" 1 fcfs 0 0
+config batch-agentd "$BLOCKS_BATCH" 1 fcfs 1 1
+config batch-engine-bja "$BLOCKS_BATCH" 1 batch_job_aware 0 0
+simulate batch-only fcfs batch-fcfs "$OUT/batch.jsonl"
+simulate batch-only agentd batch-agentd "$OUT/batch.jsonl"
+simulate batch-only engine-bja batch-engine-bja "$OUT/batch.jsonl"
+
+# 2. agents + batch: two workers x 2 DP ranks
+config mix-fcfs "$BLOCKS_MIX" 2 fcfs 0 0
+config mix-agentd-ps "$BLOCKS_MIX" 2 fcfs 1 0
+config mix-agentd "$BLOCKS_MIX" 2 fcfs 1 1
+config mix-engine-bja "$BLOCKS_MIX" 2 batch_job_aware 0 0
+simulate mixed fcfs mix-fcfs "$OUT/mixed.jsonl"
+simulate mixed agentd-ps mix-agentd-ps "$OUT/mixed.jsonl"
+simulate mixed agentd mix-agentd "$OUT/mixed.jsonl"
+simulate mixed engine-bja mix-engine-bja "$OUT/mixed.jsonl"
+
+{
+  "$PYTHON" -m bench.batch_compare --title "batch only ($BATCH_REQUESTS requests, $BLOCKS_BATCH blocks/rank)" \
+    fcfs="$OUT/batch-only/fcfs.json" agentd="$OUT/batch-only/agentd.json" \
+    engine-bja="$OUT/batch-only/engine-bja.json"
+  echo
+  "$PYTHON" -m bench.batch_compare \
+    --title "agents + batch ($MIX_PROGRAMS swe-short Programs + $MIX_BATCH_REQUESTS batch requests, $BLOCKS_MIX blocks/rank)" \
+    fcfs="$OUT/mixed/fcfs.json" agentd-ps="$OUT/mixed/agentd-ps.json" agentd="$OUT/mixed/agentd.json" \
+    engine-bja="$OUT/mixed/engine-bja.json"
+} | tee "$OUT/summary.md.tmp"
+mv "$OUT/summary.md.tmp" "$OUT/summary.md"
+echo "batch bench: $(( $(date +%s) - start )) s wall; tables in $OUT/summary.md"
