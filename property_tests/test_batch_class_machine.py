@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from actors.core import invariants
-from actors.core.batch_class import predicted_decode, programs_waiting, rank_budget_tokens
+from actors.core.batch_class import JobPredictor, predicted_decode, programs_waiting, rank_budget_tokens
 from actors.core.config import BackendTarget, BatchJobsConfig, ProgramSchedulingConfig
 from actors.core.effects import AdmitBatch, Reject
 from actors.core.events import (
@@ -224,7 +224,7 @@ class BatchMachine(RuleBasedStateMachine):
             if s.now - oldest.arrived_at >= self.bcfg.max_wait_seconds:
                 best = max((s.ranks[t] for t in s.pools[POOL]), key=lambda r: (rank_budget_tokens(s, r), -r.index))
                 idle = not best.active and not best.batch_requests
-                need = oldest.prompt_tokens + predicted_decode(b, oldest)
+                need = oldest.prompt_tokens + predicted_decode(b, oldest, JobPredictor(b, s.now))
                 assert need > rank_budget_tokens(s, best) and not idle, "the starvation escape did not fire"
         if b.pending and not programs_waiting(s, POOL):
             # work conservation: the seed's pick for the best rank does not fit it
@@ -232,14 +232,14 @@ class BatchMachine(RuleBasedStateMachine):
             budget = rank_budget_tokens(s, best)
             pick = b.queue.pick(
                 budget,
-                b.estimator,
+                JobPredictor(b, s.now),
                 low_available_tokens_threshold=self.bcfg.low_available_tokens_threshold,
                 short_decode_token_threshold=self.bcfg.short_decode_token_threshold,
             )
             if pick is not None:
                 p = b.pending[pick]
                 idle = not best.active and not best.batch_requests
-                assert p.prompt_tokens + predicted_decode(b, p) > budget and not idle, "a fitting batch request waits"
+                assert p.prompt_tokens + predicted_decode(b, p, JobPredictor(b, s.now)) > budget and not idle, "a fitting batch request waits"
 
     @invariant()
     def nothing_lost(self) -> None:

@@ -22,12 +22,19 @@ the Programs leave free, on the same per-rank ledger:
   waiting engine queue while batch runs there is under pressure and gets nothing.
 * **Pick**: the rank with the largest budget (ties: lower target index) asks the queue for the
   seed's pick (cold start first, job order by budget against ``low_available_tokens_threshold``,
-  LPT inside the job). The request is charged ``prompt + min(predicted decode, max_tokens)``. If
+  LPT inside the job), with one agentd addition to the seed's prediction (below). The request is charged ``prompt + min(predicted decode, max_tokens)``. If
   that does not fit the budget, admission stops (head of line, as in the engine), unless the rank
   runs nothing at all (a request larger than any budget runs alone rather than never).
 * **Starvation bound**: with free capacity and no Program waiting, a queued batch request that
   fits is dispatched in the same step. When Programs keep waiting, the oldest batch request is
   dispatched anyway once it has waited ``max_wait_seconds`` and a rank's budget fits it.
+* **Progress lower bound** (agentd's, not the seed's): a job's prediction is at least
+  ``elapsed × rate`` for its oldest running request, where ``rate`` is the observed decode rate of
+  a batch request (EWMA of completion tokens over dispatch-to-completion seconds, which includes
+  engine queueing and prefill, so it underestimates progress). A job whose first requests are
+  still decoding long after shorter jobs finished is recognised as long before any of its
+  requests completes, where the seed's cold-start prediction (128) would keep it behind jobs
+  with known, shorter decodes.
 * Completion releases the charge and, for natural stops (``finish_reason == "stop"``), feeds the
   job's decode estimate; abandon removes a queued request or releases a running one.
 """
@@ -42,9 +49,28 @@ from actors.core.ids import RequestId, TargetId
 from actors.core.ledger import charge_batch, fresh_waiting, target_usage
 from actors.core.lifecycle import reject
 from actors.core.model import RankState
-from actors.core.state import SchedulerState
+from actors.core.state import SchedulerState, live_program
 
 NATURAL_STOP = "stop"
+RATE_ALPHA = 0.1
+
+
+class JobPredictor:
+    """The seed's per-job prediction raised to the job's progress lower bound (module docstring)."""
+
+    def __init__(self, b: BatchState, now: float) -> None:
+        self._b = b
+        self._now = now
+
+    def predict(self, job: str) -> int:
+        b = self._b
+        pred = b.estimator.predict(job)
+        c = b.jobs.get(job)
+        if b.decode_rate is None or c is None or not c.running_since:
+            return pred
+        oldest = next(iter(c.running_since.values()))
+        bound = int((self._now - oldest) * b.decode_rate)
+        return bound if bound > pred else pred
 
 
 # ---- events ------------------------------------------------------------------------------------
@@ -88,6 +114,12 @@ def on_batch_complete(s: SchedulerState, ev: RequestCompleted) -> bool:
     counters = b.jobs.get(r.job)
     if counters is not None:
         counters.running -= 1
+        counters.running_since.pop(r.request_id, None)
+    elapsed = s.now - r.dispatched_at
+    tokens = ev.usage.completion_tokens
+    if ev.success and tokens and elapsed > 0:
+        rate = tokens / elapsed
+        b.decode_rate = rate if b.decode_rate is None else (1 - RATE_ALPHA) * b.decode_rate + RATE_ALPHA * rate
     natural = ev.success and ev.finish_reason == NATURAL_STOP and ev.usage.completion_tokens is not None
     observed = ev.usage.completion_tokens if natural else None
     if counters is not None:
@@ -163,15 +195,52 @@ def rank_budget_tokens(s: SchedulerState, rank: RankState) -> int:
     return max(0, (free_blocks - reserve) * block)
 
 
+def guaranteed_share_tokens(s: SchedulerState, rank: RankState) -> int:
+    """What batch may still add on ``rank`` while Programs wait for it: up to
+    ``guaranteed_kv_share`` of the rank's capacity (docs/batch.md §2)."""
+    b = s.batch
+    capacity = s.cfg.token_capacity_per_dp_rank or rank.backend_kv_capacity_tokens
+    if b is None or capacity is None:
+        return 0
+    return max(0, int(capacity * b.cfg.guaranteed_kv_share - rank.batch_tokens))
+
+
 def programs_waiting(s: SchedulerState, pool: str) -> bool:
     if s.global_queues.get(pool):
         return True
     return any(s.rank_queues.get(t) for t in s.pools.get(pool, ()))
 
 
-def predicted_decode(b: BatchState, p: BatchPending) -> int:
-    pred = b.estimator.predict(p.job)
+def waiting_homes(s: SchedulerState, pool: str) -> set[TargetId | None]:
+    """The ranks waiting Programs of ``pool`` would resume on (their last target; None = unbound,
+    which any rank could take)."""
+    homes: set[TargetId | None] = set()
+    for ref in s.global_queues.get(pool, ()):
+        p = live_program(s, ref)
+        if p is not None:
+            homes.add(p.last_target)
+    for t in s.pools.get(pool, ()):
+        if s.rank_queues.get(t):
+            homes.add(t)
+    return homes
+
+
+def predicted_decode(b: BatchState, p: BatchPending, predictor: JobPredictor) -> int:
+    pred = predictor.predict(p.job)
     return pred if p.max_tokens is None else min(pred, p.max_tokens)
+
+
+def after_step(s: SchedulerState) -> None:
+    """The batch class's part of every step: dispatch, then refresh each rank's claim (what Program
+    admission leaves to backlogged batch work: the guaranteed share not yet used)."""
+    b = s.batch
+    if b is None:
+        return
+    if b.pending:
+        dispatch_batch(s)
+    backlogged = bool(b.pending)
+    for rank in s.ranks.values():
+        rank.batch_claim_tokens = float(guaranteed_share_tokens(s, rank)) if backlogged else 0.0
 
 
 def dispatch_batch(s: SchedulerState) -> None:
@@ -179,18 +248,20 @@ def dispatch_batch(s: SchedulerState) -> None:
     b = s.batch
     if b is None or not b.pending:
         return
+    predictor = JobPredictor(b, s.now)
     while b.pending:
         oldest = next(iter(b.pending.values()))
         pool = oldest.model_pool
-        waiting = programs_waiting(s, pool)
-        escape = waiting and s.now - oldest.arrived_at >= b.cfg.max_wait_seconds
-        if waiting and not escape:
-            return
+        homes = waiting_homes(s, pool)
+        escape = bool(homes) and s.now - oldest.arrived_at >= b.cfg.max_wait_seconds
         best: RankState | None = None
         best_budget = -1
         for tid in s.pools.get(pool, ()):
             rank = s.ranks[tid]
             budget = rank_budget_tokens(s, rank)
+            if (None in homes or tid in homes) and not escape:
+                # a Program waits for this rank: batch keeps only its guaranteed share
+                budget = min(budget, guaranteed_share_tokens(s, rank))
             if budget > best_budget:
                 best, best_budget = rank, budget
         if best is None:
@@ -203,14 +274,14 @@ def dispatch_batch(s: SchedulerState) -> None:
             # makes the seed's best fit return the smallest prompt of the first job
             rid = b.queue.pick(
                 max(best_budget, 1) if idle else best_budget,
-                b.estimator,
+                predictor,
                 low_available_tokens_threshold=b.cfg.low_available_tokens_threshold,
                 short_decode_token_threshold=b.cfg.short_decode_token_threshold,
             )
         if rid is None:
             return
         p = b.pending[rid]
-        pred = predicted_decode(b, p)
+        pred = predicted_decode(b, p, predictor)
         need = p.prompt_tokens + pred
         if need > best_budget and not idle:
             return  # head of line: re-evaluated when capacity frees (a completion, a tick)
@@ -229,6 +300,7 @@ def _dispatch(
     if counters is not None:
         counters.admitted += 1
         counters.running += 1
+        counters.running_since[p.request_id] = s.now
         counters.queue_wait_seconds_sum += wait
         counters.predicted_decode_tokens_sum += pred
     if escape:
@@ -278,6 +350,7 @@ def batch_diagnostics(s: SchedulerState) -> dict[str, object]:
     if b is None:
         return {"enabled": False}
     jobs = []
+    predictor = JobPredictor(b, s.now)
     for job in sorted(b.jobs):
         c = b.jobs[job]
         stats = b.estimator.stats(job)
@@ -291,7 +364,8 @@ def batch_diagnostics(s: SchedulerState) -> dict[str, object]:
                 "completed": c.completed,
                 "failed": c.failed,
                 "abandoned": c.abandoned,
-                "predicted_decode_tokens": b.estimator.predict(job),
+                "predicted_decode_tokens": predictor.predict(job),
+                "estimated_decode_tokens": b.estimator.predict(job),
                 "estimate_samples": 0 if stats is None else stats.samples,
                 "observed_decode_tokens_mean": c.observed_decode_tokens_sum / c.observed_count
                 if c.observed_count
@@ -316,6 +390,7 @@ def batch_diagnostics(s: SchedulerState) -> dict[str, object]:
         "queued": len(b.pending),
         "running": len(b.running),
         "starvation_escapes": b.escapes_count,
+        "decode_tokens_per_second": b.decode_rate,
         "oldest_wait_seconds": s.now - next(iter(b.pending.values())).arrived_at if b.pending else None,
         "programs_waiting": any(programs_waiting(s, pool) for pool in s.pools),
         "jobs": jobs,

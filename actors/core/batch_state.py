@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attrs import define
+from attrs import define, field
 
 from actors.core.batchjobs import DecodeEstimator, JobQueue
 from actors.core.config import BatchJobsConfig
@@ -44,6 +44,8 @@ class JobCounters:
     observed_decode_tokens_sum: int = 0
     observed_count: int = 0
     predicted_decode_tokens_sum: int = 0
+    # dispatch time of each running request, oldest first (the job's progress lower bound)
+    running_since: dict[RequestId, float] = field(factory=dict)
 
 
 class BatchState:
@@ -57,4 +59,6 @@ class BatchState:
         self.pending: dict[RequestId, BatchPending] = {}
         self.running: dict[RequestId, BatchRunning] = {}
         self.jobs: dict[str, JobCounters] = {}
+        # observed decode tokens per second of one batch request, dispatch to completion (EWMA)
+        self.decode_rate: float | None = None
         self.escapes_count = 0

@@ -26,7 +26,7 @@ import re
 from bisect import bisect_right, insort
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from attrs import frozen
 
@@ -61,6 +61,12 @@ class JobStats:
 
     samples: int
     ewma: float
+
+
+class Predictor(Protocol):
+    """What :meth:`JobQueue.pick` needs of an estimator: a decode-length prediction per job."""
+
+    def predict(self, job: str) -> int: ...
 
 
 class DecodeEstimator:
@@ -233,7 +239,7 @@ class JobQueue(Generic[K]):
     def pick(
         self,
         budget_tokens: int,
-        estimator: DecodeEstimator,
+        estimator: Predictor,
         *,
         low_available_tokens_threshold: int,
         short_decode_token_threshold: int,

@@ -212,3 +212,5 @@ class BatchJobsConfig:
     short_decode_token_threshold: int = rule_field(INT_GT_0, 32)
     block_size_tokens: int = rule_field(INT_GT_0, 16)
     max_wait_seconds: float = rule_field(FINITE_GT_0, 30.0)
+    # share of each rank's KV capacity batch may keep filling while Programs wait (docs/batch.md §2)
+    guaranteed_kv_share: float = rule_field(UNIT_INTERVAL, 0.25)

@@ -272,7 +272,7 @@ def admission_plan(
             if forced:
                 p.force_gate_blocked_at = now  # recorded: a forced resume held by the waiting gate
             return None
-    used = target_usage(rank, now, interval)
+    used = target_usage(rank, now, interval) + rank.batch_claim_tokens
     active_count = len(rank.active)
     required = private_tokens(p, cfg.decode_buffer_tokens, front_output)
     count_fits = active_count + 1 <= cfg.max_active_programs_per_target

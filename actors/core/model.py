@@ -230,6 +230,8 @@ class RankState:
     batch_tokens: float = 0.0
     batch_requests: int = 0
     backend_kv_capacity_tokens: int | None = None  # the engine's KV pool, as last reported
+    # tokens Program admission leaves to backlogged batch work (its guaranteed share, docs/batch.md §2)
+    batch_claim_tokens: float = 0.0
     # the last backend observation (docs/program-scheduling.md §2)
     kv_cache_usage: float | None = None
     running_requests: int | None = None

@@ -98,8 +98,8 @@ def step(state: SchedulerState, event: object, *, now: float, cfg: ProgramSchedu
     s.effects = []
     s.touched = {}
     handler(s, event)
-    if s.batch is not None and s.batch.pending:
-        batch_class.dispatch_batch(s)  # after the step's Program decisions: Programs first
+    if s.batch is not None:
+        batch_class.after_step(s)  # after the step's Program decisions: Programs first
     sync_timers(s)
     effects = tuple(s.effects)
     s.effects = []
