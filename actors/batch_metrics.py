@@ -35,6 +35,11 @@ class BatchMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.preempted = Counter(
+            f"{PREFIX}_preempted",
+            "Running batch requests preempted so that a waiting Program could be admitted.",
+            registry=registry,
+        )
         self.jobs_created = Counter(f"{PREFIX}_jobs_created", "Job names seen for the first time.", registry=registry)
         self.jobs_evicted = Counter(
             f"{PREFIX}_jobs_evicted", "Job decode estimates dropped to respect max_jobs (LRU).", registry=registry

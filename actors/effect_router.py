@@ -64,6 +64,8 @@ class EffectRouter:
         # request id -> redacted Program id of admitted requests, for completion logs
         self.admitted: dict[str, str] = {}
         self.completing: RequestCompleted | None = None  # the completion being stepped, if any
+        # the batch dispatcher's preemption hook (cancels the request's forward), when batch is on
+        self.on_preempt: Callable[[str], None] | None = None
 
     def expect_reply(self, request_id: str, reply: trio.MemorySendChannel[Reply]) -> None:
         self.replies[request_id] = reply
@@ -72,7 +74,9 @@ class EffectRouter:
         """The request left (completed or abandoned): drop what was kept for it, including the reply
         channel of a request abandoned while it still waited (the handler is gone)."""
         self.admitted.pop(request_id, None)
-        self.replies.pop(request_id, None)
+        channel = self.replies.pop(request_id, None)
+        if channel is not None:
+            channel.close()
 
     def close_replies(self) -> None:
         """Shutting down: every waiting handler sees its reply channel close (``ActorGone``)."""
@@ -138,7 +142,21 @@ class EffectRouter:
             program=f"batch:{e.job}",
             queue_seconds=e.queue_wait_seconds,
         )
-        self._reply(e.request_id, admitted)
+        # the channel stays open: a preempted batch request is admitted again on it; it is
+        # closed when the request completes or is abandoned (``forget``)
+        channel = self.replies.get(e.request_id)
+        if channel is not None:
+            try:
+                channel.send_nowait(admitted)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.replies.pop(e.request_id, None)  # the handler left; its RequestAbandoned follows
+
+    def _preempt_batch(self, e: fx.PreemptBatch) -> None:
+        log_event(logger, logging.DEBUG, "batch_preempted", job=e.job, target=e.target_id, freed_tokens=e.freed_tokens)
+        if self.batch_metrics is not None:
+            self.batch_metrics.preempted.inc()
+        if self.on_preempt is not None:
+            self.on_preempt(e.request_id)
 
     def _batch_completed(self, e: fx.BatchCompleted) -> None:
         if self.batch_metrics is None:
@@ -321,6 +339,7 @@ _ROUTES: dict[type, Callable[[EffectRouter, Any], None]] = {
     fx.Admit: EffectRouter._admit,
     fx.Reject: EffectRouter._reject,
     fx.AdmitBatch: EffectRouter._admit_batch,
+    fx.PreemptBatch: EffectRouter._preempt_batch,
     fx.BatchCompleted: EffectRouter._batch_completed,
     fx.BatchJobCreated: EffectRouter._batch_job_created,
     fx.BatchJobEvicted: EffectRouter._batch_job_evicted,

@@ -51,7 +51,7 @@ def run_simulation(
     info: dict[str, Any] | None = None,
     system: str | None = None,
     progress: Callable[[dict[str, Any]], None] | None = None,
-    per_step_wakeups: bool = False,
+    per_step_wakeups: bool = True,
 ) -> dict[str, Any]:
     """Simulate ``cfg`` (embedded mode) serving ``trace`` in virtual time; the report gets a
     ``simulation`` section (wall seconds, speed-ups).
@@ -69,8 +69,12 @@ def run_simulation(
 
     check_simulatable(cfg)
 
+    # batch preemption cancels running requests at any time (docs/batch.md §2): the engines must
+    # not be advanced ahead of the clock between wake-ups (docs/simulator.md §4, quiet events)
+    per_step = per_step_wakeups or cfg.batch_jobs.enabled
+
     def configure(sim: SimConfig) -> SimConfig:
-        return attrs.evolve(sim, deterministic=True, per_step_wakeups=per_step_wakeups)
+        return attrs.evolve(sim, deterministic=True, per_step_wakeups=per_step)
 
     async def simulate() -> dict[str, Any]:
         async with trio.open_nursery() as nursery:

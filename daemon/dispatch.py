@@ -61,6 +61,8 @@ class Lease(Protocol):
     def target(self) -> BackendTarget: ...
     @property
     def wants_usage(self) -> bool: ...
+    @property
+    def attempt(self) -> int: ...  # 0, or the how-manieth repeat of a preempted batch request
     def finish(self, outcome: Outcome) -> None: ...
 
 
@@ -87,6 +89,7 @@ class HealthView(Protocol):
 class NativeLease:
     target: BackendTarget
     wants_usage: bool = False
+    attempt: int = 0
     outcome: Outcome | None = None
 
     def finish(self, outcome: Outcome) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
@@ -37,7 +37,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from actors.batch_metrics import BatchGaugeCollector, BatchMetrics
-from actors.core.batch_class import batch_diagnostics
+from actors.core.batch_class import MAX_PREEMPTIONS_PER_REQUEST, batch_diagnostics
 from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.errors import Rejection
 from actors.core.events import BatchSubmitted, RequestAbandoned, RequestCompleted, RequestSubmitted
@@ -111,6 +111,7 @@ class ProgramLease:
     program: str
     queue_seconds: float
     wants_usage: bool = True  # usage drives Program accounting: the proxy must obtain it
+    attempt: int = 0  # > 0: a preempted batch request sent again
     outcome: Outcome | None = None
     reported: bool = False
     _send: trio.MemorySendChannel[Any] | None = None
@@ -160,12 +161,110 @@ class DispatcherCounters:
 
 @attrs.frozen(eq=False)
 class BatchDispatcher:
-    """The proxy's dispatcher for batch-class requests: the Program dispatcher's batch lease."""
+    """The proxy's dispatcher for batch-class requests (docs/batch.md §2).
+
+    ``serve(req, forward)`` submits the request to the scheduler's batch queue and runs
+    ``forward(lease)`` each time it is admitted.  A non-streaming request is preemptible: when the
+    scheduler preempts it (:meth:`preempt`, called by the scheduler actor while it routes the
+    ``PreemptBatch`` effect), its forward is cancelled -- the upstream call closes, nothing has
+    reached the client -- and it waits for its next admission on the same reply channel.  Once
+    the answer is complete (``lease.finish`` ran) a preemption no longer cancels anything; the
+    scheduler then counts the late completion.
+    """
 
     program: ProgramDispatcher
+    runs: dict[str, _BatchRun] = attrs.field(factory=dict)
 
-    def lease(self, req: ProxyRequest) -> AbstractAsyncContextManager[ProgramLease]:
-        return self.program.batch_lease(req)
+    def preempt(self, request_id: str) -> None:
+        run = self.runs.get(request_id)
+        if run is None:
+            return
+        run.preempted += 1
+        if run.scope is not None and (run.lease is None or run.lease.outcome is None):
+            run.scope.cancel()
+
+    async def serve(self, req: ProxyRequest, forward: Callable[[ProgramLease], Awaitable[object]]) -> None:
+        program = self.program
+        if req.batch_job is None:
+            raise ValueError("BatchDispatcher.serve needs a batch-class request")
+        program._polling_needed.set()
+        inbox = program.scheduler.inbox.send
+        event = BatchSubmitted(
+            request_id=RequestId(req.request_id),
+            job=req.batch_job,
+            estimated_prompt_tokens=program.estimator.estimate(DEFAULT_MODEL_POOL, req),
+            max_tokens=output_cap(req.body),
+            model_pool=DEFAULT_MODEL_POOL,
+            preemptible=not req.stream,
+        )
+        run = self.runs[req.request_id] = _BatchRun()
+        submitted = False
+        lease: ProgramLease | None = None
+        try:
+            # one admission per preemption at most, plus the first: they never block the scheduler
+            reply_send, reply_recv = trio.open_memory_channel[Reply](MAX_PREEMPTIONS_PER_REQUEST + 1)
+            with reply_recv:
+                with reply_send:
+                    await inbox.send(Submission(event=event, reply=reply_send.clone()))
+                    submitted = True
+                    program.counters.submitted_count += 1
+                admissions = 0
+                while True:
+                    try:
+                        reply = await reply_recv.receive()
+                    except trio.EndOfChannel:
+                        raise ActorGone("scheduler actor stopped") from None
+                    if isinstance(reply, Rejection):
+                        submitted = False  # the core already dropped the request
+                        program.counters.rejected_count += 1
+                        raise DispatchRejected(reply)
+                    admissions += 1
+                    if admissions <= run.preempted:
+                        continue  # preempted before this admission's forward started
+                    program.counters.admitted_count += 1
+                    lease = ProgramLease(
+                        target=reply.target,
+                        request_id=req.request_id,
+                        program=reply.program,
+                        queue_seconds=reply.queue_seconds,
+                        attempt=run.preempted,
+                        send=inbox,
+                    )
+                    run.lease = lease
+                    with trio.CancelScope() as scope:
+                        run.scope = scope
+                        await forward(lease)
+                    run.scope = None
+                    if scope.cancelled_caught and lease.outcome is None:
+                        lease = None  # preempted: wait for the next admission
+                        continue
+                    return
+        except ActorGone:
+            submitted = False
+            raise DispatchRejected(SCHEDULER_UNAVAILABLE) from None
+        finally:
+            del self.runs[req.request_id]
+            if submitted:
+                with trio.CancelScope(shield=True):
+                    with trio.move_on_after(RELEASE_TIMEOUT_SECONDS) as capped:
+                        await program._release(req, lease, inbox)
+                    if capped.cancelled_caught:
+                        log_event(
+                            logger,
+                            logging.ERROR,
+                            "program_release_timeout",
+                            request_id=req.request_id,
+                            timeout_seconds=RELEASE_TIMEOUT_SECONDS,
+                        )
+
+
+@attrs.define(eq=False)
+class _BatchRun:
+    """One batch request being served: its preemptions and the forward that runs now."""
+
+    preempted: int = 0
+    scope: trio.CancelScope | None = None
+    lease: ProgramLease | None = None
 
 
 class ProgramDispatcher:
@@ -187,6 +286,7 @@ class ProgramDispatcher:
         self.estimator = estimator
         self._polling_needed = polling_needed
         self.counters = DispatcherCounters()
+        self.batch: BatchDispatcher | None = None  # with [batch_jobs] enabled
 
     def lease(self, req: ProxyRequest) -> AbstractAsyncContextManager[ProgramLease]:
         if req.identity is None:
@@ -202,22 +302,8 @@ class ProgramDispatcher:
         )
         return self._lease(req, event)
 
-    def batch_lease(self, req: ProxyRequest) -> AbstractAsyncContextManager[ProgramLease]:
-        """A lease for a batch-class request (docs/batch.md §2): it waits in the scheduler's
-        job-aware batch queue until a rank has capacity the Programs leave free."""
-        if req.batch_job is None:
-            raise ValueError("ProgramDispatcher.batch_lease needs a batch-class request")
-        event = BatchSubmitted(
-            request_id=RequestId(req.request_id),
-            job=req.batch_job,
-            estimated_prompt_tokens=self.estimator.estimate(DEFAULT_MODEL_POOL, req),
-            max_tokens=output_cap(req.body),
-            model_pool=DEFAULT_MODEL_POOL,
-        )
-        return self._lease(req, event)
-
     @asynccontextmanager
-    async def _lease(self, req: ProxyRequest, event: RequestSubmitted | BatchSubmitted) -> AsyncIterator[ProgramLease]:
+    async def _lease(self, req: ProxyRequest, event: RequestSubmitted) -> AsyncIterator[ProgramLease]:
         self._polling_needed.set()  # lazily start backend polling on the first scheduled request
         inbox = self.scheduler.inbox.send
         submitted = False
@@ -368,6 +454,10 @@ async def run_program_scheduling(
             registry.register(BatchGaugeCollector(lambda: batch_diagnostics(scheduler.state)))
         polling_needed = trio.Event()
         dispatcher = ProgramDispatcher(ps, scheduler, observers, estimator, polling_needed, feed)
+        if batch is not None:
+            dispatcher.batch = BatchDispatcher(dispatcher)
+            assert scheduler.router is not None
+            scheduler.router.on_preempt = dispatcher.batch.preempt
 
         async def start_polling_when_needed() -> None:
             await polling_needed.wait()

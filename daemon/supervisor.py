@@ -44,7 +44,7 @@ from daemon.http.metrics_route import metrics_asgi_app
 from daemon.http.proxy import ProgramRoute, ProxyEngine
 from daemon.http.serve import serve_http as serve_asgi
 from daemon.metrics import ProxyMetrics, build_registry
-from daemon.program_dispatch import BatchDispatcher, ProgramDispatcher, run_program_scheduling
+from daemon.program_dispatch import ProgramDispatcher, run_program_scheduling
 from daemon.upstream import UpstreamTransport, client_kwargs, upstream_limits
 from sim.cluster import SimCluster, SimConfig, run_sim_cluster
 from sim.transport import SimTransport
@@ -230,7 +230,7 @@ async def run_daemon(
                 else ProgramRoute(
                     ps.program_scheduling_enable_key,
                     program,
-                    BatchDispatcher(program) if cfg.batch_jobs.enabled else None,
+                    program.batch,
                 ),
                 transport=upstream.transport,
                 timeout=upstream.client.timeout,

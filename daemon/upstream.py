@@ -112,8 +112,14 @@ def _connection_named(headers: Iterable[tuple[str, str]]) -> frozenset[str]:
     return frozenset(named)
 
 
-def upstream_headers(client_headers: Mapping[str, str], dp_rank: int, request_id: str) -> list[tuple[str, str]]:
-    """Headers sent to a worker: the client's minus hop-by-hop/DP/length, plus ours."""
+def upstream_headers(
+    client_headers: Mapping[str, str], dp_rank: int, request_id: str, attempt: int = 0
+) -> list[tuple[str, str]]:
+    """Headers sent to a worker: the client's minus hop-by-hop/DP/length, plus ours.
+
+    A repeated attempt (a preempted batch request sent again, docs/batch.md §2) gets its own
+    ``X-Request-Id`` (``<id>.retry<N>``), so the engine never confuses it with the aborted one.
+    """
     extra_drop = _connection_named(client_headers.items())
     out = [
         (name, value)
@@ -123,7 +129,11 @@ def upstream_headers(client_headers: Mapping[str, str], dp_rank: int, request_id
     out.append(("content-type", "application/json"))
     out.append(("accept-encoding", "identity"))
     out.append((DP_RANK_HEADER, str(dp_rank)))
-    if "x-request-id" not in client_headers:
+    if attempt:
+        base = client_headers.get("x-request-id") or request_id
+        out = [(n, v) for n, v in out if n != "x-request-id"]
+        out.append(("x-request-id", f"{base}.retry{attempt}"))
+    elif "x-request-id" not in client_headers:
         out.append(("x-request-id", request_id))
     return out
 

@@ -26,9 +26,17 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from actors.core import invariants
-from actors.core.batch_class import JobPredictor, predicted_decode, programs_waiting, rank_budget_tokens
+from actors.core.batch_class import (
+    JobPredictor,
+    decode_room,
+    guaranteed_share_tokens,
+    predicted_decode,
+    rank_budget_tokens,
+    waiting_homes,
+)
 from actors.core.config import BackendTarget, BatchJobsConfig, ProgramSchedulingConfig
-from actors.core.effects import AdmitBatch, Reject
+from actors.core.costs import decode_step_seconds
+from actors.core.effects import AdmitBatch, PreemptBatch, Reject
 from actors.core.events import (
     BatchSubmitted,
     ObservationReceived,
@@ -75,11 +83,17 @@ class BatchMachine(RuleBasedStateMachine):
         margin=st.integers(min_value=0, max_value=4),
         cap=st.integers(min_value=1, max_value=8),
         max_jobs=st.sampled_from([0, 1, 2, 20]),
+        share=st.sampled_from([0.0, 0.25, 0.5]),
     )
-    def setup(self, ranks: int, capacity: int, margin: int, cap: int, max_jobs: int) -> None:
+    def setup(self, ranks: int, capacity: int, margin: int, cap: int, max_jobs: int, share: float) -> None:
         self.cfg = ProgramSchedulingConfig(token_capacity_per_dp_rank=capacity, metrics_interval_seconds=1.0)
         self.bcfg = BatchJobsConfig(
-            enabled=True, reserve_margin_blocks=margin, reserve_max_blocks=cap, max_jobs=max_jobs, max_wait_seconds=10.0
+            enabled=True,
+            reserve_margin_blocks=margin,
+            reserve_max_blocks=cap,
+            max_jobs=max_jobs,
+            max_wait_seconds=10.0,
+            guaranteed_kv_share=share,
         )
         self.state = initial_state(self.cfg, self.bcfg)
         self.now = 0.0
@@ -114,8 +128,19 @@ class BatchMachine(RuleBasedStateMachine):
                 self.queued.discard(e.request_id)
                 self.running.add(e.request_id)
                 if not e.starvation_escape:
-                    assert not programs_waiting(self.state, POOL), "batch dispatched while a Program waits"
+                    # Programs first: beside a waiting Program batch only fills its guaranteed share
+                    rank = self.state.ranks[e.target_id]
+                    homes = waiting_homes(self.state, POOL)
+                    if None in homes or e.target_id in homes:
+                        cap = self.cfg.token_capacity_per_dp_rank
+                        assert cap is not None
+                        share = cap * self.bcfg.guaranteed_kv_share
+                        assert rank.batch_tokens <= share + 1e-6, "batch beyond its share while a Program waits"
                     dispatched_to.add(e.target_id)
+            elif isinstance(e, PreemptBatch):
+                assert e.request_id in self.running
+                self.running.discard(e.request_id)
+                self.queued.add(e.request_id)
             elif isinstance(e, Reject) and e.request_id in self.queued:
                 self.queued.discard(e.request_id)
                 self.done.add(e.request_id)
@@ -128,6 +153,14 @@ class BatchMachine(RuleBasedStateMachine):
             used = target_usage(rank, self.now, self.cfg.metrics_interval_seconds)
             alone = rank.batch_requests == 1 and not rank.active
             assert used <= cap * self.cfg.low_watermark_ratio or alone, f"{tid}: batch overfilled to {used}"
+            if rank.active and rank.batch_requests > 1:
+                # Programs keep their decode speed within max_decode_slowdown (the seed's cost model)
+                model = self.cfg.decode_throughput_model
+                n = len(rank.active)
+                ctx = sum(a.estimated_context_tokens for a in rank.active.values())
+                alone_step = decode_step_seconds(n, ctx, model)
+                shared = decode_step_seconds(n + rank.batch_requests, ctx + rank.batch_tokens, model)
+                assert shared <= (1 + self.bcfg.max_decode_slowdown) * alone_step + 1e-12, "Programs slowed too much"
         self._check_after_step()
         return result.effects
 
@@ -146,12 +179,21 @@ class BatchMachine(RuleBasedStateMachine):
         job=st.sampled_from(JOBS),
         tokens=st.integers(min_value=0, max_value=3_000),
         cap=st.sampled_from([None, 8, 200]),
+        preemptible=st.booleans(),
     )
-    def submit_batch(self, job: str, tokens: int, cap: int | None) -> None:
+    def submit_batch(self, job: str, tokens: int, cap: int | None, preemptible: bool) -> None:
         self.n += 1
         rid = f"b{self.n}"
         self.queued.add(rid)
-        self._step(BatchSubmitted(RequestId(rid), job, tokens, cap))
+        self._step(BatchSubmitted(RequestId(rid), job, tokens, cap, preemptible=preemptible))
+
+    @rule(job=st.sampled_from(JOBS), count=st.integers(min_value=5, max_value=20), tokens=st.sampled_from([0, 50, 400]))
+    def submit_batch_burst(self, job: str, count: int, tokens: int) -> None:
+        for _ in range(count):
+            self.n += 1
+            rid = f"b{self.n}"
+            self.queued.add(rid)
+            self._step(BatchSubmitted(RequestId(rid), job, tokens, None, preemptible=True))
 
     @rule(program=st.sampled_from(["p1", "p2", "p3"]), tokens=st.sampled_from([40, 300, 1_500, 5_000, 15_000]))
     def submit_program(self, program: str, tokens: int) -> None:
@@ -218,28 +260,35 @@ class BatchMachine(RuleBasedStateMachine):
             reserve = min(rank.batch_requests + self.bcfg.reserve_margin_blocks, self.bcfg.reserve_max_blocks)
             assert min(self.bcfg.reserve_margin_blocks, self.bcfg.reserve_max_blocks) <= reserve
             assert reserve <= self.bcfg.reserve_max_blocks
-        if b.pending and programs_waiting(s, POOL):
-            # starvation bound: the oldest request that waited max_wait_seconds goes once a budget fits it
-            oldest = next(iter(b.pending.values()))
-            if s.now - oldest.arrived_at >= self.bcfg.max_wait_seconds:
-                best = max((s.ranks[t] for t in s.pools[POOL]), key=lambda r: (rank_budget_tokens(s, r), -r.index))
-                idle = not best.active and not best.batch_requests
-                need = oldest.prompt_tokens + predicted_decode(b, oldest, JobPredictor(b, s.now))
-                assert need > rank_budget_tokens(s, best) and not idle, "the starvation escape did not fire"
-        if b.pending and not programs_waiting(s, POOL):
-            # work conservation: the seed's pick for the best rank does not fit it
-            best = max((s.ranks[t] for t in s.pools[POOL]), key=lambda r: (rank_budget_tokens(s, r), -r.index))
-            budget = rank_budget_tokens(s, best)
-            pick = b.queue.pick(
-                budget,
-                JobPredictor(b, s.now),
-                low_available_tokens_threshold=self.bcfg.low_available_tokens_threshold,
-                short_decode_token_threshold=self.bcfg.short_decode_token_threshold,
-            )
-            if pick is not None:
-                p = b.pending[pick]
-                idle = not best.active and not best.batch_requests
-                assert p.prompt_tokens + predicted_decode(b, p, JobPredictor(b, s.now)) > budget and not idle, "a fitting batch request waits"
+        if not b.pending:
+            return
+        # work conservation and the starvation escape: after a step no rank would take the pick
+        # it is offered (the same offers dispatch_batch makes)
+        oldest = next(iter(b.pending.values()))
+        homes = waiting_homes(s, POOL)
+        escape = bool(homes) and s.now - oldest.arrived_at >= self.bcfg.max_wait_seconds
+        predictor = JobPredictor(b, s.now)
+        for tid in s.pools[POOL]:
+            rank = s.ranks[tid]
+            budget = rank_budget_tokens(s, rank)
+            if (None in homes or tid in homes) and not escape:
+                budget = min(budget, guaranteed_share_tokens(s, rank))
+            idle = not rank.active and not rank.batch_requests
+            if escape:
+                pick = oldest.request_id
+            else:
+                pick = b.queue.pick(
+                    max(budget, 1) if idle else budget,
+                    predictor,
+                    low_available_tokens_threshold=self.bcfg.low_available_tokens_threshold,
+                    short_decode_token_threshold=self.bcfg.short_decode_token_threshold,
+                )
+            if pick is None:
+                continue
+            p = b.pending[pick]
+            need = p.prompt_tokens + predicted_decode(b, p, predictor)
+            fits = need <= budget or idle
+            assert not (fits and decode_room(s, rank, need)), f"{tid} would take {pick}: a fitting batch request waits"
 
     @invariant()
     def nothing_lost(self) -> None:

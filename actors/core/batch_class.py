@@ -4,10 +4,15 @@ A batch request (``BatchSubmitted``) waits in the router, in the seed's job-awar
 (``batchjobs.JobQueue``), beside the Programs' RequestPool, and is dispatched into the KV capacity
 the Programs leave free, on the same per-rank ledger:
 
-* **Programs first.** :func:`dispatch_batch` runs at the end of every step, after the step's
-  Program decisions. While any Program of the pool waits for admission, batch admission stops
-  (the starvation escape below aside), so a Program is never held back by batch work admitted
-  after it started waiting.
+* **Programs first.** :func:`after_step` runs at the end of every step, after the step's
+  Program decisions. On a rank a waiting Program would resume on, batch admission stops beyond
+  the batch's guaranteed share (``guaranteed_kv_share`` of the capacity; the starvation escape
+  aside), and Program admission leaves that share to backlogged batch work (``batch_claim_tokens``).
+* **Preemption.** When a waiting Program lacks only tokens that batch holds above its share on
+  its rank, the youngest preemptible batch requests there are preempted (their upstream call is
+  cancelled; they wait again, keeping their arrival time) and the Program is admitted in the same
+  step. Only requests the shell can restart are preemptible (non-streaming: nothing reached the
+  client), each at most ``MAX_PREEMPTIONS_PER_REQUEST`` times.
 * **Budget per rank** (the seed's admission budget at router scale)::
 
       free_blocks = floor((capacity * low_watermark_ratio - used) / B)
@@ -18,13 +23,13 @@ the Programs leave free, on the same per-rank ledger:
   (``vllm:cache_config_info``); until either is known a rank takes batch work only while idle.
   ``used`` is the rank's ``target_usage`` (which includes batch, ``ledger.charge_batch``); each
   running batch request decodes at most one new block per engine step, the seed's per-request
-  projection in the decode phase, hence one block each. A rank whose fresh observation shows a
-  waiting engine queue while batch runs there is under pressure and gets nothing.
+  projection in the decode phase, hence one block each.
 * **Pick**: the rank with the largest budget (ties: lower target index) asks the queue for the
   seed's pick (cold start first, job order by budget against ``low_available_tokens_threshold``,
-  LPT inside the job), with one agentd addition to the seed's prediction (below). The request is charged ``prompt + min(predicted decode, max_tokens)``. If
-  that does not fit the budget, admission stops (head of line, as in the engine), unless the rank
-  runs nothing at all (a request larger than any budget runs alone rather than never).
+  LPT inside the job), with one agentd addition to the seed's prediction (below). The request
+  is charged ``prompt + min(predicted decode, max_tokens)``. If that does not fit the budget,
+  admission stops (head of line, as in the engine), unless the rank runs nothing at all (a
+  request larger than any budget runs alone rather than never).
 * **Starvation bound**: with free capacity and no Program waiting, a queued batch request that
   fits is dispatched in the same step. When Programs keep waiting, the oldest batch request is
   dispatched anyway once it has waited ``max_wait_seconds`` and a rank's budget fits it.
@@ -42,13 +47,15 @@ the Programs leave free, on the same per-rank ledger:
 from __future__ import annotations
 
 from actors.core.batch_state import BatchPending, BatchRunning, BatchState, JobCounters
-from actors.core.effects import AdmitBatch, BatchCompleted, BatchJobCreated, BatchJobEvicted
+from actors.core.costs import decode_step_seconds
+from actors.core.effects import AdmitBatch, BatchCompleted, BatchJobCreated, BatchJobEvicted, PreemptBatch
 from actors.core.errors import NO_TARGETS, InvalidEvent
 from actors.core.events import BatchSubmitted, RequestCompleted
 from actors.core.ids import RequestId, TargetId
-from actors.core.ledger import charge_batch, fresh_waiting, target_usage
+from actors.core.ledger import charge_batch, private_tokens, target_usage
 from actors.core.lifecycle import reject
-from actors.core.model import RankState
+from actors.core.model import Program, RankState
+from actors.core.resume import ordered, schedule_waiting
 from actors.core.state import SchedulerState, live_program
 
 NATURAL_STOP = "stop"
@@ -96,7 +103,9 @@ def on_batch_submit(s: SchedulerState, ev: BatchSubmitted) -> None:
         s.effects.append(BatchJobCreated(job=job))
     counters.submitted += 1
     b.estimator.touch(job)
-    b.pending[rid] = BatchPending(rid, job, ev.estimated_prompt_tokens, ev.max_tokens, ev.model_pool, s.now)
+    b.pending[rid] = BatchPending(
+        rid, job, ev.estimated_prompt_tokens, ev.max_tokens, ev.model_pool, s.now, preemptible=ev.preemptible
+    )
     b.queue.add(rid, job, ev.estimated_prompt_tokens)
 
 
@@ -107,7 +116,18 @@ def on_batch_complete(s: SchedulerState, ev: RequestCompleted) -> bool:
         return False
     r = b.running.pop(ev.request_id, None)
     if r is None:
-        return False
+        late = b.pending.get(ev.request_id)
+        if late is None or not late.preemptions:
+            return False
+        # preempted while its answer was already complete: the shell kept the answer, so the
+        # request is done (it leaves the queue) and nothing is charged anywhere
+        del b.pending[ev.request_id]
+        b.queue.remove(ev.request_id)
+        counters = b.jobs.get(late.job)
+        if counters is not None:
+            counters.completed += 1
+        _forget_job_if_idle(b, late.job)
+        return True
     rank = s.ranks.get(r.target_id)
     if rank is not None and r.on_ledger:
         charge_batch(rank, -r.charged_tokens, -1)
@@ -186,8 +206,6 @@ def rank_budget_tokens(s: SchedulerState, rank: RankState) -> int:
     if b is None or capacity is None:
         return 0
     cfg = b.cfg
-    if rank.batch_requests and (fresh_waiting(rank, s.now, s.cfg.metrics_interval_seconds) or 0) > 0:
-        return 0  # the engine already queues work while our batch runs there: under pressure
     block = cfg.block_size_tokens
     used = target_usage(rank, s.now, s.cfg.metrics_interval_seconds)
     free_blocks = int((capacity * s.cfg.low_watermark_ratio - used) // block)
@@ -203,6 +221,26 @@ def guaranteed_share_tokens(s: SchedulerState, rank: RankState) -> int:
     if b is None or capacity is None:
         return 0
     return max(0, int(capacity * b.cfg.guaranteed_kv_share - rank.batch_tokens))
+
+
+def decode_room(s: SchedulerState, rank: RankState, extra_tokens: float) -> bool:
+    """May one more batch request of ``extra_tokens`` context decode on ``rank`` beside the active
+    Programs there (reasoning, or acting and about to reason again)?  Yes when there are none;
+    else when the decode step (the seed's cost model) stays within ``1 + max_decode_slowdown``
+    times the step of those Programs alone."""
+    b = s.batch
+    assert b is not None
+    n = 0
+    ctx = 0.0
+    for a in rank.active.values():  # reasoning, or acting (a tool call) and about to reason again
+        n += 1
+        ctx += a.estimated_context_tokens
+    if n == 0 or rank.batch_requests == 0:
+        return True  # one batch request per rank always runs: batch keeps progressing
+    model = s.cfg.decode_throughput_model
+    alone = decode_step_seconds(n, ctx, model)
+    shared = decode_step_seconds(n + rank.batch_requests + 1, ctx + rank.batch_tokens + extra_tokens, model)
+    return shared <= (1.0 + b.cfg.max_decode_slowdown) * alone
 
 
 def programs_waiting(s: SchedulerState, pool: str) -> bool:
@@ -231,11 +269,14 @@ def predicted_decode(b: BatchState, p: BatchPending, predictor: JobPredictor) ->
 
 
 def after_step(s: SchedulerState) -> None:
-    """The batch class's part of every step: dispatch, then refresh each rank's claim (what Program
-    admission leaves to backlogged batch work: the guaranteed share not yet used)."""
+    """The batch class's part of every step: preempt batch work a waiting Program needs, dispatch,
+    then refresh each rank's claim (what Program admission leaves to backlogged batch work: the
+    guaranteed share not yet used)."""
     b = s.batch
     if b is None:
         return
+    if b.running and preempt_for_programs(s):
+        schedule_waiting(s)  # the freed capacity goes to the waiting Programs in this same step
     if b.pending:
         dispatch_batch(s)
     backlogged = bool(b.pending)
@@ -243,8 +284,109 @@ def after_step(s: SchedulerState) -> None:
         rank.batch_claim_tokens = float(guaranteed_share_tokens(s, rank)) if backlogged else 0.0
 
 
+MAX_PREEMPTIONS_PER_REQUEST = 2
+
+
+def preempt_for_programs(s: SchedulerState) -> bool:
+    """Preempt running batch requests on ranks where a waiting Program lacks only tokens that
+    batch holds above its guaranteed share; True when any was preempted (docs/batch.md §2).
+
+    Per rank, the first waiting Program in resume order whose home it is: its deficit is
+    ``required - (capacity x low_watermark - used)``; victims are preemptible batch requests there,
+    youngest first (least work lost), taken only when together they cover the deficit without
+    going below the guaranteed share.  A request preempted ``MAX_PREEMPTIONS_PER_REQUEST`` times
+    is no longer preemptible, so every batch request finishes.
+    """
+    b = s.batch
+    capacity_cfg = s.cfg.token_capacity_per_dp_rank
+    if b is None or s.cfg.binding_only:
+        return False
+    preempted = False
+    for pool in sorted(s.pools):
+        waiting = _waiting_by_home(s, pool)
+        for tid in s.pools[pool]:
+            rank = s.ranks[tid]
+            program = waiting.get(tid)
+            capacity = capacity_cfg if capacity_cfg is not None else rank.backend_kv_capacity_tokens
+            if program is None or not rank.batch_requests or capacity is None:
+                continue
+            used = target_usage(rank, s.now, s.cfg.metrics_interval_seconds)
+            deficit = private_tokens(program, s.cfg.decode_buffer_tokens) - (
+                capacity * s.cfg.low_watermark_ratio - used
+            )
+            if deficit <= 0:
+                continue  # not held back by tokens (count guard, gate, growth reserve): nothing to free
+            spare = rank.batch_tokens - capacity * b.cfg.guaranteed_kv_share
+            victims = sorted(
+                (
+                    r
+                    for r in b.running.values()
+                    if r.target_id == tid
+                    and r.on_ledger
+                    and r.pending is not None
+                    and r.pending.preemptible
+                    and r.pending.preemptions < MAX_PREEMPTIONS_PER_REQUEST
+                ),
+                key=lambda r: (-r.dispatched_at, r.request_id),
+            )
+            chosen: list[BatchRunning] = []
+            freed = 0.0
+            for r in victims:
+                if freed >= deficit or freed + r.charged_tokens > spare:
+                    break
+                chosen.append(r)
+                freed += r.charged_tokens
+            if freed < deficit:
+                continue  # preempting cannot make room: keep the work
+            for r in chosen:
+                _preempt(s, b, r, rank)
+            preempted = True
+    return preempted
+
+
+def _waiting_by_home(s: SchedulerState, pool: str) -> dict[TargetId, Program]:
+    """The first waiting Program (resume order) per home rank of ``pool``."""
+    out: dict[TargetId, Program] = {}
+    refs = list(s.global_queues.get(pool, ()))
+    for t in s.pools.get(pool, ()):
+        refs.extend(s.rank_queues.get(t, ()))
+    for p in ordered(s, refs):
+        home = p.last_target
+        if home is not None and home not in out:
+            out[home] = p
+    return out
+
+
+def _preempt(s: SchedulerState, b: BatchState, r: BatchRunning, rank: RankState) -> None:
+    del b.running[r.request_id]
+    charge_batch(rank, -r.charged_tokens, -1)
+    p = r.pending
+    assert p is not None
+    p.preemptions += 1
+    b.preemptions_count += 1
+    b.pending[p.request_id] = p
+    # keep ``pending`` in arrival order (the starvation escape serves its first entry); preemptions
+    # are rare, so re-sorting here costs less than an ordered structure on every arrival
+    items = sorted(b.pending.values(), key=lambda x: x.arrived_at)
+    b.pending.clear()
+    b.pending.update((x.request_id, x) for x in items)
+    b.queue.add(p.request_id, p.job, p.prompt_tokens)
+    counters = b.jobs.get(p.job)
+    if counters is not None:
+        counters.running -= 1
+        counters.running_since.pop(p.request_id, None)
+    s.effects.append(
+        PreemptBatch(request_id=r.request_id, target_id=r.target_id, job=r.job, freed_tokens=int(r.charged_tokens))
+    )
+
+
 def dispatch_batch(s: SchedulerState) -> None:
-    """Dispatch queued batch requests into the capacity Programs leave free (module docstring)."""
+    """Dispatch queued batch requests into the capacity Programs leave free (module docstring).
+
+    Ranks are tried in order of budget (largest first, ties by target index); on each the queue's
+    pick must fit the budget (or the rank be idle) and leave the reasoning Programs their decode
+    speed (:func:`decode_room`).  The loop ends when no rank takes the pick it is offered.
+    """
     b = s.batch
     if b is None or not b.pending:
         return
@@ -254,38 +396,53 @@ def dispatch_batch(s: SchedulerState) -> None:
         pool = oldest.model_pool
         homes = waiting_homes(s, pool)
         escape = bool(homes) and s.now - oldest.arrived_at >= b.cfg.max_wait_seconds
-        best: RankState | None = None
-        best_budget = -1
+        offers: list[tuple[int, int, RankState]] = []
         for tid in s.pools.get(pool, ()):
             rank = s.ranks[tid]
             budget = rank_budget_tokens(s, rank)
             if (None in homes or tid in homes) and not escape:
                 # a Program waits for this rank: batch keeps only its guaranteed share
                 budget = min(budget, guaranteed_share_tokens(s, rank))
-            if budget > best_budget:
-                best, best_budget = rank, budget
-        if best is None:
+            offers.append((-budget, rank.index, rank))
+        offers.sort(key=lambda o: (o[0], o[1]))
+        if not _dispatch_one(s, b, predictor, offers, oldest, escape):
             return
-        idle = not best.active and not best.batch_requests
+
+
+def _dispatch_one(
+    s: SchedulerState,
+    b: BatchState,
+    predictor: JobPredictor,
+    offers: list[tuple[int, int, RankState]],
+    oldest: BatchPending,
+    escape: bool,
+) -> bool:
+    for neg_budget, _, rank in offers:
+        budget = -neg_budget
+        idle = not rank.active and not rank.batch_requests
         if escape:
             rid: RequestId | None = oldest.request_id
         else:
             # an idle rank with no budget yet (capacity unknown) still asks for a pick: budget 1
             # makes the seed's best fit return the smallest prompt of the first job
             rid = b.queue.pick(
-                max(best_budget, 1) if idle else best_budget,
+                max(budget, 1) if idle else budget,
                 predictor,
                 low_available_tokens_threshold=b.cfg.low_available_tokens_threshold,
                 short_decode_token_threshold=b.cfg.short_decode_token_threshold,
             )
         if rid is None:
-            return
+            continue
         p = b.pending[rid]
         pred = predicted_decode(b, p, predictor)
         need = p.prompt_tokens + pred
-        if need > best_budget and not idle:
-            return  # head of line: re-evaluated when capacity frees (a completion, a tick)
-        _dispatch(s, b, p, best, pred, need, escape=escape)
+        if need > budget and not idle:
+            continue  # does not fit here: re-evaluated when capacity frees (a completion, a tick)
+        if not decode_room(s, rank, need):
+            continue  # the Programs reasoning there would slow down more than allowed
+        _dispatch(s, b, p, rank, pred, need, escape=escape)
+        return True
+    return False
 
 
 def _dispatch(
@@ -294,7 +451,7 @@ def _dispatch(
     del b.pending[p.request_id]
     b.queue.remove(p.request_id)
     charge_batch(rank, float(need), 1)
-    b.running[p.request_id] = BatchRunning(p.request_id, p.job, rank.target_id, float(need), pred, s.now)
+    b.running[p.request_id] = BatchRunning(p.request_id, p.job, rank.target_id, float(need), pred, s.now, pending=p)
     wait = s.now - p.arrived_at
     counters = b.jobs.get(p.job)
     if counters is not None:
@@ -390,6 +547,7 @@ def batch_diagnostics(s: SchedulerState) -> dict[str, object]:
         "queued": len(b.pending),
         "running": len(b.running),
         "starvation_escapes": b.escapes_count,
+        "preemptions": b.preemptions_count,
         "decode_tokens_per_second": b.decode_rate,
         "oldest_wait_seconds": s.now - next(iter(b.pending.values())).arrived_at if b.pending else None,
         "programs_waiting": any(programs_waiting(s, pool) for pool in s.pools),

@@ -17,6 +17,8 @@ class BatchPending:
     max_tokens: int | None
     model_pool: str
     arrived_at: float
+    preemptible: bool = False
+    preemptions: int = 0
 
 
 @define(slots=True, eq=False)
@@ -28,6 +30,7 @@ class BatchRunning:
     predicted_decode_tokens: int
     dispatched_at: float
     on_ledger: bool = True  # False once its rank left the topology (nothing to release there)
+    pending: BatchPending | None = None  # its queue record, kept for a preemption
 
 
 @define(slots=True, eq=False)
@@ -62,3 +65,4 @@ class BatchState:
         # observed decode tokens per second of one batch request, dispatch to completion (EWMA)
         self.decode_rate: float | None = None
         self.escapes_count = 0
+        self.preemptions_count = 0

@@ -209,6 +209,17 @@ class AdmitBatch:
 
 
 @frozen(slots=False)
+class PreemptBatch:
+    """Stop the running batch request ``request_id`` (its upstream call is cancelled); it waits in
+    the batch queue again and is dispatched anew later (docs/batch.md §2, preemption)."""
+
+    request_id: RequestId
+    target_id: TargetId
+    job: str
+    freed_tokens: int
+
+
+@frozen(slots=False)
 class BatchCompleted:
     """A running batch request ended; ``observed_decode_tokens`` is set for natural stops only."""
 
@@ -237,6 +248,7 @@ class BatchJobEvicted:
 Effect = (
     Admit
     | AdmitBatch
+    | PreemptBatch
     | BatchCompleted
     | BatchJobCreated
     | BatchJobEvicted

@@ -53,6 +53,8 @@ class BatchSubmitted:
     max_tokens: int | None = None
     model_pool: str = DEFAULT_MODEL_POOL
     targets: tuple[BackendTarget, ...] | None = None
+    # the shell can restart it from scratch (nothing reached the client yet): Programs may preempt it
+    preemptible: bool = False
 
 
 @frozen

@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import attrs
@@ -68,7 +68,14 @@ class ProgramRoute:
 
     enable_key: str
     dispatcher: Dispatcher
-    batch: Dispatcher | None = None
+    batch: BatchServer | None = None
+
+
+class BatchServer(Protocol):
+    """Serves a batch-class request: ``forward(lease)`` runs once per admission (a preempted
+    attempt is cancelled before anything reached the client, docs/batch.md §2)."""
+
+    async def serve(self, req: ProxyRequest, forward: Callable[[Any], Awaitable[object]]) -> None: ...
 
 
 REQUEST_CLASSES = (BATCH_CLASS, "interactive")
@@ -216,14 +223,18 @@ class ProxyEngine:
     async def handle(self, req: ProxyRequest, sink: ResponseSink, *, raw_body: bytes | None = None) -> None:
         """Serve one request end to end; every expected failure becomes an error response."""
         dispatcher = self.native
+        batch: BatchServer | None = None
         if self.program is not None:
             if req.identity is not None:
                 dispatcher = self.program.dispatcher
-            elif req.batch_job is not None and self.program.batch is not None:
-                dispatcher = self.program.batch
+            elif req.batch_job is not None:
+                batch = self.program.batch
         try:
-            async with dispatcher.lease(req) as lease:
-                await self._forward(req, lease, sink, raw_body)
+            if batch is not None:
+                await batch.serve(req, lambda lease: self._forward(req, lease, sink, raw_body))
+            else:
+                async with dispatcher.lease(req) as lease:
+                    await self._forward(req, lease, sink, raw_body)
         except DispatchRejected as rejected:
             rejection = rejected.rejection
             self.metrics.rejected.labels(rejection.reason).inc()
@@ -273,7 +284,7 @@ class ProxyEngine:
                 response = await self._send(
                     target.worker_url,
                     PATHS[req.endpoint],
-                    upstream_headers(req.headers, target.dp_rank, req.request_id),
+                    upstream_headers(req.headers, target.dp_rank, req.request_id, lease.attempt),
                     content,
                 )
             except httpx.HTTPError as exc:

@@ -115,12 +115,12 @@ def test_short_decode_jobs_go_first_when_the_budget_is_at_or_below_the_threshold
 
 
 def test_programs_first_then_the_starvation_escape() -> None:
-    h = harness()
+    h = harness(batch=BatchJobsConfig(enabled=True, guaranteed_kv_share=0.0))
     h.submit("a", tokens=9000)  # 9000 + 100 decode buffer: active
     h.submit("b", tokens=5000)  # does not fit: waits
     assert h.program("b").state == "paused"
     eff = h.submit_batch("x", tokens=100, at=1.0)
-    # the budget (free 900 tokens) would fit it, but a Program waits: batch admission stops
+    # the budget (free 900 tokens) would fit it, but a Program waits for the rank: batch stops
     assert of(eff, fx.AdmitBatch) == []
     assert batch_diagnostics(h.state)["programs_waiting"] is True
     eff = h.tick(at=30.0)
@@ -130,6 +130,54 @@ def test_programs_first_then_the_starvation_escape() -> None:
     assert adm.starvation_escape and adm.queue_wait_seconds == 30.0
     assert h.state.batch.escapes_count == 1  # type: ignore[union-attr]
     assert check(h.state, h.cfg) == []
+
+
+def test_the_guaranteed_share_is_kept_for_backlogged_batch_work() -> None:
+    h = harness()  # guaranteed_kv_share 0.5 of 10,000 tokens
+    h.submit("a", tokens=3000)  # active: 3100
+    h.submit("b", tokens=7000)  # 7100 more does not fit: waits
+    assert h.program("b").state == "paused"
+    # a Program waits, but batch may still fill its share (5000 tokens) of the rank
+    for i in range(5):
+        h.submit_batch(f"x{i}", tokens=872)  # 1000 tokens each with the 128 prediction
+    assert h.rank().batch_requests == 5 and h.rank().batch_tokens == 5000.0
+    h.submit_batch("over", tokens=872)
+    assert "over" in h.state.batch.pending  # type: ignore[union-attr]
+    # while batch is backlogged, Program admission leaves the unused share to it
+    assert h.rank().batch_claim_tokens == 0.0  # the share is used up
+    h.complete("x0", completion=128, finish_reason="stop", at=1.0)
+    # "over" takes the freed share at once (the Program still waits: 3100 + 5000 + 7100 > 10,000)
+    assert "over" in h.state.batch.running  # type: ignore[union-attr]
+    assert check(h.state, h.cfg) == []
+
+
+def test_a_waiting_program_preempts_batch_work_above_the_share_youngest_first() -> None:
+    h = harness(batch=BatchJobsConfig(enabled=True, guaranteed_kv_share=0.2))
+    from actors.core.events import BatchSubmitted
+    from actors.core.ids import RequestId
+
+    for i, at in enumerate((0.0, 1.0, 2.0)):
+        h.feed(BatchSubmitted(RequestId(f"b{i}"), "j", 2872, None, preemptible=True), at=at)  # 3000 each
+    assert h.rank().batch_tokens == 9000.0
+    eff = h.submit("a", tokens=3900, at=3.0)  # needs 4000: 1000 free, deficit 3000, spare 7000
+    pre = of(eff, fx.PreemptBatch)
+    assert [p.request_id for p in pre] == ["b2"]  # the youngest alone covers the deficit
+    assert [e.request_id for e in of(eff, fx.Admit)] == ["r1"]  # admitted in the same step
+    b = h.state.batch
+    assert b is not None and "b2" in b.pending and b.pending["b2"].preemptions == 1
+    assert b.pending["b2"].arrived_at == 2.0  # it keeps its place in line
+    # its answer was complete before the preemption landed: the late completion ends it
+    eff = h.complete("b2", completion=10, finish_reason="stop", at=4.0)
+    assert "b2" not in b.pending and b.jobs["j"].completed == 1
+    assert check(h.state, h.cfg) == []
+
+
+def test_non_preemptible_batch_work_is_never_preempted() -> None:
+    h = harness(batch=BatchJobsConfig(enabled=True, guaranteed_kv_share=0.0))
+    for i in range(3):
+        h.submit_batch(f"b{i}", tokens=2872)  # streaming-style: not preemptible
+    eff = h.submit("a", tokens=3900, at=1.0)
+    assert of(eff, fx.PreemptBatch) == [] and h.program("a").state == "paused"
 
 
 def test_programs_see_batch_charges_in_their_admission() -> None:
@@ -166,14 +214,24 @@ def test_an_idle_rank_takes_a_request_larger_than_any_budget() -> None:
     assert of(h.submit_batch("next", tokens=10), fx.AdmitBatch) == []
 
 
-def test_a_waiting_engine_queue_stops_batch_on_that_rank() -> None:
-    h = harness(n_targets=2)
-    h.submit_batch("b1", tokens=100)
-    assert h.state.ranks[tid(0)].batch_requests == 1
-    h.observe(0, 0.5, 4, 3, at=1.0)  # rank 0: the engine queues 3 requests while our batch runs
-    assert rank_budget_tokens(h.state, h.state.ranks[tid(0)]) == 0
-    (adm,) = of(h.submit_batch("b2", tokens=100), fx.AdmitBatch)
-    assert adm.target_id == tid(1)
+def test_programs_keep_their_decode_speed_and_batch_keeps_one_request_per_rank() -> None:
+    h = harness(n_targets=2, token_capacity_per_dp_rank=1_000_000)
+    h.submit("a", tokens=20_000)  # active on rank 0 (reasoning_token_balance or hash)
+    home = h.program("a").placement
+    other = tid(1) if home == tid(0) else tid(0)
+    for i in range(40):
+        h.submit_batch(f"b{i}", tokens=1372)  # 1500 tokens each
+    ranks = h.state.ranks
+    # the idle rank takes batch up to its budget; next to the Program the decode step may grow
+    # by at most 50%: (0.0106 + 4.19e-4 n + 1.42e-7 ctx) <= 1.5 x the Program's step alone
+    assert ranks[other].batch_requests > ranks[home].batch_requests >= 1
+    model = h.cfg.decode_throughput_model
+    from actors.core.costs import decode_step_seconds
+
+    alone = decode_step_seconds(1, 20_100, model)
+    shared = decode_step_seconds(1 + ranks[home].batch_requests, 20_100 + ranks[home].batch_tokens, model)
+    assert shared <= 1.5 * alone
+    assert decode_step_seconds(2 + ranks[home].batch_requests, 21_600 + ranks[home].batch_tokens, model) > 1.5 * alone
 
 
 def test_losing_every_target_answers_queued_batch_requests_with_503() -> None:
