@@ -30,8 +30,8 @@
 set -euo pipefail
 OUT="${1:-batch-bench-out}"
 AGENTD="${AGENTD:-agentd}"
-if [ -z "${PYTHON:-}" ]; then
-  PYTHON="$(head -1 "$(command -v "$AGENTD")" | sed -n 's/^#!//p')"
+if [ -z "${PYTHON:-}" ]; then  # the interpreter of an installed agentd entry point, else python3
+  PYTHON="$(head -1 "$(command -v "$AGENTD")" 2>/dev/null | sed -n 's/^#!\(.*python[0-9.]*\)$/\1/p')"
   [ -n "$PYTHON" ] || PYTHON=python3
 fi
 BATCH_REQUESTS="${BATCH_REQUESTS:-400}"
