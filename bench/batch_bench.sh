@@ -24,12 +24,14 @@
 # Environment: AGENTD (default agentd), PYTHON (the interpreter agentd is installed in, for the
 # table; default: the one running agentd), BATCH_REQUESTS (default 400), MIX_PROGRAMS (swe-short
 # Programs of scenario 2, default 24), MIX_BATCH_REQUESTS (default 200), BLOCKS_BATCH and
-# BLOCKS_MIX (KV blocks per rank; defaults 2048 and 1500).
+# BLOCKS_MIX (KV blocks per rank; defaults 2048 and 1500), SOCKETS=1 (also run the batch-only
+# trace over sockets with `agentd bench`, native dispatch, fcfs vs batch_job_aware engines, at
+# TIME_SCALE, default 4).
 set -euo pipefail
 OUT="${1:-batch-bench-out}"
 AGENTD="${AGENTD:-agentd}"
-if [ -z "${PYTHON:-}" ]; then
-  PYTHON="$(head -1 "$(command -v "$AGENTD")" | sed -n 's/^#!//p')"
+if [ -z "${PYTHON:-}" ]; then  # the interpreter of an installed agentd entry point, else python3
+  PYTHON="$(head -1 "$(command -v "$AGENTD")" 2>/dev/null | sed -n 's/^#!\(.*python[0-9.]*\)$/\1/p')"
   [ -n "$PYTHON" ] || PYTHON=python3
 fi
 BATCH_REQUESTS="${BATCH_REQUESTS:-400}"
@@ -121,6 +123,18 @@ simulate mixed engine-bja mix-engine-bja "$OUT/mixed.jsonl"
     --title "agents + batch ($MIX_PROGRAMS swe-short Programs + $MIX_BATCH_REQUESTS batch requests, $BLOCKS_MIX blocks/rank)" \
     fcfs="$OUT/mixed/fcfs.json" agentd-ps="$OUT/mixed/agentd-ps.json" agentd="$OUT/mixed/agentd.json" \
     engine-bja="$OUT/mixed/engine-bja.json"
+  if [ "${SOCKETS:-0}" = 1 ]; then
+    # optional: the batch-only trace over loopback sockets (`agentd bench`: real agentd and
+    # sim-backend processes, time-scaled), native dispatch with fcfs vs batch_job_aware engines
+    for policy in fcfs batch_job_aware; do
+      "$AGENTD" bench --trace "$OUT/batch.jsonl" --out "$OUT/sockets-$policy" --systems native \
+        --workers 1 --kv-blocks "$BLOCKS_BATCH" --time-scale "${TIME_SCALE:-4}" \
+        --scheduling-policy "$policy" --no-progress > /dev/null
+    done
+    echo
+    "$PYTHON" -m bench.batch_compare --title "batch only over sockets (agentd bench, time scale ${TIME_SCALE:-4})" \
+      fcfs="$OUT/sockets-fcfs/native.json" engine-bja="$OUT/sockets-batch_job_aware/native.json"
+  fi
 } | tee "$OUT/summary.md.tmp"
 mv "$OUT/summary.md.tmp" "$OUT/summary.md"
 echo "batch bench: $(( $(date +%s) - start )) s wall; tables in $OUT/summary.md"

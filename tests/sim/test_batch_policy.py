@@ -4,11 +4,16 @@ estimates, and outputs identical to fcfs.  Exact virtual times."""
 
 from __future__ import annotations
 
+import argparse
+
 import httpx
 import pytest
 import trio
 
 from actors.core.batchjobs import COLD_START_PREDICTION
+from bench.bench import ClusterSpec, sim_backend_command
+from bench.calibrate import config_for
+from daemon.commands import sim_backend
 from sim.cluster import SimCluster, SimConfig
 from sim.engine import Engine, EngineConfig, EngineOutput, Request
 from sim.transport import SimTransport
@@ -127,7 +132,9 @@ def test_zero_admission_budget_admits_nothing_and_a_blocked_pick_waits() -> None
     outs = drain(engine)
     small_first = next(o.time for o in outs if o.request_id.startswith("small") and o.first_index == 0)
     big_end = next(o.time for o in outs if o.request_id.startswith("big") and o.finish_reason is not None)
-    assert small_first > big_end  # nothing was admitted while the budget was 0
+    # nothing was admitted while the budget was 0: "small" is prefilled in the step that starts
+    # when "big" finishes
+    assert small_first == big_end + engine._prefill_cost(8, 0)
     assert engine.stats.num_preemptions == 0
 
 
@@ -198,3 +205,14 @@ async def test_outputs_are_the_same_tokens_as_fcfs(autojump_clock) -> None:
     bja.pop("preemptions")
     assert bja == fcfs
     assert {v[1] for v in fcfs.values()} == {"stop"}
+
+
+def test_the_policy_is_a_flag_of_sim_backend_and_of_the_bench_workers() -> None:
+    parser = argparse.ArgumentParser()
+    sim_backend.add_arguments(parser)
+    config = sim_backend.config_from_args(parser.parse_args(["--scheduling-policy", BJA]))
+    assert config.engine.scheduling_policy == BJA
+    assert all(e.job_policy for e in SimCluster(config).engines)
+    cmd = sim_backend_command("python", 9000, ClusterSpec(scheduling_policy=BJA), 0)
+    assert cmd[cmd.index("--scheduling-policy") + 1] == BJA
+    assert config_for(ClusterSpec(scheduling_policy=BJA), "native").embedded.scheduling_policy == BJA
