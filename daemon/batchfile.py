@@ -102,7 +102,9 @@ def parse_line(raw: bytes | str, line_number: int) -> BatchLine | LineError:
         obj = json.loads(text, parse_constant=_reject_constant)
     except RecursionError:
         return _err(line_number, None, "", "JSON nests arrays or objects too deeply")
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
+        return _err(line_number, None, "", f"not valid JSON: {exc.msg} at column {exc.colno}")
+    except ValueError as exc:  # NaN / Infinity
         return _err(line_number, None, "", f"not valid JSON: {exc}")
     if not isinstance(obj, dict):
         return _err(line_number, None, "", f"must be a JSON object, got {type(obj).__name__}")
