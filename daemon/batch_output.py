@@ -50,6 +50,7 @@ class Resumed:
     failed: int = 0  # non-2xx responses and transport errors
     malformed: int = 0
     truncated_bytes: int = 0  # a trailing partial line removed
+    dropped: int = 0  # failed records removed to be retried (``drop_failed``)
 
 
 def _records(path: Path) -> Iterator[tuple[int, bytes]]:
@@ -84,23 +85,61 @@ def truncate_partial_line(path: Path) -> int:
     return size - keep
 
 
-def scan_output(path: Path) -> Resumed:
-    """Truncate a trailing partial line, then read which lines/custom_ids the file answers.
+def _record(number: int, raw: bytes) -> dict[str, Any]:
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        raise OutputFileError(f"line {number} is not JSON") from None
+    if not isinstance(record, dict) or not isinstance(record.get("id"), str) or "custom_id" not in record:
+        raise OutputFileError(f"line {number} is not a batch output record (no 'id'/'custom_id')")
+    return record
+
+
+def _is_line_record(record: dict[str, Any]) -> bool:
+    record_id: str = record["id"]
+    return record_id.startswith(LINE_RECORD_PREFIX) and record_id[len(LINE_RECORD_PREFIX) :].isdigit()
+
+
+def drop_failed_records(path: Path) -> int:
+    """Rewrite ``path`` atomically without its failed request records (non-2xx, transport errors; the
+    malformed-line records stay); return how many were dropped.  The file must be whole lines."""
+    tmp = path.with_name(f".{path.name}.retry.tmp")
+    dropped = 0
+    try:
+        with open(tmp, "wb") as out:
+            for number, raw in _records(path):
+                record = _record(number, raw)
+                if not _is_line_record(record) and not record_ok(record):
+                    dropped += 1
+                    continue
+                out.write(raw)
+            out.flush()
+            os.fsync(out.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if dropped:
+        os.replace(tmp, path)
+    else:
+        tmp.unlink()
+    return dropped
+
+
+def scan_output(path: Path, *, drop_failed: bool = False) -> Resumed:
+    """Truncate a trailing partial line (and with ``drop_failed`` remove the failed request records,
+    :func:`drop_failed_records`), then read which lines/custom_ids the file answers.
 
     Raises :class:`OutputFileError` naming the line when a complete line is not an output record."""
     resumed = Resumed(set(), set())
     if not path.exists():
         return resumed
     resumed.truncated_bytes = truncate_partial_line(path)
+    if drop_failed:
+        resumed.dropped = drop_failed_records(path)
     for number, raw in _records(path):
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            raise OutputFileError(f"line {number} is not JSON") from None
-        if not isinstance(record, dict) or not isinstance(record.get("id"), str) or "custom_id" not in record:
-            raise OutputFileError(f"line {number} is not a batch output record (no 'id'/'custom_id')")
+        record = _record(number, raw)
         record_id: str = record["id"]
-        if record_id.startswith(LINE_RECORD_PREFIX) and record_id[len(LINE_RECORD_PREFIX) :].isdigit():
+        if _is_line_record(record):
             resumed.line_numbers.add(int(record_id[len(LINE_RECORD_PREFIX) :]))
             resumed.malformed += 1
             continue

@@ -51,6 +51,7 @@ class BatchOptions:
     output_path: Path
     concurrency: int = 16
     restart: bool = False
+    retry_failed: bool = False  # drop the output's non-2xx records first, so those lines are sent again
     max_attempts: int = 3  # per line: 1 + retries of transport errors and RETRY_STATUSES
     retry_backoff_seconds: float = 1.0  # doubled each retry; Retry-After wins when given (capped)
     fsync_every: int = 64
@@ -182,7 +183,7 @@ class BatchRunner:
         if opts.restart:
             resumed = Resumed(set(), set())
         elif resumed is None:
-            resumed = scan_output(opts.output_path)
+            resumed = scan_output(opts.output_path, drop_failed=opts.retry_failed)
         s.prior_failed = resumed.failed
         s.truncated_bytes = resumed.truncated_bytes
         s.total = count_lines(opts.input_path)
@@ -254,11 +255,11 @@ class BatchRunner:
             last = attempt == opts.max_attempts
             try:
                 response = await self.client.post(self.base_url + line.url, content=content, headers=headers)
-            except httpx.TransportError as exc:
+            except httpx.RequestError as exc:  # no HTTP answer: connect/read errors, timeouts, a bad encoding
                 if last:
                     self.summary.failed += 1
                     code = "timeout" if isinstance(exc, httpx.TimeoutException) else "connection_error"
-                    message = f"{type(exc).__name__}: {exc or 'no detail'} (after {attempt} attempts)"
+                    message = f"{type(exc).__name__}: {str(exc) or 'no detail'} (after {attempt} attempts)"
                     return output_record(
                         line.custom_id,
                         status_code=None,

@@ -77,7 +77,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY when set)",
     )
-    parser.add_argument("--restart", action="store_true", help="overwrite the output file instead of resuming from it")
+    again = parser.add_mutually_exclusive_group()
+    again.add_argument("--restart", action="store_true", help="overwrite the output file instead of resuming from it")
+    again.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="resume, but first remove the output's failed records (non-2xx, no answer) so those lines are sent again",
+    )
     parser.add_argument(
         "--timeout",
         type=positive_float,
@@ -100,6 +106,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _usage_error(message: str) -> int:
     print(f"agentd batch: error: {message}", file=sys.stderr)
     return 2
+
+
+def _is_http_url(text: str) -> bool:
+    try:
+        url = httpx.URL(text)
+    except httpx.InvalidURL:
+        return False
+    return url.scheme in ("http", "https") and bool(url.host)
 
 
 def _check_files(args: argparse.Namespace) -> str | None:
@@ -193,8 +207,8 @@ async def _main(
 def run(args: argparse.Namespace) -> int:
     if args.target is None and args.config is None:
         return _usage_error("one of --target URL or --config FILE is required")
-    if args.target is not None and not args.target.startswith(("http://", "https://")):
-        return _usage_error(f"--target: must be an http:// or https:// URL, got {args.target!r}")
+    if args.target is not None and not _is_http_url(args.target):
+        return _usage_error(f"--target: must be an http:// or https:// URL with a host, got {args.target!r}")
     problem = _check_files(args)
     if problem is not None:
         return _usage_error(problem)
@@ -211,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
     resumed = Resumed(set(), set())
     if not args.restart:
         try:
-            resumed = scan_output(output)  # truncates a partial last line
+            resumed = scan_output(output, drop_failed=args.retry_failed)  # truncates a partial last line
         except OutputFileError as exc:
             return _usage_error(f"--output {args.output}: {exc}; use --restart to overwrite it or another file")
     opts = BatchOptions(
@@ -219,6 +233,7 @@ def run(args: argparse.Namespace) -> int:
         output_path=output,
         concurrency=args.concurrency,
         restart=args.restart,
+        retry_failed=args.retry_failed,
         max_attempts=args.max_attempts,
         fsync_every=args.fsync_every,
         api_key=args.api_key if args.api_key is not None else os.environ.get("OPENAI_API_KEY") or None,
@@ -227,8 +242,22 @@ def run(args: argparse.Namespace) -> int:
         from daemon.logs import configure_logging
 
         configure_logging("warning", "kv")  # the in-process daemon's INFO lines would bury the progress bar
+    if resumed.dropped:
+        print(
+            f"agentd batch: removed {resumed.dropped} failed records from {args.output} to retry them", file=sys.stderr
+        )
     received: list[int] = []
-    summary = trio.run(_main, args, opts, cfg, resumed, received)
+    failures: list[BaseException] = []
+    summary = None
+    try:
+        summary = trio.run(_main, args, opts, cfg, resumed, received)
+    except* OSError as group:  # e.g. disk full: the output still ends with a whole line
+        failures.extend(group.exceptions)
+    if summary is None:
+        for failure in failures:
+            print(f"agentd batch: error: {failure}", file=sys.stderr)
+        print(f"agentd batch: stopped; {args.output} is valid, rerun the same command to resume", file=sys.stderr)
+        return 1
     if args.errors is not None:
         n = write_errors_file(output, Path(args.errors))
         print(f"agentd batch: {n} records that are not a 2xx answer written to {args.errors}", file=sys.stderr)

@@ -250,6 +250,28 @@ async def test_previous_failures_keep_the_exit_code_and_restart_overwrites(
     assert all(r["response"]["status_code"] == 200 for r in records)
 
 
+async def test_retry_failed_sends_only_the_failed_lines_again(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    lines = [request_line("a"), "junk", request_line("b"), request_line("c")]
+    failing = {"b"}
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        cid = request.headers["x-request-id"]
+        return httpx.Response(500 if cid in failing else 200, json={"id": cid})
+
+    summary, first, _ = await run_batch(tmp_path, lines, httpx.MockTransport(handler))
+    assert (summary.ok, summary.failed, summary.malformed, summary.exit_code) == (2, 1, 1, 1)
+    failing.clear()
+    worker = FakeWorker()
+    summary, records, _ = await run_batch(tmp_path, lines, worker.transport(), retry_failed=True)
+    assert [r.headers["x-request-id"] for r in worker.requests] == ["b"]
+    assert (summary.resumed, summary.ok, summary.prior_failed, summary.exit_code) == (3, 1, 0, 0)
+    assert len(records) == 4 and len(by_custom_id(records)) == 3
+    assert by_custom_id(records)["b"]["response"]["status_code"] == 200
+    assert [r for r in first if r["custom_id"] != "b"] == records[:3]
+
+
 async def test_stop_finishes_in_flight_requests_sends_no_more_and_a_rerun_completes(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -407,7 +429,11 @@ def test_usage_errors_exit_2_naming_the_flag(tmp_path: Path, capsys: pytest.Capt
     )
     assert "one of --target URL or --config FILE is required" in usage_error(capsys, "-i", inp, "-o", out)
     err = usage_error(capsys, "-i", inp, "-o", out, "--target", "localhost:3001")
-    assert "--target: must be an http:// or https:// URL" in err
+    assert "--target: must be an http:// or https:// URL with a host" in err
+    assert "--target: must be" in usage_error(capsys, "-i", inp, "-o", out, "--target", "http://")
+    assert "not allowed with argument --restart" in usage_error(
+        capsys, "-i", inp, "-o", out, "--target", "http://x", "--restart", "--retry-failed"
+    )
     err = usage_error(capsys, "-i", str(tmp_path / "missing"), "-o", out, "--target", "http://x")
     assert "--input: no such file" in err
     assert "--output: must be a file other than the input" in usage_error(
