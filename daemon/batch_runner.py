@@ -21,6 +21,8 @@ import json
 import math
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -214,7 +216,15 @@ class BatchRunner:
 
     async def _produce(self, send: trio.MemorySendChannel[BatchLine], resumed: Resumed) -> None:
         assert self._writer is not None
-        for n, item in enumerate(without_duplicates(iter_lines(self.opts.input_path))):
+        lines = iter_lines(self.opts.input_path)
+        with closing(lines):  # closes the input when the producer is cancelled (a stop)
+            await self._produce_from(lines, send, resumed)
+
+    async def _produce_from(
+        self, lines: Iterator[BatchLine | LineError], send: trio.MemorySendChannel[BatchLine], resumed: Resumed
+    ) -> None:
+        assert self._writer is not None
+        for n, item in enumerate(without_duplicates(lines)):
             if n % 256 == 255:
                 await trio.lowlevel.checkpoint()  # long runs of skipped lines still let progress draw
             if isinstance(item, LineError):

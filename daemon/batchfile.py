@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -138,7 +138,7 @@ def parse_line(raw: bytes | str, line_number: int) -> BatchLine | LineError:
     return BatchLine(line_number, custom_id, method, url, body)
 
 
-def iter_lines(source: str | Path | IO[bytes]) -> Iterator[BatchLine | LineError]:
+def iter_lines(source: str | Path | IO[bytes]) -> Generator[BatchLine | LineError, None, None]:
     """Every non-blank line of a batch file, parsed, in order; streams (one line in memory at a time).
 
     ``source`` is a path or a binary file object (read from its current position, not closed).  A line

@@ -127,6 +127,8 @@ def _check_files(args: argparse.Namespace) -> str | None:
         return f"--output: must be a file other than the input: {args.output}"
     if not out.parent.is_dir():
         return f"--output: directory does not exist: {out.parent}"
+    if not os.access(out if out.exists() else out.parent, os.W_OK):
+        return f"--output: not writable: {args.output}"
     if args.errors is not None:
         err = Path(args.errors)
         if err.resolve() in (inp.resolve(), out.resolve()):
