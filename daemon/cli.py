@@ -24,6 +24,7 @@ DAEMON_COMMANDS: tuple[tuple[str, str], ...] = (
     ("start", "daemon.commands.start"),
     ("check-config", "daemon.commands.check_config"),
     ("sim-backend", "daemon.commands.sim_backend"),
+    ("batch", "daemon.commands.batch"),
 )
 ENTRY_POINT_GROUP = "agentd.commands"
 
