@@ -209,7 +209,8 @@ class BatchExecutor:
                 [_batch_error("file_not_found", f"input file {batch['input_file_id']} no longer exists", None)],
             )
             return
-        rows, errors = await trio.to_thread.run_sync(_parse_input, content, batch["endpoint"], self.service.cfg.max_lines)
+        max_lines = self.service.cfg.max_lines
+        rows, errors = await trio.to_thread.run_sync(_parse_input, content, batch["endpoint"], max_lines)
         valid = sum(r.request is not None for r in rows)
         if valid == 0:
             if not rows:
@@ -284,8 +285,8 @@ class BatchExecutor:
                 exc_info=exc,
                 extra={"agentd_event": "internal_error", "agentd_fields": {"request_id": req.request_id}},
             )
-            error = ApiError(500, "internal error in agentd (see the daemon log)", code="internal_error")
-            return 500, json.loads(error.body()), None
+            internal = ApiError(500, "internal error in agentd (see the daemon log)", code="internal_error")
+            return 500, json.loads(internal.body()), None
         retry_after = None
         for name, value in sink.headers:
             if name.lower() == "retry-after":

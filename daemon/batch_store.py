@@ -247,7 +247,9 @@ class BatchDatabase:
                 if row is None:
                     return None
                 before = row[0]
-            cur = self._conn.execute("SELECT * FROM batches WHERE seq < ? ORDER BY seq DESC LIMIT ?", (before, limit + 1))
+            cur = self._conn.execute(
+                "SELECT * FROM batches WHERE seq < ? ORDER BY seq DESC LIMIT ?", (before, limit + 1)
+            )
             rows = cur.fetchall()
             names = [d[0] for d in cur.description]
         items = [_batch_object(dict(zip(names, r, strict=True))) for r in rows[:limit]]
