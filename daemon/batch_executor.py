@@ -48,6 +48,7 @@ from daemon.metrics import BatchApiMetrics
 logger = get_logger("batch_api")
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 MAX_ATTEMPTS = 4
+RETRY_BASE_SECONDS = 1.0  # waits 1, 2, 4 s between attempts unless the answer has a Retry-After
 MAX_RETRY_WAIT_SECONDS = 30.0
 PENDING_PAGE = 256  # lines read from the database per query
 
@@ -255,7 +256,8 @@ class BatchExecutor:
         status, answer, retry_after = 0, None, None
         for attempt in range(MAX_ATTEMPTS):
             if attempt:
-                await trio.sleep(min(retry_after if retry_after is not None else 2.0**attempt, MAX_RETRY_WAIT_SECONDS))
+                wait = retry_after if retry_after is not None else RETRY_BASE_SECONDS * 2.0 ** (attempt - 1)
+                await trio.sleep(min(wait, MAX_RETRY_WAIT_SECONDS))
             status, answer, retry_after = await self._send(ENDPOINTS[url], raw, headers)
             if status not in RETRY_STATUSES:
                 break
