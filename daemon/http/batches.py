@@ -328,7 +328,8 @@ def batches_blueprint(service: BatchService) -> Blueprint:
 
     @bp.post("/v1/batches")
     async def create_batch() -> Response:
-        input_file_id, endpoint, window, metadata = _batch_request(await request.get_data(cache=False, as_text=False, parse_form_data=False))
+        raw = await request.get_data(cache=False, as_text=False, parse_form_data=False)
+        input_file_id, endpoint, window, metadata = _batch_request(raw)
         store = await service.store()
         file = await store.call(store.db.get_file, input_file_id)
         if file is None:
