@@ -209,6 +209,7 @@ class BatchExecutor:
                 batch_id,
                 [_batch_error("file_not_found", f"input file {batch['input_file_id']} no longer exists", None)],
             )
+            log_event(logger, logging.INFO, "batch_failed", batch_id=batch_id, reason="input file deleted")
             return
         max_lines = self.service.cfg.max_lines
         rows, errors = await trio.to_thread.run_sync(_parse_input, content, batch["endpoint"], max_lines)
@@ -217,7 +218,7 @@ class BatchExecutor:
             if not rows:
                 errors = [_batch_error("empty_file", "the input file has no request lines", None)]
             await store.call(store.db.fail_batch, batch_id, errors)
-            log_event(logger, logging.INFO, "batch_failed", batch_id=batch_id, lines=len(rows))
+            log_event(logger, logging.INFO, "batch_failed", batch_id=batch_id, reason="no valid line", lines=len(rows))
             return
         await store.call(store.db.start_batch, batch_id, rows, errors)
         invalid = len(rows) - valid
