@@ -123,12 +123,13 @@ class BatchExecutor:
         self.engine = engine
         self.slots = trio.Semaphore(service.cfg.concurrency)
         self.runs: dict[str, _Run] = {}
-        self._first_scan = True
+        self._first_scan = True  # batches found by the first scan of an existing database are resumed
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         service = self.service
         try:
-            if service.path.exists():
+            self._first_scan = service.path.exists()
+            if self._first_scan:
                 await service.status_changed()  # opens it; sets the gauge
             async with trio.open_nursery() as nursery:
                 task_status.started()
@@ -295,8 +296,8 @@ class BatchExecutor:
             if name.lower() == "retry-after":
                 retry_after = _seconds(value)
         try:
-            answer: Any = json.loads(sink.body)
-        except ValueError:
+            answer: Any = json.loads(sink.body, parse_constant=_reject_constant)
+        except (ValueError, RecursionError):
             answer = sink.body.decode("utf-8", "replace")
         return sink.status or 502, answer, retry_after
 
@@ -327,6 +328,10 @@ def _parse_input(content: bytes, endpoint: str, max_lines: int) -> tuple[list[Li
         else:
             rows.append(LineRow(item.line_number, item.custom_id, {"url": item.url, "body": item.body}))
     return rows, errors
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # NaN/Infinity: keep the answer as text
 
 
 def _param(message: str) -> str | None:

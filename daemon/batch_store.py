@@ -197,6 +197,17 @@ class BatchDatabase:
                 blob.seek(min(offset, len(blob)))
                 return blob.read(size)
 
+    def list_files(self, purpose: str | None, limit: int) -> list[dict[str, Any]]:
+        """Newest first, optionally of one purpose."""
+        query = "SELECT id, purpose, filename, bytes, created_at FROM files"
+        args: tuple[Any, ...] = (limit,)
+        if purpose is not None:
+            query += " WHERE purpose = ?"
+            args = (purpose, limit)
+        with self._lock:
+            rows = self._conn.execute(query + " ORDER BY rowid DESC LIMIT ?", args).fetchall()
+        return [_file_object(*r) for r in rows]
+
     def delete_file(self, file_id: str) -> bool:
         def tx(c: sqlite3.Connection) -> bool:
             return c.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount == 1

@@ -5,9 +5,10 @@
 arrives (werkzeug's sans-IO decoder) and enforces ``batch_api.max_file_bytes`` (413) and
 ``batch_api.max_lines`` (400) while streaming, independently of ``server.max_body_bytes``.
 
-The other routes are a Quart blueprint (:func:`batches_blueprint`): ``GET /v1/files/{id}``,
-``GET /v1/files/{id}/content`` (streamed in chunks), ``DELETE /v1/files/{id}``,
-``POST /v1/batches``, ``GET /v1/batches`` (``limit``, ``after``), ``GET /v1/batches/{id}``,
+The other routes are a Quart blueprint (:func:`batches_blueprint`): ``GET /v1/files`` (``purpose``,
+``limit``), ``GET /v1/files/{id}``, ``GET /v1/files/{id}/content`` (streamed in chunks),
+``DELETE /v1/files/{id}``, ``POST /v1/batches``, ``GET /v1/batches`` (``limit``, ``after``),
+``GET /v1/batches/{id}``,
 ``POST /v1/batches/{id}/cancel``.  Unknown ids are 404, bad input a 400 naming the field; every
 error body is OpenAI-shaped.
 """
@@ -38,6 +39,7 @@ CONTENT_CHUNK_BYTES = 1024 * 1024
 COMPLETION_WINDOWS = ("24h",)
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 MAX_LIST_LIMIT = 100
+MAX_FILE_LIST_LIMIT = 10_000
 
 
 def _scope_header(scope: dict[str, Any], name: bytes) -> str | None:
@@ -296,6 +298,20 @@ def batches_blueprint(service: BatchService) -> Blueprint:
         if batch is None:
             raise _not_found("batch", batch_id, "batch_id")
         return batch
+
+    @bp.get("/v1/files")
+    async def list_files() -> Response:
+        raw_limit = request.args.get("limit", "10000")
+        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_FILE_LIST_LIMIT:
+            raise ApiError(
+                400,
+                f"limit must be an integer within [1, {MAX_FILE_LIST_LIMIT}] (got {raw_limit[:40]!r})",
+                code="invalid_value",
+                param="limit",
+            )
+        store = await service.store()
+        files = await store.call(store.db.list_files, request.args.get("purpose") or None, int(raw_limit))
+        return _json({"object": "list", "data": files, "has_more": False})
 
     @bp.get("/v1/files/<file_id>")
     async def get_file(file_id: str) -> Response:

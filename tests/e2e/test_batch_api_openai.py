@@ -63,6 +63,7 @@ def run_with_openai(base_url: str) -> dict[str, Any]:
     output = client.files.content(batch.output_file_id).text
     errors = client.files.content(batch.error_file_id).text
     listed = [b.id for b in client.batches.list(limit=10)]
+    assert uploaded.id in [f.id for f in client.files.list(purpose="batch")]
     with pytest.raises(openai.NotFoundError):
         client.batches.retrieve("batch_unknown")
     with pytest.raises(openai.BadRequestError) as bad:

@@ -56,6 +56,8 @@ class BatchWorker:
             self.blocked_changed.set()
             self.blocked_changed = trio.Event()
             await self.release.wait()
+        if body.get("model") == "nan":  # not JSON: kept as text in the record
+            return httpx.Response(200, content=b'{"v": NaN}', headers={"content-type": "application/json"})
         if body.get("model") == "missing":
             return httpx.Response(404, json={"error": {"message": "model not found", "code": "model_not_found"}})
         text = body["messages"][0]["content"]
@@ -226,6 +228,12 @@ async def test_batch_api_bad_lines_go_to_the_error_file_naming_line_and_field(ap
     assert ok["custom_id"] == "ok"
 
 
+async def test_batch_api_keeps_a_non_json_answer_as_text(api: Api) -> None:
+    batch = await api.service.wait_settled((await api.run_batch([line("n", model="nan")]))["id"])
+    [record] = await api.content(batch["output_file_id"])
+    assert record["response"] == {"status_code": 200, "request_id": f"n#job_name[{batch['id']}]#", "body": '{"v": NaN}'}
+
+
 async def test_batch_api_batch_of_only_bad_lines_fails(api: Api) -> None:
     batch = await api.service.wait_settled((await api.run_batch([b"[]", {"custom_id": "z"}]))["id"])
     assert batch["status"] == "failed" and batch["failed_at"] is not None
@@ -305,8 +313,12 @@ async def test_batch_api_unknown_ids_are_404(api: Api) -> None:
     assert_error(await api.client.get("/v1/batches", params={"after": "batch_nope"}), 400, "invalid_value", "after")
 
 
-async def test_batch_api_delete_file(api: Api) -> None:
+async def test_batch_api_list_and_delete_files(api: Api) -> None:
     file_id = (await api.upload(jsonl([line("a")]))).json()["id"]
+    listing = (await api.client.get("/v1/files", params={"purpose": "batch"})).json()
+    assert listing["object"] == "list" and [f["id"] for f in listing["data"]] == [file_id]
+    assert (await api.client.get("/v1/files", params={"purpose": "batch_output"})).json()["data"] == []
+    assert_error(await api.client.get("/v1/files", params={"limit": "0"}), 400, "invalid_value", "limit")
     deleted = await api.client.delete(f"/v1/files/{file_id}")
     assert deleted.json() == {"id": file_id, "object": "file", "deleted": True}
     assert (await api.client.get(f"/v1/files/{file_id}")).status_code == 404
