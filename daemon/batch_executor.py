@@ -93,7 +93,7 @@ class BatchService:
         self._wake = trio.Event()
 
     async def status_changed(self) -> None:
-        """Record a status change: refresh the gauge and wake whoever waits in :meth:`wait_change`."""
+        """Record a status change: refresh the gauge and wake whoever waits in :meth:`wait_settled`."""
         store = await self.store()
         self.metrics.set_statuses(await store.call(store.db.status_counts))
         changed, self._changed = self._changed, trio.Event()
