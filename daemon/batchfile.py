@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -102,7 +102,9 @@ def parse_line(raw: bytes | str, line_number: int) -> BatchLine | LineError:
         obj = json.loads(text, parse_constant=_reject_constant)
     except RecursionError:
         return _err(line_number, None, "", "JSON nests arrays or objects too deeply")
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
+        return _err(line_number, None, "", f"not valid JSON: {exc.msg} at column {exc.colno}")
+    except ValueError as exc:  # NaN / Infinity
         return _err(line_number, None, "", f"not valid JSON: {exc}")
     if not isinstance(obj, dict):
         return _err(line_number, None, "", f"must be a JSON object, got {type(obj).__name__}")
@@ -136,7 +138,7 @@ def parse_line(raw: bytes | str, line_number: int) -> BatchLine | LineError:
     return BatchLine(line_number, custom_id, method, url, body)
 
 
-def iter_lines(source: str | Path | IO[bytes]) -> Iterator[BatchLine | LineError]:
+def iter_lines(source: str | Path | IO[bytes]) -> Generator[BatchLine | LineError, None, None]:
     """Every non-blank line of a batch file, parsed, in order; streams (one line in memory at a time).
 
     ``source`` is a path or a binary file object (read from its current position, not closed).  A line
