@@ -16,7 +16,9 @@ operators can carry their JSON over unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from attrs import field, frozen
@@ -110,6 +112,39 @@ class EmbeddedConfig(SimServerShape):
 EMBEDDED_WORKER_URL = "http://embedded-sim"
 
 
+# --------------------------------------------------------------------------------------------
+# The Batch API (docs/batch.md §4)
+# --------------------------------------------------------------------------------------------
+
+BATCH_DATABASE_NAME = "batches.sqlite3"
+
+
+def default_state_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_STATE_HOME/agentd``, else ``~/.local/state/agentd`` (the XDG base directory default)."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_STATE_HOME", "")
+    if base and Path(base).is_absolute():
+        return Path(base) / "agentd"
+    return Path(env.get("HOME") or Path.home()) / ".local" / "state" / "agentd"
+
+
+@frozen
+class BatchApiConfig:
+    """The durable Batch API: ``/v1/files`` and ``/v1/batches`` backed by one SQLite database."""
+
+    enabled: bool = True
+    # "" = the default: default_state_dir() / "batches.sqlite3"
+    database_path: str = ""
+    max_file_bytes: int = rule_field(INT_GT_0, 200 * 1024 * 1024)
+    max_lines: int = rule_field(INT_GT_0, 50_000)
+    concurrency: int = rule_field(INT_GT_0, 32)
+
+    def resolved_database_path(self, env: Mapping[str, str] | None = None) -> Path:
+        if self.database_path:
+            return Path(self.database_path).expanduser()
+        return default_state_dir(env) / BATCH_DATABASE_NAME
+
+
 @frozen
 class AgentdConfig:
     server: ServerConfig = field(factory=ServerConfig)
@@ -119,6 +154,7 @@ class AgentdConfig:
     enable_program_scheduling: bool = False
     program_scheduling: ProgramSchedulingConfig | None = None
     batch_jobs: BatchJobsConfig = field(factory=BatchJobsConfig)
+    batch_api: BatchApiConfig = field(factory=BatchApiConfig)
 
     @property
     def embedded_mode(self) -> bool:

@@ -8,7 +8,7 @@ runs without HTTP (``serve_http=False``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import httpx
@@ -21,6 +21,9 @@ from daemon.dispatch import Dispatcher, NativeDispatcher, ProxyRequest
 from daemon.health import HealthBoard
 from daemon.http.proxy import CollectingSink, ProxyEngine, ResponseSink
 from daemon.metrics import ProxyMetrics
+
+if TYPE_CHECKING:
+    from daemon.batch_executor import BatchService
 
 
 @attrs.frozen(eq=False)
@@ -36,6 +39,7 @@ class DaemonHandles:
     metrics: ProxyMetrics
     shutdown: trio.Event  # set it to stop the daemon gracefully (what SIGINT/SIGTERM do)
     embedded: Any = None  # the embedded simulated cluster handle when cfg.embedded_mode
+    batches: BatchService | None = None  # the Batch API (docs/batch.md §4) when batch_api.enabled
     http_url: str | None = None
     metrics_url: str | None = None
 

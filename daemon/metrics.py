@@ -142,3 +142,45 @@ class ProxyMetrics:
 
     def count_request(self, endpoint: str, target_id: str, outcome: str) -> None:
         self.requests.labels(endpoint, target_id, outcome).inc()
+
+
+BATCH_STATUSES: tuple[str, ...] = (
+    "validating",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "failed",
+    "cancelling",
+    "cancelled",
+    "expired",
+)
+# succeeded: a 2xx answer committed; failed: another answer (after retries); invalid: a malformed input line.
+BATCH_REQUEST_OUTCOMES: tuple[str, ...] = ("succeeded", "failed", "invalid")
+
+
+class BatchApiMetrics:
+    """The Batch API's families (docs/batch.md §4):
+
+    * ``agentd_batch_api_batches{status}`` - batches in the database by status;
+    * ``agentd_batch_api_requests_total{outcome}`` - batch lines by outcome (see
+      :data:`BATCH_REQUEST_OUTCOMES`), counted once their record is committed.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.batches = Gauge(
+            "agentd_batch_api_batches", "Batch API batches in the database by status.", ["status"], registry=registry
+        )
+        self.requests = Counter(
+            "agentd_batch_api_requests",
+            "Batch API request lines by outcome (succeeded, failed, invalid).",
+            ["outcome"],
+            registry=registry,
+        )
+        for status in BATCH_STATUSES:
+            self.batches.labels(status)
+        for outcome in BATCH_REQUEST_OUTCOMES:
+            self.requests.labels(outcome)
+
+    def set_statuses(self, counts: dict[str, int]) -> None:
+        for status in BATCH_STATUSES:
+            self.batches.labels(status).set(counts.get(status, 0))

@@ -9,7 +9,9 @@ next begins, via ``nursery.start``):
 2. the health actor (first round of ``/health`` checks done before it reports started);
 3. Program scheduling when ``cfg.program_scheduling`` is set
    (``daemon.program_dispatch.run_program_scheduling``);
-4. the HTTP server last (and the extra ``/metrics`` listener when configured), so no request
+4. the Batch API executor when ``batch_api.enabled`` (``daemon.batch_executor``; it resumes the
+   unfinished batches of an existing database before it reports started);
+5. the HTTP server last (and the extra ``/metrics`` listener when configured), so no request
    can arrive before the actors are up.
 
 Then ``task_status.started(DaemonHandles)``.  Shutdown: ``handles.shutdown`` is set (by
@@ -34,6 +36,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from actors.logevents import get_logger, log_event
+from daemon.batch_executor import BatchService, run_batch_executor
 from daemon.config import AgentdConfig
 from daemon.config_loading import config_warnings
 from daemon.dispatch import NativeDispatcher
@@ -43,7 +46,7 @@ from daemon.http.app import create_app
 from daemon.http.metrics_route import metrics_asgi_app
 from daemon.http.proxy import ProgramRoute, ProxyEngine
 from daemon.http.serve import serve_http as serve_asgi
-from daemon.metrics import ProxyMetrics, build_registry
+from daemon.metrics import BatchApiMetrics, ProxyMetrics, build_registry
 from daemon.program_dispatch import ProgramDispatcher, run_program_scheduling
 from daemon.upstream import UpstreamTransport, client_kwargs, upstream_limits
 from sim.cluster import SimCluster, SimConfig, run_sim_cluster
@@ -196,6 +199,7 @@ async def run_daemon(
     rng: random.Random | None = None,
     handle_signals: bool = False,
     sim_configure: SimConfigure | None = None,
+    batch_executor: bool | None = None,
     task_status: trio.TaskStatus[DaemonHandles] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run agentd until ``handles.shutdown`` is set (or a signal when ``handle_signals``).
@@ -206,7 +210,9 @@ async def run_daemon(
     goes through the client layer, slower).  In embedded mode the transport is the simulated
     cluster's ``SimTransport``.  ``rng`` seeds the ``random``/``power_of_two`` policies (default: an
     unseeded Random).  ``sim_configure`` adjusts each embedded simulated server's ``SimConfig``
-    (``agentd simulate`` passes ``deterministic=True`` for virtual time).
+    (``agentd simulate`` passes ``deterministic=True`` for virtual time).  ``batch_executor``: run
+    the Batch API's executor (default: only when serving HTTP, so ``agentd simulate`` never resumes
+    batches of the database); the routes exist whenever ``batch_api.enabled``.
     """
     _log_startup(cfg)
     registry = build_registry()
@@ -235,6 +241,11 @@ async def run_daemon(
                 transport=upstream.transport,
                 timeout=upstream.client.timeout,
             )
+            batches = None
+            if cfg.batch_api.enabled:
+                batches = BatchService(cfg.batch_api, BatchApiMetrics(registry))
+                if serve_http if batch_executor is None else batch_executor:
+                    await root.start(run_batch_executor, batches, engine)
             handles = DaemonHandles(
                 config=cfg,
                 targets=targets,
@@ -247,6 +258,7 @@ async def run_daemon(
                 metrics=metrics,
                 embedded=upstream.embedded,
                 shutdown=shutdown,
+                batches=batches,
             )
             async with trio.open_nursery() as servers:
                 if serve_http:

@@ -11,8 +11,11 @@ limit, validation, dispatch, forwarding and relay - in one coroutine:
   goes away mid-stream cancels the upstream request at once;
 * it avoids Quart's per-request context machinery on the hot path.
 
-Everything else (``/v1/models``, ``/health``, ``/metrics``, ``/scheduling/diagnostics``, the
-``/dashboard`` page and its ``/scheduling/dashboard.json``, 404/405
+``POST /v1/files`` (the Batch API's upload, docs/batch.md §4) is raw ASGI too, so that its size
+limits apply while the multipart body streams in (:mod:`daemon.http.batches`).
+
+Everything else (``/v1/models``, the Batch API's other routes, ``/health``, ``/metrics``,
+``/scheduling/diagnostics``, the ``/dashboard`` page and its ``/scheduling/dashboard.json``, 404/405
 for unknown routes/methods) is ordinary Quart.  Every error body is OpenAI-shaped; unexpected
 exceptions become a 500 ``internal_error`` without a traceback (the traceback goes to the log).
 """
@@ -29,6 +32,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from actors.logevents import get_logger, log_event
+from daemon.http.batches import batches_blueprint, serve_file_upload
 from daemon.http.dashboard import dashboard_blueprint
 from daemon.http.diagnostics import diagnostics_blueprint
 from daemon.http.errors import ApiError, error_body
@@ -196,6 +200,9 @@ class AgentdApp(QuartTrio):
                 )
                 await send_error(AsgiSink(send), error)
                 return
+            if scope["path"] == "/v1/files" and scope["method"] == "POST" and self.handles.batches is not None:
+                await serve_file_upload(self.handles.batches, scope, receive, send)
+                return
         await super().asgi_app(scope, receive, send)
 
 
@@ -212,6 +219,8 @@ def create_app(handles: DaemonHandles) -> AgentdApp:
     app.register_blueprint(diagnostics_blueprint(handles))
     app.register_blueprint(dashboard_blueprint(handles))
     app.register_blueprint(metrics_blueprint(handles.registry))
+    if handles.batches is not None:
+        app.register_blueprint(batches_blueprint(handles.batches))
 
     @app.get("/v1/models")
     async def models() -> Response:

@@ -1,0 +1,409 @@
+"""The Batch API routes, in OpenAI's shapes (docs/batch.md §4).
+
+``POST /v1/files`` is a raw ASGI handler (:func:`serve_file_upload`, mounted in front of Quart by
+:class:`~daemon.http.app.AgentdApp` like the proxy routes): it parses the multipart body as it
+arrives (werkzeug's sans-IO decoder) and enforces ``batch_api.max_file_bytes`` (413) and
+``batch_api.max_lines`` (400) while streaming, independently of ``server.max_body_bytes``.
+
+The other routes are a Quart blueprint (:func:`batches_blueprint`): ``GET /v1/files`` (``purpose``,
+``limit``), ``GET /v1/files/{id}``, ``GET /v1/files/{id}/content`` (streamed in chunks),
+``DELETE /v1/files/{id}``, ``POST /v1/batches``, ``GET /v1/batches`` (``limit``, ``after``),
+``GET /v1/batches/{id}``,
+``POST /v1/batches/{id}/cancel``.  Unknown ids are 404, bad input a 400 naming the field; every
+error body is OpenAI-shaped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from quart import Blueprint, Response, request
+from werkzeug.http import parse_options_header
+from werkzeug.sansio.multipart import Data, Epilogue, Field, File, MultipartDecoder, NeedData
+
+from actors.logevents import get_logger, log_event
+from daemon.batch_executor import BatchService
+from daemon.http.errors import ApiError
+from daemon.http.proxy import send_error
+from daemon.http.requests import ENDPOINTS, parse_json_body
+
+logger = get_logger("batch_api")
+JSON = "application/json"
+FILE_PURPOSES = ("batch",)
+MAX_FIELD_BYTES = 64 * 1024  # a non-file form field (purpose)
+MULTIPART_OVERHEAD_BYTES = 1024 * 1024  # boundaries, part headers and small fields around the file
+CONTENT_CHUNK_BYTES = 1024 * 1024
+COMPLETION_WINDOWS = ("24h",)
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+MAX_LIST_LIMIT = 100
+MAX_FILE_LIST_LIMIT = 10_000
+
+
+def _scope_header(scope: dict[str, Any], name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key.lower() == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+class _LineCounter:
+    """Counts non-blank lines of a stream of chunks without holding more than one chunk."""
+
+    def __init__(self) -> None:
+        self.lines = 0
+        self._current_blank = True
+
+    def feed(self, chunk: bytes) -> None:
+        pieces = chunk.split(b"\n")
+        for i, piece in enumerate(pieces):
+            if piece.strip():
+                self._current_blank = False
+            if i < len(pieces) - 1:  # a newline ends the current line
+                self.lines += not self._current_blank
+                self._current_blank = True
+
+    def finish(self) -> int:
+        return self.lines + (not self._current_blank)
+
+
+async def _read_upload(
+    scope: dict[str, Any], receive: Any, max_file_bytes: int, max_lines: int
+) -> tuple[str | None, str, bytes] | None:
+    """``(purpose, filename, content)`` of a multipart upload; None if the client disconnected."""
+    ctype, options = parse_options_header(_scope_header(scope, b"content-type") or "")
+    boundary = options.get("boundary")
+    if ctype != "multipart/form-data" or not boundary:
+        raise ApiError(
+            400,
+            "POST /v1/files takes multipart/form-data with the fields purpose and file",
+            code="invalid_content_type",
+            param="file",
+        )
+    too_large = ApiError(
+        413,
+        f"file exceeds the limit of {max_file_bytes} bytes (batch_api.max_file_bytes)",
+        code="file_too_large",
+        param="file",
+    )
+    declared = _scope_header(scope, b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_file_bytes + MULTIPART_OVERHEAD_BYTES:
+        raise too_large
+    decoder = MultipartDecoder(boundary.encode("latin-1"), max_parts=16)
+    fields: dict[str, bytearray] = {}
+    content = bytearray()
+    counter = _LineCounter()
+    filename = "upload.jsonl"
+    current: str | None = None  # "file", a field name, or None (an ignored extra file part)
+    saw_file = False
+    total = 0
+    done = False
+    while not done:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        total += len(chunk)
+        if total > max_file_bytes + MULTIPART_OVERHEAD_BYTES:
+            raise too_large
+        more = message.get("more_body", False)
+        try:
+            decoder.receive_data(chunk)
+            if not more:
+                decoder.receive_data(None)
+            while True:
+                event = decoder.next_event()
+                if isinstance(event, NeedData):
+                    break
+                if isinstance(event, Epilogue):
+                    done = True
+                    break
+                if isinstance(event, File):
+                    if event.name == "file" and not saw_file:
+                        current, saw_file = "file", True
+                        filename = event.filename or filename
+                    else:
+                        current = None
+                elif isinstance(event, Field):
+                    current = event.name
+                    fields[current] = bytearray()
+                elif isinstance(event, Data):
+                    if current == "file":
+                        content += event.data
+                        if len(content) > max_file_bytes:
+                            raise too_large
+                        counter.feed(event.data)
+                        if counter.lines > max_lines:
+                            raise _too_many_lines(max_lines)
+                    elif current is not None:
+                        fields[current] += event.data
+                        if current == "file" and len(fields[current]) > max_file_bytes:
+                            raise too_large
+                        if current != "file" and len(fields[current]) > MAX_FIELD_BYTES:
+                            message = f"form field {current} is longer than {MAX_FIELD_BYTES} bytes"
+                            raise ApiError(400, message, code="invalid_value", param=current)
+        except ValueError as exc:
+            raise ApiError(400, f"malformed multipart body: {exc}", code="invalid_multipart", param="file") from None
+        if not more and not done:
+            raise ApiError(400, "malformed multipart body: it ends early", code="invalid_multipart", param="file")
+    if not saw_file:
+        if "file" not in fields:
+            raise ApiError(400, "missing the file part (multipart field file)", code="missing_field", param="file")
+        content = fields["file"]  # sent as a plain field, not a file part
+        counter.feed(bytes(content))
+    if counter.finish() > max_lines:
+        raise _too_many_lines(max_lines)
+    purpose = fields.get("purpose")
+    return (None if purpose is None else purpose.decode("utf-8", "replace")), filename, bytes(content)
+
+
+def _too_many_lines(max_lines: int) -> ApiError:
+    return ApiError(
+        400, f"file has more than {max_lines} request lines (batch_api.max_lines)", code="too_many_lines", param="file"
+    )
+
+
+class _RawSink:
+    def __init__(self, send: Any) -> None:
+        self._send = send
+
+    async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
+        await self._send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+            }
+        )
+
+    async def send(self, chunk: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+    async def end(self, chunk: bytes = b"") -> None:
+        await self._send({"type": "http.response.body", "body": chunk, "more_body": False})
+
+
+async def serve_file_upload(service: BatchService, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """``POST /v1/files`` end to end (see the module docstring)."""
+    sink = _RawSink(send)
+    cfg = service.cfg
+    try:
+        upload = await _read_upload(scope, receive, cfg.max_file_bytes, cfg.max_lines)
+        if upload is None:
+            return
+        purpose, filename, content = upload
+        if purpose is None:
+            raise ApiError(400, "missing the purpose field (it must be 'batch')", code="missing_field", param="purpose")
+        if purpose not in FILE_PURPOSES:
+            raise ApiError(
+                400,
+                f"purpose must be one of {', '.join(FILE_PURPOSES)} (got {purpose[:80]!r}): agentd stores batch input",
+                code="invalid_value",
+                param="purpose",
+            )
+        store = await service.store()
+        file = await store.call(store.db.create_file, filename, purpose, content)
+    except ApiError as error:
+        await send_error(sink, error)
+        return
+    log_event(logger, logging.INFO, "batch_file_uploaded", file_id=file["id"], bytes=file["bytes"], filename=filename)
+    body = json.dumps(file).encode()
+    await sink.start(200, [("content-type", JSON), ("content-length", str(len(body)))])
+    await sink.end(body)
+
+
+def _json(payload: Any, status: int = 200) -> Response:
+    return Response(json.dumps(payload), status=status, content_type=JSON)
+
+
+def _not_found(kind: str, object_id: str, param: str) -> ApiError:
+    return ApiError(404, f"no {kind} with id {object_id[:120]!r}", code=f"{kind}_not_found", param=param)
+
+
+def _check_metadata(value: Any) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ApiError(400, "metadata must be an object of strings or null", code="invalid_value", param="metadata")
+    if len(value) > MAX_METADATA_PAIRS:
+        raise ApiError(400, f"metadata has more than {MAX_METADATA_PAIRS} keys", code="invalid_value", param="metadata")
+    for key, item in value.items():
+        if len(key) > MAX_METADATA_KEY:
+            raise ApiError(
+                400, f"metadata keys are at most {MAX_METADATA_KEY} characters", code="invalid_value", param="metadata"
+            )
+        if not isinstance(item, str) or len(item) > MAX_METADATA_VALUE:
+            raise ApiError(
+                400,
+                f"metadata.{key}: must be a string of at most {MAX_METADATA_VALUE} characters",
+                code="invalid_value",
+                param=f"metadata.{key}",
+            )
+    return dict(value)
+
+
+def _batch_request(raw: bytes) -> tuple[str, str, str, dict[str, str] | None]:
+    body = parse_json_body(raw)
+    input_file_id = body.get("input_file_id")
+    if not isinstance(input_file_id, str) or not input_file_id:
+        raise ApiError(
+            400, "input_file_id must be the id of an uploaded file", code="missing_field", param="input_file_id"
+        )
+    endpoint = body.get("endpoint")
+    if endpoint not in ENDPOINTS:
+        raise ApiError(
+            400,
+            f"endpoint must be one of {', '.join(ENDPOINTS)} (got {json.dumps(endpoint)[:80]})",
+            code="invalid_value",
+            param="endpoint",
+        )
+    window = body.get("completion_window")
+    if window not in COMPLETION_WINDOWS:
+        raise ApiError(
+            400,
+            f"completion_window must be one of {', '.join(COMPLETION_WINDOWS)} (got {json.dumps(window)[:80]})",
+            code="invalid_value",
+            param="completion_window",
+        )
+    return input_file_id, endpoint, window, _check_metadata(body.get("metadata"))
+
+
+def _list_args() -> tuple[int, str | None]:
+    raw_limit = request.args.get("limit", "20")
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIST_LIMIT:
+        raise ApiError(
+            400,
+            f"limit must be an integer within [1, {MAX_LIST_LIMIT}] (got {raw_limit[:40]!r})",
+            code="invalid_value",
+            param="limit",
+        )
+    return int(raw_limit), request.args.get("after") or None
+
+
+def batches_blueprint(service: BatchService) -> Blueprint:
+    bp = Blueprint("batch_api", __name__)
+
+    async def file_or_404(file_id: str) -> dict[str, Any]:
+        store = await service.store()
+        file = await store.call(store.db.get_file, file_id)
+        if file is None:
+            raise _not_found("file", file_id, "file_id")
+        return file
+
+    async def batch_or_404(batch_id: str) -> dict[str, Any]:
+        store = await service.store()
+        batch = await store.call(store.db.get_batch, batch_id)
+        if batch is None:
+            raise _not_found("batch", batch_id, "batch_id")
+        return batch
+
+    @bp.get("/v1/files")
+    async def list_files() -> Response:
+        raw_limit = request.args.get("limit", "10000")
+        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_FILE_LIST_LIMIT:
+            raise ApiError(
+                400,
+                f"limit must be an integer within [1, {MAX_FILE_LIST_LIMIT}] (got {raw_limit[:40]!r})",
+                code="invalid_value",
+                param="limit",
+            )
+        store = await service.store()
+        files = await store.call(store.db.list_files, request.args.get("purpose") or None, int(raw_limit))
+        return _json({"object": "list", "data": files, "has_more": False})
+
+    @bp.get("/v1/files/<file_id>")
+    async def get_file(file_id: str) -> Response:
+        return _json(await file_or_404(file_id))
+
+    @bp.delete("/v1/files/<file_id>")
+    async def delete_file(file_id: str) -> Response:
+        store = await service.store()
+        if not await store.call(store.db.delete_file, file_id):
+            raise _not_found("file", file_id, "file_id")
+        return _json({"id": file_id, "object": "file", "deleted": True})
+
+    @bp.get("/v1/files/<file_id>/content")
+    async def file_content(file_id: str) -> Response:
+        file = await file_or_404(file_id)
+        store = await service.store()
+
+        async def chunks() -> AsyncIterator[bytes]:
+            offset = 0
+            while offset < file["bytes"]:
+                chunk = await store.call(store.db.read_file_chunk, file_id, offset, CONTENT_CHUNK_BYTES)
+                if not chunk:
+                    return
+                offset += len(chunk)
+                yield chunk
+
+        response = Response(chunks(), status=200, content_type="application/octet-stream")
+        response.headers["content-length"] = str(file["bytes"])
+        return response
+
+    @bp.post("/v1/batches")
+    async def create_batch() -> Response:
+        raw = await request.get_data(cache=False, as_text=False, parse_form_data=False)
+        input_file_id, endpoint, window, metadata = _batch_request(raw)
+        store = await service.store()
+        file = await store.call(store.db.get_file, input_file_id)
+        if file is None:
+            raise _not_found("file", input_file_id, "input_file_id")
+        if file["purpose"] != "batch":
+            raise ApiError(
+                400,
+                f"input_file_id: file {input_file_id} has purpose {file['purpose']!r}, not 'batch'",
+                code="invalid_value",
+                param="input_file_id",
+            )
+        batch = await store.call(store.db.create_batch, input_file_id, endpoint, window, metadata)
+        await service.status_changed()
+        service.wake()
+        log_event(
+            logger, logging.INFO, "batch_created", batch_id=batch["id"], input_file_id=input_file_id, endpoint=endpoint
+        )
+        return _json(batch)
+
+    @bp.get("/v1/batches")
+    async def list_batches() -> Response:
+        limit, after = _list_args()
+        store = await service.store()
+        page = await store.call(store.db.list_batches, limit, after)
+        if page is None:
+            raise ApiError(400, f"after: no batch with id {after!r}", code="invalid_value", param="after")
+        items, has_more = page
+        return _json(
+            {
+                "object": "list",
+                "data": items,
+                "first_id": items[0]["id"] if items else None,
+                "last_id": items[-1]["id"] if items else None,
+                "has_more": has_more,
+            }
+        )
+
+    @bp.get("/v1/batches/<batch_id>")
+    async def get_batch(batch_id: str) -> Response:
+        return _json(await batch_or_404(batch_id))
+
+    @bp.post("/v1/batches/<batch_id>/cancel")
+    async def cancel_batch(batch_id: str) -> Response:
+        batch = await batch_or_404(batch_id)
+        store = await service.store()
+        if batch["status"] in ("validating", "in_progress"):
+            if await store.call(store.db.request_cancel, batch_id):
+                await service.status_changed()
+                service.wake()
+                log_event(logger, logging.INFO, "batch_cancel_requested", batch_id=batch_id)
+            return _json(await batch_or_404(batch_id))
+        if batch["status"] in ("cancelling", "cancelled"):
+            return _json(batch)
+        raise ApiError(
+            409,
+            f"batch {batch_id} is {batch['status']} and can no longer be cancelled",
+            code="batch_not_cancellable",
+            param="batch_id",
+        )
+
+    return bp
