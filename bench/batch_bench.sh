@@ -17,14 +17,14 @@
 #
 #   bench/batch_bench.sh [OUT_DIR]        (default OUT_DIR: batch-bench-out)
 #
-# Until the router's batch scheduling exists, [batch_jobs] enabled = true is accepted and ignored,
-# so the `agentd` rows equal Program scheduling with batch on the native path.  Prints a ratio
-# table per scenario (python -m bench.batch_compare; report / first column) and writes it to
+# Prints a ratio table per scenario (python -m bench.batch_compare; report / first column) and writes it to
 # OUT_DIR/summary.md; every report is OUT_DIR/<scenario>/<system>.json, configs in OUT_DIR/configs.
 # Environment: AGENTD (default agentd), PYTHON (the interpreter agentd is installed in, for the
 # table; default: the one running agentd), BATCH_REQUESTS (default 400), MIX_PROGRAMS (swe-short
-# Programs of scenario 2, default 24), MIX_BATCH_REQUESTS (default 200), BLOCKS_BATCH and
-# BLOCKS_MIX (KV blocks per rank; defaults 2048 and 1500), SOCKETS=1 (also run the batch-only
+# Programs of scenario 2, default 8: a light agent fleet), MIX_BATCH_REQUESTS (default 800: a batch
+# job that saturates the cluster for about 100 s), BLOCKS_BATCH and
+# BLOCKS_MIX (KV blocks per rank; defaults 2048 and 1500), MIX_SEED (scenario 2's trace seed: agents
+# MIX_SEED, batch MIX_SEED + 1; default 1), SOCKETS=1 (also run the batch-only
 # trace over sockets with `agentd bench`, native dispatch, fcfs vs batch_job_aware engines, at
 # TIME_SCALE, default 4).
 set -euo pipefail
@@ -35,10 +35,11 @@ if [ -z "${PYTHON:-}" ]; then  # the interpreter of an installed agentd entry po
   [ -n "$PYTHON" ] || PYTHON=python3
 fi
 BATCH_REQUESTS="${BATCH_REQUESTS:-400}"
-MIX_PROGRAMS="${MIX_PROGRAMS:-24}"
-MIX_BATCH_REQUESTS="${MIX_BATCH_REQUESTS:-200}"
+MIX_PROGRAMS="${MIX_PROGRAMS:-8}"
+MIX_BATCH_REQUESTS="${MIX_BATCH_REQUESTS:-800}"
 BLOCKS_BATCH="${BLOCKS_BATCH:-2048}"
 BLOCKS_MIX="${BLOCKS_MIX:-1500}"
+MIX_SEED="${MIX_SEED:-1}"
 mkdir -p "$OUT/configs" "$OUT/batch-only" "$OUT/mixed"
 start=$(date +%s)
 
@@ -91,9 +92,10 @@ simulate() {  # SCENARIO SYSTEM CONFIG TRACE
 }
 
 "$AGENTD" trace synth --profile batch --programs "$BATCH_REQUESTS" --seed 1 --out "$OUT/batch.jsonl"
-"$AGENTD" trace synth --profile swe-short --programs "$MIX_PROGRAMS" --seed 1 --input-scale 0.5 \
+"$AGENTD" trace synth --profile swe-short --programs "$MIX_PROGRAMS" --seed "$MIX_SEED" --input-scale 0.5 \
   --out "$OUT/agents.jsonl"
-"$AGENTD" trace synth --profile batch --programs "$MIX_BATCH_REQUESTS" --seed 2 --out "$OUT/mix-batch.jsonl"
+"$AGENTD" trace synth --profile batch --programs "$MIX_BATCH_REQUESTS" --seed $((MIX_SEED + 1)) \
+  --out "$OUT/mix-batch.jsonl"
 "$AGENTD" trace merge "$OUT/agents.jsonl" "$OUT/mix-batch.jsonl" -o "$OUT/mixed.jsonl"
 
 # 1. batch only: one worker x 2 DP ranks under KV pressure
