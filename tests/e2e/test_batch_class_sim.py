@@ -20,13 +20,16 @@ from daemon.config import AgentdConfig
 from daemon.supervisor import run_daemon
 
 
-def batch_config(**batch: Any) -> AgentdConfig:
+def batch_config(ps: dict[str, Any] | None = None, **batch: Any) -> AgentdConfig:
     cfg = sim_config()
+    if ps:
+        assert cfg.program_scheduling is not None
+        cfg = attrs.evolve(cfg, program_scheduling=attrs.evolve(cfg.program_scheduling, **ps))
     return attrs.evolve(cfg, batch_jobs=BatchJobsConfig(enabled=True, **batch))
 
 
-def batch_body(i: int, max_tokens: int = 8) -> dict[str, Any]:
-    words = " ".join(f"b{i}-word{k}" for k in range(40))  # ~100 estimated prompt tokens
+def batch_body(i: int, max_tokens: int = 8, words_count: int = 40) -> dict[str, Any]:
+    words = " ".join(f"b{i}-word{k}" for k in range(words_count))  # 40 words: ~100 estimated prompt tokens
     return {"model": "sim-model", "messages": [{"role": "user", "content": words}], "max_tokens": max_tokens}
 
 
@@ -116,3 +119,42 @@ async def test_programs_and_batch_share_the_ledger(autojump_clock: trio.testing.
     assert set(statuses.values()) == {200} and len(statuses) == 17
     assert diag["batch"]["queued"] == 0
     assert all(r["charged_tokens"] == 0 for r in diag["batch"]["ranks"])
+
+
+async def test_a_program_preempts_batch_work_which_then_completes_once(autojump_clock: trio.testing.MockClock) -> None:
+    """Non-streaming batch requests fill the rank; a Program arrives and preempts the youngest of
+    them (their upstream calls are cancelled); every batch client still gets exactly one 200."""
+    cfg = batch_config(guaranteed_kv_share=0.0, max_decode_slowdown=100.0)
+    cfg = attrs.evolve(cfg, embedded=attrs.evolve(cfg.embedded, time_scale=1.0))  # ~2 s per batch answer
+    with trio.fail_after(VIRTUAL_BUDGET_SECONDS):
+        async with trio.open_nursery() as nursery:
+            handles = await nursery.start(partial(run_daemon, cfg, serve_http=False, sim_configure=deterministic))
+            results: dict[str, tuple[int, Any]] = {}
+            async with in_process_client(handles) as client:
+
+                async def send_batch(i: int) -> None:
+                    r = await client.post(
+                        "/v1/chat/completions",
+                        json=batch_body(i, 300, words_count=120),
+                        headers={"x-request-id": f"b{i}#job_name[long]#"},
+                    )
+                    results[f"b{i}"] = (r.status_code, r.json())
+
+                async def send_program() -> None:
+                    await trio.sleep(0.5)  # the batch requests are decoding by now
+                    r = await client.post("/v1/chat/completions", json=body("agent", 16))
+                    results["agent"] = (r.status_code, r.json())
+
+                async with trio.open_nursery() as senders:
+                    for i in range(3):
+                        senders.start_soon(send_batch, i)
+                    senders.start_soon(send_program)
+                diag = await handles.program_dispatcher.wait_diagnostics(lambda d: d["batch"]["running"] == 0)
+            nursery.cancel_scope.cancel()
+    assert {k: v[0] for k, v in results.items()} == {"b0": 200, "b1": 200, "b2": 200, "agent": 200}
+    assert diag["batch"]["preemptions"] >= 1
+    for i in range(3):
+        answer = results[f"b{i}"][1]
+        assert answer["usage"]["completion_tokens"] == 300  # one whole answer, not a cut one
+    (job,) = [j for j in diag["batch"]["jobs"] if j["job"] == "long"] or [None]
+    assert job is None or job["completed"] == 3

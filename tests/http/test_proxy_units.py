@@ -240,3 +240,45 @@ def test_log_event_kv_and_json_lines(restore_agentd_logger: object) -> None:
     log_event(get_logger("test"), logging.WARNING, "shown", ok=True)
     [record] = [json.loads(x) for x in buffer.getvalue().splitlines()]
     assert record["event"] == "shown" and record["ok"] is True and record["level"] == "warning"
+
+
+def test_usage_accumulator_reads_the_first_choices_finish_reason() -> None:
+    body = {
+        "choices": [{"index": 0, "message": {"content": "x"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+    }
+    acc = UsageAccumulator()
+    acc.feed_json(json.dumps(body).encode())
+    assert acc.finish_reason == "stop" and acc.usage is not None and acc.usage.completion_tokens == 2
+    # a body without usage still gives its finish reason; null reasons are not one
+    acc = UsageAccumulator()
+    acc.feed_json(b'{"choices": [{"index": 0, "finish_reason": "length"}]}')
+    assert acc.finish_reason == "length"
+    acc = UsageAccumulator()
+    acc.feed_json(b'{"choices": [{"index": 0, "finish_reason": null}]}')
+    assert acc.finish_reason is None
+
+
+def test_usage_accumulator_finish_reason_from_a_stream_split_across_chunks() -> None:
+    events = [
+        b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}\n\n',
+        b'data: {"choices":[{"index":1,"delta":{},"finish_reason":"length"}]}\n\n',
+        b'data: {"choices":[{"index":0,"delta":{},"finish_reason": "tool_calls"}]}\n\n',
+        b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":4}}\n\ndata: [DONE]\n\n',
+    ]
+    raw = b"".join(events)
+    acc = UsageAccumulator()
+    for i in range(0, len(raw), 7):  # 7-byte pieces: every event is split
+        acc.feed_sse(raw[i : i + 7])
+    usage = acc.finish()
+    assert acc.finish_reason == "tool_calls"  # choice 0's, not choice 1's
+    assert usage is not None and usage.completion_tokens == 4
+
+
+def test_a_repeated_attempt_gets_its_own_upstream_request_id() -> None:
+    headers = {"x-request-id": "job-1#job_name[j]#", "content-type": "application/json"}
+    first = dict(upstream_headers(headers, 0, "agentd-7"))
+    again = dict(upstream_headers(headers, 0, "agentd-7", attempt=2))
+    assert first["x-request-id"] == "job-1#job_name[j]#"
+    assert again["x-request-id"] == "job-1#job_name[j]#.retry2"
+    assert dict(upstream_headers({}, 1, "agentd-7", attempt=1))["x-request-id"] == "agentd-7.retry1"
