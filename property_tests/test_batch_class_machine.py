@@ -29,6 +29,7 @@ from actors.core import invariants
 from actors.core.batch_class import (
     JobPredictor,
     decode_room,
+    engine_queue_blocks,
     guaranteed_share_tokens,
     predicted_decode,
     rank_budget_tokens,
@@ -271,9 +272,12 @@ class BatchMachine(RuleBasedStateMachine):
         for tid in s.pools[POOL]:
             rank = s.ranks[tid]
             budget = rank_budget_tokens(s, rank)
-            if (None in homes or tid in homes) and not escape:
+            if (rank.active or None in homes or tid in homes) and engine_queue_blocks(s, rank):
+                budget = 0
+            gated = (None in homes or tid in homes) and not escape
+            if gated:
                 budget = min(budget, guaranteed_share_tokens(s, rank))
-            idle = not rank.active and not rank.batch_requests
+            idle = not rank.active and not rank.batch_requests and not gated
             if escape:
                 pick = oldest.request_id
             else:

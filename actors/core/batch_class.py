@@ -52,7 +52,7 @@ from actors.core.effects import AdmitBatch, BatchCompleted, BatchJobCreated, Bat
 from actors.core.errors import NO_TARGETS, InvalidEvent
 from actors.core.events import BatchSubmitted, RequestCompleted
 from actors.core.ids import RequestId, TargetId
-from actors.core.ledger import charge_batch, private_tokens, target_usage
+from actors.core.ledger import charge_batch, fresh_waiting, private_tokens, target_usage
 from actors.core.lifecycle import reject
 from actors.core.model import Program, RankState
 from actors.core.resume import ordered, schedule_waiting
@@ -243,6 +243,16 @@ def decode_room(s: SchedulerState, rank: RankState, extra_tokens: float) -> bool
     return shared <= (1.0 + b.cfg.max_decode_slowdown) * alone
 
 
+def engine_queue_blocks(s: SchedulerState, rank: RankState) -> bool:
+    """The rank's fresh observation shows at least ``admission_waiting_request_threshold`` waiting
+    engine requests (the waiting gate of Program admission, docs/program-scheduling.md §3)."""
+    threshold = s.cfg.admission_waiting_request_threshold
+    if threshold <= 0:
+        return False
+    waiting = fresh_waiting(rank, s.now, s.cfg.metrics_interval_seconds)
+    return waiting is not None and waiting >= threshold
+
+
 def programs_waiting(s: SchedulerState, pool: str) -> bool:
     if s.global_queues.get(pool):
         return True
@@ -396,14 +406,18 @@ def dispatch_batch(s: SchedulerState) -> None:
         pool = oldest.model_pool
         homes = waiting_homes(s, pool)
         escape = bool(homes) and s.now - oldest.arrived_at >= b.cfg.max_wait_seconds
-        offers: list[tuple[int, int, RankState]] = []
+        offers: list[tuple[int, int, RankState, bool]] = []
         for tid in s.pools.get(pool, ()):
             rank = s.ranks[tid]
             budget = rank_budget_tokens(s, rank)
-            if (None in homes or tid in homes) and not escape:
+            programs_here = bool(rank.active) or None in homes or tid in homes
+            if programs_here and engine_queue_blocks(s, rank):
+                budget = 0  # the engine queues: more batch would hold the Programs' waiting gate shut
+            gated = (None in homes or tid in homes) and not escape
+            if gated:
                 # a Program waits for this rank: batch keeps only its guaranteed share
                 budget = min(budget, guaranteed_share_tokens(s, rank))
-            offers.append((-budget, rank.index, rank))
+            offers.append((-budget, rank.index, rank, gated))
         offers.sort(key=lambda o: (o[0], o[1]))
         if not _dispatch_one(s, b, predictor, offers, oldest, escape):
             return
@@ -413,13 +427,14 @@ def _dispatch_one(
     s: SchedulerState,
     b: BatchState,
     predictor: JobPredictor,
-    offers: list[tuple[int, int, RankState]],
+    offers: list[tuple[int, int, RankState, bool]],
     oldest: BatchPending,
     escape: bool,
 ) -> bool:
-    for neg_budget, _, rank in offers:
+    for neg_budget, _, rank, gated in offers:
         budget = -neg_budget
-        idle = not rank.active and not rank.batch_requests
+        # a rank running nothing takes one request of any size, unless a Program waits for it
+        idle = not rank.active and not rank.batch_requests and not gated
         if escape:
             rid: RequestId | None = oldest.request_id
         else:
