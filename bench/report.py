@@ -181,7 +181,7 @@ def _dist(values: Sequence[float]) -> dict[str, float | int]:
         return {"count": 0}
     return {
         "count": len(values),
-        "mean": sum(values) / len(values),
+        "mean": math.fsum(values) / len(values),  # exact sum: the same whatever the results' order
         "p50": percentile(values, 50),
         "p90": percentile(values, 90),
         "p99": percentile(values, 99),

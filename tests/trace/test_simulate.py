@@ -125,3 +125,22 @@ async def test_in_process_transport_streams_and_ends_with_a_final_chunk(autojump
             chunks = [(trio.current_time(), c) async for c in resp.aiter_bytes()]
     assert [c for _, c in chunks] == [b"data: 1\n\n", b"data: [DONE]\n\n"]
     assert chunks[1][0] - chunks[0][0] == 1.0
+
+
+def test_simulate_with_batch_jobs_is_deterministic() -> None:
+    """Agents and a batch job with [batch_jobs] enabled: the order-dependent batch estimates are
+    fed in a fixed order within each instant (same_instant_order), so two runs give one report."""
+    import attrs
+
+    from actors.core.config import BatchJobsConfig
+    from bench.trace.format import merge_traces
+
+    batch = synthesize("batch", 160, seed=4, knobs=Knobs(input_scale=0.2, output_scale=0.2))
+    trace = merge_traces([("agents", TRACE), ("batch", batch)])
+    cfg = config_for(CLUSTER, "agentd")
+    cfg = attrs.evolve(cfg, batch_jobs=BatchJobsConfig(enabled=True))
+    first = run_simulation(cfg, trace, OPTS, system="agentd")
+    second = run_simulation(cfg, trace, OPTS, system="agentd")
+    assert json.dumps(_strip(first), sort_keys=True) == json.dumps(_strip(second), sort_keys=True)
+    assert first["batch"]["completed"] == 160 and first["batch"]["failed"] == 0
+    assert first["tasks"]["completed"] == 4
