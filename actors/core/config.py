@@ -212,9 +212,8 @@ class BatchJobsConfig:
     short_decode_token_threshold: int = rule_field(INT_GT_0, 32)
     block_size_tokens: int = rule_field(INT_GT_0, 16)
     max_wait_seconds: float = rule_field(FINITE_GT_0, 30.0)
-    # share of each rank's KV capacity batch keeps while Programs wait there (docs/batch.md §2):
-    # 0.5 = an equal split between the two classes under contention
-    guaranteed_kv_share: float = rule_field(UNIT_INTERVAL, 0.5)
-    # how much batch requests may slow the decode steps of Programs reasoning on the same rank
-    # (seed decode cost model; 0.5 = steps up to 1.5x as long; docs/batch.md §2)
-    max_decode_slowdown: float = rule_field(FINITE_GE_0, 0.5)
+    # share of each rank's KV capacity batch keeps while Programs wait there (docs/batch.md §2.2)
+    guaranteed_kv_share: float = rule_field(UNIT_INTERVAL, 0.25)
+    # how much batch requests may slow the decode steps of the Programs on the same rank (the
+    # seed's decode cost model; 1.0 = steps up to twice as long; docs/batch.md §2.3)
+    max_decode_slowdown: float = rule_field(FINITE_GE_0, 1.0)

@@ -28,7 +28,7 @@ def test_defaults_are_the_seeds_plus_agentds() -> None:
     assert (b.enabled, b.max_jobs, b.reserve_margin_blocks, b.reserve_max_blocks) == (False, 20, 2, 8)
     assert (b.low_available_tokens_threshold, b.short_decode_token_threshold) == (4096, 32)
     assert (b.block_size_tokens, b.max_wait_seconds) == (16, 30.0)
-    assert (b.guaranteed_kv_share, b.max_decode_slowdown) == (0.5, 0.5)
+    assert (b.guaranteed_kv_share, b.max_decode_slowdown) == (0.25, 1.0)
     assert AgentdConfig().batch_jobs == b
     assert config_from_dict({}).batch_jobs == b
     assert problems(b) == []
@@ -44,8 +44,8 @@ def test_dump_config_shows_the_section() -> None:
         "short_decode_token_threshold": 32,
         "block_size_tokens": 16,
         "max_wait_seconds": 30.0,
-        "guaranteed_kv_share": 0.5,
-        "max_decode_slowdown": 0.5,
+        "guaranteed_kv_share": 0.25,
+        "max_decode_slowdown": 1.0,
     }
 
 

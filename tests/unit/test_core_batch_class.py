@@ -133,7 +133,7 @@ def test_programs_first_then_the_starvation_escape() -> None:
 
 
 def test_the_guaranteed_share_is_kept_for_backlogged_batch_work() -> None:
-    h = harness()  # guaranteed_kv_share 0.5 of 10,000 tokens
+    h = harness(batch=BatchJobsConfig(enabled=True, guaranteed_kv_share=0.5))  # 5,000 of 10,000 tokens
     h.submit("a", tokens=3000)  # active: 3100
     h.submit("b", tokens=7000)  # 7100 more does not fit: waits
     assert h.program("b").state == "paused"
@@ -215,7 +215,9 @@ def test_an_idle_rank_takes_a_request_larger_than_any_budget() -> None:
 
 
 def test_programs_keep_their_decode_speed_and_batch_keeps_one_request_per_rank() -> None:
-    h = harness(n_targets=2, token_capacity_per_dp_rank=1_000_000)
+    h = harness(
+        n_targets=2, token_capacity_per_dp_rank=1_000_000, batch=BatchJobsConfig(enabled=True, max_decode_slowdown=0.5)
+    )
     h.submit("a", tokens=20_000)  # active on rank 0 (reasoning_token_balance or hash)
     home = h.program("a").placement
     other = tid(1) if home == tid(0) else tid(0)
