@@ -160,18 +160,12 @@ async def run_scheduler_actor(
     feed: DashboardFeed | None = None,
     batch: BatchJobsConfig | None = None,
     batch_metrics: BatchMetrics | None = None,
-    same_instant_order: bool = False,
     task_status: trio.TaskStatus[SchedulerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Own the scheduler state; run until cancelled (or until a step raises, which stops the daemon).
 
     With ``health``, the targets given to the core are the healthy ones, re-synced at every tick
     and arrival: an unhealthy worker's ranks leave Program scheduling (their Programs fail over).
-
-    ``same_instant_order`` (virtual time only, ``agentd simulate`` with batch jobs): the messages
-    sent at one instant are gathered (``trio.testing.wait_all_tasks_blocked``) and stepped in
-    :func:`message_order`, not in the order Trio happened to run their senders, so a simulation
-    gives the same report every time (docs/architecture.md §7).
     """
     # See SCHEDULER_INBOX_SIZE for the bound.
     inbox: Mailbox[SchedulerInboxItem] = open_mailbox("scheduler_inbox", SCHEDULER_INBOX_SIZE)
@@ -186,59 +180,15 @@ async def run_scheduler_actor(
         handle.sync_targets(trio.current_time(), force=True)
         task_status.started(handle)
         try:
-            async for first in inbox.recv:
-                items = [first]
-                if same_instant_order:
-                    import trio.testing as trio_testing  # virtual time only: a serving daemon never imports it
-
-                    while True:  # until the instant is quiet: nothing new after everyone blocked
-                        await trio_testing.wait_all_tasks_blocked()
-                        before = len(items)
-                        while True:
-                            try:
-                                items.append(inbox.recv.receive_nowait())
-                            except trio.WouldBlock:
-                                break
-                        if len(items) == before:
-                            break
-                    items.sort(key=message_order)
-                for item in items:
-                    now = trio.current_time()
-                    handle.receive(item, now)
-                    handle.notify_stepped()
-                    if isinstance(item, ev.RepairTick) and on_tick is not None:
-                        on_tick(handle, now)
+            async for item in inbox.recv:
+                now = trio.current_time()
+                handle.receive(item, now)
+                handle.notify_stepped()
+                if isinstance(item, ev.RepairTick) and on_tick is not None:
+                    on_tick(handle, now)
         finally:
             handle.router.close_replies()
             nursery.cancel_scope.cancel()
-
-
-_KIND_ORDER: dict[type, int] = {
-    ObservationRoundStarted: 0,
-    ev.ObservationReceived: 1,
-    ev.RepairTick: 2,
-    ev.TimerFired: 3,
-    ev.RequestCompleted: 4,
-    ev.RequestAbandoned: 5,
-    Submission: 6,
-}
-
-
-def message_order(item: SchedulerInboxItem) -> tuple[int, str]:
-    """A total order of the messages of one instant that does not depend on task wake order:
-    observations and ticks first, then timers, completions, abandons and arrivals, each by id."""
-    kind = _KIND_ORDER.get(type(item), 7)
-    if isinstance(item, Submission):
-        return kind, str(item.event.request_id)
-    if isinstance(item, (ev.RequestCompleted, ev.RequestAbandoned)):
-        return kind, str(item.request_id)
-    if isinstance(item, ev.TimerFired):
-        return kind, f"{item.token:020d}"
-    if isinstance(item, ev.ObservationReceived):
-        return kind, f"{item.target_id}:{item.epoch:020d}"
-    if isinstance(item, ObservationRoundStarted):
-        return kind, f"{item.epoch:020d}"
-    return kind, ""
 
 
 def _log_capacity_observation(cfg: ProgramSchedulingConfig, msg: ev.ObservationReceived) -> None:

@@ -70,9 +70,7 @@ def run_simulation(
     check_simulatable(cfg)
 
     # batch preemption cancels running requests at any time (docs/batch.md §2): the engines must
-    # not be advanced ahead of the clock between wake-ups (docs/simulator.md §4, quiet events); and
-    # the order-dependent batch estimates need the scheduler to step each instant's messages in a
-    # fixed order (same_instant_order below)
+    # not be advanced ahead of the clock between wake-ups (docs/simulator.md §4, quiet events)
     per_step = per_step_wakeups or cfg.batch_jobs.enabled
 
     def configure(sim: SimConfig) -> SimConfig:
@@ -87,7 +85,6 @@ def run_simulation(
                     serve_http=False,
                     rng=random.Random(cfg.embedded.seed),
                     sim_configure=configure,
-                    same_instant_order=cfg.batch_jobs.enabled,
                 )
             )
             transport = InProcessTransport(handles, nursery)

@@ -412,7 +412,6 @@ async def run_program_scheduling(
     registry: CollectorRegistry,
     *,
     health: HealthView | None = None,
-    same_instant_order: bool = False,
     task_status: trio.TaskStatus[ProgramDispatcher] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run Program scheduling until cancelled; ``task_status.started(ProgramDispatcher)``.
@@ -448,7 +447,6 @@ async def run_program_scheduling(
                 feed=feed,
                 batch=batch,
                 batch_metrics=batch_metrics,
-                same_instant_order=same_instant_order,
                 task_status=task_status,
             )
         )

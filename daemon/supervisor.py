@@ -144,7 +144,6 @@ async def _start_dispatchers(
     registry: CollectorRegistry,
     metrics: ProxyMetrics,
     rng: random.Random | None,
-    same_instant_order: bool = False,
 ) -> tuple[HealthBoard, NativeDispatcher, ProgramDispatcher | None]:
     """Steps 2-3: the health actor (first round done), the native dispatcher, Program scheduling."""
     targets = cfg.targets()
@@ -160,12 +159,7 @@ async def _start_dispatchers(
     native = NativeDispatcher(targets, cfg.routing.policy, board, rng or random.Random())
     program = None
     if cfg.program_scheduling is not None:
-        program = await root.start(
-            partial(run_program_scheduling, health=board, same_instant_order=same_instant_order),
-            cfg,
-            upstream.client,
-            registry,
-        )
+        program = await root.start(partial(run_program_scheduling, health=board), cfg, upstream.client, registry)
     return board, native, program
 
 
@@ -206,7 +200,6 @@ async def run_daemon(
     handle_signals: bool = False,
     sim_configure: SimConfigure | None = None,
     batch_executor: bool | None = None,
-    same_instant_order: bool = False,
     task_status: trio.TaskStatus[DaemonHandles] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run agentd until ``handles.shutdown`` is set (or a signal when ``handle_signals``).
@@ -220,8 +213,6 @@ async def run_daemon(
     (``agentd simulate`` passes ``deterministic=True`` for virtual time).  ``batch_executor``: run
     the Batch API's executor (default: only when serving HTTP, so ``agentd simulate`` never resumes
     batches of the database); the routes exist whenever ``batch_api.enabled``.
-    ``same_instant_order`` (virtual time only) makes the scheduler step the messages of one instant
-    in a fixed order (``actors.scheduler_actor.message_order``).
     """
     _log_startup(cfg)
     registry = build_registry()
@@ -233,9 +224,7 @@ async def run_daemon(
             root.start_soon(_watch_signals, shutdown, root.cancel_scope)
         upstream = await _open_upstream(root, cfg, client_factory, transport_factory, sim_configure)
         async with upstream.client:
-            board, native, program = await _start_dispatchers(
-                root, cfg, upstream, registry, metrics, rng, same_instant_order
-            )
+            board, native, program = await _start_dispatchers(root, cfg, upstream, registry, metrics, rng)
             ps = cfg.program_scheduling
             engine = ProxyEngine(
                 client=upstream.client,
