@@ -245,17 +245,7 @@ class BatchDispatcher:
         finally:
             del self.runs[req.request_id]
             if submitted:
-                with trio.CancelScope(shield=True):
-                    with trio.move_on_after(RELEASE_TIMEOUT_SECONDS) as capped:
-                        await program._release(req, lease, inbox)
-                    if capped.cancelled_caught:
-                        log_event(
-                            logger,
-                            logging.ERROR,
-                            "program_release_timeout",
-                            request_id=req.request_id,
-                            timeout_seconds=RELEASE_TIMEOUT_SECONDS,
-                        )
+                await program.release_shielded(req, lease, inbox)
 
 
 @attrs.define(eq=False)
@@ -339,17 +329,24 @@ class ProgramDispatcher:
             raise DispatchRejected(SCHEDULER_UNAVAILABLE) from None
         finally:
             if submitted:
-                with trio.CancelScope(shield=True):
-                    with trio.move_on_after(RELEASE_TIMEOUT_SECONDS) as capped:
-                        await self._release(req, lease, inbox)
-                    if capped.cancelled_caught:
-                        log_event(
-                            logger,
-                            logging.ERROR,
-                            "program_release_timeout",
-                            request_id=req.request_id,
-                            timeout_seconds=RELEASE_TIMEOUT_SECONDS,
-                        )
+                await self.release_shielded(req, lease, inbox)
+
+    async def release_shielded(
+        self, req: ProxyRequest, lease: ProgramLease | None, inbox: trio.MemorySendChannel[Any]
+    ) -> None:
+        """Report the request's end (completed or abandoned) from a ``finally``: shielded, capped
+        at ``RELEASE_TIMEOUT_SECONDS`` (the scheduler never stops draining its inbox)."""
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(RELEASE_TIMEOUT_SECONDS) as capped:
+                await self._release(req, lease, inbox)
+            if capped.cancelled_caught:
+                log_event(
+                    logger,
+                    logging.ERROR,
+                    "program_release_timeout",
+                    request_id=req.request_id,
+                    timeout_seconds=RELEASE_TIMEOUT_SECONDS,
+                )
 
     async def _release(self, req: ProxyRequest, lease: ProgramLease | None, inbox: trio.MemorySendChannel[Any]) -> None:
         if lease is not None and lease.outcome is not None:
