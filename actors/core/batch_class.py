@@ -24,12 +24,18 @@ the Programs leave free, on the same per-rank ledger:
   ``used`` is the rank's ``target_usage`` (which includes batch, ``ledger.charge_batch``); each
   running batch request decodes at most one new block per engine step, the seed's per-request
   projection in the decode phase, hence one block each.
-* **Pick**: the rank with the largest budget (ties: lower target index) asks the queue for the
-  seed's pick (cold start first, job order by budget against ``low_available_tokens_threshold``,
-  LPT inside the job), with one agentd addition to the seed's prediction (below). The request
-  is charged ``prompt + min(predicted decode, max_tokens)``. If that does not fit the budget,
-  admission stops (head of line, as in the engine), unless the rank runs nothing at all (a
-  request larger than any budget runs alone rather than never).
+* **Pick**: ranks are offered in order of budget (ties: lower target index); each asks the queue
+  for the seed's pick (cold start first, job order by budget against
+  ``low_available_tokens_threshold``, LPT inside the job), with one agentd addition to the seed's
+  prediction (below). The request is charged ``prompt + min(predicted decode, max_tokens)``; the
+  first rank whose budget fits it takes it (or one running nothing at all that no Program waits
+  for: a request larger than any budget runs alone rather than never). When no rank takes its
+  pick, admission stops until capacity frees (head of line, as in the engine).
+* **Decode speed and engine pressure**: beside active Programs a batch request is added only
+  while the seed's decode-step cost stays within ``1 + max_decode_slowdown`` of theirs
+  (:func:`decode_room`; one batch request per rank always runs), and not at all while the rank's
+  engine queues at least ``admission_waiting_request_threshold`` requests (the Programs' waiting
+  gate, which batch must never hold shut).
 * **Starvation bound**: with free capacity and no Program waiting, a queued batch request that
   fits is dispatched in the same step. When Programs keep waiting, the oldest batch request is
   dispatched anyway once it has waited ``max_wait_seconds`` and a rank's budget fits it.
