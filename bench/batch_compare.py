@@ -12,35 +12,25 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bench.markdown import Getter, report_value
 from bench.output import write_atomic
 
-Getter = Callable[[Mapping[str, Any]], float | None]
-
-
-def _get(*path: str) -> Getter:
-    def get(report: Mapping[str, Any]) -> float | None:
-        node: Any = report
-        for key in path:
-            if not isinstance(node, Mapping) or key not in node:
-                return None
-            node = node[key]
-        return float(node) if isinstance(node, (int, float)) and not isinstance(node, bool) else None
-
-    return get
-
-
 ROWS: tuple[tuple[str, Getter, str], ...] = (
-    ("batch makespan (s)", _get("batch", "makespan_seconds"), "{:.2f}"),
-    ("batch requests/s", _get("batch", "requests_per_second"), "{:.3f}"),
-    ("batch output tokens/s", _get("batch", "output_tokens_per_second"), "{:.1f}"),
-    ("batch failed requests", _get("batch", "failed"), "{:.0f}"),
-    ("engine preemptions", _get("batch", "engine_preemptions"), "{:.0f}"),
-    ("agents' JCT mean (s)", _get("jct_seconds", "mean"), "{:.2f}"),
-    ("agents' JCT p90 (s)", _get("jct_seconds", "p90"), "{:.2f}"),
-    ("agents' failed tasks", lambda r: _get("tasks", "failed")(r) if _get("tasks", "planned")(r) else None, "{:.0f}"),
+    ("batch makespan (s)", report_value("batch", "makespan_seconds"), "{:.2f}"),
+    ("batch requests/s", report_value("batch", "requests_per_second"), "{:.3f}"),
+    ("batch output tokens/s", report_value("batch", "output_tokens_per_second"), "{:.1f}"),
+    ("batch failed requests", report_value("batch", "failed"), "{:.0f}"),
+    ("engine preemptions", report_value("batch", "engine_preemptions"), "{:.0f}"),
+    ("agents' JCT mean (s)", report_value("jct_seconds", "mean"), "{:.2f}"),
+    ("agents' JCT p90 (s)", report_value("jct_seconds", "p90"), "{:.2f}"),
+    (
+        "agents' failed tasks",
+        lambda r: report_value("tasks", "failed")(r) if report_value("tasks", "planned")(r) else None,
+        "{:.0f}",
+    ),
 )
 
 
@@ -56,7 +46,7 @@ def _jobs(reports: Sequence[Mapping[str, Any]]) -> list[str]:
 def render(title: str, reports: Mapping[str, Mapping[str, Any]]) -> str:
     labels = list(reports)
     rows = list(ROWS) + [
-        (f"makespan job {job} (s)", _get("batch", "jobs", job, "makespan_seconds"), "{:.2f}")
+        (f"makespan job {job} (s)", report_value("batch", "jobs", job, "makespan_seconds"), "{:.2f}")
         for job in _jobs(list(reports.values()))
     ]
     header = ["metric", *labels, *(f"{label} / {labels[0]}" for label in labels[1:])]

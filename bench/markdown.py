@@ -18,7 +18,9 @@ Getter = Callable[[Mapping[str, Any]], float | None]
 Cell = Callable[[float | None, float | None], str]  # (value, baseline value) -> table cell
 
 
-def _get(*path: str) -> Getter:
+def report_value(*path: str) -> Getter:
+    """A getter of the number at ``path`` in a report (None when absent or not a number)."""
+
     def get(report: Mapping[str, Any]) -> float | None:
         node: Any = report
         for key in path:
@@ -35,24 +37,24 @@ Row = tuple[str, Getter, str, bool | None]  # (label, getter, format, lower_is_b
 
 def _seconds(label: str, stats: Sequence[str], fmt: str, *path: str) -> tuple[Row, ...]:
     """``"<label> <stat> (s)"`` rows of one distribution in the report (lower is better)."""
-    return tuple((f"{label} {stat} (s)", _get(*path, stat), fmt, True) for stat in stats)
+    return tuple((f"{label} {stat} (s)", report_value(*path, stat), fmt, True) for stat in stats)
 
 
 def _counts(section: str, labels: Mapping[str, str]) -> tuple[Row, ...]:
     """Count rows ``{label: key}`` of one report section (neither direction is better)."""
-    return tuple((label, _get(section, key), "{:.0f}", None) for label, key in labels.items())
+    return tuple((label, report_value(section, key), "{:.0f}", None) for label, key in labels.items())
 
 
 ROWS: tuple[Row, ...] = (
-    ("completed tasks", _get("tasks", "completed"), "{:.0f}", None),
-    ("failed requests", _get("requests", "failed"), "{:.0f}", True),
+    ("completed tasks", report_value("tasks", "completed"), "{:.0f}", None),
+    ("failed requests", report_value("requests", "failed"), "{:.0f}", True),
     *_seconds("JCT", ("mean", "p50", "p90", "p99"), "{:.2f}", "jct_seconds"),
     *_seconds("request latency", ("mean", "p90"), "{:.3f}", "request_latency_seconds"),
     *_seconds("TTFT", ("p50", "p90"), "{:.3f}", "ttft_seconds"),
-    ("requests/s", _get("throughput", "requests_per_second"), "{:.3f}", False),
-    ("output tokens/s", _get("throughput", "output_tokens_per_second"), "{:.1f}", False),
-    ("token cache hit", _get("cache", "token_hit_ratio"), "{:.3f}", False),
-    ("preemptions", _get("preemptions"), "{:.0f}", True),
+    ("requests/s", report_value("throughput", "requests_per_second"), "{:.3f}", False),
+    ("output tokens/s", report_value("throughput", "output_tokens_per_second"), "{:.1f}", False),
+    ("token cache hit", report_value("cache", "token_hit_ratio"), "{:.3f}", False),
+    ("preemptions", report_value("preemptions"), "{:.0f}", True),
     *_counts("tokens", {"input tokens": "input", "output tokens": "output"}),
     *_seconds("router queue wait", ("p50", "p90"), "{:.3f}", "queue_wait_seconds", "router"),
     *_seconds("backend queue wait", ("p90",), "{:.3f}", "queue_wait_seconds", "backend"),
@@ -64,17 +66,17 @@ ROWS: tuple[Row, ...] = (
             "segment yields": "segment_yields",
         },
     ),
-    ("wall time (trace s)", _get("duration_seconds"), "{:.1f}", True),
-    ("router process CPU (s)", _get("process_cpu_seconds", "system"), "{:.1f}", True),
+    ("wall time (trace s)", report_value("duration_seconds"), "{:.1f}", True),
+    ("router process CPU (s)", report_value("process_cpu_seconds", "system"), "{:.1f}", True),
 )
 # Rows of the report's ``batch`` section (docs/traces.md, "Report"), shown when some report has one.
 BATCH_ROWS: tuple[Row, ...] = (
-    ("batch makespan (s)", _get("batch", "makespan_seconds"), "{:.2f}", True),
-    ("batch requests/s", _get("batch", "requests_per_second"), "{:.3f}", False),
-    ("batch output tokens/s", _get("batch", "output_tokens_per_second"), "{:.1f}", False),
-    ("batch total tokens/s", _get("batch", "total_tokens_per_second"), "{:.1f}", False),
-    ("batch failed requests", _get("batch", "failed"), "{:.0f}", True),
-    ("engine preemptions", _get("batch", "engine_preemptions"), "{:.0f}", True),
+    ("batch makespan (s)", report_value("batch", "makespan_seconds"), "{:.2f}", True),
+    ("batch requests/s", report_value("batch", "requests_per_second"), "{:.3f}", False),
+    ("batch output tokens/s", report_value("batch", "output_tokens_per_second"), "{:.1f}", False),
+    ("batch total tokens/s", report_value("batch", "total_tokens_per_second"), "{:.1f}", False),
+    ("batch failed requests", report_value("batch", "failed"), "{:.0f}", True),
+    ("engine preemptions", report_value("batch", "engine_preemptions"), "{:.0f}", True),
 )
 _GETTERS = {label: getter for label, getter, _fmt, _better in (*ROWS, *BATCH_ROWS)}
 
@@ -94,7 +96,7 @@ def job_rows(reports: Mapping[str, Mapping[str, Any]]) -> tuple[Row, ...]:
         if isinstance(batch, Mapping) and isinstance(batch.get("jobs"), Mapping):
             jobs.update(batch["jobs"])
     return tuple(
-        (f"makespan job {job} (s)", _get("batch", "jobs", job, "makespan_seconds"), "{:.2f}", True)
+        (f"makespan job {job} (s)", report_value("batch", "jobs", job, "makespan_seconds"), "{:.2f}", True)
         for job in sorted(jobs)
     )
 

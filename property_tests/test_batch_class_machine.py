@@ -26,15 +26,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from actors.core import invariants
-from actors.core.batch_class import (
-    JobPredictor,
-    decode_room,
-    engine_queue_blocks,
-    guaranteed_share_tokens,
-    predicted_decode,
-    rank_budget_tokens,
-    waiting_homes,
-)
+from actors.core.batch_class import JobPredictor, dispatch_offers, taken_pick, waiting_homes
 from actors.core.config import BackendTarget, BatchJobsConfig, ProgramSchedulingConfig
 from actors.core.costs import decode_step_seconds
 from actors.core.effects import AdmitBatch, PreemptBatch, Reject
@@ -51,30 +43,12 @@ from actors.core.events import (
 )
 from actors.core.ids import RequestId
 from actors.core.ledger import target_usage
-from actors.core.model import ProgramIdentity, Usage
+from actors.core.model import Usage
 from actors.core.scheduler import initial_state, step
+from property_tests.strategies import parse_program_request
 
 POOL = "default"
 JOBS = ("__default__", "short", "long", "mid")
-
-
-def identity(program: str) -> ProgramIdentity:
-    return ProgramIdentity(
-        program_id=program,
-        task_id=None,
-        session_id=None,
-        agent_id=None,
-        parent_program_id=None,
-        root_program_id=None,
-        blocks_parent=False,
-        expected_resume=True,
-        agent_role=None,
-        spawn_reason=None,
-        step_id=None,
-        source="agentic_context",
-        placement_key=program,
-        placement_hash_key=program,
-    )
 
 
 class BatchMachine(RuleBasedStateMachine):
@@ -196,10 +170,11 @@ class BatchMachine(RuleBasedStateMachine):
             self.queued.add(rid)
             self._step(BatchSubmitted(RequestId(rid), job, tokens, None, preemptible=True))
 
-    @rule(program=st.sampled_from(["p1", "p2", "p3"]), tokens=st.sampled_from([40, 300, 1_500, 5_000, 15_000]))
-    def submit_program(self, program: str, tokens: int) -> None:
+    @rule(program=st.integers(min_value=0, max_value=2), tokens=st.sampled_from([40, 300, 1_500, 5_000, 15_000]))
+    def submit_program(self, program: int, tokens: int) -> None:
         self.n += 1
-        self._step(RequestSubmitted(RequestId(f"r{self.n}"), identity(program), tokens))
+        parsed = parse_program_request(program, {})  # the edge's own parsing (property_tests/strategies.py)
+        self._step(RequestSubmitted(RequestId(f"r{self.n}"), parsed.identity, tokens))
 
     @rule(
         data=st.data(),
@@ -263,36 +238,14 @@ class BatchMachine(RuleBasedStateMachine):
             assert reserve <= self.bcfg.reserve_max_blocks
         if not b.pending:
             return
-        # work conservation and the starvation escape: after a step no rank would take the pick
-        # it is offered (the same offers dispatch_batch makes)
+        # work conservation and the starvation escape: after a step no rank takes the pick it is
+        # offered (dispatch_batch's loop may only end there)
         oldest = next(iter(b.pending.values()))
-        homes = waiting_homes(s, POOL)
-        escape = bool(homes) and s.now - oldest.arrived_at >= self.bcfg.max_wait_seconds
+        offers, escape = dispatch_offers(s, POOL, oldest)
         predictor = JobPredictor(b, s.now)
-        for tid in s.pools[POOL]:
-            rank = s.ranks[tid]
-            budget = rank_budget_tokens(s, rank)
-            if (rank.active or None in homes or tid in homes) and engine_queue_blocks(s, rank):
-                budget = 0
-            gated = (None in homes or tid in homes) and not escape
-            if gated:
-                budget = min(budget, guaranteed_share_tokens(s, rank))
-            idle = not rank.active and not rank.batch_requests and not gated
-            if escape:
-                pick = oldest.request_id
-            else:
-                pick = b.queue.pick(
-                    max(budget, 1) if idle else budget,
-                    predictor,
-                    low_available_tokens_threshold=self.bcfg.low_available_tokens_threshold,
-                    short_decode_token_threshold=self.bcfg.short_decode_token_threshold,
-                )
-            if pick is None:
-                continue
-            p = b.pending[pick]
-            need = p.prompt_tokens + predicted_decode(b, p, predictor)
-            fits = need <= budget or idle
-            assert not (fits and decode_room(s, rank, need)), f"{tid} would take {pick}: a fitting batch request waits"
+        for offer in offers:
+            taken = taken_pick(s, offer, predictor, oldest, escape)
+            assert taken is None, f"{offer.rank.target_id} would take {taken[0].request_id}: a fitting request waits"
 
     @invariant()
     def nothing_lost(self) -> None:

@@ -52,6 +52,8 @@ the Programs leave free, on the same per-rank ledger:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from actors.core.batch_state import BatchPending, BatchRunning, BatchState, JobCounters
 from actors.core.costs import decode_step_seconds
 from actors.core.effects import AdmitBatch, BatchCompleted, BatchJobCreated, BatchJobEvicted, PreemptBatch
@@ -396,12 +398,77 @@ def _preempt(s: SchedulerState, b: BatchState, r: BatchRunning, rank: RankState)
     )
 
 
+class Offer(NamedTuple):
+    """What one rank offers the batch queue in a dispatch round."""
+
+    rank: RankState
+    budget: int
+    gated: bool  # a Program waits for this rank (batch keeps only its guaranteed share)
+
+
+def dispatch_offers(s: SchedulerState, pool: str, oldest: BatchPending) -> tuple[list[Offer], bool]:
+    """Each rank's offer in this round, largest budget first (ties by target index), and whether
+    the starvation escape applies (the oldest request waited ``max_wait_seconds``)."""
+    b = s.batch
+    assert b is not None
+    homes = waiting_homes(s, pool)
+    escape = bool(homes) and s.now - oldest.arrived_at >= b.cfg.max_wait_seconds
+    offers: list[Offer] = []
+    for tid in s.pools.get(pool, ()):
+        rank = s.ranks[tid]
+        budget = rank_budget_tokens(s, rank)
+        waited_for = None in homes or tid in homes
+        if (rank.active or waited_for) and engine_queue_blocks(s, rank):
+            budget = 0  # the engine queues: more batch would hold the Programs' waiting gate shut
+        gated = waited_for and not escape
+        if gated:
+            budget = min(budget, guaranteed_share_tokens(s, rank))
+        offers.append(Offer(rank, budget, gated))
+    offers.sort(key=lambda o: (-o.budget, o.rank.index))
+    return offers, escape
+
+
+def taken_pick(
+    s: SchedulerState, offer: Offer, predictor: JobPredictor, oldest: BatchPending, escape: bool
+) -> tuple[BatchPending, int, int] | None:
+    """The request ``offer``'s rank takes now, with its predicted decode and its charge, or None.
+
+    The queue's pick (the oldest request under the escape) must fit the budget -- or the rank run
+    nothing at all and no Program wait for it (one request of any size) -- and leave the Programs
+    there their decode speed (:func:`decode_room`).
+    """
+    b = s.batch
+    assert b is not None
+    rank, budget, gated = offer
+    idle = not rank.active and not rank.batch_requests and not gated
+    if escape:
+        rid: RequestId | None = oldest.request_id
+    else:
+        # an idle rank with no budget yet (capacity unknown) still asks for a pick: budget 1
+        # makes the seed's best fit return the smallest prompt of the first job
+        rid = b.queue.pick(
+            max(budget, 1) if idle else budget,
+            predictor,
+            low_available_tokens_threshold=b.cfg.low_available_tokens_threshold,
+            short_decode_token_threshold=b.cfg.short_decode_token_threshold,
+        )
+    if rid is None:
+        return None
+    p = b.pending[rid]
+    pred = predicted_decode(b, p, predictor)
+    need = p.prompt_tokens + pred
+    if need > budget and not idle:
+        return None  # does not fit here: re-evaluated when capacity frees (a completion, a tick)
+    if not decode_room(s, rank, need):
+        return None  # the Programs there would slow down more than allowed
+    return p, pred, need
+
+
 def dispatch_batch(s: SchedulerState) -> None:
     """Dispatch queued batch requests into the capacity Programs leave free (module docstring).
 
-    Ranks are tried in order of budget (largest first, ties by target index); on each the queue's
-    pick must fit the budget (or the rank be idle) and leave the reasoning Programs their decode
-    speed (:func:`decode_room`).  The loop ends when no rank takes the pick it is offered.
+    Each round offers every rank (:func:`dispatch_offers`); the first rank that takes its pick
+    (:func:`taken_pick`) gets it.  The loop ends when no rank takes the pick it is offered.
     """
     b = s.batch
     if b is None or not b.pending:
@@ -409,61 +476,15 @@ def dispatch_batch(s: SchedulerState) -> None:
     predictor = JobPredictor(b, s.now)
     while b.pending:
         oldest = next(iter(b.pending.values()))
-        pool = oldest.model_pool
-        homes = waiting_homes(s, pool)
-        escape = bool(homes) and s.now - oldest.arrived_at >= b.cfg.max_wait_seconds
-        offers: list[tuple[int, int, RankState, bool]] = []
-        for tid in s.pools.get(pool, ()):
-            rank = s.ranks[tid]
-            budget = rank_budget_tokens(s, rank)
-            programs_here = bool(rank.active) or None in homes or tid in homes
-            if programs_here and engine_queue_blocks(s, rank):
-                budget = 0  # the engine queues: more batch would hold the Programs' waiting gate shut
-            gated = (None in homes or tid in homes) and not escape
-            if gated:
-                # a Program waits for this rank: batch keeps only its guaranteed share
-                budget = min(budget, guaranteed_share_tokens(s, rank))
-            offers.append((-budget, rank.index, rank, gated))
-        offers.sort(key=lambda o: (o[0], o[1]))
-        if not _dispatch_one(s, b, predictor, offers, oldest, escape):
-            return
-
-
-def _dispatch_one(
-    s: SchedulerState,
-    b: BatchState,
-    predictor: JobPredictor,
-    offers: list[tuple[int, int, RankState, bool]],
-    oldest: BatchPending,
-    escape: bool,
-) -> bool:
-    for neg_budget, _, rank, gated in offers:
-        budget = -neg_budget
-        # a rank running nothing takes one request of any size, unless a Program waits for it
-        idle = not rank.active and not rank.batch_requests and not gated
-        if escape:
-            rid: RequestId | None = oldest.request_id
+        offers, escape = dispatch_offers(s, oldest.model_pool, oldest)
+        for offer in offers:
+            taken = taken_pick(s, offer, predictor, oldest, escape)
+            if taken is not None:
+                p, pred, need = taken
+                _dispatch(s, b, p, offer.rank, pred, need, escape=escape)
+                break
         else:
-            # an idle rank with no budget yet (capacity unknown) still asks for a pick: budget 1
-            # makes the seed's best fit return the smallest prompt of the first job
-            rid = b.queue.pick(
-                max(budget, 1) if idle else budget,
-                predictor,
-                low_available_tokens_threshold=b.cfg.low_available_tokens_threshold,
-                short_decode_token_threshold=b.cfg.short_decode_token_threshold,
-            )
-        if rid is None:
-            continue
-        p = b.pending[rid]
-        pred = predicted_decode(b, p, predictor)
-        need = p.prompt_tokens + pred
-        if need > budget and not idle:
-            continue  # does not fit here: re-evaluated when capacity frees (a completion, a tick)
-        if not decode_room(s, rank, need):
-            continue  # the Programs reasoning there would slow down more than allowed
-        _dispatch(s, b, p, rank, pred, need, escape=escape)
-        return True
-    return False
+            return
 
 
 def _dispatch(
