@@ -44,6 +44,9 @@ class ProxyRequest:
     identity: ParsedIdentity | None = None
     # the job name when the request is batch class (docs/batch.md §2), else None
     batch_job: str | None = None
+    # the tenant name of the authenticated API key (daemon/auth.py, docs/operations.md §10), None
+    # when the request carried no key (authentication off); the tenant source of highest rank
+    principal: str | None = None
 
 
 @attrs.frozen

@@ -122,7 +122,13 @@ def parse_program_identity(body: dict[str, Any], headers: Mapping[str, str], ena
 
 
 def parse_request(
-    request_id: str, endpoint: str, raw: bytes, headers: Mapping[str, str], enable_key: str | None
+    request_id: str,
+    endpoint: str,
+    raw: bytes,
+    headers: Mapping[str, str],
+    enable_key: str | None,
+    *,
+    principal: str | None = None,
 ) -> ProxyRequest:
     """Raw body and headers -> a validated :class:`ProxyRequest`; Program identity is read only
     when Program scheduling is on (``enable_key``).  Every bad input raises :class:`ApiError` (4xx)."""
@@ -142,6 +148,7 @@ def parse_request(
         routing_text=routing_text,
         identity=identity,
         batch_job=batch_job,
+        principal=principal,
     )
 
 
@@ -216,9 +223,12 @@ class ProxyEngine:
         self.forwarding_mode = agentic_context_forwarding
         self._ids = itertools.count(1)
 
-    def build_request(self, endpoint: str, raw: bytes, headers: Mapping[str, str]) -> ProxyRequest:
+    def build_request(
+        self, endpoint: str, raw: bytes, headers: Mapping[str, str], *, principal: str | None = None
+    ) -> ProxyRequest:
+        """``principal``: the tenant of the authenticated API key (daemon/auth.py), if any."""
         enable_key = None if self.program is None else self.program.enable_key
-        return parse_request(f"agentd-{next(self._ids)}", endpoint, raw, headers, enable_key)
+        return parse_request(f"agentd-{next(self._ids)}", endpoint, raw, headers, enable_key, principal=principal)
 
     async def handle(self, req: ProxyRequest, sink: ResponseSink, *, raw_body: bytes | None = None) -> None:
         """Serve one request end to end; every expected failure becomes an error response."""
