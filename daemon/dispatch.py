@@ -47,6 +47,9 @@ class ProxyRequest:
     # the tenant name of the authenticated API key (daemon/auth.py, docs/operations.md §10), None
     # when the request carried no key (authentication off); the tenant source of highest rank
     principal: str | None = None
+    # the client's own id (X-Request-Id header, else the body's request_id), kept beside agentd's
+    # unique request_id and never used as the engine's id alone (daemon/request_ids.py)
+    client_request_id: str | None = None
 
 
 @attrs.frozen

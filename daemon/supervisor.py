@@ -48,6 +48,7 @@ from daemon.http.proxy import ProgramRoute, ProxyEngine
 from daemon.http.serve import serve_http as serve_asgi
 from daemon.metrics import BatchApiMetrics, ProxyMetrics, build_registry
 from daemon.program_dispatch import ProgramDispatcher, run_program_scheduling
+from daemon.request_ids import REQUEST_ID_SEED, RequestIds
 from daemon.upstream import UpstreamTransport, client_kwargs, upstream_limits
 from sim.cluster import SimCluster, SimConfig, run_sim_cluster
 from sim.transport import SimTransport
@@ -240,6 +241,8 @@ async def run_daemon(
                 ),
                 transport=upstream.transport,
                 timeout=upstream.client.timeout,
+                # seeded for deterministic runs (tests, agentd simulate); else uuid4 (daemon/request_ids.py)
+                ids=RequestIds(None if rng is None else random.Random(REQUEST_ID_SEED)),
             )
             batches = None
             if cfg.batch_api.enabled:

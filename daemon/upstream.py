@@ -117,8 +117,10 @@ def upstream_headers(
 ) -> list[tuple[str, str]]:
     """Headers sent to a worker: the client's minus hop-by-hop/DP/length, plus ours.
 
-    A repeated attempt (a preempted batch request sent again, docs/batch.md §2) gets its own
-    ``X-Request-Id`` (``<id>.retry<N>``), so the engine never confuses it with the aborted one.
+    ``request_id`` is the id the worker sees (``daemon.request_ids.upstream_request_id``: the
+    client's own ``X-Request-Id`` never travels alone).  A repeated attempt (a preempted batch
+    request sent again, docs/batch.md §2) gets its own ``X-Request-Id`` (``<id>.retry<N>``), so
+    the engine never confuses it with the aborted one.
     """
     extra_drop = _connection_named(client_headers.items())
     out = [
@@ -129,12 +131,8 @@ def upstream_headers(
     out.append(("content-type", "application/json"))
     out.append(("accept-encoding", "identity"))
     out.append((DP_RANK_HEADER, str(dp_rank)))
-    if attempt:
-        base = client_headers.get("x-request-id") or request_id
-        out = [(n, v) for n, v in out if n != "x-request-id"]
-        out.append(("x-request-id", f"{base}.retry{attempt}"))
-    elif "x-request-id" not in client_headers:
-        out.append(("x-request-id", request_id))
+    out = [(n, v) for n, v in out if n != "x-request-id"]
+    out.append(("x-request-id", f"{request_id}.retry{attempt}" if attempt else request_id))
     return out
 
 

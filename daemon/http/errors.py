@@ -59,3 +59,24 @@ def error_body(message: str, error_type: str, param: str | None, code: str | Non
 
 def error_dict(message: str, error_type: str, param: str | None, code: str | None) -> dict:
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def wrap_worker_error(status: int, body: bytes, target_id: str) -> bytes | None:
+    """An OpenAI-shaped body for a worker's non-2xx answer that is not one (plain text, HTML, empty,
+    truncated, or JSON without an ``error`` object such as vLLM's older ``{"object": "error",
+    "message": ...}``); ``None`` when the worker's body already is one (relayed unchanged)."""
+    parsed = None
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError):
+        pass
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        return None
+    message = parsed.get("message") if isinstance(parsed, dict) else None
+    if isinstance(message, str) and message:
+        detail = message[:512]
+    else:
+        detail = body[:512].decode("utf-8", "replace").strip() or "(empty body)"
+    return error_body(
+        f"worker {target_id} answered HTTP {status}: {detail}", default_type(status), None, "upstream_status"
+    )

@@ -76,6 +76,7 @@ MAX_PLACEMENT_HASH_KEY_BYTES = 512
 FORWARDING_MODES = ("strip", "json_string", "unchanged")
 
 _CTX = "vllm_xargs.agentic_context"
+MAX_CONTEXT_DEPTH = 32  # nesting of an agentic_context given as a JSON string
 _U64_MAX = 2**64 - 1
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _LEAD = "lead"
@@ -253,13 +254,36 @@ def _locate_context(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
             )
         try:
             ctx = json.loads(ctx)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise IdentityError(
                 _CTX, f"{_CTX} must contain a bounded JSON object, got unparsable JSON {_fmt(xargs['agentic_context'])}"
             ) from None
+        if _too_deep(ctx):
+            raise IdentityError(
+                _CTX, f"{_CTX} must contain a bounded JSON object (at most {MAX_CONTEXT_DEPTH} levels deep)"
+            )
+        if "\\u" in xargs["agentic_context"]:  # an escape inside the string may decode to a lone surrogate
+            try:
+                json.dumps(ctx, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError:
+                raise IdentityError(_CTX, f"{_CTX} contains a lone UTF-16 surrogate escape (invalid Unicode)") from None
     if not isinstance(ctx, Mapping):
         raise IdentityError(_CTX, f"{_CTX} must be an object, got {_fmt(ctx)}")
     return ctx
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether a parsed context string nests more than ``MAX_CONTEXT_DEPTH`` levels (iteratively)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > MAX_CONTEXT_DEPTH:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _header_fallbacks(headers: Mapping[str, str]) -> tuple[str, str, str | None, str | None, str | None] | None:

@@ -26,7 +26,6 @@ the lease is left without ``finish`` (abandoned).
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -41,10 +40,18 @@ from actors.logevents import get_logger, log_event
 from daemon.batchfile import BATCH_CLASS, BATCH_CLASS_HEADER
 from daemon.dispatch import Dispatcher, DispatchRejected, Lease, Outcome, ProxyRequest
 from daemon.h1client import UpstreamBody
-from daemon.http.errors import ApiError, error_body
+from daemon.http.errors import ApiError, error_body, wrap_worker_error
 from daemon.http.identity import IdentityError, ParsedIdentity, parse_identity, strip_agentic_context
-from daemon.http.requests import ENDPOINTS, parse_json_body, request_texts, validate_body
+from daemon.http.requests import (
+    ENDPOINTS,
+    MAX_ID_HEADER_BYTES,
+    check_headers,
+    parse_json_body,
+    request_texts,
+    validate_body,
+)
 from daemon.metrics import NO_TARGET, ProxyMetrics
+from daemon.request_ids import RequestIds, upstream_request_id
 from daemon.upstream import (
     UpstreamError,
     UsageAccumulator,
@@ -132,6 +139,7 @@ def parse_request(
 ) -> ProxyRequest:
     """Raw body and headers -> a validated :class:`ProxyRequest`; Program identity is read only
     when Program scheduling is on (``enable_key``).  Every bad input raises :class:`ApiError` (4xx)."""
+    check_headers(headers)
     body = parse_json_body(raw)
     validate_body(endpoint, body)
     identity = None if enable_key is None else parse_program_identity(body, headers, enable_key)
@@ -149,11 +157,61 @@ def parse_request(
         identity=identity,
         batch_job=batch_job,
         principal=principal,
+        client_request_id=client_request_id(body, headers),
     )
+
+
+def client_request_id(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:
+    """The client's own request id: the ``X-Request-Id`` header, else the body's ``request_id`` when
+    it can travel in a header (visible ASCII, bounded); None without one."""
+    header = headers.get("x-request-id")
+    if header:
+        return header
+    rid = body.get("request_id")
+    if isinstance(rid, str) and rid and len(rid) <= MAX_ID_HEADER_BYTES and all(" " <= ch <= "~" for ch in rid):
+        return rid
+    return None
 
 
 class ClientGone(Exception):
     """The client went away while the response was being written."""
+
+
+def internal_error(request_id: str) -> ApiError:
+    return ApiError(
+        500,
+        f"internal error in agentd (request id {request_id}; see the daemon log)",
+        code="internal_error",
+        headers=(("x-request-id", request_id),),
+    )
+
+
+def log_internal_error(request_id: str, message: str, exc: BaseException, **fields: Any) -> None:
+    """One ERROR line with the traceback, ``event=internal_error`` and the request id."""
+    logger.error(
+        message,
+        exc_info=exc,
+        extra={"agentd_event": "internal_error", "agentd_fields": {"request_id": request_id, **fields}},
+    )
+
+
+class _StartTracker:
+    """A :class:`ResponseSink` wrapper that remembers whether the response started and ended
+    (``send`` is the wrapped sink's own method: no cost per relayed chunk)."""
+
+    def __init__(self, sink: ResponseSink) -> None:
+        self._sink = sink
+        self.send = sink.send
+        self.started = False
+        self.ended = False
+
+    async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
+        self.started = True
+        await self._sink.start(status, headers)
+
+    async def end(self, chunk: bytes = b"") -> None:
+        self.ended = True
+        await self._sink.end(chunk)
 
 
 class ResponseSink(Protocol):
@@ -212,6 +270,7 @@ class ProxyEngine:
         program: ProgramRoute | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         timeout: httpx.Timeout | None = None,
+        ids: RequestIds | None = None,
     ) -> None:
         self.client = client
         self.transport = transport
@@ -221,17 +280,50 @@ class ProxyEngine:
         self.program = program
         self.metrics = metrics
         self.forwarding_mode = agentic_context_forwarding
-        self._ids = itertools.count(1)
+        self.ids = ids or RequestIds()
 
     def build_request(
         self, endpoint: str, raw: bytes, headers: Mapping[str, str], *, principal: str | None = None
     ) -> ProxyRequest:
-        """``principal``: the tenant of the authenticated API key (daemon/auth.py), if any."""
+        """``principal``: the tenant of the authenticated API key (daemon/auth.py), if any.
+
+        Bad input raises a 4xx :class:`ApiError`; an unexpected exception (a bug) is logged once
+        with the request id and raised as a 500 ``internal_error`` :class:`ApiError` naming it."""
         enable_key = None if self.program is None else self.program.enable_key
-        return parse_request(f"agentd-{next(self._ids)}", endpoint, raw, headers, enable_key, principal=principal)
+        request_id = self.ids.new()
+        try:
+            return parse_request(request_id, endpoint, raw, headers, enable_key, principal=principal)
+        except ApiError:
+            raise
+        except Exception as exc:
+            log_internal_error(request_id, "request parsing failed", exc, endpoint=endpoint)
+            raise internal_error(request_id) from exc
 
     async def handle(self, req: ProxyRequest, sink: ResponseSink, *, raw_body: bytes | None = None) -> None:
-        """Serve one request end to end; every expected failure becomes an error response."""
+        """Serve one request end to end; every expected failure becomes an error response.
+
+        An unexpected exception (a bug) is logged once with the request id and answered with a JSON
+        500 ``internal_error`` (or, when the response already started, an SSE error event and the
+        end of the response); the lease is left unfinished, so its capacity is released as
+        abandoned.  ``ClientGone`` and cancellation propagate."""
+        tracked = _StartTracker(sink)
+        try:
+            await self._handle(req, tracked, raw_body)
+        except ClientGone:
+            raise
+        except Exception as exc:
+            log_internal_error(req.request_id, "proxy handler failed", exc, endpoint=req.endpoint)
+            if tracked.ended:
+                return
+            error = internal_error(req.request_id)
+            if not tracked.started:
+                await send_error(sink, error)
+            elif req.stream:
+                await sink.end(b"data: " + error.body() + b"\n\ndata: [DONE]\n\n")
+            else:
+                await sink.end()
+
+    async def _handle(self, req: ProxyRequest, sink: ResponseSink, raw_body: bytes | None) -> None:
         dispatcher = self.native
         batch: BatchServer | None = None
         if self.program is not None:
@@ -294,7 +386,12 @@ class ProxyEngine:
                 response = await self._send(
                     target.worker_url,
                     PATHS[req.endpoint],
-                    upstream_headers(req.headers, target.dp_rank, req.request_id, lease.attempt),
+                    upstream_headers(
+                        req.headers,
+                        target.dp_rank,
+                        upstream_request_id(req.request_id, req.client_request_id),
+                        lease.attempt,
+                    ),
                     content,
                 )
             except httpx.HTTPError as exc:
@@ -400,6 +497,11 @@ class ProxyEngine:
         lease.finish(
             Outcome(ok, accumulator.usage, None if ok else "upstream_status", None, None, accumulator.finish_reason)
         )
+        if not ok:
+            wrapped = wrap_worker_error(status, body, target_id)
+            if wrapped is not None:  # plain-text/HTML worker errors become OpenAI-shaped JSON
+                body = wrapped
+                headers = [(k, v) for k, v in headers if k != "content-type"] + JSON_HEADERS
         await sink.start(status, [*headers, ("content-length", str(len(body)))])
         await sink.end(body)
         return "success" if ok else "upstream_status"

@@ -4,9 +4,16 @@ Validation covers what the proxy itself relies on (so a bad value becomes a 400 
 field instead of a 500 or a confusing worker error): the body is a JSON object, ``model`` a
 string, ``stream`` a bool, ``stream_options`` an object with a bool ``include_usage``,
 ``messages`` a list of objects with a string ``role`` (chat), ``prompt`` a string / list of
-strings / token ids (completions), ``input`` a string or a list (responses), token limits
-integers >= 1, ``n`` an integer >= 1, ``vllm_xargs`` an object.  Everything else is the worker's
-business and passes through untouched.
+strings / token ids (completions), ``input`` a string or a list of strings and objects
+(responses), token limits integers >= 1, ``n`` an integer >= 1, ``vllm_xargs`` an object,
+``tools`` a list of objects, a message's ``tool_calls`` a list of objects and ``function_call``
+an object, ``user`` and ``request_id`` strings.  Everything else is the worker's business and
+passes through untouched.
+
+Limits that keep hostile input a 4xx (docs/operations.md, "Bad input"): JSON nesting at most
+:data:`MAX_JSON_DEPTH` levels, no lone UTF-16 surrogate escapes, the request headers at most
+:data:`MAX_HEADER_BYTES` in all and each id-like header (session, request, trace ids) at most
+:data:`MAX_ID_HEADER_BYTES` (431 ``header_too_large``).
 
 What the edge measures for routing and for the prompt-token estimate (docs/architecture.md §4):
 
@@ -36,6 +43,19 @@ ENDPOINTS: dict[str, str] = {
     "/v1/responses": "responses",
 }
 _TOKEN_LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n")
+# Deeper JSON is refused (400): real requests (tool schemas included) stay far below, and every
+# later walk of the body (re-encoding, hashing) stays clear of Python's recursion limit.
+MAX_JSON_DEPTH = 64
+# The request head as agentd reads it (names + values); Hypercorn refuses larger heads earlier.
+MAX_HEADER_BYTES = 12 * 1024
+# Headers that carry an id agentd reads, hashes or forwards: bounded, so an over-long id is refused
+# at the edge instead of being forwarded to a worker (a batch custom_id may be 512 characters).
+MAX_ID_HEADER_BYTES = 1024
+ID_HEADERS = (
+    "x-request-id", "x-session-id", "x-claude-code-session-id", "x-claude-code-agent-id",
+    "x-claude-code-parent-agent-id", "session-id", "thread-id", "x-codex-session-id", "x-user-id",
+    "x-tenant-id", "x-correlation-id", "x-trace-id", "x-agentd-class",
+)  # fmt: skip
 
 
 def bad_field(param: str, rule: str, value: Any) -> ApiError:
@@ -48,6 +68,64 @@ def bad_field(param: str, rule: str, value: Any) -> ApiError:
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
+def json_depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests arrays/objects more than ``limit`` levels deep (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+def _too_deep(what: str) -> ApiError:
+    return ApiError(
+        400, f"{what} nests JSON arrays or objects more than {MAX_JSON_DEPTH} levels deep", code="invalid_json"
+    )
+
+
+_BAD_HEADER_CHAR = re.compile(r"[^\t\x20-\x7e]")
+
+
+def check_headers(headers: Mapping[str, str]) -> None:
+    """The header budget (431 ``header_too_large`` naming the header, or all of them), and header
+    values in visible ASCII (400 ``invalid_header``): they are forwarded to the worker as they are."""
+    total = 0
+    for name, value in headers.items():
+        total += len(name) + len(value)
+    if total > MAX_HEADER_BYTES:
+        raise ApiError(
+            431,
+            f"request headers take {total} bytes, more than the limit of {MAX_HEADER_BYTES}",
+            code="header_too_large",
+            param="headers",
+        )
+    for name, value in headers.items():
+        if _BAD_HEADER_CHAR.search(value) is not None:
+            raise ApiError(
+                400,
+                f"header {name} must be visible ASCII, got {json.dumps(value[:80])}",
+                code="invalid_header",
+                param=f"headers.{name}",
+            )
+    for name in ID_HEADERS:
+        id_value = headers.get(name)
+        if id_value is not None and len(id_value) > MAX_ID_HEADER_BYTES:
+            raise ApiError(
+                431,
+                f"header {name} takes {len(id_value)} bytes, more than the limit of {MAX_ID_HEADER_BYTES}",
+                code="header_too_large",
+                param=f"headers.{name}",
+            )
+
+
 def parse_json_body(raw: bytes) -> dict[str, Any]:
     try:
         body = json.loads(raw)
@@ -56,7 +134,10 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
     except ValueError as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
     except RecursionError as exc:
-        raise ApiError(400, "request body nests JSON arrays or objects too deeply", code="invalid_json") from exc
+        raise _too_deep("request body") from exc
+    # a cheap bound first: nesting needs at least as many brackets as levels
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and json_depth_exceeds(body, MAX_JSON_DEPTH):
+        raise _too_deep("request body")
     if _SURROGATE_ESCAPE.search(raw) is not None:
         try:
             json.dumps(body, ensure_ascii=False).encode("utf-8")
@@ -99,6 +180,10 @@ def validate_body(endpoint: str, body: Mapping[str, Any]) -> None:
     xargs = body.get("vllm_xargs")
     if xargs is not None and not isinstance(xargs, dict):
         raise bad_field("vllm_xargs", "must be an object", xargs)
+    for name in ("user", "request_id"):
+        value = body.get(name)
+        if value is not None and not isinstance(value, str):
+            raise bad_field(name, "must be a string", value)
     if endpoint == "chat":
         _validate_messages(body)
     elif endpoint == "completions":
@@ -122,12 +207,31 @@ def _validate_messages(body: Mapping[str, Any]) -> None:
         content = message.get("content")
         if content is not None and not isinstance(content, str | list):
             raise bad_field(f"messages[{i}].content", "must be a string, a list or null", content)
+        if isinstance(content, list):
+            _objects_or_strings(content, f"messages[{i}].content")
         tool_calls = message.get("tool_calls")
-        if tool_calls is not None and not isinstance(tool_calls, list):
-            raise bad_field(f"messages[{i}].tool_calls", "must be a list or null", tool_calls)
+        if tool_calls is not None:
+            _list_of_objects(tool_calls, f"messages[{i}].tool_calls")
+        function_call = message.get("function_call")
+        if function_call is not None and not isinstance(function_call, dict):
+            raise bad_field(f"messages[{i}].function_call", "must be an object or null", function_call)
     tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise bad_field("tools", "must be a list or null", tools)
+    if tools is not None:
+        _list_of_objects(tools, "tools")
+
+
+def _list_of_objects(value: Any, param: str) -> None:
+    if not isinstance(value, list):
+        raise bad_field(param, "must be a list or null", value)
+    for j, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise bad_field(f"{param}[{j}]", "must be an object", item)
+
+
+def _objects_or_strings(value: list[Any], param: str) -> None:
+    for j, item in enumerate(value):
+        if not isinstance(item, dict | str):
+            raise bad_field(f"{param}[{j}]", "must be an object or a string", item)
 
 
 def _validate_prompt(body: Mapping[str, Any]) -> None:
@@ -149,6 +253,12 @@ def _validate_input(body: Mapping[str, Any]) -> None:
     value = body["input"]
     if not isinstance(value, str | list):
         raise bad_field("input", "must be a string or a list", value)
+    if isinstance(value, list):
+        _objects_or_strings(value, "input")
+        for j, item in enumerate(value):
+            content = item.get("content") if isinstance(item, dict) else None
+            if isinstance(content, list):
+                _objects_or_strings(content, f"input[{j}].content")
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise bad_field("instructions", "must be a string", instructions)

@@ -348,7 +348,8 @@ async def test_batch_headers_reach_the_worker_through_agentd(tmp_path: Path) -> 
             summary = await BatchRunner(BatchOptions(inp, out), client, handles.http_url + "/v1/").run()
         handles.request_shutdown()
     assert summary.exit_code == 0
-    got = {r.headers["x-request-id"]: r.headers for r in worker.generation_requests()}
+    # the worker sees the custom_id (job tag included) joined to agentd's unique request id
+    got = {r.headers["x-request-id"].split("-agentd-")[0]: r.headers for r in worker.generation_requests()}
     assert set(got) == {"q1", "#job_name[evals]#q2"}
     assert all(h["x-agentd-class"] == "batch" for h in got.values())
     assert set(by_custom_id(read_output(out))) == {"q1", "#job_name[evals]#q2"}

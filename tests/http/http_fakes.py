@@ -21,6 +21,7 @@ class MiniWorker:
     def __init__(self) -> None:
         self.healthy = True
         self.explode = False  # raise a non-httpx error: simulates a bug below the proxy
+        self.plain_error: str | None = None  # answer generation requests with this text/plain 400
         self.seen: list[httpx.Request] = []
         self.bodies: list[bytes] = []
 
@@ -31,6 +32,8 @@ class MiniWorker:
         if self.explode:
             raise RuntimeError("secret internals")
         self.bodies.append(await request.aread())
+        if self.plain_error is not None and request.url.path != "/v1/models":
+            return httpx.Response(400, text=self.plain_error)
         if request.url.path == "/v1/models":
             return httpx.Response(200, json={"object": "list", "data": [{"id": "mini"}]})
         body = json.loads(self.bodies[-1])

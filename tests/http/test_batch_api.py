@@ -186,7 +186,8 @@ async def test_batch_api_upload_create_complete_download(api: Api) -> None:
     assert first["response"]["status_code"] == 200
     assert first["response"]["body"]["choices"][0]["message"]["content"] == "echo one"
     # batch class, custom_id as the request id, job name = the batch id unless the custom_id has a tag
-    sent = {r.headers["x-request-id"]: r.headers for r in api.worker.seen}
+    # the worker sees the client's id (custom_id, job tag included) joined to agentd's unique id
+    sent = {r.headers["x-request-id"].split("-agentd-")[0]: r.headers for r in api.worker.seen}
     assert set(sent) == {f"a#job_name[{batch['id']}]#", "b#job_name[mine]#", f"c#job_name[{batch['id']}]#"}
     assert all(h["x-agentd-class"] == "batch" for h in sent.values())
     output = (await api.client.get(f"/v1/files/{done['output_file_id']}")).json()

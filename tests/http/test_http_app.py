@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from http_fakes import DaemonApp
 
 CHAT = {"model": "mini", "messages": [{"role": "user", "content": "hi"}]}
@@ -104,3 +105,37 @@ async def test_http_unexpected_error_is_500_without_traceback(daemon_app: Daemon
     assert response.status_code == 500
     assert json.loads(body)["error"]["code"] == "internal_error"
     assert b"secret" not in body and b"Traceback" not in body
+
+
+async def test_http_over_long_id_header_is_a_json_431_never_forwarded(daemon_app: DaemonApp) -> None:
+    client = daemon_app.app.test_client()
+    response = await client.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "s" * 10_000})
+    body = json.loads(await response.get_data())
+    assert response.status_code == 431
+    assert body["error"]["code"] == "header_too_large" and body["error"]["param"] == "headers.x-session-id"
+    assert daemon_app.worker.seen == []
+
+
+async def test_http_plain_text_worker_error_is_wrapped(daemon_app: DaemonApp) -> None:
+    daemon_app.worker.plain_error = "Bad Request: too long"
+    response = await daemon_app.app.test_client().post("/v1/chat/completions", json=CHAT)
+    body = json.loads(await response.get_data())
+    assert response.status_code == 400 and response.headers["content-type"] == "application/json"
+    assert body["error"]["code"] == "upstream_status"
+    assert "HTTP 400: Bad Request: too long" in body["error"]["message"]
+
+
+async def test_http_unexpected_error_names_the_request_id_and_logs_once(
+    daemon_app: DaemonApp, caplog: pytest.LogCaptureFixture
+) -> None:
+    daemon_app.worker.explode = True
+    with caplog.at_level("ERROR"):
+        response = await daemon_app.app.test_client().post("/v1/chat/completions", json=CHAT)
+    body = json.loads(await response.get_data())
+    rid = response.headers["x-request-id"]
+    assert response.status_code == 500 and rid.startswith("agentd-")
+    assert rid in body["error"]["message"]
+    errors = [r for r in caplog.records if getattr(r, "agentd_event", None) == "internal_error"]
+    assert len(errors) == 1 and errors[0].agentd_fields["request_id"] == rid  # type: ignore[attr-defined]
+    stats = daemon_app.handles.native_dispatcher.statistics()
+    assert daemon_app.handles.native_dispatcher.total_in_flight() == 0 and stats.abandoned_count == 1

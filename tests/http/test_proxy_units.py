@@ -10,12 +10,14 @@ import random
 import httpx
 import pytest
 
+from actors.core.batchjobs import job_name
 from actors.logevents import get_logger, log_event
 from daemon.config import AgentdConfig, RoutingConfig
 from daemon.dispatch import Usage
 from daemon.http.errors import ApiError
 from daemon.http.requests import PromptSize, request_texts, validate_body
 from daemon.logs import configure_logging
+from daemon.request_ids import upstream_request_id
 from daemon.routing import ConsistentHash, PowerOfTwo, routing_key
 from daemon.upstream import (
     UsageAccumulator,
@@ -277,8 +279,10 @@ def test_usage_accumulator_finish_reason_from_a_stream_split_across_chunks() -> 
 
 def test_a_repeated_attempt_gets_its_own_upstream_request_id() -> None:
     headers = {"x-request-id": "job-1#job_name[j]#", "content-type": "application/json"}
-    first = dict(upstream_headers(headers, 0, "agentd-7"))
-    again = dict(upstream_headers(headers, 0, "agentd-7", attempt=2))
-    assert first["x-request-id"] == "job-1#job_name[j]#"
-    assert again["x-request-id"] == "job-1#job_name[j]#.retry2"
+    sent = upstream_request_id("agentd-7", "job-1#job_name[j]#")
+    first = dict(upstream_headers(headers, 0, sent))
+    again = dict(upstream_headers(headers, 0, sent, attempt=2))
+    assert first["x-request-id"] == "job-1#job_name[j]#-agentd-7"  # the client's id never travels alone
+    assert again["x-request-id"] == "job-1#job_name[j]#-agentd-7.retry2"
+    assert job_name(again["x-request-id"]) == "j"  # the job tag survives (docs/batch.md §2.1)
     assert dict(upstream_headers({}, 1, "agentd-7", attempt=1))["x-request-id"] == "agentd-7.retry1"

@@ -85,3 +85,57 @@ def test_hostile_bodies_get_a_4xx_naming_the_problem() -> None:
     # a surrogate *pair* is a valid character and is accepted
     ok = parse_request("agentd-test", "chat", b'{"messages":[{"role":"user","content":"\\ud83d\\ude00"}]}', {}, "auto")
     assert ok.prompt.text_bytes == len("user:\U0001f600".encode())
+
+
+def test_hostile_metadata_and_headers_get_a_4xx_naming_the_field() -> None:
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    ctx = "vllm_xargs.agentic_context"
+    cases: list[tuple[dict[str, Any] | bytes, dict[str, str], int, str | None]] = [
+        ({**chat, "vllm_xargs": {"agentic_context": "[" * 8000 + "]" * 8000}}, {}, 400, ctx),
+        (
+            {**chat, "vllm_xargs": {"agentic_context": '{"a":' + "[" * 40 + "]" * 40 + ',"program_id":"p"}'}},
+            {},
+            400,
+            ctx,
+        ),
+        ({**chat, "vllm_xargs": {"agentic_context": '{"program_id":"\\ud800"}'}}, {}, 400, ctx),
+        ({**chat, "tools": [7]}, {}, 400, "tools[0]"),
+        ({**chat, "messages": [{"role": "assistant", "tool_calls": [5]}]}, {}, 400, "messages[0].tool_calls[0]"),
+        ({**chat, "messages": [{"role": "assistant", "function_call": 5}]}, {}, 400, "messages[0].function_call"),
+        ({**chat, "messages": [{"role": "user", "content": [5]}]}, {}, 400, "messages[0].content[0]"),
+        ({**chat, "user": 7}, {}, 400, "user"),
+        ({**chat, "request_id": ["r"]}, {}, 400, "request_id"),
+        ({"model": "m", "input": [5]}, {}, 400, "input[0]"),
+        (b'{"messages":' + b"[" * 65 + b"]" * 65 + b"}", {}, 400, None),
+        (chat, {"x-session-id": "s" * 10_000}, 431, "headers.x-session-id"),
+        (chat, {"x-request-id": "r" * 1025}, 431, "headers.x-request-id"),
+        (chat, {f"x-h{i}": "v" * 1000 for i in range(13)}, 431, "headers"),
+        (chat, {"x-title": "caf\xe9"}, 400, "headers.x-title"),
+    ]
+    for body, headers, status, param in cases:
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        endpoint = "responses" if isinstance(body, dict) and "input" in body else "chat"
+        try:
+            parse_request("agentd-test", endpoint, raw, headers, "auto")
+        except ApiError as error:
+            assert (error.status, error.param) == (status, param), (raw[:80], error.message)
+        else:
+            raise AssertionError(f"accepted {raw[:60]!r} with {list(headers)}")
+    # at the limits: 64 levels, a 1024-byte id, a 512-character batch custom_id are fine
+    parse_request("agentd-test", "chat", b'{"messages":[],"x":' + b"[" * 62 + b"]" * 62 + b"}", {}, None)
+    parse_request("agentd-test", "chat", json.dumps(chat).encode(), {"x-request-id": "r" * 1024}, None)
+
+
+def test_request_ids_are_unique_uuids_and_the_clients_id_is_a_separate_field() -> None:
+    from daemon.request_ids import RequestIds, upstream_request_id
+
+    ids = RequestIds()
+    drawn = {ids.new() for _ in range(1000)}
+    assert len(drawn) == 1000 and all(len(x) == len("agentd-") + 32 for x in drawn)
+    assert RequestIds(__import__("random").Random(3)).new() == RequestIds(__import__("random").Random(3)).new()
+    chat = json.dumps({"messages": [{"role": "user", "content": "x"}], "request_id": "body-id"}).encode()
+    req = parse_request("agentd-1", "chat", chat, {"x-request-id": "mine"}, None)
+    assert (req.request_id, req.client_request_id) == ("agentd-1", "mine")
+    assert parse_request("agentd-2", "chat", chat, {}, None).client_request_id == "body-id"
+    assert upstream_request_id("agentd-2", "body-id") == "body-id-agentd-2"
+    assert upstream_request_id("agentd-2", None) == "agentd-2"
