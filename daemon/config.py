@@ -112,6 +112,17 @@ class EmbeddedConfig(SimServerShape):
 EMBEDDED_WORKER_URL = "http://embedded-sim"
 
 
+@frozen
+class ClientHintsConfig:
+    """Operator caps on the scheduling hints a client sends in ``agentic_context`` (issue 14 §6):
+    the edge clamps them before the core sees them (docs/config.md ``[client_hints]``)."""
+
+    # a smaller deadline_seconds is raised to this, so 0 cannot jump a Program to force-resume
+    min_deadline_seconds: float = rule_field(FINITE_GE_0, 1.0)
+    # a larger kv_retention_ttl_seconds is lowered to this (the hint otherwise bypasses the TTL fit)
+    max_kv_retention_ttl_seconds: float = rule_field(FINITE_GE_0, 120.0)
+
+
 # --------------------------------------------------------------------------------------------
 # The Batch API (docs/batch.md §4)
 # --------------------------------------------------------------------------------------------
@@ -155,6 +166,7 @@ class AgentdConfig:
     program_scheduling: ProgramSchedulingConfig | None = None
     batch_jobs: BatchJobsConfig = field(factory=BatchJobsConfig)
     batch_api: BatchApiConfig = field(factory=BatchApiConfig)
+    client_hints: ClientHintsConfig = field(factory=ClientHintsConfig)
 
     @property
     def embedded_mode(self) -> bool:

@@ -243,6 +243,7 @@ async def run_daemon(
                 timeout=upstream.client.timeout,
                 # seeded for deterministic runs (tests, agentd simulate); else uuid4 (daemon/request_ids.py)
                 ids=RequestIds(None if rng is None else random.Random(REQUEST_ID_SEED)),
+                hint_caps=cfg.client_hints,
             )
             batches = None
             if cfg.batch_api.enabled:

@@ -38,6 +38,7 @@ import trio
 from actors.core.batchjobs import DEFAULT_JOB, job_name
 from actors.logevents import get_logger, log_event
 from daemon.batchfile import BATCH_CLASS, BATCH_CLASS_HEADER
+from daemon.config import ClientHintsConfig
 from daemon.dispatch import Dispatcher, DispatchRejected, Lease, Outcome, ProxyRequest
 from daemon.h1client import UpstreamBody
 from daemon.http.errors import ApiError, error_body, wrap_worker_error
@@ -120,12 +121,30 @@ def batch_job_of(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | N
     return None
 
 
-def parse_program_identity(body: dict[str, Any], headers: Mapping[str, str], enable_key: str) -> ParsedIdentity | None:
-    """Program identity of a request (None = identity-free); bad metadata is a 400 naming the field."""
+def parse_program_identity(
+    body: dict[str, Any], headers: Mapping[str, str], enable_key: str, caps: ClientHintsConfig | None = None
+) -> ParsedIdentity | None:
+    """Program identity of a request (None = identity-free); bad metadata is a 400 naming the field.
+    With ``caps`` the client's scheduling hints are clamped to the operator's bounds."""
     try:
-        return parse_identity(body, headers, enable_key)
+        parsed = parse_identity(body, headers, enable_key)
     except IdentityError as exc:
         raise ApiError(400, str(exc), code="invalid_program_identity", param=exc.param) from exc
+    return parsed if parsed is None or caps is None else cap_hints(parsed, caps)
+
+
+def cap_hints(parsed: ParsedIdentity, caps: ClientHintsConfig) -> ParsedIdentity:
+    """``deadline_seconds`` raised to ``min_deadline_seconds``, ``kv_retention_ttl_seconds`` lowered
+    to ``max_kv_retention_ttl_seconds`` (docs/config.md ``[client_hints]``)."""
+    hints = parsed.hints
+    deadline, ttl = hints.deadline_seconds, hints.kv_retention_ttl_seconds
+    capped_deadline = None if deadline is None else max(deadline, caps.min_deadline_seconds)
+    capped_ttl = None if ttl is None else min(ttl, caps.max_kv_retention_ttl_seconds)
+    if capped_deadline == deadline and capped_ttl == ttl:
+        return parsed
+    return attrs.evolve(
+        parsed, hints=attrs.evolve(hints, deadline_seconds=capped_deadline, kv_retention_ttl_seconds=capped_ttl)
+    )
 
 
 def parse_request(
@@ -136,13 +155,14 @@ def parse_request(
     enable_key: str | None,
     *,
     principal: str | None = None,
+    hint_caps: ClientHintsConfig | None = None,
 ) -> ProxyRequest:
     """Raw body and headers -> a validated :class:`ProxyRequest`; Program identity is read only
     when Program scheduling is on (``enable_key``).  Every bad input raises :class:`ApiError` (4xx)."""
     check_headers(headers)
     body = parse_json_body(raw)
     validate_body(endpoint, body)
-    identity = None if enable_key is None else parse_program_identity(body, headers, enable_key)
+    identity = None if enable_key is None else parse_program_identity(body, headers, enable_key, hint_caps)
     batch_job = batch_job_of(body, headers)
     routing_text, prompt = request_texts(endpoint, body)
     return ProxyRequest(
@@ -271,6 +291,7 @@ class ProxyEngine:
         transport: httpx.AsyncBaseTransport | None = None,
         timeout: httpx.Timeout | None = None,
         ids: RequestIds | None = None,
+        hint_caps: ClientHintsConfig | None = None,
     ) -> None:
         self.client = client
         self.transport = transport
@@ -281,6 +302,7 @@ class ProxyEngine:
         self.metrics = metrics
         self.forwarding_mode = agentic_context_forwarding
         self.ids = ids or RequestIds()
+        self.hint_caps = hint_caps or ClientHintsConfig()
 
     def build_request(
         self, endpoint: str, raw: bytes, headers: Mapping[str, str], *, principal: str | None = None
@@ -292,7 +314,9 @@ class ProxyEngine:
         enable_key = None if self.program is None else self.program.enable_key
         request_id = self.ids.new()
         try:
-            return parse_request(request_id, endpoint, raw, headers, enable_key, principal=principal)
+            return parse_request(
+                request_id, endpoint, raw, headers, enable_key, principal=principal, hint_caps=self.hint_caps
+            )
         except ApiError:
             raise
         except Exception as exc:

@@ -139,3 +139,23 @@ def test_request_ids_are_unique_uuids_and_the_clients_id_is_a_separate_field() -
     assert parse_request("agentd-2", "chat", chat, {}, None).client_request_id == "body-id"
     assert upstream_request_id("agentd-2", "body-id") == "body-id-agentd-2"
     assert upstream_request_id("agentd-2", None) == "agentd-2"
+
+
+def test_client_scheduling_hints_are_clamped_to_the_operator_caps() -> None:
+    from daemon.config import ClientHintsConfig
+
+    def hints(caps: ClientHintsConfig | None, **ctx: Any) -> tuple[float | None, float | None]:
+        body = {"messages": [], "vllm_xargs": {"agentic_context": {"program_id": "p", **ctx}}}
+        req = parse_request("agentd-1", "chat", json.dumps(body).encode(), {}, "auto", hint_caps=caps)
+        assert req.identity is not None
+        return req.identity.hints.deadline_seconds, req.identity.hints.kv_retention_ttl_seconds
+
+    defaults = ClientHintsConfig()
+    assert (defaults.min_deadline_seconds, defaults.max_kv_retention_ttl_seconds) == (1.0, 120.0)
+    # deadline 0 cannot jump to force-resume; an hour of retention is cut to the cap
+    assert hints(defaults, deadline_seconds=0, kv_retention_ttl_seconds=3600) == (1.0, 120.0)
+    assert hints(defaults, deadline_seconds=30, kv_retention_ttl_seconds=5) == (30.0, 5.0)  # within: unchanged
+    assert hints(defaults) == (None, None)  # no hints: nothing invented
+    strict = ClientHintsConfig(min_deadline_seconds=60.0, max_kv_retention_ttl_seconds=0.0)
+    assert hints(strict, deadline_seconds=30, kv_retention_ttl_seconds=5) == (60.0, 0.0)
+    assert hints(None, deadline_seconds=0) == (0.0, None)  # parse_request without caps: raw values
