@@ -76,6 +76,22 @@ class RoutingConfig:
     request_timeout_seconds: float = rule_field(FINITE_GT_0, 600.0)
     connect_timeout_seconds: float = rule_field(FINITE_GT_0, 5.0)
     agentic_context_forwarding: str = rule_field(one_of(*AGENTIC_CONTEXT_FORWARDING), "strip")
+    # worker URL -> the model ids it serves (overrides /v1/models discovery: daemon/models.py)
+    served_models: dict[str, tuple[str, ...]] = field(
+        factory=dict,
+        metadata={
+            "rule": (
+                lambda m: (
+                    isinstance(m, dict)
+                    and all(
+                        isinstance(v, tuple | list) and v and all(isinstance(x, str) and x for x in v)
+                        for v in m.values()
+                    )
+                ),
+                "must map worker URLs to non-empty lists of model ids",
+            )
+        },
+    )
 
     def _cross_field_problems(self, path: str) -> Iterator[str]:
         p = f"{path}." if path else ""
@@ -85,6 +101,9 @@ class RoutingConfig:
             if norm in seen:
                 yield f"{p}worker_urls: must not repeat a URL (got {url!r} twice)"
             seen.add(norm)
+        for url in self.served_models if isinstance(self.served_models, dict) else ():
+            if url.rstrip("/") not in seen:
+                yield f"{p}served_models: names a worker that is not in worker_urls (got {url!r})"
 
 
 @frozen

@@ -23,6 +23,7 @@ import attrs
 
 from actors.core.config import BackendTarget
 from actors.core.errors import Rejection
+from actors.core.ids import DEFAULT_MODEL_POOL
 from actors.core.model import Usage
 from daemon.routing import Policy, build_policy, routing_key
 
@@ -50,6 +51,10 @@ class ProxyRequest:
     # the client's own id (X-Request-Id header, else the body's request_id), kept beside agentd's
     # unique request_id and never used as the engine's id alone (daemon/request_ids.py)
     client_request_id: str | None = None
+    # the model pool (daemon/models.py): the core's default pool when every target serves the
+    # model; else the model's name, with the indices of the targets that serve it
+    model_pool: str = DEFAULT_MODEL_POOL
+    pool_targets: frozenset[int] | None = None
 
 
 @attrs.frozen
@@ -142,6 +147,8 @@ class NativeDispatcher:
 
     def pick(self, req: ProxyRequest) -> BackendTarget:
         healthy = self._health.healthy_targets()
+        if req.pool_targets is not None:  # only the workers serving the request's model
+            healthy = tuple(t for t in healthy if t.index in req.pool_targets)
         if not healthy:
             self._rejected += 1
             raise DispatchRejected(

@@ -41,7 +41,7 @@ from actors.core.batch_class import MAX_PREEMPTIONS_PER_REQUEST, batch_diagnosti
 from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.errors import Rejection
 from actors.core.events import BatchSubmitted, RequestAbandoned, RequestCompleted, RequestSubmitted
-from actors.core.ids import DEFAULT_MODEL_POOL, RequestId
+from actors.core.ids import RequestId
 from actors.core.model import NO_USAGE
 from actors.dashboard_feed import DashboardFeed
 from actors.dashboard_view import dashboard_document
@@ -192,9 +192,10 @@ class BatchDispatcher:
         event = BatchSubmitted(
             request_id=RequestId(req.request_id),
             job=req.batch_job,
-            estimated_prompt_tokens=program.estimator.estimate(DEFAULT_MODEL_POOL, req),
+            estimated_prompt_tokens=program.estimator.estimate(req.model_pool, req),
             max_tokens=output_cap(req.body),
-            model_pool=DEFAULT_MODEL_POOL,
+            model_pool=req.model_pool,
+            targets=program.pool_targets(req),
             preemptible=not req.stream,
         )
         run = self.runs[req.request_id] = _BatchRun()
@@ -278,16 +279,27 @@ class ProgramDispatcher:
         self.counters = DispatcherCounters()
         self.batch: BatchDispatcher | None = None  # with [batch_jobs] enabled
 
+    def pool_targets(self, req: ProxyRequest) -> tuple[BackendTarget, ...] | None:
+        """The current (healthy) targets of a model pool other than the default one, sent with each
+        of its arrivals (the scheduler actor re-syncs only the default pool by itself); None for
+        the default pool (daemon/models.py)."""
+        if req.pool_targets is None:
+            return None
+        handle = self.scheduler
+        live = handle.targets if handle.health is None else handle.health.healthy_targets()
+        return tuple(sorted((t for t in live if t.index in req.pool_targets), key=lambda t: t.index))
+
     def lease(self, req: ProxyRequest) -> AbstractAsyncContextManager[ProgramLease]:
         if req.identity is None:
             raise ValueError("ProgramDispatcher.lease needs a request with Program identity")
-        estimate = self.estimator.estimate(DEFAULT_MODEL_POOL, req)
+        estimate = self.estimator.estimate(req.model_pool, req)
         event = RequestSubmitted(
             request_id=RequestId(req.request_id),
             identity=req.identity.identity,
             estimated_prompt_tokens=estimate,
             hints=req.identity.hints,
-            model_pool=DEFAULT_MODEL_POOL,
+            model_pool=req.model_pool,
+            targets=self.pool_targets(req),
             routing_text=req.routing_text,
         )
         return self._lease(req, event)
@@ -352,9 +364,9 @@ class ProgramDispatcher:
         if lease is not None and lease.outcome is not None:
             self.counters.completed_count += 1
             if lease.outcome.success and lease.outcome.usage is not None:
-                self.estimator.feedback(DEFAULT_MODEL_POOL, req, lease.outcome.usage.prompt_tokens)
+                self.estimator.feedback(req.model_pool, req, lease.outcome.usage.prompt_tokens)
             elif lease.outcome.success:
-                self.estimator.feedback(DEFAULT_MODEL_POOL, req, None)
+                self.estimator.feedback(req.model_pool, req, None)
             if not lease.reported:
                 lease.reported = True
                 try:

@@ -47,6 +47,7 @@ from daemon.http.metrics_route import metrics_asgi_app
 from daemon.http.proxy import ProgramRoute, ProxyEngine
 from daemon.http.serve import serve_http as serve_asgi
 from daemon.metrics import BatchApiMetrics, ProxyMetrics, build_registry
+from daemon.models import ModelDirectory, discover_models
 from daemon.program_dispatch import ProgramDispatcher, run_program_scheduling
 from daemon.request_ids import REQUEST_ID_SEED, RequestIds
 from daemon.upstream import UpstreamTransport, client_kwargs, upstream_limits
@@ -226,6 +227,9 @@ async def run_daemon(
         upstream = await _open_upstream(root, cfg, client_factory, transport_factory, sim_configure)
         async with upstream.client:
             board, native, program = await _start_dispatchers(root, cfg, upstream, registry, metrics, rng)
+            models = ModelDirectory(targets, cfg.routing.served_models)
+            if not cfg.embedded_mode:  # embedded simulated workers answer to any model name
+                await discover_models(models, upstream.client, cfg.routing.health_check_timeout_seconds)
             ps = cfg.program_scheduling
             engine = ProxyEngine(
                 client=upstream.client,
@@ -244,6 +248,7 @@ async def run_daemon(
                 # seeded for deterministic runs (tests, agentd simulate); else uuid4 (daemon/request_ids.py)
                 ids=RequestIds(None if rng is None else random.Random(REQUEST_ID_SEED)),
                 hint_caps=cfg.client_hints,
+                models=models,
             )
             batches = None
             if cfg.batch_api.enabled:

@@ -52,6 +52,7 @@ from daemon.http.requests import (
     validate_body,
 )
 from daemon.metrics import NO_TARGET, ProxyMetrics
+from daemon.models import ModelDirectory
 from daemon.request_ids import RequestIds, upstream_request_id
 from daemon.upstream import (
     UpstreamError,
@@ -292,6 +293,7 @@ class ProxyEngine:
         timeout: httpx.Timeout | None = None,
         ids: RequestIds | None = None,
         hint_caps: ClientHintsConfig | None = None,
+        models: ModelDirectory | None = None,
     ) -> None:
         self.client = client
         self.transport = transport
@@ -303,6 +305,7 @@ class ProxyEngine:
         self.forwarding_mode = agentic_context_forwarding
         self.ids = ids or RequestIds()
         self.hint_caps = hint_caps or ClientHintsConfig()
+        self.models = models
 
     def build_request(
         self, endpoint: str, raw: bytes, headers: Mapping[str, str], *, principal: str | None = None
@@ -314,9 +317,14 @@ class ProxyEngine:
         enable_key = None if self.program is None else self.program.enable_key
         request_id = self.ids.new()
         try:
-            return parse_request(
+            req = parse_request(
                 request_id, endpoint, raw, headers, enable_key, principal=principal, hint_caps=self.hint_caps
             )
+            if self.models is not None:
+                pool, eligible = self.models.route(req.model)  # 404 model_not_found
+                if eligible is not None:
+                    req = attrs.evolve(req, model_pool=pool, pool_targets=eligible)
+            return req
         except ApiError:
             raise
         except Exception as exc:

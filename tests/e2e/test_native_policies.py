@@ -71,7 +71,9 @@ async def test_native_random_uses_injected_seed(fake_worker: FakeWorker) -> None
 
 async def test_native_power_of_two_prefers_fewer_in_flight(fake_worker: FakeWorker) -> None:
     fake_worker.hold_streams = True
-    stream = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}).encode()
+    stream = json.dumps(
+        {"model": "fake-model", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    ).encode()
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker, policy="power_of_two")  # two targets
         async with trio.open_nursery() as requests:

@@ -28,6 +28,8 @@ class MiniWorker:
     async def handler(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/health":
             return httpx.Response(200 if self.healthy else 503)
+        if request.url.path == "/v1/models":  # not recorded: the daemon discovers models at start
+            return httpx.Response(200, json={"object": "list", "data": [{"id": "mini"}]})
         self.seen.append(request)
         if self.explode:
             raise RuntimeError("secret internals")

@@ -45,6 +45,8 @@ class BatchWorker:
     async def handler(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/health":
             return httpx.Response(200)
+        if request.url.path == "/v1/models":  # the daemon's start-up discovery: any model
+            return httpx.Response(404)
         self.seen.append(request)
         body = json.loads(await request.aread())
         rid = request.headers.get("x-request-id", "")

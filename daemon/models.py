@@ -1,0 +1,120 @@
+"""Model pools: which workers serve which model, and where a request for a model may go.
+
+Each worker's served models come from ``routing.served_models`` (config, wins) or from its
+``GET /v1/models`` at start (:func:`discover_models`).  A worker whose models are unknown (not
+configured, discovery failed, or embedded simulated workers, which answer to any model name) is
+taken to serve every model, so nothing changes where nothing is known.
+
+:meth:`ModelDirectory.route` maps a request's ``model`` to its pool: the targets of the workers
+serving it.  When every target serves the model (the single-model fleet, or no ``model`` given)
+the pool is the core's ``DEFAULT_MODEL_POOL`` and nothing is filtered - exactly the behaviour
+without pools.  Otherwise the pool is named after the model, requests go only to its targets
+(native policies and Program scheduling alike; the core keys Program state by pool), and a model
+no known worker serves is a 404 ``model_not_found`` (docs/operations.md, "Bad input, request ids
+and model pools").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+import httpx
+import trio
+
+from actors.core.config import BackendTarget
+from actors.core.ids import DEFAULT_MODEL_POOL
+from actors.logevents import get_logger, log_event
+from daemon.http.errors import ApiError
+
+logger = get_logger("models")
+
+
+class ModelDirectory:
+    """Served models per worker URL (``None`` = unknown: serves any model)."""
+
+    def __init__(self, targets: Sequence[BackendTarget], configured: Mapping[str, Sequence[str]] | None = None) -> None:
+        self.targets = tuple(targets)
+        self.worker_urls = tuple(dict.fromkeys(t.worker_url for t in self.targets))
+        given = {url.rstrip("/"): frozenset(models) for url, models in (configured or {}).items()}
+        self.models: dict[str, frozenset[str] | None] = {url: given.get(url) for url in self.worker_urls}
+        self.configured = frozenset(url for url in self.worker_urls if url in given)
+        self._routes: dict[str | None, tuple[str, frozenset[int] | None]] = {}
+
+    def set_models(self, worker_url: str, models: frozenset[str] | None) -> None:
+        if worker_url in self.configured:
+            return
+        self.models[worker_url] = models
+        self._routes.clear()
+
+    def route(self, model: str | None) -> tuple[str, frozenset[int] | None]:
+        """(pool name, eligible target indices or None for all); 404 when no worker serves it."""
+        cached = self._routes.get(model)
+        if cached is not None:
+            return cached
+        if model is None:
+            return DEFAULT_MODEL_POOL, None
+        serving = {url for url, models in self.models.items() if models is None or model in models}
+        if not serving:
+            known = sorted({m for models in self.models.values() if models is not None for m in models})
+            raise ApiError(
+                404,
+                f"model {model[:128]!r} is not served by any worker (served: {', '.join(known)[:512]})",
+                code="model_not_found",
+                param="model",
+            )
+        if len(serving) == len(self.worker_urls):
+            route: tuple[str, frozenset[int] | None] = (DEFAULT_MODEL_POOL, None)
+        else:
+            route = (model, frozenset(t.index for t in self.targets if t.worker_url in serving))
+        if len(self._routes) < 1024:  # bounded: only models some worker serves get here
+            self._routes[model] = route
+        return route
+
+    def document(self) -> list[dict[str, object]]:
+        """Diagnostics: each worker's served models and where they came from."""
+        return [
+            {
+                "worker_url": url,
+                "models": None if self.models[url] is None else sorted(self.models[url] or ()),
+                "source": "config" if url in self.configured else "discovered" if self.models[url] else "unknown",
+            }
+            for url in self.worker_urls
+        ]
+
+
+def served_model_ids(payload: object) -> frozenset[str] | None:
+    """The model ids of an OpenAI ``/v1/models`` answer, None when it is not one."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+        return None
+    ids = frozenset(m["id"] for m in payload["data"] if isinstance(m, dict) and isinstance(m.get("id"), str))
+    return ids or None
+
+
+async def discover_models(directory: ModelDirectory, client: httpx.AsyncClient, timeout_seconds: float) -> None:
+    """``GET <worker>/v1/models`` for every worker not configured, concurrently; a failure leaves the
+    worker's models unknown (it then serves any model) and is logged once."""
+
+    async def one(url: str) -> None:
+        models: frozenset[str] | None = None
+        reason = "ok"
+        with trio.move_on_after(timeout_seconds):
+            try:
+                response = await client.get(f"{url}/v1/models")
+                models = served_model_ids(response.json()) if response.status_code == 200 else None
+                reason = "ok" if models is not None else f"HTTP {response.status_code} without a model list"
+            except (httpx.HTTPError, ValueError) as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+        if models is None and reason == "ok":
+            reason = "timeout"
+        directory.set_models(url, models)
+        level = logging.INFO if models is not None else logging.WARNING
+        log_event(
+            logger, level, "models_discovered", worker=url, models=None if models is None else ",".join(sorted(models)),
+            reason=reason,
+        )  # fmt: skip
+
+    async with trio.open_nursery() as nursery:
+        for url in directory.worker_urls:
+            if url not in directory.configured:
+                nursery.start_soon(one, url)
