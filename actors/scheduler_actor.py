@@ -77,6 +77,9 @@ class SchedulerHandle:
         self.router: EffectRouter | None = None
         self.health: HealthyTargets | None = None
         self.synced_target_ids: tuple[str, ...] = ()
+        # model pools other than the default one (daemon/models.py): name -> member target indices,
+        # registered by the dispatcher at a pool's first arrival and re-synced with the default pool
+        self.model_pools: dict[str, frozenset[int]] = {}
         self.steps_count = 0
         self.last_step_at: float | None = None
         self._changed = trio.Event()
@@ -120,6 +123,8 @@ class SchedulerHandle:
             return
         self.synced_target_ids = ids
         self.apply(ev.TargetsChanged(DEFAULT_MODEL_POOL, targets), now)
+        for pool, members in self.model_pools.items():
+            self.apply(ev.TargetsChanged(pool, tuple(t for t in targets if t.index in members)), now)
 
     def receive(self, item: SchedulerInboxItem, now: float) -> None:
         """Handle one inbox item: targets first where they may have changed, then the core."""

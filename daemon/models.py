@@ -16,6 +16,7 @@ and model pools").
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 
@@ -40,6 +41,11 @@ class ModelDirectory:
         self.models: dict[str, frozenset[str] | None] = {url: given.get(url) for url in self.worker_urls}
         self.configured = frozenset(url for url in self.worker_urls if url in given)
         self._routes: dict[str | None, tuple[str, frozenset[int] | None]] = {}
+        self.logged: dict[str, tuple[frozenset[str] | None, str]] = {}  # last logged discovery per worker
+
+    def unknown(self) -> tuple[str, ...]:
+        """Workers (not configured) whose served models are not known yet."""
+        return tuple(u for u in self.worker_urls if u not in self.configured and self.models[u] is None)
 
     def set_models(self, worker_url: str, models: frozenset[str] | None) -> None:
         if worker_url in self.configured:
@@ -83,6 +89,23 @@ class ModelDirectory:
         ]
 
 
+def with_pool_models(content: bytes, directory: ModelDirectory) -> bytes:
+    """A worker's ``/v1/models`` answer completed with the models other workers serve (model pools:
+    one worker's list is not the fleet's); unchanged when it is not a model list."""
+    try:
+        payload = json.loads(content)
+    except ValueError:
+        return content
+    if served_model_ids(payload) is None:
+        return content
+    listed = {m.get("id") for m in payload["data"] if isinstance(m, dict)}
+    extra = sorted({m for models in directory.models.values() if models for m in models} - listed)
+    if not extra:
+        return content
+    payload["data"].extend({"id": m, "object": "model", "owned_by": "agentd"} for m in extra)
+    return json.dumps(payload).encode()
+
+
 def served_model_ids(payload: object) -> frozenset[str] | None:
     """The model ids of an OpenAI ``/v1/models`` answer, None when it is not one."""
     if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
@@ -91,13 +114,16 @@ def served_model_ids(payload: object) -> frozenset[str] | None:
     return ids or None
 
 
-async def discover_models(directory: ModelDirectory, client: httpx.AsyncClient, timeout_seconds: float) -> None:
-    """``GET <worker>/v1/models`` for every worker not configured, concurrently; a failure leaves the
-    worker's models unknown (it then serves any model) and is logged once."""
+async def discover_models(
+    directory: ModelDirectory, client: httpx.AsyncClient, timeout_seconds: float, urls: Sequence[str] | None = None
+) -> None:
+    """``GET <worker>/v1/models`` for the given workers (default: every one not configured),
+    concurrently.  A failure leaves the worker's models unknown (it then serves any model).  Logged
+    as ``models_discovered`` when a worker's list (or its failure reason's kind) changes."""
 
     async def one(url: str) -> None:
         models: frozenset[str] | None = None
-        reason = "ok"
+        reason = "timeout"
         with trio.move_on_after(timeout_seconds):
             try:
                 response = await client.get(f"{url}/v1/models")
@@ -105,16 +131,32 @@ async def discover_models(directory: ModelDirectory, client: httpx.AsyncClient, 
                 reason = "ok" if models is not None else f"HTTP {response.status_code} without a model list"
             except (httpx.HTTPError, ValueError) as exc:
                 reason = f"{type(exc).__name__}: {exc}"
-        if models is None and reason == "ok":
-            reason = "timeout"
         directory.set_models(url, models)
-        level = logging.INFO if models is not None else logging.WARNING
-        log_event(
-            logger, level, "models_discovered", worker=url, models=None if models is None else ",".join(sorted(models)),
-            reason=reason,
-        )  # fmt: skip
+        if directory.logged.get(url) != (models, reason.split(":")[0]):
+            directory.logged[url] = (models, reason.split(":")[0])
+            level = logging.INFO if models is not None else logging.WARNING
+            shown = None if models is None else ",".join(sorted(models))
+            log_event(logger, level, "models_discovered", worker=url, models=shown, reason=reason)
 
+    targets = [u for u in directory.worker_urls if u not in directory.configured] if urls is None else list(urls)
     async with trio.open_nursery() as nursery:
-        for url in directory.worker_urls:
-            if url not in directory.configured:
-                nursery.start_soon(one, url)
+        for url in targets:
+            nursery.start_soon(one, url)
+
+
+async def run_model_discovery(
+    directory: ModelDirectory,
+    client: httpx.AsyncClient,
+    interval_seconds: float,
+    timeout_seconds: float,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Discover every worker's models, report started, then retry the workers whose list is still
+    unknown every ``interval_seconds`` until all are known (a worker down at start is learnt
+    when it comes up)."""
+    await discover_models(directory, client, timeout_seconds)
+    task_status.started()
+    while unknown := directory.unknown():
+        await trio.sleep(interval_seconds)
+        await discover_models(directory, client, timeout_seconds, unknown)

@@ -286,6 +286,7 @@ class ProgramDispatcher:
         if req.pool_targets is None:
             return None
         handle = self.scheduler
+        handle.model_pools.setdefault(req.model_pool, req.pool_targets)  # re-synced on health changes
         live = handle.targets if handle.health is None else handle.health.healthy_targets()
         return tuple(sorted((t for t in live if t.index in req.pool_targets), key=lambda t: t.index))
 

@@ -47,7 +47,7 @@ from daemon.http.metrics_route import metrics_asgi_app
 from daemon.http.proxy import ProgramRoute, ProxyEngine
 from daemon.http.serve import serve_http as serve_asgi
 from daemon.metrics import BatchApiMetrics, ProxyMetrics, build_registry
-from daemon.models import ModelDirectory, discover_models
+from daemon.models import ModelDirectory, run_model_discovery
 from daemon.program_dispatch import ProgramDispatcher, run_program_scheduling
 from daemon.request_ids import REQUEST_ID_SEED, RequestIds
 from daemon.upstream import UpstreamTransport, client_kwargs, upstream_limits
@@ -229,7 +229,13 @@ async def run_daemon(
             board, native, program = await _start_dispatchers(root, cfg, upstream, registry, metrics, rng)
             models = ModelDirectory(targets, cfg.routing.served_models)
             if not cfg.embedded_mode:  # embedded simulated workers answer to any model name
-                await discover_models(models, upstream.client, cfg.routing.health_check_timeout_seconds)
+                await root.start(
+                    run_model_discovery,
+                    models,
+                    upstream.client,
+                    cfg.routing.health_check_interval_seconds,
+                    cfg.routing.health_check_timeout_seconds,
+                )
             ps = cfg.program_scheduling
             engine = ProxyEngine(
                 client=upstream.client,

@@ -39,6 +39,7 @@ from daemon.http.errors import ApiError, error_body
 from daemon.http.metrics_route import metrics_blueprint
 from daemon.http.proxy import ClientGone, ProxyEngine, send_error
 from daemon.http.requests import ENDPOINTS
+from daemon.models import with_pool_models
 from daemon.upstream import client_headers
 
 if TYPE_CHECKING:
@@ -251,7 +252,10 @@ def create_app(handles: DaemonHandles) -> AgentdApp:
                 code="upstream_status",
                 error_type="upstream_error",
             )
-        return Response(upstream.content, status=upstream.status_code, headers=dict(client_headers(upstream.headers)))
+        content = upstream.content
+        if upstream.status_code == 200 and handles.engine.models is not None:
+            content = with_pool_models(content, handles.engine.models)  # every worker's models (model pools)
+        return Response(content, status=upstream.status_code, headers=dict(client_headers(upstream.headers)))
 
     @app.errorhandler(ApiError)
     async def api_error(error: ApiError) -> Response:

@@ -20,7 +20,7 @@ from actors.core.ids import DEFAULT_MODEL_POOL
 from daemon.config import AgentdConfig, RoutingConfig, ServerConfig
 from daemon.handles import DaemonHandles
 from daemon.http.errors import ApiError
-from daemon.models import ModelDirectory, served_model_ids
+from daemon.models import ModelDirectory, served_model_ids, with_pool_models
 from daemon.program_dispatch import ProgramDispatcher
 from daemon.supervisor import run_daemon
 
@@ -31,16 +31,18 @@ SERVED = {W0: ["a"], W1: ["b", "shared"], W2: None}  # W2's /v1/models fails
 class PoolWorkers:
     def __init__(self) -> None:
         self.generations: list[tuple[str, str]] = []  # (worker, model)
+        self.served = dict(SERVED)
+        self.healthy = {W0: True, W1: True, W2: True}
 
     async def handler(self, request: httpx.Request) -> httpx.Response:
         base = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
         path = request.url.path
         if path == "/health":
-            return httpx.Response(200)
+            return httpx.Response(200 if self.healthy[base] else 503)
         if path == "/metrics":
             return httpx.Response(200, text='vllm:num_requests_running{engine="0"} 0\n')
         if path == "/v1/models":
-            models = SERVED[base]
+            models = self.served[base]
             if models is None:
                 return httpx.Response(500, text="boom")
             return httpx.Response(200, json={"object": "list", "data": [{"id": m} for m in [*models, "shared"]]})
@@ -102,6 +104,9 @@ def test_directory_routes_by_model_and_keeps_the_default_pool_when_all_serve_it(
     assert two.route("a") == ("a", frozenset({0, 1}))
     assert served_model_ids({"data": [{"id": "x"}, {"id": 3}, "y"]}) == frozenset({"x"})
     assert served_model_ids({"data": []}) is None and served_model_ids([1]) is None
+    listed = json.loads(with_pool_models(b'{"object":"list","data":[{"id":"b"}]}', two))
+    assert [m["id"] for m in listed["data"]] == ["b", "a"]  # every worker's models, once
+    assert with_pool_models(b"not json", two) == b"not json"
 
 
 async def test_requests_go_only_to_workers_serving_their_model(autojump_clock: trio.testing.MockClock) -> None:
@@ -140,3 +145,26 @@ async def test_unknown_model_is_404_and_program_state_is_kept_per_pool(
         assert pools == {"a": f"{W0}@0", "b": f"{W1}@0", "c": f"{W2}@0"}
         estimates = {row["model_pool"] for row in ps.diagnostics()["token_estimation"]}
         assert estimates == {"a", "b", "c"}
+
+
+async def test_a_worker_whose_list_was_unknown_is_learnt_and_pools_follow_health(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    workers = PoolWorkers()
+    async with daemon(pool_config(), workers) as handles:
+        assert handles.engine.models is not None
+        assert handles.engine.models.unknown() == (W2,)
+        workers.served[W2] = ["c"]  # W2's /v1/models works now: learnt at the next retry
+        await trio.sleep(handles.config.routing.health_check_interval_seconds + 0.5)
+        assert handles.engine.models.unknown() == ()
+        with pytest.raises(ApiError):
+            handles.build_request("chat", chat("nope"), {})
+        sink = await handles.handle_collect(handles.build_request("chat", chat("a", program="p1"), {}))
+        assert sink.status == 200
+        ps = handles.program_dispatcher
+        assert isinstance(ps, ProgramDispatcher)
+        assert ps.scheduler.state.pools["a"] == (f"{W0}@0",)
+        workers.healthy[W0] = False  # the health board takes W0 out: pool "a" is emptied at the next tick
+        await trio.sleep(handles.config.routing.health_check_interval_seconds + 2.0)
+        assert ps.scheduler.state.pools["a"] == ()
+        assert ps.scheduler.state.pools[DEFAULT_MODEL_POOL] == (f"{W1}@0", f"{W2}@0")
