@@ -4,9 +4,13 @@
 exposes two steps:
 
 * :meth:`ProxyEngine.build_request` - raw body + headers -> validated
-  :class:`~daemon.dispatch.ProxyRequest` (raises :class:`~daemon.http.errors.ApiError`);
+  :class:`~daemon.dispatch.ProxyRequest` with a unique request id (:mod:`daemon.request_ids`),
+  the client's hints clamped to ``[client_hints]`` and its model pool (:mod:`daemon.models`);
+  raises :class:`~daemon.http.errors.ApiError` (4xx for bad input, a 500 naming the request id
+  for a bug);
 * :meth:`ProxyEngine.handle` - lease a target, forward, relay the response into a
-  :class:`ResponseSink`, ``lease.finish(Outcome)`` exactly once when the response ended.
+  :class:`ResponseSink`, ``lease.finish(Outcome)`` exactly once when the response ended; an
+  unexpected exception is logged once and answered with a JSON 500 (docs/operations.md §12).
 
 The HTTP server drives it through :func:`serve_proxy_asgi` (a raw ASGI handler mounted in front of
 the Quart app, see :mod:`daemon.http.app`); ``agentd simulate`` calls ``handle`` directly with a
@@ -19,7 +23,8 @@ client streams without ``stream_options.include_usage``: agentd sets it and drop
 usage-only chunk).  Streams are relayed as they arrive, no buffering: whatever one socket read
 brought from a worker (``UpstreamBody.pump`` of :mod:`daemon.h1client`; ``aiter_raw`` for other
 transports) leaves in one write; completion is the end of the upstream stream.  Worker 5xx ->
-502 (503 stays 503) naming the target; worker 4xx are relayed unchanged; unreachable -> 502;
+502 (503 stays 503) naming the target; worker 4xx keep their status, and a body that is not an
+OpenAI error object is wrapped into one; unreachable -> 502;
 timeout -> 504.  Cancellation (client disconnect) propagates: the upstream request is closed and
 the lease is left without ``finish`` (abandoned).
 """
