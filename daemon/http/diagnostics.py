@@ -7,7 +7,8 @@ otherwise.
 ``/scheduling/diagnostics``: the Program scheduling snapshot (the reference router's document,
 docs/operations.md "Reference"; from ``program_dispatcher.diagnostics()``) when Program scheduling is on, else
 ``{"enabled": false}``; in both cases merged with a ``proxy`` section owned by the proxy:
-targets with health and in-flight counts, the native policy and its lease statistics.
+targets with health and in-flight counts, the native policy and its lease statistics, and each
+worker's served models (model pools).
 Snapshots are built on demand, never on the request hot path.
 """
 
@@ -63,6 +64,8 @@ def proxy_section(handles: DaemonHandles) -> dict[str, Any]:
         "health_rounds": board.rounds_count,
         "native": attrs.asdict(native.statistics()),
         "targets": targets,
+        # served models per worker (model pools, docs/operations.md §12); null = unknown: any model
+        "models": [] if handles.engine.models is None else handles.engine.models.document(),
     }
 
 

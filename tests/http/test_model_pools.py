@@ -19,6 +19,7 @@ from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.ids import DEFAULT_MODEL_POOL
 from daemon.config import AgentdConfig, RoutingConfig, ServerConfig
 from daemon.handles import DaemonHandles
+from daemon.http.diagnostics import proxy_section
 from daemon.http.errors import ApiError
 from daemon.models import ModelDirectory, served_model_ids, with_pool_models
 from daemon.program_dispatch import ProgramDispatcher
@@ -145,6 +146,11 @@ async def test_unknown_model_is_404_and_program_state_is_kept_per_pool(
         assert pools == {"a": f"{W0}@0", "b": f"{W1}@0", "c": f"{W2}@0"}
         estimates = {row["model_pool"] for row in ps.diagnostics()["token_estimation"]}
         assert estimates == {"a", "b", "c"}
+        assert proxy_section(handles)["models"] == [
+            {"worker_url": W0, "models": ["a", "shared"], "source": "discovered"},
+            {"worker_url": W1, "models": ["b", "shared"], "source": "discovered"},
+            {"worker_url": W2, "models": ["c"], "source": "config"},
+        ]
 
 
 async def test_a_worker_whose_list_was_unknown_is_learnt_and_pools_follow_health(
