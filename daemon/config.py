@@ -58,6 +58,10 @@ class ServerConfig:
     log_format: str = rule_field(one_of(*LOG_FORMATS), "kv")
 
 
+def _finite_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
+
+
 def _valid_url(u: Any) -> bool:
     return isinstance(u, str) and (u.startswith("http://") or u.startswith("https://")) and len(u) > 8
 
@@ -75,6 +79,13 @@ class RoutingConfig:
     health_check_timeout_seconds: float = rule_field(FINITE_GT_0, 2.0)
     request_timeout_seconds: float = rule_field(FINITE_GT_0, 600.0)
     connect_timeout_seconds: float = rule_field(FINITE_GT_0, 5.0)
+    # docs/operations.md §11: upstream timeouts, keep-alive, health thresholds, outlier ejection
+    first_byte_timeout_seconds: float = rule_field(FINITE_GT_0, 60.0)
+    stream_idle_timeout_seconds: float = rule_field(FINITE_GT_0, 60.0)
+    keepalive_expiry_seconds: float = rule_field(FINITE_GT_0, 4.0)
+    health_failures_to_eject: int = rule_field(INT_GT_0, 3)
+    health_successes_to_restore: int = rule_field(INT_GT_0, 2)
+    outlier_consecutive_failures: int = rule_field(INT_GT_0, 5)
     agentic_context_forwarding: str = rule_field(one_of(*AGENTIC_CONTEXT_FORWARDING), "strip")
     # worker URL -> the model ids it serves (overrides /v1/models discovery: daemon/models.py)
     served_models: dict[str, tuple[str, ...]] = field(
@@ -104,6 +115,11 @@ class RoutingConfig:
         for url in self.served_models if isinstance(self.served_models, dict) else ():
             if url.rstrip("/") not in seen:
                 yield f"{p}served_models: names a worker that is not in worker_urls (got {url!r})"
+        total = self.request_timeout_seconds
+        for name in ("first_byte_timeout_seconds", "stream_idle_timeout_seconds"):
+            value = getattr(self, name)
+            if _finite_number(value) and _finite_number(total) and value > total:
+                yield f"{p}{name}: must be <= request_timeout_seconds ({total!r}) (got {value!r})"
 
 
 @frozen

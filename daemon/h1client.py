@@ -17,10 +17,18 @@ Scope (the workers are vLLM-compatible OpenAI servers on plain HTTP/1.1):
 * 1xx interim responses are skipped; a connection is reused only after a complete response whose
   version and ``Connection`` header allow it, and never if the server sent more than the framing
   said;
-* idle connections expire after ``keepalive_expiry`` seconds and are dropped when the server has
-  closed them (readable while idle);
+* idle connections expire after ``keepalive_expiry`` seconds (keep it below the workers' own idle
+  timeout: uvicorn, vLLM's server, closes idle connections after 5 s) and are dropped when the
+  server has closed them (readable while idle);
+* timeouts (``request.extensions["timeout"]``): ``connect``, ``write``, ``first_byte`` (a deadline
+  for the whole response head; ``read`` when absent) and ``read`` (the longest silence between two
+  reads of the body: the stream-idle timeout);
 * errors are the httpx types the proxy maps (``ConnectError``, ``ConnectTimeout``, ``WriteError``,
-  ``WriteTimeout``, ``ReadError``, ``ReadTimeout``, ``RemoteProtocolError``); no retries.
+  ``WriteTimeout``, ``ReadError``, ``ReadTimeout``, ``RemoteProtocolError``).  The one retry: a
+  *reused* keep-alive connection that fails before the worker sent a single response byte (the
+  write fails, or the server closes or resets it) is the idle-close race (the server closed the
+  connection just as the request left, RFC 9112 9.3.1): the request is sent once more on a new
+  connection (``stale_retries_count``).  A failure on a new connection is never retried here.
 """
 
 from __future__ import annotations
@@ -107,14 +115,23 @@ class ChunkedDecoder:
         return out[0] if len(out) == 1 else b"".join(out)
 
 
+class StaleConnection(Exception):
+    """A reused connection failed before the worker sent any response byte (internal)."""
+
+    def __init__(self, cause: httpx.TransportError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 class _Connection:
-    __slots__ = ("stream", "key", "buf", "idle_since")
+    __slots__ = ("stream", "key", "buf", "idle_since", "reused")
 
     def __init__(self, stream: trio.SocketStream, key: tuple[str, int]) -> None:
         self.stream = stream
         self.key = key
         self.buf = b""  # bytes read past the response head
         self.idle_since = 0.0
+        self.reused = False  # it served a response before this request
 
 
 async def _close(conn: _Connection) -> None:
@@ -258,7 +275,7 @@ class UpstreamBody(httpx.AsyncByteStream):
         if self._complete and self._reusable:
             self._pool.release(conn)
         else:
-            await _close(conn)
+            await self._pool.discard(conn)
 
 
 class H1Pool:
@@ -270,14 +287,29 @@ class H1Pool:
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
         self._idle_count = 0
         self._closed = False
+        self.stale_retries_count = 0  # requests sent again after the idle-close race
+        self.open_connections = 0  # connections currently open (idle or busy)
 
     def idle_connections(self) -> int:
         return self._idle_count
 
+    def close_idle(self) -> None:
+        """Close every idle connection (tests: file descriptors back to a baseline)."""
+        for stack in self._idle.values():
+            for conn in stack:
+                self._drop(conn)
+        self._idle.clear()
+        self._idle_count = 0
+
+    def _drop(self, conn: _Connection) -> None:
+        conn.stream.socket.close()
+        self.open_connections -= 1
+
     def release(self, conn: _Connection) -> None:
         if self._closed or self._idle_count >= self._max_idle:
-            conn.stream.socket.close()
+            self._drop(conn)
             return
+        conn.reused = True
         conn.idle_since = trio.current_time()
         self._idle.setdefault(conn.key, []).append(conn)
         self._idle_count += 1
@@ -290,7 +322,7 @@ class H1Pool:
             self._idle_count -= 1
             expired = self._expiry is not None and now - conn.idle_since > self._expiry
             if expired or conn.stream.socket.is_readable():  # closed by the server (or garbage)
-                conn.stream.socket.close()
+                self._drop(conn)
                 continue
             return conn
         return None
@@ -303,6 +335,7 @@ class H1Pool:
             raise httpx.ConnectTimeout(f"connecting to {key[0]}:{key[1]} took more than {timeout:g} s") from None
         except OSError as exc:
             raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
+        self.open_connections += 1
         return _Connection(stream, key)
 
     async def request(self, request: httpx.Request) -> httpx.Response:
@@ -321,9 +354,26 @@ class H1Pool:
         conn = self._take_idle(key) or await self._connect(key, timeouts.get("connect"))
         try:
             return await self._exchange(conn, request, payload, timeouts)
+        except StaleConnection:
+            await self.discard(conn)
+            self.stale_retries_count += 1
         except BaseException:
-            await _close(conn)
+            await self.discard(conn)
             raise
+        conn = await self._connect(key, timeouts.get("connect"))  # the idle-close race: once more
+        try:
+            return await self._exchange(conn, request, payload, timeouts)
+        except StaleConnection as stale:  # a new connection is never "reused": cannot happen
+            await self.discard(conn)
+            raise stale.cause from None
+        except BaseException:
+            await self.discard(conn)
+            raise
+
+    async def discard(self, conn: _Connection) -> None:
+        """Close a connection that must not be reused."""
+        self.open_connections -= 1
+        await _close(conn)
 
     async def _exchange(
         self, conn: _Connection, request: httpx.Request, payload: bytes, timeouts: dict[str, Any]
@@ -335,12 +385,25 @@ class H1Pool:
         except trio.TooSlowError:
             raise httpx.WriteTimeout(f"sending the request took more than {write_timeout:g} s") from None
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise httpx.WriteError(str(exc) or type(exc).__name__) from exc
+            error = httpx.WriteError(str(exc) or type(exc).__name__)
+            if conn.reused:
+                raise StaleConnection(error) from exc
+            raise error from exc
         read_timeout = timeouts.get("read")
-        while True:
-            version, status, reason, headers = await self._read_head(conn, read_timeout)
-            if not 100 <= status < 200 or status == 101:
-                break
+        first_byte = timeouts.get("first_byte", read_timeout)
+        deadline = trio.current_time() + first_byte if first_byte is not None else math.inf
+        try:
+            with trio.CancelScope(deadline=deadline) as head_scope:
+                while True:
+                    version, status, reason, headers = await self._read_head(conn)
+                    if not 100 <= status < 200 or status == 101:
+                        break
+        except (httpx.ReadError, httpx.RemoteProtocolError) as exc:
+            if conn.reused and not conn.buf and getattr(exc, "no_response_bytes", False):
+                raise StaleConnection(exc) from exc
+            raise
+        if head_scope.cancelled_caught:
+            raise httpx.ReadTimeout(f"no response from the worker within {first_byte:g} s (first-byte timeout)")
         names: dict[bytes, list[bytes]] = {}
         for name, value in headers:
             names.setdefault(name.lower(), []).append(value)
@@ -370,9 +433,9 @@ class H1Pool:
             request=request,
         )
 
-    async def _read_head(
-        self, conn: _Connection, timeout: float | None
-    ) -> tuple[bytes, int, bytes, list[tuple[bytes, bytes]]]:
+    async def _read_head(self, conn: _Connection) -> tuple[bytes, int, bytes, list[tuple[bytes, bytes]]]:
+        """The next response head (the caller's cancel scope bounds it).  A close or reset before the
+        first response byte is marked ``no_response_bytes`` (the idle-close race on a reused connection)."""
         buf = conn.buf
         while True:
             end = buf.find(b"\r\n\r\n")
@@ -380,17 +443,19 @@ class H1Pool:
                 break
             if len(buf) > MAX_HEAD_BYTES:
                 raise httpx.RemoteProtocolError(f"response head from the worker exceeds {MAX_HEAD_BYTES} bytes")
-            data = await _receive(conn, timeout)
+            try:
+                data = await _receive(conn, None)
+            except httpx.ReadError as exc:
+                exc.no_response_bytes = not buf  # type: ignore[attr-defined]
+                raise
             if not data:
-                raise httpx.RemoteProtocolError("the worker closed the connection without sending a response")
+                error = httpx.RemoteProtocolError("the worker closed the connection without sending a response")
+                error.no_response_bytes = not buf  # type: ignore[attr-defined]
+                raise error
             buf += data
         conn.buf = buf[end + 4 :]
         return _parse_head(buf[:end])
 
     async def aclose(self) -> None:
         self._closed = True
-        for stack in self._idle.values():
-            for conn in stack:
-                conn.stream.socket.close()
-        self._idle.clear()
-        self._idle_count = 0
+        self.close_idle()

@@ -16,7 +16,11 @@ Proxy catalogue (:class:`ProxyMetrics`):
 * ``agentd_proxy_first_token_seconds{target}`` - histogram, lease start to first streamed chunk;
 * ``agentd_proxy_upstream_errors_total{target,kind}`` - unreachable / timeout / status / stream;
 * ``agentd_proxy_rejected_requests_total{reason}`` - dispatch rejections (no healthy target ...);
-* ``agentd_health_target_healthy{target}`` - 1 when the worker behind the target passes /health.
+* ``agentd_health_target_healthy{target}`` - 1 when the worker behind the target passes /health;
+* ``agentd_proxy_failovers_total{target}`` - requests sent to another worker because this target's
+  worker could not be reached (the request provably never left, docs/operations.md §11);
+* ``agentd_health_ejections_total{target,source}`` - the worker behind the target left rotation:
+  ``health`` (consecutive failed checks) or ``outlier`` (failures of real traffic).
 
 Children for every known target are created up front (:meth:`ProxyMetrics.for_target`) so the
 request hot path does no label lookups.
@@ -124,6 +128,18 @@ class ProxyMetrics:
             "agentd_health_target_healthy",
             "1 when the worker behind the target passes its /health check, else 0.",
             ["target"],
+            registry=registry,
+        )
+        self.failovers = Counter(
+            "agentd_proxy_failovers",
+            "Requests sent to another worker because this target's worker could not be reached.",
+            ["target"],
+            registry=registry,
+        )
+        self.ejections = Counter(
+            "agentd_health_ejections",
+            "Times the worker behind the target left rotation, by source (health, outlier).",
+            ["target", "source"],
             registry=registry,
         )
         self._targets: dict[str, TargetMetrics] = {}

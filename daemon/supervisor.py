@@ -50,7 +50,7 @@ from daemon.metrics import BatchApiMetrics, ProxyMetrics, build_registry
 from daemon.models import ModelDirectory, run_model_discovery
 from daemon.program_dispatch import ProgramDispatcher, run_program_scheduling
 from daemon.request_ids import REQUEST_ID_SEED, RequestIds
-from daemon.upstream import UpstreamTransport, client_kwargs, upstream_limits
+from daemon.upstream import UpstreamTransport, client_kwargs, upstream_limits, upstream_timeouts
 from sim.cluster import SimCluster, SimConfig, run_sim_cluster
 from sim.transport import SimTransport
 
@@ -62,11 +62,12 @@ SimConfigure = Callable[[SimConfig], SimConfig]
 
 def default_transport(cfg: AgentdConfig) -> httpx.AsyncBaseTransport:
     """Connection-pooling HTTP/1.1 transport to real workers."""
-    return UpstreamTransport(upstream_limits())
+    return UpstreamTransport(upstream_limits(cfg.routing.keepalive_expiry_seconds))
 
 
 def client_on(cfg: AgentdConfig, transport: httpx.AsyncBaseTransport) -> httpx.AsyncClient:
-    kwargs = client_kwargs(cfg.routing.request_timeout_seconds, cfg.routing.connect_timeout_seconds)
+    r = cfg.routing
+    kwargs = client_kwargs(r.request_timeout_seconds, r.connect_timeout_seconds, r.keepalive_expiry_seconds)
     kwargs.pop("limits")
     return httpx.AsyncClient(transport=transport, **kwargs)
 
@@ -149,7 +150,14 @@ async def _start_dispatchers(
 ) -> tuple[HealthBoard, NativeDispatcher, ProgramDispatcher | None]:
     """Steps 2-3: the health actor (first round done), the native dispatcher, Program scheduling."""
     targets = cfg.targets()
-    board = HealthBoard(targets)
+    r = cfg.routing
+    board = HealthBoard(
+        targets,
+        failures_to_eject=r.health_failures_to_eject,
+        successes_to_restore=r.health_successes_to_restore,
+        outlier_failures=r.outlier_consecutive_failures,
+        metrics=metrics,
+    )
     await root.start(
         run_health_checks,
         board,
@@ -250,7 +258,8 @@ async def run_daemon(
                     program.batch,
                 ),
                 transport=upstream.transport,
-                timeout=upstream.client.timeout,
+                timeouts=upstream_timeouts(cfg.routing),
+                outcomes=board,
                 # seeded for deterministic runs (tests, agentd simulate); else uuid4 (daemon/request_ids.py)
                 ids=RequestIds(None if rng is None else random.Random(REQUEST_ID_SEED)),
                 hint_caps=cfg.client_hints,

@@ -24,6 +24,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import attrs
 import httpx
 
 from actors.core.model import Usage
@@ -90,15 +91,61 @@ def map_httpx_error(target_id: str, exc: httpx.HTTPError) -> UpstreamError:
     return UpstreamError(target_id, detail)
 
 
-def upstream_limits() -> httpx.Limits:
-    return httpx.Limits(max_connections=None, max_keepalive_connections=256)
+# Idle keep-alive connections expire before the workers close them: uvicorn (vLLM's server) closes
+# an idle connection after 5 s; reusing one just as it closes is the idle-close race
+# (docs/operations.md §11).
+DEFAULT_KEEPALIVE_EXPIRY_SECONDS = 4.0
 
 
-def client_kwargs(request_timeout_seconds: float, connect_timeout_seconds: float) -> dict[str, Any]:
+def upstream_limits(keepalive_expiry_seconds: float = DEFAULT_KEEPALIVE_EXPIRY_SECONDS) -> httpx.Limits:
+    return httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=keepalive_expiry_seconds)
+
+
+@attrs.frozen
+class UpstreamTimeouts:
+    """The four upstream timeouts (docs/operations.md §11), in seconds.
+
+    ``connect``: opening a connection; ``first_byte``: from the request sent to the response head,
+    for streaming requests (a non-streaming answer's head comes with the whole completion, so
+    only ``total`` bounds it); ``idle``: the longest silence between two reads of a response body;
+    ``total``: the whole exchange, head to last byte.
+    """
+
+    connect: float = 5.0
+    first_byte: float = 60.0
+    idle: float = 60.0
+    total: float = 600.0
+
+    def for_request(self, stream: bool) -> dict[str, float]:
+        """The ``timeout`` extension of one request (:mod:`daemon.h1client` reads these keys)."""
+        return {
+            "connect": self.connect,
+            "write": self.idle,
+            "pool": self.connect,
+            "first_byte": self.first_byte if stream else self.total,
+            "read": self.idle,
+        }
+
+
+def upstream_timeouts(routing: Any) -> UpstreamTimeouts:
+    """The timeouts of ``[routing]`` (``daemon.config.RoutingConfig``)."""
+    return UpstreamTimeouts(
+        connect=routing.connect_timeout_seconds,
+        first_byte=routing.first_byte_timeout_seconds,
+        idle=routing.stream_idle_timeout_seconds,
+        total=routing.request_timeout_seconds,
+    )
+
+
+def client_kwargs(
+    request_timeout_seconds: float,
+    connect_timeout_seconds: float,
+    keepalive_expiry_seconds: float = DEFAULT_KEEPALIVE_EXPIRY_SECONDS,
+) -> dict[str, Any]:
     """Keyword arguments for the daemon's ``httpx.AsyncClient``."""
     return {
         "timeout": httpx.Timeout(request_timeout_seconds, connect=connect_timeout_seconds),
-        "limits": upstream_limits(),
+        "limits": upstream_limits(keepalive_expiry_seconds),
         "follow_redirects": False,
         "trust_env": False,
     }
@@ -361,6 +408,11 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         self._limits = limits
         self._plain = H1Pool(limits.max_keepalive_connections, limits.keepalive_expiry)
         self._tls: httpx.AsyncHTTPTransport | None = None
+
+    @property
+    def pool(self) -> H1Pool:
+        """The plain-HTTP pool (its counters: ``stale_retries_count``, ``open_connections``)."""
+        return self._plain
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         scheme = request.url.scheme

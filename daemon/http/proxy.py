@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
@@ -61,6 +62,8 @@ from daemon.models import ModelDirectory
 from daemon.request_ids import RequestIds, upstream_request_id
 from daemon.upstream import (
     UpstreamError,
+    UpstreamTimeout,
+    UpstreamTimeouts,
     UsageAccumulator,
     UsageChunkFilter,
     client_headers,
@@ -203,6 +206,61 @@ class ClientGone(Exception):
     """The client went away while the response was being written."""
 
 
+class OutcomeReports(Protocol):
+    """Where the proxy reports each exchange's outcome per worker (the health board: passive
+    outlier ejection, docs/operations.md §11)."""
+
+    @property
+    def worker_urls(self) -> tuple[str, ...]: ...
+    def report_success(self, url: str) -> None: ...
+    def report_failure(self, url: str, detail: str, *, eject_now: bool = False) -> bool: ...
+
+
+class NotSent(Exception):
+    """The request provably never reached the worker (the connection could not be opened): it
+    may be sent to another worker (failover, docs/operations.md §11)."""
+
+    def __init__(self, error: UpstreamError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@attrs.define(eq=False)
+class _Exchange:
+    """What one forward has done so far (the total-timeout handler needs it)."""
+
+    lease: Lease
+    sink: ResponseSink
+    finished: bool = False  # lease.finish ran
+    started: bool = False  # the response head went to the client
+    ended: bool = False  # the response is complete
+
+    def finish(self, outcome: Outcome) -> None:
+        self.finished = True
+        self.lease.finish(outcome)
+
+    async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
+        self.started = True
+        await self.sink.start(status, headers)
+
+    async def send(self, chunk: bytes) -> None:
+        await self.sink.send(chunk)
+
+    async def end(self, chunk: bytes = b"") -> None:
+        self.ended = True
+        await self.sink.end(chunk)
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def stream_error_tail(message: str, code: str) -> bytes:
+    """The end of a stream that failed after it started: an OpenAI-shaped error event, then
+    ``[DONE]`` so every SSE client stops reading (docs/operations.md §11)."""
+    payload = json.loads(error_body(message, "upstream_error", None, code))
+    return b"data: " + json.dumps(payload).encode() + b"\n\n" + SSE_DONE
+
+
 def internal_error(request_id: str) -> ApiError:
     return ApiError(
         500,
@@ -296,13 +354,24 @@ class ProxyEngine:
         program: ProgramRoute | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         timeout: httpx.Timeout | None = None,
+        timeouts: UpstreamTimeouts | None = None,
+        outcomes: OutcomeReports | None = None,
         ids: RequestIds | None = None,
         hint_caps: ClientHintsConfig | None = None,
         models: ModelDirectory | None = None,
     ) -> None:
         self.client = client
         self.transport = transport
-        self._timeout = (timeout or httpx.Timeout(600.0)).as_dict()
+        if timeouts is None:
+            given = timeout or httpx.Timeout(600.0)
+            total = given.read if given.read is not None else 600.0
+            connect = given.connect if given.connect is not None else total
+            timeouts = UpstreamTimeouts(connect=connect, first_byte=total, idle=total, total=total)
+        self.timeouts = timeouts
+        self._stream_timeouts = timeouts.for_request(True)
+        self._plain_timeouts = timeouts.for_request(False)
+        self.outcomes = outcomes
+        self._max_failovers = 0 if outcomes is None else max(0, len(outcomes.worker_urls) - 1)
         self._urls: dict[tuple[str, str], httpx.URL] = {}
         self.native = native
         self.program = program
@@ -371,9 +440,31 @@ class ProxyEngine:
         try:
             if batch is not None:
                 await batch.serve(req, lambda lease: self._forward(req, lease, sink, raw_body))
-            else:
-                async with dispatcher.lease(req) as lease:
-                    await self._forward(req, lease, sink, raw_body)
+                return
+            original_id = req.request_id
+            failovers = 0
+            while True:
+                try:
+                    async with dispatcher.lease(req) as lease:
+                        await self._forward(req, lease, sink, raw_body, failover=failovers < self._max_failovers)
+                    return
+                except NotSent as not_sent:
+                    # the lease was left unfinished (abandoned: nothing was consumed) and the worker
+                    # ejected, so the next lease cannot land there; a Program request is submitted
+                    # again under a derived id (its Program is rebound off the ejected worker)
+                    failovers += 1
+                    self.metrics.failovers.labels(not_sent.error.target_id).inc()
+                    log_event(
+                        logger,
+                        logging.WARNING,
+                        "upstream_failover",
+                        request_id=original_id,
+                        target=not_sent.error.target_id,
+                        attempt=failovers,
+                        detail=not_sent.error.detail,
+                    )
+                    if dispatcher is not self.native:
+                        req = attrs.evolve(req, request_id=f"{original_id}.failover{failovers}")
         except DispatchRejected as rejected:
             rejection = rejected.rejection
             self.metrics.rejected.labels(rejection.reason).inc()
@@ -411,36 +502,60 @@ class ProxyEngine:
             return json.dumps(body).encode(), inject
         return raw_body, inject
 
-    async def _forward(self, req: ProxyRequest, lease: Lease, sink: ResponseSink, raw_body: bytes | None) -> None:
+    async def _forward(
+        self,
+        req: ProxyRequest,
+        lease: Lease,
+        sink: ResponseSink,
+        raw_body: bytes | None,
+        *,
+        failover: bool = False,
+    ) -> None:
+        """Send to the lease's target and relay the answer; ``failover``: a request that could not
+        be sent raises :class:`NotSent` instead of answering the client."""
         target = lease.target
         tm = self.metrics.for_target(target.target_id)
         content, inject = self._outgoing_body(req, lease, raw_body)
         started = trio.current_time()
         outcome_label = "client_disconnect"
+        exchange = _Exchange(lease, sink)
         tm.in_flight.inc()
         try:
-            try:
-                response = await self._send(
-                    target.worker_url,
-                    PATHS[req.endpoint],
-                    upstream_headers(
-                        req.headers,
-                        target.dp_rank,
-                        upstream_request_id(req.request_id, req.client_request_id),
-                        lease.attempt,
-                    ),
-                    content,
+            with trio.move_on_at(started + self.timeouts.total) as total_scope:
+                try:
+                    response = await self._send(
+                        target.worker_url,
+                        PATHS[req.endpoint],
+                        upstream_headers(
+                            req.headers,
+                            target.dp_rank,
+                            upstream_request_id(req.request_id, req.client_request_id),
+                            lease.attempt,
+                        ),
+                        content,
+                        req.stream,
+                    )
+                except httpx.HTTPError as exc:
+                    error = map_httpx_error(target.target_id, exc)
+                    not_sent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+                    self._report_failure(target.worker_url, error, eject_now=not_sent)
+                    if not_sent and failover:
+                        outcome_label = "failover"
+                        raise NotSent(error) from exc
+                    outcome_label = f"upstream_{error.kind}"
+                    await self._fail(exchange, error)
+                    return
+                try:
+                    outcome_label = await self._relay(req, exchange, response, started, inject)
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await response.aclose()
+            if total_scope.cancelled_caught and not exchange.ended:
+                error = UpstreamTimeout(
+                    target.target_id, f"the exchange took longer than {self.timeouts.total:g} s (total timeout)"
                 )
-            except httpx.HTTPError as exc:
-                error = map_httpx_error(target.target_id, exc)
-                outcome_label = f"upstream_{error.kind}"
-                await self._fail(lease, sink, error)
-                return
-            try:
-                outcome_label = await self._relay(req, lease, sink, response, started, inject)
-            finally:
-                with trio.CancelScope(shield=True):
-                    await response.aclose()
+                self._report_failure(target.worker_url, error)
+                outcome_label = await self._fail_or_abort(exchange, error, exchange.started)
         finally:
             tm.in_flight.dec()
             tm.duration.observe(trio.current_time() - started)
@@ -457,7 +572,17 @@ class ProxyEngine:
                     duration_seconds=round(trio.current_time() - started, 6),
                 )
 
-    async def _send(self, worker_url: str, path: str, headers: list[tuple[str, str]], content: bytes) -> httpx.Response:
+    def _report_failure(self, worker_url: str, error: UpstreamError, *, eject_now: bool = False) -> None:
+        if self.outcomes is not None:
+            self.outcomes.report_failure(worker_url, f"{error.kind}: {error.detail}", eject_now=eject_now)
+
+    def _report_success(self, worker_url: str) -> None:
+        if self.outcomes is not None:
+            self.outcomes.report_success(worker_url)
+
+    async def _send(
+        self, worker_url: str, path: str, headers: list[tuple[str, str]], content: bytes, stream: bool
+    ) -> httpx.Response:
         """POST to the worker with a streamed response.
 
         With a ``transport`` the request goes straight to it: the proxy needs none of the
@@ -470,31 +595,34 @@ class ProxyEngine:
         url = self._urls.get((worker_url, path))
         if url is None:
             url = self._urls[(worker_url, path)] = httpx.URL(worker_url + path)
-        request = httpx.Request("POST", url, headers=headers, content=content, extensions={"timeout": self._timeout})
+        timeouts = self._stream_timeouts if stream else self._plain_timeouts
+        request = httpx.Request("POST", url, headers=headers, content=content, extensions={"timeout": timeouts})
         response = await self.transport.handle_async_request(request)
         response.request = request
         return response
 
-    async def _fail(self, lease: Lease, sink: ResponseSink, error: UpstreamError) -> None:
+    async def _fail(self, exchange: _Exchange, error: UpstreamError) -> None:
         self.metrics.upstream_errors.labels(error.target_id, error.kind).inc()
         log_event(
             logger, logging.WARNING, "upstream_error", target=error.target_id, kind=error.kind, detail=error.detail
         )
-        lease.finish(Outcome(False, None, f"upstream_{error.kind}", None, None))
-        await send_error(
-            sink, ApiError(error.status, str(error), code=f"upstream_{error.kind}", error_type="upstream_error")
-        )
+        if not exchange.finished:
+            exchange.finish(Outcome(False, None, f"upstream_{error.kind}", None, None))
+        body = ApiError(error.status, str(error), code=f"upstream_{error.kind}", error_type="upstream_error").body()
+        await exchange.start(error.status, [*JSON_HEADERS, ("content-length", str(len(body)))])
+        await exchange.end(body)
 
     async def _relay(
         self,
         req: ProxyRequest,
-        lease: Lease,
-        sink: ResponseSink,
+        exchange: _Exchange,
         response: httpx.Response,
         started: float,
         inject: bool,
     ) -> str:
-        target_id = lease.target.target_id
+        lease = exchange.lease
+        target = lease.target
+        target_id = target.target_id
         status = response.status_code
         if status >= 500:
             snippet = await _read_snippet(response)
@@ -508,9 +636,11 @@ class ProxyEngine:
                 status=status,
                 detail=snippet,
             )
-            lease.finish(Outcome(False, None, "upstream_status", None, None))
+            if status != 503:  # 503: the worker is alive and says so (overloaded, starting)
+                self._report_failure(target.worker_url, UpstreamError(target_id, f"HTTP {status}"))
+            exchange.finish(Outcome(False, None, "upstream_status", None, None))
             await send_error(
-                sink,
+                exchange,
                 ApiError(
                     503 if status == 503 else 502,
                     f"worker {target_id} failed with HTTP {status}: {snippet}",
@@ -522,16 +652,19 @@ class ProxyEngine:
         headers = client_headers(response.headers)
         is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
         if req.stream and is_sse and 200 <= status < 300:
-            return await self._relay_stream(lease, sink, response, headers, started, inject)
+            return await self._relay_stream(exchange, response, headers, started, inject)
         try:
-            body = await response.aread()
+            body = await self._read_body(response)
         except httpx.HTTPError as exc:
-            return await self._fail_or_abort(lease, sink, map_httpx_error(target_id, exc), False)
+            error = map_httpx_error(target_id, exc)
+            self._report_failure(target.worker_url, error)
+            return await self._fail_or_abort(exchange, error, False)
+        self._report_success(target.worker_url)
         accumulator = UsageAccumulator()
         if lease.wants_usage:
             accumulator.feed_json(body)
         ok = 200 <= status < 300
-        lease.finish(
+        exchange.finish(
             Outcome(ok, accumulator.usage, None if ok else "upstream_status", None, None, accumulator.finish_reason)
         )
         if not ok:
@@ -539,19 +672,46 @@ class ProxyEngine:
             if wrapped is not None:  # plain-text/HTML worker errors become OpenAI-shaped JSON
                 body = wrapped
                 headers = [(k, v) for k, v in headers if k != "content-type"] + JSON_HEADERS
-        await sink.start(status, [*headers, ("content-length", str(len(body)))])
-        await sink.end(body)
+        await exchange.start(status, [*headers, ("content-length", str(len(body)))])
+        await exchange.end(body)
         return "success" if ok else "upstream_status"
+
+    async def _read_body(self, response: httpx.Response) -> bytes:
+        """The whole body; the stream-idle timeout bounds each silence for transports that do not
+        enforce it themselves (:mod:`daemon.h1client` does)."""
+        if response.is_stream_consumed or isinstance(response.stream, UpstreamBody):
+            return await response.aread()
+        parts: list[bytes] = []
+
+        async def keep(chunk: bytes) -> None:
+            parts.append(chunk)
+
+        await self._pump_idle(response, keep)
+        return b"".join(parts)
+
+    async def _pump_idle(self, response: httpx.Response, handler: Callable[[bytes], Awaitable[None]]) -> None:
+        """``aiter_raw`` into ``handler``, raising ``httpx.ReadTimeout`` after ``timeouts.idle``
+        seconds without a chunk (the deadline is disarmed while ``handler`` runs)."""
+        idle = self.timeouts.idle
+        with trio.CancelScope() as scope:
+            scope.deadline = trio.current_time() + idle
+            async for chunk in _raw_chunks(response):
+                scope.deadline = math.inf
+                await handler(chunk)
+                scope.deadline = trio.current_time() + idle
+            return
+        raise httpx.ReadTimeout(f"no data from the worker for {idle:g} s")
 
     async def _relay_stream(
         self,
-        lease: Lease,
-        sink: ResponseSink,
+        exchange: _Exchange,
         response: httpx.Response,
         headers: list[tuple[str, str]],
         started: float,
         inject: bool,
     ) -> str:
+        lease = exchange.lease
+        sink = exchange.sink
         tm = self.metrics.for_target(lease.target.target_id)
         accumulator = UsageAccumulator()
         chunk_filter = UsageChunkFilter() if inject else None
@@ -572,22 +732,23 @@ class ProxyEngine:
             if out:
                 await sink.send(out)
 
-        await sink.start(response.status_code, headers)
+        await exchange.start(response.status_code, headers)
         try:
             stream = response.stream
             if isinstance(stream, UpstreamBody) and not response.is_stream_consumed:
                 await stream.pump(relay)  # the lean path of daemon.h1client
             else:
-                async for chunk in _raw_chunks(response):
-                    await relay(chunk)
+                await self._pump_idle(response, relay)
             if chunk_filter is not None:
                 rest = chunk_filter.flush()
                 if rest:
                     await sink.send(rest)
         except httpx.HTTPError as exc:
             error = map_httpx_error(lease.target.target_id, exc)
-            return await self._fail_or_abort(lease, sink, error, True)
-        lease.finish(
+            self._report_failure(lease.target.worker_url, error)
+            return await self._fail_or_abort(exchange, error, True)
+        self._report_success(lease.target.worker_url)
+        exchange.finish(
             Outcome(
                 True,
                 accumulator.finish(),
@@ -597,19 +758,20 @@ class ProxyEngine:
                 accumulator.finish_reason,
             )
         )
-        await sink.end()
+        await exchange.end()
         return "success"
 
-    async def _fail_or_abort(self, lease: Lease, sink: ResponseSink, error: UpstreamError, stream_started: bool) -> str:
-        """A worker failure after the upstream headers arrived."""
+    async def _fail_or_abort(self, exchange: _Exchange, error: UpstreamError, stream_started: bool) -> str:
+        """A worker failure after the upstream headers arrived (or the total timeout): a JSON error
+        when nothing reached the client yet, else the stream ends with an error event and ``[DONE]``."""
         if not stream_started:
-            await self._fail(lease, sink, error)
+            await self._fail(exchange, error)
             return f"upstream_{error.kind}"
         self.metrics.upstream_errors.labels(error.target_id, "stream").inc()
         log_event(logger, logging.WARNING, "upstream_error", target=error.target_id, kind="stream", detail=error.detail)
-        lease.finish(Outcome(False, None, "upstream_stream", None, None))
-        payload = json.loads(error_body(str(error), "upstream_error", None, "upstream_stream"))
-        await sink.end(b"data: " + json.dumps(payload).encode() + b"\n\n")
+        if not exchange.finished:
+            exchange.finish(Outcome(False, None, "upstream_stream", None, None))
+        await exchange.end(stream_error_tail(str(error), "upstream_stream"))
         return "upstream_stream"
 
 

@@ -215,6 +215,8 @@ def make_config(
     max_body_bytes: int = 1 << 20,
     grace_seconds: float = 5.0,
     health_interval_seconds: float = 5.0,
+    health_failures_to_eject: int = 3,
+    health_successes_to_restore: int = 2,
 ) -> AgentdConfig:
     return AgentdConfig(
         server=ServerConfig(
@@ -225,6 +227,8 @@ def make_config(
             intra_node_data_parallel_size=dp,
             policy=policy,
             health_check_interval_seconds=health_interval_seconds,
+            health_failures_to_eject=health_failures_to_eject,
+            health_successes_to_restore=health_successes_to_restore,
         ),
     )
 

@@ -109,10 +109,31 @@ async def test_native_unknown_route_404_and_wrong_method_405(fake_worker: FakeWo
         handles.request_shutdown()
 
 
-async def test_native_worker_unreachable_is_502_naming_target(fake_worker: FakeWorker) -> None:
+async def test_native_worker_unreachable_fails_over_and_is_ejected(fake_worker: FakeWorker) -> None:
+    """Connection refused: nothing was sent, so the request goes to the healthy peer (no error for
+    the client) and the refusing worker leaves rotation at once (docs/operations.md §11)."""
     async with trio.open_nursery() as nursery:
         handles = await start(nursery, fake_worker, policy="round_robin")
         fake_worker.unreachable.add("http://w0:8000")  # after the health round: still in rotation
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
+            response = await client.post("/v1/chat/completions", json=CHAT)
+            again = await client.post("/v1/chat/completions", json=CHAT)
+        assert response.status_code == 200 and again.status_code == 200
+        assert [r.base_url for r in fake_worker.generation_requests()] == ["http://w1:8000"] * 2
+        value = handles.registry.get_sample_value
+        assert value("agentd_proxy_upstream_errors_total", {"target": "http://w0:8000@0", "kind": "unreachable"}) == 0
+        assert value("agentd_proxy_failovers_total", {"target": "http://w0:8000@0"}) == 1.0
+        assert value("agentd_health_ejections_total", {"target": "http://w0:8000@0", "source": "outlier"}) == 1.0
+        assert value("agentd_health_target_healthy", {"target": "http://w0:8000@0"}) == 0.0
+        assert handles.health.worker("http://w0:8000").reason.startswith("ejected: unreachable")
+        handles.request_shutdown()
+
+
+async def test_native_only_worker_unreachable_is_502_naming_target() -> None:
+    worker = FakeWorker(("http://w0:8000",))
+    async with trio.open_nursery() as nursery:
+        handles = await start(nursery, worker)
+        worker.unreachable.add("http://w0:8000")
         async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             response = await client.post("/v1/chat/completions", json=CHAT)
         message = assert_openai_error(response, 502, "upstream_unreachable")
@@ -157,6 +178,7 @@ async def test_native_stream_broken_mid_way_ends_with_error_event(fake_worker: F
         async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             response = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
         assert response.status_code == 200
-        last = [e for e in response.content.split(b"\n\n") if e][-1]
-        assert b'"code": "upstream_stream"' in last and b"http://w0:8000@0" in last
+        *_, error, done = [e for e in response.content.split(b"\n\n") if e]
+        assert b'"code": "upstream_stream"' in error and b"http://w0:8000@0" in error
+        assert done == b"data: [DONE]"
         handles.request_shutdown()

@@ -113,7 +113,14 @@ async def test_native_health_transitions_leave_and_rejoin_rotation(
     fake_worker: FakeWorker, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with trio.open_nursery() as nursery:
-        handles = await start(nursery, fake_worker, policy="round_robin", health_interval_seconds=5.0)
+        handles = await start(
+            nursery,
+            fake_worker,
+            policy="round_robin",
+            health_interval_seconds=5.0,
+            health_failures_to_eject=1,
+            health_successes_to_restore=1,
+        )
         t0 = trio.current_time()
         assert len(handles.health.healthy_targets()) == 2
         fake_worker.healthy["http://w0:8000"] = False

@@ -39,9 +39,11 @@ async def test_http_health_ok_and_unavailable(daemon_app: DaemonApp) -> None:
     assert ok.status_code == 200
     assert (await ok.get_json())["status"] == "ok"
     daemon_app.worker.healthy = False
-    from daemon.health import run_health_round  # one explicit round instead of waiting 5 s
+    from daemon.health import run_health_round  # explicit rounds instead of waiting 5 s each
 
-    await run_health_round(daemon_app.handles.health, daemon_app.handles.client, 1.0)
+    for _ in range(daemon_app.handles.config.routing.health_failures_to_eject):
+        assert (await client.get("/health")).status_code == 200  # within the threshold: still in rotation
+        await run_health_round(daemon_app.handles.health, daemon_app.handles.client, 1.0)
     down = await client.get("/health")
     payload = await down.get_json()
     assert down.status_code == 503
