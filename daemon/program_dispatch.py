@@ -16,7 +16,10 @@ arrives: identity-free traffic creates no Program state and triggers no backend 
   ``Retry-After``; no targets -> 503);
 * ``lease.finish(outcome)`` reports ``RequestCompleted`` with the usage exactly once;
 * leaving the lease without ``finish`` (client gone, cancellation) sends ``RequestAbandoned`` from
-  a shielded ``finally``, so a disconnect never leaks ledger capacity.
+  a shielded ``finally``, so a disconnect never leaks ledger capacity.  That send is never given
+  up: it waits, shielded, for room in the scheduler inbox (which the scheduler never stops
+  draining) and ends only when delivered or when the scheduler is gone; each release that had to
+  wait is counted (``release_waits_count``, docs/operations.md §11).
 
 ``diagnostics()`` renders the ``/scheduling/diagnostics`` document (docs/operations.md,
 Reference) from the latest scheduler state, the rank actors' published snapshots and each
@@ -25,7 +28,6 @@ channel's statistics.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -45,7 +47,7 @@ from actors.core.ids import RequestId
 from actors.core.model import NO_USAGE
 from actors.dashboard_feed import DashboardFeed
 from actors.dashboard_view import dashboard_document
-from actors.logevents import get_logger, log_event
+from actors.logevents import get_logger
 from actors.mailbox import ActorGone
 from actors.messages import Admitted, Reply, Submission
 from actors.program_metrics import GaugeSnapshot, ProgramMetrics, TokenEstimateGauge
@@ -54,9 +56,6 @@ from actors.scheduler_actor import SchedulerHandle, diagnostics_snapshot, rank_g
 from daemon.config import AgentdConfig
 from daemon.dispatch import DispatchRejected, HealthView, Outcome, ProxyRequest
 
-# RequestAbandoned/RequestCompleted are sent from a shielded finally; this caps how long a handler can be
-# held there if the scheduler inbox is saturated (the scheduler never stops draining it).
-RELEASE_TIMEOUT_SECONDS = 5.0
 DEFAULT_TOKENS_PER_BYTE = 0.25  # the estimator's starting coefficient (about 4 UTF-8 bytes per token)
 SCHEDULER_UNAVAILABLE = Rejection(
     reason="scheduler_unavailable", status_hint=503, message="Program scheduling is shutting down"
@@ -157,6 +156,12 @@ class DispatcherCounters:
     rejected_count: int = 0
     completed_count: int = 0
     abandoned_count: int = 0
+    # releases (completion or abandon) that found the scheduler inbox full and waited for room
+    release_waits_count: int = 0
+
+    def open_leases(self) -> int:
+        """Requests submitted and not yet answered by a rejection, a completion or an abandon."""
+        return self.submitted_count - self.rejected_count - self.completed_count - self.abandoned_count
 
 
 @attrs.frozen(eq=False)
@@ -347,19 +352,25 @@ class ProgramDispatcher:
     async def release_shielded(
         self, req: ProxyRequest, lease: ProgramLease | None, inbox: trio.MemorySendChannel[Any]
     ) -> None:
-        """Report the request's end (completed or abandoned) from a ``finally``: shielded, capped
-        at ``RELEASE_TIMEOUT_SECONDS`` (the scheduler never stops draining its inbox)."""
+        """Report the request's end (completed or abandoned) from a ``finally``, shielded and
+        never given up: a completion or an abandon that were dropped would hold the request's
+        capacity for good.  The scheduler never stops draining its inbox, so the wait is bounded
+        by its processing rate; when the scheduler is gone there is nothing left to account."""
         with trio.CancelScope(shield=True):
-            with trio.move_on_after(RELEASE_TIMEOUT_SECONDS) as capped:
-                await self._release(req, lease, inbox)
-            if capped.cancelled_caught:
-                log_event(
-                    logger,
-                    logging.ERROR,
-                    "program_release_timeout",
-                    request_id=req.request_id,
-                    timeout_seconds=RELEASE_TIMEOUT_SECONDS,
-                )
+            await self._release(req, lease, inbox)
+
+    async def _deliver(self, inbox: trio.MemorySendChannel[Any], message: Any) -> None:
+        try:
+            inbox.send_nowait(message)
+            return
+        except trio.WouldBlock:
+            self.counters.release_waits_count += 1
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return  # the scheduler is gone: nothing left to account
+        try:
+            await inbox.send(message)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
 
     async def _release(self, req: ProxyRequest, lease: ProgramLease | None, inbox: trio.MemorySendChannel[Any]) -> None:
         if lease is not None and lease.outcome is not None:
@@ -370,16 +381,10 @@ class ProgramDispatcher:
                 self.estimator.feedback(req.model_pool, req, None)
             if not lease.reported:
                 lease.reported = True
-                try:
-                    await inbox.send(completed_message(req.request_id, lease.outcome))
-                except trio.BrokenResourceError:
-                    pass  # the scheduler is gone: nothing left to account
+                await self._deliver(inbox, completed_message(req.request_id, lease.outcome))
             return
         self.counters.abandoned_count += 1
-        try:
-            await inbox.send(RequestAbandoned(request_id=RequestId(req.request_id)))
-        except trio.BrokenResourceError:
-            pass  # the scheduler is gone: nothing left to account
+        await self._deliver(inbox, RequestAbandoned(request_id=RequestId(req.request_id)))
 
     async def wait_diagnostics(self, predicate: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
         """Wait until ``predicate(diagnostics())`` holds, re-checking after every scheduler step.

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 from quart import Blueprint, Response
 
+from daemon.invariants import capacity_invariants
+
 if TYPE_CHECKING:
     from daemon.handles import DaemonHandles
 
@@ -55,6 +57,8 @@ def proxy_section(handles: DaemonHandles) -> dict[str, Any]:
                 "health_reason": worker.reason,
                 "health_checked_at": worker.checked_at,
                 "consecutive_health_failures": worker.consecutive_failures_count,
+                "consecutive_health_successes": worker.consecutive_successes_count,
+                "consecutive_request_failures": worker.outlier_failures_count,
                 "native_in_flight_requests": native.in_flight(target),
             }
         )
@@ -77,6 +81,7 @@ def diagnostics_payload(handles: DaemonHandles) -> dict[str, Any]:
     else:
         section = {"enabled": False}
     section["proxy"] = proxy_section(handles)
+    section["invariants"] = capacity_invariants(handles)  # docs/operations.md §11
     return section
 
 
