@@ -61,7 +61,7 @@ async def test_request_abandoned_while_queued_leaves_no_reply_channel(autojump_c
             assert doc["dispatcher"]["abandoned_count"] == 1
             assert len(scheduler.state.pool) == 0
             release_first.set()
-        doc = await dispatcher.wait_diagnostics(lambda d: d["dispatcher"]["completed_count"] == 1)
+        doc = await dispatcher.wait_diagnostics(lambda d: not scheduler.state.in_flight)
         assert doc["scheduler"]["pending_replies_count"] == 0
+        assert doc["dispatcher"]["completed_count"] == 1
         assert dispatcher.counters.open_leases() == 0
-        assert scheduler.state.in_flight == {}

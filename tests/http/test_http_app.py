@@ -69,8 +69,13 @@ async def test_http_diagnostics_proxy_section(daemon_app: DaemonApp) -> None:
         "health_reason": "ok",
         "health_checked_at": target["health_checked_at"],
         "consecutive_health_failures": 0,
+        "consecutive_health_successes": 1,
+        "consecutive_request_failures": 0,
         "native_in_flight_requests": 0,
     }
+    invariants = payload["invariants"]
+    assert invariants["at_rest"] is True
+    assert invariants["native_in_flight"] == invariants["proxy_in_flight"] == invariants["pending_replies"] == 0
 
 
 async def test_http_models_proxied(daemon_app: DaemonApp) -> None:
