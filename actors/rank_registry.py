@@ -13,8 +13,10 @@ never bursted.  Each round, in this order:
 1. ``ObservationRoundStarted`` for every target to the scheduler (the core checkpoints its ledger:
    admissions committed while the scrape is in flight stay counted, docs/program-scheduling.md §2);
 2. one ``GET <url>/metrics`` per *worker URL*, all concurrently, 2 s timeout each: one scrape
-   serves every DP rank behind the worker (``engine`` label = DP rank); each failed worker is
-   logged once, in worker order (WARN ``backend_observation_failed``, docs/operations.md §1);
+   serves every DP rank behind the worker (``engine`` label = DP rank); a worker whose scrapes
+   start failing is logged once, in worker order (WARN ``backend_observation_failed``, repeats at
+   DEBUG), and once more when a scrape succeeds again (INFO ``backend_observation_recovered``
+   with the number of failed rounds; docs/operations.md §1 and §11);
 3. each rank actor, in target order, gets its worker's result and the pacer waits for its
    acknowledgement before the next rank, so the actors' ``ObservationReceived`` messages reach the
    scheduler in target order (a failed scrape produces none: the previous observation ages out and
@@ -108,6 +110,7 @@ class RankRegistry:
         self.rounds_count = 0  # written by the pacer only
         self.started_count = 0
         self.stopped_count = 0
+        self.failing_workers: dict[str, int] = {}  # worker URL -> failed rounds in a row (the pacer's)
         self._ranks: dict[str, RankHandle] = {}  # target order
         self._nursery: trio.Nursery | None = None
         self._scheduler_send: trio.MemorySendChannel[SchedulerMessage] | None = None
@@ -236,7 +239,7 @@ async def run_observation_rounds(
         ranks = registry.ranks()
         if ranks:
             epoch += 1
-            await _observation_round(client, ranks, scheduler_send, epoch)
+            await _observation_round(client, ranks, scheduler_send, epoch, registry.failing_workers)
             registry.rounds_count += 1
             await scheduler_send.send(RepairTick(deadline=start + k * interval))
         else:
@@ -257,7 +260,9 @@ async def _observation_round(
     ranks: tuple[RankHandle, ...],
     scheduler_send: trio.MemorySendChannel[SchedulerMessage],
     epoch: int,
+    failing: dict[str, int] | None = None,
 ) -> None:
+    failing = {} if failing is None else failing
     await scheduler_send.send(ObservationRoundStarted(epoch=epoch, target_ids=tuple(h.target.target_id for h in ranks)))
     worker_urls = tuple(dict.fromkeys(h.target.worker_url for h in ranks))  # worker order = first target's order
     results = await scrape_workers(client, worker_urls)
@@ -265,7 +270,12 @@ async def _observation_round(
     for url in worker_urls:
         result = results[url]
         if isinstance(result, str):
-            log_event(logger, logging.WARNING, "backend_observation_failed", base_url=url, error=result)
+            streak = failing[url] = failing.get(url, 0) + 1
+            level = logging.WARNING if streak == 1 else logging.DEBUG  # one warning per failure streak
+            log_event(logger, level, "backend_observation_failed", base_url=url, error=result, failed_rounds=streak)
+        elif url in failing:
+            streak = failing.pop(url)
+            log_event(logger, logging.INFO, "backend_observation_recovered", base_url=url, failed_rounds=streak)
     for handle in ranks:  # target order; each rank is done before the next one starts
         await handle.hand_over(epoch, observed_at, results[handle.target.worker_url])
 

@@ -16,11 +16,17 @@ class EventLog(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.events: list[tuple[float, str, dict[str, Any]]] = []
+        self.levels: list[int] = []  # the level of each entry of ``events``
 
     def emit(self, record: logging.LogRecord) -> None:
         event = getattr(record, "agentd_event", None)
         if event is not None:
             self.events.append((trio.current_time(), event, dict(getattr(record, "agentd_fields", {}))))
+            self.levels.append(record.levelno)
+
+    def at_level(self, name: str, level: int) -> list[tuple[float, dict[str, Any]]]:
+        """The events called ``name`` logged at exactly ``level``."""
+        return [(t, f) for (t, e, f), lv in zip(self.events, self.levels, strict=True) if e == name and lv == level]
 
     def named(self, name: str) -> list[tuple[float, dict[str, Any]]]:
         return [(t, f) for t, e, f in self.events if e == name]

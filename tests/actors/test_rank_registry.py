@@ -4,6 +4,8 @@ counted per rank, frozen snapshots in the diagnostics."""
 
 from __future__ import annotations
 
+import logging
+
 import attrs
 import httpx
 import pytest
@@ -218,15 +220,23 @@ async def test_failed_scrape_counts_on_every_rank_of_the_worker(
         failing.pop("worker-1")  # worker-1 recovers for the round of t=2
         await trio.sleep(1.0)
     failures = [
-        (round(t - obs.t0, 6), f["base_url"], f["error"]) for t, f in event_log.named("backend_observation_failed")
+        (round(t - obs.t0, 6), f["base_url"], f["error"], f["failed_rounds"])
+        for t, f in event_log.named("backend_observation_failed")
     ]
     assert failures == [
-        (0.0, W1, "ConnectError: connection refused"),
-        (0.0, W0, "HTTP 503"),
-        (1.0, W1, "ConnectError: connection refused"),
-        (1.0, W0, "HTTP 503"),
-        (2.0, W0, "HTTP 503"),
+        (0.0, W1, "ConnectError: connection refused", 1),
+        (0.0, W0, "HTTP 503", 1),
+        (1.0, W1, "ConnectError: connection refused", 2),  # repeats of a streak: DEBUG
+        (1.0, W0, "HTTP 503", 2),
+        (2.0, W0, "HTTP 503", 3),
     ]
+    warnings = [f["base_url"] for _, f in event_log.at_level("backend_observation_failed", logging.WARNING)]
+    assert warnings == [W1, W0]  # one per failure streak
+    recovered = [
+        (round(t - obs.t0, 6), f["base_url"], f["failed_rounds"])
+        for t, f in event_log.named("backend_observation_recovered")
+    ]
+    assert recovered == [(2.0, W1, 2)]
     assert _summary(obs.got, obs.t0) == [
         (0.0, "started", tuple(t.target_id for t in targets)),
         (0.0, "tick", 0.0),
