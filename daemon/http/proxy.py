@@ -523,18 +523,25 @@ class ProxyEngine:
         try:
             with trio.move_on_at(started + self.timeouts.total) as total_scope:
                 try:
-                    response = await self._send(
-                        target.worker_url,
-                        PATHS[req.endpoint],
-                        upstream_headers(
-                            req.headers,
-                            target.dp_rank,
-                            upstream_request_id(req.request_id, req.client_request_id),
-                            lease.attempt,
-                        ),
-                        content,
-                        req.stream,
-                    )
+                    first_byte = self.timeouts.first_byte if req.stream else math.inf
+                    try:
+                        with trio.fail_after(first_byte):  # any transport; daemon.h1client checks it too
+                            response = await self._send(
+                                target.worker_url,
+                                PATHS[req.endpoint],
+                                upstream_headers(
+                                    req.headers,
+                                    target.dp_rank,
+                                    upstream_request_id(req.request_id, req.client_request_id),
+                                    lease.attempt,
+                                ),
+                                content,
+                                req.stream,
+                            )
+                    except trio.TooSlowError:
+                        raise httpx.ReadTimeout(
+                            f"no response from the worker within {first_byte:g} s (first-byte timeout)"
+                        ) from None
                 except httpx.HTTPError as exc:
                     error = map_httpx_error(target.target_id, exc)
                     not_sent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
@@ -718,8 +725,12 @@ class ProxyEngine:
         first: float | None = None
         last: float | None = None
 
+        # the incomplete last event of what arrived: sent with the rest of it, dropped if the stream
+        # fails first, so the error event never lands inside a half event (docs/operations.md §11)
+        held = b""
+
         async def relay(chunk: bytes) -> None:
-            nonlocal first, last
+            nonlocal first, last, held
             if not chunk:
                 return
             accumulator.feed_sse(chunk)
@@ -728,7 +739,12 @@ class ProxyEngine:
                 first = now
                 tm.first_token.observe(now - started)
             last = now
-            out = chunk_filter.feed(chunk) if chunk_filter is not None else chunk
+            if chunk_filter is not None:
+                out = chunk_filter.feed(chunk)  # relays whole events only
+            else:
+                data = held + chunk if held else chunk
+                cut = complete_events_end(data)
+                out, held = (data, b"") if cut == len(data) else (data[:cut], data[cut:])
             if out:
                 await sink.send(out)
 
@@ -739,10 +755,9 @@ class ProxyEngine:
                 await stream.pump(relay)  # the lean path of daemon.h1client
             else:
                 await self._pump_idle(response, relay)
-            if chunk_filter is not None:
-                rest = chunk_filter.flush()
-                if rest:
-                    await sink.send(rest)
+            rest = chunk_filter.flush() if chunk_filter is not None else held
+            if rest:
+                await sink.send(rest)
         except httpx.HTTPError as exc:
             error = map_httpx_error(lease.target.target_id, exc)
             self._report_failure(lease.target.worker_url, error)
@@ -773,6 +788,15 @@ class ProxyEngine:
             exchange.finish(Outcome(False, None, "upstream_stream", None, None))
         await exchange.end(stream_error_tail(str(error), "upstream_stream"))
         return "upstream_stream"
+
+
+def complete_events_end(data: bytes) -> int:
+    """The length of the prefix of ``data`` made of complete SSE events (blank-line terminated)."""
+    if data.endswith(b"\n\n"):
+        return len(data)
+    lf = data.rfind(b"\n\n")
+    crlf = data.rfind(b"\r\n\r\n")
+    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 
 
 async def _raw_chunks(response: httpx.Response) -> AsyncIterator[bytes]:

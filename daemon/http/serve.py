@@ -18,6 +18,9 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 
 from actors.logevents import get_logger
+from daemon.http.hypercorn_close import install as install_prompt_close
+
+install_prompt_close()  # close a gone client's socket at once (daemon/http/hypercorn_close.py)
 
 KEEP_ALIVE_MAX_REQUESTS = 1 << 62
 

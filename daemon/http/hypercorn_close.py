@@ -1,0 +1,42 @@
+"""Close a client connection's socket as soon as the client has gone (hypercorn 0.18, trio).
+
+When a client closes (or resets) a connection that hypercorn considers idle - after a complete
+response on a keep-alive connection, before a request head arrived, or during a request that then
+ends - hypercorn's trio ``TCPServer`` leaves its read loop but then waits for its keep-alive idle
+task (``keep_alive_timeout``) before it closes the socket: the socket sits in CLOSE_WAIT, holding a file
+descriptor, for that long.  Clients that drop connections quickly can exhaust descriptors.  The
+subclass below stops the idle task when the read loop ends and never restarts it after that, so
+the socket closes as soon as the connection's request task is done
+(found by the fault suite's descriptor check, docs/operations.md §11).
+
+:func:`install` swaps the subclass in for the class hypercorn's trio runner instantiates; it is
+idempotent and called by :mod:`daemon.http.serve` before serving.
+"""
+
+from __future__ import annotations
+
+import hypercorn.trio.run
+from hypercorn.events import Event, Updated
+from hypercorn.trio.tcp_server import TCPServer
+
+
+class PromptCloseTCPServer(TCPServer):
+    _peer_gone = False
+
+    async def _read_data(self) -> None:
+        try:
+            await super()._read_data()
+        finally:
+            self._peer_gone = True
+            await self.idle_task.stop()  # the peer is gone: nothing is left to time out
+
+    async def protocol_send(self, event: Event) -> None:
+        # a request that ends after its client left turns the connection idle again: no new idle
+        # wait then (the socket closes as soon as the request's task is done)
+        if self._peer_gone and isinstance(event, Updated) and event.idle:
+            return
+        await super().protocol_send(event)
+
+
+def install() -> None:
+    hypercorn.trio.run.TCPServer = PromptCloseTCPServer  # type: ignore[misc]

@@ -1,0 +1,230 @@
+"""The fault suite's harness: a daemon in front of :class:`FaultWorker` processes over real sockets,
+and the checks every case ends with (docs/operations.md §11):
+
+* the daemon is up (``GET /health`` answers 200);
+* no log record at ERROR or above (an unexpected error is logged at ERROR);
+* every capacity counter back at rest (``daemon.invariants``: in-flight, queued, reserved tokens,
+  pending replies) and the upstream pool holding no busy connection;
+* the process's open file descriptors back to the baseline taken before the case.
+
+Real sockets mean real time: every wait is bounded by a generous ``trio.fail_after`` so a broken
+behaviour fails instead of hanging, and nothing asserts a tight wall-clock bound except where the
+case is about time (then with slack for a loaded 2-core machine).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import attrs
+import httpx
+import trio
+from fault_worker import FaultWorker
+
+from actors.core.config import ProgramSchedulingConfig
+from daemon.config import AgentdConfig, BatchApiConfig, RoutingConfig, ServerConfig
+from daemon.handles import DaemonHandles
+from daemon.invariants import capacity_invariants
+from daemon.supervisor import run_daemon
+
+CHAT = {"model": "fault-model", "messages": [{"role": "user", "content": "hi"}]}
+STREAM = {**CHAT, "stream": True}
+BUDGET_SECONDS = 60.0  # bounds every wait: never reached when the behaviour is right
+
+
+async def wait_until(predicate: Callable[[], bool], budget: float = BUDGET_SECONDS) -> bool:
+    """Poll ``predicate`` every 10 ms for up to ``budget`` seconds (descriptor counts and socket
+    states have no event to wait on); True when it held."""
+    deadline = trio.current_time() + budget
+    for _ in itertools.count():
+        if predicate():
+            return True
+        if trio.current_time() >= deadline:
+            break
+        await trio.sleep(0.01)
+    return False
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _sockets() -> dict[str, str]:
+    """inode -> 'local->remote state' of this machine's TCP sockets (failure messages only)."""
+    out = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            local, remote, state, inode = f[1], f[2], f[3], f[9]
+            out[inode] = f"{int(local.split(':')[1], 16)}->{int(remote.split(':')[1], 16)} st={state}"
+    return out
+
+
+def _local_port(fd: str) -> str:
+    try:
+        dup = socket.socket(fileno=os.dup(int(fd)))
+    except OSError:
+        return "?"
+    try:
+        return str(dup.getsockname()[1])
+    except (OSError, IndexError, TypeError):
+        return "?"
+    finally:
+        dup.close()
+
+
+def fd_table() -> dict[str, str]:
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return out
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def events(self, name: str, level: int | None = None) -> list[dict[str, Any]]:
+        return [
+            dict(getattr(r, "agentd_fields", {}))
+            for r in self.records
+            if getattr(r, "agentd_event", None) == name and (level is None or r.levelno == level)
+        ]
+
+    def errors(self) -> list[str]:
+        return [r.getMessage() for r in self.records if r.levelno >= logging.ERROR]
+
+
+@attrs.define(eq=False)
+class FaultEnv:
+    handles: DaemonHandles
+    workers: list[FaultWorker]
+    log: Records
+    nursery: trio.Nursery
+    client: httpx.AsyncClient = attrs.field(init=False)
+    baseline_fds: int = 0
+    baseline_table: dict[str, str] = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        self.client = self._new_client()
+
+    def _new_client(self) -> httpx.AsyncClient:
+        assert self.handles.http_url is not None
+        return httpx.AsyncClient(base_url=self.handles.http_url, timeout=BUDGET_SECONDS)
+
+    @property
+    def pool(self) -> Any:
+        return self.handles.engine.transport.pool  # type: ignore[union-attr]
+
+    def invariants(self) -> dict[str, Any]:
+        return capacity_invariants(self.handles)
+
+    async def chat(self, body: dict[str, Any] | None = None, **kwargs: Any) -> httpx.Response:
+        return await self.client.post("/v1/chat/completions", json=body or CHAT, **kwargs)
+
+    async def _quiesce(self) -> None:
+        """Close every idle connection on both hops and wait until the workers saw them go."""
+        await self.client.aclose()
+        self.client = self._new_client()
+        self.pool.close_idle()
+        # (Program scheduling's /metrics polling may have opened a new one meanwhile: idle, allowed)
+        assert await wait_until(lambda: sum(w.open_connections for w in self.workers) <= self.pool.open_connections)
+
+    async def take_baseline(self) -> None:
+        await self._quiesce()
+        await trio.sleep(0.05)
+        self.baseline_fds = open_fds()
+        self.baseline_table = fd_table()
+
+    async def check_clean(self) -> dict[str, Any]:
+        """The end of every case (see the module docstring); returns the invariants."""
+        health = await self.client.get("/health")
+        assert health.status_code == 200, health.text
+        assert await wait_until(lambda: self.invariants()["at_rest"]), self.invariants()
+        assert self.log.errors() == []
+        await self._quiesce()
+        # each upstream connection still open is two descriptors here (agentd's and the worker's):
+        # only idle ones may remain (Program scheduling's /metrics polling reopens one per worker)
+        await wait_until(lambda: open_fds() - 2 * self.pool.open_connections <= self.baseline_fds, BUDGET_SECONDS / 4)
+        sockets = _sockets()
+        extra = {
+            fd: sockets.get(target.removeprefix("socket:[").rstrip("]"), f"{target} port={_local_port(fd)}")
+            for fd, target in fd_table().items()
+            if self.baseline_table.get(fd) != target
+        }
+        ports = (self.handles.http_url, [w.port for w in self.workers])
+        assert open_fds() - 2 * self.pool.open_connections <= self.baseline_fds, (extra, ports, self.invariants())
+        assert self.pool.open_connections == self.pool.idle_connections()
+        doc = self.invariants()
+        assert doc["at_rest"], doc
+        return doc
+
+
+def fault_config(worker_urls: list[str], *, program: bool = False, **routing: Any) -> AgentdConfig:
+    settings: dict[str, Any] = {
+        "health_check_interval_seconds": 3600.0,  # the cases drive health rounds themselves
+        "connect_timeout_seconds": 0.5,
+        "first_byte_timeout_seconds": 5.0,
+        "stream_idle_timeout_seconds": 1.0,
+        "request_timeout_seconds": 30.0,
+        "policy": "round_robin",
+        **routing,
+    }
+    return AgentdConfig(
+        server=ServerConfig(host="127.0.0.1", port=0, shutdown_grace_seconds=1.0),
+        routing=RoutingConfig(worker_urls=tuple(worker_urls), **settings),
+        batch_api=BatchApiConfig(enabled=False),
+        enable_program_scheduling=program,
+        program_scheduling=ProgramSchedulingConfig(token_capacity_per_dp_rank=100_000) if program else None,
+    )
+
+
+@asynccontextmanager
+async def fault_env(
+    n_workers: int = 2, *, urls: list[str] | None = None, program: bool = False, **routing: Any
+) -> AsyncIterator[FaultEnv]:
+    """Workers, then a daemon in front of them (extra ``urls`` are appended to the worker list)."""
+    log = Records()
+    agentd = logging.getLogger("agentd")
+    old_level = agentd.level
+    agentd.setLevel(logging.INFO)
+    agentd.addHandler(log)
+    try:
+        async with trio.open_nursery() as nursery:
+            workers = [await nursery.start(FaultWorker().run) for _ in range(n_workers)]
+            cfg = fault_config([w.url for w in workers] + list(urls or ()), program=program, **routing)
+            handles = await nursery.start(partial(run_daemon, cfg))
+            env = FaultEnv(handles, workers, log, nursery)
+            await env.take_baseline()
+            try:
+                yield env
+            finally:
+                await env.client.aclose()
+                handles.request_shutdown()
+                nursery.cancel_scope.cancel()
+    finally:
+        agentd.removeHandler(log)
+        agentd.setLevel(old_level)
+
+
+def sse_events(body: bytes) -> list[bytes]:
+    return [e for e in body.split(b"\n\n") if e]
