@@ -371,3 +371,25 @@ async def test_f8_client_disconnects_at_random_points_counters_return_to_zero(pr
         doc = await env.check_clean()
         if program:
             assert doc["pending_replies"] == 0 and doc["program_open_leases"] == 0
+
+
+# ---- a Program whose worker dies is rebound -----------------------------------------------------------
+
+
+async def test_program_whose_worker_dies_is_rebound_without_a_client_error() -> None:
+    async with fault_env(2, program=True) as env:
+        body = {**STREAM, "vllm_xargs": {"agentic_context": {"program_id": "agent-1"}}}
+        assert (await env.chat(body)).status_code == 200
+        [home] = [w for w in env.workers if w.generation_requests()]
+        home.die()
+        env.workers.remove(home)
+        responses = [await env.chat(body) for _ in range(3)]
+        assert [r.status_code for r in responses] == [200] * 3
+        assert all(r.content.endswith(b"data: [DONE]\n\n") for r in responses)
+        [peer] = env.workers
+        assert len(peer.generation_requests()) == 3
+        assert not env.handles.health.worker(home.url).healthy
+        [failover] = env.log.events("upstream_failover")
+        assert failover["target"] == f"{home.url}@0"
+        doc = await env.check_clean()
+        assert doc["program_open_leases"] == 0 and doc["pending_replies"] == 0
