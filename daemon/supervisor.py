@@ -258,7 +258,7 @@ async def run_daemon(
                     program.batch,
                 ),
                 transport=upstream.transport,
-                timeouts=upstream_timeouts(cfg.routing),
+                timeouts=upstream_timeouts(cfg.routing, embedded=cfg.embedded_mode),
                 outcomes=board,
                 # seeded for deterministic runs (tests, agentd simulate); else uuid4 (daemon/request_ids.py)
                 ids=RequestIds(None if rng is None else random.Random(REQUEST_ID_SEED)),

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -127,8 +128,15 @@ class UpstreamTimeouts:
         }
 
 
-def upstream_timeouts(routing: Any) -> UpstreamTimeouts:
-    """The timeouts of ``[routing]`` (``daemon.config.RoutingConfig``)."""
+# The embedded simulated workers live in the daemon's own process (no network to fail) and run in
+# virtual time under ``agentd simulate``, where a queued request's silence can be arbitrarily long.
+UNBOUNDED_TIMEOUTS = UpstreamTimeouts(connect=math.inf, first_byte=math.inf, idle=math.inf, total=math.inf)
+
+
+def upstream_timeouts(routing: Any, *, embedded: bool = False) -> UpstreamTimeouts:
+    """The timeouts of ``[routing]`` (``daemon.config.RoutingConfig``); none for embedded workers."""
+    if embedded:
+        return UNBOUNDED_TIMEOUTS
     return UpstreamTimeouts(
         connect=routing.connect_timeout_seconds,
         first_byte=routing.first_byte_timeout_seconds,
