@@ -26,9 +26,10 @@ Scope (the workers are vLLM-compatible OpenAI servers on plain HTTP/1.1):
 * errors are the httpx types the proxy maps (``ConnectError``, ``ConnectTimeout``, ``WriteError``,
   ``WriteTimeout``, ``ReadError``, ``ReadTimeout``, ``RemoteProtocolError``).  The one retry: a
   *reused* keep-alive connection that fails before the worker sent a single response byte (the
-  write fails, or the server closes or resets it) is the idle-close race (the server closed the
-  connection just as the request left, RFC 9112 9.3.1): the request is sent once more on a new
-  connection (``stale_retries_count``).  A failure on a new connection is never retried here.
+  write fails, or the server closes or resets it within ``STALE_WINDOW_SECONDS`` of the send) is
+  the idle-close race (the server closed the connection just as the request left, RFC 9112
+  9.3.1): the request is sent once more on a new connection (``stale_retries_count``).  A failure
+  on a new connection, or later, is never retried here.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ import trio
 MAX_HEAD_BYTES = 64 * 1024
 MAX_CHUNK_LINE_BYTES = 4096
 READ_SIZE = 64 * 1024
+# A reused connection closed or reset before any response byte *this soon* after the request was
+# sent is the idle-close race (the server had closed it already); later, the worker failed on it.
+STALE_WINDOW_SECONDS = 1.0
 _CRLF = b"\r\n"
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 
@@ -391,7 +395,8 @@ class H1Pool:
             raise error from exc
         read_timeout = timeouts.get("read")
         first_byte = timeouts.get("first_byte", read_timeout)
-        deadline = trio.current_time() + first_byte if first_byte is not None else math.inf
+        sent_at = trio.current_time()
+        deadline = sent_at + first_byte if first_byte is not None else math.inf
         try:
             with trio.CancelScope(deadline=deadline) as head_scope:
                 while True:
@@ -399,7 +404,8 @@ class H1Pool:
                     if not 100 <= status < 200 or status == 101:
                         break
         except (httpx.ReadError, httpx.RemoteProtocolError) as exc:
-            if conn.reused and not conn.buf and getattr(exc, "no_response_bytes", False):
+            raced = trio.current_time() - sent_at <= STALE_WINDOW_SECONDS  # not a worker failing later
+            if conn.reused and raced and getattr(exc, "no_response_bytes", False):
                 raise StaleConnection(exc) from exc
             raise
         if head_scope.cancelled_caught:

@@ -13,8 +13,9 @@ or SSE in chunked framing, one event per chunk).  Each generation request takes 
 * ``garbage`` - bytes that are not HTTP, then close; ``truncated`` - a Content-Length larger than
   the body, then close; ``bad_chunk`` - a stream whose chunked framing breaks after ``after`` events;
 * ``status`` - ``status`` with a JSON error body;
-* ``drop_request`` - read the request and close without a byte (what a server closing an idle
-  keep-alive connection does to a request that crosses the close: the idle-close race).
+* ``drop_request`` - read the request and close without a byte, after ``delay`` seconds (at once:
+  what a server closing an idle keep-alive connection does to a request that crosses the close,
+  the idle-close race; later: a worker failing on the request).
 
 ``health`` (a list of statuses, consumed one per check, then ``health_default``) scripts ``/health``;
 ``metrics_broken`` makes ``/metrics`` answer 500.  ``idle_timeout`` closes idle keep-alive
@@ -192,6 +193,7 @@ class FaultWorker:
     async def _generate(self, stream: trio.SocketStream, act: Act, request: dict[str, Any]) -> bool:
         kind = act.kind
         if kind == "drop_request":
+            await trio.sleep(act.delay)
             stream.socket.close()
             return False
         if kind == "garbage":

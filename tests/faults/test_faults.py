@@ -203,6 +203,18 @@ async def test_f4_request_crossing_the_idle_close_is_sent_again_once() -> None:
         await env.check_clean()
 
 
+async def test_f4_a_reused_connection_dropped_late_is_the_worker_failing_not_resent() -> None:
+    """Closed 1.5 s after the request arrived: the worker had it (not the race), so a 502."""
+    async with fault_env(1, keepalive_expiry_seconds=30.0) as env:
+        worker = env.workers[0]
+        assert (await env.chat(CHAT)).status_code == 200
+        worker.script.append(Act("drop_request", delay=1.5))
+        assert_openai_error(await env.chat(CHAT), 502, "upstream_stream")
+        assert len(worker.generation_requests()) == 2
+        assert env.pool.stale_retries_count == 0
+        await env.check_clean()
+
+
 async def test_f4_a_new_connection_dropped_is_never_resent() -> None:
     async with fault_env(1) as env:
         env.workers[0].script.append(Act("drop_request"))
