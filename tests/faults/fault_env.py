@@ -179,7 +179,9 @@ class FaultEnv:
         return doc
 
 
-def fault_config(worker_urls: list[str], *, program: bool = False, **routing: Any) -> AgentdConfig:
+def fault_config(
+    worker_urls: list[str], *, program: bool = False, capacity: int = 100_000, **routing: Any
+) -> AgentdConfig:
     settings: dict[str, Any] = {
         "health_check_interval_seconds": 3600.0,  # the cases drive health rounds themselves
         "connect_timeout_seconds": 0.5,
@@ -194,13 +196,18 @@ def fault_config(worker_urls: list[str], *, program: bool = False, **routing: An
         routing=RoutingConfig(worker_urls=tuple(worker_urls), **settings),
         batch_api=BatchApiConfig(enabled=False),
         enable_program_scheduling=program,
-        program_scheduling=ProgramSchedulingConfig(token_capacity_per_dp_rank=100_000) if program else None,
+        program_scheduling=ProgramSchedulingConfig(token_capacity_per_dp_rank=capacity) if program else None,
     )
 
 
 @asynccontextmanager
 async def fault_env(
-    n_workers: int = 2, *, urls: list[str] | None = None, program: bool = False, **routing: Any
+    n_workers: int = 2,
+    *,
+    urls: list[str] | None = None,
+    program: bool = False,
+    capacity: int = 100_000,
+    **routing: Any,
 ) -> AsyncIterator[FaultEnv]:
     """Workers, then a daemon in front of them (extra ``urls`` are appended to the worker list)."""
     log = Records()
@@ -211,7 +218,9 @@ async def fault_env(
     try:
         async with trio.open_nursery() as nursery:
             workers = [await nursery.start(FaultWorker().run) for _ in range(n_workers)]
-            cfg = fault_config([w.url for w in workers] + list(urls or ()), program=program, **routing)
+            cfg = fault_config(
+                [w.url for w in workers] + list(urls or ()), program=program, capacity=capacity, **routing
+            )
             handles = await nursery.start(partial(run_daemon, cfg))
             env = FaultEnv(handles, workers, log, nursery)
             await env.take_baseline()

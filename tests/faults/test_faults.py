@@ -5,13 +5,14 @@ daemon up, no error log, capacity counters at rest, file descriptors back to the
 from __future__ import annotations
 
 import json
+import random
 import time
 
 import httpx
 import pytest
 import trio
 from fault_env import BUDGET_SECONDS, CHAT, STREAM, fault_env, sse_events, wait_until
-from fault_worker import Act, Blackhole, FaultProxy, closed_port
+from fault_worker import Act, Blackhole, FaultProxy, abort, closed_port
 
 from daemon.health import run_health_round
 
@@ -328,28 +329,26 @@ async def test_f7_health_flapping_within_thresholds_never_ejects() -> None:
 # ---- F8 client disconnects at random points -----------------------------------------------------------
 
 
-async def _disconnect(url: str, mode: str, rng_value: float) -> None:
+async def _disconnect(url: str, mode: str, rng_value: float, body: dict) -> None:
     host, port = url.removeprefix("http://").split(":")
     stream = await trio.open_tcp_stream(host, int(port))
-    body = json.dumps(STREAM if mode != "json" else CHAT).encode()
+    raw = json.dumps(body if mode != "json" else {**body, "stream": False}).encode()
     head = (
         f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\n\r\n"
+        f"content-length: {len(raw)}\r\n\r\n"
     ).encode()
     try:
         if mode == "upload":  # gone during the body upload
-            await stream.send_all(head + body[: int(len(body) * rng_value)])
+            await stream.send_all(head + raw[: int(len(raw) * rng_value)])
         elif mode == "head":  # gone before the head is complete
             await stream.send_all(head[: max(1, int(len(head) * rng_value))])
-        else:  # gone while waiting for / reading the answer
-            await stream.send_all(head + body)
+        else:  # gone while queued, waiting for the answer or reading it
+            await stream.send_all(head + raw)
             if rng_value > 0.3:
                 await stream.receive_some(200 if rng_value > 0.6 else 1)
     except (trio.BrokenResourceError, OSError):
         pass
     if rng_value > 0.5:
-        from fault_worker import abort
-
         abort(stream)
     else:
         await stream.aclose()
@@ -357,31 +356,37 @@ async def _disconnect(url: str, mode: str, rng_value: float) -> None:
 
 @pytest.mark.parametrize("program", [False, True], ids=["native", "program"])
 async def test_f8_client_disconnects_at_random_points_counters_return_to_zero(program: bool) -> None:
-    import random
-
+    """Native: 1,600 disconnects; Program scheduling with room for about one request per rank, so
+    most of its 400 wait in the queue and many leave from there."""
     rng = random.Random(8)
     total = 1600 if not program else 400
-    async with fault_env(2, program=program) as env:
+    async with fault_env(2, program=program, capacity=64) as env:
         for w in env.workers:
             w.default = Act("ok", events=20, delay=0.002)  # streams last ~40 ms: disconnects land mid-way
-        identity = {"vllm_xargs": {"agentic_context": {"program_id": "p"}}}
         limiter = trio.CapacityLimiter(40)
         url = env.handles.http_url
         assert url is not None
 
         async def one(i: int) -> None:
+            body = dict(STREAM)
+            if program:  # one Program per request: each is admitted on its own
+                body["vllm_xargs"] = {"agentic_context": {"program_id": f"agent-{i}"}}
+                body["messages"] = [{"role": "user", "content": "x" * 160}]  # about 40 tokens
             async with limiter:
-                await _disconnect(url, rng.choice(["head", "upload", "stream", "stream", "json"]), rng.random())
+                await _disconnect(url, rng.choice(["head", "upload", "stream", "stream", "json"]), rng.random(), body)
 
         with trio.fail_after(BUDGET_SECONDS * 3):
             async with trio.open_nursery() as nursery:
                 for i in range(total):
                     nursery.start_soon(one, i)
         # the daemon still serves, and every counter returns to rest
-        body = {**STREAM, **identity} if program else STREAM
+        body = {**STREAM, "vllm_xargs": {"agentic_context": {"program_id": "after"}}} if program else STREAM
         assert (await env.chat(body)).status_code == 200
         doc = await env.check_clean()
         if program:
+            counters = env.handles.program_dispatcher.counters  # type: ignore[union-attr]
+            left_while_queued = counters.submitted_count - counters.admitted_count - counters.rejected_count
+            assert left_while_queued > 0, counters
             assert doc["pending_replies"] == 0 and doc["program_open_leases"] == 0
 
 
