@@ -375,8 +375,23 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
+# vLLM's OpenAI server (uvicorn) closes idle keep-alive connections after 5 s by default
+WORKER_IDLE_TIMEOUT_SECONDS = 5.0
+
+
 def config_warnings(cfg: AgentdConfig) -> list[ConfigWarning]:
     out: list[ConfigWarning] = []
+    keepalive = cfg.routing.keepalive_expiry_seconds
+    if cfg.routing.worker_urls and keepalive >= WORKER_IDLE_TIMEOUT_SECONDS:
+        out.append(
+            ConfigWarning(
+                "keepalive_expiry_not_below_worker_idle_timeout",
+                f"routing.keepalive_expiry_seconds ({keepalive:g}) is not below vLLM's default idle keep-alive "
+                f"timeout ({WORKER_IDLE_TIMEOUT_SECONDS:g} s): requests may race a worker closing an idle "
+                "connection (docs/operations.md §11.2); keep it lower unless your workers keep connections longer",
+                (("keepalive_expiry_seconds", keepalive),),
+            )
+        )
     ps = cfg.program_scheduling
     if ps is None:
         return out

@@ -252,3 +252,13 @@ def test_config_every_field_is_documented() -> None:
     doc = (ROOT / "docs" / "config.md").read_text()
     missing = [p for p in _field_paths(AgentdConfig) if f"`{p}`" not in doc]
     assert missing == []
+
+
+def test_config_warns_when_keepalive_expiry_is_not_below_the_workers_idle_timeout() -> None:
+    def events(**routing: object) -> list[str]:
+        cfg = config_from_dict({"routing": {"worker_urls": ["http://w0:8000"], **routing}})
+        return [w.event for w in config_warnings(cfg)]
+
+    assert "keepalive_expiry_not_below_worker_idle_timeout" not in events()  # 4 s by default
+    assert "keepalive_expiry_not_below_worker_idle_timeout" in events(keepalive_expiry_seconds=5.0)
+    assert events(keepalive_expiry_seconds=5.0, worker_urls=[]) == []  # embedded workers: no sockets
