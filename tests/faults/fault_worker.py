@@ -93,6 +93,7 @@ class FaultWorker:
         self.metrics_scrapes = 0
         self.idle_timeout: float | None = None
         self.requests: list[Seen] = []
+        self.faulted_at: list[float] = []  # trio time of each kill, reset or stall
         self.open_connections = 0
         self.connections = 0
         self._listeners: list[trio.SocketListener] = []
@@ -254,6 +255,7 @@ class FaultWorker:
         return True
 
     async def _end_abruptly(self, stream: trio.SocketStream, kind: str) -> bool:
+        self.faulted_at.append(trio.current_time())
         if kind == "reset":
             abort(stream)
             return False
