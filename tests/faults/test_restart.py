@@ -3,7 +3,6 @@ of a FaultWorker): it serves again, and no request id is ever reused across the 
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import signal
 import subprocess
@@ -11,17 +10,11 @@ import sys
 from pathlib import Path
 
 import httpx
-import pytest
 import trio
 from fault_env import BUDGET_SECONDS, CHAT, STREAM, wait_until
 from fault_worker import Act, FaultWorker
 
 ROOT = Path(__file__).resolve().parents[2]
-
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("daemon.request_ids") is None,
-    reason="needs uuid-based request ids (issue 14 §8, daemon/request_ids.py)",
-)
 
 
 async def read_line(stream: trio.abc.ReceiveStream) -> str:
