@@ -151,6 +151,24 @@ class EffectRouter:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self.replies.pop(e.request_id, None)  # the handler left; its RequestAbandoned follows
 
+    def _admit_interactive(self, e: fx.AdmitInteractive) -> None:
+        log_event(
+            logger,
+            logging.DEBUG,
+            "interactive_dispatch",
+            target=e.target_id,
+            router_queue_seconds=round(e.queue_wait_seconds, 6),
+            priority=e.priority,
+            charged_tokens=e.charged_tokens,
+        )
+        admitted = Admitted(
+            request_id=e.request_id,
+            target=self.targets_by_id[e.target_id],
+            program="interactive",
+            queue_seconds=e.queue_wait_seconds,
+        )
+        self._reply(e.request_id, admitted)
+
     def _preempt_batch(self, e: fx.PreemptBatch) -> None:
         log_event(logger, logging.DEBUG, "batch_preempted", job=e.job, target=e.target_id, freed_tokens=e.freed_tokens)
         if self.batch_metrics is not None:
@@ -339,6 +357,7 @@ _ROUTES: dict[type, Callable[[EffectRouter, Any], None]] = {
     fx.Admit: EffectRouter._admit,
     fx.Reject: EffectRouter._reject,
     fx.AdmitBatch: EffectRouter._admit_batch,
+    fx.AdmitInteractive: EffectRouter._admit_interactive,
     fx.PreemptBatch: EffectRouter._preempt_batch,
     fx.BatchCompleted: EffectRouter._batch_completed,
     fx.BatchJobCreated: EffectRouter._batch_job_created,

@@ -32,6 +32,7 @@ from actors.core.effects import ArmTimer, CancelTimer
 from actors.core.errors import Rejection
 from actors.core.events import (
     BatchSubmitted,
+    InteractiveSubmitted,
     ObservationReceived,
     RepairTick,
     RequestAbandoned,
@@ -66,7 +67,7 @@ class Submission:
     event and map ``reply`` to its connection.  ``eq=False``: a channel has identity only.
     """
 
-    event: RequestSubmitted | BatchSubmitted
+    event: RequestSubmitted | BatchSubmitted | InteractiveSubmitted
     reply: trio.MemorySendChannel[Reply]
 
 

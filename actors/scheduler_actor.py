@@ -32,7 +32,7 @@ from attrs import asdict
 from actors.batch_metrics import BatchMetrics
 from actors.core import events as ev
 from actors.core.batch_class import batch_diagnostics
-from actors.core.config import BackendTarget, BatchJobsConfig, ProgramSchedulingConfig
+from actors.core.config import BackendTarget, BatchJobsConfig, PriorityConfig, ProgramSchedulingConfig
 from actors.core.ids import DEFAULT_MODEL_POOL, TargetId
 from actors.core.scheduler import initial_state, step
 from actors.core.snapshot import diagnostics_document, snapshot
@@ -165,6 +165,7 @@ async def run_scheduler_actor(
     feed: DashboardFeed | None = None,
     batch: BatchJobsConfig | None = None,
     batch_metrics: BatchMetrics | None = None,
+    priority: PriorityConfig | None = None,
     task_status: trio.TaskStatus[SchedulerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Own the scheduler state; run until cancelled (or until a step raises, which stops the daemon).
@@ -174,7 +175,7 @@ async def run_scheduler_actor(
     """
     # See SCHEDULER_INBOX_SIZE for the bound.
     inbox: Mailbox[SchedulerInboxItem] = open_mailbox("scheduler_inbox", SCHEDULER_INBOX_SIZE)
-    handle = SchedulerHandle(cfg, targets, inbox, initial_state(cfg, batch))
+    handle = SchedulerHandle(cfg, targets, inbox, initial_state(cfg, batch, priority))
     async with inbox.recv, trio.open_nursery() as nursery:
         registry: ProgramRegistry = await nursery.start(run_program_registry, inbox.send.clone())
         handle.registry = registry

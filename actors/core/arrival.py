@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from actors.core import fairness
 from actors.core import program as lc
 from actors.core.binding import bind
 from actors.core.effects import (
@@ -20,6 +21,7 @@ from actors.core.errors import NO_TARGETS, InvalidEvent
 from actors.core.events import (
     RequestSubmitted,
 )
+from actors.core.fairness_sync import settle_program
 from actors.core.ids import ProgramKey, ProgramRef, RequestId
 from actors.core.ledger import resync
 from actors.core.lifecycle import (
@@ -139,6 +141,7 @@ def retain_request(s: SchedulerState, p: Program, ev: RequestSubmitted, est: int
     timeout = s.cfg.queue_timeout_seconds
     if hints.deadline_seconds is not None:
         timeout = min(timeout, hints.deadline_seconds)
+    fairness.arrive(s.fair, s.prio, ev.tenant, now)
     s.pool.retain(
         PendingRequest(
             request_id=ev.request_id,
@@ -149,6 +152,7 @@ def retain_request(s: SchedulerState, p: Program, ev: RequestSubmitted, est: int
             hints=hints,
             routing_text=ev.routing_text,
             queue_deadline=now + timeout,
+            tenant=ev.tenant,
         )
     )
 
@@ -158,6 +162,10 @@ def refresh_program(s: SchedulerState, p: Program, ev: RequestSubmitted, est: in
     ident = ev.identity
     s.lineage.observe(ev.model_pool, ident.program_id, ident.parent_program_id, ident.root_program_id)
     _refresh_metadata(p, ident, existed)
+    if p.tenant != ev.tenant:  # the rent of what it holds so far stays with the previous tenant
+        settle_program(s, p, 0.0)
+        p.tenant = ev.tenant
+    p.priority = ev.hints.priority
     p.output_token_reservation = ev.hints.expected_output_length
     if existed:
         if est >= p.estimated_context_tokens:

@@ -54,15 +54,17 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from actors.core import fairness
 from actors.core.batch_state import BatchPending, BatchRunning, BatchState, JobCounters
 from actors.core.costs import decode_step_seconds
-from actors.core.effects import AdmitBatch, BatchCompleted, BatchJobCreated, BatchJobEvicted, PreemptBatch
+from actors.core.effects import AdmitBatch, BatchCompleted, BatchJobCreated, BatchJobEvicted
 from actors.core.errors import NO_TARGETS, InvalidEvent
 from actors.core.events import BatchSubmitted, RequestCompleted
 from actors.core.ids import RequestId, TargetId
 from actors.core.ledger import charge_batch, fresh_waiting, private_tokens, target_usage
 from actors.core.lifecycle import reject
 from actors.core.model import Program, RankState
+from actors.core.preemption import preempt_batch
 from actors.core.resume import ordered, schedule_waiting
 from actors.core.state import SchedulerState, live_program
 
@@ -111,8 +113,17 @@ def on_batch_submit(s: SchedulerState, ev: BatchSubmitted) -> None:
         s.effects.append(BatchJobCreated(job=job))
     counters.submitted += 1
     b.estimator.touch(job)
+    fairness.arrive(s.fair, s.prio, ev.tenant, s.now)
     b.pending[rid] = BatchPending(
-        rid, job, ev.estimated_prompt_tokens, ev.max_tokens, ev.model_pool, s.now, preemptible=ev.preemptible
+        rid,
+        job,
+        ev.estimated_prompt_tokens,
+        ev.max_tokens,
+        ev.model_pool,
+        s.now,
+        preemptible=ev.preemptible,
+        tenant=ev.tenant,
+        priority=ev.priority,
     )
     b.queue.add(rid, job, ev.estimated_prompt_tokens)
 
@@ -128,9 +139,13 @@ def on_batch_complete(s: SchedulerState, ev: RequestCompleted) -> bool:
         if late is None or not late.preemptions:
             return False
         # preempted while its answer was already complete: the shell kept the answer, so the
-        # request is done (it leaves the queue) and nothing is charged anywhere
+        # request is done (it leaves the queue), nothing is charged on a ledger and its tenant pays
         del b.pending[ev.request_id]
         b.queue.remove(ev.request_id)
+        fairness.leave(s.fair, s.prio, late.tenant, s.now, dispatched=True)
+        fairness.charge(
+            s.fair, s.prio, late.tenant, input_tokens=late.prompt_tokens, output_tokens=ev.usage.completion_tokens or 0
+        )
         counters = b.jobs.get(late.job)
         if counters is not None:
             counters.completed += 1
@@ -139,6 +154,10 @@ def on_batch_complete(s: SchedulerState, ev: RequestCompleted) -> bool:
     rank = s.ranks.get(r.target_id)
     if rank is not None and r.on_ledger:
         charge_batch(rank, -r.charged_tokens, -1)
+    if ev.usage.completion_tokens is not None and r.pending is not None:
+        fairness.charge(
+            s.fair, s.prio, r.pending.tenant, output_tokens=ev.usage.completion_tokens - r.predicted_decode_tokens
+        )
     counters = b.jobs.get(r.job)
     if counters is not None:
         counters.running -= 1
@@ -184,6 +203,7 @@ def on_batch_abandon(s: SchedulerState, rid: RequestId) -> bool:
         return False
     pending = b.pending.pop(rid, None)
     if pending is not None:
+        fairness.leave(s.fair, s.prio, pending.tenant, s.now, dispatched=False)
         b.queue.remove(rid)
         counters = b.jobs.get(pending.job)
         if counters is not None:
@@ -357,7 +377,7 @@ def preempt_for_programs(s: SchedulerState) -> bool:
             if freed < deficit:
                 continue  # preempting cannot make room: keep the work
             for r in chosen:
-                _preempt(s, b, r, rank)
+                preempt_batch(s, b, r, rank)
             preempted = True
     return preempted
 
@@ -373,29 +393,6 @@ def _waiting_by_home(s: SchedulerState, pool: str) -> dict[TargetId, Program]:
         if home is not None and home not in out:
             out[home] = p
     return out
-
-
-def _preempt(s: SchedulerState, b: BatchState, r: BatchRunning, rank: RankState) -> None:
-    del b.running[r.request_id]
-    charge_batch(rank, -r.charged_tokens, -1)
-    p = r.pending
-    assert p is not None
-    p.preemptions += 1
-    b.preemptions_count += 1
-    b.pending[p.request_id] = p
-    # keep ``pending`` in arrival order (the starvation escape serves its first entry); preemptions
-    # are rare, so re-sorting here costs less than an ordered structure on every arrival
-    items = sorted(b.pending.values(), key=lambda x: x.arrived_at)
-    b.pending.clear()
-    b.pending.update((x.request_id, x) for x in items)
-    b.queue.add(p.request_id, p.job, p.prompt_tokens)
-    counters = b.jobs.get(p.job)
-    if counters is not None:
-        counters.running -= 1
-        counters.running_since.pop(p.request_id, None)
-    s.effects.append(
-        PreemptBatch(request_id=r.request_id, target_id=r.target_id, job=r.job, freed_tokens=int(r.charged_tokens))
-    )
 
 
 class Offer(NamedTuple):
@@ -492,6 +489,8 @@ def _dispatch(
 ) -> None:
     del b.pending[p.request_id]
     b.queue.remove(p.request_id)
+    fairness.leave(s.fair, s.prio, p.tenant, s.now, dispatched=True)
+    fairness.charge(s.fair, s.prio, p.tenant, input_tokens=p.prompt_tokens, output_tokens=pred)
     charge_batch(rank, float(need), 1)
     b.running[p.request_id] = BatchRunning(p.request_id, p.job, rank.target_id, float(need), pred, s.now, pending=p)
     wait = s.now - p.arrived_at
@@ -525,6 +524,7 @@ def reject_without_targets(s: SchedulerState, pool: str) -> None:
     for p in [p for p in b.pending.values() if p.model_pool == pool]:
         del b.pending[p.request_id]
         b.queue.remove(p.request_id)
+        fairness.leave(s.fair, s.prio, p.tenant, s.now, dispatched=False)
         s.effects.append(reject(p.request_id, NO_TARGETS))
         _forget_job_if_idle(b, p.job)
 

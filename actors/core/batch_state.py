@@ -6,7 +6,7 @@ from attrs import define, field
 
 from actors.core.batchjobs import DecodeEstimator, JobQueue
 from actors.core.config import BatchJobsConfig
-from actors.core.ids import RequestId, TargetId
+from actors.core.ids import DEFAULT_TENANT, RequestId, TargetId
 
 
 @define(slots=True, eq=False)
@@ -19,6 +19,8 @@ class BatchPending:
     arrived_at: float
     preemptible: bool = False
     preemptions: int = 0
+    tenant: str = DEFAULT_TENANT
+    priority: int = 0
 
 
 @define(slots=True, eq=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from actors.core import fairness
 from actors.core import program as lc
 from actors.core.batch_class import on_batch_complete
 from actors.core.costs import cache_miss_impact_seconds
@@ -24,6 +25,7 @@ from actors.core.effects import (
 from actors.core.events import (
     RequestCompleted,
 )
+from actors.core.interactive import on_interactive_complete
 from actors.core.ledger import resync
 from actors.core.lifecycle import (
     mark_dirty,
@@ -74,6 +76,9 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     re-charge the ledger; apply the idle action (pause or release, after the statistics: B7);
     segment yield; a TTL of 0 pauses now; then the periodic decision sequence.
     """
+    if on_interactive_complete(s, ev):
+        periodic_sequence(s)  # an interactive request (docs/priority.md §2): its capacity is free again
+        return
     if on_batch_complete(s, ev):
         periodic_sequence(s)  # a batch request (docs/batch.md §2): its capacity is free for Programs
         return
@@ -81,6 +86,8 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     if found is None:
         return
     d, p = found
+    if ev.usage.completion_tokens is not None:  # the output actually generated, beyond the reservation
+        fairness.charge(s.fair, s.prio, d.tenant, output_tokens=ev.usage.completion_tokens - d.reserved_output_tokens)
     rank = s.ranks[d.target_id]
     usage = observe_usage(s, p, d, rank, ev.usage)
     # shared-prefix freshness is evaluated now, before this completion changes the state

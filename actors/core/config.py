@@ -217,3 +217,93 @@ class BatchJobsConfig:
     # how much batch requests may slow the decode steps of the Programs on the same rank (the
     # seed's decode cost model; 1.0 = steps up to twice as long; docs/batch.md §2.3)
     max_decode_slowdown: float = rule_field(FINITE_GE_0, 1.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Priorities, classes and tenant fairness (docs/priority.md §1-§4)
+# --------------------------------------------------------------------------------------------
+
+CLASS_NAMES = ("interactive", "agent", "batch")
+DEFAULT_CLASS_ORDER = ("interactive", "agent", "batch")
+
+
+def _class_order_ok(x: Any) -> bool:
+    if not isinstance(x, (tuple, list)) or sorted(x) != sorted(CLASS_NAMES):
+        return False
+    order = list(x)
+    return order.index("agent") < order.index("batch")
+
+
+CLASS_ORDER: Rule = (
+    _class_order_ok,
+    "must list 'interactive', 'agent' and 'batch' once each, 'agent' before 'batch' (batch is the filler class)",
+)
+OPTIONAL_SHARE: Rule = (lambda x: finite(x) and 0 < x <= 1, "must be finite and within (0, 1]")
+
+
+def _weights_ok(x: Any) -> bool:
+    return isinstance(x, dict) and all(isinstance(k, str) and k and FINITE_GT_0[0](v) for k, v in x.items())
+
+
+TENANT_WEIGHTS: Rule = (_weights_ok, "must map non-empty tenant names to finite weights > 0")
+
+
+@frozen
+class ClassLimits:
+    """Per-rank caps of one request class (docs/priority.md §2).
+
+    ``max_running_per_rank``: requests of the class running on one rank at once (for ``agent``:
+    active Programs); ``None`` = no cap beyond the scheduler's own.  ``max_kv_share``: share of the
+    rank's token capacity the class may hold (1.0 = no cap).  A force-resume deadline overrides the
+    ``agent`` caps, as it overrides the Program-count guard (starvation bound, docs/priority.md §4).
+    """
+
+    max_running_per_rank: int | None = rule_field(OPTIONAL_INT_GT_0, None)
+    max_kv_share: float = rule_field(OPTIONAL_SHARE, 1.0)
+
+
+@frozen
+class PriorityConfig:
+    """Class bands, per-class caps and the tenant fairness counter (docs/priority.md §1-§4).
+
+    The defaults keep single-tenant, priority-0 decisions identical to the scheduler without them.
+
+    * ``class_order``: strict bands, first = served first (``agent`` must precede ``batch``);
+    * ``interactive`` / ``agent`` / ``batch``: per-class caps (:class:`ClassLimits`);
+    * ``interactive_preempts_batch``: an interactive request that does not fit preempts
+      restartable batch requests on its rank; ``interactive_pauses_agents``: it pauses idle
+      (acting) lower Programs there and marks busy ones to pause when idle;
+    * ``fairness``: ``"vtc"`` orders equal-priority work of different tenants by their virtual
+      token counters, ``"off"`` ignores tenants;
+    * ``tenant_weights`` (tenant -> weight, default ``default_tenant_weight``): a tenant of weight
+      w is charged ``cost / w``, so backlogged tenants get service in proportion to their weights;
+    * ``vtc_input_token_weight``, ``vtc_output_token_weight``: cost of one prompt token computed
+      and one output token; ``vtc_kv_token_second_weight``: rent of one token of KV held for one
+      second by an idle (acting) Program.
+    """
+
+    class_order: tuple[str, ...] = rule_field(CLASS_ORDER, DEFAULT_CLASS_ORDER)
+    interactive: ClassLimits = field(factory=ClassLimits)
+    agent: ClassLimits = field(factory=ClassLimits)
+    batch: ClassLimits = field(factory=ClassLimits)
+    interactive_preempts_batch: bool = True
+    interactive_pauses_agents: bool = True
+    fairness: str = rule_field(one_of("vtc", "off"), "vtc")
+    tenant_weights: dict[str, float] = field(factory=dict, hash=False, metadata={"rule": TENANT_WEIGHTS})
+    default_tenant_weight: float = rule_field(FINITE_GT_0, 1.0)
+    vtc_input_token_weight: float = rule_field(FINITE_GE_0, 1.0)
+    vtc_output_token_weight: float = rule_field(FINITE_GE_0, 2.0)
+    vtc_kv_token_second_weight: float = rule_field(FINITE_GE_0, 0.001)
+
+    def weight(self, tenant: str) -> float:
+        return self.tenant_weights.get(tenant, self.default_tenant_weight)
+
+    def class_rank(self, request_class: str) -> int:
+        return self.class_order.index(request_class)
+
+    def limits(self, request_class: str) -> ClassLimits:
+        limits: ClassLimits = getattr(self, request_class)
+        return limits
+
+
+DEFAULT_PRIORITY = PriorityConfig()

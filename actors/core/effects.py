@@ -36,6 +36,19 @@ class Admit:
 
 
 @frozen(slots=False)
+class AdmitInteractive:
+    """Dispatch the interactive request ``request_id`` to ``target_id`` (docs/priority.md §2);
+    ``charged_tokens`` stay on that rank's ledger until its ``RequestCompleted``/``RequestAbandoned``."""
+
+    request_id: RequestId
+    target_id: TargetId
+    tenant: str
+    priority: int
+    queue_wait_seconds: float
+    charged_tokens: int
+
+
+@frozen(slots=False)
 class Reject:
     """Refuse a waiting request (queue timeout -> 429, no targets -> 503)."""
 
@@ -247,6 +260,7 @@ class BatchJobEvicted:
 
 Effect = (
     Admit
+    | AdmitInteractive
     | AdmitBatch
     | PreemptBatch
     | BatchCompleted

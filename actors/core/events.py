@@ -9,7 +9,7 @@ from __future__ import annotations
 from attrs import frozen
 
 from actors.core.config import BackendTarget
-from actors.core.ids import DEFAULT_MODEL_POOL, ProgramRef, RequestId, TargetId
+from actors.core.ids import DEFAULT_MODEL_POOL, DEFAULT_TENANT, ProgramRef, RequestId, TargetId
 from actors.core.model import NO_HINTS, NO_USAGE, ProgramIdentity, RequestHints, Usage
 
 # Timer kinds armed in the Program actor.
@@ -37,6 +37,32 @@ class RequestSubmitted:
     model_pool: str = DEFAULT_MODEL_POOL
     targets: tuple[BackendTarget, ...] | None = None
     routing_text: str | None = None
+    # who pays for it in the fairness counter (docs/priority.md §3); the class is ``agent`` and the
+    # priority is ``hints.priority`` (larger first)
+    tenant: str = DEFAULT_TENANT
+
+
+@frozen
+class InteractiveSubmitted:
+    """A request without Program identity, of the ``interactive`` class, arrived while Program
+    scheduling is on (docs/priority.md §2).
+
+    Answered by ``AdmitInteractive`` (dispatch to its target) or ``Reject``; ended by
+    ``RequestCompleted`` or ``RequestAbandoned`` like every other request.  ``priority`` uses the
+    internal convention (larger first; OpenAI/vLLM ``priority`` p maps to ``-p``); ``max_tokens``
+    is its output cap when it set one (the charge is ``prompt + max_tokens``, else ``prompt +
+    decode_buffer_tokens``).  ``deadline_seconds`` bounds its queue wait (else
+    ``queue_timeout_seconds``).
+    """
+
+    request_id: RequestId
+    estimated_prompt_tokens: int
+    tenant: str = DEFAULT_TENANT
+    priority: int = 0
+    max_tokens: int | None = None
+    model_pool: str = DEFAULT_MODEL_POOL
+    targets: tuple[BackendTarget, ...] | None = None
+    deadline_seconds: float | None = None
 
 
 @frozen
@@ -55,6 +81,8 @@ class BatchSubmitted:
     targets: tuple[BackendTarget, ...] | None = None
     # the shell can restart it from scratch (nothing reached the client yet): Programs may preempt it
     preemptible: bool = False
+    tenant: str = DEFAULT_TENANT
+    priority: int = 0  # inside the batch class, larger first (docs/priority.md §1)
 
 
 @frozen
@@ -138,6 +166,7 @@ class TargetsChanged:
 
 Event = (
     RequestSubmitted
+    | InteractiveSubmitted
     | BatchSubmitted
     | RequestCompleted
     | RequestAbandoned

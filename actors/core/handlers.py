@@ -12,15 +12,18 @@ from actors.core.events import (
     ACTING_TTL,
     FORCE_RESUME,
     PAUSED_RETENTION,
+    InteractiveSubmitted,
     RepairTick,
     RequestAbandoned,
     RequestCompleted,
     TimerFired,
 )
 from actors.core.events import QUEUE_TIMEOUT as QUEUE_TIMEOUT_TIMER
+from actors.core.interactive import on_interactive_abandon, on_interactive_submit, reject_timed_out_interactive
 from actors.core.lifecycle import (
     touch,
 )
+from actors.core.resume import schedule_after_change
 from actors.core.sequences import (
     arrival_sequence,
     cancel_request,
@@ -31,12 +34,24 @@ from actors.core.sequences import (
     release_retained,
 )
 from actors.core.state import SchedulerState, live_program
-from actors.core.topology import report_capacity_sources
+from actors.core.topology import report_capacity_sources, sync_targets
 
 # ---- cancellation -------------------------------------------------------------------------------
 
 
+def on_interactive(s: SchedulerState, ev: InteractiveSubmitted) -> None:
+    """An interactive request (docs/priority.md §2): sync the pool's targets, queue it, run the
+    admission pass (it goes first: ``resume.schedule_waiting``)."""
+    if ev.targets is not None:
+        sync_targets(s, ev.model_pool, ev.targets)
+    on_interactive_submit(s, ev)
+    schedule_after_change(s)
+
+
 def on_abandon(s: SchedulerState, ev: RequestAbandoned) -> None:
+    if on_interactive_abandon(s, ev.request_id):
+        periodic_sequence(s)
+        return
     if on_batch_abandon(s, ev.request_id):
         periodic_sequence(s)
         return
@@ -83,6 +98,8 @@ def on_timer(s: SchedulerState, ev: TimerFired) -> None:
 def on_tick(s: SchedulerState, ev: RepairTick) -> None:
     """The periodic tick: forget old generation histories, re-examine every rank, report sources."""
     prune_released_generations(s)
+    if s.interactive.pending:
+        reject_timed_out_interactive(s)
     for t in s.ranks:
         s.dirty_ranks[t] = None
     periodic_sequence(s)

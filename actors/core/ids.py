@@ -19,6 +19,8 @@ RequestId = NewType("RequestId", str)
 TargetId = NewType("TargetId", str)
 
 DEFAULT_MODEL_POOL = "default"
+# the tenant of a request whose edge could not name one (docs/priority.md §3)
+DEFAULT_TENANT = "default"
 
 
 class ProgramKey(NamedTuple):

@@ -96,7 +96,7 @@ def target_usage(rank: RankState, now: float, metrics_interval_seconds: float) -
     if rank.estimated_active_program_tokens is not None and observation_fresh(rank, now, metrics_interval_seconds):
         v = rank.estimated_active_program_tokens + rank.delta_tokens
         return v if v > 0 else 0.0
-    return rank.fallback_tokens + rank.batch_tokens
+    return rank.fallback_tokens + rank.batch_tokens + rank.interactive_tokens
 
 
 def fresh_waiting(rank: RankState, now: float, metrics_interval_seconds: float) -> int | None:
@@ -272,7 +272,8 @@ def admission_plan(
             if forced:
                 p.force_gate_blocked_at = now  # recorded: a forced resume held by the waiting gate
             return None
-    used = target_usage(rank, now, interval) + rank.batch_claim_tokens
+    # lower classes leave the claims of waiting higher ones (docs/batch.md §2, docs/priority.md §2)
+    used = target_usage(rank, now, interval) + rank.batch_claim_tokens + rank.interactive_claim_tokens
     active_count = len(rank.active)
     required = private_tokens(p, cfg.decode_buffer_tokens, front_output)
     count_fits = active_count + 1 <= cfg.max_active_programs_per_target

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import TypeVar
 
+from actors.core import fairness
 from actors.core import program as lc
 from actors.core.effects import AdmissionCapacitySnapshot, Admit, QueueWaitObserved, Reject, RetireProgram, Transition
 from actors.core.errors import Rejection
+from actors.core.fairness_sync import settle_program
 from actors.core.ids import ProgramRef, RequestId, TargetId
 from actors.core.ledger import Plan, charge, private_tokens
 from actors.core.model import (
@@ -88,6 +90,27 @@ def _leave(table: dict[K, dict[ProgramRef, None]], name: K, ref: ProgramRef) -> 
             del table[name]
 
 
+def reserved_output(p: Program, expected: int | None, decode_buffer_tokens: int) -> int:
+    """The output tokens a Program request is charged for at dispatch (docs/priority.md §3)."""
+    if expected is not None:
+        return expected
+    return p.output_token_reservation if p.output_token_reservation is not None else decode_buffer_tokens
+
+
+def charge_dispatch(s: SchedulerState, p: Program, tenant: str, context_tokens: int, out: int) -> None:
+    """The tenant pays for the prompt tokens the engine computes and the output it reserves.
+
+    Computed prompt tokens are estimated: beyond the previous context on the same placement (its
+    KV is there), else beyond the shared prefix (docs/priority.md §3)."""
+    if p.placement_start_pending or p.last_context_tokens is None:
+        cached = p.shared_prefix_tokens
+    else:
+        cached = p.last_context_tokens
+    computed = context_tokens - cached if context_tokens > cached else 0
+    fairness.leave(s.fair, s.prio, tenant, s.now, dispatched=True)
+    fairness.charge(s.fair, s.prio, tenant, input_tokens=computed, output_tokens=out)
+
+
 def dispatch_ready(s: SchedulerState, p: Program) -> None:
     """Claim every waiting request of an Active Program, FIFO front first (docs/program-scheduling.md §1)."""
     rank = s.ranks[p.placement] if p.placement is not None else None
@@ -96,6 +119,8 @@ def dispatch_ready(s: SchedulerState, p: Program) -> None:
         if req is None:
             return
         lc.apply(p, lc.DISPATCH)
+        out = reserved_output(p, req.hints.expected_output_length, s.cfg.decode_buffer_tokens)
+        charge_dispatch(s, p, req.tenant, req.estimated_context_tokens, out)
         start = p.placement_start_pending
         p.placement_start_pending = False
         p.in_flight += 1
@@ -109,6 +134,8 @@ def dispatch_ready(s: SchedulerState, p: Program) -> None:
             estimated_context_tokens=req.estimated_context_tokens,
             placement_start_request=start,
             hints=req.hints,
+            tenant=req.tenant,
+            reserved_output_tokens=out,
         )
         s.in_flight[req.request_id] = d
         wait = max(0.0, s.now - req.arrived_at)
@@ -290,6 +317,7 @@ def release(s: SchedulerState, p: Program, reason: str) -> bool:
     if p.in_flight or s.pool.program_len(p.ref):
         return False
     frm, to = lc.apply(p, lc.RELEASE)
+    settle_program(s, p, 0.0)  # its KV rent ends here (it leaves the touched set)
     dequeue(s, p)
     target = p.placement
     if p.state == ACTIVE:
@@ -325,6 +353,7 @@ def cancel_waiting(s: SchedulerState, rid: RequestId) -> None:
     if found is None:
         return
     req, _was_front = found
+    fairness.leave(s.fair, s.prio, req.tenant, s.now, dispatched=False)
     p = live_program(s, req.ref)
     if p is None:
         return

@@ -16,7 +16,7 @@ from __future__ import annotations
 import attrs
 from attrs import define, frozen
 
-from actors.core.ids import ProgramRef, RequestId, TargetId
+from actors.core.ids import DEFAULT_TENANT, ProgramRef, RequestId, TargetId
 from actors.core.stats import ProgressTtlFactors
 
 # Program state / status (the pair is the lifecycle state, see program.py).
@@ -31,11 +31,24 @@ CAPACITY_REPAIR = "capacity_repair"
 MAX_SEGMENT_YIELD = "max_segment_yield"
 REQUEST_FAILED = "request_failed"
 REQUEST_CANCELLED = "request_cancelled"
-PAUSE_REASONS = (TTL_EXPIRED, CAPACITY_REPAIR, MAX_SEGMENT_YIELD, REQUEST_FAILED, REQUEST_CANCELLED)
+# a higher class or priority needed the capacity (docs/priority.md §1)
+PRIORITY_PREEMPTION = "priority_preemption"
+PAUSE_REASONS = (
+    TTL_EXPIRED,
+    CAPACITY_REPAIR,
+    MAX_SEGMENT_YIELD,
+    REQUEST_FAILED,
+    REQUEST_CANCELLED,
+    PRIORITY_PREEMPTION,
+)
 
-# Request classes: every request is "interactive" today; the field exists so that batch jobs
-# and fairness classes can be added to the RequestPool without changing its shape.
+# Request classes (docs/priority.md §2): ``interactive`` requests carry no Program identity and are
+# queued by the core only when the edge sends them (``InteractiveSubmitted``); ``agent`` requests
+# belong to Programs (the RequestPool); ``batch`` requests wait in the job-aware batch queue.
 INTERACTIVE = "interactive"
+AGENT = "agent"
+BATCH = "batch"
+REQUEST_CLASSES = (INTERACTIVE, AGENT, BATCH)
 
 
 @frozen
@@ -109,7 +122,8 @@ class PendingRequest:
     hints: RequestHints
     routing_text: str | None
     queue_deadline: float
-    request_class: str = INTERACTIVE
+    request_class: str = AGENT
+    tenant: str = DEFAULT_TENANT
 
 
 @define(slots=True, eq=False)
@@ -125,6 +139,8 @@ class Dispatch:
     estimated_context_tokens: int
     placement_start_request: bool
     hints: RequestHints
+    tenant: str = DEFAULT_TENANT
+    reserved_output_tokens: int = 0  # output charged to the tenant at dispatch (docs/priority.md §3)
 
 
 @define(slots=True, eq=False)
@@ -194,6 +210,12 @@ class Program:
     last_pause_reason: str | None = None
     pause_when_idle: bool = False
     terminate_when_idle: bool = False
+    # priorities and fairness (docs/priority.md): the tenant and priority of the latest arrival;
+    # the KV tokens held while idle (Active/Acting) and since when, for the tenant's KV rent
+    tenant: str = DEFAULT_TENANT
+    priority: int = 0
+    rent_tokens: float = 0.0
+    rent_since: float = 0.0
     # timers armed in the Program actor: kind -> (deadline, token)
     timers: dict[str, tuple[float, int]] | None = None
 
@@ -232,6 +254,11 @@ class RankState:
     backend_kv_capacity_tokens: int | None = None  # the engine's KV pool, as last reported
     # tokens Program admission leaves to backlogged batch work (its guaranteed share, docs/batch.md §2)
     batch_claim_tokens: float = 0.0
+    # running interactive requests here and their charge (docs/priority.md §2)
+    interactive_tokens: float = 0.0
+    interactive_requests: int = 0
+    # tokens lower classes leave to the interactive requests waiting for this rank (docs/priority.md §2)
+    interactive_claim_tokens: float = 0.0
     # the last backend observation (docs/program-scheduling.md §2)
     kv_cache_usage: float | None = None
     running_requests: int | None = None

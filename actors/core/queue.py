@@ -35,9 +35,12 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 from actors.core.ids import ProgramRef, RequestId
-from actors.core.model import INTERACTIVE, MAX_SEGMENT_YIELD, PendingRequest, Program, RequestHints
+from actors.core.model import AGENT, BATCH, INTERACTIVE, MAX_SEGMENT_YIELD, PendingRequest, Program, RequestHints
 
-CLASS_RANK: dict[str, int] = {INTERACTIVE: 0}
+# Class ranks of the default band order (docs/priority.md §2).  Every RequestPool entry is of the
+# ``agent`` class today (interactive and batch requests wait in their own queues), so the component
+# is constant in the pool's order.
+CLASS_RANK: dict[str, int] = {INTERACTIVE: 0, AGENT: 1, BATCH: 2}
 
 
 class RequestPool:

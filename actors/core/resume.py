@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from actors.core.ids import ProgramRef, TargetId
+from actors.core.interactive import dispatch_interactive
 from actors.core.ledger import Plan, admission_plan, fresh_waiting, private_tokens, target_usage
 from actors.core.lifecycle import commit_admission, is_waiting_candidate, pause
-from actors.core.model import ACTING, ACTIVE, MAX_SEGMENT_YIELD, REASONING, Program, RankState
+from actors.core.model import ACTING, ACTIVE, AGENT, INTERACTIVE, MAX_SEGMENT_YIELD, REASONING, Program, RankState
 from actors.core.queue import resume_key
 from actors.core.state import SchedulerState, live_program
 
@@ -53,8 +54,18 @@ def ordered(s: SchedulerState, refs: Iterable[ProgramRef], *, cross_rank: bool =
 
 
 def schedule_waiting(s: SchedulerState) -> None:
-    if s.cfg.binding_only:
-        return
+    """The admission pass: the interactive class first when it is above ``agent`` in
+    ``class_order`` (docs/priority.md §2), then the Programs' queues, then interactive otherwise."""
+    first = s.prio.class_rank(INTERACTIVE) < s.prio.class_rank(AGENT)
+    if first and s.interactive.pending:
+        dispatch_interactive(s)
+    if not s.cfg.binding_only:
+        _schedule_programs(s)
+    if not first and s.interactive.pending:
+        dispatch_interactive(s)
+
+
+def _schedule_programs(s: SchedulerState) -> None:
     if s.cfg.global_queue:
         for pool in sorted(s.global_queues):
             _schedule_global(s, pool)

@@ -40,11 +40,12 @@ from typing import Any
 
 from attrs import frozen
 
-from actors.core import arrival, batch_class, completion, handlers, topology
-from actors.core.config import BatchJobsConfig, ProgramSchedulingConfig
+from actors.core import arrival, batch_class, completion, fairness_sync, handlers, interactive, topology
+from actors.core.config import BatchJobsConfig, PriorityConfig, ProgramSchedulingConfig
 from actors.core.effects import Effect
 from actors.core.events import (
     BatchSubmitted,
+    InteractiveSubmitted,
     ObservationReceived,
     ObservationStale,
     ObservationStarted,
@@ -67,14 +68,17 @@ class Step:
     effects: tuple[Effect, ...]
 
 
-def initial_state(cfg: ProgramSchedulingConfig, batch: BatchJobsConfig | None = None) -> SchedulerState:
-    return SchedulerState(cfg, batch)
+def initial_state(
+    cfg: ProgramSchedulingConfig, batch: BatchJobsConfig | None = None, priority: PriorityConfig | None = None
+) -> SchedulerState:
+    return SchedulerState(cfg, batch, priority)
 
 
 # Event type -> handler.  Every handler takes (state, event of that type) and appends its effects
 # to ``state.effects``; the event parameter is ``Any`` here because each handler takes its own type.
 HANDLERS: dict[type, Callable[[SchedulerState, Any], None]] = {
     RequestSubmitted: arrival.on_submit,
+    InteractiveSubmitted: handlers.on_interactive,
     BatchSubmitted: batch_class.on_batch_submit,
     RequestCompleted: completion.on_complete,
     RequestAbandoned: handlers.on_abandon,
@@ -98,8 +102,11 @@ def step(state: SchedulerState, event: object, *, now: float, cfg: ProgramSchedu
     s.effects = []
     s.touched = {}
     handler(s, event)
+    if s.interactive.pending:
+        interactive.dispatch_interactive(s)  # the events that ran no admission pass
     if s.batch is not None:
         batch_class.after_step(s)  # after the step's Program decisions: Programs first
+    fairness_sync.sync_rent(s)
     sync_timers(s)
     effects = tuple(s.effects)
     s.effects = []

@@ -15,9 +15,11 @@ from __future__ import annotations
 from typing import cast
 
 from actors.core.batch_state import BatchState
-from actors.core.config import BatchJobsConfig, ProgramSchedulingConfig
+from actors.core.config import DEFAULT_PRIORITY, BatchJobsConfig, PriorityConfig, ProgramSchedulingConfig
 from actors.core.effects import Effect
+from actors.core.fairness import FairnessState
 from actors.core.ids import ProgramKey, ProgramRef, RequestId, SeqCounter, TargetId
+from actors.core.interactive_state import InteractiveState
 from actors.core.model import Dispatch, Lineage, Program, RankState
 from actors.core.placement import Binder
 from actors.core.queue import RequestPool
@@ -30,8 +32,18 @@ TargetSignature = tuple[str, str, int, int]
 class SchedulerState:
     """All scheduling state (one writer: the scheduler actor)."""
 
-    def __init__(self, cfg: ProgramSchedulingConfig, batch: BatchJobsConfig | None = None) -> None:
+    def __init__(
+        self,
+        cfg: ProgramSchedulingConfig,
+        batch: BatchJobsConfig | None = None,
+        priority: PriorityConfig | None = None,
+    ) -> None:
         self.cfg = cfg
+        # class bands, per-class caps and tenant fairness (docs/priority.md)
+        self.prio: PriorityConfig = priority if priority is not None else DEFAULT_PRIORITY
+        self.fair = FairnessState()
+        # interactive-class requests the edge queued here (docs/priority.md §2)
+        self.interactive = InteractiveState()
         # the batch class (docs/batch.md §2); None when [batch_jobs] is disabled
         self.batch: BatchState | None = None if batch is None or not batch.enabled else BatchState(batch)
         self.now = 0.0

@@ -18,6 +18,7 @@ from actors.core.effects import CapacitySourceChanged, StaleObservationDropped
 from actors.core.errors import NO_TARGETS
 from actors.core.events import ObservationReceived, ObservationStale, ObservationStarted, TargetsChanged
 from actors.core.ids import TargetId
+from actors.core.interactive import forget_target_interactive, reject_without_targets_interactive
 from actors.core.ledger import (
     BACKEND_OBSERVATION,
     FRESHNESS_INTERVALS,
@@ -98,11 +99,13 @@ def sync_targets(s: SchedulerState, pool: str, targets: tuple[BackendTarget, ...
     for t in removed:
         if t not in still_used:
             forget_target(s, t)
+            forget_target_interactive(s, t)
             s.ranks.pop(t, None)
             s.rank_queues.pop(t, None)
             s.dirty_ranks.pop(t, None)
     if not new_ids:
         reject_without_targets(s, pool)
+        reject_without_targets_interactive(s, pool)
 
 
 def report_capacity_sources(s: SchedulerState) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 from attrs import frozen
 
 from actors.core import effects as fx
-from actors.core.config import BackendTarget, BatchJobsConfig, ProgramSchedulingConfig
+from actors.core.config import BackendTarget, BatchJobsConfig, PriorityConfig, ProgramSchedulingConfig
 from actors.core.events import (
     BatchSubmitted,
     ObservationReceived,
@@ -98,10 +98,11 @@ class Harness:
         config: ProgramSchedulingConfig | None = None,
         n_targets: int = 1,
         batch: BatchJobsConfig | None = None,
+        priority: PriorityConfig | None = None,
         **kw: Any,
     ) -> None:
         self.cfg = config if config is not None else cfg(**kw)
-        self.state: SchedulerState = initial_state(self.cfg, batch)
+        self.state: SchedulerState = initial_state(self.cfg, batch, priority)
         self.now = 0.0
         self.log: list[Any] = []
         self.timers: dict[tuple[ProgramRef, str], tuple[float, int]] = {}

@@ -1,0 +1,52 @@
+"""The interactive class's part of the scheduler state (docs/priority.md §2); decisions are in ``interactive``."""
+
+from __future__ import annotations
+
+from attrs import define
+
+from actors.core.ids import RequestId, TargetId
+
+
+@define(slots=True, eq=False)
+class InteractivePending:
+    request_id: RequestId
+    tenant: str
+    priority: int
+    prompt_tokens: int
+    reserved_output_tokens: int
+    model_pool: str
+    arrived_at: float
+    queue_deadline: float
+    seq: int
+
+    @property
+    def need_tokens(self) -> int:
+        return self.prompt_tokens + self.reserved_output_tokens
+
+
+@define(slots=True, eq=False)
+class InteractiveRunning:
+    request_id: RequestId
+    tenant: str
+    priority: int
+    target_id: TargetId
+    charged_tokens: float
+    reserved_output_tokens: int
+    dispatched_at: float
+    on_ledger: bool = True  # False once its rank left the topology
+
+
+class InteractiveState:
+    """Waiting and running interactive requests (one writer: the scheduler actor)."""
+
+    __slots__ = ("pending", "running", "admitted_count", "rejected_count", "batch_preemptions", "program_pauses", "seq")
+
+    def __init__(self) -> None:
+        # insertion order = arrival order
+        self.pending: dict[RequestId, InteractivePending] = {}
+        self.running: dict[RequestId, InteractiveRunning] = {}
+        self.admitted_count = 0
+        self.rejected_count = 0
+        self.batch_preemptions = 0
+        self.program_pauses = 0
+        self.seq = 0
