@@ -102,6 +102,8 @@ TRANSITION_REASONS = (
     "ttl_expired",
     "capacity_repair",
     "capacity_repair_mark",
+    "priority_preemption",
+    "priority_preemption_mark",
     "max_segment_yield",
     "request_failed",
     "health_failover",

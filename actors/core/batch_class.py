@@ -125,7 +125,7 @@ def on_batch_submit(s: SchedulerState, ev: BatchSubmitted) -> None:
         tenant=ev.tenant,
         priority=ev.priority,
     )
-    b.queue.add(rid, job, ev.estimated_prompt_tokens)
+    b.queue.add(rid, job, ev.estimated_prompt_tokens, (ev.priority, ev.tenant))
 
 
 def on_batch_complete(s: SchedulerState, ev: RequestCompleted) -> bool:
@@ -235,7 +235,8 @@ def rank_budget_tokens(s: SchedulerState, rank: RankState) -> int:
         return 0
     cfg = b.cfg
     block = cfg.block_size_tokens
-    used = target_usage(rank, s.now, s.cfg.metrics_interval_seconds)
+    # waiting interactive requests' claims are not batch's to take (docs/priority.md §2)
+    used = target_usage(rank, s.now, s.cfg.metrics_interval_seconds) + rank.interactive_claim_tokens
     free_blocks = int((capacity * s.cfg.low_watermark_ratio - used) // block)
     reserve = min(rank.batch_requests + cfg.reserve_margin_blocks, cfg.reserve_max_blocks)
     return max(0, (free_blocks - reserve) * block)
@@ -446,6 +447,7 @@ def taken_pick(
         rid = b.queue.pick(
             max(budget, 1) if idle else budget,
             predictor,
+            lambda lane: (-lane[0], fairness.counter(s.fair, s.prio, lane[1], s.now), lane[1]),
             low_available_tokens_threshold=b.cfg.low_available_tokens_threshold,
             short_decode_token_threshold=b.cfg.short_decode_token_threshold,
         )
@@ -456,9 +458,23 @@ def taken_pick(
     need = p.prompt_tokens + pred
     if need > budget and not idle:
         return None  # does not fit here: re-evaluated when capacity frees (a completion, a tick)
+    if not batch_caps_allow(s, rank, need):
+        return None  # the batch class's caps on this rank (docs/priority.md §2)
     if not decode_room(s, rank, need):
         return None  # the Programs there would slow down more than allowed
     return p, pred, need
+
+
+def batch_caps_allow(s: SchedulerState, rank: RankState, need: int) -> bool:
+    """The ``batch`` class caps (docs/priority.md §2): running batch requests per rank and their
+    share of the rank's capacity (one batch request per rank always runs)."""
+    limits = s.prio.batch
+    if limits.max_running_per_rank is not None and rank.batch_requests >= limits.max_running_per_rank:
+        return False
+    capacity = s.cfg.token_capacity_per_dp_rank or rank.backend_kv_capacity_tokens
+    if capacity is not None and limits.max_kv_share < 1.0 and rank.batch_requests:
+        return rank.batch_tokens + need <= limits.max_kv_share * capacity
+    return True
 
 
 def dispatch_batch(s: SchedulerState) -> None:

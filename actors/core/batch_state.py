@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from attrs import define, field
 
-from actors.core.batchjobs import DecodeEstimator, JobQueue
+from actors.core.batchjobs import DecodeEstimator, JobQueue, Predictor
 from actors.core.config import BatchJobsConfig
 from actors.core.ids import DEFAULT_TENANT, RequestId, TargetId
 
@@ -53,12 +55,75 @@ class JobCounters:
     running_since: dict[RequestId, float] = field(factory=dict)
 
 
+Lane = tuple[int, str]  # (priority, tenant)
+
+
+class BatchLanes:
+    """The batch waiting queue split into lanes by (priority, tenant) (docs/priority.md §1, §3).
+
+    Each lane is one seed ``JobQueue``; :meth:`pick` asks the lanes in the order the caller gives
+    (higher priority first, then the least-served tenant) and returns the first lane's pick, so
+    with one tenant and one priority it is exactly the seed's queue.
+    """
+
+    def __init__(self) -> None:
+        self.lanes: dict[Lane, JobQueue[RequestId]] = {}
+        self._lane_of: dict[RequestId, Lane] = {}
+
+    def add(self, key: RequestId, job: str, prompt_tokens: int, lane: Lane = (0, DEFAULT_TENANT)) -> None:
+        q = self.lanes.get(lane)
+        if q is None:
+            q = self.lanes[lane] = JobQueue()
+        q.add(key, job, prompt_tokens)
+        self._lane_of[key] = lane
+
+    def remove(self, key: RequestId) -> bool:
+        lane = self._lane_of.pop(key, None)
+        if lane is None:
+            return False
+        q = self.lanes[lane]
+        q.remove(key)
+        if not len(q):
+            del self.lanes[lane]
+        return True
+
+    def pick(
+        self,
+        budget_tokens: int,
+        estimator: Predictor,
+        lane_key: Callable[[Lane], tuple[object, ...]],
+        *,
+        low_available_tokens_threshold: int,
+        short_decode_token_threshold: int,
+    ) -> RequestId | None:
+        for lane in sorted(self.lanes, key=lane_key) if len(self.lanes) > 1 else list(self.lanes):
+            got = self.lanes[lane].pick(
+                budget_tokens,
+                estimator,
+                low_available_tokens_threshold=low_available_tokens_threshold,
+                short_decode_token_threshold=short_decode_token_threshold,
+            )
+            if got is not None:
+                return got
+        return None
+
+    def __len__(self) -> int:
+        return len(self._lane_of)
+
+    def job_size(self, job: str) -> int:
+        return sum(q.job_size(job) for q in self.lanes.values())
+
+    def job_of(self, key: RequestId) -> str | None:
+        lane = self._lane_of.get(key)
+        return None if lane is None else self.lanes[lane].job_of(key)
+
+
 class BatchState:
     """The batch class's part of the scheduler state (one writer: the scheduler actor)."""
 
     def __init__(self, cfg: BatchJobsConfig) -> None:
         self.cfg = cfg
-        self.queue: JobQueue[RequestId] = JobQueue()
+        self.queue = BatchLanes()
         self.estimator = DecodeEstimator(cfg.max_jobs)
         # insertion order = arrival order: the first entry is the oldest waiting request
         self.pending: dict[RequestId, BatchPending] = {}

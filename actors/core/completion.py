@@ -35,6 +35,7 @@ from actors.core.lifecycle import (
 )
 from actors.core.model import (
     CAPACITY_REPAIR,
+    PRIORITY_PREEMPTION,
     REASONING,
     REQUEST_FAILED,
     Dispatch,
@@ -167,7 +168,7 @@ def count_completion(s: SchedulerState, p: Program, ev: RequestCompleted) -> str
     if p.terminate_when_idle:
         return TERMINATE
     if p.pause_when_idle:
-        return CAPACITY_REPAIR
+        return p.pause_when_idle_reason
     if not ev.success:
         return REQUEST_FAILED
     return KEEP_FOR_TTL
@@ -292,7 +293,7 @@ def arm_acting_ttl(s: SchedulerState, p: Program, rank: RankState, impact: float
 
 def apply_idle_action(s: SchedulerState, p: Program, action: str | None) -> None:
     """Pause a Program that repair marked or whose request failed; release a terminated one."""
-    if action is not None and action in (CAPACITY_REPAIR, REQUEST_FAILED):
+    if action is not None and action in (CAPACITY_REPAIR, PRIORITY_PREEMPTION, REQUEST_FAILED):
         pause(s, p, action)  # B7 fix: after the statistics
     elif action == TERMINATE:
         release(s, p, "program_release")

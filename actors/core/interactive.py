@@ -38,7 +38,7 @@ from actors.core.events import InteractiveSubmitted, RequestCompleted
 from actors.core.ids import RequestId, TargetId
 from actors.core.interactive_state import InteractivePending, InteractiveRunning
 from actors.core.ledger import target_usage
-from actors.core.lifecycle import mark_dirty, pause, reject, touch
+from actors.core.lifecycle import mark_dirty, mark_pause_when_idle, pause, reject
 from actors.core.model import ACTING, AGENT, BATCH, INTERACTIVE, PRIORITY_PREEMPTION, REASONING, Program, RankState
 from actors.core.preemption import preempt_batch
 from actors.core.state import SchedulerState
@@ -301,10 +301,10 @@ def _make_room(s: SchedulerState, ranks: list[RankState], p: InteractivePending)
     for a in _program_victims(s, rank, REASONING):
         if room >= need:
             break
-        a.pause_when_idle = True
-        touch(s, a)
+        mark_pause_when_idle(s, a, PRIORITY_PREEMPTION)
         room += a.charged_tokens
-    rank.interactive_claim_tokens += need
+    if above(s, AGENT):  # claims hold Programs and batch back: only for a band above both
+        rank.interactive_claim_tokens += need
     return None
 
 

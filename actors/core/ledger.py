@@ -17,7 +17,8 @@ estimate, else ``fallback_tokens``.  Unlike the reference (bug B3), every change
 Program's private tokens is charged, up and down, so ledger and delta are always exact.
 
 ``admission_plan`` runs the reference checks in order: preconditions, forced tier, waiting
-gate (also blocks forced resume), Program-count guard, token capacity at the low watermark,
+gate (a forced resume goes through it: agentd's fix of the reference, docs/program-scheduling.md
+§10), Program-count guard, token capacity at the low watermark,
 growth reserve, batch-gain admission (bypasses only the reserve).
 """
 
@@ -268,9 +269,10 @@ def admission_plan(
     threshold = cfg.admission_waiting_request_threshold
     if threshold > 0:
         w = fresh_waiting(rank, now, interval)
-        if w is not None and w >= threshold:
-            if forced:
-                p.force_gate_blocked_at = now  # recorded: a forced resume held by the waiting gate
+        # agentd difference (D6 fix): a due force-resume deadline goes through the waiting gate,
+        # so it is honoured within one tick whatever the engine queue shows
+        # (docs/program-scheduling.md §3, §10)
+        if w is not None and w >= threshold and not forced:
             return None
     # lower classes leave the claims of waiting higher ones (docs/batch.md §2, docs/priority.md §2)
     used = target_usage(rank, now, interval) + rank.batch_claim_tokens + rank.interactive_claim_tokens

@@ -280,6 +280,22 @@ def _after_pause(s: SchedulerState, p: Program, reason: str) -> None:
     touch(s, p)
 
 
+def mark_pause_when_idle(s: SchedulerState, p: Program, reason: str) -> None:
+    """A busy Program pauses (``reason``) when its in-flight requests end (docs/program-scheduling.md §6)."""
+    p.pause_when_idle = True
+    p.pause_when_idle_reason = reason
+    touch(s, p)
+    s.effects.append(
+        Transition(
+            program=p.ref,
+            from_state=p.lifecycle,
+            to_state=p.lifecycle,
+            reason=f"{reason}_mark",
+            target_id=p.placement,
+        )
+    )
+
+
 def cancel_idle(s: SchedulerState, p: Program) -> None:
     """The last waiter was cancelled and nothing is in flight: the Program becomes Paused/Acting."""
     was_active = p.state == ACTIVE

@@ -205,10 +205,11 @@ class Program:
     force_resume_active_remaining_rounds: float = 0.0
     force_resume_pool_remaining_rounds: float = 0.0
     force_resume_request_throughput_per_second: float = 0.0
-    force_gate_blocked_at: float | None = None  # last time the waiting gate held a forced resume
+    force_gate_blocked_at: float | None = None  # unused since the D6 fix (docs/program-scheduling.md §10)
     paused_at: float = 0.0
     last_pause_reason: str | None = None
     pause_when_idle: bool = False
+    pause_when_idle_reason: str = CAPACITY_REPAIR  # what marked it (capacity repair or a priority)
     terminate_when_idle: bool = False
     # priorities and fairness (docs/priority.md): the tenant and priority of the latest arrival;
     # the KV tokens held while idle (Active/Acting) and since when, for the tenant's KV rent

@@ -31,7 +31,7 @@ def preempt_batch(s: SchedulerState, b: BatchState, r: BatchRunning, rank: RankS
     items = sorted(b.pending.values(), key=lambda x: x.arrived_at)
     b.pending.clear()
     b.pending.update((x.request_id, x) for x in items)
-    b.queue.add(p.request_id, p.job, p.prompt_tokens)
+    b.queue.add(p.request_id, p.job, p.prompt_tokens, (p.priority, p.tenant))
     counters = b.jobs.get(p.job)
     if counters is not None:
         counters.running -= 1

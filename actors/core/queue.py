@@ -9,7 +9,7 @@ RequestPool
 Ordering across Programs (resume order) is not the pool's business; it is the explicit key
 of :func:`resume_key` (smaller resumes first)::
 
-    (forced tier, request class rank, -front priority, yielded, ordinary...)
+    (forced tier, request class rank, -front priority, tenant counter, yielded, ordinary...)
     ordinary FCFS: (queued_at, program_id, model_pool)
     ordinary MRU:  (never finished, -last_request_finished_at, queued_at, program_id, model_pool)
 
@@ -19,10 +19,9 @@ fairness) — both slot in without changing the pool:
 * every ``PendingRequest`` carries ``request_class`` (today always ``"interactive"``); the key's
   second component is ``CLASS_RANK[front.request_class]``, so a batch class is one more entry
   that sorts after interactive work while force-resume still bounds its starvation;
-* a fairness class (VTC) replaces the ordinary component by the class's virtual token counter:
-  :func:`resume_key` takes the ordinary key from ``ORDINARY_KEYS[resume_order]``, so a
-  ``"vtc"`` entry computing ``(virtual_time[client], queued_at, ...)`` is a registration,
-  not a rewrite.
+* tenant fairness (VTC, docs/priority.md §3) is the key's fourth component: the front request's
+  tenant's virtual token counter (0 for everyone with ``fairness = "off"``, and equal for all
+  Programs of one tenant, so a single tenant's order is the ordinary one).
 
 Queue membership (rank or global queues) is a ``dict[ProgramRef, None]`` (an insertion-ordered
 set); a Program is in at most one queue and records which in ``Program.queued_in``.
@@ -131,10 +130,16 @@ def mru_key(p: Program) -> tuple[object, ...]:
 ORDINARY_KEYS: dict[str, Callable[[Program], tuple[object, ...]]] = {"fcfs": fcfs_key, "mru": mru_key}
 
 
-def resume_key(p: Program, front: PendingRequest | None, now: float, resume_order: str) -> tuple[object, ...]:
-    """Explicit total order of resume candidates (smaller first), see the module docstring."""
+def resume_key(
+    p: Program, front: PendingRequest | None, now: float, resume_order: str, tenant_counter: float = 0.0
+) -> tuple[object, ...]:
+    """Explicit total order of resume candidates (smaller first), see the module docstring.
+
+    ``tenant_counter`` is the virtual token counter of the front request's tenant
+    (docs/priority.md §3): among equal class and priority, the least-served tenant goes first.
+    """
     forced = p.force_resume_deadline is not None and p.force_resume_deadline <= now
     priority = front.hints.priority if front is not None else 0
     klass = CLASS_RANK.get(front.request_class, 0) if front is not None else 0
     yielded = 1 if p.last_pause_reason == MAX_SEGMENT_YIELD else 0
-    return (0 if forced else 1, klass, -priority, yielded, *ORDINARY_KEYS[resume_order](p))
+    return (0 if forced else 1, klass, -priority, tenant_counter, yielded, *ORDINARY_KEYS[resume_order](p))

@@ -80,7 +80,8 @@ def repair_rank(s: SchedulerState, rank: RankState, capacity: int) -> None:
             continue
         elapsed = s.now - a.segment_started_at if a.segment_started_at is not None else 0.0
         score = elapsed * max(0.5, 1.0 / math.sqrt(max(1e-6, inp / p_bar)))
-        victims.append(((-score, -a.charged_tokens, a.ref.program_id, a.ref.model_pool), a))
+        # lowest priority first (docs/priority.md §1), then the reference's score
+        victims.append(((a.priority, -score, -a.charged_tokens, a.ref.program_id, a.ref.model_pool), a))
     victims.sort(key=lambda v: v[0])
     for _, a in victims:
         if projected <= low:
@@ -91,6 +92,7 @@ def repair_rank(s: SchedulerState, rank: RankState, capacity: int) -> None:
         else:
             relief = a.charged_tokens + c_bar
             a.pause_when_idle = True
+            a.pause_when_idle_reason = CAPACITY_REPAIR
             touch(s, a)
             s.effects.append(
                 Transition(

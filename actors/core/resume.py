@@ -18,11 +18,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from actors.core import fairness
 from actors.core.ids import ProgramRef, TargetId
 from actors.core.interactive import dispatch_interactive
 from actors.core.ledger import Plan, admission_plan, fresh_waiting, private_tokens, target_usage
-from actors.core.lifecycle import commit_admission, is_waiting_candidate, pause
-from actors.core.model import ACTING, ACTIVE, AGENT, INTERACTIVE, MAX_SEGMENT_YIELD, REASONING, Program, RankState
+from actors.core.lifecycle import commit_admission, is_waiting_candidate, mark_pause_when_idle, pause
+from actors.core.model import (
+    ACTING,
+    ACTIVE,
+    AGENT,
+    INTERACTIVE,
+    MAX_SEGMENT_YIELD,
+    PRIORITY_PREEMPTION,
+    REASONING,
+    Program,
+    RankState,
+)
 from actors.core.queue import resume_key
 from actors.core.state import SchedulerState, live_program
 
@@ -33,7 +44,22 @@ def _front_output(s: SchedulerState, p: Program) -> int | None:
 
 
 def plan_for(s: SchedulerState, p: Program, rank: RankState) -> Plan | None:
-    return admission_plan(p, rank, s.now, s.cfg, front_output=_front_output(s, p), global_mode=s.cfg.global_queue)
+    plan = admission_plan(p, rank, s.now, s.cfg, front_output=_front_output(s, p), global_mode=s.cfg.global_queue)
+    return plan if plan is not None and agent_caps_allow(s, rank, plan) else None
+
+
+def agent_caps_allow(s: SchedulerState, rank: RankState, plan: Plan) -> bool:
+    """The ``agent`` class caps (docs/priority.md §2): active Programs per rank and their share of
+    the rank's capacity.  A forced resume overrides them, as it overrides the count guard."""
+    limits = s.prio.agent
+    if plan.forced:
+        return True
+    if limits.max_running_per_rank is not None and len(rank.active) + 1 > limits.max_running_per_rank:
+        return False
+    capacity = s.cfg.token_capacity_per_dp_rank
+    if capacity is not None and limits.max_kv_share < 1.0 and rank.active:
+        return rank.fallback_tokens + plan.required_tokens <= limits.max_kv_share * capacity
+    return True
 
 
 def ordered(s: SchedulerState, refs: Iterable[ProgramRef], *, cross_rank: bool = False) -> list[Program]:
@@ -45,11 +71,19 @@ def ordered(s: SchedulerState, refs: Iterable[ProgramRef], *, cross_rank: bool =
             out.append(p)
     if len(out) < 2:
         return out
-    now, order = s.now, s.cfg.resume_order
-    if cross_rank:
-        out.sort(key=lambda p: resume_key(p, s.pool.front(p.ref), now, "fcfs"))
-    else:
-        out.sort(key=lambda p: resume_key(p, s.pool.front(p.ref), now, order))
+    now, order = s.now, "fcfs" if cross_rank else s.cfg.resume_order
+    counters: dict[str, float] = {}
+
+    def key(p: Program) -> tuple[object, ...]:
+        front = s.pool.front(p.ref)
+        c = 0.0
+        if front is not None:
+            c = counters.get(front.tenant, -1.0)
+            if c < 0:
+                c = counters[front.tenant] = fairness.counter(s.fair, s.prio, front.tenant, now)
+        return resume_key(p, front, now, order, c)
+
+    out.sort(key=key)
     return out
 
 
@@ -88,13 +122,15 @@ def _schedule_rank(s: SchedulerState, target: TargetId) -> None:
         q = s.rank_queues.get(target)
         if not q:
             return
-        for p in ordered(s, list(q)):
+        waiters = ordered(s, list(q))
+        for p in waiters:
             plan = plan_for(s, p, rank)
             if plan is not None:
                 commit_admission(s, p, rank, plan)
                 break
         else:
-            return
+            if not waiters or not preempt_lower_programs(s, waiters[0], rank):
+                return
 
 
 def _schedule_global(s: SchedulerState, pool: str) -> None:
@@ -102,14 +138,18 @@ def _schedule_global(s: SchedulerState, pool: str) -> None:
         q = s.global_queues.get(pool)
         if not q:
             return
-        for p in ordered(s, list(q)):
+        waiters = ordered(s, list(q))
+        for p in waiters:
             rank = s.ranks.get(p.last_target) if p.last_target is not None else None
             plan = plan_for(s, p, rank) if rank is not None else None
             if plan is not None and rank is not None:
                 commit_admission(s, p, rank, plan)
                 break
         else:
-            break
+            head = waiters[0] if waiters else None
+            home = s.ranks.get(head.last_target) if head is not None and head.last_target is not None else None
+            if head is None or home is None or not preempt_lower_programs(s, head, home):
+                break
     while True:  # phase B: cross-rank escape, FCFS
         q = s.global_queues.get(pool)
         if not q:
@@ -121,6 +161,51 @@ def _schedule_global(s: SchedulerState, pool: str) -> None:
                 break
         else:
             return
+
+
+def preempt_lower_programs(s: SchedulerState, p: Program, rank: RankState) -> bool:
+    """Make room on ``rank`` for the first waiter ``p`` by pausing Programs of strictly lower
+    priority (docs/priority.md §1): idle (Acting) ones now, lowest priority first, then the
+    most-served tenant, then the largest; busy ones are marked to pause when idle.  Acting
+    Programs are paused only when that makes ``p`` admissible now; True when ``p`` can be
+    admitted after the pauses (the caller's loop admits it)."""
+    if s.cfg.token_capacity_per_dp_rank is None or p.last_target != rank.target_id and not s.cfg.global_queue:
+        return False
+    front = s.pool.front(p.ref)
+    prio = front.hints.priority if front is not None else 0
+    lower = [a for a in rank.active.values() if a.priority < prio]
+    if not lower:
+        return False
+    now = s.now
+
+    def victim_key(a: Program) -> tuple[object, ...]:
+        return (a.priority, -fairness.counter(s.fair, s.prio, a.tenant, now), -a.charged_tokens, a.ref.program_id)
+
+    idle = sorted((a for a in lower if a.status == ACTING and a.in_flight == 0), key=victim_key)
+    busy = sorted(
+        (a for a in lower if a.status == REASONING and a.in_flight > 0 and not a.pause_when_idle), key=victim_key
+    )
+    capacity = s.cfg.token_capacity_per_dp_rank
+    free = capacity * s.cfg.low_watermark_ratio - (
+        target_usage(rank, now, s.cfg.metrics_interval_seconds)
+        + rank.batch_claim_tokens
+        + rank.interactive_claim_tokens
+    )
+    need = private_tokens(p, s.cfg.decode_buffer_tokens, _front_output(s, p))
+    relief_now = sum(a.charged_tokens for a in idle)
+    if idle and free + relief_now >= need:
+        for a in idle:
+            pause(s, a, PRIORITY_PREEMPTION)
+            if plan_for(s, p, rank) is not None:
+                return True
+        return False
+    room = free + sum(a.charged_tokens for a in rank.active.values() if a.pause_when_idle)
+    for a in busy:
+        if room >= need:
+            break
+        mark_pause_when_idle(s, a, PRIORITY_PREEMPTION)
+        room += a.charged_tokens
+    return False
 
 
 def _has_pause_reason(s: SchedulerState, ref: ProgramRef) -> bool:
@@ -183,7 +268,7 @@ def select_cross_rank(s: SchedulerState, p: Program) -> tuple[RankState, Plan] |
             if free_dest < free_src + cfg.cross_rank_headroom_ratio * p.estimated_context_tokens:
                 continue
         plan = admission_plan(p, dest, now, cfg, front_output=_front_output(s, p), global_mode=True)
-        if plan is None:
+        if plan is None or not agent_caps_allow(s, dest, plan):
             continue
         if capacity is not None:
             pr = (plan.used_tokens + plan.required_tokens + plan.reserve_tokens) / max(1, capacity)

@@ -8,6 +8,7 @@ import pytest
 from core_support import Harness, admitted, cfg, of, reasons, request_sample
 
 from actors.core import effects as fx
+from actors.core.events import RepairTick
 from actors.core.ids import ProgramRef, TargetId
 from actors.core.invariants import check
 from actors.core.ledger import admission_plan, continuity_loss_seconds, estimate_batch_gain, private_tokens
@@ -47,20 +48,21 @@ def test_core_token_capacity_low_watermark_blocks_then_admits_after_pause() -> N
     assert check(h.state, h.cfg) == []
 
 
-def test_core_waiting_gate_blocks_even_forced_resume() -> None:
+def test_core_forced_resume_goes_through_the_waiting_gate() -> None:
+    """docs/program-scheduling.md §10 (D6 fix): the gate holds ordinary resumes, never a due deadline."""
     h = Harness(max_active_programs_per_target=1, force_resume_timeout_seconds=5.0)
     h.submit("a")  # occupies the only slot
     h.observe(0, kv=0.1, running=1, waiting=1, at=0.5)
     eff = h.submit("b", at=1.0)
     assert admitted(eff) == []
     assert h.program("b").force_resume_deadline == 6.0
+    mark = len(h.log)
     h.observe(0, kv=0.1, running=1, waiting=1, at=5.5, epoch=2)
-    eff = h.tick(at=6.0)  # forced now, but the fresh backend waiting count gates it
-    assert admitted(eff) == []
-    h.observe(0, kv=0.1, running=1, waiting=0, at=6.5, epoch=3)
-    assert admitted(h.log[-8:]) == ["r2"]
-    last = of(h.log, fx.Transition)[-1]
-    assert (last.reason, last.forced) == ("force_resume", True)
+    assert admitted(h.log[mark:]) == []  # not forced yet: the gate holds it
+    eff = h.feed(RepairTick(), at=6.0)  # the force-resume timer fires at 6.0, the gate is still closed
+    assert admitted(eff) == ["r2"]
+    last = [t for t in of(h.log, fx.Transition) if t.reason == "force_resume"][-1]
+    assert last.forced and last.program == h.program("b").ref
     assert h.state.forced_admissions == 1
 
 
