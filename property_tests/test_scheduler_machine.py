@@ -15,12 +15,12 @@ targets disappear and come back. After every rule the machine checks, against th
   ``capacity x low watermark`` plus what admitted Programs grew since admission plus what
   forced resumes brought in (recorded per admission); the active count likewise stays within
   ``max_active_programs_per_target`` plus forced entrants (§3);
-* starvation: no request waits past its force-resume deadline plus one tick unless the waiting
-  gate of its rank holds it (fresh ``waiting_requests >= threshold``, or held within the last tick);
+* starvation: no request waits past its force-resume deadline plus one tick, whatever the
+  waiting gate says (docs/program-scheduling.md §10, D6);
 * the incremental ledger equals a from-scratch recomputation (here and in ``invariants.check``);
 * per step: admissions on a rank follow the naive reference order (``reference_model``); with
   only the Program-count guard, every waiter left behind is ordered after every one admitted
-  and its rank is full; no admission through a holding waiting gate; rank-local mode never
+  and its rank is full; no admission but a forced one through a holding waiting gate; rank-local mode never
   migrates (§7); a successful commit clears the yield marker (§5); repair only pauses idle
   Programs (§6); FIFO dispatch per Program; placement epochs strictly increase; generations
   step by one; releases only when idle, retention releases only after
@@ -246,7 +246,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         for e in admitted:
             rank = s.ranks[e.target_id]
-            assert not self._gate_holds(e.target_id), f"admission through a holding waiting gate: {e}"
+            # a due force-resume deadline goes through the gate (docs/program-scheduling.md §10, D6)
+            assert e.forced or not self._gate_holds(e.target_id), f"admission through a holding waiting gate: {e}"
             if not cfg.global_queue:
                 assert e.program not in cross, f"rank-local mode migrated {e.program}"
             if e.forced:
@@ -359,8 +360,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 continue
             forced = w.force_resume_deadline is not None and w.force_resume_deadline <= self.now
             if forced:
-                assert self._gate_holds(w.rank), f"forced waiter {ref} left behind without a holding waiting gate"
-                continue
+                raise AssertionError(f"forced waiter {ref} left behind (nothing may hold a due deadline)")
             if cfg.token_capacity_per_dp_rank is None and w.rank in s.ranks:
                 rank = s.ranks[w.rank]
                 full = len(rank.active) >= cfg.max_active_programs_per_target
@@ -570,21 +570,10 @@ class SchedulerMachine(RuleBasedStateMachine):
                 continue
             if p.force_resume_deadline + self.tick > self.now:
                 continue
-            target = p.last_target
-            released = self.gate_released_at.get(target, -1e18) if target is not None else -1e18
-            rank = s.ranks.get(target) if target is not None else None
-            thr = cfg.admission_waiting_request_threshold
-            recently = (
-                rank is not None
-                and thr > 0
-                and rank.waiting_requests is not None
-                and rank.waiting_requests >= thr
-                and rank.observed_at is not None
-                and self.now - self.tick - rank.observed_at <= 3 * self.tick
-            )
-            assert recently or self.now - released < self.tick, (
+            # nothing holds a due deadline, the waiting gate included (docs/program-scheduling.md §10, D6)
+            raise AssertionError(
                 f"{p.ref} waits {self.now - p.force_resume_deadline:.1f} s past its force-resume deadline "
-                f"on {target} without a waiting gate"
+                f"on {p.last_target}"
             )
 
     @invariant()

@@ -46,6 +46,7 @@ class AdmitInteractive:
     priority: int
     queue_wait_seconds: float
     charged_tokens: int
+    used_tokens: float | None = None  # the rank's usage before it (None: capacity unknown)
 
 
 @frozen(slots=False)

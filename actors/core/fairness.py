@@ -41,6 +41,7 @@ class TenantAccount:
     held_since_sum: float = 0.0  # sum of tokens x the time each holding started
     waiting: int = 0  # waiting requests of every class
     lifts: int = 0
+    lifted: float = 0.0  # counter added by lifts (normalised): service never received
     dispatched: int = 0
 
 
@@ -124,6 +125,7 @@ def arrive(fair: FairnessState, cfg: PriorityConfig, tenant: str, now: float) ->
         mine = counter(fair, cfg, tenant, now)
         if floor > mine:
             a.counter += floor - mine
+            a.lifted += floor - mine
             a.lifts += 1
     a.waiting += 1
 

@@ -156,7 +156,7 @@ def above(s: SchedulerState, lower: str) -> bool:
 def free_tokens(s: SchedulerState, rank: RankState, capacity: int) -> float:
     """Tokens interactive work may still take on ``rank`` (claims of requests ahead excluded)."""
     used = target_usage(rank, s.now, s.cfg.metrics_interval_seconds) + rank.interactive_claim_tokens
-    if not above(s, AGENT):
+    if not above(s, BATCH):  # below batch: leave it its guaranteed share, as Programs do
         used += rank.batch_claim_tokens
     return capacity * s.cfg.low_watermark_ratio - used
 
@@ -262,7 +262,9 @@ def _make_room(s: SchedulerState, ranks: list[RankState], p: InteractivePending)
     """Make room for ``p`` below its band (module docstring); the rank if it now fits, else None
     (then the request claims the rank where room comes soonest)."""
     need = p.need_tokens
-    best: tuple[tuple[float, int], RankState, float, float] | None = None
+    # a rank where room can be made now (the one that keeps the most free room: least disturbed),
+    # else the rank where the most room comes eventually (busy Programs marked to pause)
+    best: tuple[tuple[int, float, int], RankState, float, float] | None = None
     for rank in ranks:
         capacity = capacity_of(s, rank)
         if capacity is None or not caps_allow(s, rank, need, capacity):
@@ -270,9 +272,12 @@ def _make_room(s: SchedulerState, ranks: list[RankState], p: InteractivePending)
         free = free_tokens(s, rank, capacity)
         now_relief = sum(t for t, _ in _batch_victims(s, rank))
         now_relief += sum(a.charged_tokens for a in _program_victims(s, rank, ACTING))
-        later = sum(a.charged_tokens for a in rank.active.values() if a.status == REASONING and a.pause_when_idle)
-        later += sum(a.charged_tokens for a in _program_victims(s, rank, REASONING))
-        key = (-(free + now_relief + later), rank.index)
+        if free + now_relief >= need:
+            key = (0, -free, rank.index)
+        else:
+            later = sum(a.charged_tokens for a in rank.active.values() if a.status == REASONING and a.pause_when_idle)
+            later += sum(a.charged_tokens for a in _program_victims(s, rank, REASONING))
+            key = (1, -(free + now_relief + later), rank.index)
         if best is None or key < best[0]:
             best = (key, rank, free, now_relief)
     if best is None:
@@ -312,6 +317,8 @@ def _dispatch(s: SchedulerState, p: InteractivePending, rank: RankState) -> None
     st = s.interactive
     del st.pending[p.request_id]
     need = p.need_tokens
+    capacity = capacity_of(s, rank)
+    used = None if capacity is None else capacity * s.cfg.low_watermark_ratio - free_tokens(s, rank, capacity)
     _charge_rank(rank, float(need), 1)
     mark_dirty(s, rank.target_id)
     st.running[p.request_id] = InteractiveRunning(
@@ -334,5 +341,6 @@ def _dispatch(s: SchedulerState, p: InteractivePending, rank: RankState) -> None
             priority=p.priority,
             queue_wait_seconds=s.now - p.arrived_at,
             charged_tokens=need,
+            used_tokens=used,
         )
     )

@@ -37,7 +37,57 @@ def check(state: SchedulerState, cfg: ProgramSchedulingConfig) -> list[str]:
     check_ledgers(s, buf, out)
     check_release_records(s, out)
     check_batch(s, out)
+    check_interactive(s, out)
+    check_fairness(s, out)
     return out
+
+
+def check_interactive(s: SchedulerState, out: list[str]) -> None:
+    """The interactive class (docs/priority.md §2): each rank's interactive charge is the sum over
+    its running interactive requests, and no request is both waiting and running."""
+    st = s.interactive
+    tokens: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for rid, r in st.running.items():
+        if rid in st.pending:
+            out.append(f"interactive request {rid} is both waiting and running")
+        if r.on_ledger:
+            tokens[r.target_id] = tokens.get(r.target_id, 0.0) + r.charged_tokens
+            counts[r.target_id] = counts.get(r.target_id, 0) + 1
+    for tid, rank in s.ranks.items():
+        if abs(rank.interactive_tokens - tokens.get(tid, 0.0)) > _EPS:
+            out.append(f"{tid}: interactive_tokens {rank.interactive_tokens} != running {tokens.get(tid, 0.0)}")
+        if rank.interactive_requests != counts.get(tid, 0):
+            out.append(f"{tid}: interactive_requests {rank.interactive_requests} != running {counts.get(tid, 0)}")
+
+
+def check_fairness(s: SchedulerState, out: list[str]) -> None:
+    """Tenant accounts (docs/priority.md §3): waiting counts equal the waiting requests of every
+    class; rented KV equals what the tenant's idle Programs hold; every Program rents what it holds."""
+    waiting: dict[str, int] = {}
+    for ref in list(s.pool.refs()):
+        for req in s.pool.requests(ref):
+            waiting[req.tenant] = waiting.get(req.tenant, 0) + 1
+    for ip in s.interactive.pending.values():
+        waiting[ip.tenant] = waiting.get(ip.tenant, 0) + 1
+    if s.batch is not None:
+        for bp in s.batch.pending.values():
+            waiting[bp.tenant] = waiting.get(bp.tenant, 0) + 1
+    held: dict[str, float] = {}
+    for p in s.programs.values():
+        want = p.charged_tokens if p.state == ACTIVE and p.status == ACTING else 0.0
+        if abs(p.rent_tokens - want) > _EPS:
+            out.append(f"{p.ref}: rents {p.rent_tokens} KV tokens but holds {want}")
+        if p.rent_tokens:
+            held[p.tenant] = held.get(p.tenant, 0.0) + p.rent_tokens
+    for tenant, a in s.fair.accounts.items():
+        if a.waiting != waiting.get(tenant, 0):
+            out.append(f"tenant {tenant!r}: {a.waiting} waiting in its account, {waiting.get(tenant, 0)} in the queues")
+        if abs(a.held_tokens - held.get(tenant, 0.0)) > 1e-6 * max(1.0, a.held_tokens):
+            out.append(f"tenant {tenant!r}: rents {a.held_tokens} KV tokens, its Programs hold {held.get(tenant, 0.0)}")
+    for tenant in waiting:
+        if tenant not in s.fair.accounts:
+            out.append(f"tenant {tenant!r} has waiting requests but no account")
 
 
 def check_batch(s: SchedulerState, out: list[str]) -> None:

@@ -171,6 +171,8 @@ def preempt_lower_programs(s: SchedulerState, p: Program, rank: RankState) -> bo
     admitted after the pauses (the caller's loop admits it)."""
     if s.cfg.token_capacity_per_dp_rank is None or p.last_target != rank.target_id and not s.cfg.global_queue:
         return False
+    if s.interactive.pending and s.prio.class_rank(INTERACTIVE) < s.prio.class_rank(AGENT):
+        return False  # room freed now belongs to the waiting interactive requests first
     front = s.pool.front(p.ref)
     prio = front.hints.priority if front is not None else 0
     lower = [a for a in rank.active.values() if a.priority < prio]

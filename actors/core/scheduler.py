@@ -102,10 +102,11 @@ def step(state: SchedulerState, event: object, *, now: float, cfg: ProgramSchedu
     s.effects = []
     s.touched = {}
     handler(s, event)
-    if s.interactive.pending:
-        interactive.dispatch_interactive(s)  # the events that ran no admission pass
     if s.batch is not None:
         batch_class.after_step(s)  # after the step's Program decisions: Programs first
+    if s.interactive.pending:
+        # the events that ran no admission pass, and the room the batch pass left (docs/priority.md §2)
+        interactive.dispatch_interactive(s)
     fairness_sync.sync_rent(s)
     sync_timers(s)
     effects = tuple(s.effects)

@@ -1,0 +1,74 @@
+"""The core's fairness machines (bench/fairness/core_machines.py, docs/priority.md §4) with a small,
+deterministic budget: every property on the default configuration, and the classes machine on a
+configuration with per-class caps, tenant weights and agents above interactive."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from actors.core.config import ClassLimits, PriorityConfig, ProgramSchedulingConfig
+from bench.fairness.core_machines import MACHINES, VtcBoundMachine, classes_machine, random_walk
+
+BUDGET = settings(
+    max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+
+
+@attrs.frozen
+class Daemonish:
+    """The attributes the machine factories read from a daemon configuration."""
+
+    program_scheduling: ProgramSchedulingConfig | None = None
+    priority: PriorityConfig | None = None
+
+
+@pytest.mark.parametrize(("name", "factory"), MACHINES, ids=[name for name, _ in MACHINES])
+def test_fairness_machine_on_the_defaults(name: str, factory: object) -> None:
+    run_state_machine_as_test(factory(None), settings=BUDGET)  # type: ignore[operator]
+
+
+def test_classes_machine_with_caps_weights_and_agents_first() -> None:
+    prio = PriorityConfig(
+        class_order=("agent", "interactive", "batch"),
+        interactive=ClassLimits(max_running_per_rank=2),
+        batch=ClassLimits(max_running_per_rank=1, max_kv_share=0.3),
+        agent=ClassLimits(max_kv_share=0.7),
+        tenant_weights={"tenant-a": 3.0},
+        vtc_kv_token_second_weight=0.01,
+    )
+    cfg = Daemonish(ProgramSchedulingConfig(token_capacity_per_dp_rank=3000, low_watermark_ratio=0.9), prio)
+    machine = classes_machine(frozenset({"capacity", "conservation", "starvation", "kv_rent"}))(cfg)
+    run_state_machine_as_test(machine, settings=BUDGET)
+
+
+def test_vtc_bound_is_what_the_machine_checks() -> None:
+    m = VtcBoundMachine()
+    # prompt 320, output 80 of a 4000-token rank: U = 320 + 2 x 80, R = 160, M = 10 in flight
+    assert (m.dispatch_charge, m.refund, m.max_in_flight) == (480.0, 160.0, 10)
+    assert m.bound == 2 * (480 + 10 * 160)
+
+
+def test_vtc_bound_machine_catches_a_scheduler_without_fairness() -> None:
+    """FIFO across tenants (``fairness = "off"``) lets a flooding tenant take many times the bound."""
+    machine = MACHINES[0][1](Daemonish(priority=PriorityConfig(fairness="off")))  # type: ignore[operator]
+    with pytest.raises(AssertionError, match="while both are backlogged"):
+        quick = settings(BUDGET, max_examples=200, stateful_step_count=50, phases=[Phase.generate, Phase.target])
+        run_state_machine_as_test(machine, settings=quick)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_classes_machine_seeded_random_walks(seed: int) -> None:
+    """Long seeded walks through the same machine reach deep states (many tenants waiting, Programs
+    holding KV, batch preempted) that short Hypothesis examples rarely do."""
+    machine = classes_machine(
+        frozenset({"capacity", "conservation", "priority_inversion", "work_conservation", "starvation", "kv_rent"})
+    )(None)
+    assert random_walk(machine, seed, walks=40, steps=80) == 40 * 80

@@ -1,0 +1,269 @@
+"""Class bands, priorities, per-class caps and tenant fairness in the core (docs/priority.md §1-§4)."""
+
+from __future__ import annotations
+
+import pytest
+from core_support import Harness, admitted, of, reasons
+
+from actors.core import effects as fx
+from actors.core import fairness
+from actors.core.config import BatchJobsConfig, ClassLimits, PriorityConfig, problems
+from actors.core.events import BatchSubmitted, InteractiveSubmitted, RepairTick
+from actors.core.ids import RequestId
+from actors.core.invariants import check
+from actors.core.model import RequestHints
+
+BATCH = BatchJobsConfig(enabled=True, guaranteed_kv_share=0.0)
+
+
+def interactive(h: Harness, rid: str, tokens: int, *, at: float | None = None, **kw: object) -> tuple[object, ...]:
+    return h.feed(InteractiveSubmitted(RequestId(rid), tokens, **kw), at)  # type: ignore[arg-type]
+
+
+def admitted_interactive(effects: tuple[object, ...]) -> list[str]:
+    return [e.request_id for e in of(effects, fx.AdmitInteractive)]
+
+
+def counter(h: Harness, tenant: str) -> float:
+    return fairness.counter(h.state.fair, h.state.prio, tenant, h.now)
+
+
+# ---- config ----------------------------------------------------------------------------------
+
+
+def test_priority_config_defaults_are_valid_and_rules_name_the_field() -> None:
+    assert problems(PriorityConfig()) == []
+    bad = PriorityConfig(
+        class_order=("interactive", "batch", "agent"),
+        batch=ClassLimits(max_running_per_rank=0, max_kv_share=0.0),
+        fairness="wfq",
+        tenant_weights={"a": -1.0},
+    )
+    got = problems(bad, "priority")
+    assert [line.split(":")[0] for line in got] == [
+        "priority.class_order",
+        "priority.batch.max_running_per_rank",
+        "priority.batch.max_kv_share",
+        "priority.fairness",
+        "priority.tenant_weights",
+    ]
+
+
+# ---- the interactive class -------------------------------------------------------------------
+
+
+def test_interactive_request_is_admitted_at_once_when_it_fits() -> None:
+    h = Harness(token_capacity_per_dp_rank=1000)
+    eff = interactive(h, "i1", 200, tenant="t", priority=3, max_tokens=50)
+    (adm,) = of(eff, fx.AdmitInteractive)
+    assert (adm.request_id, adm.tenant, adm.priority, adm.charged_tokens) == ("i1", "t", 3, 250)
+    assert h.rank().interactive_tokens == 250 and h.rank().interactive_requests == 1
+    h.complete("i1", completion=20)
+    assert h.rank().interactive_tokens == 0 and h.rank().interactive_requests == 0
+    a = h.state.fair.accounts["t"]
+    assert (a.input_tokens, a.output_tokens) == (200, 20)  # the unused reservation was refunded
+    assert counter(h, "t") == 200 * 1.0 + 20 * 2.0
+    assert check(h.state, h.cfg) == []
+
+
+def test_interactive_goes_ahead_of_a_waiting_program_and_claims_the_rank() -> None:
+    h = Harness(token_capacity_per_dp_rank=1000)
+    assert admitted(h.submit("a", 500)) == ["r1"]  # 600 private tokens
+    assert admitted(h.submit("b", 350, at=1.0)) == []  # 450 > 1000 - 600: waits
+    eff = interactive(h, "i1", 350, at=2.0)  # 450 > 400 free: busy "a" is marked, the rank claimed
+    assert admitted_interactive(eff) == []
+    assert "priority_preemption_mark" in reasons(eff) and h.program("a").pause_when_idle
+    assert h.rank().interactive_claim_tokens == 450
+    assert admitted(h.tick(at=2.5)) == [] and admitted_interactive(h.log[-5:]) == []
+    eff = h.complete("r1", at=3.0, prompt=500, completion=10)
+    assert "priority_preemption" in reasons(eff)  # "a" pauses when its request ends
+    assert admitted_interactive(eff) == ["i1"]  # interactive first ...
+    assert admitted(eff) == ["r2"]  # ... then the Program that still fits (450 <= 1000 - 450)
+    assert h.rank().interactive_claim_tokens == 0
+    assert check(h.state, h.cfg) == []
+
+
+def test_interactive_pauses_idle_lower_programs_now() -> None:
+    h = Harness(token_capacity_per_dp_rank=1000)
+    h.submit("a", 400, hints=RequestHints(kv_retention_ttl_seconds=60.0, priority=0))
+    h.submit("b", 300, hints=RequestHints(kv_retention_ttl_seconds=60.0, priority=5))
+    h.complete("r1", at=1.0, prompt=400)
+    h.complete("r2", at=1.0, prompt=300)  # both acting (idle), holding 900 tokens
+    eff = interactive(h, "i1", 400, at=2.0)
+    pauses = [t for t in of(eff, fx.Transition) if t.reason == "priority_preemption"]
+    assert [t.program.program_id for t in pauses] == ["a"]  # the lower priority only: enough room
+    assert admitted_interactive(eff) == ["i1"]
+    assert h.program("a").state == "paused" and h.program("a").last_target == h.rank().target_id
+    assert h.program("b").state == "active"
+    assert check(h.state, h.cfg) == []
+
+
+def test_interactive_preempts_restartable_batch_before_pausing_programs() -> None:
+    h = Harness(token_capacity_per_dp_rank=1000, batch=BATCH)
+    h.feed(BatchSubmitted(RequestId("b1"), "job", 300, max_tokens=100, preemptible=True))
+    h.feed(BatchSubmitted(RequestId("b2"), "job", 300, max_tokens=100, preemptible=False))
+    assert h.rank().batch_requests == 2
+    eff = interactive(h, "i1", 400, max_tokens=100, at=1.0)  # 500 > 1000 - 800 - reserve
+    assert [e.request_id for e in of(eff, fx.PreemptBatch)] == ["b1"]
+    assert admitted_interactive(eff) == ["i1"]
+    assert h.state.batch is not None and "b1" in h.state.batch.pending
+    assert check(h.state, h.cfg) == []
+
+
+def test_interactive_order_is_priority_then_least_served_tenant_then_arrival() -> None:
+    h = Harness(token_capacity_per_dp_rank=1000)
+    h.submit("a", 800)  # 900: only 100 left
+    interactive(h, "x1", 300, tenant="x", at=1.0)
+    interactive(h, "y1", 300, tenant="y", at=1.0)
+    interactive(h, "x2", 300, tenant="x", priority=1, at=1.0)
+    h.state.fair.accounts["x"].counter += 10_000  # x was served much more
+    eff = h.complete("r1", at=2.0, prompt=800)  # "a" pauses (ttl 0): 1000 free, room for two of 400
+    assert admitted_interactive(eff) == ["x2", "y1"]  # priority first, then the least-served tenant
+    assert "x1" in h.state.interactive.pending
+
+
+def test_interactive_queue_timeout_rejects_at_the_tick_and_abandon_unqueues() -> None:
+    h = Harness(token_capacity_per_dp_rank=1000, queue_timeout_seconds=10.0)
+    h.submit("a", 800)
+    interactive(h, "i1", 500, deadline_seconds=2.0, at=1.0)
+    interactive(h, "i2", 500, at=1.0)
+    assert admitted_interactive(h.feed(RepairTick(), at=2.5)) == []
+    eff = h.feed(RepairTick(), at=3.0)
+    assert [(r.request_id, r.status_hint) for r in of(eff, fx.Reject)] == [("i1", 429)]
+    h.abandon("i2", at=4.0)
+    assert not h.state.interactive.pending and h.state.fair.accounts["default"].waiting == 0
+
+
+# ---- priorities among Programs ---------------------------------------------------------------
+
+
+def test_higher_priority_program_resumes_first() -> None:
+    h = Harness(max_active_programs_per_target=1)
+    h.submit("x")
+    h.submit("low", at=1.0, hints=RequestHints(priority=-1))
+    h.submit("high", at=2.0, hints=RequestHints(priority=4))
+    eff = h.complete("r1", at=3.0)
+    assert admitted(eff) == ["r3"]
+
+
+def test_a_higher_priority_waiter_pauses_lower_idle_programs() -> None:
+    h = Harness(token_capacity_per_dp_rank=1000)
+    h.submit("low", 600, hints=RequestHints(kv_retention_ttl_seconds=60.0, priority=-2))
+    h.complete("r1", at=1.0, prompt=600)  # acting, 700 held
+    eff = h.submit("high", 400, at=2.0, hints=RequestHints(priority=3))
+    assert "priority_preemption" in reasons(eff) and admitted(eff) == ["r2"]
+    eff = h.submit("peer", 400, at=3.0, hints=RequestHints(priority=3))  # equal priority: never pauses
+    assert "priority_preemption" not in reasons(eff)
+    assert check(h.state, h.cfg) == []
+
+
+def test_capacity_repair_pauses_the_lowest_priority_first() -> None:
+    h = Harness(token_capacity_per_dp_rank=1000, low_watermark_ratio=0.9, high_watermark_ratio=0.95)
+    h.submit("hi", 300, hints=RequestHints(kv_retention_ttl_seconds=60.0, priority=2))
+    h.submit("lo", 300, hints=RequestHints(kv_retention_ttl_seconds=60.0, priority=-2))
+    h.complete("r1", at=1.0, prompt=300)
+    h.complete("r2", at=1.0, prompt=300)
+    # both acting; the growth of "hi"'s context pushes the rank over the high watermark
+    eff = h.submit("hi", 700, at=10.0, hints=RequestHints(priority=2))
+    paused = [t.program.program_id for t in of(eff, fx.Transition) if t.reason == "capacity_repair"]
+    assert paused == ["lo"]
+
+
+# ---- per-class caps ----------------------------------------------------------------------------
+
+
+def test_agent_cap_on_running_programs_per_rank() -> None:
+    h = Harness(priority=PriorityConfig(agent=ClassLimits(max_running_per_rank=1)))
+    h.submit("a")
+    assert admitted(h.submit("b", at=1.0)) == []
+    assert admitted(h.complete("r1", at=2.0)) == ["r2"]
+
+
+def test_batch_and_interactive_caps_on_running_requests() -> None:
+    prio = PriorityConfig(batch=ClassLimits(max_running_per_rank=1), interactive=ClassLimits(max_running_per_rank=2))
+    h = Harness(token_capacity_per_dp_rank=100_000, batch=BATCH, priority=prio)
+    for i in range(3):
+        h.feed(BatchSubmitted(RequestId(f"b{i}"), "job", 10, max_tokens=10))
+        interactive(h, f"i{i}", 10)
+    assert h.rank().batch_requests == 1 and h.rank().interactive_requests == 2
+    h.complete("i0")
+    assert h.rank().interactive_requests == 2 and not h.state.interactive.pending
+
+
+def test_class_order_can_put_agents_above_interactive() -> None:
+    prio = PriorityConfig(class_order=("agent", "interactive", "batch"))
+    h = Harness(token_capacity_per_dp_rank=1000, priority=prio)
+    h.submit("a", 500)
+    eff = interactive(h, "i1", 500, at=1.0)
+    assert admitted_interactive(eff) == [] and "priority_preemption_mark" not in reasons(eff)
+    assert h.rank().interactive_claim_tokens == 0  # no claim against a higher band
+
+
+# ---- tenant fairness ---------------------------------------------------------------------------
+
+
+def test_least_served_tenant_resumes_first_at_equal_priority() -> None:
+    h = Harness(max_active_programs_per_target=1)
+    h.submit("x0", tokens=1000)
+    h.feed(_submit(h, "xa", "x", 100), at=1.0)
+    h.feed(_submit(h, "yb", "y", 100), at=2.0)
+    h.state.fair.accounts["x"].counter += 5_000
+    eff = h.complete("r1", at=3.0)
+    assert [e.program.program_id for e in of(eff, fx.Admit)] == ["yb"]
+
+
+def _submit(h: Harness, program: str, tenant: str, tokens: int) -> object:
+    from core_support import Ident
+
+    from actors.core.events import RequestSubmitted
+
+    h._n += 1
+    return RequestSubmitted(
+        RequestId(f"r{h._n}"), Ident(program, placement_key=program, placement_hash_key=program), tokens, tenant=tenant
+    )
+
+
+def test_counter_lift_for_a_newly_backlogged_tenant() -> None:
+    h = Harness(token_capacity_per_dp_rank=1000)
+    h.submit("a", 850)  # 950: nothing else fits
+    interactive(h, "x1", 100, tenant="x", at=1.0)
+    h.state.fair.accounts["x"].counter = 700.0
+    interactive(h, "y1", 100, tenant="y", at=2.0)  # y was idle: lifted to x's counter, no credit
+    assert counter(h, "y") == 700.0 and h.state.fair.accounts["y"].lifts == 1
+    interactive(h, "x2", 100, tenant="x", at=3.0)  # x is backlogged already: no lift
+    assert h.state.fair.accounts["x"].lifts == 0
+
+
+def test_kv_rent_accrues_while_acting() -> None:
+    prio = PriorityConfig(vtc_kv_token_second_weight=0.5, tenant_weights={"t": 2.0})
+    h = Harness(token_capacity_per_dp_rank=10_000, priority=prio)
+    ev = _submit(h, "p", "t", 900)
+    h.feed(ev.__class__(ev.request_id, ev.identity, 900, RequestHints(kv_retention_ttl_seconds=10.0), tenant="t"))  # type: ignore[attr-defined]
+    c0 = counter(h, "t")
+    h.complete("r1", at=1.0, prompt=900, completion=0)  # acting: 1000 tokens held until 11.0
+    c1 = counter(h, "t")
+    h.now = 5.0
+    assert counter(h, "t") - c1 == pytest.approx(0.5 * 1000 * 4.0 / 2.0)
+    eff = h.tick(at=20.0)  # the TTL fired at 11.0: the rent stops there
+    assert "ttl_expired" in reasons(h.log)
+    a = h.state.fair.accounts["t"]
+    assert a.held_tokens == 0.0 and a.kv_token_seconds == pytest.approx(1000 * 10.0)
+    assert counter(h, "t") - c1 == pytest.approx(0.5 * 1000 * 10.0 / 2.0)
+    assert c1 == c0 - 2.0 * 100 / 2.0  # the completion refunded the unused output reservation
+    assert eff is not None
+
+
+def test_single_tenant_priority_zero_decisions_do_not_depend_on_fairness() -> None:
+    """With one tenant and priority 0, VTC changes nothing (docs/priority.md §4)."""
+    runs = []
+    for prio in (PriorityConfig(), PriorityConfig(fairness="off")):
+        h = Harness(token_capacity_per_dp_rank=2000, max_active_programs_per_target=3, priority=prio)
+        for i in range(12):
+            h.submit(f"p{i % 5}", 200 + 37 * i, at=float(i))
+            if i % 3 == 2:
+                live = sorted(h.state.in_flight)
+                if live:
+                    h.complete(live[0], at=float(i) + 0.5, prompt=300, completion=20)
+        h.tick(at=40.0)
+        runs.append([e for e in h.log])
+    assert runs[0] == runs[1]
