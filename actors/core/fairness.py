@@ -141,6 +141,34 @@ def leave(fair: FairnessState, cfg: PriorityConfig, tenant: str, now: float, *, 
         fair.last_left_counter = counter(fair, cfg, tenant, now)
 
 
+MAX_ACCOUNTS = 4096
+
+
+def prune(fair: FairnessState, cfg: PriorityConfig, now: float, keep: int = MAX_ACCOUNTS) -> int:
+    """Bound the accounts (the tick calls it): beyond ``keep`` accounts, forget idle tenants (nothing
+    waiting, no KV held) whose counter is at most the lift floor, oldest first.  A forgotten tenant
+    that comes back starts at 0 and is lifted to the floor, which it had not exceeded: it gains
+    no credit.  Returns the number forgotten."""
+    if len(fair.accounts) <= keep:
+        return 0
+    floor = None
+    for name, a in fair.accounts.items():
+        if a.waiting > 0:
+            c = counter(fair, cfg, name, now)
+            floor = c if floor is None or c < floor else floor
+    if floor is None:
+        floor = fair.last_left_counter
+    drop = [
+        name
+        for name, a in fair.accounts.items()
+        if a.waiting == 0 and not a.held_tokens and counter(fair, cfg, name, now) <= floor
+    ]
+    drop = drop[: len(fair.accounts) - keep]
+    for name in drop:
+        del fair.accounts[name]
+    return len(drop)
+
+
 def total_kv_token_seconds(a: TenantAccount, now: float) -> float:
     """Settled plus outstanding rent of one account (raw token-seconds)."""
     return a.kv_token_seconds + outstanding_rent_token_seconds(a, now)

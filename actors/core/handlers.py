@@ -5,6 +5,7 @@ the decision sequences are in ``sequences``; targets and observations in ``topol
 
 from __future__ import annotations
 
+from actors.core import fairness
 from actors.core.batch_class import on_batch_abandon
 from actors.core.completion import on_complete
 from actors.core.errors import InvalidEvent
@@ -98,6 +99,7 @@ def on_timer(s: SchedulerState, ev: TimerFired) -> None:
 def on_tick(s: SchedulerState, ev: RepairTick) -> None:
     """The periodic tick: forget old generation histories, re-examine every rank, report sources."""
     prune_released_generations(s)
+    fairness.prune(s.fair, s.prio, s.now)
     if s.interactive.pending:
         reject_timed_out_interactive(s)
     for t in s.ranks:

@@ -193,8 +193,10 @@ def order_key(s: SchedulerState, p: InteractivePending) -> tuple[float, float, i
 def dispatch_interactive(s: SchedulerState) -> None:
     """Dispatch waiting interactive requests in order; make room or claim a rank for the rest."""
     st = s.interactive
-    for rank in s.ranks.values():
-        rank.interactive_claim_tokens = 0.0
+    if st.claimed:
+        for rank in s.ranks.values():
+            rank.interactive_claim_tokens = 0.0
+        st.claimed = False
     if not st.pending:
         return
     waiting = sorted(st.pending.values(), key=lambda p: order_key(s, p))
@@ -310,6 +312,7 @@ def _make_room(s: SchedulerState, ranks: list[RankState], p: InteractivePending)
         room += a.charged_tokens
     if above(s, AGENT):  # claims hold Programs and batch back: only for a band above both
         rank.interactive_claim_tokens += need
+        s.interactive.claimed = True
     return None
 
 

@@ -39,7 +39,16 @@ class InteractiveRunning:
 class InteractiveState:
     """Waiting and running interactive requests (one writer: the scheduler actor)."""
 
-    __slots__ = ("pending", "running", "admitted_count", "rejected_count", "batch_preemptions", "program_pauses", "seq")
+    __slots__ = (
+        "pending",
+        "running",
+        "admitted_count",
+        "rejected_count",
+        "batch_preemptions",
+        "program_pauses",
+        "seq",
+        "claimed",
+    )
 
     def __init__(self) -> None:
         # insertion order = arrival order
@@ -50,3 +59,4 @@ class InteractiveState:
         self.batch_preemptions = 0
         self.program_pauses = 0
         self.seq = 0
+        self.claimed = False  # some rank carries an interactive claim (cleared by the next pass)

@@ -46,6 +46,8 @@ def check_interactive(s: SchedulerState, out: list[str]) -> None:
     """The interactive class (docs/priority.md §2): each rank's interactive charge is the sum over
     its running interactive requests, and no request is both waiting and running."""
     st = s.interactive
+    if not st.pending and any(r.interactive_claim_tokens for r in s.ranks.values()):
+        out.append("a rank keeps an interactive claim but no interactive request waits")
     tokens: dict[str, float] = {}
     counts: dict[str, int] = {}
     for rid, r in st.running.items():

@@ -91,11 +91,12 @@ def schedule_waiting(s: SchedulerState) -> None:
     """The admission pass: the interactive class first when it is above ``agent`` in
     ``class_order`` (docs/priority.md §2), then the Programs' queues, then interactive otherwise."""
     first = s.prio.class_rank(INTERACTIVE) < s.prio.class_rank(AGENT)
-    if first and s.interactive.pending:
+    st = s.interactive
+    if first and (st.pending or st.claimed):
         dispatch_interactive(s)
     if not s.cfg.binding_only:
         _schedule_programs(s)
-    if not first and s.interactive.pending:
+    if not first and (st.pending or st.claimed):
         dispatch_interactive(s)
 
 

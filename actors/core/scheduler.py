@@ -104,8 +104,9 @@ def step(state: SchedulerState, event: object, *, now: float, cfg: ProgramSchedu
     handler(s, event)
     if s.batch is not None:
         batch_class.after_step(s)  # after the step's Program decisions: Programs first
-    if s.interactive.pending:
-        # the events that ran no admission pass, and the room the batch pass left (docs/priority.md §2)
+    if s.interactive.pending or s.interactive.claimed:
+        # the events that ran no admission pass, and the room the batch pass left; clears the
+        # claims of requests that left (docs/priority.md §2)
         interactive.dispatch_interactive(s)
     fairness_sync.sync_rent(s)
     sync_timers(s)

@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 from attrs import field, frozen
 
+from actors.core import fairness
 from actors.core.config import ProgramSchedulingConfig
 from actors.core.ids import TargetId, redacted_id
 from actors.core.ledger import (
@@ -28,7 +29,7 @@ from actors.core.ledger import (
     private_tokens,
     target_usage,
 )
-from actors.core.model import ACTING, ACTIVE, PAUSED, REASONING, Program, RankState
+from actors.core.model import ACTING, ACTIVE, AGENT, BATCH, INTERACTIVE, PAUSED, REASONING, Program, RankState
 from actors.core.state import SchedulerState
 from actors.core.stats import ProgressTtlFactors, peek_acting_ttl
 
@@ -82,6 +83,8 @@ class ProgramSnapshot:
     force_resume_pool_remaining_rounds: float
     force_resume_request_throughput_per_second: float
     force_resume_waiting_gate_blocked_at: float | None
+    tenant: str = "default"
+    priority: int = 0  # of its latest request (larger first)
 
 
 @frozen
@@ -167,6 +170,55 @@ class RankSnapshot:
 
 
 @frozen
+class ClassSnapshot:
+    """One request class (docs/priority.md §2): its band, queue, running work and caps."""
+
+    request_class: str
+    band: int  # position in class_order (0 = served first)
+    waiting_requests: int
+    running_requests: int  # for agent: Program requests in flight
+    active_programs: int | None  # agent only
+    charged_tokens: float  # on the ranks' ledgers
+    oldest_wait_seconds: float | None
+    max_running_per_rank: int | None
+    max_kv_share: float
+
+
+@frozen
+class TenantSnapshot:
+    """One tenant's fairness account (docs/priority.md §3)."""
+
+    tenant: str
+    weight: float
+    counter: float  # virtual token counter, rent to now included
+    waiting_requests: int
+    dispatched_requests: int
+    input_tokens: float
+    output_tokens: float
+    kv_token_seconds: float  # rent to now included
+    held_kv_tokens: float  # held now by its idle Programs
+    lifts: int
+
+
+@frozen
+class PrioritySnapshot:
+    """Classes and tenants at one instant (the ``priority`` section of the diagnostics)."""
+
+    class_order: tuple[str, ...]
+    fairness: str
+    classes: tuple[ClassSnapshot, ...]
+    tenants: tuple[TenantSnapshot, ...]  # most waiting first, then counter, name; ``MAX_TENANTS_SHOWN`` at most
+    tenants_total: int
+    interactive_admitted: int
+    interactive_rejected: int
+    interactive_batch_preemptions: int
+    interactive_program_pauses: int
+
+
+MAX_TENANTS_SHOWN = 100
+
+
+@frozen
 class SchedulerSnapshot:
     """The whole scheduler at one instant."""
 
@@ -183,6 +235,7 @@ class SchedulerSnapshot:
     live_programs: int
     forced_admissions: int
     ranks: tuple[RankSnapshot, ...]
+    priority: PrioritySnapshot | None = None  # None: taken for the gauges only
 
 
 def snapshot(
@@ -212,6 +265,7 @@ def snapshot(
         ranks=tuple(
             rank_snapshot(state, state.ranks[t], by_rank[t], cfg, now, include_programs) for t in sorted(state.ranks)
         ),
+        priority=priority_snapshot(state, now) if include_programs else None,
     )
 
 
@@ -220,7 +274,85 @@ def diagnostics_document(snap: SchedulerSnapshot) -> dict[str, Any]:
     may extend them), keys in attribute order, gauge-only attributes left out."""
     doc = _document(snap)
     doc["ranks"] = [_rank_document(r) for r in snap.ranks]
+    if snap.priority is None:
+        doc.pop("priority", None)
+    else:
+        doc["priority"] = priority_document(snap.priority)
     return doc
+
+
+def priority_document(p: PrioritySnapshot) -> dict[str, Any]:
+    doc = attrs.asdict(p, recurse=True)
+    doc["class_order"] = list(p.class_order)
+    return doc
+
+
+def priority_snapshot(state: SchedulerState, now: float) -> PrioritySnapshot:
+    """Per-class and per-tenant facts (docs/priority.md §2, §3); linear in requests and Programs."""
+    s = state
+    prio = s.prio
+    waits: dict[str, list[float]] = {INTERACTIVE: [], AGENT: [], BATCH: []}
+    for ref in list(s.pool.refs()):
+        waits[AGENT].extend(r.arrived_at for r in s.pool.requests(ref))
+    waits[INTERACTIVE].extend(p.arrived_at for p in s.interactive.pending.values())
+    if s.batch is not None:
+        waits[BATCH].extend(p.arrived_at for p in s.batch.pending.values())
+    running = {
+        INTERACTIVE: len(s.interactive.running),
+        AGENT: len(s.in_flight),
+        BATCH: len(s.batch.running) if s.batch is not None else 0,
+    }
+    charged = {
+        INTERACTIVE: sum(r.interactive_tokens for r in s.ranks.values()),
+        AGENT: sum(r.fallback_tokens for r in s.ranks.values()),
+        BATCH: sum(r.batch_tokens for r in s.ranks.values()),
+    }
+    classes = []
+    for name in prio.class_order:
+        limits = prio.limits(name)
+        w = waits[name]
+        classes.append(
+            ClassSnapshot(
+                request_class=name,
+                band=prio.class_rank(name),
+                waiting_requests=len(w),
+                running_requests=running[name],
+                active_programs=sum(len(r.active) for r in s.ranks.values()) if name == AGENT else None,
+                charged_tokens=charged[name],
+                oldest_wait_seconds=now - min(w) if w else None,
+                max_running_per_rank=limits.max_running_per_rank,
+                max_kv_share=limits.max_kv_share,
+            )
+        )
+    tenants = []
+    for name, a in s.fair.accounts.items():
+        tenants.append(
+            TenantSnapshot(
+                tenant=name,
+                weight=prio.weight(name),
+                counter=fairness.counter(s.fair, prio, name, now),
+                waiting_requests=a.waiting,
+                dispatched_requests=a.dispatched,
+                input_tokens=a.input_tokens,
+                output_tokens=a.output_tokens,
+                kv_token_seconds=fairness.total_kv_token_seconds(a, now),
+                held_kv_tokens=a.held_tokens,
+                lifts=a.lifts,
+            )
+        )
+    tenants.sort(key=lambda t: (-t.waiting_requests, t.counter, t.tenant))
+    st = s.interactive
+    return PrioritySnapshot(
+        class_order=prio.class_order,
+        fairness=prio.fairness,
+        classes=tuple(classes),
+        tenants=tuple(tenants[:MAX_TENANTS_SHOWN]),
+        tenants_total=len(tenants),
+        interactive_admitted=st.admitted_count,
+        interactive_rejected=st.rejected_count,
+        interactive_batch_preemptions=st.batch_preemptions,
+        interactive_program_pauses=st.program_pauses,
+    )
 
 
 def _rank_document(rank: RankSnapshot) -> dict[str, Any]:
@@ -322,6 +454,8 @@ def program_snapshot(state: SchedulerState, p: Program, cfg: ProgramSchedulingCo
         force_resume_pool_remaining_rounds=p.force_resume_pool_remaining_rounds,
         force_resume_request_throughput_per_second=p.force_resume_request_throughput_per_second,
         force_resume_waiting_gate_blocked_at=p.force_gate_blocked_at,
+        tenant=p.tenant,
+        priority=p.priority,
     )
 
 

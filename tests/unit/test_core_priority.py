@@ -267,3 +267,41 @@ def test_single_tenant_priority_zero_decisions_do_not_depend_on_fairness() -> No
         h.tick(at=40.0)
         runs.append([e for e in h.log])
     assert runs[0] == runs[1]
+
+
+# ---- diagnostics -------------------------------------------------------------------------------
+
+
+def test_snapshot_has_class_and_tenant_sections() -> None:
+    import json
+
+    from actors.core.snapshot import diagnostics_document, snapshot
+
+    h = Harness(token_capacity_per_dp_rank=1000, batch=BATCH)
+    h.submit("a", 800)
+    interactive(h, "i1", 300, tenant="t1", priority=2, at=1.0)
+    h.feed(BatchSubmitted(RequestId("b1"), "job", 50, max_tokens=10, tenant="t2"), at=1.5)
+    doc = diagnostics_document(snapshot(h.state, h.cfg, 3.0))
+    json.dumps(doc)
+    prio = doc["priority"]
+    assert prio["class_order"] == ["interactive", "agent", "batch"] and prio["fairness"] == "vtc"
+    by_class = {c["request_class"]: c for c in prio["classes"]}
+    assert by_class["interactive"]["waiting_requests"] == 1 and by_class["interactive"]["oldest_wait_seconds"] == 2.0
+    assert by_class["agent"]["running_requests"] == 1 and by_class["agent"]["active_programs"] == 1
+    assert by_class["batch"]["band"] == 2
+    tenants = {t["tenant"]: t for t in prio["tenants"]}
+    assert set(tenants) == {"default", "t1", "t2"} and tenants["t1"]["waiting_requests"] == 1
+    assert tenants["default"]["input_tokens"] == 800 and prio["tenants_total"] == 3
+    assert "priority" not in diagnostics_document(snapshot(h.state, h.cfg, 3.0, include_programs=False))
+
+
+def test_idle_accounts_are_pruned_beyond_the_bound_without_credit() -> None:
+    fair = fairness.FairnessState()
+    cfg = PriorityConfig()
+    for i in range(10):
+        fairness.arrive(fair, cfg, f"t{i}", 0.0)
+        fairness.charge(fair, cfg, f"t{i}", input_tokens=i)
+        fairness.leave(fair, cfg, f"t{i}", 0.0, dispatched=True)
+    fairness.arrive(fair, cfg, "busy", 0.0)  # lifted to the last leaver's counter: the floor
+    assert fairness.prune(fair, cfg, 1.0, keep=4) == 7
+    assert "busy" in fair.accounts and len(fair.accounts) == 4
