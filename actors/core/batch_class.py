@@ -154,10 +154,9 @@ def on_batch_complete(s: SchedulerState, ev: RequestCompleted) -> bool:
     rank = s.ranks.get(r.target_id)
     if rank is not None and r.on_ledger:
         charge_batch(rank, -r.charged_tokens, -1)
-    if ev.usage.completion_tokens is not None and r.pending is not None:
-        fairness.charge(
-            s.fair, s.prio, r.pending.tenant, output_tokens=ev.usage.completion_tokens - r.predicted_decode_tokens
-        )
+    if r.pending is not None:
+        out = fairness.output_tokens(ev.usage.completion_tokens, r.predicted_decode_tokens, ev.success)
+        fairness.charge(s.fair, s.prio, r.pending.tenant, output_tokens=out)
     counters = b.jobs.get(r.job)
     if counters is not None:
         counters.running -= 1
@@ -506,7 +505,7 @@ def _dispatch(
     del b.pending[p.request_id]
     b.queue.remove(p.request_id)
     fairness.leave(s.fair, s.prio, p.tenant, s.now, dispatched=True)
-    fairness.charge(s.fair, s.prio, p.tenant, input_tokens=p.prompt_tokens, output_tokens=pred)
+    fairness.charge(s.fair, s.prio, p.tenant, input_tokens=p.prompt_tokens)  # output: at completion
     charge_batch(rank, float(need), 1)
     b.running[p.request_id] = BatchRunning(p.request_id, p.job, rank.target_id, float(need), pred, s.now, pending=p)
     wait = s.now - p.arrived_at

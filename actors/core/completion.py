@@ -87,8 +87,8 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     if found is None:
         return
     d, p = found
-    if ev.usage.completion_tokens is not None:  # the output actually generated, beyond the reservation
-        fairness.charge(s.fair, s.prio, d.tenant, output_tokens=ev.usage.completion_tokens - d.reserved_output_tokens)
+    out = fairness.output_tokens(ev.usage.completion_tokens, d.reserved_output_tokens, ev.success)
+    fairness.charge(s.fair, s.prio, d.tenant, output_tokens=out)  # docs/priority.md §3
     rank = s.ranks[d.target_id]
     usage = observe_usage(s, p, d, rank, ev.usage)
     # shared-prefix freshness is evaluated now, before this completion changes the state

@@ -4,10 +4,9 @@ Every tenant has an account whose ``counter`` is the service it received, normal
 (``cost / weight``).  The costs charged:
 
 * a dispatch (any class): ``vtc_input_token_weight`` x the prompt tokens it makes the engine
-  compute, plus ``vtc_output_token_weight`` x the output tokens it reserves (``max_tokens`` or the
-  expected output, else ``decode_buffer_tokens``);
-* its completion: ``vtc_output_token_weight`` x (reported completion tokens - reserved), a
-  correction (a refund when the request stopped early);
+  compute;
+* its completion: ``vtc_output_token_weight`` x the completion tokens it reports (without usage:
+  its expected output if it succeeded, nothing if it failed);
 * KV rent: ``vtc_kv_token_second_weight`` x tokens x seconds of capacity held on a rank's ledger
   by an *idle* Program (Active/Acting: the acting TTL keeps its KV while it runs a tool).  Rent is
   settled whenever the held amount changes (end of every step, for the Programs the step touched,
@@ -83,12 +82,20 @@ def counter(fair: FairnessState, cfg: PriorityConfig, tenant: str, now: float) -
 def charge(
     fair: FairnessState, cfg: PriorityConfig, tenant: str, *, input_tokens: float = 0.0, output_tokens: float = 0.0
 ) -> None:
-    """Charge computed prompt tokens and output tokens (negative = a refund of reserved output)."""
+    """Charge computed prompt tokens and output tokens (negative input: a preempted dispatch's refund)."""
     a = account(fair, tenant)
     a.input_tokens += input_tokens
     a.output_tokens += output_tokens
     cost = cfg.vtc_input_token_weight * input_tokens + cfg.vtc_output_token_weight * output_tokens
     a.counter += cost / cfg.weight(tenant)
+
+
+def output_tokens(reported: int | None, reserved: int, success: bool) -> int:
+    """Output tokens a completion is charged: the reported count, else the reservation when it
+    succeeded without reporting usage, else (a failure) nothing."""
+    if reported is not None:
+        return reported
+    return reserved if success else 0
 
 
 def hold(

@@ -90,9 +90,8 @@ def on_interactive_complete(s: SchedulerState, ev: RequestCompleted) -> bool:
     if rank is not None and r.on_ledger:
         _charge_rank(rank, -r.charged_tokens, -1)
         mark_dirty(s, rank.target_id)
-    done = ev.usage.completion_tokens
-    if done is not None:
-        fairness.charge(s.fair, s.prio, r.tenant, output_tokens=done - r.reserved_output_tokens)
+    out = fairness.output_tokens(ev.usage.completion_tokens, r.reserved_output_tokens, ev.success)
+    fairness.charge(s.fair, s.prio, r.tenant, output_tokens=out)
     return True
 
 
@@ -335,7 +334,7 @@ def _dispatch(s: SchedulerState, p: InteractivePending, rank: RankState) -> None
     )
     st.admitted_count += 1
     fairness.leave(s.fair, s.prio, p.tenant, s.now, dispatched=True)
-    fairness.charge(s.fair, s.prio, p.tenant, input_tokens=p.prompt_tokens, output_tokens=p.reserved_output_tokens)
+    fairness.charge(s.fair, s.prio, p.tenant, input_tokens=p.prompt_tokens)  # output: at completion
     s.effects.append(
         AdmitInteractive(
             request_id=p.request_id,

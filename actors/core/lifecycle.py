@@ -91,14 +91,15 @@ def _leave(table: dict[K, dict[ProgramRef, None]], name: K, ref: ProgramRef) -> 
 
 
 def reserved_output(p: Program, expected: int | None, decode_buffer_tokens: int) -> int:
-    """The output tokens a Program request is charged for at dispatch (docs/priority.md §3)."""
+    """The output tokens a Program request is expected to produce: what its completion is charged
+    when it reports no usage (docs/priority.md §3)."""
     if expected is not None:
         return expected
     return p.output_token_reservation if p.output_token_reservation is not None else decode_buffer_tokens
 
 
-def charge_dispatch(s: SchedulerState, p: Program, tenant: str, context_tokens: int, out: int) -> None:
-    """The tenant pays for the prompt tokens the engine computes and the output it reserves.
+def charge_dispatch(s: SchedulerState, p: Program, tenant: str, context_tokens: int) -> None:
+    """The tenant pays for the prompt tokens the engine computes (the output at completion).
 
     Computed prompt tokens are estimated: beyond the previous context on the same placement (its
     KV is there), else beyond the shared prefix (docs/priority.md §3)."""
@@ -108,7 +109,7 @@ def charge_dispatch(s: SchedulerState, p: Program, tenant: str, context_tokens: 
         cached = p.last_context_tokens
     computed = context_tokens - cached if context_tokens > cached else 0
     fairness.leave(s.fair, s.prio, tenant, s.now, dispatched=True)
-    fairness.charge(s.fair, s.prio, tenant, input_tokens=computed, output_tokens=out)
+    fairness.charge(s.fair, s.prio, tenant, input_tokens=computed)  # output: at completion
 
 
 def dispatch_ready(s: SchedulerState, p: Program) -> None:
@@ -120,7 +121,7 @@ def dispatch_ready(s: SchedulerState, p: Program) -> None:
             return
         lc.apply(p, lc.DISPATCH)
         out = reserved_output(p, req.hints.expected_output_length, s.cfg.decode_buffer_tokens)
-        charge_dispatch(s, p, req.tenant, req.estimated_context_tokens, out)
+        charge_dispatch(s, p, req.tenant, req.estimated_context_tokens)
         start = p.placement_start_pending
         p.placement_start_pending = False
         p.in_flight += 1

@@ -140,7 +140,7 @@ class Dispatch:
     placement_start_request: bool
     hints: RequestHints
     tenant: str = DEFAULT_TENANT
-    reserved_output_tokens: int = 0  # output charged to the tenant at dispatch (docs/priority.md §3)
+    reserved_output_tokens: int = 0  # expected output: charged at completion without usage (docs/priority.md §3)
 
 
 @define(slots=True, eq=False)

@@ -2,8 +2,8 @@
 
 Shared by the batch class (a waiting Program lacks tokens batch holds) and the interactive class
 (an interactive request does not fit).  The request waits in the batch queue again, keeping its
-arrival time; its tenant gets back what its dispatch was charged (it will be charged again when it
-is dispatched anew, docs/priority.md §3).
+arrival time; its tenant gets back what its dispatch was charged (it is charged again when it is
+dispatched anew, docs/priority.md §3).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def preempt_batch(s: SchedulerState, b: BatchState, r: BatchRunning, rank: RankS
     assert p is not None
     p.preemptions += 1
     b.preemptions_count += 1
-    fairness.charge(s.fair, s.prio, p.tenant, input_tokens=-p.prompt_tokens, output_tokens=-r.predicted_decode_tokens)
+    fairness.charge(s.fair, s.prio, p.tenant, input_tokens=-p.prompt_tokens)
     fairness.arrive(s.fair, s.prio, p.tenant, s.now)
     b.pending[p.request_id] = p
     # keep ``pending`` in arrival order (the starvation escape serves its first entry); preemptions

@@ -30,8 +30,8 @@ Program actors' timers delivered in (deadline, token) order, a ``RepairTick`` on
 :class:`VtcBoundMachine`
     Interactive requests of one size from three tenants of equal weight on one rank.  While two
     tenants are both continuously backlogged, the difference of the service they receive (their
-    counter increases) stays within ``2 x (U + M x R)``: ``U`` the charge of one dispatch, ``R`` the
-    largest refund of one completion (unused reserved output), ``M`` the most requests one
+    charges, lifts excluded) stays within ``2 x (U + M x R)``: ``U`` the charge of one dispatch (its
+    prompt), ``R`` the largest charge of one completion (its output), ``M`` the most requests one
     tenant can have in flight (docs/priority.md §4 derives it).
 
 ``MACHINES`` lists ``(property name, factory)``; ``factory(cfg)`` returns the machine class for a
@@ -477,12 +477,12 @@ class VtcBoundMachine(RuleBasedStateMachine):
         self.output = max(1, int(self.OUTPUT_SHARE * capacity))
         p = self.prio
         w = p.default_tenant_weight
-        self.dispatch_charge = (p.vtc_input_token_weight * self.prompt + p.vtc_output_token_weight * self.output) / w
-        self.refund = p.vtc_output_token_weight * self.output / w
+        self.dispatch_charge = p.vtc_input_token_weight * self.prompt / w
+        self.completion_charge = p.vtc_output_token_weight * self.output / w
         per_rank = capacity // (self.prompt + self.output)
         cap = p.interactive.max_running_per_rank
         self.max_in_flight = min(per_rank, cap) if cap is not None else per_rank
-        self.bound = 2.0 * (self.dispatch_charge + self.max_in_flight * self.refund)
+        self.bound = 2.0 * (self.dispatch_charge + self.max_in_flight * self.completion_charge)
         self.now = 0.0
         self.n = 0
         self.running: list[str] = []
