@@ -44,7 +44,8 @@ def test_classes_machine_with_caps_weights_and_agents_first() -> None:
         tenant_weights={"tenant-a": 3.0},
         vtc_kv_token_second_weight=0.01,
     )
-    cfg = Daemonish(ProgramSchedulingConfig(token_capacity_per_dp_rank=3000, low_watermark_ratio=0.9), prio)
+    ps = ProgramSchedulingConfig(token_capacity_per_dp_rank=3000, low_watermark_ratio=0.9, global_queue=True)
+    cfg = Daemonish(ps, prio)
     machine = classes_machine(frozenset({"capacity", "conservation", "starvation", "kv_rent"}))(cfg)
     run_state_machine_as_test(machine, settings=BUDGET)
 

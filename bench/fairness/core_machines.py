@@ -114,14 +114,15 @@ def identity(program_id: str) -> ProgramIdentity:
 
 def core_configs(cfg: Any) -> tuple[ProgramSchedulingConfig, BatchJobsConfig, PriorityConfig]:
     """The core's three configs from a daemon configuration (or None): Program scheduling with a
-    token capacity (the machines need one: ``DEFAULT_CAPACITY`` when unset), batch (enabled, so the
-    batch class is exercised), priorities (``cfg.priority.core()`` when the edge extends it)."""
+    token capacity (the machines need one: ``DEFAULT_CAPACITY`` when unset) and never
+    ``binding_only``, batch (enabled, so the batch class is exercised), priorities
+    (``cfg.priority.core()`` when the edge extends it)."""
     ps = getattr(cfg, "program_scheduling", None)
     if not isinstance(ps, ProgramSchedulingConfig):
         ps = ProgramSchedulingConfig()
     if ps.token_capacity_per_dp_rank is None:
         ps = attrs.evolve(ps, token_capacity_per_dp_rank=DEFAULT_CAPACITY)
-    ps = attrs.evolve(ps, binding_only=False, global_queue=False)
+    ps = attrs.evolve(ps, binding_only=False)  # binding_only takes no admission decision to check
     batch = getattr(cfg, "batch_jobs", None)
     if not isinstance(batch, BatchJobsConfig):
         batch = BatchJobsConfig()
