@@ -52,9 +52,9 @@ def test_classes_machine_with_caps_weights_and_agents_first() -> None:
 
 def test_vtc_bound_is_what_the_machine_checks() -> None:
     m = VtcBoundMachine()
-    # prompt 320, output 80 of a 4000-token rank: U = 320, R = 2 x 80, M = 10 in flight
-    assert (m.dispatch_charge, m.completion_charge, m.max_in_flight) == (320.0, 160.0, 10)
-    assert m.bound == 2 * (320 + 10 * 160)
+    # prompt 800, output 200 of a 4000-token rank: U = 800, R = 2 x 200, M = 4 in flight
+    assert (m.dispatch_charge, m.completion_charge, m.max_in_flight) == (800.0, 400.0, 4)
+    assert m.bound == 2 * (800 + 4 * 400)
 
 
 def test_vtc_bound_machine_catches_a_scheduler_without_fairness() -> None:

@@ -463,8 +463,8 @@ class VtcBoundMachine(RuleBasedStateMachine):
 
     PROGRAM_CFG: ProgramSchedulingConfig = ProgramSchedulingConfig(token_capacity_per_dp_rank=DEFAULT_CAPACITY)
     PRIO_CFG: PriorityConfig = PriorityConfig()
-    PROMPT_SHARE = 0.08  # of the capacity, per request
-    OUTPUT_SHARE = 0.02
+    PROMPT_SHARE = 0.2  # of the capacity, per request (few in flight: a tight bound, quickly tested)
+    OUTPUT_SHARE = 0.05
 
     def __init__(self) -> None:
         super().__init__()
