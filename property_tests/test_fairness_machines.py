@@ -4,6 +4,8 @@ configuration with per-class caps, tenant weights and agents above interactive."
 
 from __future__ import annotations
 
+import os
+
 import attrs
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -12,8 +14,10 @@ from hypothesis.stateful import run_state_machine_as_test
 from actors.core.config import ClassLimits, PriorityConfig, ProgramSchedulingConfig
 from bench.fairness.core_machines import MACHINES, VtcBoundMachine, classes_machine, random_walk
 
+DEEP = os.environ.get("HYPOTHESIS_PROFILE", "ci") != "ci"  # the dev profile: ten times the examples
+
 BUDGET = settings(
-    max_examples=60,
+    max_examples=600 if DEEP else 60,
     stateful_step_count=40,
     deadline=None,
     derandomize=True,
