@@ -26,6 +26,7 @@ from attrs import field, frozen
 from actors.core.config import (
     FINITE_GE_0,
     FINITE_GT_0,
+    INT_GE_0,
     INT_GT_0,
     NON_EMPTY,
     OPTIONAL_PORT,
@@ -159,6 +160,103 @@ class ClientHintsConfig:
 
 
 # --------------------------------------------------------------------------------------------
+# Limits, authentication, the admin listener, TLS to workers (docs/operations.md §10)
+# --------------------------------------------------------------------------------------------
+
+OPTIONAL_FINITE_GT_0 = (
+    lambda x: x is None or (isinstance(x, int | float) and not isinstance(x, bool) and 0 < x < float("inf")),
+    "must be null or finite and > 0",
+)
+
+
+@frozen
+class LimitsConfig:
+    """Caps and client-side timeouts of the public listener (docs/config.md ``[limits]``)."""
+
+    # open client connections; one over the cap gets a JSON 503 + Retry-After and is closed
+    max_connections: int = rule_field(INT_GT_0, 8192)
+    # agent-facing requests agentd works on at once (waiting in a scheduler queue counts)
+    max_in_flight_requests: int = rule_field(INT_GT_0, 4096)
+    # requests waiting at the edge for one of those slots; one more gets a JSON 429 + Retry-After
+    max_queued_requests: int = rule_field(INT_GE_0, 4096)
+    # a request waiting longer than this for a slot gets a JSON 503 + Retry-After
+    queue_timeout_seconds: float = rule_field(FINITE_GT_0, 60.0)
+    # the whole request body must arrive within this; else a JSON 408
+    body_read_timeout_seconds: float = rule_field(FINITE_GT_0, 30.0)
+    # one write to a client that does not read for this long closes its connection (lease released)
+    client_write_timeout_seconds: float = rule_field(FINITE_GT_0, 60.0)
+    # a streaming request with no response yet gets ``: keep-alive`` SSE comments this often; null = off
+    sse_keepalive_seconds: float | None = rule_field(OPTIONAL_FINITE_GT_0, None)
+    # the Retry-After of agentd's own 429/503 answers (caps, draining)
+    retry_after_seconds: int = rule_field(INT_GT_0, 1)
+
+
+TENANT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+def _is_sha256_hex(x: Any) -> bool:
+    return isinstance(x, str) and len(x) == 64 and all(c in "0123456789abcdef" for c in x.lower())
+
+
+def valid_key_entry(x: Any) -> bool:
+    """``"<tenant>:<sha256 hex of the key>"`` with a tenant of ``[A-Za-z0-9_.-]``, 1-64 chars."""
+    if not isinstance(x, str) or ":" not in x:
+        return False
+    tenant, digest = x.rsplit(":", 1)
+    return 0 < len(tenant) <= 64 and set(tenant) <= TENANT_CHARS and _is_sha256_hex(digest)
+
+
+@frozen
+class AuthConfig:
+    """API keys (docs/operations.md §10).  No key configured = no authentication (local use)."""
+
+    api_keys: tuple[str, ...] = field(
+        default=(),
+        converter=tuple,
+        metadata={
+            "rule": (
+                lambda xs: all(valid_key_entry(x) for x in xs),
+                'must be "<tenant>:<sha256 hex of the key>" entries (tenant of A-Z a-z 0-9 _ . -)',
+            )
+        },
+    )
+    # a file of such entries, one per line ("#" comments); read at start
+    api_keys_file: str = ""
+    admin_keys: tuple[str, ...] = field(
+        default=(),
+        converter=tuple,
+        metadata={"rule": (lambda xs: all(_is_sha256_hex(x) for x in xs), "must be sha256 hex digests of keys")},
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.api_keys or self.api_keys_file)
+
+
+@frozen
+class AdminConfig:
+    """A separate listener for the admin routes (diagnostics, metrics, dashboard)."""
+
+    host: str = rule_field(NON_EMPTY, "127.0.0.1")
+    port: int | None = rule_field(OPTIONAL_PORT, None)
+
+
+@frozen
+class WorkerTlsConfig:
+    """TLS to ``https://`` workers: a custom CA bundle and a client certificate."""
+
+    ca_file: str = ""  # PEM bundle; "" = the system trust store
+    client_cert_file: str = ""  # PEM; may hold the key too
+    client_key_file: str = ""
+    verify: bool = True  # false only for testing: no certificate check
+
+    def _cross_field_problems(self, path: str) -> Iterator[str]:
+        p = f"{path}." if path else ""
+        if self.client_key_file and not self.client_cert_file:
+            yield f"{p}client_key_file: needs {p}client_cert_file (got client_cert_file='')"
+
+
+# --------------------------------------------------------------------------------------------
 # The Batch API (docs/batch.md §4)
 # --------------------------------------------------------------------------------------------
 
@@ -202,6 +300,10 @@ class AgentdConfig:
     batch_jobs: BatchJobsConfig = field(factory=BatchJobsConfig)
     batch_api: BatchApiConfig = field(factory=BatchApiConfig)
     client_hints: ClientHintsConfig = field(factory=ClientHintsConfig)
+    limits: LimitsConfig = field(factory=LimitsConfig)
+    auth: AuthConfig = field(factory=AuthConfig)
+    admin: AdminConfig = field(factory=AdminConfig)
+    worker_tls: WorkerTlsConfig = field(factory=WorkerTlsConfig)
 
     @property
     def embedded_mode(self) -> bool:
@@ -233,6 +335,16 @@ class AgentdConfig:
                 f"prometheus.port: must differ from server.port "
                 f"(got prometheus.port={self.prometheus.port!r}, server.port={self.server.port!r})"
             )
+        if (
+            self.admin.port is not None
+            and self.admin.port != 0
+            and self.admin.port
+            in (
+                self.server.port,
+                self.prometheus.port,
+            )
+        ):
+            yield f"admin.port: must differ from server.port and prometheus.port (got {self.admin.port!r})"
         if self.batch_jobs.enabled is True and self.enable_program_scheduling is not True:
             yield (
                 "batch_jobs.enabled: requires enable_program_scheduling = true (batch jobs share the Program "

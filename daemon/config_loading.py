@@ -441,6 +441,6 @@ def dump_config(cfg: AgentdConfig) -> dict[str, Any]:
             ps.pop("token_capacity_per_dp_rank", None)
     else:
         data.pop("program_scheduling", None)
-    for section in ("prometheus",):
+    for section in ("prometheus", "admin", "limits"):
         data[section] = {k: v for k, v in data[section].items() if v is not None}
     return data

@@ -42,6 +42,9 @@ class DaemonHandles:
     batches: BatchService | None = None  # the Batch API (docs/batch.md §4) when batch_api.enabled
     http_url: str | None = None
     metrics_url: str | None = None
+    admin_url: str | None = None  # the admin listener ([admin] port), docs/operations.md §10
+    edge: Any = None  # daemon.http.edge.Edge: request limits and the drain of the public routes
+    server_state: Any = None  # daemon.http.serve.ServerState: the public listener's connections
 
     def request_shutdown(self) -> None:
         """Stop accepting, drain in-flight requests within the grace period, then stop."""

@@ -22,6 +22,7 @@ exceptions become a 500 ``internal_error`` without a traceback (the traceback go
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +33,12 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from actors.logevents import get_logger, log_event
+from daemon.auth import Authenticator
+from daemon.config import LimitsConfig
 from daemon.http.batches import batches_blueprint, serve_file_upload
 from daemon.http.dashboard import dashboard_blueprint
 from daemon.http.diagnostics import diagnostics_blueprint
+from daemon.http.edge import DRAINED_STREAM_MESSAGE, Edge, Ticket, sse_error_event
 from daemon.http.errors import ApiError, error_body
 from daemon.http.metrics_route import metrics_blueprint
 from daemon.http.proxy import ClientGone, ProxyEngine, send_error
@@ -47,18 +51,45 @@ if TYPE_CHECKING:
 
 logger = get_logger("http")
 JSON = "application/json"
+KEEPALIVE_COMMENT = b": keep-alive\n\n"
+# Routes for operators only (docs/operations.md §10): on the admin listener when there is one,
+# else on the public port, where they need an admin key once API keys are configured.
+ADMIN_PREFIXES = ("/scheduling/", "/metrics", "/dashboard")
+# The listener roles: "all" (one listener serves everything), "public" (the agent-facing routes
+# and /health; the admin routes are 404), "admin" (the admin routes and /health only).
+ROLES = ("all", "public", "admin")
+
+
+def is_admin_path(path: str) -> bool:
+    return path.startswith(ADMIN_PREFIXES)
 
 
 class AsgiSink:
-    """:class:`~daemon.http.proxy.ResponseSink` over an ASGI ``send``."""
+    """:class:`~daemon.http.proxy.ResponseSink` over an ASGI ``send``.
+
+    With SSE keep-alive (``limits.sse_keepalive_seconds``) a streaming request still without a
+    response sends its own ``200 text/event-stream`` head early (:meth:`keepalive`) and ``:
+    keep-alive`` comments; the real response's head is then dropped, and an error response
+    (non-2xx) is turned into an SSE error event followed by ``data: [DONE]``.
+    """
 
     def __init__(self, send: Any) -> None:
         self._send = send
-        self.started = False
+        self.started = False  # a response head went out (ours or the engine's)
         self.completed = False  # the final body message was handed to the server
+        self.sse = False  # the response is an event stream
+        self.at_boundary = True  # the bytes sent so far end between two SSE events
+        self._early = False  # the head was the keep-alive one
+        self._error_status: int | None = None  # an error response replaced by an SSE event
+        self._error_body = b""
 
     async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
+        if self._early:
+            if not 200 <= status < 300:
+                self._error_status = status
+            return
         self.started = True
+        self.sse = any(k == "content-type" and v.startswith("text/event-stream") for k, v in headers)
         await self._send(
             {
                 "type": "http.response.start",
@@ -68,17 +99,58 @@ class AsgiSink:
         )
 
     async def send(self, chunk: bytes) -> None:
+        if self._error_status is not None:
+            self._error_body += chunk
+            return
+        if chunk:
+            self.at_boundary = chunk.endswith(b"\n\n")
         try:
             await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise ClientGone(str(exc)) from exc
 
     async def end(self, chunk: bytes = b"") -> None:
+        if self._error_status is not None:
+            chunk = _error_as_event(self._error_status, self._error_body + chunk)
+            self._error_status = None
         self.completed = True
         try:
             await self._send({"type": "http.response.body", "body": chunk, "more_body": False})
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise ClientGone(str(exc)) from exc
+
+    async def keepalive(self, interval: float) -> None:
+        """Send ``: keep-alive`` comments every ``interval`` seconds until a response starts."""
+        while True:
+            await trio.sleep(interval)
+            if self.completed or (self.started and not self._early):
+                return
+            try:
+                if not self.started:
+                    self.started = self._early = self.sse = True
+                    await self._send(
+                        {
+                            "type": "http.response.start",
+                            "status": 200,
+                            "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
+                        }
+                    )
+                await self._send({"type": "http.response.body", "body": KEEPALIVE_COMMENT, "more_body": True})
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise ClientGone(str(exc)) from exc
+
+
+def _error_as_event(status: int, body: bytes) -> bytes:
+    """A JSON error response as one SSE error event + ``[DONE]`` (the head already said 200)."""
+    try:
+        payload = json.loads(body)
+        if not isinstance(payload, dict) or "error" not in payload:
+            raise ValueError
+    except ValueError:
+        text = body.decode("utf-8", "replace")[:512] or f"HTTP {status}"
+        payload = {"error": {"message": text, "type": "upstream_error", "param": None, "code": f"http_{status}"}}
+    payload["error"]["status"] = status
+    return b"data: " + json.dumps(payload).encode() + b"\n\ndata: [DONE]\n\n"
 
 
 def _scope_headers(scope: dict[str, Any]) -> dict[str, str]:
@@ -118,6 +190,17 @@ async def _read_body(receive: Any, limit: int, declared: str | None) -> bytes | 
             return b"".join(chunks)
 
 
+async def _read_body_within(receive: Any, limit: int, declared: str | None, seconds: float) -> bytes | None:
+    """:func:`_read_body` within ``limits.body_read_timeout_seconds`` (else a JSON 408)."""
+    with trio.move_on_after(seconds):
+        return await _read_body(receive, limit, declared)
+    raise ApiError(
+        408,
+        f"the request body did not arrive within limits.body_read_timeout_seconds ({seconds:g} s)",
+        code="body_read_timeout",
+    )
+
+
 async def _watch_disconnect(receive: Any, scope: trio.CancelScope, sink: AsgiSink) -> None:
     """Cancel the request when the client goes away before the response is complete.
 
@@ -132,17 +215,79 @@ async def _watch_disconnect(receive: Any, scope: trio.CancelScope, sink: AsgiSin
             return
 
 
+async def _answer_drained(sink: AsgiSink, edge: Edge) -> None:
+    """The drain deadline cut this request: a JSON 503, or an error event + ``[DONE]`` (§10.4)."""
+    if sink.completed:
+        return
+    with trio.CancelScope(shield=True):
+        if not sink.started:
+            await send_error(
+                sink, ApiError(503, DRAINED_STREAM_MESSAGE, code="server_shutting_down", headers=edge.retry_after)
+            )
+        elif sink.sse:
+            event = sse_error_event(DRAINED_STREAM_MESSAGE, "server_shutting_down")
+            await sink.end(event if sink.at_boundary else b"\n\n" + event)
+        else:
+            await sink.end()
+
+
 async def serve_proxy_asgi(
-    engine: ProxyEngine, max_body_bytes: int, endpoint: str, scope: dict[str, Any], receive: Any, send: Any
+    engine: ProxyEngine,
+    max_body_bytes: int,
+    endpoint: str,
+    scope: dict[str, Any],
+    receive: Any,
+    send: Any,
+    *,
+    limits: LimitsConfig | None = None,
+    edge: Edge | None = None,
+    auth: Authenticator | None = None,
 ) -> None:
     """One agent-facing POST request, end to end (see the module docstring)."""
     sink = AsgiSink(send)
     headers = _scope_headers(scope)
+    limits = limits if limits is not None else LimitsConfig()
+    edge = edge if edge is not None else Edge(limits)
     try:
-        raw = await _read_body(receive, max_body_bytes, headers.get("content-length"))
+        principal = None if auth is None else auth.principal(headers)
+        ticket = edge.open_ticket()
+    except ApiError as error:
+        await send_error(sink, error)
+        return
+    try:
+        await _serve_ticket(
+            engine, limits, max_body_bytes, endpoint, scope, receive, sink, headers, edge, ticket, principal
+        )
+    finally:
+        edge.close_ticket(ticket)
+
+
+async def _serve_ticket(
+    engine: ProxyEngine,
+    limits: LimitsConfig,
+    max_body_bytes: int,
+    endpoint: str,
+    scope: dict[str, Any],
+    receive: Any,
+    sink: AsgiSink,
+    headers: dict[str, str],
+    edge: Edge,
+    ticket: Ticket,
+    principal: str | None,
+) -> None:
+    raw: bytes | None = None
+    try:
+        with trio.CancelScope() as body_scope:
+            ticket.scope = body_scope
+            raw = await _read_body_within(
+                receive, max_body_bytes, headers.get("content-length"), limits.body_read_timeout_seconds
+            )
+        if ticket.drained:
+            await _answer_drained(sink, edge)
+            return
         if raw is None:
             return
-        req = engine.build_request(endpoint, raw, headers)
+        req = engine.build_request(endpoint, raw, headers, principal=principal)
     except ApiError as error:
         await send_error(sink, error)
         return
@@ -154,10 +299,24 @@ async def serve_proxy_asgi(
         )
         await send_error(sink, ApiError(500, "internal error in agentd (see the daemon log)", code="internal_error"))
         return
+
+    async def run() -> None:
+        try:
+            async with edge.slot(ticket):
+                await engine.handle(req, sink, raw_body=raw)
+        except ApiError as error:  # an edge limit or the drain refused the request
+            log_event(
+                logger, logging.INFO, "edge_refused", request_id=req.request_id, status=error.status, code=error.code
+            )
+            await send_error(sink, error)
+
     try:
         async with trio.open_nursery() as nursery:
+            ticket.scope = nursery.cancel_scope
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope, sink)
-            await engine.handle(req, sink, raw_body=raw)
+            if req.stream and limits.sse_keepalive_seconds is not None:
+                nursery.start_soon(sink.keepalive, limits.sse_keepalive_seconds)
+            await run()
             nursery.cancel_scope.cancel()
     except* ClientGone:
         log_event(logger, logging.INFO, "client_gone", path=scope["path"], request_id=req.request_id)
@@ -174,14 +333,23 @@ async def serve_proxy_asgi(
             await send_error(
                 sink, ApiError(500, "internal error in agentd (see the daemon log)", code="internal_error")
             )
+    if ticket.drained:
+        log_event(logger, logging.INFO, "request_drained", request_id=req.request_id, streamed=sink.started)
+        await _answer_drained(sink, edge)
 
 
 class AgentdApp(QuartTrio):
     handles: DaemonHandles
+    edge: Edge
+    auth: Authenticator
+    role: str = "all"
 
     async def asgi_app(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            endpoint = ENDPOINTS.get(scope["path"])
+            path = scope["path"]
+            if await self._refused(path, scope, send):
+                return
+            endpoint = ENDPOINTS.get(path)
             if endpoint is not None:
                 if scope["method"] == "POST":
                     await serve_proxy_asgi(
@@ -191,29 +359,64 @@ class AgentdApp(QuartTrio):
                         scope,
                         receive,
                         send,
+                        limits=self.handles.config.limits,
+                        edge=self.edge,
+                        auth=self.auth,
                     )
                     return
                 error = ApiError(
                     405,
-                    f"method {scope['method']} is not allowed on {scope['path']}; use POST",
+                    f"method {scope['method']} is not allowed on {path}; use POST",
                     code="method_not_allowed",
                     headers=(("allow", "POST"),),
                 )
                 await send_error(AsgiSink(send), error)
                 return
-            if scope["path"] == "/v1/files" and scope["method"] == "POST" and self.handles.batches is not None:
+            if path == "/v1/files" and scope["method"] == "POST" and self.handles.batches is not None:
                 await serve_file_upload(self.handles.batches, scope, receive, send)
                 return
         await super().asgi_app(scope, receive, send)
+
+    async def _refused(self, path: str, scope: Any, send: Any) -> bool:
+        """Route split and authentication (docs/operations.md §10); True when answered here."""
+        if path == "/health":
+            return False
+        admin = is_admin_path(path)
+        error: ApiError | None = None
+        if (admin and self.role == "public") or (not admin and self.role == "admin"):
+            error = ApiError(404, f"unknown route {scope['method']} {path}", code="not_found")
+        elif admin and self.role == "all":
+            try:
+                self.auth.check_admin(_scope_headers(scope))
+            except ApiError as exc:
+                error = exc
+        elif not admin and self.role != "admin" and ENDPOINTS.get(path) is None and self.auth.enabled:
+            try:  # the proxy routes authenticate in serve_proxy_asgi (the principal is needed there)
+                self.auth.principal(_scope_headers(scope))
+            except ApiError as exc:
+                error = exc
+        if error is None:
+            return False
+        await send_error(AsgiSink(send), error)
+        return True
 
 
 def _json_response(body: bytes, status: int, headers: dict[str, str] | None = None) -> Response:
     return Response(body, status=status, content_type=JSON, headers=headers)
 
 
-def create_app(handles: DaemonHandles) -> AgentdApp:
+def create_app(
+    handles: DaemonHandles, *, role: str = "all", edge: Edge | None = None, auth: Authenticator | None = None
+) -> AgentdApp:
+    """The app of one listener; ``role`` is one of :data:`ROLES`, ``edge`` its limits and drain
+    (shared by the listeners of one daemon), ``auth`` its API keys (default: none)."""
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     app = AgentdApp("agentd")
     app.handles = handles
+    app.role = role
+    app.edge = edge if edge is not None else Edge(handles.config.limits)
+    app.auth = auth if auth is not None else Authenticator.from_config(handles.config.auth)
     app.config["RESPONSE_TIMEOUT"] = None  # streams may legitimately last for minutes
     app.config["BODY_TIMEOUT"] = None
     app.config["MAX_CONTENT_LENGTH"] = handles.config.server.max_body_bytes

@@ -1,28 +1,46 @@
-"""Serving an ASGI app with ``hypercorn.trio.serve`` inside the caller's nursery.
+"""Serving an ASGI app on hypercorn's HTTP/1.1 protocol inside the caller's nursery.
 
-:func:`serve_http` builds the hypercorn ``Config`` (bind, graceful timeout, logging through the
-``agentd`` logger, no access log) and reports the *bound* URL (the real port when 0 was asked)
-through ``task_status`` once the socket listens.  When ``shutdown_trigger`` returns hypercorn
-stops accepting, lets in-flight requests finish until ``grace_seconds`` have passed, cancels the
-rest and returns - the supervisor's graceful shutdown.
+:func:`serve_http` builds the hypercorn ``Config`` (bind, logging through the ``agentd`` logger,
+no access log) and reports the *bound* URL (the real port when 0 was asked) through
+``task_status`` once the socket listens.  It runs hypercorn's connection handler
+(``hypercorn.trio.tcp_server.TCPServer``) under agentd's own accept loop, which is what adds the
+connection-level limits of docs/config.md ``[limits]`` (docs/operations.md §10):
+
+* **connection cap** (:class:`ServerState` ``max_connections``): a connection over the cap is
+  answered with a JSON 503 + ``Retry-After`` and closed, never left hanging in the backlog;
+* **client-write timeout**: every socket write of a response runs under
+  ``client_write_timeout_seconds`` (:class:`WriteTimeoutStream`); a client that stops reading
+  gets its connection closed, which the app sees as a disconnect (the request is cancelled and
+  its lease released);
+* **drain**: when ``shutdown_trigger`` returns, the listeners close at once (no new
+  connections), idle keep-alive connections are closed, and open connections get
+  ``hard_grace_seconds`` to finish: the app itself answers everything still running by
+  ``shutdown_grace_seconds`` (docs/operations.md §10.4, :mod:`daemon.http.drain`), the extra
+  seconds only let those answers reach the clients.  Writes never outlive that hard deadline.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
+import attrs
 import trio
 from hypercorn.config import Config
-from hypercorn.trio import serve
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
+from hypercorn.utils import repr_socket_addr, wrap_app
 
-from actors.logevents import get_logger
-from daemon.http.hypercorn_close import install as install_prompt_close
-
-install_prompt_close()  # close a gone client's socket at once (daemon/http/hypercorn_close.py)
+from actors.logevents import get_logger, log_event
+from daemon.http.errors import error_body
+from daemon.http.hypercorn_close import PromptCloseTCPServer
 
 KEEP_ALIVE_MAX_REQUESTS = 1 << 62
+logger = get_logger("serve")
+OVER_CAP_READ_SECONDS = 1.0  # how long an over-the-cap connection may take to send its request head
 
 
 def bind_address(host: str, port: int) -> str:
@@ -44,6 +62,93 @@ def hypercorn_config(host: str, port: int, grace_seconds: float) -> Config:
     return config
 
 
+@attrs.define(eq=False)
+class ServerState:
+    """Connection-level limits and counters of one listener (read by diagnostics and tests)."""
+
+    max_connections: int = 1 << 30
+    client_write_timeout_seconds: float = math.inf
+    retry_after_seconds: int = 1
+    open_connections: int = 0
+    rejected_connections: int = 0
+    write_timeouts: int = 0
+    hard_deadline: float = math.inf  # set when the drain starts: no write outlives it
+
+    def write_deadline(self) -> float:
+        return min(trio.current_time() + self.client_write_timeout_seconds, self.hard_deadline)
+
+
+class WriteTimeoutStream(trio.abc.HalfCloseableStream):
+    """A client socket whose writes give up after the client-write timeout (see the module doc).
+
+    hypercorn shields its socket writes from cancellation; the deadline here is this scope's own,
+    so it still fires.  A write that times out closes the socket: hypercorn then treats the
+    connection as closed and the app receives ``http.disconnect``.
+    """
+
+    def __init__(self, inner: trio.SocketStream, state: ServerState) -> None:
+        self.inner = inner
+        self.socket = inner.socket
+        self._state = state
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        with trio.CancelScope(deadline=self._state.write_deadline()) as scope:
+            await self.inner.send_all(data)
+        if scope.cancelled_caught:
+            self._state.write_timeouts += 1
+            self.inner.socket.close()  # the stream is in an undefined state: drop the connection
+            raise trio.BrokenResourceError("client write timeout: the client stopped reading")
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self.inner.receive_some(max_bytes)
+
+    async def send_eof(self) -> None:
+        await self.inner.send_eof()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def over_capacity_response(retry_after: int) -> bytes:
+    body = error_body(
+        "too many open connections to agentd (limits.max_connections); retry later",
+        "server_error",
+        None,
+        "too_many_connections",
+    )
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nretry-after: {retry_after}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def _refuse(stream: trio.SocketStream, state: ServerState) -> None:
+    """Answer a connection over the cap: read its request head (briefly), JSON 503, close."""
+    state.rejected_connections += 1
+    try:
+        with trio.move_on_after(OVER_CAP_READ_SECONDS):
+            seen = b""
+            while b"\r\n\r\n" not in seen and len(seen) < 65536:
+                data = await stream.receive_some(65536)
+                if not data:
+                    break
+                seen += data
+        with trio.move_on_after(OVER_CAP_READ_SECONDS):
+            await stream.send_all(over_capacity_response(state.retry_after_seconds))
+            await stream.send_eof()
+            with trio.move_on_after(OVER_CAP_READ_SECONDS):  # let the client read before the close
+                while await stream.receive_some(65536):
+                    pass
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
 async def serve_http(
     app: Any,
     host: str,
@@ -51,11 +156,54 @@ async def serve_http(
     grace_seconds: float,
     shutdown_trigger: Callable[[], Awaitable[None]],
     *,
+    state: ServerState | None = None,
+    hard_grace_seconds: float | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``app`` until ``shutdown_trigger`` returns, then drain within ``grace_seconds``."""
-    config = hypercorn_config(host, port, grace_seconds)
+    """Serve ``app`` until ``shutdown_trigger`` returns, then drain (see the module doc).
 
-    async with trio.open_nursery() as nursery:
-        binds: list[str] = await nursery.start(partial(serve, app, config, shutdown_trigger=shutdown_trigger))
-        task_status.started(binds[0])
+    ``hard_grace_seconds`` (default ``grace_seconds``) bounds how long open connections may live
+    after the trigger."""
+    state = state if state is not None else ServerState()
+    hard = grace_seconds if hard_grace_seconds is None else hard_grace_seconds
+    config = hypercorn_config(host, port, hard)
+    asgi = wrap_app(app, config.wsgi_max_body_size, "asgi")
+    lifespan = Lifespan(asgi, config, {})
+    context = WorkerContext(None)
+
+    async with trio.open_nursery() as lifespan_nursery:
+        await lifespan_nursery.start(lifespan.handle_lifespan)
+        await lifespan.wait_for_startup()
+        async with trio.open_nursery() as connections:
+            sockets = config.create_sockets()
+            listeners = []
+            binds = []
+            for sock in sockets.insecure_sockets:
+                sock.listen(config.backlog)
+                listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+                binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
+
+            async def handle(stream: trio.SocketStream) -> None:
+                if state.open_connections >= state.max_connections:
+                    await _refuse(stream, state)
+                    return
+                state.open_connections += 1
+                try:
+                    await PromptCloseTCPServer(asgi, config, context, ConnectionState({}), WriteTimeoutStream(stream, state))  # type: ignore[arg-type]
+                finally:
+                    state.open_connections -= 1
+
+            async with trio.open_nursery() as accepting:
+                for listener in listeners:
+                    accepting.start_soon(partial(trio.serve_listeners, handle, [listener], handler_nursery=connections))
+                task_status.started(binds[0])
+                await shutdown_trigger()
+                accepting.cancel_scope.cancel()
+            for listener in listeners:
+                await listener.aclose()
+            log_event(logger, 20, "listener_closed", url=binds[0], open_connections=state.open_connections)
+            state.hard_deadline = trio.current_time() + hard
+            await context.terminated.set()  # idle keep-alive connections close now
+            connections.cancel_scope.deadline = state.hard_deadline
+        await lifespan.wait_for_shutdown()
+        lifespan_nursery.cancel_scope.cancel()

@@ -1,0 +1,217 @@
+"""Request-level limits and the graceful drain of the agent-facing routes (docs/operations.md §10).
+
+:class:`Edge` is owned by the HTTP app and is the single writer of its counters:
+
+* **in-flight cap and edge queue** (:meth:`Edge.slot`): at most ``max_in_flight_requests``
+  agent-facing requests are worked on at once (a request waiting in a scheduler's own queue
+  counts); up to ``max_queued_requests`` more wait here in FIFO order, each at most
+  ``queue_timeout_seconds`` (then a JSON 503 ``queue_timeout``); one more is refused at once
+  with a JSON 429 ``too_many_requests``.  Both carry ``Retry-After``.
+* **drain** (:meth:`Edge.begin_drain`, F9 of issue 14): from SIGTERM on, a new request gets a
+  JSON 503 ``server_shutting_down`` + ``Retry-After`` (hypercorn closes its connection after the
+  answer), requests waiting in the edge queue get the same answer at once (they have no slot
+  and would only wait out the grace), and everything admitted keeps running.  At the deadline
+  (``shutdown_grace_seconds`` after the signal) every request still running is cancelled and
+  answered by its handler (:func:`drained_answer`): a JSON 503 when nothing was sent yet, an
+  error event and ``data: [DONE]`` for a stream.  No request ends with a bare connection close.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+from daemon.config import LimitsConfig
+from daemon.http.errors import ApiError, error_dict
+
+DRAINING_MESSAGE = "agentd is shutting down; retry on another replica or after Retry-After"
+
+
+@attrs.define(eq=False)
+class Ticket:
+    """One agent-facing request between its body read and its last byte."""
+
+    scope: trio.CancelScope | None = None
+    queued: bool = False
+    drained: bool = False  # cancelled by the drain: the handler must answer 503 / end the stream
+    refused: ApiError | None = None  # why a queued request was turned away
+
+
+@attrs.define(eq=False)
+class EdgeStatistics:
+    in_flight: int
+    queued: int
+    admitted_count: int
+    refused_queue_full_count: int
+    refused_queue_timeout_count: int
+    refused_draining_count: int
+    drained_count: int
+    draining: bool
+
+
+class Edge:
+    def __init__(self, limits: LimitsConfig) -> None:
+        self.limits = limits
+        self.retry_after = (("retry-after", str(limits.retry_after_seconds)),)
+        self.in_flight = 0
+        self._waiting: list[tuple[Ticket, trio.Event]] = []  # FIFO
+        self._tickets: set[Ticket] = set()
+        self.draining = False
+        self.drain_deadline = math.inf
+        self._admitted = 0
+        self._refused_full = 0
+        self._refused_timeout = 0
+        self._refused_draining = 0
+        self._drained = 0
+        self._idle = trio.Event()  # set once the drain began and no ticket is open
+
+    # ----------------------------------------------------------------------------- statistics
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def active(self) -> int:
+        """Tickets open (queued or admitted): zero when the edge is idle."""
+        return len(self._tickets)
+
+    def statistics(self) -> EdgeStatistics:
+        return EdgeStatistics(
+            self.in_flight,
+            self.queued,
+            self._admitted,
+            self._refused_full,
+            self._refused_timeout,
+            self._refused_draining,
+            self._drained,
+            self.draining,
+        )
+
+    # ----------------------------------------------------------------------------- errors
+
+    def draining_error(self) -> ApiError:
+        self._refused_draining += 1
+        return ApiError(503, DRAINING_MESSAGE, code="server_shutting_down", headers=self.retry_after)
+
+    # ----------------------------------------------------------------------------- slots
+
+    def open_ticket(self) -> Ticket:
+        """Register a request (raises the draining 503 once the drain began)."""
+        if self.draining:
+            raise self.draining_error()
+        ticket = Ticket()
+        self._tickets.add(ticket)
+        return ticket
+
+    def close_ticket(self, ticket: Ticket) -> None:
+        self._tickets.discard(ticket)
+        if self.draining and not self._tickets:
+            self._idle.set()
+
+    @asynccontextmanager
+    async def slot(self, ticket: Ticket) -> AsyncIterator[None]:
+        """An in-flight slot for the ticket's request (waits in the edge queue when all are taken)."""
+        if self.in_flight >= self.limits.max_in_flight_requests or self._waiting:
+            await self._wait(ticket)
+        else:
+            self.in_flight += 1
+        self._admitted += 1
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def _wait(self, ticket: Ticket) -> None:
+        if len(self._waiting) >= self.limits.max_queued_requests:
+            self._refused_full += 1
+            raise ApiError(
+                429,
+                f"agentd is at its request limit ({self.limits.max_in_flight_requests} in flight, "
+                f"{self.limits.max_queued_requests} queued: limits.max_queued_requests); retry after Retry-After",
+                code="too_many_requests",
+                headers=self.retry_after,
+            )
+        granted = trio.Event()
+        entry = (ticket, granted)
+        self._waiting.append(entry)
+        ticket.queued = True
+        try:
+            with trio.move_on_after(self.limits.queue_timeout_seconds):
+                await granted.wait()
+        except BaseException:  # cancelled (client gone, drain deadline): never keep a handed-over slot
+            if granted.is_set() and ticket.refused is None:
+                self._release()
+            raise
+        finally:
+            ticket.queued = False
+            if not granted.is_set():
+                self._waiting.remove(entry)
+        if ticket.refused is not None:
+            raise ticket.refused
+        if not granted.is_set():
+            self._refused_timeout += 1
+            raise ApiError(
+                503,
+                f"no request slot became free within limits.queue_timeout_seconds "
+                f"({self.limits.queue_timeout_seconds:g} s); retry after Retry-After",
+                code="queue_timeout",
+                headers=self.retry_after,
+            )
+
+    def _release(self) -> None:
+        while self._waiting:
+            ticket, granted = self._waiting.pop(0)
+            if ticket.refused is None:
+                granted.set()  # the slot passes straight to the next waiter
+                return
+        self.in_flight -= 1
+
+    # ----------------------------------------------------------------------------- drain
+
+    def begin_drain(self, grace_seconds: float) -> None:
+        """Stop taking requests; turn the edge queue away now; the rest by the deadline."""
+        if self.draining:
+            return
+        self.draining = True
+        self.drain_deadline = trio.current_time() + grace_seconds
+        for ticket, granted in list(self._waiting):
+            ticket.refused = self.draining_error()
+            granted.set()
+        self._waiting.clear()
+        if not self._tickets:
+            self._idle.set()
+
+    def expire(self) -> int:
+        """The drain deadline: cancel every request still running; each handler answers it."""
+        count = 0
+        for ticket in list(self._tickets):
+            if ticket.scope is not None and not ticket.drained:
+                ticket.drained = True
+                ticket.scope.cancel()
+                count += 1
+        self._drained += count
+        return count
+
+    async def run_drain(self, shutdown: trio.Event, grace_seconds: float) -> None:
+        """Wait for ``shutdown``, drain, and expire the stragglers at the deadline."""
+        await shutdown.wait()
+        self.begin_drain(grace_seconds)
+        with trio.move_on_at(self.drain_deadline):
+            await self._idle.wait()
+            return
+        self.expire()
+
+
+def sse_error_event(message: str, code: str) -> bytes:
+    """An OpenAI-shaped error as one SSE event, followed by ``data: [DONE]``."""
+    payload = error_dict(message, "server_error", None, code)
+    return b"data: " + json.dumps(payload).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+DRAINED_STREAM_MESSAGE = "agentd shut down before this response finished (shutdown_grace_seconds ran out)"
