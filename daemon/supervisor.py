@@ -43,13 +43,16 @@ from daemon.dispatch import NativeDispatcher
 from daemon.handles import DaemonHandles
 from daemon.health import HealthBoard, run_health_checks
 from daemon.http.app import create_app
+from daemon.http.edge import Edge
 from daemon.http.metrics_route import metrics_asgi_app
 from daemon.http.proxy import ProgramRoute, ProxyEngine
+from daemon.http.serve import ServerState
 from daemon.http.serve import serve_http as serve_asgi
 from daemon.metrics import BatchApiMetrics, ProxyMetrics, build_registry
 from daemon.models import ModelDirectory, run_model_discovery
 from daemon.program_dispatch import ProgramDispatcher, run_program_scheduling
 from daemon.request_ids import REQUEST_ID_SEED, RequestIds
+from daemon.security import Security, load_security, worker_ssl_context
 from daemon.upstream import UpstreamTransport, client_kwargs, upstream_limits, upstream_timeouts
 from sim.cluster import SimCluster, SimConfig, run_sim_cluster
 from sim.transport import SimTransport
@@ -61,8 +64,8 @@ SimConfigure = Callable[[SimConfig], SimConfig]
 
 
 def default_transport(cfg: AgentdConfig) -> httpx.AsyncBaseTransport:
-    """Connection-pooling HTTP/1.1 transport to real workers."""
-    return UpstreamTransport(upstream_limits(cfg.routing.keepalive_expiry_seconds))
+    """Connection-pooling HTTP/1.1 transport to real workers (TLS per ``[worker_tls]``)."""
+    return UpstreamTransport(upstream_limits(cfg.routing.keepalive_expiry_seconds), worker_ssl_context(cfg.worker_tls))
 
 
 def client_on(cfg: AgentdConfig, transport: httpx.AsyncBaseTransport) -> httpx.AsyncClient:
@@ -173,31 +176,92 @@ async def _start_dispatchers(
     return board, native, program
 
 
-async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandles) -> DaemonHandles:
-    """Step 4: the HTTP server (and the extra ``/metrics`` listener); the handles with their URLs."""
+# After the drain deadline the answers to the requests still running (a JSON 503, an error event
+# and [DONE]) get this long to reach their clients before the connections are cut.
+DRAIN_ANSWER_SECONDS = 2.0
+
+
+def _server_state(cfg: AgentdConfig) -> ServerState:
+    limits = cfg.limits
+    return ServerState(
+        max_connections=limits.max_connections,
+        client_write_timeout_seconds=limits.client_write_timeout_seconds,
+        retry_after_seconds=limits.retry_after_seconds,
+    )
+
+
+async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandles, security: Security) -> DaemonHandles:
+    """Step 4: the HTTP server, the admin and ``/metrics`` listeners; the handles with their URLs.
+
+    Drain (docs/operations.md §10.4): the edge's drain task and every listener watch
+    ``handles.shutdown``; requests still running at ``shutdown_grace_seconds`` are answered by
+    the edge, and the listeners cut what is left :data:`DRAIN_ANSWER_SECONDS` later."""
     grace = cfg.server.shutdown_grace_seconds
+    hard = grace + DRAIN_ANSWER_SECONDS
     shutdown = handles.shutdown
-    app = create_app(handles)
-    http_url = await servers.start(serve_asgi, app, cfg.server.host, cfg.server.port, grace, shutdown.wait)
+    edge = handles.edge
+    assert edge is not None
+    servers.start_soon(edge.run_drain, shutdown, grace)
+    auth = security.authenticator
+    split = cfg.admin.port is not None
+    app = create_app(handles, role="public" if split else "all", edge=edge, auth=auth)
+    state = handles.server_state
+    http_url = await servers.start(
+        partial(serve_asgi, state=state, hard_grace_seconds=hard),
+        app,
+        cfg.server.host,
+        cfg.server.port,
+        grace,
+        shutdown.wait,
+    )
+    admin_url = None
+    admin_app = None
+    if split:
+        admin_app = create_app(handles, role="admin", edge=edge, auth=auth)
+        admin_url = await servers.start(
+            partial(serve_asgi, hard_grace_seconds=hard),
+            admin_app,
+            cfg.admin.host,
+            cfg.admin.port,
+            grace,
+            shutdown.wait,
+        )
     metrics_url = None
     if cfg.prometheus.port is not None:
         host = cfg.prometheus.host or cfg.server.host
         metrics_app = metrics_asgi_app(handles.registry)
         metrics_url = await servers.start(serve_asgi, metrics_app, host, cfg.prometheus.port, grace, shutdown.wait)
-    handles = attrs.evolve(handles, http_url=http_url, metrics_url=metrics_url)
+    handles = attrs.evolve(handles, http_url=http_url, metrics_url=metrics_url, admin_url=admin_url)
     app.handles = handles
+    if admin_app is not None:
+        admin_app.handles = handles
     log_event(
         logger,
         logging.INFO,
         "daemon_listening",
         url=http_url,
         metrics_url=metrics_url,
+        admin_url=admin_url,
+        authentication=auth.enabled,
         targets=len(handles.targets),
         embedded=cfg.embedded_mode,
         policy=cfg.routing.policy,
         program_scheduling=handles.program_dispatcher is not None,
     )
+    if not auth.enabled and not _loopback(cfg.server.host):
+        log_event(
+            logger,
+            logging.WARNING,
+            "unauthenticated_listener",
+            host=cfg.server.host,
+            message="no API keys configured ([auth]) and the server listens beyond loopback: anyone who can "
+            "reach it can use the workers and read diagnostics (docs/operations.md §10)",
+        )
     return handles
+
+
+def _loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 async def run_daemon(
@@ -225,6 +289,7 @@ async def run_daemon(
     batches of the database); the routes exist whenever ``batch_api.enabled``.
     """
     _log_startup(cfg)
+    security = load_security(cfg)
     registry = build_registry()
     targets = cfg.targets()
     metrics = ProxyMetrics(registry, [t.target_id for t in targets])
@@ -283,10 +348,12 @@ async def run_daemon(
                 embedded=upstream.embedded,
                 shutdown=shutdown,
                 batches=batches,
+                edge=Edge(cfg.limits),
+                server_state=_server_state(cfg),
             )
             async with trio.open_nursery() as servers:
                 if serve_http:
-                    handles = await _serve(servers, cfg, handles)
+                    handles = await _serve(servers, cfg, handles, security)
                 task_status.started(handles)
                 if not serve_http:
                     await shutdown.wait()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import ssl
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -412,8 +413,9 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
     a worker URL takes.
     """
 
-    def __init__(self, limits: httpx.Limits) -> None:
+    def __init__(self, limits: httpx.Limits, ssl_context: ssl.SSLContext | None = None) -> None:
         self._limits = limits
+        self._ssl = ssl_context  # worker_tls: custom CA / client certificate (docs/operations.md §10)
         self._plain = H1Pool(limits.max_keepalive_connections, limits.keepalive_expiry)
         self._tls: httpx.AsyncHTTPTransport | None = None
 
@@ -429,7 +431,8 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         if scheme != "https":
             raise httpx.UnsupportedProtocol(f"unsupported worker URL scheme {scheme!r}", request=request)
         if self._tls is None:
-            self._tls = httpx.AsyncHTTPTransport(limits=self._limits)
+            verify: ssl.SSLContext | bool = True if self._ssl is None else self._ssl
+            self._tls = httpx.AsyncHTTPTransport(limits=self._limits, verify=verify)
         return await self._tls.handle_async_request(request)
 
     async def aclose(self) -> None:

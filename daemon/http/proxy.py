@@ -43,6 +43,7 @@ import trio
 
 from actors.core.batchjobs import DEFAULT_JOB, job_name
 from actors.logevents import get_logger, log_event
+from daemon.auth import scope_identity
 from daemon.batchfile import BATCH_CLASS, BATCH_CLASS_HEADER
 from daemon.config import ClientHintsConfig
 from daemon.dispatch import Dispatcher, DispatchRejected, Lease, Outcome, ProxyRequest
@@ -172,6 +173,7 @@ def parse_request(
     body = parse_json_body(raw)
     validate_body(endpoint, body)
     identity = None if enable_key is None else parse_program_identity(body, headers, enable_key, hint_caps)
+    identity = scope_identity(identity, principal)  # per-tenant Program ids (docs/operations.md §10)
     batch_job = batch_job_of(body, headers)
     routing_text, prompt = request_texts(endpoint, body)
     return ProxyRequest(
