@@ -37,6 +37,7 @@ from actors.core.config import (
     one_of,
     rule_field,
 )
+from daemon.redact import redact_url
 from sim.config import SimServerShape, own_fields_first
 
 # --------------------------------------------------------------------------------------------
@@ -324,7 +325,8 @@ class AgentdConfig:
         out: list[BackendTarget] = []
         for url in self.worker_urls():
             for rank in range(self.dp_size()):
-                out.append(BackendTarget(url, rank, f"{url}@{rank}", len(out)))
+                # the id (metrics labels, logs, diagnostics) never carries URL credentials
+                out.append(BackendTarget(url, rank, f"{redact_url(url)}@{rank}", len(out)))
         return tuple(out)
 
     def _cross_field_problems(self, path: str) -> Iterator[str]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import traceback
 from datetime import UTC, datetime
@@ -31,6 +32,7 @@ from typing import Any, TextIO
 
 from actors.logevents import ROOT_LOGGER
 from daemon.config import LOG_FORMATS
+from daemon.redact import redact
 
 LEVELS: dict[str, int] = {
     "debug": logging.DEBUG,
@@ -46,6 +48,22 @@ LIBRARY_LOGGERS = ("hypercorn", "quart", "trio", "httpx", "httpcore", "asyncio")
 WARNINGS_LOGGER = "py.warnings"
 
 
+# Characters a log line must never carry raw (docs/operations.md §10): C0 and C1 controls, DEL
+# and the Unicode line/paragraph separators - a client-chosen value could otherwise forge lines
+# or terminal escapes.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NEEDS_QUOTES = re.compile('[ "=\\\\\x00-\x1f\x7f-\x9f\u2028\u2029]')
+
+
+def _escape_control(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def _quoted(text: str) -> str:
+    """A JSON string literal of ``text`` with every control character escaped."""
+    return _CONTROL.sub(_escape_control, json.dumps(text, ensure_ascii=False))
+
+
 def _kv_value(value: Any) -> str:
     if value is None:
         return "null"
@@ -53,10 +71,27 @@ def _kv_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-    if text == "" or any(c in text for c in ' "=\\\n\r\t'):
-        return json.dumps(text)
+    text = redact(value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str))
+    if text == "" or _NEEDS_QUOTES.search(text):
+        return _quoted(text)
     return text
+
+
+def _safe(value: Any) -> Any:
+    """A field value for the JSON formatter: strings redacted (json.dumps escapes controls)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict | list):
+        return _deep(value)
+    return value
+
+
+def _deep(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _deep(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deep(v) for v in value]
+    return redact(value) if isinstance(value, str) else value
 
 
 def _timestamp(record: logging.LogRecord) -> str:
@@ -108,9 +143,9 @@ class JsonFormatter(logging.Formatter):
             "event": event,
         }
         for key, value in fields.items():
-            payload.setdefault(key, value)
+            payload.setdefault(key, _safe(value))
         if record.exc_info:
-            payload["exception"] = self.formatException(record.exc_info)
+            payload["exception"] = redact(self.formatException(record.exc_info))
         return json.dumps(payload, default=str)
 
 

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import re
@@ -406,6 +407,12 @@ def _event_end(data: bytes, start: int) -> tuple[int, int]:
 # ---------------------------------------------------------------------------------------------
 
 
+def basic_authorization(url: httpx.URL) -> str:
+    """HTTP Basic credentials of a worker URL's user-info (docs/operations.md §10)."""
+    token = base64.b64encode(f"{url.username}:{url.password}".encode()).decode()
+    return f"Basic {token}"
+
+
 class UpstreamTransport(httpx.AsyncBaseTransport):
     """HTTP/1.1 to the workers: :mod:`daemon.h1client` for ``http://``, httpx's transport for TLS.
 
@@ -425,6 +432,8 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         return self._plain
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.userinfo and "authorization" not in request.headers:  # http://user:pass@worker
+            request.headers["authorization"] = basic_authorization(request.url)
         scheme = request.url.scheme
         if scheme == "http":
             return await self._plain.request(request)

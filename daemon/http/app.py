@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 logger = get_logger("http")
 JSON = "application/json"
 KEEPALIVE_COMMENT = b": keep-alive\n\n"
+CREDENTIAL_HEADERS = ("authorization", "x-api-key")
 # Routes for operators only (docs/operations.md §10): on the admin listener when there is one,
 # else on the public port, where they need an admin key once API keys are configured.
 ADMIN_PREFIXES = ("/scheduling/", "/metrics", "/dashboard")
@@ -250,6 +251,8 @@ async def serve_proxy_asgi(
     edge = edge if edge is not None else Edge(limits)
     try:
         principal = None if auth is None else auth.principal(headers)
+        if principal is not None:  # the client's agentd key never reaches a worker
+            headers = {k: v for k, v in headers.items() if k not in CREDENTIAL_HEADERS}
         ticket = edge.open_ticket()
     except ApiError as error:
         await send_error(sink, error)
@@ -415,7 +418,7 @@ def create_app(
     app = AgentdApp("agentd")
     app.handles = handles
     app.role = role
-    app.edge = edge if edge is not None else Edge(handles.config.limits)
+    app.edge = edge if edge is not None else handles.edge if handles.edge is not None else Edge(handles.config.limits)
     app.auth = auth if auth is not None else Authenticator.from_config(handles.config.auth)
     app.config["RESPONSE_TIMEOUT"] = None  # streams may legitimately last for minutes
     app.config["BODY_TIMEOUT"] = None

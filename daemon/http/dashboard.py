@@ -20,6 +20,7 @@ from quart import Blueprint, Response, request
 from actors.dashboard_view import SORT_KEYS, STATE_FILTERS
 from daemon.http.diagnostics import proxy_section
 from daemon.http.errors import ApiError
+from daemon.redact import redact_url
 
 if TYPE_CHECKING:
     from daemon.handles import DaemonHandles
@@ -107,7 +108,7 @@ def dashboard_blueprint(handles: DaemonHandles) -> Blueprint:
             state=_choice(args, "state", STATE_FILTERS, "all"),
             sort=_choice(args, "sort", SORT_KEYS, "program"),
         )
-        body = json.dumps(payload, separators=(",", ":"), default=str)
+        body = redact_url(json.dumps(payload, separators=(",", ":"), default=str))  # no worker credentials
         return Response(body, status=200, content_type="application/json", headers={"cache-control": "no-store"})
 
     return bp

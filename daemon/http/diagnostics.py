@@ -21,6 +21,7 @@ import attrs
 from quart import Blueprint, Response
 
 from daemon.invariants import capacity_invariants
+from daemon.redact import redact_url
 
 if TYPE_CHECKING:
     from daemon.handles import DaemonHandles
@@ -51,7 +52,7 @@ def proxy_section(handles: DaemonHandles) -> dict[str, Any]:
         targets.append(
             {
                 "target_id": target.target_id,
-                "base_url": target.worker_url,
+                "base_url": redact_url(target.worker_url),
                 "dp_rank": target.dp_rank,
                 "healthy": worker.healthy,
                 "health_reason": worker.reason,
@@ -67,10 +68,27 @@ def proxy_section(handles: DaemonHandles) -> dict[str, Any]:
         "embedded": handles.config.embedded_mode,
         "health_rounds": board.rounds_count,
         "native": attrs.asdict(native.statistics()),
+        **_edge_section(handles),
         "targets": targets,
         # served models per worker (model pools, docs/operations.md §12); null = unknown: any model
         "models": [] if handles.engine.models is None else handles.engine.models.document(),
     }
+
+
+def _edge_section(handles: DaemonHandles) -> dict[str, Any]:
+    """The public listener's limits and drain state (docs/operations.md §10)."""
+    out: dict[str, Any] = {}
+    if handles.edge is not None:
+        out["edge"] = attrs.asdict(handles.edge.statistics())
+    state = handles.server_state
+    if state is not None:
+        out["connections"] = {
+            "open": state.open_connections,
+            "max": state.max_connections,
+            "rejected_count": state.rejected_connections,
+            "write_timeouts_count": state.write_timeouts,
+        }
+    return out
 
 
 def diagnostics_payload(handles: DaemonHandles) -> dict[str, Any]:
@@ -95,8 +113,7 @@ def diagnostics_blueprint(handles: DaemonHandles) -> Blueprint:
 
     @bp.get("/scheduling/diagnostics")
     async def diagnostics() -> Response:
-        return Response(
-            json.dumps(diagnostics_payload(handles), default=str), status=200, content_type="application/json"
-        )
+        body = redact_url(json.dumps(diagnostics_payload(handles), default=str))  # no worker credentials
+        return Response(body, status=200, content_type="application/json")
 
     return bp

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from actors.core.errors import Rejection
+from daemon.redact import redact
 
 
 class ApiError(Exception):
@@ -53,7 +54,7 @@ def default_type(status: int) -> str:
 
 
 def error_body(message: str, error_type: str, param: str | None, code: str | None) -> bytes:
-    payload = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    payload = {"error": {"message": redact(message), "type": error_type, "param": param, "code": code}}
     return json.dumps(payload).encode()
 
 

@@ -112,6 +112,11 @@ class WriteTimeoutStream(trio.abc.HalfCloseableStream):
         await self.inner.aclose()
 
 
+# hypercorn's connection handler: a connection the client closed ends at once (no keep-alive
+# linger, daemon/http/hypercorn_close.py), so the connection count is exact.
+_Connection = PromptCloseTCPServer
+
+
 def over_capacity_response(retry_after: int) -> bytes:
     body = error_body(
         "too many open connections to agentd (limits.max_connections); retry later",
@@ -189,7 +194,7 @@ async def serve_http(
                     return
                 state.open_connections += 1
                 try:
-                    await PromptCloseTCPServer(asgi, config, context, ConnectionState({}), WriteTimeoutStream(stream, state))  # type: ignore[arg-type]
+                    await _Connection(asgi, config, context, ConnectionState({}), WriteTimeoutStream(stream, state))  # type: ignore[arg-type]
                 finally:
                     state.open_connections -= 1
 

@@ -1,0 +1,129 @@
+"""F9 of issue 14: SIGTERM to ``agentd start`` with hundreds of open streams and queued requests.
+
+A real process on the embedded simulated cluster slowed down (``time_scale``) so that no
+request can finish within the grace period; 200 requests are admitted (``max_in_flight_requests``)
+and 200 more wait in the edge queue.  After SIGTERM every request must get a complete answer -
+a 200 stream ending with an error event and ``data: [DONE]``, or a JSON 503 with Retry-After -
+by the grace deadline + 2 s, with no connection reset, and the process must exit 0 within grace
++ 5 s (docs/operations.md §10.4).  Real clock: these are the promised bounds themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import trio
+from native_fakes import read_line
+
+from bench.rawhttp import RawResponse, post
+
+ROOT = Path(__file__).resolve().parents[2]
+GRACE = 2.0
+ADMITTED = 200
+QUEUED = 200
+CONFIG = f"""
+[server]
+host = "127.0.0.1"
+port = 0
+shutdown_grace_seconds = {GRACE}
+log_level = "warning"
+
+[limits]
+max_in_flight_requests = {ADMITTED}
+max_queued_requests = {QUEUED * 2}
+queue_timeout_seconds = 600.0
+
+[embedded]
+time_scale = 0.2
+max_num_seqs = 512
+
+[batch_api]
+enabled = false
+"""
+
+
+def body(i: int, stream: bool) -> bytes:
+    return json.dumps(
+        {
+            "model": "agentd-sim",
+            "messages": [{"role": "user", "content": f"request {i}: tell a long story"}],
+            "max_tokens": 4000,
+            "stream": stream,
+        }
+    ).encode()
+
+
+def check_answer(r: RawResponse) -> str:
+    """The kind of complete answer ``r`` is; fails on anything else."""
+    assert r.error is None, (r.error, r.status, r.body[-200:])
+    assert r.complete
+    if r.status == 503:
+        assert r.headers["retry-after"] == "1"
+        assert r.json()["error"]["code"] == "server_shutting_down"
+        return "503"
+    assert r.status == 200, (r.status, r.body[:200])
+    assert r.sse_done, r.body[-200:]
+    events = [e for e in r.body.split(b"\n\n") if e.startswith(b"data: ")]
+    assert json.loads(events[-2][len(b"data: ") :])["error"]["code"] == "server_shutting_down"
+    return "stream_ended"
+
+
+async def test_sigterm_answers_every_open_stream_and_queued_request_then_exits_0(tmp_path: Path) -> None:
+    config = tmp_path / "drain.toml"
+    config.write_text(CONFIG)
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "daemon", "start", "--config", str(config)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert proc.stdout is not None
+        with trio.fail_after(60):
+            line = await read_line(proc.stdout)
+        match = re.fullmatch(r"agentd listening on (http://127\.0\.0\.1:(\d+))\n", line)
+        assert match, line
+        url, port = match.group(1), int(match.group(2))
+        results: list[RawResponse] = []
+
+        async def one(i: int, stream: bool) -> None:
+            results.append(await post("127.0.0.1", port, "/v1/chat/completions", body(i, stream)))
+
+        async def edge() -> dict[str, int]:
+            async with httpx.AsyncClient(timeout=30) as client:
+                doc = (await client.get(f"{url}/scheduling/diagnostics")).json()
+            return doc["proxy"]["edge"]
+
+        async with trio.open_nursery() as nursery:
+            for i in range(ADMITTED):
+                nursery.start_soon(one, i, True)
+            with trio.fail_after(60):
+                while (await edge())["in_flight"] < ADMITTED:
+                    await trio.sleep(0.1)
+            for i in range(QUEUED):
+                nursery.start_soon(one, ADMITTED + i, i % 4 != 0)  # streaming and not
+            with trio.fail_after(60):
+                while (await edge())["queued"] < QUEUED:
+                    await trio.sleep(0.1)
+            signalled = trio.current_time()
+            proc.send_signal(signal.SIGTERM)
+            with trio.fail_after(GRACE + 5):
+                returncode = await proc.wait()
+            exited = trio.current_time()
+        assert returncode == 0
+        assert exited - signalled <= GRACE + 5
+        assert len(results) == ADMITTED + QUEUED
+        kinds = [check_answer(r) for r in results]
+        assert max(r.done_at or 0.0 for r in results) - signalled <= GRACE + 2
+        assert kinds.count("503") >= QUEUED  # the queue is answered at once, the rest at the deadline
+        assert kinds.count("stream_ended") > 0  # some streams had started: error event + [DONE]
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
