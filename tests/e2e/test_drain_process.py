@@ -100,17 +100,21 @@ async def test_sigterm_answers_every_open_stream_and_queued_request_then_exits_0
                 doc = (await client.get(f"{url}/scheduling/diagnostics")).json()
             return doc["proxy"]["edge"]
 
+        async def until_edge(key: str, count: int) -> None:
+            while True:
+                if (await edge())[key] >= count:
+                    return
+                await trio.sleep(0.1)
+
         async with trio.open_nursery() as nursery:
             for i in range(ADMITTED):
                 nursery.start_soon(one, i, True)
             with trio.fail_after(60):
-                while (await edge())["in_flight"] < ADMITTED:
-                    await trio.sleep(0.1)
+                await until_edge("in_flight", ADMITTED)
             for i in range(QUEUED):
                 nursery.start_soon(one, ADMITTED + i, i % 4 != 0)  # streaming and not
             with trio.fail_after(60):
-                while (await edge())["queued"] < QUEUED:
-                    await trio.sleep(0.1)
+                await until_edge("queued", QUEUED)
             signalled = trio.current_time()
             proc.send_signal(signal.SIGTERM)
             with trio.fail_after(GRACE + 5):

@@ -29,7 +29,10 @@ PLAIN = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 
 
 async def wait_until(predicate: Callable[[], bool]) -> None:
-    while not predicate():
+    """Poll ``predicate`` on the real clock (socket progress has no event to wait for)."""
+    while True:
+        if predicate():
+            return
         await trio.sleep(0.01)
 
 
