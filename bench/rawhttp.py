@@ -10,6 +10,7 @@ the response was complete.  Nothing here is a general HTTP client: no redirects,
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -48,6 +49,7 @@ class _Reader:
         self.stream = stream
         self.buf = b""
         self.out = out
+        self.on_first_byte: Callable[[], object] | None = None
 
     async def more(self) -> bool:
         data = await self.stream.receive_some(65536)
@@ -66,11 +68,14 @@ async def post(
     headers: dict[str, str] | None = None,
     read_delay_seconds: float = 0.0,
     send_slowly_seconds: float = 0.0,
+    abort_after_first_byte: bool = False,
 ) -> RawResponse:
     """One request on a new connection; never raises for network trouble (see ``error``).
 
     ``read_delay_seconds`` sleeps before every read after the head (a slow reader);
-    ``send_slowly_seconds`` spreads the request bytes over that long (a slow sender)."""
+    ``send_slowly_seconds`` spreads the request bytes over that long (a slow sender);
+    ``abort_after_first_byte`` closes the connection once the first body byte arrived (an
+    impatient client, ``error = "aborted"``)."""
     out = RawResponse(sent_at=trio.current_time())
     try:
         stream = await trio.open_tcp_stream(host, port)
@@ -87,7 +92,15 @@ async def post(
                 await trio.sleep(send_slowly_seconds / pieces)
         else:
             await stream.send_all(data)
-        await _read_response(_Reader(stream, out), read_delay_seconds)
+        reader = _Reader(stream, out)
+        if abort_after_first_byte:
+            with trio.CancelScope() as scope:
+                reader.on_first_byte = scope.cancel
+                await _read_response(reader, read_delay_seconds)
+            if scope.cancelled_caught:
+                out.error = "aborted"
+        else:
+            await _read_response(reader, read_delay_seconds)
     except trio.BrokenResourceError as exc:
         out.error = "reset" if "reset" in str(exc).lower() or "Errno 104" in str(exc) else f"broken: {exc}"
     except OSError as exc:
@@ -160,6 +173,8 @@ async def _read_chunked(reader: _Reader, read_delay: float) -> None:
         now = trio.current_time()
         if out.first_byte_at is None:
             out.first_byte_at = now
+            if reader.on_first_byte is not None:
+                reader.on_first_byte()
         if out.first_data_at is None and b"data:" in chunk:
             out.first_data_at = now
         parts.append(chunk)
