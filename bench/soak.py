@@ -131,7 +131,6 @@ def idle_violations(diag: dict[str, Any], metrics: str) -> list[str]:
 
 async def soak(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     duration = args.minutes * 60.0
     shape = {"tokens": 32, "first_token_seconds": 0.05, "token_interval": 0.01, "fault_rate": args.fault_rate}
     load_start = os.getloadavg()
@@ -214,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.minutes <= 0 or not 0 <= args.fault_rate <= 1 or args.concurrency <= 0:
         print("soak: --minutes > 0, --fault-rate within [0, 1], --concurrency > 0", file=sys.stderr)
         return 2
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     report = trio.run(soak, args)
     summary = {k: v for k, v in report.items() if k != "rss_samples"}
     print(json.dumps(summary, indent=2))
