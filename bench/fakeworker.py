@@ -5,7 +5,9 @@ needs a worker that costs almost nothing, so that agentd and the clients get the
 answers ``GET /health``, ``GET /metrics`` (the vLLM series Program scheduling reads),
 ``GET /v1/models`` and ``POST /v1/chat/completions`` / ``/v1/completions`` over HTTP/1.1 with
 keep-alive: a stream is ``tokens`` SSE chunks ``token_interval`` seconds apart (the first after
-``first_token_seconds``), then a usage chunk when asked, then ``data: [DONE]``.
+``first_token_seconds``), then a usage chunk when asked, then ``data: [DONE]``.  A request may
+override the shape: ``max_tokens`` (the number of chunks), ``fake_token_interval`` and
+``fake_event_bytes`` (the content size of each chunk) - the load bench's heavy streams.
 
 Faults (``fault_rate``, seeded): each generation request fails with that probability in one of
 :data:`FAULTS` - ``reset`` (the connection is closed mid-stream), ``status_500`` (a JSON 500),
@@ -24,6 +26,7 @@ import attrs
 import trio
 
 FAULTS = ("reset", "status_500", "garbage")
+MAX_TOKENS = 1_000_000
 METRICS = (
     'vllm:num_requests_running{engine="0"} 0\nvllm:num_requests_waiting{engine="0"} 0\n'
     'vllm:kv_cache_usage_perc{engine="0"} 0.0\n'
@@ -120,17 +123,22 @@ class FakeWorker:
             await stream.send_all(b"\x00\x01 this is not HTTP\r\n\r\n")
             return False
         request = json.loads(body or b"{}")
+        tokens = self.shape.tokens
+        if isinstance(request.get("max_tokens"), int):
+            tokens = max(1, min(request["max_tokens"], MAX_TOKENS))
+        interval = request.get("fake_token_interval", self.shape.token_interval)
+        pad = b"x" * min(int(request.get("fake_event_bytes", 1)), 1 << 20)
         await trio.sleep(self.shape.first_token_seconds)
         if not request.get("stream"):
-            await trio.sleep(self.shape.token_interval * (self.shape.tokens - 1))
+            await trio.sleep(interval * (tokens - 1))
             answer = {
                 "id": "cmpl-fake",
                 "object": "chat.completion",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "x" * self.shape.tokens}}],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "x" * tokens}}],
                 "usage": {
                     "prompt_tokens": 8,
-                    "completion_tokens": self.shape.tokens,
-                    "total_tokens": 8 + self.shape.tokens,
+                    "completion_tokens": tokens,
+                    "total_tokens": 8 + tokens,
                 },
             }
             await stream.send_all(_response("200 OK", json.dumps(answer).encode()))
@@ -138,16 +146,16 @@ class FakeWorker:
         await stream.send_all(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
         )
-        for i in range(self.shape.tokens):
+        event = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"' + pad + b'"}}]}\n\n'
+        for i in range(tokens):
             if i:
-                await trio.sleep(self.shape.token_interval)
-            if fault == "reset" and i == self.shape.tokens // 2:
+                await trio.sleep(interval)
+            if fault == "reset" and i == tokens // 2:
                 return False
-            event = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
             await stream.send_all(_chunk(event))
         options = request.get("stream_options") or {}
         if options.get("include_usage"):
-            usage = {"prompt_tokens": 8, "completion_tokens": self.shape.tokens, "total_tokens": 8 + self.shape.tokens}
+            usage = {"prompt_tokens": 8, "completion_tokens": tokens, "total_tokens": 8 + tokens}
             await stream.send_all(_chunk(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n"))
         await stream.send_all(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
         return True

@@ -39,6 +39,7 @@ from daemon.http.errors import error_body
 from daemon.http.hypercorn_close import PromptCloseTCPServer
 
 KEEP_ALIVE_MAX_REQUESTS = 1 << 62
+ACCEPT_BACKLOG = 4096
 logger = get_logger("serve")
 OVER_CAP_READ_SECONDS = 1.0  # how long an over-the-cap connection may take to send its request head
 
@@ -55,6 +56,9 @@ def hypercorn_config(host: str, port: int, grace_seconds: float) -> Config:
     config.errorlog = get_logger("hypercorn")
     config.include_server_header = False
     config.keep_alive_timeout = 75.0
+    # a burst of connects (a thousand agents starting at once) must not overflow the accept queue:
+    # hypercorn's default of 100 turns the overflow into SYN retries of a second or more
+    config.backlog = ACCEPT_BACKLOG
     # hypercorn closes a keep-alive connection after 1000 requests by default, and that close races
     # the app's last body write (trio.BusyResourceError): the 1000th response is lost.  Agents keep
     # one connection for a whole session, so agentd never recycles connections by request count.

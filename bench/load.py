@@ -1,0 +1,320 @@
+"""Load benchmarks L1-L3 of issue 14 (docs/benchmarks.md §8): agentd as separate processes.
+
+``python -m bench.load l1|l2|l3 [--out DIR] [options]`` starts the fast fake worker
+(:mod:`bench.fakeworker`) and ``agentd start`` (native routing, no Program scheduling, so the
+numbers are the proxy's), drives them with raw-socket clients (:mod:`bench.rawhttp`) from this
+process and prints one JSON report (also written to ``DIR/<case>.json``):
+
+* **l1** - ``--clients`` (1,000) concurrent streaming clients, each ``--rounds`` requests one after
+  another, first directly against the worker and then through agentd: zero errors, and the TTFT
+  percentiles of both, whose p99 difference is agentd's *added TTFT p99*;
+* **l2** - closed-loop overload at 1x, 2x and 4x of agentd's capacity (``max_in_flight_requests``
+  + ``max_queued_requests``): every request beyond capacity must be a 429 or 503 with
+  ``Retry-After`` and an OpenAI-shaped body, nothing else may fail, and agentd's peak RSS must
+  not grow with the offered load (memory bounded);
+* **l3** - ``--clients`` normal streaming clients alone, then with as many slow senders (request
+  bodies spread over seconds) and non-readers (huge fast streams that are never read; agentd
+  drops them after ``client_write_timeout_seconds``): the normal clients' TTFT and latency p99
+  may degrade by at most 10 %.
+
+These are benchmarks, not timed tests: on a shared machine the numbers carry its load (the
+report records the load average).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from bench.procs import agentd_cmd, fakeworker_cmd, host_port, percentile, rss_bytes, running
+from bench.rawhttp import RawResponse, post
+
+AGENTD = """
+[server]
+host = "127.0.0.1"
+port = 0
+log_level = "warning"
+
+[routing]
+worker_urls = ["{worker}"]
+policy = "round_robin"
+
+[limits]
+{limits}
+
+[batch_api]
+enabled = false
+"""
+CHAT_PATH = "/v1/chat/completions"
+
+
+def chat(tokens: int, stream: bool = True, **extra: Any) -> bytes:
+    body = {"model": "fake", "messages": [{"role": "user", "content": "load"}], "max_tokens": tokens, "stream": stream}
+    return json.dumps({**body, **extra}).encode()
+
+
+def ok(r: RawResponse, stream: bool = True) -> bool:
+    return r.error is None and r.status == 200 and r.complete and (not stream or r.sse_done)
+
+
+def ttfts(results: list[RawResponse]) -> list[float]:
+    return [r.first_data_at - r.sent_at for r in results if r.first_data_at is not None]
+
+
+def latencies(results: list[RawResponse]) -> list[float]:
+    return [r.done_at - r.sent_at for r in results if r.done_at is not None]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"p50": percentile(values, 0.5), "p90": percentile(values, 0.9), "p99": percentile(values, 0.99)}
+
+
+async def fan_out(count: int, ramp_seconds: float, one: Callable[[int], Awaitable[None]]) -> None:
+    """Start ``count`` client tasks spread evenly over ``ramp_seconds``."""
+    async with trio.open_nursery() as nursery:
+        for i in range(count):
+            nursery.start_soon(one, i)
+            if ramp_seconds:
+                await trio.sleep(ramp_seconds / count)
+
+
+def write_agentd_config(out: Path, worker_url: str, limits: dict[str, Any]) -> Path:
+    path = out / "agentd.toml"
+    lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in limits.items())
+    path.write_text(AGENTD.format(worker=worker_url, limits=lines))
+    return path
+
+
+# ------------------------------------------------------------------------------------------ L1
+
+
+async def l1(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    shape = {"tokens": args.tokens, "first_token_seconds": 0.05, "token_interval": args.token_interval}
+    async with running(fakeworker_cmd(**shape)) as (_, worker_url):
+        config = write_agentd_config(out, worker_url, {"max_in_flight_requests": args.clients * 2})
+        async with running(agentd_cmd(config)) as (proc, agentd_url):
+            phases: dict[str, list[RawResponse]] = {}
+            for name, url in (("direct", worker_url), ("agentd", agentd_url)):
+                host, port = host_port(url)
+                results: list[RawResponse] = []
+
+                async def client(
+                    i: int, host: str = host, port: int = port, results: list[RawResponse] = results
+                ) -> None:
+                    for _ in range(args.rounds):
+                        results.append(await post(host, port, CHAT_PATH, chat(args.tokens)))
+
+                await fan_out(args.clients, args.ramp_seconds, client)
+                phases[name] = results
+            rss = rss_bytes(proc.pid)
+    report: dict[str, Any] = {"case": "l1", "clients": args.clients, "rounds": args.rounds}
+    for name, results in phases.items():
+        errors = [r for r in results if not ok(r)]
+        report[name] = {
+            "requests": len(results),
+            "errors": len(errors),
+            "error_kinds": sorted({r.error or f"http_{r.status}" for r in errors}),
+            "ttft_seconds": summary(ttfts(results)),
+            "latency_seconds": summary(latencies(results)),
+        }
+    report["added_ttft_p99_seconds"] = report["agentd"]["ttft_seconds"]["p99"] - report["direct"]["ttft_seconds"]["p99"]
+    report["added_ttft_p50_seconds"] = report["agentd"]["ttft_seconds"]["p50"] - report["direct"]["ttft_seconds"]["p50"]
+    report["agentd_rss_bytes"] = rss
+    report["pass"] = report["agentd"]["errors"] == 0
+    return report
+
+
+# ------------------------------------------------------------------------------------------ L2
+
+
+def refusal_ok(r: RawResponse) -> bool:
+    if r.error is not None or r.status not in (429, 503) or "retry-after" not in r.headers:
+        return False
+    try:
+        return isinstance(r.json()["error"]["code"], str)
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+async def l2(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    capacity = args.in_flight + args.queued
+    shape = {"tokens": args.tokens, "first_token_seconds": 0.05, "token_interval": args.token_interval}
+    limits = {
+        "max_in_flight_requests": args.in_flight,
+        "max_queued_requests": args.queued,
+        "queue_timeout_seconds": args.queue_timeout,
+    }
+    levels: list[dict[str, Any]] = []
+    async with running(fakeworker_cmd(**shape)) as (_, worker_url):
+        config = write_agentd_config(out, worker_url, limits)
+        async with running(agentd_cmd(config)) as (proc, agentd_url):
+            host, port = host_port(agentd_url)
+            for factor in (1, 2, 4):
+                results: list[RawResponse] = []
+                peak = rss_bytes(proc.pid)
+                stop_at = trio.current_time() + args.seconds
+
+                async def client(i: int, results: list[RawResponse] = results, stop_at: float = stop_at) -> None:
+                    while trio.current_time() < stop_at:
+                        r = await post(host, port, CHAT_PATH, chat(args.tokens))
+                        results.append(r)
+                        if r.status in (429, 503):
+                            await trio.sleep(args.retry_pause)
+
+                async def sampler(stop_at: float = stop_at) -> None:
+                    nonlocal peak
+                    while trio.current_time() < stop_at:
+                        peak = max(peak, rss_bytes(proc.pid))
+                        await trio.sleep(0.5)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(sampler)
+                    await fan_out(capacity * factor, 1.0, client)
+                served = [r for r in results if ok(r)]
+                refused = [r for r in results if refusal_ok(r)]
+                other = [r for r in results if not ok(r) and not refusal_ok(r)]
+                codes: dict[str, int] = {}
+                for r in refused:
+                    key = f"{r.status} {r.json()['error']['code']}"
+                    codes[key] = codes.get(key, 0) + 1
+                levels.append(
+                    {
+                        "offered_clients": capacity * factor,
+                        "factor": factor,
+                        "requests": len(results),
+                        "served": len(served),
+                        "refused": codes,
+                        "other_failures": len(other),
+                        "other_kinds": sorted({r.error or f"http_{r.status}" for r in other}),
+                        "served_latency_seconds": summary(latencies(served)),
+                        "peak_rss_bytes": peak,
+                    }
+                )
+    base = levels[0]["peak_rss_bytes"]
+    report = {
+        "case": "l2",
+        "in_flight": args.in_flight,
+        "queued": args.queued,
+        "levels": levels,
+        "rss_ratio_4x_to_1x": levels[-1]["peak_rss_bytes"] / base,
+        "pass": all(level["other_failures"] == 0 for level in levels)
+        and levels[1]["refused"] != {}
+        and levels[-1]["peak_rss_bytes"] <= 1.25 * base,
+    }
+    return report
+
+
+# ------------------------------------------------------------------------------------------ L3
+
+
+async def l3(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    shape = {"tokens": args.tokens, "first_token_seconds": 0.05, "token_interval": args.token_interval}
+    limits = {"client_write_timeout_seconds": args.write_timeout, "body_read_timeout_seconds": 30.0}
+    phases: dict[str, list[RawResponse]] = {}
+    attackers: dict[str, list[RawResponse]] = {"slow_sender": [], "non_reader": []}
+    async with running(fakeworker_cmd(**shape)) as (_, worker_url):
+        config = write_agentd_config(out, worker_url, limits)
+        async with running(agentd_cmd(config)) as (proc, agentd_url):
+            host, port = host_port(agentd_url)
+            for phase in ("alone", "attacked"):
+                results: list[RawResponse] = []
+                stop_at = trio.current_time() + args.seconds
+
+                async def normal(i: int, results: list[RawResponse] = results, stop_at: float = stop_at) -> None:
+                    while trio.current_time() < stop_at:
+                        results.append(await post(host, port, CHAT_PATH, chat(args.tokens)))
+
+                async def slow_sender(i: int, stop_at: float = stop_at) -> None:
+                    while trio.current_time() < stop_at:
+                        r = await post(
+                            host, port, CHAT_PATH, chat(args.tokens), send_slowly_seconds=args.slow_send_seconds
+                        )
+                        attackers["slow_sender"].append(r)
+
+                async def non_reader(i: int, stop_at: float = stop_at) -> None:
+                    heavy = chat(1_000_000, fake_token_interval=0.001, fake_event_bytes=16384)
+                    while trio.current_time() < stop_at:
+                        r = await post(host, port, CHAT_PATH, heavy, read_delay_seconds=3600.0)
+                        attackers["non_reader"].append(r)
+
+                async with trio.open_nursery() as nursery:
+                    if phase == "attacked":
+                        nursery.start_soon(fan_out, args.attackers, 1.0, slow_sender)
+                        nursery.start_soon(fan_out, args.attackers, 1.0, non_reader)
+                        await trio.sleep(2.0)  # the attack is in place before the clients measure
+                        stop_at += 2.0
+                    await fan_out(args.clients, 1.0, normal)
+                    nursery.cancel_scope.cancel()
+                phases[phase] = results
+            rss = rss_bytes(proc.pid)
+    report: dict[str, Any] = {"case": "l3", "clients": args.clients, "attackers_each": args.attackers}
+    for phase, results in phases.items():
+        report[phase] = {
+            "requests": len(results),
+            "errors": sum(1 for r in results if not ok(r)),
+            "ttft_seconds": summary(ttfts(results)),
+            "latency_seconds": summary(latencies(results)),
+        }
+    report["attack_requests"] = {k: len(v) for k, v in attackers.items()}
+    report["ttft_p99_degradation"] = (
+        report["attacked"]["ttft_seconds"]["p99"] / report["alone"]["ttft_seconds"]["p99"] - 1
+    )
+    report["latency_p99_degradation"] = (
+        report["attacked"]["latency_seconds"]["p99"] / report["alone"]["latency_seconds"]["p99"] - 1
+    )
+    report["agentd_rss_bytes"] = rss
+    report["pass"] = (
+        report["attacked"]["errors"] == 0
+        and report["ttft_p99_degradation"] <= 0.10
+        and report["latency_p99_degradation"] <= 0.10
+    )
+    return report
+
+
+CASES = {"l1": l1, "l2": l2, "l3": l3}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.split("\n\n")[0])
+    parser.add_argument("case", choices=sorted(CASES))
+    parser.add_argument("--out", default="bench-out/load")
+    parser.add_argument("--clients", type=int, default=None, help="l1: 1000, l3: 100")
+    parser.add_argument("--rounds", type=int, default=3, help="l1: requests per client")
+    parser.add_argument("--ramp-seconds", type=float, default=2.0, help="l1: spread the clients' start over this")
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--token-interval", type=float, default=0.02)
+    parser.add_argument("--seconds", type=float, default=20.0, help="l2/l3: duration of each level/phase")
+    parser.add_argument("--in-flight", type=int, default=200, help="l2: limits.max_in_flight_requests")
+    parser.add_argument("--queued", type=int, default=50, help="l2: limits.max_queued_requests")
+    parser.add_argument("--queue-timeout", type=float, default=1.0, help="l2: limits.queue_timeout_seconds")
+    parser.add_argument("--retry-pause", type=float, default=0.2, help="l2: a refused client waits this long")
+    parser.add_argument(
+        "--attackers", type=int, default=None, help="l3: slow senders and non-readers, each (= clients)"
+    )
+    parser.add_argument("--slow-send-seconds", type=float, default=5.0)
+    parser.add_argument("--write-timeout", type=float, default=5.0, help="l3: limits.client_write_timeout_seconds")
+    args = parser.parse_args(argv)
+    if args.clients is None:
+        args.clients = 1000 if args.case == "l1" else 100
+    if args.attackers is None:
+        args.attackers = args.clients
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    load_start = os.getloadavg()
+    report = trio.run(CASES[args.case], args, out)
+    report["loadavg_start"] = load_start
+    report["loadavg_end"] = os.getloadavg()
+    (out / f"{args.case}.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+    return 0 if report["pass"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
