@@ -326,6 +326,11 @@ def add_router_flags(parser: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="Program scheduling configuration as one JSON object; requires --enable-program-scheduling",
     )
+    g.add_argument(
+        "--api-keys-file", metavar="PATH", help="agentd extra: API keys, tenant:sha256 lines (auth.api_keys_file)"
+    )
+    g.add_argument("--admin-host", help="agentd extra: admin listener address (admin.host)")
+    g.add_argument("--admin-port", type=int, help="agentd extra: admin listener port (admin.port)")
     g.add_argument("--log-level", help="debug, info, warning or error (server.log_level)")
     g.add_argument("--log-format", help="kv (key=value lines) or json (server.log_format)")
 
@@ -348,6 +353,9 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     put("routing", "policy", getattr(args, "policy", None))
     put("prometheus", "host", getattr(args, "prometheus_host", None))
     put("prometheus", "port", getattr(args, "prometheus_port", None))
+    put("auth", "api_keys_file", getattr(args, "api_keys_file", None))
+    put("admin", "host", getattr(args, "admin_host", None))
+    put("admin", "port", getattr(args, "admin_port", None))
     enabled = getattr(args, "enable_program_scheduling", None)
     ps_json = getattr(args, "program_scheduling_config_json", None)
     if ps_json is not None:

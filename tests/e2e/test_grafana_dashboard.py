@@ -338,7 +338,7 @@ def test_scrape_example_matches_the_production_config() -> None:
     prod = tomllib.loads((DASHBOARD.parents[1] / "production.toml").read_text())
     scrape = (DASHBOARD.parent / "prometheus.yml").read_text()
     assert f'"agentd-host:{prod["prometheus"]["port"]}"' in scrape
-    assert f'"agentd-host:{prod["server"]["port"]}"' in scrape
+    assert f'"agentd-host:{prod["admin"]["port"]}"' in scrape  # the operator routes' listener
     for url in prod["routing"]["worker_urls"]:
         assert f'"{url.removeprefix("http://")}"' in scrape, url
     assert scrape.count("metrics_path: /metrics") >= 2

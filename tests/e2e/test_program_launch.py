@@ -14,7 +14,7 @@ import trio
 from test_program_scheduling import ProgramWorker, chat
 
 from daemon.cli import build_parser
-from daemon.config import AgentdConfig, PrometheusConfig, ServerConfig
+from daemon.config import AdminConfig, AgentdConfig, AuthConfig, PrometheusConfig, ServerConfig
 from daemon.config_loading import load_config, overrides_from_args
 from daemon.supervisor import run_daemon
 
@@ -53,7 +53,9 @@ def seed_command_config(host: str = "0.0.0.0", port: str = "3001", prometheus_po
 def test_program_launch_command_and_toml_give_the_same_config() -> None:
     from_cli = seed_command_config()
     from_toml = load_config(str(REPO / "configs" / "production.toml"))
-    assert from_cli == from_toml
+    # the file is the seed's launch plus what a public listener needs (docs/operations.md §10)
+    assert from_toml.auth.enabled and from_toml.admin.port == 3002 and from_toml.prometheus.host == "127.0.0.1"
+    assert attrs.evolve(from_toml, auth=from_cli.auth, admin=from_cli.admin, prometheus=from_cli.prometheus) == from_cli
     assert from_cli.program_scheduling is not None and from_toml.program_scheduling is not None
     assert from_cli.program_scheduling == from_toml.program_scheduling
     assert from_cli.program_scheduling.explicit_coefficients == from_toml.program_scheduling.explicit_coefficients
@@ -83,7 +85,12 @@ async def _run_and_probe(cfg: AgentdConfig) -> tuple[dict, str, list[tuple[str, 
 
 
 async def test_program_launch_command_runs_and_toml_behaves_the_same() -> None:
-    local = {"server": ServerConfig(host="127.0.0.1", port=0), "prometheus": PrometheusConfig("127.0.0.1", 0)}
+    local = {
+        "server": ServerConfig(host="127.0.0.1", port=0),
+        "prometheus": PrometheusConfig("127.0.0.1", 0),
+        "auth": AuthConfig(),  # no key file on a test machine; keys are tested in tests/http/test_auth.py
+        "admin": AdminConfig(),
+    }
     cli_cfg = attrs.evolve(seed_command_config(), **local)
     toml_cfg = attrs.evolve(load_config(str(REPO / "configs" / "production.toml")), **local)
     cli_diag, cli_metrics, cli_seen = await _run_and_probe(cli_cfg)
