@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import resource
 import sys
 import traceback
 from typing import Any
@@ -24,6 +25,7 @@ from actors.logevents import get_logger, log_event
 from daemon.config import LOG_FORMATS, AgentdConfig
 from daemon.config_loading import ConfigError, add_router_flags, load_config, overrides_from_args, read_config_file
 from daemon.logs import banner_line, capture_process_output, configure_logging, event_line
+from daemon.security import load_security
 
 NAME = "start"
 HELP = "Run the agentd daemon in front of vLLM-compatible workers (or the embedded simulator)."
@@ -58,6 +60,17 @@ def requested_log_format(args: argparse.Namespace) -> str:
     return value if isinstance(value, str) and value in LOG_FORMATS else "kv"
 
 
+def raise_open_file_limit() -> None:
+    """Every client and worker connection is a file descriptor: use the hard limit, not the soft
+    one (often 1024), so ``[limits] max_connections`` is what caps connections."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):  # not permitted here: keep the soft limit
+        pass
+
+
 def _leaf_errors(exc: BaseException) -> str:
     """``Type: message`` of the exceptions inside (nested) exception groups, ``; ``-joined."""
     if isinstance(exc, BaseExceptionGroup):
@@ -75,6 +88,13 @@ def run(args: argparse.Namespace) -> int:
             for line in error.lines:
                 print(line, file=sys.stderr)
         return 2
+    try:
+        load_security(cfg)  # the key file and the worker TLS files, before anything starts
+    except ConfigError as error:
+        for line in error.lines:
+            print(line, file=sys.stderr)
+        return 2
+    raise_open_file_limit()
     configure_logging(cfg.server.log_level, cfg.server.log_format)
     if cfg.server.log_format != "json":
         trio.run(_main, cfg)

@@ -136,3 +136,23 @@ def test_key_file_and_config_rules(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         config_from_dict({"auth": {"api_keys": ["no-digest"], "admin_keys": ["xyz"]}})
     assert [line.split(":")[0] for line in info.value.lines] == ["auth.api_keys", "auth.admin_keys"]
+
+
+def test_worker_tls_settings_load_at_start(tmp_path: Path) -> None:
+    import ssl
+
+    from daemon.config import WorkerTlsConfig
+    from daemon.security import worker_ssl_context
+
+    assert worker_ssl_context(WorkerTlsConfig()) is None  # httpx's default verification
+    insecure = worker_ssl_context(WorkerTlsConfig(verify=False))
+    assert insecure is not None and insecure.verify_mode == ssl.CERT_NONE
+    cfg = config_from_dict({"worker_tls": {"ca_file": str(tmp_path / "missing.pem")}})
+    with pytest.raises(ConfigError) as info:
+        load_security(cfg)
+    assert info.value.lines[0].startswith("worker_tls: cannot load")
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"worker_tls": {"client_key_file": "k.pem"}})
+    assert info.value.lines == [
+        "worker_tls.client_key_file: needs worker_tls.client_cert_file (got client_cert_file='')"
+    ]
