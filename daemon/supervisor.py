@@ -100,13 +100,14 @@ async def _start_embedded(
     return clusters
 
 
-async def _watch_signals(shutdown: trio.Event, root: trio.CancelScope) -> None:
+async def _watch_signals(shutdown: trio.Event, root: trio.CancelScope, edge: Edge) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
             if shutdown.is_set():
                 log_event(logger, logging.WARNING, "shutdown_forced", signal=signal.Signals(signum).name)
                 root.cancel()
                 return
+            edge.note_shutdown()  # the grace period counts from here (docs/operations.md §10.4)
             log_event(logger, logging.INFO, "shutdown_requested", signal=signal.Signals(signum).name)
             shutdown.set()
 
@@ -294,9 +295,10 @@ async def run_daemon(
     targets = cfg.targets()
     metrics = ProxyMetrics(registry, [t.target_id for t in targets])
     shutdown = trio.Event()
+    edge = Edge(cfg.limits)
     async with trio.open_nursery() as root:
         if handle_signals:
-            root.start_soon(_watch_signals, shutdown, root.cancel_scope)
+            root.start_soon(_watch_signals, shutdown, root.cancel_scope, edge)
         upstream = await _open_upstream(root, cfg, client_factory, transport_factory, sim_configure)
         async with upstream.client:
             board, native, program = await _start_dispatchers(root, cfg, upstream, registry, metrics, rng)
@@ -348,7 +350,7 @@ async def run_daemon(
                 embedded=upstream.embedded,
                 shutdown=shutdown,
                 batches=batches,
-                edge=Edge(cfg.limits),
+                edge=edge,
                 server_state=_server_state(cfg),
             )
             async with trio.open_nursery() as servers:

@@ -69,6 +69,7 @@ class Edge:
         self._refused_draining = 0
         self._drained = 0
         self._idle = trio.Event()  # set once the drain began and no ticket is open
+        self.shutdown_at: float | None = None  # when the signal arrived (the grace counts from it)
 
     # ----------------------------------------------------------------------------- statistics
 
@@ -174,12 +175,19 @@ class Edge:
 
     # ----------------------------------------------------------------------------- drain
 
+    def note_shutdown(self) -> None:
+        """The shutdown was requested now (called by the signal handler before it wakes anyone)."""
+        if self.shutdown_at is None:
+            self.shutdown_at = trio.current_time()
+
     def begin_drain(self, grace_seconds: float) -> None:
-        """Stop taking requests; turn the edge queue away now; the rest by the deadline."""
+        """Stop taking requests; turn the edge queue away now; the rest by the deadline, counted
+        from the signal (a loaded machine may run this task a little later)."""
         if self.draining:
             return
         self.draining = True
-        self.drain_deadline = trio.current_time() + grace_seconds
+        start = self.shutdown_at if self.shutdown_at is not None else trio.current_time()
+        self.drain_deadline = start + grace_seconds
         for ticket, granted in list(self._waiting):
             ticket.refused = self.draining_error()
             granted.set()

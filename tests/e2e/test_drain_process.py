@@ -2,7 +2,7 @@
 
 A real ``agentd start`` process in front of the fast fake worker (``bench.fakeworker``, its own
 process) whose streams send one chunk a second for a very long time, so that no request can
-finish within the grace period; 200 requests are admitted (``max_in_flight_requests``) and 200
+finish within the grace period; 150 requests are admitted (``max_in_flight_requests``) and 150
 more wait in the edge queue.  After SIGTERM every request must get a complete answer -
 a 200 stream ending with an error event and ``data: [DONE]``, or a JSON 503 with Retry-After -
 by the grace deadline + 2 s, with no connection reset, and the process must exit 0 within grace
@@ -27,8 +27,8 @@ from bench.rawhttp import RawResponse, post
 
 ROOT = Path(__file__).resolve().parents[2]
 GRACE = 2.0
-ADMITTED = 200
-QUEUED = 200
+ADMITTED = 150
+QUEUED = 150
 CONFIG = """
 [server]
 host = "127.0.0.1"
