@@ -336,7 +336,7 @@ async def _serve_ticket(
             await send_error(
                 sink, ApiError(500, "internal error in agentd (see the daemon log)", code="internal_error")
             )
-    if ticket.drained:
+    if ticket.drained and not sink.completed:  # (a refusal still being written is complete enough)
         log_event(logger, logging.INFO, "request_drained", request_id=req.request_id, streamed=sink.started)
         await _answer_drained(sink, edge)
 
