@@ -78,30 +78,33 @@ class ServerState:
     write_timeouts: int = 0
     hard_deadline: float = math.inf  # set when the drain starts: no write outlives it
 
-    def write_deadline(self) -> float:
-        return min(trio.current_time() + self.client_write_timeout_seconds, self.hard_deadline)
-
 
 class WriteTimeoutStream(trio.abc.HalfCloseableStream):
     """A client socket whose writes give up after the client-write timeout (see the module doc).
 
-    hypercorn shields its socket writes from cancellation; the deadline here is this scope's own,
-    so it still fires.  A write that times out closes the socket: hypercorn then treats the
-    connection as closed and the app receives ``http.disconnect``.
+    A write records when it started; the listener's watchdog (:func:`_watch_writes`) closes the
+    socket of a write pending for longer than the timeout (or past the drain's hard deadline).
+    hypercorn, whose writes are shielded from cancellation, then sees the connection closed and the
+    app receives ``http.disconnect``.  No cancel scope per write: this is the hot path.
     """
 
     def __init__(self, inner: trio.SocketStream, state: ServerState) -> None:
         self.inner = inner
         self.socket = inner.socket
         self._state = state
+        self.write_since: float | None = None
+        self.timed_out = False
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        with trio.CancelScope(deadline=self._state.write_deadline()) as scope:
+        self.write_since = trio.current_time()
+        try:
             await self.inner.send_all(data)
-        if scope.cancelled_caught:
-            self._state.write_timeouts += 1
-            self.inner.socket.close()  # the stream is in an undefined state: drop the connection
-            raise trio.BrokenResourceError("client write timeout: the client stopped reading")
+        except trio.ClosedResourceError:
+            if self.timed_out:
+                raise trio.BrokenResourceError("client write timeout: the client stopped reading") from None
+            raise
+        finally:
+            self.write_since = None
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.inner.wait_send_all_might_not_block()
@@ -114,6 +117,22 @@ class WriteTimeoutStream(trio.abc.HalfCloseableStream):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+async def _watch_writes(state: ServerState, streams: set[WriteTimeoutStream]) -> None:
+    """Close the socket of every write stuck past the client-write timeout or the hard deadline."""
+    period = min(1.0, state.client_write_timeout_seconds / 4)
+    while True:
+        await trio.sleep(period)
+        now = trio.current_time()
+        for stream in list(streams):
+            since = stream.write_since
+            if since is None or stream.timed_out:
+                continue
+            if now - since >= state.client_write_timeout_seconds or now >= state.hard_deadline:
+                stream.timed_out = True
+                state.write_timeouts += 1
+                stream.inner.socket.close()  # wakes the pending write with ClosedResourceError
 
 
 # hypercorn's connection handler: a connection the client closed ends at once (no keep-alive
@@ -192,14 +211,21 @@ async def serve_http(
                 listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
                 binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
 
+            streams: set[WriteTimeoutStream] = set()
+            # outside the connections' nursery: it must outlive them (past the hard deadline too)
+            lifespan_nursery.start_soon(_watch_writes, state, streams)
+
             async def handle(stream: trio.SocketStream) -> None:
                 if state.open_connections >= state.max_connections:
                     await _refuse(stream, state)
                     return
                 state.open_connections += 1
+                wrapped = WriteTimeoutStream(stream, state)
+                streams.add(wrapped)
                 try:
-                    await _Connection(asgi, config, context, ConnectionState({}), WriteTimeoutStream(stream, state))  # type: ignore[arg-type]
+                    await _Connection(asgi, config, context, ConnectionState({}), wrapped)  # type: ignore[arg-type]
                 finally:
+                    streams.discard(wrapped)
                     state.open_connections -= 1
 
             async with trio.open_nursery() as accepting:
