@@ -14,7 +14,9 @@ process and prints one JSON report (also written to ``DIR/<case>.json``):
   not grow with the offered load (memory bounded);
 * **l3** - ``--clients`` normal streaming clients throughout, and in every other window of
   ``--window-seconds`` as many slow senders (request bodies spread over seconds) and non-readers
-  (heavy streams that are never read; agentd drops them after ``client_write_timeout_seconds``):
+  (long streams of ``--non-reader-event-bytes`` events at 100/s, never read, over a socket with a
+  4 KiB receive buffer; agentd's writes block at once and it drops them after
+  ``client_write_timeout_seconds``):
   the normal clients' TTFT and latency p99 in attack windows may be at most 10 % above those in
   quiet windows.
 
@@ -244,10 +246,10 @@ async def l3(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                     await post(host, port, CHAT_PATH, body, send_slowly_seconds=args.slow_send_seconds)
 
             async def non_reader(i: int) -> None:
-                heavy = chat(1_000_000, fake_token_interval=0.01, fake_event_bytes=16384)
+                heavy = chat(1_000_000, fake_token_interval=0.01, fake_event_bytes=args.non_reader_event_bytes)
                 while True:
                     started_attacks["non_reader"] += 1
-                    await post(host, port, CHAT_PATH, heavy, read_delay_seconds=3600.0)
+                    await post(host, port, CHAT_PATH, heavy, read_delay_seconds=3600.0, receive_buffer_bytes=4096)
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(fan_out, args.clients, 1.0, normal)
@@ -317,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         "--attackers", type=int, default=None, help="l3: slow senders and non-readers, each (= clients)"
     )
     parser.add_argument("--slow-send-seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--non-reader-event-bytes", type=int, default=16384, help="l3: non-readers' stream, 100 events/s of this size"
+    )
     parser.add_argument("--write-timeout", type=float, default=5.0, help="l3: limits.client_write_timeout_seconds")
     args = parser.parse_args(argv)
     if args.clients is None:

@@ -10,6 +10,7 @@ the response was complete.  Nothing here is a general HTTP client: no redirects,
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -69,16 +70,24 @@ async def post(
     read_delay_seconds: float = 0.0,
     send_slowly_seconds: float = 0.0,
     abort_after_first_byte: bool = False,
+    receive_buffer_bytes: int | None = None,
 ) -> RawResponse:
     """One request on a new connection; never raises for network trouble (see ``error``).
 
     ``read_delay_seconds`` sleeps before every read after the head (a slow reader);
     ``send_slowly_seconds`` spreads the request bytes over that long (a slow sender);
     ``abort_after_first_byte`` closes the connection once the first body byte arrived (an
-    impatient client, ``error = "aborted"``)."""
+    impatient client, ``error = "aborted"``); ``receive_buffer_bytes`` sets the socket's receive
+    buffer (a client that stops reading then stops the sender's writes after that many bytes)."""
     out = RawResponse(sent_at=trio.current_time())
     try:
-        stream = await trio.open_tcp_stream(host, port)
+        if receive_buffer_bytes is None:
+            stream = await trio.open_tcp_stream(host, port)
+        else:
+            sock = trio.socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer_bytes)
+            await sock.connect((host, port))
+            stream = trio.SocketStream(sock)
     except OSError as exc:
         out.error = f"connect: {exc}"
         return out
