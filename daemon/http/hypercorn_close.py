@@ -9,8 +9,9 @@ subclass below stops the idle task when the read loop ends and never restarts it
 the socket closes as soon as the connection's request task is done
 (found by the fault suite's descriptor check, docs/operations.md §11).
 
-:func:`install` swaps the subclass in for the class hypercorn's trio runner instantiates; it is
-idempotent and called by :mod:`daemon.http.serve` before serving.
+:mod:`daemon.http.serve` runs its own accept loop (connection cap, write timeout, drain) and
+instantiates the subclass directly; :func:`install` swaps it in for the class hypercorn's own trio
+runner (``hypercorn.trio.serve``) instantiates, for any code that still serves through that.
 """
 
 from __future__ import annotations

@@ -2,20 +2,22 @@
 
 :func:`serve_http` builds the hypercorn ``Config`` (bind, logging through the ``agentd`` logger,
 no access log) and reports the *bound* URL (the real port when 0 was asked) through
-``task_status`` once the socket listens.  It runs hypercorn's connection handler
-(``hypercorn.trio.tcp_server.TCPServer``) under agentd's own accept loop, which is what adds the
-connection-level limits of docs/config.md ``[limits]`` (docs/operations.md §10):
+``task_status`` once the socket listens.  It runs hypercorn's connection handler (its
+``TCPServer``, as :class:`~daemon.http.hypercorn_close.PromptCloseTCPServer`: a connection the
+client closed ends at once) under agentd's own accept loop instead of ``hypercorn.trio.serve``,
+which is what adds the connection-level limits of docs/config.md ``[limits]``
+(docs/operations.md §10):
 
 * **connection cap** (:class:`ServerState` ``max_connections``): a connection over the cap is
   answered with a JSON 503 + ``Retry-After`` and closed, never left hanging in the backlog;
-* **client-write timeout**: every socket write of a response runs under
-  ``client_write_timeout_seconds`` (:class:`WriteTimeoutStream`); a client that stops reading
-  gets its connection closed, which the app sees as a disconnect (the request is cancelled and
-  its lease released);
+* **client-write timeout**: a socket write of a response pending for longer than
+  ``client_write_timeout_seconds`` (:class:`WriteTimeoutStream`, checked by a per-listener
+  watchdog) closes the connection, which the app sees as a disconnect (the request is cancelled
+  and its lease released);
 * **drain**: when ``shutdown_trigger`` returns, the listeners close at once (no new
   connections), idle keep-alive connections are closed, and open connections get
   ``hard_grace_seconds`` to finish: the app itself answers everything still running by
-  ``shutdown_grace_seconds`` (docs/operations.md §10.4, :mod:`daemon.http.drain`), the extra
+  ``shutdown_grace_seconds`` (docs/operations.md §10.4, :mod:`daemon.http.edge`), the extra
   seconds only let those answers reach the clients.  Writes never outlive that hard deadline.
 """
 
