@@ -18,7 +18,9 @@ process and prints one JSON report (also written to ``DIR/<case>.json``):
   4 KiB receive buffer; agentd's writes block at once and it drops them after
   ``client_write_timeout_seconds``):
   the normal clients' TTFT and latency p99 in attack windows may be at most 10 % above those in
-  quiet windows.
+  quiet windows.  Windows cycle quiet, attack, control; a control window adds as many
+  well-behaved clients as the attack has attackers, so ``*_vs_control`` separates what the
+  misbehaviour costs from what the attackers' extra requests cost as ordinary load.
 
 These are benchmarks, not timed tests: on a shared machine the numbers carry its load (the
 report records the load average).
@@ -225,7 +227,7 @@ async def l3(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     it was sent in."""
     shape = {"tokens": args.tokens, "first_token_seconds": 0.05, "token_interval": args.token_interval}
     limits = {"client_write_timeout_seconds": args.write_timeout, "body_read_timeout_seconds": 30.0}
-    phases: dict[str, list[RawResponse]] = {"alone": [], "attacked": []}
+    phases: dict[str, list[RawResponse]] = {"alone": [], "attacked": [], "control": []}
     started_attacks = {"slow_sender": 0, "non_reader": 0}
     windows: list[tuple[float, float, str]] = []
     async with running(fakeworker_cmd(**shape)) as (_, worker_url):
@@ -238,6 +240,10 @@ async def l3(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             async def normal(i: int) -> None:
                 while trio.current_time() < stop_at:
                     normal_results.append(await post(host, port, CHAT_PATH, chat(args.tokens)))
+
+            async def ordinary(i: int) -> None:
+                while True:
+                    await post(host, port, CHAT_PATH, chat(args.tokens))
 
             async def slow_sender(i: int) -> None:
                 while True:
@@ -254,19 +260,25 @@ async def l3(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(fan_out, args.clients, 1.0, normal)
                 await trio.sleep(1.0)  # the clients are all running before the first window
-                attack = False
+                cycle = ("alone", "attacked", "control")
+                turn = 0
                 while trio.current_time() + 0.5 < stop_at:
                     begin = trio.current_time()
                     end = min(begin + args.window_seconds, stop_at)
-                    windows.append((begin, end, "attacked" if attack else "alone"))
+                    kind = cycle[turn % len(cycle)]
+                    turn += 1
+                    windows.append((begin, end, kind))
                     with trio.move_on_at(end):
-                        if attack:
-                            async with trio.open_nursery() as attackers:
-                                attackers.start_soon(fan_out, args.attackers, 0.2, slow_sender)
-                                attackers.start_soon(fan_out, args.attackers, 0.2, non_reader)
-                        else:
-                            await trio.sleep_forever()
-                    attack = not attack
+                        async with trio.open_nursery() as extra:
+                            if kind == "attacked":
+                                if args.slow_senders:
+                                    extra.start_soon(fan_out, args.slow_senders, 0.2, slow_sender)
+                                if args.non_readers:
+                                    extra.start_soon(fan_out, args.non_readers, 0.2, non_reader)
+                            elif kind == "control":  # as many well-behaved clients instead
+                                extra.start_soon(fan_out, args.slow_senders + args.non_readers, 0.2, ordinary)
+                            else:
+                                await trio.sleep_forever()
             rss = rss_bytes(proc.pid)
     for r in normal_results:
         for begin, end, kind in windows:
@@ -275,7 +287,8 @@ async def l3(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     report: dict[str, Any] = {
         "case": "l3",
         "clients": args.clients,
-        "attackers_each": args.attackers,
+        "slow_senders": args.slow_senders,
+        "non_readers": args.non_readers,
         "windows": len(windows),
         "window_seconds": args.window_seconds,
     }
@@ -290,6 +303,9 @@ async def l3(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     alone, attacked = report["alone"], report["attacked"]
     report["ttft_p99_degradation"] = attacked["ttft_seconds"]["p99"] / alone["ttft_seconds"]["p99"] - 1
     report["latency_p99_degradation"] = attacked["latency_seconds"]["p99"] / alone["latency_seconds"]["p99"] - 1
+    control = report["control"]
+    report["ttft_p99_vs_control"] = attacked["ttft_seconds"]["p99"] / control["ttft_seconds"]["p99"] - 1
+    report["latency_p99_vs_control"] = attacked["latency_seconds"]["p99"] / control["latency_seconds"]["p99"] - 1
     report["agentd_rss_bytes"] = rss
     report["pass"] = (
         attacked["errors"] == 0 and report["ttft_p99_degradation"] <= 0.10 and report["latency_p99_degradation"] <= 0.10
@@ -318,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--attackers", type=int, default=None, help="l3: slow senders and non-readers, each (= clients)"
     )
+    parser.add_argument("--slow-senders", type=int, default=None, help="l3: slow senders (default --attackers)")
+    parser.add_argument("--non-readers", type=int, default=None, help="l3: non-readers (default --attackers)")
     parser.add_argument("--slow-send-seconds", type=float, default=5.0)
     parser.add_argument(
         "--non-reader-event-bytes", type=int, default=16384, help="l3: non-readers' stream, 100 events/s of this size"
@@ -333,6 +351,10 @@ def main(argv: list[str] | None = None) -> int:
         args.tokens = 32
     if args.attackers is None:
         args.attackers = args.clients
+    if args.slow_senders is None:
+        args.slow_senders = args.attackers
+    if args.non_readers is None:
+        args.non_readers = args.attackers
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()
