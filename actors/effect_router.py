@@ -301,6 +301,7 @@ class EffectRouter:
             target=e.target_id,
             request_ttl_seconds=e.ttl_seconds,
             source=e.source,
+            tool=e.tool,
         )
 
     def _shared_prefix(self, e: fx.SharedPrefixObserved) -> None:

@@ -65,6 +65,7 @@ class Outcome:
     first_token_seconds: float | None
     decode_seconds: float | None
     finish_reason: str | None = None  # the first choice's, when the response carried one
+    tool_names: tuple[str, ...] = ()  # functions the first choice called (docs/program-scheduling.md §12)
 
 
 class Lease(Protocol):

@@ -146,6 +146,7 @@ def completed_message(request_id: str, outcome: Outcome) -> RequestCompleted:
         usage=NO_USAGE if outcome.usage is None else outcome.usage,
         decode_seconds=outcome.decode_seconds,
         finish_reason=outcome.finish_reason,
+        tool_names=outcome.tool_names,
     )
 
 

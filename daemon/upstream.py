@@ -287,20 +287,89 @@ def finish_reason_of(obj: Any) -> str | None:
     return None
 
 
+# the names of called functions: a chat/completions ``tool_calls`` entry (the first delta of each
+# call when streamed), a legacy ``function_call``, or a Responses API ``function_call`` item
+MAX_TOOL_NAMES = 8
+
+
+def _has_tool_name(data: bytes) -> bool:
+    return b'"name"' in data and (b'"tool_calls"' in data or b'"function_call"' in data)
+
+
+def _function_name(call: Any) -> str | None:
+    if isinstance(call, dict):
+        fn = call.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if isinstance(name, str) and name:
+            return name
+    return None
+
+
+def tool_names_of(obj: Any) -> list[str]:
+    """The function names the first choice calls in a completion object or stream event, in order
+    (docs/program-scheduling.md §12); ``[]`` when it calls none.  Read-only: the relayed bytes are
+    never changed."""
+    if not isinstance(obj, dict):
+        return []
+    out: list[str] = []
+    choices = obj.get("choices")
+    if isinstance(choices, list):
+        for choice in choices:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            for part in ("message", "delta"):
+                msg = choice.get(part)
+                if not isinstance(msg, dict):
+                    continue
+                calls = msg.get("tool_calls")
+                for call in calls if isinstance(calls, list) else ():
+                    name = _function_name(call)
+                    if name is not None:
+                        out.append(name)
+                legacy = msg.get("function_call")
+                if isinstance(legacy, dict) and isinstance(legacy.get("name"), str) and legacy["name"]:
+                    out.append(legacy["name"])
+            break
+        return out
+    # Responses API: a whole response ({"output": [...]}), a `response.*` event carrying one, or
+    # `response.output_item.added` with its item
+    items: list[Any] = []
+    inner = obj.get("response")
+    response: dict[str, Any] = inner if isinstance(inner, dict) else obj
+    output = response.get("output")
+    if isinstance(output, list):
+        items.extend(output)
+    if isinstance(obj.get("item"), dict) and obj.get("type") == "response.output_item.added":
+        items.append(obj["item"])
+    for item in items:
+        if isinstance(item, dict) and item.get("type") == "function_call":
+            name = item.get("name")
+            if isinstance(name, str) and name:
+                out.append(name)
+    return out
+
+
 class UsageAccumulator:
-    """Collects usage and the first choice's ``finish_reason`` from a whole JSON body
-    (:meth:`feed_json`) or SSE chunks (:meth:`feed_sse`).  Only events that carry usage or a
-    non-null finish reason are parsed (a cheap byte test first), so ordinary token events cost one
-    substring search."""
+    """Collects usage, the first choice's ``finish_reason`` and the names of the functions it
+    called from a whole JSON body (:meth:`feed_json`) or SSE chunks (:meth:`feed_sse`).  Only
+    events that carry usage, a non-null finish reason or a function name are parsed (a cheap byte
+    test first), so ordinary token events cost a few substring searches."""
 
     def __init__(self) -> None:
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
+        self.tool_names: list[str] = []
         self._partial = b""
+
+    def _tools(self, obj: Any) -> None:
+        for name in tool_names_of(obj):
+            if len(self.tool_names) < MAX_TOOL_NAMES:
+                self.tool_names.append(name)
 
     def feed_json(self, body: bytes) -> None:
         wants_reason = self.finish_reason is None and _FINAL_REASON.search(body) is not None
-        if b'"usage"' not in body and not wants_reason:
+        wants_tools = _has_tool_name(body)
+        if b'"usage"' not in body and not wants_reason and not wants_tools:
             return
         try:
             obj = json.loads(body)
@@ -309,6 +378,8 @@ class UsageAccumulator:
         self.usage = merge_usage(self.usage, usage_from_object(obj))
         if wants_reason:
             self.finish_reason = finish_reason_of(obj)
+        if wants_tools:
+            self._tools(obj)
 
     def feed_sse(self, chunk: bytes) -> None:
         data = self._partial + chunk if self._partial else chunk
@@ -319,7 +390,11 @@ class UsageAccumulator:
         complete, self._partial = data[: cut + 1], data[cut + 1 :]
         if len(self._partial) > MAX_SSE_LINE_BYTES:
             self._partial = b""
-        if b'"usage"' in complete or (self.finish_reason is None and _FINAL_REASON.search(complete) is not None):
+        if (
+            b'"usage"' in complete
+            or (self.finish_reason is None and _FINAL_REASON.search(complete) is not None)
+            or _has_tool_name(complete)
+        ):
             for line in complete.split(b"\n"):
                 self._line(line)
 
@@ -334,7 +409,8 @@ class UsageAccumulator:
         if not line.startswith(b"data:"):
             return
         wants_reason = self.finish_reason is None and _FINAL_REASON.search(line) is not None
-        if b'"usage"' not in line and not wants_reason:
+        wants_tools = _has_tool_name(line)
+        if b'"usage"' not in line and not wants_reason and not wants_tools:
             return
         try:
             obj = json.loads(line[5:].strip())
@@ -343,6 +419,8 @@ class UsageAccumulator:
         self.usage = merge_usage(self.usage, usage_from_object(obj))
         if wants_reason:
             self.finish_reason = finish_reason_of(obj)
+        if wants_tools:
+            self._tools(obj)
 
 
 def _is_usage_only_event(event: bytes) -> bool:

@@ -49,6 +49,7 @@ from actors.core.resume import (
 from actors.core.sequences import expire_acting_ttl, periodic_sequence
 from actors.core.state import SchedulerState, live_program
 from actors.core.stats import CACHE_CONTINUITY_HIT_RATIO, RequestSample, acting_ttl_factors
+from actors.core.tool_retention import turn_keys
 
 SHRINK_CONFIRMATIONS = 2
 
@@ -99,6 +100,7 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
         record_request_sample(s, p, d, rank, ev, usage, continuous)
     _observe_context(p, ev.usage.prompt_tokens, d.estimated_context_tokens)
     p.output_token_reservation = None
+    p.last_turn_keys = turn_keys(ev.tool_names, ev.finish_reason, s.cfg.tool_retention) if ev.success else ()
     if action == KEEP_FOR_TTL:
         arm_acting_ttl(s, p, rank, usage.cache_miss_impact_seconds, d.hints.kv_retention_ttl_seconds)
     resync(p, rank, s.cfg.decode_buffer_tokens)
@@ -274,21 +276,29 @@ def record_request_sample(
 
 
 def arm_acting_ttl(s: SchedulerState, p: Program, rank: RankState, impact: float, hint_ttl: float | None) -> None:
-    """The idle Program keeps its capacity for the acting TTL: the request's hint, else the fit.
+    """The idle Program keeps its capacity for the acting TTL: the request's hint, else the
+    per-tool decision on its last turn's keys (docs/program-scheduling.md §12), else the fit.
 
-    The fit prices a cache miss at this request's impact times the measured resume miss ratio
-    (docs/program-scheduling.md §4); it uses the continuity window as it was before this
+    Both price a cache miss at this request's impact times the measured resume miss ratio
+    (docs/program-scheduling.md §4); the fit uses the continuity window as it was before this
     completion (completions add request samples, not continuity samples).
     """
+    tool: str | None = None
+    cost = impact * s.resume_hits.miss_ratio()
+    decision = None
+    if hint_ttl is None:
+        decision = s.tools.decide(p.ref.model_pool, p.last_turn_keys, cost, s.cfg.max_acting_ttl_seconds)
     if hint_ttl is not None:
         ttl, source = hint_ttl, "request_hint"
+    elif decision is not None:
+        ttl, source, tool = decision.ttl_seconds, decision.source, decision.key
     else:
         fit = acting_ttl_factors(rank.factors, s.warm_factors)
-        ttl = fit.fitted_acting_ttl(impact * s.resume_hits.miss_ratio(), s.cfg.max_acting_ttl_seconds)
+        ttl = fit.fitted_acting_ttl(cost, s.cfg.max_acting_ttl_seconds)
         source = "fitted"
     p.acting_since = s.now
     p.ttl_deadline = s.now + ttl
-    s.effects.append(TtlArmed(program=p.ref, target_id=rank.target_id, ttl_seconds=ttl, source=source))
+    s.effects.append(TtlArmed(program=p.ref, target_id=rank.target_id, ttl_seconds=ttl, source=source, tool=tool))
 
 
 def apply_idle_action(s: SchedulerState, p: Program, action: str | None) -> None:

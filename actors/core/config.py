@@ -119,6 +119,35 @@ class DecodeThroughputModel:
 
 
 @frozen
+class ToolRetentionConfig:
+    """Tool-call-aware acting TTL (docs/program-scheduling.md §12): agentd's own knobs.
+
+    ``enabled`` false arms every acting TTL from the fitted per-rank Progress-TTL (the reference's
+    behaviour).  ``finish_reason_keys`` also learns the gaps after turns that called no tool, keyed
+    by their finish reason (``<stop>``, ``<length>``).  ``release_when_long`` false falls back to the
+    fitted TTL where the per-tool decision is to hold nothing.  ``window_size`` gaps are kept per
+    (model pool, tool); ``max_tools`` bounds the (model pool, tool) entries kept (least recently
+    used forgotten); a tool decides once it has ``min_samples`` gaps.
+    """
+
+    enabled: bool = True
+    finish_reason_keys: bool = True
+    release_when_long: bool = True
+    window_size: int = rule_field(INT_GT_0, 64)
+    min_samples: int = rule_field(INT_GT_0, 8)
+    max_tools: int = rule_field(INT_GT_0, 256)
+    # a learned gap g is held for g * (1 + margin_ratio) + margin_seconds (the next gap is never the same)
+    margin_ratio: float = rule_field(FINITE_GE_0, 0.1)
+    margin_seconds: float = rule_field(FINITE_GE_0, 0.02)
+
+    def _cross_field_problems(self, path: str) -> Iterator[str]:
+        p = f"{path}." if path else ""
+        w, m = self.window_size, self.min_samples
+        if isinstance(w, int) and isinstance(m, int) and m > w:
+            yield f"{p}min_samples: must not exceed window_size (got min_samples={m!r}, window_size={w!r})"
+
+
+@frozen
 class ProgramSchedulingConfig:
     program_scheduling_enable_key: str = rule_field(one_of(*ENABLE_KEYS), "vllm_xargs.agentic_context")
     binding_only: bool = False
@@ -145,6 +174,7 @@ class ProgramSchedulingConfig:
     enable_batch_gain_admission: bool = True
     prefill_cost_model: PrefillCostModel = field(factory=PrefillCostModel)
     decode_throughput_model: DecodeThroughputModel = field(factory=DecodeThroughputModel)
+    tool_retention: ToolRetentionConfig = field(factory=ToolRetentionConfig)
     # Dotted paths of the calibration coefficients the user supplied explicitly.  Bookkeeping for
     # the calibration warning only: never read from or written to a file.
     explicit_coefficients: frozenset[str] = field(default=frozenset(), eq=False)

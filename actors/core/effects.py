@@ -159,7 +159,8 @@ class TtlArmed:
     program: ProgramRef
     target_id: TargetId
     ttl_seconds: float
-    source: str  # "fitted" | "request_hint"
+    source: str  # "fitted" | "request_hint" | "tool" | "tool_release" (docs/program-scheduling.md §12)
+    tool: str | None = None  # the turn key a per-tool TTL was decided on
 
 
 @frozen(slots=False)

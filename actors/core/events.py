@@ -90,7 +90,9 @@ class RequestCompleted:
     """A dispatched request finished (``success`` iff the upstream answered 2xx and ended normally).
 
     ``finish_reason`` is the first choice's (``stop`` = a natural stop, which alone feeds a batch
-    job's decode-length estimate), when the response carried one.
+    job's decode-length estimate), when the response carried one; ``tool_names`` the names of the
+    functions the first choice called, in response order (the per-tool acting TTL,
+    docs/program-scheduling.md §12).
     """
 
     request_id: RequestId
@@ -99,6 +101,7 @@ class RequestCompleted:
     decode_seconds: float | None = None
     terminate: bool = False
     finish_reason: str | None = None
+    tool_names: tuple[str, ...] = ()
 
 
 @frozen

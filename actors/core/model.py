@@ -189,6 +189,7 @@ class Program:
     last_request_finished_at: float | None = None
     last_cache_miss_impact_seconds: float = 0.0
     continuity_sampled_at: float | None = None  # finish time already sampled (B9 fix)
+    last_turn_keys: tuple[str, ...] = ()  # tool-gap keys of the last completed turn (tool_retention)
     # shared prefix
     shared_prefix_tokens: int = 0
     shared_prefix_observed: bool = False

@@ -32,6 +32,7 @@ from actors.core.ledger import (
 from actors.core.model import ACTING, ACTIVE, AGENT, BATCH, INTERACTIVE, PAUSED, REASONING, Program, RankState
 from actors.core.state import SchedulerState
 from actors.core.stats import ProgressTtlFactors, peek_acting_ttl
+from actors.core.tool_retention import ToolSnapshot
 
 GAUGE_ONLY = {"gauge_only": True}
 
@@ -236,6 +237,8 @@ class SchedulerSnapshot:
     forced_admissions: int
     ranks: tuple[RankSnapshot, ...]
     priority: PrioritySnapshot | None = None  # None: taken for the gauges only
+    # per (model pool, tool) gap windows and decisions (docs/program-scheduling.md §12)
+    tools: tuple[ToolSnapshot, ...] = ()
 
 
 def snapshot(
@@ -266,6 +269,7 @@ def snapshot(
             rank_snapshot(state, state.ranks[t], by_rank[t], cfg, now, include_programs) for t in sorted(state.ranks)
         ),
         priority=priority_snapshot(state, now) if include_programs else None,
+        tools=state.tools.snapshot() if include_programs else (),
     )
 
 
@@ -278,6 +282,7 @@ def diagnostics_document(snap: SchedulerSnapshot) -> dict[str, Any]:
         doc.pop("priority", None)
     else:
         doc["priority"] = priority_document(snap.priority)
+    doc["tools"] = [attrs.asdict(t) for t in snap.tools]
     return doc
 
 

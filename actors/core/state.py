@@ -24,6 +24,7 @@ from actors.core.model import Dispatch, Lineage, Program, RankState
 from actors.core.placement import Binder
 from actors.core.queue import RequestPool
 from actors.core.stats import ProgressTtlFactors, ResumeHitWindow
+from actors.core.tool_retention import ToolGapModel
 
 # (target id, worker url, DP rank, index) of one target, as a pool's target list is compared
 TargetSignature = tuple[str, str, int, int]
@@ -70,6 +71,8 @@ class SchedulerState:
         self.warm_factors = ProgressTtlFactors(cfg.stats_window_size)
         # engine cache kept across pauses: scales the cache-miss impact in the TTL fit
         self.resume_hits = ResumeHitWindow(cfg.stats_window_size)
+        # gaps after each tool, per model pool: the per-tool acting TTL (docs/program-scheduling.md §12)
+        self.tools = ToolGapModel(cfg.tool_retention)
         self.forced_admissions = 0
         # per-step scratch
         self.effects: list[Effect] = []

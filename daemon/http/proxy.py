@@ -674,7 +674,15 @@ class ProxyEngine:
             accumulator.feed_json(body)
         ok = 200 <= status < 300
         exchange.finish(
-            Outcome(ok, accumulator.usage, None if ok else "upstream_status", None, None, accumulator.finish_reason)
+            Outcome(
+                ok,
+                accumulator.usage,
+                None if ok else "upstream_status",
+                None,
+                None,
+                accumulator.finish_reason,
+                tuple(accumulator.tool_names),
+            )
         )
         if not ok:
             wrapped = wrap_worker_error(status, body, target_id)
@@ -773,6 +781,7 @@ class ProxyEngine:
                 None if first is None else first - started,
                 None if first is None or last is None else last - first,
                 accumulator.finish_reason,
+                tuple(accumulator.tool_names),
             )
         )
         await exchange.end()

@@ -286,3 +286,78 @@ def test_a_repeated_attempt_gets_its_own_upstream_request_id() -> None:
     assert again["x-request-id"] == "job-1#job_name[j]#-agentd-7.retry2"
     assert job_name(again["x-request-id"]) == "j"  # the job tag survives (docs/batch.md §2.1)
     assert dict(upstream_headers({}, 1, "agentd-7", attempt=1))["x-request-id"] == "agentd-7.retry1"
+
+
+def test_usage_accumulator_reads_tool_names_streamed_and_whole() -> None:
+    """The called functions' names (docs/program-scheduling.md §12), the relayed bytes untouched."""
+    head = {"id": "c", "object": "chat.completion.chunk"}
+    stream = (
+        sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+        + sse(
+            {
+                **head,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {
+                            "tool_calls": [
+                                {"index": 0, "id": "t1", "function": {"name": "grep", "arguments": ""}},
+                            ]
+                        },
+                        "finish_reason": None,
+                    }
+                ],
+            }
+        )
+        + sse(
+            {
+                **head,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"name": "x"}'}}]},
+                        "finish_reason": None,
+                    }
+                ],
+            }
+        )
+        + sse(
+            {
+                **head,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"tool_calls": [{"index": 1, "id": "t2", "function": {"name": "read_file"}}]},
+                        "finish_reason": "tool_calls",
+                    }
+                ],
+            }
+        )
+        + sse({**head, "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}})
+        + b"data: [DONE]\n\n"
+    )
+    acc = UsageAccumulator()
+    for i in range(0, len(stream), 11):
+        acc.feed_sse(stream[i : i + 11])
+    acc.finish()
+    assert acc.tool_names == ["grep", "read_file"] and acc.finish_reason == "tool_calls"
+    whole = {
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "tool_calls": [{"id": "t", "function": {"name": "edit_file"}}]},
+                "finish_reason": "tool_calls",
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+    }
+    acc = UsageAccumulator()
+    acc.feed_json(json.dumps(whole).encode())
+    assert acc.tool_names == ["edit_file"]
+    responses = {"output": [{"type": "function_call", "name": "web_fetch", "arguments": "{}"}], "usage": {}}
+    acc = UsageAccumulator()
+    acc.feed_json(json.dumps(responses).encode())
+    assert acc.tool_names == ["web_fetch"]
+    plain = UsageAccumulator()
+    plain.feed_json(b'{"choices": [{"index": 0, "message": {"content": "name"}, "finish_reason": "stop"}]}')
+    assert plain.tool_names == []

@@ -172,10 +172,17 @@ class Harness:
         decode: float | None = None,
         terminate: bool = False,
         finish_reason: str | None = None,
+        tool_names: tuple[str, ...] = (),
     ) -> tuple[Any, ...]:
         return self.feed(
             RequestCompleted(
-                RequestId(rid), success, Usage(prompt, cached, completion), decode, terminate, finish_reason
+                RequestId(rid),
+                success,
+                Usage(prompt, cached, completion),
+                decode,
+                terminate,
+                finish_reason,
+                tool_names,
             ),
             at,
         )

@@ -1,0 +1,243 @@
+"""Tool-call-aware acting TTL: per-tool gap windows and a ski-rental decision (docs/program-scheduling.md §12).
+
+The response that ends an agent's turn says what the agent does next: ``finish_reason:
+"tool_calls"`` and the names of the called functions (read by the shell from the relayed
+response, ``RequestCompleted.tool_names``).  The time until the Program's next request depends
+on that tool far more than on the rank (a file read returns in milliseconds, a test run in
+seconds, a human in minutes), so agentd learns the gap per turn key and model pool:
+
+* the **turn key** of a completion is the sorted set of its tool names (each cut to
+  ``MAX_TOOL_NAME_CHARS``, at most ``MAX_TOOLS_PER_TURN``); a turn that called no tool is keyed
+  ``<finish_reason>`` (``<stop>``, ``<length>``) when ``finish_reason_keys`` is on; otherwise it
+  has no key;
+* a :class:`GapWindow` per (model pool, key) keeps the last ``window_size`` gaps (completion ->
+  the Program's next arrival; a Program released by paused retention contributes its idle time
+  as one long gap, so tools after which Programs never come back still learn "long");
+  ``max_tools`` bounds the entries, the least recently used is forgotten;
+* :meth:`ToolGapModel.decide` holds the KV for the TTL ``d`` maximising the empirical ski-rental
+  utility over the window's gaps ``g_1..g_n`` with ``C`` = the Program's cache-miss impact (the
+  seed's recompute cost, scaled by the measured resume miss ratio exactly as the fitted TTL is)::
+
+      U(d) = (1/n) * sum_i [ C - g_i  if g_i <= d  else  -d ]          U(0) = 0
+
+  over the candidates ``{min(d_max, g_i * (1 + margin_ratio) + margin_seconds)} + {d_max}``
+  with ``d_max = min(max_acting_ttl_seconds, C)`` (holding longer than ``C`` never pays);
+  0 (release at once) when no candidate has a positive utility.  Ties keep the shorter TTL.
+  A turn with several tools decides on the tool with the longest median gap (the agent returns
+  when all calls have).  A key with fewer than ``min_samples`` gaps gives no decision: the caller
+  falls back to the fitted per-rank Progress-TTL.
+
+Pure: no clock, no I/O; the memory is bounded by ``max_tools * window_size`` floats.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Iterable
+
+from attrs import frozen
+
+from actors.core.config import ToolRetentionConfig
+
+MAX_TOOL_NAME_CHARS = 64
+MAX_TOOLS_PER_TURN = 4
+TOOL = "tool"  # TtlArmed source: the per-tool decision held the KV
+TOOL_RELEASE = "tool_release"  # TtlArmed source: the per-tool decision released it at once (TTL 0)
+
+
+def turn_keys(tool_names: Iterable[str], finish_reason: str | None, cfg: ToolRetentionConfig) -> tuple[str, ...]:
+    """The gap-model keys of one completed turn (see the module docstring); ``()`` = no key."""
+    names = sorted({n[:MAX_TOOL_NAME_CHARS] for n in tool_names if n})
+    if names:
+        return tuple(names[:MAX_TOOLS_PER_TURN])
+    if cfg.finish_reason_keys and finish_reason:
+        return (f"<{finish_reason[:MAX_TOOL_NAME_CHARS]}>",)
+    return ()
+
+
+class GapWindow:
+    """The last ``limit`` gaps after one turn key, and what was decided from them."""
+
+    __slots__ = ("limit", "gaps", "observed", "_sorted", "_prefix", "held", "released", "fallbacks", "last_ttl")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.gaps: deque[float] = deque()
+        self.observed = 0  # gaps ever pushed (the window keeps the last `limit`)
+        self._sorted: list[float] | None = None
+        self._prefix: list[float] = [0.0]
+        self.held = 0  # decisions that held the KV (TTL > 0)
+        self.released = 0  # decisions that released it at once
+        self.fallbacks = 0  # completions that fell back to the fitted TTL (too few gaps)
+        self.last_ttl: float | None = None
+
+    def push(self, gap: float) -> None:
+        if not (math.isfinite(gap) and gap >= 0):
+            return
+        if len(self.gaps) >= self.limit:
+            self.gaps.popleft()
+        self.gaps.append(gap)
+        self.observed += 1
+        self._sorted = None
+
+    def sorted_gaps(self) -> list[float]:
+        if self._sorted is None:
+            self._sorted = sorted(self.gaps)
+            prefix = [0.0]
+            total = 0.0
+            for g in self._sorted:
+                total += g
+                prefix.append(total)
+            self._prefix = prefix
+        return self._sorted
+
+    def quantile(self, q: float) -> float | None:
+        """The nearest-rank ``q`` quantile of the window (None when empty)."""
+        g = self.sorted_gaps()
+        if not g:
+            return None
+        return g[min(len(g) - 1, max(0, math.ceil(q * len(g)) - 1))]
+
+    def utility(self, d: float, c: float) -> float:
+        """Mean utility of holding ``d`` seconds against recompute cost ``c`` over the window."""
+        g = self.sorted_gaps()
+        n = len(g)
+        if n == 0 or d <= 0:
+            return 0.0
+        k = bisect_right(g, d)
+        return (c * k - self._prefix[k] - d * (n - k)) / n
+
+    def best_ttl(self, c: float, d_max: float, margin_ratio: float, margin_seconds: float) -> float:
+        """The ski-rental TTL (module docstring); 0 when holding never pays."""
+        if c <= 0 or d_max <= 0:
+            return 0.0
+        best_d, best_u = 0.0, 0.0
+        seen: set[float] = set()
+        for g in self.sorted_gaps():
+            if g > d_max:
+                break
+            d = min(d_max, g * (1.0 + margin_ratio) + margin_seconds)
+            if d in seen:
+                continue
+            seen.add(d)
+            u = self.utility(d, c)
+            if u > best_u:
+                best_d, best_u = d, u
+        if d_max not in seen:
+            u = self.utility(d_max, c)
+            if u > best_u:
+                best_d, best_u = d_max, u
+        return best_d
+
+
+@frozen
+class ToolDecision:
+    """A per-tool acting TTL: ``ttl_seconds`` (0 = release at once) decided on ``key``'s gaps."""
+
+    ttl_seconds: float
+    key: str
+
+    @property
+    def source(self) -> str:
+        return TOOL if self.ttl_seconds > 0 else TOOL_RELEASE
+
+
+@frozen
+class ToolSnapshot:
+    """One (model pool, turn key) as ``/scheduling/diagnostics`` shows it."""
+
+    model_pool: str
+    tool: str
+    samples: int
+    observed: int
+    gap_p50_seconds: float | None
+    gap_p90_seconds: float | None
+    gap_p99_seconds: float | None
+    decides: bool  # has min_samples gaps: its completions get a per-tool TTL
+    held: int
+    released: int
+    fallbacks: int
+    last_ttl_seconds: float | None
+
+
+class ToolGapModel:
+    """Gap windows per (model pool, turn key), bounded by ``cfg.max_tools`` (least recently used out)."""
+
+    __slots__ = ("cfg", "windows")
+
+    def __init__(self, cfg: ToolRetentionConfig) -> None:
+        self.cfg = cfg
+        self.windows: dict[tuple[str, str], GapWindow] = {}
+
+    def _window(self, pool: str, key: str, create: bool) -> GapWindow | None:
+        k = (pool, key)
+        w = self.windows.pop(k, None)
+        if w is None:
+            if not create:
+                return None
+            w = GapWindow(self.cfg.window_size)
+            while len(self.windows) >= self.cfg.max_tools:
+                del self.windows[next(iter(self.windows))]
+        self.windows[k] = w  # re-inserted last: the dict is in least-recently-used order
+        return w
+
+    def observe(self, pool: str, keys: tuple[str, ...], gap: float) -> None:
+        """The Program whose last turn had ``keys`` came back (or was released) after ``gap`` seconds."""
+        for key in keys:
+            w = self._window(pool, key, create=True)
+            assert w is not None
+            w.push(gap)
+
+    def decide(self, pool: str, keys: tuple[str, ...], cost: float, max_ttl: float) -> ToolDecision | None:
+        """The per-tool TTL for a turn with ``keys`` and recompute cost ``cost``; None = fall back."""
+        if not self.cfg.enabled or not keys:
+            return None
+        chosen: tuple[float, GapWindow, str] | None = None
+        missing = False
+        for key in keys:
+            w = self._window(pool, key, create=True)
+            assert w is not None
+            if len(w.gaps) < self.cfg.min_samples:
+                w.fallbacks += 1
+                missing = True
+                continue
+            median = w.quantile(0.5) or 0.0
+            if chosen is None or median > chosen[0]:
+                chosen = (median, w, key)
+        if missing or chosen is None:
+            return None
+        _, w, key = chosen
+        ttl = w.best_ttl(cost, min(max_ttl, cost), self.cfg.margin_ratio, self.cfg.margin_seconds)
+        if ttl <= 0 and not self.cfg.release_when_long:
+            w.fallbacks += 1
+            return None
+        w.last_ttl = ttl
+        if ttl > 0:
+            w.held += 1
+        else:
+            w.released += 1
+        return ToolDecision(ttl_seconds=ttl, key=key)
+
+    def snapshot(self) -> tuple[ToolSnapshot, ...]:
+        """Every kept (model pool, key), sorted by pool then key."""
+        out = []
+        for (pool, key), w in sorted(self.windows.items()):
+            out.append(
+                ToolSnapshot(
+                    model_pool=pool,
+                    tool=key,
+                    samples=len(w.gaps),
+                    observed=w.observed,
+                    gap_p50_seconds=w.quantile(0.5),
+                    gap_p90_seconds=w.quantile(0.9),
+                    gap_p99_seconds=w.quantile(0.99),
+                    decides=len(w.gaps) >= self.cfg.min_samples,
+                    held=w.held,
+                    released=w.released,
+                    fallbacks=w.fallbacks,
+                    last_ttl_seconds=w.last_ttl,
+                )
+            )
+        return tuple(out)
