@@ -12,7 +12,9 @@ writes ``<out>/<system>.json``.  Systems:
   parameters and cost models);
 - ``vllm-router``: the reference router with ``--policy consistent_hash``;
 - ``vllm-router-ps``: the reference router with ``--enable-program-scheduling`` and the same
-  Program scheduling JSON as ``agentd``.
+  Program scheduling JSON as ``agentd``;
+- ``floor``: ``native`` in front of workers with ``floor_kv_blocks`` blocks per rank, enough that
+  nothing is evicted: the unlimited-KV floor of the same trace (docs/benchmarks.md §9).
 
 Both routers take the same launch flags (agentd accepts the reference router's flags).  Time
 scaling: the simulated workers run ``time_scale`` times faster than their cost model, the
@@ -50,7 +52,8 @@ from bench.report import measured_replay
 from bench.trace.format import Trace
 from sim.config import SimServerShape
 
-SYSTEMS = ("native", "agentd", "vllm-router", "vllm-router-ps")
+SYSTEMS = ("native", "agentd", "vllm-router", "vllm-router-ps", "floor")
+FLOOR_KV_BLOCKS = 40_000  # per rank: every prefix of the bench traces stays cached (docs/benchmarks.md §9)
 # The seed's cost-model coefficients, from their single source (actors.core.config).  All are
 # durations, divided by the time scale, except decode_throughput_alpha (a ratio).
 _SEED_PREFILL = attrs.asdict(PrefillCostModel())
@@ -94,6 +97,7 @@ class BenchOptions:
     python: str = sys.executable
     startup_timeout_seconds: float = 60.0
     program_overrides: dict[str, Any] = attrs.field(factory=dict)
+    floor_kv_blocks: int = FLOOR_KV_BLOCKS
     progress: bool = True
     port_base: int = 18100  # 0 = ephemeral ports (placement then differs per run)
 
@@ -196,7 +200,7 @@ def system_command(
         "--program-scheduling-config-json",
         json.dumps(scaled_program_config(c, opts.program_overrides), sort_keys=True),
     ]
-    if system in ("native", "agentd"):
+    if system in ("native", "agentd", "floor"):
         cmd = [opts.python, "-m", "daemon", "start", *common, "--log-level", "warning"]
         return cmd + ps if system == "agentd" else cmd
     if system in ("vllm-router", "vllm-router-ps"):
@@ -216,6 +220,13 @@ def system_command(
         ]
         return cmd + ps if system == "vllm-router-ps" else cmd
     raise BenchError(f"systems: unknown system {system!r} (choose from {', '.join(SYSTEMS)})")
+
+
+def system_cluster(system: str, opts: BenchOptions) -> ClusterSpec:
+    """The workers ``system`` runs on: the bench's cluster, with unlimited KV for ``floor``."""
+    if system == "floor":
+        return attrs.evolve(opts.cluster, num_gpu_blocks=max(opts.cluster.num_gpu_blocks, opts.floor_kv_blocks))
+    return opts.cluster
 
 
 class _Procs:
@@ -296,8 +307,9 @@ async def run_system(system: str, trace: Trace, opts: BenchOptions, info: dict[s
         async with replay_client() as client:
             port, prom_port, worker_ports = bench_ports(opts.port_base, opts.cluster.workers)
             workers = []
+            cluster = system_cluster(system, opts)
             for i, wport in enumerate(worker_ports):  # start all, then wait: startups overlap
-                proc = await procs.start(f"worker-{i}", sim_backend_command(opts.python, wport, opts.cluster, i))
+                proc = await procs.start(f"worker-{i}", sim_backend_command(opts.python, wport, cluster, i))
                 workers.append((f"http://127.0.0.1:{wport}", proc))
             for i, (url, proc) in enumerate(workers):
                 await _wait_healthy(client, f"{url}/health", proc, procs, f"worker-{i}", opts.startup_timeout_seconds)
@@ -324,7 +336,7 @@ async def run_system(system: str, trace: Trace, opts: BenchOptions, info: dict[s
                 "system": process_cpu_seconds(proc.pid),
                 "workers": [process_cpu_seconds(p.pid) for _url, p in workers],
             }
-            report["cluster"] = attrs.asdict(opts.cluster)
+            report["cluster"] = attrs.asdict(cluster)
             if system in ("agentd", "vllm-router-ps"):
                 report["program_scheduling_config"] = scaled_program_config(opts.cluster, opts.program_overrides)
             return report

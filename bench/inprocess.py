@@ -6,7 +6,8 @@ Trio run under a ``MockClock``; this transport is the wire between them.  ``POST
 same validation as the HTTP path; an ``ApiError`` becomes its JSON error response) and served by
 ``handles.handle`` in a task of the transport's nursery, which streams the response body through a
 bounded memory channel so the client sees chunks as the proxy produces them (TTFT stays
-meaningful).  ``GET /metrics`` renders the daemon's registry; ``GET /health`` answers 200.
+meaningful).  ``GET /metrics`` renders the daemon's registry; ``GET /health`` answers 200;
+``GET /scheduling/diagnostics`` renders the diagnostics document.
 """
 
 from __future__ import annotations
@@ -74,6 +75,10 @@ class InProcessTransport(httpx.AsyncBaseTransport):
             )
         if request.method == "GET" and path == "/health":
             return httpx.Response(200, text="ok")
+        if request.method == "GET" and path == "/scheduling/diagnostics":
+            from daemon.http.diagnostics import diagnostics_payload  # the HTTP app's own document
+
+            return httpx.Response(200, content=json.dumps(diagnostics_payload(self._handles), default=str).encode())
         endpoint = ENDPOINTS.get(path)
         if request.method != "POST" or endpoint is None:
             return httpx.Response(404, json={"error": {"message": f"no route {request.method} {path}"}})

@@ -1,4 +1,4 @@
-"""report.md for a bench: one side-by-side table, ratios against ``native`` and ``vllm-router-ps``.
+"""report.md for a bench: one side-by-side table, ratios against ``native``, ``vllm-router-ps`` and ``floor``.
 
 Input: ``{system: report}`` as produced by ``bench.report.build_report``.  Rows follow
 the reporting list of the tuning workflow (docs/operations.md, "5. Report": JCT, request
@@ -166,7 +166,7 @@ def render_report(
         )
     )
     lines.append("")
-    ratio = ratio_lines(reports, "native") + ratio_lines(reports, "vllm-router-ps")
+    ratio = ratio_lines(reports, "native") + ratio_lines(reports, "vllm-router-ps") + ratio_lines(reports, "floor")
     if ratio:
         lines.extend(
             [

@@ -45,7 +45,7 @@ import trio
 
 from bench.trace.format import Trace, TraceRecord
 from daemon.batchfile import BATCH_CLASS, BATCH_CLASS_HEADER
-from sim.tokenizer import text_of_tokens
+from sim.tokenizer import text_of_tokens, tokenize
 
 
 @attrs.frozen
@@ -57,6 +57,9 @@ class ReplayOptions:
     agentic_context: str = "object"  # object | string (JSON-string form for stock vLLM) | none
     session_header: bool = True
     request_timeout_seconds: float = 600.0
+    # the simulator hints of tool-call and stop turns (vllm_xargs.sim_finish_reason/sim_tool_name,
+    # docs/traces.md); stock vLLM ignores them, --no-sim-hints leaves them out
+    sim_hints: bool = True
 
 
 @attrs.frozen
@@ -243,7 +246,29 @@ class _Replayer:
                 ctx["parent_program_id"] = first.parent_session_id
                 ctx["blocks_parent"] = first.blocks_parent
             body["vllm_xargs"] = {"agentic_context": json.dumps(ctx) if self.opts.agentic_context == "string" else ctx}
+        hints = self._sim_hints(rec)
+        if hints:
+            body["vllm_xargs"] = {**body.get("vllm_xargs", {}), **hints}
         return body
+
+    def _sim_hints(self, rec: TraceRecord) -> dict[str, Any]:
+        """How the simulated backend should end this agent turn (docs/traces.md, "Replay semantics"):
+        a turn recorded as ``tool_calls`` whose next turn carries a named tool's result calls that
+        tool; a ``stop`` turn stops; anything else ends by length, as before."""
+        if not self.opts.sim_hints:
+            return {}
+        if rec.finish_reason == "stop":
+            return {"sim_finish_reason": "stop"}
+        if rec.finish_reason != "tool_calls":
+            return {}
+        recs = self.sessions[rec.session_id]
+        nxt = recs[rec.turn + 1] if rec.turn + 1 < len(recs) else None
+        if nxt is None or nxt.role != "tool" or not nxt.tool_name or nxt.compaction:
+            return {}
+        name = nxt.tool_name[:64]
+        if rec.output_length < len(tokenize(name)) + 4:  # too short for the call's tokens
+            return {}
+        return {"sim_finish_reason": "tool_calls", "sim_tool_name": name}
 
     def _batch_body(self, rec: TraceRecord, messages: list[dict[str, Any]]) -> dict[str, Any]:
         body: dict[str, Any] = {

@@ -37,6 +37,7 @@ WORKER_PREEMPTIONS = "vllm:num_preemptions_total"
 WORKER_QUEUE = "vllm:request_queue_time_seconds"
 ROUTER_TRANSITIONS = "vllm_router_agent_aware_transitions_total"
 ROUTER_QUEUE = "vllm_router_agent_aware_queue_wait_seconds"
+ROUTER_ARMED_TTL = "vllm_router_agent_aware_armed_ttl_seconds"
 
 
 _SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
@@ -274,6 +275,12 @@ def build_report(
         for reason in reasons
     }
     router_queue = counter_delta(router_before, router_after, f"{ROUTER_QUEUE}_count")
+    # acting TTLs armed, by source (fitted, request_hint, tool, tool_release: docs/program-scheduling.md §12)
+    ttl_sources = _label_values(router_after, f"{ROUTER_ARMED_TTL}_count", "source")
+    ttl_armed = {
+        src: counter_delta(router_before, router_after, f"{ROUTER_ARMED_TTL}_count", {"source": src}) or 0.0
+        for src in ttl_sources
+    }
     jct = [(t.end - t.start) * s for t in tasks_ok]
     report: dict[str, Any] = {
         "system": system,
@@ -318,6 +325,7 @@ def build_report(
             "force_resumes": transitions.get("force_resume", 0.0),
             "segment_yields": transitions.get("max_segment_yield", 0.0),
             "transitions": transitions,
+            "ttl_armed": ttl_armed,
         },
         "samples": {"jct_seconds": sorted(jct)},
         "metrics_errors": list(metrics_errors),
@@ -401,7 +409,8 @@ async def measured_replay(
     result = await run_replay(trace, client, base_url, opts, progress=progress)
     worker_after = await scrape_all(workers, worker_metrics, errors)
     router_after = await scrape_all(client, router_metrics, errors)
-    return build_report(
+    tools = await _tool_diagnostics(client, base_url)
+    report = build_report(
         result,
         time_scale=opts.time_scale,
         worker_before=worker_before,
@@ -412,3 +421,18 @@ async def measured_replay(
         system=system,
         metrics_errors=errors,
     )
+    if tools is not None:
+        report["scheduling"]["tools"] = tools
+    return report
+
+
+async def _tool_diagnostics(client: httpx.AsyncClient, base_url: str) -> list[dict[str, Any]] | None:
+    """agentd's per-tool gap windows and decisions at the end of the run (docs/program-scheduling.md
+    §12), or None when the router has no such section (native, the reference router)."""
+    try:
+        resp = await client.get(base_url.rstrip("/") + "/scheduling/diagnostics")
+        doc = resp.json() if resp.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    tools = doc.get("tools") if isinstance(doc, dict) else None
+    return tools if isinstance(tools, list) and tools else None

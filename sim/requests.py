@@ -11,7 +11,10 @@ clients can pass them through ``extra_body`` and stock vLLM simply ignores them:
 * ``sim_finish_reason`` (``"stop"`` | ``"length"`` | ``"tool_calls"``): force the finish reason;
   ``"tool_calls"`` (chat only) makes the output one tool call to the first declared tool (or
   ``sim_tool``) whose arguments are ``{"q": "<words>"}``; the call's tokens, rendered by the chat
-  template in the next request, extend the prompt exactly.
+  template in the next request, extend the prompt exactly;
+* ``sim_tool_name`` (a non-empty string of at most 64 characters): the function the
+  ``"tool_calls"`` answer calls, instead of the first declared tool (the trace replay names the
+  tool whose result the next turn carries, docs/traces.md).
 """
 
 from __future__ import annotations
@@ -219,7 +222,10 @@ def _plan_output(
     if finish != "tool_calls":
         pieces = tokenizer.generate_pieces(material, n_out)
         return PlannedOutput(tokenizer.piece_ids(pieces), pieces, finish)
-    name = _first_tool_name(body.get("tools")) or "sim_tool"
+    hint_name = xargs.get("sim_tool_name")
+    if hint_name is not None and (not isinstance(hint_name, str) or not 1 <= len(hint_name) <= 64):
+        raise bad("vllm_xargs.sim_tool_name", f"must be a string of 1 to 64 characters, got {hint_name!r}")
+    name = hint_name or _first_tool_name(body.get("tools")) or "sim_tool"
     name_ids = tokenizer.tokenize(name)
     k = n_out - 3 - len(name_ids)
     if k < 1:

@@ -1,9 +1,10 @@
 """``agentd bench --trace FILE --out DIR``: the same trace through several systems, side by side.
 
 Systems (``--systems``, comma separated): ``native``, ``agentd``, ``vllm-router``,
-``vllm-router-ps`` (the last two only when the ``vllm-router`` executable is found: ``--vllm-router``
-or PATH).  Each runs in front of fresh ``agentd sim-backend`` workers of identical size and time
-scale (bench.bench).  Writes ``<system>.json`` per system, ``report.md`` and, when
+``vllm-router-ps`` (these two only when the ``vllm-router`` executable is found: ``--vllm-router``
+or PATH) and ``floor`` (native with ``--floor-kv-blocks`` per rank: the unlimited-KV floor).
+Each runs in front of fresh ``agentd sim-backend`` workers of identical size and time scale
+(bench.bench).  Writes ``<system>.json`` per system, ``report.md`` and, when
 matplotlib is installed, PNG plots.
 
 Pressure points: ``--point eviction`` (12 concurrent agents, KV sized so native lands near 0.80
@@ -23,7 +24,7 @@ from typing import Any
 import attrs
 import trio
 
-from bench.bench import SYSTEMS, BenchError, BenchOptions, ClusterSpec, find_vllm_router, run_bench
+from bench.bench import FLOOR_KV_BLOCKS, SYSTEMS, BenchError, BenchOptions, ClusterSpec, find_vllm_router, run_bench
 from bench.calibrate import calibrate_kv_blocks
 from bench.commands.common import add_replay_flags, from_args, load_trace_arg, replay_options
 from bench.markdown import render_report
@@ -68,6 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=positive_int, default=2, help="simulated workers per system")
     parser.add_argument("--dp-size", type=positive_int, default=2, help="DP ranks per worker")
     parser.add_argument("--kv-blocks", type=positive_int, default=4096, help="KV blocks per rank (num_gpu_blocks)")
+    parser.add_argument(
+        "--floor-kv-blocks",
+        type=positive_int,
+        default=FLOOR_KV_BLOCKS,
+        help="KV blocks per rank of the `floor` system (native with unlimited KV)",
+    )
     parser.add_argument("--block-size", type=positive_int, default=16)
     parser.add_argument("--max-num-seqs", type=positive_int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=positive_int, default=8192)
@@ -177,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
         program_overrides=overrides,
         progress=not args.no_progress,
         port_base=args.port_base,
+        floor_kv_blocks=args.floor_kv_blocks,
     )
     info = trace_summary(trace, args.trace, replay.concurrency)
     try:

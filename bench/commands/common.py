@@ -57,6 +57,12 @@ def add_replay_flags(parser: argparse.ArgumentParser) -> None:
         help="vllm_xargs.agentic_context form (string = JSON string for stock vLLM)",
     )
     parser.add_argument("--request-timeout", type=positive_float, default=600.0, help="seconds per request")
+    parser.add_argument(
+        "--no-sim-hints",
+        dest="sim_hints",
+        action="store_false",
+        help="send no simulator hints (vllm_xargs.sim_*): tool-call turns then end as the backend decides",
+    )
 
 
 def replay_options(args: argparse.Namespace) -> ReplayOptions:

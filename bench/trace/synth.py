@@ -38,7 +38,7 @@ import attrs
 
 from bench.trace.format import HashChain, Trace, TraceMeta, TraceRecord
 
-PROFILES = ("swe-short", "coding-long", "bfcl", "chat-human", "batch")
+PROFILES = ("swe-short", "coding-long", "bfcl", "chat-human", "batch", "agent-tools")
 
 TOOL_MEDIAN_SECONDS = 0.3
 TOOL_SIGMA = 2.9
@@ -192,6 +192,8 @@ def _agent_turns(
     turns: list[dict[str, Any]] = [{"input_delta": first_delta, "output_length": output(), "role": "user"}]
     for _ in range(1, n):
         gap_ms, tool, role = gap()
+        if role == "user":  # a human answers next: the previous turn ended without a tool call
+            turns[-1]["finish_reason"] = "stop"
         turns.append(
             {"input_delta": append(), "output_length": output(), "pre_gap_ms": gap_ms, "tool_name": tool, "role": role}
         )
@@ -289,6 +291,76 @@ def _coding_long(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Dra
                     child.records[r] = attrs.evolve(child.records[r], parent_turn=None)
                 drafts.append(child)
     return drafts, {"arrival": "poisson", "concurrency": k.concurrency or 12, "arrival_rate_per_second": rate}
+
+
+# The agent-tools profile's tools: (name, weight, gap sampler in seconds, result tokens (lo, hi)).
+# Gaps follow the issue's named tools: a file read is instant, grep and edit_file sub-second,
+# web_fetch about 2 s, run_tests about 6 s (docs/traces.md, "Profiles").
+AGENT_TOOLS: tuple[tuple[str, float, Callable[[random.Random], float], tuple[int, int]], ...] = (
+    ("read_file", 0.30, lambda r: r.uniform(0.001, 0.050), (500, 2000)),
+    ("grep", 0.20, lambda r: min(1.0, _lognormal(r, 0.25, 0.5)), (100, 800)),
+    ("edit_file", 0.20, lambda r: min(1.0, _lognormal(r, 0.4, 0.4)), (50, 300)),
+    ("web_fetch", 0.15, lambda r: _lognormal(r, 2.0, 0.35), (1000, 3000)),
+    ("run_tests", 0.15, lambda r: _lognormal(r, 6.0, 0.3), (200, 1500)),
+)
+SPAWN_TOOL = "task"  # the lead's call that runs a blocking subagent
+
+
+def _agent_tools(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Draft], dict[str, Any]]:
+    """swe-short's shape with named tools whose gaps differ, and 25% of leads spawning one or two
+    blocking subagents (the lead's ``task`` call returns when its subagent finished)."""
+    lead_prefix = _itok(1500, k.input_scale)
+    sub_prefix = _itok(1000, k.input_scale)
+    weights = [w for _, w, _, _ in AGENT_TOOLS]
+
+    def tool_turn() -> dict[str, Any]:
+        name, _, gap, (lo, hi) = rng.choices(AGENT_TOOLS, weights=weights)[0]
+        return {
+            "input_delta": _itok(rng.uniform(lo, hi), k.input_scale),
+            "output_length": _itok(rng.uniform(100, 300), k.output_scale),
+            "pre_gap_ms": round(min(k.gap_cap_seconds, gap(rng)) * 1000.0, 3),
+            "tool_name": name,
+            "role": "tool",
+        }
+
+    def first(lo: int, hi: int) -> dict[str, Any]:
+        return {
+            "input_delta": _itok(rng.uniform(lo, hi), k.input_scale),
+            "output_length": _itok(rng.uniform(100, 300), k.output_scale),
+            "role": "user",
+        }
+
+    drafts: list[_Draft] = []
+    for i in range(programs):
+        sid = f"tools-{i:05d}"
+        n = _cap(min(40, max(3, int(round(rng.gauss(11.0, 2.0))))), k)
+        turns = [first(500, 2500)] + [tool_turn() for _ in range(1, n)]
+        spawns: list[int] = []
+        if rng.random() < 0.25:
+            spawns = sorted(rng.sample(range(n - 1), min(n - 1, rng.randint(1, 2))))
+            for at in spawns:  # the lead's next turn carries the subagent's result
+                turns[at + 1].update(
+                    tool_name=SPAWN_TOOL,
+                    pre_gap_ms=round(rng.uniform(1.0, 20.0), 3),
+                    input_delta=_itok(rng.uniform(200, 800), k.input_scale),
+                )
+        lead = _session(sid, turns, shared_prefix_id="agent-tools-system", shared_prefix_tokens=lead_prefix)
+        drafts.append(lead)
+        for j, at in enumerate(spawns):
+            cid = f"{sid}.sub{j}"
+            m = _cap(rng.randint(3, 6), k)
+            cturns = [first(200, 800)] + [tool_turn() for _ in range(1, m)]
+            cturns[0]["pre_gap_ms"] = round(rng.uniform(1.0, 20.0), 3)
+            child = _session(
+                cid,
+                cturns,
+                shared_prefix_id="agent-tools-subagent-system",
+                shared_prefix_tokens=sub_prefix,
+                common={"task_id": sid, "agent_id": f"sub{j}", "parent_session_id": sid, "blocks_parent": True},
+            )
+            child.records[0] = attrs.evolve(child.records[0], parent_turn=at)
+            drafts.append(child)
+    return drafts, {"arrival": "closed_loop", "concurrency": k.concurrency or 16}
 
 
 def _bfcl(rng: random.Random, programs: int, k: Knobs) -> tuple[list[_Draft], dict[str, Any]]:
@@ -405,6 +477,7 @@ _GENERATORS: dict[str, Callable[[random.Random, int, Knobs], tuple[list[_Draft],
     "bfcl": _bfcl,
     "chat-human": _chat_human,
     "batch": _batch,
+    "agent-tools": _agent_tools,
 }
 
 
@@ -490,6 +563,12 @@ _TARGETS: dict[str, tuple[Target, ...]] = {
         Target("output_tokens.p50", 300, rel_tol=0.15, scaled_by="output"),
         Target("human_gap_seconds.p50", HUMAN_MEDIAN_SECONDS, rel_tol=0.4),
         Target("shared_prefix_share", 0.0, abs_tol=0.0),
+    ),
+    "agent-tools": (
+        Target("turns_per_program.p50", 11, abs_tol=2.0),
+        Target("initial_input_tokens.p50", 3000, rel_tol=0.15, scaled_by="input"),
+        Target("output_tokens.p50", 200, rel_tol=0.12, scaled_by="output"),
+        Target("subagent_session_share", 0.25, abs_tol=0.08),
     ),
     "batch": (
         Target("turns_per_program.max", 1, abs_tol=0.0),

@@ -145,6 +145,21 @@ async def test_tool_call_hint_and_tool_turn_prefix(autojump_clock: trio.abc.Cloc
     assert frames[-2]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+async def test_sim_tool_name_hint_names_the_call_without_declared_tools(autojump_clock: trio.abc.Clock) -> None:
+    async with sim_client(SimConfig(dp_size=1, deterministic=True)) as (_cluster, client):
+        body = {
+            "messages": [USER],
+            "max_tokens": 20,
+            "vllm_xargs": {"sim_finish_reason": "tool_calls", "sim_tool_name": "run_tests"},
+        }
+        r = (await client.post("/v1/chat/completions", json=body)).json()
+        assert r["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "run_tests"
+        assert r["usage"]["completion_tokens"] == 20
+        bad = {**body, "vllm_xargs": {"sim_finish_reason": "tool_calls", "sim_tool_name": ""}}
+        err = await client.post("/v1/chat/completions", json=bad)
+        assert err.status_code == 400 and err.json()["error"]["param"] == "vllm_xargs.sim_tool_name"
+
+
 async def test_sim_output_tokens_hint_stops_early(autojump_clock: trio.abc.Clock) -> None:
     async with sim_client() as (_cluster, client):
         r = await client.post(

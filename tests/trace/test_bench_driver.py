@@ -137,3 +137,28 @@ def test_bench_rejects_a_bad_port_base(tmp_path, capsys) -> None:
         main(["bench", "--trace", str(path), "--out", str(tmp_path / "o"), "--port-base", "80"])
     assert exc.value.code == 2
     assert "--port-base: must be 0 (ephemeral) or in 1024..65000, got '80'" in capsys.readouterr().err
+
+
+def test_bench_tool_workload_end_to_end_over_sockets(tmp_path) -> None:
+    """agent-tools over real sockets: the simulated workers answer the tool turns with the traced
+    tools' calls, agentd reads the names from the relayed stream and arms per-tool TTLs
+    (docs/program-scheduling.md §12), and the floor system runs on unlimited KV."""
+    knobs = Knobs(input_scale=0.05, output_scale=0.2, gap_cap_seconds=0.5, max_turns=8)
+    trace = synthesize("agent-tools", 3, seed=5, knobs=knobs)
+    path = tmp_path / "tools.jsonl"
+    save_trace(trace, path)
+    out = tmp_path / "bench"
+    ps = json.dumps({"tool_retention": {"min_samples": 1}})
+    args = ["bench", "--trace", str(path), "--out", str(out), "--systems", "agentd,floor", "--workers", "1"]
+    args += ["--kv-blocks", "256", "--floor-kv-blocks", "2048", "--time-scale", "20", "--no-progress"]
+    assert main([*args, "--port-base", "0", "--ps-config-json", ps]) == 0
+    agentd = json.loads((out / "agentd.json").read_text())
+    floor = json.loads((out / "floor.json").read_text())
+    assert agentd["tasks"]["completed"] == floor["tasks"]["completed"] == 3
+    assert floor["cluster"]["num_gpu_blocks"] == 2048
+    tools = {t["tool"]: t for t in agentd["scheduling"]["tools"]}
+    traced = {r.tool_name for r in trace.records if r.tool_name} | {"<stop>"}
+    assert set(tools) <= traced and len(tools) >= 2
+    armed = agentd["scheduling"]["ttl_armed"]
+    assert armed.get("tool", 0) + armed.get("tool_release", 0) > 0
+    assert "### Against `floor`" in (out / "report.md").read_text()

@@ -174,3 +174,17 @@ async def test_measured_replay_names_the_scrapes_that_failed(autojump_clock) -> 
     assert report["requests"]["completed"] == 1
     assert report["metrics_errors"] == [f"{URL}/metrics: HTTP 503"] * 2  # before and after
     assert report["cache"]["token_hit_ratio"] is None
+
+
+def test_replay_sim_hints_name_the_next_turns_tool_and_can_be_left_out() -> None:
+    from bench.replay import _Progress, _Replayer
+
+    trace = synthesize("agent-tools", 1, seed=2)
+    recs = trace.sessions()["tools-00000"]
+    rep = _Replayer(trace, httpx.AsyncClient(), URL, ReplayOptions(), _Progress(0, 0, None))
+    first = rep._body(recs[0], [])["vllm_xargs"]
+    assert first["sim_finish_reason"] == "tool_calls" and first["sim_tool_name"] == recs[1].tool_name
+    assert first["agentic_context"]["program_id"] == "tools-00000"
+    assert rep._body(recs[-1], [])["vllm_xargs"]["sim_finish_reason"] == "stop"
+    plain = _Replayer(trace, httpx.AsyncClient(), URL, ReplayOptions(sim_hints=False), _Progress(0, 0, None))
+    assert "sim_finish_reason" not in plain._body(recs[0], [])["vllm_xargs"]

@@ -11,7 +11,7 @@ from bench.trace.format import TraceError, dumps_trace, read_trace
 from bench.trace.stats import compare, trace_stats
 from bench.trace.synth import PROFILES, Knobs, synthesize, targets_for
 
-SIZES = {"swe-short": 300, "coding-long": 160, "bfcl": 300, "chat-human": 400, "batch": 1500}
+SIZES = {"swe-short": 300, "coding-long": 160, "bfcl": 300, "chat-human": 400, "batch": 1500, "agent-tools": 300}
 
 
 @pytest.mark.parametrize("profile", PROFILES)

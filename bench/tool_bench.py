@@ -1,0 +1,207 @@
+"""Tool-call-aware retention in virtual time: each bench point against its unlimited-KV floor.
+
+``python -m bench.tool_bench --out DIR [--points thrash,tools,...] [--systems ...] [--jobs 2]``
+
+For every point (a trace and a cluster, docs/benchmarks.md §9) the same trace runs through
+``agentd simulate``'s in-process daemon (bench.simulate, deterministic virtual time) as:
+
+- ``native``: no Program scheduling, consistent hash on the session;
+- ``floor``: ``native`` with ``FLOOR_KV_BLOCKS`` per rank (nothing is evicted);
+- ``agentd``: Program scheduling with the bench's configuration (bench.bench.scaled_program_config)
+  and the per-tool acting TTL on (docs/program-scheduling.md §12);
+- ablations, one mechanism off each: ``agentd-no-tool-ttl`` (``tool_retention.enabled = false``:
+  the fitted per-rank TTL only, today's behaviour), ``agentd-no-finish-keys`` (turns without a tool
+  call are not learned), ``agentd-no-release`` (a decision to hold nothing falls back to the fit).
+
+Writes ``<out>/<point>/<system>.json`` and ``<out>/report.md`` (mean JCT, p90, hit, preemptions and
+the ratios agentd / floor and agentd / native per point).  Simulations run ``--jobs`` at a time in
+separate processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import attrs
+
+from bench.bench import FLOOR_KV_BLOCKS, ClusterSpec
+from bench.calibrate import config_for
+from bench.output import report_json, write_atomic
+from bench.replay import ReplayOptions
+from bench.simulate import run_simulation
+from bench.trace.synth import Knobs, synthesize
+
+
+@attrs.frozen
+class Point:
+    profile: str
+    programs: int
+    seed: int
+    kv_blocks: int
+    concurrency: int | None
+    knobs: Knobs = Knobs()
+
+
+# The issue's points (docs/benchmarks.md §4 and §9): swe-short at the thrash and eviction points,
+# the named-tools agents at the thrash point, coding-long at its thrash point, chat-human.
+POINTS: dict[str, Point] = {
+    "thrash": Point("swe-short", 48, 1, 4500, 32),
+    "tools": Point("agent-tools", 48, 1, 4500, 32),
+    "eviction": Point("swe-short", 40, 1, 2500, 12),
+    "coding-long": Point(
+        "coding-long",
+        16,
+        2,
+        3000,
+        16,
+        Knobs(
+            input_scale=0.3,
+            output_scale=0.5,
+            gap_cap_seconds=60.0,
+            human_gap_cap_seconds=30.0,
+            max_turns=48,
+            arrival_rate_per_second=10.0,
+        ),
+    ),
+    "chat-human": Point(
+        "chat-human", 40, 3, 450, None, Knobs(human_gap_cap_seconds=300.0, arrival_rate_per_second=0.5)
+    ),
+}
+
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "agentd": {},
+    "agentd-no-tool-ttl": {"enabled": False},
+    "agentd-no-finish-keys": {"finish_reason_keys": False},
+    "agentd-no-release": {"release_when_long": False},
+}
+SYSTEMS = ("native", "floor", *ABLATIONS)
+
+
+def _run(point_name: str, system: str, out_dir: str) -> tuple[str, str, dict[str, Any], float]:
+    point = POINTS[point_name]
+    trace = synthesize(point.profile, point.programs, point.seed, point.knobs)
+    blocks = FLOOR_KV_BLOCKS if system == "floor" else point.kv_blocks
+    cluster = ClusterSpec(workers=2, dp_size=2, num_gpu_blocks=blocks, time_scale=1.0)
+    if system in ("native", "floor"):
+        cfg = config_for(cluster, "native")
+    else:
+        cfg = config_for(cluster, "agentd", {"tool_retention": ABLATIONS[system]})
+    started = time.perf_counter()
+    report = run_simulation(cfg, trace, ReplayOptions(concurrency=point.concurrency), system=system)
+    wall = time.perf_counter() - started
+    path = os.path.join(out_dir, point_name, f"{system}.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_atomic(path, report_json(report))
+    return point_name, system, report, wall
+
+
+def _get(report: dict[str, Any] | None, *keys: str) -> float | None:
+    value: Any = report
+    for key in keys:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value if isinstance(value, (int, float)) else None
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or not b else f"{a / b:.3f}"
+
+
+def render(results: dict[str, dict[str, dict[str, Any]]], systems: list[str]) -> str:
+    lines = ["# Tool-call-aware retention in virtual time (python -m bench.tool_bench)", ""]
+    for point_name, by_system in results.items():
+        p = POINTS[point_name]
+        lines += [
+            f"## {point_name}: {p.profile} x{p.programs} seed {p.seed}, {p.kv_blocks} blocks/rank, "
+            f"concurrency {p.concurrency or 'trace'}",
+            "",
+            "| system | mean JCT (s) | p90 JCT (s) | hit | preemptions | / floor | / native | TTLs armed by source |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        floor = _get(by_system.get("floor"), "jct_seconds", "mean")
+        native = _get(by_system.get("native"), "jct_seconds", "mean")
+        for system in systems:
+            r = by_system.get(system)
+            if r is None:
+                continue
+            mean = _get(r, "jct_seconds", "mean")
+            p90 = _get(r, "jct_seconds", "p90")
+            hit = _get(r, "cache", "token_hit_ratio")
+            pre = _get(r, "preemptions")
+            armed = r.get("scheduling", {}).get("ttl_armed") or {}
+            sources = ", ".join(f"{k} {int(v)}" for k, v in sorted(armed.items())) or "-"
+            lines.append(
+                f"| {system} | {mean:.1f} | {p90:.1f} | {hit:.3f} | {pre:.0f} | {_ratio(mean, floor)} | "
+                f"{_ratio(mean, native)} | {sources} |"
+                if mean is not None and p90 is not None and hit is not None and pre is not None
+                else f"| {system} | - | - | - | - | - | - | - |"
+            )
+        tools = (by_system.get("agentd") or {}).get("scheduling", {}).get("tools") or []
+        if tools:
+            lines += [
+                "",
+                "agentd's per-tool gap windows at the end of the run (`/scheduling/diagnostics` `tools`):",
+                "",
+                "| tool | samples | gap p50 (s) | gap p90 (s) | held | released | fell back | last TTL (s) |",
+                "|---|---|---|---|---|---|---|---|",
+            ]
+            for t in tools:
+                p50, p90, last = t.get("gap_p50_seconds"), t.get("gap_p90_seconds"), t.get("last_ttl_seconds")
+                lines.append(
+                    f"| `{t['tool']}` | {t['samples']} | {'-' if p50 is None else f'{p50:.3f}'} | "
+                    f"{'-' if p90 is None else f'{p90:.3f}'} | {t['held']} | {t['released']} | {t['fallbacks']} | "
+                    f"{'-' if last is None else f'{last:.3f}'} |"
+                )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.tool_bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--points", default=",".join(POINTS), help=f"comma-separated subset of {','.join(POINTS)}")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
+    parser.add_argument("--jobs", type=int, default=2, help="simulations run at once (processes)")
+    args = parser.parse_args(argv)
+    points = [p.strip() for p in args.points.split(",") if p.strip()]
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    for p in points:
+        if p not in POINTS:
+            print(f"--points: unknown point {p!r} (choose from {', '.join(POINTS)})", file=sys.stderr)
+            return 2
+    for s in systems:
+        if s not in SYSTEMS:
+            print(f"--systems: unknown system {s!r} (choose from {', '.join(SYSTEMS)})", file=sys.stderr)
+            return 2
+    if args.jobs < 1:
+        print("--jobs: must be >= 1", file=sys.stderr)
+        return 2
+    results: dict[str, dict[str, dict[str, Any]]] = {p: {} for p in points}
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(_run, p, s, args.out) for p in points for s in systems]
+        for fut in futures:
+            point_name, system, report, wall = fut.result()
+            results[point_name][system] = report
+            mean = _get(report, "jct_seconds", "mean")
+            print(f"{point_name:>12} {system:>22}: mean JCT {mean} ({wall:.0f} s wall)", flush=True)
+    text = render(results, systems)
+    write_atomic(os.path.join(args.out, "report.md"), text + "\n")
+    write_atomic(
+        os.path.join(args.out, "summary.json"),
+        json.dumps(
+            {p: {s: r.get("jct_seconds") for s, r in by.items()} for p, by in results.items()}, indent=1, sort_keys=True
+        ),
+    )
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
