@@ -9,9 +9,11 @@ For every point (a trace and a cluster, docs/benchmarks.md §9) the same trace r
 - ``floor``: ``native`` with ``FLOOR_KV_BLOCKS`` per rank (nothing is evicted);
 - ``agentd``: Program scheduling with the bench's configuration (bench.bench.scaled_program_config)
   and the per-tool acting TTL on (docs/program-scheduling.md §12);
-- ablations, one mechanism off each: ``agentd-no-tool-ttl`` (``tool_retention.enabled = false``:
-  the fitted per-rank TTL only, today's behaviour), ``agentd-no-finish-keys`` (turns without a tool
-  call are not learned), ``agentd-no-release`` (a decision to hold nothing falls back to the fit).
+- ablations, one mechanism changed each: ``agentd-no-tool-ttl`` (``tool_retention.enabled =
+  false``: the fitted per-rank TTL only, the reference's behaviour), ``agentd-hold-under-contention``
+  (a per-tool TTL is not capped at the fit while Programs wait), ``agentd-no-finish-keys`` (turns
+  without a tool call are not learned), ``agentd-no-release`` (a decision to hold nothing falls back
+  to the fit).
 
 Writes ``<out>/<point>/<system>.json`` and ``<out>/report.md`` (mean JCT, p90, hit, preemptions and
 the ratios agentd / floor and agentd / native per point).  Simulations run ``--jobs`` at a time in
@@ -77,6 +79,7 @@ POINTS: dict[str, Point] = {
 ABLATIONS: dict[str, dict[str, Any]] = {
     "agentd": {},
     "agentd-no-tool-ttl": {"enabled": False},
+    "agentd-hold-under-contention": {"hold_under_contention": True},
     "agentd-no-finish-keys": {"finish_reason_keys": False},
     "agentd-no-release": {"release_when_long": False},
 }

@@ -292,6 +292,10 @@ def arm_acting_ttl(s: SchedulerState, p: Program, rank: RankState, impact: float
         ttl, source = hint_ttl, "request_hint"
     elif decision is not None:
         ttl, source, tool = decision.ttl_seconds, decision.source, decision.key
+        if ttl > 0 and not s.cfg.tool_retention.hold_under_contention and pool_waiting(s, p.ref.model_pool):
+            # requests wait for capacity: the tool may release sooner than the fit, never hold longer (§12)
+            fit = acting_ttl_factors(rank.factors, s.warm_factors)
+            ttl = min(ttl, fit.fitted_acting_ttl(cost, s.cfg.max_acting_ttl_seconds))
     else:
         fit = acting_ttl_factors(rank.factors, s.warm_factors)
         ttl = fit.fitted_acting_ttl(cost, s.cfg.max_acting_ttl_seconds)
@@ -299,6 +303,13 @@ def arm_acting_ttl(s: SchedulerState, p: Program, rank: RankState, impact: float
     p.acting_since = s.now
     p.ttl_deadline = s.now + ttl
     s.effects.append(TtlArmed(program=p.ref, target_id=rank.target_id, ttl_seconds=ttl, source=source, tool=tool))
+
+
+def pool_waiting(s: SchedulerState, pool: str) -> bool:
+    """Whether a Program of model pool ``pool`` is queued for capacity (global queue or a rank queue)."""
+    if s.global_queues.get(pool):
+        return True
+    return any(s.rank_queues.get(t) for t in s.pools.get(pool, ()))
 
 
 def apply_idle_action(s: SchedulerState, p: Program, action: str | None) -> None:

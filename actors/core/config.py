@@ -123,14 +123,17 @@ class ToolRetentionConfig:
     """Tool-call-aware acting TTL (docs/program-scheduling.md §12): agentd's own knobs.
 
     ``enabled`` false arms every acting TTL from the fitted per-rank Progress-TTL (the reference's
-    behaviour).  ``finish_reason_keys`` also learns the gaps after turns that called no tool, keyed
-    by their finish reason (``<stop>``, ``<length>``).  ``release_when_long`` false falls back to the
-    fitted TTL where the per-tool decision is to hold nothing.  ``window_size`` gaps are kept per
+    behaviour).  ``hold_under_contention`` false caps a per-tool TTL at the fitted one while
+    Programs of the model pool wait for capacity (holding then also delays them).
+    ``finish_reason_keys`` also learns the gaps after turns that called no tool, keyed by their
+    finish reason (``<stop>``, ``<length>``).  ``release_when_long`` false falls back to the fitted
+    TTL where the per-tool decision is to hold nothing.  ``window_size`` gaps are kept per
     (model pool, tool); ``max_tools`` bounds the (model pool, tool) entries kept (least recently
     used forgotten); a tool decides once it has ``min_samples`` gaps.
     """
 
     enabled: bool = True
+    hold_under_contention: bool = False
     finish_reason_keys: bool = True
     release_when_long: bool = True
     window_size: int = rule_field(INT_GT_0, 64)

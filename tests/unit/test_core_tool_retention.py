@@ -160,3 +160,18 @@ def test_core_retention_release_teaches_a_long_gap() -> None:
     h.tick(at=200.0)
     rows = {r.tool: r for r in h.state.tools.snapshot()}
     assert rows["<stop>"].samples == 1 and rows["<stop>"].gap_p50_seconds == pytest.approx(100.0, abs=1.5)
+
+
+def test_core_per_tool_ttl_is_capped_at_the_fit_while_programs_wait() -> None:
+    """hold_under_contention off (default): with a Program queued for capacity, a tool may only
+    release sooner than the fitted TTL (0 here: the fit's window is not full), never hold longer."""
+    for hold, expected in ((False, 0.0), (True, pytest.approx(0.05 * 1.1 + 0.02))):
+        tr = ToolRetentionConfig(min_samples=3, hold_under_contention=hold)
+        h = Harness(token_capacity_per_dp_rank=PROMPT + 500, tool_retention=tr)
+        t = _turns(h, "a", ("read_file",), 0.05, 4)
+        h.submit("a", tokens=PROMPT, at=t, rid="a-x")
+        h.submit("b", tokens=PROMPT, at=t + 0.5, rid="b-0")  # no room while "a" holds: "b" waits
+        assert h.program("b").state == "paused"
+        eff = h.complete("a-x", at=t + 1, prompt=PROMPT, cached=0, completion=10, tool_names=("read_file",))
+        (armed,) = of(eff, fx.TtlArmed)
+        assert armed.source == "tool" and armed.ttl_seconds == expected
