@@ -7,6 +7,8 @@ For every point (a trace and a cluster, docs/benchmarks.md §9) the same trace r
 
 - ``native``: no Program scheduling, consistent hash on the session;
 - ``floor``: ``native`` with ``FLOOR_KV_BLOCKS`` per rank (nothing is evicted);
+- ``agentd-floor``: ``agentd`` on the same unlimited KV (its balanced placement and queueing
+  without any eviction: what is left for retention to win);
 - ``agentd``: Program scheduling with the bench's configuration (bench.bench.scaled_program_config)
   and the per-tool acting TTL on (docs/program-scheduling.md §12);
 - ablations, one mechanism changed each: ``agentd-no-tool-ttl`` (``tool_retention.enabled =
@@ -83,18 +85,18 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "agentd-no-finish-keys": {"finish_reason_keys": False},
     "agentd-no-release": {"release_when_long": False},
 }
-SYSTEMS = ("native", "floor", *ABLATIONS)
+SYSTEMS = ("native", "floor", *ABLATIONS, "agentd-floor")
 
 
 def _run(point_name: str, system: str, out_dir: str) -> tuple[str, str, dict[str, Any], float]:
     point = POINTS[point_name]
     trace = synthesize(point.profile, point.programs, point.seed, point.knobs)
-    blocks = FLOOR_KV_BLOCKS if system == "floor" else point.kv_blocks
+    blocks = FLOOR_KV_BLOCKS if system in ("floor", "agentd-floor") else point.kv_blocks
     cluster = ClusterSpec(workers=2, dp_size=2, num_gpu_blocks=blocks, time_scale=1.0)
     if system in ("native", "floor"):
         cfg = config_for(cluster, "native")
     else:
-        cfg = config_for(cluster, "agentd", {"tool_retention": ABLATIONS[system]})
+        cfg = config_for(cluster, "agentd", {"tool_retention": ABLATIONS.get(system, {})})
     started = time.perf_counter()
     report = run_simulation(cfg, trace, ReplayOptions(concurrency=point.concurrency), system=system)
     wall = time.perf_counter() - started
