@@ -88,7 +88,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 SYSTEMS = ("native", "floor", *ABLATIONS, "agentd-floor")
 
 
-def _run(point_name: str, system: str, out_dir: str) -> tuple[str, str, dict[str, Any], float]:
+def _run(point_name: str, system: str, out_dir: str, sim_hints: bool = True) -> tuple[str, str, dict[str, Any], float]:
     point = POINTS[point_name]
     trace = synthesize(point.profile, point.programs, point.seed, point.knobs)
     blocks = FLOOR_KV_BLOCKS if system in ("floor", "agentd-floor") else point.kv_blocks
@@ -98,7 +98,8 @@ def _run(point_name: str, system: str, out_dir: str) -> tuple[str, str, dict[str
     else:
         cfg = config_for(cluster, "agentd", {"tool_retention": ABLATIONS.get(system, {})})
     started = time.perf_counter()
-    report = run_simulation(cfg, trace, ReplayOptions(concurrency=point.concurrency), system=system)
+    opts = ReplayOptions(concurrency=point.concurrency, sim_hints=sim_hints)
+    report = run_simulation(cfg, trace, opts, system=system)
     wall = time.perf_counter() - started
     path = os.path.join(out_dir, point_name, f"{system}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -174,6 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--points", default=",".join(POINTS), help=f"comma-separated subset of {','.join(POINTS)}")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
     parser.add_argument("--jobs", type=int, default=2, help="simulations run at once (processes)")
+    parser.add_argument(
+        "--no-sim-hints",
+        dest="sim_hints",
+        action="store_false",
+        help="replay without tool-call/stop hints (turns end by length, as before issue 17)",
+    )
     args = parser.parse_args(argv)
     points = [p.strip() for p in args.points.split(",") if p.strip()]
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
@@ -190,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     results: dict[str, dict[str, dict[str, Any]]] = {p: {} for p in points}
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(_run, p, s, args.out) for p in points for s in systems]
+        futures = [pool.submit(_run, p, s, args.out, args.sim_hints) for p in points for s in systems]
         for fut in futures:
             point_name, system, report, wall = fut.result()
             results[point_name][system] = report
