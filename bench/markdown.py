@@ -66,6 +66,15 @@ ROWS: tuple[Row, ...] = (
             "segment yields": "segment_yields",
         },
     ),
+    ("root Program: to first tokens (s)", report_value("time_split_seconds", "first_token"), "{:.1f}", True),
+    ("root Program: decode (s)", report_value("time_split_seconds", "decode"), "{:.1f}", True),
+    ("root Program: between turns (s)", report_value("time_split_seconds", "between_turns"), "{:.1f}", True),
+    (
+        "root Program: recomputed prompt tokens",
+        report_value("time_split_seconds", "recomputed_prompt_tokens"),
+        "{:.0f}",
+        True,
+    ),
     ("wall time (trace s)", report_value("duration_seconds"), "{:.1f}", True),
     ("router process CPU (s)", report_value("process_cpu_seconds", "system"), "{:.1f}", True),
 )

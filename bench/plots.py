@@ -2,7 +2,8 @@
 
 ``write_plots(reports, out_dir)`` writes ``jct_cdf.png`` (per-task JCT CDF per system),
 ``queue_wait_cdf.png`` (router and backend queue-wait CDFs from the histogram buckets) and
-``cache_hit.png`` (token cache hit per system, preemptions annotated).  Returns the file names
+``cache_hit.png`` (token cache hit per system, preemptions annotated) and ``time_split.png`` (the
+mean root Program's time to first tokens, decode and between turns, stacked per system).  Returns the file names
 written, or ``[]`` when matplotlib is not installed: report.md does not depend on it.
 """
 
@@ -81,4 +82,27 @@ def write_plots(reports: Mapping[str, Mapping[str, Any]], out_dir: str) -> list[
     fig.savefig(os.path.join(out_dir, "cache_hit.png"), dpi=110)
     plt.close(fig)
     written.append("cache_hit.png")
+
+    split: dict[str, Mapping[str, Any]] = {
+        s: r["time_split_seconds"] for s, r in reports.items() if isinstance(r.get("time_split_seconds"), Mapping)
+    }
+    if split:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        names = list(split)
+        bottom = [0.0] * len(names)
+        for key, label in (
+            ("first_token", "to first token (queue + prefill)"),
+            ("decode", "decode"),
+            ("between_turns", "between turns (tools, subagents)"),
+        ):
+            values = [float(split[s].get(key) or 0.0) for s in names]
+            ax.bar(names, values, bottom=bottom, label=label)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+        ax.set_ylabel("mean per root Program (trace s)")
+        ax.set_title("Where a Program's time goes (client view)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "time_split.png"), dpi=110)
+        plt.close(fig)
+        written.append("time_split.png")
     return written

@@ -327,12 +327,49 @@ def build_report(
             "transitions": transitions,
             "ttl_armed": ttl_armed,
         },
+        "time_split_seconds": time_split(result, s),
         "samples": {"jct_seconds": sorted(jct)},
         "metrics_errors": list(metrics_errors),
     }
     if result.planned_batch_requests:
         report["batch"] = batch_summary(result, s, preempt)
     return report
+
+
+def time_split(result: ReplayResult, scale: float) -> dict[str, Any] | None:
+    """Where a Program's time goes, as the client sees it: the mean over completed agent tasks of
+    the root Program's time to first token (router queue + backend queue + prefill), decode (first
+    token to end) and time between its turns (tool time and waiting for subagents: the JCT minus
+    the other two), in trace seconds; and the mean prompt tokens per task the backend recomputed
+    (uncached tokens that the Program's previous prompt and output already held: evicted KV).
+    None when no task completed."""
+    by_session: dict[str, list[RequestResult]] = {}
+    for r in result.requests:
+        by_session.setdefault(r.session_id, []).append(r)
+    rows: list[tuple[float, float, float, float]] = []
+    for t in result.tasks:
+        reqs = sorted(by_session.get(t.task_id, []), key=lambda r: r.turn)
+        if not t.ok or t.batch or not reqs:
+            continue
+        ttft = sum((r.first_token if r.first_token is not None else r.end) - r.start for r in reqs)
+        decode = sum(r.end - r.first_token for r in reqs if r.first_token is not None)
+        recomputed = 0.0
+        held: int | None = None  # tokens the previous turn's prompt and output left in the KV
+        for r in reqs:
+            if held is not None and r.prompt_tokens is not None and r.cached_tokens is not None:
+                recomputed += max(0, min(r.prompt_tokens, held) - r.cached_tokens)
+            held = None if r.prompt_tokens is None else r.prompt_tokens + (r.completion_tokens or 0)
+        rows.append((ttft, decode, max(0.0, (t.end - t.start) - ttft - decode), recomputed))
+    if not rows:
+        return None
+    n = len(rows)
+    return {
+        "programs": n,
+        "first_token": sum(r[0] for r in rows) / n * scale,
+        "decode": sum(r[1] for r in rows) / n * scale,
+        "between_turns": sum(r[2] for r in rows) / n * scale,
+        "recomputed_prompt_tokens": sum(r[3] for r in rows) / n,
+    }
 
 
 def _makespan_stats(reqs: Sequence[RequestResult], scale: float) -> dict[str, Any]:

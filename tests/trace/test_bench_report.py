@@ -116,3 +116,25 @@ def test_parse_metrics_reads_samples_and_names_a_bad_line() -> None:
     assert snap["c_bucket"] == {(("le", "+Inf"),): 3.0}
     with pytest.raises(ValueError, match="metrics line 2: bad value 'twelve'"):
         parse_metrics("a 1\nb twelve\n")
+
+
+def test_time_split_of_the_root_program_and_its_recomputed_tokens() -> None:
+    from bench.replay import ReplayResult, RequestResult, TaskResult
+    from bench.report import time_split
+
+    reqs = (
+        RequestResult("a", 0, 0.0, 2.0, 0.5, True, 200, None, 100, 0, 10),
+        # the previous prompt + output held 110 tokens; 40 were cached: 70 recomputed
+        RequestResult("a", 1, 3.0, 4.0, 3.25, True, 200, None, 150, 40, 10),
+        RequestResult("a.sub0", 0, 2.1, 2.9, 2.2, True, 200, None, 50, 0, 5),  # a subagent: not counted
+    )
+    result = ReplayResult(0.0, 4.0, reqs, (TaskResult("a", 0.0, 4.0, True, 3),), 3, 1)
+    split = time_split(result, 2.0)  # time scale 2: trace seconds are twice the run's
+    assert split == {
+        "programs": 1,
+        "first_token": (0.5 + 0.25) * 2,
+        "decode": (1.5 + 0.75) * 2,
+        "between_turns": (4.0 - 0.75 - 2.25) * 2,
+        "recomputed_prompt_tokens": 70,
+    }
+    assert time_split(ReplayResult(0.0, 1.0, (), (), 0, 0), 1.0) is None
