@@ -149,6 +149,21 @@ def render(results: dict[str, dict[str, dict[str, Any]]], systems: list[str]) ->
                 if mean is not None and p90 is not None and hit is not None and pre is not None
                 else f"| {system} | - | - | - | - | - | - | - |"
             )
+        splits = [(s, by_system[s].get("time_split_seconds")) for s in systems if s in by_system]
+        if any(split for _, split in splits):
+            lines += [
+                "",
+                "Where the root Program's time goes (mean per task, client view, `time_split_seconds`):",
+                "",
+                "| system | to first tokens (s) | decode (s) | between turns (s) | recomputed prompt tokens |",
+                "|---|---|---|---|---|",
+            ]
+            for system, split in splits:
+                if split:
+                    lines.append(
+                        f"| {system} | {split['first_token']:.1f} | {split['decode']:.1f} | "
+                        f"{split['between_turns']:.1f} | {split['recomputed_prompt_tokens']:.0f} |"
+                    )
         tools = (by_system.get("agentd") or {}).get("scheduling", {}).get("tools") or []
         if tools:
             lines += [
