@@ -277,7 +277,7 @@ class BatchExecutor:
     async def _send(self, endpoint: str, raw: bytes, headers: dict[str, str]) -> tuple[int, Any, float | None]:
         """One request through the proxy: ``(status, JSON body or text, Retry-After seconds)``."""
         try:
-            req = self.engine.build_request(endpoint, raw, headers)
+            req = self.engine.build_request(endpoint, raw, headers, origin="batch_api")
         except ApiError as error:
             return error.status, json.loads(error.body()), None
         sink = CollectingSink()

@@ -35,6 +35,7 @@ from actors.core.config import (
     BatchJobsConfig,
     ProgramSchedulingConfig,
     one_of,
+    problems,
     rule_field,
 )
 from daemon.redact import redact_url
@@ -290,6 +291,116 @@ class BatchApiConfig:
         return default_state_dir(env) / BATCH_DATABASE_NAME
 
 
+# --------------------------------------------------------------------------------------------
+# Request classes, priorities and tenants at the edge (docs/priority.md §5)
+# --------------------------------------------------------------------------------------------
+
+REQUEST_CLASSES = ("interactive", "agent", "batch")
+# identity-free requests are interactive or batch; a request with Program identity is agent class
+SETTABLE_CLASSES = ("interactive", "batch")
+REQUEST_ORIGINS = ("http", "batch_api")
+WORKER_POLICIES = ("fcfs", "priority")
+DEFAULT_MAX_ABS_PRIORITY = 1_000_000
+TENANT_HEADER = "x-agentd-tenant"
+
+
+def _optional(rule: tuple[Any, str]) -> tuple[Any, str]:
+    return (lambda x: x is None or rule[0](x), f"must be null or {rule[1].removeprefix('must be ')}")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _header_match(x: Any) -> bool:
+    """``name`` (present and non-blank) or ``name=value`` (exact value, name case-insensitive)."""
+    return x is None or (isinstance(x, str) and x.split("=", 1)[0].strip() != "")
+
+
+def _strip_url_keys(d: Any) -> Any:
+    return {k.rstrip("/"): v for k, v in d.items()} if isinstance(d, dict) else d
+
+
+@frozen
+class PriorityRule:
+    """One operator rule (docs/priority.md §5.2): every matcher given must match (none given =
+    every request); the first matching rule of ``priority.rules`` applies, the others are ignored."""
+
+    # matchers
+    tenant: str | None = rule_field(_optional(NON_EMPTY), None)
+    header: str | None = field(default=None, metadata={"rule": (_header_match, "must be null, NAME or NAME=VALUE")})
+    model: str | None = rule_field(_optional(NON_EMPTY), None)
+    origin: str | None = rule_field(_optional(one_of(*REQUEST_ORIGINS)), None)
+    # actions
+    set_class: str | None = rule_field(_optional(one_of(*SETTABLE_CLASSES)), None)
+    max_class: str | None = rule_field(_optional(one_of(*REQUEST_CLASSES)), None)
+    default_priority: int | None = rule_field((lambda x: x is None or _is_int(x), "must be null or an integer"), None)
+    min_priority: int | None = rule_field((lambda x: x is None or _is_int(x), "must be null or an integer"), None)
+    max_priority: int | None = rule_field((lambda x: x is None or _is_int(x), "must be null or an integer"), None)
+
+    def _cross_field_problems(self, path: str) -> Iterator[str]:
+        p = f"{path}." if path else ""
+        lo, hi = self.min_priority, self.max_priority
+        if lo is not None and hi is not None and _is_int(lo) and _is_int(hi) and lo > hi:
+            yield f"{p}min_priority: must be <= {p}max_priority (got {lo!r} > {hi!r})"
+
+
+@frozen
+class PriorityConfig:
+    """``[priority]``: how the edge reads priorities and classes and forwards vLLM's ``priority``."""
+
+    # accepted |priority| in both conventions; larger -> 400 naming the field
+    max_abs_priority: int = rule_field(INT_GT_0, DEFAULT_MAX_ABS_PRIORITY)
+    # identity-free interactive requests queue in the scheduler, ahead of Programs and batch
+    # (needs enable_program_scheduling); false = they go straight to a worker (native policy)
+    interactive_scheduling: bool = True
+    # the scheduling policy of workers not listed in worker_policies
+    default_worker_policy: str = rule_field(one_of(*WORKER_POLICIES), "fcfs")
+    # worker URL -> "priority" (runs vLLM --scheduling-policy priority: receives `priority`) or
+    # "fcfs" (stock: `priority` is stripped)
+    worker_policies: dict[str, str] = field(factory=dict, converter=_strip_url_keys)
+    rules: tuple[PriorityRule, ...] = field(default=(), converter=tuple)
+
+    def policy_of(self, worker_url: str) -> str:
+        return self.worker_policies.get(worker_url.rstrip("/"), self.default_worker_policy)
+
+    def _cross_field_problems(self, path: str) -> Iterator[str]:
+        p = f"{path}." if path else ""
+        for url, policy in self.worker_policies.items():
+            if not _valid_url(url):
+                yield f"{p}worker_policies: keys must be http:// or https:// URLs (got {url!r})"
+            if policy not in WORKER_POLICIES:
+                yield (
+                    f"{p}worker_policies.{url}: must be one of {', '.join(repr(v) for v in WORKER_POLICIES)} "
+                    f"(got {policy!r})"
+                )
+        m = self.max_abs_priority
+        for i, rule in enumerate(self.rules):
+            where = f"{p}rules[{i}]"
+            yield from problems(rule, where)
+            for name in ("default_priority", "min_priority", "max_priority"):
+                v = getattr(rule, name)
+                if _is_int(v) and _is_int(m) and abs(v) > m:
+                    yield f"{where}.{name}: must be within [-max_abs_priority, max_abs_priority] (got {v!r}, bound {m})"
+
+
+@frozen
+class TenantsConfig:
+    """``[tenants]``: who a request belongs to (docs/priority.md §5.3).
+
+    Tenant = the authenticated API key's tenant > the ``header`` > the OpenAI ``user`` field (when
+    ``use_openai_user``) > ``"default"``."""
+
+    header: str = rule_field(
+        (lambda x: isinstance(x, str) and x == x.strip().lower(), 'must be a lower-case header name or ""'),
+        TENANT_HEADER,
+    )
+    use_openai_user: bool = True
+    # tenants with their own metric label: these plus the first metrics_top_k others seen
+    metrics_top_k: int = rule_field(INT_GE_0, 8)
+    metrics_tenants: tuple[str, ...] = field(default=(), converter=tuple)
+
+
 @frozen
 class AgentdConfig:
     server: ServerConfig = field(factory=ServerConfig)
@@ -305,6 +416,8 @@ class AgentdConfig:
     auth: AuthConfig = field(factory=AuthConfig)
     admin: AdminConfig = field(factory=AdminConfig)
     worker_tls: WorkerTlsConfig = field(factory=WorkerTlsConfig)
+    priority: PriorityConfig = field(factory=PriorityConfig)
+    tenants: TenantsConfig = field(factory=TenantsConfig)
 
     @property
     def embedded_mode(self) -> bool:
@@ -316,6 +429,14 @@ class AgentdConfig:
             n = self.embedded.num_workers
             return (EMBEDDED_WORKER_URL,) if n == 1 else tuple(f"{EMBEDDED_WORKER_URL}-{i}" for i in range(n))
         return tuple(u.rstrip("/") for u in self.routing.worker_urls)
+
+    def priority_workers(self) -> frozenset[str]:
+        """Worker URLs that run vLLM ``--scheduling-policy priority`` and so receive ``priority``
+        (docs/priority.md §5.4): the embedded workers when ``[embedded] scheduling_policy`` is
+        ``priority``, else those ``[priority]`` configures so."""
+        if self.embedded_mode:
+            return frozenset(self.worker_urls()) if self.embedded.scheduling_policy == "priority" else frozenset()
+        return frozenset(u for u in self.worker_urls() if self.priority.policy_of(u) == "priority")
 
     def dp_size(self) -> int:
         return self.embedded.dp_size if self.embedded_mode else self.routing.intra_node_data_parallel_size

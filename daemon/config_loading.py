@@ -139,11 +139,23 @@ def _structure_section(cls: type, raw: Any, path: str, errors: list[str]) -> Any
         if inner is not None and value is not None:
             kwargs[name] = _structure_section(inner, value, where, errors)
             continue
+        item = _attrs_item_of(ftype)
+        if item is not None and isinstance(value, list):  # an array of tables, e.g. [[priority.rules]]
+            kwargs[name] = tuple(_structure_section(item, v, f"{where}[{i}]", errors) for i, v in enumerate(value))
+            continue
         try:
             kwargs[name] = _CONVERTER.structure(value, ftype)
         except Exception as exc:  # cattrs raises many types; each becomes one message naming the field
             errors.append(f"{where}: {_describe(exc)}")
     return cls(**kwargs)
+
+
+def _attrs_item_of(t: Any) -> type | None:
+    """``C`` for ``tuple[C, ...]`` with ``C`` an attrs class; None otherwise."""
+    args: tuple[Any, ...] = tuple(getattr(t, "__args__", ()))
+    if getattr(t, "__origin__", None) is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return _attrs_class_of(args[0])
+    return None
 
 
 def _attrs_class_of(t: Any) -> type | None:

@@ -25,6 +25,7 @@ from actors.core.config import BackendTarget
 from actors.core.errors import Rejection
 from actors.core.ids import DEFAULT_MODEL_POOL
 from actors.core.model import Usage
+from daemon.http.priority import DEFAULT_INFO, PriorityInfo
 from daemon.routing import Policy, build_policy, routing_key
 
 if TYPE_CHECKING:
@@ -55,6 +56,8 @@ class ProxyRequest:
     # model; else the model's name, with the indices of the targets that serve it
     model_pool: str = DEFAULT_MODEL_POOL
     pool_targets: frozenset[int] | None = None
+    # class, priority (larger first) and tenant after the operator's rules (docs/priority.md §5)
+    prio: PriorityInfo = DEFAULT_INFO
 
 
 @attrs.frozen

@@ -35,6 +35,7 @@ import httpx
 import trio
 from prometheus_client import CollectorRegistry
 
+from actors.fairness_metrics import FairnessBook, FairnessGaugeCollector, FairnessMetrics, TenantLabels
 from actors.logevents import get_logger, log_event
 from daemon.batch_executor import BatchService, run_batch_executor
 from daemon.config import AgentdConfig
@@ -312,6 +313,10 @@ async def run_daemon(
                     cfg.routing.health_check_timeout_seconds,
                 )
             ps = cfg.program_scheduling
+            fairness = FairnessBook(
+                TenantLabels(cfg.tenants.metrics_top_k, cfg.tenants.metrics_tenants), FairnessMetrics(registry)
+            )
+            registry.register(FairnessGaugeCollector(fairness))
             engine = ProxyEngine(
                 client=upstream.client,
                 native=native,
@@ -331,6 +336,10 @@ async def run_daemon(
                 ids=RequestIds(None if rng is None else random.Random(REQUEST_ID_SEED)),
                 hint_caps=cfg.client_hints,
                 models=models,
+                priority=cfg.priority,
+                tenants=cfg.tenants,
+                priority_workers=cfg.priority_workers(),
+                fairness=fairness,
             )
             batches = None
             if cfg.batch_api.enabled:

@@ -100,6 +100,8 @@ def diagnostics_payload(handles: DaemonHandles) -> dict[str, Any]:
         section = {"enabled": False}
     section["proxy"] = proxy_section(handles)
     section["invariants"] = capacity_invariants(handles)  # docs/operations.md §11
+    if handles.engine.fairness is not None:  # per class and tenant (docs/priority.md §5.6)
+        section["fairness"] = handles.engine.fairness.diagnostics()
     return section
 
 

@@ -42,14 +42,16 @@ import httpx
 import trio
 
 from actors.core.batchjobs import DEFAULT_JOB, job_name
+from actors.fairness_metrics import FairnessBook
 from actors.logevents import get_logger, log_event
 from daemon.auth import scope_identity
 from daemon.batchfile import BATCH_CLASS, BATCH_CLASS_HEADER
-from daemon.config import ClientHintsConfig
+from daemon.config import ClientHintsConfig, PriorityConfig, TenantsConfig
 from daemon.dispatch import Dispatcher, DispatchRejected, Lease, Outcome, ProxyRequest
 from daemon.h1client import UpstreamBody
 from daemon.http.errors import ApiError, error_body, wrap_worker_error
 from daemon.http.identity import IdentityError, ParsedIdentity, parse_identity, strip_agentic_context
+from daemon.http.priority import DEFAULT_BANDS, batch_job_for, engine_priority, resolve
 from daemon.http.requests import (
     ENDPOINTS,
     MAX_ID_HEADER_BYTES,
@@ -87,6 +89,8 @@ class ProgramRoute:
     enable_key: str
     dispatcher: Dispatcher
     batch: BatchServer | None = None
+    # identity-free interactive requests through the scheduler (docs/priority.md §5.5)
+    interactive: Dispatcher | None = None
 
 
 class BatchServer(Protocol):
@@ -96,7 +100,9 @@ class BatchServer(Protocol):
     async def serve(self, req: ProxyRequest, forward: Callable[[Any], Awaitable[object]]) -> None: ...
 
 
-REQUEST_CLASSES = (BATCH_CLASS, "interactive")
+# "agent" names the class of requests with Program identity; on a request without identity it
+# means nothing more than "not batch" (docs/priority.md §5.2)
+REQUEST_CLASSES = (BATCH_CLASS, "interactive", "agent")
 
 
 def batch_job_of(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:
@@ -361,6 +367,11 @@ class ProxyEngine:
         ids: RequestIds | None = None,
         hint_caps: ClientHintsConfig | None = None,
         models: ModelDirectory | None = None,
+        priority: PriorityConfig | None = None,
+        tenants: TenantsConfig | None = None,
+        priority_workers: frozenset[str] = frozenset(),
+        bands: tuple[str, ...] = DEFAULT_BANDS,
+        fairness: FairnessBook | None = None,
     ) -> None:
         self.client = client
         self.transport = transport
@@ -382,11 +393,25 @@ class ProxyEngine:
         self.ids = ids or RequestIds()
         self.hint_caps = hint_caps or ClientHintsConfig()
         self.models = models
+        self.priority = priority if priority is not None else PriorityConfig()
+        self.tenants = tenants if tenants is not None else TenantsConfig()
+        # workers running vLLM --scheduling-policy priority: they receive `priority`, the others
+        # never see it (docs/priority.md §5.4)
+        self.priority_workers = priority_workers
+        self.bands = bands
+        self.fairness = fairness  # per-class, per-tenant figures (docs/priority.md §5.6)
 
     def build_request(
-        self, endpoint: str, raw: bytes, headers: Mapping[str, str], *, principal: str | None = None
+        self,
+        endpoint: str,
+        raw: bytes,
+        headers: Mapping[str, str],
+        *,
+        principal: str | None = None,
+        origin: str = "http",
     ) -> ProxyRequest:
-        """``principal``: the tenant of the authenticated API key (daemon/auth.py), if any.
+        """``principal``: the tenant of the authenticated API key (daemon/auth.py), if any;
+        ``origin``: ``http`` or ``batch_api`` (a Batch API line), matched by priority rules.
 
         Bad input raises a 4xx :class:`ApiError`; an unexpected exception (a bug) is logged once
         with the request id and raised as a 500 ``internal_error`` :class:`ApiError` naming it."""
@@ -400,12 +425,28 @@ class ProxyEngine:
                 pool, eligible = self.models.route(req.model)  # 404 model_not_found
                 if eligible is not None:
                     req = attrs.evolve(req, model_pool=pool, pool_targets=eligible)
-            return req
+            return self.classify(req, origin)
         except ApiError:
             raise
         except Exception as exc:
             log_internal_error(request_id, "request parsing failed", exc, endpoint=endpoint)
             raise internal_error(request_id) from exc
+
+    def classify(self, req: ProxyRequest, origin: str = "http") -> ProxyRequest:
+        """The request with its class, priority and tenant after the operator's rules
+        (daemon/http/priority.py, docs/priority.md §5)."""
+        info = resolve(
+            body=req.body,
+            headers=req.headers,
+            has_identity=req.identity is not None,
+            batch=req.batch_job is not None,
+            principal=req.principal,
+            origin=origin,
+            priority=self.priority,
+            tenants=self.tenants,
+            bands=self.bands,
+        )
+        return attrs.evolve(req, prio=info, batch_job=batch_job_for(info, req.batch_job))
 
     async def handle(self, req: ProxyRequest, sink: ResponseSink, *, raw_body: bytes | None = None) -> None:
         """Serve one request end to end; every expected failure becomes an error response.
@@ -439,16 +480,27 @@ class ProxyEngine:
                 dispatcher = self.program.dispatcher
             elif req.batch_job is not None:
                 batch = self.program.batch
+            elif self.program.interactive is not None:
+                dispatcher = self.program.interactive  # docs/priority.md §5.5
+        track = None if self.fairness is None else self.fairness.arrive(req.prio.request_class, req.prio.tenant)
+        leased: list[Lease] = []
+
+        async def forward(lease: Lease, *, failover: bool = False) -> None:
+            if track is not None:
+                track.admitted()
+            leased.append(lease)
+            await self._forward(req, lease, sink, raw_body, failover=failover)
+
         try:
             if batch is not None:
-                await batch.serve(req, lambda lease: self._forward(req, lease, sink, raw_body))
+                await batch.serve(req, forward)
                 return
             original_id = req.request_id
             failovers = 0
             while True:
                 try:
                     async with dispatcher.lease(req) as lease:
-                        await self._forward(req, lease, sink, raw_body, failover=failovers < self._max_failovers)
+                        await forward(lease, failover=failovers < self._max_failovers)
                     return
                 except NotSent as not_sent:
                     # the lease was left unfinished (abandoned: nothing was consumed) and the worker
@@ -468,6 +520,9 @@ class ProxyEngine:
                     if dispatcher is not self.native:
                         req = attrs.evolve(req, request_id=f"{original_id}.failover{failovers}")
         except DispatchRejected as rejected:
+            if track is not None:
+                track.end("rejected")
+                track = None
             rejection = rejected.rejection
             self.metrics.rejected.labels(rejection.reason).inc()
             self.metrics.count_request(req.endpoint, NO_TARGET, "rejected")
@@ -481,6 +536,13 @@ class ProxyEngine:
                 reason=rejection.message,
             )
             await send_error(sink, ApiError.from_rejection(rejection))
+        finally:
+            if track is not None:
+                outcome = getattr(leased[-1], "outcome", None) if leased else None
+                track.end(
+                    "abandoned" if outcome is None else "completed" if outcome.success else "failed",
+                    None if outcome is None else outcome.usage,
+                )
 
     def _outgoing_body(self, req: ProxyRequest, lease: Lease, raw_body: bytes | None) -> tuple[bytes, bool]:
         body = req.body
@@ -488,6 +550,14 @@ class ProxyEngine:
         xargs = body.get("vllm_xargs")
         if self.forwarding_mode != "unchanged" and isinstance(xargs, dict) and "agentic_context" in xargs:
             body = strip_agentic_context(body, self.forwarding_mode)
+            modified = True
+        if lease.target.worker_url in self.priority_workers:
+            wanted = engine_priority(req.prio, self.priority.max_abs_priority, self.bands)
+            if body.get("priority", 0) != wanted:
+                body = {**body, "priority": wanted}
+                modified = True
+        elif "priority" in body:  # a stock worker never sees the field (vLLM answers 400 or ignores it)
+            body = {k: v for k, v in body.items() if k != "priority"}
             modified = True
         inject = (
             req.stream

@@ -1,0 +1,156 @@
+"""Class, priority and tenant resolution at the edge (daemon/http/priority.py, docs/priority.md §5)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from daemon.config import PriorityConfig, PriorityRule, TenantsConfig
+from daemon.http.errors import ApiError
+from daemon.http.priority import (
+    AGENT,
+    BATCH,
+    INTERACTIVE,
+    PriorityInfo,
+    batch_job_for,
+    client_priority,
+    engine_priority,
+    resolve,
+)
+
+
+def res(
+    body: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+    *,
+    identity: bool = False,
+    batch: bool = False,
+    principal: str | None = None,
+    origin: str = "http",
+    rules: tuple[PriorityRule, ...] = (),
+    tenants: TenantsConfig | None = None,
+    max_abs: int = 1000,
+) -> PriorityInfo:
+    return resolve(
+        body=body or {},
+        headers=headers or {},
+        has_identity=identity,
+        batch=batch,
+        principal=principal,
+        origin=origin,
+        priority=PriorityConfig(max_abs_priority=max_abs, rules=rules),
+        tenants=tenants or TenantsConfig(),
+    )
+
+
+def ctx(priority: Any) -> dict[str, Any]:
+    return {"vllm_xargs": {"agentic_context": {"program_id": "p", "priority": priority}}}
+
+
+def test_both_conventions_map_to_larger_runs_first() -> None:
+    assert client_priority({}, 10) is None
+    assert client_priority({"priority": 3}, 10) == -3  # vLLM: lower first
+    assert client_priority({"priority": -3}, 10) == 3
+    assert client_priority(ctx(5), 10) == 5  # agentic_context: larger first
+    assert client_priority({"vllm_xargs": {"agentic_context": '{"priority": 7}'}}, 10) == 7
+    assert client_priority({**ctx(4), "priority": -4}, 10) == 4  # the same order in both
+    assert client_priority({"priority": None}, 10) is None
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"priority": "high"}, "priority", "invalid_priority"),
+        ({"priority": True}, "priority", "invalid_priority"),
+        ({"priority": 1.5}, "priority", "invalid_priority"),
+        ({"priority": 11}, "priority", "invalid_priority"),
+        ({"priority": -11}, "priority", "invalid_priority"),
+        (ctx(11), "vllm_xargs.agentic_context.priority", "invalid_priority"),
+        (ctx("x"), "vllm_xargs.agentic_context.priority", "invalid_priority"),
+        ({**ctx(4), "priority": 4}, "priority", "conflicting_priority"),
+    ],
+)
+def test_bad_priorities_are_a_400_naming_the_field(body: dict[str, Any], param: str, code: str) -> None:
+    with pytest.raises(ApiError) as err:
+        client_priority(body, 10)
+    assert err.value.status == 400 and err.value.param == param and err.value.code == code
+    assert param in err.value.message
+
+
+def test_tenant_precedence_principal_header_user_default() -> None:
+    both = {"user": "u1"}
+    hdr = {"x-agentd-tenant": "h1"}
+    assert (res(both, hdr, principal="key-t").tenant, res(both, hdr, principal="key-t").tenant_source) == (
+        "key-t",
+        "principal",
+    )
+    assert res(both, hdr).tenant == "h1" and res(both, hdr).tenant_source == "header"
+    assert res(both).tenant == "u1" and res(both).tenant_source == "user"
+    assert res().tenant == "default" and res().tenant_source == "default"
+    no_user = TenantsConfig(use_openai_user=False, header="x-team")
+    assert res(both, {"x-team": " t2 "}, tenants=no_user).tenant == "t2"
+    assert res(both, hdr, tenants=no_user).tenant == "default"
+
+
+def test_bad_tenant_inputs_are_a_400_naming_the_field() -> None:
+    with pytest.raises(ApiError) as err:
+        res({"user": 7})
+    assert err.value.param == "user"
+    with pytest.raises(ApiError) as err:
+        res({"user": "x" * 300})
+    assert err.value.param == "user"
+    with pytest.raises(ApiError) as err:
+        res({}, {"x-agentd-tenant": "caf\u00e9"})
+    assert err.value.param == "x-agentd-tenant"
+
+
+def test_class_from_the_request() -> None:
+    assert res().request_class == INTERACTIVE
+    assert res(batch=True).request_class == BATCH
+    assert res(identity=True).request_class == AGENT
+    assert res(identity=True, batch=True).request_class == AGENT
+
+
+def test_rules_force_and_cap_the_class_first_match_wins() -> None:
+    rules = (
+        PriorityRule(tenant="eval", set_class=BATCH),
+        PriorityRule(header="x-team=search", max_class=AGENT, max_priority=5),
+        PriorityRule(origin="batch_api", default_priority=-7),
+        PriorityRule(model="big", max_class=BATCH, min_priority=-2),
+        PriorityRule(max_priority=100),  # matches everything else
+    )
+    assert res({"user": "eval"}, rules=rules) == PriorityInfo(BATCH, 0, "eval", "user", 0)
+    # a client asking for interactive under an agent cap becomes batch (the only identity-free class below)
+    capped = res({"priority": -50}, {"x-team": "search", "x-agentd-class": "interactive"}, rules=rules)
+    assert capped.request_class == BATCH and capped.priority == 5 and capped.rule == 1
+    assert res({}, {"x-team": "other"}, rules=rules).rule == 4
+    # a Program request stays agent class, only its priority is capped
+    program = res(ctx(50), {"x-team": "search"}, identity=True, rules=rules)
+    assert program.request_class == AGENT and program.priority == 5
+    assert res(origin="batch_api", batch=True, rules=rules).priority == -7  # a default, not a cap
+    assert res({"priority": -3}, origin="batch_api", batch=True, rules=rules).priority == 3
+    big = res({"model": "big", "priority": 9}, rules=rules)
+    assert big.request_class == BATCH and big.priority == -2
+    assert res({"priority": -500}, rules=rules).priority == 100
+    # a rule never raises the class: a batch request stays batch under an interactive cap
+    assert res(batch=True, rules=(PriorityRule(max_class=INTERACTIVE),)).request_class == BATCH
+
+
+def test_batch_job_follows_the_class() -> None:
+    assert batch_job_for(PriorityInfo(BATCH), None) == "__default__"
+    assert batch_job_for(PriorityInfo(BATCH), "j") == "j"
+    assert batch_job_for(PriorityInfo(INTERACTIVE), "j") is None
+    assert batch_job_for(PriorityInfo(AGENT), "j") is None
+
+
+def test_engine_priority_keeps_bands_and_order() -> None:
+    m = 10
+    assert engine_priority(PriorityInfo(INTERACTIVE, 3), m) == -3
+    values = [
+        engine_priority(PriorityInfo(cls, p), m)
+        for cls in (INTERACTIVE, AGENT, BATCH)
+        for p in (m, 0, -m)  # larger first inside a class
+    ]
+    assert values == sorted(values) and len(set(values)) == len(values)  # lower runs first in vLLM
+    assert engine_priority(PriorityInfo(BATCH, 0), m, (BATCH, INTERACTIVE, AGENT)) == 0
