@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
 from attrs import field, frozen
 
 from actors.core.config import (
@@ -38,6 +39,7 @@ from actors.core.config import (
     problems,
     rule_field,
 )
+from actors.core.config import PriorityConfig as CorePriorityConfig
 from daemon.redact import redact_url
 from sim.config import SimServerShape, own_fields_first
 
@@ -345,15 +347,19 @@ class PriorityRule:
             yield f"{p}min_priority: must be <= {p}max_priority (got {lo!r} > {hi!r})"
 
 
-@frozen
-class PriorityConfig:
-    """``[priority]``: how the edge reads priorities and classes and forwards vLLM's ``priority``."""
+@frozen(field_transformer=own_fields_first)
+class PrioritySection(CorePriorityConfig):
+    """``[priority]``: the core's class bands, per-class caps and tenant fairness
+    (``actors.core.config.PriorityConfig``, docs/priority.md §1-§4: its fields, defaults and rules
+    are this section's other keys) plus how the edge reads priorities and classes and forwards
+    vLLM's ``priority`` (docs/priority.md §5)."""
 
     # accepted |priority| in both conventions; larger -> 400 naming the field
     max_abs_priority: int = rule_field(INT_GT_0, DEFAULT_MAX_ABS_PRIORITY)
     # identity-free interactive requests queue in the scheduler, ahead of Programs and batch
-    # (needs enable_program_scheduling); false = they go straight to a worker (native policy)
-    interactive_scheduling: bool = True
+    # (needs enable_program_scheduling); false (the reference router's behaviour) = they go
+    # straight to a worker by the native policy
+    interactive_scheduling: bool = False
     # the scheduling policy of workers not listed in worker_policies
     default_worker_policy: str = rule_field(one_of(*WORKER_POLICIES), "fcfs")
     # worker URL -> "priority" (runs vLLM --scheduling-policy priority: receives `priority`) or
@@ -364,8 +370,15 @@ class PriorityConfig:
     def policy_of(self, worker_url: str) -> str:
         return self.worker_policies.get(worker_url.rstrip("/"), self.default_worker_policy)
 
+    def core(self) -> CorePriorityConfig:
+        """The core's part of the section, as the core's own type."""
+        return CorePriorityConfig(**{a.name: getattr(self, a.name) for a in attrs.fields(CorePriorityConfig)})
+
     def _cross_field_problems(self, path: str) -> Iterator[str]:
         p = f"{path}." if path else ""
+        inherited = getattr(CorePriorityConfig, "_cross_field_problems", None)
+        if inherited is not None:
+            yield from inherited(self, path)
         for url, policy in self.worker_policies.items():
             if not _valid_url(url):
                 yield f"{p}worker_policies: keys must be http:// or https:// URLs (got {url!r})"
@@ -416,7 +429,7 @@ class AgentdConfig:
     auth: AuthConfig = field(factory=AuthConfig)
     admin: AdminConfig = field(factory=AdminConfig)
     worker_tls: WorkerTlsConfig = field(factory=WorkerTlsConfig)
-    priority: PriorityConfig = field(factory=PriorityConfig)
+    priority: PrioritySection = field(factory=PrioritySection)
     tenants: TenantsConfig = field(factory=TenantsConfig)
 
     @property

@@ -42,7 +42,13 @@ from actors.batch_metrics import BatchGaugeCollector, BatchMetrics
 from actors.core.batch_class import MAX_PREEMPTIONS_PER_REQUEST, batch_diagnostics
 from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.errors import Rejection
-from actors.core.events import BatchSubmitted, RequestAbandoned, RequestCompleted, RequestSubmitted
+from actors.core.events import (
+    BatchSubmitted,
+    InteractiveSubmitted,
+    RequestAbandoned,
+    RequestCompleted,
+    RequestSubmitted,
+)
 from actors.core.ids import RequestId
 from actors.core.model import NO_USAGE
 from actors.dashboard_feed import DashboardFeed
@@ -166,6 +172,18 @@ class DispatcherCounters:
 
 
 @attrs.frozen(eq=False)
+class InteractiveDispatcher:
+    """The proxy's dispatcher for identity-free interactive requests when ``[priority]
+    interactive_scheduling`` is on (docs/priority.md §5.5): they wait in the scheduler, which
+    admits them ahead of queued Programs and batch work, and end like Program requests."""
+
+    program: ProgramDispatcher
+
+    def lease(self, req: ProxyRequest) -> AbstractAsyncContextManager[ProgramLease]:
+        return self.program.lease_interactive(req)
+
+
+@attrs.frozen(eq=False)
 class BatchDispatcher:
     """The proxy's dispatcher for batch-class requests (docs/batch.md §2).
 
@@ -203,6 +221,8 @@ class BatchDispatcher:
             model_pool=req.model_pool,
             targets=program.pool_targets(req),
             preemptible=not req.stream,
+            tenant=req.prio.tenant,
+            priority=req.prio.priority,
         )
         run = self.runs[req.request_id] = _BatchRun()
         submitted = False
@@ -284,6 +304,7 @@ class ProgramDispatcher:
         self._polling_needed = polling_needed
         self.counters = DispatcherCounters()
         self.batch: BatchDispatcher | None = None  # with [batch_jobs] enabled
+        self.interactive = InteractiveDispatcher(self)
 
     def pool_targets(self, req: ProxyRequest) -> tuple[BackendTarget, ...] | None:
         """The current (healthy) targets of a model pool other than the default one, sent with each
@@ -300,19 +321,39 @@ class ProgramDispatcher:
         if req.identity is None:
             raise ValueError("ProgramDispatcher.lease needs a request with Program identity")
         estimate = self.estimator.estimate(req.model_pool, req)
+        hints = req.identity.hints
+        if hints.priority != req.prio.priority:  # the edge's priority after both conventions and the rules
+            hints = attrs.evolve(hints, priority=req.prio.priority)
         event = RequestSubmitted(
             request_id=RequestId(req.request_id),
             identity=req.identity.identity,
             estimated_prompt_tokens=estimate,
-            hints=req.identity.hints,
+            hints=hints,
             model_pool=req.model_pool,
             targets=self.pool_targets(req),
             routing_text=req.routing_text,
+            tenant=req.prio.tenant,
+        )
+        return self._lease(req, event)
+
+    def lease_interactive(self, req: ProxyRequest) -> AbstractAsyncContextManager[ProgramLease]:
+        """An identity-free interactive request queued by the scheduler ahead of the classes below
+        it (docs/priority.md §2, §5.5): ``InteractiveSubmitted``, answered like a Program request."""
+        event = InteractiveSubmitted(
+            request_id=RequestId(req.request_id),
+            estimated_prompt_tokens=self.estimator.estimate(req.model_pool, req),
+            tenant=req.prio.tenant,
+            priority=req.prio.priority,
+            max_tokens=output_cap(req.body),
+            model_pool=req.model_pool,
+            targets=self.pool_targets(req),
         )
         return self._lease(req, event)
 
     @asynccontextmanager
-    async def _lease(self, req: ProxyRequest, event: RequestSubmitted) -> AsyncIterator[ProgramLease]:
+    async def _lease(
+        self, req: ProxyRequest, event: RequestSubmitted | InteractiveSubmitted
+    ) -> AsyncIterator[ProgramLease]:
         self._polling_needed.set()  # lazily start backend polling on the first scheduled request
         inbox = self.scheduler.inbox.send
         submitted = False
@@ -463,6 +504,7 @@ async def run_program_scheduling(
                 feed=feed,
                 batch=batch,
                 batch_metrics=batch_metrics,
+                priority=cfg.priority.core(),
                 task_status=task_status,
             )
         )

@@ -328,6 +328,7 @@ async def run_daemon(
                     ps.program_scheduling_enable_key,
                     program,
                     program.batch,
+                    program.interactive if cfg.priority.interactive_scheduling else None,
                 ),
                 transport=upstream.transport,
                 timeouts=upstream_timeouts(cfg.routing, embedded=cfg.embedded_mode),

@@ -41,12 +41,13 @@ from typing import Any
 import attrs
 
 from actors.core.batchjobs import DEFAULT_JOB
-from daemon.config import PriorityConfig, PriorityRule, TenantsConfig
+from actors.core.config import DEFAULT_CLASS_ORDER
+from actors.core.ids import DEFAULT_TENANT
+from actors.core.model import AGENT, BATCH, INTERACTIVE
+from daemon.config import PriorityRule, PrioritySection, TenantsConfig
 from daemon.http.errors import ApiError
 
-DEFAULT_TENANT = "default"
-INTERACTIVE, AGENT, BATCH = "interactive", "agent", "batch"
-DEFAULT_BANDS: tuple[str, ...] = (INTERACTIVE, AGENT, BATCH)
+DEFAULT_BANDS: tuple[str, ...] = DEFAULT_CLASS_ORDER
 MAX_TENANT_BYTES = 256
 CONTEXT_PRIORITY = "vllm_xargs.agentic_context.priority"
 BODY_PRIORITY = "priority"
@@ -194,11 +195,12 @@ def resolve(
     batch: bool,
     principal: str | None,
     origin: str,
-    priority: PriorityConfig,
+    priority: PrioritySection,
     tenants: TenantsConfig,
-    bands: Sequence[str] = DEFAULT_BANDS,
+    bands: Sequence[str] | None = None,
 ) -> PriorityInfo:
     """The request's class, priority and tenant under the operator's rules (module docstring)."""
+    bands = priority.class_order if bands is None else bands
     given = client_priority(body, priority.max_abs_priority)
     tenant, source = resolve_tenant(body, headers, principal, tenants)
     cls = AGENT if has_identity else BATCH if batch else INTERACTIVE

@@ -46,12 +46,12 @@ from actors.fairness_metrics import FairnessBook
 from actors.logevents import get_logger, log_event
 from daemon.auth import scope_identity
 from daemon.batchfile import BATCH_CLASS, BATCH_CLASS_HEADER
-from daemon.config import ClientHintsConfig, PriorityConfig, TenantsConfig
+from daemon.config import ClientHintsConfig, PrioritySection, TenantsConfig
 from daemon.dispatch import Dispatcher, DispatchRejected, Lease, Outcome, ProxyRequest
 from daemon.h1client import UpstreamBody
 from daemon.http.errors import ApiError, error_body, wrap_worker_error
 from daemon.http.identity import IdentityError, ParsedIdentity, parse_identity, strip_agentic_context
-from daemon.http.priority import DEFAULT_BANDS, batch_job_for, engine_priority, resolve
+from daemon.http.priority import batch_job_for, engine_priority, resolve
 from daemon.http.requests import (
     ENDPOINTS,
     MAX_ID_HEADER_BYTES,
@@ -367,10 +367,9 @@ class ProxyEngine:
         ids: RequestIds | None = None,
         hint_caps: ClientHintsConfig | None = None,
         models: ModelDirectory | None = None,
-        priority: PriorityConfig | None = None,
+        priority: PrioritySection | None = None,
         tenants: TenantsConfig | None = None,
         priority_workers: frozenset[str] = frozenset(),
-        bands: tuple[str, ...] = DEFAULT_BANDS,
         fairness: FairnessBook | None = None,
     ) -> None:
         self.client = client
@@ -393,12 +392,12 @@ class ProxyEngine:
         self.ids = ids or RequestIds()
         self.hint_caps = hint_caps or ClientHintsConfig()
         self.models = models
-        self.priority = priority if priority is not None else PriorityConfig()
+        self.priority = priority if priority is not None else PrioritySection()
         self.tenants = tenants if tenants is not None else TenantsConfig()
         # workers running vLLM --scheduling-policy priority: they receive `priority`, the others
         # never see it (docs/priority.md §5.4)
         self.priority_workers = priority_workers
-        self.bands = bands
+        self.bands = self.priority.class_order
         self.fairness = fairness  # per-class, per-tenant figures (docs/priority.md §5.6)
 
     def build_request(

@@ -16,7 +16,7 @@ import httpx
 import trio
 from native_fakes import BUDGET_SECONDS
 
-from daemon.config import AgentdConfig, PriorityConfig, PriorityRule, RoutingConfig, ServerConfig
+from daemon.config import AgentdConfig, PriorityRule, PrioritySection, RoutingConfig, ServerConfig
 from daemon.http.serve import serve_http
 from daemon.supervisor import run_daemon
 from sim.cluster import SimCluster, SimConfig
@@ -77,7 +77,7 @@ async def test_priority_worker_receives_vllm_priority_and_stock_worker_never_see
             cfg = AgentdConfig(
                 server=ServerConfig(port=0),
                 routing=RoutingConfig(worker_urls=(prio_url, stock_url), policy="round_robin"),
-                priority=PriorityConfig(
+                priority=PrioritySection(
                     max_abs_priority=100,
                     worker_policies={prio_url: "priority"},
                     rules=(PriorityRule(tenant="eval", set_class="batch"),),

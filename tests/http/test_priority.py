@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from daemon.config import PriorityConfig, PriorityRule, TenantsConfig
+from daemon.config import PriorityRule, PrioritySection, TenantsConfig
 from daemon.http.errors import ApiError
 from daemon.http.priority import (
     AGENT,
@@ -39,7 +39,7 @@ def res(
         batch=batch,
         principal=principal,
         origin=origin,
-        priority=PriorityConfig(max_abs_priority=max_abs, rules=rules),
+        priority=PrioritySection(max_abs_priority=max_abs, rules=rules),
         tenants=tenants or TenantsConfig(),
     )
 
