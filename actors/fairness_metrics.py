@@ -23,7 +23,10 @@ Metrics (``/metrics``):
 * gauges at scrape time: ``agentd_class_queued_requests{class,tenant}``,
   ``agentd_class_running_requests{class,tenant}``, ``agentd_tenant_service_share{tenant}``
   (share of all tokens served so far) and ``agentd_tenant_virtual_counter{tenant}`` (the core's
-  VTC counter, when it reports one).
+  VTC counter; ``other``: the largest of the unlabelled tenants').
+
+``scheduler_view()`` returns ``{"accounts": {tenant: {"counter": ..., other figures summed for
+``other``}}}``.
 """
 
 from __future__ import annotations
@@ -59,6 +62,10 @@ class TenantLabels:
             self._dynamic[tenant] = None
             return tenant
         return OTHER
+
+    def peek(self, tenant: str) -> str:
+        """The label of ``tenant`` without giving it one (reads never assign labels)."""
+        return tenant if tenant in self.fixed or tenant in self._dynamic else OTHER
 
     def labels(self) -> tuple[str, ...]:
         return (*sorted(self.fixed), *self._dynamic)
@@ -173,8 +180,23 @@ class FairnessBook:
             "tenant_labels": {"top_k": self.labels.top_k, "labelled": list(self.labels.labels()), "rest": OTHER},
         }
         if self.scheduler_view is not None:
-            doc["scheduler"] = dict(self.scheduler_view())
+            doc["scheduler"] = self.scheduler_accounts()
         return doc
+
+    def scheduler_accounts(self) -> dict[str, dict[str, float]]:
+        """The scheduler's per-tenant accounts by label: ``other`` sums the rest (its counter is
+        their largest)."""
+        out: dict[str, dict[str, float]] = {}
+        view = {} if self.scheduler_view is None else dict(self.scheduler_view())
+        for tenant, account in sorted(view.get("accounts", {}).items()):
+            label = self.labels.peek(tenant)
+            into = out.get(label)
+            if into is None:
+                out[label] = dict(account)
+                continue
+            for key, value in account.items():
+                into[key] = max(into[key], value) if key == "counter" else into[key] + value
+        return out
 
 
 @attrs.define(eq=False)
@@ -256,10 +278,6 @@ class FairnessGaugeCollector(Collector):
                 "The scheduler's virtual token counter of the tenant (VTC, docs/priority.md §3).",
                 labels=["tenant"],
             )
-            counters: dict[str, float] = {}
-            for tenant, value in dict(book.scheduler_view()).get("virtual_counters", {}).items():
-                label = book.labels.label(tenant)
-                counters[label] = max(counters.get(label, value), value)
-            for label, value in sorted(counters.items()):
-                vtc.add_metric([label], value)
+            for label, account in book.scheduler_accounts().items():
+                vtc.add_metric([label], account["counter"])
             yield vtc

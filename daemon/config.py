@@ -301,7 +301,7 @@ REQUEST_CLASSES = ("interactive", "agent", "batch")
 # identity-free requests are interactive or batch; a request with Program identity is agent class
 SETTABLE_CLASSES = ("interactive", "batch")
 REQUEST_ORIGINS = ("http", "batch_api")
-WORKER_POLICIES = ("fcfs", "priority")
+WORKER_POLICIES = ("fcfs", "priority", "auto")
 DEFAULT_MAX_ABS_PRIORITY = 1_000_000
 TENANT_HEADER = "x-agentd-tenant"
 
@@ -362,8 +362,8 @@ class PrioritySection(CorePriorityConfig):
     interactive_scheduling: bool = False
     # the scheduling policy of workers not listed in worker_policies
     default_worker_policy: str = rule_field(one_of(*WORKER_POLICIES), "fcfs")
-    # worker URL -> "priority" (runs vLLM --scheduling-policy priority: receives `priority`) or
-    # "fcfs" (stock: `priority` is stripped)
+    # worker URL -> "priority" (runs vLLM --scheduling-policy priority: receives `priority`),
+    # "fcfs" (stock: `priority` is stripped) or "auto" (sent until it answers vLLM's 400 for it)
     worker_policies: dict[str, str] = field(factory=dict, converter=_strip_url_keys)
     rules: tuple[PriorityRule, ...] = field(default=(), converter=tuple)
 
@@ -449,7 +449,14 @@ class AgentdConfig:
         ``priority``, else those ``[priority]`` configures so."""
         if self.embedded_mode:
             return frozenset(self.worker_urls()) if self.embedded.scheduling_policy == "priority" else frozenset()
-        return frozenset(u for u in self.worker_urls() if self.priority.policy_of(u) == "priority")
+        return frozenset(u for u in self.worker_urls() if self.priority.policy_of(u) in ("priority", "auto"))
+
+    def priority_detect_workers(self) -> frozenset[str]:
+        """Worker URLs of policy ``auto``: sent ``priority`` until one answers vLLM's "Priority
+        scheduling is not enabled" 400 (docs/priority.md §5.4); never in embedded mode."""
+        if self.embedded_mode:
+            return frozenset()
+        return frozenset(u for u in self.worker_urls() if self.priority.policy_of(u) == "auto")
 
     def dp_size(self) -> int:
         return self.embedded.dp_size if self.embedded_mode else self.routing.intra_node_data_parallel_size

@@ -412,6 +412,14 @@ def config_warnings(cfg: AgentdConfig) -> list[ConfigWarning]:
                 (("keepalive_expiry_seconds", keepalive),),
             )
         )
+    if cfg.priority.interactive_scheduling and not cfg.enable_program_scheduling:
+        out.append(
+            ConfigWarning(
+                "interactive_scheduling_without_scheduler",
+                "priority.interactive_scheduling has no effect without enable_program_scheduling: "
+                "identity-free requests take the native policy (docs/priority.md §5.5)",
+            )
+        )
     ps = cfg.program_scheduling
     if ps is None:
         return out

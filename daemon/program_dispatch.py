@@ -39,6 +39,7 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from actors.batch_metrics import BatchGaugeCollector, BatchMetrics
+from actors.core import fairness
 from actors.core.batch_class import MAX_PREEMPTIONS_PER_REQUEST, batch_diagnostics
 from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.errors import Rejection
@@ -438,6 +439,26 @@ class ProgramDispatcher:
             if predicate(doc):
                 return doc
             await self.scheduler.wait_changed()
+
+    def fairness_view(self) -> dict[str, Any]:
+        """The core's tenant accounts now (docs/priority.md §3): counter (VTC, rent included),
+        tokens charged, KV token-seconds of rent, waiting requests; rendered by label in the
+        ``fairness`` diagnostics section and ``agentd_tenant_virtual_counter``."""
+        state = self.scheduler.state
+        now = trio.current_time()
+        accounts = {
+            tenant: {
+                "counter": fairness.counter(state.fair, state.prio, tenant, now),
+                "input_tokens": a.input_tokens,
+                "output_tokens": a.output_tokens,
+                "kv_token_seconds": fairness.total_kv_token_seconds(a, now),
+                "waiting": a.waiting,
+                "dispatched": a.dispatched,
+                "lifts": a.lifts,
+            }
+            for tenant, a in state.fair.accounts.items()
+        }
+        return {"accounts": accounts}
 
     def dashboard(self, *, page: int = 1, state: str = "all", sort: str = "program") -> dict[str, Any]:
         """The compact live document of ``/scheduling/dashboard.json`` (actors/dashboard_view.py)."""

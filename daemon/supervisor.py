@@ -317,6 +317,8 @@ async def run_daemon(
                 TenantLabels(cfg.tenants.metrics_top_k, cfg.tenants.metrics_tenants), FairnessMetrics(registry)
             )
             registry.register(FairnessGaugeCollector(fairness))
+            if program is not None:
+                fairness.scheduler_view = program.fairness_view
             engine = ProxyEngine(
                 client=upstream.client,
                 native=native,
@@ -340,6 +342,7 @@ async def run_daemon(
                 priority=cfg.priority,
                 tenants=cfg.tenants,
                 priority_workers=cfg.priority_workers(),
+                detect_workers=cfg.priority_detect_workers(),
                 fairness=fairness,
             )
             batches = None

@@ -61,6 +61,7 @@ def proxy_section(handles: DaemonHandles) -> dict[str, Any]:
                 "consecutive_health_successes": worker.consecutive_successes_count,
                 "consecutive_request_failures": worker.outlier_failures_count,
                 "native_in_flight_requests": native.in_flight(target),
+                "priority_mode": handles.engine.priority_mode(target.worker_url),  # docs/priority.md §5.4
             }
         )
     return {

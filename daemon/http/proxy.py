@@ -20,7 +20,8 @@ Forwarding rules: POST to ``worker_url + path`` with ``X-data-parallel-rank: <ra
 bytes are forwarded unchanged unless ``vllm_xargs.agentic_context`` must be rewritten
 (``routing.agentic_context_forwarding``) or usage must be injected (the lease ``wants_usage``, the
 client streams without ``stream_options.include_usage``: agentd sets it and drops the extra
-usage-only chunk).  Streams are relayed as they arrive, no buffering: whatever one socket read
+usage-only chunk) or vLLM's ``priority`` must be set (a worker in priority mode) or stripped (any
+other worker; docs/priority.md §5.4).  Streams are relayed as they arrive, no buffering: whatever one socket read
 brought from a worker (``UpstreamBody.pump`` of :mod:`daemon.h1client`; ``aiter_raw`` for other
 transports) leaves in one write; completion is the end of the upstream stream.  Worker 5xx ->
 502 (503 stays 503) naming the target; worker 4xx keep their status, and a body that is not an
@@ -77,6 +78,8 @@ from daemon.upstream import (
 logger = get_logger("proxy")
 JOB_TAG_MARK = "#job_name["
 PATHS: dict[str, str] = {endpoint: path for path, endpoint in ENDPOINTS.items()}
+# vLLM's 400 when a request carries a non-zero priority and the engine runs fcfs (lower-cased)
+PRIORITY_REJECTION = "priority scheduling is not enabled"
 ERROR_SNIPPET_BYTES = 512
 JSON_HEADERS: list[tuple[str, str]] = [("content-type", "application/json")]
 
@@ -370,6 +373,7 @@ class ProxyEngine:
         priority: PrioritySection | None = None,
         tenants: TenantsConfig | None = None,
         priority_workers: frozenset[str] = frozenset(),
+        detect_workers: frozenset[str] = frozenset(),
         fairness: FairnessBook | None = None,
     ) -> None:
         self.client = client
@@ -397,6 +401,8 @@ class ProxyEngine:
         # workers running vLLM --scheduling-policy priority: they receive `priority`, the others
         # never see it (docs/priority.md §5.4)
         self.priority_workers = priority_workers
+        # workers of policy "auto": priority_workers until one rejects the field (then stock)
+        self.detect_workers = detect_workers
         self.bands = self.priority.class_order
         self.fairness = fairness  # per-class, per-tenant figures (docs/priority.md §5.6)
 
@@ -609,6 +615,8 @@ class ProxyEngine:
                                 content,
                                 req.stream,
                             )
+                            if response.status_code == 400 and self._probing(req, lease):
+                                response, inject = await self._priority_rejected(req, lease, raw_body, response, inject)
                     except trio.TooSlowError:
                         raise httpx.ReadTimeout(
                             f"no response from the worker within {first_byte:g} s (first-byte timeout)"
@@ -657,6 +665,56 @@ class ProxyEngine:
     def _report_success(self, worker_url: str) -> None:
         if self.outcomes is not None:
             self.outcomes.report_success(worker_url)
+
+    def _probing(self, req: ProxyRequest, lease: Lease) -> bool:
+        """True when ``priority`` went to a worker whose policy is being detected (``auto``)."""
+        url = lease.target.worker_url
+        return (
+            url in self.detect_workers
+            and url in self.priority_workers
+            and engine_priority(req.prio, self.priority.max_abs_priority, self.bands) != 0
+        )
+
+    async def _priority_rejected(
+        self, req: ProxyRequest, lease: Lease, raw_body: bytes | None, response: httpx.Response, inject: bool
+    ) -> tuple[httpx.Response, bool]:
+        """A worker of policy ``auto`` answered 400: when it is vLLM's "Priority scheduling is not
+        enabled", the worker is stock from now on and the request (which never ran) is sent again
+        without ``priority``; any other 400 is relayed (docs/priority.md §5.4)."""
+        body = await response.aread()
+        if PRIORITY_REJECTION not in body.decode("utf-8", "replace").lower():
+            return response, inject
+        with trio.CancelScope(shield=True):
+            await response.aclose()
+        target = lease.target
+        self.priority_workers = self.priority_workers - {target.worker_url}
+        log_event(
+            logger,
+            logging.WARNING,
+            "worker_priority_mode_detected",
+            worker=target.worker_url,
+            scheduling_policy="fcfs",
+            message="the worker rejects priority: it is no longer sent there",
+        )
+        content, inject = self._outgoing_body(req, lease, raw_body)
+        again = await self._send(
+            target.worker_url,
+            PATHS[req.endpoint],
+            upstream_headers(
+                req.headers,
+                target.dp_rank,
+                upstream_request_id(req.request_id, req.client_request_id),
+                lease.attempt,
+            ),
+            content,
+            req.stream,
+        )
+        return again, inject
+
+    def priority_mode(self, worker_url: str) -> str:
+        """``priority`` or ``fcfs`` as the proxy treats the worker now; ``auto:`` + that while detecting."""
+        mode = "priority" if worker_url in self.priority_workers else "fcfs"
+        return f"auto:{mode}" if worker_url in self.detect_workers else mode
 
     async def _send(
         self, worker_url: str, path: str, headers: list[tuple[str, str]], content: bytes, stream: bool

@@ -35,7 +35,13 @@ def test_book_counts_waits_tokens_and_shares() -> None:
     book = FairnessBook(
         TenantLabels(1),
         FairnessMetrics(registry),
-        scheduler_view=lambda: {"virtual_counters": {"a": 5.0, "z": 2.0, "y": 3.0}},
+        scheduler_view=lambda: {
+            "accounts": {
+                "a": {"counter": 5.0, "waiting": 1},
+                "z": {"counter": 2.0, "waiting": 2},
+                "y": {"counter": 3.0, "waiting": 0},
+            }
+        },
         clock=lambda: now[0],
     )
     registry.register(FairnessGaugeCollector(book))
@@ -61,7 +67,7 @@ def test_book_counts_waits_tokens_and_shares() -> None:
     assert tenants["a"]["service_share"] == 0.8 and tenants[OTHER]["service_share"] == 0.2
     doc = book.diagnostics()
     assert doc["tenant_labels"] == {"top_k": 1, "labelled": ["a"], "rest": OTHER}
-    assert doc["scheduler"]["virtual_counters"]["a"] == 5.0
+    assert doc["scheduler"] == {"a": {"counter": 5.0, "waiting": 1}, OTHER: {"counter": 3.0, "waiting": 2}}
     text = generate_latest(registry).decode()
     assert 'agentd_class_requests_total{class="interactive",outcome="admitted",tenant="a"} 1.0' in text
     assert 'agentd_tenant_tokens_total{class="interactive",kind="prompt",tenant="a"} 30.0' in text

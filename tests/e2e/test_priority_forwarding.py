@@ -109,3 +109,34 @@ async def test_priority_worker_receives_vllm_priority_and_stock_worker_never_see
     assert len(stock.bodies) == 5 and all("priority" not in b for b in stock.bodies)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "priority"
     assert conflict.status_code == 400 and conflict.json()["error"]["code"] == "conflicting_priority"
+
+
+async def test_auto_worker_that_rejects_priority_is_detected_once() -> None:
+    """Policy ``auto``: both workers are sent ``priority``; the stock one answers vLLM's 400 once,
+    that request is sent again without the field (the client sees a 200) and the worker never
+    gets the field again; the priority-mode one keeps receiving it."""
+    with trio.fail_after(BUDGET_SECONDS):
+        async with trio.open_nursery() as nursery:
+            prio_url, prio = await start_sim(nursery, "priority")
+            stock_url, stock = await start_sim(nursery, "fcfs")
+            cfg = AgentdConfig(
+                server=ServerConfig(port=0),
+                routing=RoutingConfig(worker_urls=(prio_url, stock_url), policy="round_robin"),
+                priority=PrioritySection(default_worker_policy="auto"),
+            )
+            handles = await nursery.start(partial(run_daemon, cfg))
+            statuses = []
+            async with httpx.AsyncClient(base_url=handles.http_url) as client:
+                for _ in range(3):
+                    for _ in range(2):
+                        r = await client.post("/v1/chat/completions", json=chat(priority=4, stream=True))
+                        statuses.append(r.status_code)
+                        assert r.text.rstrip().endswith("data: [DONE]")
+                diag = (await client.get("/scheduling/diagnostics")).json()
+            handles.shutdown.set()
+            nursery.cancel_scope.cancel()
+    assert statuses == [200] * 6
+    assert [b.get("priority") for b in prio.bodies] == [4, 4, 4]
+    assert [b.get("priority") for b in stock.bodies] == [4, None, None, None]  # rejected once, resent
+    modes = {t["base_url"]: t["priority_mode"] for t in diag["proxy"]["targets"]}
+    assert modes == {prio_url: "auto:priority", stock_url: "auto:fcfs"}

@@ -72,6 +72,7 @@ async def test_http_diagnostics_proxy_section(daemon_app: DaemonApp) -> None:
         "consecutive_health_successes": 1,
         "consecutive_request_failures": 0,
         "native_in_flight_requests": 0,
+        "priority_mode": "fcfs",
     }
     invariants = payload["invariants"]
     assert invariants["at_rest"] is True

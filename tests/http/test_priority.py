@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from daemon.config import PriorityRule, PrioritySection, TenantsConfig
 from daemon.http.errors import ApiError
@@ -154,3 +156,18 @@ def test_engine_priority_keeps_bands_and_order() -> None:
     ]
     assert values == sorted(values) and len(set(values)) == len(values)  # lower runs first in vLLM
     assert engine_priority(PriorityInfo(BATCH, 0), m, (BATCH, INTERACTIVE, AGENT)) == 0
+
+
+@given(
+    st.sampled_from([INTERACTIVE, AGENT, BATCH]),
+    st.integers(-50, 50),
+    st.sampled_from([INTERACTIVE, AGENT, BATCH]),
+    st.integers(-50, 50),
+    st.permutations([INTERACTIVE, AGENT, BATCH]),
+)
+def test_engine_order_is_the_router_order(c1: str, p1: int, c2: str, p2: int, bands: list[str]) -> None:
+    """vLLM runs lower values first; the router runs earlier bands first, then larger priorities."""
+    e1 = engine_priority(PriorityInfo(c1, p1), 50, bands)
+    e2 = engine_priority(PriorityInfo(c2, p2), 50, bands)
+    router = (bands.index(c1), -p1) < (bands.index(c2), -p2)
+    assert (e1 < e2) == router and (e1 == e2) == ((c1, p1) == (c2, p2))
