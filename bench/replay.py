@@ -26,7 +26,14 @@ Program drivers (one Trio task per session):
   ``max_tokens`` = the record's output length (exact, ``ignore_eos``) and, for a record that ended
   with ``stop``, the simulator hint ``vllm_xargs.sim_output_tokens`` so that the simulated engine
   reports a natural stop (what a batch-job-aware scheduler learns decode lengths from); batch roots
-  always start at their ``timestamp`` (open loop, not limited by ``concurrency``).
+  always start at their ``timestamp`` (open loop, not limited by ``concurrency``);
+- interactive records (``request_class: interactive``) are sent like an agent turn but without
+  Program identity (no agentic context, no session header), with ``X-Agentd-Class: interactive``;
+  their roots start at their ``timestamp`` like batch roots;
+- a record's ``tenant`` (when not ``default``) travels as the OpenAI ``user`` field and the
+  ``X-Agentd-Tenant`` header; its ``priority`` (vLLM's convention, lower first) as the body's
+  ``priority`` for interactive and batch records and as ``agentic_context.priority = -priority``
+  (agentd's convention, larger first) for agent turns, and only when it is not 0.
 
 A failed turn ends its Program (recorded, never retried: the systems under test own retries).
 ``bench.report`` turns the raw :class:`ReplayResult` plus metric scrapes into the report.
@@ -43,9 +50,12 @@ import attrs
 import httpx
 import trio
 
-from bench.trace.format import Trace, TraceRecord
+from bench.trace.format import DEFAULT_TENANT, Trace, TraceRecord
 from daemon.batchfile import BATCH_CLASS, BATCH_CLASS_HEADER
 from sim.tokenizer import text_of_tokens, tokenize
+
+TENANT_HEADER = "x-agentd-tenant"  # the tenant header replay sends (docs/traces.md, "Tenants and classes")
+INTERACTIVE_CLASS = "interactive"
 
 
 @attrs.frozen
@@ -76,6 +86,9 @@ class RequestResult:
     cached_tokens: int | None = None
     completion_tokens: int | None = None
     job: str | None = None  # the record's batch job (None: an agent turn)
+    tenant: str = DEFAULT_TENANT
+    klass: str = "agent"  # interactive | agent | batch (TraceRecord.klass)
+    priority: int = 0  # the record's priority (vLLM convention, lower first)
 
 
 @attrs.frozen
@@ -88,6 +101,8 @@ class TaskResult:
     ok: bool
     requests: int
     batch: bool = False  # a batch-job request (not a Program): left out of the JCT
+    tenant: str = DEFAULT_TENANT
+    klass: str = "agent"  # only agent tasks count in the report's JCT
 
 
 @attrs.frozen
@@ -100,6 +115,7 @@ class ReplayResult:
     planned_tasks: int  # every root, batch requests included
     planned_batch_requests: int = 0  # records with a job (docs/traces.md)
     planned_batch_tasks: int = 0  # of planned_tasks, the batch roots
+    planned_interactive_tasks: int = 0  # of planned_tasks, the interactive roots
 
 
 class _Progress:
@@ -158,8 +174,9 @@ class _Replayer:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._run_session, root, nursery, ends, ok_flags, counts)
         end = max(ends) if ends else trio.current_time()
-        batch = self.sessions[root][0].is_batch
-        done.append(TaskResult(root, start, end, all(ok_flags) and bool(ok_flags), counts[0], batch))
+        first = self.sessions[root][0]
+        ok = all(ok_flags) and bool(ok_flags)
+        done.append(TaskResult(root, start, end, ok, counts[0], first.is_batch, first.tenant, first.klass))
         self.progress.done_tasks += 1
         self.progress.emit()
 
@@ -232,6 +249,12 @@ class _Replayer:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if rec.tenant != DEFAULT_TENANT:
+            body["user"] = rec.tenant
+        if rec.is_interactive:
+            if rec.priority:
+                body["priority"] = rec.priority
+            return body
         if self.opts.agentic_context != "none":
             first = self.sessions[rec.session_id][0]
             ctx: dict[str, Any] = {
@@ -240,7 +263,8 @@ class _Replayer:
                 "agent_id": rec.agent_id,
                 "step_id": rec.turn,
                 "expected_resume": True,
-                "priority": rec.priority,
+                # agentd's convention (larger first) of the trace's vLLM-convention priority
+                "priority": -rec.priority,
             }
             if first.parent_session_id is not None:
                 ctx["parent_program_id"] = first.parent_session_id
@@ -284,17 +308,23 @@ class _Replayer:
             body["stream_options"] = {"include_usage": True}
         if rec.finish_reason == "stop":
             body["vllm_xargs"] = {"sim_output_tokens": rec.output_length}
+        if rec.tenant != DEFAULT_TENANT:
+            body["user"] = rec.tenant
+        if rec.priority:
+            body["priority"] = rec.priority
         return body
 
     def _headers(self, rec: TraceRecord) -> dict[str, str]:
-        if rec.is_batch:
-            return {
-                "content-type": "application/json",
-                BATCH_CLASS_HEADER: BATCH_CLASS,
-                "x-request-id": f"{rec.session_id}-t{rec.turn}#job_name[{rec.job}]#",
-            }
         headers = {"content-type": "application/json"}
-        if self.opts.session_header:
+        if rec.tenant != DEFAULT_TENANT:
+            headers[TENANT_HEADER] = rec.tenant
+        if rec.is_batch:
+            headers[BATCH_CLASS_HEADER] = BATCH_CLASS
+            headers["x-request-id"] = f"{rec.session_id}-t{rec.turn}#job_name[{rec.job}]#"
+            return headers
+        if rec.is_interactive:
+            headers[BATCH_CLASS_HEADER] = INTERACTIVE_CLASS
+        elif self.opts.session_header:
             headers["x-session-id"] = rec.task_id or rec.session_id
         headers["x-request-id"] = f"{rec.session_id}-t{rec.turn}"
         return headers
@@ -391,6 +421,9 @@ class _Replayer:
             cached_tokens=details.get("cached_tokens") if isinstance(details, dict) else None,
             completion_tokens=usage.get("completion_tokens"),
             job=rec.job,
+            tenant=rec.tenant,
+            klass=rec.klass,
+            priority=rec.priority,
         )
         self.results.append(result)
         self.progress.done_requests += 1
@@ -451,23 +484,25 @@ async def run_replay(
 
     prog.emit()
     sessions = rep.sessions
-    batch_roots = [(index, root) for index, root in enumerate(roots) if sessions[root][0].is_batch]
+    # batch and interactive roots: everything but agent Programs
+    open_roots = [(index, root) for index, root in enumerate(roots) if sessions[root][0].klass != "agent"]
 
     async def open_loop_batch(nursery: trio.Nursery) -> None:
-        # Batch requests are open loop whatever the trace's arrival mode: each starts at its
-        # timestamp (a missing one: at once), in timestamp order, outside the concurrency limit.
-        order = sorted(batch_roots, key=lambda item: (sessions[item[1]][0].timestamp or 0.0, item[0]))
+        # Batch and interactive requests are open loop whatever the trace's arrival mode: each
+        # starts at its timestamp (a missing one: at once), in timestamp order, outside the
+        # concurrency limit.
+        order = sorted(open_roots, key=lambda item: (sessions[item[1]][0].timestamp or 0.0, item[0]))
         for index, root in order:
             at = sessions[root][0].timestamp or 0.0
             await trio.sleep_until(started + at / 1000.0 / opts.time_scale)
             nursery.start_soon(one, root, None, (index % 1000) * 1e-6)
 
     async with trio.open_nursery() as nursery:
-        if batch_roots:
+        if open_roots:
             nursery.start_soon(open_loop_batch, nursery)
         for index, root in enumerate(roots):
             first = sessions[root][0]
-            if first.is_batch:
+            if first.klass != "agent":
                 continue
             if not closed and first.timestamp is not None:
                 await trio.sleep_until(started + first.timestamp / 1000.0 / opts.time_scale)
@@ -483,5 +518,6 @@ async def run_replay(
         planned_requests=len(trace.records),
         planned_tasks=len(roots),
         planned_batch_requests=sum(1 for rec in trace.records if rec.is_batch),
-        planned_batch_tasks=len(batch_roots),
+        planned_batch_tasks=sum(1 for _index, root in open_roots if sessions[root][0].is_batch),
+        planned_interactive_tasks=sum(1 for _index, root in open_roots if sessions[root][0].is_interactive),
     )

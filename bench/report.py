@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from bench.replay import ReplayOptions, ReplayResult, RequestResult, run_replay
-from bench.trace.format import Trace
+from bench.trace.format import DEFAULT_TENANT, Trace
 from bench.trace.stats import percentile
 
 Labels = tuple[tuple[str, str], ...]
@@ -255,7 +255,7 @@ def build_report(
     reqs = sorted(result.requests, key=lambda r: (r.session_id, r.turn))
     ok = [r for r in reqs if r.ok]
     # Programs (agent tasks) only: batch requests have their own section
-    agent_tasks = [t for t in result.tasks if not t.batch]
+    agent_tasks = [t for t in result.tasks if t.klass == "agent"]
     tasks_ok = [t for t in agent_tasks if t.ok]
     elapsed = max(result.finished - result.started, 1e-9)
     errors: dict[str, int] = {}
@@ -288,7 +288,7 @@ def build_report(
         "time_scale": time_scale,
         "duration_seconds": elapsed * s,
         "tasks": {
-            "planned": result.planned_tasks - result.planned_batch_tasks,
+            "planned": result.planned_tasks - result.planned_batch_tasks - result.planned_interactive_tasks,
             "completed": len(tasks_ok),
             "failed": len(agent_tasks) - len(tasks_ok),
         },
@@ -333,6 +333,9 @@ def build_report(
     }
     if result.planned_batch_requests:
         report["batch"] = batch_summary(result, s, preempt)
+    if any(r.tenant != DEFAULT_TENANT or r.klass == "interactive" or r.priority for r in reqs):
+        report["tenants"] = tenant_summary(result, s)
+        report["classes"] = class_summary(result, s)
     return report
 
 
@@ -370,6 +373,44 @@ def time_split(result: ReplayResult, scale: float) -> dict[str, Any] | None:
         "between_turns": sum(r[2] for r in rows) / n * scale,
         "recomputed_prompt_tokens": sum(r[3] for r in rows) / n,
     }
+
+
+def _service(r: RequestResult) -> int:
+    """Tokens served to one completed request (prompt + output, from its usage)."""
+    return (r.prompt_tokens or 0) + (r.completion_tokens or 0)
+
+
+def _latency_stats(reqs: Sequence[RequestResult], scale: float) -> dict[str, Any]:
+    ok = [r for r in reqs if r.ok]
+    return {
+        "requests": len(reqs),
+        "completed": len(ok),
+        "failed": len(reqs) - len(ok),
+        "ttft_seconds": _dist([(r.first_token - r.start) * scale for r in ok if r.first_token is not None]),
+        "latency_seconds": _dist([(r.end - r.start) * scale for r in ok]),
+        "service_tokens": sum(_service(r) for r in ok),
+    }
+
+
+def tenant_summary(result: ReplayResult, scale: float) -> dict[str, Any]:
+    """The report's ``tenants`` section (traces with tenants, classes or priorities, docs/traces.md):
+    per tenant its requests, TTFT and latency, the tokens served (prompt + output of completed
+    requests) and the JCT of its agent tasks."""
+    out: dict[str, Any] = {}
+    for tenant in sorted({r.tenant for r in result.requests} | {t.tenant for t in result.tasks}):
+        stats = _latency_stats([r for r in result.requests if r.tenant == tenant], scale)
+        tasks = [t for t in result.tasks if t.tenant == tenant and t.klass == "agent"]
+        stats["tasks"] = {"completed": sum(1 for t in tasks if t.ok), "failed": sum(1 for t in tasks if not t.ok)}
+        stats["jct_seconds"] = _dist([(t.end - t.start) * scale for t in tasks if t.ok])
+        out[tenant] = stats
+    return out
+
+
+def class_summary(result: ReplayResult, scale: float) -> dict[str, Any]:
+    """The report's ``classes`` section: per request class (interactive, agent, batch) its requests,
+    TTFT, latency and tokens served."""
+    classes = sorted({r.klass for r in result.requests})
+    return {k: _latency_stats([r for r in result.requests if r.klass == k], scale) for k in classes}
 
 
 def _makespan_stats(reqs: Sequence[RequestResult], scale: float) -> dict[str, Any]:

@@ -20,6 +20,10 @@ Replay semantics encoded by the fields:
 - a record with a ``job`` is a batch request: sent without Program identity, with
   ``X-Agentd-Class: batch`` and the job tag in its request id, streamed only if ``stream``;
   batch roots always start at their ``timestamp`` (open loop), whatever the trace's arrival mode.
+- ``tenant`` (default ``default``) is sent as the OpenAI ``user`` field and the
+  ``X-Agentd-Tenant`` header; ``request_class`` ``interactive`` is sent one-shot (no Program
+  identity) with ``X-Agentd-Class: interactive`` and, like batch roots, starts at its
+  ``timestamp`` (open loop); ``priority`` is vLLM's convention (lower first).
 - ``compaction`` drops the history: the prompt is the shared prefix plus ``input_delta`` only.
 - ``input_length`` is derived (shared prefix + history + delta) and checked on load.
 
@@ -41,6 +45,8 @@ from bench.output import write_atomic
 FORMAT_NAME = "agentd-trace/1"
 MOONCAKE_BLOCK_TOKENS = 512  # Mooncake traces hash 512-token blocks
 ROLES = ("user", "tool")
+CLASSES = ("interactive", "agent", "batch")
+DEFAULT_TENANT = "default"
 FINISH_REASONS = ("stop", "tool_calls", "length")
 
 
@@ -72,11 +78,25 @@ class TraceRecord:
     task_id: str | None = None
     hash_ids: tuple[int, ...] = ()
     stream: bool = True  # batch records may be sent non-streaming; written only when false
+    tenant: str = DEFAULT_TENANT  # who sends it (docs/traces.md, "Tenants and classes"); written only when set
+    request_class: str | None = None  # interactive | agent | batch; None: batch with a job, else agent
 
     @property
     def is_batch(self) -> bool:
         """A batch-job request (``job`` set): replayed without Program identity (docs/traces.md)."""
         return self.job is not None
+
+    @property
+    def klass(self) -> str:
+        """The request class: the explicit ``request_class``, else ``batch`` for a job, else ``agent``."""
+        if self.request_class is not None:
+            return self.request_class
+        return "batch" if self.is_batch else "agent"
+
+    @property
+    def is_interactive(self) -> bool:
+        """An interactive-class request: replayed one-shot, without Program identity."""
+        return self.klass == "interactive"
 
 
 @attrs.frozen
@@ -125,14 +145,25 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "task_id": (str,),
     "hash_ids": (list,),
     "stream": (bool,),
+    "tenant": (str,),
+    "request_class": (str,),
 }
-_NULLABLE = {"timestamp", "parent_session_id", "parent_turn", "tool_name", "shared_prefix_id", "job", "task_id"}
+_NULLABLE = {
+    "timestamp",
+    "parent_session_id",
+    "parent_turn",
+    "tool_name",
+    "shared_prefix_id",
+    "job",
+    "task_id",
+    "request_class",
+}
 _IGNORED = {"cached_tokens", "input_tokens", "output_tokens"}  # ABench extras we accept and recompute
 
 
 # Fields added after agentd-trace/1 was first written: left out of a line at their default, so
 # traces without them keep their bytes (and older readers their input).
-_OMITTED_AT_DEFAULT = {"stream": True}
+_OMITTED_AT_DEFAULT: dict[str, Any] = {"stream": True, "tenant": DEFAULT_TENANT, "request_class": None}
 
 
 def record_to_json(rec: TraceRecord) -> dict[str, Any]:
@@ -234,6 +265,13 @@ def _parse_record(obj: Any, lineno: int) -> TraceRecord:
         )
     if not kwargs["session_id"]:
         raise TraceError(f"line {lineno}: field 'session_id' must not be empty")
+    if "tenant" in kwargs and not kwargs["tenant"]:
+        raise TraceError(f"line {lineno}: field 'tenant' must not be empty")
+    klass = kwargs.get("request_class")
+    if klass is not None and klass not in CLASSES:
+        raise TraceError(f"line {lineno}: field 'request_class' must be one of {CLASSES} or null, got {klass!r}")
+    if klass is not None and (klass == "batch") != ("job" in kwargs and kwargs["job"] is not None):
+        raise TraceError(f"line {lineno}: field 'request_class' {klass!r} needs a 'job' exactly when it is 'batch'")
     return TraceRecord(**kwargs)
 
 
@@ -273,6 +311,10 @@ def validate_structure(records: Iterable[TraceRecord], linenos: list[int] | None
             raise TraceError(f"{where}: field 'blocks_parent' requires parent_session_id")
         if rec.turn > 0 and prev is not None and rec.parent_session_id != prev.parent_session_id:
             raise TraceError(f"{where}: field 'parent_session_id' must be the same on every turn of a session")
+        if prev is not None and rec.tenant != prev.tenant:
+            raise TraceError(f"{where}: field 'tenant' must be the same on every turn of a session")
+        if prev is not None and rec.klass != prev.klass:
+            raise TraceError(f"{where}: field 'request_class' must be the same on every turn of a session")
         expected = expected_input_length(rec, prev)
         if rec.input_length == 0 and expected > 0:
             rec = attrs.evolve(rec, input_length=expected)
