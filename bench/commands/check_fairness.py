@@ -1,0 +1,105 @@
+"""``agentd check-fairness --config FILE [--budget N] [--seed S] [--out DIR]``: property-based
+fairness testing of one configuration (docs/priority.md §6).
+
+Runs the core's fairness machines and the adversarial scenarios (one tenant flooding, long-context
+hogs, a priority flood, interactive requests under a batch job) against the configuration on its
+``[embedded]`` simulated ranks in virtual time (bench/fairness/check.py).  Progress goes to
+stderr; the verdict table (each property's measured worst case against its bound) and, for each
+violation, the files written and the ``agentd simulate`` commands that reproduce it go to stdout.
+Exit 0 when every property holds, 1 when one is violated, 2 for bad input (the message names the
+flag or the configuration field).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bench.fairness.check import Checker, CheckOptions, cluster_of, kinds_arg, render, verdicts_json
+from bench.output import write_atomic
+from bench.simulate import SimulateError, check_simulatable
+from daemon.commands.argtypes import int_at_least, positive_float, positive_int
+from daemon.config_loading import ConfigError, load_config
+
+NAME = "check-fairness"
+HELP = "Check a configuration's fairness: core machines and adversarial traces in virtual time; exit 1 on a violation."
+
+
+def _kinds(text: str) -> tuple[str, ...]:
+    try:
+        return kinds_arg(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE", help="agentd config (embedded mode: no worker_urls)")
+    parser.add_argument(
+        "--budget",
+        type=positive_int,
+        default=1,
+        help="seeds per adversarial scenario and x20 core-machine examples (default 1: under 2 minutes on 2 cores)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="first scenario seed and the machines' seed")
+    parser.add_argument(
+        "--out", default="check-fairness-out", metavar="DIR", help="where violations and verdicts.json are written"
+    )
+    parser.add_argument(
+        "--scenarios",
+        type=_kinds,
+        default="all",
+        metavar="LIST",
+        help="all (default), none, or a comma-separated list of flood, hogs, priority-flood, interactive-under-batch",
+    )
+    parser.add_argument("--scale", type=positive_float, default=1.0, help="multiply every scenario's session count")
+    parser.add_argument("--no-machines", action="store_true", help="skip the core's state machines")
+    parser.add_argument(
+        "--shrink-probes", type=int_at_least(0), default=8, help="simulations spent shrinking a violation (default 8)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no live progress lines on stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    prog = "agentd check-fairness"
+    try:
+        cfg = load_config(args.config)
+        check_simulatable(cfg)
+    except ConfigError as exc:
+        print(f"{prog}: invalid configuration ({args.config}):", file=sys.stderr)
+        for line in exc.lines:
+            print(f"  {line}", file=sys.stderr)
+        return 2
+    except SimulateError as exc:
+        print(f"{prog}: {args.config}: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"{prog}: cannot read --config {args.config}: {exc.strerror}", file=sys.stderr)
+        return 2
+    kinds = args.scenarios if isinstance(args.scenarios, tuple) else kinds_arg(args.scenarios)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        print(f"{prog}: --out {args.out}: exists and is not a directory", file=sys.stderr)
+        return 2
+    opts = CheckOptions(
+        config_path=args.config,
+        out_dir=out,
+        budget=args.budget,
+        seed=args.seed,
+        kinds=kinds,
+        scale=args.scale,
+        machines=not args.no_machines,
+        shrink_probes=args.shrink_probes,
+        progress=not args.no_progress,
+    )
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    checker = Checker(cfg, opts, log)
+    result = checker.run()
+    sys.stdout.write(render(result, opts, cluster_of(cfg)))
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "verdicts.json", json.dumps(verdicts_json(result, opts), indent=2, sort_keys=True) + "\n")
+    return 0 if result.ok else 1
