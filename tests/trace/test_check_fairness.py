@@ -1,0 +1,121 @@
+"""``agentd check-fairness`` (docs/priority.md §6): bad input exits 2 naming the flag or field; an
+unfair configuration fails with a shrunk violation whose written trace reproduces the measured
+value under ``agentd simulate``; the verdict table and verdicts.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.fairness.check import CheckOptions, CheckResult, render
+from bench.fairness.properties import Measure, ratio_measure, victim_figure
+from bench.fairness.scenarios import ClusterSize
+from daemon.cli import main
+
+# native dispatch: no tenant fairness at all, so a flood slows the light tenant down
+TINY_NATIVE = """
+[server]
+log_level = "warning"
+
+[embedded]
+num_workers = 1
+dp_size = 2
+num_gpu_blocks = 1024
+block_size = 16
+"""
+
+
+def _config(tmp_path: Path, text: str = TINY_NATIVE) -> str:
+    path = tmp_path / "agentd.toml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--budget", "0"], "argument --budget: must be an integer >= 1"),
+        (["--scenarios", "flood,typo"], "argument --scenarios: must be all, none or a comma-separated list"),
+        (["--shrink-probes", "-1"], "argument --shrink-probes: must be an integer >= 0"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(tmp_path: Path, capsys, argv: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["check-fairness", "--config", _config(tmp_path), *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_configs_exit_2_naming_the_field(tmp_path: Path, capsys) -> None:
+    assert main(["check-fairness", "--config", str(tmp_path / "missing.toml")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    bad = _config(tmp_path, TINY_NATIVE.replace("num_gpu_blocks = 1024", "num_gpu_blocks = 0"))
+    assert main(["check-fairness", "--config", bad]) == 2
+    assert "embedded.num_gpu_blocks" in capsys.readouterr().err
+    remote = _config(tmp_path, '[routing]\nworker_urls = ["http://w:8000"]\n')
+    assert main(["check-fairness", "--config", remote]) == 2
+    assert "routing.worker_urls: must be empty" in capsys.readouterr().err
+    out_file = tmp_path / "file"
+    out_file.write_text("")
+    assert main(["check-fairness", "--config", _config(tmp_path), "--out", str(out_file)]) == 2
+    assert "--out" in capsys.readouterr().err
+
+
+def test_an_unfair_config_fails_with_a_reproducible_shrunk_violation(tmp_path: Path, capsys) -> None:
+    from bench.replay import ReplayOptions
+    from bench.simulate import run_simulation
+    from bench.trace.format import load_trace
+    from daemon.config_loading import load_config
+
+    config, out = _config(tmp_path), tmp_path / "out"
+    argv = ["check-fairness", "--config", config, "--out", str(out), "--scenarios", "flood"]
+    argv += ["--no-machines", "--scale", "0.5", "--shrink-probes", "1", "--no-progress"]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert "scenario flood seed 0" in captured.err  # progress
+    stdout = captured.out
+    assert "tenant-isolation" in stdout and "FAIL" in stdout and "result: FAIL" in stdout
+    stem = out / "violation-tenant-isolation-flood-seed0"
+    command = f"agentd simulate --config {config} --trace {stem}.jsonl --out {stem}.report.json"
+    assert command in stdout
+    verdicts = json.loads((out / "verdicts.json").read_text())
+    assert verdicts["ok"] is False
+    violation = verdicts["violations"][0]
+    assert violation["property"] == "tenant-isolation" and violation["commands"][0] == command
+
+    # the written traces reproduce the measured ratio exactly (virtual time, deterministic)
+    cfg = load_config(config)
+    opts = ReplayOptions(time_scale=cfg.embedded.time_scale, model=cfg.embedded.model)
+    both = run_simulation(cfg, load_trace(f"{stem}.jsonl"), opts)
+    alone = run_simulation(cfg, load_trace(f"{stem}.alone.jsonl"), opts)
+    measured = ratio_measure("flood", "x", "light", both, alone)
+    assert not measured.ok and measured.measured is not None and measured.measured > 1.25
+    written = json.loads(Path(f"{stem}.report.json").read_text())
+    assert victim_figure(written, "light", ("jct_seconds", "mean")) == victim_figure(
+        both, "light", ("jct_seconds", "mean")
+    )
+    shrunk = [c for c in verdicts["checks"] if c["prop"] == "tenant-isolation"]
+    assert shrunk and shrunk[0]["measured"] > 1.25
+
+
+def test_render_a_passing_result() -> None:
+    opts = CheckOptions(config_path="c.toml", out_dir=Path("o"))
+    result = CheckResult(
+        measures=(
+            Measure("tenant-isolation", "flood seed 0", 1.031, 1.25, True),
+            Measure("vtc-bound", "core machine (seed 0)", None, None, True, "no counterexample in 20 examples"),
+        ),
+        violations=(),
+        skipped=(),
+        wall_seconds=3.0,
+    )
+    text = render(result, opts, ClusterSize(2, 65_536))
+    assert "2 ranks x 65,536 KV tokens" in text
+    assert "1.031" in text and "<= 1.25" in text and "result: PASS (2 checks)" in text
+
+
+def test_ratio_measure_without_victim_work_is_a_failure() -> None:
+    m = ratio_measure("flood", "x", "light", {"tenants": {}}, {"tenants": {"light": {"jct_seconds": {"mean": 2.0}}}})
+    assert not m.ok and m.measured is None and "no completed work" in m.detail
