@@ -163,8 +163,9 @@ def _hogs(cluster: ClusterSize, seed: int, scale: float) -> list[TraceRecord]:
 
 
 def _batch_job(cluster: ClusterSize, seed: int, scale: float) -> list[TraceRecord]:
-    # enough requests to keep every rank full for a while (about 8x what fits at once)
-    n = max(8, round(cluster.kv_tokens / 1200 * scale))
+    # enough requests to keep every rank busy through the interactive requests' window (about
+    # 30 s of simulated time at the seed's cost model, whatever the cluster's size)
+    n = max(8, round(cluster.kv_tokens / 600 * scale))
     trace = synthesize("batch", n, seed + 4, Knobs(output_scale=0.5))
     return _relabel(trace, "batch", "batch-", request_class="batch")
 
@@ -248,3 +249,30 @@ def truncate(trace: Trace, max_turns: int) -> Trace:
     turns = {r.session_id: r.turn for r in records}
     records = [r for r in records if r.parent_session_id is None or _parent_kept(r, turns)]
     return Trace(trace.meta, validate_structure(records))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m bench.fairness.scenarios --kind K --ranks R --kv-tokens-per-rank T --out F
+    --alone-out G [--seed S] [--scale X]``: write a scenario's traces (bench/fairness_bench.sh)."""
+    import argparse
+
+    from bench.trace.format import save_trace
+    from daemon.commands.argtypes import positive_float, positive_int
+
+    parser = argparse.ArgumentParser(prog="python -m bench.fairness.scenarios", description=main.__doc__)
+    parser.add_argument("--kind", required=True, choices=KINDS)
+    parser.add_argument("--ranks", required=True, type=positive_int)
+    parser.add_argument("--kv-tokens-per-rank", required=True, type=positive_int)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scale", type=positive_float, default=1.0)
+    parser.add_argument("--out", required=True, help="the victim + adversary trace")
+    parser.add_argument("--alone-out", required=True, help="the victim-only trace")
+    args = parser.parse_args(argv)
+    scenario = build(args.kind, ClusterSize(args.ranks, args.kv_tokens_per_rank), args.seed, args.scale)
+    save_trace(scenario.trace, args.out)
+    save_trace(scenario.alone, args.alone_out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

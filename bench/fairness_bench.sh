@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The priority and fairness benchmarks of issue 13 (docs/benchmarks.md §7), side by side in one
+# run, each system simulated in virtual time with `agentd simulate` (deterministic; no sockets):
+#
+#   1. noisy neighbour: tenant `flood` starts 2.5x as many swe-short Programs as the cluster's KV
+#      holds, all at t = 0; tenant `light` runs a quarter of what fits, spread over the first 8 s
+#      (bench/fairness/scenarios.py, kind `flood`).  Each system runs `light` alone and
+#      `light` + `flood`; the table gives light's mean JCT ratio (bar <= 1.25) and the total
+#      tokens/s with the flood against native's (bar: within 5%).
+#   2. interactive under batch: tenant `batch` submits a batch job that keeps the cluster busy
+#      for about 30 s; tenant `interactive` sends one-shot interactive requests every 1.5 s (kind
+#      `interactive-under-batch`).  The table gives the interactive TTFT p90 with the batch job
+#      over alone (bar <= 1.2).
+#
+#   Systems: native   agentd with Program scheduling off, [batch_jobs] off (everything on the
+#                     native consistent-hash path, engines fcfs)
+#            agentd   configs/quickstart.toml's scheduling: Program scheduling, [batch_jobs] on,
+#                     the default [priority]/[tenants] settings (interactive > agent > batch, VTC)
+#
+#   bench/fairness_bench.sh [OUT_DIR]        (default OUT_DIR: fairness-bench-out)
+#
+# Environment: AGENTD (default agentd), PYTHON (the interpreter agentd is installed in; default:
+# the one running agentd), SEEDS (scenario seeds, default "1 2 3"), SCALE (scenario size
+# multiplier, default 1), BLOCKS (KV blocks per rank, default 4096), WORKERS (embedded workers x 2
+# DP ranks, default 1).  Reports: OUT_DIR/<scenario>-seed<S>/<system>.<alone|with>.json; tables
+# in OUT_DIR/summary.md.
+set -euo pipefail
+OUT="${1:-fairness-bench-out}"
+AGENTD="${AGENTD:-agentd}"
+if [ -z "${PYTHON:-}" ]; then  # the interpreter of an installed agentd entry point, else python3
+  PYTHON="$(head -1 "$(command -v "$AGENTD")" 2>/dev/null | sed -n 's/^#!\(.*python[0-9.]*\)$/\1/p')"
+  [ -n "$PYTHON" ] || PYTHON=python3
+fi
+SEEDS="${SEEDS:-1 2 3}"
+SCALE="${SCALE:-1}"
+BLOCKS="${BLOCKS:-4096}"
+WORKERS="${WORKERS:-1}"
+RANKS=$((WORKERS * 2))
+mkdir -p "$OUT/configs"
+start=$(date +%s)
+
+# config NAME FAIR(0|1)
+config() {
+  local name=$1 fair=$2
+  {
+    [ "$fair" = 1 ] && echo "enable_program_scheduling = true"
+    cat <<EOF
+[server]
+log_level = "warning"
+
+[routing]
+policy = "consistent_hash"
+
+[embedded]
+num_workers = $WORKERS
+dp_size = 2
+num_gpu_blocks = $BLOCKS
+block_size = 16
+seed = 0
+EOF
+    if [ "$fair" = 1 ]; then
+      cat <<EOF
+
+[program_scheduling]
+global_queue = true
+resume_order = "mru"
+token_capacity_per_dp_rank = $((BLOCKS * 16))
+binding_strategy = "reasoning_token_balance"
+
+[batch_jobs]
+enabled = true
+EOF
+    else
+      printf '\n[batch_jobs]\nenabled = false\n'
+    fi
+  } > "$OUT/configs/$name.toml"
+}
+
+simulate() {  # DIR SYSTEM RUN TRACE
+  local t0=$(date +%s)
+  "$AGENTD" simulate --config "$OUT/configs/$2.toml" --trace "$4" --out "$1/$2.$3.json" > /dev/null || {
+    echo "fairness bench: $1/$2.$3 had failed requests (see $1/$2.$3.json)" >&2
+  }
+  echo "fairness bench: $1/$2.$3 simulated in $(( $(date +%s) - t0 )) s" >&2
+}
+
+config native 0
+config agentd 1
+
+summary=()
+for kind in flood interactive-under-batch; do
+  for seed in $SEEDS; do
+    dir="$OUT/$kind-seed$seed"
+    mkdir -p "$dir"
+    "$PYTHON" -m bench.fairness.scenarios --kind "$kind" --ranks "$RANKS" --kv-tokens-per-rank $((BLOCKS * 16)) \
+      --seed "$seed" --scale "$SCALE" --out "$dir/with.jsonl" --alone-out "$dir/alone.jsonl"
+    for system in native agentd; do
+      simulate "$dir" "$system" alone "$dir/alone.jsonl"
+      simulate "$dir" "$system" with "$dir/with.jsonl"
+    done
+    summary+=("$kind:$seed")
+  done
+done
+
+{
+  for item in "${summary[@]}"; do
+    kind=${item%%:*}; seed=${item##*:}; dir="$OUT/$kind-seed$seed"
+    if [ "$kind" = flood ]; then
+      "$PYTHON" -m bench.fairness.compare --kind noisy \
+        --title "noisy neighbour, seed $seed ($RANKS ranks x $BLOCKS blocks, scale $SCALE)" \
+        native="$dir/native.alone.json,$dir/native.with.json" agentd="$dir/agentd.alone.json,$dir/agentd.with.json"
+    else
+      "$PYTHON" -m bench.fairness.compare --kind interactive \
+        --title "interactive under batch, seed $seed ($RANKS ranks x $BLOCKS blocks, scale $SCALE)" \
+        native="$dir/native.alone.json,$dir/native.with.json" agentd="$dir/agentd.alone.json,$dir/agentd.with.json"
+    fi
+    echo
+  done
+} | tee "$OUT/summary.md.tmp"
+mv "$OUT/summary.md.tmp" "$OUT/summary.md"
+echo "fairness bench: $(( $(date +%s) - start )) s wall; tables in $OUT/summary.md"
