@@ -22,6 +22,7 @@ from bench.output import write_atomic
 from bench.simulate import SimulateError, check_simulatable
 from daemon.commands.argtypes import int_at_least, positive_float, positive_int
 from daemon.config_loading import ConfigError, load_config
+from daemon.logs import configure_logging
 
 NAME = "check-fairness"
 HELP = "Check a configuration's fairness: core machines and adversarial traces in virtual time; exit 1 on a violation."
@@ -97,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    # the daemon's start-up warnings (e.g. reference calibration), once per simulation, would bury
+    # the progress lines: only errors are logged (to stderr)
+    configure_logging("error", cfg.server.log_format)
     checker = Checker(cfg, opts, log)
     result = checker.run()
     sys.stdout.write(render(result, opts, cluster_of(cfg)))

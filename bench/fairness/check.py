@@ -218,10 +218,11 @@ class Checker:
         commands = [command(files["trace"], files["report"])]
         if failed.prop != "no-starvation":
             commands.append(command(files["alone"], files["alone_report"]))
-        sessions = len(trace.sessions())
+        sessions, size = len(trace.sessions()), len(trace.records)
+        shrunk = "shrunk to" if size < len(scenario.trace.records) else "not shrunk:"
         note = (
             f"{final.prop}: {final.describe()} > bound {_bound(final)} "
-            f"({final.detail}; shrunk to {sessions} sessions, {len(trace.records)} requests)"
+            f"({final.detail}; {shrunk} {sessions} sessions, {size} requests)"
         )
         return Violation(final, tuple(str(p) for p in files.values()), tuple(commands), note)
 

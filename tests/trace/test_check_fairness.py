@@ -119,3 +119,13 @@ def test_render_a_passing_result() -> None:
 def test_ratio_measure_without_victim_work_is_a_failure() -> None:
     m = ratio_measure("flood", "x", "light", {"tenants": {}}, {"tenants": {"light": {"jct_seconds": {"mean": 2.0}}}})
     assert not m.ok and m.measured is None and "no completed work" in m.detail
+
+
+def test_the_unfair_example_config_is_valid_and_turns_the_protections_off() -> None:
+    from daemon.config_loading import load_config
+
+    cfg = load_config(str(Path(__file__).resolve().parents[2] / "configs" / "unfair-example.toml"))
+    assert cfg.embedded_mode and cfg.program_scheduling is not None
+    core = cfg.priority.core()
+    assert core.fairness == "off" and core.class_order[-1] == "interactive"
+    assert not core.interactive_preempts_batch and not core.interactive_pauses_agents
