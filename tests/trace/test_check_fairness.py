@@ -129,3 +129,82 @@ def test_the_unfair_example_config_is_valid_and_turns_the_protections_off() -> N
     core = cfg.priority.core()
     assert core.fairness == "off" and core.class_order[-1] == "interactive"
     assert not core.interactive_preempts_batch and not core.interactive_pauses_agents
+
+
+class _Counter:
+    """A toy state machine factory: a counter that must stay below ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+
+    def __call__(self, cfg: object) -> type:
+        from hypothesis import strategies as st
+        from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+        limit = self.limit
+
+        class CounterMachine(RuleBasedStateMachine):
+            def __init__(self) -> None:
+                super().__init__()
+                self.value = 0
+
+            @rule(step=st.integers(min_value=0, max_value=3))
+            def add(self, step: int) -> None:
+                self.value += step
+
+            @invariant()
+            def below_limit(self) -> None:
+                assert self.value < limit, f"counter {self.value} > bound {limit - 1}"
+
+        return CounterMachine
+
+
+def test_core_machines_pass_fail_and_write_the_shrunk_steps(tmp_path: Path, capsys, monkeypatch) -> None:
+    from bench.fairness import machines
+
+    monkeypatch.setattr(machines, "available_machines", lambda: (("never", _Counter(10**9)), ("small", _Counter(5))))
+    config, out = _config(tmp_path), tmp_path / "out"
+    argv = ["check-fairness", "--config", config, "--out", str(out), "--scenarios", "none", "--seed", "7"]
+    assert main(argv) == 1
+    stdout = capsys.readouterr().out
+    assert "never                core machine (seed 7)" in stdout
+    assert "small" in stdout and "FAIL" in stdout and "result: FAIL (1 of 2 checks)" in stdout
+    failure = (out / "machine-small.txt").read_text()
+    assert "counter" in failure and "> bound 4" in failure
+    assert "--scenarios none" in failure.splitlines()[0]  # the reproduction command
+    verdicts = json.loads((out / "verdicts.json").read_text())
+    assert [c["ok"] for c in verdicts["checks"]] == [True, False]
+
+
+def test_without_core_machines_the_check_says_so(tmp_path: Path, capsys, monkeypatch) -> None:
+    from bench.fairness import machines
+
+    monkeypatch.setattr(machines, "available_machines", lambda: ())
+    assert main(["check-fairness", "--config", _config(tmp_path), "--out", str(tmp_path), "--scenarios", "none"]) == 0
+    assert "(skipped) core machines" in capsys.readouterr().out
+
+
+def test_compare_tables(tmp_path: Path, capsys) -> None:
+    from bench.fairness import compare
+
+    def report(tenants: dict, tps: float, batch: dict | None = None) -> str:
+        path = tmp_path / f"r{len(list(tmp_path.iterdir()))}.json"
+        body: dict = {"tenants": tenants, "throughput": {"total_tokens_per_second": tps}, "requests": {"failed": 0}}
+        if batch:
+            body["batch"] = batch
+        path.write_text(json.dumps(body))
+        return str(path)
+
+    light = {"light": {"jct_seconds": {"mean": 10.0}}}
+    with_flood = {"light": {"jct_seconds": {"mean": 12.0}}, "flood": {"jct_seconds": {"mean": 30.0}}}
+    a, b = report(light, 100.0), report(with_flood, 1000.0)
+    c = report({"light": {"jct_seconds": {"mean": 30.0}}, "flood": {"jct_seconds": {"mean": 20.0}}}, 980.0)
+    assert compare.main(["--kind", "noisy", "--title", "T", f"native={a},{c}", f"agentd={a},{b}"]) == 0
+    text = capsys.readouterr().out
+    assert "| native | 10.00 | 30.00 | 3.000 | 20.00 | 980 | 1.000 | 0 |" in text
+    assert "| agentd | 10.00 | 12.00 | 1.200 | 30.00 | 1000 | 1.020 | 0 |" in text
+    i_alone = report({"interactive": {"ttft_seconds": {"p90": 0.1, "p50": 0.1}}}, 1.0)
+    i_with = report({"interactive": {"ttft_seconds": {"p90": 0.11, "p50": 0.1}}}, 1.0, {"makespan_seconds": 30.0})
+    assert compare.main(["--kind", "interactive", "--title", "T", f"agentd={i_alone},{i_with}"]) == 0
+    assert "| agentd | 0.100 | 0.110 | 1.100 | 0.100 | 30.00 | - | 0 |" in capsys.readouterr().out
+    assert compare.main(["--kind", "noisy", "--title", "T", "agentd=only-one.json"]) == 2
