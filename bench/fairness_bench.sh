@@ -12,10 +12,13 @@
 #      `interactive-under-batch`).  The table gives the interactive TTFT p90 with the batch job
 #      over alone (bar <= 1.2).
 #
-#   Systems: native   agentd with Program scheduling off, [batch_jobs] off (everything on the
-#                     native consistent-hash path, engines fcfs)
-#            agentd   configs/quickstart.toml's scheduling: Program scheduling, [batch_jobs] on,
-#                     the default [priority]/[tenants] settings (interactive > agent > batch, VTC)
+#   Systems: native     agentd with Program scheduling off, [batch_jobs] off (everything on the
+#                       native consistent-hash path), engines fcfs
+#            agentd     configs/quickstart.toml's scheduling: Program scheduling, [batch_jobs] on,
+#                       [priority] interactive_scheduling = true, the default class bands
+#                       (interactive > agent > batch) and VTC; engines fcfs
+#            agentd-pe  agentd with the engines in vLLM's priority mode
+#                       ([embedded] scheduling_policy = "priority": agentd forwards priorities)
 #
 #   bench/fairness_bench.sh [OUT_DIR]        (default OUT_DIR: fairness-bench-out)
 #
@@ -39,9 +42,9 @@ RANKS=$((WORKERS * 2))
 mkdir -p "$OUT/configs"
 start=$(date +%s)
 
-# config NAME FAIR(0|1)
+# config NAME FAIR(0|1) ENGINE_POLICY
 config() {
-  local name=$1 fair=$2
+  local name=$1 fair=$2 policy=$3
   {
     [ "$fair" = 1 ] && echo "enable_program_scheduling = true"
     cat <<EOF
@@ -56,6 +59,7 @@ num_workers = $WORKERS
 dp_size = 2
 num_gpu_blocks = $BLOCKS
 block_size = 16
+scheduling_policy = "$policy"
 seed = 0
 EOF
     if [ "$fair" = 1 ]; then
@@ -69,6 +73,9 @@ binding_strategy = "reasoning_token_balance"
 
 [batch_jobs]
 enabled = true
+
+[priority]
+interactive_scheduling = true
 EOF
     else
       printf '\n[batch_jobs]\nenabled = false\n'
@@ -84,8 +91,10 @@ simulate() {  # DIR SYSTEM RUN TRACE
   echo "fairness bench: $1/$2.$3 simulated in $(( $(date +%s) - t0 )) s" >&2
 }
 
-config native 0
-config agentd 1
+SYSTEMS="native agentd agentd-pe"
+config native 0 fcfs
+config agentd 1 fcfs
+config agentd-pe 1 priority
 
 summary=()
 for kind in flood interactive-under-batch; do
@@ -94,7 +103,7 @@ for kind in flood interactive-under-batch; do
     mkdir -p "$dir"
     "$PYTHON" -m bench.fairness.scenarios --kind "$kind" --ranks "$RANKS" --kv-tokens-per-rank $((BLOCKS * 16)) \
       --seed "$seed" --scale "$SCALE" --out "$dir/with.jsonl" --alone-out "$dir/alone.jsonl"
-    for system in native agentd; do
+    for system in $SYSTEMS; do
       simulate "$dir" "$system" alone "$dir/alone.jsonl"
       simulate "$dir" "$system" with "$dir/with.jsonl"
     done
@@ -108,11 +117,11 @@ done
     if [ "$kind" = flood ]; then
       "$PYTHON" -m bench.fairness.compare --kind noisy \
         --title "noisy neighbour, seed $seed ($RANKS ranks x $BLOCKS blocks, scale $SCALE)" \
-        native="$dir/native.alone.json,$dir/native.with.json" agentd="$dir/agentd.alone.json,$dir/agentd.with.json"
+        $(for s in $SYSTEMS; do echo "$s=$dir/$s.alone.json,$dir/$s.with.json"; done)
     else
       "$PYTHON" -m bench.fairness.compare --kind interactive \
         --title "interactive under batch, seed $seed ($RANKS ranks x $BLOCKS blocks, scale $SCALE)" \
-        native="$dir/native.alone.json,$dir/native.with.json" agentd="$dir/agentd.alone.json,$dir/agentd.with.json"
+        $(for s in $SYSTEMS; do echo "$s=$dir/$s.alone.json,$dir/$s.with.json"; done)
     fi
     echo
   done
