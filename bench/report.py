@@ -38,6 +38,8 @@ WORKER_QUEUE = "vllm:request_queue_time_seconds"
 ROUTER_TRANSITIONS = "vllm_router_agent_aware_transitions_total"
 ROUTER_QUEUE = "vllm_router_agent_aware_queue_wait_seconds"
 ROUTER_ARMED_TTL = "vllm_router_agent_aware_armed_ttl_seconds"
+TENANT_QUEUE = "agentd_class_queue_wait_seconds"  # by class and tenant (actors/fairness_metrics.py)
+TENANT_COUNTER = "agentd_tenant_virtual_counter"
 
 
 _SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
@@ -334,7 +336,7 @@ def build_report(
     if result.planned_batch_requests:
         report["batch"] = batch_summary(result, s, preempt)
     if any(r.tenant != DEFAULT_TENANT or r.klass == "interactive" or r.priority for r in reqs):
-        report["tenants"] = tenant_summary(result, s)
+        report["tenants"] = tenant_summary(result, s, router_before, router_after)
         report["classes"] = class_summary(result, s)
     return report
 
@@ -392,16 +394,31 @@ def _latency_stats(reqs: Sequence[RequestResult], scale: float) -> dict[str, Any
     }
 
 
-def tenant_summary(result: ReplayResult, scale: float) -> dict[str, Any]:
+def tenant_summary(
+    result: ReplayResult,
+    scale: float,
+    router_before: Sequence[Snapshot | None] = (),
+    router_after: Sequence[Snapshot | None] = (),
+) -> dict[str, Any]:
     """The report's ``tenants`` section (traces with tenants, classes or priorities, docs/traces.md):
     per tenant its requests, TTFT and latency, the tokens served (prompt + output of completed
-    requests) and the JCT of its agent tasks."""
+    requests) and the JCT of its agent tasks; when the router exposes agentd's per-tenant metrics
+    (docs/priority.md §5), the mean wait for a dispatch decision at the router
+    (``router_queue_wait_mean_seconds``) and the tenant's virtual token counter at the end."""
     out: dict[str, Any] = {}
     for tenant in sorted({r.tenant for r in result.requests} | {t.tenant for t in result.tasks}):
         stats = _latency_stats([r for r in result.requests if r.tenant == tenant], scale)
         tasks = [t for t in result.tasks if t.tenant == tenant and t.klass == "agent"]
         stats["tasks"] = {"completed": sum(1 for t in tasks if t.ok), "failed": sum(1 for t in tasks if not t.ok)}
         stats["jct_seconds"] = _dist([(t.end - t.start) * scale for t in tasks if t.ok])
+        where = {"tenant": tenant}
+        waits = counter_delta(router_before, router_after, f"{TENANT_QUEUE}_count", where)
+        if waits:
+            total = counter_delta(router_before, router_after, f"{TENANT_QUEUE}_sum", where) or 0.0
+            stats["router_queue_wait_mean_seconds"] = total / waits * scale
+        counter = sum((_sum(snap, TENANT_COUNTER, where) or 0.0) for snap in router_after)
+        if any(snap is not None and TENANT_COUNTER in snap for snap in router_after):
+            stats["virtual_counter"] = counter
         out[tenant] = stats
     return out
 

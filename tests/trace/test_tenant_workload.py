@@ -156,3 +156,23 @@ def test_subset_and_truncate_keep_a_valid_trace() -> None:
     short = truncate(small, 2)
     assert max(r.turn for r in short.records) == 1
     assert all(recs[-1].finish_reason == "stop" for recs in short.sessions().values())
+
+
+def test_tenant_section_reads_the_routers_per_tenant_wait_and_counter() -> None:
+    from bench.replay import ReplayResult, RequestResult
+    from bench.report import build_report, parse_metrics
+
+    req = RequestResult("a", 0, 0.0, 1.0, 0.5, True, 200, tenant="acme", klass="agent", prompt_tokens=10)
+    result = ReplayResult(0.0, 1.0, (req,), (), 1, 1)
+    before = parse_metrics('agentd_class_queue_wait_seconds_count{class="agent",tenant="acme"} 1\n')
+    after = parse_metrics(
+        'agentd_class_queue_wait_seconds_count{class="agent",tenant="acme"} 3\n'
+        'agentd_class_queue_wait_seconds_sum{class="agent",tenant="acme"} 0.5\n'
+        'agentd_class_queue_wait_seconds_count{class="interactive",tenant="acme"} 2\n'
+        'agentd_class_queue_wait_seconds_sum{class="interactive",tenant="acme"} 0.3\n'
+        'agentd_tenant_virtual_counter{tenant="acme"} 42\n'
+    )
+    report = build_report(result, time_scale=2.0, router_before=[before], router_after=[after])
+    acme = report["tenants"]["acme"]
+    assert acme["router_queue_wait_mean_seconds"] == pytest.approx(0.8 / 4 * 2.0)  # trace seconds
+    assert acme["virtual_counter"] == 42.0
