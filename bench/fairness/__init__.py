@@ -2,6 +2,6 @@
 
 ``scenarios`` builds the adversarial traces (one tenant flooding, long-context hogs, priority
 floods, interactive under batch) sized to a simulated cluster; ``properties`` measures a
-simulation report against a bound; ``shrink`` reduces a violating trace; ``check`` runs it all
-(docs/priority.md §6).
+simulation report against a bound; ``machines`` runs the core's state machines
+(``core_machines``); ``check`` runs it all and shrinks a violating trace (docs/priority.md §6).
 """

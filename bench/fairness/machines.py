@@ -76,10 +76,23 @@ def run_machine(name: str, factory: MachineFactory, cfg: Any, *, budget: int, se
         failure = f"{text}\n{notes}\n{captured.getvalue()}".strip() + "\n"
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return MachineOutcome(Measure(name, f"core machine (seed {seed})", None, None, False, first), examples, failure)
+    measured, bound = _worst_case(seeded)
     return MachineOutcome(
-        Measure(name, f"core machine (seed {seed})", None, None, True, f"no counterexample in {examples} examples"),
+        Measure(
+            name, f"core machine (seed {seed})", measured, bound, True, f"no counterexample in {examples} examples"
+        ),
         examples,
     )
+
+
+def _worst_case(machine: type) -> tuple[float | None, float | None]:
+    """A machine may publish the worst value it saw against its bound as a class attribute
+    ``worst_case = (measured, bound)`` (set with ``type(self).worst_case = ...`` by its invariant,
+    so it lands on the seeded subclass run here); ``(None, None)`` otherwise."""
+    value = getattr(machine, "worst_case", None)
+    if isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value):
+        return float(value[0]), float(value[1])
+    return None, None
 
 
 def write_failure(out_dir: Path, name: str, outcome: MachineOutcome, command: str) -> Path:

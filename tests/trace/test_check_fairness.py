@@ -208,3 +208,31 @@ def test_compare_tables(tmp_path: Path, capsys) -> None:
     assert compare.main(["--kind", "interactive", "--title", "T", f"agentd={i_alone},{i_with}"]) == 0
     assert "| agentd | 0.100 | 0.110 | 1.100 | 0.100 | 30.00 | - | 0 |" in capsys.readouterr().out
     assert compare.main(["--kind", "noisy", "--title", "T", "agentd=only-one.json"]) == 2
+
+
+def test_a_machine_may_publish_its_worst_case(tmp_path: Path) -> None:
+    from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+    from bench.fairness.machines import run_machine
+
+    class Gap(RuleBasedStateMachine):
+        worst_case = (0.0, 10.0)
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.n = 0
+
+        @rule()
+        def grow(self) -> None:
+            self.n = min(self.n + 1, 7)
+
+        @invariant()
+        def bounded(self) -> None:
+            cls = type(self)
+            cls.worst_case = (max(cls.worst_case[0], float(self.n)), 10.0)
+            assert self.n <= 10
+
+    outcome = run_machine("gap", lambda cfg: Gap, None, budget=1, seed=0)
+    assert outcome.measure.ok and outcome.measure.bound == 10.0
+    assert outcome.measure.measured == 7.0
+    assert Gap.worst_case == (0.0, 10.0)  # the core's class is left as it was
