@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 
 from bench.fairness import machines as machine_runner
-from bench.fairness.properties import RATIO_PROPERTIES, Measure, ratio_measure, starvation_measure
+from bench.fairness.properties import RATIO_PROPERTIES, Measure, scenario_measures, starvation_bound_seconds
 from bench.fairness.scenarios import KINDS, ClusterSize, Scenario, build, subset, truncate
 from bench.output import write_atomic
 from bench.progress import ProgressLine
@@ -83,6 +83,7 @@ class Checker:
         self.cluster = cluster_of(cfg)
         self.replay = ReplayOptions(time_scale=cfg.embedded.time_scale, model=cfg.embedded.model)
         self.simulations = 0
+        self.starvation_bound = starvation_bound_seconds(cfg, self.replay.request_timeout_seconds)
 
     # ----------------------------------------------------------------------------- simulation
 
@@ -113,10 +114,7 @@ class Checker:
     ) -> tuple[list[Measure], dict[str, Any], dict[str, Any]]:
         alone_report = base if base is not None else self.simulate(alone, f"{label}: {scenario.victim} alone")
         both = self.simulate(trace, f"{label}: {scenario.victim} + {scenario.adversary}")
-        measures = [
-            ratio_measure(scenario.kind, label, scenario.victim, both, alone_report),
-            starvation_measure(label, both),
-        ]
+        measures = scenario_measures(scenario.kind, label, scenario.victim, both, alone_report, self.starvation_bound)
         return measures, both, alone_report
 
     def check_scenario(self, kind: str, seed: int) -> tuple[list[Measure], Violation | None]:
@@ -208,7 +206,11 @@ class Checker:
         save_trace(alone_trace, files["alone"])
         write_atomic(files["report"], json.dumps(both, indent=2, sort_keys=True) + "\n")
         write_atomic(files["alone_report"], json.dumps(alone, indent=2, sort_keys=True) + "\n")
-        final = _final_measure(scenario, label, failed, both, alone)
+        final = next(
+            m
+            for m in scenario_measures(scenario.kind, label, scenario.victim, both, alone, self.starvation_bound)
+            if m.prop == failed.prop
+        )
         cfg = shlex.quote(self.opts.config_path)
 
         def command(trace_path: Path, report_path: Path) -> str:
@@ -216,7 +218,7 @@ class Checker:
             return f"agentd simulate --config {cfg} {where}"
 
         commands = [command(files["trace"], files["report"])]
-        if failed.prop != "no-starvation":
+        if failed.prop in ("tenant-isolation", "interactive-ttft"):
             commands.append(command(files["alone"], files["alone_report"]))
         sessions, size = len(trace.sessions()), len(trace.records)
         shrunk = "shrunk to" if size < len(scenario.trace.records) else "not shrunk:"
@@ -277,12 +279,10 @@ class Checker:
         return CheckResult(tuple(measures), tuple(violations), tuple(skipped), time.perf_counter() - t0)
 
 
-def _final_measure(
-    scenario: Scenario, label: str, failed: Measure, both: dict[str, Any], alone: dict[str, Any]
-) -> Measure:
-    if failed.prop == "no-starvation":
-        return starvation_measure(label, both)
-    return ratio_measure(scenario.kind, label, scenario.victim, both, alone)
+def _verdict(m: Measure) -> str:
+    if m.bound is None and m.measured is not None:
+        return "info"  # reported beside a bounded property (e.g. priority-cost)
+    return "PASS" if m.ok else "FAIL"
 
 
 def _bound(m: Measure) -> str:
@@ -306,14 +306,16 @@ def render(result: CheckResult, opts: CheckOptions, cluster: ClusterSize) -> str
         f"{'property':<20} {'scenario':<36} {'measured':>9} {'bound':>8}  verdict",
     ]
     for m in result.measures:
-        lines.append(f"{m.prop:<20} {m.scenario:<36} {m.describe():>9} {_bound(m):>8}  {'PASS' if m.ok else 'FAIL'}")
+        lines.append(f"{m.prop:<20} {m.scenario:<36} {m.describe():>9} {_bound(m):>8}  {_verdict(m)}")
     for note in result.skipped:
         lines.append(f"(skipped) {note}")
     lines.append("")
     if result.ok:
-        lines.append(f"result: PASS ({len(result.measures)} checks)")
+        checks = sum(1 for m in result.measures if _verdict(m) != "info")
+        lines.append(f"result: PASS ({checks} checks)")
         return "\n".join(lines) + "\n"
-    lines.append(f"result: FAIL ({sum(not m.ok for m in result.measures)} of {len(result.measures)} checks)")
+    checks = sum(1 for m in result.measures if _verdict(m) != "info")
+    lines.append(f"result: FAIL ({sum(not m.ok for m in result.measures)} of {checks} checks)")
     for v in result.violations:
         lines.append("")
         lines.append(f"violation: {v.note}")

@@ -236,3 +236,22 @@ def test_a_machine_may_publish_its_worst_case(tmp_path: Path) -> None:
     assert outcome.measure.ok and outcome.measure.bound == 10.0
     assert outcome.measure.measured == 7.0
     assert Gap.worst_case == (0.0, 10.0)  # the core's class is left as it was
+
+
+def test_priority_flood_is_held_to_the_starvation_bound() -> None:
+    from bench.fairness.properties import scenario_measures, starvation_bound_seconds
+    from daemon.config_loading import load_config
+
+    cfg = load_config(str(Path(__file__).resolve().parents[2] / "configs" / "quickstart.toml"))
+    bound = starvation_bound_seconds(cfg, 600.0)
+    assert bound == 300.0 + 1.0  # force_resume_timeout_seconds + metrics_interval_seconds
+    both = {"tenants": {"light": {"ttft_seconds": {"max": 9.0}, "jct_seconds": {"mean": 30.0}}}, "requests": {}}
+    alone = {"tenants": {"light": {"jct_seconds": {"mean": 10.0}}}}
+    m = scenario_measures("priority-flood", "x", "light", both, alone, bound)
+    assert [(x.prop, x.measured, x.ok) for x in m] == [
+        ("starvation-bound", 9.0, True),
+        ("priority-cost", 3.0, True),
+        ("no-starvation", 0.0, True),
+    ]
+    late = {"tenants": {"light": {"ttft_seconds": {"max": 302.0}}}, "requests": {}}
+    assert not scenario_measures("priority-flood", "x", "light", late, alone, bound)[0].ok
