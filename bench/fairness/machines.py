@@ -24,7 +24,7 @@ import attrs
 from bench.fairness.properties import Measure
 from bench.output import write_atomic
 
-EXAMPLES_PER_BUDGET = 20  # Hypothesis examples per machine per budget unit
+EXAMPLES_PER_BUDGET = 50  # Hypothesis examples per machine per budget unit
 STEPS_PER_EXAMPLE = 30
 
 MachineFactory = Callable[[Any], type]
