@@ -85,8 +85,10 @@ EOF
 
 simulate() {  # DIR SYSTEM RUN TRACE
   local t0=$(date +%s)
-  "$AGENTD" simulate --config "$OUT/configs/$2.toml" --trace "$4" --out "$1/$2.$3.json" > /dev/null || {
-    echo "fairness bench: $1/$2.$3 had failed requests (see $1/$2.$3.json)" >&2
+  # the daemon's start-up warnings go to $1/$2.$3.log
+  "$AGENTD" simulate --config "$OUT/configs/$2.toml" --trace "$4" --out "$1/$2.$3.json" > /dev/null \
+    2> "$1/$2.$3.log" || {
+    echo "fairness bench: $1/$2.$3 had failed requests (see $1/$2.$3.json, $1/$2.$3.log)" >&2
   }
   echo "fairness bench: $1/$2.$3 simulated in $(( $(date +%s) - t0 )) s" >&2
 }
