@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--budget",
         type=positive_int,
         default=1,
-        help="seeds per adversarial scenario and x50 core-machine examples (default 1: under 2 minutes on 2 cores)",
+        help="seeds per scenario; multiplies the core machines' examples (default 1: under 2 minutes on 2 cores)",
     )
     parser.add_argument("--seed", type=int, default=0, help="first scenario seed and the machines' seed")
     parser.add_argument(

@@ -238,7 +238,7 @@ class Checker:
         violations: list[Violation] = []
         for name, factory in found:
             t0 = time.perf_counter()
-            self.log(f"core machine {name}: {machine_runner.EXAMPLES_PER_BUDGET * self.opts.budget} examples ...")
+            self.log(f"core machine {name}: {machine_runner.examples_of(name, self.opts.budget)} examples ...")
             outcome = machine_runner.run_machine(name, factory, self.cfg, budget=self.opts.budget, seed=self.opts.seed)
             self.log(f"  {'ok' if outcome.measure.ok else 'VIOLATED'} ({time.perf_counter() - t0:.1f} s)")
             measures.append(outcome.measure)
