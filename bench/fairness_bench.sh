@@ -18,7 +18,9 @@
 #                       [priority] interactive_scheduling = true, the default class bands
 #                       (interactive > agent > batch) and VTC; engines fcfs
 #            agentd-pe  agentd with the engines in vLLM's priority mode
-#                       ([embedded] scheduling_policy = "priority": agentd forwards priorities)
+#                       ([embedded] scheduling_policy = "priority": agentd forwards priorities);
+#                       interactive under batch only (the noisy-neighbour trace has no priorities,
+#                       so it would repeat agentd's row)
 #
 #   bench/fairness_bench.sh [OUT_DIR]        (default OUT_DIR: fairness-bench-out)
 #
@@ -93,7 +95,9 @@ simulate() {  # DIR SYSTEM RUN TRACE
   echo "fairness bench: $1/$2.$3 simulated in $(( $(date +%s) - t0 )) s" >&2
 }
 
-SYSTEMS="native agentd agentd-pe"
+systems_of() {  # KIND
+  if [ "$1" = flood ]; then echo "native agentd"; else echo "native agentd agentd-pe"; fi
+}
 config native 0 fcfs
 config agentd 1 fcfs
 config agentd-pe 1 priority
@@ -105,7 +109,7 @@ for kind in flood interactive-under-batch; do
     mkdir -p "$dir"
     "$PYTHON" -m bench.fairness.scenarios --kind "$kind" --ranks "$RANKS" --kv-tokens-per-rank $((BLOCKS * 16)) \
       --seed "$seed" --scale "$SCALE" --out "$dir/with.jsonl" --alone-out "$dir/alone.jsonl"
-    for system in $SYSTEMS; do
+    for system in $(systems_of "$kind"); do
       simulate "$dir" "$system" alone "$dir/alone.jsonl"
       simulate "$dir" "$system" with "$dir/with.jsonl"
     done
@@ -119,11 +123,11 @@ done
     if [ "$kind" = flood ]; then
       "$PYTHON" -m bench.fairness.compare --kind noisy \
         --title "noisy neighbour, seed $seed ($RANKS ranks x $BLOCKS blocks, scale $SCALE)" \
-        $(for s in $SYSTEMS; do echo "$s=$dir/$s.alone.json,$dir/$s.with.json"; done)
+        $(for s in $(systems_of "$kind"); do echo "$s=$dir/$s.alone.json,$dir/$s.with.json"; done)
     else
       "$PYTHON" -m bench.fairness.compare --kind interactive \
         --title "interactive under batch, seed $seed ($RANKS ranks x $BLOCKS blocks, scale $SCALE)" \
-        $(for s in $SYSTEMS; do echo "$s=$dir/$s.alone.json,$dir/$s.with.json"; done)
+        $(for s in $(systems_of "$kind"); do echo "$s=$dir/$s.alone.json,$dir/$s.with.json"; done)
     fi
     echo
   done
