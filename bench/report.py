@@ -354,7 +354,7 @@ def time_split(result: ReplayResult, scale: float) -> dict[str, Any] | None:
     rows: list[tuple[float, float, float, float]] = []
     for t in result.tasks:
         reqs = sorted(by_session.get(t.task_id, []), key=lambda r: r.turn)
-        if not t.ok or t.batch or not reqs:
+        if not t.ok or t.klass != "agent" or not reqs:  # Programs only (no batch, no interactive)
             continue
         ttft = sum((r.first_token if r.first_token is not None else r.end) - r.start for r in reqs)
         decode = sum(r.end - r.first_token for r in reqs if r.first_token is not None)
