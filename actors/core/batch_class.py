@@ -470,10 +470,24 @@ def batch_caps_allow(s: SchedulerState, rank: RankState, need: int) -> bool:
     limits = s.prio.batch
     if limits.max_running_per_rank is not None and rank.batch_requests >= limits.max_running_per_rank:
         return False
+    near = interactive_headroom_cap(s)
+    if near is not None and rank.batch_requests >= near:
+        return False
     capacity = s.cfg.token_capacity_per_dp_rank or rank.backend_kv_capacity_tokens
     if capacity is not None and limits.max_kv_share < 1.0 and rank.batch_requests:
         return rank.batch_tokens + need <= limits.max_kv_share * capacity
     return True
+
+
+def interactive_headroom_cap(s: SchedulerState) -> int | None:
+    """The batch requests one rank may run while interactive traffic is recent (docs/priority.md
+    §2, "Headroom for interactive"): ``batch_max_running_near_interactive`` while the latest
+    interactive request arrived within ``interactive_window_seconds``, else ``None`` (no cap)."""
+    cap = s.prio.batch_max_running_near_interactive
+    last = s.interactive.last_arrival
+    if cap is None or last is None or s.now - last > s.prio.interactive_window_seconds:
+        return None
+    return cap
 
 
 def dispatch_batch(s: SchedulerState) -> None:

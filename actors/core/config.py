@@ -312,7 +312,11 @@ class PriorityConfig:
       w is charged ``cost / w``, so backlogged tenants get service in proportion to their weights;
     * ``vtc_input_token_weight``, ``vtc_output_token_weight``: cost of one prompt token computed
       and one output token; ``vtc_kv_token_second_weight``: rent of one token of KV held for one
-      second by an idle (acting) Program.
+      second by an idle (acting) Program;
+    * ``batch_max_running_near_interactive``: while an interactive request arrived less than
+      ``interactive_window_seconds`` ago, the batch class runs at most this many requests per rank
+      (on top of ``batch.max_running_per_rank``), so the engines keep room for the next
+      interactive request (docs/priority.md §2, "Headroom for interactive"); ``None`` = no such cap.
     """
 
     class_order: tuple[str, ...] = rule_field(CLASS_ORDER, DEFAULT_CLASS_ORDER)
@@ -327,6 +331,8 @@ class PriorityConfig:
     vtc_input_token_weight: float = rule_field(FINITE_GE_0, 1.0)
     vtc_output_token_weight: float = rule_field(FINITE_GE_0, 2.0)
     vtc_kv_token_second_weight: float = rule_field(FINITE_GE_0, 0.001)
+    batch_max_running_near_interactive: int | None = rule_field(OPTIONAL_INT_GT_0, None)
+    interactive_window_seconds: float = rule_field(FINITE_GT_0, 10.0)
 
     def weight(self, tenant: str) -> float:
         return self.tenant_weights.get(tenant, self.default_tenant_weight)

@@ -65,6 +65,7 @@ def on_interactive_submit(s: SchedulerState, ev: InteractiveSubmitted) -> None:
         timeout = min(timeout, ev.deadline_seconds)
     out = ev.max_tokens if ev.max_tokens is not None else s.cfg.decode_buffer_tokens
     st.seq += 1
+    st.last_arrival = s.now
     fairness.arrive(s.fair, s.prio, ev.tenant, s.now)
     st.pending[rid] = InteractivePending(
         request_id=rid,
@@ -315,9 +316,24 @@ def _make_room(s: SchedulerState, ranks: list[RankState], p: InteractivePending)
     return None
 
 
+def _headroom_preemptions(s: SchedulerState, rank: RankState) -> None:
+    """Preempt restartable batch requests on ``rank``, youngest first (the likeliest to be still
+    in prefill), down to ``batch_max_running_near_interactive`` (docs/priority.md §2, "Headroom
+    for interactive"): an interactive request must not queue in the engine behind batch work."""
+    cap = s.prio.batch_max_running_near_interactive
+    if cap is None or s.batch is None:
+        return
+    for _tokens, r in _batch_victims(s, rank):
+        if rank.batch_requests <= cap:
+            break
+        preempt_batch(s, s.batch, r, rank)  # type: ignore[arg-type]
+        s.interactive.batch_preemptions += 1
+
+
 def _dispatch(s: SchedulerState, p: InteractivePending, rank: RankState) -> None:
     st = s.interactive
     del st.pending[p.request_id]
+    _headroom_preemptions(s, rank)
     need = p.need_tokens
     capacity = capacity_of(s, rank)
     used = None if capacity is None else capacity * s.cfg.low_watermark_ratio - free_tokens(s, rank, capacity)

@@ -48,6 +48,7 @@ class InteractiveState:
         "program_pauses",
         "seq",
         "claimed",
+        "last_arrival",
     )
 
     def __init__(self) -> None:
@@ -60,3 +61,4 @@ class InteractiveState:
         self.program_pauses = 0
         self.seq = 0
         self.claimed = False  # some rank carries an interactive claim (cleared by the next pass)
+        self.last_arrival: float | None = None  # when the latest interactive request was submitted

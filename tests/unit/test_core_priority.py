@@ -322,3 +322,44 @@ def test_programs_of_two_tenants_alternate_under_vtc(fair: str, expected: list[s
         order.append(h.state.in_flight[rid].ref.program_id)
         h.complete(rid, at=1.0 + k, prompt=100, completion=10)  # TTL 0: the slot frees at once
     assert order == expected
+
+
+# ---- headroom for interactive (docs/priority.md §2) -------------------------------------------
+
+
+def test_interactive_arrival_preempts_batch_down_to_the_headroom_cap_youngest_first() -> None:
+    prio = PriorityConfig(batch_max_running_near_interactive=1, interactive_window_seconds=5.0)
+    h = Harness(token_capacity_per_dp_rank=100_000, batch=BATCH, priority=prio)
+    h.feed(BatchSubmitted(RequestId("b0"), "job", 100, max_tokens=10, preemptible=True), 0.0)
+    h.feed(BatchSubmitted(RequestId("b1"), "job", 100, max_tokens=10, preemptible=False), 0.5)
+    h.feed(BatchSubmitted(RequestId("b2"), "job", 100, max_tokens=10, preemptible=True), 0.75)
+    assert h.rank().batch_requests == 3  # no interactive traffic yet: batch runs uncapped
+    eff = interactive(h, "i1", 100, max_tokens=10, at=1.0)
+    # the youngest restartable first (b2), then b0; b1 cannot be restarted and keeps running
+    assert [e.request_id for e in of(eff, fx.PreemptBatch)] == ["b2", "b0"]
+    assert admitted_interactive(eff) == ["i1"]
+    assert h.rank().batch_requests == 1
+    assert check(h.state, h.cfg) == []
+
+
+def test_batch_is_capped_while_interactive_traffic_is_recent_then_runs_again() -> None:
+    prio = PriorityConfig(batch_max_running_near_interactive=1, interactive_window_seconds=5.0)
+    h = Harness(token_capacity_per_dp_rank=100_000, batch=BATCH, priority=prio)
+    interactive(h, "i1", 100, max_tokens=10, at=0.0)
+    h.complete("i1")
+    for i in range(3):
+        h.feed(BatchSubmitted(RequestId(f"b{i}"), "job", 100, max_tokens=10), 1.0)
+    assert h.rank().batch_requests == 1  # within 5 s of the interactive arrival
+    h.feed(RepairTick(), 5.0)
+    assert h.rank().batch_requests == 1  # 5.0 - 0.0 is not past the window
+    h.feed(RepairTick(), 5.5)
+    assert h.rank().batch_requests == 3  # the window passed: batch fills the rank again
+
+
+def test_headroom_cap_is_off_by_default() -> None:
+    h = Harness(token_capacity_per_dp_rank=100_000, batch=BATCH)
+    interactive(h, "i1", 100, max_tokens=10, at=0.0)
+    for i in range(3):
+        h.feed(BatchSubmitted(RequestId(f"b{i}"), "job", 100, max_tokens=10, preemptible=True), 1.0)
+    eff = interactive(h, "i2", 100, max_tokens=10, at=1.5)
+    assert of(eff, fx.PreemptBatch) == [] and h.rank().batch_requests == 3
