@@ -61,6 +61,7 @@ from actors.core.effects import AdmitBatch, BatchCompleted, BatchJobCreated, Bat
 from actors.core.errors import NO_TARGETS, InvalidEvent
 from actors.core.events import BatchSubmitted, RequestCompleted
 from actors.core.ids import RequestId, TargetId
+from actors.core.interactive import likely_in_prefill
 from actors.core.ledger import charge_batch, fresh_waiting, private_tokens, target_usage
 from actors.core.lifecycle import reject
 from actors.core.model import Program, RankState
@@ -471,7 +472,7 @@ def batch_caps_allow(s: SchedulerState, rank: RankState, need: int) -> bool:
     if limits.max_running_per_rank is not None and rank.batch_requests >= limits.max_running_per_rank:
         return False
     near = interactive_headroom_cap(s)
-    if near is not None and rank.batch_requests >= near:
+    if near is not None and (rank.batch_requests >= near or interactive_prefilling(s, rank)):
         return False
     capacity = s.cfg.token_capacity_per_dp_rank or rank.backend_kv_capacity_tokens
     if capacity is not None and limits.max_kv_share < 1.0 and rank.batch_requests:
@@ -488,6 +489,16 @@ def interactive_headroom_cap(s: SchedulerState) -> int | None:
     if cap is None or last is None or s.now - last > s.prio.interactive_window_seconds:
         return None
     return cap
+
+
+def interactive_prefilling(s: SchedulerState, rank: RankState) -> bool:
+    """An interactive request on ``rank`` is probably still in its prefill (no batch prefill may
+    share its steps while the headroom cap is on, docs/priority.md §2)."""
+    return any(
+        r.target_id == rank.target_id
+        and likely_in_prefill(s, r.dispatched_at, r.charged_tokens - r.reserved_output_tokens)
+        for r in s.interactive.running.values()
+    )
 
 
 def dispatch_batch(s: SchedulerState) -> None:

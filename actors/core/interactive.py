@@ -32,6 +32,8 @@ nothing is disturbed beyond the marks.  A waiting request whose ``deadline_secon
 from __future__ import annotations
 
 from actors.core import fairness
+from actors.core.batch_state import BatchRunning
+from actors.core.costs import prefill_seconds
 from actors.core.effects import AdmitInteractive
 from actors.core.errors import NO_TARGETS, QUEUE_TIMEOUT, InvalidEvent
 from actors.core.events import InteractiveSubmitted, RequestCompleted
@@ -316,17 +318,26 @@ def _make_room(s: SchedulerState, ranks: list[RankState], p: InteractivePending)
     return None
 
 
+def likely_in_prefill(s: SchedulerState, dispatched_at: float, prompt_tokens: float) -> bool:
+    """Whether a request dispatched at ``dispatched_at`` is probably still in its prefill: less
+    than its cold-prefill estimate (``prefill_cost_model``) plus one decode step ago."""
+    window = prefill_seconds(max(0.0, prompt_tokens), s.cfg.prefill_cost_model)
+    return s.now - dispatched_at < window + s.cfg.decode_throughput_model.fixed_step_seconds
+
+
 def _headroom_preemptions(s: SchedulerState, rank: RankState) -> None:
-    """Preempt restartable batch requests on ``rank``, youngest first (the likeliest to be still
-    in prefill), down to ``batch_max_running_near_interactive`` (docs/priority.md §2, "Headroom
-    for interactive"): an interactive request must not queue in the engine behind batch work."""
+    """Preempt restartable batch requests on ``rank``, youngest first, down to
+    ``batch_max_running_near_interactive``, and every restartable one probably still in its
+    prefill (docs/priority.md §2, "Headroom for interactive"): an interactive request must not
+    queue in the engine behind batch work nor share its prefill steps with a batch prefill."""
     cap = s.prio.batch_max_running_near_interactive
     if cap is None or s.batch is None:
         return
     for _tokens, r in _batch_victims(s, rank):
-        if rank.batch_requests <= cap:
-            break
-        preempt_batch(s, s.batch, r, rank)  # type: ignore[arg-type]
+        assert isinstance(r, BatchRunning) and r.pending is not None
+        if rank.batch_requests <= cap and not likely_in_prefill(s, r.dispatched_at, r.pending.prompt_tokens):
+            continue
+        preempt_batch(s, s.batch, r, rank)
         s.interactive.batch_preemptions += 1
 
 

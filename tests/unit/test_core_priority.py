@@ -363,3 +363,22 @@ def test_headroom_cap_is_off_by_default() -> None:
         h.feed(BatchSubmitted(RequestId(f"b{i}"), "job", 100, max_tokens=10, preemptible=True), 1.0)
     eff = interactive(h, "i2", 100, max_tokens=10, at=1.5)
     assert of(eff, fx.PreemptBatch) == [] and h.rank().batch_requests == 3
+
+
+def test_interactive_arrival_preempts_a_batch_request_still_in_prefill_and_holds_new_batch() -> None:
+    # prefill estimate of 2000 tokens with the default cost model: about 0.198 s (+ one 0.011 s step)
+    prio = PriorityConfig(batch_max_running_near_interactive=4, interactive_window_seconds=5.0)
+    h = Harness(token_capacity_per_dp_rank=100_000, batch=BATCH, priority=prio)
+    h.feed(BatchSubmitted(RequestId("old"), "job", 2000, max_tokens=10, preemptible=True), 0.0)
+    h.feed(BatchSubmitted(RequestId("young"), "job", 2000, max_tokens=10, preemptible=True), 0.9)
+    eff = interactive(h, "i1", 2000, max_tokens=10, at=1.0)
+    # under the cap of 4, but "young" was dispatched 0.1 s ago: probably still prefilling
+    assert [e.request_id for e in of(eff, fx.PreemptBatch)] == ["young"]
+    assert admitted_interactive(eff) == ["i1"]
+    # while i1 is probably in its prefill no batch request is dispatched on its rank ...
+    eff = h.feed(BatchSubmitted(RequestId("new"), "job", 100, max_tokens=10, preemptible=True), 1.1)
+    assert of(eff, fx.AdmitBatch) == [] and h.rank().batch_requests == 1
+    # ... and after it (the next tick) batch runs again, up to the cap
+    eff = h.feed(RepairTick(), 1.5)
+    assert sorted(e.request_id for e in of(eff, fx.AdmitBatch)) == ["new", "young"]
+    assert check(h.state, h.cfg) == []
