@@ -15,7 +15,8 @@
 #   Systems: native     agentd with Program scheduling off, [batch_jobs] off (everything on the
 #                       native consistent-hash path), engines fcfs
 #            agentd     configs/quickstart.toml's scheduling: Program scheduling, [batch_jobs] on,
-#                       [priority] interactive_scheduling = true, the default class bands
+#                       [priority] interactive_scheduling = true,
+#                       batch_max_running_near_interactive = 2, the default class bands
 #                       (interactive > agent > batch) and VTC; engines fcfs
 #            agentd-pe  agentd with the engines in vLLM's priority mode
 #                       ([embedded] scheduling_policy = "priority": agentd forwards priorities);
@@ -78,6 +79,7 @@ enabled = true
 
 [priority]
 interactive_scheduling = true
+batch_max_running_near_interactive = 2
 EOF
     else
       printf '\n[batch_jobs]\nenabled = false\n'
