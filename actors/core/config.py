@@ -316,7 +316,10 @@ class PriorityConfig:
     * ``batch_max_running_near_interactive``: while an interactive request arrived less than
       ``interactive_window_seconds`` ago, the batch class runs at most this many requests per rank
       (on top of ``batch.max_running_per_rank``), so the engines keep room for the next
-      interactive request (docs/priority.md §2, "Headroom for interactive"); ``None`` = no such cap.
+      interactive request (docs/priority.md §2, "Headroom for interactive"); ``None`` = no such cap;
+    * ``tenant_pause_share``: the first waiting Program of a tenant may pause idle (acting)
+      Programs of tenants holding more than their weighted fair share of its rank's capacity
+      (docs/priority.md §3, "Pausing for fairness"); off by default.
     """
 
     class_order: tuple[str, ...] = rule_field(CLASS_ORDER, DEFAULT_CLASS_ORDER)
@@ -333,6 +336,7 @@ class PriorityConfig:
     vtc_kv_token_second_weight: float = rule_field(FINITE_GE_0, 0.001)
     batch_max_running_near_interactive: int | None = rule_field(OPTIONAL_INT_GT_0, None)
     interactive_window_seconds: float = rule_field(FINITE_GT_0, 10.0)
+    tenant_pause_share: bool = False
 
     def weight(self, tenant: str) -> float:
         return self.tenant_weights.get(tenant, self.default_tenant_weight)

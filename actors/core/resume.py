@@ -45,7 +45,32 @@ def _front_output(s: SchedulerState, p: Program) -> int | None:
 
 def plan_for(s: SchedulerState, p: Program, rank: RankState) -> Plan | None:
     plan = admission_plan(p, rank, s.now, s.cfg, front_output=_front_output(s, p), global_mode=s.cfg.global_queue)
-    return plan if plan is not None and agent_caps_allow(s, rank, plan) else None
+    if plan is None or not agent_caps_allow(s, rank, plan) or not tenant_share_allows(s, p, rank, plan):
+        return None
+    return plan
+
+
+def tenant_share_allows(s: SchedulerState, p: Program, rank: RankState, plan: Plan) -> bool:
+    """Fair-share admission (docs/priority.md §3, "Pausing for fairness"): while another tenant has
+    work (Programs active on ``rank`` or requests waiting), a tenant's Programs on the rank hold at
+    most its weighted share of the rank's capacity.  A forced resume overrides it."""
+    capacity = s.cfg.token_capacity_per_dp_rank
+    if not s.prio.tenant_pause_share or s.prio.fairness == "off" or capacity is None or plan.forced:
+        return True
+    tenant = p.tenant
+    held = 0.0
+    tenants = {tenant}
+    for a in rank.active.values():
+        tenants.add(a.tenant)
+        if a.tenant == tenant:
+            held += a.charged_tokens
+    for name, acc in s.fair.accounts.items():
+        if acc.waiting > 0:
+            tenants.add(name)
+    if len(tenants) < 2:
+        return True
+    share = capacity * s.prio.weight(tenant) / sum(s.prio.weight(name) for name in tenants)
+    return held + plan.required_tokens <= share
 
 
 def agent_caps_allow(s: SchedulerState, rank: RankState, plan: Plan) -> bool:
@@ -176,10 +201,11 @@ def preempt_lower_programs(s: SchedulerState, p: Program, rank: RankState) -> bo
         return False  # room freed now belongs to the waiting interactive requests first
     front = s.pool.front(p.ref)
     prio = front.hints.priority if front is not None else 0
-    lower = [a for a in rank.active.values() if a.priority < prio]
+    now = s.now
+    over = overserved_tenants(s, p, front.tenant if front is not None else p.tenant, rank)
+    lower = [a for a in rank.active.values() if a.priority < prio or (a.tenant in over and a.priority == prio)]
     if not lower:
         return False
-    now = s.now
 
     def victim_key(a: Program) -> tuple[object, ...]:
         return (a.priority, -fairness.counter(s.fair, s.prio, a.tenant, now), -a.charged_tokens, a.ref.program_id)
@@ -209,6 +235,32 @@ def preempt_lower_programs(s: SchedulerState, p: Program, rank: RankState) -> bo
         mark_pause_when_idle(s, a, PRIORITY_PREEMPTION)
         room += a.charged_tokens
     return False
+
+
+def overserved_tenants(s: SchedulerState, p: Program, tenant: str, rank: RankState) -> set[str]:
+    """The tenants whose idle (acting) Programs of the waiter's priority may be paused on ``rank``
+    for the waiting Program ``p`` of ``tenant`` (docs/priority.md §3, "Pausing for fairness"):
+    those holding more than their weighted fair share of the rank's capacity (shared among the
+    tenants with Programs there and ``tenant``) and more, per weight, than ``tenant`` would hold
+    with ``p`` admitted.  Empty when the rule is off (``tenant_pause_share = false``), with VTC off,
+    or when no other tenant holds Programs on the rank (single-tenant decisions are unchanged)."""
+    capacity = s.cfg.token_capacity_per_dp_rank
+    if not s.prio.tenant_pause_share or s.prio.fairness == "off" or capacity is None:
+        return set()
+    held: dict[str, float] = {}
+    for a in rank.active.values():
+        held[a.tenant] = held.get(a.tenant, 0.0) + a.charged_tokens
+    if not held or set(held) == {tenant}:
+        return set()
+    weights = {name: s.prio.weight(name) for name in held}
+    weights[tenant] = s.prio.weight(tenant)
+    unit = capacity / sum(weights.values())  # fair share per unit of weight
+    mine = (held.get(tenant, 0.0) + private_tokens(p, s.cfg.decode_buffer_tokens, _front_output(s, p))) / weights[
+        tenant
+    ]
+    return {
+        name for name, h in held.items() if name != tenant and h / weights[name] > unit and h / weights[name] > mine
+    }
 
 
 def _has_pause_reason(s: SchedulerState, ref: ProgramRef) -> bool:

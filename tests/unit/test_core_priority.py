@@ -382,3 +382,42 @@ def test_interactive_arrival_preempts_a_batch_request_still_in_prefill_and_holds
     eff = h.feed(RepairTick(), 1.5)
     assert sorted(e.request_id for e in of(eff, fx.AdmitBatch)) == ["new", "young"]
     assert check(h.state, h.cfg) == []
+
+
+# ---- fair share of a rank between tenants (tenant_pause_share) --------------------------------
+
+
+def _tenant_submit(
+    h: Harness, program: str, tenant: str, tokens: int, at: float, **hints: object
+) -> tuple[object, ...]:
+    from core_support import Ident
+
+    from actors.core.events import RequestSubmitted
+
+    h._n += 1
+    ident = Ident(program, placement_key=program, placement_hash_key=program)
+    event = RequestSubmitted(RequestId(f"r{h._n}"), ident, tokens, tenant=tenant, hints=RequestHints(**hints))  # type: ignore[arg-type]
+    return h.feed(event, at=at)
+
+
+def test_a_tenant_above_its_fair_share_is_paused_for_another_tenants_waiter() -> None:
+    for share, expected in ((True, ["r2"]), (False, [])):
+        h = Harness(token_capacity_per_dp_rank=1000, priority=PriorityConfig(tenant_pause_share=share))
+        _tenant_submit(h, "xa", "x", 600, 0.0, kv_retention_ttl_seconds=60.0)
+        h.complete("r1", at=1.0, prompt=600)  # acting, 700 held: more than x's half of the rank
+        eff = _tenant_submit(h, "yb", "y", 400, 2.0)
+        assert admitted(eff) == expected
+        assert ("priority_preemption" in reasons(eff)) is share
+        assert check(h.state, h.cfg) == []
+
+
+def test_fair_share_admission_caps_a_tenant_only_while_another_has_work() -> None:
+    h = Harness(token_capacity_per_dp_rank=10_000, priority=PriorityConfig(tenant_pause_share=True))
+    for i in range(3):  # one tenant alone: no cap (4 x 1100 held)
+        assert admitted(_tenant_submit(h, f"s{i}", "solo", 1000, 0.0)) == [f"r{i + 1}"]
+    h = Harness(token_capacity_per_dp_rank=10_000, priority=PriorityConfig(tenant_pause_share=True))
+    assert admitted(_tenant_submit(h, "xa", "x", 1000, 0.0)) == ["r1"]  # 1100
+    assert admitted(_tenant_submit(h, "yb", "y", 100, 0.0)) == ["r2"]  # y has work: x's share is 5000
+    assert admitted(_tenant_submit(h, "xc", "x", 3000, 0.0)) == ["r3"]  # 4200 <= 5000
+    assert admitted(_tenant_submit(h, "xd", "x", 1000, 0.0)) == []  # 5300 > 5000: waits
+    assert check(h.state, h.cfg) == []
