@@ -16,8 +16,9 @@
 #                       native consistent-hash path), engines fcfs
 #            agentd     configs/quickstart.toml's scheduling: Program scheduling, [batch_jobs] on,
 #                       [priority] interactive_scheduling = true,
-#                       batch_max_running_near_interactive = 2, the default class bands
-#                       (interactive > agent > batch) and VTC; engines fcfs
+#                       batch_max_running_near_interactive = 2, tenant_pause_share = true (fair
+#                       share between tenants), the default class bands (interactive > agent >
+#                       batch) and VTC; engines fcfs
 #            agentd-pe  agentd with the engines in vLLM's priority mode
 #                       ([embedded] scheduling_policy = "priority": agentd forwards priorities);
 #                       interactive under batch only (the noisy-neighbour trace has no priorities,
@@ -80,6 +81,7 @@ enabled = true
 [priority]
 interactive_scheduling = true
 batch_max_running_near_interactive = 2
+tenant_pause_share = true
 EOF
     else
       printf '\n[batch_jobs]\nenabled = false\n'

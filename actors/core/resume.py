@@ -191,8 +191,10 @@ def _schedule_global(s: SchedulerState, pool: str) -> None:
 
 def preempt_lower_programs(s: SchedulerState, p: Program, rank: RankState) -> bool:
     """Make room on ``rank`` for the first waiter ``p`` by pausing Programs of strictly lower
-    priority (docs/priority.md §1): idle (Acting) ones now, lowest priority first, then the
-    most-served tenant, then the largest; busy ones are marked to pause when idle.  Acting
+    priority (docs/priority.md §1), and with ``tenant_pause_share`` those of equal priority of
+    tenants above their fair share of the rank (:func:`overserved_tenants`, §3): idle (Acting)
+    ones now, lowest priority first, then the most-served tenant, then the largest; busy ones are
+    marked to pause when idle.  Acting
     Programs are paused only when that makes ``p`` admissible now; True when ``p`` can be
     admitted after the pauses (the caller's loop admits it)."""
     if s.cfg.token_capacity_per_dp_rank is None or p.last_target != rank.target_id and not s.cfg.global_queue:
