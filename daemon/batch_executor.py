@@ -18,6 +18,9 @@ batch (docs/batch.md §4):
    Each answer is committed in its own transaction before it counts; a 429/502/503/504 answer is
    retried a few times first.  Lines unanswered when the daemon stopped (in flight or not yet sent)
    are sent again on the next start: at-least-once to the workers, exactly once in the output.
+   With API keys configured each line runs as the batch's owner (the tenant that created it,
+   ``principal=`` of ``build_request``): tenant fairness and tenant-scoped Program ids apply to
+   it as to that tenant's own HTTP requests (docs/batch.md §4).
 3. ``finalizing``: output and error files in input order, ``completed``.
 4. ``cancelling``: no new line is sent, in-flight ones are abandoned (not in the output), the
    answered ones go into the partial output files, ``cancelled``.
@@ -229,6 +232,7 @@ class BatchExecutor:
     # ---------------------------------------------------------------- sending
 
     async def _send_all(self, store: BatchStore, batch_id: str) -> None:
+        owner = await store.call(store.db.owner, batch_id)
         after = 0
         async with trio.open_nursery() as nursery:
             while True:
@@ -237,18 +241,18 @@ class BatchExecutor:
                     break
                 for line in page:
                     await self.slots.acquire()
-                    nursery.start_soon(self._send_one, store, batch_id, line)
+                    nursery.start_soon(self._send_one, store, batch_id, line, owner)
                 after = page[-1].line_no
 
-    async def _send_one(self, store: BatchStore, batch_id: str, line: PendingLine) -> None:
+    async def _send_one(self, store: BatchStore, batch_id: str, line: PendingLine, owner: str | None) -> None:
         try:
-            record, ok = await self._answer(batch_id, line)
+            record, ok = await self._answer(batch_id, line, owner)
             if await store.call(store.db.commit_result, batch_id, line.line_no, batchfile.encode_record(record), ok):
                 self.service.metrics.requests.labels("succeeded" if ok else "failed").inc()
         finally:
             self.slots.release()
 
-    async def _answer(self, batch_id: str, line: PendingLine) -> tuple[dict[str, Any], bool]:
+    async def _answer(self, batch_id: str, line: PendingLine, owner: str | None) -> tuple[dict[str, Any], bool]:
         url = line.request["url"]
         body = line.request["body"]
         parsed = batchfile.BatchLine(line.line_no, line.custom_id, "POST", url, body)
@@ -260,7 +264,7 @@ class BatchExecutor:
             if attempt:
                 wait = retry_after if retry_after is not None else RETRY_BASE_SECONDS * 2.0 ** (attempt - 1)
                 await trio.sleep(min(wait, MAX_RETRY_WAIT_SECONDS))
-            status, answer, retry_after = await self._send(ENDPOINTS[url], raw, headers)
+            status, answer, retry_after = await self._send(ENDPOINTS[url], raw, headers, owner)
             if status not in RETRY_STATUSES:
                 break
         ok = 200 <= status < 300
@@ -274,10 +278,12 @@ class BatchExecutor:
         )
         return record, ok
 
-    async def _send(self, endpoint: str, raw: bytes, headers: dict[str, str]) -> tuple[int, Any, float | None]:
-        """One request through the proxy: ``(status, JSON body or text, Retry-After seconds)``."""
+    async def _send(
+        self, endpoint: str, raw: bytes, headers: dict[str, str], owner: str | None
+    ) -> tuple[int, Any, float | None]:
+        """One request through the proxy as ``owner``: ``(status, JSON body or text, Retry-After seconds)``."""
         try:
-            req = self.engine.build_request(endpoint, raw, headers, origin="batch_api")
+            req = self.engine.build_request(endpoint, raw, headers, principal=owner, origin="batch_api")
         except ApiError as error:
             return error.status, json.loads(error.body()), None
         sink = CollectingSink()

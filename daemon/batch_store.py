@@ -14,6 +14,13 @@ send, or the error record of a malformed line, and once answered its output reco
 requests to the workers are at-least-once (a line sent but not committed when the daemon died is sent
 again after the restart).
 
+Ownership (docs/batch.md §4): with API keys configured every file and batch records the tenant
+of the key that created it in ``owner`` (output and error files inherit the batch's), and every
+read, list, delete and cancel takes an ``owner`` argument: a tenant sees only its own objects (an
+object created without keys, ``owner`` NULL, belongs to no tenant).  ``owner=None`` (no keys)
+reads everything, as before.  Schema version 2 added the column; an older database is migrated in
+place when it is opened (:func:`_migrate`).
+
 Status transitions (OpenAI's): ``validating -> in_progress -> finalizing -> completed``,
 ``validating -> failed``, ``validating|in_progress -> cancelling -> cancelled``.  Any other move is
 refused (the method returns False and changes nothing).
@@ -33,7 +40,7 @@ from typing import Any, ParamSpec, TypeVar
 import attrs
 import trio
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 COMPLETION_WINDOW_SECONDS = 24 * 3600
 TERMINAL = ("completed", "failed", "cancelled", "expired")
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
@@ -65,7 +72,8 @@ CREATE TABLE IF NOT EXISTS files (
     filename TEXT NOT NULL,
     bytes INTEGER NOT NULL,
     created_at INTEGER NOT NULL,
-    content BLOB NOT NULL
+    content BLOB NOT NULL,
+    owner TEXT
 );
 CREATE TABLE IF NOT EXISTS batches (
     seq INTEGER PRIMARY KEY,
@@ -89,7 +97,8 @@ CREATE TABLE IF NOT EXISTS batches (
     cancelled_at INTEGER,
     total INTEGER NOT NULL DEFAULT 0,
     completed INTEGER NOT NULL DEFAULT 0,
-    failed INTEGER NOT NULL DEFAULT 0
+    failed INTEGER NOT NULL DEFAULT 0,
+    owner TEXT
 );
 CREATE INDEX IF NOT EXISTS batches_status ON batches (status);
 CREATE TABLE IF NOT EXISTS batch_lines (
@@ -124,6 +133,28 @@ class LineRow:
     record: bytes | None = None
 
 
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Bring a database written by an older agentd up to :data:`SCHEMA_VERSION` (one transaction).
+
+    Version 1 -> 2: an ``owner`` column on ``files`` and ``batches`` (NULL for existing rows: they
+    were created without keys and stay visible when keys are off)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for table in ("files", "batches"):
+            columns = {str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})")}
+            if "owner" not in columns:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _owned(owner: str | None, column: str = "owner") -> tuple[str, tuple[Any, ...]]:
+    """SQL condition and arguments restricting a query to ``owner``'s rows (none without keys)."""
+    return ("1 = 1", ()) if owner is None else (f"{column} = ?", (owner,))
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}{secrets.token_hex(12)}"
 
@@ -140,6 +171,7 @@ class BatchDatabase:
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=FULL")
         self._conn.executescript(_SCHEMA)
+        _migrate(self._conn)
         self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
@@ -162,23 +194,25 @@ class BatchDatabase:
 
     # ---------------------------------------------------------------- files
 
-    def create_file(self, filename: str, purpose: str, content: bytes) -> dict[str, Any]:
+    def create_file(self, filename: str, purpose: str, content: bytes, owner: str | None = None) -> dict[str, Any]:
         file_id = new_id("file-")
         created = self._ts()
 
         def tx(c: sqlite3.Connection) -> None:
             c.execute(
-                "INSERT INTO files (id, purpose, filename, bytes, created_at, content) VALUES (?, ?, ?, ?, ?, ?)",
-                (file_id, purpose, filename, len(content), created, content),
+                "INSERT INTO files (id, purpose, filename, bytes, created_at, content, owner)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (file_id, purpose, filename, len(content), created, content, owner),
             )
 
         self._tx(tx)
         return _file_object(file_id, purpose, filename, len(content), created)
 
-    def get_file(self, file_id: str) -> dict[str, Any] | None:
+    def get_file(self, file_id: str, owner: str | None = None) -> dict[str, Any] | None:
+        cond, args = _owned(owner)
         with self._lock:
             row = self._conn.execute(
-                "SELECT id, purpose, filename, bytes, created_at FROM files WHERE id = ?", (file_id,)
+                f"SELECT id, purpose, filename, bytes, created_at FROM files WHERE id = ? AND {cond}", (file_id, *args)
             ).fetchone()
         return None if row is None else _file_object(*row)
 
@@ -187,37 +221,45 @@ class BatchDatabase:
             row = self._conn.execute("SELECT content FROM files WHERE id = ?", (file_id,)).fetchone()
         return None if row is None else bytes(row[0])
 
-    def read_file_chunk(self, file_id: str, offset: int, size: int) -> bytes | None:
+    def read_file_chunk(self, file_id: str, offset: int, size: int, owner: str | None = None) -> bytes | None:
         """``size`` bytes of a file's content from ``offset`` (b"" past the end); None if unknown."""
+        cond, args = _owned(owner)
         with self._lock:
-            row = self._conn.execute("SELECT rowid FROM files WHERE id = ?", (file_id,)).fetchone()
+            row = self._conn.execute(f"SELECT rowid FROM files WHERE id = ? AND {cond}", (file_id, *args)).fetchone()
             if row is None:
                 return None
             with self._conn.blobopen("files", "content", row[0], readonly=True) as blob:
                 blob.seek(min(offset, len(blob)))
                 return blob.read(size)
 
-    def list_files(self, purpose: str | None, limit: int) -> list[dict[str, Any]]:
+    def list_files(self, purpose: str | None, limit: int, owner: str | None = None) -> list[dict[str, Any]]:
         """Newest first, optionally of one purpose."""
-        query = "SELECT id, purpose, filename, bytes, created_at FROM files"
-        args: tuple[Any, ...] = (limit,)
+        cond, args = _owned(owner)
+        query = f"SELECT id, purpose, filename, bytes, created_at FROM files WHERE {cond}"
         if purpose is not None:
-            query += " WHERE purpose = ?"
-            args = (purpose, limit)
+            query += " AND purpose = ?"
+            args = (*args, purpose)
         with self._lock:
-            rows = self._conn.execute(query + " ORDER BY rowid DESC LIMIT ?", args).fetchall()
+            rows = self._conn.execute(query + " ORDER BY rowid DESC LIMIT ?", (*args, limit)).fetchall()
         return [_file_object(*r) for r in rows]
 
-    def delete_file(self, file_id: str) -> bool:
+    def delete_file(self, file_id: str, owner: str | None = None) -> bool:
+        cond, args = _owned(owner)
+
         def tx(c: sqlite3.Connection) -> bool:
-            return c.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount == 1
+            return c.execute(f"DELETE FROM files WHERE id = ? AND {cond}", (file_id, *args)).rowcount == 1
 
         return bool(self._tx(tx))
 
     # ---------------------------------------------------------------- batches
 
     def create_batch(
-        self, input_file_id: str, endpoint: str, completion_window: str, metadata: Mapping[str, str] | None
+        self,
+        input_file_id: str,
+        endpoint: str,
+        completion_window: str,
+        metadata: Mapping[str, str] | None,
+        owner: str | None = None,
     ) -> dict[str, Any]:
         batch_id = new_id("batch_")
         created = self._ts()
@@ -225,7 +267,7 @@ class BatchDatabase:
         def tx(c: sqlite3.Connection) -> None:
             c.execute(
                 "INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, metadata, created_at,"
-                " expires_at) VALUES (?, ?, ?, ?, 'validating', ?, ?, ?)",
+                " expires_at, owner) VALUES (?, ?, ?, ?, 'validating', ?, ?, ?, ?)",
                 (
                     batch_id,
                     endpoint,
@@ -234,6 +276,7 @@ class BatchDatabase:
                     None if metadata is None else json.dumps(dict(metadata)),
                     created,
                     created + COMPLETION_WINDOW_SECONDS,
+                    owner,
                 ),
             )
 
@@ -242,29 +285,39 @@ class BatchDatabase:
         assert batch is not None
         return batch
 
-    def get_batch(self, batch_id: str) -> dict[str, Any] | None:
+    def get_batch(self, batch_id: str, owner: str | None = None) -> dict[str, Any] | None:
+        cond, args = _owned(owner)
         with self._lock:
-            cur = self._conn.execute("SELECT * FROM batches WHERE id = ?", (batch_id,))
+            cur = self._conn.execute(f"SELECT * FROM batches WHERE id = ? AND {cond}", (batch_id, *args))
             row = cur.fetchone()
             names = [d[0] for d in cur.description]
         return None if row is None else _batch_object(dict(zip(names, row, strict=True)))
 
-    def list_batches(self, limit: int, after: str | None) -> tuple[list[dict[str, Any]], bool] | None:
+    def list_batches(
+        self, limit: int, after: str | None, owner: str | None = None
+    ) -> tuple[list[dict[str, Any]], bool] | None:
         """Newest first; ``after`` is the id of the last batch of the previous page (None if unknown)."""
+        cond, args = _owned(owner)
         with self._lock:
             before = 1 << 62
             if after is not None:
-                row = self._conn.execute("SELECT seq FROM batches WHERE id = ?", (after,)).fetchone()
+                row = self._conn.execute(f"SELECT seq FROM batches WHERE id = ? AND {cond}", (after, *args)).fetchone()
                 if row is None:
                     return None
                 before = row[0]
             cur = self._conn.execute(
-                "SELECT * FROM batches WHERE seq < ? ORDER BY seq DESC LIMIT ?", (before, limit + 1)
+                f"SELECT * FROM batches WHERE seq < ? AND {cond} ORDER BY seq DESC LIMIT ?", (before, *args, limit + 1)
             )
             rows = cur.fetchall()
             names = [d[0] for d in cur.description]
         items = [_batch_object(dict(zip(names, r, strict=True))) for r in rows[:limit]]
         return items, len(rows) > limit
+
+    def owner(self, batch_id: str) -> str | None:
+        """The tenant that created a batch (None: created without keys, or unknown)."""
+        with self._lock:
+            row = self._conn.execute("SELECT owner FROM batches WHERE id = ?", (batch_id,)).fetchone()
+        return None if row is None or row[0] is None else str(row[0])
 
     def status(self, batch_id: str) -> str | None:
         with self._lock:
@@ -404,8 +457,9 @@ class BatchDatabase:
                 file_id = new_id("file-")
                 content = b"".join(lines)
                 c.execute(
-                    "INSERT INTO files (id, purpose, filename, bytes, created_at, content) VALUES (?, ?, ?, ?, ?, ?)",
-                    (file_id, f"batch_{kind}", f"{batch_id}_{kind}.jsonl", len(content), created, content),
+                    "INSERT INTO files (id, purpose, filename, bytes, created_at, content, owner)"
+                    " SELECT ?, ?, ?, ?, ?, ?, owner FROM batches WHERE id = ?",
+                    (file_id, f"batch_{kind}", f"{batch_id}_{kind}.jsonl", len(content), created, content, batch_id),
                 )
                 ids[key] = file_id
             return self._move(c, batch_id, to, **ids)

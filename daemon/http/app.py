@@ -35,7 +35,7 @@ from werkzeug.exceptions import HTTPException
 from actors.logevents import get_logger, log_event
 from daemon.auth import Authenticator
 from daemon.config import LimitsConfig
-from daemon.http.batches import batches_blueprint, serve_file_upload
+from daemon.http.batches import PRINCIPAL_SCOPE_KEY, batches_blueprint, serve_file_upload
 from daemon.http.dashboard import dashboard_blueprint
 from daemon.http.diagnostics import diagnostics_blueprint
 from daemon.http.edge import DRAINED_STREAM_MESSAGE, Edge, Ticket, sse_error_event
@@ -395,7 +395,7 @@ class AgentdApp(QuartTrio):
                 error = exc
         elif not admin and self.role != "admin" and ENDPOINTS.get(path) is None and self.auth.enabled:
             try:  # the proxy routes authenticate in serve_proxy_asgi (the principal is needed there)
-                self.auth.principal(_scope_headers(scope))
+                scope[PRINCIPAL_SCOPE_KEY] = self.auth.principal(_scope_headers(scope))  # Batch API owner
             except ApiError as exc:
                 error = exc
         if error is None:

@@ -11,6 +11,11 @@ The other routes are a Quart blueprint (:func:`batches_blueprint`): ``GET /v1/fi
 ``GET /v1/batches/{id}``,
 ``POST /v1/batches/{id}/cancel``.  Unknown ids are 404, bad input a 400 naming the field; every
 error body is OpenAI-shaped.
+
+With API keys configured, every route is scoped to the caller's tenant (the principal the app
+authenticated and left in the ASGI scope under :data:`PRINCIPAL_SCOPE_KEY`): files and batches are
+stored with their owner, another tenant's ids answer 404 exactly like unknown ones, and lists show
+only the caller's objects (docs/batch.md §4).
 """
 
 from __future__ import annotations
@@ -40,6 +45,13 @@ COMPLETION_WINDOWS = ("24h",)
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 MAX_LIST_LIMIT = 100
 MAX_FILE_LIST_LIMIT = 10_000
+PRINCIPAL_SCOPE_KEY = "agentd.principal"  # set by daemon/http/app.py when API keys are configured
+
+
+def scope_principal(scope: dict[str, Any]) -> str | None:
+    """The authenticated tenant of a request (None when API keys are off)."""
+    value = scope.get(PRINCIPAL_SCOPE_KEY)
+    return value if isinstance(value, str) else None
 
 
 def _scope_header(scope: dict[str, Any], name: bytes) -> str | None:
@@ -204,7 +216,7 @@ async def serve_file_upload(service: BatchService, scope: dict[str, Any], receiv
                 param="purpose",
             )
         store = await service.store()
-        file = await store.call(store.db.create_file, filename, purpose, content)
+        file = await store.call(store.db.create_file, filename, purpose, content, scope_principal(scope))
     except ApiError as error:
         await send_error(sink, error)
         return
@@ -285,16 +297,19 @@ def _list_args() -> tuple[int, str | None]:
 def batches_blueprint(service: BatchService) -> Blueprint:
     bp = Blueprint("batch_api", __name__)
 
+    def owner() -> str | None:
+        return scope_principal(request.scope)
+
     async def file_or_404(file_id: str) -> dict[str, Any]:
         store = await service.store()
-        file = await store.call(store.db.get_file, file_id)
+        file = await store.call(store.db.get_file, file_id, owner())
         if file is None:
             raise _not_found("file", file_id, "file_id")
         return file
 
     async def batch_or_404(batch_id: str) -> dict[str, Any]:
         store = await service.store()
-        batch = await store.call(store.db.get_batch, batch_id)
+        batch = await store.call(store.db.get_batch, batch_id, owner())
         if batch is None:
             raise _not_found("batch", batch_id, "batch_id")
         return batch
@@ -310,7 +325,7 @@ def batches_blueprint(service: BatchService) -> Blueprint:
                 param="limit",
             )
         store = await service.store()
-        files = await store.call(store.db.list_files, request.args.get("purpose") or None, int(raw_limit))
+        files = await store.call(store.db.list_files, request.args.get("purpose") or None, int(raw_limit), owner())
         return _json({"object": "list", "data": files, "has_more": False})
 
     @bp.get("/v1/files/<file_id>")
@@ -320,7 +335,7 @@ def batches_blueprint(service: BatchService) -> Blueprint:
     @bp.delete("/v1/files/<file_id>")
     async def delete_file(file_id: str) -> Response:
         store = await service.store()
-        if not await store.call(store.db.delete_file, file_id):
+        if not await store.call(store.db.delete_file, file_id, owner()):
             raise _not_found("file", file_id, "file_id")
         return _json({"id": file_id, "object": "file", "deleted": True})
 
@@ -328,11 +343,12 @@ def batches_blueprint(service: BatchService) -> Blueprint:
     async def file_content(file_id: str) -> Response:
         file = await file_or_404(file_id)
         store = await service.store()
+        tenant = owner()
 
         async def chunks() -> AsyncIterator[bytes]:
             offset = 0
             while offset < file["bytes"]:
-                chunk = await store.call(store.db.read_file_chunk, file_id, offset, CONTENT_CHUNK_BYTES)
+                chunk = await store.call(store.db.read_file_chunk, file_id, offset, CONTENT_CHUNK_BYTES, tenant)
                 if not chunk:
                     return
                 offset += len(chunk)
@@ -347,7 +363,8 @@ def batches_blueprint(service: BatchService) -> Blueprint:
         raw = await request.get_data(cache=False, as_text=False, parse_form_data=False)
         input_file_id, endpoint, window, metadata = _batch_request(raw)
         store = await service.store()
-        file = await store.call(store.db.get_file, input_file_id)
+        tenant = owner()
+        file = await store.call(store.db.get_file, input_file_id, tenant)
         if file is None:
             raise _not_found("file", input_file_id, "input_file_id")
         if file["purpose"] != "batch":
@@ -357,7 +374,7 @@ def batches_blueprint(service: BatchService) -> Blueprint:
                 code="invalid_value",
                 param="input_file_id",
             )
-        batch = await store.call(store.db.create_batch, input_file_id, endpoint, window, metadata)
+        batch = await store.call(store.db.create_batch, input_file_id, endpoint, window, metadata, tenant)
         await service.status_changed()
         service.wake()
         log_event(
@@ -369,7 +386,7 @@ def batches_blueprint(service: BatchService) -> Blueprint:
     async def list_batches() -> Response:
         limit, after = _list_args()
         store = await service.store()
-        page = await store.call(store.db.list_batches, limit, after)
+        page = await store.call(store.db.list_batches, limit, after, owner())
         if page is None:
             raise ApiError(400, f"after: no batch with id {after!r}", code="invalid_value", param="after")
         items, has_more = page

@@ -7,8 +7,10 @@ as the ``openai`` client's are).  Tests wait on the service's change events, nev
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -23,7 +25,8 @@ from http_fakes import http_config
 
 from daemon import batch_executor
 from daemon.batch_executor import BatchService
-from daemon.config import AgentdConfig, BatchApiConfig
+from daemon.batch_store import SCHEMA_VERSION, BatchDatabase
+from daemon.config import AgentdConfig, AuthConfig, BatchApiConfig
 from daemon.handles import DaemonHandles
 from daemon.http.app import create_app
 from daemon.supervisor import run_daemon
@@ -380,3 +383,124 @@ async def test_batch_api_database_is_created_on_first_use(tmp_path: Path) -> Non
         assert not db.exists()
         assert (await api.upload(jsonl([line("a")]))).status_code == 200
         assert db.exists()
+
+
+ALPHA, BETA = "sk-alpha-0123456789", "sk-beta-9876543210"
+TWO_TENANTS = AuthConfig(
+    api_keys=(
+        f"team-a:{hashlib.sha256(ALPHA.encode()).hexdigest()}",
+        f"team-b:{hashlib.sha256(BETA.encode()).hexdigest()}",
+    )
+)
+
+
+def as_tenant(api: Api, key: str) -> Api:
+    """The same daemon seen through a client presenting ``key``."""
+    client = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(api.handles)),
+        base_url="http://agentd",
+        headers={"authorization": f"Bearer {key}"},
+    )
+    return Api(api.handles, client, api.worker)
+
+
+def record_principals(api: Api) -> list[str | None]:
+    """Every principal the executor builds a request with (a spy that calls through)."""
+    seen: list[str | None] = []
+    engine = api.handles.engine
+    build = engine.build_request
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("principal"))
+        return build(*args, **kwargs)
+
+    engine.build_request = spy  # type: ignore[method-assign]
+    return seen
+
+
+async def test_batch_api_objects_belong_to_the_tenant_that_created_them(tmp_path: Path) -> None:
+    cfg = attrs.evolve(batch_config(tmp_path / "b.sqlite3"), auth=TWO_TENANTS)
+    async with running(cfg, BatchWorker()) as api:
+        principals = record_principals(api)
+        a, b = as_tenant(api, ALPHA), as_tenant(api, BETA)
+        async with a.client, b.client:
+            assert (await api.client.get("/v1/batches")).status_code == 401  # no key, no Batch API
+            batch = await a.run_batch([line("x"), line("y")])
+            done = await a.service.wait_settled(batch["id"])
+            assert done["status"] == "completed"
+            assert principals == ["team-a", "team-a"]  # the lines ran as their owner
+            output, input_id = done["output_file_id"], done["input_file_id"]
+            assert len(await a.content(output)) == 2
+            # team-b sees none of it: 404 as for an unknown id, empty lists
+            for path in (f"/v1/batches/{batch['id']}", f"/v1/files/{input_id}", f"/v1/files/{output}/content"):
+                response = await b.client.get(path)
+                assert response.status_code == 404, path
+                assert response.json()["error"]["param"] in ("batch_id", "file_id")
+            assert_error(await b.client.post(f"/v1/batches/{batch['id']}/cancel"), 404, "batch_not_found", "batch_id")
+            assert_error(await b.client.delete(f"/v1/files/{input_id}"), 404, "file_not_found", "file_id")
+            stolen = await b.client.post(
+                "/v1/batches", json={"input_file_id": input_id, "endpoint": ENDPOINT, "completion_window": "24h"}
+            )
+            assert_error(stolen, 404, "file_not_found", "input_file_id")
+            assert (await b.client.get("/v1/batches")).json()["data"] == []
+            assert (await b.client.get("/v1/files")).json()["data"] == []
+            after = await b.client.get("/v1/batches", params={"after": batch["id"]})
+            assert_error(after, 400, "invalid_value", "after")
+            # team-a sees its own: the input and the output file (the output inherits the owner)
+            assert [x["id"] for x in (await a.client.get("/v1/batches")).json()["data"]] == [batch["id"]]
+            assert {f["id"] for f in (await a.client.get("/v1/files")).json()["data"]} == {input_id, output}
+            own = await b.run_batch([line("z")])
+            assert [x["id"] for x in (await b.client.get("/v1/batches")).json()["data"]] == [own["id"]]
+            assert (await a.client.delete(f"/v1/files/{input_id}")).status_code == 200
+
+
+async def test_batch_api_ownership_survives_a_restart(tmp_path: Path) -> None:
+    db = tmp_path / "b.sqlite3"
+    cfg = attrs.evolve(batch_config(db, concurrency=1), auth=TWO_TENANTS)
+    first = BatchWorker(block=lambda rid: rid.split("#")[0] != "c0")
+    async with running(cfg, first) as api:
+        a = as_tenant(api, ALPHA)
+        async with a.client:
+            batch = await a.run_batch([line("c0"), line("c1"), line("c2")])
+            await first.wait_blocked(1)  # c0 answered, c1 in flight when the daemon dies
+    async with running(cfg, BatchWorker()) as api:
+        principals = record_principals(api)
+        a, b = as_tenant(api, ALPHA), as_tenant(api, BETA)
+        async with a.client, b.client:
+            done = await a.service.wait_settled(batch["id"])
+            assert done["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
+            assert principals == ["team-a", "team-a"]  # the resumed lines still run as the owner
+            assert (await a.client.get(f"/v1/batches/{batch['id']}")).status_code == 200
+            assert (await b.client.get(f"/v1/batches/{batch['id']}")).status_code == 404
+
+
+def test_a_version_1_database_is_migrated_and_its_objects_stay_visible_without_keys(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    old = sqlite3.connect(str(path))
+    old.executescript(
+        """
+        CREATE TABLE files (rowid INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, purpose TEXT NOT NULL,
+            filename TEXT NOT NULL, bytes INTEGER NOT NULL, created_at INTEGER NOT NULL, content BLOB NOT NULL);
+        CREATE TABLE batches (seq INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, endpoint TEXT NOT NULL,
+            input_file_id TEXT NOT NULL, completion_window TEXT NOT NULL, status TEXT NOT NULL, metadata TEXT,
+            errors TEXT, output_file_id TEXT, error_file_id TEXT, created_at INTEGER NOT NULL,
+            in_progress_at INTEGER, expires_at INTEGER, finalizing_at INTEGER, completed_at INTEGER,
+            failed_at INTEGER, expired_at INTEGER, cancelling_at INTEGER, cancelled_at INTEGER,
+            total INTEGER NOT NULL DEFAULT 0, completed INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0);
+        INSERT INTO files (id, purpose, filename, bytes, created_at, content)
+            VALUES ('file-old', 'batch', 'a', 1, 5, x'0a');
+        INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, created_at)
+            VALUES ('batch_old', '/v1/chat/completions', 'file-old', '24h', 'validating', 5);
+        PRAGMA user_version=1;
+        """
+    )
+    old.close()
+    db = BatchDatabase(path)
+    assert db._conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert db.get_file("file-old") is not None and db.get_batch("batch_old") is not None  # keys off: all
+    assert db.get_file("file-old", "team-a") is None and db.get_batch("batch_old", "team-a") is None
+    assert db.owner("batch_old") is None
+    mine = db.create_file("n", "batch", b"{}\n", owner="team-a")
+    assert [f["id"] for f in db.list_files(None, 10, "team-a")] == [mine["id"]]
+    db.close()
+    BatchDatabase(path).close()  # opening a migrated database again is a no-op
