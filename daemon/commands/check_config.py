@@ -1,7 +1,9 @@
 """``agentd check-config PATH``: validate a configuration without starting anything.
 
 Prints the effective configuration (defaults filled in) as JSON and any warnings, exit 0; or the
-errors, one per line naming the field, the rule and the value, exit 2.  Accepts the same
+errors, one per line naming the field, the rule and the value, exit 2.  Like ``agentd start`` it
+also reads the files the configuration names - the API key file (``auth.api_keys_file``) and the
+worker TLS files (``worker_tls``) - so a configuration that passes here does not fail at start.  Accepts the same
 router-compatible flags as ``agentd start`` so a launch command can be checked before it runs.
 """
 
@@ -30,8 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from daemon.security import load_security  # reads the files the configuration names
+
     try:
         cfg = load_config(args.config, overrides_from_args(args))
+        load_security(cfg)
     except ConfigError as exc:
         source = args.config or "command line"
         print(f"agentd: invalid configuration ({source}):", file=sys.stderr)

@@ -58,3 +58,26 @@ def test_a_closed_output_pipe_ends_quietly(tmp_path) -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) in (0, 1)
     assert "Traceback" not in err and "BrokenPipeError" not in err
+
+
+@pytest.mark.parametrize(
+    ("section", "field"),
+    [
+        ('[auth]\napi_keys_file = "{missing}"\n', "auth.api_keys_file"),
+        ('[auth]\napi_keys_file = "{bad}"\n', "auth.api_keys_file: line 1"),
+        ('[worker_tls]\nca_file = "{missing}"\n', "worker_tls"),
+        ('[worker_tls]\nclient_cert_file = "{bad}"\n', "worker_tls"),
+    ],
+)
+def test_check_config_reads_the_key_and_tls_files_like_start(
+    section: str, field: str, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.txt"
+    bad.write_text("not a key entry\n")
+    config = tmp_path / "agentd.toml"
+    config.write_text(section.format(missing=tmp_path / "absent", bad=bad))
+    assert main(["check-config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert f"  {field}" in err
+    assert main(["start", "--config", str(config)]) == 2  # the same verdict as agentd start
+    assert field in capsys.readouterr().err
