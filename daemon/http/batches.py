@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from quart import Blueprint, Response, request
@@ -48,7 +48,7 @@ MAX_FILE_LIST_LIMIT = 10_000
 PRINCIPAL_SCOPE_KEY = "agentd.principal"  # set by daemon/http/app.py when API keys are configured
 
 
-def scope_principal(scope: dict[str, Any]) -> str | None:
+def scope_principal(scope: Mapping[str, Any]) -> str | None:
     """The authenticated tenant of a request (None when API keys are off)."""
     value = scope.get(PRINCIPAL_SCOPE_KEY)
     return value if isinstance(value, str) else None
