@@ -46,7 +46,17 @@ def test_config_check_config_cli_exits_2_with_the_lines(
 
 
 @pytest.mark.parametrize("path", VALID, ids=[p.stem for p in VALID])
-def test_config_shipped_examples_are_valid(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_config_shipped_examples_are_valid(path: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    text = path.read_text()
+    if "/etc/agentd/api-keys" in text:  # check-config reads the key file (as start does): give it one
+        keys = tmp_path / "api-keys"
+        keys.write_text("team-a:" + "0" * 64 + "\n")
+        copy = tmp_path / path.name
+        copy.write_text(text.replace("/etc/agentd/api-keys", str(keys)))
+        if not Path("/etc/agentd/api-keys").exists():
+            assert main(["check-config", str(path)]) == 2
+            assert "auth.api_keys_file: cannot read" in capsys.readouterr().err
+        path = copy
     assert main(["check-config", str(path)]) == 0
     effective = json.loads(capsys.readouterr().out)
     assert effective["server"]["port"] == load_config(path).server.port
