@@ -260,6 +260,25 @@ class WorkerTlsConfig:
             yield f"{p}client_key_file: needs {p}client_cert_file (got client_cert_file='')"
 
 
+@frozen
+class WorkerAuthConfig:
+    """The API key agentd presents to workers started with ``--api-key`` (docs/operations.md §10.5).
+
+    Sent as ``Authorization: Bearer <key>`` on every request to a worker (generation, health,
+    ``/metrics``, ``/v1/models``), replacing whatever a client sent.  Never shown: the effective
+    configuration prints ``***`` and logs redact bearer tokens."""
+
+    api_key: str = ""  # the key itself; prefer api_key_file, which keeps it out of the config
+    api_key_file: str = ""  # a file holding the key (surrounding whitespace ignored); read at start
+
+    def _cross_field_problems(self, path: str) -> Iterator[str]:
+        p = f"{path}." if path else ""
+        if self.api_key and self.api_key_file:
+            yield f"{p}api_key: set api_key or api_key_file, not both (got both)"
+        if any(c.isspace() or not c.isprintable() for c in self.api_key):
+            yield f"{p}api_key: must not contain whitespace or control characters (got ***)"
+
+
 # --------------------------------------------------------------------------------------------
 # The Batch API (docs/batch.md §4)
 # --------------------------------------------------------------------------------------------
@@ -431,6 +450,7 @@ class AgentdConfig:
     worker_tls: WorkerTlsConfig = field(factory=WorkerTlsConfig)
     priority: PrioritySection = field(factory=PrioritySection)
     tenants: TenantsConfig = field(factory=TenantsConfig)
+    worker_auth: WorkerAuthConfig = field(factory=WorkerAuthConfig)
 
     @property
     def embedded_mode(self) -> bool:

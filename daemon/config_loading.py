@@ -471,4 +471,6 @@ def dump_config(cfg: AgentdConfig) -> dict[str, Any]:
         data.pop("program_scheduling", None)
     for section in ("prometheus", "admin", "limits"):
         data[section] = {k: v for k, v in data[section].items() if v is not None}
+    if data["worker_auth"]["api_key"]:
+        data["worker_auth"]["api_key"] = "***"  # a credential is never printed
     return data

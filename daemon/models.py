@@ -1,9 +1,16 @@
 """Model pools: which workers serve which model, and where a request for a model may go.
 
 Each worker's served models come from ``routing.served_models`` (config, wins) or from its
-``GET /v1/models`` at start (:func:`discover_models`).  A worker whose models are unknown (not
-configured, discovery failed, or embedded simulated workers, which answer to any model name) is
-taken to serve every model, so nothing changes where nothing is known.
+``GET /v1/models`` (:func:`discover_models`): at start, then again every health-check interval
+(:func:`run_model_discovery`), so a worker that is restarted with another model is followed.  The
+cost is bounded: one GET per worker per interval, concurrently, each within the health-check
+timeout and reading at most :data:`MAX_MODELS_BODY_BYTES` and :data:`MAX_MODELS_PER_WORKER` ids.
+A refresh that fails keeps the last list read (a transient error does not turn a worker into one
+that serves anything); a change of list is logged once (``models_changed``).  The requests carry
+the worker credentials of the transport they go through (``[worker_auth]`` or the worker URL's
+user-info, :class:`daemon.upstream.UpstreamTransport`).  A worker whose models are unknown (not
+configured, never read, or embedded simulated workers, which answer to any model name) is taken to
+serve every model, so nothing changes where nothing is known.
 
 :meth:`ModelDirectory.route` maps a request's ``model`` to its pool: the targets of the workers
 serving it.  When every target serves the model (the single-model fleet, or no ``model`` given)
@@ -29,6 +36,8 @@ from actors.logevents import get_logger, log_event
 from daemon.http.errors import ApiError
 
 logger = get_logger("models")
+MAX_MODELS_BODY_BYTES = 1024 * 1024  # a bigger /v1/models answer is not a list agentd uses
+MAX_MODELS_PER_WORKER = 1024
 
 
 class ModelDirectory:
@@ -114,28 +123,62 @@ def served_model_ids(payload: object) -> frozenset[str] | None:
     return ids or None
 
 
+async def _read_models(client: httpx.AsyncClient, url: str) -> tuple[frozenset[str] | None, str]:
+    """One worker's model list and the reason kind (``ok`` or why not), reading a bounded body."""
+    try:
+        async with client.stream("GET", f"{url}/v1/models") as response:
+            if response.status_code != 200:
+                return None, f"HTTP {response.status_code} without a model list"
+            body = bytearray()
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_MODELS_BODY_BYTES:
+                    return None, f"answer larger than {MAX_MODELS_BODY_BYTES} bytes"
+        models = served_model_ids(json.loads(body))
+    except (httpx.HTTPError, ValueError, RecursionError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    if models is None:
+        return None, "HTTP 200 without a model list"
+    if len(models) > MAX_MODELS_PER_WORKER:
+        return None, f"more than {MAX_MODELS_PER_WORKER} models"
+    return models, "ok"
+
+
 async def discover_models(
     directory: ModelDirectory, client: httpx.AsyncClient, timeout_seconds: float, urls: Sequence[str] | None = None
 ) -> None:
     """``GET <worker>/v1/models`` for the given workers (default: every one not configured),
-    concurrently.  A failure leaves the worker's models unknown (it then serves any model).  Logged
-    as ``models_discovered`` when a worker's list (or its failure reason's kind) changes."""
+    concurrently.  A failure leaves a worker's models as they were (unknown if never read: it then
+    serves any model).  Logged once per change: ``models_discovered`` for a worker's first list or
+    a change of its failure kind, ``models_changed`` when a known list changes."""
 
     async def one(url: str) -> None:
         models: frozenset[str] | None = None
         reason = "timeout"
         with trio.move_on_after(timeout_seconds):
-            try:
-                response = await client.get(f"{url}/v1/models")
-                models = served_model_ids(response.json()) if response.status_code == 200 else None
-                reason = "ok" if models is not None else f"HTTP {response.status_code} without a model list"
-            except (httpx.HTTPError, ValueError) as exc:
-                reason = f"{type(exc).__name__}: {exc}"
-        directory.set_models(url, models)
-        if directory.logged.get(url) != (models, reason.split(":")[0]):
-            directory.logged[url] = (models, reason.split(":")[0])
+            models, reason = await _read_models(client, url)
+        before = directory.models.get(url)
+        kind = reason.split(":")[0]
+        if models is not None and before is not None and models != before:
+            directory.set_models(url, models)
+            directory.logged[url] = (models, kind)
+            log_event(
+                logger,
+                logging.WARNING,
+                "models_changed",
+                worker=url,
+                models=",".join(sorted(models)),
+                added=",".join(sorted(models - before)),
+                removed=",".join(sorted(before - models)),
+            )
+            return
+        if models is not None:
+            directory.set_models(url, models)
+        shown_models = models if models is not None else before
+        if directory.logged.get(url) != (shown_models, kind):
+            directory.logged[url] = (shown_models, kind)
             level = logging.INFO if models is not None else logging.WARNING
-            shown = None if models is None else ",".join(sorted(models))
+            shown = None if shown_models is None else ",".join(sorted(shown_models))
             log_event(logger, level, "models_discovered", worker=url, models=shown, reason=reason)
 
     targets = [u for u in directory.worker_urls if u not in directory.configured] if urls is None else list(urls)
@@ -152,11 +195,13 @@ async def run_model_discovery(
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Discover every worker's models, report started, then retry the workers whose list is still
-    unknown every ``interval_seconds`` until all are known (a worker down at start is learnt
-    when it comes up)."""
+    """Discover every worker's models, report started, then read every (not configured) worker's
+    list again every ``interval_seconds``: a worker down at start is learnt when it comes up, and a
+    worker restarted with other models is followed (see the module docstring)."""
     await discover_models(directory, client, timeout_seconds)
     task_status.started()
-    while unknown := directory.unknown():
+    if len(directory.configured) == len(directory.worker_urls):
+        return
+    while True:
         await trio.sleep(interval_seconds)
-        await discover_models(directory, client, timeout_seconds, unknown)
+        await discover_models(directory, client, timeout_seconds)

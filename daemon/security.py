@@ -1,13 +1,15 @@
 """Start-up checks of the security settings that read files (docs/operations.md §10).
 
-:func:`load_security` reads the API-key file and builds the TLS context for ``https://`` workers
-once, before anything listens; every problem is a :class:`~daemon.config_loading.ConfigError`
-line naming the field, so ``agentd start`` exits 2 exactly as for any other bad configuration.
+:func:`load_security` reads the API-key file, the worker API key (``[worker_auth]``) and builds
+the TLS context for ``https://`` workers once, before anything listens; every problem is a
+:class:`~daemon.config_loading.ConfigError` line naming the field, so ``agentd start`` and
+``agentd check-config`` exit 2 exactly as for any other bad configuration.
 """
 
 from __future__ import annotations
 
 import ssl
+from pathlib import Path
 
 import attrs
 
@@ -20,6 +22,27 @@ from daemon.config_loading import ConfigError
 class Security:
     authenticator: Authenticator
     worker_ssl: ssl.SSLContext | None  # None: the default verification of https:// workers
+    worker_api_key: str | None = None  # [worker_auth]: sent to workers as a bearer token
+
+
+def worker_api_key(cfg: AgentdConfig) -> str | None:
+    """The ``[worker_auth]`` key (read from ``api_key_file`` when set); None when not configured.
+
+    Raises :class:`ConfigError` naming ``worker_auth.api_key_file`` when the file cannot be read or
+    holds no usable key (the key itself never appears in the message)."""
+    auth = cfg.worker_auth
+    if not auth.api_key_file:
+        return auth.api_key or None
+    path = Path(auth.api_key_file).expanduser()
+    try:
+        key = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"worker_auth.api_key_file: cannot read {str(path)!r} ({type(exc).__name__})"]) from None
+    if not key or any(c.isspace() or not c.isprintable() for c in key):
+        raise ConfigError(
+            [f"worker_auth.api_key_file: {str(path)!r} must hold one key without whitespace or control characters"]
+        )
+    return key
 
 
 def worker_ssl_context(tls: WorkerTlsConfig) -> ssl.SSLContext | None:
@@ -47,6 +70,11 @@ def load_security(cfg: AgentdConfig) -> Security:
         context = worker_ssl_context(cfg.worker_tls)
     except (OSError, ssl.SSLError) as exc:
         lines.append(f"worker_tls: cannot load the CA bundle or client certificate ({exc})")
+    key = None
+    try:
+        key = worker_api_key(cfg)
+    except ConfigError as exc:
+        lines.extend(exc.lines)
     if lines:
         raise ConfigError(lines)
-    return Security(authenticator, context)
+    return Security(authenticator, context, key)

@@ -53,7 +53,7 @@ from daemon.metrics import BatchApiMetrics, ProxyMetrics, build_registry
 from daemon.models import ModelDirectory, run_model_discovery
 from daemon.program_dispatch import ProgramDispatcher, run_program_scheduling
 from daemon.request_ids import REQUEST_ID_SEED, RequestIds
-from daemon.security import Security, load_security, worker_ssl_context
+from daemon.security import Security, load_security, worker_api_key, worker_ssl_context
 from daemon.upstream import UpstreamTransport, client_kwargs, upstream_limits, upstream_timeouts
 from sim.cluster import SimCluster, SimConfig, run_sim_cluster
 from sim.transport import SimTransport
@@ -65,8 +65,11 @@ SimConfigure = Callable[[SimConfig], SimConfig]
 
 
 def default_transport(cfg: AgentdConfig) -> httpx.AsyncBaseTransport:
-    """Connection-pooling HTTP/1.1 transport to real workers (TLS per ``[worker_tls]``)."""
-    return UpstreamTransport(upstream_limits(cfg.routing.keepalive_expiry_seconds), worker_ssl_context(cfg.worker_tls))
+    """Connection-pooling HTTP/1.1 transport to real workers (TLS per ``[worker_tls]``, the key of
+    ``[worker_auth]``)."""
+    return UpstreamTransport(
+        upstream_limits(cfg.routing.keepalive_expiry_seconds), worker_ssl_context(cfg.worker_tls), worker_api_key(cfg)
+    )
 
 
 def client_on(cfg: AgentdConfig, transport: httpx.AsyncBaseTransport) -> httpx.AsyncClient:

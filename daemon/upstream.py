@@ -498,8 +498,12 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
     a worker URL takes.
     """
 
-    def __init__(self, limits: httpx.Limits, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self, limits: httpx.Limits, ssl_context: ssl.SSLContext | None = None, api_key: str | None = None
+    ) -> None:
         self._limits = limits
+        # [worker_auth] (docs/operations.md §10.5): replaces any client credential on every request
+        self._authorization = None if not api_key else f"Bearer {api_key}"
         self._ssl = ssl_context  # worker_tls: custom CA / client certificate (docs/operations.md §10)
         self._plain = H1Pool(limits.max_keepalive_connections, limits.keepalive_expiry)
         self._tls: httpx.AsyncHTTPTransport | None = None
@@ -510,7 +514,9 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         return self._plain
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if request.url.userinfo and "authorization" not in request.headers:  # http://user:pass@worker
+        if self._authorization is not None:
+            request.headers["authorization"] = self._authorization
+        elif request.url.userinfo and "authorization" not in request.headers:  # http://user:pass@worker
             request.headers["authorization"] = basic_authorization(request.url)
         scheme = request.url.scheme
         if scheme == "http":

@@ -5,6 +5,7 @@ passed to Program scheduling (the core keys Program state by it)."""
 from __future__ import annotations
 
 import json
+import logging
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,6 +15,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
+from log_capture import EventLog
 
 from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.ids import DEFAULT_MODEL_POOL
@@ -34,6 +36,8 @@ class PoolWorkers:
         self.generations: list[tuple[str, str]] = []  # (worker, model)
         self.served = dict(SERVED)
         self.healthy = {W0: True, W1: True, W2: True}
+        self.model_reads: list[str] = []  # worker of each GET /v1/models
+        self.broken: set[str] = set()  # workers whose /v1/models answers 500 for now
 
     async def handler(self, request: httpx.Request) -> httpx.Response:
         base = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
@@ -43,8 +47,9 @@ class PoolWorkers:
         if path == "/metrics":
             return httpx.Response(200, text='vllm:num_requests_running{engine="0"} 0\n')
         if path == "/v1/models":
+            self.model_reads.append(base)
             models = self.served[base]
-            if models is None:
+            if models is None or base in self.broken:
                 return httpx.Response(500, text="boom")
             return httpx.Response(200, json={"object": "list", "data": [{"id": m} for m in [*models, "shared"]]})
         body = json.loads(await request.aread())
@@ -174,3 +179,53 @@ async def test_a_worker_whose_list_was_unknown_is_learnt_and_pools_follow_health
         await trio.sleep(3 * handles.config.routing.health_check_interval_seconds + 2.0)  # up to 3 failed checks
         assert ps.scheduler.state.pools["a"] == ()
         assert ps.scheduler.state.pools[DEFAULT_MODEL_POOL] == (f"{W1}@0", f"{W2}@0")
+
+
+async def test_model_lists_are_refreshed_every_health_interval_and_a_change_is_logged_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    records = EventLog()
+    models_logger = logging.getLogger("agentd.models")
+    models_logger.addHandler(records)
+    old_level = models_logger.level
+    models_logger.setLevel(logging.INFO)
+    workers = PoolWorkers()
+    workers.served[W2] = ["c"]
+    try:
+        async with daemon(pool_config(), workers) as handles:
+            directory = handles.engine.models
+            assert directory is not None
+            interval = handles.config.routing.health_check_interval_seconds
+            start = trio.current_time()
+            assert handles.build_request("chat", chat("a"), {}).model_pool == "a"
+            workers.served[W0] = ["z"]  # W0 restarted with another model
+            await trio.sleep(interval + 0.5)
+            assert directory.models[W0] == frozenset({"z", "shared"})
+            assert handles.build_request("chat", chat("z"), {}).model_pool == "z"
+            with pytest.raises(ApiError) as gone:
+                handles.build_request("chat", chat("a"), {})
+            assert gone.value.status == 404 and gone.value.param == "model"
+            workers.broken.add(W0)  # a failed refresh keeps the last list read
+            await trio.sleep(3 * interval)
+            assert directory.models[W0] == frozenset({"z", "shared"})
+            workers.broken.clear()
+            await trio.sleep(3 * interval)
+            elapsed = trio.current_time() - start
+            changed = [f for _, e, f in records.events if e == "models_changed"]
+            assert changed == [{"worker": W0, "models": "shared,z", "added": "z", "removed": "a"}]  # once
+            failures = [f for _, e, f in records.events if e == "models_discovered" and f["worker"] == W0]
+            assert len(failures) == 3  # the first list, the failure kind once, the recovery once
+            # bounded: one read per worker per interval (plus the one at start)
+            reads = workers.model_reads.count(W0)
+            assert reads == int(elapsed // interval) + 1
+    finally:
+        models_logger.removeHandler(records)
+        models_logger.setLevel(old_level)
+
+
+async def test_configured_workers_are_never_read_again(autojump_clock: trio.testing.MockClock) -> None:
+    workers = PoolWorkers()
+    cfg = pool_config(served_models={W0: ["a"], W1: ["b"], W2: ["c"]})
+    async with daemon(cfg, workers) as handles:
+        await trio.sleep(5 * handles.config.routing.health_check_interval_seconds)
+    assert workers.model_reads == []
