@@ -20,7 +20,10 @@ process and prints one JSON report (also written to ``DIR/<case>.json``):
   the normal clients' TTFT and latency p99 in attack windows may be at most 10 % above those in
   quiet windows.  Windows cycle quiet, attack, control; a control window adds as many
   well-behaved clients as the attack has attackers, so ``*_vs_control`` separates what the
-  misbehaviour costs from what the attackers' extra requests cost as ordinary load.
+  misbehaviour costs from what the attackers' extra requests cost as ordinary load, and
+  ``quiet_halves`` compares the quiet windows of odd and even cycles with each other (the spread
+  of two p99s with no attack at all: the measurement's noise floor on this machine);
+  ``agentd_cpu_seconds`` is agentd's CPU time spent in each kind of window.
 
 These are benchmarks, not timed tests: on a shared machine the numbers carry its load (the
 report records the load average).
@@ -76,6 +79,12 @@ def ttfts(results: list[RawResponse]) -> list[float]:
 
 def latencies(results: list[RawResponse]) -> list[float]:
     return [r.done_at - r.sent_at for r in results if r.done_at is not None]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -230,6 +239,7 @@ async def l3(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     phases: dict[str, list[RawResponse]] = {"alone": [], "attacked": [], "control": []}
     started_attacks = {"slow_sender": 0, "non_reader": 0}
     windows: list[tuple[float, float, str]] = []
+    agentd_cpu = {"alone": 0.0, "attacked": 0.0, "control": 0.0}  # agentd's CPU seconds per kind of window
     async with running(fakeworker_cmd(**shape)) as (_, worker_url):
         config = write_agentd_config(out, worker_url, limits)
         async with running(agentd_cmd(config)) as (proc, agentd_url):
@@ -268,6 +278,7 @@ async def l3(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                     kind = cycle[turn % len(cycle)]
                     turn += 1
                     windows.append((begin, end, kind))
+                    cpu_before = cpu_seconds(proc.pid)
                     with trio.move_on_at(end):
                         async with trio.open_nursery() as extra:
                             if kind == "attacked":
@@ -279,11 +290,15 @@ async def l3(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                                 extra.start_soon(fan_out, args.slow_senders + args.non_readers, 0.2, ordinary)
                             else:
                                 await trio.sleep_forever()
+                    agentd_cpu[kind] += cpu_seconds(proc.pid) - cpu_before
             rss = rss_bytes(proc.pid)
+    quiet_halves: tuple[list[RawResponse], list[RawResponse]] = ([], [])
     for r in normal_results:
-        for begin, end, kind in windows:
+        for n, (begin, end, kind) in enumerate(windows):
             if begin <= r.sent_at < end:
                 phases[kind].append(r)
+                if kind == "alone":  # every other quiet window: the A/A noise floor of a p99
+                    quiet_halves[(n // len(cycle)) % 2].append(r)
     report: dict[str, Any] = {
         "case": "l3",
         "clients": args.clients,
@@ -300,12 +315,35 @@ async def l3(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             "latency_seconds": summary(latencies(results)),
         }
     report["attack_requests_started"] = started_attacks
+    report["agentd_cpu_seconds"] = {kind: round(seconds, 2) for kind, seconds in agentd_cpu.items()}
     alone, attacked = report["alone"], report["attacked"]
     report["ttft_p99_degradation"] = attacked["ttft_seconds"]["p99"] / alone["ttft_seconds"]["p99"] - 1
     report["latency_p99_degradation"] = attacked["latency_seconds"]["p99"] / alone["latency_seconds"]["p99"] - 1
     control = report["control"]
     report["ttft_p99_vs_control"] = attacked["ttft_seconds"]["p99"] / control["ttft_seconds"]["p99"] - 1
     report["latency_p99_vs_control"] = attacked["latency_seconds"]["p99"] / control["latency_seconds"]["p99"] - 1
+    # the same comparison between two sets of quiet windows (odd vs even cycles): how far apart two
+    # p99s of this many requests are on this machine with no attack at all
+    half_ttft = [summary(ttfts(h))["p99"] for h in quiet_halves]
+    half_latency = [summary(latencies(h))["p99"] for h in quiet_halves]
+    report["quiet_halves"] = {
+        "requests": [len(h) for h in quiet_halves],
+        "ttft_p99": half_ttft,
+        "latency_p99": half_latency,
+        "ttft_p99_spread": max(half_ttft) / min(half_ttft) - 1 if min(half_ttft) > 0 else None,
+        "latency_p99_spread": max(half_latency) / min(half_latency) - 1 if min(half_latency) > 0 else None,
+    }
+    # the same comparison between two sets of quiet windows (odd vs even cycles): how far apart two
+    # p99s of this many requests are on this machine with no attack at all
+    half_ttft = [summary(ttfts(h))["p99"] for h in quiet_halves]
+    half_latency = [summary(latencies(h))["p99"] for h in quiet_halves]
+    report["quiet_halves"] = {
+        "requests": [len(h) for h in quiet_halves],
+        "ttft_p99": half_ttft,
+        "latency_p99": half_latency,
+        "ttft_p99_spread": max(half_ttft) / min(half_ttft) - 1 if min(half_ttft) > 0 else None,
+        "latency_p99_spread": max(half_latency) / min(half_latency) - 1 if min(half_latency) > 0 else None,
+    }
     report["agentd_rss_bytes"] = rss
     report["pass"] = (
         attacked["errors"] == 0 and report["ttft_p99_degradation"] <= 0.10 and report["latency_p99_degradation"] <= 0.10
