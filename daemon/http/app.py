@@ -440,8 +440,10 @@ def create_app(
         try:
             upstream = await handles.client.get(
                 f"{target.worker_url}/v1/models",
+                # the client's own credential passes through only without agentd keys: an agentd
+                # key never reaches a worker (docs/operations.md §10.1)
                 headers={"authorization": request.headers["authorization"]}
-                if "authorization" in request.headers
+                if "authorization" in request.headers and not app.auth.enabled
                 else None,
             )
         except httpx.HTTPError as exc:

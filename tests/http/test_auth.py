@@ -8,6 +8,7 @@ import random
 from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -156,3 +157,29 @@ def test_worker_tls_settings_load_at_start(tmp_path: Path) -> None:
     assert info.value.lines == [
         "worker_tls.client_key_file: needs worker_tls.client_cert_file (got client_cert_file='')"
     ]
+
+
+class ModelsSpy(MiniWorker):
+    def __init__(self) -> None:
+        super().__init__()
+        self.models_authorization: list[str | None] = []
+
+    async def handler(self, request: Any) -> Any:
+        if request.url.path == "/v1/models":
+            self.models_authorization.append(request.headers.get("authorization"))
+        return await super().handler(request)
+
+
+async def test_the_models_route_never_forwards_an_agentd_key() -> None:
+    worker = ModelsSpy()
+    cfg = attrs.evolve(http_config(), auth=AUTH)
+    async with trio.open_nursery() as nursery:
+        handles: DaemonHandles = await nursery.start(
+            partial(run_daemon, cfg, transport_factory=worker.transport, serve_http=False, rng=random.Random(0))
+        )
+        client = create_app(handles).test_client()
+        worker.models_authorization.clear()  # the start-up discovery's read
+        response = await client.get("/v1/models", headers=bearer(ALPHA))
+        assert response.status_code == 200
+        assert worker.models_authorization == [None]
+        handles.request_shutdown()
