@@ -293,10 +293,12 @@ async def l3(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                     agentd_cpu[kind] += cpu_seconds(proc.pid) - cpu_before
             rss = rss_bytes(proc.pid)
     quiet_halves: tuple[list[RawResponse], list[RawResponse]] = ([], [])
+    by_second: dict[str, dict[int, list[RawResponse]]] = {kind: {} for kind in phases}
     for r in normal_results:
         for n, (begin, end, kind) in enumerate(windows):
             if begin <= r.sent_at < end:
                 phases[kind].append(r)
+                by_second[kind].setdefault(int(r.sent_at - begin), []).append(r)
                 if kind == "alone":  # every other quiet window: the A/A noise floor of a p99
                     quiet_halves[(n // len(cycle)) % 2].append(r)
     report: dict[str, Any] = {
@@ -313,6 +315,10 @@ async def l3(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             "errors": sum(1 for r in results if not ok(r)),
             "ttft_seconds": summary(ttfts(results)),
             "latency_seconds": summary(latencies(results)),
+            # where in the window the tail is: TTFT p99 of the requests sent in each second of it
+            "ttft_p99_by_second": [
+                round(summary(ttfts(by_second[phase][k]))["p99"], 3) for k in sorted(by_second[phase])
+            ],
         }
     report["attack_requests_started"] = started_attacks
     report["agentd_cpu_seconds"] = {kind: round(seconds, 2) for kind, seconds in agentd_cpu.items()}
