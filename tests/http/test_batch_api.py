@@ -404,15 +404,19 @@ def as_tenant(api: Api, key: str) -> Api:
     return Api(api.handles, client, api.worker)
 
 
-def record_principals(api: Api) -> list[str | None]:
-    """Every principal the executor builds a request with (a spy that calls through)."""
+def record_principals(api: Api, tenants: list[str] | None = None) -> list[str | None]:
+    """Every principal the executor builds a request with (a spy that calls through); the requests'
+    resolved tenants go to ``tenants``."""
     seen: list[str | None] = []
+    tenants = [] if tenants is None else tenants
     engine = api.handles.engine
     build = engine.build_request
 
     def spy(*args: Any, **kwargs: Any) -> Any:
+        req = build(*args, **kwargs)
         seen.append(kwargs.get("principal"))
-        return build(*args, **kwargs)
+        tenants.append(req.prio.tenant)
+        return req
 
     engine.build_request = spy  # type: ignore[method-assign]
     return seen
@@ -421,14 +425,16 @@ def record_principals(api: Api) -> list[str | None]:
 async def test_batch_api_objects_belong_to_the_tenant_that_created_them(tmp_path: Path) -> None:
     cfg = attrs.evolve(batch_config(tmp_path / "b.sqlite3"), auth=TWO_TENANTS)
     async with running(cfg, BatchWorker()) as api:
-        principals = record_principals(api)
+        tenants: list[str] = []
+        principals = record_principals(api, tenants)
         a, b = as_tenant(api, ALPHA), as_tenant(api, BETA)
         async with a.client, b.client:
             assert (await api.client.get("/v1/batches")).status_code == 401  # no key, no Batch API
-            batch = await a.run_batch([line("x"), line("y")])
+            batch = await a.run_batch([line("x"), line("y", user="team-b")])  # a line cannot pick its tenant
             done = await a.service.wait_settled(batch["id"])
             assert done["status"] == "completed"
             assert principals == ["team-a", "team-a"]  # the lines ran as their owner
+            assert tenants == ["team-a", "team-a"]  # whatever a line's user field says
             output, input_id = done["output_file_id"], done["input_file_id"]
             assert len(await a.content(output)) == 2
             # team-b sees none of it: 404 as for an unknown id, empty lists
