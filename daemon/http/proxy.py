@@ -606,12 +606,7 @@ class ProxyEngine:
                             response = await self._send(
                                 target.worker_url,
                                 PATHS[req.endpoint],
-                                upstream_headers(
-                                    req.headers,
-                                    target.dp_rank,
-                                    upstream_request_id(req.request_id, req.client_request_id),
-                                    lease.attempt,
-                                ),
+                                _worker_headers(req, lease),
                                 content,
                                 req.stream,
                             )
@@ -700,12 +695,7 @@ class ProxyEngine:
         again = await self._send(
             target.worker_url,
             PATHS[req.endpoint],
-            upstream_headers(
-                req.headers,
-                target.dp_rank,
-                upstream_request_id(req.request_id, req.client_request_id),
-                lease.attempt,
-            ),
+            _worker_headers(req, lease),
             content,
             req.stream,
         )
@@ -935,6 +925,17 @@ def complete_events_end(data: bytes) -> int:
     lf = data.rfind(b"\n\n")
     crlf = data.rfind(b"\r\n\r\n")
     return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+
+
+def _worker_headers(req: ProxyRequest, lease: Lease) -> list[tuple[str, str]]:
+    """The headers of the request to the worker: the DP rank, agentd's request id (with the
+    client's id and the retry attempt, docs/operations.md §12)."""
+    return upstream_headers(
+        req.headers,
+        lease.target.dp_rank,
+        upstream_request_id(req.request_id, req.client_request_id),
+        lease.attempt,
+    )
 
 
 async def _raw_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
