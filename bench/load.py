@@ -23,7 +23,10 @@ process and prints one JSON report (also written to ``DIR/<case>.json``):
   misbehaviour costs from what the attackers' extra requests cost as ordinary load, and
   ``quiet_halves`` compares the quiet windows of odd and even cycles with each other (the spread
   of two p99s with no attack at all: the measurement's noise floor on this machine);
-  ``agentd_cpu_seconds`` is agentd's CPU time spent in each kind of window.
+  ``agentd_cpu_seconds`` is agentd's CPU time spent in each kind of window.  Requests sent in the
+  first ``--settle-seconds`` of every window (the change-over, when one window's extra clients
+  are torn down and the next one's arrive at once) are left out of the steady-state comparison
+  for all kinds of window alike and reported under ``with_transitions`` and per second.
 
 These are benchmarks, not timed tests: on a shared machine the numbers carry its load (the
 report records the load average).
@@ -141,6 +144,13 @@ async def l1(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         }
     report["added_ttft_p99_seconds"] = report["agentd"]["ttft_seconds"]["p99"] - report["direct"]["ttft_seconds"]["p99"]
     report["added_ttft_p50_seconds"] = report["agentd"]["ttft_seconds"]["p50"] - report["direct"]["ttft_seconds"]["p50"]
+    whole = {phase: report[phase]["with_transitions"] for phase in phases}
+    report["with_transitions"] = {
+        "ttft_p99_degradation": whole["attacked"]["ttft_seconds"]["p99"] / whole["alone"]["ttft_seconds"]["p99"] - 1,
+        "latency_p99_degradation": whole["attacked"]["latency_seconds"]["p99"]
+        / whole["alone"]["latency_seconds"]["p99"]
+        - 1,
+    }
     report["agentd_rss_bytes"] = rss
     report["pass"] = report["agentd"]["errors"] == 0
     return report
@@ -294,11 +304,19 @@ async def l3(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             rss = rss_bytes(proc.pid)
     quiet_halves: tuple[list[RawResponse], list[RawResponse]] = ([], [])
     by_second: dict[str, dict[int, list[RawResponse]]] = {kind: {} for kind in phases}
+    # requests sent in the first --settle-seconds of a window (of every kind alike) meet the
+    # change-over: the previous window's clients being torn down and this window's arriving at
+    # once. They are reported per second and in "with_transitions", and left out of the
+    # steady-state comparison (docs/benchmarks.md §8.6).
+    transitions: dict[str, list[RawResponse]] = {kind: [] for kind in phases}
     for r in normal_results:
         for n, (begin, end, kind) in enumerate(windows):
             if begin <= r.sent_at < end:
-                phases[kind].append(r)
                 by_second[kind].setdefault(int(r.sent_at - begin), []).append(r)
+                if r.sent_at - begin < args.settle_seconds:
+                    transitions[kind].append(r)
+                    continue
+                phases[kind].append(r)
                 if kind == "alone":  # every other quiet window: the A/A noise floor of a p99
                     quiet_halves[(n // len(cycle)) % 2].append(r)
     report: dict[str, Any] = {
@@ -308,6 +326,7 @@ async def l3(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "non_readers": args.non_readers,
         "windows": len(windows),
         "window_seconds": args.window_seconds,
+        "settle_seconds": args.settle_seconds,
     }
     for phase, results in phases.items():
         report[phase] = {
@@ -319,6 +338,13 @@ async def l3(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             "ttft_p99_by_second": [
                 round(summary(ttfts(by_second[phase][k]))["p99"], 3) for k in sorted(by_second[phase])
             ],
+        }
+        everything = results + transitions[phase]
+        report[phase]["with_transitions"] = {
+            "requests": len(everything),
+            "errors": sum(1 for r in everything if not ok(r)),
+            "ttft_seconds": summary(ttfts(everything)),
+            "latency_seconds": summary(latencies(everything)),
         }
     report["attack_requests_started"] = started_attacks
     report["agentd_cpu_seconds"] = {kind: round(seconds, 2) for kind, seconds in agentd_cpu.items()}
@@ -339,16 +365,12 @@ async def l3(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "ttft_p99_spread": max(half_ttft) / min(half_ttft) - 1 if min(half_ttft) > 0 else None,
         "latency_p99_spread": max(half_latency) / min(half_latency) - 1 if min(half_latency) > 0 else None,
     }
-    # the same comparison between two sets of quiet windows (odd vs even cycles): how far apart two
-    # p99s of this many requests are on this machine with no attack at all
-    half_ttft = [summary(ttfts(h))["p99"] for h in quiet_halves]
-    half_latency = [summary(latencies(h))["p99"] for h in quiet_halves]
-    report["quiet_halves"] = {
-        "requests": [len(h) for h in quiet_halves],
-        "ttft_p99": half_ttft,
-        "latency_p99": half_latency,
-        "ttft_p99_spread": max(half_ttft) / min(half_ttft) - 1 if min(half_ttft) > 0 else None,
-        "latency_p99_spread": max(half_latency) / min(half_latency) - 1 if min(half_latency) > 0 else None,
+    whole = {phase: report[phase]["with_transitions"] for phase in phases}
+    report["with_transitions"] = {
+        "ttft_p99_degradation": whole["attacked"]["ttft_seconds"]["p99"] / whole["alone"]["ttft_seconds"]["p99"] - 1,
+        "latency_p99_degradation": whole["attacked"]["latency_seconds"]["p99"]
+        / whole["alone"]["latency_seconds"]["p99"]
+        - 1,
     }
     report["agentd_rss_bytes"] = rss
     report["pass"] = (
@@ -371,6 +393,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--token-interval", type=float, default=0.02)
     parser.add_argument("--seconds", type=float, default=None, help="l2: each level (20); l3: the whole run (60)")
     parser.add_argument("--window-seconds", type=float, default=5.0, help="l3: alternating quiet/attack windows")
+    parser.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=1.0,
+        help="l3: requests sent in each window's first seconds (change-over) are reported apart",
+    )
     parser.add_argument("--in-flight", type=int, default=200, help="l2: limits.max_in_flight_requests")
     parser.add_argument("--queued", type=int, default=50, help="l2: limits.max_queued_requests")
     parser.add_argument("--queue-timeout", type=float, default=1.0, help="l2: limits.queue_timeout_seconds")
