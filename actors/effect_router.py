@@ -304,6 +304,32 @@ class EffectRouter:
             tool=e.tool,
         )
 
+    def _time_attributed(self, e: fx.TimeAttributed) -> None:
+        m = self.metrics
+        queue, prefill, recompute, decode, between = m.time_parts
+        for counter, value in (
+            (queue, e.queue_seconds),
+            (prefill, e.prefill_seconds),
+            (recompute, e.recompute_seconds),
+            (decode, e.decode_seconds),
+            (between, e.between_turns_seconds),
+        ):
+            if value > 0:
+                counter.inc(value)
+        if not e.completed:
+            return
+        if e.cached_tokens:
+            m.program_prompt_tokens.labels("cached").inc(e.cached_tokens)
+        if e.new_tokens:
+            m.program_prompt_tokens.labels("new").inc(e.new_tokens)
+        if e.recomputed_tokens and e.cause is not None:
+            m.program_prompt_tokens.labels("recomputed").inc(e.recomputed_tokens)
+            m.program_recomputed_tokens.labels(e.cause).inc(e.recomputed_tokens)
+            if e.recompute_seconds > 0:
+                m.program_recompute_seconds.labels(e.cause).inc(e.recompute_seconds)
+        if e.estimated_split:
+            m.program_split_estimated.inc()
+
     def _shared_prefix(self, e: fx.SharedPrefixObserved) -> None:
         self.metrics.shared_prefix_observed_tokens.labels(e.target_id).observe(e.tokens)
 
@@ -373,6 +399,7 @@ _ROUTES: dict[type, Callable[[EffectRouter, Any], None]] = {
     fx.RequestIntervalObserved: EffectRouter._interval,
     fx.CacheMissImpactObserved: EffectRouter._impact,
     fx.TtlArmed: EffectRouter._ttl_armed,
+    fx.TimeAttributed: EffectRouter._time_attributed,
     fx.SharedPrefixObserved: EffectRouter._shared_prefix,
     fx.CacheDiscontinuity: EffectRouter._discontinuity,
     fx.CapacitySourceChanged: EffectRouter._source_changed,

@@ -24,6 +24,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from actors.core.attribution import CAUSES, PARTS, TOKEN_KINDS
+
 PREFIX = "vllm_router_agent_aware"
 
 TOKEN_BUCKETS = (
@@ -248,6 +250,43 @@ class ProgramMetrics:
             (field, hist(f"admission_{name}", doc, ("target",), buckets))
             for name, field, doc, buckets in ADMISSION_HISTOGRAMS
         )
+        # where each Program's time goes (docs/program-scheduling.md §14), summed over Programs;
+        # every label value exists from the start (bounded enums), so a rate() never lacks a series
+        self.program_time_seconds = Counter(
+            "agentd_program_time_seconds",
+            "Programs' wall time by part (queue, prefill, recompute, decode, between_turns), summed.",
+            ("part",),
+            registry=registry,
+        )
+        self.program_recomputed_tokens = Counter(
+            "agentd_program_recomputed_tokens",
+            "Prompt tokens a Program had in KV before and recomputed, by the cause of the loss.",
+            ("cause",),
+            registry=registry,
+        )
+        self.program_recompute_seconds = Counter(
+            "agentd_program_recompute_seconds",
+            "Estimated prefill time spent on recomputed prompt tokens, by the cause of the loss.",
+            ("cause",),
+            registry=registry,
+        )
+        self.program_prompt_tokens = Counter(
+            "agentd_program_prompt_tokens",
+            "Prompt tokens of completed Program requests: cached hits, new, recomputed.",
+            ("kind",),
+            registry=registry,
+        )
+        self.program_split_estimated = Counter(
+            "agentd_program_split_estimated",
+            "Completions whose prefill/decode split was priced by the cost model (not streamed).",
+            registry=registry,
+        )
+        self.time_parts = tuple(self.program_time_seconds.labels(part) for part in PARTS)
+        for cause in CAUSES:
+            self.program_recomputed_tokens.labels(cause)
+            self.program_recompute_seconds.labels(cause)
+        for kind in TOKEN_KINDS:
+            self.program_prompt_tokens.labels(kind)
         self.collector = ProgramGaugeCollector(lambda: self._gauges)
         registry.register(self.collector)
 

@@ -27,6 +27,9 @@ targets disappear and come back. After every rule the machine checks, against th
   ``paused_retention_ttl`` (§1); completions fenced by generation and placement epoch;
 * windows never exceed ``stats_window_size``; lineage roots terminate;
 * identity-free requests never create Program state;
+* time accounts (docs/program-scheduling.md §14): each Program's parts are >= 0 and, with its
+  unsplit serving time, sum to its accounted wall time; a live Program's phase matches its
+  in-flight and waiting counts; the ``TimeAttributed`` effects sum to the totals;
 * determinism: at teardown the recorded events are replayed into a fresh state and must
   produce identical effects.
 """
@@ -42,6 +45,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from actors.core import invariants
+from actors.core.attribution import IDLE, PARTS, QUEUED, SERVING
 from actors.core.effects import (
     Admit,
     ArmTimer,
@@ -51,6 +55,7 @@ from actors.core.effects import (
     RetireProgram,
     SpawnProgram,
     StaleObservationDropped,
+    TimeAttributed,
     Transition,
 )
 from actors.core.events import (
@@ -128,6 +133,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.generations: dict[str, tuple[int, float | None]] = {}  # program id -> (generation, released at)
         self.paused_since: dict[Any, float] = {}
         self.admission: dict[Any, dict[str, Any]] = {}  # active ref -> admission record
+        self.attributed = dict.fromkeys(PARTS, 0.0)  # sums of the TimeAttributed effects
         self._step(TargetsChanged(POOL, self._targets()))
 
     # ------------------------------------------------------------------ driving the core
@@ -161,6 +167,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         effects = step(self.state, event, now=self.now, cfg=self.cfg).effects
         self.log.append((event, self.now))
         self.effect_log.append(effects)
+        for e in effects:
+            if isinstance(e, TimeAttributed):
+                for part in PARTS:
+                    self.attributed[part] += getattr(e, f"{part}_seconds")
         shown = [_brief(e) for e in effects if not isinstance(e, (ArmTimer, CancelTimer))]
         note(f"t={self.now}: {_brief(event)} -> {shown}")
         self._absorb(event, effects)
@@ -589,6 +599,23 @@ class SchedulerMachine(RuleBasedStateMachine):
         for pool, pid in list(lineage.parents):
             root = lineage.root(pool, pid)
             assert lineage.parents.get((pool, root), root) == root, (pid, root)
+
+    @invariant()
+    def time_accounts_partition_wall_time(self) -> None:
+        s = self.state
+        for key, rec in s.times.records.items():
+            values = (*rec.parts(), rec.serving_open)
+            assert all(v >= -EPS for v in values), (key, rec)
+            wall = rec.since - rec.started_at
+            assert abs(sum(values) - wall) <= EPS * max(1.0, wall), (key, rec)
+            assert rec.started_at <= rec.since <= self.now
+            p = s.programs.get(key)
+            if p is not None:
+                waiting = s.pool.program_len(p.ref)
+                assert rec.phase == (SERVING if p.in_flight else QUEUED if waiting else IDLE), (key, rec)
+        for part in PARTS:
+            total = s.times.totals.parts[part]
+            assert abs(total - self.attributed[part]) <= EPS * max(1.0, total), (part, total)
 
     def teardown(self) -> None:
         if not hasattr(self, "cfg"):

@@ -21,6 +21,7 @@ from actors.core.effects import (
     SharedPrefixObserved,
     SpawnProgram,
     StaleObservationDropped,
+    TimeAttributed,
     Transition,
     TtlArmed,
 )
@@ -95,6 +96,7 @@ __all__ = [
     "TargetsChanged",
     "TimerFired",
     "Transition",
+    "TimeAttributed",
     "TtlArmed",
     "Usage",
     "check_invariants",

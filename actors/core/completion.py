@@ -49,6 +49,7 @@ from actors.core.resume import (
 from actors.core.sequences import expire_acting_ttl, periodic_sequence
 from actors.core.state import SchedulerState, live_program
 from actors.core.stats import CACHE_CONTINUITY_HIT_RATIO, RequestSample, acting_ttl_factors
+from actors.core.timeline import on_completion
 from actors.core.tool_retention import turn_keys
 
 SHRINK_CONFIRMATIONS = 2
@@ -88,6 +89,7 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     if found is None:
         return
     d, p = found
+    on_completion(s, p, d, ev)  # where the Program's time went (docs/program-scheduling.md §14)
     out = fairness.output_tokens(ev.usage.completion_tokens, d.reserved_output_tokens, ev.success)
     fairness.charge(s.fair, s.prio, d.tenant, output_tokens=out)  # docs/priority.md §3
     rank = s.ranks[d.target_id]

@@ -164,6 +164,29 @@ class TtlArmed:
 
 
 @frozen(slots=False)
+class TimeAttributed:
+    """Where a Program's time went since its last report (docs/program-scheduling.md §14).
+
+    Emitted at each completion (with what the completion added: its prompt tokens by kind and the
+    recomputation's cause) and when a generation is released with time not yet reported (queue
+    time of rejected or cancelled requests).  Feeds the ``agentd_program_*_total`` counters."""
+
+    program: ProgramRef
+    target_id: TargetId | None
+    queue_seconds: float
+    prefill_seconds: float
+    recompute_seconds: float
+    decode_seconds: float
+    between_turns_seconds: float
+    completed: bool = False  # a completion (the token fields below are its own)
+    cause: str | None = None  # of this completion's recomputed tokens
+    recomputed_tokens: int = 0
+    cached_tokens: int = 0
+    new_tokens: int = 0
+    estimated_split: bool = False  # prefill/decode priced by the cost model (not streamed)
+
+
+@frozen(slots=False)
 class SharedPrefixObserved:
     target_id: TargetId
     tokens: int
@@ -279,6 +302,7 @@ Effect = (
     | RequestIntervalObserved
     | CacheMissImpactObserved
     | TtlArmed
+    | TimeAttributed
     | SharedPrefixObserved
     | CacheDiscontinuity
     | CapacitySourceChanged

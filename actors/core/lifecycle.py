@@ -29,6 +29,7 @@ from actors.core.model import (
     RankState,
 )
 from actors.core.state import SchedulerState, live_program
+from actors.core.timeline import on_lost_placement, on_release
 
 K = TypeVar("K", bound=str)
 
@@ -274,6 +275,7 @@ def _unplace_paused(s: SchedulerState, p: Program, frm: str, to: str, reason: st
 def _after_pause(s: SchedulerState, p: Program, reason: str) -> None:
     p.paused_at = s.now
     p.last_pause_reason = reason
+    on_lost_placement(s, p, reason)  # the cause of its next recomputation (§14)
     p.rounds_since_activation = 0
     p.acting_since = p.ttl_deadline = None
     p.pause_when_idle = False
@@ -316,6 +318,7 @@ def invalidate(s: SchedulerState, p: Program) -> None:
     p.placement_epoch = s.epochs.next()
     p.placement_start_pending = False
     p.in_flight = 0
+    on_lost_placement(s, p, "health_failover")
     s.effects.append(
         Transition(
             program=p.ref,
@@ -345,6 +348,7 @@ def release(s: SchedulerState, p: Program, reason: str) -> bool:
     s.released_at.pop(key, None)  # re-inserted at the end: the dict stays in release order
     s.released_at[key] = s.now
     s.binder.release(key)
+    on_release(s, p)  # it leaves the touched set: close its time account now (§14)
     s.touched.pop(p.ref, None)
     s.effects.append(
         Transition(

@@ -57,6 +57,7 @@ from actors.core.events import (
     TimerFired,
 )
 from actors.core.state import SchedulerState
+from actors.core.timeline import sync_touched
 from actors.core.timers import sync_timers
 
 __all__ = ["SchedulerState", "Step", "initial_state", "step"]
@@ -109,6 +110,7 @@ def step(state: SchedulerState, event: object, *, now: float, cfg: ProgramSchedu
         # claims of requests that left (docs/priority.md §2)
         interactive.dispatch_interactive(s)
     fairness_sync.sync_rent(s)
+    sync_touched(s)  # each touched Program's time account enters its new phase (§14)
     sync_timers(s)
     effects = tuple(s.effects)
     s.effects = []

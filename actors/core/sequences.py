@@ -107,6 +107,7 @@ def prune_released_generations(s: SchedulerState) -> None:
         del released[key]
         s.last_generations.pop(key, None)
         s.lineage.forget(key.model_pool, key.program_id)
+        s.times.forget(key)
 
 
 def cancel_request(s: SchedulerState, rid: RequestId) -> None:

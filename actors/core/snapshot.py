@@ -20,6 +20,7 @@ import attrs
 from attrs import field, frozen
 
 from actors.core import fairness
+from actors.core.attribution import TimeSplitSnapshot, time_split_snapshot
 from actors.core.config import ProgramSchedulingConfig
 from actors.core.ids import TargetId, redacted_id
 from actors.core.ledger import (
@@ -239,6 +240,8 @@ class SchedulerSnapshot:
     priority: PrioritySnapshot | None = None  # None: taken for the gauges only
     # per (model pool, tool) gap windows and decisions (docs/program-scheduling.md §12)
     tools: tuple[ToolSnapshot, ...] = ()
+    # where the Programs' time goes: totals and the longest live Programs (docs/program-scheduling.md §14)
+    time_split: TimeSplitSnapshot | None = None
 
 
 def snapshot(
@@ -270,6 +273,11 @@ def snapshot(
         ),
         priority=priority_snapshot(state, now) if include_programs else None,
         tools=state.tools.snapshot() if include_programs else (),
+        time_split=(
+            time_split_snapshot(state.times, (p.ref for p in state.programs.values()), now)
+            if include_programs
+            else None
+        ),
     )
 
 
@@ -283,6 +291,10 @@ def diagnostics_document(snap: SchedulerSnapshot) -> dict[str, Any]:
     else:
         doc["priority"] = priority_document(snap.priority)
     doc["tools"] = [attrs.asdict(t) for t in snap.tools]
+    if snap.time_split is None:
+        doc.pop("time_split", None)
+    else:
+        doc["time_split"] = attrs.asdict(snap.time_split, recurse=True)
     return doc
 
 

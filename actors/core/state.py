@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import cast
 
+from actors.core.attribution import TimeBook
 from actors.core.batch_state import BatchState
 from actors.core.config import DEFAULT_PRIORITY, BatchJobsConfig, PriorityConfig, ProgramSchedulingConfig
 from actors.core.effects import Effect
@@ -74,6 +75,8 @@ class SchedulerState:
         # gaps after each tool, per model pool: the per-tool acting TTL (docs/program-scheduling.md §12)
         self.tools = ToolGapModel(cfg.tool_retention)
         self.forced_admissions = 0
+        # where each Program's time goes (docs/program-scheduling.md §14)
+        self.times = TimeBook()
         # per-step scratch
         self.effects: list[Effect] = []
         self.touched: dict[ProgramRef, Program] = {}
