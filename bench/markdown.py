@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from actors.core.attribution import CAUSES, PARTS
+
 Getter = Callable[[Mapping[str, Any]], float | None]
 Cell = Callable[[float | None, float | None], str]  # (value, baseline value) -> table cell
 
@@ -74,6 +76,25 @@ ROWS: tuple[Row, ...] = (
         report_value("time_split_seconds", "recomputed_prompt_tokens"),
         "{:.0f}",
         True,
+    ),
+    # agentd's own account, per task over all its Programs (docs/program-scheduling.md §14)
+    *(
+        (
+            f"server: {part.replace('_', ' ')} per task (s)",
+            report_value("server_time_split", "seconds_per_task", part),
+            "{:.1f}",
+            True,
+        )
+        for part in PARTS
+    ),
+    *(
+        (
+            f"server: recomputed tokens per task, {cause}",
+            report_value("server_time_split", "recomputed_tokens_per_task", cause),
+            "{:.0f}",
+            True,
+        )
+        for cause in CAUSES
     ),
     ("wall time (trace s)", report_value("duration_seconds"), "{:.1f}", True),
     ("router process CPU (s)", report_value("process_cpu_seconds", "system"), "{:.1f}", True),

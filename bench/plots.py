@@ -3,7 +3,9 @@
 ``write_plots(reports, out_dir)`` writes ``jct_cdf.png`` (per-task JCT CDF per system),
 ``queue_wait_cdf.png`` (router and backend queue-wait CDFs from the histogram buckets) and
 ``cache_hit.png`` (token cache hit per system, preemptions annotated) and ``time_split.png`` (the
-mean root Program's time to first tokens, decode and between turns, stacked per system).  Returns the file names
+mean root Program's time to first tokens, decode and between turns as the client saw it, stacked per
+system; beside it, for the systems that report it (agentd), the server's account per task: router
+queue, prefill, recompute, decode, between turns, docs/program-scheduling.md §14).  Returns the file names
 written, or ``[]`` when matplotlib is not installed: report.md does not depend on it.
 """
 
@@ -12,6 +14,20 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from typing import Any
+
+# (report key, legend) of the stacked bars of time_split.png
+CLIENT_PARTS = (
+    ("first_token", "to first token (queue + prefill)"),
+    ("decode", "decode"),
+    ("between_turns", "between turns (tools, subagents)"),
+)
+SERVER_PARTS = (
+    ("queue", "router queue"),
+    ("prefill", "prefill (new and cached tokens)"),
+    ("recompute", "recompute (evicted KV, estimated)"),
+    ("decode", "decode"),
+    ("between_turns", "between turns (tools, humans)"),
+)
 
 
 def _cdf(values: list[float]) -> tuple[list[float], list[float]]:
@@ -86,21 +102,29 @@ def write_plots(reports: Mapping[str, Mapping[str, Any]], out_dir: str) -> list[
     split: dict[str, Mapping[str, Any]] = {
         s: r["time_split_seconds"] for s, r in reports.items() if isinstance(r.get("time_split_seconds"), Mapping)
     }
-    if split:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        names = list(split)
-        bottom = [0.0] * len(names)
-        for key, label in (
-            ("first_token", "to first token (queue + prefill)"),
-            ("decode", "decode"),
-            ("between_turns", "between turns (tools, subagents)"),
-        ):
-            values = [float(split[s].get(key) or 0.0) for s in names]
-            ax.bar(names, values, bottom=bottom, label=label)
-            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-        ax.set_ylabel("mean per root Program (trace s)")
-        ax.set_title("Where a Program's time goes (client view)")
-        ax.legend(fontsize=8)
+    server: dict[str, Mapping[str, Any]] = {
+        s: r["server_time_split"]["seconds_per_task"]
+        for s, r in reports.items()
+        if isinstance(r.get("server_time_split"), Mapping)
+    }
+    if split or server:
+        panels = [p for p in (("client", split), ("server", server)) if p[1]]
+        fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
+        for ax, (view, data) in zip(axes[0], panels, strict=True):
+            names = list(data)
+            bottom = [0.0] * len(names)
+            parts = CLIENT_PARTS if view == "client" else SERVER_PARTS
+            for key, label in parts:
+                values = [float(data[s].get(key) or 0.0) for s in names]
+                ax.bar(names, values, bottom=bottom, label=label)
+                bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+            if view == "client":
+                ax.set_ylabel("mean per root Program (trace s)")
+                ax.set_title("Where a Program's time goes (client view)")
+            else:
+                ax.set_ylabel("per task, summed over its Programs (trace s)")
+                ax.set_title("Where the Programs' time goes (agentd's account)")
+            ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, "time_split.png"), dpi=110)
         plt.close(fig)

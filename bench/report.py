@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from actors.core.attribution import PARTS
 from bench.replay import ReplayOptions, ReplayResult, RequestResult, run_replay
 from bench.trace.format import DEFAULT_TENANT, Trace
 from bench.trace.stats import percentile
@@ -40,6 +41,11 @@ ROUTER_QUEUE = "vllm_router_agent_aware_queue_wait_seconds"
 ROUTER_ARMED_TTL = "vllm_router_agent_aware_armed_ttl_seconds"
 TENANT_QUEUE = "agentd_class_queue_wait_seconds"  # by class and tenant (actors/fairness_metrics.py)
 TENANT_COUNTER = "agentd_tenant_virtual_counter"
+# where the Programs' time goes, server side (docs/program-scheduling.md §14; agentd only)
+PROGRAM_TIME = "agentd_program_time_seconds_total"
+PROGRAM_RECOMPUTED = "agentd_program_recomputed_tokens_total"
+PROGRAM_PROMPT_TOKENS = "agentd_program_prompt_tokens_total"
+SERVER_PARTS = PARTS
 
 
 _SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
@@ -330,6 +336,7 @@ def build_report(
             "ttl_armed": ttl_armed,
         },
         "time_split_seconds": time_split(result, s),
+        "server_time_split": server_time_split(router_before, router_after, len(tasks_ok), s),
         "samples": {"jct_seconds": sorted(jct)},
         "metrics_errors": list(metrics_errors),
     }
@@ -374,6 +381,36 @@ def time_split(result: ReplayResult, scale: float) -> dict[str, Any] | None:
         "decode": sum(r[1] for r in rows) / n * scale,
         "between_turns": sum(r[2] for r in rows) / n * scale,
         "recomputed_prompt_tokens": sum(r[3] for r in rows) / n,
+    }
+
+
+def server_time_split(
+    before: Sequence[Snapshot | None], after: Sequence[Snapshot | None], tasks: int, scale: float
+) -> dict[str, Any] | None:
+    """Where the Programs' time goes as agentd accounts it (docs/program-scheduling.md §14), from
+    the run's deltas of ``agentd_program_*_total``: per completed agent task, summed over all of the
+    task's Programs (the lead and its subagents), the seconds by part in trace seconds, the
+    recomputed prompt tokens by cause and the prompt tokens by kind.  None for a router without
+    these counters (native, vllm-router) or when no task completed."""
+    if tasks <= 0 or counter_delta(before, after, PROGRAM_TIME) is None:
+        return None
+    seconds = {
+        part: (counter_delta(before, after, PROGRAM_TIME, {"part": part}) or 0.0) / tasks * scale
+        for part in SERVER_PARTS
+    }
+    causes = _label_values(after, PROGRAM_RECOMPUTED, "cause")
+    recomputed = {
+        cause: (counter_delta(before, after, PROGRAM_RECOMPUTED, {"cause": cause}) or 0.0) / tasks for cause in causes
+    }
+    kinds = _label_values(after, PROGRAM_PROMPT_TOKENS, "kind")
+    tokens = {
+        kind: (counter_delta(before, after, PROGRAM_PROMPT_TOKENS, {"kind": kind}) or 0.0) / tasks for kind in kinds
+    }
+    return {
+        "tasks": tasks,
+        "seconds_per_task": seconds,
+        "recomputed_tokens_per_task": recomputed,
+        "prompt_tokens_per_task": tokens,
     }
 
 

@@ -138,3 +138,54 @@ def test_time_split_of_the_root_program_and_its_recomputed_tokens() -> None:
         "recomputed_prompt_tokens": 70,
     }
     assert time_split(ReplayResult(0.0, 1.0, (), (), 0, 0), 1.0) is None
+
+
+def test_server_time_split_per_task_from_agentd_counters_and_its_report_rows() -> None:
+    from bench.report import parse_metrics, server_time_split
+
+    def text(queue: float, decode: float, acting: float, cached: float) -> str:
+        return (
+            "# TYPE agentd_program_time_seconds counter\n"
+            f'agentd_program_time_seconds_total{{part="queue"}} {queue}\n'
+            f'agentd_program_time_seconds_total{{part="decode"}} {decode}\n'
+            f'agentd_program_time_seconds_total{{part="prefill"}} 0\n'
+            "# TYPE agentd_program_recomputed_tokens counter\n"
+            f'agentd_program_recomputed_tokens_total{{cause="acting_ttl"}} {acting}\n'
+            'agentd_program_recomputed_tokens_total{cause="migration"} 0\n'
+            "# TYPE agentd_program_prompt_tokens counter\n"
+            f'agentd_program_prompt_tokens_total{{kind="cached"}} {cached}\n'
+        )
+
+    before, after = parse_metrics(text(1.0, 2.0, 100, 50)), parse_metrics(text(5.0, 10.0, 900, 450))
+    out = server_time_split([before], [after], tasks=4, scale=2.0)
+    assert out is not None and out["tasks"] == 4
+    # (5 - 1) s of queue over 4 tasks, in trace seconds at time scale 2
+    assert out["seconds_per_task"] == {
+        "queue": 2.0,
+        "prefill": 0.0,
+        "recompute": 0.0,
+        "decode": 4.0,
+        "between_turns": 0.0,
+    }
+    assert out["recomputed_tokens_per_task"] == {"acting_ttl": 200.0, "migration": 0.0}
+    assert out["prompt_tokens_per_task"] == {"cached": 100.0}
+    assert server_time_split([None], [parse_metrics("x 1\n")], tasks=4, scale=1.0) is None  # not agentd
+    assert server_time_split([before], [after], tasks=0, scale=1.0) is None
+    reports = {name: dict(rep) for name, rep in REPORTS.items()}
+    reports["agentd"]["server_time_split"] = out
+    lines = render_report(reports, title="t").splitlines()
+    assert "| server: decode per task (s) | - | 4.0 | - |" in lines
+    assert "| server: recomputed tokens per task, acting_ttl | - | 200 | - |" in lines
+
+
+def test_time_split_plot_has_the_client_and_the_server_view(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    reports = {name: dict(rep) for name, rep in REPORTS.items()}
+    for rep in reports.values():
+        rep["time_split_seconds"] = {"first_token": 5.0, "decode": 40.0, "between_turns": 20.0}
+    parts = {"queue": 1.0, "prefill": 2.0, "recompute": 3.0, "decode": 40.0, "between_turns": 20.0}
+    reports["agentd"]["server_time_split"] = {"seconds_per_task": parts}
+    names = write_plots(reports, str(tmp_path))
+    assert names[-1] == "time_split.png"
+    with open(os.path.join(tmp_path, "time_split.png"), "rb") as fh:
+        assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
