@@ -130,3 +130,44 @@ def write_plots(reports: Mapping[str, Mapping[str, Any]], out_dir: str) -> list[
         plt.close(fig)
         written.append("time_split.png")
     return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.plots --out DIR SYSTEM=REPORT.json ...``: the plots of saved reports (for
+    benches whose driver writes no plots, such as ``bench.tool_bench``)."""
+    import argparse
+    import json
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m bench.plots", description=main.__doc__)
+    parser.add_argument("--out", required=True, help="directory for the PNG files")
+    parser.add_argument("reports", nargs="+", metavar="SYSTEM=REPORT.json", help="a system name and its JSON report")
+    args = parser.parse_args(argv)
+    reports: dict[str, Mapping[str, Any]] = {}
+    for item in args.reports:
+        system, sep, path = item.partition("=")
+        if not sep or not system or not path:
+            print(f"reports: expected SYSTEM=REPORT.json, got {item!r}", file=sys.stderr)
+            return 2
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except (OSError, ValueError) as exc:
+            print(f"reports: cannot read {path!r}: {exc}", file=sys.stderr)
+            return 2
+        if not isinstance(data, dict):
+            print(f"reports: {path!r} is not a JSON report object", file=sys.stderr)
+            return 2
+        reports[system] = data
+    os.makedirs(args.out, exist_ok=True)
+    written = write_plots(reports, args.out)
+    if not written:
+        print("matplotlib is not installed (pip install 'agentd[plots]'): no plots written", file=sys.stderr)
+        return 1
+    for name in written:
+        print(os.path.join(args.out, name))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -189,3 +189,15 @@ def test_time_split_plot_has_the_client_and_the_server_view(tmp_path) -> None:
     assert names[-1] == "time_split.png"
     with open(os.path.join(tmp_path, "time_split.png"), "rb") as fh:
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plots_command_names_a_bad_report_argument(tmp_path, capsys) -> None:
+    from bench.plots import main
+
+    assert main(["--out", str(tmp_path), "agentd.json"]) == 2
+    assert "expected SYSTEM=REPORT.json, got 'agentd.json'" in capsys.readouterr().err
+    assert main(["--out", str(tmp_path), f"agentd={tmp_path / 'missing.json'}"]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    (tmp_path / "list.json").write_text("[]")
+    assert main(["--out", str(tmp_path), f"agentd={tmp_path / 'list.json'}"]) == 2
+    assert "is not a JSON report object" in capsys.readouterr().err
