@@ -31,6 +31,12 @@ EXPECTED_TYPES = {
     "vllm_router_agent_aware_admission_backend_running_requests": "histogram",
     "vllm_router_agent_aware_admission_backend_waiting_requests": "histogram",
     "vllm_router_agent_aware_admission_capacity_observation_age_seconds": "histogram",
+    # where the Programs' time goes (docs/program-scheduling.md §14)
+    "agentd_program_time_seconds": "counter",
+    "agentd_program_recomputed_tokens": "counter",
+    "agentd_program_recompute_seconds": "counter",
+    "agentd_program_prompt_tokens": "counter",
+    "agentd_program_split_estimated": "counter",
 }
 
 
@@ -134,3 +140,16 @@ def test_program_metrics_gauges_follow_published_snapshot() -> None:
     )
     text = generate_latest(registry).decode()
     assert 'vllm_router_agent_aware_fitted_ttl_seconds{target="t@0"} 0.5' in text
+
+
+def test_time_split_counters_exist_for_every_label_from_the_start() -> None:
+    from actors.core.attribution import CAUSES, PARTS, TOKEN_KINDS
+
+    registry = CollectorRegistry()
+    ProgramMetrics(registry)
+    for part in PARTS:
+        assert registry.get_sample_value("agentd_program_time_seconds_total", {"part": part}) == 0.0
+    for cause in CAUSES:
+        assert registry.get_sample_value("agentd_program_recomputed_tokens_total", {"cause": cause}) == 0.0
+    for kind in TOKEN_KINDS:
+        assert registry.get_sample_value("agentd_program_prompt_tokens_total", {"kind": kind}) == 0.0
