@@ -5,8 +5,9 @@
 ``cache_hit.png`` (token cache hit per system, preemptions annotated) and ``time_split.png`` (the
 mean root Program's time to first tokens, decode and between turns as the client saw it, stacked per
 system; beside it, for the systems that report it (agentd), the server's account per task: router
-queue, prefill, recompute, decode, between turns, docs/program-scheduling.md §14).  Returns the file names
-written, or ``[]`` when matplotlib is not installed: report.md does not depend on it.
+queue, prefill, recompute, decode, between turns, and the recomputed prompt tokens by cause,
+docs/program-scheduling.md §14).  Returns the file names written, or ``[]`` when matplotlib is not
+installed: report.md does not depend on it.
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from actors.core.attribution import CAUSES
+
 # (report key, legend) of the stacked bars of time_split.png
 CLIENT_PARTS = (
     ("first_token", "to first token (queue + prefill)"),
     ("decode", "decode"),
     ("between_turns", "between turns (tools, subagents)"),
 )
+CAUSE_PARTS = tuple((cause, cause) for cause in CAUSES)
 SERVER_PARTS = (
     ("queue", "router queue"),
     ("prefill", "prefill (new and cached tokens)"),
@@ -103,28 +107,42 @@ def write_plots(reports: Mapping[str, Mapping[str, Any]], out_dir: str) -> list[
         s: r["time_split_seconds"] for s, r in reports.items() if isinstance(r.get("time_split_seconds"), Mapping)
     }
     server: dict[str, Mapping[str, Any]] = {
-        s: r["server_time_split"]["seconds_per_task"]
-        for s, r in reports.items()
-        if isinstance(r.get("server_time_split"), Mapping)
+        s: r["server_time_split"] for s, r in reports.items() if isinstance(r.get("server_time_split"), Mapping)
     }
     if split or server:
-        panels = [p for p in (("client", split), ("server", server)) if p[1]]
-        fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
-        for ax, (view, data) in zip(axes[0], panels, strict=True):
+        # (title, y label, {system: {key: value}}, (key, legend) parts): the client's view of the root
+        # Program, then agentd's own account (seconds, and the recomputed tokens by cause)
+        panels: list[tuple[str, str, dict[str, Mapping[str, Any]], tuple[tuple[str, str], ...]]] = []
+        if split:
+            panels.append(
+                ("Where a Program's time goes (client view)", "mean per root Program (trace s)", split, CLIENT_PARTS)
+            )
+        if server:
+            seconds = {s: v.get("seconds_per_task") or {} for s, v in server.items()}
+            tokens = {s: v.get("recomputed_tokens_per_task") or {} for s, v in server.items()}
+            panels.append(
+                ("agentd's account: time", "per task, summed over its Programs (trace s)", seconds, SERVER_PARTS)
+            )
+            panels.append(("agentd's account: recomputed tokens", "prompt tokens per task", tokens, CAUSE_PARTS))
+        widths = [max(1.5, len(data)) + 1.0 for _, _, data, _ in panels]
+        fig, axes = plt.subplots(
+            1, len(panels), figsize=(1.6 * sum(widths), 5.0), squeeze=False, gridspec_kw={"width_ratios": widths}
+        )
+        for ax, (title, ylabel, data, parts) in zip(axes[0], panels, strict=True):
             names = list(data)
             bottom = [0.0] * len(names)
-            parts = CLIENT_PARTS if view == "client" else SERVER_PARTS
+            height = max((sum(float(data[s].get(k) or 0.0) for k, _ in parts) for s in names), default=0.0)
             for key, label in parts:
                 values = [float(data[s].get(key) or 0.0) for s in names]
-                ax.bar(names, values, bottom=bottom, label=label)
+                bars = ax.bar(names, values, bottom=bottom, label=label, width=0.6)
+                for bar, v in zip(bars, values, strict=True):
+                    if height > 0 and v >= 0.05 * height:  # label the parts tall enough to read
+                        at = (bar.get_x() + bar.get_width() / 2, bar.get_y() + v / 2)
+                        ax.annotate(f"{v:.0f}" if v >= 10 else f"{v:.1f}", at, ha="center", va="center", fontsize=7)
                 bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-            if view == "client":
-                ax.set_ylabel("mean per root Program (trace s)")
-                ax.set_title("Where a Program's time goes (client view)")
-            else:
-                ax.set_ylabel("per task, summed over its Programs (trace s)")
-                ax.set_title("Where the Programs' time goes (agentd's account)")
-            ax.legend(fontsize=8)
+            ax.set_ylabel(ylabel)
+            ax.set_title(title, fontsize=10)
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2, frameon=False)
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, "time_split.png"), dpi=110)
         plt.close(fig)
