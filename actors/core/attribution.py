@@ -374,13 +374,13 @@ def program_time_snapshot(ref: ProgramRef, rec: ProgramTime, now: float) -> Prog
 def time_split_snapshot(
     book: TimeBook, live: Iterable[ProgramRef], now: float, top: int = DIAGNOSTICS_TOP_PROGRAMS
 ) -> TimeSplitSnapshot:
-    """The diagnostics view: totals plus the ``top`` live Programs by wall time (ties: redacted id)."""
+    """The diagnostics view: totals plus the ``top`` live Programs by wall time (ties: by ref)."""
     rows: list[tuple[float, ProgramRef, ProgramTime]] = []
     for ref in live:
         rec = book.records.get(ref.key)
         if rec is not None:
             rows.append((now - rec.started_at, ref, rec))
-    chosen = heapq.nsmallest(top, rows, key=lambda r: (-r[0], redacted_id(r[1])))
+    chosen = heapq.nsmallest(top, rows, key=lambda r: (-r[0], r[1]))  # ties: by (pool, id, generation)
     t = book.totals
     return TimeSplitSnapshot(
         programs_seen=t.programs,
