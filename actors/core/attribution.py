@@ -46,6 +46,7 @@ from attrs import define, frozen
 
 from actors.core.config import PrefillCostModel
 from actors.core.costs import prefill_seconds
+from actors.core.effects import TimeAttributed
 from actors.core.ids import ProgramKey, ProgramRef, TargetId, redacted_id
 from actors.core.model import CAPACITY_REPAIR, PRIORITY_PREEMPTION, TTL_EXPIRED, Usage
 
@@ -100,6 +101,10 @@ class ProgramTime:
     decode: float = 0.0
     between_turns: float = 0.0
     serving_open: float = 0.0  # serving time not yet split by a completion
+    # closed since the last report (``TimeAttributed``): queue, between turns, failover prefill
+    unreported_queue: float = 0.0
+    unreported_between_turns: float = 0.0
+    unreported_prefill: float = 0.0
     completions: int = 0
     estimated_splits: int = 0  # completions whose prefill/decode split came from the cost model
     unreported_usage: int = 0  # completions without prompt or cached tokens (no token split)
@@ -111,36 +116,40 @@ class ProgramTime:
     held_tokens: int | None = None  # prompt + output of the last successful completion
     kv_rank: TargetId | None = None  # the rank that served it
     loss_cause: str | None = None  # why the Program lost its placement since then
-    reported: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)  # parts in effects so far
 
     def parts(self) -> tuple[float, float, float, float, float]:
         return (self.queue, self.prefill, self.recompute, self.decode, self.between_turns)
 
 
-@frozen
-class CompletionSplit:
-    """What one completion added (the ``TimeAttributed`` effect carries it with the time deltas)."""
-
-    cause: str | None
-    recomputed_tokens: int
-    recompute_seconds: float
-    cached_tokens: int
-    new_tokens: int
-    estimated: bool
-
-
 class TimeTotals:
     """Sums over every Program of what the effects reported (equal to the ``/metrics`` counters)."""
 
-    __slots__ = ("parts", "tokens", "recomputed_by_cause", "recompute_seconds_by_cause", "programs", "completions")
+    __slots__ = (
+        "queue",
+        "prefill",
+        "recompute",
+        "decode",
+        "between_turns",
+        "tokens",
+        "recomputed_by_cause",
+        "recompute_seconds_by_cause",
+        "programs",
+        "completions",
+    )
 
     def __init__(self) -> None:
-        self.parts = dict.fromkeys(PARTS, 0.0)
+        self.queue = self.prefill = self.recompute = self.decode = self.between_turns = 0.0
         self.tokens = dict.fromkeys(TOKEN_KINDS, 0)
         self.recomputed_by_cause = dict.fromkeys(CAUSES, 0)
         self.recompute_seconds_by_cause = dict.fromkeys(CAUSES, 0.0)
         self.programs = 0
         self.completions = 0
+
+    @property
+    def parts(self) -> dict[str, float]:
+        return dict(
+            zip(PARTS, (self.queue, self.prefill, self.recompute, self.decode, self.between_turns), strict=True)
+        )
 
 
 class TimeBook:
@@ -168,12 +177,15 @@ def advance(rec: ProgramTime, now: float) -> None:
     """Close ``[since, now]`` into the bucket of the phase the Program was in."""
     dt = now - rec.since
     if dt > 0.0:
-        if rec.phase == SERVING:
+        phase = rec.phase
+        if phase == SERVING:
             rec.serving_open += dt
-        elif rec.phase == QUEUED:
+        elif phase == QUEUED:
             rec.queue += dt
+            rec.unreported_queue += dt
         else:
             rec.between_turns += dt
+            rec.unreported_between_turns += dt
     rec.since = now
 
 
@@ -182,10 +194,12 @@ def sync(rec: ProgramTime, now: float, in_flight: int, waiting: int) -> None:
 
     Serving time left unsplit when nothing is in flight any more (requests lost to a failover:
     no completion counted them) goes to ``prefill``: no first token was seen for it."""
-    advance(rec, now)
-    rec.phase = SERVING if in_flight > 0 else QUEUED if waiting > 0 else IDLE
-    if rec.phase != SERVING and rec.serving_open > 0.0:
+    if now != rec.since:
+        advance(rec, now)
+    phase = rec.phase = SERVING if in_flight > 0 else QUEUED if waiting > 0 else IDLE
+    if phase != SERVING and rec.serving_open > 0.0:
         rec.prefill += rec.serving_open
+        rec.unreported_prefill += rec.serving_open
         rec.serving_open = 0.0
 
 
@@ -193,11 +207,13 @@ def lost_placement(rec: ProgramTime, reason: str) -> None:
     """The Program left its placement for ``reason``: the first loss since its last completion
     names the cause of the recomputation its next request will pay."""
     if rec.loss_cause is None:
-        rec.loss_cause = cause_of(reason)
+        rec.loss_cause = _CAUSE_OF_REASON.get(reason, CAUSE_PAUSED)
 
 
 def attribute_completion(
     rec: ProgramTime,
+    totals: TimeTotals,
+    ref: ProgramRef,
     now: float,
     target: TargetId,
     success: bool,
@@ -205,8 +221,9 @@ def attribute_completion(
     decode_seconds: float | None,
     estimated_prompt_tokens: int,
     model: PrefillCostModel,
-) -> CompletionSplit:
-    """Split the serving time since the last completion with this completion's observations.
+) -> TimeAttributed:
+    """Split the serving time since the last completion with this completion's observations, add
+    it to the totals and report it with what was closed since the last report.
 
     ``decode`` is the observed decode time (capped at the serving time); without it (not streamed,
     failed) the prefill is priced by the cost model for the uncached tokens and decode is the rest.
@@ -240,68 +257,85 @@ def attribute_completion(
         cached = 0
         uncached = max(0, prompt if prompt is not None else estimated_prompt_tokens)
     estimated = decode_seconds is None
-    if estimated:
+    if decode_seconds is None:
         rec.estimated_splits += 1
         decode = max(0.0, span - prefill_seconds(uncached, model))
     else:
-        decode = min(span, max(0.0, decode_seconds or 0.0))
+        decode = min(span, max(0.0, decode_seconds))
     prefill = span - decode
     recompute = prefill * recomputed / uncached if recomputed and uncached > 0 else 0.0
+    prefill -= recompute
     rec.decode += decode
-    rec.prefill += prefill - recompute
+    rec.prefill += prefill
     rec.recompute += recompute
+    t = totals
+    t.completions += 1
+    tokens = t.tokens
+    tokens["cached"] += cached
+    tokens["new"] += new
     if cause is not None:
-        if rec.recomputed_by_cause is None:
+        if rec.recomputed_by_cause is None or rec.recompute_seconds_by_cause is None:
             rec.recomputed_by_cause = {}
             rec.recompute_seconds_by_cause = {}
-        assert rec.recompute_seconds_by_cause is not None
         rec.recomputed_by_cause[cause] = rec.recomputed_by_cause.get(cause, 0) + recomputed
         rec.recompute_seconds_by_cause[cause] = rec.recompute_seconds_by_cause.get(cause, 0.0) + recompute
+        tokens["recomputed"] += recomputed
+        t.recomputed_by_cause[cause] += recomputed
+        t.recompute_seconds_by_cause[cause] += recompute
     if success and prompt is not None:
         # the KV now holds this prompt and its output on `target`
         rec.held_tokens = prompt + (usage.completion_tokens or 0)
         rec.kv_rank = target
         rec.loss_cause = None
-    return CompletionSplit(
+    queue, between = rec.unreported_queue, rec.unreported_between_turns
+    prefill += rec.unreported_prefill
+    rec.unreported_queue = rec.unreported_between_turns = rec.unreported_prefill = 0.0
+    t.queue += queue
+    t.prefill += prefill
+    t.recompute += recompute
+    t.decode += decode
+    t.between_turns += between
+    return TimeAttributed(
+        program=ref,
+        target_id=target,
+        queue_seconds=queue,
+        prefill_seconds=prefill,
+        recompute_seconds=recompute,
+        decode_seconds=decode,
+        between_turns_seconds=between,
+        completed=True,
         cause=cause,
         recomputed_tokens=recomputed,
-        recompute_seconds=recompute,
         cached_tokens=cached,
         new_tokens=new,
-        estimated=estimated,
+        estimated_split=estimated,
     )
 
 
-def unreported_parts(rec: ProgramTime) -> tuple[float, float, float, float, float] | None:
-    """The parts added since the last report (None when nothing changed); marks them reported."""
-    now_parts = rec.parts()
-    if now_parts == rec.reported:
+def release_report(
+    rec: ProgramTime, totals: TimeTotals, ref: ProgramRef, target: TargetId | None, now: float
+) -> TimeAttributed | None:
+    """A generation is released (idle): close a queue or serving interval (an idle one stays open:
+    the idle tail after the last turn is not time between turns unless the Program comes back) and
+    report what was closed since the last report, if anything."""
+    if rec.phase != IDLE:
+        sync(rec, now, 0, 0)
+    queue, between, prefill = rec.unreported_queue, rec.unreported_between_turns, rec.unreported_prefill
+    if not (queue or between or prefill):
         return None
-    delta = (
-        now_parts[0] - rec.reported[0],
-        now_parts[1] - rec.reported[1],
-        now_parts[2] - rec.reported[2],
-        now_parts[3] - rec.reported[3],
-        now_parts[4] - rec.reported[4],
+    rec.unreported_queue = rec.unreported_between_turns = rec.unreported_prefill = 0.0
+    totals.queue += queue
+    totals.prefill += prefill
+    totals.between_turns += between
+    return TimeAttributed(
+        program=ref,
+        target_id=target,
+        queue_seconds=queue,
+        prefill_seconds=prefill,
+        recompute_seconds=0.0,
+        decode_seconds=0.0,
+        between_turns_seconds=between,
     )
-    rec.reported = now_parts
-    return delta
-
-
-def add_to_totals(
-    totals: TimeTotals, parts: tuple[float, float, float, float, float], split: CompletionSplit | None
-) -> None:
-    t = totals.parts
-    for name, value in zip(PARTS, parts, strict=True):
-        t[name] += value
-    if split is not None:
-        totals.completions += 1
-        totals.tokens["cached"] += split.cached_tokens
-        totals.tokens["new"] += split.new_tokens
-        totals.tokens["recomputed"] += split.recomputed_tokens
-        if split.cause is not None:
-            totals.recomputed_by_cause[split.cause] += split.recomputed_tokens
-            totals.recompute_seconds_by_cause[split.cause] += split.recompute_seconds
 
 
 # ---- diagnostics ---------------------------------------------------------------------------------
@@ -385,7 +419,7 @@ def time_split_snapshot(
     return TimeSplitSnapshot(
         programs_seen=t.programs,
         completions=t.completions,
-        seconds=dict(t.parts),
+        seconds=t.parts,
         prompt_tokens=dict(t.tokens),
         recomputed_tokens_by_cause=dict(t.recomputed_by_cause),
         recompute_seconds_by_cause=dict(t.recompute_seconds_by_cause),
