@@ -61,6 +61,10 @@ class ServerConfig:
     shutdown_grace_seconds: float = rule_field(FINITE_GE_0, 30.0)
     log_level: str = rule_field(one_of(*LOG_LEVELS), "info")
     log_format: str = rule_field(one_of(*LOG_FORMATS), "kv")
+    # relay processes of the data plane (docs/operations.md §13): 1 = one process (the scheduler
+    # serves HTTP itself); N > 1 = N relay processes on the port and one scheduler process;
+    # 0 = auto (the number of cores, at most MAX_AUTO_DATA_PLANE_PROCESSES)
+    data_plane_processes: int = rule_field(INT_GE_0, 1)
 
 
 def _finite_number(x: Any) -> bool:

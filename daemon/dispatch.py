@@ -135,6 +135,9 @@ class NativeDispatcher:
         self.policy: Policy = build_policy(policy, self.targets, rng)
         self._health = health
         self._in_flight = [0] * len(self.targets)
+        # a relay process's view of the other processes' in-flight counts per target index, added
+        # for the load-aware policies (docs/operations.md §13); None in a single process
+        self.others_in_flight: list[int] | None = None
         self._granted = 0
         self._finished = 0
         self._abandoned = 0
@@ -167,7 +170,9 @@ class NativeDispatcher:
         key = ""
         if self.policy.name == "consistent_hash":
             key = routing_key(req.headers, req.routing_text, req.body)
-        return self.policy.choose(healthy, key, self._in_flight)
+        others = self.others_in_flight
+        counts = self._in_flight if others is None else [a + b for a, b in zip(self._in_flight, others, strict=True)]
+        return self.policy.choose(healthy, key, counts)
 
     @asynccontextmanager
     async def _lease(self, target: BackendTarget) -> AsyncIterator[NativeLease]:

@@ -45,6 +45,8 @@ class DaemonHandles:
     admin_url: str | None = None  # the admin listener ([admin] port), docs/operations.md §10
     edge: Any = None  # daemon.http.edge.Edge: request limits and the drain of the public routes
     server_state: Any = None  # daemon.http.serve.ServerState: the public listener's connections
+    # daemon.dataplane.processes.DataPlane when relay processes serve the port (docs/operations.md §13)
+    data_plane: Any = None
 
     def request_shutdown(self) -> None:
         """Stop accepting, drain in-flight requests within the grace period, then stop."""

@@ -40,6 +40,9 @@ from actors.logevents import get_logger, log_event
 from daemon.batch_executor import BatchService, run_batch_executor
 from daemon.config import AgentdConfig
 from daemon.config_loading import config_warnings
+from daemon.dataplane import resolve_processes
+from daemon.dataplane.processes import DataPlane, listening_socket
+from daemon.dataplane.scheduler_side import DataPlaneHub
 from daemon.dispatch import NativeDispatcher
 from daemon.handles import DaemonHandles
 from daemon.health import HealthBoard, run_health_checks
@@ -209,16 +212,25 @@ async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandle
     servers.start_soon(edge.run_drain, shutdown, grace)
     auth = security.authenticator
     split = cfg.admin.port is not None
+    processes = resolve_processes(cfg.server.data_plane_processes, embedded=cfg.embedded_mode)
+    data_plane = None
+    if processes > 1:  # relay processes on the port, this process schedules (docs/operations.md §13)
+        data_plane = _data_plane(cfg, processes, handles)
+        handles = attrs.evolve(handles, data_plane=data_plane)
     app = create_app(handles, role="public" if split else "all", edge=edge, auth=auth)
     state = handles.server_state
     http_url = await servers.start(
         partial(serve_asgi, state=state, hard_grace_seconds=hard),
         app,
-        cfg.server.host,
-        cfg.server.port,
+        # with relays this listener is internal: the relays forward every non-proxy route to it
+        cfg.server.host if data_plane is None else "127.0.0.1",
+        cfg.server.port if data_plane is None else 0,
         grace,
         shutdown.wait,
     )
+    if data_plane is not None:
+        await servers.start(data_plane.run, http_url, shutdown)
+        http_url = data_plane.public_url
     admin_url = None
     admin_app = None
     if split:
@@ -234,7 +246,9 @@ async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandle
     metrics_url = None
     if cfg.prometheus.port is not None:
         host = cfg.prometheus.host or cfg.server.host
-        metrics_app = metrics_asgi_app(handles.registry)
+        metrics_app = metrics_asgi_app(
+            handles.registry, None if data_plane is None else data_plane.hub.relay_expositions
+        )
         metrics_url = await servers.start(serve_asgi, metrics_app, host, cfg.prometheus.port, grace, shutdown.wait)
     handles = attrs.evolve(handles, http_url=http_url, metrics_url=metrics_url, admin_url=admin_url)
     app.handles = handles
@@ -252,6 +266,7 @@ async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandle
         embedded=cfg.embedded_mode,
         policy=cfg.routing.policy,
         program_scheduling=handles.program_dispatcher is not None,
+        data_plane_processes=processes,
     )
     if not auth.enabled and not _loopback(cfg.server.host):
         log_event(
@@ -263,6 +278,23 @@ async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandle
             "reach it can use the workers and read diagnostics (docs/operations.md §10)",
         )
     return handles
+
+
+def _data_plane(cfg: AgentdConfig, processes: int, handles: DaemonHandles) -> DataPlane:
+    """The relay processes' manager: the public socket bound, the hub over this process's
+    scheduler, health board, model directory and native in-flight counts (started by ``_serve``)."""
+    program = handles.program_dispatcher
+    models = handles.engine.models
+    native = handles.native_dispatcher
+    hub = DataPlaneHub(
+        handles.targets,
+        handles.health,
+        program if isinstance(program, ProgramDispatcher) else None,
+        models=None if models is None else (lambda: dict(models.models)),
+        own_in_flight=lambda: [native.in_flight(t) for t in handles.targets],
+    )
+    sock, public_url = listening_socket(cfg.server.host, cfg.server.port)
+    return DataPlane(cfg, processes, hub, sock, public_url)
 
 
 def _loopback(host: str) -> bool:
@@ -294,6 +326,12 @@ async def run_daemon(
     batches of the database); the routes exist whenever ``batch_api.enabled``.
     """
     _log_startup(cfg)
+    relays = serve_http and resolve_processes(cfg.server.data_plane_processes, embedded=cfg.embedded_mode) > 1
+    if relays and (client_factory is not None or transport_factory is not None):
+        raise ValueError(
+            "server.data_plane_processes > 1 runs relay processes that reach the workers themselves: "
+            "client_factory/transport_factory cannot cross a process boundary"
+        )
     security = load_security(cfg)
     registry = build_registry()
     targets = cfg.targets()

@@ -103,6 +103,8 @@ def diagnostics_payload(handles: DaemonHandles) -> dict[str, Any]:
     section["invariants"] = capacity_invariants(handles)  # docs/operations.md §11
     if handles.engine.fairness is not None:  # per class and tenant (docs/priority.md §5.6)
         section["fairness"] = handles.engine.fairness.diagnostics()
+    if handles.data_plane is not None:  # relay processes (docs/operations.md §13)
+        section["data_plane"] = handles.data_plane.diagnostics()
     return section
 
 

@@ -13,22 +13,31 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from quart import Blueprint, Response
 
+from daemon.dataplane.metrics_merge import merged_exposition
 from daemon.http.errors import error_body
 
 Asgi = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
+# with relay processes: every relay's exposition, merged into the scheduler's (docs/operations.md §13.3)
+RelayExpositions = Callable[[], Awaitable[list[str]]]
 
 
-def metrics_blueprint(registry: CollectorRegistry) -> Blueprint:
+async def exposition(registry: CollectorRegistry, relays: RelayExpositions | None) -> bytes:
+    if relays is None:
+        return generate_latest(registry)
+    return merged_exposition(registry, await relays())
+
+
+def metrics_blueprint(registry: CollectorRegistry, relays: RelayExpositions | None = None) -> Blueprint:
     bp = Blueprint("metrics", __name__)
 
     @bp.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(registry), status=200, content_type=CONTENT_TYPE_LATEST)
+        return Response(await exposition(registry, relays), status=200, content_type=CONTENT_TYPE_LATEST)
 
     return bp
 
 
-def metrics_asgi_app(registry: CollectorRegistry) -> Asgi:
+def metrics_asgi_app(registry: CollectorRegistry, relays: RelayExpositions | None = None) -> Asgi:
     """ASGI app serving only ``GET /metrics`` (404/405 JSON errors otherwise)."""
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -56,7 +65,7 @@ def metrics_asgi_app(registry: CollectorRegistry) -> Asgi:
                 "method_not_allowed",
             )
         else:
-            status, content_type, body = 200, CONTENT_TYPE_LATEST, generate_latest(registry)
+            status, content_type, body = 200, CONTENT_TYPE_LATEST, await exposition(registry, relays)
         await send(
             {
                 "type": "http.response.start",

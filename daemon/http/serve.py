@@ -24,6 +24,7 @@ which is what adds the connection-level limits of docs/config.md ``[limits]``
 from __future__ import annotations
 
 import math
+import socket
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -188,12 +189,15 @@ async def serve_http(
     *,
     state: ServerState | None = None,
     hard_grace_seconds: float | None = None,
+    sock: socket.socket | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` until ``shutdown_trigger`` returns, then drain (see the module doc).
 
     ``hard_grace_seconds`` (default ``grace_seconds``) bounds how long open connections may live
-    after the trigger."""
+    after the trigger.  ``sock``: accept on this listening socket (a relay process's inherited
+    public socket, docs/operations.md §13) instead of binding ``host:port``; it is closed at the
+    drain like a socket of our own."""
     state = state if state is not None else ServerState()
     hard = grace_seconds if hard_grace_seconds is None else hard_grace_seconds
     config = hypercorn_config(host, port, hard)
@@ -205,13 +209,12 @@ async def serve_http(
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
         async with trio.open_nursery() as connections:
-            sockets = config.create_sockets()
             listeners = []
             binds = []
-            for sock in sockets.insecure_sockets:
-                sock.listen(config.backlog)
-                listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
-                binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
+            for one in [sock] if sock is not None else config.create_sockets().insecure_sockets:
+                one.listen(config.backlog)
+                listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(one)))
+                binds.append(f"http://{repr_socket_addr(one.family, one.getsockname())}")
 
             streams: set[WriteTimeoutStream] = set()
             # outside the connections' nursery: it must outlive them (past the hard deadline too)

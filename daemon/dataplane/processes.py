@@ -1,0 +1,251 @@
+"""Relay processes: start, watch, restart, drain (docs/operations.md §13.1-13.2).
+
+:class:`DataPlane` runs in the scheduler process (the supervisor).  It owns the public listening
+socket (bound once; every relay inherits it and accepts on it, so the kernel hands each new
+connection to whichever relay accepts first, and a relay that dies loses only the connections it
+had accepted), one :class:`~daemon.dataplane.scheduler_side.DataPlaneHub` and one slot per relay.
+A slot starts ``python -m daemon.dataplane.relay_main`` with a fresh Unix socket pair (one end
+inherited by the child), writes the child's :class:`~daemon.dataplane.relay_main.RelaySpec` to its
+stdin and serves its socket until the process exits.
+
+* A relay that exits while the daemon is not shutting down is logged (``relay_exited``) and
+  started again after a backoff (0.5 s, doubling up to 10 s; back to 0.5 s after a relay lived 30 s).
+  Its socket ended with its death, so the hub already released its open leases as abandoned.
+* Shutdown (``shutdown`` set: SIGTERM/SIGINT or ``handles.request_shutdown()``): the parent's copy
+  of the listening socket is closed, every relay gets SIGTERM and drains (the same graceful drain as
+  one process, docs/operations.md §10.4); a relay still alive ``shutdown_grace_seconds`` + 5 s later
+  is killed.
+* The scheduler process failing (an actor crash cancels the supervisor): every relay socket is
+  closed, so each relay refuses new work with a 503, drains and exits; the same deadline applies.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import attrs
+import trio
+from hypercorn.utils import repr_socket_addr
+
+from actors.logevents import get_logger, log_event
+from daemon.config import AgentdConfig
+from daemon.dataplane.link import Link
+from daemon.dataplane.relay_main import RelaySpec
+from daemon.dataplane.scheduler_side import DataPlaneHub, RelayConnection
+from daemon.http.serve import ACCEPT_BACKLOG, bind_address, hypercorn_config
+
+logger = get_logger("dataplane")
+RESTART_INITIAL_SECONDS = 0.5
+RESTART_MAX_SECONDS = 10.0
+RESTART_RESET_AFTER_SECONDS = 30.0
+READY_TIMEOUT_SECONDS = 60.0
+KILL_MARGIN_SECONDS = 5.0
+
+
+def listening_socket(host: str, port: int) -> tuple[socket.socket, str]:
+    """The public listening socket (bound and listening, never accepted on by the parent)."""
+    config = hypercorn_config(host, port, 0.0)
+    config.bind = [bind_address(host, port)]
+    sockets = config.create_sockets().insecure_sockets
+    sock = sockets[0]
+    for extra in sockets[1:]:
+        extra.close()
+    sock.listen(ACCEPT_BACKLOG)
+    return sock, f"http://{repr_socket_addr(sock.family, sock.getsockname())}"
+
+
+@attrs.define(eq=False)
+class RelaySlot:
+    """One relay process position (diagnostics read it)."""
+
+    index: int
+    pid: int | None = None
+    starts_count: int = 0
+    restarts_count: int = 0
+    last_exit: str | None = None
+    started_at: float | None = None
+    connection: RelayConnection | None = None
+    process: trio.Process | None = None
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+class DataPlane:
+    """The relay processes of one daemon (see the module doc)."""
+
+    def __init__(
+        self, cfg: AgentdConfig, processes: int, hub: DataPlaneHub, sock: socket.socket, public_url: str
+    ) -> None:
+        self.cfg = cfg
+        self.processes = processes
+        self.hub = hub
+        self.sock = sock
+        self.public_url = public_url
+        self.slots = [RelaySlot(i) for i in range(processes)]
+        self.scheduler_url: str | None = None
+        self.stopping = False
+
+    def diagnostics(self) -> dict[str, Any]:
+        """The ``data_plane`` section of ``/scheduling/diagnostics``."""
+        now = trio.current_time()
+        relays = []
+        for slot in self.slots:
+            conn = slot.connection
+            relays.append(
+                {
+                    "index": slot.index,
+                    "pid": slot.pid,
+                    "alive": slot.process is not None and slot.process.returncode is None,
+                    "starts_count": slot.starts_count,
+                    "restarts_count": slot.restarts_count,
+                    "last_exit": slot.last_exit,
+                    "uptime_seconds": None if slot.started_at is None else now - slot.started_at,
+                    **(conn.document() if conn is not None else {"open_leases": 0}),
+                }
+            )
+        return {
+            "processes": self.processes,
+            "scheduler_pid": os.getpid(),
+            "public_url": self.public_url,
+            "open_leases": sum(r["open_leases"] for r in relays),
+            "relays": relays,
+        }
+
+    async def run(
+        self, scheduler_url: str, shutdown: trio.Event, *, task_status: Any = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run every relay until ``shutdown`` drains them; started once each relay said hello."""
+        self.scheduler_url = scheduler_url
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.hub.run_publisher)
+                async with trio.open_nursery() as slots:
+                    for slot in self.slots:
+                        await slots.start(self._run_slot, slot, shutdown)
+                    task_status.started()
+                    slots.start_soon(self._stop_on, shutdown)
+                nursery.cancel_scope.cancel()
+        finally:
+            self.sock.close()
+
+    async def _stop_on(self, shutdown: trio.Event) -> None:
+        await shutdown.wait()
+        self.stopping = True
+        self.sock.close()  # no new connection waits in a backlog nobody will accept from
+        for slot in self.slots:
+            if slot.process is not None and slot.process.returncode is None:
+                slot.process.send_signal(signal.SIGTERM)
+
+    async def _spawn(self, slot: RelaySlot) -> tuple[trio.Process, Link]:
+        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            assert self.scheduler_url is not None
+            spec = RelaySpec(self.cfg, slot.index, child_end.fileno(), self.sock.fileno(), self.scheduler_url)
+            proc = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "daemon.dataplane.relay_main"],
+                stdin=subprocess.PIPE,
+                pass_fds=(child_end.fileno(), self.sock.fileno()),
+            )
+        finally:
+            child_end.close()
+        assert proc.stdin is not None
+        async with proc.stdin:
+            await proc.stdin.send_all(pickle.dumps(spec))
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(parent_end))
+        return proc, Link(stream)
+
+    async def _run_slot(
+        self, slot: RelaySlot, shutdown: trio.Event, *, task_status: Any = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        backoff = RESTART_INITIAL_SECONDS
+        first = True
+        while not shutdown.is_set():
+            proc, link = await self._spawn(slot)
+            conn = self.hub.connect(slot.index, link)
+            slot.process, slot.pid, slot.connection = proc, proc.pid, conn
+            slot.starts_count += 1
+            slot.started_at = trio.current_time()
+            log_event(logger, logging.INFO, "relay_started", relay=slot.index, pid=proc.pid, start=slot.starts_count)
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(conn.serve)
+                    if first:
+                        await self._wait_ready(conn, proc, slot)
+                        task_status.started()
+                        first = False
+                    await proc.wait()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self._reap(proc, conn)
+                self.hub.disconnect(conn)
+            lived = trio.current_time() - slot.started_at
+            slot.last_exit = _exit_text(proc.returncode)
+            if shutdown.is_set():
+                log_event(logger, logging.INFO, "relay_stopped", relay=slot.index, pid=proc.pid, exit=slot.last_exit)
+                return
+            slot.restarts_count += 1
+            if lived >= RESTART_RESET_AFTER_SECONDS:
+                backoff = RESTART_INITIAL_SECONDS
+            log_event(
+                logger,
+                logging.WARNING,
+                "relay_exited",
+                relay=slot.index,
+                pid=proc.pid,
+                exit=slot.last_exit,
+                lived_seconds=round(lived, 3),
+                restart_in_seconds=backoff,
+                abandoned_leases=conn.abandoned_on_close_count,
+            )
+            await _sleep_unless(shutdown, backoff)
+            backoff = min(backoff * 2, RESTART_MAX_SECONDS)
+
+    async def _wait_ready(self, conn: RelayConnection, proc: trio.Process, slot: RelaySlot) -> None:
+        async with trio.open_nursery() as race:
+
+            async def exited() -> None:
+                await proc.wait()
+                race.cancel_scope.cancel()
+
+            race.start_soon(exited)
+            with trio.move_on_after(READY_TIMEOUT_SECONDS):
+                await conn.hello.wait()
+            race.cancel_scope.cancel()
+        if not conn.hello.is_set():
+            raise RuntimeError(
+                f"relay process {slot.index} (pid {proc.pid}) did not start: {_exit_text(proc.returncode)}"
+            )
+
+    async def _reap(self, proc: trio.Process, conn: RelayConnection) -> None:
+        """After the relay's end (or on the scheduler's): close its socket and make sure it exits."""
+        conn.link.close()
+        await trio.aclose_forcefully(conn.link.stream)  # a live relay sees the end: it drains and exits
+        if proc.returncode is not None:
+            return
+        with trio.move_on_after(self.cfg.server.shutdown_grace_seconds + KILL_MARGIN_SECONDS):
+            await proc.wait()
+            return
+        log_event(logger, logging.WARNING, "relay_killed", relay=conn.index, pid=proc.pid)
+        proc.kill()
+        await proc.wait()
+
+
+async def _sleep_unless(event: trio.Event, seconds: float) -> None:
+    with trio.move_on_after(seconds):
+        await event.wait()

@@ -1,0 +1,372 @@
+"""The relay process's end of the data plane (docs/operations.md §13).
+
+A relay runs the HTTP edge and the proxy (:class:`~daemon.http.proxy.ProxyEngine`) on the shared
+public listening socket.  What it cannot decide alone it asks the scheduler process over its
+socket (:mod:`daemon.dataplane.wire` frames):
+
+* :class:`RemoteProgramDispatcher` - the proxy's ``Dispatcher`` for Program, interactive and batch
+  requests: ``lease(req)`` sends an ``Ask`` and waits for ``Grant`` (the ``Admitted`` value) or
+  ``Refuse`` (the core's ``Rejection``); ``lease.finish(outcome)`` sends ``Finish`` at once;
+  leaving the lease without ``finish`` sends ``Release`` (abandoned).  When the scheduler is gone
+  every waiting and new request is refused with the 503 ``scheduler_unavailable``;
+* :class:`SnapshotView` - the health view the relay's own
+  :class:`~daemon.dispatch.NativeDispatcher` reads (native policies decide in the relay), the
+  served models and the other processes' in-flight counts, from the scheduler's snapshots;
+* :class:`RemoteOutcomes` - outcome reports of real traffic go to the scheduler's health board (a
+  connect failure also takes the worker out of this relay's rotation at once).
+
+:class:`RelayApp` is the relay's ASGI app: the agent-facing POST routes run here
+(:func:`~daemon.http.app.serve_proxy_asgi`); every other route (``/health``, ``/metrics``,
+``/v1/models``, the Batch API, diagnostics, the dashboard) is forwarded to the scheduler process's
+internal listener, so the answers are the scheduler's.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from actors.core.batch_class import MAX_PREEMPTIONS_PER_REQUEST
+from actors.core.config import BackendTarget
+from actors.messages import Admitted
+from daemon.dataplane.link import Link, LinkClosed
+from daemon.dataplane.wire import Ask, Finish, Grant, Load, Preempt, Refuse, Release, Report, Snapshot, WireRequest
+from daemon.dispatch import DispatchRejected, Outcome, ProxyRequest
+from daemon.models import ModelDirectory
+from daemon.program_dispatch import SCHEDULER_UNAVAILABLE, output_cap
+
+LOAD_SECONDS = 0.05  # how often the relay's native in-flight counts go to the scheduler (when changed)
+
+
+class SnapshotView:
+    """Healthy targets as the scheduler last published them (minus workers this relay just saw
+    refuse connections, until a snapshot that includes that report arrives)."""
+
+    def __init__(self, targets: Sequence[BackendTarget], models: ModelDirectory | None = None) -> None:
+        self.targets = tuple(targets)
+        self.models = models
+        self.snapshot: Snapshot | None = None
+        self.first = trio.Event()
+        self._healthy: tuple[BackendTarget, ...] = ()
+        self._published: tuple[BackendTarget, ...] = ()
+        self.others_in_flight: list[int] = [0] * len(self.targets)
+        self.ejected: dict[str, int] = {}  # worker URL -> the report number that ejected it here
+        self.reports_sent = 0
+        self._models_seen: tuple[Any, ...] = ()
+
+    def apply(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        by_index = {t.index: t for t in self.targets}
+        self._published = tuple(by_index[i] for i in snapshot.healthy if i in by_index)
+        self.ejected = {u: n for u, n in self.ejected.items() if n > snapshot.reports_applied}
+        self._refresh()
+        counts = list(snapshot.others_in_flight[: len(self.targets)])
+        self.others_in_flight[:] = counts + [0] * (len(self.targets) - len(counts))
+        if self.models is not None and snapshot.models != self._models_seen:
+            self._models_seen = snapshot.models
+            for entry in snapshot.models:
+                if entry.worker_url in self.models.models:
+                    self.models.set_models(entry.worker_url, None if entry.models is None else frozenset(entry.models))
+        self.first.set()
+
+    def _refresh(self) -> None:
+        ejected = self.ejected
+        self._healthy = (
+            self._published if not ejected else tuple(t for t in self._published if t.worker_url not in ejected)
+        )
+
+    def eject(self, url: str, report: int) -> None:
+        self.ejected[url] = report
+        self._refresh()
+
+    def healthy_targets(self) -> tuple[BackendTarget, ...]:
+        return self._healthy
+
+    def unhealthy_reason(self) -> str:
+        if self.snapshot is None:
+            return "the scheduler has not published worker health yet"
+        if self.ejected:
+            return f"ejected by this relay: {', '.join(sorted(self.ejected))}"
+        return self.snapshot.unhealthy_reason or "no healthy targets"
+
+
+class RemoteOutcomes:
+    """The proxy's outcome reports, sent to the scheduler's health board."""
+
+    def __init__(self, view: SnapshotView, link: Link) -> None:
+        self.view = view
+        self.link = link
+        self.worker_urls: tuple[str, ...] = tuple(dict.fromkeys(t.worker_url for t in view.targets))
+        self._failing: set[str] = set()
+
+    def _send(self, report: Report) -> int:
+        try:
+            self.link.send(report)
+        except LinkClosed:
+            pass
+        self.view.reports_sent += 1
+        return self.view.reports_sent
+
+    def report_success(self, url: str) -> None:
+        if url in self._failing:  # the board's outlier count resets only on news (hot path: a set lookup)
+            self._failing.discard(url)
+            self._send(Report(url, True))
+
+    def report_failure(self, url: str, detail: str, *, eject_now: bool = False) -> bool:
+        self._failing.add(url)
+        number = self._send(Report(url, False, detail, eject_now))
+        if eject_now and any(t.worker_url == url for t in self.view.healthy_targets()):
+            self.view.eject(url, number)
+            return True
+        return False
+
+
+@attrs.define(eq=False)
+class RemoteLease:
+    """A lease granted by the scheduler (the proxy's ``Lease``)."""
+
+    target: BackendTarget
+    request_id: str
+    program: str
+    queue_seconds: float
+    number: int
+    link: Link
+    attempt: int = 0
+    wants_usage: bool = True  # usage drives Program accounting
+    outcome: Outcome | None = None
+
+    def finish(self, outcome: Outcome) -> None:
+        if self.outcome is not None:
+            raise RuntimeError(f"Program lease {self.request_id} finished twice")
+        self.outcome = outcome
+        try:
+            self.link.send(Finish(self.number, outcome))
+        except LinkClosed:
+            pass  # the scheduler is gone: nothing left to account
+
+
+@attrs.define(eq=False)
+class _Pending:
+    replies: trio.MemorySendChannel[Grant | Refuse]
+    scope: trio.CancelScope | None = None  # the batch attempt being forwarded (preemptible)
+    lease: RemoteLease | None = None
+
+
+@attrs.define
+class RelayCounters:
+    asked_count: int = 0
+    granted_count: int = 0
+    refused_count: int = 0
+    finished_count: int = 0
+    released_count: int = 0
+    preempted_count: int = 0
+
+
+class RemoteProgramDispatcher:
+    """The relay's dispatcher for requests the scheduler decides (see the module doc)."""
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.gone = False
+        self._numbers = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self.counters = RelayCounters()
+        self.interactive = _Kind(self, "interactive")
+
+    # ---- frames from the scheduler (called by the relay's reader task) ----
+
+    def on_reply(self, frame: Grant | Refuse) -> None:
+        pending = self._pending.get(frame.lease)
+        if pending is not None:
+            try:
+                pending.replies.send_nowait(frame)
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+    def on_preempt(self, frame: Preempt) -> None:
+        pending = self._pending.get(frame.lease)
+        if pending is None or pending.scope is None:
+            return
+        if pending.lease is not None and pending.lease.outcome is None:
+            self.counters.preempted_count += 1
+            pending.scope.cancel()
+
+    def scheduler_gone(self) -> None:
+        """The scheduler's socket ended: refuse what waits and everything new (503)."""
+        self.gone = True
+        for pending in self._pending.values():
+            pending.replies.close()
+
+    def open_leases(self) -> int:
+        return len(self._pending)
+
+    # ---- the Dispatcher protocol ----
+
+    def lease(self, req: ProxyRequest) -> AbstractAsyncContextManager[RemoteLease]:
+        return self._lease(req, "program")
+
+    def _ask(self, req: ProxyRequest, kind: str) -> tuple[int, _Pending, trio.MemoryReceiveChannel[Grant | Refuse]]:
+        if self.gone:
+            raise DispatchRejected(SCHEDULER_UNAVAILABLE)
+        number = next(self._numbers)
+        send, recv = trio.open_memory_channel[Grant | Refuse](MAX_PREEMPTIONS_PER_REQUEST + 2)
+        pending = self._pending[number] = _Pending(send)
+        try:
+            self.link.send(Ask(number, kind, WireRequest.of(req, output_cap(req.body))))
+        except LinkClosed:
+            del self._pending[number]
+            raise DispatchRejected(SCHEDULER_UNAVAILABLE) from None
+        self.counters.asked_count += 1
+        return number, pending, recv
+
+    async def _reply(self, recv: trio.MemoryReceiveChannel[Grant | Refuse]) -> Grant:
+        try:
+            reply = await recv.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise DispatchRejected(SCHEDULER_UNAVAILABLE) from None
+        if isinstance(reply, Refuse):
+            self.counters.refused_count += 1
+            raise DispatchRejected(reply.rejection)
+        self.counters.granted_count += 1
+        return reply
+
+    def _lease_of(self, number: int, grant: Grant) -> RemoteLease:
+        a: Admitted = grant.admitted
+        return RemoteLease(a.target, a.request_id, a.program, a.queue_seconds, number, self.link, grant.attempt)
+
+    def _end(self, number: int, lease: RemoteLease | None, refused: bool) -> None:
+        self._pending.pop(number, None)
+        if refused:
+            return
+        if lease is not None and lease.outcome is not None:
+            self.counters.finished_count += 1  # Finish went out with lease.finish
+            return
+        self.counters.released_count += 1
+        try:
+            self.link.send(Release(number))
+        except LinkClosed:
+            pass
+
+    @asynccontextmanager
+    async def _lease(self, req: ProxyRequest, kind: str) -> AsyncIterator[RemoteLease]:
+        number, _, recv = self._ask(req, kind)
+        lease: RemoteLease | None = None
+        refused = False
+        try:
+            with recv:
+                try:
+                    grant = await self._reply(recv)
+                except DispatchRejected:
+                    refused = True
+                    raise
+            lease = self._lease_of(number, grant)
+            yield lease
+        finally:
+            self._end(number, lease, refused)
+
+    async def serve(self, req: ProxyRequest, forward: Callable[[RemoteLease], Awaitable[object]]) -> None:
+        """A batch-class request (the proxy's ``BatchServer``): ``forward`` runs once per admission;
+        a ``Preempt`` from the scheduler cancels the attempt before anything reached the client."""
+        number, pending, recv = self._ask(req, "batch")
+        lease: RemoteLease | None = None
+        refused = False
+        try:
+            with recv:
+                while True:
+                    try:
+                        grant = await self._reply(recv)
+                    except DispatchRejected:
+                        refused = True
+                        raise
+                    lease = pending.lease = self._lease_of(number, grant)
+                    with trio.CancelScope() as scope:
+                        pending.scope = scope
+                        await forward(lease)
+                    pending.scope = None
+                    if scope.cancelled_caught and lease.outcome is None:
+                        lease = pending.lease = None  # preempted: wait for the next admission
+                        continue
+                    return
+        finally:
+            self._end(number, lease, refused)
+
+
+@attrs.frozen(eq=False)
+class _Kind:
+    """The interactive dispatcher of the relay (``InteractiveSubmitted`` on the scheduler side)."""
+
+    remote: RemoteProgramDispatcher
+    kind: str
+
+    def lease(self, req: ProxyRequest) -> AbstractAsyncContextManager[RemoteLease]:
+        return self.remote._lease(req, self.kind)
+
+
+async def run_load_reports(link: Link, in_flight: Callable[[], Sequence[int]]) -> None:
+    """Send the relay's native in-flight counts every :data:`LOAD_SECONDS` when they changed."""
+    last: tuple[int, ...] | None = None
+    while True:
+        counts = tuple(in_flight())
+        if counts != last:
+            last = counts
+            try:
+                link.send(Load(counts))
+            except LinkClosed:
+                return
+        await trio.sleep(LOAD_SECONDS)
+
+
+# ------------------------------------------------------------------------------ the ASGI app
+
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "te", "trailer", "host"}
+)
+
+
+async def forward_to_scheduler(
+    client: httpx.AsyncClient, base_url: str, scope: dict[str, Any], receive: Any, send: Any
+) -> None:
+    """Answer a non-proxy route with the scheduler process's answer (streamed through)."""
+    from daemon.http.app import AsgiSink
+    from daemon.http.errors import ApiError
+    from daemon.http.proxy import send_error
+
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            break
+    headers = [(k, v) for k, v in scope["headers"] if k.decode("latin-1").lower() not in HOP_BY_HOP]
+    path = scope.get("raw_path") or scope["path"].encode()
+    query = scope.get("query_string", b"")
+    url = base_url + path.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
+    request = client.build_request(scope["method"], url, headers=headers, content=bytes(body))
+    try:
+        response = await client.send(request, stream=True)
+    except httpx.HTTPError as exc:
+        error = ApiError(
+            503, f"the agentd scheduler process is unavailable: {type(exc).__name__}", code="scheduler_unavailable"
+        )
+        await send_error(AsgiSink(send), error)
+        return
+    try:
+        out_headers = [
+            (k.encode("latin-1"), v.encode("latin-1"))
+            for k, v in response.headers.multi_items()
+            if k.lower() not in HOP_BY_HOP and k.lower() != "content-length"
+        ]
+        await send({"type": "http.response.start", "status": response.status_code, "headers": out_headers})
+        async for chunk in response.aiter_raw():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    finally:
+        await response.aclose()

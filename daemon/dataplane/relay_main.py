@@ -1,0 +1,254 @@
+"""A relay process: ``python -m daemon.dataplane.relay_main`` (docs/operations.md §13).
+
+Started only by the scheduler process (:mod:`daemon.dataplane.processes`), never by hand: it reads
+its :class:`RelaySpec` (the daemon's configuration, its index, the inherited file descriptors of
+its data-plane socket and of the public listening socket, the scheduler's internal URL) as a
+pickle on stdin, written by its parent.
+
+It connects its proxy to the scheduler (``Hello``, then the first snapshot), serves the public
+socket until SIGTERM/SIGINT or until the scheduler's socket ends, then drains exactly like the
+single-process daemon (docs/operations.md §10.4) and exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import random
+import signal
+import socket
+import sys
+from functools import partial
+from typing import Any
+
+import attrs
+import httpx
+import trio
+from prometheus_client import generate_latest
+
+from actors.fairness_metrics import FairnessBook, FairnessGaugeCollector, FairnessMetrics, TenantLabels
+from actors.logevents import get_logger, log_event
+from daemon.config import AgentdConfig
+from daemon.dataplane.link import Link, LinkClosed
+from daemon.dataplane.relay import (
+    RemoteOutcomes,
+    RemoteProgramDispatcher,
+    SnapshotView,
+    forward_to_scheduler,
+    run_load_reports,
+)
+from daemon.dataplane.wire import Grant, Hello, MetricsAsk, MetricsText, Preempt, Refuse, Snapshot
+from daemon.dispatch import NativeDispatcher
+from daemon.http.app import serve_proxy_asgi
+from daemon.http.edge import Edge
+from daemon.http.proxy import ProgramRoute, ProxyEngine
+from daemon.http.requests import ENDPOINTS
+from daemon.http.serve import ServerState, serve_http
+from daemon.logs import configure_logging
+from daemon.metrics import ProxyMetrics, build_registry
+from daemon.models import ModelDirectory
+from daemon.request_ids import RequestIds
+from daemon.security import load_security
+from daemon.upstream import upstream_timeouts
+
+logger = get_logger("relay")
+FIRST_SNAPSHOT_SECONDS = 30.0
+DRAIN_ANSWER_SECONDS = 2.0  # as the supervisor's (docs/operations.md §10.4)
+
+
+@attrs.frozen
+class RelaySpec:
+    config: AgentdConfig
+    index: int
+    control_fd: int
+    listen_fd: int
+    scheduler_url: str  # the scheduler process's internal listener (every non-proxy route)
+
+
+class RelayApp:
+    """The relay's ASGI app: proxy routes here, everything else from the scheduler process."""
+
+    def __init__(self, engine: ProxyEngine, cfg: AgentdConfig, edge: Edge, auth: Any, scheduler_url: str) -> None:
+        self.engine = engine
+        self.cfg = cfg
+        self.edge = edge
+        self.auth = auth
+        self.scheduler_url = scheduler_url
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await self.client.aclose()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        endpoint = ENDPOINTS.get(scope["path"])
+        if endpoint is not None and scope["method"] == "POST":
+            cfg = self.cfg
+            await serve_proxy_asgi(
+                self.engine,
+                cfg.server.max_body_bytes,
+                endpoint,
+                scope,
+                receive,
+                send,
+                limits=cfg.limits,
+                edge=self.edge,
+                auth=self.auth,
+            )
+            return
+        await forward_to_scheduler(self.client, self.scheduler_url, scope, receive, send)
+
+
+async def _watch_signals(shutdown: trio.Event, edge: Edge, root: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            if shutdown.is_set():
+                root.cancel()
+                return
+            edge.note_shutdown()
+            log_event(logger, logging.INFO, "relay_shutdown_requested", signal=signal.Signals(signum).name)
+            shutdown.set()
+
+
+def _engine(
+    cfg: AgentdConfig, link: Link, view: SnapshotView, models: ModelDirectory, remote: RemoteProgramDispatcher | None
+) -> tuple[ProxyEngine, NativeDispatcher, Any]:
+    from daemon.supervisor import client_on, default_transport
+
+    targets = cfg.targets()
+    registry = build_registry()
+    metrics = ProxyMetrics(registry, [t.target_id for t in targets])
+    native = NativeDispatcher(targets, cfg.routing.policy, view, random.Random())
+    native.others_in_flight = view.others_in_flight  # load-aware policies see every process's load
+    fairness = FairnessBook(
+        TenantLabels(cfg.tenants.metrics_top_k, cfg.tenants.metrics_tenants), FairnessMetrics(registry)
+    )
+    registry.register(FairnessGaugeCollector(fairness))
+    ps = cfg.program_scheduling
+    transport = default_transport(cfg)
+    engine = ProxyEngine(
+        client=client_on(cfg, transport),
+        native=native,
+        metrics=metrics,
+        agentic_context_forwarding=cfg.routing.agentic_context_forwarding,
+        program=None
+        if remote is None or ps is None
+        else ProgramRoute(
+            ps.program_scheduling_enable_key,
+            remote,
+            remote if cfg.batch_jobs.enabled else None,
+            remote.interactive if cfg.priority.interactive_scheduling else None,
+        ),
+        transport=transport,
+        timeouts=upstream_timeouts(cfg.routing, embedded=False),
+        outcomes=RemoteOutcomes(view, link),
+        ids=RequestIds(),
+        hint_caps=cfg.client_hints,
+        models=models,
+        priority=cfg.priority,
+        tenants=cfg.tenants,
+        priority_workers=cfg.priority_workers(),
+        detect_workers=cfg.priority_detect_workers(),
+        fairness=fairness,
+    )
+    return engine, native, registry
+
+
+async def run_relay(spec: RelaySpec) -> None:
+    """One relay process, until drained (see the module doc)."""
+    cfg = spec.config
+    control = trio.SocketStream(trio.socket.from_stdlib_socket(socket.socket(fileno=spec.control_fd)))
+    link = Link(control)
+    listen = socket.socket(fileno=spec.listen_fd)
+    targets = cfg.targets()
+    models = ModelDirectory(targets, cfg.routing.served_models)
+    view = SnapshotView(targets, models)
+    remote = RemoteProgramDispatcher(link) if cfg.program_scheduling is not None else None
+    engine, native, registry = _engine(cfg, link, view, models, remote)
+    edge = Edge(cfg.limits)
+    shutdown = trio.Event()
+    grace = cfg.server.shutdown_grace_seconds
+    auth = load_security(cfg).authenticator
+    limits = cfg.limits
+
+    async def read_scheduler() -> None:
+        async for frame in link.frames():
+            if isinstance(frame, Grant | Refuse):
+                if remote is not None:
+                    remote.on_reply(frame)
+            elif isinstance(frame, Preempt):
+                if remote is not None:
+                    remote.on_preempt(frame)
+            elif isinstance(frame, Snapshot):
+                view.apply(frame)
+            elif isinstance(frame, MetricsAsk):
+                try:
+                    link.send(MetricsText(frame.token, generate_latest(registry).decode()))
+                except LinkClosed:
+                    pass
+        if remote is not None:
+            remote.scheduler_gone()
+        if not shutdown.is_set():
+            log_event(
+                logger,
+                logging.WARNING,
+                "relay_scheduler_gone",
+                relay=spec.index,
+                message="the scheduler process's socket ended: refusing new work and draining",
+            )
+            edge.note_shutdown()
+            shutdown.set()
+
+    async with trio.open_nursery() as root:
+        root.start_soon(_watch_signals, shutdown, edge, root.cancel_scope)
+        root.start_soon(link.run_writer)
+        root.start_soon(read_scheduler)
+        link.send(Hello(spec.index, os.getpid()))
+        with trio.fail_after(FIRST_SNAPSHOT_SECONDS):
+            await view.first.wait()
+        root.start_soon(run_load_reports, link, lambda: native._in_flight)
+        app = RelayApp(engine, cfg, edge, auth, spec.scheduler_url)
+        async with trio.open_nursery() as servers:
+            servers.start_soon(edge.run_drain, shutdown, grace)
+            url = await servers.start(
+                partial(
+                    serve_http,
+                    state=ServerState(
+                        max_connections=limits.max_connections,
+                        client_write_timeout_seconds=limits.client_write_timeout_seconds,
+                        retry_after_seconds=limits.retry_after_seconds,
+                    ),
+                    hard_grace_seconds=grace + DRAIN_ANSWER_SECONDS,
+                    sock=listen,
+                ),
+                app,
+                cfg.server.host,
+                cfg.server.port,
+                grace,
+                shutdown.wait,
+            )
+            log_event(logger, logging.INFO, "relay_listening", relay=spec.index, pid=os.getpid(), url=url)
+        log_event(logger, logging.INFO, "relay_stopped", relay=spec.index, pid=os.getpid())
+        link.close()
+        with trio.move_on_after(1.0):  # let the last Finish/Release frames reach the scheduler
+            await link.drained.wait()
+        root.cancel_scope.cancel()
+
+
+def main() -> int:
+    spec: RelaySpec = pickle.load(sys.stdin.buffer)
+    configure_logging(spec.config.server.log_level, spec.config.server.log_format)
+    trio.run(run_relay, spec)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,317 @@
+"""The scheduler process's end of the data plane (docs/operations.md §13).
+
+:class:`DataPlaneHub` holds one :class:`RelayConnection` per live relay process.  A connection
+reads its relay's frames and serves each :class:`~daemon.dataplane.wire.Ask` in a task of its own
+that enters the very same dispatcher context the in-process proxy would enter
+(:meth:`ProgramDispatcher.lease`, ``.interactive.lease`` or ``BatchDispatcher.serve``): the
+admission, the completion (``lease.finish`` with the relay's ``Outcome``) and the abandon (leaving
+the context without ``finish``) are the in-process code path, only the transport differs.
+
+When a relay's socket ends (the process died, or exited), every lease task of that connection is
+cancelled: each leaves its dispatcher context unfinished, so the scheduler receives a
+``RequestAbandoned`` for every open lease of that relay and no capacity leaks.
+
+The hub also publishes a :class:`~daemon.dataplane.wire.Snapshot` to every relay every
+:data:`SNAPSHOT_SECONDS` (and at once when a relay connects): the healthy target indices, the
+workers' served models and, for load-aware native policies, the native in-flight counts of every
+other process; it applies the relays' outcome reports to the health board and gathers their
+``/metrics`` expositions on demand (:meth:`DataPlaneHub.relay_expositions`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from actors.core.config import BackendTarget
+from actors.core.errors import Rejection
+from actors.logevents import get_logger, log_event
+from actors.messages import Admitted
+from daemon.dataplane.link import Link, LinkClosed
+from daemon.dataplane.wire import (
+    Ask,
+    Finish,
+    Grant,
+    Hello,
+    Load,
+    MetricsAsk,
+    MetricsText,
+    Preempt,
+    Refuse,
+    Release,
+    Report,
+    Snapshot,
+    WorkerModels,
+)
+from daemon.dispatch import DispatchRejected, HealthView, Outcome
+from daemon.program_dispatch import SCHEDULER_UNAVAILABLE, ProgramDispatcher, ProgramLease
+
+logger = get_logger("dataplane")
+BATCH_DISABLED = Rejection(reason="batch_jobs_disabled", status_hint=503, message="[batch_jobs] is not enabled")
+SNAPSHOT_SECONDS = 0.1  # how often the relays' view of health, models and load is refreshed
+METRICS_TIMEOUT_SECONDS = 2.0  # a relay that does not answer a scrape within this is left out
+
+
+class OutcomeBoard(HealthView, Protocol):
+    """What the hub needs of the health board: the view plus the outcome reports."""
+
+    def report_success(self, url: str) -> None: ...
+    def report_failure(self, url: str, detail: str, *, eject_now: bool = False) -> bool: ...
+
+
+@attrs.define(eq=False)
+class _Served:
+    """One relay lease being served on the scheduler side."""
+
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    forwarding: bool = False  # a Grant was sent and its Finish/Release not received yet
+    ended: trio.Event = attrs.field(factory=trio.Event)
+    outcome: Outcome | None = None
+
+
+def admitted_of(lease: ProgramLease) -> Admitted:
+    return Admitted(
+        request_id=lease.request_id, target=lease.target, program=lease.program, queue_seconds=lease.queue_seconds
+    )
+
+
+class RelayConnection:
+    """The scheduler's side of one relay process's socket."""
+
+    def __init__(self, hub: DataPlaneHub, index: int, link: Link) -> None:
+        self.hub = hub
+        self.index = index
+        self.link = link
+        self.pid: int | None = None
+        self.hello = trio.Event()
+        self.leases: dict[int, _Served] = {}
+        self.in_flight: tuple[int, ...] = ()
+        self.reports_applied = 0
+        self.asks_count = 0
+        self.abandoned_on_close_count = 0
+        self._metrics: dict[int, trio.MemorySendChannel[str]] = {}
+        self._last_snapshot: Snapshot | None = None
+
+    def send_quiet(self, frame: Any) -> None:
+        try:
+            self.link.send(frame)
+        except LinkClosed:
+            pass
+
+    async def serve(self) -> None:
+        """Serve the relay until its socket ends; then abandon every lease still open."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.link.run_writer)
+            async with trio.open_nursery() as leases:
+                async for frame in self.link.frames():
+                    self._on_frame(frame, leases)
+                open_count = len(self.leases)
+                self.abandoned_on_close_count += open_count
+                if open_count:
+                    log_event(
+                        logger,
+                        logging.WARNING,
+                        "relay_leases_abandoned",
+                        relay=self.index,
+                        pid=self.pid,
+                        leases=open_count,
+                        message="the relay's socket ended with leases open: each is released as abandoned",
+                    )
+                leases.cancel_scope.cancel()  # every open lease leaves its context unfinished
+            self.link.close()
+            nursery.cancel_scope.cancel()
+
+    def _on_frame(self, frame: Any, leases: trio.Nursery) -> None:
+        if isinstance(frame, Ask):
+            self.asks_count += 1
+            fresh = self.leases[frame.lease] = _Served()
+            leases.start_soon(self._serve_ask, frame, fresh)
+        elif isinstance(frame, Finish | Release):
+            served = self.leases.get(frame.lease)
+            if served is None:
+                return  # already refused or ended
+            served.outcome = frame.outcome if isinstance(frame, Finish) else None
+            served.ended.set()
+            if not served.forwarding and isinstance(frame, Release):
+                served.scope.cancel()  # still waiting for admission: leave the queue (abandoned)
+        elif isinstance(frame, Report):
+            board = self.hub.board
+            if frame.ok:
+                board.report_success(frame.worker_url)
+            else:
+                board.report_failure(frame.worker_url, frame.detail, eject_now=frame.eject_now)
+            self.reports_applied += 1
+        elif isinstance(frame, Load):
+            self.in_flight = frame.in_flight
+        elif isinstance(frame, MetricsText):
+            waiter = self._metrics.pop(frame.token, None)
+            if waiter is not None:
+                waiter.send_nowait(frame.text)
+        elif isinstance(frame, Hello):
+            self.pid = frame.pid
+            self.publish(force=True)
+            self.hello.set()
+        else:
+            raise ValueError(f"unexpected frame from relay {self.index}: {type(frame).__name__}")
+
+    async def _serve_ask(self, ask: Ask, served: _Served) -> None:
+        program = self.hub.program
+        req = ask.request.proxy_request()
+        try:
+            with served.scope:
+                if program is None:
+                    raise DispatchRejected(SCHEDULER_UNAVAILABLE)
+                if ask.kind == "batch":
+                    if program.batch is None:  # (the relay has the same configuration: unreachable)
+                        raise DispatchRejected(BATCH_DISABLED)
+                    await program.batch.serve(req, lambda lease: self._forward(ask.lease, served, lease))
+                    return
+                dispatcher = program if ask.kind == "program" else program.interactive
+                async with dispatcher.lease(req) as lease:
+                    await self._forward(ask.lease, served, lease)
+        except DispatchRejected as rejected:
+            self.send_quiet(Refuse(ask.lease, rejected.rejection))
+        finally:
+            self.leases.pop(ask.lease, None)
+
+    async def _forward(self, number: int, served: _Served, lease: ProgramLease) -> None:
+        """One admission of a relay lease: tell the relay, wait for its end, finish the lease.
+
+        A batch attempt preempted here (the scope cancelled by ``BatchDispatcher.preempt``) tells
+        the relay, which cancels its upstream call; an end the relay reported after a preemption
+        (the answer was complete) finishes the next admission at once."""
+        if served.ended.is_set():
+            if served.outcome is not None:
+                lease.finish(served.outcome)
+            return
+        served.forwarding = True
+        self.link.send(Grant(number, admitted_of(lease), lease.attempt))
+        try:
+            await served.ended.wait()
+        except trio.Cancelled:
+            if not served.ended.is_set() and not self.link.closed:
+                self.send_quiet(Preempt(number))
+            raise
+        finally:
+            served.forwarding = False
+        if served.outcome is not None:
+            lease.finish(served.outcome)
+
+    def publish(self, *, force: bool = False) -> None:
+        snapshot = self.hub.snapshot_for(self)
+        if not force and snapshot == self._last_snapshot:
+            return
+        self._last_snapshot = snapshot
+        self.send_quiet(attrs.evolve(snapshot, seq=self.hub.next_seq()))
+
+    async def exposition(self, seconds: float) -> str | None:
+        token = next(self.hub.tokens)
+        send, recv = trio.open_memory_channel[str](1)
+        self._metrics[token] = send
+        try:
+            self.link.send(MetricsAsk(token))
+            with trio.move_on_after(seconds):
+                return await recv.receive()
+            return None
+        except LinkClosed:
+            return None
+        finally:
+            self._metrics.pop(token, None)
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "open_leases": len(self.leases),
+            "asks_count": self.asks_count,
+            "abandoned_on_close_count": self.abandoned_on_close_count,
+            "native_in_flight": sum(self.in_flight),
+            "frames_sent": self.link.frames_sent,
+            "frames_received": self.link.frames_received,
+        }
+
+
+class DataPlaneHub:
+    """Every relay connection of the scheduler process, and what they share."""
+
+    def __init__(
+        self,
+        targets: Sequence[BackendTarget],
+        board: OutcomeBoard,
+        program: ProgramDispatcher | None,
+        *,
+        models: Callable[[], dict[str, frozenset[str] | None]] | None = None,
+        own_in_flight: Callable[[], Sequence[int]] | None = None,
+    ) -> None:
+        self.targets = tuple(targets)
+        self.board = board
+        self.program = program
+        self._models = models
+        self._own_in_flight = own_in_flight
+        self.connections: dict[int, RelayConnection] = {}
+        self.tokens = itertools.count(1)
+        self._seq = itertools.count(1)
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    def connect(self, index: int, link: Link) -> RelayConnection:
+        conn = RelayConnection(self, index, link)
+        self.connections[index] = conn
+        return conn
+
+    def disconnect(self, conn: RelayConnection) -> None:
+        if self.connections.get(conn.index) is conn:
+            del self.connections[conn.index]
+
+    def snapshot_for(self, conn: RelayConnection) -> Snapshot:
+        n = len(self.targets)
+        others = [0] * n
+        own = self._own_in_flight() if self._own_in_flight is not None else ()
+        for i, count in enumerate(own[:n]):
+            others[i] += count
+        for other in self.connections.values():
+            if other is conn:
+                continue
+            for i, count in enumerate(other.in_flight[:n]):
+                others[i] += count
+        healthy = self.board.healthy_targets()
+        models = self._models() if self._models is not None else {}
+        return Snapshot(
+            seq=0,
+            healthy=tuple(t.index for t in healthy),
+            unhealthy_reason="" if healthy else self.board.unhealthy_reason(),
+            others_in_flight=tuple(others),
+            models=tuple(
+                WorkerModels(url, None if m is None else tuple(sorted(m))) for url, m in sorted(models.items())
+            ),
+            reports_applied=conn.reports_applied,
+        )
+
+    async def run_publisher(self) -> None:
+        """Refresh every relay's snapshot every :data:`SNAPSHOT_SECONDS` (sent only when changed)."""
+        while True:
+            await trio.sleep(SNAPSHOT_SECONDS)
+            for conn in list(self.connections.values()):
+                if conn.hello.is_set():
+                    conn.publish()
+
+    async def relay_expositions(self, seconds: float = METRICS_TIMEOUT_SECONDS) -> list[str]:
+        """Every connected relay's ``/metrics`` text (a relay that does not answer is left out)."""
+        texts: list[str] = []
+
+        async def one(conn: RelayConnection) -> None:
+            text = await conn.exposition(seconds)
+            if text is not None:
+                texts.append(text)
+
+        async with trio.open_nursery() as nursery:
+            for conn in list(self.connections.values()):
+                nursery.start_soon(one, conn)
+        return texts
+
+    def open_leases(self) -> int:
+        return sum(len(c.leases) for c in self.connections.values())

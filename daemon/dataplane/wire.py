@@ -1,0 +1,282 @@
+"""The frames between a relay process and the scheduler process, and their codec.
+
+A frame is a 4-byte big-endian length followed by that many bytes of compact JSON: a two-element
+array ``[tag, fields]`` where ``tag`` names one of the frame classes below and ``fields`` is the
+cattrs-unstructured value.  The frames carry the existing message values unchanged where they
+exist (``Admitted``, the core's ``Rejection``, the proxy's ``Outcome``, the edge's
+``ParsedIdentity``/``PromptSize``/``PriorityInfo``), so the scheduler side rebuilds exactly the
+request the in-process path would have seen.
+
+Relay -> scheduler: :class:`Hello`, :class:`Ask`, :class:`Finish`, :class:`Release`,
+:class:`Report`, :class:`Load`, :class:`MetricsText`.
+Scheduler -> relay: :class:`Grant`, :class:`Refuse`, :class:`Preempt`, :class:`Snapshot`,
+:class:`MetricsAsk`.
+
+``lease`` numbers are chosen by the relay, unique per connection; every frame about one request
+carries its number.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+from attrs import frozen
+from cattrs.preconf.json import make_converter
+
+from actors.core.errors import Rejection
+from actors.core.ids import DEFAULT_MODEL_POOL
+from actors.messages import Admitted
+from daemon.dispatch import Outcome, ProxyRequest
+from daemon.http.identity import ParsedIdentity
+from daemon.http.priority import DEFAULT_INFO, PriorityInfo
+from daemon.http.requests import PromptSize
+
+HEADER = struct.Struct(">I")
+MAX_FRAME_BYTES = 64 * 1024 * 1024  # a frame larger than this is a protocol error
+
+
+class FrameError(Exception):
+    """A frame that cannot be decoded (a protocol error: the connection is closed)."""
+
+
+# ------------------------------------------------------------------------------ the request
+
+
+@frozen
+class WireRequest:
+    """What the scheduler needs of a :class:`~daemon.dispatch.ProxyRequest` (never the body or the
+    headers: only the output cap is read from the body)."""
+
+    request_id: str
+    endpoint: str
+    model: str | None
+    stream: bool
+    prompt: PromptSize
+    routing_text: str
+    identity: ParsedIdentity | None = None
+    batch_job: str | None = None
+    model_pool: str = DEFAULT_MODEL_POOL
+    pool_targets: tuple[int, ...] | None = None
+    prio: PriorityInfo = DEFAULT_INFO
+    max_tokens: int | None = None
+
+    @classmethod
+    def of(cls, req: ProxyRequest, max_tokens: int | None) -> WireRequest:
+        return cls(
+            request_id=req.request_id,
+            endpoint=req.endpoint,
+            model=req.model,
+            stream=req.stream,
+            prompt=req.prompt,
+            routing_text=req.routing_text,
+            identity=req.identity,
+            batch_job=req.batch_job,
+            model_pool=req.model_pool,
+            pool_targets=None if req.pool_targets is None else tuple(sorted(req.pool_targets)),
+            prio=req.prio,
+            max_tokens=max_tokens,
+        )
+
+    def proxy_request(self) -> ProxyRequest:
+        return ProxyRequest(
+            request_id=self.request_id,
+            endpoint=self.endpoint,
+            body={} if self.max_tokens is None else {"max_tokens": self.max_tokens},
+            headers={},
+            model=self.model,
+            stream=self.stream,
+            prompt=self.prompt,
+            routing_text=self.routing_text,
+            identity=self.identity,
+            batch_job=self.batch_job,
+            model_pool=self.model_pool,
+            pool_targets=None if self.pool_targets is None else frozenset(self.pool_targets),
+            prio=self.prio,
+        )
+
+
+LEASE_KINDS = ("program", "interactive", "batch")
+
+# ------------------------------------------------------------------------------ relay -> scheduler
+
+
+@frozen
+class Hello:
+    """The first frame of a relay: who it is."""
+
+    relay: int
+    pid: int
+
+
+@frozen
+class Ask:
+    """Ask for a lease (``kind``: ``program``, ``interactive`` or ``batch``)."""
+
+    lease: int
+    kind: str
+    request: WireRequest
+
+
+@frozen
+class Finish:
+    """The lease's response ended with ``outcome`` (``lease.finish``)."""
+
+    lease: int
+    outcome: Outcome
+
+
+@frozen
+class Release:
+    """The request left without ``finish`` (client gone, cancelled, failed over): abandoned."""
+
+    lease: int
+
+
+@frozen
+class Report:
+    """An outcome report of real traffic for the health board (passive outlier ejection)."""
+
+    worker_url: str
+    ok: bool
+    detail: str = ""
+    eject_now: bool = False
+
+
+@frozen
+class Load:
+    """The relay's native in-flight count per target index (load-aware native policies)."""
+
+    in_flight: tuple[int, ...]
+
+
+@frozen
+class MetricsText:
+    """The relay's Prometheus exposition, answering :class:`MetricsAsk` ``token``."""
+
+    token: int
+    text: str
+
+
+# ------------------------------------------------------------------------------ scheduler -> relay
+
+
+@frozen
+class Grant:
+    """The lease is admitted: forward to ``admitted.target`` (``attempt`` > 0: a batch repeat)."""
+
+    lease: int
+    admitted: Admitted
+    attempt: int = 0
+
+
+@frozen
+class Refuse:
+    """The lease is refused (the core's rejection, rendered by the relay's edge)."""
+
+    lease: int
+    rejection: Rejection
+
+
+@frozen
+class Preempt:
+    """The scheduler preempted the batch request's current attempt (docs/batch.md §2)."""
+
+    lease: int
+
+
+@frozen
+class WorkerModels:
+    worker_url: str
+    models: tuple[str, ...] | None
+
+
+@frozen
+class Snapshot:
+    """What the relays' native dispatchers read: healthy target indices, why none may be healthy,
+    the other processes' native in-flight counts per target index, each worker's served models
+    and how many of this relay's :class:`Report` frames the scheduler has applied."""
+
+    seq: int
+    healthy: tuple[int, ...]
+    unhealthy_reason: str
+    others_in_flight: tuple[int, ...]
+    models: tuple[WorkerModels, ...] = ()
+    reports_applied: int = 0
+
+
+@frozen
+class MetricsAsk:
+    token: int
+
+
+Frame = Hello | Ask | Finish | Release | Report | Load | MetricsText | Grant | Refuse | Preempt | Snapshot | MetricsAsk
+FRAME_TYPES: tuple[type, ...] = (
+    Hello,
+    Ask,
+    Finish,
+    Release,
+    Report,
+    Load,
+    MetricsText,
+    Grant,
+    Refuse,
+    Preempt,
+    Snapshot,
+    MetricsAsk,
+)
+_BY_TAG: dict[str, type] = {cls.__name__: cls for cls in FRAME_TYPES}
+_converter = make_converter()
+
+
+def encode(frame: Any) -> bytes:
+    """One frame: length prefix + ``[tag, fields]`` as compact JSON."""
+    tag = type(frame).__name__
+    if _BY_TAG.get(tag) is not type(frame):
+        raise TypeError(f"not a data-plane frame: {type(frame).__name__}")
+    payload = json.dumps([tag, _converter.unstructure(frame)], separators=(",", ":"), allow_nan=False).encode()
+    if len(payload) > MAX_FRAME_BYTES:
+        raise FrameError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME_BYTES}")
+    return HEADER.pack(len(payload)) + payload
+
+
+def decode(payload: bytes) -> Any:
+    """The frame value of one payload (without its length prefix); :class:`FrameError` if invalid."""
+    try:
+        tag, fields = json.loads(payload)
+        cls = _BY_TAG[tag]
+        return _converter.structure(fields, cls)
+    except FrameError:
+        raise
+    except Exception as exc:
+        raise FrameError(f"undecodable frame: {type(exc).__name__}: {exc}") from exc
+
+
+class FrameReader:
+    """Splits a byte stream into frame payloads (``feed`` bytes, iterate the complete frames)."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes | bytearray) -> list[Any]:
+        self._buffer += data
+        frames = []
+        buffer = self._buffer
+        start = 0
+        while len(buffer) - start >= HEADER.size:
+            (size,) = HEADER.unpack_from(buffer, start)
+            if size > MAX_FRAME_BYTES:
+                raise FrameError(f"frame of {size} bytes exceeds {MAX_FRAME_BYTES}")
+            end = start + HEADER.size + size
+            if len(buffer) < end:
+                break
+            frames.append(decode(bytes(buffer[start + HEADER.size : end])))
+            start = end
+        if start:
+            del buffer[:start]
+        return frames
+
+    @property
+    def pending_bytes(self) -> int:
+        return len(self._buffer)
