@@ -51,8 +51,8 @@ class Link:
                 while True:
                     try:
                         parts.append(recv.receive_nowait())
-                    except trio.WouldBlock:
-                        break
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break  # (closed: the next receive ends the loop once this batch is out)
                 self.frames_sent += len(parts)
                 await self.stream.send_all(b"".join(parts) if len(parts) > 1 else first)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):

@@ -37,7 +37,6 @@ from hypercorn.utils import repr_socket_addr
 from actors.logevents import get_logger, log_event
 from daemon.config import AgentdConfig
 from daemon.dataplane.link import Link
-from daemon.dataplane.relay_main import RelaySpec
 from daemon.dataplane.scheduler_side import DataPlaneHub, RelayConnection
 from daemon.http.serve import ACCEPT_BACKLOG, bind_address, hypercorn_config
 
@@ -59,6 +58,15 @@ def listening_socket(host: str, port: int) -> tuple[socket.socket, str]:
         extra.close()
     sock.listen(ACCEPT_BACKLOG)
     return sock, f"http://{repr_socket_addr(sock.family, sock.getsockname())}"
+
+
+@attrs.frozen
+class RelaySpec:
+    config: AgentdConfig
+    index: int
+    control_fd: int
+    listen_fd: int
+    scheduler_url: str  # the scheduler process's internal listener (every non-proxy route)
 
 
 @attrs.define(eq=False)
@@ -136,8 +144,11 @@ class DataPlane:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.hub.run_publisher)
                 async with trio.open_nursery() as slots:
-                    for slot in self.slots:
-                        await slots.start(self._run_slot, slot, shutdown)
+                    ready = trio.Semaphore(0)  # one release per relay that said hello
+                    for slot in self.slots:  # the relays boot concurrently
+                        slots.start_soon(self._run_slot, slot, shutdown, ready)
+                    for _ in self.slots:
+                        await ready.acquire()
                     task_status.started()
                     slots.start_soon(self._stop_on, shutdown)
                 nursery.cancel_scope.cancel()
@@ -170,9 +181,7 @@ class DataPlane:
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(parent_end))
         return proc, Link(stream)
 
-    async def _run_slot(
-        self, slot: RelaySlot, shutdown: trio.Event, *, task_status: Any = trio.TASK_STATUS_IGNORED
-    ) -> None:
+    async def _run_slot(self, slot: RelaySlot, shutdown: trio.Event, ready: trio.Semaphore) -> None:
         backoff = RESTART_INITIAL_SECONDS
         first = True
         while not shutdown.is_set():
@@ -187,7 +196,7 @@ class DataPlane:
                     nursery.start_soon(conn.serve)
                     if first:
                         await self._wait_ready(conn, proc, slot)
-                        task_status.started()
+                        ready.release()
                         first = False
                     await proc.wait()
             finally:

@@ -36,7 +36,20 @@ from actors.core.batch_class import MAX_PREEMPTIONS_PER_REQUEST
 from actors.core.config import BackendTarget
 from actors.messages import Admitted
 from daemon.dataplane.link import Link, LinkClosed
-from daemon.dataplane.wire import Ask, Finish, Grant, Load, Preempt, Refuse, Release, Report, Snapshot, WireRequest
+from daemon.dataplane.wire import (
+    Ask,
+    Finish,
+    Grant,
+    Load,
+    MetricsAsk,
+    MetricsText,
+    Preempt,
+    Refuse,
+    Release,
+    Report,
+    Snapshot,
+    WireRequest,
+)
 from daemon.dispatch import DispatchRejected, Outcome, ProxyRequest
 from daemon.models import ModelDirectory
 from daemon.program_dispatch import SCHEDULER_UNAVAILABLE, output_cap
@@ -306,6 +319,33 @@ class _Kind:
 
     def lease(self, req: ProxyRequest) -> AbstractAsyncContextManager[RemoteLease]:
         return self.remote._lease(req, self.kind)
+
+
+async def read_scheduler_frames(
+    link: Link, remote: RemoteProgramDispatcher | None, view: SnapshotView, exposition: Callable[[], str]
+) -> None:
+    """Handle the scheduler's frames until its socket ends; then every waiting and new request of
+    ``remote`` is refused (503 ``scheduler_unavailable``)."""
+    try:
+        async for frame in link.frames():
+            if isinstance(frame, Grant | Refuse):
+                if remote is not None:
+                    remote.on_reply(frame)
+            elif isinstance(frame, Preempt):
+                if remote is not None:
+                    remote.on_preempt(frame)
+            elif isinstance(frame, Snapshot):
+                view.apply(frame)
+            elif isinstance(frame, MetricsAsk):
+                try:
+                    link.send(MetricsText(frame.token, exposition()))
+                except LinkClosed:
+                    pass
+            else:
+                raise ValueError(f"unexpected frame from the scheduler: {type(frame).__name__}")
+    finally:
+        if remote is not None:
+            remote.scheduler_gone()
 
 
 async def run_load_reports(link: Link, in_flight: Callable[[], Sequence[int]]) -> None:

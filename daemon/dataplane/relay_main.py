@@ -22,7 +22,6 @@ import sys
 from functools import partial
 from typing import Any
 
-import attrs
 import httpx
 import trio
 from prometheus_client import generate_latest
@@ -30,15 +29,17 @@ from prometheus_client import generate_latest
 from actors.fairness_metrics import FairnessBook, FairnessGaugeCollector, FairnessMetrics, TenantLabels
 from actors.logevents import get_logger, log_event
 from daemon.config import AgentdConfig
-from daemon.dataplane.link import Link, LinkClosed
+from daemon.dataplane.link import Link
+from daemon.dataplane.processes import RelaySpec
 from daemon.dataplane.relay import (
     RemoteOutcomes,
     RemoteProgramDispatcher,
     SnapshotView,
     forward_to_scheduler,
+    read_scheduler_frames,
     run_load_reports,
 )
-from daemon.dataplane.wire import Grant, Hello, MetricsAsk, MetricsText, Preempt, Refuse, Snapshot
+from daemon.dataplane.wire import Hello
 from daemon.dispatch import NativeDispatcher
 from daemon.http.app import serve_proxy_asgi
 from daemon.http.edge import Edge
@@ -55,15 +56,6 @@ from daemon.upstream import upstream_timeouts
 logger = get_logger("relay")
 FIRST_SNAPSHOT_SECONDS = 30.0
 DRAIN_ANSWER_SECONDS = 2.0  # as the supervisor's (docs/operations.md §10.4)
-
-
-@attrs.frozen
-class RelaySpec:
-    config: AgentdConfig
-    index: int
-    control_fd: int
-    listen_fd: int
-    scheduler_url: str  # the scheduler process's internal listener (every non-proxy route)
 
 
 class RelayApp:
@@ -180,22 +172,7 @@ async def run_relay(spec: RelaySpec) -> None:
     limits = cfg.limits
 
     async def read_scheduler() -> None:
-        async for frame in link.frames():
-            if isinstance(frame, Grant | Refuse):
-                if remote is not None:
-                    remote.on_reply(frame)
-            elif isinstance(frame, Preempt):
-                if remote is not None:
-                    remote.on_preempt(frame)
-            elif isinstance(frame, Snapshot):
-                view.apply(frame)
-            elif isinstance(frame, MetricsAsk):
-                try:
-                    link.send(MetricsText(frame.token, generate_latest(registry).decode()))
-                except LinkClosed:
-                    pass
-        if remote is not None:
-            remote.scheduler_gone()
+        await read_scheduler_frames(link, remote, view, lambda: generate_latest(registry).decode())
         if not shutdown.is_set():
             log_event(
                 logger,

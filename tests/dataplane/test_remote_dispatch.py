@@ -1,0 +1,310 @@
+"""The relay's remote dispatcher against the scheduler's hub over a real Unix socket pair, in one
+process under virtual time: the scheduler side runs the real ProgramDispatcher and actors (only the
+workers are faked, at the HTTP boundary), the relay side is what a relay process runs."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio.testing
+from program_fakes import FakeHealth, daemon_config, ok, program_request, program_scheduling
+
+from actors.core.config import BackendTarget
+from daemon.config import AgentdConfig
+from daemon.dataplane.link import Link
+from daemon.dataplane.relay import RemoteOutcomes, RemoteProgramDispatcher, SnapshotView, read_scheduler_frames
+from daemon.dataplane.scheduler_side import SNAPSHOT_SECONDS, DataPlaneHub, RelayConnection
+from daemon.dataplane.wire import Hello, Load
+from daemon.dispatch import DispatchRejected, NativeDispatcher
+from daemon.program_dispatch import ProgramDispatcher
+
+
+@attrs.define
+class Board(FakeHealth):
+    """The scheduler's health board as the hub uses it: a view plus the outcome reports."""
+
+    reports: list[tuple[str, bool, bool]] = attrs.field(factory=list)
+
+    def report_success(self, url: str) -> None:
+        self.reports.append((url, True, False))
+
+    def report_failure(self, url: str, detail: str, *, eject_now: bool = False) -> bool:
+        self.reports.append((url, False, eject_now))
+        if eject_now:
+            self.unhealthy_urls.add(url)
+        return eject_now
+
+
+@attrs.define(eq=False)
+class Plane:
+    dispatcher: ProgramDispatcher | None
+    hub: DataPlaneHub
+    conn: RelayConnection
+    remote: RemoteProgramDispatcher
+    view: SnapshotView
+    board: Board
+    relay_link: Link
+    nursery: trio.Nursery
+
+
+@asynccontextmanager
+async def _connected(
+    targets: tuple[BackendTarget, ...], board: Board, program: ProgramDispatcher | None
+) -> AsyncIterator[Plane]:
+    hub = DataPlaneHub(targets, board, program)
+    left, right = trio.socket.socketpair()
+    conn = hub.connect(0, Link(trio.SocketStream(left)))
+    relay_link = Link(trio.SocketStream(right))
+    remote = RemoteProgramDispatcher(relay_link)
+    view = SnapshotView(targets)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hub.run_publisher)
+        nursery.start_soon(conn.serve)
+        nursery.start_soon(relay_link.run_writer)
+        nursery.start_soon(read_scheduler_frames, relay_link, remote, view, lambda: "relay_only_total 3.0\n")
+        relay_link.send(Hello(0, 4242))
+        await view.first.wait()
+        try:
+            yield Plane(program, hub, conn, remote, view, board, relay_link, nursery)
+        finally:
+            nursery.cancel_scope.cancel()
+            for link in (conn.link, relay_link):
+                await trio.aclose_forcefully(link.stream)
+
+
+@asynccontextmanager
+async def plane(cfg: AgentdConfig, *, program: bool = True) -> AsyncIterator[Plane]:
+    targets = cfg.targets()
+    board = Board(targets)
+    async with program_scheduling(cfg, health=board) as (dispatcher, _, _):
+        async with _connected(targets, board, dispatcher if program else None) as p:
+            yield p
+
+
+async def _settled(p: Plane, predicate: Any) -> dict[str, Any]:
+    assert p.dispatcher is not None
+    return await p.dispatcher.wait_diagnostics(predicate)
+
+
+async def test_a_remote_lease_is_admitted_and_completed_through_the_program_dispatcher(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with plane(daemon_config(token_capacity_per_dp_rank=10_000)) as p:
+        assert p.conn.pid == 4242
+        req = program_request("task:lead", tokens=100)
+        async with p.remote.lease(req) as lease:
+            assert lease.target in p.board.targets
+            assert (lease.request_id, lease.queue_seconds, lease.attempt, lease.wants_usage) == (
+                req.request_id,
+                0,
+                0,
+                True,
+            )
+            assert p.hub.open_leases() == 1
+            lease.finish(ok(prompt=200))
+        doc = await _settled(p, lambda d: d["dispatcher"]["completed_count"] == 1)
+        assert doc["dispatcher"] == {
+            "submitted_count": 1,
+            "admitted_count": 1,
+            "rejected_count": 0,
+            "completed_count": 1,
+            "abandoned_count": 0,
+            "release_waits_count": 0,
+        }
+        # the scheduler's estimator learnt from the relay's usage: the in-process path ran
+        assert doc["token_estimation"] == [{"model_pool": "default", "endpoint": "chat", "tokens_per_byte": 0.275}]
+        assert p.hub.open_leases() == 0
+        assert p.remote.counters.finished_count == 1 and p.remote.open_leases() == 0
+        assert trio.current_time() == 0.0  # the socket costs no virtual time
+
+
+async def test_leaving_a_remote_lease_unfinished_abandons_it(autojump_clock: trio.testing.MockClock) -> None:
+    async with plane(daemon_config(token_capacity_per_dp_rank=10_000)) as p:
+        with pytest.raises(RuntimeError, match="client gone"):
+            async with p.remote.lease(program_request("p")):
+                raise RuntimeError("client gone")
+        doc = await _settled(p, lambda d: d["dispatcher"]["abandoned_count"] == 1)
+        assert doc["dispatcher"]["completed_count"] == 0
+        assert p.dispatcher is not None and not p.dispatcher.scheduler.state.in_flight
+        assert p.remote.counters.released_count == 1
+
+
+async def test_a_request_cancelled_while_queued_leaves_the_scheduler_queue(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with plane(daemon_config(dp=1, token_capacity_per_dp_rank=150)) as p:
+        assert p.dispatcher is not None
+        scheduler = p.dispatcher.scheduler
+        release_first = trio.Event()
+        first_admitted = trio.Event()
+
+        async def first() -> None:
+            async with p.remote.lease(program_request("a", tokens=100)) as lease:
+                first_admitted.set()
+                await release_first.wait()
+                lease.finish(ok())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first)
+            await first_admitted.wait()
+            t0 = trio.current_time()
+            with trio.move_on_after(3.0):  # queued: no room; then the client goes away
+                async with p.remote.lease(program_request("b", tokens=100)):
+                    raise AssertionError("admitted although the rank is full")
+            assert trio.current_time() - t0 == 3.0
+            doc = await _settled(p, lambda d: d["scheduler"]["pending_replies_count"] == 0)
+            assert doc["dispatcher"]["abandoned_count"] == 1
+            assert len(scheduler.state.pool) == 0
+            assert p.hub.open_leases() == 1  # the first one
+            release_first.set()
+        doc = await _settled(p, lambda d: not scheduler.state.in_flight)
+        assert doc["dispatcher"]["completed_count"] == 1
+        assert p.hub.open_leases() == 0
+
+
+async def test_a_relay_socket_that_ends_abandons_every_open_lease(autojump_clock: trio.testing.MockClock) -> None:
+    """A relay process dying: its socket ends; the scheduler releases its leases (admitted and
+    queued alike), so the capacity is back at once."""
+    async with plane(daemon_config(dp=1, token_capacity_per_dp_rank=150)) as p:
+        assert p.dispatcher is not None
+        scheduler = p.dispatcher.scheduler
+        admitted = trio.Event()
+
+        async def holder() -> None:
+            async with p.remote.lease(program_request("a", tokens=100)):
+                admitted.set()
+                await trio.sleep_forever()
+
+        refusals: list[DispatchRejected] = []
+
+        async def waiter() -> None:
+            try:
+                async with p.remote.lease(program_request("b", tokens=100)):
+                    raise AssertionError("admitted although the rank is full")
+            except DispatchRejected as exc:
+                refusals.append(exc)
+
+        async with trio.open_nursery() as relay_tasks:
+            relay_tasks.start_soon(holder)
+            await admitted.wait()
+            relay_tasks.start_soon(waiter)
+            await _settled(p, lambda d: len(scheduler.state.pool) == 1)
+            assert p.hub.open_leases() == 2
+            await p.relay_link.stream.aclose()  # the relay is gone (what SIGKILL does to its socket)
+            doc = await _settled(p, lambda d: d["dispatcher"]["abandoned_count"] == 2)
+            relay_tasks.cancel_scope.cancel()
+        [refused] = refusals
+        assert refused.rejection.reason == "scheduler_unavailable"
+        assert not scheduler.state.in_flight and len(scheduler.state.pool) == 0
+        assert doc["scheduler"]["pending_replies_count"] == 0
+        assert p.conn.abandoned_on_close_count == 2
+        assert p.hub.open_leases() == 0
+
+
+async def test_when_the_scheduler_is_gone_the_relay_refuses_with_503(autojump_clock: trio.testing.MockClock) -> None:
+    async with plane(daemon_config(dp=1, token_capacity_per_dp_rank=150)) as p:
+        admitted = trio.Event()
+
+        async def holder() -> None:
+            async with p.remote.lease(program_request("a", tokens=100)):
+                admitted.set()
+                await trio.sleep_forever()
+
+        waiting: list[DispatchRejected] = []
+        refused_now = trio.Event()
+
+        async def waiter() -> None:
+            try:
+                async with p.remote.lease(program_request("b", tokens=100)):
+                    raise AssertionError("admitted although the rank is full")
+            except DispatchRejected as exc:
+                waiting.append(exc)
+                refused_now.set()
+
+        async with trio.open_nursery() as relay_tasks:
+            relay_tasks.start_soon(holder)
+            await admitted.wait()
+            relay_tasks.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            await p.conn.link.stream.aclose()  # the scheduler's end closes
+            t0 = trio.current_time()
+            await refused_now.wait()
+            assert trio.current_time() == t0  # at once, not after a timeout
+            relay_tasks.cancel_scope.cancel()
+        [refused] = waiting
+        assert (refused.rejection.reason, refused.rejection.status_hint) == ("scheduler_unavailable", 503)
+        assert p.remote.gone
+        with pytest.raises(DispatchRejected):
+            async with p.remote.lease(program_request("c")):
+                pass
+
+
+async def test_a_refusal_of_the_scheduler_reaches_the_relay_unchanged(autojump_clock: trio.testing.MockClock) -> None:
+    cfg = daemon_config()
+    board = Board(cfg.targets())
+    async with _connected(cfg.targets(), board, None) as p:  # no Program scheduling behind the hub
+        with pytest.raises(DispatchRejected) as refused:
+            async with p.remote.lease(program_request("p")):
+                raise AssertionError("granted")
+        assert refused.value.rejection.reason == "scheduler_unavailable"
+        assert p.remote.counters.refused_count == 1 and p.hub.open_leases() == 0
+
+
+async def test_snapshots_carry_health_and_the_other_processes_load(autojump_clock: trio.testing.MockClock) -> None:
+    cfg = daemon_config(workers=("http://w0:8000", "http://w1:8000"), dp=1)
+    targets = cfg.targets()
+    board = Board(targets)
+    async with _connected(targets, board, None) as p:
+        assert p.view.healthy_targets() == targets
+        other_left, other_right = trio.socket.socketpair()
+        other_right.close()
+        other = p.hub.connect(1, Link(trio.SocketStream(other_left)))  # a second relay reports its load
+        p.hub._own_in_flight = lambda: [1, 0]
+        other._on_frame(Load((2, 5)), p.nursery)
+        board.unhealthy_urls.add("http://w1:8000")
+        t0 = trio.current_time()
+        await trio.sleep(SNAPSHOT_SECONDS)
+        await trio.testing.wait_all_tasks_blocked()
+        assert trio.current_time() - t0 == SNAPSHOT_SECONDS
+        assert p.view.healthy_targets() == (targets[0],)
+        assert p.view.others_in_flight == [3, 5]
+        native = NativeDispatcher(targets, "least_loaded", p.view, __import__("random").Random(0))
+        native.others_in_flight = p.view.others_in_flight
+        # w1 is out; of the healthy ones only w0 is left whatever the load
+        assert native.pick(program_request("x")).worker_url == "http://w0:8000"
+        other_left.close()
+
+
+async def test_a_connect_failure_ejects_at_once_here_and_reaches_the_board(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    cfg = daemon_config(workers=("http://w0:8000", "http://w1:8000"), dp=1)
+    targets = cfg.targets()
+    board = Board(targets)
+    async with _connected(targets, board, None) as p:
+        outcomes = RemoteOutcomes(p.view, p.relay_link)
+        assert outcomes.report_failure("http://w0:8000", "refused", eject_now=True) is True
+        assert [t.worker_url for t in p.view.healthy_targets()] == ["http://w1:8000"]  # before any round trip
+        outcomes.report_success("http://w1:8000")  # nothing to reset: not sent
+        assert outcomes.report_failure("http://w1:8000", "timeout") is False
+        outcomes.report_success("http://w1:8000")  # resets the board's outlier count: sent
+        await trio.sleep(SNAPSHOT_SECONDS)
+        await trio.testing.wait_all_tasks_blocked()
+        assert board.reports == [
+            ("http://w0:8000", False, True),
+            ("http://w1:8000", False, False),
+            ("http://w1:8000", True, False),
+        ]
+        # the board ejected w0 too; the relay follows the board from the snapshot on
+        assert p.view.ejected == {} and [t.worker_url for t in p.view.healthy_targets()] == ["http://w1:8000"]
+
+
+async def test_the_hub_collects_each_relays_exposition(autojump_clock: trio.testing.MockClock) -> None:
+    cfg = daemon_config()
+    async with _connected(cfg.targets(), Board(cfg.targets()), None) as p:
+        assert await p.hub.relay_expositions() == ["relay_only_total 3.0\n"]

@@ -1,0 +1,137 @@
+"""The data-plane frames: every frame type survives encode -> bytes (split anywhere) -> decode."""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any, NewType
+
+import attrs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from daemon.dataplane.wire import (
+    FRAME_TYPES,
+    HEADER,
+    MAX_FRAME_BYTES,
+    Ask,
+    FrameError,
+    FrameReader,
+    Hello,
+    WireRequest,
+    decode,
+    encode,
+)
+from daemon.dispatch import ProxyRequest
+from daemon.http.identity import parse_identity
+from daemon.http.priority import PriorityInfo
+from daemon.http.requests import PromptSize
+
+TEXT = st.text(max_size=12)
+FLOATS = st.floats(allow_nan=False, allow_infinity=False)
+
+
+def strategy_for(tp: Any) -> st.SearchStrategy[Any]:
+    """Values of a frame field's type: attrs classes field by field, finite floats (JSON has no
+    NaN), tuples, optionals and unions, NewTypes as their base type."""
+    if isinstance(tp, NewType):
+        return strategy_for(tp.__supertype__)
+    if attrs.has(tp):
+        attrs.resolve_types(tp)
+        return st.builds(tp, **{f.name: strategy_for(f.type) for f in attrs.fields(tp) if f.init})
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return st.one_of([strategy_for(arg) for arg in typing.get_args(tp)])
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return st.lists(strategy_for(args[0]), max_size=3).map(tuple)
+        return st.tuples(*(strategy_for(a) for a in args))
+    simple: dict[Any, st.SearchStrategy[Any]] = {
+        int: st.integers(-(2**63), 2**63),
+        float: FLOATS,
+        str: TEXT,
+        bool: st.booleans(),
+        type(None): st.none(),
+    }
+    if tp in simple:
+        return simple[tp]
+    raise TypeError(f"no strategy for {tp!r}")
+
+
+FRAMES = st.one_of([strategy_for(cls) for cls in FRAME_TYPES])
+
+
+def test_every_frame_type_has_a_strategy() -> None:
+    for cls in FRAME_TYPES:
+        assert strategy_for(cls) is not None
+
+
+@settings(max_examples=300, deadline=None)
+@given(FRAMES)
+def test_every_frame_round_trips(frame: Any) -> None:
+    data = encode(frame)
+    (size,) = HEADER.unpack_from(data)
+    assert size == len(data) - HEADER.size
+    assert decode(data[HEADER.size :]) == frame
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(FRAMES, min_size=1, max_size=6), st.data())
+def test_a_stream_of_frames_splits_anywhere(frames: list[Any], data: st.DataObject) -> None:
+    stream = b"".join(encode(f) for f in frames)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=5)))
+    reader = FrameReader()
+    out: list[Any] = []
+    start = 0
+    for cut in [*cuts, len(stream)]:
+        out += reader.feed(stream[start:cut])
+        start = cut
+    assert out == frames
+    assert reader.pending_bytes == 0
+
+
+def test_a_request_keeps_what_the_scheduler_reads_and_drops_the_body() -> None:
+    body = {
+        "model": "m",
+        "max_completion_tokens": 77,
+        "messages": [{"role": "user", "content": "x" * 1000}],
+        "vllm_xargs": {"agentic_context": {"program_id": "p", "task_id": "t", "priority": 3}},
+    }
+    identity = parse_identity(body, {"x-session-id": "s"})
+    req = ProxyRequest(
+        request_id="agentd-1",
+        endpoint="chat",
+        body=body,
+        headers={"authorization": "Bearer secret"},
+        model="m",
+        stream=True,
+        prompt=PromptSize(1000, None),
+        routing_text="user:x",
+        identity=identity,
+        model_pool="m",
+        pool_targets=frozenset({2, 0}),
+        prio=PriorityInfo("agent", 3, "acme", "header", None),
+    )
+    frame = Ask(7, "program", WireRequest.of(req, 77))
+    back = decode(encode(frame)[HEADER.size :])
+    assert back == frame
+    rebuilt = back.request.proxy_request()
+    assert rebuilt.body == {"max_tokens": 77} and rebuilt.headers == {}  # no body, no credentials
+    assert attrs.evolve(rebuilt, body=body, headers=req.headers) == req
+    assert b"secret" not in encode(frame) and b"x" * 100 not in encode(frame)
+
+
+def test_bad_frames_are_protocol_errors() -> None:
+    with pytest.raises(FrameError, match="undecodable"):
+        decode(b'["Nope", {}]')
+    with pytest.raises(FrameError, match="undecodable"):
+        decode(b'["Hello", {"relay": "one", "pid": 2}]')
+    with pytest.raises(FrameError, match="undecodable"):
+        decode(b"{not json")
+    with pytest.raises(FrameError, match="exceeds"):
+        FrameReader().feed(HEADER.pack(MAX_FRAME_BYTES + 1))
+    with pytest.raises(TypeError, match="not a data-plane frame"):
+        encode(PromptSize(1))
+    assert FrameReader().feed(encode(Hello(1, 2))[:-1]) == []
