@@ -11,7 +11,9 @@ every case.  Request-bound counters (``at_rest`` requires each to be zero):
   abandoned (the dispatcher's counters);
 * ``program_in_flight`` and ``program_queued`` - requests the core holds as dispatched or waiting;
 * ``in_flight_reserved_tokens`` - the context tokens the core reserved for its in-flight requests;
-* ``pending_replies`` - reply channels the scheduler keeps for requests not answered yet.
+* ``pending_replies`` - reply channels the scheduler keeps for requests not answered yet;
+* ``relay_native_in_flight`` - identity-free requests in flight in the relay processes, as last
+  reported (docs/operations.md §13; 0 in one process).
 
 Also reported, not request-bound: ``charged_tokens`` (tokens the ledger charges to active
 Programs, released by their TTL), ``release_waits_count`` (completions/abandons that waited for
@@ -35,6 +37,7 @@ REQUEST_BOUND = (
     "program_queued",
     "in_flight_reserved_tokens",
     "pending_replies",
+    "relay_native_in_flight",
 )
 
 
@@ -52,6 +55,9 @@ def capacity_invariants(handles: DaemonHandles) -> dict[str, Any]:
         "program_queued": 0,
         "in_flight_reserved_tokens": 0,
         "pending_replies": 0,
+        # identity-free requests in flight in the relay processes (docs/operations.md §13), as they
+        # last reported (every 50 ms); 0 without relay processes
+        "relay_native_in_flight": 0 if handles.data_plane is None else handles.data_plane.hub.native_in_flight(),
     }
     program = handles.program_dispatcher
     scheduler = getattr(program, "scheduler", None)

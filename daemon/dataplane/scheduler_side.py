@@ -315,3 +315,6 @@ class DataPlaneHub:
 
     def open_leases(self) -> int:
         return sum(len(c.leases) for c in self.connections.values())
+
+    def native_in_flight(self) -> int:
+        return sum(sum(c.in_flight) for c in self.connections.values())

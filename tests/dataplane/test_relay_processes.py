@@ -1,0 +1,184 @@
+"""Two relay processes and the scheduler over real sockets (docs/operations.md §13).
+
+The daemon runs here (the scheduler process: actors, health, diagnostics) and starts two real
+``python -m daemon.dataplane.relay_main`` processes on its port; the fake worker is a real-socket
+server in this process.  Program-scheduling requests go through the relays; a relay SIGKILLed in
+the middle of a stream has its lease released by the scheduler (capacity back to its baseline), is
+restarted, and the daemon keeps serving; SIGTERM-style shutdown drains every process."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import httpx
+import trio
+from fault_env import BUDGET_SECONDS
+from fault_worker import Act, FaultWorker
+
+from actors.core.config import ProgramSchedulingConfig
+from daemon.config import AgentdConfig, BatchApiConfig, RoutingConfig, ServerConfig
+from daemon.supervisor import run_daemon
+
+CHAT = {"model": "fault-model", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _program(body: dict[str, Any], program_id: str) -> dict[str, Any]:
+    return {**body, "vllm_xargs": {"agentic_context": {"program_id": program_id}}}
+
+
+def relay_config(worker_url: str, processes: int = 2) -> AgentdConfig:
+    return AgentdConfig(
+        server=ServerConfig(host="127.0.0.1", port=0, shutdown_grace_seconds=2.0, data_plane_processes=processes),
+        routing=RoutingConfig(
+            worker_urls=(worker_url,),
+            health_check_interval_seconds=3600.0,
+            stream_idle_timeout_seconds=60.0,
+            policy="round_robin",
+        ),
+        batch_api=BatchApiConfig(enabled=False),
+        enable_program_scheduling=True,
+        program_scheduling=ProgramSchedulingConfig(token_capacity_per_dp_rank=100_000),
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def _diagnostics(client: httpx.AsyncClient) -> dict[str, Any]:
+    response = await client.get("/scheduling/diagnostics")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def test_two_relays_serve_programs_survive_a_sigkill_and_drain() -> None:
+    async with trio.open_nursery() as nursery:
+        worker: FaultWorker = await nursery.start(FaultWorker().run)
+        worker.default = Act(events=3)
+        daemon_done = trio.Event()
+
+        async def daemon(task_status: trio.TaskStatus[Any]) -> None:
+            await run_daemon(relay_config(worker.url), task_status=task_status)
+            daemon_done.set()
+
+        handles = await nursery.start(daemon)
+        plane = handles.data_plane
+        assert plane is not None and plane.processes == 2
+        first_pids = [slot.pid for slot in plane.slots]
+        assert all(_alive(pid) for pid in first_pids) and os.getpid() not in first_pids
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
+            baseline = (await _diagnostics(client))["invariants"]
+            assert baseline["at_rest"]
+
+            # Program requests, plain and streamed, through the relays (fresh connections: the
+            # kernel hands them to either relay)
+            for i in range(6):
+                async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as fresh:
+                    plain = await fresh.post("/v1/chat/completions", json=_program(CHAT, f"p{i}"))
+                    assert plain.status_code == 200, plain.text
+                    assert plain.json()["usage"]["completion_tokens"] == 3
+                    streamed = await fresh.post(
+                        "/v1/chat/completions", json=_program({**CHAT, "stream": True}, f"s{i}")
+                    )
+                    assert streamed.status_code == 200
+                    assert streamed.text.endswith("data: [DONE]\n\n")
+            doc = await _diagnostics(client)
+            assert doc["dispatcher"]["completed_count"] == 12 and doc["dispatcher"]["abandoned_count"] == 0
+            relays = doc["data_plane"]["relays"]
+            assert sum(r["asks_count"] for r in relays) == 12
+            assert [r["pid"] for r in relays] == first_pids
+
+            # /metrics is every process's: the relays counted the proxied requests
+            metrics = (await client.get("/metrics")).text
+            counted = [
+                float(line.rsplit(" ", 1)[1])
+                for line in metrics.splitlines()
+                if line.startswith("agentd_proxy_requests_total{") and 'outcome="success"' in line
+            ]
+            assert sum(counted) == 12
+
+            # a stream stalls in the worker; its relay is SIGKILLed mid-stream
+            worker.script.append(Act(kind="stall", after=2))
+            got_events = trio.Event()
+            ended: list[str] = []
+
+            async def stalled_stream() -> None:
+                async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as own:
+                    try:
+                        async with own.stream(
+                            "POST", "/v1/chat/completions", json=_program({**CHAT, "stream": True}, "victim")
+                        ) as response:
+                            assert response.status_code == 200
+                            async for _ in response.aiter_raw():
+                                got_events.set()
+                        ended.append("ended")
+                    except httpx.HTTPError as exc:
+                        ended.append(type(exc).__name__)
+
+            async with trio.open_nursery() as victim:
+                victim.start_soon(stalled_stream)
+                with trio.fail_after(BUDGET_SECONDS):
+                    await got_events.wait()
+                doc = await _diagnostics(client)
+                [holder] = [r for r in doc["data_plane"]["relays"] if r["open_leases"] == 1]
+                assert doc["invariants"]["program_in_flight"] == 1
+                os.kill(holder["pid"], signal.SIGKILL)
+            assert ended == ["RemoteProtocolError"]  # the stream was cut, not completed
+
+            state: dict[str, Any] = {}
+            with trio.fail_after(BUDGET_SECONDS):
+                while state.get("dispatcher", {}).get("abandoned_count") != 1:
+                    state = await _diagnostics(client)
+                    await trio.sleep(0.05)
+            invariants = state["invariants"]
+            assert invariants["at_rest"], invariants
+            for key in ("program_in_flight", "in_flight_reserved_tokens", "program_open_leases", "pending_replies"):
+                assert invariants[key] == baseline[key], key
+            # the supervisor restarts the relay (after its backoff) and logs the exit
+            with trio.fail_after(BUDGET_SECONDS):
+                while True:
+                    doc = await _diagnostics(client)
+                    slot = doc["data_plane"]["relays"][holder["index"]]
+                    if slot["alive"] and slot["pid"] != holder["pid"] and slot.get("frames_received", 0) > 0:
+                        break
+                    await trio.sleep(0.05)
+            assert slot["restarts_count"] == 1 and slot["last_exit"] == "killed by SIGKILL"
+            assert not _alive(holder["pid"])
+
+            # the daemon keeps serving, through both relays
+            for i in range(6):
+                async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as fresh:
+                    again = await fresh.post("/v1/chat/completions", json=_program(CHAT, f"after{i}"))
+                    assert again.status_code == 200, again.text
+            doc = await _diagnostics(client)
+            assert doc["dispatcher"]["completed_count"] == 18
+            assert doc["data_plane"]["open_leases"] == 0
+
+        # graceful shutdown drains every process: none is left running
+        pids = [slot.pid for slot in plane.slots]
+        handles.request_shutdown()
+        with trio.fail_after(BUDGET_SECONDS):
+            await daemon_done.wait()
+        assert not any(_alive(pid) for pid in pids)
+        assert [slot.last_exit for slot in plane.slots] == ["exit status 0", "exit status 0"]
+        nursery.cancel_scope.cancel()
+
+
+def test_the_supervisor_refuses_in_process_fakes_with_relay_processes() -> None:
+    cfg = relay_config("http://127.0.0.1:9")
+
+    async def main() -> None:
+        await run_daemon(cfg, transport_factory=lambda _cfg: httpx.MockTransport(lambda r: httpx.Response(200)))
+
+    try:
+        trio.run(main)
+    except ValueError as exc:
+        assert "data_plane_processes" in str(exc)
+    else:
+        raise AssertionError("accepted a transport factory with relay processes")
