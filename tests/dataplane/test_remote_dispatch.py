@@ -14,13 +14,15 @@ import trio
 import trio.testing
 from program_fakes import FakeHealth, daemon_config, ok, program_request, program_scheduling
 
-from actors.core.config import BackendTarget
+from actors.core.config import BackendTarget, BatchJobsConfig
 from daemon.config import AgentdConfig
 from daemon.dataplane.link import Link
 from daemon.dataplane.relay import RemoteOutcomes, RemoteProgramDispatcher, SnapshotView, read_scheduler_frames
 from daemon.dataplane.scheduler_side import SNAPSHOT_SECONDS, DataPlaneHub, RelayConnection
 from daemon.dataplane.wire import Hello, Load
-from daemon.dispatch import DispatchRejected, NativeDispatcher
+from daemon.dispatch import DispatchRejected, NativeDispatcher, ProxyRequest
+from daemon.http.priority import PriorityInfo
+from daemon.http.requests import PromptSize
 from daemon.program_dispatch import ProgramDispatcher
 
 
@@ -308,3 +310,58 @@ async def test_the_hub_collects_each_relays_exposition(autojump_clock: trio.test
     cfg = daemon_config()
     async with _connected(cfg.targets(), Board(cfg.targets()), None) as p:
         assert await p.hub.relay_expositions() == ["relay_only_total 3.0\n"]
+
+
+def _batch_request(request_id: str) -> ProxyRequest:
+    return ProxyRequest(
+        request_id=request_id,
+        endpoint="chat",
+        body={"max_tokens": 8},
+        headers={},
+        model="m",
+        stream=False,
+        prompt=PromptSize(text_bytes=400),
+        routing_text="x",
+        batch_job="eval",
+        prio=PriorityInfo(request_class="batch"),
+    )
+
+
+async def test_a_batch_request_is_served_and_a_preemption_cancels_the_relays_attempt(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    cfg = attrs.evolve(daemon_config(token_capacity_per_dp_rank=10_000), batch_jobs=BatchJobsConfig(enabled=True))
+    async with plane(cfg) as p:
+        assert p.dispatcher is not None and p.dispatcher.batch is not None
+        attempts: list[int] = []
+
+        async def complete(lease: Any) -> None:
+            attempts.append(lease.attempt)
+            lease.finish(ok())
+
+        await p.remote.serve(_batch_request("agentd-b1"), complete)
+        doc = await _settled(p, lambda d: d["dispatcher"]["completed_count"] == 1)
+        assert attempts == [0] and doc["batch"]["running"] == 0
+
+        # the scheduler preempts the running attempt: the relay's forward is cancelled at once
+        started = trio.Event()
+        cancelled: list[float] = []
+
+        async def forever(lease: Any) -> None:
+            started.set()
+            try:
+                await trio.sleep_forever()
+            finally:
+                cancelled.append(trio.current_time())
+
+        async with trio.open_nursery() as relay_tasks:
+            relay_tasks.start_soon(p.remote.serve, _batch_request("agentd-b2"), forever)
+            await started.wait()
+            t0 = trio.current_time()
+            p.dispatcher.batch.preempt("agentd-b2")  # what the PreemptBatch effect does
+            await trio.testing.wait_all_tasks_blocked()
+            assert cancelled == [t0] and p.remote.counters.preempted_count == 1
+            assert p.hub.open_leases() == 1  # still waiting for its next admission
+            relay_tasks.cancel_scope.cancel()  # the client goes away meanwhile
+        doc = await _settled(p, lambda d: d["dispatcher"]["abandoned_count"] == 1)
+        assert p.hub.open_leases() == 0 and p.remote.open_leases() == 0

@@ -278,3 +278,14 @@ def test_config_warns_when_keepalive_expiry_is_not_below_the_workers_idle_timeou
     assert "keepalive_expiry_not_below_worker_idle_timeout" not in events()  # 4 s by default
     assert "keepalive_expiry_not_below_worker_idle_timeout" in events(keepalive_expiry_seconds=5.0)
     assert events(keepalive_expiry_seconds=5.0, worker_urls=[]) == []  # embedded workers: no sockets
+
+
+def test_config_data_plane_processes_is_validated_and_defaults_to_one_process(tmp_path: Path) -> None:
+    assert AgentdConfig().server.data_plane_processes == 1
+    path = tmp_path / "c.toml"
+    path.write_text("[server]\ndata_plane_processes = 2\n")
+    assert load_config(path).server.data_plane_processes == 2
+    path.write_text("[server]\ndata_plane_processes = -1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert any("server.data_plane_processes" in line and ">= 0" in line for line in info.value.lines), info.value.lines
