@@ -100,6 +100,8 @@ class BenchOptions:
     floor_kv_blocks: int = FLOOR_KV_BLOCKS
     progress: bool = True
     port_base: int = 18100  # 0 = ephemeral ports (placement then differs per run)
+    # agentd's [server] data_plane_processes for the native and agentd systems (docs/operations.md §13)
+    agentd_processes: int = 1
 
 
 def find_vllm_router(explicit: str | None = None) -> str | None:
@@ -202,6 +204,8 @@ def system_command(
     ]
     if system in ("native", "agentd", "floor"):
         cmd = [opts.python, "-m", "daemon", "start", *common, "--log-level", "warning"]
+        if opts.agentd_processes != 1:
+            cmd += ["--data-plane-processes", str(opts.agentd_processes)]
         return cmd + ps if system == "agentd" else cmd
     if system in ("vllm-router", "vllm-router-ps"):
         if opts.vllm_router is None:

@@ -343,6 +343,12 @@ def add_router_flags(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--admin-host", help="agentd extra: admin listener address (admin.host)")
     g.add_argument("--admin-port", type=int, help="agentd extra: admin listener port (admin.port)")
+    g.add_argument(
+        "--data-plane-processes",
+        type=int,
+        metavar="N",
+        help="agentd extra: relay processes on the port, 1 = one process, 0 = auto (server.data_plane_processes)",
+    )
     g.add_argument("--log-level", help="debug, info, warning or error (server.log_level)")
     g.add_argument("--log-format", help="kv (key=value lines) or json (server.log_format)")
 
@@ -359,6 +365,7 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     put("server", "port", getattr(args, "port", None))
     put("server", "log_level", getattr(args, "log_level", None))
     put("server", "log_format", getattr(args, "log_format", None))
+    put("server", "data_plane_processes", getattr(args, "data_plane_processes", None))
     urls = getattr(args, "worker_urls", None)
     put("routing", "worker_urls", list(urls) if urls else None)
     put("routing", "intra_node_data_parallel_size", getattr(args, "intra_node_data_parallel_size", None))

@@ -98,8 +98,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fixed loopback ports: router BASE, its metrics BASE+1, workers BASE+2.. "
         "(same for every system, so hash placement is reproducible; 0 = ephemeral)",
     )
+    parser.add_argument(
+        "--agentd-processes",
+        type=_processes,
+        default=1,
+        help="agentd's data_plane_processes for the native and agentd systems (default 1; docs/operations.md §13)",
+    )
     parser.add_argument("--no-progress", action="store_true")
     add_replay_flags(parser)
+
+
+def _processes(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
 
 
 def _port_base(text: str) -> int:
@@ -175,6 +191,8 @@ def run(args: argparse.Namespace) -> int:
         f"- replay: concurrency {replay.concurrency or trace.meta.concurrency}, "
         f"agentic context {replay.agentic_context}"
     )
+    if args.agentd_processes != 1:
+        context.append(f"- agentd: data_plane_processes {args.agentd_processes} (native and agentd)")
     opts = BenchOptions(
         out_dir=args.out,
         systems=systems,
@@ -185,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         port_base=args.port_base,
         floor_kv_blocks=args.floor_kv_blocks,
+        agentd_processes=args.agentd_processes,
     )
     info = trace_summary(trace, args.trace, replay.concurrency)
     try:
