@@ -100,7 +100,10 @@ class RelayApp:
 
 
 async def _watch_signals(shutdown: trio.Event, edge: Edge, root: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    """SIGTERM drains (a second one cancels).  SIGINT is ignored: a Ctrl-C in a terminal reaches
+    the whole process group, and the scheduler process turns it into one SIGTERM per relay."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
         async for signum in signals:
             if shutdown.is_set():
                 root.cancel()

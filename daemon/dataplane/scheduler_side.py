@@ -36,6 +36,7 @@ from daemon.dataplane.link import Link, LinkClosed
 from daemon.dataplane.wire import (
     Ask,
     Finish,
+    FrameError,
     Grant,
     Hello,
     Load,
@@ -52,6 +53,7 @@ from daemon.dispatch import DispatchRejected, HealthView, Outcome
 from daemon.program_dispatch import SCHEDULER_UNAVAILABLE, ProgramDispatcher, ProgramLease
 
 logger = get_logger("dataplane")
+INTERNAL_ERROR = Rejection(reason="internal_error", status_hint=500, message="internal error in agentd (see the log)")
 BATCH_DISABLED = Rejection(reason="batch_jobs_disabled", status_hint=503, message="[batch_jobs] is not enabled")
 SNAPSHOT_SECONDS = 0.1  # how often the relays' view of health, models and load is refreshed
 METRICS_TIMEOUT_SECONDS = 2.0  # a relay that does not answer a scrape within this is left out
@@ -72,6 +74,10 @@ class _Served:
     forwarding: bool = False  # a Grant was sent and its Finish/Release not received yet
     ended: trio.Event = attrs.field(factory=trio.Event)
     outcome: Outcome | None = None
+
+
+class ProtocolError(Exception):
+    """A frame a relay must not send (the connection is closed: the relay drains and restarts)."""
 
 
 def admitted_of(lease: ProgramLease) -> Admitted:
@@ -108,8 +114,13 @@ class RelayConnection:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.link.run_writer)
             async with trio.open_nursery() as leases:
-                async for frame in self.link.frames():
-                    self._on_frame(frame, leases)
+                try:
+                    async for frame in self.link.frames():
+                        self._on_frame(frame, leases)
+                except (FrameError, ProtocolError) as exc:  # a relay that breaks the protocol is cut off
+                    log_event(
+                        logger, logging.ERROR, "relay_protocol_error", relay=self.index, pid=self.pid, error=str(exc)
+                    )
                 open_count = len(self.leases)
                 self.abandoned_on_close_count += open_count
                 if open_count:
@@ -157,7 +168,7 @@ class RelayConnection:
             self.publish(force=True)
             self.hello.set()
         else:
-            raise ValueError(f"unexpected frame from relay {self.index}: {type(frame).__name__}")
+            raise ProtocolError(f"unexpected frame from relay {self.index}: {type(frame).__name__}")
 
     async def _serve_ask(self, ask: Ask, served: _Served) -> None:
         program = self.hub.program
@@ -176,6 +187,13 @@ class RelayConnection:
                     await self._forward(ask.lease, served, lease)
         except DispatchRejected as rejected:
             self.send_quiet(Refuse(ask.lease, rejected.rejection))
+        except Exception as exc:  # a bug: this request gets a 500, the scheduler keeps running
+            logger.error(
+                "relay lease failed",
+                exc_info=exc,
+                extra={"agentd_event": "internal_error", "agentd_fields": {"request_id": req.request_id}},
+            )
+            self.send_quiet(Refuse(ask.lease, INTERNAL_ERROR))
         finally:
             self.leases.pop(ask.lease, None)
 

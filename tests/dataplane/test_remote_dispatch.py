@@ -19,7 +19,7 @@ from daemon.config import AgentdConfig
 from daemon.dataplane.link import Link
 from daemon.dataplane.relay import RemoteOutcomes, RemoteProgramDispatcher, SnapshotView, read_scheduler_frames
 from daemon.dataplane.scheduler_side import SNAPSHOT_SECONDS, DataPlaneHub, RelayConnection
-from daemon.dataplane.wire import Hello, Load
+from daemon.dataplane.wire import Hello, Load, Snapshot
 from daemon.dispatch import DispatchRejected, NativeDispatcher, ProxyRequest
 from daemon.http.priority import PriorityInfo
 from daemon.http.requests import PromptSize
@@ -365,3 +365,27 @@ async def test_a_batch_request_is_served_and_a_preemption_cancels_the_relays_att
             relay_tasks.cancel_scope.cancel()  # the client goes away meanwhile
         doc = await _settled(p, lambda d: d["dispatcher"]["abandoned_count"] == 1)
         assert p.hub.open_leases() == 0 and p.remote.open_leases() == 0
+
+
+async def test_a_relay_that_breaks_the_protocol_is_cut_off_and_its_leases_released(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with plane(daemon_config(token_capacity_per_dp_rank=10_000)) as p:
+        admitted = trio.Event()
+
+        async def holder() -> None:
+            with pytest.raises(trio.Cancelled):
+                async with p.remote.lease(program_request("a")):
+                    admitted.set()
+                    await trio.sleep_forever()
+
+        async with trio.open_nursery() as relay_tasks:
+            relay_tasks.start_soon(holder)
+            await admitted.wait()
+            p.relay_link.send(Snapshot(1, (), "", ()))  # a scheduler-only frame from a relay
+            doc = await _settled(p, lambda d: d["dispatcher"]["abandoned_count"] == 1)
+            await trio.testing.wait_all_tasks_blocked()
+            assert p.remote.gone  # the relay sees its socket end: it refuses new work and drains
+            relay_tasks.cancel_scope.cancel()
+        assert doc["dispatcher"]["completed_count"] == 0
+        assert p.conn.abandoned_on_close_count == 1
