@@ -160,13 +160,36 @@ async def test_two_relays_serve_programs_survive_a_sigkill_and_drain() -> None:
             assert doc["dispatcher"]["completed_count"] == 18
             assert doc["data_plane"]["open_leases"] == 0
 
-        # graceful shutdown drains every process: none is left running
-        pids = [slot.pid for slot in plane.slots]
-        handles.request_shutdown()
+            # graceful shutdown with a stream in flight: its relay finishes it, the completion
+            # reaches the scheduler, then every process exits
+            worker.script.append(Act(events=10, delay=0.1))
+            first_event = trio.Event()
+            drained: list[str] = []
+
+            async def draining_stream() -> None:
+                async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as own:
+                    body = _program({**CHAT, "stream": True}, "drained")
+                    async with own.stream("POST", "/v1/chat/completions", json=body) as response:
+                        text = b""
+                        async for chunk in response.aiter_raw():
+                            text += chunk
+                            first_event.set()
+                        drained.append(text.decode())
+
+            pids = [slot.pid for slot in plane.slots]
+            async with trio.open_nursery() as in_flight:
+                in_flight.start_soon(draining_stream)
+                with trio.fail_after(BUDGET_SECONDS):
+                    await first_event.wait()
+                handles.request_shutdown()
+            [text] = drained
+            assert text.endswith("data: [DONE]\n\n") and text.count('"content": "x"') == 10
         with trio.fail_after(BUDGET_SECONDS):
             await daemon_done.wait()
         assert not any(_alive(pid) for pid in pids)
         assert [slot.last_exit for slot in plane.slots] == ["exit status 0", "exit status 0"]
+        counters = handles.program_dispatcher.counters
+        assert (counters.completed_count, counters.abandoned_count, counters.open_leases()) == (19, 1, 0)
         nursery.cancel_scope.cancel()
 
 
