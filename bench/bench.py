@@ -279,11 +279,26 @@ class _Procs:
 
 
 def process_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a live process (Linux ``/proc``); ``None`` elsewhere."""
+    """User + system CPU seconds of a live process and its live descendants (agentd's relay
+    processes, docs/operations.md §13) (Linux ``/proc``); ``None`` elsewhere."""
     try:
-        return cpu_seconds(pid)
+        total = cpu_seconds(pid)
     except OSError:
         return None
+    for child in _children(pid):
+        total += process_cpu_seconds(child) or 0.0
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as fh:
+                found += [int(c) for c in fh.read().split()]
+    except OSError:
+        return found
+    return found
 
 
 async def _wait_healthy(
