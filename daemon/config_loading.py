@@ -427,6 +427,15 @@ def config_warnings(cfg: AgentdConfig) -> list[ConfigWarning]:
                 "identity-free requests take the native policy (docs/priority.md §5.5)",
             )
         )
+    if cfg.embedded_mode and cfg.server.data_plane_processes != 1:
+        out.append(
+            ConfigWarning(
+                "data_plane_processes_embedded",
+                f"server.data_plane_processes = {cfg.server.data_plane_processes} has no effect in embedded mode "
+                "(no worker_urls): the simulated workers live in the one process (docs/operations.md §13)",
+                (("data_plane_processes", cfg.server.data_plane_processes),),
+            )
+        )
     ps = cfg.program_scheduling
     if ps is None:
         return out

@@ -289,3 +289,11 @@ def test_config_data_plane_processes_is_validated_and_defaults_to_one_process(tm
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert any("server.data_plane_processes" in line and ">= 0" in line for line in info.value.lines), info.value.lines
+
+
+def test_config_relay_processes_in_embedded_mode_warn() -> None:
+    cfg = config_from_dict({"server": {"data_plane_processes": 2}})
+    [warning] = [w for w in config_warnings(cfg) if w.event == "data_plane_processes_embedded"]
+    assert "no effect in embedded mode" in warning.message
+    with_workers = config_from_dict({"server": {"data_plane_processes": 2}, "routing": {"worker_urls": ["http://w:1"]}})
+    assert not [w for w in config_warnings(with_workers) if w.event == "data_plane_processes_embedded"]
