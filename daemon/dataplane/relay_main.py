@@ -223,9 +223,26 @@ async def run_relay(spec: RelaySpec) -> None:
         root.cancel_scope.cancel()
 
 
+class _RelayField(logging.Filter):
+    """Every agentd event a relay logs names the relay (``relay=<index>``) after its own fields."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "agentd_event", None) is not None:
+            fields = dict(getattr(record, "agentd_fields", None) or {})
+            fields.setdefault("relay", self.index)
+            record.agentd_fields = fields
+        return True
+
+
 def main() -> int:
     spec: RelaySpec = pickle.load(sys.stdin.buffer)
-    configure_logging(spec.config.server.log_level, spec.config.server.log_format)
+    root = configure_logging(spec.config.server.log_level, spec.config.server.log_format)
+    for handler in root.handlers:
+        handler.addFilter(_RelayField(spec.index))
     trio.run(run_relay, spec)
     return 0
 
