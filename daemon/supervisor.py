@@ -43,13 +43,13 @@ from daemon.config_loading import config_warnings
 from daemon.dataplane import resolve_processes
 from daemon.dataplane.processes import DataPlane, listening_socket
 from daemon.dataplane.scheduler_side import DataPlaneHub
-from daemon.dispatch import NativeDispatcher
+from daemon.dispatch import Dispatcher, NativeDispatcher
 from daemon.handles import DaemonHandles
 from daemon.health import HealthBoard, run_health_checks
 from daemon.http.app import create_app
 from daemon.http.edge import Edge
 from daemon.http.metrics_route import metrics_asgi_app
-from daemon.http.proxy import ProgramRoute, ProxyEngine
+from daemon.http.proxy import OutcomeReports, ProgramRoute, ProxyEngine
 from daemon.http.serve import ServerState
 from daemon.http.serve import serve_http as serve_asgi
 from daemon.metrics import BatchApiMetrics, ProxyMetrics, build_registry
@@ -182,6 +182,41 @@ async def _start_dispatchers(
     if cfg.program_scheduling is not None:
         program = await root.start(partial(run_program_scheduling, health=board), cfg, upstream.client, registry)
     return board, native, program
+
+
+def build_engine(
+    cfg: AgentdConfig,
+    *,
+    client: httpx.AsyncClient,
+    transport: httpx.AsyncBaseTransport | None,
+    native: Dispatcher,
+    metrics: ProxyMetrics,
+    program: ProgramRoute | None,
+    outcomes: OutcomeReports,
+    ids: RequestIds,
+    models: ModelDirectory,
+    fairness: FairnessBook,
+) -> ProxyEngine:
+    """The proxy engine of one process: this one's, and each relay process's (docs/operations.md
+    §13) - every option taken from the configuration is set here, once for both."""
+    return ProxyEngine(
+        client=client,
+        native=native,
+        metrics=metrics,
+        agentic_context_forwarding=cfg.routing.agentic_context_forwarding,
+        program=program,
+        transport=transport,
+        timeouts=upstream_timeouts(cfg.routing, embedded=cfg.embedded_mode),
+        outcomes=outcomes,
+        ids=ids,
+        hint_caps=cfg.client_hints,
+        models=models,
+        priority=cfg.priority,
+        tenants=cfg.tenants,
+        priority_workers=cfg.priority_workers(),
+        detect_workers=cfg.priority_detect_workers(),
+        fairness=fairness,
+    )
 
 
 # After the drain deadline the answers to the requests still running (a JSON 503, an error event
@@ -360,11 +395,12 @@ async def run_daemon(
             registry.register(FairnessGaugeCollector(fairness))
             if program is not None:
                 fairness.scheduler_view = program.fairness_view
-            engine = ProxyEngine(
+            engine = build_engine(
+                cfg,
                 client=upstream.client,
+                transport=upstream.transport,
                 native=native,
                 metrics=metrics,
-                agentic_context_forwarding=cfg.routing.agentic_context_forwarding,
                 program=None
                 if program is None or ps is None
                 else ProgramRoute(
@@ -373,17 +409,10 @@ async def run_daemon(
                     program.batch,
                     program.interactive if cfg.priority.interactive_scheduling else None,
                 ),
-                transport=upstream.transport,
-                timeouts=upstream_timeouts(cfg.routing, embedded=cfg.embedded_mode),
                 outcomes=board,
                 # seeded for deterministic runs (tests, agentd simulate); else uuid4 (daemon/request_ids.py)
                 ids=RequestIds(None if rng is None else random.Random(REQUEST_ID_SEED)),
-                hint_caps=cfg.client_hints,
                 models=models,
-                priority=cfg.priority,
-                tenants=cfg.tenants,
-                priority_workers=cfg.priority_workers(),
-                detect_workers=cfg.priority_detect_workers(),
                 fairness=fairness,
             )
             batches = None

@@ -51,7 +51,6 @@ from daemon.metrics import ProxyMetrics, build_registry
 from daemon.models import ModelDirectory
 from daemon.request_ids import RequestIds
 from daemon.security import load_security
-from daemon.upstream import upstream_timeouts
 
 logger = get_logger("relay")
 FIRST_SNAPSHOT_SECONDS = 30.0
@@ -116,7 +115,7 @@ async def _watch_signals(shutdown: trio.Event, edge: Edge, root: trio.CancelScop
 def _engine(
     cfg: AgentdConfig, link: Link, view: SnapshotView, models: ModelDirectory, remote: RemoteProgramDispatcher | None
 ) -> tuple[ProxyEngine, NativeDispatcher, Any]:
-    from daemon.supervisor import client_on, default_transport
+    from daemon.supervisor import build_engine, client_on, default_transport
 
     targets = cfg.targets()
     registry = build_registry()
@@ -129,11 +128,12 @@ def _engine(
     registry.register(FairnessGaugeCollector(fairness))
     ps = cfg.program_scheduling
     transport = default_transport(cfg)
-    engine = ProxyEngine(
+    engine = build_engine(
+        cfg,
         client=client_on(cfg, transport),
+        transport=transport,
         native=native,
         metrics=metrics,
-        agentic_context_forwarding=cfg.routing.agentic_context_forwarding,
         program=None
         if remote is None or ps is None
         else ProgramRoute(
@@ -142,16 +142,9 @@ def _engine(
             remote if cfg.batch_jobs.enabled else None,
             remote.interactive if cfg.priority.interactive_scheduling else None,
         ),
-        transport=transport,
-        timeouts=upstream_timeouts(cfg.routing, embedded=False),
         outcomes=RemoteOutcomes(view, link),
         ids=RequestIds(),
-        hint_caps=cfg.client_hints,
         models=models,
-        priority=cfg.priority,
-        tenants=cfg.tenants,
-        priority_workers=cfg.priority_workers(),
-        detect_workers=cfg.priority_detect_workers(),
         fairness=fairness,
     )
     return engine, native, registry
