@@ -129,7 +129,8 @@ async def test_two_relays_serve_programs_survive_a_sigkill_and_drain() -> None:
                 [holder] = [r for r in doc["data_plane"]["relays"] if r["open_leases"] == 1]
                 assert doc["invariants"]["program_in_flight"] == 1
                 os.kill(holder["pid"], signal.SIGKILL)
-            assert ended == ["RemoteProtocolError"]  # the stream was cut, not completed
+            # the stream was cut, never completed (FIN: an incomplete chunked body; RST: a read error)
+            assert ended in (["RemoteProtocolError"], ["ReadError"]), ended
 
             state: dict[str, Any] = {}
             with trio.fail_after(BUDGET_SECONDS):
