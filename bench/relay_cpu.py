@@ -1,25 +1,51 @@
-"""Streaming relay cost: agentd CPU per relayed SSE event (one event = one token, as vLLM streams).
+"""Streaming relay cost: CPU per relayed token, side by side with vllm-router (docs/benchmarks.md §10.1).
 
 Usage (from the repository root)::
 
-    python -m bench.relay_cpu [--seconds 10] [--streams 32] [--interval-ms 20] [--events 200]
+    python -m bench.relay_cpu [--quick] [--vllm-router PATH] [--stream-coalesce-ms 50 ...]
+        [--mode both|closed|lockstep] [--seconds 5] [--streams 32] [--interval-ms 20] [--events 100]
+        [--lockstep-streams 64,128,256] [--itl-ms 25] [--lockstep-events 60] [--json OUT] [--markdown OUT]
 
-A fake worker (raw Trio sockets, HTTP/1.1 keep-alive, chunked SSE) answers every streaming chat
-request with ``--events`` token events, one every ``--interval-ms`` per stream (a decode step),
-then a usage event and ``data: [DONE]``.  ``--streams`` closed-loop clients keep that many streams
-open through ``agentd start`` (native routing, round robin).  Reported: events relayed per second
-and agentd's CPU (user + system) per relayed event, which bounds the tokens per second one daemon
-core can relay.  The worker's own CPU per event is printed for scale.
+Every token is one SSE event, as vLLM streams.  Two loads, each through every system in turn in
+front of the same fake worker (raw Trio sockets, HTTP/1.1 keep-alive, chunked SSE), in one run:
+
+* **closed** (the issue-15 load): ``--streams`` closed-loop clients; each response is ``--events``
+  token events, one every ``--interval-ms`` per stream on its own timer (events of different
+  streams rarely coincide: the worst case, one upstream read and one downstream write per token);
+* **lockstep** (a decoding engine): per ``--lockstep-streams`` value, that many closed-loop
+  clients; the worker emits one event for every open stream at each decode step, every
+  ``--itl-ms``, ``--lockstep-events`` steps per response.
+
+Systems: ``direct`` (clients talk to the worker: the baseline of every "added" figure), ``agentd``
+(``agentd start``, native round robin), ``agentd+cW`` per ``--stream-coalesce-ms`` W > 0 (the same
+with ``[server] stream_coalesce_ms = W``) and ``vllm-router`` (``--policy round_robin``, when
+``--vllm-router`` or ``vllm-router`` on PATH is found).
+
+Reported per system and load: tokens relayed per second, the proxy's CPU (user + system, every
+thread) per relayed token, and from per-token stamps (the worker writes its send time, and the
+request's arrival time in the first event; the clock is CLOCK_MONOTONIC, shared by the processes):
+added TTFT (first token received - request sent, minus the worker's own arrival-to-first-token),
+token delay (received - sent by the worker) p50/p99, inter-token gap at the client p50/p99,
+last-token delay p50/max and time to last byte p50.  "Added" figures subtract ``direct``'s.  For
+lockstep loads, tokens/s delivered against the offered rate (streams x 1000 / ITL) and the one-core
+ceiling 1e6 / (CPU us per token).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -28,153 +54,486 @@ from bench.output import write_atomic
 
 MODULE = "bench.relay_cpu"  # re-run as the fake worker
 BODY = b'{"model":"fake-model","messages":[{"role":"user","content":"Say hi."}],"max_tokens":200,"stream":true}'
-
-
-def _event(i: int) -> bytes:
-    payload = json.dumps(
-        {
-            "id": "chatcmpl-relay",
-            "object": "chat.completion.chunk",
-            "created": 0,
-            "model": "fake-model",
-            "choices": [{"index": 0, "delta": {"content": f" tok{i}"}, "logprobs": None, "finish_reason": None}],
-        }
-    ).encode()
-    return b"data: " + payload + b"\n\n"
-
-
-def _chunk(data: bytes) -> bytes:
-    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
-
-
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 USAGE = (
     b'data: {"id":"chatcmpl-relay","object":"chat.completion.chunk","choices":[],'
     b'"usage":{"prompt_tokens":8,"completion_tokens":1,"total_tokens":9}}\n\n'
 )
+TAIL = USAGE + b"data: [DONE]\n\n"
+# a token event's content: " t<send ns>" (the first also " a<arrival ns>": when the request arrived)
+STAMP = re.compile(rb' t(\d+)(?: a(\d+))?"')
 
 
-async def _worker_conn(stream: trio.SocketStream, events: int, interval: float) -> None:
+def _event(now_ns: int, arrival_ns: int | None, final: bool) -> bytes:
+    content = f" t{now_ns}" if arrival_ns is None else f" t{now_ns} a{arrival_ns}"
+    reason = '"stop"' if final else "null"
+    return (
+        b'data: {"id":"chatcmpl-relay","object":"chat.completion.chunk","created":0,"model":"fake-model",'
+        b'"choices":[{"index":0,"delta":{"content":"'
+        + content.encode()
+        + b'"},"logprobs":null,"finish_reason":'
+        + reason.encode()
+        + b"}]}\n\n"
+    )
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+def _response_piece(i: int, events: int, arrival_ns: int) -> bytes:
+    """Token event ``i`` of ``events`` framed as one chunk (the last one with the tail and the end)."""
+    now = time.monotonic_ns()
+    event = _event(now, arrival_ns if i == 0 else None, i == events - 1)
+    if i < events - 1:
+        return _chunk(event)
+    return _chunk(event) + _chunk(TAIL) + b"0\r\n\r\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Fake workers
+# ---------------------------------------------------------------------------------------------
+
+
+async def _closed_conn(stream: trio.SocketStream, events: int, interval: float) -> None:
+    """One stream per connection, one event every ``interval`` seconds on its own timer."""
     buf = bytearray()
     try:
         while (head := await harness.read_request(stream, buf)) is not None:
             if harness.request_path(head) == b"/health":
                 await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
                 continue
-            await stream.send_all(
-                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-            )
+            arrival = time.monotonic_ns()
+            await stream.send_all(HEAD)
             for i in range(events):
                 await trio.sleep(interval)
-                await stream.send_all(_chunk(_event(i)))
-            await stream.send_all(_chunk(USAGE) + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+                await stream.send_all(_response_piece(i, events, arrival))
     except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
         return
 
 
-def serve_worker(port: int, events: int, interval: float) -> None:
+class _LockstepStream:
+    __slots__ = ("fd", "arrival", "sent", "out", "flushing", "done", "wake", "broken")
+
+    def __init__(self, fd: int, arrival: int) -> None:
+        self.fd = fd
+        self.arrival = arrival
+        self.sent = 0
+        self.out = bytearray()  # bytes the socket did not take at once (the connection's task writes them)
+        self.flushing = False
+        self.done = False
+        self.broken = False
+        self.wake = trio.Event()
+
+
+class LockstepEngine:
+    """A decode loop: every ``itl`` seconds one event for every open stream (one pass, no task hop
+    per stream: the worker's own cost stays small next to the proxy's)."""
+
+    def __init__(self, itl: float, events: int) -> None:
+        self.itl = itl
+        self.events = events
+        self.streams: list[_LockstepStream] = []
+
+    async def run(self) -> None:
+        tick = trio.current_time()
+        while True:
+            tick += self.itl
+            await trio.sleep_until(tick)
+            keep = []
+            for s in self.streams:
+                self._push(s, _response_piece(s.sent, self.events, s.arrival))
+                s.sent += 1
+                if s.sent >= self.events or s.broken:
+                    s.done = True
+                    s.wake.set()
+                else:
+                    keep.append(s)
+            self.streams = keep
+
+    @staticmethod
+    def _push(s: _LockstepStream, data: bytes) -> None:
+        if s.broken:
+            return
+        if s.out or s.flushing:
+            s.out += data
+            return
+        try:
+            n = os.write(s.fd, data)
+        except BlockingIOError:
+            n = 0
+        except OSError:
+            s.broken = True
+            return
+        if n < len(data):
+            s.out += data[n:]
+            s.wake.set()
+
+
+async def _lockstep_conn(stream: trio.SocketStream, engine: LockstepEngine) -> None:
+    buf = bytearray()
+    try:
+        while (head := await harness.read_request(stream, buf)) is not None:
+            if harness.request_path(head) == b"/health":
+                await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+                continue
+            s = _LockstepStream(stream.socket.fileno(), time.monotonic_ns())
+            await stream.send_all(HEAD)
+            engine.streams.append(s)
+            while True:
+                await s.wake.wait()
+                s.wake = trio.Event()
+                s.flushing = True
+                while s.out:
+                    data = bytes(s.out)
+                    s.out.clear()
+                    await stream.send_all(data)
+                s.flushing = False
+                if s.done:
+                    break
+    except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
+        return
+
+
+def serve_worker(port: int, mode: str, events: int, interval: float) -> None:
     async def main() -> None:
-        await trio.serve_tcp(lambda s: _worker_conn(s, events, interval), port, host="127.0.0.1")
+        async with trio.open_nursery() as nursery:
+            if mode == "lockstep":
+                engine = LockstepEngine(interval, events)
+                nursery.start_soon(engine.run)
+                handler: Any = lambda s: _lockstep_conn(s, engine)  # noqa: E731
+            else:
+                handler = lambda s: _closed_conn(s, events, interval)  # noqa: E731
+            nursery.start_soon(partial(trio.serve_tcp, handler, port, host="127.0.0.1"))
 
     trio.run(main)
 
 
-async def _stream_once(stream: trio.SocketStream, port: int, buf: bytearray) -> int:
-    await stream.send_all(
-        (
-            f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
-            f"content-type: application/json\r\ncontent-length: {len(BODY)}\r\n\r\n"
-        ).encode()
-        + BODY
-    )
-    data = bytes(buf)
-    while not data.endswith(b"0\r\n\r\n"):
+# ---------------------------------------------------------------------------------------------
+# The load generator
+# ---------------------------------------------------------------------------------------------
+
+
+class Record:
+    """Client-side observations of one system under one load (nanoseconds)."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.responses = 0
+        self.ttft_added: list[int] = []  # first token received - request sent - worker's own wait
+        self.delay: list[int] = []  # token received - token sent by the worker
+        self.gap: list[int] = []  # between two tokens of one stream, at the client
+        self.last_delay: list[int] = []  # the last token's delay
+        self.ttlb: list[int] = []  # request sent -> last byte
+
+
+async def _stream_once(stream: trio.SocketStream, port: int, rec: Record | None) -> None:
+    request = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(BODY)}\r\n\r\n"
+    ).encode() + BODY
+    sent = time.monotonic_ns()
+    await stream.send_all(request)
+    carry = b""
+    tokens = 0
+    first_recv = prev_recv = 0
+    ttft_added = last_delay = 0
+    delays: list[int] = []
+    gaps: list[int] = []
+    while True:
         more = await stream.receive_some(65536)
+        now = time.monotonic_ns()
         if not more:
             raise ConnectionError("server closed the connection")
-        data += more
-    buf.clear()
-    return data.count(b"data: ")
+        data = carry + more
+        cut = data.rfind(b"\n\n")
+        if cut >= 0:
+            for m in STAMP.finditer(data, 0, cut):
+                stamp = int(m.group(1))
+                if m.group(2) is not None:
+                    first_recv = now
+                    ttft_added = (now - sent) - (stamp - int(m.group(2)))
+                elif prev_recv:
+                    gaps.append(now - prev_recv)
+                prev_recv = now
+                last_delay = now - stamp
+                delays.append(last_delay)
+                tokens += 1
+            carry = data[cut + 2 :]
+        else:
+            carry = data
+        if data.endswith(b"0\r\n\r\n"):
+            break
+    if rec is not None and first_recv:
+        rec.tokens += tokens
+        rec.responses += 1
+        rec.ttft_added.append(ttft_added)
+        rec.delay.extend(delays)
+        rec.gap.extend(gaps)
+        rec.last_delay.append(last_delay)
+        rec.ttlb.append(now - sent)
 
 
-async def load(port: int, streams: int, seconds: float) -> tuple[int, float]:
-    """(SSE events received, elapsed seconds) of ``streams`` closed-loop streaming clients."""
-    counts = [0] * streams
+async def load(port: int, streams: int, seconds: float, rec: Record | None) -> float:
+    """Run ``streams`` closed-loop streaming clients for ``seconds`` (each finishes its response)."""
     end = time.perf_counter() + seconds
 
-    async def user(i: int) -> None:
+    async def user() -> None:
         stream = await trio.open_tcp_stream("127.0.0.1", port)
-        buf = bytearray()
         async with stream:
             while time.perf_counter() < end:
-                counts[i] += await _stream_once(stream, port, buf)
+                await _stream_once(stream, port, rec)
 
     start = time.perf_counter()
     async with trio.open_nursery() as nursery:
-        for i in range(streams):
-            nursery.start_soon(user, i)
-    return sum(counts), time.perf_counter() - start
+        for _ in range(streams):
+            nursery.start_soon(user)
+    return time.perf_counter() - start
+
+
+# ---------------------------------------------------------------------------------------------
+# Systems
+# ---------------------------------------------------------------------------------------------
+
+
+def start_agentd(port: int, worker_port: int, coalesce_ms: float, tmp: Path) -> subprocess.Popen[bytes]:
+    args = ["start", "--port", str(port), "--log-level", "warning"]
+    args += ["--worker-urls", f"http://127.0.0.1:{worker_port}", "--policy", "round_robin"]
+    if coalesce_ms > 0:
+        config = tmp / f"agentd-coalesce-{coalesce_ms:g}.toml"
+        config.write_text(f"[server]\nstream_coalesce_ms = {coalesce_ms!r}\n")
+        args += ["--config", str(config)]
+    return harness.spawn_module("daemon", *args, stdout=subprocess.DEVNULL)
+
+
+def start_router(path: str, port: int, worker_port: int) -> subprocess.Popen[bytes]:
+    args = [path, "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin"]
+    args += ["--worker-urls", f"http://127.0.0.1:{worker_port}", "--log-level", "warning"]
+    args += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(harness.free_port())]
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _pct(values: Sequence[int], q: float) -> float:
+    """The q-quantile (nearest rank) in milliseconds; NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))] / 1e6
+
+
+def measure(name: str, port: int, pid: int | None, streams: int, seconds: float, warmup: float) -> dict[str, Any]:
+    trio.run(load, port, streams, warmup, None)
+    rec = Record()
+    cpu0 = harness.cpu_seconds(pid) if pid is not None else 0.0
+    elapsed = trio.run(load, port, streams, seconds, rec)
+    cpu = harness.cpu_seconds(pid) - cpu0 if pid is not None else None
+    tokens = max(rec.tokens, 1)
+    return {
+        "system": name,
+        "streams": streams,
+        "seconds": elapsed,
+        "responses": rec.responses,
+        "tokens": rec.tokens,
+        "tokens_per_second": rec.tokens / elapsed,
+        "cpu_seconds": cpu,
+        "cpu_us_per_token": None if cpu is None else cpu / tokens * 1e6,
+        "cpu_share_of_one_core": None if cpu is None else cpu / elapsed,
+        "ttft_ms_p50": _pct(rec.ttft_added, 0.5),
+        "delay_ms_p50": _pct(rec.delay, 0.5),
+        "delay_ms_p99": _pct(rec.delay, 0.99),
+        "gap_ms_p50": _pct(rec.gap, 0.5),
+        "gap_ms_p99": _pct(rec.gap, 0.99),
+        "last_delay_ms_p50": _pct(rec.last_delay, 0.5),
+        "last_delay_ms_max": _pct(rec.last_delay, 1.0),
+        "ttlb_ms_p50": _pct(rec.ttlb, 0.5),
+    }
+
+
+def _added(rows: list[dict[str, Any]]) -> None:
+    base = next((r for r in rows if r["system"] == "direct"), None)
+    for r in rows:
+        for key in ("ttft_ms_p50", "delay_ms_p50", "delay_ms_p99", "gap_ms_p50", "gap_ms_p99", "ttlb_ms_p50"):
+            r[f"added_{key}"] = None if base is None else r[key] - base[key]
+
+
+def run_load(
+    mode: str,
+    stream_counts: Sequence[int],
+    events: int,
+    interval_ms: float,
+    coalesce: Sequence[float],
+    router: str | None,
+    seconds: float,
+    warmup: float,
+    tmp: Path,
+) -> list[dict[str, Any]]:
+    worker_port = harness.free_port()
+    worker = harness.spawn_module(
+        MODULE, "--serve-worker", str(worker_port), "--worker-mode", mode,
+        "--events", str(events), "--interval-ms", str(interval_ms),
+    )  # fmt: skip
+    procs: list[subprocess.Popen[bytes]] = [worker]
+    rows: list[dict[str, Any]] = []
+    try:
+        harness.wait_listening(worker_port, worker, "fake worker")
+        systems: list[tuple[str, int, int | None]] = [("direct", worker_port, None)]
+        for w in [0.0, *[c for c in coalesce if c > 0]]:
+            port = harness.free_port()
+            proc = start_agentd(port, worker_port, w, tmp)
+            procs.append(proc)
+            harness.wait_listening(port, proc, "agentd")
+            systems.append(("agentd" if w == 0 else f"agentd+c{w:g}", port, proc.pid))
+        if router is not None:
+            port = harness.free_port()
+            proc = start_router(router, port, worker_port)
+            procs.append(proc)
+            harness.wait_listening(port, proc, "vllm-router")
+            systems.append(("vllm-router", port, proc.pid))
+        for streams in stream_counts:
+            group = []
+            for name, port, pid in systems:
+                row = measure(name, port, pid, streams, seconds, warmup)
+                row.update(load=mode, interval_ms=interval_ms, events_per_response=events)
+                group.append(row)
+                print(
+                    f"  {mode:8} {streams:4} streams  {name:14} {row['tokens_per_second']:8.0f} tok/s  "
+                    + (f"{row['cpu_us_per_token']:6.1f} us CPU/token" if row["cpu_us_per_token"] is not None else ""),
+                    flush=True,
+                )
+            _added(group)
+            rows += group
+    finally:
+        harness.stop_all(procs)
+    return rows
+
+
+def _fmt(x: Any, spec: str = ".1f") -> str:
+    if x is None or (isinstance(x, float) and x != x):
+        return "-"
+    return format(x, spec)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        f"relay_cpu, {result['date']}, load: {result['uptime']}, speed probe {result['python_speed_probe_us']:.1f} us",
+        "",
+        "| load | streams | system | tok/s | CPU us/token | x router | added TTFT p50 ms | added delay p50 / p99 ms "
+        "| gap p50 / p99 ms | last-token delay p50 / max ms | added TTLB p50 ms |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['load']} | {r['streams']} | {r['system']} | {r['tokens_per_second']:.0f} | "
+            f"{_fmt(r['cpu_us_per_token'])} | {_fmt(r.get('x_router'), '.2f')} | "
+            f"{_fmt(r['added_ttft_ms_p50'], '.2f')} | "
+            f"{_fmt(r['added_delay_ms_p50'], '.2f')} / {_fmt(r['added_delay_ms_p99'], '.2f')} | "
+            f"{_fmt(r['gap_ms_p50'], '.1f')} / {_fmt(r['gap_ms_p99'], '.1f')} | "
+            f"{_fmt(r['last_delay_ms_p50'], '.2f')} / {_fmt(r['last_delay_ms_max'], '.2f')} | "
+            f"{_fmt(r['added_ttlb_ms_p50'], '.1f')} |"
+        )
+    lockstep = [r for r in result["rows"] if r["load"] == "lockstep" and r["cpu_us_per_token"]]
+    if lockstep:
+        lines += ["", "| lockstep streams | system | offered tok/s | delivered tok/s | one-core ceiling tok/s |"]
+        lines.append("| --- | --- | --- | --- | --- |")
+        for r in lockstep:
+            offered = r["streams"] * 1000 / r["interval_ms"]
+            lines.append(
+                f"| {r['streams']} | {r['system']} | {offered:.0f} | {r['tokens_per_second']:.0f} | "
+                f"{1e6 / r['cpu_us_per_token']:.0f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _positive_ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=10.0, help="measurement time (after 2 s of warm-up)")
-    parser.add_argument("--streams", type=int, default=32, help="concurrent streams")
-    parser.add_argument("--interval-ms", type=float, default=20.0, help="time between two events of one stream")
-    parser.add_argument("--events", type=int, default=200, help="token events per response")
-    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short cells (2 s, 0.5 s warm-up; lockstep 64,128)")
+    parser.add_argument("--mode", choices=("both", "closed", "lockstep"), default="both")
+    parser.add_argument("--seconds", type=float, default=5.0, help="measurement time per cell")
+    parser.add_argument("--warmup", type=float, default=1.0, help="warm-up time per cell")
+    parser.add_argument("--streams", type=int, default=32, help="closed load: concurrent streams")
+    parser.add_argument("--interval-ms", type=float, default=20.0, help="closed load: time between two tokens")
+    parser.add_argument("--events", type=int, default=100, help="closed load: tokens per response")
+    parser.add_argument("--lockstep-streams", type=_positive_ints, default=[64, 128, 256])
+    parser.add_argument("--itl-ms", type=float, default=25.0, help="lockstep load: decode step")
+    parser.add_argument("--lockstep-events", type=int, default=60, help="lockstep load: tokens per response")
+    parser.add_argument(
+        "--stream-coalesce-ms", type=float, nargs="*", default=[50.0],
+        help="agentd rows with [server] stream_coalesce_ms = W (besides the plain one); 0 or none: plain only",
+    )  # fmt: skip
+    parser.add_argument("--vllm-router", default=shutil.which("vllm-router"), help="vllm-router executable")
+    parser.add_argument("--json", type=Path, help="write the results as JSON here")
+    parser.add_argument("--markdown", type=Path, help="write the tables as markdown here")
     parser.add_argument("--serve-worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-mode", default="closed", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_worker is not None:
-        serve_worker(args.serve_worker, args.events, args.interval_ms / 1000)
+        serve_worker(args.serve_worker, args.worker_mode, args.events, args.interval_ms / 1000)
         return 0
-    for name in ("seconds", "interval_ms"):
-        if getattr(args, name) <= 0:
+    if args.quick:
+        args.seconds, args.warmup = 2.0, 0.5
+        if args.lockstep_streams == [64, 128, 256]:
+            args.lockstep_streams = [64, 128]
+    for name in ("seconds", "interval_ms", "itl_ms"):
+        if not getattr(args, name) > 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    for name in ("streams", "events"):
+    for name in ("streams", "events", "lockstep_events"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        parser.error(f"--warmup must be >= 0, got {args.warmup}")
+    if any(not 0 <= c <= 1000 for c in args.stream_coalesce_ms):
+        parser.error(f"--stream-coalesce-ms values must be in [0, 1000], got {args.stream_coalesce_ms}")
+    router = args.vllm_router
+    if router is not None and not os.access(router, os.X_OK):
+        parser.error(f"--vllm-router: {router} is not an executable file")
+    if router is None:
+        print("vllm-router not found (--vllm-router PATH): its rows are skipped")
 
     probe_us = harness.python_speed_probe_us()
-    worker_port, agentd_port = harness.free_port(), harness.free_port()
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        worker_args = ["--serve-worker", str(worker_port), "--events", str(args.events)]
-        worker = harness.spawn_module(MODULE, *worker_args, "--interval-ms", str(args.interval_ms))
-        procs.append(worker)
-        harness.wait_listening(worker_port, worker, "fake worker")
-        agentd = harness.start_agentd(agentd_port, worker_port, "round_robin")
-        procs.append(agentd)
-        harness.wait_listening(agentd_port, agentd, "agentd")
-        trio.run(load, agentd_port, args.streams, 2.0)  # warm-up
-        cpu0, wcpu0 = harness.cpu_seconds(agentd.pid), harness.cpu_seconds(worker.pid)
-        events, elapsed = trio.run(load, agentd_port, args.streams, args.seconds)
-        cpu, wcpu = harness.cpu_seconds(agentd.pid) - cpu0, harness.cpu_seconds(worker.pid) - wcpu0
-    finally:
-        harness.stop_all(procs)
-    result = {
-        "streams": args.streams,
-        "interval_ms": args.interval_ms,
-        "events_per_response": args.events,
-        "seconds": elapsed,
-        "events": events,
-        "events_per_second": events / elapsed,
-        "agentd_cpu_seconds": cpu,
-        "agentd_cpu_us_per_event": cpu / events * 1e6,
-        "agentd_cpu_share_of_one_core": cpu / elapsed,
-        "worker_cpu_us_per_event": wcpu / events * 1e6,
-        "python_speed_probe_us": probe_us,
-    }
+    uptime = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
     print(f"python speed probe: sum(range(1000)) = {probe_us:.1f} us (about 8-10 us when the machine is idle)")
-    print(
-        f"{args.streams} streams, one event every {args.interval_ms:g} ms each, {args.events} events per "
-        f"response: {events} events in {elapsed:.1f} s = {events / elapsed:.0f} events/s"
-    )
-    print(
-        f"agentd CPU: {cpu:.2f} s = {cpu / events * 1e6:.1f} us per relayed event "
-        f"({cpu / elapsed:.0%} of one core); fake worker: {wcpu / events * 1e6:.1f} us per event"
-    )
+    print(uptime)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="relay-cpu-") as tmp:
+        if args.mode in ("both", "closed"):
+            rows += run_load(
+                "closed", [args.streams], args.events, args.interval_ms, args.stream_coalesce_ms,
+                router, args.seconds, args.warmup, Path(tmp),
+            )  # fmt: skip
+        if args.mode in ("both", "lockstep"):
+            rows += run_load(
+                "lockstep", args.lockstep_streams, args.lockstep_events, args.itl_ms, args.stream_coalesce_ms,
+                router, args.seconds, args.warmup, Path(tmp),
+            )  # fmt: skip
+    for r in rows:
+        same = [x for x in rows if x["load"] == r["load"] and x["streams"] == r["streams"]]
+        ref = next((x for x in same if x["system"] == "vllm-router"), None)
+        ok = ref is not None and ref["cpu_us_per_token"] and r["cpu_us_per_token"] is not None
+        r["x_router"] = r["cpu_us_per_token"] / ref["cpu_us_per_token"] if ok else None  # type: ignore[index]
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "uptime": uptime,
+        "python_speed_probe_us": probe_us,
+        "command": " ".join(sys.argv),
+        "rows": rows,
+    }
+    text = markdown(result)
+    print()
+    print(text)
     if args.json is not None:
         write_atomic(args.json, json.dumps(result, indent=2))
+    if args.markdown is not None:
+        write_atomic(args.markdown, text)
     return 0
 
 
