@@ -35,8 +35,9 @@ Scope (the workers are vLLM-compatible OpenAI servers on plain HTTP/1.1):
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import trio
@@ -117,6 +118,15 @@ class ChunkedDecoder:
         self._state, self._left = state, left
         self._buf = buf[pos:] if pos < end else b""
         return out[0] if len(out) == 1 else b"".join(out)
+
+
+class HoldTimer(Protocol):
+    """Events held back by a coalescing relay: write them at ``due`` (``math.inf``: none held)."""
+
+    @property
+    def due(self) -> float: ...
+
+    async def fire(self) -> None: ...
 
 
 class StaleConnection(Exception):
@@ -231,12 +241,18 @@ class UpstreamBody(httpx.AsyncByteStream):
                 yield data
         self._complete = True
 
-    async def pump(self, handler: Callable[[bytes], Awaitable[None]]) -> None:
+    async def pump(self, handler: Callable[[bytes], Awaitable[None]], timer: HoldTimer | None = None) -> None:
         """Feed every payload piece to ``handler``: the same bytes as iterating, less CPU.
 
         Iterating has to open a cancel scope per read (a scope cannot span an async generator's
         ``yield``); here one scope spans the whole body and only its deadline moves: armed with the
-        read timeout while waiting for the worker, disarmed while ``handler`` runs.
+        read timeout while waiting for the worker, disarmed while ``handler`` runs.  A chunked body
+        is read with ``os.read`` on the socket after ``wait_readable`` (one system call and one
+        scheduler pass per read; trio's stream layer adds a failed read, three context managers and
+        a second pass); a read that filled the buffer is followed by another read at once.
+
+        ``timer`` (coalescing, docs/operations.md §13): while ``timer.due`` is finite, the wait for
+        the worker ends at that time too and ``timer.fire()`` runs (the held events are written).
         """
         conn = self._conn
         if conn is None or self._complete:
@@ -246,21 +262,44 @@ class UpstreamBody(httpx.AsyncByteStream):
                 await handler(piece)
             return
         timeout = self._timeout
-        receive = conn.stream.receive_some
+        sock = conn.stream.socket
+        wait_readable = trio.lowlevel.wait_readable
+        checkpoint = trio.lowlevel.checkpoint
         decoder = ChunkedDecoder()
         pending, conn.buf = conn.buf, b""
+        more = False  # the last read filled the buffer: read again before waiting
+        armed = False  # the idle deadline counts from the end of the last handler call
         with trio.CancelScope() as scope:
             while True:
                 if pending:
                     data, pending = pending, b""
                 else:
-                    if timeout is not None:
+                    if timeout is not None and not armed:
                         scope.deadline = trio.current_time() + timeout
+                        armed = True
+                    if more:
+                        await checkpoint()
+                    else:
+                        due = math.inf if timer is None else timer.due
+                        if due == math.inf:
+                            await wait_readable(sock)
+                        else:
+                            with trio.move_on_at(due) as hold:
+                                await wait_readable(sock)
+                            if hold.cancelled_caught:  # the silence goes on counting
+                                await timer.fire()  # type: ignore[union-attr]
+                                continue
                     try:
-                        data = await receive(READ_SIZE)
-                    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                        data = os.read(sock.fileno(), READ_SIZE)
+                    except BlockingIOError:
+                        more = False
+                        continue
+                    except OSError as exc:
                         raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
-                    scope.deadline = math.inf
+                    if armed:
+                        scope.deadline = math.inf
+                        armed = False
+                    more = len(data) == READ_SIZE
                 if not data:
                     raise httpx.RemoteProtocolError("the worker closed the connection inside a chunked body")
                 payload = decoder.feed(data)

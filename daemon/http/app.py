@@ -38,6 +38,8 @@ from daemon.config import LimitsConfig
 from daemon.http.batches import PRINCIPAL_SCOPE_KEY, batches_blueprint, serve_file_upload
 from daemon.http.dashboard import dashboard_blueprint
 from daemon.http.diagnostics import diagnostics_blueprint
+from daemon.http.direct_body import DirectBody
+from daemon.http.direct_body import attach as attach_direct_body
 from daemon.http.edge import DRAINED_STREAM_MESSAGE, Edge, Ticket, sse_error_event
 from daemon.http.errors import ApiError, error_body
 from daemon.http.metrics_route import metrics_blueprint
@@ -83,6 +85,7 @@ class AsgiSink:
         self._early = False  # the head was the keep-alive one
         self._error_status: int | None = None  # an error response replaced by an SSE event
         self._error_body = b""
+        self._direct: DirectBody | None = None  # the body's chunks straight to the socket
 
     async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
         if self._early:
@@ -98,8 +101,16 @@ class AsgiSink:
                 "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers],
             }
         )
+        if self.sse and 200 <= status < 300:  # the relay's hot path (daemon/http/direct_body.py)
+            self._direct = attach_direct_body(self._send)
 
     async def send(self, chunk: bytes) -> None:
+        direct = self._direct
+        if direct is not None:
+            if chunk:
+                self.at_boundary = chunk.endswith(b"\n\n")
+                await direct.write(chunk)
+            return
         if self._error_status is not None:
             self._error_body += chunk
             return
