@@ -414,6 +414,7 @@ async def run_daemon(
                 ids=RequestIds(None if rng is None else random.Random(REQUEST_ID_SEED)),
                 models=models,
                 fairness=fairness,
+                stream_coalesce_seconds=cfg.server.stream_coalesce_ms / 1000,
             )
             batches = None
             if cfg.batch_api.enabled:

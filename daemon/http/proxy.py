@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
@@ -375,8 +376,11 @@ class ProxyEngine:
         priority_workers: frozenset[str] = frozenset(),
         detect_workers: frozenset[str] = frozenset(),
         fairness: FairnessBook | None = None,
+        stream_coalesce_seconds: float = 0.0,
     ) -> None:
         self.client = client
+        # hold a stream's writes up to this long (docs/operations.md §13 "Coalescing")
+        self.stream_coalesce_seconds = stream_coalesce_seconds
         self.transport = transport
         if timeouts is None:
             given = timeout or httpx.Timeout(600.0)
@@ -836,6 +840,49 @@ class ProxyEngine:
             return
         raise httpx.ReadTimeout(f"no data from the worker for {idle:g} s")
 
+    async def _pump_idle_timed(self, response: httpx.Response, relay: StreamRelay) -> None:
+        """:meth:`_pump_idle` with the coalescing timer (any transport; :mod:`daemon.h1client`
+        has its own): the body is read by a child task, so that waiting for the next chunk can
+        also end when the held events are due.  Errors cross as values (no exception group)."""
+        idle = self.timeouts.idle
+        send_items, receive_items = trio.open_memory_channel[object](0)
+        end = object()
+
+        async def produce() -> None:
+            item: object = end
+            try:
+                async for chunk in _raw_chunks(response):
+                    await send_items.send(chunk)
+            except Exception as exc:
+                item = exc
+            await send_items.send(item)
+
+        error: Exception | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(produce)
+            try:
+                quiet_since = trio.current_time()
+                while True:
+                    item = None
+                    with trio.move_on_at(min(relay.due, quiet_since + idle)):
+                        item = await receive_items.receive()
+                    if item is None:
+                        if trio.current_time() >= quiet_since + idle:
+                            raise httpx.ReadTimeout(f"no data from the worker for {idle:g} s")
+                        await relay.fire()
+                        continue
+                    if item is end:
+                        break
+                    if isinstance(item, Exception):
+                        raise item
+                    await relay.feed(item)  # type: ignore[arg-type]
+                    quiet_since = trio.current_time()
+            except Exception as exc:
+                error = exc
+            nursery.cancel_scope.cancel()
+        if error is not None:
+            raise error
+
     async def _relay_stream(
         self,
         exchange: _Exchange,
@@ -845,51 +892,31 @@ class ProxyEngine:
         inject: bool,
     ) -> str:
         lease = exchange.lease
-        sink = exchange.sink
         tm = self.metrics.for_target(lease.target.target_id)
-        accumulator = UsageAccumulator()
-        chunk_filter = UsageChunkFilter() if inject else None
-        first: float | None = None
-        last: float | None = None
-
-        # the incomplete last event of what arrived: sent with the rest of it, dropped if the stream
-        # fails first, so the error event never lands inside a half event (docs/operations.md §11)
-        held = b""
-
-        async def relay(chunk: bytes) -> None:
-            nonlocal first, last, held
-            if not chunk:
-                return
-            accumulator.feed_sse(chunk)
-            now = trio.current_time()
-            if first is None:
-                first = now
-                tm.first_token.observe(now - started)
-            last = now
-            if chunk_filter is not None:
-                out = chunk_filter.feed(chunk)  # relays whole events only
-            else:
-                data = held + chunk if held else chunk
-                cut = complete_events_end(data)
-                out, held = (data, b"") if cut == len(data) else (data[:cut], data[cut:])
-            if out:
-                await sink.send(out)
-
+        relay = StreamRelay(
+            exchange.sink.send,
+            UsageChunkFilter() if inject else None,
+            self.stream_coalesce_seconds,
+            lambda now: tm.first_token.observe(now - started),
+        )
         await exchange.start(response.status_code, headers)
         try:
             stream = response.stream
+            timed = relay.coalesce > 0
             if isinstance(stream, UpstreamBody) and not response.is_stream_consumed:
-                await stream.pump(relay)  # the lean path of daemon.h1client
+                await stream.pump(relay.feed, relay if timed else None)  # the lean path of daemon.h1client
+            elif timed:
+                await self._pump_idle_timed(response, relay)
             else:
-                await self._pump_idle(response, relay)
-            rest = chunk_filter.flush() if chunk_filter is not None else held
-            if rest:
-                await sink.send(rest)
+                await self._pump_idle(response, relay.feed)
+            await relay.finish()
         except httpx.HTTPError as exc:
             error = map_httpx_error(lease.target.target_id, exc)
             self._report_failure(lease.target.worker_url, error)
             return await self._fail_or_abort(exchange, error, True)
         self._report_success(lease.target.worker_url)
+        accumulator = relay.accumulator
+        first, last = relay.first, relay.last
         exchange.finish(
             Outcome(
                 True,
@@ -916,6 +943,116 @@ class ProxyEngine:
             exchange.finish(Outcome(False, None, "upstream_stream", None, None))
         await exchange.end(stream_error_tail(str(error), "upstream_stream"))
         return "upstream_stream"
+
+
+# the first event that carries generated text (or a tool call): coalescing never holds it
+_FIRST_TOKEN = re.compile(rb'"(?:content|text|delta|arguments|reasoning_content|name)"\s*:\s*"[^"]')
+
+
+class StreamRelay:
+    """The per-chunk work of relaying one event stream (docs/benchmarks.md §10.1).
+
+    Each chunk the worker sent (all the bytes of one read: one event or a backlog of them) costs
+    a few substring searches (usage, finish reason and tool names, :class:`UsageAccumulator`),
+    the cut at the last complete event (the incomplete tail is sent with the rest of it, and
+    dropped if the stream fails first, so an error event never lands inside a half event,
+    docs/operations.md §11) and one downstream write.  With ``stream_options.include_usage``
+    injected by agentd, the chunks go through :class:`UsageChunkFilter` instead, which only
+    splits the chunks that contain a usage object.
+
+    Coalescing (``coalesce`` seconds > 0, ``[server] stream_coalesce_ms``, docs/operations.md
+    §13): events up to and including the first one that carries a token go out at once; later
+    ones are held until ``coalesce`` seconds after the first held one (``due``; the pump calls
+    :meth:`fire` then) and leave as one write.  The end is never held: the event with the first
+    finish reason, ``[DONE]`` and the end of the body write everything held at once.
+    """
+
+    __slots__ = (
+        "_send", "accumulator", "_filter", "coalesce", "_on_first", "first", "last",
+        "_partial", "_held", "due", "_token_seen", "writes",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        send: Callable[[bytes], Awaitable[None]],
+        chunk_filter: UsageChunkFilter | None,
+        coalesce: float,
+        on_first: Callable[[float], None],
+    ) -> None:
+        self._send = send
+        self.accumulator = UsageAccumulator()
+        self._filter = chunk_filter
+        self.coalesce = coalesce
+        self._on_first = on_first
+        self.first: float | None = None  # when the first chunk arrived
+        self.last: float | None = None  # when the last one did
+        self._partial = b""  # the incomplete last event
+        self._held: list[bytes] = []  # complete events held back by coalescing
+        self.due = math.inf  # when the held events must leave
+        self._token_seen = coalesce <= 0
+        self.writes = 0  # downstream writes
+
+    async def feed(self, chunk: bytes) -> None:
+        if not chunk:
+            return
+        accumulator = self.accumulator
+        had_reason = accumulator.finish_reason is not None
+        accumulator.feed_sse(chunk)
+        now = trio.current_time()
+        if self.first is None:
+            self.first = now
+            self._on_first(now)
+        self.last = now
+        if self._filter is not None:
+            out = self._filter.feed(chunk)  # relays whole events only
+        else:
+            data = self._partial + chunk if self._partial else chunk
+            cut = complete_events_end(data)
+            if cut == len(data):
+                out, self._partial = data, b""
+            else:
+                out, self._partial = data[:cut], data[cut:]
+        if not out:
+            return
+        if self.coalesce <= 0:
+            self.writes += 1
+            await self._send(out)
+            return
+        held = self._held
+        held.append(out)
+        if not self._token_seen:
+            self._token_seen = _FIRST_TOKEN.search(out) is not None
+            await self.fire()
+        elif now >= self.due or (not had_reason and accumulator.finish_reason is not None) or b"[DONE]" in out:
+            await self.fire()
+        elif self.due == math.inf:
+            self.due = now + self.coalesce
+
+    async def fire(self) -> None:
+        """Write everything held, as one write."""
+        self.due = math.inf
+        held = self._held
+        if not held:
+            return
+        data = held[0] if len(held) == 1 else b"".join(held)
+        held.clear()
+        self.writes += 1
+        await self._send(data)
+
+    async def finish(self) -> None:
+        """The body ended: write what is held and the incomplete tail, if any."""
+        rest = self._filter.flush() if self._filter is not None else self._partial
+        self._partial = b""
+        if rest:
+            self._held.append(rest)
+        if self._held:
+            if self.coalesce <= 0:
+                data = b"".join(self._held)
+                self._held.clear()
+                self.writes += 1
+                await self._send(data)
+            else:
+                await self.fire()
 
 
 def complete_events_end(data: bytes) -> int:

@@ -8,6 +8,7 @@ test_upstream_transport.py.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Awaitable, Callable
 
@@ -385,5 +386,82 @@ async def test_pump_read_timeout_counts_only_the_wait_for_the_worker(mock_clock:
     [(exc, elapsed)] = outcome
     assert isinstance(exc, httpx.ReadTimeout) and pieces == [b"abc"]
     assert elapsed == pytest.approx(130.0)
+    await pool.aclose()
+    await listener.aclose()
+
+
+async def test_pump_hold_timer_fires_on_time_and_the_silence_keeps_counting(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """Coalescing (docs/operations.md §13): the wait for the worker also ends when the held events
+    are due (``timer.fire``); that write does not restart the read timeout's count."""
+    [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    url = f"http://127.0.0.1:{listener.socket.getsockname()[1]}"
+
+    async def serve() -> None:
+        stream = await listener.accept()
+        await _read_request(stream, bytearray())
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n")
+        await trio.sleep_forever()
+
+    class Timer:
+        due = math.inf
+        fired: list[float] = []
+
+        async def fire(self) -> None:
+            self.fired.append(trio.current_time() - start)
+            self.due = math.inf
+
+    timer = Timer()
+    pool = H1Pool(8, 5.0)
+    outcome: list[tuple[BaseException | None, float]] = []
+    pieces: list[bytes] = []
+
+    async def hold(piece: bytes) -> None:
+        pieces.append(piece)
+        timer.due = trio.current_time() + 0.05
+
+    async def run() -> None:
+        response = await pool.request(_request(url, timeout=30.0))
+        try:
+            assert isinstance(response.stream, UpstreamBody)
+            await response.stream.pump(hold, timer)
+            outcome.append((None, trio.current_time() - start))
+        except httpx.ReadTimeout as exc:
+            outcome.append((exc, trio.current_time() - start))
+        finally:
+            await response.aclose()
+
+    async def settle() -> None:
+        await trio.testing.wait_all_tasks_blocked()
+
+    with trio.CancelScope() as guard:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_real_time_guard, BUDGET_SECONDS, guard)
+            nursery.start_soon(serve)
+            start = trio.current_time()
+            nursery.start_soon(run)
+            while not pieces:  # real I/O only: the clock is frozen
+                await settle()
+                await trio.lowlevel.checkpoint()
+            await settle()
+            mock_clock.jump(0.05 - 0.001)
+            await settle()
+            assert timer.fired == []
+            mock_clock.jump(0.001)
+            await settle()
+            assert timer.fired == [pytest.approx(0.05)]
+            mock_clock.jump(30.0 - 0.05 - 0.001)
+            await settle()
+            assert outcome == []
+            mock_clock.jump(0.001)
+            while not outcome:
+                await settle()
+                await trio.lowlevel.checkpoint()
+            nursery.cancel_scope.cancel()
+    assert not guard.cancelled_caught, "real-time budget ran out"
+    [(exc, elapsed)] = outcome
+    assert isinstance(exc, httpx.ReadTimeout) and pieces == [b"abc"]
+    assert elapsed == pytest.approx(30.0)
     await pool.aclose()
     await listener.aclose()
