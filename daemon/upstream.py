@@ -445,7 +445,11 @@ class UsageChunkFilter:
         self.dropped_count = 0
 
     def feed(self, chunk: bytes) -> bytes:
-        data = self._buffer + chunk
+        data = self._buffer + chunk if self._buffer else chunk
+        if b'"usage"' not in data:  # nothing to drop: the complete events pass through as they are
+            cut = _complete_end(data)
+            self._buffer = data[cut:]
+            return data if cut == len(data) else data[:cut]
         out: list[bytes] = []
         start = 0
         while True:
@@ -467,6 +471,15 @@ class UsageChunkFilter:
             self.dropped_count += 1
             return b""
         return rest
+
+
+def _complete_end(data: bytes) -> int:
+    """The length of the prefix of ``data`` made of complete SSE events (blank-line terminated)."""
+    if data.endswith(b"\n\n"):
+        return len(data)
+    lf = data.rfind(b"\n\n")
+    crlf = data.rfind(b"\r\n\r\n")
+    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 
 
 def _event_end(data: bytes, start: int) -> tuple[int, int]:

@@ -93,6 +93,22 @@ def test_usage_chunk_filter_drops_only_usage_only_event() -> None:
     assert f.dropped_count == 1
 
 
+@pytest.mark.parametrize("size", [1, 3, 7, 40, 1000])
+def test_usage_chunk_filter_any_split_same_bytes(size: int) -> None:
+    """The pass-through of chunks without a usage object and the per-event path agree, whatever
+    the chunk boundaries (CRLF events too)."""
+    tokens = [sse({"choices": [{"delta": {"content": f"t{i}"}}]}) for i in range(5)]
+    crlf = b'data: {"choices":[{"delta":{"content":"x"}}]}\r\n\r\n'
+    drop = sse({"choices": [], "usage": {"prompt_tokens": 1}})
+    done = b"data: [DONE]\n\n"
+    stream = b"".join(tokens[:3]) + crlf + tokens[3] + drop + tokens[4] + done
+    f = UsageChunkFilter()
+    pieces = [f.feed(stream[i : i + size]) for i in range(0, len(stream), size)]
+    assert b"".join(pieces) + f.flush() == b"".join(tokens[:3]) + crlf + tokens[3] + tokens[4] + done
+    assert f.dropped_count == 1
+    assert all(p.endswith((b"\n\n", b"\r\n\r\n")) for p in pieces if p)  # whole events only
+
+
 def test_usage_chunk_filter_relays_complete_events_immediately() -> None:
     f = UsageChunkFilter()
     first = sse({"choices": [{"delta": {"content": "a"}}]})
