@@ -75,6 +75,16 @@ class ChunkedDecoder:
         if self.done:
             self.surplus += len(data)
             return b""
+        if not self._buf and self._state == self._SIZE:
+            # the common read: exactly one whole chunk (one relayed event)
+            eol = data.find(_CRLF, 0, 18)
+            if eol > 0:
+                size_text = data[:eol]
+                if _HEX.issuperset(size_text):
+                    start = eol + 2
+                    end = start + int(size_text, 16)
+                    if end > start and len(data) == end + 2 and data.endswith(_CRLF):
+                        return data[start:end]
         buf = self._buf + data if self._buf else data
         pos, end = 0, len(buf)
         out: list[bytes] = []

@@ -273,6 +273,15 @@ def merge_usage(a: Usage | None, b: Usage | None) -> Usage | None:
 _FINAL_REASON = re.compile(rb'"finish_reason"\s*:\s*"')
 
 
+def _may_have_final_reason(data: bytes) -> bool:
+    """:data:`_FINAL_REASON` matches ``data``; two substring counts settle the usual case (every
+    ``finish_reason`` of the chunk is ``null``, as in every event but the last) without the regex."""
+    total = data.count(b'"finish_reason"')
+    if not total or total == data.count(b'"finish_reason":null'):
+        return False
+    return _FINAL_REASON.search(data) is not None
+
+
 def finish_reason_of(obj: Any) -> str | None:
     """The first choice's ``finish_reason`` of a completion object or stream event, if it is set."""
     if not isinstance(obj, dict):
@@ -383,16 +392,19 @@ class UsageAccumulator:
 
     def feed_sse(self, chunk: bytes) -> None:
         data = self._partial + chunk if self._partial else chunk
-        cut = data.rfind(b"\n")
-        if cut < 0:
-            self._partial = data if len(data) <= MAX_SSE_LINE_BYTES else b""
-            return
-        complete, self._partial = data[: cut + 1], data[cut + 1 :]
-        if len(self._partial) > MAX_SSE_LINE_BYTES:
-            self._partial = b""
+        if data.endswith(b"\n"):  # the common chunk: whole events
+            complete, self._partial = data, b""
+        else:
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                self._partial = data if len(data) <= MAX_SSE_LINE_BYTES else b""
+                return
+            complete, self._partial = data[: cut + 1], data[cut + 1 :]
+            if len(self._partial) > MAX_SSE_LINE_BYTES:
+                self._partial = b""
         if (
             b'"usage"' in complete
-            or (self.finish_reason is None and _FINAL_REASON.search(complete) is not None)
+            or (self.finish_reason is None and _may_have_final_reason(complete))
             or _has_tool_name(complete)
         ):
             for line in complete.split(b"\n"):
