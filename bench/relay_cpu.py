@@ -3,7 +3,7 @@
 Usage (from the repository root)::
 
     python -m bench.relay_cpu [--quick] [--vllm-router PATH] [--stream-coalesce-ms 50 ...]
-        [--mode both|closed|lockstep] [--seconds 5] [--streams 32] [--interval-ms 20] [--events 100]
+        [--mode both|closed|lockstep] [--seconds 5] [--streams 32] [--interval-ms 20] [--events 200]
         [--lockstep-streams 64,128,256] [--itl-ms 25] [--lockstep-events 60] [--json OUT] [--markdown OUT]
 
 Every token is one SSE event, as vLLM streams.  Two loads, each through every system in turn in
@@ -462,7 +462,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=1.0, help="warm-up time per cell")
     parser.add_argument("--streams", type=int, default=32, help="closed load: concurrent streams")
     parser.add_argument("--interval-ms", type=float, default=20.0, help="closed load: time between two tokens")
-    parser.add_argument("--events", type=int, default=100, help="closed load: tokens per response")
+    parser.add_argument("--events", type=int, default=200, help="closed load: tokens per response")
     parser.add_argument("--lockstep-streams", type=_positive_ints, default=[64, 128, 256])
     parser.add_argument("--itl-ms", type=float, default=25.0, help="lockstep load: decode step")
     parser.add_argument("--lockstep-events", type=int, default=60, help="lockstep load: tokens per response")

@@ -278,47 +278,48 @@ class UpstreamBody(httpx.AsyncByteStream):
         decoder = ChunkedDecoder()
         pending, conn.buf = conn.buf, b""
         more = False  # the last read filled the buffer: read again before waiting
-        armed = False  # the idle deadline counts from the end of the last handler call
-        with trio.CancelScope() as scope:
-            while True:
-                if pending:
-                    data, pending = pending, b""
-                else:
-                    if timeout is not None and not armed:
-                        scope.deadline = trio.current_time() + timeout
-                        armed = True
-                    if more:
-                        await checkpoint()
+        quiet_until = math.inf  # the read timeout, counted from the end of the last handler call
+        while True:  # one scope per timer firing: a cancelled scope stays cancelled
+            with trio.CancelScope() as scope:
+                deadline = math.inf
+                while True:
+                    if pending:
+                        data, pending = pending, b""
                     else:
+                        if quiet_until == math.inf and timeout is not None:
+                            quiet_until = trio.current_time() + timeout
                         due = math.inf if timer is None else timer.due
-                        if due == math.inf:
-                            await wait_readable(sock)
+                        if due > quiet_until:
+                            due = quiet_until
+                        if due != deadline:
+                            scope.deadline = deadline = due
+                        if more:
+                            await checkpoint()
                         else:
-                            with trio.move_on_at(due) as hold:
-                                await wait_readable(sock)
-                            if hold.cancelled_caught:  # the silence goes on counting
-                                await timer.fire()  # type: ignore[union-attr]
-                                continue
-                    try:
-                        data = os.read(sock.fileno(), READ_SIZE)
-                    except BlockingIOError:
-                        more = False
-                        continue
-                    except OSError as exc:
-                        raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
-                    if armed:
-                        scope.deadline = math.inf
-                        armed = False
-                    more = len(data) == READ_SIZE
-                if not data:
-                    raise httpx.RemoteProtocolError("the worker closed the connection inside a chunked body")
-                payload = decoder.feed(data)
-                if payload:
-                    await handler(payload)
-                if decoder.done:
-                    self._reusable = self._reusable and not decoder.surplus
-                    self._complete = True
-                    return
+                            await wait_readable(sock)
+                        try:
+                            data = os.read(sock.fileno(), READ_SIZE)
+                        except BlockingIOError:
+                            more = False
+                            continue
+                        except OSError as exc:
+                            raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
+                        if deadline != math.inf:  # never while the handler writes to the client
+                            scope.deadline = deadline = math.inf
+                        quiet_until = math.inf
+                        more = len(data) == READ_SIZE
+                    if not data:
+                        raise httpx.RemoteProtocolError("the worker closed the connection inside a chunked body")
+                    payload = decoder.feed(data)
+                    if payload:
+                        await handler(payload)
+                    if decoder.done:
+                        self._reusable = self._reusable and not decoder.surplus
+                        self._complete = True
+                        return
+            if trio.current_time() >= quiet_until:
+                break
+            await timer.fire()  # type: ignore[union-attr]  # (the silence goes on counting)
         raise httpx.ReadTimeout(f"no data from the worker for {timeout:g} s")
 
     async def aclose(self) -> None:
