@@ -321,12 +321,33 @@ def _pct(values: Sequence[int], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))] / 1e6
 
 
-def measure(name: str, port: int, pid: int | None, streams: int, seconds: float, warmup: float) -> dict[str, Any]:
+class Cell:
+    """One system under one load, over every repetition (pooled)."""
+
+    def __init__(self) -> None:
+        self.rec = Record()
+        self.cpu: float | None = 0.0
+        self.elapsed = 0.0
+        self.cpu_us_per_rep: list[float] = []
+
+
+def measure(cell: Cell, port: int, pid: int | None, streams: int, seconds: float, warmup: float) -> None:
+    """One repetition: warm-up, then ``seconds`` of load with the proxy's CPU read around it."""
     trio.run(load, port, streams, warmup, None)
-    rec = Record()
+    tokens_before = cell.rec.tokens
     cpu0 = harness.cpu_seconds(pid) if pid is not None else 0.0
-    elapsed = trio.run(load, port, streams, seconds, rec)
-    cpu = harness.cpu_seconds(pid) - cpu0 if pid is not None else None
+    cell.elapsed += trio.run(load, port, streams, seconds, cell.rec)
+    if pid is None:
+        cell.cpu = None
+        return
+    cpu = harness.cpu_seconds(pid) - cpu0
+    assert cell.cpu is not None
+    cell.cpu += cpu
+    cell.cpu_us_per_rep.append(cpu / max(cell.rec.tokens - tokens_before, 1) * 1e6)
+
+
+def summarise(name: str, streams: int, cell: Cell) -> dict[str, Any]:
+    rec, cpu, elapsed = cell.rec, cell.cpu, cell.elapsed
     tokens = max(rec.tokens, 1)
     return {
         "system": name,
@@ -337,6 +358,7 @@ def measure(name: str, port: int, pid: int | None, streams: int, seconds: float,
         "tokens_per_second": rec.tokens / elapsed,
         "cpu_seconds": cpu,
         "cpu_us_per_token": None if cpu is None else cpu / tokens * 1e6,
+        "cpu_us_per_token_each_repeat": cell.cpu_us_per_rep,
         "cpu_share_of_one_core": None if cpu is None else cpu / elapsed,
         "ttft_ms_p50": _pct(rec.ttft_added, 0.5),
         "delay_ms_p50": _pct(rec.delay, 0.5),
@@ -366,6 +388,7 @@ def run_load(
     seconds: float,
     warmup: float,
     tmp: Path,
+    repeat: int = 1,
 ) -> list[dict[str, Any]]:
     worker_port = harness.free_port()
     worker = harness.spawn_module(
@@ -390,16 +413,20 @@ def run_load(
             harness.wait_listening(port, proc, "vllm-router")
             systems.append(("vllm-router", port, proc.pid))
         for streams in stream_counts:
+            cells = {name: Cell() for name, _, _ in systems}
+            for _ in range(repeat):  # round robin: every system sees the same machine load
+                for name, port, pid in systems:
+                    measure(cells[name], port, pid, streams, seconds, warmup)
+                    last = cells[name].cpu_us_per_rep[-1:]
+                    print(
+                        f"  {mode:8} {streams:4} streams  {name:14} " + "".join(f"{x:6.1f} us CPU/token" for x in last),
+                        flush=True,
+                    )
             group = []
-            for name, port, pid in systems:
-                row = measure(name, port, pid, streams, seconds, warmup)
-                row.update(load=mode, interval_ms=interval_ms, events_per_response=events)
+            for name, _, _ in systems:
+                row = summarise(name, streams, cells[name])
+                row.update(load=mode, interval_ms=interval_ms, events_per_response=events, repeat=repeat)
                 group.append(row)
-                print(
-                    f"  {mode:8} {streams:4} streams  {name:14} {row['tokens_per_second']:8.0f} tok/s  "
-                    + (f"{row['cpu_us_per_token']:6.1f} us CPU/token" if row["cpu_us_per_token"] is not None else ""),
-                    flush=True,
-                )
             _added(group)
             rows += group
     finally:
@@ -456,10 +483,18 @@ def _positive_ints(text: str) -> list[int]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="short cells (2 s, 0.5 s warm-up; lockstep 64,128)")
+    parser.add_argument(
+        "--quick", action="store_true", help="short cells (2 s, 0.5 s warm-up, 1 repeat; lockstep 64,128)"
+    )
     parser.add_argument("--mode", choices=("both", "closed", "lockstep"), default="both")
     parser.add_argument("--seconds", type=float, default=5.0, help="measurement time per cell")
     parser.add_argument("--warmup", type=float, default=1.0, help="warm-up time per cell")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="cells per system, round robin over the systems (pooled; noise of a loaded machine)",
+    )
     parser.add_argument("--streams", type=int, default=32, help="closed load: concurrent streams")
     parser.add_argument("--interval-ms", type=float, default=20.0, help="closed load: time between two tokens")
     parser.add_argument("--events", type=int, default=200, help="closed load: tokens per response")
@@ -480,13 +515,13 @@ def main() -> int:
         serve_worker(args.serve_worker, args.worker_mode, args.events, args.interval_ms / 1000)
         return 0
     if args.quick:
-        args.seconds, args.warmup = 2.0, 0.5
+        args.seconds, args.warmup, args.repeat = 2.0, 0.5, 1
         if args.lockstep_streams == [64, 128, 256]:
             args.lockstep_streams = [64, 128]
     for name in ("seconds", "interval_ms", "itl_ms"):
         if not getattr(args, name) > 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
-    for name in ("streams", "events", "lockstep_events"):
+    for name in ("streams", "events", "lockstep_events", "repeat"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.warmup < 0:
@@ -508,12 +543,12 @@ def main() -> int:
         if args.mode in ("both", "closed"):
             rows += run_load(
                 "closed", [args.streams], args.events, args.interval_ms, args.stream_coalesce_ms,
-                router, args.seconds, args.warmup, Path(tmp),
+                router, args.seconds, args.warmup, Path(tmp), args.repeat,
             )  # fmt: skip
         if args.mode in ("both", "lockstep"):
             rows += run_load(
                 "lockstep", args.lockstep_streams, args.lockstep_events, args.itl_ms, args.stream_coalesce_ms,
-                router, args.seconds, args.warmup, Path(tmp),
+                router, args.seconds, args.warmup, Path(tmp), args.repeat,
             )  # fmt: skip
     for r in rows:
         same = [x for x in rows if x["load"] == r["load"] and x["streams"] == r["streams"]]

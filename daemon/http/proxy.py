@@ -962,8 +962,11 @@ class StreamRelay:
 
     Coalescing (``coalesce`` seconds > 0, ``[server] stream_coalesce_ms``, docs/operations.md
     §13): events up to and including the first one that carries a token go out at once; later
-    ones are held until ``coalesce`` seconds after the first held one (``due``; the pump calls
-    :meth:`fire` then) and leave as one write.  The end is never held: the event with the first
+    ones are held at most ``coalesce`` seconds after the first held one (``due``) and leave as
+    one write.  Held events leave when a chunk arrives whose successor, expected one gap later
+    (the last gap between two chunks), would come after ``due``: in a steady stream the window
+    closes on an arrival, never late and without a timer; the pump calls :meth:`fire` at ``due``
+    only when the worker is later than that.  The end is never held: the event with the first
     finish reason, ``[DONE]`` and the end of the body write everything held at once.
     """
 
@@ -1002,6 +1005,7 @@ class StreamRelay:
         if self.first is None:
             self.first = now
             self._on_first(now)
+        gap = 0.0 if self.last is None else now - self.last
         self.last = now
         if self._filter is not None:
             out = self._filter.feed(chunk)  # relays whole events only
@@ -1025,8 +1029,11 @@ class StreamRelay:
             await self.fire()
         elif now >= self.due or (not had_reason and accumulator.finish_reason is not None) or b"[DONE]" in out:
             await self.fire()
-        elif self.due == math.inf:
-            self.due = now + self.coalesce
+        else:
+            if self.due == math.inf:
+                self.due = now + self.coalesce
+            if now + gap >= self.due:  # the next chunk is expected after the window: write now
+                await self.fire()
 
     async def fire(self) -> None:
         """Write everything held, as one write."""

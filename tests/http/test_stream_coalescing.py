@@ -132,16 +132,23 @@ async def test_first_token_immediate_then_coalesced_and_the_end_not_delayed(
 ) -> None:
     sink = await relay(Script(STREAM + END), 50)
     times = [round(t, 6) for t, _ in sink.writes]
-    # the role event and the first token leave at once; then one write per 50 ms window, opened by
-    # the first held event (t1 at 20 ms -> 70 ms: t1..t3; t4 at 80 -> 130: t4..t6; t7 at 140 ->
-    # 190: t7..t9); the final token (its finish reason) and [DONE] leave when they arrive (200 ms)
-    assert times == [0.0, 0.001, 0.07, 0.13, 0.19, 0.2, 0.2]
+    # the role event and the first token leave at once; then each 50 ms window, opened by the first
+    # held event, closes on the arrival whose successor (one gap later) would come after it: t1 at
+    # 20 ms (due 70) .. t3 at 60 (next at 80 > 70); t4 (due 130) .. t6 at 120; t7 (due 190) .. t9
+    # at 180; the final token (its finish reason) and [DONE] leave when they arrive (200 ms)
+    assert times == [0.0, 0.001, 0.06, 0.12, 0.18, 0.2, 0.2]
     assert sink.writes[1][1] == token(0)
     assert sink.writes[2][1] == token(1) + token(2) + token(3)
     assert sink.writes[-2][1] == token(10, "stop")
     assert sink.writes[-1][1] == USAGE + DONE
     assert sink.body == b"".join(c for _, c in STREAM + END)  # byte for byte
     assert sink.ended_at == pytest.approx(0.2, abs=1e-9)
+
+
+async def test_tokens_slower_than_the_window_are_never_held(autojump_clock: trio.testing.MockClock) -> None:
+    chunks = [(0.080 * i, token(i)) for i in range(4)] + [(0.320, DONE)]
+    sink = await relay(Script(chunks), 50)
+    assert [(round(t, 6), c) for t, c in sink.writes] == chunks
 
 
 async def test_the_end_flushes_what_is_held(autojump_clock: trio.testing.MockClock) -> None:
