@@ -251,7 +251,13 @@ class UpstreamBody(httpx.AsyncByteStream):
                 yield data
         self._complete = True
 
-    async def pump(self, handler: Callable[[bytes], Awaitable[None]], timer: HoldTimer | None = None) -> None:
+    async def pump(
+        self,
+        handler: Callable[[bytes], Awaitable[None]],
+        timer: HoldTimer | None = None,
+        *,
+        handler_cancel_safe: bool = False,
+    ) -> None:
         """Feed every payload piece to ``handler``: the same bytes as iterating, less CPU.
 
         Iterating has to open a cancel scope per read (a scope cannot span an async generator's
@@ -263,6 +269,12 @@ class UpstreamBody(httpx.AsyncByteStream):
 
         ``timer`` (coalescing, docs/operations.md §13): while ``timer.due`` is finite, the wait for
         the worker ends at that time too and ``timer.fire()`` runs (the held events are written).
+
+        ``handler_cancel_safe``: ``handler`` never delivers a cancellation (it has no unshielded
+        checkpoint: the relay's direct body writer).  The idle deadline then stays armed while the
+        handler runs and is not moved at every read: when it expires early (the worker spoke
+        since it was set) a new scope takes the exact deadline, about once per read timeout
+        instead of two deadline changes per read.
         """
         conn = self._conn
         if conn is None or self._complete:
@@ -279,6 +291,8 @@ class UpstreamBody(httpx.AsyncByteStream):
         pending, conn.buf = conn.buf, b""
         more = False  # the last read filled the buffer: read again before waiting
         quiet_until = math.inf  # the read timeout, counted from the end of the last handler call
+        lazy = handler_cancel_safe and timeout is not None
+        armed = math.inf  # lazy: the idle deadline in force (at or before quiet_until)
         while True:  # one scope per timer firing: a cancelled scope stays cancelled
             with trio.CancelScope() as scope:
                 deadline = math.inf
@@ -288,9 +302,12 @@ class UpstreamBody(httpx.AsyncByteStream):
                     else:
                         if quiet_until == math.inf and timeout is not None:
                             quiet_until = trio.current_time() + timeout
+                            if lazy and armed == math.inf:
+                                armed = quiet_until
                         due = math.inf if timer is None else timer.due
-                        if due > quiet_until:
-                            due = quiet_until
+                        limit = armed if lazy else quiet_until
+                        if due > limit:
+                            due = limit
                         if due != deadline:
                             scope.deadline = deadline = due
                         if more:
@@ -304,7 +321,7 @@ class UpstreamBody(httpx.AsyncByteStream):
                             continue
                         except OSError as exc:
                             raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
-                        if deadline != math.inf:  # never while the handler writes to the client
+                        if deadline != math.inf and not lazy:  # never while the handler writes
                             scope.deadline = deadline = math.inf
                         quiet_until = math.inf
                         more = len(data) == READ_SIZE
@@ -317,9 +334,13 @@ class UpstreamBody(httpx.AsyncByteStream):
                         self._reusable = self._reusable and not decoder.surplus
                         self._complete = True
                         return
-            if trio.current_time() >= quiet_until:
+            now = trio.current_time()
+            if now >= quiet_until:
                 break
-            await timer.fire()  # type: ignore[union-attr]  # (the silence goes on counting)
+            if lazy:
+                armed = quiet_until  # the exact deadline (it was set before the last reads)
+            if timer is not None and now >= timer.due:
+                await timer.fire()  # (the silence goes on counting)
         raise httpx.ReadTimeout(f"no data from the worker for {timeout:g} s")
 
     async def aclose(self) -> None:

@@ -104,6 +104,11 @@ class AsgiSink:
         if self.sse and 200 <= status < 300:  # the relay's hot path (daemon/http/direct_body.py)
             self._direct = attach_direct_body(self._send)
 
+    @property
+    def cancel_safe_send(self) -> bool:
+        """:meth:`send` never delivers a cancellation (the direct body writer is attached)."""
+        return self._direct is not None
+
     async def send(self, chunk: bytes) -> None:
         direct = self._direct
         if direct is not None:

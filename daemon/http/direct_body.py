@@ -18,7 +18,9 @@ socket (not TLS).  Writes keep hypercorn's guarantees:
 * order: a write waits for hypercorn's send lock when anything else is writing;
 * no torn frame: a frame the socket did not take at once is finished under the send lock in a
   shielded scope (as hypercorn writes), through agentd's write-timeout stream, whose watchdog
-  closes a client that stopped reading (docs/operations.md §10);
+  closes a client that stopped reading (docs/operations.md §10); a write is never the place where
+  a cancellation lands (:meth:`DirectBody.write` has no unshielded checkpoint), which lets the
+  upstream read loop keep its idle deadline armed while it writes;
 * the socket's descriptor is read at every write (``-1`` once hypercorn closed it), so a closed
   connection's reused descriptor is never written to; a failed write is :class:`ClientGone`.
 """
@@ -63,8 +65,8 @@ class DirectBody:
                 return
             frame = frame[sent:]
         try:
-            async with self._lock:
-                with trio.CancelScope(shield=True):
+            with trio.CancelScope(shield=True):  # no checkpoint can be cancelled in a write
+                async with self._lock:
                     await self._stream.send_all(frame)
         except _ERRORS as exc:
             raise ClientGone(str(exc) or type(exc).__name__) from exc

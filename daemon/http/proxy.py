@@ -309,6 +309,10 @@ class _StartTracker:
         self.ended = True
         await self._sink.end(chunk)
 
+    @property
+    def cancel_safe_send(self) -> bool:
+        return bool(getattr(self._sink, "cancel_safe_send", False))
+
 
 class ResponseSink(Protocol):
     async def start(self, status: int, headers: list[tuple[str, str]]) -> None: ...
@@ -904,7 +908,9 @@ class ProxyEngine:
             stream = response.stream
             timed = relay.coalesce > 0
             if isinstance(stream, UpstreamBody) and not response.is_stream_consumed:
-                await stream.pump(relay.feed, relay if timed else None)  # the lean path of daemon.h1client
+                # the lean path of daemon.h1client
+                safe = bool(getattr(exchange.sink, "cancel_safe_send", False))
+                await stream.pump(relay.feed, relay if timed else None, handler_cancel_safe=safe)
             elif timed:
                 await self._pump_idle_timed(response, relay)
             else:

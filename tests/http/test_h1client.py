@@ -465,3 +465,69 @@ async def test_pump_hold_timer_fires_on_time_and_the_silence_keeps_counting(
     assert elapsed == pytest.approx(30.0)
     await pool.aclose()
     await listener.aclose()
+
+
+async def test_pump_cancel_safe_handler_keeps_the_exact_read_timeout(mock_clock: trio.testing.MockClock) -> None:
+    """``handler_cancel_safe``: the idle deadline is not moved at every read, yet the timeout still
+    fires exactly ``timeout`` after the last piece (here 20 + 30 s, past the stale 30 s mark)."""
+    [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    url = f"http://127.0.0.1:{listener.socket.getsockname()[1]}"
+    send_second = trio.Event()
+
+    async def serve() -> None:
+        stream = await listener.accept()
+        await _read_request(stream, bytearray())
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n")
+        await send_second.wait()
+        await stream.send_all(b"3\r\ndef\r\n")
+        await trio.sleep_forever()
+
+    pool = H1Pool(8, 5.0)
+    outcome: list[tuple[BaseException | None, float]] = []
+    pieces: list[bytes] = []
+
+    async def collect(piece: bytes) -> None:
+        pieces.append(piece)
+
+    async def run() -> None:
+        response = await pool.request(_request(url, timeout=30.0))
+        try:
+            assert isinstance(response.stream, UpstreamBody)
+            await response.stream.pump(collect, handler_cancel_safe=True)
+            outcome.append((None, trio.current_time() - start))
+        except httpx.ReadTimeout as exc:
+            outcome.append((exc, trio.current_time() - start))
+        finally:
+            await response.aclose()
+
+    async def until(predicate: Callable[[], bool]) -> None:
+        while not predicate():  # real I/O only: the clock is frozen
+            await trio.testing.wait_all_tasks_blocked()
+            await trio.lowlevel.checkpoint()
+        await trio.testing.wait_all_tasks_blocked()
+
+    with trio.CancelScope() as guard:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_real_time_guard, BUDGET_SECONDS, guard)
+            nursery.start_soon(serve)
+            start = trio.current_time()
+            nursery.start_soon(run)
+            await until(lambda: len(pieces) == 1)
+            mock_clock.jump(20.0)
+            send_second.set()
+            await until(lambda: len(pieces) == 2)
+            mock_clock.jump(10.0)  # 30 s after the first piece: the stale deadline, no timeout
+            await trio.testing.wait_all_tasks_blocked()
+            assert outcome == []
+            mock_clock.jump(20.0 - 0.25)  # (binary-exact steps: the clock is frozen at the sum)
+            await trio.testing.wait_all_tasks_blocked()
+            assert outcome == []
+            mock_clock.jump(0.25)
+            await until(lambda: bool(outcome))
+            nursery.cancel_scope.cancel()
+    assert not guard.cancelled_caught, "real-time budget ran out"
+    [(exc, elapsed)] = outcome
+    assert isinstance(exc, httpx.ReadTimeout) and pieces == [b"abc", b"def"]
+    assert elapsed == pytest.approx(50.0)
+    await pool.aclose()
+    await listener.aclose()
