@@ -66,7 +66,7 @@ class ServerConfig:
     # 0 = auto (the number of cores, at most MAX_AUTO_DATA_PLANE_PROCESSES)
     data_plane_processes: int = rule_field(INT_GE_0, 1)
     # hold the writes of one stream up to this many ms (0: every event at once; docs/operations.md
-    # §13 "Coalescing"); never the first token, never the end of the stream
+    # §13.5); never the first token, never the end of the stream
     stream_coalesce_ms: float = rule_field(
         (lambda x: isinstance(x, int | float) and not isinstance(x, bool) and 0 <= x <= 1000, "must be in [0, 1000]"),
         0.0,

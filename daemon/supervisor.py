@@ -216,6 +216,7 @@ def build_engine(
         priority_workers=cfg.priority_workers(),
         detect_workers=cfg.priority_detect_workers(),
         fairness=fairness,
+        stream_coalesce_seconds=cfg.server.stream_coalesce_ms / 1000,
     )
 
 
@@ -414,7 +415,6 @@ async def run_daemon(
                 ids=RequestIds(None if rng is None else random.Random(REQUEST_ID_SEED)),
                 models=models,
                 fairness=fairness,
-                stream_coalesce_seconds=cfg.server.stream_coalesce_ms / 1000,
             )
             batches = None
             if cfg.batch_api.enabled:

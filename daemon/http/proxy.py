@@ -383,7 +383,7 @@ class ProxyEngine:
         stream_coalesce_seconds: float = 0.0,
     ) -> None:
         self.client = client
-        # hold a stream's writes up to this long (docs/operations.md §13 "Coalescing")
+        # hold a stream's writes up to this long (docs/operations.md §13.5)
         self.stream_coalesce_seconds = stream_coalesce_seconds
         self.transport = transport
         if timeouts is None:

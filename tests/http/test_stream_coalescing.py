@@ -1,4 +1,4 @@
-"""``[server] stream_coalesce_ms`` in virtual time (docs/operations.md §13 "Coalescing"): the first
+"""``[server] stream_coalesce_ms`` in virtual time (docs/operations.md §13.5): the first
 token leaves at once, later events of one stream leave together at most W ms after the first held
 one, the end of the stream is never held, a client that leaves during a hold cancels the request,
 and 0 (the default) writes every chunk as it arrives."""
