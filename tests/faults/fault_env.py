@@ -184,7 +184,11 @@ def fault_config(
 ) -> AgentdConfig:
     settings: dict[str, Any] = {
         "health_check_interval_seconds": 3600.0,  # the cases drive health rounds themselves
-        "connect_timeout_seconds": 0.5,
+        # generous for the workers that are up: the startup round decides a worker's first state, and
+        # on a loaded 2-core machine a 0.5 s connect or a 2 s check can time out and take the only
+        # worker out of rotation until the next round (an hour away). F3 passes its own 0.5 s.
+        "health_check_timeout_seconds": 10.0,
+        "connect_timeout_seconds": 2.0,
         "first_byte_timeout_seconds": 5.0,
         "stream_idle_timeout_seconds": 1.0,
         "request_timeout_seconds": 30.0,
