@@ -81,7 +81,8 @@ POINTS: dict[str, Point] = {
 ABLATIONS: dict[str, dict[str, Any]] = {
     "agentd": {},
     "agentd-no-tool-ttl": {"enabled": False},
-    "agentd-hold-under-contention": {"hold_under_contention": True},
+    "agentd-cap-at-fit": {"contention": "cap_at_fit"},
+    "agentd-hold-under-contention": {"contention": "ignore"},
     "agentd-no-finish-keys": {"finish_reason_keys": False},
     "agentd-no-release": {"release_when_long": False},
 }
@@ -164,24 +165,40 @@ def render(results: dict[str, dict[str, dict[str, Any]]], systems: list[str]) ->
                         f"| {system} | {split['first_token']:.1f} | {split['decode']:.1f} | "
                         f"{split['between_turns']:.1f} | {split['recomputed_prompt_tokens']:.0f} |"
                     )
-        tools = (by_system.get("agentd") or {}).get("scheduling", {}).get("tools") or []
-        if tools:
-            lines += [
-                "",
-                "agentd's per-tool gap windows at the end of the run (`/scheduling/diagnostics` `tools`):",
-                "",
-                "| tool | samples | gap p50 (s) | gap p90 (s) | held | released | fell back | last TTL (s) |",
-                "|---|---|---|---|---|---|---|---|",
-            ]
-            for t in tools:
-                p50, p90, last = t.get("gap_p50_seconds"), t.get("gap_p90_seconds"), t.get("last_ttl_seconds")
-                lines.append(
-                    f"| `{t['tool']}` | {t['samples']} | {'-' if p50 is None else f'{p50:.3f}'} | "
-                    f"{'-' if p90 is None else f'{p90:.3f}'} | {t['held']} | {t['released']} | {t['fallbacks']} | "
-                    f"{'-' if last is None else f'{last:.3f}'} |"
-                )
+        for system in ("agentd", "agentd-no-tool-ttl"):
+            lines += _tool_table(system, (by_system.get(system) or {}).get("scheduling", {}).get("tools") or [])
         lines.append("")
     return "\n".join(lines)
+
+
+def _f(v: Any, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _tool_table(system: str, tools: list[dict[str, Any]]) -> list[str]:
+    """The per-tool windows of ``system`` at the end of its run: gaps, decisions against the fit,
+    how the Programs came back, and what the gaps after each key cost in recomputation."""
+    if not tools:
+        return []
+    lines = [
+        "",
+        f"{system}: per-tool gap windows at the end of the run (`/scheduling/diagnostics` `tools`):",
+        "",
+        "| tool | samples | gap p50 (s) | gap p90 (s) | held | released | fell back | < fit | > fit | "
+        "back held | back released | fit would hold | fit would release | resumes | recomputed tokens | "
+        "recompute (s) | last TTL (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for t in tools:
+        lines.append(
+            f"| `{t['tool']}` | {t['samples']} | {_f(t.get('gap_p50_seconds'), '.3f')} | "
+            f"{_f(t.get('gap_p90_seconds'), '.3f')} | {t['held']} | {t['released']} | {t['fallbacks']} | "
+            f"{t.get('shorter_than_fit', 0)} | {t.get('longer_than_fit', 0)} | {t.get('returned_held', 0)} | "
+            f"{t.get('returned_released', 0)} | {t.get('fit_would_hold', 0)} | {t.get('fit_would_release', 0)} | "
+            f"{t.get('resumes', 0)} | {t.get('recomputed_tokens', 0)} | {_f(t.get('recompute_seconds'), '.1f')} | "
+            f"{_f(t.get('last_ttl_seconds'), '.3f')} |"
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

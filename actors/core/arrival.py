@@ -122,7 +122,8 @@ def sample_request_interval(s: SchedulerState, p: Program) -> None:
         if rank is not None and math.isfinite(interval):
             rank.factors.push_continuity(interval, p.last_cache_miss_impact_seconds)
             s.warm_factors.push_continuity(interval, p.last_cache_miss_impact_seconds)
-            s.tools.observe(p.ref.model_pool, p.last_turn_keys, interval)  # docs/program-scheduling.md §12
+            # the gap after the last turn's tools (docs/program-scheduling.md §12)
+            s.tools.observe(p.ref.model_pool, p.last_turn_keys, interval, p.tool_ttl_armed)
             p.continuity_sampled_at = p.last_request_finished_at
             s.effects.append(RequestIntervalObserved(target_id=rank.target_id, seconds=interval))
 

@@ -199,6 +199,9 @@ def update_segment(
     prev_ctx = p.last_context_tokens
     if d.placement_start_request and prev_ctx and reported.cached_prompt_tokens is not None:
         s.resume_hits.push(usage.reported_cached_tokens, prev_ctx)
+        lost = max(0, prev_ctx - usage.reported_cached_tokens)  # what the gap cost (§12 diagnostics)
+        lost_s = cache_miss_impact_seconds(lost, s.cfg.prefill_cost_model) if lost else 0.0
+        s.tools.observe_resume(p.ref.model_pool, p.last_turn_keys, lost, lost_s)
     continuous = prev_ctx is None or usage.cached_tokens >= CACHE_CONTINUITY_HIT_RATIO * prev_ctx
     if d.placement_start_request and (prev_ctx is None or not continuous):
         p.segment_served_rounds = 0
@@ -288,16 +291,20 @@ def arm_acting_ttl(s: SchedulerState, p: Program, rank: RankState, impact: float
     tool: str | None = None
     cost = impact * s.resume_hits.miss_ratio()
     decision = None
+    p.tool_ttl_armed = None
     if hint_ttl is None:
-        decision = s.tools.decide(p.ref.model_pool, p.last_turn_keys, cost, s.cfg.max_acting_ttl_seconds)
+        rent = tool_rent(s, p.ref.model_pool)
+        decision = s.tools.decide(p.ref.model_pool, p.last_turn_keys, cost, s.cfg.max_acting_ttl_seconds, rent)
     if hint_ttl is not None:
         ttl, source = hint_ttl, "request_hint"
     elif decision is not None:
         ttl, source, tool = decision.ttl_seconds, decision.source, decision.key
-        if ttl > 0 and not s.cfg.tool_retention.hold_under_contention and pool_waiting(s, p.ref.model_pool):
+        fitted = acting_ttl_factors(rank.factors, s.warm_factors).fitted_acting_ttl(cost, s.cfg.max_acting_ttl_seconds)
+        if ttl > 0 and s.cfg.tool_retention.contention == "cap_at_fit" and pool_waiting(s, p.ref.model_pool):
             # requests wait for capacity: the tool may release sooner than the fit, never hold longer (§12)
-            fit = acting_ttl_factors(rank.factors, s.warm_factors)
-            ttl = min(ttl, fit.fitted_acting_ttl(cost, s.cfg.max_acting_ttl_seconds))
+            ttl = min(ttl, fitted)
+        s.tools.note_armed(p.ref.model_pool, decision.key, ttl, fitted)
+        p.tool_ttl_armed = (decision.key, ttl, fitted)
     else:
         fit = acting_ttl_factors(rank.factors, s.warm_factors)
         ttl = fit.fitted_acting_ttl(cost, s.cfg.max_acting_ttl_seconds)
@@ -305,6 +312,17 @@ def arm_acting_ttl(s: SchedulerState, p: Program, rank: RankState, impact: float
     p.acting_since = s.now
     p.ttl_deadline = s.now + ttl
     s.effects.append(TtlArmed(program=p.ref, target_id=rank.target_id, ttl_seconds=ttl, source=source, tool=tool))
+
+
+def tool_rent(s: SchedulerState, pool: str) -> float:
+    """What one second of holding costs a per-tool TTL (docs/program-scheduling.md §12): 1 (the
+    holder's own second), plus, with ``contention = "rent"``, one second for each Program of the
+    pool waiting for capacity per rank of the pool (each of them is delayed while it is held)."""
+    if s.cfg.tool_retention.contention != "rent":
+        return 1.0
+    ranks = s.pools.get(pool, ())
+    waiting = len(s.global_queues.get(pool, ())) + sum(len(s.rank_queues.get(t, ())) for t in ranks)
+    return 1.0 + waiting / max(1, len(ranks))
 
 
 def pool_waiting(s: SchedulerState, pool: str) -> bool:

@@ -79,6 +79,8 @@ def problems(cfg: Any, path: str = "") -> list[str]:
 
 ENABLE_KEYS = ("vllm_xargs.agentic_context", "auto")
 RESUME_ORDERS = ("mru", "fcfs")
+# how a per-tool TTL prices holding while Programs wait for capacity (docs/program-scheduling.md §12)
+TOOL_CONTENTION_MODES = ("rent", "cap_at_fit", "ignore")
 BINDING_STRATEGIES = (
     "consistent_hash",
     "program_round_robin",
@@ -123,8 +125,10 @@ class ToolRetentionConfig:
     """Tool-call-aware acting TTL (docs/program-scheduling.md §12): agentd's own knobs.
 
     ``enabled`` false arms every acting TTL from the fitted per-rank Progress-TTL (the reference's
-    behaviour).  ``hold_under_contention`` false caps a per-tool TTL at the fitted one while
-    Programs of the model pool wait for capacity (holding then also delays them).
+    behaviour).  ``contention`` says how holding is priced while Programs of the model pool wait
+    for capacity (holding then also delays them): ``rent`` charges every second held once per
+    waiting Program per rank of the pool on top of the holder's own second, ``cap_at_fit`` caps
+    the per-tool TTL at the fitted one, ``ignore`` prices it as when nobody waits.
     ``finish_reason_keys`` also learns the gaps after turns that called no tool, keyed by their
     finish reason (``<stop>``, ``<length>``).  ``release_when_long`` false falls back to the fitted
     TTL where the per-tool decision is to hold nothing.  ``window_size`` gaps are kept per
@@ -133,7 +137,7 @@ class ToolRetentionConfig:
     """
 
     enabled: bool = True
-    hold_under_contention: bool = False
+    contention: str = rule_field(one_of(*TOOL_CONTENTION_MODES), "rent")
     finish_reason_keys: bool = True
     release_when_long: bool = True
     window_size: int = rule_field(INT_GT_0, 64)

@@ -190,6 +190,7 @@ class Program:
     last_cache_miss_impact_seconds: float = 0.0
     continuity_sampled_at: float | None = None  # finish time already sampled (B9 fix)
     last_turn_keys: tuple[str, ...] = ()  # tool-gap keys of the last completed turn (tool_retention)
+    tool_ttl_armed: tuple[str, float, float] | None = None  # (key, per-tool TTL, fitted TTL) of that turn
     # shared prefix
     shared_prefix_tokens: int = 0
     shared_prefix_observed: bool = False

@@ -60,7 +60,26 @@ def turn_keys(tool_names: Iterable[str], finish_reason: str | None, cfg: ToolRet
 class GapWindow:
     """The last ``limit`` gaps after one turn key, and what was decided from them."""
 
-    __slots__ = ("limit", "gaps", "observed", "_sorted", "_prefix", "held", "released", "fallbacks", "last_ttl")
+    __slots__ = (
+        "limit",
+        "gaps",
+        "observed",
+        "_sorted",
+        "_prefix",
+        "held",
+        "released",
+        "fallbacks",
+        "last_ttl",
+        "shorter_than_fit",
+        "longer_than_fit",
+        "returned_held",
+        "returned_released",
+        "fit_would_hold",
+        "fit_would_release",
+        "resumes",
+        "recomputed_tokens",
+        "recompute_seconds",
+    )
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -72,6 +91,18 @@ class GapWindow:
         self.released = 0  # decisions that released it at once
         self.fallbacks = 0  # completions that fell back to the fitted TTL (too few gaps)
         self.last_ttl: float | None = None
+        # what the decisions changed (docs/program-scheduling.md §12, "Diagnostics"):
+        self.shorter_than_fit = 0  # per-tool TTL below the fitted TTL of the same moment
+        self.longer_than_fit = 0  # ... above it
+        self.returned_held = 0  # the Program came back within its per-tool TTL
+        self.returned_released = 0  # ... after it (the capacity had been released)
+        self.fit_would_hold = 0  # came back after the per-tool TTL but within the fit's
+        self.fit_would_release = 0  # came back after the fit's TTL but within the per-tool one
+        # what the gaps after this key cost: placement starts after it, and the previous context
+        # the engine no longer had cached then (tokens, and their recompute seconds)
+        self.resumes = 0
+        self.recomputed_tokens = 0
+        self.recompute_seconds = 0.0
 
     def push(self, gap: float) -> None:
         if not (math.isfinite(gap) and gap >= 0):
@@ -100,16 +131,16 @@ class GapWindow:
             return None
         return g[min(len(g) - 1, max(0, math.ceil(q * len(g)) - 1))]
 
-    def utility(self, d: float, c: float) -> float:
-        """Mean utility of holding ``d`` seconds against recompute cost ``c`` over the window."""
+    def utility(self, d: float, c: float, rent: float = 1.0) -> float:
+        """Mean utility of holding ``d`` seconds at ``rent`` per second against recompute cost ``c``."""
         g = self.sorted_gaps()
         n = len(g)
         if n == 0 or d <= 0:
             return 0.0
         k = bisect_right(g, d)
-        return (c * k - self._prefix[k] - d * (n - k)) / n
+        return (c * k - rent * (self._prefix[k] + d * (n - k))) / n
 
-    def best_ttl(self, c: float, d_max: float, margin_ratio: float, margin_seconds: float) -> float:
+    def best_ttl(self, c: float, d_max: float, margin_ratio: float, margin_seconds: float, rent: float = 1.0) -> float:
         """The ski-rental TTL (module docstring); 0 when holding never pays."""
         if c <= 0 or d_max <= 0:
             return 0.0
@@ -122,11 +153,11 @@ class GapWindow:
             if d in seen:
                 continue
             seen.add(d)
-            u = self.utility(d, c)
+            u = self.utility(d, c, rent)
             if u > best_u:
                 best_d, best_u = d, u
         if d_max not in seen:
-            u = self.utility(d_max, c)
+            u = self.utility(d_max, c, rent)
             if u > best_u:
                 best_d, best_u = d_max, u
         return best_d
@@ -160,6 +191,15 @@ class ToolSnapshot:
     released: int
     fallbacks: int
     last_ttl_seconds: float | None
+    shorter_than_fit: int = 0
+    longer_than_fit: int = 0
+    returned_held: int = 0
+    returned_released: int = 0
+    fit_would_hold: int = 0
+    fit_would_release: int = 0
+    resumes: int = 0
+    recomputed_tokens: int = 0
+    recompute_seconds: float = 0.0
 
 
 class ToolGapModel:
@@ -183,15 +223,55 @@ class ToolGapModel:
         self.windows[k] = w  # re-inserted last: the dict is in least-recently-used order
         return w
 
-    def observe(self, pool: str, keys: tuple[str, ...], gap: float) -> None:
-        """The Program whose last turn had ``keys`` came back (or was released) after ``gap`` seconds."""
+    def observe(
+        self, pool: str, keys: tuple[str, ...], gap: float, armed: tuple[str, float, float] | None = None
+    ) -> None:
+        """The Program whose last turn had ``keys`` came back (or was released) after ``gap`` seconds.
+
+        ``armed`` = ``(key, per-tool TTL, fitted TTL)`` when a per-tool decision was armed for that
+        turn: the outcome is counted against both TTLs on ``key``'s window (diagnostics only).
+        """
         for key in keys:
             w = self._window(pool, key, create=True)
             assert w is not None
             w.push(gap)
+        if armed is None or not math.isfinite(gap):
+            return
+        key, ttl, fit = armed
+        aw = self.windows.get((pool, key))
+        if aw is None:
+            return
+        if gap <= ttl:
+            aw.returned_held += 1
+            aw.fit_would_release += int(gap > fit)
+        else:
+            aw.returned_released += 1
+            aw.fit_would_hold += int(gap <= fit)
 
-    def decide(self, pool: str, keys: tuple[str, ...], cost: float, max_ttl: float) -> ToolDecision | None:
-        """The per-tool TTL for a turn with ``keys`` and recompute cost ``cost``; None = fall back."""
+    def note_armed(self, pool: str, key: str, ttl: float, fit: float) -> None:
+        """A per-tool TTL ``ttl`` was armed where the fit gave ``fit`` (diagnostics only)."""
+        w = self.windows.get((pool, key))
+        if w is None:
+            return
+        w.shorter_than_fit += int(ttl < fit)
+        w.longer_than_fit += int(ttl > fit)
+
+    def observe_resume(self, pool: str, keys: tuple[str, ...], recomputed_tokens: int, seconds: float) -> None:
+        """A Program whose last turn had ``keys`` started a placement with ``recomputed_tokens`` of its
+        previous context no longer cached (recompute ``seconds``): the cost of that gap."""
+        for key in keys[:1]:  # one turn, one cost: the first key carries it
+            w = self.windows.get((pool, key))
+            if w is None:
+                continue
+            w.resumes += 1
+            w.recomputed_tokens += max(0, recomputed_tokens)
+            w.recompute_seconds += max(0.0, seconds)
+
+    def decide(
+        self, pool: str, keys: tuple[str, ...], cost: float, max_ttl: float, rent: float = 1.0
+    ) -> ToolDecision | None:
+        """The per-tool TTL for a turn with ``keys``, recompute cost ``cost`` and holding priced at
+        ``rent`` per second (>= 1; module docstring); None = fall back to the fitted TTL."""
         if not self.cfg.enabled or not keys:
             return None
         chosen: tuple[float, GapWindow, str] | None = None
@@ -209,7 +289,8 @@ class ToolGapModel:
         if missing or chosen is None:
             return None
         _, w, key = chosen
-        ttl = w.best_ttl(cost, min(max_ttl, cost), self.cfg.margin_ratio, self.cfg.margin_seconds)
+        rent = max(1.0, rent)
+        ttl = w.best_ttl(cost, min(max_ttl, cost / rent), self.cfg.margin_ratio, self.cfg.margin_seconds, rent)
         if ttl <= 0 and not self.cfg.release_when_long:
             w.fallbacks += 1
             return None
@@ -238,6 +319,15 @@ class ToolGapModel:
                     released=w.released,
                     fallbacks=w.fallbacks,
                     last_ttl_seconds=w.last_ttl,
+                    shorter_than_fit=w.shorter_than_fit,
+                    longer_than_fit=w.longer_than_fit,
+                    returned_held=w.returned_held,
+                    returned_released=w.returned_released,
+                    fit_would_hold=w.fit_would_hold,
+                    fit_would_release=w.fit_would_release,
+                    resumes=w.resumes,
+                    recomputed_tokens=w.recomputed_tokens,
+                    recompute_seconds=round(w.recompute_seconds, 6),
                 )
             )
         return tuple(out)

@@ -163,10 +163,10 @@ def test_core_retention_release_teaches_a_long_gap() -> None:
 
 
 def test_core_per_tool_ttl_is_capped_at_the_fit_while_programs_wait() -> None:
-    """hold_under_contention off (default): with a Program queued for capacity, a tool may only
-    release sooner than the fitted TTL (0 here: the fit's window is not full), never hold longer."""
-    for hold, expected in ((False, 0.0), (True, pytest.approx(0.05 * 1.1 + 0.02))):
-        tr = ToolRetentionConfig(min_samples=3, hold_under_contention=hold)
+    """contention = "cap_at_fit": with a Program queued for capacity, a tool may only release sooner
+    than the fitted TTL (0 here: the fit's window is not full), never hold longer; "ignore" holds."""
+    for mode, expected in (("cap_at_fit", 0.0), ("ignore", pytest.approx(0.05 * 1.1 + 0.02))):
+        tr = ToolRetentionConfig(min_samples=3, contention=mode)
         h = Harness(token_capacity_per_dp_rank=PROMPT + 500, tool_retention=tr)
         t = _turns(h, "a", ("read_file",), 0.05, 4)
         h.submit("a", tokens=PROMPT, at=t, rid="a-x")
@@ -175,3 +175,85 @@ def test_core_per_tool_ttl_is_capped_at_the_fit_while_programs_wait() -> None:
         eff = h.complete("a-x", at=t + 1, prompt=PROMPT, cached=0, completion=10, tool_names=("read_file",))
         (armed,) = of(eff, fx.TtlArmed)
         assert armed.source == "tool" and armed.ttl_seconds == expected
+
+
+def test_rent_prices_every_second_held() -> None:
+    w = GapWindow(8)
+    for g in (0.2, 0.2, 0.2, 3.0):
+        w.push(g)
+    # hold 0.25 s at rent 2 against C = 1: three gaps pay 1 - 2 * 0.2, the fourth costs 2 * 0.25
+    assert w.utility(0.25, 1.0, 2.0) == pytest.approx((3 * 0.6 - 0.5) / 4)
+    assert w.best_ttl(1.0, 1.0, 0.1, 0.02, 1.0) == pytest.approx(0.2 * 1.1 + 0.02)
+    # at rent 4 the short gaps still pay (1 - 0.8 each) but the miss (4 * 0.24) takes it below 0
+    assert w.utility(0.24, 1.0, 4.0) == pytest.approx((3 * 0.2 - 0.96) / 4)
+    assert w.best_ttl(1.0, 0.25, 0.1, 0.02, 4.0) == 0.0
+    m = ToolGapModel(ToolRetentionConfig(min_samples=4))
+    for g in (0.2, 0.2, 0.2, 0.2):
+        m.observe("p", ("grep",), g)
+    held = m.decide("p", ("grep",), 1.0, 10.0, rent=4.0)
+    assert held is not None and held.ttl_seconds == pytest.approx(0.24)  # 1 - 4 * 0.2 > 0: held
+    released = m.decide("p", ("grep",), 1.0, 10.0, rent=6.0)  # 1 - 6 * 0.2 < 0: released
+    assert released is not None and released.ttl_seconds == 0.0
+    # d_max = min(max_ttl, C / rent): holding longer than C / rent never pays
+    assert m.decide("p", ("grep",), 1.0, 10.0, rent=0.5) == held  # rent below 1 counts as 1
+
+
+def test_decisions_are_counted_against_the_fit_and_by_outcome() -> None:
+    m = ToolGapModel(ToolRetentionConfig(min_samples=1))
+    m.observe("p", ("grep",), 0.2)
+    m.note_armed("p", "grep", 0.5, 0.1)  # held longer than the fit
+    m.observe("p", ("grep",), 0.3, ("grep", 0.5, 0.1))  # back in time; the fit had released it
+    m.note_armed("p", "grep", 0.0, 0.1)  # released sooner than the fit
+    m.observe("p", ("grep",), 0.05, ("grep", 0.0, 0.1))  # back after release; the fit would have held
+    m.observe("p", ("grep",), 9.0, ("grep", 0.5, 0.1))  # back after both
+    m.observe_resume("p", ("grep", "ls"), 1200, 0.4)  # the first key carries the cost
+    m.observe_resume("p", ("grep",), 800, 0.1)
+    (row,) = m.snapshot()
+    assert (row.shorter_than_fit, row.longer_than_fit) == (1, 1)
+    assert (row.returned_held, row.returned_released, row.fit_would_hold, row.fit_would_release) == (1, 2, 1, 1)
+    assert (row.resumes, row.recomputed_tokens, row.recompute_seconds) == (2, 2000, 0.5)
+    assert row.samples == 4
+
+
+def test_core_rent_holds_instant_tools_past_the_fit_and_releases_slower_ones_while_programs_wait() -> None:
+    """contention = "rent" (default): with one Program waiting on the pool's one rank, a second
+    held costs 2; read_file (gaps 0.05 s) is still held against C ~ 5.5 s although the fit gives
+    0, a tool whose gaps are 3 s is held while nobody waits (3 < C) and released while one waits
+    (2 x 3 > C)."""
+    tr = ToolRetentionConfig(min_samples=3)
+    for tool, gap, waiter, expected in (
+        ("read_file", 0.05, True, pytest.approx(0.05 * 1.1 + 0.02)),
+        ("bash", 3.0, False, pytest.approx(3.0 * 1.1 + 0.02)),
+        ("bash", 3.0, True, 0.0),
+    ):
+        h = Harness(token_capacity_per_dp_rank=PROMPT + 500, tool_retention=tr)
+        t = _turns(h, "a", (tool,), gap, 4)
+        h.submit("a", tokens=PROMPT, at=t, rid="a-x")
+        if waiter:
+            h.submit("b", tokens=PROMPT, at=t + 0.5, rid="b-0")  # no room while "a" holds: "b" waits
+            assert h.program("b").state == "paused"
+        eff = h.complete("a-x", at=t + 1, prompt=PROMPT, cached=0, completion=10, tool_names=(tool,))
+        (armed,) = of(eff, fx.TtlArmed)
+        assert armed.tool == tool and armed.ttl_seconds == expected
+        assert h.program("a").tool_ttl_armed == (tool, armed.ttl_seconds, 0.0)  # the fit: 0 (window not full)
+        row = {r.tool: r for r in h.state.tools.snapshot()}[tool]
+        # the 4th turn of _turns already decided (3 gaps, nobody waiting): held past the fit too
+        assert row.longer_than_fit == 1 + (armed.ttl_seconds > 0) and row.shorter_than_fit == 0
+
+
+def test_core_resume_after_a_gap_counts_what_it_recomputed() -> None:
+    """A Program paused after a tool and resumed with part of its context gone: the tool's window
+    counts the resume, the lost tokens and their recompute seconds (cache_miss_impact)."""
+    h = Harness(token_capacity_per_dp_rank=1_000_000, tool_retention=ToolRetentionConfig(min_samples=1))
+    h.submit("a", tokens=PROMPT, at=0.0, rid="a0")
+    h.complete("a0", at=1.0, prompt=PROMPT, cached=0, completion=10, tool_names=("run_tests",))
+    h.tick(at=200.0)  # no gap learned yet: the fit (0 while its window is not full) paused it
+    assert h.program("a").state == "paused"
+    h.submit("a", tokens=PROMPT + 100, at=201.0, rid="a1")
+    h.complete("a1", at=202.0, prompt=PROMPT + 100, cached=15_000, completion=10, tool_names=("run_tests",))
+    row = {r.tool: r for r in h.state.tools.snapshot()}["run_tests"]
+    lost = PROMPT - 15_000
+    assert (row.resumes, row.recomputed_tokens) == (1, lost)
+    assert row.recompute_seconds == pytest.approx(
+        cache_miss_impact_seconds(lost, ProgramSchedulingConfig().prefill_cost_model), abs=1e-6
+    )
