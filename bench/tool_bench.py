@@ -12,10 +12,16 @@ For every point (a trace and a cluster, docs/benchmarks.md §9) the same trace r
 - ``agentd``: Program scheduling with the bench's configuration (bench.bench.scaled_program_config)
   and the per-tool acting TTL on (docs/program-scheduling.md §12);
 - ablations, one mechanism changed each: ``agentd-no-tool-ttl`` (``tool_retention.enabled =
-  false``: the fitted per-rank TTL only, the reference's behaviour), ``agentd-hold-under-contention``
-  (a per-tool TTL is not capped at the fit while Programs wait), ``agentd-no-finish-keys`` (turns
-  without a tool call are not learned), ``agentd-no-release`` (a decision to hold nothing falls back
-  to the fit).
+  false``: the fitted per-rank TTL only, the reference's behaviour), ``agentd-cap-at-fit``
+  (``contention = "cap_at_fit"``: no rent, a per-tool TTL capped at the fit while Programs wait),
+  ``agentd-hold-under-contention`` (``contention = "ignore"``: rent 1 always),
+  ``agentd-cluster-miss`` (``measured_miss = false``: a miss priced with the cluster-wide resume
+  miss ratio), ``agentd-no-finish-keys`` (turns without a tool call are not learned),
+  ``agentd-no-release`` (a decision to hold nothing falls back to the fit).
+
+The per-tool tables (agentd and agentd-no-tool-ttl) show the diagnostics of
+docs/program-scheduling.md §12: decisions against the fitted TTL, how Programs came back, and what
+the gaps after each tool cost in recomputation.
 
 Writes ``<out>/<point>/<system>.json`` and ``<out>/report.md`` (mean JCT, p90, hit, preemptions and
 the ratios agentd / floor and agentd / native per point).  Simulations run ``--jobs`` at a time in
@@ -82,6 +88,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "agentd": {},
     "agentd-no-tool-ttl": {"enabled": False},
     "agentd-cap-at-fit": {"contention": "cap_at_fit"},
+    "agentd-cluster-miss": {"measured_miss": False},
     "agentd-hold-under-contention": {"contention": "ignore"},
     "agentd-no-finish-keys": {"finish_reason_keys": False},
     "agentd-no-release": {"release_when_long": False},

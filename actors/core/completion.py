@@ -201,7 +201,7 @@ def update_segment(
         s.resume_hits.push(usage.reported_cached_tokens, prev_ctx)
         lost = max(0, prev_ctx - usage.reported_cached_tokens)  # what the gap cost (§12 diagnostics)
         lost_s = cache_miss_impact_seconds(lost, s.cfg.prefill_cost_model) if lost else 0.0
-        s.tools.observe_resume(p.ref.model_pool, p.last_turn_keys, lost, lost_s)
+        s.tools.observe_resume(p.ref.model_pool, p.last_turn_keys, lost, lost_s, prev_ctx)
     continuous = prev_ctx is None or usage.cached_tokens >= CACHE_CONTINUITY_HIT_RATIO * prev_ctx
     if d.placement_start_request and (prev_ctx is None or not continuous):
         p.segment_served_rounds = 0
@@ -294,7 +294,8 @@ def arm_acting_ttl(s: SchedulerState, p: Program, rank: RankState, impact: float
     p.tool_ttl_armed = None
     if hint_ttl is None:
         rent = tool_rent(s, p.ref.model_pool)
-        decision = s.tools.decide(p.ref.model_pool, p.last_turn_keys, cost, s.cfg.max_acting_ttl_seconds, rent)
+        max_ttl = s.cfg.max_acting_ttl_seconds
+        decision = s.tools.decide(p.ref.model_pool, p.last_turn_keys, cost, max_ttl, rent, impact)
     if hint_ttl is not None:
         ttl, source = hint_ttl, "request_hint"
     elif decision is not None:

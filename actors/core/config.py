@@ -129,6 +129,9 @@ class ToolRetentionConfig:
     for capacity (holding then also delays them): ``rent`` charges every second held once per
     waiting Program per rank of the pool on top of the holder's own second, ``cap_at_fit`` caps
     the per-tool TTL at the fitted one, ``ignore`` prices it as when nobody waits.
+    ``measured_miss`` prices a miss after a key at the Program's cache-miss impact times the
+    share of the previous context lost over the gaps after that key (once it has ``min_samples``
+    resumes) instead of the cluster-wide resume miss ratio.
     ``finish_reason_keys`` also learns the gaps after turns that called no tool, keyed by their
     finish reason (``<stop>``, ``<length>``).  ``release_when_long`` false falls back to the fitted
     TTL where the per-tool decision is to hold nothing.  ``window_size`` gaps are kept per
@@ -138,6 +141,7 @@ class ToolRetentionConfig:
 
     enabled: bool = True
     contention: str = rule_field(one_of(*TOOL_CONTENTION_MODES), "rent")
+    measured_miss: bool = True
     finish_reason_keys: bool = True
     release_when_long: bool = True
     window_size: int = rule_field(INT_GT_0, 64)

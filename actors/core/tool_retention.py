@@ -15,17 +15,24 @@ seconds, a human in minutes), so agentd learns the gap per turn key and model po
   as one long gap, so tools after which Programs never come back still learn "long");
   ``max_tools`` bounds the entries, the least recently used is forgotten;
 * :meth:`ToolGapModel.decide` holds the KV for the TTL ``d`` maximising the empirical ski-rental
-  utility over the window's gaps ``g_1..g_n`` with ``C`` = the Program's cache-miss impact (the
-  seed's recompute cost, scaled by the measured resume miss ratio exactly as the fitted TTL is)::
+  utility over the window's gaps ``g_1..g_n``, with ``C`` the price of a miss and ``rho`` the rent
+  of one second held::
 
-      U(d) = (1/n) * sum_i [ C - g_i  if g_i <= d  else  -d ]          U(0) = 0
+      U(d) = (1/n) * sum_i [ C - rho * g_i  if g_i <= d  else  -rho * d ]          U(0) = 0
 
   over the candidates ``{min(d_max, g_i * (1 + margin_ratio) + margin_seconds)} + {d_max}``
-  with ``d_max = min(max_acting_ttl_seconds, C)`` (holding longer than ``C`` never pays);
+  with ``d_max = min(max_acting_ttl_seconds, C / rho)`` (holding longer never pays);
   0 (release at once) when no candidate has a positive utility.  Ties keep the shorter TTL.
+  ``C`` is the Program's cache-miss impact times the miss ratio measured after this key
+  (``measured_miss``, once it has ``min_samples`` resumes), else the caller's cost (the impact
+  times the cluster's resume miss ratio, as the fitted TTL uses); ``rho`` is the caller's rent
+  (1, more while Programs wait for capacity: ``completion.tool_rent``).
   A turn with several tools decides on the tool with the longest median gap (the agent returns
   when all calls have).  A key with fewer than ``min_samples`` gaps gives no decision: the caller
-  falls back to the fitted per-rank Progress-TTL.
+  falls back to the fitted per-rank Progress-TTL;
+* what the decisions did is counted per key for diagnostics: against the fitted TTL of the same
+  moment, how the Program came back (within the per-tool TTL or after it, and what the fit would
+  have done), and what each gap cost (the previous context lost at the next placement start).
 
 Pure: no clock, no I/O; the memory is bounded by ``max_tools * window_size`` floats.
 """
@@ -78,6 +85,7 @@ class GapWindow:
         "fit_would_release",
         "resumes",
         "recomputed_tokens",
+        "resumed_context_tokens",
         "recompute_seconds",
     )
 
@@ -102,7 +110,14 @@ class GapWindow:
         # the engine no longer had cached then (tokens, and their recompute seconds)
         self.resumes = 0
         self.recomputed_tokens = 0
+        self.resumed_context_tokens = 0  # the previous contexts of those placement starts
         self.recompute_seconds = 0.0
+
+    def miss_ratio(self, min_resumes: int) -> float | None:
+        """Share of the previous context lost over the gaps after this key (None: too few resumes)."""
+        if self.resumes < min_resumes or self.resumed_context_tokens <= 0:
+            return None
+        return min(1.0, self.recomputed_tokens / self.resumed_context_tokens)
 
     def push(self, gap: float) -> None:
         if not (math.isfinite(gap) and gap >= 0):
@@ -200,6 +215,7 @@ class ToolSnapshot:
     resumes: int = 0
     recomputed_tokens: int = 0
     recompute_seconds: float = 0.0
+    resume_miss_ratio: float | None = None  # recomputed / previous context over those resumes
 
 
 class ToolGapModel:
@@ -256,22 +272,37 @@ class ToolGapModel:
         w.shorter_than_fit += int(ttl < fit)
         w.longer_than_fit += int(ttl > fit)
 
-    def observe_resume(self, pool: str, keys: tuple[str, ...], recomputed_tokens: int, seconds: float) -> None:
+    def observe_resume(
+        self, pool: str, keys: tuple[str, ...], recomputed_tokens: int, seconds: float, context_tokens: int = 0
+    ) -> None:
         """A Program whose last turn had ``keys`` started a placement with ``recomputed_tokens`` of its
-        previous context no longer cached (recompute ``seconds``): the cost of that gap."""
-        for key in keys[:1]:  # one turn, one cost: the first key carries it
+        previous context (``context_tokens``) no longer cached (recompute ``seconds``): what that
+        gap cost.  Every key of the turn learns its miss ratio; the first carries the cost."""
+        for i, key in enumerate(keys):
             w = self.windows.get((pool, key))
             if w is None:
                 continue
             w.resumes += 1
             w.recomputed_tokens += max(0, recomputed_tokens)
-            w.recompute_seconds += max(0.0, seconds)
+            w.resumed_context_tokens += max(0, context_tokens)
+            if i == 0:
+                w.recompute_seconds += max(0.0, seconds)
 
     def decide(
-        self, pool: str, keys: tuple[str, ...], cost: float, max_ttl: float, rent: float = 1.0
+        self,
+        pool: str,
+        keys: tuple[str, ...],
+        cost: float,
+        max_ttl: float,
+        rent: float = 1.0,
+        impact: float | None = None,
     ) -> ToolDecision | None:
         """The per-tool TTL for a turn with ``keys``, recompute cost ``cost`` and holding priced at
-        ``rent`` per second (>= 1; module docstring); None = fall back to the fitted TTL."""
+        ``rent`` per second (>= 1; module docstring); None = fall back to the fitted TTL.
+
+        With ``impact`` (the cost of losing the whole context) and ``cfg.measured_miss``, a key that
+        has ``min_samples`` resumes prices a miss at ``impact`` times its own measured miss ratio
+        instead of ``cost``."""
         if not self.cfg.enabled or not keys:
             return None
         chosen: tuple[float, GapWindow, str] | None = None
@@ -289,6 +320,9 @@ class ToolGapModel:
         if missing or chosen is None:
             return None
         _, w, key = chosen
+        ratio = w.miss_ratio(self.cfg.min_samples) if impact is not None and self.cfg.measured_miss else None
+        if ratio is not None and impact is not None:
+            cost = impact * ratio
         rent = max(1.0, rent)
         ttl = w.best_ttl(cost, min(max_ttl, cost / rent), self.cfg.margin_ratio, self.cfg.margin_seconds, rent)
         if ttl <= 0 and not self.cfg.release_when_long:
@@ -328,6 +362,7 @@ class ToolGapModel:
                     resumes=w.resumes,
                     recomputed_tokens=w.recomputed_tokens,
                     recompute_seconds=round(w.recompute_seconds, 6),
+                    resume_miss_ratio=w.miss_ratio(1),
                 )
             )
         return tuple(out)

@@ -257,3 +257,25 @@ def test_core_resume_after_a_gap_counts_what_it_recomputed() -> None:
     assert row.recompute_seconds == pytest.approx(
         cache_miss_impact_seconds(lost, ProgramSchedulingConfig().prefill_cost_model), abs=1e-6
     )
+
+
+def test_measured_miss_ratio_of_a_key_prices_its_miss() -> None:
+    """Once a key has min_samples resumes, a miss after it costs impact x the share of the previous
+    context those resumes lost, not the cluster-wide cost passed in."""
+    for measured, expected in ((True, 0.0), (False, pytest.approx(0.24))):
+        m = ToolGapModel(ToolRetentionConfig(min_samples=4, measured_miss=measured))
+        for _ in range(4):
+            m.observe("p", ("grep", "ls"), 0.2)
+        for _ in range(3):
+            m.observe_resume("p", ("grep", "ls"), 100, 0.09, 1000)
+        # 3 resumes: too few, the cost passed in (1.0) decides: 1 - 4 x 0.2 > 0 holds
+        d = m.decide("p", ("grep",), 1.0, 10.0, rent=4.0, impact=2.0)
+        assert d is not None and d.ttl_seconds == pytest.approx(0.24)
+        m.observe_resume("p", ("grep", "ls"), 100, 0.09, 1000)
+        # 4 resumes lost 10%: a miss costs 2.0 x 0.1 = 0.2 < 4 x 0.2, release at once
+        d = m.decide("p", ("grep",), 1.0, 10.0, rent=4.0, impact=2.0)
+        assert d is not None and d.ttl_seconds == expected
+        rows = {r.tool: r for r in m.snapshot()}
+        assert rows["grep"].resume_miss_ratio == pytest.approx(0.1)
+        assert rows["ls"].resume_miss_ratio == pytest.approx(0.1)
+        assert rows["grep"].recompute_seconds == pytest.approx(0.36) and rows["ls"].recompute_seconds == 0.0
