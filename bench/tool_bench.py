@@ -15,8 +15,8 @@ For every point (a trace and a cluster, docs/benchmarks.md §9) the same trace r
   false``: the fitted per-rank TTL only, the reference's behaviour), ``agentd-cap-at-fit``
   (``contention = "cap_at_fit"``: no rent, a per-tool TTL capped at the fit while Programs wait),
   ``agentd-hold-under-contention`` (``contention = "ignore"``: rent 1 always),
-  ``agentd-cluster-miss`` (``measured_miss = false``: a miss priced with the cluster-wide resume
-  miss ratio), ``agentd-no-finish-keys`` (turns without a tool call are not learned),
+  ``agentd-measured-miss`` (``measured_miss = true``: a miss after a tool priced with the miss
+  ratio measured after that tool), ``agentd-no-finish-keys`` (turns without a tool call are not learned),
   ``agentd-no-release`` (a decision to hold nothing falls back to the fit).
 
 The per-tool tables (agentd and agentd-no-tool-ttl) show the diagnostics of
@@ -88,7 +88,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "agentd": {},
     "agentd-no-tool-ttl": {"enabled": False},
     "agentd-cap-at-fit": {"contention": "cap_at_fit"},
-    "agentd-cluster-miss": {"measured_miss": False},
+    "agentd-measured-miss": {"measured_miss": True},
     "agentd-hold-under-contention": {"contention": "ignore"},
     "agentd-no-finish-keys": {"finish_reason_keys": False},
     "agentd-no-release": {"release_when_long": False},

@@ -141,7 +141,7 @@ class ToolRetentionConfig:
 
     enabled: bool = True
     contention: str = rule_field(one_of(*TOOL_CONTENTION_MODES), "rent")
-    measured_miss: bool = True
+    measured_miss: bool = False
     finish_reason_keys: bool = True
     release_when_long: bool = True
     window_size: int = rule_field(INT_GT_0, 64)
