@@ -103,6 +103,9 @@ def test_config_rules_name_the_field() -> None:
     bad = ProgramSchedulingConfig(tool_retention=ToolRetentionConfig(window_size=4, min_samples=8, max_tools=0))
     out = problems(bad, "program_scheduling")
     assert "program_scheduling.tool_retention.max_tools: must be an integer > 0 (got 0)" in out
+    bad_mode = ProgramSchedulingConfig(tool_retention=ToolRetentionConfig(contention="sometimes"))
+    (msg,) = problems(bad_mode, "program_scheduling")
+    assert msg.startswith("program_scheduling.tool_retention.contention: must be one of") and "'sometimes'" in msg
     assert any(p.startswith("program_scheduling.tool_retention.min_samples: must not exceed window_size") for p in out)
 
 
