@@ -394,8 +394,10 @@ def server_time_split(
     these counters (native, vllm-router) or when no task completed."""
     if tasks <= 0 or counter_delta(before, after, PROGRAM_TIME) is None:
         return None
+    # rounded to the microsecond: the counters sum many float increments, and completions that
+    # land at the same virtual instant may be summed in either order (the last digit moves)
     seconds = {
-        part: (counter_delta(before, after, PROGRAM_TIME, {"part": part}) or 0.0) / tasks * scale
+        part: round((counter_delta(before, after, PROGRAM_TIME, {"part": part}) or 0.0) / tasks * scale, 6)
         for part in SERVER_PARTS
     }
     causes = _label_values(after, PROGRAM_RECOMPUTED, "cause")
