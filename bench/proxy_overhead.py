@@ -1,20 +1,34 @@
-"""Proxy overhead benchmark: direct to a zero-delay worker vs through agentd.
+"""Proxy overhead benchmark: direct to a zero-delay worker vs through agentd vs vllm-router.
 
 Usage (from the repository root)::
 
-    python -m bench.proxy_overhead [--seconds 5] [--concurrency 32] [--json out.json]
+    python -m bench.proxy_overhead [--seconds 3] [--concurrency 32] [--bodies 1,64,256]
+        [--identity free,program] [--processes 1[,2]] [--vllm-router PATH] [--json out.json]
 
-Three processes share the machine: a zero-delay fake worker (raw Trio sockets, HTTP/1.1
-keep-alive, a fixed chat-completion body), ``agentd start --worker-urls <worker> --policy
-round_robin`` and this load generator (raw keep-alive sockets, so the client costs little CPU).
-Both paths are measured with the request the reference router's own overhead measurement uses::
+Processes on one machine: a zero-delay fake worker (raw Trio sockets, HTTP/1.1 keep-alive, a
+fixed chat-completion body), ``agentd start --worker-urls <worker> --policy round_robin`` (with
+``--enable-program-scheduling`` for the Program-identity rows), vllm-router 0.1.17 with the same
+flags when it is installed (``--vllm-router PATH``, else ``vllm-router`` on PATH; its rows are
+skipped without it) and this load generator (raw keep-alive sockets, so the client costs little
+CPU).  docs/benchmarks.md §10.2 records runs.
 
-    {"model":"fake-model","messages":[{"role":"user","content":"Say hi briefly."}],"max_tokens":8}
+Requests are agent chat bodies of about 1, 64 and 256 KB (``--bodies``): a system prompt, tool
+schemas and a long conversation of user/assistant/tool messages with code, quotes, escapes and
+non-ASCII text, JSON-encoded the way httpx sends it (compact, UTF-8).  ``--identity``:
 
-Reported: p50/p99 latency at concurrency 1 (and the difference = added latency), and requests/s
-at concurrency ``--concurrency`` (closed loop, one connection per virtual user).  Targets from
-issue 2 (docs/benchmarks.md section 2): added p50 <= 1.5 ms, >= 500 req/s at concurrency 32 on 2
-cores.
+* ``free``: identity-free requests; agentd and vllm-router run plain ``round_robin``;
+* ``program``: every virtual user is one Program (``vllm_xargs.agentic_context`` with its own
+  ``session_id``, docs/program-scheduling.md §0); both systems run with Program scheduling on and a
+  token capacity far above the load (admission never waits, the per-request path is measured).
+
+Cells, for each body size and identity mode: p50/p99 latency at concurrency 1 (added = minus the
+direct path with the same bodies), requests/s at concurrency ``--concurrency`` (closed loop, one
+connection per virtual user) and the proxy's CPU per request during that run (user + system, the
+whole process tree, so ``--processes 2`` counts every relay process).
+
+``--processes N[,M...]`` runs one agentd column per N with ``[server] data_plane_processes = N``
+(docs/operations.md §13); an agentd without that setting runs only N = 1 and any other N exits 2
+naming the option.
 """
 
 from __future__ import annotations
@@ -22,30 +36,33 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from bench.harness import (
-    cpu_seconds,
+    ROOT,
     free_port,
     python_speed_probe_us,
     read_request,
     request_path,
     spawn_module,
-    start_agentd,
     stop_all,
     wait_listening,
 )
 from bench.output import write_atomic
 
 MODULE = "bench.proxy_overhead"  # re-run as the fake worker and the naive proxy
-BODY = b'{"model":"fake-model","messages":[{"role":"user","content":"Say hi briefly."}],"max_tokens":8}'
 REPLY = json.dumps(
     {
         "id": "chatcmpl-bench",
@@ -56,12 +73,116 @@ REPLY = json.dumps(
         "usage": {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14},
     }
 ).encode()
+MODELS = b'{"object":"list","data":[{"id":"fake-model","object":"model","owned_by":"bench"}]}'
+# what both routers' metrics pollers read from a vLLM worker: one idle engine
+WORKER_METRICS = (
+    b'vllm:num_requests_running{engine="0",model_name="fake-model"} 0.0\n'
+    b'vllm:num_requests_waiting{engine="0",model_name="fake-model"} 0.0\n'
+    b'vllm:kv_cache_usage_perc{engine="0",model_name="fake-model"} 0.0\n'
+)
+# far above anything the bench holds: admission never waits, the per-request path is measured
+PROGRAM_CONFIG = {"token_capacity_per_dp_rank": 100_000_000, "max_active_programs_per_target": 10_000}
+IDENTITY_MODES = ("free", "program")
+
+
+# ----------------------------------------------------------------------------- request bodies
+_TEXT = (
+    "the function returns a list of results for each file in the repository and the tests check "
+    "that every path is normalised before it is compared with the expected value so a missing "
+    "import or an off-by-one in the loop shows up as a failing assertion déjà vu naïve café "
+    "größe 日本語 テスト 中文 ✓ →"
+)
+_WORDS = _TEXT.split()
+_CODE = (
+    'def load(path: str) -> dict[str, "Any"]:\n'
+    '    """Read the JSON file at `path`; raise ValueError naming it."""\n'
+    "    with open(path, encoding='utf-8') as fh:\n"
+    "        data = json.load(fh)\n"
+    '    if not isinstance(data, dict):\n        raise ValueError(f"{path}: expected an object\\n")\n'
+    '    return data  # tab:\there, backslash: \\\\ quote: " end\n'
+)
+_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"{name.replace('_', ' ')} in the workspace; returns its output as text",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "a path relative to the repository root"},
+                    "pattern": {"type": "string"},
+                    "limit": {"type": "integer", "minimum": 1},
+                },
+                "required": ["path"],
+            },
+        },
+    }
+    for name in ("read_file", "search_code", "run_tests", "edit_file")
+]
+
+
+def _prose(rng: random.Random, size: int) -> str:
+    out: list[str] = []
+    n = 0
+    while n < size:
+        word = rng.choice(_WORDS)
+        out.append(word)
+        n += len(word) + 1
+    return " ".join(out)
+
+
+def agent_body(kb: int, identity: dict[str, Any] | None, seed: int = 0) -> bytes:
+    """A chat-completions body of about ``kb`` KiB, as an agent sends it (httpx's JSON encoding)."""
+    rng = random.Random(seed * 1000 + kb)
+    target = kb * 1024
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent. " + _prose(rng, min(2000, target // 4))},
+    ]
+    body: dict[str, Any] = {"model": "fake-model", "messages": messages, "max_tokens": 8, "temperature": 0.2}
+    if kb > 1:
+        body["tools"] = _TOOLS
+    if identity is not None:
+        body["vllm_xargs"] = {"agentic_context": identity}
+
+    def size() -> int:
+        return len(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode())
+
+    turn = 0
+    while size() < target:
+        turn += 1
+        room = target - size()
+        if turn % 3 == 1:
+            messages.append({"role": "user", "content": _prose(rng, min(room, 600))})
+        elif turn % 3 == 2:
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": f"call_{turn}",
+                            "type": "function",
+                            "function": {"name": "read_file", "arguments": json.dumps({"path": f"src/m{turn}.py"})},
+                        }
+                    ],
+                }
+            )
+        else:
+            text = (_CODE * (1 + min(room, 4000) // len(_CODE)))[: max(1, min(room, 4000))]
+            messages.append({"role": "tool", "tool_call_id": f"call_{turn - 1}", "content": text})
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def program_context(user: int) -> dict[str, Any]:
+    """One Program per virtual user: a lead agent of its own session."""
+    return {"session_id": f"bench-session-{user}", "agent_id": "lead", "expected_resume": True}
 
 
 # ----------------------------------------------------------------------------- fake worker
-def _response(status: str, body: bytes) -> bytes:
+def _response(status: str, body: bytes, content_type: str = "application/json") -> bytes:
     return (
-        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        f"HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {len(body)}\r\n"
         f"connection: keep-alive\r\n\r\n"
     ).encode() + body
 
@@ -70,8 +191,13 @@ async def _worker_conn(stream: trio.SocketStream) -> None:
     buf = bytearray()
     try:
         while (head := await read_request(stream, buf)) is not None:
-            if request_path(head) == b"/health":
+            path = request_path(head)
+            if path == b"/health":
                 await stream.send_all(_response("200 OK", b"{}"))
+            elif path == b"/v1/models":
+                await stream.send_all(_response("200 OK", MODELS))
+            elif path == b"/metrics":
+                await stream.send_all(_response("200 OK", WORKER_METRICS, "text/plain; version=0.0.4"))
             else:
                 await stream.send_all(_response("200 OK", REPLY))
     except (trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError):
@@ -135,12 +261,12 @@ def serve_naive_proxy(port: int, worker_port: int) -> None:
 
 # ----------------------------------------------------------------------------- load generator
 class Conn:
-    def __init__(self, stream: trio.SocketStream, host_port: str, path: str) -> None:
+    def __init__(self, stream: trio.SocketStream, host_port: str, path: str, body: bytes) -> None:
         self.stream = stream
         self.request = (
             f"POST {path} HTTP/1.1\r\nhost: {host_port}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(BODY)}\r\n\r\n"
-        ).encode() + BODY
+            f"content-length: {len(body)}\r\n\r\n"
+        ).encode() + body
         self.buf = b""
 
     async def _more(self, data: bytes) -> bytes:
@@ -173,69 +299,61 @@ class Conn:
             while len(rest) < length:
                 rest = await self._more(rest)
             self.buf = rest[length:]
+        if status != 200:
+            raise SystemExit(f"HTTP {status}: {rest[:300]!r}")
         return status
 
 
-async def connect(port: int) -> Conn:
+async def connect(port: int, body: bytes) -> Conn:
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return Conn(stream, f"127.0.0.1:{port}", "/v1/chat/completions")
+    return Conn(stream, f"127.0.0.1:{port}", "/v1/chat/completions", body)
 
 
-async def latency_run(port: int, seconds: float) -> list[float]:
-    conn = await connect(port)
-    for _ in range(50):  # warm-up
-        assert await conn.roundtrip() == 200
+async def latency_run(port: int, seconds: float, body: bytes) -> list[float]:
+    conn = await connect(port, body)
+    for _ in range(30):  # warm-up
+        await conn.roundtrip()
     samples: list[float] = []
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         t0 = time.perf_counter()
-        status = await conn.roundtrip()
+        await conn.roundtrip()
         samples.append(time.perf_counter() - t0)
-        assert status == 200, status
     await conn.stream.aclose()
     return samples
 
 
-async def throughput_run(port: int, seconds: float, concurrency: int) -> float:
-    conns = [await connect(port) for _ in range(concurrency)]
-    counts = [0] * concurrency
+async def throughput_run(
+    port: int, seconds: float, bodies: list[bytes], cpu: Callable[[], float]
+) -> tuple[float, float]:
+    """(requests/s, proxy CPU seconds per request) of a closed loop, one connection per body."""
+    conns = [await connect(port, body) for body in bodies]
+    counts = [0] * len(conns)
     end = 0.0
 
     async def user(i: int) -> None:
         while time.perf_counter() < end:
-            assert await conns[i].roundtrip() == 200
+            await conns[i].roundtrip()
             counts[i] += 1
 
-    end = time.perf_counter() + 1.0  # warm-up second
+    end = time.perf_counter() + min(1.0, seconds / 3)  # warm-up
     async with trio.open_nursery() as nursery:
-        for i in range(concurrency):
+        for i in range(len(conns)):
             nursery.start_soon(user, i)
-    counts = [0] * concurrency
+    counts = [0] * len(conns)
+    cpu_before = cpu()
     start = time.perf_counter()
     end = start + seconds
     async with trio.open_nursery() as nursery:
-        for i in range(concurrency):
+        for i in range(len(conns)):
             nursery.start_soon(user, i)
     elapsed = time.perf_counter() - start
+    cpu_used = cpu() - cpu_before
     for conn in conns:
         await conn.stream.aclose()
-    return sum(counts) / elapsed
-
-
-async def throughput_with_cpu(port: int, seconds: float, concurrency: int, pid: int) -> tuple[float, float]:
-    """(requests/s, CPU microseconds per request of process ``pid``) for one closed-loop run."""
-    before = cpu_seconds(pid)
-    counted: list[float] = []
-
-    async def run() -> None:
-        counted.append(await throughput_run(port, seconds, concurrency))
-
-    await run()
-    rps = counted[0]
-    # throughput_run includes a one-second warm-up at the same rate
-    requests = rps * (seconds + 1.0)
-    return rps, (cpu_seconds(pid) - before) / requests * 1e6
+    done = sum(counts)
+    return done / elapsed, cpu_used / max(1, done)
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -243,13 +361,141 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+# ----------------------------------------------------------------------------- processes
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its live descendants (Linux ``/proc``)."""
+    total = 0.0
+    todo = [pid]
+    tick = os.sysconf("SC_CLK_TCK")
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/stat", encoding="ascii") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children", encoding="ascii") as fh:
+                    todo.extend(int(c) for c in fh.read().split())
+        except (OSError, ValueError):
+            continue  # exited meanwhile
+    return total
+
+
+def supports_processes() -> bool:
+    """Whether this agentd has ``[server] data_plane_processes`` (docs/operations.md §13)."""
+    from daemon.config import ServerConfig
+
+    return any(field.name == "data_plane_processes" for field in ServerConfig.__attrs_attrs__)
+
+
+def agentd_command(port: int, worker_port: int, policy: str, program: bool, config: Path | None) -> list[str]:
+    cmd = [sys.executable, "-m", "daemon", "start", "--port", str(port), "--log-level", "warning"]
+    cmd += ["--worker-urls", f"http://127.0.0.1:{worker_port}", "--policy", policy]
+    if config is not None:
+        cmd += ["--config", str(config)]
+    if program:
+        cmd += ["--enable-program-scheduling", "--program-scheduling-config-json", json.dumps(PROGRAM_CONFIG)]
+    return cmd
+
+
+def router_command(router: str, port: int, worker_port: int, policy: str, program: bool, log_dir: str) -> list[str]:
+    cmd = [router, "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--worker-urls", f"http://127.0.0.1:{worker_port}", "--policy", policy]
+    cmd += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    cmd += ["--log-level", "warning", "--log-dir", log_dir]
+    if program:
+        cmd += ["--enable-program-scheduling", "--program-scheduling-config-json", json.dumps(PROGRAM_CONFIG)]
+    return cmd
+
+
+def wait_serving(port: int, proc: subprocess.Popen[bytes], what: str, body: bytes) -> None:
+    """Listening, then one request answered 200 (a router may listen before its workers are up)."""
+    wait_listening(port, proc, what)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            trio.run(_one_request, port, body)
+            return
+        except (OSError, SystemExit, ConnectionError) as exc:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{what} does not answer requests: {exc}") from None
+            time.sleep(0.2)
+
+
+async def _one_request(port: int, body: bytes) -> None:
+    conn = await connect(port, body)
+    try:
+        await conn.roundtrip()
+    finally:
+        await conn.stream.aclose()
+
+
+# ----------------------------------------------------------------------------- main
+def _csv_ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{what}: comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{what}: integers >= 1, got {text!r}")
+    return values
+
+
+def _modes(text: str) -> list[str]:
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [v for v in values if v not in IDENTITY_MODES]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(f"--identity: comma-separated from {', '.join(IDENTITY_MODES)}, got {text!r}")
+    return values
+
+
+def find_router(explicit: str | None) -> str | None:
+    if explicit:
+        return explicit if os.access(explicit, os.X_OK) else None
+    return shutil.which("vllm-router")
+
+
+def measure(
+    name: str, port: int, pid: int, seconds: float, concurrency: int, body1: bytes, bodies: list[bytes]
+) -> dict[str, float]:
+    samples = trio.run(latency_run, port, seconds, body1)
+    rps, cpu_s = trio.run(throughput_run, port, seconds, bodies, lambda: tree_cpu_seconds(pid))
+    result = {
+        "c1_requests": len(samples),
+        "c1_p50_ms": percentile(samples, 0.50) * 1000,
+        "c1_p99_ms": percentile(samples, 0.99) * 1000,
+        "c1_mean_ms": statistics.fmean(samples) * 1000,
+        f"c{concurrency}_rps": rps,
+        "cpu_us_per_request": cpu_s * 1e6,
+    }
+    print(
+        f"  {name:14} c=1 p50 {result['c1_p50_ms']:7.3f} ms  p99 {result['c1_p99_ms']:7.3f} ms   "
+        f"c={concurrency} {rps:7.0f} req/s   CPU {result['cpu_us_per_request']:6.0f} us/req",
+        flush=True,
+    )
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=5.0, help="measurement time per cell")
+    parser.add_argument("--seconds", type=float, default=3.0, help="measurement time per cell (default 3)")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--policy", default="round_robin")
+    parser.add_argument(
+        "--bodies", type=lambda t: _csv_ints(t, "--bodies"), default=[1, 64, 256], help="body sizes in KiB"
+    )
+    parser.add_argument("--identity", type=_modes, default=list(IDENTITY_MODES), help="free,program")
+    parser.add_argument(
+        "--processes",
+        type=lambda t: _csv_ints(t, "--processes"),
+        default=[1],
+        help="agentd data_plane_processes, one agentd column per value (e.g. 1,2)",
+    )
+    parser.add_argument("--vllm-router", help="the vllm-router executable (default: vllm-router on PATH)")
+    parser.add_argument("--no-router", action="store_true", help="skip vllm-router even when installed")
+    parser.add_argument("--naive", action="store_true", help="add the naive hypercorn+httpx proxy row")
+    parser.add_argument("--no-naive", action="store_true", help=argparse.SUPPRESS)  # the default now
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
-    parser.add_argument("--no-naive", action="store_true", help="skip the naive hypercorn+httpx proxy baseline row")
     parser.add_argument("--serve-worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-naive-proxy", type=int, nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -259,83 +505,172 @@ def main() -> int:
     if args.serve_naive_proxy is not None:
         serve_naive_proxy(*args.serve_naive_proxy)
         return 0
+    if args.processes != [1] and not supports_processes():
+        print(
+            "--processes: this agentd has no [server] data_plane_processes setting (one process only);"
+            " run with --processes 1",
+            file=sys.stderr,
+        )
+        return 2
+    router = None if args.no_router else find_router(args.vllm_router)
+    if args.vllm_router and router is None:
+        print(f"--vllm-router: {args.vllm_router} is not an executable file", file=sys.stderr)
+        return 2
 
     probe_us = python_speed_probe_us()
-    worker_port, agentd_port, naive_port = free_port(), free_port(), free_port()
+    uptime = os.getloadavg()
+    print(
+        f"proxy overhead: {args.seconds:g} s per cell, c=1 and c={args.concurrency}, bodies {args.bodies} KiB,"
+        f" identity {args.identity}, agentd processes {args.processes},"
+        f" vllm-router {router or 'absent (skipped)'}; load {uptime[0]:.2f}, speed probe {probe_us:.1f} us",
+        flush=True,
+    )
+    systems = [f"agentd N={n}" if args.processes != [1] else "agentd" for n in args.processes]
+    if router is not None:
+        systems.append("vllm-router")
+    results: dict[str, dict[str, dict[str, dict[str, float]]]] = {}  # mode -> kb -> system -> cell
     procs: list[subprocess.Popen[bytes]] = []
-    try:
-        worker = spawn_module(MODULE, "--serve-worker", str(worker_port))
-        procs.append(worker)
-        wait_listening(worker_port, worker, "fake worker")
-        agentd = start_agentd(agentd_port, worker_port, args.policy)
-        procs.append(agentd)
-        wait_listening(agentd_port, agentd, "agentd")
-        paths: list[tuple[str, int, int]] = [("direct", worker_port, worker.pid), ("agentd", agentd_port, agentd.pid)]
-        if not args.no_naive:
-            naive = spawn_module(
-                MODULE, "--serve-naive-proxy", str(naive_port), str(worker_port), stderr=subprocess.DEVNULL
-            )
-            procs.append(naive)
-            wait_listening(naive_port, naive, "naive proxy")
-            paths.append(("naive", naive_port, naive.pid))
-
-        results: dict[str, dict[str, float]] = {}
-        for name, port, pid in paths:
-            samples = trio.run(latency_run, port, args.seconds)
-            rps, cpu_us = trio.run(throughput_with_cpu, port, args.seconds, args.concurrency, pid)
-            results[name] = {
-                "server_cpu_us_per_request": cpu_us,
-                "c1_requests": len(samples),
-                "c1_p50_ms": percentile(samples, 0.50) * 1000,
-                "c1_p99_ms": percentile(samples, 0.99) * 1000,
-                "c1_mean_ms": statistics.fmean(samples) * 1000,
-                f"c{args.concurrency}_rps": rps,
-            }
-        added = {
-            "added_p50_ms": results["agentd"]["c1_p50_ms"] - results["direct"]["c1_p50_ms"],
-            "added_p99_ms": results["agentd"]["c1_p99_ms"] - results["direct"]["c1_p99_ms"],
-        }
-    finally:
-        stop_all(procs)
-    cpus = os.cpu_count()
-    load = os.getloadavg()[0]
-    print(
-        f"machine: {cpus} CPUs, load average {load:.2f} at the end; {args.seconds:g} s per cell; policy {args.policy}"
-    )
-    print(f"python speed probe: sum(range(1000)) = {probe_us:.1f} us (about 8-10 us when the machine is idle)")
-    print(
-        f"{'path':8} {'c=1 p50 ms':>11} {'c=1 p99 ms':>11} {'c=1 mean ms':>12} "
-        f"{f'c={args.concurrency} req/s':>13} {'server CPU us/req':>18}"
-    )
-    for name, r in results.items():
-        print(
-            f"{name:8} {r['c1_p50_ms']:11.3f} {r['c1_p99_ms']:11.3f} {r['c1_mean_ms']:12.3f} "
-            f"{r[f'c{args.concurrency}_rps']:13.0f} {r['server_cpu_us_per_request']:18.0f}"
-        )
-    print(
-        "(server CPU = the worker process for 'direct', the proxy process otherwise; 'naive' is the"
-        " smallest hypercorn+httpx proxy, a floor for any Python proxy on this stack)"
-    )
-    print(f"added latency at c=1: p50 {added['added_p50_ms']:+.3f} ms, p99 {added['added_p99_ms']:+.3f} ms")
-    ok = added["added_p50_ms"] <= 1.5 and results["agentd"][f"c{args.concurrency}_rps"] >= 500
-    print(f"targets (added p50 <= 1.5 ms, >= 500 req/s at c={args.concurrency}): {'met' if ok else 'NOT met'}")
+    with tempfile.TemporaryDirectory(prefix="proxy-overhead-") as tmp:
+        try:
+            worker_port = free_port()
+            worker = spawn_module(MODULE, "--serve-worker", str(worker_port))
+            procs.append(worker)
+            wait_listening(worker_port, worker, "fake worker")
+            for mode in args.identity:
+                program = mode == "program"
+                bodies = {
+                    kb: [agent_body(kb, program_context(user) if program else None) for user in range(args.concurrency)]
+                    for kb in args.bodies
+                }
+                print(f"identity {mode}: starting " + ", ".join(systems), flush=True)
+                ports: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
+                for n, system in zip(args.processes, systems, strict=False):
+                    config = None
+                    if supports_processes():
+                        config = Path(tmp) / f"agentd-{n}.toml"
+                        config.write_text(f"[server]\ndata_plane_processes = {n}\n")
+                    port = free_port()
+                    proc = subprocess.Popen(
+                        agentd_command(port, worker_port, args.policy, program, config),
+                        cwd=ROOT,
+                        stdout=subprocess.DEVNULL,
+                    )
+                    procs.append(proc)
+                    ports[system] = (port, proc)
+                if router is not None:
+                    port = free_port()
+                    log_dir = tempfile.mkdtemp(dir=tmp)
+                    cmd = router_command(router, port, worker_port, args.policy, program, log_dir)
+                    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    procs.append(proc)
+                    ports["vllm-router"] = (port, proc)
+                first = bodies[args.bodies[0]][0]
+                for system, (port, proc) in ports.items():
+                    wait_serving(port, proc, system, first)
+                naive = None
+                if args.naive and mode == "free":
+                    naive_port = free_port()
+                    naive = spawn_module(
+                        MODULE, "--serve-naive-proxy", str(naive_port), str(worker_port), stderr=subprocess.DEVNULL
+                    )
+                    procs.append(naive)
+                    wait_listening(naive_port, naive, "naive proxy")
+                    ports["naive"] = (naive_port, naive)
+                results[mode] = {}
+                for kb in args.bodies:
+                    print(f"identity {mode}, body {kb} KiB ({len(bodies[kb][0]):,} bytes):", flush=True)
+                    cells = {"direct": measure("direct", worker_port, worker.pid, args.seconds, args.concurrency,
+                                               bodies[kb][0], bodies[kb])}  # fmt: skip
+                    for system, (port, proc) in ports.items():
+                        cells[system] = measure(
+                            system, port, proc.pid, args.seconds, args.concurrency, bodies[kb][0], bodies[kb]
+                        )
+                    for system, cell in cells.items():
+                        if system != "direct":
+                            cell["added_p50_ms"] = cell["c1_p50_ms"] - cells["direct"]["c1_p50_ms"]
+                            cell["added_p99_ms"] = cell["c1_p99_ms"] - cells["direct"]["c1_p99_ms"]
+                    results[mode][str(kb)] = cells
+                for _, proc in ports.values():
+                    procs.remove(proc)
+                stop_all([proc for _, proc in ports.values()])
+        finally:
+            stop_all(procs)
+    load_end = os.getloadavg()[0]
+    report(results, args, systems, router is not None, probe_us, uptime[0], load_end)
     if args.json is not None:
         write_atomic(
             args.json,
             json.dumps(
                 {
                     "results": results,
-                    **added,
-                    "cpus": cpus,
-                    "load_average": load,
+                    "cpus": os.cpu_count(),
+                    "load_average_start": uptime[0],
+                    "load_average_end": load_end,
                     "python_speed_probe_us": probe_us,
                     "seconds": args.seconds,
+                    "concurrency": args.concurrency,
                     "policy": args.policy,
+                    "processes": args.processes,
+                    "vllm_router": router,
                 },
                 indent=2,
             ),
         )
     return 0
+
+
+def report(
+    results: dict[str, dict[str, dict[str, dict[str, float]]]],
+    args: argparse.Namespace,
+    systems: list[str],
+    has_router: bool,
+    probe_us: float,
+    load_start: float,
+    load_end: float,
+) -> None:
+    c = args.concurrency
+    print()
+    print(
+        f"machine: {os.cpu_count()} CPUs, load average {load_start:.2f} at the start, {load_end:.2f} at the end;"
+        f" speed probe {probe_us:.1f} us (about 8-10 us idle); {args.seconds:g} s per cell; policy {args.policy}"
+    )
+    header = (
+        f"{'identity':8} {'body':>6} {'system':14} {'added p50':>10} {'added p99':>10} "
+        f"{f'c={c} req/s':>11} {'CPU us/req':>10}"
+    )
+    if has_router:
+        header += f" {'p50 vs vr':>9} {'req/s vs vr':>11} {'CPU vs vr':>9}"
+    print(header)
+    for mode, by_kb in results.items():
+        for kb, cells in by_kb.items():
+            vr = cells.get("vllm-router")
+            for system, cell in cells.items():
+                added = "" if system == "direct" else f"{cell['added_p50_ms']:+9.3f}m {cell['added_p99_ms']:+9.3f}m"
+                line = (
+                    f"{mode:8} {kb + ' KB':>6} {system:14} {added or '':>21} "
+                    f"{cell[f'c{c}_rps']:11.0f} {cell['cpu_us_per_request']:10.0f}"
+                )
+                if vr is not None and system.startswith("agentd"):
+                    line += (
+                        f" {_ratio(cell['added_p50_ms'], vr['added_p50_ms']):>9}"
+                        f" {_ratio(cell[f'c{c}_rps'], vr[f'c{c}_rps']):>11}"
+                        f" {_ratio(cell['cpu_us_per_request'], vr['cpu_us_per_request']):>9}"
+                    )
+                print(line)
+    print("(added = c=1 latency minus the direct path with the same bodies; CPU = the proxy's process tree,")
+    print(" the worker's for 'direct'; 'vs vr' = agentd / vllm-router in this run)")
+    for mode, by_kb in results.items():
+        kbs = list(by_kb)
+        if len(kbs) < 2:
+            continue
+        small, large = kbs[0], kbs[-1]
+        for system in systems:
+            a, b = by_kb[small][system]["added_p50_ms"], by_kb[large][system]["added_p50_ms"]
+            print(f"{mode}: {system} added p50 {large} KB / {small} KB = {_ratio(b, a)} (bar for agentd: <= 2x)")
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b > 0 else "n/a"
 
 
 if __name__ == "__main__":
