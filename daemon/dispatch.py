@@ -58,6 +58,9 @@ class ProxyRequest:
     pool_targets: frozenset[int] | None = None
     # class, priority (larger first) and tenant after the operator's rules (docs/priority.md §5)
     prio: PriorityInfo = DEFAULT_INFO
+    # where the top-level members of the body are in the raw bytes (daemon/http/rawbody.py): the
+    # edits before forwarding splice the bytes instead of re-encoding the body; None = re-encode
+    layout: Any = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen

@@ -118,6 +118,13 @@ class ProxyMetrics:
             ["target", "kind"],
             registry=registry,
         )
+        self.body_rewrites = Counter(
+            "agentd_proxy_body_rewrites",
+            "Request bodies edited before forwarding, by method: raw (the client's bytes spliced) or "
+            "reencode (the decoded body re-encoded: no layout, or a top-level key given twice).",
+            ["method"],
+            registry=registry,
+        )
         self.rejected = Counter(
             "agentd_proxy_rejected_requests",
             "Requests rejected by dispatch before reaching a target, by reason.",

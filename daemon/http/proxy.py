@@ -54,11 +54,12 @@ from daemon.h1client import UpstreamBody
 from daemon.http.errors import ApiError, error_body, wrap_worker_error
 from daemon.http.identity import IdentityError, ParsedIdentity, parse_identity, strip_agentic_context
 from daemon.http.priority import batch_job_for, engine_priority, resolve
+from daemon.http.rawbody import DELETE
 from daemon.http.requests import (
     ENDPOINTS,
     MAX_ID_HEADER_BYTES,
     check_headers,
-    parse_json_body,
+    parse_json_body_layout,
     request_texts,
     validate_body,
 )
@@ -180,7 +181,7 @@ def parse_request(
     """Raw body and headers -> a validated :class:`ProxyRequest`; Program identity is read only
     when Program scheduling is on (``enable_key``).  Every bad input raises :class:`ApiError` (4xx)."""
     check_headers(headers)
-    body = parse_json_body(raw)
+    body, layout = parse_json_body_layout(raw)
     validate_body(endpoint, body)
     identity = None if enable_key is None else parse_program_identity(body, headers, enable_key, hint_caps)
     identity = scope_identity(identity, principal)  # per-tenant Program ids (docs/operations.md §10)
@@ -199,6 +200,7 @@ def parse_request(
         batch_job=batch_job,
         principal=principal,
         client_request_id=client_request_id(body, headers),
+        layout=layout,
     )
 
 
@@ -558,20 +560,25 @@ class ProxyEngine:
                 )
 
     def _outgoing_body(self, req: ProxyRequest, lease: Lease, raw_body: bytes | None) -> tuple[bytes, bool]:
+        """The body for the worker, and whether usage is injected into a stream.
+
+        The edits touch top-level members only (``vllm_xargs``, ``priority``, ``stream_options``):
+        with the body's layout they splice the client's bytes (daemon/http/rawbody.py), else the
+        decoded body is re-encoded; each rewrite is counted by method (docs/operations.md §13)."""
         body = req.body
-        modified = False
+        changes: dict[str, Any] = {}
         xargs = body.get("vllm_xargs")
         if self.forwarding_mode != "unchanged" and isinstance(xargs, dict) and "agentic_context" in xargs:
             body = strip_agentic_context(body, self.forwarding_mode)
-            modified = True
+            changes["vllm_xargs"] = body.get("vllm_xargs", DELETE)
         if lease.target.worker_url in self.priority_workers:
             wanted = engine_priority(req.prio, self.priority.max_abs_priority, self.bands)
             if body.get("priority", 0) != wanted:
                 body = {**body, "priority": wanted}
-                modified = True
+                changes["priority"] = wanted
         elif "priority" in body:  # a stock worker never sees the field (vLLM answers 400 or ignores it)
             body = {k: v for k, v in body.items() if k != "priority"}
-            modified = True
+            changes["priority"] = DELETE
         inject = (
             req.stream
             and lease.wants_usage
@@ -582,10 +589,16 @@ class ProxyEngine:
             given = body.get("stream_options")
             options: dict[str, Any] = given if isinstance(given, dict) else {}
             body = {**body, "stream_options": {**options, "include_usage": True}}
-            modified = True
-        if modified or raw_body is None:
-            return json.dumps(body).encode(), inject
-        return raw_body, inject
+            changes["stream_options"] = body["stream_options"]
+        if raw_body is not None and not changes:
+            return raw_body, inject
+        if raw_body is not None and req.layout is not None:
+            edited = req.layout.rebuild(changes)
+            if edited is not None:
+                self.metrics.body_rewrites.labels("raw").inc()
+                return edited, inject
+        self.metrics.body_rewrites.labels("reencode").inc()
+        return json.dumps(body).encode(), inject
 
     async def _forward(
         self,

@@ -36,6 +36,7 @@ from typing import Any
 import attrs
 
 from daemon.http.errors import ApiError
+from daemon.http.rawbody import Layout, parse_object
 
 ENDPOINTS: dict[str, str] = {
     "/v1/chat/completions": "chat",
@@ -127,8 +128,14 @@ def check_headers(headers: Mapping[str, str]) -> None:
 
 
 def parse_json_body(raw: bytes) -> dict[str, Any]:
+    return parse_json_body_layout(raw)[0]
+
+
+def parse_json_body_layout(raw: bytes) -> tuple[dict[str, Any], Layout | None]:
+    """The body as a JSON object, and where its top-level members are in ``raw`` (None when the
+    raw edits of :mod:`daemon.http.rawbody` cannot be used); 400 ``invalid_json`` for anything else."""
     try:
-        body = json.loads(raw)
+        body, layout = parse_object(raw)
     except UnicodeDecodeError as exc:
         raise ApiError(400, f"request body is not valid UTF-8: {exc}", code="invalid_json") from exc
     except ValueError as exc:
@@ -137,7 +144,8 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
         raise _too_deep("request body") from exc
     if json_depth_exceeds(body, MAX_JSON_DEPTH):  # cost: one step per array/object, strings are free
         raise _too_deep("request body")
-    if _SURROGATE_ESCAPE.search(raw) is not None:
+    # the substring tests first: a large body rarely holds any \\u escape of a surrogate
+    if (b"\\ud" in raw or b"\\uD" in raw) and _SURROGATE_ESCAPE.search(raw) is not None:
         try:
             json.dumps(body, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError as exc:
@@ -150,7 +158,7 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
             f"request body must be a JSON object, got {type(body).__name__}",
             code="invalid_json",
         )
-    return body
+    return body, layout
 
 
 def _is_int(value: Any) -> bool:
@@ -278,8 +286,8 @@ def _content_text(content: Any) -> list[str]:
     return parts
 
 
-def chat_texts(body: Mapping[str, Any]) -> tuple[str, str]:
-    """(routing_text, estimation_text) of a chat request."""
+def _chat_lines(body: Mapping[str, Any]) -> tuple[str, list[str]]:
+    """(routing_text, the lines of the estimation text) of a chat request."""
     messages = body.get("messages") or []
     system: list[str] = []
     first_user: str | None = None
@@ -311,7 +319,22 @@ def chat_texts(body: Mapping[str, Any]) -> tuple[str, str]:
         schemas.append((name, f"tool_schema:{name}:{spec.get('description', '')}:{params}"))
     lines.extend(text for _, text in sorted(schemas))
     routing = "\n".join([*system, first_user or ""]) if (system or first_user) else ""
+    return routing, lines
+
+
+def chat_texts(body: Mapping[str, Any]) -> tuple[str, str]:
+    """(routing_text, estimation_text) of a chat request."""
+    routing, lines = _chat_lines(body)
     return routing, "\n".join(lines) or routing
+
+
+def _utf8_size(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+def _lines_size(lines: list[str]) -> int:
+    """``len("\\n".join(lines).encode())`` without building the joined text (large bodies)."""
+    return sum(map(_utf8_size, lines)) + len(lines) - 1
 
 
 def completions_text(body: Mapping[str, Any]) -> tuple[str, int | None]:
@@ -364,8 +387,10 @@ def _size(text: str, exact_tokens: int | None = None) -> PromptSize:
 def request_texts(endpoint: str, body: Mapping[str, Any]) -> tuple[str, PromptSize]:
     """(routing_text, prompt size) of a validated body."""
     if endpoint == "chat":
-        routing, text = chat_texts(body)
-        return routing, _size(text)
+        routing, lines = _chat_lines(body)
+        if not any(lines):  # no line of text at all: the estimate falls back to the routing text
+            return routing, _size("\n".join(lines) or routing)
+        return routing, PromptSize(text_bytes=_lines_size(lines))
     if endpoint == "completions":
         text, token_count = completions_text(body)
         return text, _size(text, token_count)

@@ -1,0 +1,164 @@
+"""Request bodies as bytes: the top-level JSON object with the spans of its members, and edits
+of top-level members that splice the original bytes instead of re-encoding the whole body
+(docs/operations.md §13, "Large bodies").
+
+Agent bodies are large (100 KB+ of conversation) and agentd rewrites only small top-level members
+of them: ``vllm_xargs`` (the agentic context stripped or re-encoded), ``priority`` (set or
+removed) and ``stream_options`` (``include_usage`` injected).  :func:`parse_object` decodes the
+body exactly as ``json.loads`` does - the same C scanner decodes each member's value, so values,
+number types and errors are the same - and records where each top-level member starts and ends;
+:meth:`Layout.rebuild` then writes the edited members and copies everything else byte for byte.
+
+Whenever the member-wise parse meets something it does not handle (a body that is not a JSON
+object, another encoding than UTF-8, invalid JSON of any kind) it defers to ``json.loads``, so
+every invalid body raises exactly the error it raised before.  :meth:`Layout.rebuild` returns None
+when a raw edit is not possible (a top-level key given twice): the caller re-encodes the decoded
+body then and counts the fallback.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from json.decoder import scanstring  # type: ignore[attr-defined]
+from typing import Any, Final
+
+__all__ = ["DELETE", "Layout", "parse_object"]
+
+_DECODER = json.JSONDecoder()
+_SCAN = _DECODER.scan_once  # type: ignore[attr-defined]  # the C scanner json.loads runs
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+class _Delete:
+    def __repr__(self) -> str:
+        return "DELETE"
+
+
+DELETE: Final = _Delete()  # a :meth:`Layout.rebuild` change that removes the member
+
+
+class _NotHandled(Exception):
+    """The member-wise parse does not handle this body: ``json.loads`` decides."""
+
+
+class Layout:
+    """Where the top-level members of one UTF-8 JSON object are, in characters of its text.
+
+    ``members``: (key, key start, value start, value end) in body order, duplicates included.
+    """
+
+    __slots__ = ("_ascii", "duplicates", "members", "raw", "text")
+
+    def __init__(self, raw: bytes, text: str, members: list[tuple[str, int, int, int]], duplicates: bool) -> None:
+        self.raw = raw
+        self.text = text
+        self.members = members
+        self.duplicates = duplicates
+        self._ascii = text.isascii()
+
+    def _byte(self, index: int) -> int:
+        """The byte offset in ``raw`` of character ``index`` of ``text`` (encoding the shorter side)."""
+        if self._ascii:
+            return index
+        text = self.text
+        if index <= len(text) - index:
+            return len(text[:index].encode("utf-8", "surrogatepass"))
+        return len(self.raw) - len(text[index:].encode("utf-8", "surrogatepass"))
+
+    def rebuild(self, changes: Mapping[str, Any]) -> bytes | None:
+        """The body with each key of ``changes`` set to its value (:data:`DELETE` removes it; a key
+        the body lacks is appended), every other member copied byte for byte; None when a raw edit
+        is not possible (a top-level key appears more than once).
+
+        The result decodes to the same JSON value as re-encoding the decoded body with the same
+        changes; whitespace around members may differ."""
+        if self.duplicates:
+            return None
+        pieces: list[bytes] = []
+        run_start = -1  # key start of the current run of unchanged members
+        run_end = -1
+        present: set[str] = set()
+        for key, key_start, _, value_end in self.members:
+            if key in changes:
+                present.add(key)
+                if run_start >= 0:
+                    pieces.append(self.raw[self._byte(run_start) : self._byte(run_end)])
+                    run_start = -1
+                value = changes[key]
+                if value is not DELETE:
+                    pieces.append(_member(key, value))
+            else:
+                if run_start < 0:
+                    run_start = key_start
+                run_end = value_end
+        if run_start >= 0:
+            pieces.append(self.raw[self._byte(run_start) : self._byte(run_end)])
+        for key, value in changes.items():
+            if key not in present and value is not DELETE:
+                pieces.append(_member(key, value))
+        return b"{" + b",".join(pieces) + b"}"
+
+
+def _member(key: str, value: Any) -> bytes:
+    # ASCII escapes, as json.dumps(body) writes them: a lone surrogate can never break the encoding
+    return f"{json.dumps(key)}:{json.dumps(value)}".encode()
+
+
+def _ws(text: str, index: int) -> int:
+    return _WS.match(text, index).end()  # type: ignore[union-attr]  # matches the empty string
+
+
+def _members(text: str) -> tuple[dict[str, Any], list[tuple[str, int, int, int]], bool]:
+    """The object ``text`` holds and its members; :class:`_NotHandled` for anything else."""
+    try:
+        i = _ws(text, 0)
+        if text[i] != "{":
+            raise _NotHandled
+        obj: dict[str, Any] = {}
+        members: list[tuple[str, int, int, int]] = []
+        i = _ws(text, i + 1)
+        if text[i] == "}":
+            end = i + 1
+        else:
+            while True:
+                if text[i] != '"':
+                    raise _NotHandled
+                key, j = scanstring(text, i + 1, True)
+                j = _ws(text, j)
+                if text[j] != ":":
+                    raise _NotHandled
+                start = _ws(text, j + 1)
+                value, value_end = _SCAN(text, start)
+                obj[key] = value
+                members.append((key, i, start, value_end))
+                j = _ws(text, value_end)
+                if text[j] == ",":
+                    i = _ws(text, j + 1)
+                    continue
+                if text[j] != "}":
+                    raise _NotHandled
+                end = j + 1
+                break
+        if _ws(text, end) != len(text):
+            raise _NotHandled  # extra data after the object
+    except (ValueError, IndexError, StopIteration) as exc:
+        raise _NotHandled from exc
+    return obj, members, len(obj) != len(members)
+
+
+def parse_object(raw: bytes) -> tuple[Any, Layout | None]:
+    """``json.loads(raw)`` and, when it is a UTF-8 JSON object, its :class:`Layout`.
+
+    Raises exactly what ``json.loads(raw)`` raises for a body it refuses (``RecursionError`` for
+    nesting deeper than the interpreter allows included)."""
+    if json.detect_encoding(raw) == "utf-8":
+        try:
+            text = raw.decode("utf-8", "surrogatepass")  # what json.loads does with bytes
+            obj, members, duplicates = _members(text)
+        except (UnicodeDecodeError, _NotHandled):
+            pass
+        else:
+            return obj, Layout(raw, text, members, duplicates)
+    return json.loads(raw), None

@@ -1,0 +1,184 @@
+"""Raw request bodies (daemon/http/rawbody.py): the member-wise parse is ``json.loads`` (same value,
+same errors), and a raw edit gives the same JSON value as decoding, editing and re-encoding."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from daemon.http.rawbody import DELETE, parse_object
+
+KEYS = st.sampled_from(
+    ["model", "messages", "stream", "stream_options", "priority", "vllm_xargs", "agentic_context", "é", 'q"', "\\"]
+) | st.text(max_size=6)
+TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=10)
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False)  # NaN != NaN: equality would not hold for the right reason
+    | TEXT
+)
+VALUES = st.recursive(
+    SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(KEYS, inner, max_size=4), max_leaves=20
+)
+OBJECTS = st.dictionaries(KEYS, VALUES, max_size=7)
+ENCODINGS = st.sampled_from(
+    [
+        {},
+        {"ensure_ascii": False},
+        {"separators": (",", ":"), "ensure_ascii": False},
+        {"indent": 2},
+        {"indent": "\t", "ensure_ascii": False},
+    ]
+)
+CHANGES = st.dictionaries(KEYS, st.just(DELETE) | VALUES, max_size=3)
+
+
+def _encode(obj: Any, style: dict[str, Any]) -> bytes:
+    return json.dumps(obj, **style).encode("utf-8")
+
+
+def _outcome(raw: bytes) -> tuple[str, Any]:
+    try:
+        return "ok", json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        return type(exc).__name__, str(exc)
+
+
+def _ours(raw: bytes) -> tuple[str, Any]:
+    try:
+        return "ok", parse_object(raw)[0]
+    except (ValueError, RecursionError) as exc:
+        return type(exc).__name__, str(exc)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(obj=OBJECTS, style=ENCODINGS, pad=st.sampled_from(["", " ", "\n\t ", "\r\n"]))
+def test_member_wise_parse_is_json_loads(obj: dict[str, Any], style: dict[str, Any], pad: str) -> None:
+    raw = pad.encode() + _encode(obj, style) + pad.encode()
+    value, layout = parse_object(raw)
+    assert value == json.loads(raw)
+    assert list(value) == list(json.loads(raw))  # key order too
+    assert layout is not None and not layout.duplicates
+
+
+@settings(max_examples=300, deadline=None)
+@given(raw=st.binary(max_size=40) | st.text(max_size=30).map(lambda t: t.encode("utf-8", "surrogatepass")))
+def test_any_bytes_parse_or_fail_exactly_like_json_loads(raw: bytes) -> None:
+    assert _ours(raw) == _outcome(raw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(obj=OBJECTS, cut=st.integers(0, 200), junk=st.sampled_from(["", ",", "}", "]", '"', "x", "\\", "\x00", "1"]))
+def test_damaged_objects_fail_exactly_like_json_loads(obj: dict[str, Any], cut: int, junk: str) -> None:
+    text = json.dumps(obj, ensure_ascii=False)
+    cut = min(cut, len(text))
+    raw = (text[:cut] + junk + text[cut:]).encode("utf-8", "surrogatepass")
+    assert _ours(raw) == _outcome(raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a":1,}',
+        b'{"a" 1}',
+        b'{"a":1}{"b":2}',
+        b'{"a":1} x',
+        b"{'a':1}",
+        b'{"a":01}',
+        b'{"a":"tab\there"}',
+        b'{"a":1',
+        b"[1,2]",
+        b'"text"',
+        b"\xef\xbb\xbf" + b'{"a":1}',  # a UTF-8 BOM: json.loads accepts it (utf-8-sig)
+        '{"a":"é"}'.encode("utf-16"),
+        b'{"a":NaN,"b":-Infinity}',
+        b'{"a":"\\ud800"}',
+        b'{"a":"\xed\xa0\x80"}',  # a surrogate encoded as UTF-8 (json.loads passes it)
+        b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b"",
+        b"   ",
+        b'{"a":1e400}',
+        b'{"\\u00e9":1,"\\u00e9":2}',
+    ],
+)
+def test_edge_cases_match_json_loads(raw: bytes) -> None:
+    ours, theirs = _ours(raw), _outcome(raw)
+    nan = isinstance(ours[1], dict) and any(isinstance(v, float) and math.isnan(v) for v in ours[1].values())
+    if nan:  # NaN != NaN: compare the keys
+        assert theirs[0] == "ok" and list(ours[1]) == list(theirs[1])
+        return
+    assert ours == theirs
+
+
+def _decode_edit(obj: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """What agentd did before raw edits: decode, change the dict, re-encode (value semantics)."""
+    out = dict(obj)
+    for key, value in changes.items():
+        if value is DELETE:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return json.loads(json.dumps(out))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(obj=OBJECTS, style=ENCODINGS, changes=CHANGES)
+def test_raw_edit_equals_decode_edit_encode(
+    obj: dict[str, Any], style: dict[str, Any], changes: dict[str, Any]
+) -> None:
+    raw = _encode(obj, style)
+    value, layout = parse_object(raw)
+    assert layout is not None
+    edited = layout.rebuild(changes)
+    assert edited is not None
+    assert json.loads(edited) == _decode_edit(value, changes)
+    # members nobody changed keep their bytes: each unchanged member's value text is still there
+    for key, _, start, end in layout.members:
+        if key not in changes:
+            assert layout.text[start:end].encode("utf-8") in edited
+
+
+@settings(max_examples=100, deadline=None)
+@given(obj=OBJECTS.filter(bool), changes=CHANGES)
+def test_duplicate_top_level_keys_fall_back(obj: dict[str, Any], changes: dict[str, Any]) -> None:
+    key = next(iter(obj))
+    raw = json.dumps(obj)[:-1].encode() + b"," + json.dumps(key).encode() + b":7}"
+    value, layout = parse_object(raw)
+    assert value == json.loads(raw)  # the last one wins, as in json.loads
+    assert layout is not None and layout.duplicates
+    assert layout.rebuild(changes) is None
+
+
+def test_rebuild_splices_only_the_changed_members() -> None:
+    raw = (
+        b'{ "model" : "m",\n  "messages": [{"role":"user","content":"caf\xc3\xa9 \\"q\\" \\u00e9"}],'
+        b' "priority": 3, "vllm_xargs": {"agentic_context": {"program_id": "p"}, "k": 1} }'
+    )
+    value, layout = parse_object(raw)
+    assert layout is not None
+    out = layout.rebuild({"priority": DELETE, "vllm_xargs": {"k": 1}, "stream_options": {"include_usage": True}})
+    assert out == (
+        b'{"model" : "m",\n  "messages": [{"role":"user","content":"caf\xc3\xa9 \\"q\\" \\u00e9"}],'
+        b'"vllm_xargs":{"k": 1},"stream_options":{"include_usage": true}}'
+    )
+    assert json.loads(out) == {
+        "model": "m",
+        "messages": value["messages"],
+        "vllm_xargs": {"k": 1},
+        "stream_options": {"include_usage": True},
+    }
+    assert layout.rebuild({"model": DELETE, "messages": DELETE, "priority": DELETE, "vllm_xargs": DELETE}) == b"{}"
+    assert parse_object(b"{}")[1].rebuild({"a": [1]}) == b'{"a":[1]}'  # type: ignore[union-attr]
+
+
+def test_non_utf8_bodies_have_no_layout() -> None:
+    for raw in (b"\xef\xbb\xbf" + b'{"a":1}', '{"a":"é"}'.encode("utf-16")):
+        value, layout = parse_object(raw)
+        assert value == json.loads(raw) and layout is None
