@@ -42,6 +42,7 @@ from daemon.http.direct_body import DirectBody
 from daemon.http.direct_body import attach as attach_direct_body
 from daemon.http.edge import DRAINED_STREAM_MESSAGE, Edge, Ticket, sse_error_event
 from daemon.http.errors import ApiError, error_body
+from daemon.http.hypercorn_close import HOLD_WRITE
 from daemon.http.metrics_route import metrics_blueprint
 from daemon.http.proxy import ClientGone, ProxyEngine, send_error
 from daemon.http.requests import ENDPOINTS
@@ -86,6 +87,7 @@ class AsgiSink:
         self._error_status: int | None = None  # an error response replaced by an SSE event
         self._error_body = b""
         self._direct: DirectBody | None = None  # the body's chunks straight to the socket
+        self._head: dict[str, Any] | None = None  # a non-stream head waiting for its body
 
     async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
         if self._early:
@@ -94,15 +96,25 @@ class AsgiSink:
             return
         self.started = True
         self.sse = any(k == "content-type" and v.startswith("text/event-stream") for k, v in headers)
-        await self._send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers],
-            }
-        )
-        if self.sse and 200 <= status < 300:  # the relay's hot path (daemon/http/direct_body.py)
+        head = {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+        }
+        if not self.sse:
+            self._head = head  # leaves with the body: one socket write (docs/benchmarks.md §10.2)
+            return
+        await self._send(head)  # a stream's head leaves at once (the client waits for it)
+        if 200 <= status < 300:  # the relay's hot path (daemon/http/direct_body.py)
             self._direct = attach_direct_body(self._send)
+
+    async def _send_head(self) -> None:
+        head, self._head = self._head, None
+        token = HOLD_WRITE.set(True)
+        try:
+            await self._send(head)
+        finally:
+            HOLD_WRITE.reset(token)
 
     @property
     def cancel_safe_send(self) -> bool:
@@ -122,6 +134,8 @@ class AsgiSink:
         if chunk:
             self.at_boundary = chunk.endswith(b"\n\n")
         try:
+            if self._head is not None:
+                await self._send_head()
             await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise ClientGone(str(exc)) from exc
@@ -132,6 +146,8 @@ class AsgiSink:
             self._error_status = None
         self.completed = True
         try:
+            if self._head is not None:
+                await self._send_head()
             await self._send({"type": "http.response.body", "body": chunk, "more_body": False})
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise ClientGone(str(exc)) from exc

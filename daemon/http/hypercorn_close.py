@@ -16,13 +16,22 @@ runner (``hypercorn.trio.serve``) instantiates, for any code that still serves t
 
 from __future__ import annotations
 
+import contextvars
+
 import hypercorn.trio.run
-from hypercorn.events import Event, Updated
+from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.trio.tcp_server import TCPServer
+
+# Set by the app around an ASGI send whose bytes should leave with the next write of the same
+# connection: a complete response's head then goes out with its body in one socket write
+# (daemon.http.app.AsgiSink; one send system call less per response, docs/benchmarks.md §10.2).
+# hypercorn turns an ASGI send into socket writes in the sending task, so the flag is seen there.
+HOLD_WRITE: contextvars.ContextVar[bool] = contextvars.ContextVar("agentd_hold_write", default=False)
 
 
 class PromptCloseTCPServer(TCPServer):
     _peer_gone = False
+    _held = b""  # bytes held back by HOLD_WRITE, sent before the connection's next write
 
     async def _read_data(self) -> None:
         try:
@@ -32,6 +41,15 @@ class PromptCloseTCPServer(TCPServer):
             await self.idle_task.stop()  # the peer is gone: nothing is left to time out
 
     async def protocol_send(self, event: Event) -> None:
+        if isinstance(event, RawData):
+            if HOLD_WRITE.get():
+                self._held += event.data
+                return
+            if self._held:
+                event, self._held = RawData(data=self._held + event.data), b""
+        elif isinstance(event, Closed) and self._held:
+            held, self._held = self._held, b""
+            await super().protocol_send(RawData(data=held))
         # a request that ends after its client left turns the connection idle again: no new idle
         # wait then (the socket closes as soon as the request's task is done)
         if self._peer_gone and isinstance(event, Updated) and event.idle:
