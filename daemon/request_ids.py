@@ -13,6 +13,7 @@ otherwise draws from the operating system's randomness.
 
 from __future__ import annotations
 
+import os
 import random
 import uuid
 
@@ -20,14 +21,28 @@ PREFIX = "agentd-"
 REQUEST_ID_SEED = 0x1D5  # the seeded generator of deterministic runs
 
 
+_BATCH = 256  # ids drawn per read of the operating system's randomness
+
+
 class RequestIds:
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng = rng
+        # random bytes for the next ids: one read of the OS's randomness per _BATCH ids; drawn
+        # again in a forked child (its parent's pool would repeat the parent's ids)
+        self._pool = b""
+        self._at = 0
+        self._pid = 0
 
     def new(self) -> str:
-        if self._rng is None:
-            return PREFIX + uuid.uuid4().hex
-        return PREFIX + uuid.UUID(int=self._rng.getrandbits(128), version=4).hex
+        if self._rng is not None:
+            return PREFIX + uuid.UUID(int=self._rng.getrandbits(128), version=4).hex
+        at = self._at
+        if at >= len(self._pool) or self._pid != os.getpid():
+            self._pool, self._pid, at = os.urandom(16 * _BATCH), os.getpid(), 0
+        self._at = at + 16
+        digits = self._pool[at : at + 16].hex()
+        # what uuid.UUID(bytes=..., version=4).hex gives: version nibble 4, variant bits 10
+        return f"{PREFIX}{digits[:12]}4{digits[13:16]}{'89ab'[int(digits[16], 16) & 3]}{digits[17:]}"
 
 
 def upstream_request_id(request_id: str, client_request_id: str | None) -> str:
