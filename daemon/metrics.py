@@ -120,8 +120,9 @@ class ProxyMetrics:
         )
         self.body_rewrites = Counter(
             "agentd_proxy_body_rewrites",
-            "Request bodies edited before forwarding, by method: raw (the client's bytes spliced) or "
-            "reencode (the decoded body re-encoded: no layout, or a top-level key given twice).",
+            "Request bodies edited before forwarding, by method: raw (the client's bytes spliced), "
+            "reencode_small (a body under 2 KiB, re-encoded: cheaper at that size) or reencode_fallback "
+            "(re-encoded because a raw edit was not possible: a top-level key given twice, not UTF-8).",
             ["method"],
             registry=registry,
         )

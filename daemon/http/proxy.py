@@ -54,7 +54,7 @@ from daemon.h1client import UpstreamBody
 from daemon.http.errors import ApiError, error_body, wrap_worker_error
 from daemon.http.identity import IdentityError, ParsedIdentity, parse_identity, strip_agentic_context
 from daemon.http.priority import batch_job_for, engine_priority, resolve
-from daemon.http.rawbody import DELETE
+from daemon.http.rawbody import DELETE, MIN_LAYOUT_BYTES
 from daemon.http.requests import (
     ENDPOINTS,
     MAX_ID_HEADER_BYTES,
@@ -592,12 +592,15 @@ class ProxyEngine:
             changes["stream_options"] = body["stream_options"]
         if raw_body is not None and not changes:
             return raw_body, inject
-        if raw_body is not None and req.layout is not None:
-            edited = req.layout.rebuild(changes)
-            if edited is not None:
-                self.metrics.body_rewrites.labels("raw").inc()
-                return edited, inject
-        self.metrics.body_rewrites.labels("reencode").inc()
+        if raw_body is not None:
+            if req.layout is not None:
+                edited = req.layout.rebuild(changes)
+                if edited is not None:
+                    self.metrics.body_rewrites.labels("raw").inc()
+                    return edited, inject
+            # no layout for a small body (re-encoding it is cheaper), else the raw edit was impossible
+            small = req.layout is None and len(raw_body) < MIN_LAYOUT_BYTES
+            self.metrics.body_rewrites.labels("reencode_small" if small else "reencode_fallback").inc()
         return json.dumps(body).encode(), inject
 
     async def _forward(

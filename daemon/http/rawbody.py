@@ -24,7 +24,11 @@ from collections.abc import Mapping
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any, Final
 
-__all__ = ["DELETE", "Layout", "parse_object"]
+__all__ = ["DELETE", "MIN_LAYOUT_BYTES", "Layout", "parse_object"]
+
+# Below this size a body is decoded by json.loads alone and re-encoded when edited: the layout's
+# bookkeeping (a few microseconds) costs more than re-encoding a body that small.
+MIN_LAYOUT_BYTES = 2048
 
 _DECODER = json.JSONDecoder()
 _SCAN = _DECODER.scan_once  # type: ignore[attr-defined]  # the C scanner json.loads runs
@@ -148,12 +152,13 @@ def _members(text: str) -> tuple[dict[str, Any], list[tuple[str, int, int, int]]
     return obj, members, len(obj) != len(members)
 
 
-def parse_object(raw: bytes) -> tuple[Any, Layout | None]:
-    """``json.loads(raw)`` and, when it is a UTF-8 JSON object, its :class:`Layout`.
+def parse_object(raw: bytes, min_bytes: int = 0) -> tuple[Any, Layout | None]:
+    """``json.loads(raw)`` and, when it is a UTF-8 JSON object of at least ``min_bytes``, its
+    :class:`Layout`.
 
     Raises exactly what ``json.loads(raw)`` raises for a body it refuses (``RecursionError`` for
     nesting deeper than the interpreter allows included)."""
-    if json.detect_encoding(raw) == "utf-8":
+    if len(raw) >= min_bytes and json.detect_encoding(raw) == "utf-8":
         try:
             text = raw.decode("utf-8", "surrogatepass")  # what json.loads does with bytes
             obj, members, duplicates = _members(text)

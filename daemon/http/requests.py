@@ -36,7 +36,7 @@ from typing import Any
 import attrs
 
 from daemon.http.errors import ApiError
-from daemon.http.rawbody import Layout, parse_object
+from daemon.http.rawbody import MIN_LAYOUT_BYTES, Layout, parse_object
 
 ENDPOINTS: dict[str, str] = {
     "/v1/chat/completions": "chat",
@@ -135,7 +135,7 @@ def parse_json_body_layout(raw: bytes) -> tuple[dict[str, Any], Layout | None]:
     """The body as a JSON object, and where its top-level members are in ``raw`` (None when the
     raw edits of :mod:`daemon.http.rawbody` cannot be used); 400 ``invalid_json`` for anything else."""
     try:
-        body, layout = parse_object(raw)
+        body, layout = parse_object(raw, MIN_LAYOUT_BYTES)
     except UnicodeDecodeError as exc:
         raise ApiError(400, f"request body is not valid UTF-8: {exc}", code="invalid_json") from exc
     except ValueError as exc:

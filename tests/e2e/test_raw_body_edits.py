@@ -57,9 +57,11 @@ async def test_large_program_body_is_edited_as_bytes(fake_worker: FakeWorker) ->
         async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             first = await client.post("/v1/chat/completions", content=raw)
             second = await client.post("/v1/chat/completions", content=dup)
+            small = b'{"model":"fake-model","messages":[],"vllm_xargs":{"agentic_context":' + CTX + b"}}"
+            third = await client.post("/v1/chat/completions", content=small)
             scrape = (await client.get("/metrics")).text
-        assert first.status_code == 200 and second.status_code == 200
-        spliced, reencoded = fake_worker.generation_requests()
+        assert first.status_code == 200 and second.status_code == 200 and third.status_code == 200
+        spliced, reencoded, small_one = fake_worker.generation_requests()
         # the conversation left as the client wrote it; only the small members were rewritten
         assert b'"messages": ' + MESSAGES + b',\n "stream": true' in spliced.raw
         assert spliced.body == {
@@ -77,5 +79,8 @@ async def test_large_program_body_is_edited_as_bytes(fake_worker: FakeWorker) ->
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        assert rewrites(scrape, "raw") == 1.0 and rewrites(scrape, "reencode") == 1.0
+        # a body under MIN_LAYOUT_BYTES is re-encoded (cheaper than keeping its layout)
+        assert small_one.body == {"model": "fake-model", "messages": []}
+        assert rewrites(scrape, "raw") == 1.0 and rewrites(scrape, "reencode_fallback") == 1.0
+        assert rewrites(scrape, "reencode_small") == 1.0
         handles.request_shutdown()
