@@ -58,6 +58,7 @@ from bench.harness import (
     request_path,
     spawn_module,
     stop_all,
+    tree_cpu_seconds,
     wait_listening,
 )
 from bench.output import write_atomic
@@ -362,25 +363,6 @@ def percentile(samples: list[float], q: float) -> float:
 
 
 # ----------------------------------------------------------------------------- processes
-def tree_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and its live descendants (Linux ``/proc``)."""
-    total = 0.0
-    todo = [pid]
-    tick = os.sysconf("SC_CLK_TCK")
-    while todo:
-        p = todo.pop()
-        try:
-            with open(f"/proc/{p}/stat", encoding="ascii") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-            for tid in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{tid}/children", encoding="ascii") as fh:
-                    todo.extend(int(c) for c in fh.read().split())
-        except (OSError, ValueError):
-            continue  # exited meanwhile
-    return total
-
-
 def supports_processes() -> bool:
     """Whether this agentd has ``[server] data_plane_processes`` (docs/operations.md §13)."""
     from daemon.config import ServerConfig

@@ -296,12 +296,14 @@ async def load(port: int, streams: int, seconds: float, rec: Record | None) -> f
 # ---------------------------------------------------------------------------------------------
 
 
-def start_agentd(port: int, worker_port: int, coalesce_ms: float, tmp: Path) -> subprocess.Popen[bytes]:
+def start_agentd(
+    port: int, worker_port: int, coalesce_ms: float, tmp: Path, processes: int = 1
+) -> subprocess.Popen[bytes]:
     args = ["start", "--port", str(port), "--log-level", "warning"]
     args += ["--worker-urls", f"http://127.0.0.1:{worker_port}", "--policy", "round_robin"]
-    if coalesce_ms > 0:
-        config = tmp / f"agentd-coalesce-{coalesce_ms:g}.toml"
-        config.write_text(f"[server]\nstream_coalesce_ms = {coalesce_ms!r}\n")
+    if coalesce_ms > 0 or processes != 1:
+        config = tmp / f"agentd-c{coalesce_ms:g}-p{processes}.toml"
+        config.write_text(f"[server]\nstream_coalesce_ms = {coalesce_ms!r}\ndata_plane_processes = {processes}\n")
         args += ["--config", str(config)]
     return harness.spawn_module("daemon", *args, stdout=subprocess.DEVNULL)
 
@@ -335,12 +337,13 @@ def measure(cell: Cell, port: int, pid: int | None, streams: int, seconds: float
     """One repetition: warm-up, then ``seconds`` of load with the proxy's CPU read around it."""
     trio.run(load, port, streams, warmup, None)
     tokens_before = cell.rec.tokens
-    cpu0 = harness.cpu_seconds(pid) if pid is not None else 0.0
+    # the process and its children: agentd's relay processes with data_plane_processes > 1
+    cpu0 = harness.tree_cpu_seconds(pid) if pid is not None else 0.0
     cell.elapsed += trio.run(load, port, streams, seconds, cell.rec)
     if pid is None:
         cell.cpu = None
         return
-    cpu = harness.cpu_seconds(pid) - cpu0
+    cpu = harness.tree_cpu_seconds(pid) - cpu0
     assert cell.cpu is not None
     cell.cpu += cpu
     cell.cpu_us_per_rep.append(cpu / max(cell.rec.tokens - tokens_before, 1) * 1e6)
@@ -389,6 +392,7 @@ def run_load(
     warmup: float,
     tmp: Path,
     repeat: int = 1,
+    processes: Sequence[int] = (),
 ) -> list[dict[str, Any]]:
     worker_port = harness.free_port()
     worker = harness.spawn_module(
@@ -406,6 +410,12 @@ def run_load(
             procs.append(proc)
             harness.wait_listening(port, proc, "agentd")
             systems.append(("agentd" if w == 0 else f"agentd+c{w:g}", port, proc.pid))
+        for n in [n for n in processes if n != 1]:  # relay processes (docs/operations.md §13)
+            port = harness.free_port()
+            proc = start_agentd(port, worker_port, 0.0, tmp, processes=n)
+            procs.append(proc)
+            harness.wait_listening(port, proc, "agentd")
+            systems.append((f"agentd-p{n}", port, proc.pid))
         if router is not None:
             port = harness.free_port()
             proc = start_router(router, port, worker_port)
@@ -505,6 +515,10 @@ def main() -> int:
         "--stream-coalesce-ms", type=float, nargs="*", default=[50.0],
         help="agentd rows with [server] stream_coalesce_ms = W (besides the plain one); 0 or none: plain only",
     )  # fmt: skip
+    parser.add_argument(
+        "--processes", type=_positive_ints, default=[1],
+        help="agentd rows per [server] data_plane_processes N (e.g. 1,2; CPU summed over its processes)",
+    )  # fmt: skip
     parser.add_argument("--vllm-router", default=shutil.which("vllm-router"), help="vllm-router executable")
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     parser.add_argument("--markdown", type=Path, help="write the tables as markdown here")
@@ -543,12 +557,12 @@ def main() -> int:
         if args.mode in ("both", "closed"):
             rows += run_load(
                 "closed", [args.streams], args.events, args.interval_ms, args.stream_coalesce_ms,
-                router, args.seconds, args.warmup, Path(tmp), args.repeat,
+                router, args.seconds, args.warmup, Path(tmp), args.repeat, args.processes,
             )  # fmt: skip
         if args.mode in ("both", "lockstep"):
             rows += run_load(
                 "lockstep", args.lockstep_streams, args.lockstep_events, args.itl_ms, args.stream_coalesce_ms,
-                router, args.seconds, args.warmup, Path(tmp), args.repeat,
+                router, args.seconds, args.warmup, Path(tmp), args.repeat, args.processes,
             )  # fmt: skip
     for r in rows:
         same = [x for x in rows if x["load"] == r["load"] and x["streams"] == r["streams"]]
