@@ -31,7 +31,7 @@ from actors.core.ids import redacted_id
 from actors.dashboard_feed import DashboardFeed
 from actors.logevents import get_logger, log_event
 from actors.mailbox import reply_nowait
-from actors.messages import Admitted, Reply
+from actors.messages import Admitted, QueuePosition, Reply
 from actors.program_metrics import ProgramMetrics
 from actors.program_registry import ProgramRegistry
 
@@ -61,19 +61,26 @@ class EffectRouter:
         self.metrics = metrics
         self.registry = registry
         self.replies: dict[str, trio.MemorySendChannel[Reply]] = {}
+        # requests whose handler wants QueuePosition notices while they wait (§13)
+        self.queue_updates: set[str] = set()
         # request id -> redacted Program id of admitted requests, for completion logs
         self.admitted: dict[str, str] = {}
         self.completing: RequestCompleted | None = None  # the completion being stepped, if any
         # the batch dispatcher's preemption hook (cancels the request's forward), when batch is on
         self.on_preempt: Callable[[str], None] | None = None
 
-    def expect_reply(self, request_id: str, reply: trio.MemorySendChannel[Reply]) -> None:
+    def expect_reply(
+        self, request_id: str, reply: trio.MemorySendChannel[Reply], *, queue_updates: bool = False
+    ) -> None:
         self.replies[request_id] = reply
+        if queue_updates:
+            self.queue_updates.add(request_id)
 
     def forget(self, request_id: str) -> None:
         """The request left (completed or abandoned): drop what was kept for it, including the reply
         channel of a request abandoned while it still waited (the handler is gone)."""
         self.admitted.pop(request_id, None)
+        self.queue_updates.discard(request_id)
         channel = self.replies.pop(request_id, None)
         if channel is not None:
             channel.close()
@@ -83,6 +90,7 @@ class EffectRouter:
         for channel in self.replies.values():
             channel.close()
         self.replies.clear()
+        self.queue_updates.clear()
 
     def route(self, effects: Sequence[Any]) -> None:
         routes = _ROUTES
@@ -95,9 +103,35 @@ class EffectRouter:
     # ---- replies -----------------------------------------------------------------------------
 
     def _reply(self, request_id: str, value: Reply) -> None:
+        self.queue_updates.discard(request_id)
         channel = self.replies.pop(request_id, None)
         if channel is not None:
             reply_nowait(channel, value)
+
+    def _queue_eta_told(self, e: fx.QueueEtaTold) -> None:
+        """A notice to a waiting handler that asked for them; dropped when the previous one is
+        still unread, so the room of the final reply is never taken (docs/program-scheduling.md §13)."""
+        if e.request_id not in self.queue_updates:
+            return
+        channel = self.replies.get(e.request_id)
+        if channel is None or channel.statistics().current_buffer_used > 0:
+            return
+        try:
+            channel.send_nowait(QueuePosition(request_id=e.request_id, position=e.position, eta_seconds=e.eta_seconds))
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the handler left (its RequestAbandoned follows) or has not read: nothing to do
+
+    def _queue_eta_observed(self, e: fx.QueueEtaObserved) -> None:
+        self.metrics.queue_eta_relative_error.observe(e.relative_error)
+        log_event(
+            logger,
+            logging.DEBUG,
+            "queue_eta_observed",
+            target=e.target_id,
+            eta_seconds=round(e.eta_seconds, 6),
+            wait_seconds=round(e.wait_seconds, 6),
+            relative_error=round(e.relative_error, 6),
+        )
 
     def _admit(self, e: fx.Admit) -> None:
         program = redacted_id(e.program)
@@ -194,7 +228,9 @@ class EffectRouter:
             self.batch_metrics.jobs_evicted.inc()
 
     def _reject(self, e: fx.Reject) -> None:
-        retry_after = self.cfg.metrics_interval_seconds if e.status_hint == 429 else None
+        retry_after = e.retry_after_seconds
+        if retry_after is None and e.status_hint == 429:
+            retry_after = self.cfg.metrics_interval_seconds
         rejection = Rejection(
             reason=e.reason, status_hint=e.status_hint, message=e.message, retry_after_seconds=retry_after
         )
@@ -396,6 +432,8 @@ _ROUTES: dict[type, Callable[[EffectRouter, Any], None]] = {
     fx.Transition: EffectRouter._transition,
     fx.AdmissionCapacitySnapshot: EffectRouter._admission,
     fx.QueueWaitObserved: EffectRouter._queue_wait,
+    fx.QueueEtaTold: EffectRouter._queue_eta_told,
+    fx.QueueEtaObserved: EffectRouter._queue_eta_observed,
     fx.RequestIntervalObserved: EffectRouter._interval,
     fx.CacheMissImpactObserved: EffectRouter._impact,
     fx.TtlArmed: EffectRouter._ttl_armed,

@@ -19,7 +19,8 @@ Flow::
     Program actor --TimerFired--> scheduler actor
 
 Replies are :class:`Admitted` (the target to forward to) or the core's
-:class:`~actors.core.errors.Rejection` (status, reason, message, Retry-After).
+:class:`~actors.core.errors.Rejection` (status, reason, message, Retry-After), preceded, when the
+submission asked for them, by :class:`QueuePosition` notices while the request waits.
 """
 
 from __future__ import annotations
@@ -56,7 +57,19 @@ class Admitted:
     queue_seconds: float
 
 
-Reply = Admitted | Rejection
+@frozen
+class QueuePosition:
+    """The request waits in the scheduler's queue: its place in line and expected wait
+    (docs/program-scheduling.md §13).  Sent before the final ``Admitted``/``Rejection`` to
+    submissions that asked for it (``Submission.queue_updates``): once when the request is queued,
+    then at every tick; never blocks (dropped when the handler has not read the previous one)."""
+
+    request_id: str
+    position: int
+    eta_seconds: float
+
+
+Reply = Admitted | Rejection | QueuePosition
 
 
 @frozen(eq=False)
@@ -69,6 +82,9 @@ class Submission:
 
     event: RequestSubmitted | BatchSubmitted | InteractiveSubmitted
     reply: trio.MemorySendChannel[Reply]
+    # send QueuePosition notices while it waits (the reply channel needs a buffer of at least 2,
+    # so that a notice never takes the room of the final reply)
+    queue_updates: bool = False
 
 
 # ---------------------------------------------------------------------------------------------

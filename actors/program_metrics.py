@@ -45,6 +45,7 @@ TOKEN_BUCKETS = (
     524288,
     1048576,
 )
+QUEUE_ETA_ERROR_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 RATIO_BUCKETS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 3, 4)
 REQUEST_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 INTERVAL_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
@@ -217,6 +218,13 @@ class ProgramMetrics:
         )
         self.queue_wait_seconds = hist(
             "queue_wait_seconds", "Router-side queue wait (dispatch - arrival) of each admitted request.", ("target",)
+        )
+        # first queue ETA against the actual wait of each admitted queued request (docs/program-scheduling.md §13)
+        self.queue_eta_relative_error = Histogram(
+            "agentd_queue_eta_relative_error",
+            "|first queue ETA - actual wait| / actual wait of each queued request that was admitted.",
+            buckets=QUEUE_ETA_ERROR_BUCKETS,
+            registry=registry,
         )
         self.token_estimate_feedback = Counter(
             f"{PREFIX}_token_estimate_feedback_total",

@@ -30,6 +30,7 @@ import trio
 from attrs import asdict
 
 from actors.batch_metrics import BatchMetrics
+from actors.core import eta_queue
 from actors.core import events as ev
 from actors.core.batch_class import batch_diagnostics
 from actors.core.config import BackendTarget, BatchJobsConfig, PriorityConfig, ProgramSchedulingConfig
@@ -131,7 +132,7 @@ class SchedulerHandle:
         assert self.router is not None
         if isinstance(item, Submission):
             self.sync_targets(now)
-            self.router.expect_reply(item.event.request_id, item.reply)
+            self.router.expect_reply(item.event.request_id, item.reply, queue_updates=item.queue_updates)
             self.apply(item.event, now)
             return
         if isinstance(item, ev.RepairTick):
@@ -226,6 +227,7 @@ def diagnostics_snapshot(handle: SchedulerHandle, now: float) -> dict[str, Any]:
     summary = asdict(handle.cfg, filter=lambda a, _v: a.name not in ("explicit_coefficients", "deprecated_inputs"))
     doc["configuration"] = summary
     doc["batch"] = batch_diagnostics(handle.state)
+    doc["queue_eta"] = eta_queue.diagnostics(handle.state)
     doc["scheduler"] = {
         "steps_count": handle.steps_count,
         "last_step_at": handle.last_step_at,

@@ -74,6 +74,9 @@ def on_submit(s: SchedulerState, ev: RequestSubmitted) -> None:
     est = int(ev.estimated_prompt_tokens)
     if est < 0:
         raise InvalidEvent(f"estimated_prompt_tokens must be >= 0 (got {est})")
+    bound = ev.max_queue_seconds
+    if bound is not None and not (math.isfinite(bound) and bound >= 0):
+        raise InvalidEvent(f"max_queue_seconds must be finite and >= 0 (got {bound!r})")
     key = ProgramKey(pool, ev.identity.program_id)
     p = s.programs.get(key)
     existed = p is not None

@@ -57,6 +57,9 @@ class Reject:
     reason: str
     status_hint: int
     message: str
+    # ``Retry-After`` (whole seconds >= 1) from the queue ETA (docs/program-scheduling.md §13);
+    # None: the shell's default
+    retry_after_seconds: float | None = None
 
 
 @frozen(slots=False)
@@ -138,6 +141,27 @@ class AdmissionCapacitySnapshot:
 class QueueWaitObserved:
     target_id: TargetId
     seconds: float
+
+
+@frozen(slots=False)
+class QueueEtaTold:
+    """Tell the waiting request ``request_id`` its place in line and expected wait
+    (docs/program-scheduling.md §13): ``first`` at the step that queued it, then at every tick."""
+
+    request_id: RequestId
+    position: int
+    eta_seconds: float
+    first: bool
+
+
+@frozen(slots=False)
+class QueueEtaObserved:
+    """A queued request was admitted: its first ETA against the wait it actually had."""
+
+    target_id: TargetId
+    eta_seconds: float
+    wait_seconds: float
+    relative_error: float
 
 
 @frozen(slots=False)
@@ -299,6 +323,8 @@ Effect = (
     | Transition
     | AdmissionCapacitySnapshot
     | QueueWaitObserved
+    | QueueEtaTold
+    | QueueEtaObserved
     | RequestIntervalObserved
     | CacheMissImpactObserved
     | TtlArmed

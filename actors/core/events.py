@@ -40,6 +40,9 @@ class RequestSubmitted:
     # who pays for it in the fairness counter (docs/priority.md §3); the class is ``agent`` and the
     # priority is ``hints.priority`` (larger first)
     tenant: str = DEFAULT_TENANT
+    # the client's bound on its queue wait (``x-agentd-max-queue-seconds``, finite >= 0): a request
+    # whose queue ETA exceeds it is refused at once (docs/program-scheduling.md §13); None: no bound
+    max_queue_seconds: float | None = None
 
 
 @frozen

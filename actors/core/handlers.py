@@ -5,7 +5,7 @@ the decision sequences are in ``sequences``; targets and observations in ``topol
 
 from __future__ import annotations
 
-from actors.core import fairness
+from actors.core import eta_queue, fairness
 from actors.core.batch_class import on_batch_abandon
 from actors.core.completion import on_complete
 from actors.core.errors import InvalidEvent
@@ -106,3 +106,4 @@ def on_tick(s: SchedulerState, ev: RepairTick) -> None:
         s.dirty_ranks[t] = None
     periodic_sequence(s)
     report_capacity_sources(s)
+    eta_queue.tell_all(s)  # every waiting request learns its position and ETA again (§13)

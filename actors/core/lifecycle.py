@@ -12,7 +12,15 @@ from typing import TypeVar
 
 from actors.core import fairness
 from actors.core import program as lc
-from actors.core.effects import AdmissionCapacitySnapshot, Admit, QueueWaitObserved, Reject, RetireProgram, Transition
+from actors.core.effects import (
+    AdmissionCapacitySnapshot,
+    Admit,
+    QueueEtaObserved,
+    QueueWaitObserved,
+    Reject,
+    RetireProgram,
+    Transition,
+)
 from actors.core.errors import Rejection
 from actors.core.fairness_sync import settle_program
 from actors.core.ids import ProgramRef, RequestId, TargetId
@@ -34,9 +42,15 @@ from actors.core.timeline import on_lost_placement, on_release
 K = TypeVar("K", bound=str)
 
 
-def reject(rid: RequestId, why: Rejection) -> Reject:
+def reject(rid: RequestId, why: Rejection, retry_after_seconds: float | None = None) -> Reject:
     """The ``Reject`` effect refusing the retained request ``rid`` for reason ``why``."""
-    return Reject(request_id=rid, reason=why.reason, status_hint=why.status_hint, message=why.message)
+    return Reject(
+        request_id=rid,
+        reason=why.reason,
+        status_hint=why.status_hint,
+        message=why.message,
+        retry_after_seconds=retry_after_seconds,
+    )
 
 
 def touch(s: SchedulerState, p: Program) -> None:
@@ -60,11 +74,14 @@ def enqueue(s: SchedulerState, p: Program) -> None:
         return
     if s.cfg.global_queue:
         where = (GLOBAL_QUEUE, p.ref.model_pool)
-        s.global_queues.setdefault(p.ref.model_pool, {})[p.ref] = None
+        q = s.global_queues.setdefault(p.ref.model_pool, {})
     else:
         assert p.last_target is not None
         where = (RANK_QUEUE, p.last_target)
-        s.rank_queues.setdefault(p.last_target, {})[p.ref] = None
+        q = s.rank_queues.setdefault(p.last_target, {})
+    if not q:  # a busy period of this queue begins (the drain of docs/program-scheduling.md §13)
+        s.eta.started(where, s.now)
+    q[p.ref] = None
     p.queued_in = where
     if p.queued_at is None:  # B8: a queued Program always has a queued_at
         p.queued_at = s.now
@@ -154,6 +171,15 @@ def dispatch_ready(s: SchedulerState, p: Program) -> None:
             )
         )
         s.effects.append(QueueWaitObserved(target_id=rank.target_id, seconds=wait))
+        if s.eta.first:
+            told = s.eta.admitted(req.request_id, s.now)
+            if told is not None:
+                first, actual, err = told
+                s.effects.append(
+                    QueueEtaObserved(
+                        target_id=rank.target_id, eta_seconds=first.eta_seconds, wait_seconds=actual, relative_error=err
+                    )
+                )
         s.binder.commit_placement(req.routing_text, rank.target_id)
         mark_dirty(s, rank.target_id)
         touch(s, p)
@@ -165,6 +191,8 @@ def commit_admission(s: SchedulerState, p: Program, rank: RankState, plan: Plan 
     front = s.pool.front(p.ref)
     # B4 fix: the Program is charged exactly the `required` the plan checked (front hint).
     p.output_token_reservation = front.hints.expected_output_length if front is not None else None
+    if p.queued_in is not None and p.queued_at is not None and p.queued_at < s.now:
+        s.eta.exited(p.queued_in, s.now)  # a Program that waited left its queue (§13)
     frm, to = lc.apply(p, lc.ACTIVATE)
     p.placement = rank.target_id
     p.placement_epoch = s.epochs.next()
@@ -374,6 +402,7 @@ def cancel_waiting(s: SchedulerState, rid: RequestId) -> None:
     if found is None:
         return
     req, _was_front = found
+    s.eta.first.pop(rid, None)
     fairness.leave(s.fair, s.prio, req.tenant, s.now, dispatched=False)
     p = live_program(s, req.ref)
     if p is None:

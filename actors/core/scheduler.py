@@ -40,7 +40,7 @@ from typing import Any
 
 from attrs import frozen
 
-from actors.core import arrival, batch_class, completion, fairness_sync, handlers, interactive, topology
+from actors.core import arrival, batch_class, completion, eta_queue, fairness_sync, handlers, interactive, topology
 from actors.core.config import BatchJobsConfig, PriorityConfig, ProgramSchedulingConfig
 from actors.core.effects import Effect
 from actors.core.events import (
@@ -103,6 +103,8 @@ def step(state: SchedulerState, event: object, *, now: float, cfg: ProgramSchedu
     s.effects = []
     s.touched = {}
     handler(s, event)
+    if isinstance(event, RequestSubmitted):  # a request left waiting is told its ETA (§13)
+        eta_queue.after_submit(s, event)
     if s.batch is not None:
         batch_class.after_step(s)  # after the step's Program decisions: Programs first
     if s.interactive.pending or s.interactive.claimed:

@@ -8,6 +8,7 @@ periodic sequence.  The deadline actions act on one Program when its Program act
 
 from __future__ import annotations
 
+from actors.core import eta_queue
 from actors.core.errors import QUEUE_TIMEOUT
 from actors.core.ids import RequestId
 from actors.core.lifecycle import (
@@ -87,7 +88,8 @@ def reject_timed_out(s: SchedulerState, p: Program) -> None:
     for req in due:
         if s.pool.get(req.request_id) is not req:
             continue
-        s.effects.append(reject(req.request_id, QUEUE_TIMEOUT))
+        # Retry-After from the Program's queue ETA (docs/program-scheduling.md §13)
+        s.effects.append(reject(req.request_id, QUEUE_TIMEOUT, eta_queue.retry_after(s, p)))
         cancel_request(s, req.request_id)
 
 

@@ -18,6 +18,7 @@ from actors.core.attribution import TimeBook
 from actors.core.batch_state import BatchState
 from actors.core.config import DEFAULT_PRIORITY, BatchJobsConfig, PriorityConfig, ProgramSchedulingConfig
 from actors.core.effects import Effect
+from actors.core.eta import EtaBook
 from actors.core.fairness import FairnessState
 from actors.core.ids import ProgramKey, ProgramRef, RequestId, SeqCounter, TargetId
 from actors.core.interactive_state import InteractiveState
@@ -77,6 +78,8 @@ class SchedulerState:
         self.forced_admissions = 0
         # where each Program's time goes (docs/program-scheduling.md §14)
         self.times = TimeBook()
+        # drain windows, first ETAs and recent errors of the queue ETA (docs/program-scheduling.md §13)
+        self.eta = EtaBook()
         # per-step scratch
         self.effects: list[Effect] = []
         self.touched: dict[ProgramRef, Program] = {}

@@ -18,6 +18,7 @@ from actors.core.ids import ProgramRef, RequestId, TargetId
 from actors.core.model import RequestHints, Usage
 from actors.messages import (
     Admitted,
+    QueuePosition,
     ObservationReceived,
     ObservationRoundStarted,
     ProgramCommand,
@@ -71,6 +72,7 @@ MESSAGES: list[object] = [
     CancelTimer(program=REF, kind="force_resume"),
     Admitted(request_id="agentd-1", target=TARGET, program="0123456789abcdef", queue_seconds=0.25),
     Rejection(reason="queue_timeout", status_hint=429, message="late", retry_after_seconds=1.0),
+    QueuePosition(request_id="agentd-1", position=3, eta_seconds=4.25),
     QUEUE_TIMEOUT,
 ]
 UNIONS = {"scheduler": SchedulerMessage, "program": ProgramCommand, "reply": Reply}

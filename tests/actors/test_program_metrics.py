@@ -11,6 +11,7 @@ EXPECTED_TYPES = {
     "vllm_router_agent_aware_rank_active_programs": "gauge",
     "vllm_router_agent_aware_transitions": "counter",
     "vllm_router_agent_aware_queue_wait_seconds": "histogram",
+    "agentd_queue_eta_relative_error": "histogram",
     "vllm_router_agent_aware_fitted_ttl_seconds": "gauge",
     "vllm_router_agent_aware_context_growth_tokens": "gauge",
     "vllm_router_agent_aware_rolling_samples": "gauge",
