@@ -543,7 +543,8 @@ async def measured_replay(
     result = await run_replay(trace, client, base_url, opts, progress=progress)
     worker_after = await scrape_all(workers, worker_metrics, errors)
     router_after = await scrape_all(client, router_metrics, errors)
-    tools = await _tool_diagnostics(client, base_url)
+    diagnostics = await _scheduling_diagnostics(client, base_url)
+    tools = _tool_section(diagnostics)
     report = build_report(
         result,
         time_scale=opts.time_scale,
@@ -557,16 +558,26 @@ async def measured_replay(
     )
     if tools is not None:
         report["scheduling"]["tools"] = tools
+    queue_eta = diagnostics.get("queue_eta") if diagnostics is not None else None
+    if isinstance(queue_eta, dict):
+        # accuracy of the first queue ETA of every admitted queued request (docs/program-scheduling.md §13)
+        report["scheduling"]["queue_eta"] = {k: v for k, v in queue_eta.items() if k != "queues"}
     return report
 
 
-async def _tool_diagnostics(client: httpx.AsyncClient, base_url: str) -> list[dict[str, Any]] | None:
-    """agentd's per-tool gap windows and decisions at the end of the run (docs/program-scheduling.md
-    §12), or None when the router has no such section (native, the reference router)."""
+async def _scheduling_diagnostics(client: httpx.AsyncClient, base_url: str) -> dict[str, Any] | None:
+    """agentd's ``/scheduling/diagnostics`` at the end of the run, or None when the router has none
+    (native, the reference router)."""
     try:
         resp = await client.get(base_url.rstrip("/") + "/scheduling/diagnostics")
         doc = resp.json() if resp.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None
-    tools = doc.get("tools") if isinstance(doc, dict) else None
+    return doc if isinstance(doc, dict) else None
+
+
+def _tool_section(doc: dict[str, Any] | None) -> list[dict[str, Any]] | None:
+    """agentd's per-tool gap windows and decisions at the end of the run (docs/program-scheduling.md
+    §12), or None when the router has no such section."""
+    tools = doc.get("tools") if doc is not None else None
     return tools if isinstance(tools, list) and tools else None

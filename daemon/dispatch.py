@@ -26,6 +26,7 @@ from actors.core.errors import Rejection
 from actors.core.ids import DEFAULT_MODEL_POOL
 from actors.core.model import Usage
 from daemon.http.priority import DEFAULT_INFO, PriorityInfo
+from daemon.http.queue_eta import QueueWatch
 from daemon.routing import Policy, build_policy, routing_key
 
 if TYPE_CHECKING:
@@ -61,6 +62,10 @@ class ProxyRequest:
     # where the top-level members of the body are in the raw bytes (daemon/http/rawbody.py): the
     # edits before forwarding splice the bytes instead of re-encoding the body; None = re-encode
     layout: Any = attrs.field(default=None, eq=False, repr=False)
+    # the client's bound on its queue wait (x-agentd-max-queue-seconds, docs/program-scheduling.md §13)
+    max_queue_seconds: float | None = None
+    # the latest queue position and ETA of a waiting streaming request, for its SSE comments
+    queue_watch: QueueWatch | None = None
 
 
 @attrs.frozen

@@ -56,7 +56,7 @@ from actors.dashboard_feed import DashboardFeed
 from actors.dashboard_view import dashboard_document
 from actors.logevents import get_logger
 from actors.mailbox import ActorGone
-from actors.messages import Admitted, Reply, Submission
+from actors.messages import Admitted, QueuePosition, Reply, Submission
 from actors.program_metrics import GaugeSnapshot, ProgramMetrics, TokenEstimateGauge
 from actors.rank_registry import RankRegistry, run_rank_registry
 from actors.scheduler_actor import SchedulerHandle, diagnostics_snapshot, rank_gauges, run_scheduler_actor
@@ -242,6 +242,8 @@ class BatchDispatcher:
                         reply = await reply_recv.receive()
                     except trio.EndOfChannel:
                         raise ActorGone("scheduler actor stopped") from None
+                    if isinstance(reply, QueuePosition):
+                        continue  # batch submissions do not ask for queue notices
                     if isinstance(reply, Rejection):
                         submitted = False  # the core already dropped the request
                         program.counters.rejected_count += 1
@@ -334,6 +336,7 @@ class ProgramDispatcher:
             targets=self.pool_targets(req),
             routing_text=req.routing_text,
             tenant=req.prio.tenant,
+            max_queue_seconds=req.max_queue_seconds,
         )
         return self._lease(req, event)
 
@@ -359,18 +362,29 @@ class ProgramDispatcher:
         inbox = self.scheduler.inbox.send
         submitted = False
         lease: ProgramLease | None = None
+        watch = req.queue_watch
         try:
-            # Buffer 1: the scheduler answers exactly once with send_nowait.
-            reply_send, reply_recv = trio.open_memory_channel[Reply](1)
+            # The scheduler answers exactly once with send_nowait (buffer 1); a request that wants
+            # its queue position while it waits (a streaming one with SSE keep-alive) gets
+            # QueuePosition notices first, which never take the final reply's room (buffer 2).
+            reply_send, reply_recv = trio.open_memory_channel[Reply](1 if watch is None else 2)
             with reply_recv:
                 with reply_send:
-                    await inbox.send(Submission(event=event, reply=reply_send.clone()))
+                    submission = Submission(event=event, reply=reply_send.clone(), queue_updates=watch is not None)
+                    await inbox.send(submission)
                     submitted = True
                     self.counters.submitted_count += 1
-                try:
-                    reply = await reply_recv.receive()
-                except trio.EndOfChannel:
-                    raise ActorGone("scheduler actor stopped") from None
+                while True:
+                    try:
+                        reply = await reply_recv.receive()
+                    except trio.EndOfChannel:
+                        raise ActorGone("scheduler actor stopped") from None
+                    if not isinstance(reply, QueuePosition):
+                        break
+                    if watch is not None:
+                        watch.tell(reply.position, reply.eta_seconds, trio.current_time())
+            if watch is not None:
+                watch.done()
             if isinstance(reply, Rejection):
                 submitted = False  # the core already dropped the request
                 self.counters.rejected_count += 1

@@ -26,6 +26,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import httpx
 import trio
 from quart import Response, request
@@ -45,6 +46,7 @@ from daemon.http.errors import ApiError, error_body
 from daemon.http.hypercorn_close import HOLD_WRITE
 from daemon.http.metrics_route import metrics_blueprint
 from daemon.http.proxy import ClientGone, ProxyEngine, send_error
+from daemon.http.queue_eta import QueueWatch
 from daemon.http.requests import ENDPOINTS
 from daemon.models import with_pool_models
 from daemon.upstream import client_headers
@@ -152,8 +154,10 @@ class AsgiSink:
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise ClientGone(str(exc)) from exc
 
-    async def keepalive(self, interval: float) -> None:
-        """Send ``: keep-alive`` comments every ``interval`` seconds until a response starts."""
+    async def keepalive(self, interval: float, watch: QueueWatch | None = None) -> None:
+        """Send ``: keep-alive`` comments every ``interval`` seconds until a response starts; while
+        the request waits in the scheduler's queue, ``: queued position=P eta=E.Es`` instead
+        (``watch``, docs/program-scheduling.md §13)."""
         while True:
             await trio.sleep(interval)
             if self.completed or (self.started and not self._early):
@@ -168,7 +172,9 @@ class AsgiSink:
                             "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
                         }
                     )
-                await self._send({"type": "http.response.body", "body": KEEPALIVE_COMMENT, "more_body": True})
+                comment = watch.comment(trio.current_time()) if watch is not None else None
+                body = KEEPALIVE_COMMENT if comment is None else comment
+                await self._send({"type": "http.response.body", "body": body, "more_body": True})
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 raise ClientGone(str(exc)) from exc
 
@@ -350,7 +356,9 @@ async def _serve_ticket(
             ticket.scope = nursery.cancel_scope
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope, sink)
             if req.stream and limits.sse_keepalive_seconds is not None:
-                nursery.start_soon(sink.keepalive, limits.sse_keepalive_seconds)
+                watch = QueueWatch()  # the queue position/ETA comments (docs/program-scheduling.md §13)
+                req = attrs.evolve(req, queue_watch=watch)
+                nursery.start_soon(sink.keepalive, limits.sse_keepalive_seconds, watch)
             await run()
             nursery.cancel_scope.cancel()
     except* ClientGone:

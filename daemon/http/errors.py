@@ -9,6 +9,7 @@ agentd-side 5xx and ``upstream_error`` when a worker failed.  ``code`` is a shor
 from __future__ import annotations
 
 import json
+import math
 
 from actors.core.errors import Rejection
 from daemon.redact import redact
@@ -41,7 +42,8 @@ class ApiError(Exception):
         """The HTTP answer to a scheduling refusal: ``code`` is its reason, plus ``Retry-After``."""
         headers: tuple[tuple[str, str], ...] = ()
         if rejection.retry_after_seconds is not None:
-            headers = (("retry-after", str(max(1, round(rejection.retry_after_seconds)))),)
+            # whole seconds, rounded up, at least 1 (docs/program-scheduling.md §13)
+            headers = (("retry-after", str(max(1, math.ceil(rejection.retry_after_seconds)))),)
         return cls(rejection.status_hint, rejection.message, code=rejection.reason, headers=headers)
 
 

@@ -54,6 +54,7 @@ from daemon.h1client import UpstreamBody
 from daemon.http.errors import ApiError, error_body, wrap_worker_error
 from daemon.http.identity import IdentityError, ParsedIdentity, parse_identity, strip_agentic_context
 from daemon.http.priority import batch_job_for, engine_priority, resolve
+from daemon.http.queue_eta import max_queue_bound
 from daemon.http.rawbody import DELETE, MIN_LAYOUT_BYTES
 from daemon.http.requests import (
     ENDPOINTS,
@@ -440,6 +441,9 @@ class ProxyEngine:
                 pool, eligible = self.models.route(req.model)  # 404 model_not_found
                 if eligible is not None:
                     req = attrs.evolve(req, model_pool=pool, pool_targets=eligible)
+            bound = max_queue_bound(headers)  # 400 naming x-agentd-max-queue-seconds
+            if bound is not None:
+                req = attrs.evolve(req, max_queue_seconds=bound)
             return self.classify(req, origin)
         except ApiError:
             raise

@@ -18,10 +18,10 @@ from actors.core.ids import ProgramRef, RequestId, TargetId
 from actors.core.model import RequestHints, Usage
 from actors.messages import (
     Admitted,
-    QueuePosition,
     ObservationReceived,
     ObservationRoundStarted,
     ProgramCommand,
+    QueuePosition,
     RepairTick,
     Reply,
     SchedulerMessage,

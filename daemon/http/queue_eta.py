@@ -1,0 +1,67 @@
+"""The edge's side of the queue ETA (docs/program-scheduling.md §13).
+
+* ``x-agentd-max-queue-seconds``: the client's bound on its queue wait, a finite float >= 0
+  (``0`` = do not queue).  :func:`max_queue_bound` parses it; a bad value is a 400 naming the
+  header.  The scheduler refuses at once (429 ``queue_wait_exceeds_bound`` with ``Retry-After``) a
+  request whose queue ETA exceeds it.
+* :class:`QueueWatch`: what the Program dispatcher last heard about a waiting streaming request
+  (``QueuePosition`` notices); the SSE keep-alive (``limits.sse_keepalive_seconds``) sends
+  ``: queued position=P eta=E.Es`` instead of ``: keep-alive`` while the request waits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import attrs
+
+from daemon.http.errors import ApiError
+
+MAX_QUEUE_HEADER = "x-agentd-max-queue-seconds"
+
+
+def max_queue_bound(headers: Mapping[str, str]) -> float | None:
+    """The request's queue-wait bound in seconds, None without the header; ApiError 400 when bad."""
+    raw = headers.get(MAX_QUEUE_HEADER)
+    if raw is None:
+        return None
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ApiError(
+            400,
+            f"invalid {MAX_QUEUE_HEADER} header: must be a finite number of seconds >= 0, got {raw!r}",
+            code="invalid_header",
+            param=MAX_QUEUE_HEADER,
+        )
+    return value
+
+
+@attrs.define(eq=False)
+class QueueWatch:
+    """The latest queue position and ETA of one waiting request (written by its dispatcher, read by
+    its SSE keep-alive; both run in the request's own tasks)."""
+
+    waiting: bool = False
+    position: int = 0
+    eta_seconds: float = 0.0
+    told_at: float = 0.0
+
+    def tell(self, position: int, eta_seconds: float, now: float) -> None:
+        self.waiting = True
+        self.position = position
+        self.eta_seconds = eta_seconds
+        self.told_at = now
+
+    def done(self) -> None:
+        self.waiting = False
+
+    def comment(self, now: float) -> bytes | None:
+        """The SSE comment while waiting (the ETA counted down since it was told), else None."""
+        if not self.waiting:
+            return None
+        left = max(0.0, self.eta_seconds - (now - self.told_at))
+        return f": queued position={self.position} eta={left:.1f}s\n\n".encode()
