@@ -561,7 +561,7 @@ async def measured_replay(
     queue_eta = diagnostics.get("queue_eta") if diagnostics is not None else None
     if isinstance(queue_eta, dict):
         # accuracy of the first queue ETA of every admitted queued request (docs/program-scheduling.md §13)
-        report["scheduling"]["queue_eta"] = {k: v for k, v in queue_eta.items() if k != "queues"}
+        report["scheduling"]["queue_eta"] = {k: v for k, v in queue_eta.items() if k != "lines"}
     return report
 
 

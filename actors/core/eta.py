@@ -38,7 +38,7 @@ import math
 from collections import deque
 from collections.abc import Iterable
 
-from attrs import evolve, frozen
+from attrs import frozen
 
 from actors.core.ids import RequestId
 
@@ -57,7 +57,6 @@ class DrainWindow:
 
     intervals: tuple[float, ...] = ()
     last_exit_at: float | None = None
-    busy_since: float | None = None  # the queue turned non-empty then (None: never)
     exits: int = 0  # exits ever observed
 
 
@@ -78,23 +77,15 @@ class FirstEta:
     queued_at: float
 
 
-def queue_started(w: DrainWindow, now: float) -> DrainWindow:
-    """The queue turned non-empty at ``now``: a busy period begins."""
-    return evolve(w, busy_since=now)
-
-
-def queue_exit(w: DrainWindow, now: float, limit: int = WINDOW) -> DrainWindow:
-    """A Program that waited left the queue at ``now`` (admitted)."""
-    start = w.busy_since
-    if w.last_exit_at is not None and (start is None or w.last_exit_at > start):
-        start = w.last_exit_at
-    if start is None:
-        return evolve(w, last_exit_at=now, exits=w.exits + 1)
+def queue_exit(w: DrainWindow, now: float, busy_start: float, limit: int = WINDOW) -> DrainWindow:
+    """A Program that waited in this line left it at ``now`` (admitted); the line has been busy
+    (some Program waiting in it) since ``busy_start``."""
+    start = busy_start if w.last_exit_at is None else max(w.last_exit_at, busy_start)
     interval = max(0.0, now - start)
     intervals = (*w.intervals, interval)
     if len(intervals) > limit:
         intervals = intervals[-limit:]
-    return DrainWindow(intervals=intervals, last_exit_at=now, busy_since=w.busy_since, exits=w.exits + 1)
+    return DrainWindow(intervals=intervals, last_exit_at=now, exits=w.exits + 1)
 
 
 def drain_interval(w: DrainWindow, prior: float) -> float:
@@ -141,11 +132,8 @@ class EtaBook:
     def window(self, key: QueueKey) -> DrainWindow:
         return self.windows.get(key, EMPTY_WINDOW)
 
-    def started(self, key: QueueKey, now: float) -> None:
-        self.windows[key] = queue_started(self.window(key), now)
-
-    def exited(self, key: QueueKey, now: float) -> None:
-        self.windows[key] = queue_exit(self.window(key), now)
+    def exited(self, key: QueueKey, now: float, busy_start: float) -> None:
+        self.windows[key] = queue_exit(self.window(key), now, busy_start)
 
     def admitted(self, rid: RequestId, now: float) -> tuple[FirstEta, float, float] | None:
         """The request left the queue admitted: (its first ETA, actual wait, relative error), or

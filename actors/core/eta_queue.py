@@ -37,42 +37,51 @@ from actors.core.state import SchedulerState, live_program
 QUEUE_WAIT_EXCEEDS_BOUND = "queue_wait_exceeds_bound"
 
 
-def prior_interval(s: SchedulerState, key: QueueKey) -> float:
-    """The drain prior of queue ``key``: ``max(1, R) / throughput`` over its ranks (the force-resume
-    estimate's drain, docs/program-scheduling.md §5), else ``DEFAULT_PRIOR_INTERVAL``."""
-    kind, name = key
-    targets = s.pools.get(name, ()) if kind == GLOBAL_QUEUE else (TargetId(name),)
-    rounds = 0
-    counted = 0
-    throughput = 0.0
-    for t in targets:
-        rank = s.ranks.get(t)
-        if rank is None:
-            continue
-        fac = rank.factors
-        r = fac.target_rounds(s.cfg.max_segment_rounds)
-        thr = fac.request_throughput_per_second()
-        if r > 0 and thr > 0:
-            rounds += r
-            counted += 1
-            throughput += thr
-    if counted == 0 or throughput <= 0:
+def prior_interval(s: SchedulerState, line: TargetId) -> float:
+    """The drain prior of rank ``line``: ``max(1, R) / throughput`` (the force-resume estimate's
+    drain, docs/program-scheduling.md §5), else ``DEFAULT_PRIOR_INTERVAL``."""
+    rank = s.ranks.get(line)
+    if rank is None:
         return DEFAULT_PRIOR_INTERVAL
-    return max(1.0, rounds / counted) / throughput
+    fac = rank.factors
+    r = fac.target_rounds(s.cfg.max_segment_rounds)
+    thr = fac.request_throughput_per_second()
+    if r <= 0 or thr <= 0:
+        return DEFAULT_PRIOR_INTERVAL
+    return max(1, r) / thr
+
+
+def line_interval(s: SchedulerState, line: TargetId) -> float:
+    """The drain interval ``d`` of rank ``line``'s line (learned, shrunk to the prior)."""
+    return drain_interval(s.eta.window((RANK_QUEUE, line)), prior_interval(s, line))
 
 
 def queue_etas(s: SchedulerState, key: QueueKey) -> list[tuple[Program, QueueEta]]:
-    """Every waiting Program of queue ``key`` in admission order, with its position and ETA."""
+    """Every waiting Program of queue ``key`` in admission order, with its position in its line
+    (the waiters for the same rank) and its ETA."""
     kind, name = key
     refs = s.global_queues.get(name) if kind == GLOBAL_QUEUE else s.rank_queues.get(TargetId(name))
     if not refs:
         return []
-    d = drain_interval(s.eta.window(key), prior_interval(s, key))
-    return [(p, QueueEta(i, eta_seconds(i, d), d)) for i, p in enumerate(ordered(s, list(refs)), start=1)]
+    out: list[tuple[Program, QueueEta]] = []
+    ahead: dict[TargetId | None, int] = {}
+    intervals: dict[TargetId, float] = {}
+    for p in ordered(s, list(refs)):
+        line = p.last_target
+        position = ahead.get(line, 0) + 1
+        ahead[line] = position
+        if line is None:
+            d = DEFAULT_PRIOR_INTERVAL
+        else:
+            d = intervals.get(line, -1.0)
+            if d < 0:
+                d = intervals[line] = line_interval(s, line)
+        out.append((p, QueueEta(position, eta_seconds(position, d), d)))
+    return out
 
 
 def program_eta(s: SchedulerState, p: Program) -> QueueEta | None:
-    """Where the waiting Program ``p`` stands in its queue, or None when it is not waiting."""
+    """Where the waiting Program ``p`` stands in its line, or None when it is not waiting."""
     if p.queued_in is None:
         return None
     for o, eta in queue_etas(s, p.queued_in):
@@ -146,21 +155,23 @@ def tell_all(s: SchedulerState) -> None:
 
 def diagnostics(s: SchedulerState) -> dict[str, object]:
     """The ``queue_eta`` section of ``/scheduling/diagnostics``: accuracy of the first ETAs and
-    each non-empty queue's drain (docs/program-scheduling.md §13)."""
+    each rank's line (docs/program-scheduling.md §13)."""
     book = s.eta
     errors = book.errors
-    queues = []
-    keys: list[QueueKey] = [(GLOBAL_QUEUE, name) for name in sorted(s.global_queues)]
-    keys.extend((RANK_QUEUE, str(name)) for name in sorted(s.rank_queues))
-    for key in keys:
-        w = book.window(key)
-        prior = prior_interval(s, key)
-        queues.append(
+    waiting: dict[str, int] = {}
+    for key in [(GLOBAL_QUEUE, n) for n in s.global_queues] + [(RANK_QUEUE, str(t)) for t in s.rank_queues]:
+        for p, _eta in queue_etas(s, key):
+            line = str(p.last_target)
+            waiting[line] = waiting.get(line, 0) + 1
+    lines = []
+    for target in sorted(s.ranks):
+        w = book.window((RANK_QUEUE, target))
+        lines.append(
             {
-                "queue": f"{key[0]}:{key[1]}",
-                "waiting_programs": len(queue_etas(s, key)),
-                "drain_interval_seconds": drain_interval(w, prior),
-                "prior_interval_seconds": prior,
+                "target_id": target,
+                "waiting_programs": waiting.get(str(target), 0),
+                "drain_interval_seconds": line_interval(s, target),
+                "prior_interval_seconds": prior_interval(s, target),
                 "interval_samples": len(w.intervals),
                 "exits_count": w.exits,
             }
@@ -172,5 +183,5 @@ def diagnostics(s: SchedulerState) -> dict[str, object]:
         "p90_relative_error": quantile(errors, 0.9),
         "told_waiting_count": len(book.first),
         "bound_rejections_count": book.bound_rejections,
-        "queues": queues,
+        "lines": lines,
     }

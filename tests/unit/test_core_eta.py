@@ -1,0 +1,182 @@
+"""Queue ETA (docs/program-scheduling.md §13): the pure model and its hooks in the scheduler."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from actors.core import effects as fx
+from actors.core import eta
+from actors.core.eta import DEFAULT_PRIOR_INTERVAL, WINDOW, DrainWindow, EtaBook, FirstEta
+from actors.core.eta_queue import QUEUE_WAIT_EXCEEDS_BOUND, diagnostics, prior_interval
+from actors.core.events import QUEUE_TIMEOUT, RequestSubmitted
+from actors.core.ids import RequestId
+from actors.core.invariants import check
+from actors.core.model import RANK_QUEUE, RequestHints
+from tests.unit.core_support import Harness, Ident, tid
+
+
+def told(effects: tuple[object, ...]) -> list[tuple[str, int, float, bool]]:
+    return [(e.request_id, e.position, e.eta_seconds, e.first) for e in effects if isinstance(e, fx.QueueEtaTold)]
+
+
+def observed(effects: tuple[object, ...]) -> list[tuple[float, float, float]]:
+    return [(e.eta_seconds, e.wait_seconds, e.relative_error) for e in effects if isinstance(e, fx.QueueEtaObserved)]
+
+
+# ---- the pure model ------------------------------------------------------------------------------
+
+
+def test_drain_interval_is_the_window_mean_shrunk_to_the_prior() -> None:
+    w = DrainWindow()
+    assert eta.drain_interval(w, 5.0) == 5.0  # no sample: the prior
+    w = eta.queue_exit(w, now=4.0, busy_start=1.0)  # busy since 1.0, first exit at 4.0: 3 s
+    assert w.intervals == (3.0,) and w.last_exit_at == 4.0 and w.exits == 1
+    w = eta.queue_exit(w, now=10.0, busy_start=2.0)  # since the previous exit (4.0 > 2.0): 6 s
+    assert w.intervals == (3.0, 6.0)
+    assert eta.drain_interval(w, 5.0) == (3.0 + 6.0 + 2 * 5.0) / 4  # 4.75
+    w = eta.queue_exit(w, now=30.0, busy_start=25.0)  # idle 10..25 is not counted: 5 s
+    assert w.intervals == (3.0, 6.0, 5.0)
+
+
+def test_drain_window_is_bounded() -> None:
+    w = DrainWindow()
+    for k in range(WINDOW + 10):
+        w = eta.queue_exit(w, now=float(k + 1), busy_start=0.0)
+    assert len(w.intervals) == WINDOW and w.exits == WINDOW + 10
+    assert eta.drain_interval(w, 100.0) == pytest.approx((WINDOW * 1.0 + 2 * 100.0) / (WINDOW + 2))
+
+
+def test_a_bad_prior_falls_back_to_the_default() -> None:
+    assert eta.drain_interval(DrainWindow(), math.nan) == DEFAULT_PRIOR_INTERVAL
+    assert eta.drain_interval(DrainWindow(), 0.0) == DEFAULT_PRIOR_INTERVAL
+
+
+def test_eta_is_position_times_interval_and_retry_after_rounds_up() -> None:
+    assert eta.eta_seconds(3, 1.5) == 4.5
+    assert eta.eta_seconds(1, math.inf) == eta.MAX_ETA_SECONDS
+    with pytest.raises(ValueError, match="position must be >= 1"):
+        eta.eta_seconds(0, 1.0)
+    assert [eta.retry_after_seconds(x) for x in (0.2, 1.0, 4.2, 7.0)] == [1.0, 1.0, 5.0, 7.0]
+
+
+def test_book_compares_the_first_eta_with_the_actual_wait() -> None:
+    book = EtaBook()
+    book.first[RequestId("r1")] = FirstEta(eta_seconds=5.0, queued_at=1.0)
+    book.first[RequestId("r2")] = FirstEta(eta_seconds=2.0, queued_at=3.0)
+    assert book.admitted(RequestId("r1"), 5.0) == (FirstEta(5.0, 1.0), 4.0, 0.25)
+    assert book.admitted(RequestId("r1"), 6.0) is None  # once
+    assert book.admitted(RequestId("r2"), 3.0) is None  # did not wait: no sample
+    assert book.admitted(RequestId("r9"), 3.0) is None  # never told
+    assert (book.samples, list(book.errors), book.median_error()) == (1, [0.25], 0.25)
+    assert eta.median([3.0, 1.0, 2.0, 10.0]) == 2.5 and eta.quantile([1.0, 2.0, 3.0, 4.0], 0.9) == 4.0
+
+
+def bounded(rid: str, program: str, bound: float) -> RequestSubmitted:
+    ident = Ident(program, placement_key=program, placement_hash_key=program)
+    return RequestSubmitted(RequestId(rid), ident, 100, RequestHints(), max_queue_seconds=bound)
+
+
+# ---- in the scheduler ---------------------------------------------------------------------------
+
+
+def test_queued_request_is_told_its_position_and_eta_and_accuracy_is_recorded() -> None:
+    h = Harness(max_active_programs_per_target=1)
+    h.submit("x")  # r1 admitted: the rank's one slot
+    assert told(h.submit("a", at=1.0)) == [("r2", 1, 5.0, True)]  # the prior: 5 s per position
+    assert told(h.submit("b", at=2.0)) == [("r3", 2, 10.0, True)]
+    assert told(h.tick(at=3.0)) == [("r2", 1, 5.0, False), ("r3", 2, 10.0, False)]
+    eff = h.complete("r1", at=4.0, prompt=100)  # x leaves the slot: a is admitted after 3 s
+    assert observed(eff) == [(5.0, 3.0, 2.0 / 3.0)]
+    # one exit of 3 s (busy since a queued at 1.0): d = (3 + 2 x 5) / 3
+    assert told(h.tick(at=5.0)) == [("r3", 1, 13.0 / 3.0, False)]
+    eff = h.complete("r2", at=10.0, prompt=100)  # b admitted after 8 s; its first ETA was 10
+    assert observed(eff) == [(10.0, 8.0, 0.25)]
+    assert h.state.eta.windows[(RANK_QUEUE, tid(0))].intervals == (3.0, 6.0)
+    doc = diagnostics(h.state)
+    assert doc["samples_count"] == 2 and doc["median_relative_error"] == pytest.approx((2 / 3 + 0.25) / 2)
+    assert doc["told_waiting_count"] == 0
+    assert check(h.state, h.cfg) == []
+
+
+def test_request_admitted_in_its_arrival_step_is_told_nothing() -> None:
+    h = Harness(max_active_programs_per_target=2)
+    assert told(h.submit("x")) == [] and told(h.submit("y", at=1.0)) == []
+    assert h.state.eta.first == {}
+
+
+def test_bound_refuses_at_once_when_the_eta_exceeds_it() -> None:
+    h = Harness(max_active_programs_per_target=1)
+    h.submit("x")
+    h.submit("a", at=1.0)  # position 1, eta 5
+    ev = RequestSubmitted(
+        RequestId("rb"),
+        Ident("b", placement_key="b", placement_hash_key="b"),
+        100,
+        RequestHints(),
+        max_queue_seconds=0.0,
+    )
+    eff = h.feed(ev, at=2.0)
+    (rej,) = [e for e in eff if isinstance(e, fx.Reject)]
+    assert (rej.request_id, rej.reason, rej.status_hint, rej.retry_after_seconds) == (
+        "rb",
+        QUEUE_WAIT_EXCEEDS_BOUND,
+        429,
+        10.0,
+    )
+    assert "expected queue wait 10.0s (position 2)" in rej.message and "x-agentd-max-queue-seconds=0" in rej.message
+    assert told(eff) == [] and h.state.pool.get(RequestId("rb")) is None and h.program("b") is None
+    assert h.state.eta.bound_rejections == 1
+    # a bound the ETA meets: queued normally
+    ev = RequestSubmitted(
+        RequestId("rc"),
+        Ident("c", placement_key="c", placement_hash_key="c"),
+        100,
+        RequestHints(),
+        max_queue_seconds=10.0,
+    )
+    assert told(h.feed(ev, at=2.0)) == [("rc", 2, 10.0, True)]
+    assert check(h.state, h.cfg) == []
+
+
+def test_bound_does_not_apply_when_the_request_is_admitted_at_once() -> None:
+    h = Harness(max_active_programs_per_target=1)
+    ev = RequestSubmitted(
+        RequestId("r1"),
+        Ident("x", placement_key="x", placement_hash_key="x"),
+        100,
+        RequestHints(),
+        max_queue_seconds=0.0,
+    )
+    eff = h.feed(ev, at=0.0)
+    assert [e.request_id for e in eff if isinstance(e, fx.Admit)] == ["r1"]
+
+
+def test_invalid_bound_is_an_invalid_event() -> None:
+    h = Harness()
+    ev = RequestSubmitted(
+        RequestId("r1"), Ident("x", placement_key="x", placement_hash_key="x"), 100, max_queue_seconds=-1.0
+    )
+    with pytest.raises(Exception, match="max_queue_seconds must be finite and >= 0"):
+        h.feed(ev)
+
+
+def test_queue_timeout_429_carries_retry_after_from_the_eta() -> None:
+    h = Harness(max_active_programs_per_target=1, queue_timeout_seconds=50.0, force_resume_timeout_seconds=50.0)
+    h.submit("a")
+    h.observe(0, kv=0.1, running=1, waiting=3, at=0.0)  # gate closed
+    h.submit("b", at=1.0)
+    h.submit("c", at=2.0)
+    qt = [e for e in h.log if isinstance(e, fx.ArmTimer) and e.kind == QUEUE_TIMEOUT]
+    h.observe(0, kv=0.1, running=1, waiting=3, at=49.0, epoch=2)
+    eff = h.fire(qt[0].program, QUEUE_TIMEOUT, qt[0].token, at=51.0)
+    (rej,) = [e for e in eff if isinstance(e, fx.Reject)]
+    # b is first in line: eta = 1 x 5 s prior -> Retry-After 5
+    assert (rej.request_id, rej.reason, rej.retry_after_seconds) == ("r2", "queue_timeout", 5.0)
+
+
+def test_prior_is_the_default_until_the_rank_knows_its_throughput() -> None:
+    h = Harness()
+    assert prior_interval(h.state, tid(0)) == DEFAULT_PRIOR_INTERVAL
+    assert prior_interval(h.state, tid(7)) == DEFAULT_PRIOR_INTERVAL  # unknown rank
