@@ -172,7 +172,7 @@ class AsgiSink:
                             "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
                         }
                     )
-                comment = watch.comment(trio.current_time()) if watch is not None else None
+                comment = watch.comment() if watch is not None else None
                 body = KEEPALIVE_COMMENT if comment is None else comment
                 await self._send({"type": "http.response.body", "body": body, "more_body": True})
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:

@@ -59,9 +59,9 @@ class QueueWatch:
     def done(self) -> None:
         self.waiting = False
 
-    def comment(self, now: float) -> bytes | None:
-        """The SSE comment while waiting (the ETA counted down since it was told), else None."""
+    def comment(self) -> bytes | None:
+        """The SSE comment while waiting, else None: the scheduler's latest position and ETA as
+        told (re-told at every tick; the edge does not count it down)."""
         if not self.waiting:
             return None
-        left = max(0.0, self.eta_seconds - (now - self.told_at))
-        return f": queued position={self.position} eta={left:.1f}s\n\n".encode()
+        return f": queued position={self.position} eta={self.eta_seconds:.1f}s\n\n".encode()
