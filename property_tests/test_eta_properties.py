@@ -24,26 +24,22 @@ from actors.core.invariants import check
 from actors.core.model import GLOBAL_QUEUE, RANK_QUEUE, RequestHints, Usage
 from tests.unit.core_support import Harness, Ident
 
-exits = st.lists(
-    st.tuples(st.floats(0.0, 1e4, allow_nan=False), st.floats(0.0, 1e4, allow_nan=False)), max_size=3 * eta.WINDOW
-)
+samples = st.lists(st.one_of(st.floats(0.0, 1e4), st.just(math.nan), st.floats(-5.0, 0.0)), max_size=3 * eta.WINDOW)
 priors = st.one_of(st.floats(0.0, 1e6), st.just(math.nan), st.just(math.inf), st.floats(-10.0, 0.0))
 
 
-@given(exits, priors, st.integers(1, 500))
+@given(samples, priors, st.integers(1, 500), st.floats(0.0, 10.0))
 def test_eta_is_finite_non_negative_and_monotone_in_position(
-    steps: list[tuple[float, float]], prior: float, n: int
+    steps: list[float], prior: float, n: int, to_tick: float
 ) -> None:
     w = eta.DrainWindow()
-    now = 0.0
-    for gap, idle in steps:
-        busy_start = now + idle
-        now = busy_start + gap
-        w = eta.queue_exit(w, now, busy_start)
+    for x in steps:
+        w = eta.observe(w, x)
     assert len(w.intervals) <= eta.WINDOW
     d = eta.drain_interval(w, prior)
     assert math.isfinite(d) and d >= 0
-    etas = [eta.eta_seconds(k, d) for k in range(1, n + 1)]
+    assert all(eta.eta_seconds(k, d, to_tick, blocked=False) == to_tick for k in (1, n))
+    etas = [eta.eta_seconds(k, d, to_tick) for k in range(1, n + 1)]
     assert all(math.isfinite(x) and x >= 0 for x in etas)
     assert all(a <= b for a, b in zip(etas, etas[1:], strict=False))
     if d > 0:

@@ -1,28 +1,30 @@
 """Queue ETA: how long a queued Program request is expected to wait (docs/program-scheduling.md §13).
 
-A queued request waits until its Program leaves the queue it sits in (its rank's queue, or the
-model pool's global queue): an admission takes every waiting request of the Program at once, so
-the unit of the queue is the Program.  Its **position** is 1 + the number of Programs ahead of it
-in the admission (resume) order, which already orders classes, priorities, tenants and the
-ordinary MRU/FCFS key (docs/priority.md §1, docs/program-scheduling.md §5).  Its ETA is
+A queued request waits until its Program is admitted; an admission takes every waiting request
+of the Program at once, so the unit of the queue is the Program.  A waiting Program waits for its
+rank (``last_target``, its **line**): admission resumes Programs on their previous rank first
+(docs/program-scheduling.md §3, §7).  Its **position** is 1 + the number of Programs ahead of it
+in its line, in the admission (resume) order, which already orders classes, priorities, tenants
+and MRU/FCFS (docs/priority.md §1, docs/program-scheduling.md §5).  Admission passes run at every
+tick (``metrics_interval_seconds``, with a fresh observation) and at completions, so
 
-    eta(position) = position x d
+    eta = to_tick                       when the line, up to and including it, fits the rank now
+    eta = to_tick + position x d        otherwise
 
-where ``d`` is the queue's **drain interval**, the mean time between two exits of a waiting
-Program while the queue is not empty, learned online per queue:
+* ``to_tick``: the time to the next tick (``last tick + metrics_interval_seconds``; one interval
+  before the first tick).  A Program that fits the rank's free capacity and its Program count now
+  is held back only by what the next pass re-checks (the growth reserve, the waiting gate, a stale
+  ledger): it goes at the next tick;
+* ``d``: the line's **drain interval**, the wait per position of Programs that did not fit, learned
+  online from admissions: when a request that was told a blocked ETA is admitted, ``max(0, wait -
+  to_tick) / position`` (both as told) is one sample;
+* a :class:`DrainWindow` keeps the last ``WINDOW`` samples per line (bounded memory);
+  ``d = (sum + PRIOR_WEIGHT x prior) / (count + PRIOR_WEIGHT)``: the prior counts as
+  ``PRIOR_WEIGHT`` samples, so it decides before the first sample and fades after a few.
 
-* an *exit* is the admission of a Program that waited (queued in an earlier step); a Program
-  queued and admitted in the same step never waited and says nothing about the drain;
-* the interval of an exit is ``now - max(previous exit, start of the busy period)``, where the busy
-  period starts when the queue turns non-empty (so idle time between busy periods never counts);
-* a :class:`DrainWindow` keeps the last ``WINDOW`` intervals (bounded memory);
-* ``d = (sum of the window + PRIOR_WEIGHT x prior) / (window size + PRIOR_WEIGHT)``: the prior
-  counts as ``PRIOR_WEIGHT`` samples, so it decides before the first exit and fades after a few.
-
-The prior (computed by the caller from the ranks, ``eta_queue.prior_interval``) is the
-force-resume estimate's drain, ``max(1, R) / throughput`` (each Program ahead needs about ``R``
-rounds, docs/program-scheduling.md §5), or ``DEFAULT_PRIOR_INTERVAL`` while no rank has a full
-request window.
+The prior (``eta_queue.prior_interval``) is the force-resume estimate's drain, ``max(1, R) /
+throughput`` of the rank (each Program ahead needs about ``R`` rounds, docs/program-scheduling.md
+§5), or ``DEFAULT_PRIOR_INTERVAL`` while the rank's request window is not full.
 
 Accuracy: the first ETA told to a request is remembered (:class:`FirstEta`); when that request is
 admitted, ``|first eta - actual wait| / actual wait`` goes into a bounded window of recent errors
@@ -48,25 +50,27 @@ DEFAULT_PRIOR_INTERVAL = 5.0  # seconds per position while no rank knows its thr
 ACCURACY_WINDOW = 4096  # recent relative errors kept for the diagnostics' median
 MAX_ETA_SECONDS = 1e9  # an ETA is always finite
 
-QueueKey = tuple[str, str]  # Program.queued_in: (RANK_QUEUE, target id) | (GLOBAL_QUEUE, pool)
+QueueKey = tuple[str, str]  # Program.queued_in: (RANK_QUEUE, target id) | (GLOBAL_QUEUE, pool); (LINE, target id)
+LINE = "line"  # the drain windows' key kind: one line per rank
 
 
 @frozen
 class DrainWindow:
-    """The drain of one queue: its recent exit intervals and where the current interval began."""
+    """One line's recent drain samples (seconds of wait per position beyond the next tick)."""
 
     intervals: tuple[float, ...] = ()
-    last_exit_at: float | None = None
-    exits: int = 0  # exits ever observed
+    observed: int = 0  # samples ever pushed
 
 
 @frozen
 class QueueEta:
     """A queued request's place in line and expected wait, told to the waiting handler."""
 
-    position: int  # 1 = the next Program to leave the queue
+    position: int  # 1 = the next Program of its line
     eta_seconds: float
     drain_interval_seconds: float
+    to_tick_seconds: float = 0.0
+    blocked: bool = True  # the line up to it does not fit the rank now
 
 
 @frozen
@@ -75,17 +79,20 @@ class FirstEta:
 
     eta_seconds: float
     queued_at: float
+    line: str | None = None  # the rank it waited for
+    position: int = 1
+    to_tick_seconds: float = 0.0
+    blocked: bool = False
 
 
-def queue_exit(w: DrainWindow, now: float, busy_start: float, limit: int = WINDOW) -> DrainWindow:
-    """A Program that waited in this line left it at ``now`` (admitted); the line has been busy
-    (some Program waiting in it) since ``busy_start``."""
-    start = busy_start if w.last_exit_at is None else max(w.last_exit_at, busy_start)
-    interval = max(0.0, now - start)
-    intervals = (*w.intervals, interval)
+def observe(w: DrainWindow, sample: float, limit: int = WINDOW) -> DrainWindow:
+    """One more drain sample (finite, >= 0; others are ignored)."""
+    if not (math.isfinite(sample) and sample >= 0):
+        return w
+    intervals = (*w.intervals, sample)
     if len(intervals) > limit:
         intervals = intervals[-limit:]
-    return DrainWindow(intervals=intervals, last_exit_at=now, exits=w.exits + 1)
+    return DrainWindow(intervals=intervals, observed=w.observed + 1)
 
 
 def drain_interval(w: DrainWindow, prior: float) -> float:
@@ -95,11 +102,12 @@ def drain_interval(w: DrainWindow, prior: float) -> float:
     return (math.fsum(w.intervals) + PRIOR_WEIGHT * prior) / (len(w.intervals) + PRIOR_WEIGHT)
 
 
-def eta_seconds(position: int, interval: float) -> float:
-    """The expected wait of position ``position`` (>= 1) with drain interval ``interval``."""
+def eta_seconds(position: int, interval: float, to_tick: float = 0.0, blocked: bool = True) -> float:
+    """The expected wait of position ``position`` (>= 1): ``to_tick``, plus ``position x interval``
+    when the line up to it does not fit now."""
     if position < 1:
         raise ValueError(f"position must be >= 1 (got {position})")
-    eta = position * interval
+    eta = max(0.0, to_tick) + (position * interval if blocked else 0.0)
     if not math.isfinite(eta) or eta < 0:
         return MAX_ETA_SECONDS
     return min(eta, MAX_ETA_SECONDS)
@@ -120,7 +128,7 @@ def relative_error(eta: float, actual: float) -> float | None:
 class EtaBook:
     """The queue-ETA state of one scheduler: drain windows, first ETAs, recent errors."""
 
-    __slots__ = ("windows", "first", "errors", "samples", "bound_rejections")
+    __slots__ = ("windows", "first", "errors", "samples", "bound_rejections", "last_tick_at")
 
     def __init__(self) -> None:
         self.windows: dict[QueueKey, DrainWindow] = {}
@@ -128,20 +136,23 @@ class EtaBook:
         self.errors: deque[float] = deque(maxlen=ACCURACY_WINDOW)
         self.samples = 0  # admitted queued requests ever compared
         self.bound_rejections = 0  # requests refused at once by x-agentd-max-queue-seconds
+        self.last_tick_at: float | None = None  # the last RepairTick: admission passes run at ticks
 
     def window(self, key: QueueKey) -> DrainWindow:
         return self.windows.get(key, EMPTY_WINDOW)
 
-    def exited(self, key: QueueKey, now: float, busy_start: float) -> None:
-        self.windows[key] = queue_exit(self.window(key), now, busy_start)
-
     def admitted(self, rid: RequestId, now: float) -> tuple[FirstEta, float, float] | None:
         """The request left the queue admitted: (its first ETA, actual wait, relative error), or
-        None when it was never told an ETA (admitted in its arrival step) or did not wait."""
+        None when it was never told an ETA (admitted in its arrival step) or did not wait.  A
+        blocked first ETA also gives its line a drain sample."""
         first = self.first.pop(rid, None)
         if first is None:
             return None
         actual = now - first.queued_at
+        if first.blocked and first.line is not None:
+            key = (LINE, first.line)
+            sample = max(0.0, actual - first.to_tick_seconds) / max(1, first.position)
+            self.windows[key] = observe(self.window(key), sample)
         err = relative_error(first.eta_seconds, actual)
         if err is None:
             return None

@@ -19,6 +19,7 @@ from actors.core.effects import QueueEtaTold, Reject
 from actors.core.errors import Rejection
 from actors.core.eta import (
     DEFAULT_PRIOR_INTERVAL,
+    LINE,
     FirstEta,
     QueueEta,
     QueueKey,
@@ -29,6 +30,7 @@ from actors.core.eta import (
 )
 from actors.core.events import RequestSubmitted
 from actors.core.ids import RequestId, TargetId
+from actors.core.ledger import private_tokens, target_usage
 from actors.core.lifecycle import cancel_waiting
 from actors.core.model import GLOBAL_QUEUE, RANK_QUEUE, Program
 from actors.core.resume import ordered
@@ -53,7 +55,19 @@ def prior_interval(s: SchedulerState, line: TargetId) -> float:
 
 def line_interval(s: SchedulerState, line: TargetId) -> float:
     """The drain interval ``d`` of rank ``line``'s line (learned, shrunk to the prior)."""
-    return drain_interval(s.eta.window((RANK_QUEUE, line)), prior_interval(s, line))
+    return drain_interval(s.eta.window((LINE, line)), prior_interval(s, line))
+
+
+def to_next_tick(s: SchedulerState) -> float:
+    """Seconds to the next tick (its admission pass); one interval before the first tick."""
+    interval = s.cfg.metrics_interval_seconds
+    last = s.eta.last_tick_at
+    if last is None:
+        return interval
+    ahead = last + interval - s.now
+    if ahead < 0:  # a tick is late: the next one is one interval after it is due
+        ahead = interval - (-ahead % interval) if interval > 0 else 0.0
+    return ahead
 
 
 def queue_etas(s: SchedulerState, key: QueueKey) -> list[tuple[Program, QueueEta]]:
@@ -63,20 +77,31 @@ def queue_etas(s: SchedulerState, key: QueueKey) -> list[tuple[Program, QueueEta
     refs = s.global_queues.get(name) if kind == GLOBAL_QUEUE else s.rank_queues.get(TargetId(name))
     if not refs:
         return []
+    cfg = s.cfg
+    capacity = cfg.token_capacity_per_dp_rank
+    low = capacity * cfg.low_watermark_ratio if capacity is not None else None
+    to_tick = to_next_tick(s)
     out: list[tuple[Program, QueueEta]] = []
-    ahead: dict[TargetId | None, int] = {}
-    intervals: dict[TargetId, float] = {}
+    # per line: (position so far, tokens the line needs so far, its drain interval, used, active)
+    lines: dict[TargetId | None, list[float]] = {}
     for p in ordered(s, list(refs)):
         line = p.last_target
-        position = ahead.get(line, 0) + 1
-        ahead[line] = position
-        if line is None:
-            d = DEFAULT_PRIOR_INTERVAL
-        else:
-            d = intervals.get(line, -1.0)
-            if d < 0:
-                d = intervals[line] = line_interval(s, line)
-        out.append((p, QueueEta(position, eta_seconds(position, d), d)))
+        st = lines.get(line)
+        if st is None:
+            rank = s.ranks.get(line) if line is not None else None
+            if rank is None:
+                st = [0.0, 0.0, DEFAULT_PRIOR_INTERVAL, 0.0, 0.0]
+            else:
+                used = target_usage(rank, s.now, cfg.metrics_interval_seconds)
+                st = [0.0, 0.0, line_interval(s, rank.target_id), used, float(len(rank.active))]
+            lines[line] = st
+        st[0] += 1
+        st[1] += private_tokens(p, cfg.decode_buffer_tokens)
+        position = int(st[0])
+        fits = st[4] + position <= cfg.max_active_programs_per_target and (low is None or st[3] + st[1] <= low)
+        d = st[2]
+        eta = eta_seconds(position, d, to_tick, blocked=not fits)
+        out.append((p, QueueEta(position, eta, d, to_tick, blocked=not fits)))
     return out
 
 
@@ -108,12 +133,19 @@ def after_submit(s: SchedulerState, ev: RequestSubmitted) -> None:
     if eta is None:
         return
     bound = ev.max_queue_seconds
-    if bound is not None and eta.eta_seconds > bound:
+    if bound is not None and (eta.eta_seconds > bound or bound == 0):  # 0: do not queue at all
         s.eta.bound_rejections += 1
         s.effects.append(bound_rejection(rid, eta, bound))
         cancel_waiting(s, rid)
         return
-    s.eta.first[rid] = FirstEta(eta_seconds=eta.eta_seconds, queued_at=s.now)
+    s.eta.first[rid] = FirstEta(
+        eta_seconds=eta.eta_seconds,
+        queued_at=s.now,
+        line=None if p is None or p.last_target is None else str(p.last_target),
+        position=eta.position,
+        to_tick_seconds=eta.to_tick_seconds,
+        blocked=eta.blocked,
+    )
     s.effects.append(QueueEtaTold(request_id=rid, position=eta.position, eta_seconds=eta.eta_seconds, first=True))
 
 
@@ -165,7 +197,7 @@ def diagnostics(s: SchedulerState) -> dict[str, object]:
             waiting[line] = waiting.get(line, 0) + 1
     lines = []
     for target in sorted(s.ranks):
-        w = book.window((RANK_QUEUE, target))
+        w = book.window((LINE, target))
         lines.append(
             {
                 "target_id": target,
@@ -173,7 +205,7 @@ def diagnostics(s: SchedulerState) -> dict[str, object]:
                 "drain_interval_seconds": line_interval(s, target),
                 "prior_interval_seconds": prior_interval(s, target),
                 "interval_samples": len(w.intervals),
-                "exits_count": w.exits,
+                "samples_observed": w.observed,
             }
         )
     return {
@@ -183,5 +215,6 @@ def diagnostics(s: SchedulerState) -> dict[str, object]:
         "p90_relative_error": quantile(errors, 0.9),
         "told_waiting_count": len(book.first),
         "bound_rejections_count": book.bound_rejections,
+        "next_tick_in_seconds": to_next_tick(s),
         "lines": lines,
     }

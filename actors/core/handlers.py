@@ -98,6 +98,7 @@ def on_timer(s: SchedulerState, ev: TimerFired) -> None:
 
 def on_tick(s: SchedulerState, ev: RepairTick) -> None:
     """The periodic tick: forget old generation histories, re-examine every rank, report sources."""
+    s.eta.last_tick_at = s.now  # the queue ETA counts to the next tick's admission pass (§13)
     prune_released_generations(s)
     fairness.prune(s.fair, s.prio, s.now)
     if s.interactive.pending:

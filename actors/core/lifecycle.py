@@ -85,31 +85,6 @@ def enqueue(s: SchedulerState, p: Program) -> None:
         p.queued_at = s.now
 
 
-def queue_members(s: SchedulerState, p: Program) -> dict[ProgramRef, None]:
-    """The queue ``p`` waits in (empty when it waits in none)."""
-    where = p.queued_in
-    if where is None:
-        return {}
-    kind, name = where
-    q = s.global_queues.get(name) if kind == GLOBAL_QUEUE else s.rank_queues.get(TargetId(name))
-    return q if q is not None else {}
-
-
-def observe_line_exit(s: SchedulerState, p: Program) -> None:
-    """The queue ETA's drain sample (docs/program-scheduling.md §13): ``p``, which waited for its
-    rank ``last_target`` (its *line*), is admitted now; the line has been busy since the earliest
-    ``queued_at`` of the Programs waiting in it."""
-    line = p.last_target
-    if line is None or p.queued_at is None:
-        return
-    start = p.queued_at
-    for ref in queue_members(s, p):
-        o = live_program(s, ref)
-        if o is not None and o.last_target == line and o.queued_at is not None and o.queued_at < start:
-            start = o.queued_at
-    s.eta.exited((RANK_QUEUE, line), s.now, start)
-
-
 def dequeue(s: SchedulerState, p: Program) -> None:
     where = p.queued_in
     if where is None:
@@ -214,8 +189,6 @@ def commit_admission(s: SchedulerState, p: Program, rank: RankState, plan: Plan 
     front = s.pool.front(p.ref)
     # B4 fix: the Program is charged exactly the `required` the plan checked (front hint).
     p.output_token_reservation = front.hints.expected_output_length if front is not None else None
-    if p.queued_in is not None and p.queued_at is not None and p.queued_at < s.now:
-        observe_line_exit(s, p)  # a Program that waited left its line (docs/program-scheduling.md §13)
     frm, to = lc.apply(p, lc.ACTIVATE)
     p.placement = rank.target_id
     p.placement_epoch = s.epochs.next()

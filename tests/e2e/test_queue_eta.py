@@ -9,6 +9,7 @@ and records the virtual time of every message it sends.
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -74,13 +75,17 @@ async def test_bound_zero_refuses_at_once_with_retry_after_from_the_eta(
     async with daemon(worker) as (handles, client), trio.open_nursery() as nursery:
         await hold_first(worker, client, nursery)
         t0 = trio.current_time()
+        # blocked (the one slot is taken): the time to the next tick + 1 position x 5 s (the prior)
+        to_tick = handles.program_dispatcher.diagnostics()["queue_eta"]["next_tick_in_seconds"]
+        assert 0 < to_tick <= 1.0
+        expected = to_tick + 5.0
         refused = await client.post("/v1/chat/completions", json=chat("second", "B"), headers={HEADER: "0"})
         assert trio.current_time() == t0  # answered at once, never queued
         assert refused.status_code == 429
-        assert refused.headers["retry-after"] == "5"  # ceil(1 position x 5 s prior)
+        assert refused.headers["retry-after"] == str(math.ceil(expected))
         error = refused.json()["error"]
         assert error["code"] == "queue_wait_exceeds_bound" and error["type"] == "rate_limit_error"
-        assert "expected queue wait 5.0s (position 1)" in error["message"]
+        assert f"expected queue wait {expected:.1f}s (position 1)" in error["message"]
         diag = handles.program_dispatcher.diagnostics()
         assert diag["queue_eta"]["bound_rejections_count"] == 1 and diag["retained_requests"] == 0
         worker.release("first")
@@ -97,6 +102,7 @@ async def test_bound_the_eta_meets_queues_normally(autojump_clock: trio.testing.
 
         nursery.start_soon(send)
         ps = handles.program_dispatcher
+        to_tick = ps.diagnostics()["queue_eta"]["next_tick_in_seconds"]
         await ps.wait_diagnostics(lambda d: d["retained_requests"] == 1)
         t_queued = trio.current_time()
         await trio.sleep(3.0)
@@ -105,8 +111,8 @@ async def test_bound_the_eta_meets_queues_normally(autojump_clock: trio.testing.
         assert worker.at("second") - t_queued == pytest.approx(3.0)
         await ps.wait_diagnostics(lambda d: d["queue_eta"]["samples_count"] == 1)
         eta = ps.diagnostics()["queue_eta"]
-        # first ETA 5 s (the prior), actual wait 3 s: relative error 2/3
-        assert eta["median_relative_error"] == pytest.approx(2.0 / 3.0)
+        # first ETA: to the next tick + 5 s (the prior); actual wait 3 s
+        assert eta["median_relative_error"] == pytest.approx((to_tick + 5.0 - 3.0) / 3.0)
     assert first["first"].status_code == 200 and out["second"].status_code == 200
 
 
@@ -182,10 +188,9 @@ async def test_sse_comments_carry_position_and_eta_while_queued(autojump_clock: 
     head = messages[0][1]
     assert head["type"] == "http.response.start" and head["status"] == 200
     comments = [(round(t - t0, 6), m["body"]) for t, m in messages if m.get("body", b"").startswith(b":")]
-    assert comments == [(2.0, b": queued position=1 eta=5.0s\n\n")] + [
-        (4.0, b": queued position=1 eta=5.0s\n\n"),
-        (6.0, b": queued position=1 eta=5.0s\n\n"),
-    ]
+    # every tick (1 s) re-tells the ETA: 1 s to the next tick + 1 position x 5 s (the prior)
+    comment = b": queued position=1 eta=6.0s\n\n"
+    assert comments == [(2.0, comment), (4.0, comment), (6.0, comment)]
     assert t_admitted - t0 == pytest.approx(7.0)
     rest = b"".join(m.get("body", b"") for _t, m in messages[1:])
     assert b'"content": "ok"' in rest and rest.endswith(b"data: [DONE]\n\n")

@@ -8,12 +8,12 @@ import pytest
 
 from actors.core import effects as fx
 from actors.core import eta
-from actors.core.eta import DEFAULT_PRIOR_INTERVAL, WINDOW, DrainWindow, EtaBook, FirstEta
+from actors.core.eta import DEFAULT_PRIOR_INTERVAL, LINE, WINDOW, DrainWindow, EtaBook, FirstEta
 from actors.core.eta_queue import QUEUE_WAIT_EXCEEDS_BOUND, diagnostics, prior_interval
 from actors.core.events import QUEUE_TIMEOUT, RequestSubmitted
 from actors.core.ids import RequestId
 from actors.core.invariants import check
-from actors.core.model import RANK_QUEUE, RequestHints
+from actors.core.model import RequestHints
 from tests.unit.core_support import Harness, Ident, tid
 
 
@@ -31,20 +31,17 @@ def observed(effects: tuple[object, ...]) -> list[tuple[float, float, float]]:
 def test_drain_interval_is_the_window_mean_shrunk_to_the_prior() -> None:
     w = DrainWindow()
     assert eta.drain_interval(w, 5.0) == 5.0  # no sample: the prior
-    w = eta.queue_exit(w, now=4.0, busy_start=1.0)  # busy since 1.0, first exit at 4.0: 3 s
-    assert w.intervals == (3.0,) and w.last_exit_at == 4.0 and w.exits == 1
-    w = eta.queue_exit(w, now=10.0, busy_start=2.0)  # since the previous exit (4.0 > 2.0): 6 s
-    assert w.intervals == (3.0, 6.0)
+    w = eta.observe(eta.observe(w, 3.0), 6.0)
+    assert w.intervals == (3.0, 6.0) and w.observed == 2
     assert eta.drain_interval(w, 5.0) == (3.0 + 6.0 + 2 * 5.0) / 4  # 4.75
-    w = eta.queue_exit(w, now=30.0, busy_start=25.0)  # idle 10..25 is not counted: 5 s
-    assert w.intervals == (3.0, 6.0, 5.0)
+    assert eta.observe(w, -1.0) == w and eta.observe(w, math.nan) == w  # ignored
 
 
 def test_drain_window_is_bounded() -> None:
     w = DrainWindow()
-    for k in range(WINDOW + 10):
-        w = eta.queue_exit(w, now=float(k + 1), busy_start=0.0)
-    assert len(w.intervals) == WINDOW and w.exits == WINDOW + 10
+    for _ in range(WINDOW + 10):
+        w = eta.observe(w, 1.0)
+    assert len(w.intervals) == WINDOW and w.observed == WINDOW + 10
     assert eta.drain_interval(w, 100.0) == pytest.approx((WINDOW * 1.0 + 2 * 100.0) / (WINDOW + 2))
 
 
@@ -55,6 +52,8 @@ def test_a_bad_prior_falls_back_to_the_default() -> None:
 
 def test_eta_is_position_times_interval_and_retry_after_rounds_up() -> None:
     assert eta.eta_seconds(3, 1.5) == 4.5
+    assert eta.eta_seconds(3, 1.5, to_tick=0.25) == 4.75
+    assert eta.eta_seconds(3, 1.5, to_tick=0.25, blocked=False) == 0.25
     assert eta.eta_seconds(1, math.inf) == eta.MAX_ETA_SECONDS
     with pytest.raises(ValueError, match="position must be >= 1"):
         eta.eta_seconds(0, 1.0)
@@ -63,9 +62,11 @@ def test_eta_is_position_times_interval_and_retry_after_rounds_up() -> None:
 
 def test_book_compares_the_first_eta_with_the_actual_wait() -> None:
     book = EtaBook()
-    book.first[RequestId("r1")] = FirstEta(eta_seconds=5.0, queued_at=1.0)
+    first = FirstEta(eta_seconds=5.0, queued_at=1.0, line="t0", position=2, to_tick_seconds=0.5, blocked=True)
+    book.first[RequestId("r1")] = first
     book.first[RequestId("r2")] = FirstEta(eta_seconds=2.0, queued_at=3.0)
-    assert book.admitted(RequestId("r1"), 5.0) == (FirstEta(5.0, 1.0), 4.0, 0.25)
+    assert book.admitted(RequestId("r1"), 5.0) == (first, 4.0, 0.25)
+    assert book.windows[(LINE, "t0")].intervals == ((4.0 - 0.5) / 2,)  # a blocked ETA: a drain sample
     assert book.admitted(RequestId("r1"), 6.0) is None  # once
     assert book.admitted(RequestId("r2"), 3.0) is None  # did not wait: no sample
     assert book.admitted(RequestId("r9"), 3.0) is None  # never told
@@ -82,22 +83,37 @@ def bounded(rid: str, program: str, bound: float) -> RequestSubmitted:
 
 
 def test_queued_request_is_told_its_position_and_eta_and_accuracy_is_recorded() -> None:
-    h = Harness(max_active_programs_per_target=1)
+    h = Harness(max_active_programs_per_target=1)  # metrics_interval_seconds = 1
     h.submit("x")  # r1 admitted: the rank's one slot
-    assert told(h.submit("a", at=1.0)) == [("r2", 1, 5.0, True)]  # the prior: 5 s per position
-    assert told(h.submit("b", at=2.0)) == [("r3", 2, 10.0, True)]
-    assert told(h.tick(at=3.0)) == [("r2", 1, 5.0, False), ("r3", 2, 10.0, False)]
+    # blocked (the slot is taken): one interval to the first tick + 1 position x 5 s (the prior)
+    assert told(h.submit("a", at=1.0)) == [("r2", 1, 6.0, True)]
+    assert told(h.submit("b", at=2.0)) == [("r3", 2, 11.0, True)]
+    assert told(h.tick(at=3.0)) == [("r2", 1, 6.0, False), ("r3", 2, 11.0, False)]
+    assert told(h.submit("c", at=3.25)) == [("r4", 3, 0.75 + 15.0, True)]  # the next tick is at 4
+    h.abandon("r4", at=3.5)
     eff = h.complete("r1", at=4.0, prompt=100)  # x leaves the slot: a is admitted after 3 s
-    assert observed(eff) == [(5.0, 3.0, 2.0 / 3.0)]
-    # one exit of 3 s (busy since a queued at 1.0): d = (3 + 2 x 5) / 3
-    assert told(h.tick(at=5.0)) == [("r3", 1, 13.0 / 3.0, False)]
-    eff = h.complete("r2", at=10.0, prompt=100)  # b admitted after 8 s; its first ETA was 10
-    assert observed(eff) == [(10.0, 8.0, 0.25)]
-    assert h.state.eta.windows[(RANK_QUEUE, tid(0))].intervals == (3.0, 6.0)
+    assert observed(eff) == [(6.0, 3.0, 1.0)]
+    # a's sample: (3 s - 1 s to the tick) / position 1 = 2 s; d = (2 + 2 x 5) / 3 = 4
+    assert h.state.eta.windows[(LINE, tid(0))].intervals == (2.0,)
+    assert told(h.tick(at=5.0)) == [("r3", 1, 1.0 + 4.0, False)]
+    eff = h.complete("r2", at=10.0, prompt=100)  # b admitted after 8 s; its first ETA was 11
+    assert observed(eff) == [(11.0, 8.0, 0.375)]
+    assert h.state.eta.windows[(LINE, tid(0))].intervals == (2.0, 3.5)  # (8 - 1) / 2
     doc = diagnostics(h.state)
-    assert doc["samples_count"] == 2 and doc["median_relative_error"] == pytest.approx((2 / 3 + 0.25) / 2)
+    assert doc["samples_count"] == 2 and doc["median_relative_error"] == pytest.approx((1.0 + 0.375) / 2)
     assert doc["told_waiting_count"] == 0
     assert check(h.state, h.cfg) == []
+
+
+def test_a_line_that_fits_now_waits_for_the_next_tick_only() -> None:
+    # capacity 1000, 600 used; a needs 300 (200 + decode buffer 100) and fits, but the waiting
+    # gate (engine waiting >= 1) holds it back until a pass re-checks
+    h = Harness(token_capacity_per_dp_rank=1000, decode_buffer_tokens=100, admission_waiting_request_threshold=1)
+    h.tick(at=0.0)  # the tick grid: 0, 1, 2, ...
+    h.submit("x", tokens=500)
+    h.observe(0, kv=0.6, running=1, waiting=3, at=0.5)  # 600 tokens used; the gate is closed
+    assert told(h.submit("a", tokens=200, at=0.75)) == [("r2", 1, 0.25, True)]  # to the first tick at 1
+    assert told(h.submit("b", tokens=400, at=0.8)) == [("r3", 2, 0.2 + 2 * 5.0, True)]  # 600 + 300 + 500 > 1000
 
 
 def test_request_admitted_in_its_arrival_step_is_told_nothing() -> None:
@@ -123,9 +139,9 @@ def test_bound_refuses_at_once_when_the_eta_exceeds_it() -> None:
         "rb",
         QUEUE_WAIT_EXCEEDS_BOUND,
         429,
-        10.0,
+        11.0,
     )
-    assert "expected queue wait 10.0s (position 2)" in rej.message and "x-agentd-max-queue-seconds=0" in rej.message
+    assert "expected queue wait 11.0s (position 2)" in rej.message and "x-agentd-max-queue-seconds=0" in rej.message
     assert told(eff) == [] and h.state.pool.get(RequestId("rb")) is None and h.program("b") is None
     assert h.state.eta.bound_rejections == 1
     # a bound the ETA meets: queued normally
@@ -134,9 +150,9 @@ def test_bound_refuses_at_once_when_the_eta_exceeds_it() -> None:
         Ident("c", placement_key="c", placement_hash_key="c"),
         100,
         RequestHints(),
-        max_queue_seconds=10.0,
+        max_queue_seconds=11.0,
     )
-    assert told(h.feed(ev, at=2.0)) == [("rc", 2, 10.0, True)]
+    assert told(h.feed(ev, at=2.0)) == [("rc", 2, 11.0, True)]
     assert check(h.state, h.cfg) == []
 
 
@@ -172,8 +188,8 @@ def test_queue_timeout_429_carries_retry_after_from_the_eta() -> None:
     h.observe(0, kv=0.1, running=1, waiting=3, at=49.0, epoch=2)
     eff = h.fire(qt[0].program, QUEUE_TIMEOUT, qt[0].token, at=51.0)
     (rej,) = [e for e in eff if isinstance(e, fx.Reject)]
-    # b is first in line: eta = 1 x 5 s prior -> Retry-After 5
-    assert (rej.request_id, rej.reason, rej.retry_after_seconds) == ("r2", "queue_timeout", 5.0)
+    # b is first in line and blocked: 1 s to the first tick + 1 x 5 s prior -> Retry-After 6
+    assert (rej.request_id, rej.reason, rej.retry_after_seconds) == ("r2", "queue_timeout", 6.0)
 
 
 def test_prior_is_the_default_until_the_rank_knows_its_throughput() -> None:
