@@ -52,6 +52,8 @@ MAX_ETA_SECONDS = 1e9  # an ETA is always finite
 
 QueueKey = tuple[str, str]  # Program.queued_in: (RANK_QUEUE, target id) | (GLOBAL_QUEUE, pool); (LINE, target id)
 LINE = "line"  # the drain windows' key kind: one line per rank
+POOLED = (LINE, "*")  # every line's samples together: what a line with few samples shrinks to
+LINE_WEIGHT = 1.0  # a line's own window shrinks to the pooled drain with this weight
 
 
 @frozen
@@ -95,19 +97,25 @@ def observe(w: DrainWindow, sample: float, limit: int = WINDOW) -> DrainWindow:
     return DrainWindow(intervals=intervals, observed=w.observed + 1)
 
 
-def drain_interval(w: DrainWindow, prior: float) -> float:
-    """The drain interval ``d`` (seconds per position): the window's mean shrunk to ``prior``."""
+def drain_interval(w: DrainWindow, prior: float, weight: float = PRIOR_WEIGHT) -> float:
+    """The drain interval ``d`` (seconds per position): the window's mean shrunk to ``prior``,
+    which counts as ``weight`` samples."""
     if not (math.isfinite(prior) and prior > 0):
         prior = DEFAULT_PRIOR_INTERVAL
-    return (math.fsum(w.intervals) + PRIOR_WEIGHT * prior) / (len(w.intervals) + PRIOR_WEIGHT)
+    return (math.fsum(w.intervals) + weight * prior) / (len(w.intervals) + weight)
 
 
-def eta_seconds(position: int, interval: float, to_tick: float = 0.0, blocked: bool = True) -> float:
+def eta_seconds(
+    position: int, interval: float, to_tick: float = 0.0, blocked: bool = True, release_in: float | None = None
+) -> float:
     """The expected wait of position ``position`` (>= 1): ``to_tick``, plus ``position x interval``
-    when the line up to it does not fit now."""
+    when the line up to it does not fit now; or ``release_in``, when sooner (the acting Programs
+    whose TTL deadlines come first free what the line needs: their pauses run an admission pass)."""
     if position < 1:
         raise ValueError(f"position must be >= 1 (got {position})")
     eta = max(0.0, to_tick) + (position * interval if blocked else 0.0)
+    if release_in is not None and 0.0 <= release_in < eta:
+        eta = release_in
     if not math.isfinite(eta) or eta < 0:
         return MAX_ETA_SECONDS
     return min(eta, MAX_ETA_SECONDS)
@@ -150,9 +158,9 @@ class EtaBook:
             return None
         actual = now - first.queued_at
         if first.blocked and first.line is not None:
-            key = (LINE, first.line)
             sample = max(0.0, actual - first.to_tick_seconds) / max(1, first.position)
-            self.windows[key] = observe(self.window(key), sample)
+            for key in ((LINE, first.line), POOLED):  # the line's window and the pooled one
+                self.windows[key] = observe(self.window(key), sample)
         err = relative_error(first.eta_seconds, actual)
         if err is None:
             return None

@@ -20,6 +20,8 @@ from actors.core.errors import Rejection
 from actors.core.eta import (
     DEFAULT_PRIOR_INTERVAL,
     LINE,
+    LINE_WEIGHT,
+    POOLED,
     FirstEta,
     QueueEta,
     QueueKey,
@@ -32,7 +34,7 @@ from actors.core.events import RequestSubmitted
 from actors.core.ids import RequestId, TargetId
 from actors.core.ledger import private_tokens, target_usage
 from actors.core.lifecycle import cancel_waiting
-from actors.core.model import GLOBAL_QUEUE, RANK_QUEUE, Program
+from actors.core.model import ACTING, GLOBAL_QUEUE, RANK_QUEUE, Program, RankState
 from actors.core.resume import ordered
 from actors.core.state import SchedulerState, live_program
 
@@ -54,8 +56,22 @@ def prior_interval(s: SchedulerState, line: TargetId) -> float:
 
 
 def line_interval(s: SchedulerState, line: TargetId) -> float:
-    """The drain interval ``d`` of rank ``line``'s line (learned, shrunk to the prior)."""
-    return drain_interval(s.eta.window((LINE, line)), prior_interval(s, line))
+    """The drain interval ``d`` of rank ``line``'s line: its own samples shrunk to the pooled drain
+    of every line, which is shrunk to the rank's prior."""
+    pooled = drain_interval(s.eta.window(POOLED), prior_interval(s, line))
+    return drain_interval(s.eta.window((LINE, line)), pooled, LINE_WEIGHT)
+
+
+def releases(s: SchedulerState, rank: RankState) -> list[tuple[float, float]]:
+    """(seconds until, private tokens freed) of the rank's acting Programs' TTL pauses, soonest first."""
+    now = s.now
+    out = [
+        (max(0.0, a.ttl_deadline - now), a.charged_tokens)
+        for a in rank.active.values()
+        if a.status == ACTING and a.ttl_deadline is not None
+    ]
+    out.sort()
+    return out
 
 
 def to_next_tick(s: SchedulerState) -> float:
@@ -98,11 +114,26 @@ def queue_etas(s: SchedulerState, key: QueueKey) -> list[tuple[Program, QueueEta
         st[0] += 1
         st[1] += private_tokens(p, cfg.decode_buffer_tokens)
         position = int(st[0])
-        fits = st[4] + position <= cfg.max_active_programs_per_target and (low is None or st[3] + st[1] <= low)
+        count_over = st[4] + position - cfg.max_active_programs_per_target
+        tokens_over = st[3] + st[1] - low if low is not None else 0.0
+        fits = count_over <= 0 and tokens_over <= 0
+        rank = s.ranks.get(line) if line is not None else None
+        release_in = None if rank is None else _release_in(s, rank, count_over, tokens_over, fits)
         d = st[2]
-        eta = eta_seconds(position, d, to_tick, blocked=not fits)
+        eta = eta_seconds(position, d, to_tick, blocked=not fits, release_in=release_in)
         out.append((p, QueueEta(position, eta, d, to_tick, blocked=not fits)))
     return out
+
+
+def _release_in(s: SchedulerState, rank: RankState, count_over: float, tokens_over: float, fits: bool) -> float | None:
+    """When the rank's TTL pauses have freed what the line needs (the first one, when it fits
+    already), or None when they never do."""
+    freed = 0.0
+    for count, (at, tokens) in enumerate(releases(s, rank), start=1):
+        freed += tokens
+        if fits or (count >= count_over and freed >= tokens_over):
+            return at
+    return None
 
 
 def program_eta(s: SchedulerState, p: Program) -> QueueEta | None:

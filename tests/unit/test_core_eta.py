@@ -93,9 +93,10 @@ def test_queued_request_is_told_its_position_and_eta_and_accuracy_is_recorded() 
     h.abandon("r4", at=3.5)
     eff = h.complete("r1", at=4.0, prompt=100)  # x leaves the slot: a is admitted after 3 s
     assert observed(eff) == [(6.0, 3.0, 1.0)]
-    # a's sample: (3 s - 1 s to the tick) / position 1 = 2 s; d = (2 + 2 x 5) / 3 = 4
+    # a's sample: (3 s - 1 s to the tick) / position 1 = 2 s; pooled d = (2 + 2 x 5) / 3 = 4,
+    # the line's d = (2 + 1 x 4) / 2 = 3
     assert h.state.eta.windows[(LINE, tid(0))].intervals == (2.0,)
-    assert told(h.tick(at=5.0)) == [("r3", 1, 1.0 + 4.0, False)]
+    assert told(h.tick(at=5.0)) == [("r3", 1, 1.0 + 3.0, False)]
     eff = h.complete("r2", at=10.0, prompt=100)  # b admitted after 8 s; its first ETA was 11
     assert observed(eff) == [(11.0, 8.0, 0.375)]
     assert h.state.eta.windows[(LINE, tid(0))].intervals == (2.0, 3.5)  # (8 - 1) / 2
@@ -196,3 +197,21 @@ def test_prior_is_the_default_until_the_rank_knows_its_throughput() -> None:
     h = Harness()
     assert prior_interval(h.state, tid(0)) == DEFAULT_PRIOR_INTERVAL
     assert prior_interval(h.state, tid(7)) == DEFAULT_PRIOR_INTERVAL  # unknown rank
+
+
+def test_an_acting_programs_ttl_pause_that_frees_the_slot_sets_the_eta_when_sooner() -> None:
+    h = Harness(max_active_programs_per_target=1)
+    h.tick(at=0.0)
+    h.submit("x", hints=RequestHints(kv_retention_ttl_seconds=30.0))
+    h.complete("r1", at=0.5, prompt=100)  # x acts, holding the slot until 30.5
+    # blocked: 0.5 s to the tick + 5 s is sooner than x's TTL pause in 30 s
+    assert told(h.submit("a", at=0.5)) == [("r2", 1, 5.5, True)]
+    assert h.program("x").ttl_deadline == 30.5
+    h.abandon("r2", at=0.6)
+    h2 = Harness(max_active_programs_per_target=1)
+    h2.tick(at=0.0)
+    h2.submit("x", hints=RequestHints(kv_retention_ttl_seconds=2.0))
+    h2.complete("r1", at=0.5, prompt=100)  # x acts until 2.5, then its pause frees the slot
+    assert told(h2.submit("a", at=0.75)) == [("r2", 1, 1.75, True)]  # sooner than 0.25 + 5
+    eff = h2.tick(at=2.5)  # the TTL fires first (timers due at 2.5), then the tick
+    assert observed(eff) == [(1.75, 1.75, 0.0)]
