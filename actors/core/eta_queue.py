@@ -100,6 +100,7 @@ def queue_etas(s: SchedulerState, key: QueueKey) -> list[tuple[Program, QueueEta
     out: list[tuple[Program, QueueEta]] = []
     # per line: (position so far, tokens the line needs so far, its drain interval, used, active)
     lines: dict[TargetId | None, list[float]] = {}
+    pauses_by_line: dict[TargetId | None, list[tuple[float, float]]] = {}  # the rank's TTL pauses
     for p in ordered(s, list(refs)):
         line = p.last_target
         st = lines.get(line)
@@ -117,19 +118,22 @@ def queue_etas(s: SchedulerState, key: QueueKey) -> list[tuple[Program, QueueEta
         count_over = st[4] + position - cfg.max_active_programs_per_target
         tokens_over = st[3] + st[1] - low if low is not None else 0.0
         fits = count_over <= 0 and tokens_over <= 0
-        rank = s.ranks.get(line) if line is not None else None
-        release_in = None if rank is None else _release_in(s, rank, count_over, tokens_over, fits)
+        pauses = pauses_by_line.get(line)
+        if pauses is None:
+            rank = s.ranks.get(line) if line is not None else None
+            pauses = pauses_by_line[line] = releases(s, rank) if rank is not None else []
+        release_in = _release_in(pauses, count_over, tokens_over, fits)
         d = st[2]
         eta = eta_seconds(position, d, to_tick, blocked=not fits, release_in=release_in)
         out.append((p, QueueEta(position, eta, d, to_tick, blocked=not fits)))
     return out
 
 
-def _release_in(s: SchedulerState, rank: RankState, count_over: float, tokens_over: float, fits: bool) -> float | None:
-    """When the rank's TTL pauses have freed what the line needs (the first one, when it fits
+def _release_in(pauses: list[tuple[float, float]], count_over: float, tokens_over: float, fits: bool) -> float | None:
+    """When the rank's TTL ``pauses`` have freed what the line needs (the first one, when it fits
     already), or None when they never do."""
     freed = 0.0
-    for count, (at, tokens) in enumerate(releases(s, rank), start=1):
+    for count, (at, tokens) in enumerate(pauses, start=1):
         freed += tokens
         if fits or (count >= count_over and freed >= tokens_over):
             return at
