@@ -107,6 +107,8 @@ TRANSITION_REASONS = (
     "capacity_repair_mark",
     "priority_preemption",
     "priority_preemption_mark",
+    "tenant_isolation",
+    "tenant_isolation_mark",
     "max_segment_yield",
     "request_failed",
     "health_failover",

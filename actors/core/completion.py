@@ -38,6 +38,7 @@ from actors.core.model import (
     PRIORITY_PREEMPTION,
     REASONING,
     REQUEST_FAILED,
+    TENANT_ISOLATION,
     Dispatch,
     Program,
     RankState,
@@ -335,7 +336,7 @@ def pool_waiting(s: SchedulerState, pool: str) -> bool:
 
 def apply_idle_action(s: SchedulerState, p: Program, action: str | None) -> None:
     """Pause a Program that repair marked or whose request failed; release a terminated one."""
-    if action is not None and action in (CAPACITY_REPAIR, PRIORITY_PREEMPTION, REQUEST_FAILED):
+    if action is not None and action in (CAPACITY_REPAIR, PRIORITY_PREEMPTION, TENANT_ISOLATION, REQUEST_FAILED):
         pause(s, p, action)  # B7 fix: after the statistics
     elif action == TERMINATE:
         release(s, p, "program_release")

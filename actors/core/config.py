@@ -41,6 +41,7 @@ UNIT_INTERVAL: Rule = (lambda x: finite(x) and 0 <= x <= 1, "must be finite and 
 INT_GT_0: Rule = (lambda x: isinstance(x, int) and x > 0, "must be an integer > 0")
 INT_GE_0: Rule = (lambda x: isinstance(x, int) and x >= 0, "must be an integer >= 0")
 PORT: Rule = (lambda x: isinstance(x, int) and 0 <= x <= 65535, "must be a port number within [0, 65535]")
+OPTIONAL_INT_GE_0: Rule = (lambda x: x is None or (isinstance(x, int) and x >= 0), "must be null or an integer >= 0")
 OPTIONAL_INT_GT_0: Rule = (lambda x: x is None or (isinstance(x, int) and x > 0), "must be null or an integer > 0")
 OPTIONAL_PORT: Rule = (lambda x: x is None or PORT[0](x), "must be null or a port number within [0, 65535]")
 NON_EMPTY: Rule = (lambda x: isinstance(x, str) and x.strip() != "", "must be a non-empty string")
@@ -327,7 +328,12 @@ class PriorityConfig:
       interactive request (docs/priority.md §2, "Headroom for interactive"); ``None`` = no such cap;
     * ``tenant_pause_share``: the first waiting Program of a tenant may pause idle (acting)
       Programs of tenants holding more than their weighted fair share of its rank's capacity
-      (docs/priority.md §3, "Pausing for fairness"); off by default.
+      (docs/priority.md §3, "Pausing for fairness"); off by default;
+    * ``heavy_tenant_max_active_per_rank``: on a rank shared with a light tenant, a heavy tenant
+      (one demanding more than its weighted fair share of the model pool) keeps at most this many
+      Programs active; the excess is paused (docs/priority.md §3, "Isolating light tenants");
+      ``None`` = off; ``tenant_isolation_window_seconds``: how long a rank stays shared with a
+      light tenant after the tenant was last present on it.
     """
 
     class_order: tuple[str, ...] = rule_field(CLASS_ORDER, DEFAULT_CLASS_ORDER)
@@ -345,6 +351,8 @@ class PriorityConfig:
     batch_max_running_near_interactive: int | None = rule_field(OPTIONAL_INT_GT_0, None)
     interactive_window_seconds: float = rule_field(FINITE_GT_0, 10.0)
     tenant_pause_share: bool = False
+    heavy_tenant_max_active_per_rank: int | None = rule_field(OPTIONAL_INT_GE_0, None)
+    tenant_isolation_window_seconds: float = rule_field(FINITE_GE_0, 3.0)
 
     def weight(self, tenant: str) -> float:
         return self.tenant_weights.get(tenant, self.default_tenant_weight)

@@ -33,6 +33,8 @@ REQUEST_FAILED = "request_failed"
 REQUEST_CANCELLED = "request_cancelled"
 # a higher class or priority needed the capacity (docs/priority.md §1)
 PRIORITY_PREEMPTION = "priority_preemption"
+# a heavy tenant above its cap on a rank shared with a light tenant (docs/priority.md §3)
+TENANT_ISOLATION = "tenant_isolation"
 PAUSE_REASONS = (
     TTL_EXPIRED,
     CAPACITY_REPAIR,
@@ -40,6 +42,7 @@ PAUSE_REASONS = (
     REQUEST_FAILED,
     REQUEST_CANCELLED,
     PRIORITY_PREEMPTION,
+    TENANT_ISOLATION,
 )
 
 # Request classes (docs/priority.md §2): ``interactive`` requests carry no Program identity and are

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from actors.core import fairness
+from actors.core import fairness, fairness_isolation
 from actors.core.ids import ProgramRef, TargetId
 from actors.core.interactive import dispatch_interactive
 from actors.core.ledger import Plan, admission_plan, fresh_waiting, private_tokens, target_usage
@@ -46,6 +46,8 @@ def _front_output(s: SchedulerState, p: Program) -> int | None:
 def plan_for(s: SchedulerState, p: Program, rank: RankState) -> Plan | None:
     plan = admission_plan(p, rank, s.now, s.cfg, front_output=_front_output(s, p), global_mode=s.cfg.global_queue)
     if plan is None or not agent_caps_allow(s, rank, plan) or not tenant_share_allows(s, p, rank, plan):
+        return None
+    if not fairness_isolation.allows(s, p, rank, plan):
         return None
     return plan
 
@@ -126,12 +128,20 @@ def schedule_waiting(s: SchedulerState) -> None:
 
 
 def _schedule_programs(s: SchedulerState) -> None:
-    if s.cfg.global_queue:
-        for pool in sorted(s.global_queues):
-            _schedule_global(s, pool)
-    else:
-        for target in sorted(s.rank_queues):
-            _schedule_rank(s, target)
+    if fairness_isolation.enabled(s):  # docs/priority.md §3, "Isolating light tenants"
+        s.isolation = view = fairness_isolation.compute(s)
+        s.isolation_last = (s.now, view)
+        if view:
+            fairness_isolation.enforce(s, view)
+    try:
+        if s.cfg.global_queue:
+            for pool in sorted(s.global_queues):
+                _schedule_global(s, pool)
+        else:
+            for target in sorted(s.rank_queues):
+                _schedule_rank(s, target)
+    finally:
+        s.isolation = None
 
 
 def schedule_after_change(s: SchedulerState) -> None:
@@ -325,7 +335,7 @@ def select_cross_rank(s: SchedulerState, p: Program) -> tuple[RankState, Plan] |
             if free_dest < free_src + cfg.cross_rank_headroom_ratio * p.estimated_context_tokens:
                 continue
         plan = admission_plan(p, dest, now, cfg, front_output=_front_output(s, p), global_mode=True)
-        if plan is None or not agent_caps_allow(s, dest, plan):
+        if plan is None or not agent_caps_allow(s, dest, plan) or not fairness_isolation.allows(s, p, dest, plan):
             continue
         if capacity is not None:
             pr = (plan.used_tokens + plan.required_tokens + plan.reserve_tokens) / max(1, capacity)

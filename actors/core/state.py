@@ -80,6 +80,12 @@ class SchedulerState:
         self.times = TimeBook()
         # drain windows, first ETAs and recent errors of the queue ETA (docs/program-scheduling.md §13)
         self.eta = EtaBook()
+        # the light-tenant isolation view of the admission pass in progress (fairness_isolation)
+        self.isolation: dict[TargetId, frozenset[str]] | None = None
+        # (time, view) of the last admission pass's isolation view (diagnostics, the fairness machines)
+        self.isolation_last: tuple[float, dict[TargetId, frozenset[str]]] | None = None
+        # model pool -> (light tenant, rank) -> when the tenant was last present there (fairness_isolation)
+        self.isolation_recent: dict[str, dict[tuple[str, TargetId], float]] = {}
         # per-step scratch
         self.effects: list[Effect] = []
         self.touched: dict[ProgramRef, Program] = {}

@@ -421,3 +421,53 @@ def test_fair_share_admission_caps_a_tenant_only_while_another_has_work() -> Non
     assert admitted(_tenant_submit(h, "xc", "x", 3000, 0.0)) == ["r3"]  # 4200 <= 5000
     assert admitted(_tenant_submit(h, "xd", "x", 1000, 0.0)) == []  # 5300 > 5000: waits
     assert check(h.state, h.cfg) == []
+
+
+# ---- isolating light tenants (heavy_tenant_max_active_per_rank) -----------------------------
+
+ISO = PriorityConfig(heavy_tenant_max_active_per_rank=1, tenant_isolation_window_seconds=3.0)
+
+
+def test_a_heavy_tenant_keeps_at_most_the_cap_on_a_rank_a_light_tenant_uses() -> None:
+    h = Harness(token_capacity_per_dp_rank=10_000, priority=ISO)
+    for i in range(6):  # alone, x is never capped: 4 x 2100 held, two more wait for room
+        assert admitted(_tenant_submit(h, f"x{i}", "x", 2000, 0.0)) == ([f"r{i + 1}"] if i < 4 else [])
+    # y arrives: x demands 12600 > its half of the rank (5000), y 600: x is heavy and the rank is
+    # shared with y, so three of x's four busy Programs are marked to pause when their request ends
+    eff = _tenant_submit(h, "y0", "y", 500, 1.0)
+    assert reasons(eff).count("tenant_isolation_mark") == 3
+    assert admitted(eff) == ["r7"]  # 8400 + 600 fit the rank
+    marked = sorted(p.ref.program_id for p in h.rank().active.values() if p.pause_when_idle)
+    assert marked == ["x1", "x2", "x3"]  # the most recently activated (equal sizes)
+    eff = h.complete("r2", at=1.5, prompt=2000)
+    assert "tenant_isolation" in reasons(eff) and h.program("x1").state == "paused"
+    # x1's next request waits: x keeps one Program on the rank while y uses it, room or not
+    assert admitted(_tenant_submit(h, "x1", "x", 2100, 1.6)) == []
+    assert admitted(h.complete("r3", at=1.7, prompt=2000)) == []
+    assert admitted(h.complete("r4", at=1.8, prompt=2000)) == []  # y last seen on the rank
+    assert admitted(h.complete("r7", at=2.0, prompt=500, terminate=True)) == []  # y's Program ends
+    # the rank stays y's for the window (3 s) after y was last there ...
+    assert admitted(h.tick(4.7)) == []
+    # ... then x fills it again
+    assert sorted(admitted(h.tick(4.9))) == ["r5", "r6", "r8"]
+    assert check(h.state, h.cfg) == []
+
+
+def test_isolation_leaves_single_tenant_and_balanced_tenants_alone() -> None:
+    h = Harness(token_capacity_per_dp_rank=10_000, priority=ISO)
+    for i in range(4):
+        assert admitted(_tenant_submit(h, f"a{i}", "a" if i % 2 else "b", 1000, 0.0)) == [f"r{i + 1}"]
+    # two tenants, each below its half: nobody is heavy, nothing is marked
+    eff = _tenant_submit(h, "a9", "a", 1000, 0.5)
+    assert admitted(eff) == ["r5"] and "tenant_isolation_mark" not in reasons(eff)
+    assert check(h.state, h.cfg) == []
+
+
+def test_isolation_config_rules_name_the_fields() -> None:
+    bad = PriorityConfig(heavy_tenant_max_active_per_rank=-1, tenant_isolation_window_seconds=-1.0)
+    got = problems(bad, "priority")
+    assert [line.split(":")[0] for line in got] == [
+        "priority.heavy_tenant_max_active_per_rank",
+        "priority.tenant_isolation_window_seconds",
+    ]
+    assert problems(PriorityConfig(heavy_tenant_max_active_per_rank=0)) == []
