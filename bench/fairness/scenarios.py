@@ -97,6 +97,27 @@ def _relabel(
     return out
 
 
+def _in_start_order(trace: Trace) -> Trace:
+    """``trace`` with its root sessions in start order (each with its subagents, records of a
+    session kept together and in turn order).  The replay starts the open-loop agent roots in file
+    order, each waiting for its ``timestamp`` (bench/replay.py), so a root listed after a later
+    one would start late: merged as victim then adversary, the flood "at t = 0" began only when
+    the light tenant's last root arrived (up to 8 s in).  Batch and interactive roots are started
+    in timestamp order by the replay whatever the file order, so a trace without agent roots is
+    returned as it is."""
+    sessions = trace.sessions()
+    if all(recs[0].klass != "agent" for recs in sessions.values()):
+        return trace
+    root_of: dict[str, str] = {}
+    for sid, recs in sessions.items():
+        parent = recs[0].parent_session_id
+        root_of[sid] = root_of.get(parent, parent) if parent is not None else sid
+    start = {sid: recs[0].timestamp or 0.0 for sid, recs in sessions.items() if recs[0].parent_session_id is None}
+    order = sorted(sessions, key=lambda sid: start.get(root_of[sid], 0.0))  # stable: file order on ties
+    records = [rec for sid in order for rec in sessions[sid]]
+    return attrs.evolve(trace, records=validate_structure(records))
+
+
 def _part(name: str, records: Iterable[TraceRecord], seed: int) -> Trace:
     recs = validate_structure(list(records))
     roots = sum(1 for r in recs if r.turn == 0 and r.parent_session_id is None)
@@ -212,7 +233,7 @@ def build(kind: str, cluster: ClusterSize, seed: int = 0, scale: float = 1.0) ->
         victim=victim,
         adversary=adversary,
         seed=seed,
-        trace=attrs.evolve(merged, meta=meta),
+        trace=_in_start_order(attrs.evolve(merged, meta=meta)),
         alone=attrs.evolve(victim_part, meta=attrs.evolve(meta, profile=f"fairness:{kind}:alone")),
     )
 
