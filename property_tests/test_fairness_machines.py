@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from actors.core.config import ClassLimits, PriorityConfig, ProgramSchedulingConfig
-from bench.fairness.core_machines import MACHINES, VtcBoundMachine, classes_machine, random_walk
+from bench.fairness.core_machines import ALL_CHECKS, MACHINES, VtcBoundMachine, classes_machine, random_walk
 
 DEEP = os.environ.get("HYPOTHESIS_PROFILE", "ci") != "ci"  # the dev profile: ten times the examples
 
@@ -52,6 +52,40 @@ def test_classes_machine_with_caps_weights_and_agents_first() -> None:
     cfg = Daemonish(ps, prio)
     machine = classes_machine(frozenset({"capacity", "conservation", "starvation", "kv_rent"}))(cfg)
     run_state_machine_as_test(machine, settings=BUDGET)
+
+
+ISOLATING = PriorityConfig(
+    tenant_pause_share=True,
+    heavy_tenant_max_active_per_rank=0,
+    batch_max_running_near_interactive=1,
+    tenant_weights={"tenant-b": 2.0},
+)
+
+
+@pytest.mark.parametrize("cap", [0, 1])
+@pytest.mark.parametrize("global_queue", [False, True])
+def test_classes_machine_with_fair_share_isolation_and_headroom(cap: int, global_queue: bool) -> None:
+    """Every check of the classes machine with the quick start's tenant rules on: the fair share
+    (``tenant_pause_share``), isolating light tenants (``heavy_tenant_max_active_per_rank``) and
+    the headroom for interactive (docs/priority.md §2-§3)."""
+    prio = attrs.evolve(ISOLATING, heavy_tenant_max_active_per_rank=cap)
+    ps = ProgramSchedulingConfig(token_capacity_per_dp_rank=4000, global_queue=global_queue)
+    machine = classes_machine(ALL_CHECKS)(Daemonish(ps, prio))
+    run_state_machine_as_test(machine, settings=BUDGET)
+    assert random_walk(machine, cap + 2 * global_queue, walks=20, steps=80) == 20 * 80
+
+
+def test_isolation_machine_catches_a_core_that_ignores_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``isolation`` check fails when admission lets a heavy tenant past the cap."""
+    from actors.core import fairness_isolation
+
+    monkeypatch.setattr(fairness_isolation, "enforce", lambda s, view: None)
+    monkeypatch.setattr(fairness_isolation, "allows", lambda s, p, rank, plan: True)
+    ps = ProgramSchedulingConfig(token_capacity_per_dp_rank=4000)
+    machine = classes_machine(frozenset({"isolation"}))(Daemonish(ps, ISOLATING))
+    with pytest.raises(AssertionError, match="shared with a light tenant"):
+        for seed in range(20):
+            random_walk(machine, seed, walks=20, steps=80)
 
 
 def test_vtc_bound_is_what_the_machine_checks() -> None:

@@ -25,7 +25,17 @@ Program actors' timers delivered in (deadline, token) order, a ``RepairTick`` on
       interactive request past its queue deadline plus one tick;
     * ``kv_rent``: each tenant's KV rent equals the machine's own integral of the tokens its idle
       (Active/Acting) Programs hold over time, and each counter equals its charges over its
-      weight plus its lifts.
+      weight plus its lifts;
+    * ``isolation`` (with ``heavy_tenant_max_active_per_rank``, docs/priority.md §3 "Isolating
+      light tenants"): the heavy tenants are exactly those the machine computes itself from the
+      state (demand = tokens held by active Programs + private tokens of waiting ones, against the
+      weighted share of the pool among the tenants with demand or seen within the window); every
+      ``tenant_isolation`` pause or mark hits a tenant that was heavy on that rank at the pass;
+      and after a pass whose view still holds at the end of the step, no heavy tenant keeps more
+      than the cap of unmarked Programs on a rank shared with a light tenant (forced resumes
+      excepted).  Run with ``tenant_pause_share`` and the headroom for interactive on as well,
+      the other checks cover those rules (their admissions and pauses must keep capacity,
+      conservation, the starvation bounds and the rent exact).
 
 :class:`VtcBoundMachine`
     Interactive requests of one size from three tenants of equal weight on one rank.  While two
@@ -51,7 +61,7 @@ from hypothesis import strategies as st
 from hypothesis import target
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from actors.core import fairness, invariants
+from actors.core import fairness, fairness_isolation, invariants
 from actors.core.config import BackendTarget, BatchJobsConfig, PriorityConfig, ProgramSchedulingConfig
 from actors.core.effects import (
     Admit,
@@ -76,6 +86,8 @@ from actors.core.events import (
 )
 from actors.core.fairness_sync import held_tokens
 from actors.core.ids import DEFAULT_MODEL_POOL, RequestId, TargetId
+from actors.core.ledger import private_tokens
+from actors.core.lifecycle import is_waiting_candidate
 from actors.core.model import PAUSED, ProgramIdentity, RequestHints, Usage
 from actors.core.scheduler import initial_state, step
 from actors.core.state import SchedulerState
@@ -87,7 +99,9 @@ DEFAULT_CAPACITY = 4000
 EPS = 1e-6
 ADMIT_REASONS = ("program_admit", "batch_gain_admit", "force_resume")
 
-ALL_CHECKS = frozenset({"capacity", "conservation", "priority_inversion", "work_conservation", "starvation", "kv_rent"})
+ALL_CHECKS = frozenset(
+    {"capacity", "conservation", "priority_inversion", "work_conservation", "starvation", "kv_rent", "isolation"}
+)
 
 
 def identity(program_id: str) -> ProgramIdentity:
@@ -169,6 +183,7 @@ class ClassesMachine(RuleBasedStateMachine):
         self.rent: dict[str, float] = {}
         self.held: dict[str, float] = {}
         self.rent_at = 0.0
+        self.forced: set[Any] = set()  # Programs whose current admission was a forced resume
 
     @initialize()
     def targets(self) -> None:
@@ -223,6 +238,12 @@ class ClassesMachine(RuleBasedStateMachine):
                 self._move(e.request_id, "in_flight", "waiting")
             elif isinstance(e, Reject):
                 self._move(e.request_id, "waiting", "done")
+        for e in result.effects:
+            if isinstance(e, Transition) and e.reason in ADMIT_REASONS:
+                if e.forced:
+                    self.forced.add(e.program)
+                else:
+                    self.forced.discard(e.program)
         self.held = {}
         for p in s.programs.values():
             h = held_tokens(p)
@@ -353,6 +374,8 @@ class ClassesMachine(RuleBasedStateMachine):
                 elif isinstance(e, AdmitInteractive) and e.used_tokens is not None:
                     idle = before.get(e.target_id, 0.0) == 0.0 or e.used_tokens <= EPS
                     assert idle or e.used_tokens + e.charged_tokens <= low + EPS, f"interactive beyond capacity: {e}"
+        if "isolation" in self.CHECKS:
+            self._check_isolation(effects)
         waiting_int = list(s.interactive.pending.values())
         if "priority_inversion" in self.CHECKS and waiting_int:
             self._check_inversions(effects, waiting_int)
@@ -366,6 +389,71 @@ class ClassesMachine(RuleBasedStateMachine):
                     if s.prio.class_rank("interactive") > s.prio.class_rank("batch"):
                         free -= rank.batch_claim_tokens
                     assert w.need_tokens > free + EPS, f"{w.request_id} waits although {tid} has {free} free"
+
+    def _heavy(self) -> dict[str, frozenset[str]]:
+        """The machine's own heavy tenants of each pool (docs/priority.md §3), from the state and the
+        core's record of where light tenants were seen (``isolation_recent``, the window)."""
+        s, prio = self.state, self.state.prio
+        out: dict[str, frozenset[str]] = {}
+        for pool, targets in s.pools.items():
+            demand: dict[str, float] = {}
+            for tid in targets:
+                for a in s.ranks[tid].active.values():
+                    demand[a.tenant] = demand.get(a.tenant, 0.0) + a.charged_tokens
+            refs = list(s.global_queues.get(pool, ())) if self.cfg.global_queue else []
+            if not self.cfg.global_queue:
+                for tid in targets:
+                    refs.extend(s.rank_queues.get(tid, ()))
+            for ref in refs:
+                p = s.programs.get(ref.key)
+                if p is None or p.ref != ref or not is_waiting_candidate(s, p):
+                    continue
+                front = s.pool.front(p.ref)
+                out_tokens = front.hints.expected_output_length if front is not None else None
+                need = private_tokens(p, self.cfg.decode_buffer_tokens, out_tokens)
+                demand[p.tenant] = demand.get(p.tenant, 0.0) + need
+            window = prio.tenant_isolation_window_seconds
+            seen = {name for (name, _t), at in s.isolation_recent.get(pool, {}).items() if self.now - at < window}
+            tenants = set(demand) | seen
+            if len(tenants) < 2:
+                out[pool] = frozenset()
+                continue
+            unit = self.capacity * len(targets) / sum(prio.weight(n) for n in tenants)
+            out[pool] = frozenset(n for n, d in demand.items() if d > unit * prio.weight(n))
+        return out
+
+    def _check_isolation(self, effects: tuple[object, ...]) -> None:
+        s = self.state
+        cap = s.prio.heavy_tenant_max_active_per_rank
+        if not fairness_isolation.enabled(s) or cap is None:
+            return
+        last = s.isolation_last
+        pass_view = last[1] if last is not None and last[0] == self.now else None
+        for e in effects:
+            # a mark is decided by the pass (a pause at a request's end may come after the shares moved)
+            if isinstance(e, Transition) and e.reason == "tenant_isolation_mark":
+                p = s.programs.get(e.program.key)
+                tenant = p.tenant if p is not None else None
+                heavy = pass_view.get(TargetId(e.target_id), frozenset()) if pass_view and e.target_id else frozenset()
+                assert tenant in heavy, f"{e.program} ({tenant}) paused for isolation on {e.target_id}, not heavy there"
+        view = fairness_isolation.compute(s, record=False)
+        heavy_of = self._heavy()
+        for tid, heavy in view.items():
+            pool = next(pool for pool, targets in s.pools.items() if tid in targets)
+            mine = heavy_of[pool]
+            assert heavy == mine, f"heavy tenants on {tid}: core {sorted(heavy)}, machine {sorted(mine)}"
+        if pass_view is None or view != pass_view:
+            return  # the shares moved within the step: the next pass enforces the new view
+        for tid, heavy in view.items():
+            rank = s.ranks[tid]
+            for tenant in heavy:
+                kept = [
+                    a
+                    for a in rank.active.values()
+                    if a.tenant == tenant and not a.pause_when_idle and a.ref not in self.forced
+                ]
+                n = len(kept)
+                assert n <= cap, f"{tenant} keeps {n} Programs on {tid}, shared with a light tenant (cap {cap})"
 
     def _check_inversions(self, effects: tuple[object, ...], waiting: list[Any]) -> None:
         s = self.state
@@ -573,6 +661,7 @@ MACHINES: Sequence[tuple[str, Callable[[Any], type]]] = (
     ("capacity", classes_machine(frozenset({"capacity"}))),
     ("conservation", classes_machine(frozenset({"conservation"}))),
     ("kv_rent", classes_machine(frozenset({"kv_rent"}))),
+    ("isolation", classes_machine(frozenset({"isolation"}))),
 )
 
 
