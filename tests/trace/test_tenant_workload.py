@@ -148,11 +148,22 @@ def test_flood_is_far_more_than_fits_and_the_light_tenant_well_under_half() -> N
     assert {r.klass for r in mixed.trace.records} == {"interactive", "batch"}
 
 
+@pytest.mark.parametrize("kind", ["flood", "hogs", "priority-flood"])
+def test_agent_roots_are_written_in_start_order(kind: str) -> None:
+    """The replay starts open-loop agent roots in file order, each at its timestamp: the adversary
+    "at t = 0" must come before the light tenant's later roots, or it starts after the last one."""
+    s = build(kind, CLUSTER, seed=0)
+    starts = [recs[0].timestamp or 0.0 for recs in s.trace.sessions().values() if recs[0].parent_session_id is None]
+    assert starts == sorted(starts) and starts[0] == 0.0
+    first = next(iter(s.trace.sessions().values()))[0]
+    assert first.tenant == s.adversary
+
+
 def test_subset_and_truncate_keep_a_valid_trace() -> None:
     s = build("flood", CLUSTER, seed=0)
     keep = s.sessions_of("light")[:2] + s.sessions_of("flood")[:3]
     small = subset(s.trace, keep)
-    assert list(small.sessions()) == keep and small.meta.programs == 5
+    assert list(small.sessions()) == [sid for sid in s.trace.sessions() if sid in keep] and small.meta.programs == 5
     short = truncate(small, 2)
     assert max(r.turn for r in short.records) == 1
     assert all(recs[-1].finish_reason == "stop" for recs in short.sessions().values())
