@@ -129,6 +129,7 @@ def test_the_unfair_example_config_is_valid_and_turns_the_protections_off() -> N
     core = cfg.priority.core()
     assert core.fairness == "off" and core.class_order[-1] == "interactive"
     assert not core.interactive_preempts_batch and not core.interactive_pauses_agents
+    assert not core.tenant_pause_share and core.heavy_tenant_max_active_per_rank is None
 
 
 class _Counter:
