@@ -48,7 +48,7 @@ from actors.core.config import PrefillCostModel
 from actors.core.costs import prefill_seconds
 from actors.core.effects import TimeAttributed
 from actors.core.ids import ProgramKey, ProgramRef, TargetId, redacted_id
-from actors.core.model import CAPACITY_REPAIR, PRIORITY_PREEMPTION, TTL_EXPIRED, Usage
+from actors.core.model import CAPACITY_REPAIR, PRIORITY_PREEMPTION, TENANT_ISOLATION, TTL_EXPIRED, Usage
 
 # phases of a Program's timeline
 IDLE = 0
@@ -77,6 +77,7 @@ _CAUSE_OF_REASON = {
     TTL_EXPIRED: CAUSE_ACTING_TTL,
     CAPACITY_REPAIR: CAUSE_CAPACITY_REPAIR,
     PRIORITY_PREEMPTION: CAUSE_PREEMPTION,
+    TENANT_ISOLATION: CAUSE_PREEMPTION,  # paused for another tenant (docs/priority.md §3)
 }
 
 # how many live Programs the diagnostics list (the longest wall times)
