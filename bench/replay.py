@@ -307,7 +307,10 @@ class _Replayer:
         if rec.stream:
             body["stream_options"] = {"include_usage": True}
         if rec.finish_reason == "stop":
-            body["vllm_xargs"] = {"sim_output_tokens": rec.output_length}
+            # exactly output_length tokens and a natural stop: ``sim_output_tokens`` alone reports
+            # "length" when it equals max_tokens (docs/simulator.md), and only natural stops feed
+            # the batch decode estimates (docs/batch.md §1.2)
+            body["vllm_xargs"] = {"sim_output_tokens": rec.output_length, "sim_finish_reason": "stop"}
         if rec.tenant != DEFAULT_TENANT:
             body["user"] = rec.tenant
         if rec.priority:

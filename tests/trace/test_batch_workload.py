@@ -9,6 +9,7 @@ import json
 
 import httpx
 import pytest
+import trio
 from trace_fake_worker import FakeWorker
 
 from bench import batch_compare
@@ -22,6 +23,8 @@ from bench.trace.format import TraceError, dumps_trace, merge_traces, read_trace
 from bench.trace.stats import compare, trace_stats
 from bench.trace.synth import BATCH_JOBS, Knobs, synthesize, targets_for
 from daemon.cli import main
+from sim.cluster import SimCluster, SimConfig
+from sim.transport import SimTransport
 
 URL = "http://worker"
 
@@ -164,7 +167,7 @@ async def test_batch_replay_headers_bodies_starts_and_report(autojump_clock) -> 
     assert h0["x-agentd-class"] == "batch" and "x-session-id" not in h0
     assert b0["stream"] is False and "stream_options" not in b0
     assert (b0["max_tokens"], b0["min_tokens"], b0["ignore_eos"]) == (2, 2, True)
-    assert b0["vllm_xargs"] == {"sim_output_tokens": 2}  # a natural stop in the simulator
+    assert b0["vllm_xargs"] == {"sim_output_tokens": 2, "sim_finish_reason": "stop"}
     _h1, b1 = sent["b1-t0#job_name[short]#"]
     assert b1["stream"] is True and b1["stream_options"] == {"include_usage": True}
     _h2, b2 = sent["b2-t0#job_name[long]#"]
@@ -193,6 +196,33 @@ async def test_batch_replay_headers_bodies_starts_and_report(autojump_clock) -> 
     assert report["jct_seconds"]["mean"] == pytest.approx(0.8)
     assert report["requests"]["completed"] == 5
     assert end_b0 < end_b1
+
+
+async def test_replayed_batch_stop_records_end_by_a_natural_stop_in_the_simulator(autojump_clock) -> None:
+    # only natural stops feed the decode estimates (docs/batch.md §1.2): the replay must make the
+    # simulated engine answer a "stop" record with exactly its output length and finish "stop"
+    worker = FakeWorker()
+    trace = _trace(
+        [
+            _rec("b0", 0, 20, 7, job="j", stream=False),
+            _rec("b1", 0, 20, 5, job="j", stream=False, finish_reason="length"),
+        ]
+    )
+    async with httpx.AsyncClient(transport=httpx.MockTransport(worker.handler)) as client:
+        await measured_replay(trace, client, URL, ReplayOptions(), worker_metrics=[], router_metrics=[])
+    answers = {}
+    async with trio.open_nursery() as nursery:
+        cluster: SimCluster = await nursery.start(SimCluster(SimConfig(dp_size=1, deterministic=True)).run)
+        async with httpx.AsyncClient(transport=SimTransport(cluster), base_url="http://sim") as sim:
+            for h, b in zip(worker.headers, worker.bodies, strict=True):
+                r = await sim.post("/v1/chat/completions", json=b)
+                assert r.status_code == 200, r.text
+                answers[h["x-request-id"]] = r.json()
+        nursery.cancel_scope.cancel()
+    stop = answers["b0-t0#job_name[j]#"]
+    assert (stop["choices"][0]["finish_reason"], stop["usage"]["completion_tokens"]) == ("stop", 7)
+    length = answers["b1-t0#job_name[j]#"]
+    assert (length["choices"][0]["finish_reason"], length["usage"]["completion_tokens"]) == ("length", 5)
 
 
 async def test_report_has_no_batch_section_without_batch_records(autojump_clock) -> None:
