@@ -8,6 +8,8 @@ observations, in virtual time.  After every step it checks:
 * conservation: every batch request is queued, running, finished, abandoned or rejected, exactly
   once, and the core agrees;
 * the reserve never exceeds ``reserve_max_blocks`` (and is at least ``min(margin, max)``);
+* a dispatch leaves room below the low watermark for the decode that the running requests the
+  last fresh observation saw still grow into (``decode_growth_tokens``), except for a lone request;
 * Programs first: a batch request is dispatched without the starvation escape only when no
   Program waits at the end of that step;
 * work conservation: after a step, when no Program waits, no queued batch request that the
@@ -26,7 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from actors.core import invariants
-from actors.core.batch_class import JobPredictor, dispatch_offers, taken_pick, waiting_homes
+from actors.core.batch_class import JobPredictor, decode_growth_tokens, dispatch_offers, taken_pick, waiting_homes
 from actors.core.config import BackendTarget, BatchJobsConfig, ProgramSchedulingConfig
 from actors.core.costs import decode_step_seconds
 from actors.core.effects import AdmitBatch, PreemptBatch, Reject
@@ -128,6 +130,9 @@ class BatchMachine(RuleBasedStateMachine):
             used = target_usage(rank, self.now, self.cfg.metrics_interval_seconds)
             alone = rank.batch_requests == 1 and not rank.active
             assert used <= cap * self.cfg.low_watermark_ratio or alone, f"{tid}: batch overfilled to {used}"
+            # ... and leaves room for the decode the observed running requests still grow into
+            growth = decode_growth_tokens(self.state, rank)
+            assert used + growth <= cap * self.cfg.low_watermark_ratio or alone, f"{tid}: no room for {growth}"
             if rank.active and rank.batch_requests > 1:
                 # Programs keep their decode speed within max_decode_slowdown (the seed's cost model)
                 model = self.cfg.decode_throughput_model

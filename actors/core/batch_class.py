@@ -62,7 +62,7 @@ from actors.core.errors import NO_TARGETS, InvalidEvent
 from actors.core.events import BatchSubmitted, RequestCompleted
 from actors.core.ids import RequestId, TargetId
 from actors.core.interactive import likely_in_prefill
-from actors.core.ledger import charge_batch, fresh_waiting, private_tokens, target_usage
+from actors.core.ledger import charge_batch, fresh_waiting, observation_fresh, private_tokens, target_usage
 from actors.core.lifecycle import reject
 from actors.core.model import Program, RankState
 from actors.core.preemption import preempt_batch
@@ -237,9 +237,72 @@ def rank_budget_tokens(s: SchedulerState, rank: RankState) -> int:
     block = cfg.block_size_tokens
     # waiting interactive requests' claims are not batch's to take (docs/priority.md §2)
     used = target_usage(rank, s.now, s.cfg.metrics_interval_seconds) + rank.interactive_claim_tokens
-    free_blocks = int((capacity * s.cfg.low_watermark_ratio - used) // block)
+    growth = decode_growth_tokens(s, rank)
+    free_blocks = int((capacity * s.cfg.low_watermark_ratio - used - growth) // block)
     reserve = min(rank.batch_requests + cfg.reserve_margin_blocks, cfg.reserve_max_blocks)
     return max(0, (free_blocks - reserve) * block)
+
+
+def peak_growth_tokens(running: list[tuple[float, float]]) -> float:
+    """The largest future increase of the KV held by ``running`` decodes (docs/batch.md §2.2).
+
+    Each entry is ``(held, remaining)``: tokens a request holds now and decode tokens it still
+    produces.  All of them decode one token per engine step, so ``tau`` steps from now the set
+    holds ``sum(held)`` plus ``tau`` for each request with ``remaining > tau``, minus the whole
+    ``held`` of each request that has ended (``remaining <= tau``).  The increase peaks just
+    before a request ends (``tau`` = its ``remaining``); with nothing left to grow it is 0.
+    """
+    order = sorted(running, key=lambda e: -e[1])
+    ended_later = [0.0] * (len(order) + 1)  # held tokens of the requests after position i
+    for i in range(len(order) - 1, -1, -1):
+        ended_later[i] = ended_later[i + 1] + order[i][0]
+    peak = 0.0
+    for i, (_held, remaining) in enumerate(order):
+        if remaining <= 0:
+            break
+        # at tau = remaining (just before this request's last token) the first i + 1 requests
+        # (remaining >= this one's) have grown by tau; the rest ended, freeing what they held
+        rise = (i + 1) * remaining - ended_later[i + 1]
+        if rise > peak:
+            peak = rise
+    return peak
+
+
+def decode_growth_tokens(s: SchedulerState, rank: RankState) -> float:
+    """KV the running batch requests on ``rank`` will still grow into beyond what the ledger
+    holds for them (docs/batch.md §2.2): 0 unless the ledger uses a fresh observation.
+
+    A request dispatched after the observation is on the ledger with its whole predicted size
+    (prompt + predicted decode), so it is not counted again.  One the observation saw holds its
+    prompt plus what it had decoded by then, ``(observed_at - dispatched_at) x decode_rate``
+    tokens (the rate underestimates progress, so the remaining decode is overestimated); it still
+    grows by the rest of its predicted decode.  The reserve is the peak of that growth, net of the
+    requests that end first (:func:`peak_growth_tokens`).
+    """
+    b = s.batch
+    at = rank.observed_at
+    if b is None or at is None or not rank.batch_requests:
+        return 0.0
+    if not observation_fresh(rank, s.now, s.cfg.metrics_interval_seconds):
+        return 0.0  # the fallback ledger already holds every request at its predicted size
+    rate = b.decode_rate or 0.0
+    predictor = JobPredictor(b, s.now)
+    seen: list[tuple[float, float]] = []
+    for r in b.running.values():
+        if r.target_id != rank.target_id or not r.on_ledger or r.dispatched_at >= at:
+            continue
+        pred = float(max(r.predicted_decode_tokens, _current_prediction(r, predictor)))
+        done = min(pred, (at - r.dispatched_at) * rate)
+        seen.append((r.charged_tokens - pred + done, pred - done))
+    return peak_growth_tokens(seen)
+
+
+def _current_prediction(r: BatchRunning, predictor: JobPredictor) -> int:
+    """The job's prediction now (it may have risen since ``r`` was dispatched), capped by the
+    request's ``max_tokens``."""
+    pred = predictor.predict(r.job)
+    cap = None if r.pending is None else r.pending.max_tokens
+    return pred if cap is None else min(pred, cap)
 
 
 def guaranteed_share_tokens(s: SchedulerState, rank: RankState) -> int:

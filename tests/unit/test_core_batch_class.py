@@ -5,7 +5,7 @@ from __future__ import annotations
 from core_support import POOL, Harness, of, targets, tid
 
 from actors.core import effects as fx
-from actors.core.batch_class import batch_diagnostics, rank_budget_tokens
+from actors.core.batch_class import batch_diagnostics, decode_growth_tokens, peak_growth_tokens, rank_budget_tokens
 from actors.core.config import BatchJobsConfig
 from actors.core.events import ObservationReceived, ObservationStarted, TargetsChanged
 from actors.core.invariants import check
@@ -278,3 +278,54 @@ def test_without_a_configured_capacity_the_engines_reported_pool_sizes_the_budge
     eff = h.feed(ObservationReceived(tid(0), 1, 0.0, 1, 0, kv_capacity_tokens=10_000))
     assert admitted_ids(eff) == ["second"]
     assert h.rank().backend_kv_capacity_tokens == 10_000
+
+
+def test_peak_growth_is_the_largest_rise_net_of_requests_that_end_first() -> None:
+    assert peak_growth_tokens([]) == 0.0
+    assert peak_growth_tokens([(100.0, 0.0)]) == 0.0  # nothing left to decode
+    assert peak_growth_tokens([(100.0, 50.0)]) == 50.0
+    # the 1,000-token request ends after 10 more tokens: both grow 10 (+20); later the short-lived
+    # one's 1,000 tokens are freed, so the long one's further 40 tokens never raise the peak
+    assert peak_growth_tokens([(1000.0, 10.0), (100.0, 50.0)]) == 20.0
+    # two requests ending together grow together
+    assert peak_growth_tokens([(10.0, 30.0), (10.0, 30.0)]) == 60.0
+    # a small request ending early frees less than the others grow afterwards: the peak is just
+    # before they end, 2 x 40 grown minus the 5 tokens the early one held
+    assert peak_growth_tokens([(5.0, 10.0), (100.0, 40.0), (100.0, 40.0)]) == 75.0
+
+
+def test_with_a_fresh_observation_the_budget_keeps_room_for_the_running_requests_decode() -> None:
+    h = harness()
+    h.submit_batch("a", job="j", tokens=100, at=0.0)
+    h.complete("a", at=2.0, completion=100, finish_reason="stop")  # estimate 100, rate 50 tokens/s
+    (adm,) = of(h.submit_batch("b", job="j", tokens=1000, at=2.0), fx.AdmitBatch)
+    assert (adm.predicted_decode_tokens, adm.charged_tokens) == (100, 1100)
+    rank = h.rank()
+    assert decode_growth_tokens(h.state, rank) == 0.0  # no observation: b is on the ledger at 1100
+    h.observe(0, 0.125, 1, 0, at=3.0)  # the engine holds 1250 tokens
+    # b decoded about (3 - 2) x 50 = 50 of its 100 tokens by the observation: 50 more to come
+    assert decode_growth_tokens(h.state, rank) == 50.0
+    # free blocks floor((10000 - 1250 - 50) / 16) = 543, reserve min(1 + 2, 8) = 3
+    assert rank_budget_tokens(h.state, rank) == (543 - 3) * 16
+    # 8560 + 100 = 8660 tokens would fit without the growth (floor(8750 / 16) = 546 -> 8688): held
+    assert of(h.submit_batch("c", job="j", tokens=8560, at=3.0), fx.AdmitBatch) == []
+    eff = h.complete("b", at=4.0, completion=100, finish_reason="stop")
+    assert admitted_ids(eff) == ["c"]
+    # c was dispatched after the observation: on the ledger at its predicted size, not counted again
+    assert decode_growth_tokens(h.state, rank) == 0.0
+    h.tick(at=10.0)  # the observation is stale: the fallback ledger holds c at its predicted size
+    assert decode_growth_tokens(h.state, rank) == 0.0
+
+
+def test_growth_uses_the_jobs_current_prediction_when_it_rose_after_dispatch() -> None:
+    h = harness()
+    h.submit_batch("a", job="short", tokens=100, at=0.0)
+    h.complete("a", at=1.0, completion=100, finish_reason="stop")  # rate 100 tokens/s
+    (adm,) = of(h.submit_batch("b", job="long", tokens=100, at=1.0), fx.AdmitBatch)
+    assert adm.predicted_decode_tokens == 128  # cold start
+    h.observe(0, 0.05, 2, 0, at=4.0)
+    # the progress lower bound: b has run (4 - 1) x 100 = 300 tokens' worth, so the job predicts
+    # 300; b decoded min(300, 300) by the observation: nothing left to grow on that estimate
+    assert decode_growth_tokens(h.state, h.rank()) == 0.0
+    h.tick(at=5.0)  # the bound is now 400: b still grows 100 beyond what the observation saw
+    assert decode_growth_tokens(h.state, h.rank()) == 100.0
