@@ -17,7 +17,8 @@
 #
 #   bench/batch_bench.sh [OUT_DIR]        (default OUT_DIR: batch-bench-out)
 #
-# Prints a ratio table per scenario (python -m bench.batch_compare; report / first column) and writes it to
+# Prints a ratio table per scenario (python -m bench.batch_compare; report / first column), the
+# batch-only trace's makespan floor for any order (python -m bench.batch_bound), and writes them to
 # OUT_DIR/summary.md; every report is OUT_DIR/<scenario>/<system>.json, configs in OUT_DIR/configs.
 # Environment: AGENTD (default agentd), PYTHON (the interpreter agentd is installed in, for the
 # table; default: the one running agentd), BATCH_REQUESTS (default 400), MIX_PROGRAMS (swe-short
@@ -120,6 +121,11 @@ simulate mixed engine-bja mix-engine-bja "$OUT/mixed.jsonl"
   "$PYTHON" -m bench.batch_compare --title "batch only ($BATCH_REQUESTS requests, $BLOCKS_BATCH blocks/rank)" \
     fcfs="$OUT/batch-only/fcfs.json" agentd="$OUT/batch-only/agentd.json" \
     engine-bja="$OUT/batch-only/engine-bja.json"
+  echo
+  # what no dispatch order can beat on this trace and cluster (docs/batch.md §5.4)
+  "$PYTHON" -m bench.batch_bound --trace "$OUT/batch.jsonl" --config "$OUT/configs/batch-fcfs.toml" \
+    --report fcfs="$OUT/batch-only/fcfs.json" --report agentd="$OUT/batch-only/agentd.json" \
+    --report engine-bja="$OUT/batch-only/engine-bja.json"
   echo
   "$PYTHON" -m bench.batch_compare \
     --title "agents + batch ($MIX_PROGRAMS swe-short Programs + $MIX_BATCH_REQUESTS batch requests, $BLOCKS_MIX blocks/rank)" \
