@@ -96,6 +96,11 @@ class BatchGaugeCollector(Collector):
         reserve = GaugeMetricFamily(
             f"{PREFIX}_rank_reserve_blocks", "KV blocks reserved for running batch requests' growth.", labels=["target"]
         )
+        growth = GaugeMetricFamily(
+            f"{PREFIX}_rank_growth_reserve_tokens",
+            "KV tokens kept for the decode the running batch requests on the rank still grow into.",
+            labels=["target"],
+        )
         budget = GaugeMetricFamily(
             f"{PREFIX}_rank_budget_tokens", "Batch admission budget of the rank now.", labels=["target"]
         )
@@ -104,9 +109,11 @@ class BatchGaugeCollector(Collector):
             rank_running.add_metric(t, rank["running"])
             rank_tokens.add_metric(t, rank["charged_tokens"])
             reserve.add_metric(t, rank["reserve_blocks"])
+            growth.add_metric(t, rank["growth_reserve_tokens"])
             budget.add_metric(t, rank["budget_tokens"])
         queue_size = GaugeMetricFamily(
             "agentd_router_queued_requests", "Requests waiting in the router, by class.", labels=["class"]
         )
         queue_size.add_metric(["batch"], doc["queued"])
-        yield from (queued, running, predicted, observed, rank_running, rank_tokens, reserve, budget, queue_size)
+        yield from (queued, running, predicted, observed, rank_running, rank_tokens, reserve, growth, budget)
+        yield queue_size

@@ -15,7 +15,7 @@ the Programs leave free, on the same per-rank ledger:
   client), each at most ``MAX_PREEMPTIONS_PER_REQUEST`` times.
 * **Budget per rank** (the seed's admission budget at router scale)::
 
-      free_blocks = floor((capacity * low_watermark_ratio - used) / B)
+      free_blocks = floor((capacity * low_watermark_ratio - used - growth) / B)
       reserve     = min(running batch requests on the rank + reserve_margin_blocks, reserve_max_blocks)
       budget      = max(0, (free_blocks - reserve) * B)
 
@@ -23,7 +23,10 @@ the Programs leave free, on the same per-rank ledger:
   (``vllm:cache_config_info``); until either is known a rank takes batch work only while idle.
   ``used`` is the rank's ``target_usage`` (which includes batch, ``ledger.charge_batch``); each
   running batch request decodes at most one new block per engine step, the seed's per-request
-  projection in the decode phase, hence one block each.
+  projection in the decode phase, hence one block each.  ``growth`` (:func:`decode_growth_tokens`)
+  is what the running requests a fresh observation saw still decode into, at its peak: the
+  observation holds them at their current size, so without it admission would fill the KV their
+  decodes need and the engine would preempt them (agentd's, not the seed's).
 * **Pick**: ranks are offered in order of budget (ties: lower target index); each asks the queue
   for the seed's pick (cold start first, job order by budget against
   ``low_available_tokens_threshold``, LPT inside the job), with one agentd addition to the seed's
@@ -684,6 +687,7 @@ def batch_diagnostics(s: SchedulerState) -> dict[str, object]:
                 "running": rank.batch_requests,
                 "charged_tokens": rank.batch_tokens,
                 "reserve_blocks": min(rank.batch_requests + b.cfg.reserve_margin_blocks, b.cfg.reserve_max_blocks),
+                "growth_reserve_tokens": decode_growth_tokens(s, rank),
                 "budget_tokens": rank_budget_tokens(s, rank),
             }
         )

@@ -62,6 +62,7 @@ async def test_batch_requests_are_scheduled_by_job_and_reported(autojump_clock: 
     for j in jobs.values():
         assert j["queued"] == 0 and j["running"] == 0
     assert "agentd_batch_admitted_total" in metrics
+    assert "agentd_batch_rank_growth_reserve_tokens{" in metrics
     assert 'agentd_router_queued_requests{class="batch"} 0.0' in metrics
     # Programs saw no batch request: the Program dispatcher counted none of them as Programs
     assert diag["retained_requests"] == 0

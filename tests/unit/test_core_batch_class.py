@@ -267,6 +267,7 @@ def test_diagnostics_per_job_and_rank() -> None:
     assert job["predicted_decode_tokens"] == 40 and job["observed_decode_tokens_mean"] == 40
     (rank,) = doc["ranks"]  # type: ignore[misc]
     assert rank["running"] == 1 and rank["charged_tokens"] == 140.0 and rank["reserve_blocks"] == 3
+    assert rank["growth_reserve_tokens"] == 0.0  # no observation: the ledger holds a2 at its predicted size
 
 
 def test_without_a_configured_capacity_the_engines_reported_pool_sizes_the_budget() -> None:
