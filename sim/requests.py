@@ -7,7 +7,8 @@ Simulation hints (documented in docs/simulator.md), sent inside ``vllm_xargs`` s
 clients can pass them through ``extra_body`` and stock vLLM simply ignores them:
 
 * ``sim_output_tokens`` (int >= 1, <= max_tokens): generate this many tokens, then finish with
-  ``"stop"`` (default: exactly ``max_tokens`` tokens and ``"length"``, i.e. ignore-EOS semantics);
+  ``"stop"``, or ``"length"`` when it equals ``max_tokens`` (default: exactly ``max_tokens`` tokens
+  and ``"length"``, i.e. ignore-EOS semantics);
 * ``sim_finish_reason`` (``"stop"`` | ``"length"`` | ``"tool_calls"``): force the finish reason;
   ``"tool_calls"`` (chat only) makes the output one tool call to the first declared tool (or
   ``sim_tool``) whose arguments are ``{"q": "<words>"}``; the call's tokens, rendered by the chat
