@@ -131,5 +131,8 @@ class BatchState:
         self.jobs: dict[str, JobCounters] = {}
         # observed decode tokens per second of one batch request, dispatch to completion (EWMA)
         self.decode_rate: float | None = None
+        # the same, summed over every successful batch request (the growth reserve's progress rate)
+        self.decoded_tokens_total = 0
+        self.decode_seconds_total = 0.0
         self.escapes_count = 0
         self.preemptions_count = 0

@@ -330,3 +330,18 @@ def test_growth_uses_the_jobs_current_prediction_when_it_rose_after_dispatch() -
     assert decode_growth_tokens(h.state, h.rank()) == 0.0
     h.tick(at=5.0)  # the bound is now 400: b still grows 100 beyond what the observation saw
     assert decode_growth_tokens(h.state, h.rank()) == 100.0
+
+
+def test_growth_progress_rate_is_the_ratio_of_sums_not_the_ewma() -> None:
+    h = harness()
+    h.submit_batch("a1", job="x", tokens=10, at=0.0)
+    h.submit_batch("a2", job="x", tokens=10, at=0.0)
+    h.complete("a1", at=2.0, completion=100, finish_reason="stop")  # 50 tokens/s
+    h.complete("a2", at=2.0, completion=300, finish_reason="stop")  # 150 tokens/s
+    assert h.state.batch.decode_rate == 0.9 * 50 + 0.1 * 150  # type: ignore[union-attr]  # the EWMA: 60
+    (adm,) = of(h.submit_batch("b", job="j", tokens=1000, at=2.0), fx.AdmitBatch)
+    assert adm.predicted_decode_tokens == 128  # cold start (the progress bound, 60, is lower)
+    h.observe(0, 0.125, 1, 0, at=3.0)
+    # progress at (300 + 100) / (2 + 2) = 100 tokens/s: b decoded 100 of 128, whatever order a1 and
+    # a2 were handled in (the EWMA would say 60 or 140)
+    assert decode_growth_tokens(h.state, h.rank()) == 28.0
