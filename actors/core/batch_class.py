@@ -301,9 +301,10 @@ def decode_growth_tokens(s: SchedulerState, rank: RankState) -> float:
     for r in b.running.values():
         if r.target_id != rank.target_id or not r.on_ledger or r.dispatched_at >= at:
             continue
+        prompt = r.charged_tokens - r.predicted_decode_tokens  # charged: prompt + decode predicted then
         pred = float(max(r.predicted_decode_tokens, _current_prediction(r, predictor)))
         done = min(pred, float(int((at - r.dispatched_at) * rate)))  # whole tokens, as the job bound
-        seen.append((r.charged_tokens - pred + done, pred - done))
+        seen.append((prompt + done, pred - done))
     return peak_growth_tokens(seen)
 
 

@@ -332,6 +332,24 @@ def test_growth_uses_the_jobs_current_prediction_when_it_rose_after_dispatch() -
     assert decode_growth_tokens(h.state, h.rank()) == 100.0
 
 
+def test_growth_frees_what_a_request_holds_when_its_jobs_prediction_rose_after_dispatch() -> None:
+    h = harness()
+    h.submit_batch("a", job="short", tokens=100, at=0.0)
+    h.submit_batch("g", job="gen", tokens=10, at=0.0)
+    h.complete("a", at=1.0, completion=100, finish_reason="stop")
+    (b,) = of(h.submit_batch("b", job="long", tokens=100, at=1.0), fx.AdmitBatch)
+    assert (b.predicted_decode_tokens, b.charged_tokens) == (128, 228)  # cold start
+    h.complete("g", at=3.0, completion=400, finish_reason="stop")  # gen predicts 400
+    (c,) = of(h.submit_batch("c", job="gen", tokens=10, at=3.0), fx.AdmitBatch)
+    assert c.predicted_decode_tokens == 400
+    h.observe(0, 0.1, 2, 0, at=4.0)
+    # progress rate (100 + 400) / (1 + 3) = 125 tokens/s.  b decoded 375 tokens' worth, past the
+    # ~310 its job predicts now (the progress bound): it ends now, freeing its prompt and decode,
+    # 100 + ~310 (not 228 - ~310 + ~310: the charge holds the old prediction).  c holds 10 + 125
+    # and grows 275 more: less than b frees first, so no growth to reserve (228 would leave 47)
+    assert decode_growth_tokens(h.state, h.rank()) == 0.0
+
+
 def test_growth_progress_rate_is_the_ratio_of_sums_not_the_ewma() -> None:
     h = harness()
     h.submit_batch("a1", job="x", tokens=10, at=0.0)
