@@ -10,8 +10,8 @@ time under ``trio.testing.MockClock(autojump_threshold=0)``.
 Determinism: Trio shuffles tasks that become runnable together, so submissions made at the same
 instant may reach the inbox in any order.  With ``deterministic=True`` (virtual time) the cluster
 waits until every task is blocked (``trio.testing.wait_all_tasks_blocked``) before taking a batch
-and processes it sorted by each submission's ``order_key``; routing and engine order then depend
-only on the requests, never on task wake order.
+and processes it sorted by each submission's ``order_key`` (its aborts by request id); routing and
+engine order then depend only on the requests, never on task wake order.
 
 Quiet events: in virtual time with ``per_step_wakeups=False`` most engine events (a request
 becoming schedulable, the end of a prefill step, a decode run cut short) deliver nothing to a
@@ -21,7 +21,8 @@ empty inbox, no cluster waiting for its batch in ``wait_all_tasks_blocked``, eve
 later); it sleeps only until the first event with something to deliver.  Inputs and deliveries
 keep their exact times.  Trio has no public way to ask whether *some* task waits in
 ``wait_all_tasks_blocked``, so the clusters record their own waits (``_IdleWaits``, one per Trio
-run); other code that waits for idle next to a virtual-time cluster with ``per_step_wakeups=False``
+run; the deterministic scheduler actor waits through :func:`wait_until_idle`, which records it);
+other code that waits for idle next to a virtual-time cluster with ``per_step_wakeups=False``
 is not seen (no such caller exists in agentd), and an input it sends too late raises
 ``RuntimeError`` (docs/simulator.md §4).
 
@@ -246,10 +247,13 @@ class SimCluster:
         if now < self._quiet_horizon:
             _missed_input(now, self._quiet_horizon)
         # aborts first: they can only name requests submitted before this batch (a consumer that
-        # leaves before its submission is taken is caught by its closed channel)
-        for msg in batch:
-            if isinstance(msg, Abort):
-                self._abort(msg.request_id, now)
+        # leaves before its submission is taken is caught by its closed channel).  Deterministic
+        # mode takes them by request id: the order in which an engine frees blocks is visible later
+        aborts = [m for m in batch if isinstance(m, Abort)]
+        if self.config.deterministic:
+            aborts.sort(key=lambda m: m.request_id)
+        for msg in aborts:
+            self._abort(msg.request_id, now)
         subs = sorted((m for m in batch if isinstance(m, Submission)), key=_order_key)
         for sub in subs:
             rank = sub.dp_rank if sub.dp_rank is not None else self.pick_rank()
@@ -342,6 +346,13 @@ async def _wait_all_tasks_blocked() -> None:
     if waits.epoch == epoch:  # the first of this epoch's waiters to run: all of them were woken
         waits.epoch += 1
         waits.waiting = 0
+
+
+async def wait_until_idle() -> None:
+    """Return once every task of the run is blocked, counted as one of this run's idle waits (the
+    quiet-events check then sees the caller): for other actors of a deterministic virtual-time
+    run that order same-instant inputs by content (the scheduler actor, docs/architecture.md §7)."""
+    await _wait_all_tasks_blocked()
 
 
 def _missed_input(now: float, t: float) -> NoReturn:
