@@ -14,8 +14,20 @@ After every ``RepairTick`` it calls ``on_tick`` (the dispatcher publishes the ga
 ``/metrics`` there).  Diagnostics read :attr:`SchedulerHandle.state` (the latest state reference)
 between steps: because steps never await, a reader always sees a consistent state.
 
+Same-instant inputs (``settle``, deterministic virtual-time runs only): Trio wakes the tasks that
+become runnable together in a random order, so messages sent at one instant (completions,
+observations, submissions) would reach the inbox, and so the core, in task wake order; decisions
+such as batch dispatch depend on that order.  With ``settle`` (``agentd simulate`` passes the
+simulator's idle wait) the actor, after its first message, waits until every task is blocked,
+takes everything in the inbox and handles it sorted by :meth:`SchedulerHandle.inbox_order_key`,
+an explicit key made of the message's content and the actor's own submission sequence, never its
+arrival order (docs/architecture.md §7).  Without it (the daemon on a real clock) messages are
+handled as they arrive.  (An instant with more messages than the inbox holds is split where the
+inbox filled, which wake order decides: deterministic runs keep below ``SCHEDULER_INBOX_SIZE``
+same-instant messages.)
+
 The actor's inbox is bounded (see ``SCHEDULER_INBOX_SIZE``); the actor itself never awaits
-anything but its inbox, so producers (HTTP handlers, the rank actors, Program actors) are only
+anything but its inbox (and ``settle``), so producers (HTTP handlers, the rank actors, Program actors) are only
 ever delayed by the actor's own processing rate.  An exception in ``step`` or in routing
 propagates and stops the daemon (one-cancels-all): no restart loop hides a broken invariant.
 """
@@ -23,9 +35,10 @@ propagates and stops the daemon (one-cancels-all): no restart loop hides a broke
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
+import attrs
 import trio
 from attrs import asdict
 
@@ -83,6 +96,10 @@ class SchedulerHandle:
         self.model_pools: dict[str, frozenset[int]] = {}
         self.steps_count = 0
         self.last_step_at: float | None = None
+        # request id -> its Submission's position in the order the actor handled submissions: the
+        # explicit ordering key of the request's completion among same-instant messages
+        self.submitted_seq: dict[str, int] = {}
+        self._submissions = 0
         self._changed = trio.Event()
 
     @property
@@ -131,6 +148,8 @@ class SchedulerHandle:
         """Handle one inbox item: targets first where they may have changed, then the core."""
         assert self.router is not None
         if isinstance(item, Submission):
+            self.submitted_seq[item.event.request_id] = self._submissions
+            self._submissions += 1
             self.sync_targets(now)
             self.router.expect_reply(item.event.request_id, item.reply, queue_updates=item.queue_updates)
             self.apply(item.event, now)
@@ -143,6 +162,25 @@ class SchedulerHandle:
         self.router.completing = None
         if isinstance(item, (ev.RequestCompleted, ev.RequestAbandoned)):
             self.router.forget(item.request_id)
+            self.submitted_seq.pop(item.request_id, None)
+
+    def inbox_order_key(self, item: SchedulerInboxItem) -> tuple[Any, ...]:
+        """The explicit order of same-instant messages (module docstring): by kind, then by content.
+
+        Kinds: observations (the round's start first), completions (what they release is free for
+        the same instant's arrivals), submissions, abandons (after the submissions, so one sent at
+        the instant of its own submission finds it), timers (a request arriving at its Program's
+        TTL deadline is in time), repair ticks.  A completion or abandon is ordered by its request's
+        submission sequence (request ids are drawn in task wake order, so they are no key); a
+        submission by its event's content without the request id."""
+        if isinstance(item, Submission):
+            fields = attrs.asdict(item.event, recurse=False)
+            del fields["request_id"]
+            return (_SUBMISSION_KIND, type(item.event).__name__, repr(sorted(fields.items())), item.event.request_id)
+        kind = _MESSAGE_KIND.get(type(item), _OTHER_KIND)
+        if isinstance(item, (ev.RequestCompleted, ev.RequestAbandoned)):
+            return (kind, self.submitted_seq.get(item.request_id, -1), repr(item))
+        return (kind, repr(item))
 
     def core_events(self, msg: SchedulerMessage) -> list[ev.Event]:
         """The core events of one message: itself, or one per live target for observations."""
@@ -167,12 +205,15 @@ async def run_scheduler_actor(
     batch: BatchJobsConfig | None = None,
     batch_metrics: BatchMetrics | None = None,
     priority: PriorityConfig | None = None,
+    settle: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[SchedulerHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Own the scheduler state; run until cancelled (or until a step raises, which stops the daemon).
 
     With ``health``, the targets given to the core are the healthy ones, re-synced at every tick
     and arrival: an unhealthy worker's ranks leave Program scheduling (their Programs fail over).
+    ``settle`` (deterministic virtual time only) returns once every task is blocked: the actor then
+    handles same-instant messages in :meth:`SchedulerHandle.inbox_order_key` order.
     """
     # See SCHEDULER_INBOX_SIZE for the bound.
     inbox: Mailbox[SchedulerInboxItem] = open_mailbox("scheduler_inbox", SCHEDULER_INBOX_SIZE)
@@ -187,15 +228,39 @@ async def run_scheduler_actor(
         handle.sync_targets(trio.current_time(), force=True)
         task_status.started(handle)
         try:
-            async for item in inbox.recv:
-                now = trio.current_time()
-                handle.receive(item, now)
-                handle.notify_stepped()
-                if isinstance(item, ev.RepairTick) and on_tick is not None:
-                    on_tick(handle, now)
+            async for first in inbox.recv:
+                items = [first]
+                if settle is not None:
+                    # deterministic virtual time: every same-instant message, in an explicit order
+                    await settle()
+                    while True:
+                        try:
+                            items.append(inbox.recv.receive_nowait())
+                        except trio.WouldBlock:
+                            break
+                    items.sort(key=handle.inbox_order_key)
+                for item in items:
+                    now = trio.current_time()
+                    handle.receive(item, now)
+                    handle.notify_stepped()
+                    if isinstance(item, ev.RepairTick) and on_tick is not None:
+                        on_tick(handle, now)
         finally:
             handle.router.close_replies()
             nursery.cancel_scope.cancel()
+
+
+# kind order of same-instant messages (SchedulerHandle.inbox_order_key)
+_SUBMISSION_KIND = 3
+_MESSAGE_KIND: dict[type, int] = {
+    ObservationRoundStarted: 0,
+    ev.ObservationReceived: 1,
+    ev.RequestCompleted: 2,
+    ev.RequestAbandoned: 4,
+    ev.TimerFired: 5,
+    ev.RepairTick: 6,
+}
+_OTHER_KIND = 7
 
 
 def _log_capacity_observation(cfg: ProgramSchedulingConfig, msg: ev.ObservationReceived) -> None:

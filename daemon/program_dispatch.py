@@ -78,16 +78,37 @@ class TokenEstimator:
     starting at ``DEFAULT_TOKENS_PER_BYTE`` and refined from the prompt token counts the workers
     report: ``coef = 0.9 * coef + 0.1 * clamp(prompt / bytes, 0.01, 4)`` (the reference router's
     estimator, docs/program-scheduling.md §2).
+
+    With ``clock`` (deterministic virtual time, ``agentd simulate``) the feedback of one instant is
+    held and applied, sorted by its content, once the clock has moved on: the handlers report
+    same-instant completions in task wake order, and the momentum is order-dependent, so applying
+    them as they come would make estimates (and every decision using them) depend on that order.
+    Estimates made at an instant see the coefficients of the instants before it.
     """
 
-    def __init__(self, metrics: ProgramMetrics) -> None:
+    def __init__(self, metrics: ProgramMetrics, *, clock: Callable[[], float] | None = None) -> None:
         self.coefficients: dict[tuple[str, str], float] = {}
         self._metrics = metrics
+        self._clock = clock
+        self._held: list[tuple[tuple[str, str], float]] = []  # (key, observed) of the instant _held_at
+        self._held_at = -math.inf
+
+    def _apply_held(self) -> None:
+        """Apply the held feedback once the clock has left its instant (see the class docstring)."""
+        if self._held and self._clock is not None and self._clock() > self._held_at:
+            held, self._held = sorted(self._held), []
+            for key, observed in held:
+                self._update(key, observed)
+
+    def _update(self, key: tuple[str, str], observed: float) -> None:
+        old = self.coefficients.get(key, DEFAULT_TOKENS_PER_BYTE)
+        self.coefficients[key] = 0.9 * old + 0.1 * observed
 
     def estimate(self, pool: str, req: ProxyRequest) -> int:
         exact = req.prompt.exact_tokens
         if exact is not None:
             return max(1, exact)
+        self._apply_held()
         coef = self.coefficients.get((pool, req.endpoint), DEFAULT_TOKENS_PER_BYTE)
         return max(1, math.ceil(req.prompt.text_bytes * coef))
 
@@ -101,10 +122,15 @@ class TokenEstimator:
         if req.prompt.exact_tokens is not None or nbytes <= 0 or prompt_tokens <= 0:
             return  # token-id prompts say nothing about tokens per byte
         observed = min(4.0, max(0.01, prompt_tokens / nbytes))
-        old = self.coefficients.get(key, DEFAULT_TOKENS_PER_BYTE)
-        self.coefficients[key] = 0.9 * old + 0.1 * observed
+        if self._clock is None:
+            self._update(key, observed)
+            return
+        self._apply_held()
+        self._held.append((key, observed))
+        self._held_at = self._clock()
 
     def gauges(self) -> tuple[TokenEstimateGauge, ...]:
+        self._apply_held()
         return tuple(TokenEstimateGauge(p, e, c) for (p, e), c in sorted(self.coefficients.items()))
 
 
@@ -504,12 +530,14 @@ async def run_program_scheduling(
     registry: CollectorRegistry,
     *,
     health: HealthView | None = None,
+    settle: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[ProgramDispatcher] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run Program scheduling until cancelled; ``task_status.started(ProgramDispatcher)``.
 
     ``health`` (the supervisor's health board) restricts Program targets to healthy workers;
-    without it every configured target is used.
+    without it every configured target is used.  ``settle``: the scheduler actor's idle wait in
+    deterministic virtual time (``actors.scheduler_actor``: same-instant messages in an explicit order).
     """
     ps = cfg.program_scheduling
     if ps is None:
@@ -518,7 +546,7 @@ async def run_program_scheduling(
     metrics = ProgramMetrics(registry)
     batch = cfg.batch_jobs if cfg.batch_jobs.enabled else None
     batch_metrics = BatchMetrics(registry) if batch is not None else None
-    estimator = TokenEstimator(metrics)
+    estimator = TokenEstimator(metrics, clock=trio.current_time if settle is not None else None)
     observers = RankRegistry(targets)
     feed = DashboardFeed()
 
@@ -540,6 +568,7 @@ async def run_program_scheduling(
                 batch=batch,
                 batch_metrics=batch_metrics,
                 priority=cfg.priority.core(),
+                settle=settle,
                 task_status=task_status,
             )
         )

@@ -58,7 +58,7 @@ from daemon.program_dispatch import ProgramDispatcher, run_program_scheduling
 from daemon.request_ids import REQUEST_ID_SEED, RequestIds
 from daemon.security import Security, load_security, worker_api_key, worker_ssl_context
 from daemon.upstream import UpstreamTransport, client_kwargs, upstream_limits, upstream_timeouts
-from sim.cluster import SimCluster, SimConfig, run_sim_cluster
+from sim.cluster import SimCluster, SimConfig, run_sim_cluster, wait_until_idle
 from sim.transport import SimTransport
 
 logger = get_logger("supervisor")
@@ -180,7 +180,14 @@ async def _start_dispatchers(
     native = NativeDispatcher(targets, cfg.routing.policy, board, rng or random.Random())
     program = None
     if cfg.program_scheduling is not None:
-        program = await root.start(partial(run_program_scheduling, health=board), cfg, upstream.client, registry)
+        # deterministic virtual time (agentd simulate): the scheduler handles same-instant messages
+        # in an explicit order, not in task wake order (docs/architecture.md §7)
+        embedded = upstream.embedded or {}
+        deterministic = any(c.config.deterministic for c in embedded.values())
+        settle = wait_until_idle if deterministic else None
+        program = await root.start(
+            partial(run_program_scheduling, health=board, settle=settle), cfg, upstream.client, registry
+        )
     return board, native, program
 
 

@@ -106,12 +106,14 @@ def ok(prompt: int = 100, cached: int | None = 0, completion: int = 10) -> Outco
 
 @asynccontextmanager
 async def program_scheduling(
-    cfg: AgentdConfig, workers: FakeWorkers | None = None, health: Any = None
+    cfg: AgentdConfig, workers: FakeWorkers | None = None, health: Any = None, settle: Any = None
 ) -> AsyncIterator[tuple[ProgramDispatcher, CollectorRegistry, FakeWorkers]]:
     workers = workers or FakeWorkers(dp_size=cfg.routing.intra_node_data_parallel_size)
     registry = CollectorRegistry()
     async with httpx.AsyncClient(transport=httpx.MockTransport(workers.handler)) as client:
         async with trio.open_nursery() as nursery:
-            dispatcher = await nursery.start(partial(run_program_scheduling, cfg, client, registry, health=health))
+            dispatcher = await nursery.start(
+                partial(run_program_scheduling, cfg, client, registry, health=health, settle=settle)
+            )
             yield dispatcher, registry, workers
             nursery.cancel_scope.cancel()

@@ -44,6 +44,28 @@ def test_token_estimator_momentum_feedback_matches_reference_vector() -> None:
     )
 
 
+def test_token_estimator_with_a_clock_applies_same_instant_feedback_in_content_order() -> None:
+    """Deterministic virtual time: feedback reported at one instant (in task wake order) is applied
+    sorted once the clock moves on, so both orders give the same coefficient; estimates made at
+    that instant still see the previous one."""
+    coefficients = []
+    for order in ((200, 50), (50, 200)):
+        now = [1.0]
+        est = TokenEstimator(ProgramMetrics(CollectorRegistry()), clock=lambda now=now: now[0])
+        req = program_request("p", tokens=100)  # 400 bytes
+        for tokens in order:
+            est.feedback("default", req, tokens)
+        assert est.estimate("default", req) == 100  # the instant's feedback is not applied yet
+        now[0] = 2.0
+        assert est.estimate("default", req) != 100
+        coefficients.append(est.coefficients[("default", "chat")])
+    assert coefficients[0] == coefficients[1] == 0.9 * (0.9 * 0.25 + 0.1 * 0.125) + 0.1 * 0.5
+    # without a clock (the daemon on a real clock) each feedback applies at once, in arrival order
+    est = TokenEstimator(ProgramMetrics(CollectorRegistry()))
+    est.feedback("default", program_request("p", tokens=100), 200)
+    assert est.coefficients[("default", "chat")] == pytest.approx(0.275)
+
+
 async def test_lease_finish_exactly_once(autojump_clock: trio.testing.MockClock) -> None:
     async with program_scheduling(daemon_config(token_capacity_per_dp_rank=10_000)) as (dispatcher, _, _):
         async with dispatcher.lease(program_request("p")) as lease:

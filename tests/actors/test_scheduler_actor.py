@@ -11,6 +11,9 @@ import trio
 import trio.testing
 from program_fakes import FakeHealth, daemon_config, ok, program_request, program_scheduling
 
+from actors.core.events import RequestSubmitted
+from actors.core.ids import RequestId
+from actors.messages import Admitted, Submission
 from daemon.dispatch import DispatchRejected
 
 
@@ -361,3 +364,34 @@ async def test_capacity_repair_runs_on_the_tick_after_pressure_is_observed(
             )
             == 1.0
         )
+
+
+@pytest.mark.parametrize("settle", [None, trio.testing.wait_all_tasks_blocked], ids=["arrival", "settle"])
+@pytest.mark.parametrize("sent_first", ["a", "b"])
+async def test_same_instant_submissions_are_handled_in_content_order_with_settle(
+    autojump_clock: trio.testing.MockClock, settle, sent_first: str
+) -> None:
+    """Two Programs arrive at one instant on a rank with room for one.  On a real clock (no
+    ``settle``) the first message in the inbox is admitted; with ``settle`` (deterministic virtual
+    time) the actor takes the instant's messages together and handles them by content, so the
+    same Program is admitted whichever was sent first (docs/architecture.md §7)."""
+    cfg = daemon_config(SINGLE, dp=1, token_capacity_per_dp_rank=1_000)
+    async with program_scheduling(cfg, settle=settle) as (dispatcher, _, _):
+        await trio.sleep(1)
+        replies = {}
+        for program in (sent_first, "b" if sent_first == "a" else "a"):
+            req = program_request(program, tokens=600)
+            assert req.identity is not None
+            event = RequestSubmitted(RequestId(req.request_id), req.identity.identity, estimated_prompt_tokens=600)
+            send, replies[program] = trio.open_memory_channel(1)
+            dispatcher.scheduler.inbox.send.send_nowait(Submission(event, send))
+        await trio.sleep(0.001)  # (the actor's own idle wait wakes with any other: let the instant pass)
+        admitted = []
+        for program, recv in replies.items():
+            try:
+                reply = recv.receive_nowait()
+            except trio.WouldBlock:
+                continue
+            assert isinstance(reply, Admitted)
+            admitted.append(program)
+        assert admitted == [sent_first if settle is None else "a"]
