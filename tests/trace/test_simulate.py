@@ -7,8 +7,11 @@ Program scheduling complete exactly the trace's work.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 
 from bench.bench import ClusterSpec
 from bench.calibrate import calibrate_kv_blocks, config_for
@@ -127,10 +130,21 @@ async def test_in_process_transport_streams_and_ends_with_a_final_chunk(autojump
     assert chunks[1][0] - chunks[0][0] == 1.0
 
 
-def test_simulate_with_batch_jobs_completes_everything_reproducibly() -> None:
-    """Agents and a batch job with [batch_jobs] enabled: every request completes, and two runs agree
-    on the work done and, within 2 %, on the times (batch runs are not bit-identical: the order of
-    same-instant completions moves the order-dependent batch estimates, docs/batch.md §5.3)."""
+_BATCH_REPORTS: list[dict] = []
+
+
+@settings(max_examples=3, deadline=None, derandomize=True, database=None, phases=[Phase.generate])
+@given(st.random_module())
+def test_simulate_with_batch_jobs_completes_everything_reproducibly(seeder: Any) -> None:
+    """Agents and a batch job with [batch_jobs] enabled: every request completes, and runs under
+    different Trio task wake orders give identical reports.
+
+    Trio registers its run-queue random generator with Hypothesis (and, under Hypothesis, shuffles
+    each batch of runnable tasks with it); ``random_module()`` seeds it differently in each example,
+    so every example runs the daemon under another wake order.  Same-instant completions,
+    observations and preemption aborts are frequent here; the scheduler and the simulated engines
+    order them by explicit keys (docs/architecture.md §7).  With either left in wake order (the
+    scheduler's inbox, or the engines' aborts) the three examples did not agree."""
     import attrs
 
     from actors.core.config import BatchJobsConfig
@@ -139,11 +153,9 @@ def test_simulate_with_batch_jobs_completes_everything_reproducibly() -> None:
     batch = synthesize("batch", 160, seed=4, knobs=Knobs(input_scale=0.2, output_scale=0.2))
     trace = merge_traces([("agents", TRACE), ("batch", batch)])
     cfg = attrs.evolve(config_for(CLUSTER, "agentd"), batch_jobs=BatchJobsConfig(enabled=True))
-    first = run_simulation(cfg, trace, OPTS, system="agentd")
-    second = run_simulation(cfg, trace, OPTS, system="agentd")
-    for report in (first, second):
-        assert report["batch"]["completed"] == 160 and report["batch"]["failed"] == 0
-        assert report["tasks"] == {"planned": 4, "completed": 4, "failed": 0}
-        assert report["tokens"]["output"] == sum(r.output_length for r in trace.records)
-    assert first["batch"]["makespan_seconds"] == pytest.approx(second["batch"]["makespan_seconds"], rel=0.02)
-    assert first["jct_seconds"]["mean"] == pytest.approx(second["jct_seconds"]["mean"], rel=0.02)
+    report = run_simulation(cfg, trace, OPTS, system="agentd")
+    assert report["batch"]["completed"] == 160 and report["batch"]["failed"] == 0
+    assert report["tasks"] == {"planned": 4, "completed": 4, "failed": 0}
+    assert report["tokens"]["output"] == sum(r.output_length for r in trace.records)
+    _BATCH_REPORTS.append(_strip(report))
+    assert _BATCH_REPORTS[-1] == _BATCH_REPORTS[0], [r["batch"]["makespan_seconds"] for r in _BATCH_REPORTS]
