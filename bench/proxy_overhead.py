@@ -37,7 +37,6 @@ import argparse
 import json
 import os
 import random
-import shutil
 import socket
 import statistics
 import subprocess
@@ -50,6 +49,7 @@ from typing import Any
 
 import trio
 
+from bench.bench import find_vllm_router
 from bench.harness import (
     ROOT,
     free_port,
@@ -431,12 +431,6 @@ def _modes(text: str) -> list[str]:
     return values
 
 
-def find_router(explicit: str | None) -> str | None:
-    if explicit:
-        return explicit if os.access(explicit, os.X_OK) else None
-    return shutil.which("vllm-router")
-
-
 def measure(
     name: str, port: int, pid: int, seconds: float, concurrency: int, body1: bytes, bodies: list[bytes]
 ) -> dict[str, float]:
@@ -494,7 +488,7 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
-    router = None if args.no_router else find_router(args.vllm_router)
+    router = None if args.no_router else find_vllm_router(args.vllm_router)
     if args.vllm_router and router is None:
         print(f"--vllm-router: {args.vllm_router} is not an executable file", file=sys.stderr)
         return 2
