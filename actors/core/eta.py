@@ -106,19 +106,100 @@ def drain_interval(w: DrainWindow, prior: float, weight: float = PRIOR_WEIGHT) -
 
 
 def eta_seconds(
-    position: int, interval: float, to_tick: float = 0.0, blocked: bool = True, release_in: float | None = None
+    position: int,
+    interval: float,
+    to_tick: float = 0.0,
+    blocked: bool = True,
+    release_in: float | None = None,
+    departure_in: float | None = None,
 ) -> float:
     """The expected wait of position ``position`` (>= 1): ``to_tick``, plus ``position x interval``
-    when the line up to it does not fit now; or ``release_in``, when sooner (the acting Programs
-    whose TTL deadlines come first free what the line needs: their pauses run an admission pass)."""
+    when the line up to it does not fit now (or, when known, ``departure_in``: the time by which
+    the rank's Programs are expected to have left enough room, :func:`departure_in`); or
+    ``release_in``, when sooner (the acting Programs whose TTL deadlines come first free what the
+    line needs: their pauses run an admission pass)."""
     if position < 1:
         raise ValueError(f"position must be >= 1 (got {position})")
-    eta = max(0.0, to_tick) + (position * interval if blocked else 0.0)
+    if blocked and departure_in is not None and math.isfinite(departure_in):
+        eta = max(0.0, departure_in)
+    else:
+        eta = max(0.0, to_tick) + (position * interval if blocked else 0.0)
     if release_in is not None and 0.0 <= release_in < eta:
         eta = release_in
     if not math.isfinite(eta) or eta < 0:
         return MAX_ETA_SECONDS
     return min(eta, MAX_ETA_SECONDS)
+
+
+@frozen
+class Departure:
+    """A Program that may leave a rank: ``at`` seconds from now, freeing ``tokens``.  ``certain``
+    departures (an acting Program's TTL pause, a Program marked to pause when idle) leave at
+    ``at``; the others are Programs with a request in flight: ``at`` is the expected end of that
+    request, after which the Program leaves with the rank's release probability, or is held and
+    comes back for another request one service ``cycle`` later (docs/program-scheduling.md §13)."""
+
+    at: float
+    tokens: float
+    certain: bool = False
+
+
+MAX_CYCLES = 16  # completions per in-flight Program a departure estimate looks ahead
+
+
+def mean_residual(samples: Iterable[float], elapsed: float) -> float | None:
+    """The mean residual service time of a request that has run ``elapsed`` seconds:
+    ``mean(x - elapsed)`` over the samples ``x > elapsed``; 0 when it has outlived every sample
+    (it is due), None without samples."""
+    total, n, any_sample = 0.0, 0, False
+    for x in samples:
+        any_sample = True
+        if x > elapsed:
+            total += x - elapsed
+            n += 1
+    if not any_sample:
+        return None
+    return total / n if n else 0.0
+
+
+def departure_in(
+    departures: Iterable[Departure], count_over: float, tokens_over: float, release_probability: float, cycle: float
+) -> float | None:
+    """The median time until departures free what a blocked line is over by (``count_over``
+    Programs and ``tokens_over`` private tokens), or None when they do not within the look-ahead.
+
+    Certain departures accumulate; an uncertain one (a completion) frees enough only together with
+    the certain ones before it, and does so with ``release_probability``, independently per
+    completion: each completion that would suffice multiplies the probability that the line is
+    still blocked by ``1 - release_probability``; the answer is the first time it is <= 1/2.
+    A held Program completes again every ``cycle`` seconds (at most ``MAX_CYCLES`` times).  When
+    the certain departures alone suffice first, the answer is None: they are the ETA's release
+    term, which counts only when sooner than the drain estimate (an acting Program held through a
+    short tool usually comes back before its TTL runs out)."""
+    q = min(1.0, max(0.0, release_probability)) if math.isfinite(release_probability) else 0.0
+    events: list[tuple[float, int, float]] = []  # (at, 0 certain | 1 completion, tokens)
+    for d in departures:
+        if not (math.isfinite(d.at) and math.isfinite(d.tokens)):
+            continue
+        at = max(0.0, d.at)
+        if d.certain:
+            events.append((at, 0, d.tokens))
+        elif q > 0:
+            cycles = 1 if q >= 1 or not (math.isfinite(cycle) and cycle > 0) else MAX_CYCLES
+            events.extend((at + k * cycle, 1, d.tokens) for k in range(cycles))
+    events.sort()
+    count, freed, blocked = 0, 0.0, 1.0
+    for at, kind, tokens in events:
+        if kind == 0:
+            count += 1
+            freed += tokens
+            if count >= count_over and freed >= tokens_over:
+                return None  # the certain pauses alone: the caller's release term (when sooner)
+        elif count + 1 >= count_over and freed + tokens >= tokens_over:
+            blocked *= 1.0 - q
+            if blocked <= 0.5:
+                return at
+    return None
 
 
 def retry_after_seconds(eta: float) -> float:

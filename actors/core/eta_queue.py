@@ -22,16 +22,19 @@ from actors.core.eta import (
     LINE,
     LINE_WEIGHT,
     POOLED,
+    Departure,
     FirstEta,
     QueueEta,
     QueueKey,
+    departure_in,
     drain_interval,
     eta_seconds,
+    mean_residual,
     quantile,
     retry_after_seconds,
 )
 from actors.core.events import RequestSubmitted
-from actors.core.ids import RequestId, TargetId
+from actors.core.ids import ProgramRef, RequestId, TargetId
 from actors.core.ledger import private_tokens, target_usage
 from actors.core.lifecycle import cancel_waiting
 from actors.core.model import ACTING, GLOBAL_QUEUE, RANK_QUEUE, Program, RankState
@@ -74,6 +77,39 @@ def releases(s: SchedulerState, rank: RankState) -> list[tuple[float, float]]:
     return out
 
 
+def departures(s: SchedulerState, rank: RankState) -> tuple[list[Departure], float, float]:
+    """The rank's Programs that may leave it, with the release probability of a completion and
+    the service cycle of a held Program (docs/program-scheduling.md §13, "Departures"):
+
+    * an acting Program leaves at its TTL deadline, a busy one marked to pause (or end) when idle
+      at the end of its request: certain;
+    * a busy Program leaves at the expected end of its request (the mean residual of the rank's
+      recent service times, dispatch to completion, given how long it has run) with probability
+      ``1 / mean rounds between the rank's TTL pauses``, else is held and completes again one mean
+      service time later.  Without a TTL pause seen on the rank, completions are not counted."""
+    now = s.now
+    factors = rank.factors
+    service = [r.e2e_seconds - r.queue_seconds for r in factors.requests]
+    cycle = math.fsum(service) / len(service) if service else 0.0
+    rounds = factors.mean_ttl_pause_rounds()
+    q = 1.0 / max(1.0, rounds) if factors.ttl_pause_rounds else 0.0
+    running: dict[ProgramRef, float] = {}  # the latest dispatch of each busy Program on the rank
+    for d in s.in_flight.values():
+        if d.target_id == rank.target_id:
+            running[d.ref] = max(running.get(d.ref, d.dispatched_at), d.dispatched_at)
+    out: list[Departure] = []
+    for a in rank.active.values():
+        if a.status == ACTING and a.ttl_deadline is not None:
+            out.append(Departure(max(0.0, a.ttl_deadline - now), a.charged_tokens, certain=True))
+        elif a.in_flight > 0 and a.ref in running:
+            rest = mean_residual(service, now - running[a.ref])
+            if rest is None:
+                continue
+            certain = a.pause_when_idle or a.terminate_when_idle
+            out.append(Departure(rest, a.charged_tokens, certain=certain))
+    return out, q, cycle
+
+
 def to_next_tick(s: SchedulerState) -> float:
     """Seconds to the next tick (its admission pass); one interval before the first tick."""
     interval = s.cfg.metrics_interval_seconds
@@ -98,19 +134,21 @@ def queue_etas(s: SchedulerState, key: QueueKey) -> list[tuple[Program, QueueEta
     low = capacity * cfg.low_watermark_ratio if capacity is not None else None
     to_tick = to_next_tick(s)
     out: list[tuple[Program, QueueEta]] = []
-    # per line: (position so far, tokens the line needs so far, its drain interval, used, active)
+    # per line: (position so far, tokens the line needs so far, its drain interval, used, active,
+    # the ETA of the previous position)
     lines: dict[TargetId | None, list[float]] = {}
     pauses_by_line: dict[TargetId | None, list[tuple[float, float]]] = {}  # the rank's TTL pauses
+    leaving: dict[TargetId | None, tuple[list[Departure], float, float]] = {}  # departures(), per line
     for p in ordered(s, list(refs)):
         line = p.last_target
         st = lines.get(line)
         if st is None:
             rank = s.ranks.get(line) if line is not None else None
             if rank is None:
-                st = [0.0, 0.0, DEFAULT_PRIOR_INTERVAL, 0.0, 0.0]
+                st = [0.0, 0.0, DEFAULT_PRIOR_INTERVAL, 0.0, 0.0, 0.0]
             else:
                 used = target_usage(rank, s.now, cfg.metrics_interval_seconds)
-                st = [0.0, 0.0, line_interval(s, rank.target_id), used, float(len(rank.active))]
+                st = [0.0, 0.0, line_interval(s, rank.target_id), used, float(len(rank.active)), 0.0]
             lines[line] = st
         st[0] += 1
         st[1] += private_tokens(p, cfg.decode_buffer_tokens)
@@ -123,8 +161,16 @@ def queue_etas(s: SchedulerState, key: QueueKey) -> list[tuple[Program, QueueEta
             rank = s.ranks.get(line) if line is not None else None
             pauses = pauses_by_line[line] = releases(s, rank) if rank is not None else []
         release_in = _release_in(pauses, count_over, tokens_over, fits)
+        leave_in = None
+        if not fits:
+            dep = leaving.get(line)
+            if dep is None:
+                rank = s.ranks.get(line) if line is not None else None
+                dep = leaving[line] = departures(s, rank) if rank is not None else ([], 0.0, 0.0)
+            leave_in = departure_in(dep[0], count_over, tokens_over, dep[1], dep[2])
         d = st[2]
-        eta = eta_seconds(position, d, to_tick, blocked=not fits, release_in=release_in)
+        eta = eta_seconds(position, d, to_tick, blocked=not fits, release_in=release_in, departure_in=leave_in)
+        eta = st[5] = max(eta, st[5])  # nobody behind it in its line goes first
         out.append((p, QueueEta(position, eta, d, to_tick, blocked=not fits)))
     return out
 

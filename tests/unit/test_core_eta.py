@@ -96,7 +96,10 @@ def test_queued_request_is_told_its_position_and_eta_and_accuracy_is_recorded() 
     # a's sample: (3 s - 1 s to the tick) / position 1 = 2 s; pooled d = (2 + 2 x 5) / 3 = 4,
     # the line's d = (2 + 1 x 4) / 2 = 3
     assert h.state.eta.windows[(LINE, tid(0))].intervals == (2.0,)
-    assert told(h.tick(at=5.0)) == [("r3", 1, 1.0 + 3.0, False)]
+    # at the tick of 5.0 the rank has seen one request (4 s of service) and one TTL pause (x,
+    # after 1 round: release probability 1): a, running for 1 s, is expected to end and leave in
+    # 4 - 1 = 3 s, which replaces the drain estimate 1 + 3 (docs/program-scheduling.md §13)
+    assert told(h.tick(at=5.0)) == [("r3", 1, 3.0, False)]
     eff = h.complete("r2", at=10.0, prompt=100)  # b admitted after 8 s; its first ETA was 11
     assert observed(eff) == [(11.0, 8.0, 0.375)]
     assert h.state.eta.windows[(LINE, tid(0))].intervals == (2.0, 3.5)  # (8 - 1) / 2
@@ -215,3 +218,59 @@ def test_an_acting_programs_ttl_pause_that_frees_the_slot_sets_the_eta_when_soon
     assert told(h2.submit("a", at=0.75)) == [("r2", 1, 1.75, True)]  # sooner than 0.25 + 5
     eff = h2.tick(at=2.5)  # the TTL fires first (timers due at 2.5), then the tick
     assert observed(eff) == [(1.75, 1.75, 0.0)]
+
+
+# ---- departures: completions that free the rank (docs/program-scheduling.md §13) ------------------
+
+
+def test_mean_residual_is_the_mean_overshoot_of_the_longer_samples() -> None:
+    assert eta.mean_residual([1.0, 2.0, 4.0, 6.0], 1.5) == pytest.approx(((2 - 1.5) + (4 - 1.5) + (6 - 1.5)) / 3)
+    assert eta.mean_residual([1.0, 2.0], 0.0) == 1.5
+    assert eta.mean_residual([1.0, 2.0], 3.0) == 0.0  # outlived every sample: due now
+    assert eta.mean_residual([], 1.0) is None
+
+
+def test_departure_in_is_the_median_time_the_line_fits() -> None:
+    dep = eta.Departure
+    # one slot over: a completion in 2 s that releases with probability 1 frees it then
+    assert eta.departure_in([dep(2.0, 500.0)], 1, 0.0, 1.0, 3.0) == 2.0
+    # with probability 0.3 per completion, blocked 0.7 after 2 s, 0.49 after 5 s (one cycle later)
+    assert eta.departure_in([dep(2.0, 500.0)], 1, 0.0, 0.3, 3.0) == 5.0
+    # two Programs ending at 1 and 4 s, each leaving with probability 0.4: 0.6, then 0.36
+    assert eta.departure_in([dep(1.0, 500.0), dep(4.0, 500.0)], 1, 0.0, 0.4, 10.0) == 4.0
+    # a completion that frees too few tokens alone counts only after a certain pause adds to it
+    line = [dep(1.0, 100.0), dep(3.0, 300.0, certain=True), dep(5.0, 100.0)]
+    assert eta.departure_in(line, 1, 350.0, 1.0, 10.0) == 5.0  # 300 + 100 >= 350 at the completion of 5 s
+    assert eta.departure_in(line, 1, 250.0, 1.0, 10.0) is None  # the certain pause alone: the release term
+    assert eta.departure_in(line, 2, 350.0, 1.0, 10.0) == 5.0  # two Programs must leave
+    assert eta.departure_in(line, 1, 1000.0, 1.0, 10.0) is None  # never enough
+    assert eta.departure_in([dep(1.0, 500.0)], 1, 0.0, 0.0, 3.0) is None  # completions never release
+    assert eta.departure_in([dep(math.nan, 500.0), dep(1.0, math.inf)], 1, 0.0, 1.0, 3.0) is None
+    # the look-ahead is bounded: at most MAX_CYCLES completions per held Program
+    assert eta.departure_in([dep(0.0, 500.0)], 1, 0.0, 0.01, 1.0) is None
+
+
+def test_eta_uses_the_departure_estimate_for_a_blocked_line() -> None:
+    assert eta.eta_seconds(2, 5.0, 0.5, blocked=True, departure_in=1.25) == 1.25
+    assert eta.eta_seconds(2, 5.0, 0.5, blocked=True, departure_in=1.25, release_in=1.0) == 1.0
+    assert eta.eta_seconds(2, 5.0, 0.5, blocked=False, departure_in=1.25) == 0.5  # fits: the tick
+    assert eta.eta_seconds(2, 5.0, 0.5, blocked=True, departure_in=math.inf) == 10.5
+
+
+def test_a_queued_program_is_told_when_the_running_ones_are_expected_to_leave() -> None:
+    # one slot per rank; x's first request takes 4 s and x pauses after it (TTL 0): the rank has
+    # seen a service time of 4 s and one TTL pause after 1 round (release probability 1)
+    h = Harness(max_active_programs_per_target=1)
+    h.tick(at=0.0)
+    h.submit("x", hints=RequestHints(kv_retention_ttl_seconds=0.0))
+    h.complete("r1", at=4.0, prompt=100)
+    assert h.program("x").state == "paused"
+    h.submit("y", at=4.0)  # r2: y takes the slot
+    # z arrives 1.5 s into y's request: y is expected to end in 4 - 1.5 = 2.5 s and leave then
+    assert told(h.submit("z", at=5.5)) == [("r3", 1, 2.5, True)]
+    # a second waiter needs two Programs to leave and only y may: the drain estimate, 0.25 s to
+    # the tick + 2 positions x the 5 s prior
+    assert told(h.submit("w", at=5.75)) == [("r4", 2, 0.25 + 2 * 5.0, True)]
+    eff = h.complete("r2", at=8.0, prompt=100)  # y ends at 8.0 and its slot goes to z: exact
+    assert observed(eff) == [(2.5, 2.5, 0.0)]
+    assert check(h.state, h.cfg) == []
