@@ -107,6 +107,7 @@ departures = st.lists(
         st.one_of(st.floats(0.0, 100.0), st.just(math.nan), st.just(math.inf), st.floats(-5.0, 0.0)),
         st.one_of(st.floats(0.0, 5000.0), st.just(math.nan)),
         st.booleans(),
+        st.booleans(),
     ),
     max_size=12,
 )
@@ -116,14 +117,16 @@ departures = st.lists(
 def test_departure_estimate_is_finite_and_later_for_a_larger_need_or_a_lower_release_probability(
     deps: list[eta.Departure], count_over: int, tokens_over: float, q: float, cycle: float
 ) -> None:
-    """The departure term (docs/program-scheduling.md §13): None or a finite time >= 0 at which a
-    completion happens; a line that needs more waits no less, and a lower release probability
-    never makes the estimate sooner."""
+    """The departure term (docs/program-scheduling.md §13): None or a finite time >= 0, never
+    before the first departure that is not a TTL pause (TTL pauses alone are the release term); a
+    line that needs more waits no less, and a lower release probability never makes it sooner."""
     at = eta.departure_in(deps, count_over, tokens_over, q, cycle)
     if at is None:
         return
     assert math.isfinite(at) and at >= 0
-    starts = [max(0.0, d.at) for d in deps if not d.certain and math.isfinite(d.at) and math.isfinite(d.tokens)]
+    starts = [
+        max(0.0, d.at) for d in deps if not (d.certain and d.acting) and math.isfinite(d.at) and math.isfinite(d.tokens)
+    ]
     assert starts and at >= min(starts)
     more = eta.departure_in(deps, count_over, tokens_over + 100.0, q, cycle)
     assert more is None or more >= at

@@ -142,6 +142,7 @@ class Departure:
     at: float
     tokens: float
     certain: bool = False
+    acting: bool = False  # a certain departure that is an acting Program's TTL pause
 
 
 MAX_CYCLES = 16  # completions per in-flight Program a departure estimate looks ahead
@@ -173,28 +174,31 @@ def departure_in(
     completion: each completion that would suffice multiplies the probability that the line is
     still blocked by ``1 - release_probability``; the answer is the first time it is <= 1/2.
     A held Program completes again every ``cycle`` seconds (at most ``MAX_CYCLES`` times).  When
-    the certain departures alone suffice first, the answer is None: they are the ETA's release
-    term, which counts only when sooner than the drain estimate (an acting Program held through a
-    short tool usually comes back before its TTL runs out)."""
+    the certain departures alone suffice first, that is the answer, unless they are all acting
+    Programs' TTL pauses: then None, as those are the ETA's release term, which counts only when
+    sooner than the drain estimate (an acting Program held through a short tool usually comes back
+    before its TTL runs out)."""
     q = min(1.0, max(0.0, release_probability)) if math.isfinite(release_probability) else 0.0
-    events: list[tuple[float, int, float]] = []  # (at, 0 certain | 1 completion, tokens)
+    events: list[tuple[float, int, float]] = []  # (at, 0 TTL pause | 1 other certain | 2 completion, tokens)
     for d in departures:
         if not (math.isfinite(d.at) and math.isfinite(d.tokens)):
             continue
         at = max(0.0, d.at)
         if d.certain:
-            events.append((at, 0, d.tokens))
+            events.append((at, 0 if d.acting else 1, d.tokens))
         elif q > 0:
             cycles = 1 if q >= 1 or not (math.isfinite(cycle) and cycle > 0) else MAX_CYCLES
-            events.extend((at + k * cycle, 1, d.tokens) for k in range(cycles))
+            events.extend((at + k * cycle, 2, d.tokens) for k in range(cycles))
     events.sort()
-    count, freed, blocked = 0, 0.0, 1.0
+    count, freed, blocked, ttl_only = 0, 0.0, 1.0, True
     for at, kind, tokens in events:
-        if kind == 0:
+        if kind < 2:
             count += 1
             freed += tokens
+            ttl_only = ttl_only and kind == 0
             if count >= count_over and freed >= tokens_over:
-                return None  # the certain pauses alone: the caller's release term (when sooner)
+                # TTL pauses alone: the caller's release term (which counts only when sooner)
+                return None if ttl_only else at
         elif count + 1 >= count_over and freed + tokens >= tokens_over:
             blocked *= 1.0 - q
             if blocked <= 0.5:

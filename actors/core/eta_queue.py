@@ -100,7 +100,7 @@ def departures(s: SchedulerState, rank: RankState) -> tuple[list[Departure], flo
     out: list[Departure] = []
     for a in rank.active.values():
         if a.status == ACTING and a.ttl_deadline is not None:
-            out.append(Departure(max(0.0, a.ttl_deadline - now), a.charged_tokens, certain=True))
+            out.append(Departure(max(0.0, a.ttl_deadline - now), a.charged_tokens, certain=True, acting=True))
         elif a.in_flight > 0 and a.ref in running:
             rest = mean_residual(service, now - running[a.ref])
             if rest is None:

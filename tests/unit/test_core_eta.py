@@ -239,10 +239,14 @@ def test_departure_in_is_the_median_time_the_line_fits() -> None:
     # two Programs ending at 1 and 4 s, each leaving with probability 0.4: 0.6, then 0.36
     assert eta.departure_in([dep(1.0, 500.0), dep(4.0, 500.0)], 1, 0.0, 0.4, 10.0) == 4.0
     # a completion that frees too few tokens alone counts only after a certain pause adds to it
-    line = [dep(1.0, 100.0), dep(3.0, 300.0, certain=True), dep(5.0, 100.0)]
+    line = [dep(1.0, 100.0), dep(3.0, 300.0, certain=True, acting=True), dep(5.0, 100.0)]
     assert eta.departure_in(line, 1, 350.0, 1.0, 10.0) == 5.0  # 300 + 100 >= 350 at the completion of 5 s
-    assert eta.departure_in(line, 1, 250.0, 1.0, 10.0) is None  # the certain pause alone: the release term
+    assert eta.departure_in(line, 1, 250.0, 1.0, 10.0) is None  # the TTL pause alone: the release term
     assert eta.departure_in(line, 2, 350.0, 1.0, 10.0) == 5.0  # two Programs must leave
+    # a busy Program marked to pause when idle leaves at the end of its request for sure
+    marked = [dep(0.5, 300.0, certain=True, acting=True), dep(2.0, 300.0, certain=True)]
+    assert eta.departure_in(marked, 1, 250.0, 0.5, 10.0) is None  # the TTL pause suffices first
+    assert eta.departure_in(marked, 1, 500.0, 0.0, 10.0) == 2.0  # both, the second one not a TTL
     assert eta.departure_in(line, 1, 1000.0, 1.0, 10.0) is None  # never enough
     assert eta.departure_in([dep(1.0, 500.0)], 1, 0.0, 0.0, 3.0) is None  # completions never release
     assert eta.departure_in([dep(math.nan, 500.0), dep(1.0, math.inf)], 1, 0.0, 1.0, 3.0) is None
