@@ -40,6 +40,7 @@ from actors.core.lifecycle import cancel_waiting
 from actors.core.model import ACTING, GLOBAL_QUEUE, RANK_QUEUE, Program, RankState
 from actors.core.resume import ordered
 from actors.core.state import SchedulerState, live_program
+from actors.core.stats import continuous_growth_reserve
 
 QUEUE_WAIT_EXCEEDS_BOUND = "queue_wait_exceeds_bound"
 
@@ -63,6 +64,22 @@ def line_interval(s: SchedulerState, line: TargetId) -> float:
     of every line, which is shrunk to the rank's prior."""
     pooled = drain_interval(s.eta.window(POOLED), prior_interval(s, line))
     return drain_interval(s.eta.window((LINE, line)), pooled, LINE_WEIGHT)
+
+
+def admission_usage(s: SchedulerState, rank: RankState) -> float:
+    """What an admission on ``rank`` counts as used (docs/program-scheduling.md §3): the ledger's
+    usage, the claims of waiting batch and interactive requests, and the growth reserve of the
+    active Programs' remaining continuous rounds (a Program that fits without the reserve is
+    admitted only when the batch-gain estimate says so, which the ETA does not predict)."""
+    cfg = s.cfg
+    used = target_usage(rank, s.now, cfg.metrics_interval_seconds)
+    used += rank.batch_claim_tokens + rank.interactive_claim_tokens
+    if cfg.token_capacity_per_dp_rank is not None:
+        rounds = rank.factors.target_rounds(cfg.max_segment_rounds)
+        if rounds > 0:
+            remaining = [max(0, rounds - a.rounds_since_activation) for a in rank.active.values()]
+            used += continuous_growth_reserve(rank.factors, rounds, remaining)
+    return used
 
 
 def releases(s: SchedulerState, rank: RankState) -> list[tuple[float, float]]:
@@ -147,7 +164,7 @@ def queue_etas(s: SchedulerState, key: QueueKey) -> list[tuple[Program, QueueEta
             if rank is None:
                 st = [0.0, 0.0, DEFAULT_PRIOR_INTERVAL, 0.0, 0.0, 0.0]
             else:
-                used = target_usage(rank, s.now, cfg.metrics_interval_seconds)
+                used = admission_usage(s, rank)
                 st = [0.0, 0.0, line_interval(s, rank.target_id), used, float(len(rank.active)), 0.0]
             lines[line] = st
         st[0] += 1
