@@ -278,3 +278,16 @@ def test_a_queued_program_is_told_when_the_running_ones_are_expected_to_leave() 
     eff = h.complete("r2", at=8.0, prompt=100)  # y ends at 8.0 and its slot goes to z: exact
     assert observed(eff) == [(2.5, 2.5, 0.0)]
     assert check(h.state, h.cfg) == []
+
+
+def test_a_line_fits_only_with_what_an_admission_counts_as_used() -> None:
+    # capacity 1000: x holds 600 (500 + decode buffer 100); a needs 300 and fits (900), but not
+    # once 200 tokens are claimed by waiting batch requests, as the admission itself counts them
+    h = Harness(token_capacity_per_dp_rank=1000, decode_buffer_tokens=100, admission_waiting_request_threshold=1)
+    h.tick(at=0.0)
+    h.submit("x", tokens=500)
+    h.observe(0, kv=0.6, running=1, waiting=3, at=0.5)  # the waiting gate is closed
+    assert told(h.submit("a", tokens=200, at=0.75)) == [("r2", 1, 0.25, True)]  # fits: the next tick
+    h.abandon("r2", at=0.8)
+    h.state.ranks[tid(0)].batch_claim_tokens = 200.0
+    assert told(h.submit("b", tokens=200, at=0.8)) == [("r3", 1, 0.2 + 5.0, True)]  # blocked: the drain estimate
