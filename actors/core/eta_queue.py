@@ -94,7 +94,18 @@ def releases(s: SchedulerState, rank: RankState) -> list[tuple[float, float]]:
     return out
 
 
-def departures(s: SchedulerState, rank: RankState) -> tuple[list[Departure], float, float]:
+def busy_since(s: SchedulerState) -> dict[TargetId, dict[ProgramRef, float]]:
+    """Per rank, the latest dispatch time of each Program with a request in flight there."""
+    out: dict[TargetId, dict[ProgramRef, float]] = {}
+    for d in s.in_flight.values():
+        running = out.setdefault(d.target_id, {})
+        running[d.ref] = max(running.get(d.ref, d.dispatched_at), d.dispatched_at)
+    return out
+
+
+def departures(
+    s: SchedulerState, rank: RankState, busy: dict[TargetId, dict[ProgramRef, float]] | None = None
+) -> tuple[list[Departure], float, float]:
     """The rank's Programs that may leave it, with the release probability of a completion and
     the service cycle of a held Program (docs/program-scheduling.md §13, "Departures"):
 
@@ -110,10 +121,7 @@ def departures(s: SchedulerState, rank: RankState) -> tuple[list[Departure], flo
     cycle = math.fsum(service) / len(service) if service else 0.0
     rounds = factors.mean_ttl_pause_rounds()
     q = 1.0 / max(1.0, rounds) if factors.ttl_pause_rounds else 0.0
-    running: dict[ProgramRef, float] = {}  # the latest dispatch of each busy Program on the rank
-    for d in s.in_flight.values():
-        if d.target_id == rank.target_id:
-            running[d.ref] = max(running.get(d.ref, d.dispatched_at), d.dispatched_at)
+    running = (busy if busy is not None else busy_since(s)).get(rank.target_id, {})
     out: list[Departure] = []
     for a in rank.active.values():
         if a.status == ACTING and a.ttl_deadline is not None:
@@ -156,6 +164,7 @@ def queue_etas(s: SchedulerState, key: QueueKey) -> list[tuple[Program, QueueEta
     lines: dict[TargetId | None, list[float]] = {}
     pauses_by_line: dict[TargetId | None, list[tuple[float, float]]] = {}  # the rank's TTL pauses
     leaving: dict[TargetId | None, tuple[list[Departure], float, float]] = {}  # departures(), per line
+    busy: dict[TargetId, dict[ProgramRef, float]] | None = None  # busy_since(), once per call
     for p in ordered(s, list(refs)):
         line = p.last_target
         st = lines.get(line)
@@ -183,7 +192,9 @@ def queue_etas(s: SchedulerState, key: QueueKey) -> list[tuple[Program, QueueEta
             dep = leaving.get(line)
             if dep is None:
                 rank = s.ranks.get(line) if line is not None else None
-                dep = leaving[line] = departures(s, rank) if rank is not None else ([], 0.0, 0.0)
+                if rank is not None and busy is None:
+                    busy = busy_since(s)
+                dep = leaving[line] = departures(s, rank, busy) if rank is not None else ([], 0.0, 0.0)
             leave_in = departure_in(dep[0], count_over, tokens_over, dep[1], dep[2])
         d = st[2]
         eta = eta_seconds(position, d, to_tick, blocked=not fits, release_in=release_in, departure_in=leave_in)
