@@ -9,6 +9,19 @@ subclass below stops the idle task when the read loop ends and never restarts it
 the socket closes as soon as the connection's request task is done
 (found by the fault suite's descriptor check, docs/operations.md §11).
 
+Two per-request costs of hypercorn's connection handler are replaced (docs/benchmarks.md §10.2,
+same behaviour, measured there):
+
+* **keep-alive idle timer**: hypercorn stops its idle task when a request starts and spawns a new
+  one (a lock, a task, two cancel scopes) when the connection turns idle again.  Here one watcher
+  task lives as long as the connection and the per-request switch only moves its deadline
+  (:class:`IdleWatch`): an idle connection still closes after ``keep_alive_timeout`` or at once when
+  the server drains (``context.terminated``), a busy one never does.
+* **socket writes**: a write that the kernel takes whole leaves at once, without the send lock, the
+  shielding cancel scope and the scheduler round trips of a Trio send (no other write of the
+  connection can be in progress then: the lock is free and the write does not wait); a write the
+  socket cannot take whole continues on hypercorn's path with what is left.
+
 :mod:`daemon.http.serve` runs its own accept loop (connection cap, write timeout, drain) and
 instantiates the subclass directly; :func:`install` swaps it in for the class hypercorn's own trio
 runner (``hypercorn.trio.serve``) instantiates, for any code that still serves through that.
@@ -17,8 +30,12 @@ runner (``hypercorn.trio.serve``) instantiates, for any code that still serves t
 from __future__ import annotations
 
 import contextvars
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import hypercorn.trio.run
+import trio
 from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.trio.tcp_server import TCPServer
 
@@ -29,24 +46,111 @@ from hypercorn.trio.tcp_server import TCPServer
 HOLD_WRITE: contextvars.ContextVar[bool] = contextvars.ContextVar("agentd_hold_write", default=False)
 
 
+class IdleWatch:
+    """hypercorn's ``TrioSingleTask`` for the keep-alive idle timer, without a task per request.
+
+    ``restart`` (the connection turned idle) arms a deadline ``timeout`` seconds ahead; ``stop``
+    (a request started) disarms it.  The first ``restart`` starts the one watcher task; it runs
+    ``on_idle`` (hypercorn's close of the connection, shielded) when an armed deadline passes or
+    when ``terminated`` is set while armed.  :meth:`close` ends the watcher (the connection is
+    over).  The ``action`` hypercorn passes to ``restart`` (its whole idle task) is not used."""
+
+    def __init__(self, timeout: float, terminated: Any, on_idle: Callable[[], Awaitable[None]]) -> None:
+        self._timeout = timeout
+        self._terminated = terminated  # hypercorn's EventWrapper (wait / is_set)
+        self._on_idle = on_idle
+        self._armed = False
+        self._deadline = math.inf
+        self._scope: trio.CancelScope | None = None  # the watcher's current wait
+        self._task_scope: trio.CancelScope | None = None  # the watcher as a whole
+        self._closed = False
+
+    async def restart(self, task_group: Any, action: Callable[[], Awaitable[None]]) -> None:
+        self._armed = True
+        self._deadline = trio.current_time() + self._timeout
+        if self._task_scope is None:
+            if not self._closed:
+                self._task_scope = trio.CancelScope()
+                task_group._nursery.start_soon(self._watch, self._task_scope)
+            return
+        if self._scope is not None:
+            self._scope.deadline = self._deadline
+            if self._terminated.is_set():
+                self._scope.cancel()  # the drain is on: an idle connection closes now
+
+    async def stop(self) -> None:
+        self._armed = False
+        self._deadline = math.inf
+        if self._scope is not None:
+            self._scope.deadline = math.inf
+
+    def close(self) -> None:
+        self._closed = True
+        if self._task_scope is not None:
+            self._task_scope.cancel()
+
+    async def _watch(self, task_scope: trio.CancelScope) -> None:
+        with task_scope:
+            while True:
+                with trio.CancelScope(deadline=self._deadline) as scope:
+                    self._scope = scope
+                    if self._terminated.is_set():
+                        if self._armed:
+                            break
+                        await trio.sleep_forever()  # until the connection turns idle (restart)
+                    else:
+                        await self._terminated.wait()
+                        if self._armed:
+                            break
+                self._scope = None
+                if self._armed and (self._terminated.is_set() or trio.current_time() >= self._deadline):
+                    break
+            self._scope = None
+            with trio.CancelScope(shield=True):
+                await self._on_idle()
+
+
 class PromptCloseTCPServer(TCPServer):
     _peer_gone = False
     _held = b""  # bytes held back by HOLD_WRITE, sent before the connection's next write
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        watch = IdleWatch(self.config.keep_alive_timeout, self.context.terminated, self._initiate_server_close)
+        self._idle_watch = self.idle_task = watch  # type: ignore[assignment]
 
     async def _read_data(self) -> None:
         try:
             await super()._read_data()
         finally:
             self._peer_gone = True
-            await self.idle_task.stop()  # the peer is gone: nothing is left to time out
+            self._idle_watch.close()  # the peer is gone: nothing is left to time out
+
+    def _send_now(self, data: bytes) -> int:
+        """Write what the socket takes at once, without waiting; the number of bytes written
+        (0 when another write is in progress or the socket cannot take any now)."""
+        if self.send_lock.locked():
+            return 0
+        sock = getattr(self.stream, "socket", None)
+        if sock is None:
+            return 0
+        try:
+            return sock._sock.send(data)
+        except OSError:  # would block, or an error hypercorn's own write path reports
+            return 0
 
     async def protocol_send(self, event: Event) -> None:
         if isinstance(event, RawData):
             if HOLD_WRITE.get():
                 self._held += event.data
                 return
-            if self._held:
-                event, self._held = RawData(data=self._held + event.data), b""
+            data = self._held + event.data if self._held else event.data
+            self._held = b""
+            sent = self._send_now(data)
+            if sent == len(data):
+                return
+            if sent or data is not event.data:
+                event = RawData(data=data[sent:])
         elif isinstance(event, Closed) and self._held:
             held, self._held = self._held, b""
             await super().protocol_send(RawData(data=held))
