@@ -531,3 +531,44 @@ async def test_pump_cancel_safe_handler_keeps_the_exact_read_timeout(mock_clock:
     assert elapsed == pytest.approx(50.0)
     await pool.aclose()
     await listener.aclose()
+
+
+async def test_a_request_larger_than_the_socket_buffer_arrives_whole() -> None:
+    """Most of a big request leaves with the waiting Trio send after the first non-blocking write
+    took what the socket could (daemon.h1client._send_now)."""
+    payload = bytes(range(256)) * 60_000  # ~15 MB
+    received: list[bytes] = []
+
+    async def serve_one(stream: trio.SocketStream) -> None:
+        buf = bytearray()
+        while b"\r\n\r\n" not in buf:
+            buf += await stream.receive_some(65536)
+        head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        body = bytearray(rest)
+        while len(body) < length:
+            body += await stream.receive_some(1 << 20)
+        received.append(bytes(body))
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+
+    [listener] = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    url = f"http://127.0.0.1:{listener.socket.getsockname()[1]}"
+    pool = H1Pool(max_keepalive_connections=8, keepalive_expiry=5.0)
+    with trio.fail_after(BUDGET_SECONDS):
+        async with trio.open_nursery() as nursery:
+
+            async def accept_one() -> None:
+                stream = await listener.accept()
+                async with stream:
+                    await serve_one(stream)
+
+            nursery.start_soon(accept_one)
+            request = httpx.Request(
+                "POST", url + "/v1/x", content=payload, extensions={"timeout": httpx.Timeout(30.0).as_dict()}
+            )
+            response = await pool.request(request)
+            assert await response.aread() == b"ok"
+            await response.aclose()
+        await pool.aclose()
+        await listener.aclose()
+    assert received == [payload]
