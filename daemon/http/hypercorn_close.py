@@ -21,6 +21,8 @@ same behaviour, measured there):
   shielding cancel scope and the scheduler round trips of a Trio send (no other write of the
   connection can be in progress then: the lock is free and the write does not wait); a write the
   socket cannot take whole continues on hypercorn's path with what is left.
+* **socket reads**: without a configured ``read_timeout`` (agentd sets none: the body-read timeout
+  of ``[limits]`` bounds a slow request) hypercorn's read loop runs without its per-read cancel scope.
 
 :mod:`daemon.http.serve` runs its own accept loop (connection cap, write timeout, drain) and
 instantiates the subclass directly; :func:`install` swaps it in for the class hypercorn's own trio
@@ -37,7 +39,7 @@ from typing import Any
 import hypercorn.trio.run
 import trio
 from hypercorn.events import Closed, Event, RawData, Updated
-from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 
 # Set by the app around an ASGI send whose bytes should leave with the next write of the same
 # connection: a complete response's head then goes out with its body in one socket write
@@ -121,7 +123,19 @@ class PromptCloseTCPServer(TCPServer):
 
     async def _read_data(self) -> None:
         try:
-            await super()._read_data()
+            if self.config.read_timeout is not None:
+                await super()._read_data()
+                return
+            # hypercorn's loop without its per-read cancel scope (no read timeout is configured)
+            while True:
+                try:
+                    data = await self.stream.receive_some(MAX_RECV)
+                except (trio.ClosedResourceError, trio.BrokenResourceError):
+                    break
+                await self.protocol.handle(RawData(bytes(data)))
+                if data == b"":
+                    break
+            await self.protocol.handle(Closed())
         finally:
             self._peer_gone = True
             self._idle_watch.close()  # the peer is gone: nothing is left to time out

@@ -32,6 +32,7 @@ the lease is left without ``finish`` (abandoned).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -267,6 +268,7 @@ class _Exchange:
 
 
 SSE_DONE = b"data: [DONE]\n\n"
+_NO_SCOPE = contextlib.nullcontext()  # in place of a cancel scope that could never fire
 
 
 def stream_error_tail(message: str, code: str) -> bytes:
@@ -629,21 +631,23 @@ class ProxyEngine:
             with trio.move_on_at(started + self.timeouts.total) as total_scope:
                 try:
                     first_byte = self.timeouts.first_byte if req.stream else math.inf
-                    try:
-                        with trio.fail_after(first_byte):  # any transport; daemon.h1client checks it too
-                            response = await self._send(
-                                target.worker_url,
-                                PATHS[req.endpoint],
-                                _worker_headers(req, lease),
-                                content,
-                                req.stream,
-                            )
-                            if response.status_code == 400 and self._probing(req, lease):
-                                response, inject = await self._priority_rejected(req, lease, raw_body, response, inject)
-                    except trio.TooSlowError:
+                    # any transport; daemon.h1client checks it too.  No scope when unbounded (a
+                    # complete response: the total timeout bounds it), docs/benchmarks.md §10.2
+                    head = None if first_byte == math.inf else trio.CancelScope(deadline=started + first_byte)
+                    with head if head is not None else _NO_SCOPE:
+                        response = await self._send(
+                            target.worker_url,
+                            PATHS[req.endpoint],
+                            _worker_headers(req, lease),
+                            content,
+                            req.stream,
+                        )
+                        if response.status_code == 400 and self._probing(req, lease):
+                            response, inject = await self._priority_rejected(req, lease, raw_body, response, inject)
+                    if head is not None and head.cancelled_caught:
                         raise httpx.ReadTimeout(
                             f"no response from the worker within {first_byte:g} s (first-byte timeout)"
-                        ) from None
+                        )
                 except httpx.HTTPError as exc:
                     error = map_httpx_error(target.target_id, exc)
                     not_sent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
