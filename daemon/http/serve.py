@@ -44,6 +44,7 @@ from daemon.http.hypercorn_close import PromptCloseTCPServer
 KEEP_ALIVE_MAX_REQUESTS = 1 << 62
 ACCEPT_BACKLOG = 4096
 logger = get_logger("serve")
+RECEIVE_BYTES = 65536  # a read without a size (hypercorn always passes one)
 OVER_CAP_READ_SECONDS = 1.0  # how long an over-the-cap connection may take to send its request head
 
 
@@ -113,7 +114,24 @@ class WriteTimeoutStream(trio.abc.HalfCloseableStream):
         await self.inner.wait_send_all_might_not_block()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        return await self.inner.receive_some(max_bytes)
+        """Trio's ``receive_some`` without its per-call context manager and scheduler round trip
+        when the socket answers at once (docs/benchmarks.md §10.2): bytes already there are taken
+        without waiting, else the wait is Trio's ``wait_readable`` (a checkpoint that a close of the
+        socket, such as the write watchdog's, interrupts).  Errors go through Trio's own path, so
+        the caller sees the same exceptions."""
+        raw = self.socket._sock  # type: ignore[attr-defined]
+        size = max_bytes or RECEIVE_BYTES
+        try:
+            return raw.recv(size)
+        except BlockingIOError:
+            pass
+        except OSError:
+            return await self.inner.receive_some(max_bytes)
+        await trio.lowlevel.wait_readable(raw)
+        try:
+            return raw.recv(size)
+        except OSError:
+            return await self.inner.receive_some(max_bytes)
 
     async def send_eof(self) -> None:
         await self.inner.send_eof()
@@ -228,7 +246,7 @@ async def serve_http(
                 wrapped = WriteTimeoutStream(stream, state)
                 streams.add(wrapped)
                 try:
-                    await _Connection(asgi, config, context, ConnectionState({}), wrapped)  # type: ignore[arg-type]
+                    await _Connection(asgi, config, context, ConnectionState({}), wrapped)
                 finally:
                     streams.discard(wrapped)
                     state.open_connections -= 1
