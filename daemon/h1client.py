@@ -178,6 +178,18 @@ def _send_now(conn: _Connection, payload: bytes) -> int:
         return 0
 
 
+async def _receive_head_bytes(conn: _Connection) -> bytes:
+    """:func:`_receive` without a timeout (the caller's scope bounds the wait), without Trio's
+    per-call context manager and scheduler round trip: the socket is read once it is readable
+    (docs/benchmarks.md §10.2).  Errors take Trio's path, so they are reported the same way."""
+    raw = conn.stream.socket._sock  # type: ignore[attr-defined]
+    try:
+        await trio.lowlevel.wait_readable(raw)
+        return raw.recv(READ_SIZE)
+    except (OSError, ValueError, trio.ClosedResourceError):  # would block, reset, closed: Trio's path
+        return await _receive(conn, None)
+
+
 async def _receive(conn: _Connection, timeout: float | None) -> bytes:
     try:
         if timeout is None:
@@ -536,7 +548,7 @@ class H1Pool:
             if len(buf) > MAX_HEAD_BYTES:
                 raise httpx.RemoteProtocolError(f"response head from the worker exceeds {MAX_HEAD_BYTES} bytes")
             try:
-                data = await _receive(conn, None)
+                data = await _receive_head_bytes(conn)
             except httpx.ReadError as exc:
                 exc.no_response_bytes = not buf  # type: ignore[attr-defined]
                 raise
