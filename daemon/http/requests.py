@@ -322,6 +322,55 @@ def _chat_lines(body: Mapping[str, Any]) -> tuple[str, list[str]]:
     return routing, lines
 
 
+def _chat_size(body: Mapping[str, Any]) -> tuple[str, int, int]:
+    """(routing_text, UTF-8 size of the estimation text, its number of lines) of a chat request:
+    what ``_lines_size(_chat_lines(body)[1])`` gives, without building a line per text (a large
+    body's texts are not copied again; docs/benchmarks.md §10.2)."""
+    messages = body.get("messages") or []
+    system: list[str] = []
+    first_user: str | None = None
+    size = 0
+    count = 0
+    for message in messages:
+        role = message.get("role", "")
+        texts = _content_text(message.get("content"))
+        if role in ("system", "developer"):
+            system.extend(texts)
+        elif role == "user" and first_user is None:
+            first_user = "\n".join(texts)
+        if texts:
+            role_size = _utf8_size(role if isinstance(role, str) else f"{role}") + 1  # "role:"
+            size += role_size * len(texts) + sum(map(_utf8_size, texts))
+            count += len(texts)
+        for call in message.get("tool_calls") or ():
+            if isinstance(call, dict) and isinstance(call.get("function"), dict):
+                fn = call["function"]
+                size += _utf8_size(f"assistant_tool_call:{fn.get('name', '')}:") + _utf8_size(
+                    _as_text(fn.get("arguments", ""))
+                )
+                count += 1
+        function_call = message.get("function_call")
+        if isinstance(function_call, dict):
+            size += _utf8_size(
+                f"assistant_function_call:{function_call.get('name', '')}:{function_call.get('arguments', '')}"
+            )
+            count += 1
+    for tool in body.get("tools") or ():
+        if isinstance(tool, dict):
+            function = tool.get("function")
+            spec: dict[str, Any] = function if isinstance(function, dict) else tool
+            name = str(spec.get("name", ""))
+            params = json.dumps(spec.get("parameters"), sort_keys=True)
+            size += _utf8_size(f"tool_schema:{name}:{spec.get('description', '')}:{params}")
+            count += 1
+    routing = "\n".join([*system, first_user or ""]) if (system or first_user) else ""
+    return routing, size + count - 1, count
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else f"{value}"
+
+
 def chat_texts(body: Mapping[str, Any]) -> tuple[str, str]:
     """(routing_text, estimation_text) of a chat request."""
     routing, lines = _chat_lines(body)
@@ -387,10 +436,10 @@ def _size(text: str, exact_tokens: int | None = None) -> PromptSize:
 def request_texts(endpoint: str, body: Mapping[str, Any]) -> tuple[str, PromptSize]:
     """(routing_text, prompt size) of a validated body."""
     if endpoint == "chat":
-        routing, lines = _chat_lines(body)
-        if not any(lines):  # no line of text at all: the estimate falls back to the routing text
-            return routing, _size("\n".join(lines) or routing)
-        return routing, PromptSize(text_bytes=_lines_size(lines))
+        routing, size, count = _chat_size(body)
+        if not count:  # no line of text at all: the estimate falls back to the routing text
+            return routing, _size(routing)
+        return routing, PromptSize(text_bytes=size)
     if endpoint == "completions":
         text, token_count = completions_text(body)
         return text, _size(text, token_count)
