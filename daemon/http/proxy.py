@@ -661,8 +661,11 @@ class ProxyEngine:
                 try:
                     outcome_label = await self._relay(req, exchange, response, started, inject)
                 finally:
-                    with trio.CancelScope(shield=True):
+                    if isinstance(response.stream, UpstreamBody):  # its close shields itself (h1client)
                         await response.aclose()
+                    else:
+                        with trio.CancelScope(shield=True):
+                            await response.aclose()
             if total_scope.cancelled_caught and not exchange.ended:
                 error = UpstreamTimeout(
                     target.target_id, f"the exchange took longer than {self.timeouts.total:g} s (total timeout)"
