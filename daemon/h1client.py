@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import os
+import select
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
@@ -76,15 +77,32 @@ class ChunkedDecoder:
             self.surplus += len(data)
             return b""
         if not self._buf and self._state == self._SIZE:
-            # the common read: exactly one whole chunk (one relayed event)
-            eol = data.find(_CRLF, 0, 18)
-            if eol > 0:
-                size_text = data[:eol]
-                if _HEX.issuperset(size_text):
-                    start = eol + 2
-                    end = start + int(size_text, 16)
-                    if end > start and len(data) == end + 2 and data.endswith(_CRLF):
-                        return data[start:end]
+            # the common read: whole chunks (one relayed event, a backlog of them, the last-chunk
+            # without trailers); anything else is decoded from the start by the loop below
+            n, pos = len(data), 0
+            pieces: list[bytes] = []
+            while True:
+                eol = data.find(_CRLF, pos, pos + 18)
+                if eol <= pos:
+                    break
+                size_text = data[pos:eol]
+                if not _HEX.issuperset(size_text):
+                    break
+                start = eol + 2
+                end = start + int(size_text, 16)
+                if end + 2 > n or data[end : end + 2] != _CRLF:
+                    break
+                pos = end + 2
+                if end == start:  # the last-chunk, then the empty trailer line
+                    if pos != n:
+                        break
+                    self.done = True
+                elif pos == n and not pieces:
+                    return data[start:end]
+                else:
+                    pieces.append(data[start:end])
+                if pos == n:
+                    return b"".join(pieces)
         buf = self._buf + data if self._buf else data
         pos, end = 0, len(buf)
         out: list[bytes] = []
@@ -137,6 +155,156 @@ class HoldTimer(Protocol):
     def due(self) -> float: ...
 
     async def fire(self) -> None: ...
+
+
+class SyncWriter(Protocol):
+    """A downstream writer that can write without waiting (the direct body writer,
+    daemon/http/direct_body.py)."""
+
+    def write_now(self, data: bytes) -> bytes: ...  # the rest of the frame it could not write at once
+
+    async def write_rest(self, rest: bytes) -> None: ...  # that rest, cancel-safe (shielded)
+
+
+class SyncRelay(Protocol):
+    """The per-chunk work of a relay, without waiting (``StreamRelay`` in daemon/http/proxy.py)."""
+
+    @property
+    def due(self) -> float: ...  # when held events must leave (``math.inf``: none held)
+
+    def take(self, payload: bytes) -> bytes: ...  # what to write now for this payload (b"": nothing)
+
+    def release(self) -> bytes: ...  # the held events, to write now
+
+
+class _HubEntry:
+    """One body relayed by the hub: its socket, decoder and relay, and what stopped it."""
+
+    __slots__ = (
+        "fd", "decoder", "relay", "writer", "watched", "quiet_since", "idle", "scope", "wake", "error", "rest", "done",
+    )  # fmt: skip
+
+    def __init__(self, fd: int, decoder: ChunkedDecoder, relay: SyncRelay, writer: SyncWriter) -> None:
+        self.fd = fd
+        self.decoder = decoder
+        self.relay = relay
+        self.writer = writer
+        self.watched = False  # registered with the hub's epoll
+        self.quiet_since = 0.0  # when the worker last sent body bytes
+        self.idle = math.inf  # the idle deadline the body's task armed (at or before quiet_since + timeout)
+        self.scope: trio.CancelScope | None = None  # the body task's wait (its deadline: timer and idle)
+        self.wake: trio.Event | None = None  # set by the hub when the task must act
+        self.error: BaseException | None = None  # the relay failed: raised in the body's task
+        self.rest = b""  # a frame the client socket did not take at once: the body's task writes it
+        self.done = False  # the body ended
+
+
+class RelayHub:
+    """Reads every relayed chunked body of a Trio run from one task (docs/benchmarks.md §10.1).
+
+    Waking a task per relayed token costs more than the rest of the token's relay (trio re-arms
+    the socket's one-shot epoll registration and runs the task through the scheduler: about
+    20 µs on the loaded 2-core machine, against about 1.5 µs per socket from one wake-up of a
+    task that polls them all).  The hub keeps the upstream sockets of the bodies it relays in an
+    epoll set of its own (level-triggered, registered once per body), waits for that set to be
+    readable, and for every ready socket reads, decodes the chunked framing, runs the relay's
+    synchronous part and writes to the client socket, all without a task switch.  The body's own
+    task sleeps meanwhile and wakes only when it has to act: the body ended, a read, decode or
+    write failed (the error is raised there), the client socket did not take a whole frame (the
+    task finishes it under hypercorn's send lock while the hub leaves the body alone), held
+    events are due (coalescing) or the idle timeout may have expired.
+    """
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._entries: dict[int, _HubEntry] = {}
+        self.wakeups = 0  # the hub's own wake-ups (tests, docs/benchmarks.md §10.1)
+
+    def watch(self, entry: _HubEntry) -> None:
+        if not entry.watched:
+            self._epoll.register(entry.fd, select.EPOLLIN)
+            self._entries[entry.fd] = entry
+            entry.watched = True
+
+    def unwatch(self, entry: _HubEntry) -> None:
+        if entry.watched:
+            entry.watched = False
+            del self._entries[entry.fd]
+            try:
+                self._epoll.unregister(entry.fd)
+            except (OSError, ValueError):  # the socket was closed meanwhile
+                pass
+
+    async def run(self) -> None:
+        epoll = self._epoll
+        entries = self._entries
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(epoll.fileno())
+                self.wakeups += 1
+                now = trio.current_time()
+                for fd, _ in epoll.poll(0):
+                    entry = entries.get(fd)
+                    if entry is not None:
+                        self._readable(entry, now)
+        finally:
+            entries.clear()
+            epoll.close()
+
+    def _readable(self, entry: _HubEntry, now: float) -> None:
+        try:
+            data = os.read(entry.fd, READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._stop(entry, httpx.ReadError(str(exc) or type(exc).__name__))
+            return
+        entry.quiet_since = now
+        if not data:
+            self._stop(entry, httpx.RemoteProtocolError("the worker closed the connection inside a chunked body"))
+            return
+        self.feed(entry, data)
+
+    def feed(self, entry: _HubEntry, data: bytes) -> None:
+        """Decode, relay and write one read's bytes (also the bytes read with the response head)."""
+        relay = entry.relay
+        due = relay.due
+        try:
+            payload = entry.decoder.feed(data)
+            if payload:
+                out = relay.take(payload)
+                if out:
+                    entry.rest = entry.writer.write_now(out)
+        except Exception as exc:  # raised in the body's task, as if it had read itself
+            self._stop(entry, exc)
+            return
+        if entry.rest or entry.decoder.done:
+            entry.done = entry.decoder.done
+            self._stop(entry, None)
+        elif relay.due != due:  # events held, or written: the body's task wakes when they are due
+            scope = entry.scope
+            if scope is not None:
+                scope.deadline = min(relay.due, entry.idle)
+
+    def _stop(self, entry: _HubEntry, error: BaseException | None) -> None:
+        entry.error = error
+        self.unwatch(entry)
+        if entry.wake is not None:
+            entry.wake.set()
+
+
+_HUB: trio.lowlevel.RunVar[RelayHub] = trio.lowlevel.RunVar("agentd_relay_hub")
+
+
+def relay_hub() -> RelayHub:
+    """This Trio run's :class:`RelayHub` (started on first use, a system task)."""
+    try:
+        return _HUB.get()
+    except LookupError:
+        hub = RelayHub()
+        _HUB.set(hub)
+        trio.lowlevel.spawn_system_task(hub.run, name="agentd-relay-hub")
+        return hub
 
 
 class StaleConnection(Exception):
@@ -367,6 +535,72 @@ class UpstreamBody(httpx.AsyncByteStream):
                 await timer.fire()  # (the silence goes on counting)
         raise httpx.ReadTimeout(f"no data from the worker for {timeout:g} s")
 
+    async def relay(self, relay: SyncRelay, writer: SyncWriter) -> None:
+        """Relay the body through this run's :class:`RelayHub`: the same bytes, writes and
+        timeouts as :meth:`pump` with ``timer=relay`` and a cancel-safe handler that writes what
+        ``relay.take`` returns through ``writer``, without a task switch per read (a body that is
+        not chunked goes through :meth:`pump`).
+
+        The read timeout counts from the last bytes the worker sent (or the end of a write this
+        task finished); the task wakes at most once per read timeout to check it, and at
+        ``relay.due`` to write the held events.  On any exit the hub lets go of the socket first;
+        a frame it could not finish is finished here (shielded), so the client's chunked body
+        is never torn.
+        """
+        conn = self._conn
+        if conn is None or self._complete:
+            return
+        if self._framing != "chunked":
+
+            async def handler(piece: bytes) -> None:
+                out = relay.take(piece)
+                if out:
+                    await _write(writer, out)
+
+            await self.pump(handler, _Release(relay, writer), handler_cancel_safe=True)
+            return
+        hub = relay_hub()
+        entry = _HubEntry(conn.stream.socket.fileno(), ChunkedDecoder(), relay, writer)
+        timeout = math.inf if self._timeout is None else self._timeout
+        entry.quiet_since = trio.current_time()
+        pending, conn.buf = conn.buf, b""
+        if pending:
+            hub.feed(entry, pending)
+        try:
+            while True:
+                if entry.error is not None:
+                    raise entry.error
+                if entry.rest:  # the hub leaves the body alone until the frame is finished
+                    hub.unwatch(entry)
+                    rest, entry.rest = entry.rest, b""
+                    await writer.write_rest(rest)
+                    entry.quiet_since = trio.current_time()
+                if entry.done:
+                    self._reusable = self._reusable and not entry.decoder.surplus
+                    self._complete = True
+                    return
+                now = trio.current_time()
+                if now >= relay.due:
+                    out = relay.release()
+                    if out:
+                        entry.rest = writer.write_now(out)
+                    continue
+                if now >= entry.quiet_since + timeout:
+                    raise httpx.ReadTimeout(f"no data from the worker for {timeout:g} s")
+                entry.wake = trio.Event()
+                hub.watch(entry)
+                entry.idle = entry.quiet_since + timeout
+                with trio.CancelScope(deadline=min(relay.due, entry.idle)) as entry.scope:
+                    await entry.wake.wait()
+                entry.scope = entry.wake = None
+        finally:
+            hub.unwatch(entry)
+            entry.scope = entry.wake = None
+            if entry.rest:  # finish the frame the hub started (the client sees whole frames only)
+                rest, entry.rest = entry.rest, b""
+                with trio.CancelScope(shield=True):
+                    await writer.write_rest(rest)
+
     async def aclose(self) -> None:
         conn, self._conn = self._conn, None
         if conn is None:
@@ -375,6 +609,32 @@ class UpstreamBody(httpx.AsyncByteStream):
             self._pool.release(conn)
         else:
             await self._pool.discard(conn)
+
+
+async def _write(writer: SyncWriter, data: bytes) -> None:
+    rest = writer.write_now(data)
+    if rest:
+        await writer.write_rest(rest)
+
+
+class _Release:
+    """:class:`HoldTimer` over a :class:`SyncRelay` (:meth:`UpstreamBody.relay` of a body that is
+    not chunked)."""
+
+    __slots__ = ("_relay", "_writer")
+
+    def __init__(self, relay: SyncRelay, writer: SyncWriter) -> None:
+        self._relay = relay
+        self._writer = writer
+
+    @property
+    def due(self) -> float:
+        return self._relay.due
+
+    async def fire(self) -> None:
+        out = self._relay.release()
+        if out:
+            await _write(self._writer, out)
 
 
 class H1Pool:

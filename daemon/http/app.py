@@ -123,6 +123,12 @@ class AsgiSink:
         """:meth:`send` never delivers a cancellation (the direct body writer is attached)."""
         return self._direct is not None
 
+    @property
+    def sync_writer(self) -> DirectBody | None:
+        """The direct body writer, for the relay hub's writes without a task switch (daemon/h1client.py
+        ``RelayHub``; it writes complete events only, so ``at_boundary`` stays true)."""
+        return self._direct
+
     async def send(self, chunk: bytes) -> None:
         direct = self._direct
         if direct is not None:

@@ -50,20 +50,31 @@ class DirectBody:
         self.writes = 0  # frames written (tests)
 
     async def write(self, data: bytes) -> None:
+        rest = self.write_now(data)
+        if rest:
+            await self.write_rest(rest)
+
+    def write_now(self, data: bytes) -> bytes:
+        """Frame ``data`` and write what the socket takes at once, without waiting: returns the
+        rest of the frame (empty when all of it went out), which must go through
+        :meth:`write_rest` before anything else is written (the relay hub, daemon/h1client.py)."""
         if not data:
-            return
+            return b""
         self.writes += 1
         frame = b"%x\r\n%b\r\n" % (len(data), data)
-        if not self._lock.locked():
-            try:
-                sent = os.write(self._socket.fileno(), frame)
-            except BlockingIOError:
-                sent = 0
-            except OSError as exc:
-                raise ClientGone(str(exc) or type(exc).__name__) from exc
-            if sent == len(frame):
-                return
-            frame = frame[sent:]
+        if self._lock.locked():
+            return frame
+        try:
+            sent = os.write(self._socket.fileno(), frame)
+        except BlockingIOError:
+            return frame
+        except OSError as exc:
+            raise ClientGone(str(exc) or type(exc).__name__) from exc
+        return b"" if sent == len(frame) else frame[sent:]
+
+    async def write_rest(self, frame: bytes) -> None:
+        """The rest of a frame :meth:`write_now` could not write, under hypercorn's send lock in a
+        shielded scope (a torn frame would break the chunked body)."""
         try:
             with trio.CancelScope(shield=True):  # no checkpoint can be cancelled in a write
                 async with self._lock:

@@ -51,7 +51,7 @@ from daemon.auth import scope_identity
 from daemon.batchfile import BATCH_CLASS, BATCH_CLASS_HEADER
 from daemon.config import ClientHintsConfig, PrioritySection, TenantsConfig
 from daemon.dispatch import Dispatcher, DispatchRejected, Lease, Outcome, ProxyRequest
-from daemon.h1client import UpstreamBody
+from daemon.h1client import SyncWriter, UpstreamBody
 from daemon.http.errors import ApiError, error_body, wrap_worker_error
 from daemon.http.identity import IdentityError, ParsedIdentity, parse_identity, strip_agentic_context
 from daemon.http.priority import batch_job_for, engine_priority, resolve
@@ -317,6 +317,10 @@ class _StartTracker:
     @property
     def cancel_safe_send(self) -> bool:
         return bool(getattr(self._sink, "cancel_safe_send", False))
+
+    @property
+    def sync_writer(self) -> SyncWriter | None:
+        return getattr(self._sink, "sync_writer", None)
 
 
 class ResponseSink(Protocol):
@@ -934,7 +938,11 @@ class ProxyEngine:
         try:
             stream = response.stream
             timed = relay.coalesce > 0
-            if isinstance(stream, UpstreamBody) and not response.is_stream_consumed:
+            writer = getattr(exchange.sink, "sync_writer", None)
+            if isinstance(stream, UpstreamBody) and not response.is_stream_consumed and writer is not None:
+                # the leanest path: daemon.h1client's relay hub writes with the direct body writer
+                await stream.relay(relay, writer)
+            elif isinstance(stream, UpstreamBody) and not response.is_stream_consumed:
                 # the lean path of daemon.h1client
                 safe = bool(getattr(exchange.sink, "cancel_safe_send", False))
                 await stream.pump(relay.feed, relay if timed else None, handler_cancel_safe=safe)
@@ -1029,55 +1037,69 @@ class StreamRelay:
         self.writes = 0  # downstream writes
 
     async def feed(self, chunk: bytes) -> None:
+        out = self.take(chunk)
+        if out:
+            await self._send(out)
+
+    def take(self, chunk: bytes) -> bytes:
+        """Account for ``chunk`` and return what to write now (``b""``: nothing, or held)."""
         if not chunk:
-            return
+            return b""
         accumulator = self.accumulator
         had_reason = accumulator.finish_reason is not None
         accumulator.feed_sse(chunk)
         now = trio.current_time()
-        if self.first is None:
+        last = self.last
+        if last is None:
             self.first = now
             self._on_first(now)
-        gap = 0.0 if self.last is None else now - self.last
+            last = now
         self.last = now
         if self._filter is not None:
             out = self._filter.feed(chunk)  # relays whole events only
-        else:
-            data = self._partial + chunk if self._partial else chunk
+        elif self._partial:
+            data = self._partial + chunk
             cut = complete_events_end(data)
-            if cut == len(data):
-                out, self._partial = data, b""
-            else:
-                out, self._partial = data[:cut], data[cut:]
+            out, self._partial = data[:cut], data[cut:]
+        elif chunk.endswith(b"\n\n"):  # the common chunk: whole events
+            out = chunk
+        else:
+            cut = complete_events_end(chunk)
+            out, self._partial = chunk[:cut], chunk[cut:]
         if not out:
-            return
+            return b""
         if self.coalesce <= 0:
             self.writes += 1
-            await self._send(out)
-            return
+            return out
         held = self._held
         held.append(out)
         if not self._token_seen:
             self._token_seen = _FIRST_TOKEN.search(out) is not None
-            await self.fire()
-        elif now >= self.due or (not had_reason and accumulator.finish_reason is not None) or b"[DONE]" in out:
-            await self.fire()
-        else:
-            if self.due == math.inf:
-                self.due = now + self.coalesce
-            if now + gap >= self.due:  # the next chunk is expected after the window: write now
-                await self.fire()
+            return self.release()
+        if now >= self.due or (not had_reason and accumulator.finish_reason is not None) or b"[DONE]" in out:
+            return self.release()
+        if self.due == math.inf:
+            self.due = now + self.coalesce
+        if now + (now - last) >= self.due:  # the next chunk is expected after the window: write now
+            return self.release()
+        return b""
 
     async def fire(self) -> None:
         """Write everything held, as one write."""
+        out = self.release()
+        if out:
+            await self._send(out)
+
+    def release(self) -> bytes:
+        """Everything held, as one write (``b""``: nothing held)."""
         self.due = math.inf
         held = self._held
         if not held:
-            return
+            return b""
         data = held[0] if len(held) == 1 else b"".join(held)
         held.clear()
         self.writes += 1
-        await self._send(data)
+        return data
 
     async def finish(self) -> None:
         """The body ended: write what is held and the incomplete tail, if any."""
