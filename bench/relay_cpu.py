@@ -297,15 +297,19 @@ async def load(port: int, streams: int, seconds: float, rec: Record | None) -> f
 
 
 def start_agentd(
-    port: int, worker_port: int, coalesce_ms: float, tmp: Path, processes: int = 1
+    port: int, worker_port: int, coalesce_ms: float, tmp: Path, processes: int = 1, root: Path | None = None
 ) -> subprocess.Popen[bytes]:
+    """``agentd start`` from this repository, or from the checkout ``root`` (``--baseline``)."""
     args = ["start", "--port", str(port), "--log-level", "warning"]
     args += ["--worker-urls", f"http://127.0.0.1:{worker_port}", "--policy", "round_robin"]
     if coalesce_ms > 0 or processes != 1:
         config = tmp / f"agentd-c{coalesce_ms:g}-p{processes}.toml"
         config.write_text(f"[server]\nstream_coalesce_ms = {coalesce_ms!r}\ndata_plane_processes = {processes}\n")
         args += ["--config", str(config)]
-    return harness.spawn_module("daemon", *args, stdout=subprocess.DEVNULL)
+    if root is None:
+        return harness.spawn_module("daemon", *args, stdout=subprocess.DEVNULL)
+    # `python -m daemon` from ``root``: its own packages come first on sys.path
+    return subprocess.Popen([sys.executable, "-m", "daemon", *args], cwd=root, stdout=subprocess.DEVNULL)
 
 
 def start_router(path: str, port: int, worker_port: int) -> subprocess.Popen[bytes]:
@@ -393,6 +397,7 @@ def run_load(
     tmp: Path,
     repeat: int = 1,
     processes: Sequence[int] = (),
+    baseline: Path | None = None,
 ) -> list[dict[str, Any]]:
     worker_port = harness.free_port()
     worker = harness.spawn_module(
@@ -405,11 +410,13 @@ def run_load(
         harness.wait_listening(worker_port, worker, "fake worker")
         systems: list[tuple[str, int, int | None]] = [("direct", worker_port, None)]
         for w in [0.0, *[c for c in coalesce if c > 0]]:
-            port = harness.free_port()
-            proc = start_agentd(port, worker_port, w, tmp)
-            procs.append(proc)
-            harness.wait_listening(port, proc, "agentd")
-            systems.append(("agentd" if w == 0 else f"agentd+c{w:g}", port, proc.pid))
+            # --baseline: the same rows from another checkout, each next to this one's
+            for root, tag in [(None, ""), *([(baseline, "@base")] if baseline is not None else [])]:
+                port = harness.free_port()
+                proc = start_agentd(port, worker_port, w, tmp, root=root)
+                procs.append(proc)
+                harness.wait_listening(port, proc, "agentd")
+                systems.append((("agentd" if w == 0 else f"agentd+c{w:g}") + tag, port, proc.pid))
         for n in [n for n in processes if n != 1]:  # relay processes (docs/operations.md §13)
             port = harness.free_port()
             proc = start_agentd(port, worker_port, 0.0, tmp, processes=n)
@@ -520,6 +527,10 @@ def main() -> int:
         help="agentd rows per [server] data_plane_processes N (e.g. 1,2; CPU summed over its processes)",
     )  # fmt: skip
     parser.add_argument("--vllm-router", default=shutil.which("vllm-router"), help="vllm-router executable")
+    parser.add_argument(
+        "--baseline", type=Path,
+        help="another agentd checkout (e.g. the main branch's worktree): its rows (`@base`) run beside this one's",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     parser.add_argument("--markdown", type=Path, help="write the tables as markdown here")
     parser.add_argument("--serve-worker", type=int, help=argparse.SUPPRESS)
@@ -542,6 +553,8 @@ def main() -> int:
         parser.error(f"--warmup must be >= 0, got {args.warmup}")
     if any(not 0 <= c <= 1000 for c in args.stream_coalesce_ms):
         parser.error(f"--stream-coalesce-ms values must be in [0, 1000], got {args.stream_coalesce_ms}")
+    if args.baseline is not None and not (args.baseline / "daemon" / "__main__.py").is_file():
+        parser.error(f"--baseline: {args.baseline} is not an agentd checkout (no daemon/__main__.py)")
     router = args.vllm_router
     if router is not None and not os.access(router, os.X_OK):
         parser.error(f"--vllm-router: {router} is not an executable file")
@@ -557,12 +570,12 @@ def main() -> int:
         if args.mode in ("both", "closed"):
             rows += run_load(
                 "closed", [args.streams], args.events, args.interval_ms, args.stream_coalesce_ms,
-                router, args.seconds, args.warmup, Path(tmp), args.repeat, args.processes,
+                router, args.seconds, args.warmup, Path(tmp), args.repeat, args.processes, args.baseline,
             )  # fmt: skip
         if args.mode in ("both", "lockstep"):
             rows += run_load(
                 "lockstep", args.lockstep_streams, args.lockstep_events, args.itl_ms, args.stream_coalesce_ms,
-                router, args.seconds, args.warmup, Path(tmp), args.repeat, args.processes,
+                router, args.seconds, args.warmup, Path(tmp), args.repeat, args.processes, args.baseline,
             )  # fmt: skip
     for r in rows:
         same = [x for x in rows if x["load"] == r["load"] and x["streams"] == r["streams"]]
