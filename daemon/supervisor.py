@@ -44,6 +44,7 @@ from daemon.dataplane import resolve_processes
 from daemon.dataplane.processes import DataPlane, listening_socket
 from daemon.dataplane.scheduler_side import DataPlaneHub
 from daemon.dispatch import Dispatcher, NativeDispatcher
+from daemon.h1client import relay_hub
 from daemon.handles import DaemonHandles
 from daemon.health import HealthBoard, run_health_checks
 from daemon.http.app import create_app
@@ -385,6 +386,7 @@ async def run_daemon(
         if handle_signals:
             root.start_soon(_watch_signals, shutdown, root.cancel_scope, edge)
         upstream = await _open_upstream(root, cfg, client_factory, transport_factory, sim_configure)
+        relay_hub()  # the streaming relay's task and epoll set live as long as the daemon (docs/benchmarks.md §10.1.1)
         async with upstream.client:
             board, native, program = await _start_dispatchers(root, cfg, upstream, registry, metrics, rng)
             models = ModelDirectory(targets, cfg.routing.served_models)
