@@ -6,9 +6,10 @@ a ``trio.testing.MockClock`` (``agentd simulate``, tests).  All timing uses ``tr
 
 Program drivers (one Trio task per session):
 
-- root sessions start in trace order: closed-loop traces hold at most ``concurrency`` root Programs
-  (each with its subagents) in flight; open-loop traces (``poisson``/``bursts``) start a root at
-  ``timestamp / time_scale`` (optionally also capped by ``concurrency``);
+- closed-loop traces start root sessions in trace order and hold at most ``concurrency`` root
+  Programs (each with its subagents) in flight; open-loop traces (``poisson``/``bursts``) start
+  each root at ``timestamp / time_scale`` whatever its place in the file (roots are taken in
+  timestamp order, file order breaking ties; optionally also capped by ``concurrency``);
 - turn ``t > 0`` is sent ``pre_gap_ms / time_scale`` after turn ``t-1`` completed and after every
   blocking subagent spawned so far completed;
 - a subagent starts ``pre_gap_ms / time_scale`` after its parent's ``parent_turn`` completed;
@@ -500,13 +501,18 @@ async def run_replay(
             await trio.sleep_until(started + at / 1000.0 / opts.time_scale)
             nursery.start_soon(one, root, None, (index % 1000) * 1e-6)
 
+    agent_roots = [(index, root) for index, root in enumerate(roots) if sessions[root][0].klass == "agent"]
+    if not closed:
+        # Open loop: each root starts at its timestamp whatever its place in the file (a root
+        # without one: at once), so the roots are walked in timestamp order (the file order
+        # breaks ties); walking them in file order would hold an early root behind a later one.
+        agent_roots.sort(key=lambda item: (sessions[item[1]][0].timestamp or 0.0, item[0]))
+
     async with trio.open_nursery() as nursery:
         if open_roots:
             nursery.start_soon(open_loop_batch, nursery)
-        for index, root in enumerate(roots):
+        for index, root in agent_roots:
             first = sessions[root][0]
-            if first.klass != "agent":
-                continue
             if not closed and first.timestamp is not None:
                 await trio.sleep_until(started + first.timestamp / 1000.0 / opts.time_scale)
             token = object()

@@ -188,3 +188,46 @@ def test_replay_sim_hints_name_the_next_turns_tool_and_can_be_left_out() -> None
     assert rep._body(recs[-1], [])["vllm_xargs"]["sim_finish_reason"] == "stop"
     plain = _Replayer(trace, httpx.AsyncClient(), URL, ReplayOptions(sim_hints=False), _Progress(0, 0, None))
     assert "sim_finish_reason" not in plain._body(recs[0], [])["vllm_xargs"]
+
+
+async def test_open_loop_roots_start_at_their_timestamps_whatever_the_file_order(autojump_clock) -> None:
+    # Roots listed late-first: each must still start exactly at its own timestamp (not after the
+    # roots listed before it), with the file order breaking a tie.
+    worker = FakeWorker()
+    trace = _trace(
+        [
+            _rec("late", 0, 10, 5, timestamp=8000.0),
+            _rec("mid", 0, 10, 5, timestamp=3000.0),
+            _rec("early", 0, 10, 5, timestamp=0.0),
+            _rec("mid2", 0, 10, 5, timestamp=3000.0),
+        ],
+        meta={"arrival": "poisson"},
+    )
+    async with httpx.AsyncClient(transport=httpx.MockTransport(worker.handler)) as client:
+        result = await run_replay(trace, client, URL)
+    t0 = result.started
+    start = {t.task_id: t.start - t0 for t in result.tasks}
+    # the replay's per-root stagger is the root's file index in microseconds
+    assert start == {
+        "early": pytest.approx(0.0 + 2e-6, abs=1e-9),
+        "mid": pytest.approx(3.0 + 1e-6, abs=1e-9),
+        "mid2": pytest.approx(3.0 + 3e-6, abs=1e-9),
+        "late": pytest.approx(8.0, abs=1e-9),
+    }
+    # each request takes 0.1 s + 5 x 0.01 s at the fake worker
+    assert {r.session_id: r.end - r.start for r in result.requests} == pytest.approx(
+        {"late": 0.15, "mid": 0.15, "early": 0.15, "mid2": 0.15}
+    )
+    assert [b["vllm_xargs"]["agentic_context"]["program_id"] for b in worker.bodies] == ["early", "mid", "mid2", "late"]
+
+
+async def test_open_loop_roots_keep_timestamp_order_under_a_concurrency_cap(autojump_clock) -> None:
+    worker = FakeWorker()
+    trace = _trace(
+        [_rec("b", 0, 10, 5, timestamp=1000.0), _rec("a", 0, 10, 5, timestamp=0.0)],
+        meta={"arrival": "bursts"},
+    )
+    async with httpx.AsyncClient(transport=httpx.MockTransport(worker.handler)) as client:
+        result = await run_replay(trace, client, URL, ReplayOptions(concurrency=1))
+    start = {t.task_id: t.start - result.started for t in result.tasks}
+    assert start == {"a": pytest.approx(1e-6, abs=1e-9), "b": pytest.approx(1.0, abs=1e-9)}
