@@ -17,8 +17,9 @@
 #            agentd     configs/quickstart.toml's scheduling: Program scheduling, [batch_jobs] on,
 #                       [priority] interactive_scheduling = true,
 #                       batch_max_running_near_interactive = 2, tenant_pause_share = true (fair
-#                       share between tenants), heavy_tenant_max_active_per_rank = 0 (isolating
-#                       light tenants), the default class bands (interactive > agent >
+#                       share between tenants), heavy_tenant_max_active_per_rank = 0 and
+#                       tenant_isolation_tool_call_seconds = 10 (isolating light tenants, through
+#                       their tool calls), the default class bands (interactive > agent >
 #                       batch) and VTC; engines fcfs
 #            agentd-pe  agentd with the engines in vLLM's priority mode
 #                       ([embedded] scheduling_policy = "priority": agentd forwards priorities);
@@ -84,6 +85,7 @@ interactive_scheduling = true
 batch_max_running_near_interactive = 2
 tenant_pause_share = true
 heavy_tenant_max_active_per_rank = 0
+tenant_isolation_tool_call_seconds = 10
 EOF
     else
       printf '\n[batch_jobs]\nenabled = false\n'

@@ -57,6 +57,7 @@ def test_classes_machine_with_caps_weights_and_agents_first() -> None:
 ISOLATING = PriorityConfig(
     tenant_pause_share=True,
     heavy_tenant_max_active_per_rank=0,
+    tenant_isolation_tool_call_seconds=10.0,
     batch_max_running_near_interactive=1,
     tenant_weights={"tenant-b": 2.0},
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from actors.core import fairness
+from actors.core import fairness, fairness_isolation
 from actors.core import program as lc
 from actors.core.binding import bind
 from actors.core.effects import (
@@ -83,6 +83,7 @@ def on_submit(s: SchedulerState, ev: RequestSubmitted) -> None:
     if p is None:
         p = create_generation(s, key, est)
     else:
+        fairness_isolation.observe_return(s, p)  # before anything moves its last request's end
         sample_request_interval(s, p)
     retain_request(s, p, ev, est)
     refresh_program(s, p, ev, est, existed)

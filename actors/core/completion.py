@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from actors.core import fairness
+from actors.core import fairness, fairness_isolation
 from actors.core import program as lc
 from actors.core.batch_class import on_batch_complete
 from actors.core.costs import cache_miss_impact_seconds
@@ -104,6 +104,7 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     _observe_context(p, ev.usage.prompt_tokens, d.estimated_context_tokens)
     p.output_token_reservation = None
     p.last_turn_keys = turn_keys(ev.tool_names, ev.finish_reason, s.cfg.tool_retention) if ev.success else ()
+    fairness_isolation.observe_completion(s, p, d.target_id, ev.finish_reason, ev.success)  # docs/priority.md §3
     if action == KEEP_FOR_TTL:
         arm_acting_ttl(s, p, rank, usage.cache_miss_impact_seconds, d.hints.kv_retention_ttl_seconds)
     resync(p, rank, s.cfg.decode_buffer_tokens)

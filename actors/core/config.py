@@ -333,7 +333,9 @@ class PriorityConfig:
       (one demanding more than its weighted fair share of the model pool) keeps at most this many
       Programs active; the excess is paused (docs/priority.md §3, "Isolating light tenants");
       ``None`` = off; ``tenant_isolation_window_seconds``: how long a rank stays shared with a
-      light tenant after the tenant was last present on it.
+      light tenant after the tenant was last present on it; ``tenant_isolation_tool_call_seconds``:
+      a Program whose request ended in a tool call keeps its tenant present on its rank until it
+      sends its next request, for at most this long (0 = not at all).
     """
 
     class_order: tuple[str, ...] = rule_field(CLASS_ORDER, DEFAULT_CLASS_ORDER)
@@ -353,6 +355,7 @@ class PriorityConfig:
     tenant_pause_share: bool = False
     heavy_tenant_max_active_per_rank: int | None = rule_field(OPTIONAL_INT_GE_0, None)
     tenant_isolation_window_seconds: float = rule_field(FINITE_GE_0, 3.0)
+    tenant_isolation_tool_call_seconds: float = rule_field(FINITE_GE_0, 0.0)
 
     def weight(self, tenant: str) -> float:
         return self.tenant_weights.get(tenant, self.default_tenant_weight)

@@ -92,7 +92,16 @@ def compute(s: SchedulerState, *, record: bool = True) -> IsolationView:
         recent = s.isolation_recent.setdefault(pool, {}) if record else dict(s.isolation_recent.get(pool, {}))
         for key in [key for key, seen in recent.items() if now - seen >= window]:
             del recent[key]
-        tenants = set(demand) | {name for name, _t in recent}
+        calls = s.isolation_tool_calls.get(pool)
+        if calls:
+            limit = s.prio.tenant_isolation_tool_call_seconds
+            for ref, (name, t, ended) in list(calls.items()):
+                if now - ended > limit or t not in targets:
+                    if record:
+                        del calls[ref]
+                else:
+                    present.setdefault(name, set()).add(t)  # in a tool call: back on t soon
+        tenants = set(demand) | set(present) | {name for name, _t in recent}
         if len(tenants) < 2:
             heavy: frozenset[str] = frozenset()
         else:
@@ -109,6 +118,31 @@ def compute(s: SchedulerState, *, record: bool = True) -> IsolationView:
             if name not in heavy:
                 view[t] = heavy
     return view
+
+
+def observe_return(s: SchedulerState, p: Program) -> None:
+    """Program ``p`` sends its next request: it is back from its tool call (its own presence
+    counts from now on)."""
+    calls = s.isolation_tool_calls.get(p.ref.model_pool)
+    if calls:
+        calls.pop(p.ref, None)
+
+
+def observe_completion(s: SchedulerState, p: Program, target: TargetId, ev_finish_reason: str | None, ok: bool) -> None:
+    """A request of ``p`` on ``target`` ended.  When it ended in a tool call (``tool_calls``: the
+    agent runs a tool and sends its next turn), the Program keeps its tenant present on the rank
+    until it is back, for at most ``tenant_isolation_tool_call_seconds``: a light tenant's rank
+    then stays its own through its tool calls instead of being refilled by the heavy tenant a
+    window after the request ended, just before the light tenant comes back to it.  Any other end
+    (a natural stop, a failure) promises no next turn."""
+    limit = s.prio.tenant_isolation_tool_call_seconds
+    if not enabled(s) or limit <= 0:
+        return
+    calls = s.isolation_tool_calls.setdefault(p.ref.model_pool, {})
+    if ok and ev_finish_reason == "tool_calls":
+        calls[p.ref] = (p.tenant, target, s.now)
+    else:
+        calls.pop(p.ref, None)
 
 
 def current(s: SchedulerState) -> IsolationView:

@@ -86,6 +86,8 @@ class SchedulerState:
         self.isolation_last: tuple[float, dict[TargetId, frozenset[str]]] | None = None
         # model pool -> (light tenant, rank) -> when the tenant was last present there (fairness_isolation)
         self.isolation_recent: dict[str, dict[tuple[str, TargetId], float]] = {}
+        # model pool -> Program in a tool call -> (tenant, rank, when its request ended) (fairness_isolation)
+        self.isolation_tool_calls: dict[str, dict[ProgramRef, tuple[str, TargetId, float]]] = {}
         # per-step scratch
         self.effects: list[Effect] = []
         self.touched: dict[ProgramRef, Program] = {}

@@ -321,17 +321,23 @@ class ClassesMachine(RuleBasedStateMachine):
         )
         self._step(ev)
 
-    def _complete(self, kind: str, index: int, out: int, failed: bool) -> None:
+    def _complete(self, kind: str, index: int, out: int, failed: bool, finish: str = "stop") -> None:
         live = sorted(rid for rid, r in self.requests.items() if r.status == "in_flight" and r.kind == kind)
         if not live:
             return
         rid = live[index % len(live)]
         self.requests[rid].status = "done"
-        self._step(RequestCompleted(RequestId(rid), not failed, Usage(None, None, out), finish_reason="stop"))
+        self._step(RequestCompleted(RequestId(rid), not failed, Usage(None, None, out), finish_reason=finish))
 
-    @rule(index=st.integers(0, 30), out=st.integers(0, 300), failed=st.booleans())
-    def complete_program_request(self, index: int, out: int, failed: bool) -> None:
-        self._complete("agent", index, out, failed)
+    @rule(
+        index=st.integers(0, 30),
+        out=st.integers(0, 300),
+        failed=st.booleans(),
+        finish=st.sampled_from(["stop", "tool_calls"]),
+    )
+    def complete_program_request(self, index: int, out: int, failed: bool, finish: str) -> None:
+        # a tool call keeps a light tenant present on its rank (docs/priority.md §3)
+        self._complete("agent", index, out, failed, finish)
 
     @rule(index=st.integers(0, 30), out=st.integers(0, 300), failed=st.booleans())
     def complete_interactive(self, index: int, out: int, failed: bool) -> None:
@@ -412,8 +418,11 @@ class ClassesMachine(RuleBasedStateMachine):
                 out_tokens = front.hints.expected_output_length if front is not None else None
                 need = private_tokens(p, self.cfg.decode_buffer_tokens, out_tokens)
                 demand[p.tenant] = demand.get(p.tenant, 0.0) + need
-            window = prio.tenant_isolation_window_seconds
-            seen = {name for (name, _t), at in s.isolation_recent.get(pool, {}).items() if self.now - at < window}
+            seen = {
+                name
+                for (name, _t), at in s.isolation_recent.get(pool, {}).items()
+                if self.now - at < prio.tenant_isolation_window_seconds
+            }
             tenants = set(demand) | seen
             if len(tenants) < 2:
                 out[pool] = frozenset()

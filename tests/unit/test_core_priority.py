@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from core_support import Harness, admitted, of, reasons
 
@@ -453,6 +454,50 @@ def test_a_heavy_tenant_keeps_at_most_the_cap_on_a_rank_a_light_tenant_uses() ->
     assert check(h.state, h.cfg) == []
 
 
+@pytest.mark.parametrize("tool_call_seconds", [10.0, 0.0])
+def test_a_light_tenants_rank_stays_its_own_through_its_tool_call(tool_call_seconds: float) -> None:
+    prio = attrs.evolve(ISO, heavy_tenant_max_active_per_rank=0, tenant_isolation_tool_call_seconds=tool_call_seconds)
+    h = Harness(token_capacity_per_dp_rank=10_000, priority=prio)
+    for i in range(10):  # x demands far more than its share even once its four active ones pause
+        assert admitted(_tenant_submit(h, f"x{i}", "x", 2000, 0.0)) == ([f"r{i + 1}"] if i < 4 else [])
+    assert admitted(_tenant_submit(h, "y0", "y", 500, 1.0)) == ["r11"]  # x's four are marked
+    for n, at in ((1, 1.2), (2, 1.3), (3, 1.4), (4, 1.5)):
+        assert admitted(h.complete(f"r{n}", at=at, prompt=2000)) == []  # x's Programs leave the rank
+    # y's request ends in a tool call: y will send its next turn to this rank
+    assert admitted(h.complete("r11", at=2.0, prompt=500, finish_reason="tool_calls")) == []
+    if tool_call_seconds == 0:
+        # the window alone: 3 s after y was last there, x fills the rank again ...
+        assert sorted(admitted(h.tick(5.1))) == ["r5", "r6", "r7", "r8"]
+        # ... and y's next turn, 5 s after its last, waits for x's Programs to leave
+        assert admitted(_tenant_submit(h, "y0", "y", 2000, 7.0)) == []
+        return
+    # through the tool call (up to 10 s) the rank stays y's: x resumes nothing there
+    assert admitted(h.tick(5.1)) == admitted(h.tick(6.9)) == []
+    assert admitted(_tenant_submit(h, "y0", "y", 2000, 7.0)) == ["r12"]  # back: admitted at once
+    # y's task ends with a natural stop: no next turn, the window alone holds the rank, 3 s after
+    # the last pass that saw y there (its arrival at 7.0)
+    assert admitted(h.complete("r12", at=7.5, prompt=2000, finish_reason="stop")) == []
+    assert admitted(h.tick(9.9)) == []
+    assert sorted(admitted(h.tick(10.1))) == ["r5", "r6", "r7", "r8"]
+    assert check(h.state, h.cfg) == []
+
+
+def test_a_tool_call_holds_a_light_tenants_rank_at_most_tenant_isolation_tool_call_seconds() -> None:
+    prio = attrs.evolve(ISO, heavy_tenant_max_active_per_rank=0, tenant_isolation_tool_call_seconds=4.0)
+    h = Harness(token_capacity_per_dp_rank=10_000, priority=prio)
+    for i in range(10):
+        _tenant_submit(h, f"x{i}", "x", 2000, 0.0)
+    assert admitted(_tenant_submit(h, "y0", "y", 500, 1.0)) == ["r11"]
+    for n, at in ((1, 1.2), (2, 1.3), (3, 1.4), (4, 1.5)):
+        h.complete(f"r{n}", at=at, prompt=2000)
+    h.complete("r11", at=2.0, prompt=500, finish_reason="tool_calls")
+    # present until 6.0 (2.0 + 4 s) at the passes that saw it, then the 3 s window after that
+    assert admitted(h.tick(6.0)) == []
+    assert admitted(h.tick(8.9)) == []
+    assert sorted(admitted(h.tick(9.1))) == ["r5", "r6", "r7", "r8"]
+    assert check(h.state, h.cfg) == []
+
+
 def test_isolation_leaves_single_tenant_and_balanced_tenants_alone() -> None:
     h = Harness(token_capacity_per_dp_rank=10_000, priority=ISO)
     for i in range(4):
@@ -464,10 +509,13 @@ def test_isolation_leaves_single_tenant_and_balanced_tenants_alone() -> None:
 
 
 def test_isolation_config_rules_name_the_fields() -> None:
-    bad = PriorityConfig(heavy_tenant_max_active_per_rank=-1, tenant_isolation_window_seconds=-1.0)
+    bad = PriorityConfig(
+        heavy_tenant_max_active_per_rank=-1, tenant_isolation_window_seconds=-1.0, tenant_isolation_tool_call_seconds=-1.0
+    )
     got = problems(bad, "priority")
     assert [line.split(":")[0] for line in got] == [
         "priority.heavy_tenant_max_active_per_rank",
         "priority.tenant_isolation_window_seconds",
+        "priority.tenant_isolation_tool_call_seconds",
     ]
     assert problems(PriorityConfig(heavy_tenant_max_active_per_rank=0)) == []
