@@ -19,7 +19,8 @@
 #                       batch_max_running_near_interactive = 2, tenant_pause_share = true (fair
 #                       share between tenants), heavy_tenant_max_active_per_rank = 0 and
 #                       tenant_isolation_tool_call_seconds = 10 (isolating light tenants, through
-#                       their tool calls), the default class bands (interactive > agent >
+#                       their tool calls), long_prefill_seconds = 2 (one long prefill at a time
+#                       per rank), the default class bands (interactive > agent >
 #                       batch) and VTC; engines fcfs
 #            agentd-pe  agentd with the engines in vLLM's priority mode
 #                       ([embedded] scheduling_policy = "priority": agentd forwards priorities);
@@ -86,6 +87,7 @@ batch_max_running_near_interactive = 2
 tenant_pause_share = true
 heavy_tenant_max_active_per_rank = 0
 tenant_isolation_tool_call_seconds = 10
+long_prefill_seconds = 2
 EOF
     else
       printf '\n[batch_jobs]\nenabled = false\n'

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from actors.core import fairness, fairness_isolation
+from actors.core import fairness, fairness_isolation, fairness_prefill
 from actors.core import program as lc
 from actors.core.batch_class import on_batch_complete
 from actors.core.costs import cache_miss_impact_seconds
@@ -94,6 +94,7 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     out = fairness.output_tokens(ev.usage.completion_tokens, d.reserved_output_tokens, ev.success)
     fairness.charge(s.fair, s.prio, d.tenant, output_tokens=out)  # docs/priority.md §3
     rank = s.ranks[d.target_id]
+    fairness_prefill.on_complete(rank, ev.request_id)
     usage = observe_usage(s, p, d, rank, ev.usage)
     # shared-prefix freshness is evaluated now, before this completion changes the state
     freshness = shared_prefix_freshness(s, rank) if d.placement_start_request else 0.0

@@ -335,7 +335,10 @@ class PriorityConfig:
       ``None`` = off; ``tenant_isolation_window_seconds``: how long a rank stays shared with a
       light tenant after the tenant was last present on it; ``tenant_isolation_tool_call_seconds``:
       a Program whose request ended in a tool call keeps its tenant present on its rank until it
-      sends its next request, for at most this long (0 = not at all).
+      sends its next request, for at most this long (0 = not at all);
+    * ``long_prefill_seconds``: a Program whose next request's uncached prefill is estimated
+      longer than this is not admitted on a rank where another such prefill is in flight (one
+      long prefill at a time per rank, docs/priority.md §3); 0 = off.
     """
 
     class_order: tuple[str, ...] = rule_field(CLASS_ORDER, DEFAULT_CLASS_ORDER)
@@ -356,6 +359,7 @@ class PriorityConfig:
     heavy_tenant_max_active_per_rank: int | None = rule_field(OPTIONAL_INT_GE_0, None)
     tenant_isolation_window_seconds: float = rule_field(FINITE_GE_0, 3.0)
     tenant_isolation_tool_call_seconds: float = rule_field(FINITE_GE_0, 0.0)
+    long_prefill_seconds: float = rule_field(FINITE_GE_0, 0.0)
 
     def weight(self, tenant: str) -> float:
         return self.tenant_weights.get(tenant, self.default_tenant_weight)

@@ -30,10 +30,11 @@ is never capped.
 
 from __future__ import annotations
 
+from actors.core import fairness_prefill
 from actors.core.ids import ProgramRef, TargetId
 from actors.core.ledger import Plan, private_tokens
 from actors.core.lifecycle import is_waiting_candidate, mark_pause_when_idle, pause
-from actors.core.model import ACTING, TENANT_ISOLATION, Program, RankState
+from actors.core.model import ACTING, PAUSED, TENANT_ISOLATION, Program, RankState
 from actors.core.state import SchedulerState, live_program
 
 # rank -> the heavy tenants of its pool, for every rank shared with a light tenant
@@ -96,11 +97,16 @@ def compute(s: SchedulerState, *, record: bool = True) -> IsolationView:
         if calls:
             limit = s.prio.tenant_isolation_tool_call_seconds
             for ref, (name, t, ended) in list(calls.items()):
-                if now - ended > limit or t not in targets:
+                p = live_program(s, ref)
+                if p is None or now - ended > limit or t not in targets:
                     if record:
                         del calls[ref]
-                else:
-                    present.setdefault(name, set()).add(t)  # in a tool call: back on t soon
+                    continue
+                present.setdefault(name, set()).add(t)  # in a tool call: back on t soon
+                if p.state == PAUSED and p.status == ACTING:
+                    # paused through its tool call: its context is demand all the same (without
+                    # it a heavy tenant whose Programs are all between turns would look light)
+                    demand[name] = demand.get(name, 0.0) + private_tokens(p, s.cfg.decode_buffer_tokens)
         tenants = set(demand) | set(present) | {name for name, _t in recent}
         if len(tenants) < 2:
             heavy: frozenset[str] = frozenset()
@@ -112,11 +118,17 @@ def compute(s: SchedulerState, *, record: bool = True) -> IsolationView:
             if name not in heavy:
                 for t in ranks:
                     recent[(name, t)] = now  # a copy when not recording
-        if not heavy or not any(name not in heavy for name in tenants):
-            continue
-        for name, t in recent:
-            if name not in heavy:
-                view[t] = heavy
+        kept: dict[TargetId, set[str]] = {}
+        if heavy and any(name not in heavy for name in tenants):
+            for name, t in recent:
+                if name not in heavy:
+                    view[t] = heavy
+                    kept.setdefault(t, set()).add(name)
+        if record:
+            for t in targets:
+                rank = s.ranks.get(t)
+                if rank is not None:
+                    rank.isolated_for = frozenset(kept.get(t, ()))
     return view
 
 
@@ -129,17 +141,20 @@ def observe_return(s: SchedulerState, p: Program) -> None:
 
 
 def observe_completion(s: SchedulerState, p: Program, target: TargetId, ev_finish_reason: str | None, ok: bool) -> None:
-    """A request of ``p`` on ``target`` ended.  When it ended in a tool call (``tool_calls``: the
-    agent runs a tool and sends its next turn), the Program keeps its tenant present on the rank
-    until it is back, for at most ``tenant_isolation_tool_call_seconds``: a light tenant's rank
-    then stays its own through its tool calls instead of being refilled by the heavy tenant a
-    window after the request ended, just before the light tenant comes back to it.  Any other end
-    (a natural stop, a failure) promises no next turn."""
+    """A request of ``p`` on ``target`` ended.  When the Program will send a next turn (it
+    expects to resume and the request did not end in a natural ``stop``: a tool call, or a
+    truncated reply it continues), it is *between turns*: it keeps its tenant present on the rank
+    until it is back, for at most ``tenant_isolation_tool_call_seconds``, and its context counts
+    in its tenant's demand.  So a light tenant's rank stays its own through its tool calls instead
+    of being refilled by the heavy tenant a window after the request ended, just before the light
+    tenant comes back to it; and a heavy tenant whose Programs are all between turns (paused by
+    the isolation itself) still counts as heavy, instead of looking light for a moment and being
+    let back onto the light tenant's ranks.  A natural stop or a failure promises no next turn."""
     limit = s.prio.tenant_isolation_tool_call_seconds
     if not enabled(s) or limit <= 0:
         return
     calls = s.isolation_tool_calls.setdefault(p.ref.model_pool, {})
-    if ok and ev_finish_reason == "tool_calls":
+    if ok and p.expected_resume and ev_finish_reason != "stop":
         calls[p.ref] = (p.tenant, target, s.now)
     else:
         calls.pop(p.ref, None)
@@ -157,7 +172,11 @@ def _capped(rank: RankState, tenant: str) -> list[Program]:
 
 def allows(s: SchedulerState, p: Program, rank: RankState, plan: Plan) -> bool:
     """Admission: a heavy tenant's Program joins a rank shared with a light tenant only below the cap."""
-    if plan.forced or not enabled(s):
+    if plan.forced:
+        return True
+    if not fairness_prefill.allows(s, p, rank):
+        return False  # one long prefill at a time per rank (fairness_prefill)
+    if not enabled(s):
         return True
     heavy = current(s).get(rank.target_id)
     if not heavy or p.tenant not in heavy:

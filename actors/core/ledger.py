@@ -272,7 +272,9 @@ def admission_plan(
         # agentd difference (D6 fix): a due force-resume deadline goes through the waiting gate,
         # so it is honoured within one tick whatever the engine queue shows
         # (docs/program-scheduling.md §3, §10)
-        if w is not None and w >= threshold and not forced:
+        # a light tenant's Program on a rank kept for it (docs/priority.md §3) is not held either:
+        # no heavy work can be admitted ahead of it there, so holding it only delays it
+        if w is not None and w >= threshold and not forced and p.tenant not in rank.isolated_for:
             return None
     # lower classes leave the claims of waiting higher ones (docs/batch.md §2, docs/priority.md §2)
     used = target_usage(rank, now, interval) + rank.batch_claim_tokens + rank.interactive_claim_tokens

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from actors.core import fairness
+from actors.core import fairness, fairness_prefill
 from actors.core import program as lc
 from actors.core.effects import (
     AdmissionCapacitySnapshot,
@@ -137,6 +137,7 @@ def dispatch_ready(s: SchedulerState, p: Program) -> None:
             return
         lc.apply(p, lc.DISPATCH)
         out = reserved_output(p, req.hints.expected_output_length, s.cfg.decode_buffer_tokens)
+        fairness_prefill.on_dispatch(s, p, rank, req.request_id, req.estimated_context_tokens)
         charge_dispatch(s, p, req.tenant, req.estimated_context_tokens)
         start = p.placement_start_pending
         p.placement_start_pending = False

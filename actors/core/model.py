@@ -265,6 +265,10 @@ class RankState:
     interactive_requests: int = 0
     # tokens lower classes leave to the interactive requests waiting for this rank (docs/priority.md §2)
     interactive_claim_tokens: float = 0.0
+    # the long prefill in flight here and its estimated end (docs/priority.md §3, fairness_prefill)
+    long_prefill: tuple[RequestId, float] | None = None
+    # the light tenants this rank is kept for by the last admission pass (fairness_isolation)
+    isolated_for: frozenset[str] = frozenset()
     # the last backend observation (docs/program-scheduling.md §2)
     kv_cache_usage: float | None = None
     running_requests: int | None = None

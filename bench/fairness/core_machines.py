@@ -418,6 +418,13 @@ class ClassesMachine(RuleBasedStateMachine):
                 out_tokens = front.hints.expected_output_length if front is not None else None
                 need = private_tokens(p, self.cfg.decode_buffer_tokens, out_tokens)
                 demand[p.tenant] = demand.get(p.tenant, 0.0) + need
+            limit = prio.tenant_isolation_tool_call_seconds
+            for ref, (name, tid, ended) in s.isolation_tool_calls.get(pool, {}).items():
+                p = s.programs.get(ref.key)
+                if p is None or p.ref != ref or self.now - ended > limit or tid not in targets:
+                    continue
+                if p.state == "paused" and p.status == "acting":  # between turns: its context is demand
+                    demand[name] = demand.get(name, 0.0) + private_tokens(p, self.cfg.decode_buffer_tokens)
             seen = {
                 name
                 for (name, _t), at in s.isolation_recent.get(pool, {}).items()

@@ -519,3 +519,35 @@ def test_isolation_config_rules_name_the_fields() -> None:
         "priority.tenant_isolation_tool_call_seconds",
     ]
     assert problems(PriorityConfig(heavy_tenant_max_active_per_rank=0)) == []
+
+
+# ---- one long prefill at a time per rank (long_prefill_seconds) -------------------------------
+
+LONG = PriorityConfig(long_prefill_seconds=2.0)
+
+
+def test_long_prefills_are_admitted_one_at_a_time_per_rank_short_ones_pass() -> None:
+    # the reference cost model: 30,000 uncached tokens take 5.742 s to prefill, 1,000 take 0.127 s
+    h = Harness(token_capacity_per_dp_rank=100_000, priority=LONG)
+    assert admitted(_tenant_submit(h, "big0", "x", 30_000, 0.0)) == ["r1"]
+    assert h.rank().long_prefill == (RequestId("r1"), pytest.approx(5.742, abs=1e-3))
+    assert admitted(_tenant_submit(h, "big1", "x", 30_000, 0.1)) == []  # waits for big0's prefill
+    assert admitted(_tenant_submit(h, "small", "y", 1_000, 0.2)) == ["r3"]  # short: not held
+    # big0's request ends: its prefill is over, big1 goes
+    assert admitted(h.complete("r1", at=3.0, prompt=30_000)) == ["r2"]
+    assert h.rank().long_prefill == (RequestId("r2"), pytest.approx(3.0 + 5.742, abs=1e-3))
+    # big0's next turn only adds 500 tokens to the context it has on this rank: short, not held
+    assert admitted(_tenant_submit(h, "big0", "x", 30_600, 3.5)) == ["r4"]
+    assert check(h.state, h.cfg) == []
+
+
+def test_a_long_prefill_marker_lapses_at_its_estimated_end_and_is_off_by_default() -> None:
+    h = Harness(token_capacity_per_dp_rank=100_000, priority=LONG)
+    assert admitted(_tenant_submit(h, "big0", "x", 30_000, 0.0)) == ["r1"]
+    assert admitted(_tenant_submit(h, "big1", "x", 30_000, 0.1)) == []
+    assert admitted(h.tick(5.7)) == []
+    assert admitted(h.tick(5.8)) == ["r2"]  # 5.742 s after r1's dispatch, without its completion
+    off = Harness(token_capacity_per_dp_rank=100_000, priority=PriorityConfig())
+    assert admitted(_tenant_submit(off, "big0", "x", 30_000, 0.0)) == ["r1"]
+    assert admitted(_tenant_submit(off, "big1", "x", 30_000, 0.1)) == ["r2"]
+    assert off.rank().long_prefill is None
