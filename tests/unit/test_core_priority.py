@@ -510,13 +510,17 @@ def test_isolation_leaves_single_tenant_and_balanced_tenants_alone() -> None:
 
 def test_isolation_config_rules_name_the_fields() -> None:
     bad = PriorityConfig(
-        heavy_tenant_max_active_per_rank=-1, tenant_isolation_window_seconds=-1.0, tenant_isolation_tool_call_seconds=-1.0
+        heavy_tenant_max_active_per_rank=-1,
+        tenant_isolation_window_seconds=-1.0,
+        tenant_isolation_tool_call_seconds=-1.0,
+        long_prefill_seconds=-1.0,
     )
     got = problems(bad, "priority")
     assert [line.split(":")[0] for line in got] == [
         "priority.heavy_tenant_max_active_per_rank",
         "priority.tenant_isolation_window_seconds",
         "priority.tenant_isolation_tool_call_seconds",
+        "priority.long_prefill_seconds",
     ]
     assert problems(PriorityConfig(heavy_tenant_max_active_per_rank=0)) == []
 
