@@ -58,6 +58,7 @@ ISOLATING = PriorityConfig(
     tenant_pause_share=True,
     heavy_tenant_max_active_per_rank=0,
     tenant_isolation_tool_call_seconds=10.0,
+    long_prefill_seconds=0.15,  # about 1,400 uncached tokens: a third of the machine's rank
     batch_max_running_near_interactive=1,
     tenant_weights={"tenant-b": 2.0},
 )
