@@ -334,8 +334,9 @@ class PriorityConfig:
       Programs active; the excess is paused (docs/priority.md §3, "Isolating light tenants");
       ``None`` = off; ``tenant_isolation_window_seconds``: how long a rank stays shared with a
       light tenant after the tenant was last present on it; ``tenant_isolation_tool_call_seconds``:
-      a Program whose request ended in a tool call keeps its tenant present on its rank until it
-      sends its next request, for at most this long (0 = not at all);
+      a Program between turns (its request ended in a tool call or any end but a natural stop,
+      and it expects to resume) keeps its tenant present on its rank, and its context in its
+      tenant's demand, until it sends its next request, for at most this long (0 = not at all);
     * ``long_prefill_seconds``: a Program whose next request's uncached prefill is estimated
       longer than this is not admitted on a rank where another such prefill is in flight (one
       long prefill at a time per rank, docs/priority.md §3); 0 = off.

@@ -1,4 +1,4 @@
-"""One long prefill at a time per rank (docs/priority.md §3, "Long prefills one at a time").
+"""One long prefill at a time per rank (docs/priority.md §3, "One long prefill at a time per rank").
 
 A non-preemptive engine serves a request that arrives behind a running prefill only once that
 prefill is done, and a long-context prefill (tens of thousands of uncached tokens) takes seconds.
