@@ -8,9 +8,8 @@ observations, in virtual time.  After every step it checks:
 * conservation: every batch request is queued, running, finished, abandoned or rejected, exactly
   once, and the core agrees;
 * the reserve never exceeds ``reserve_max_blocks`` (and is at least ``min(margin, max)``);
-* beside Programs, a dispatch leaves room below the low watermark for the decode that the running
-  requests the last fresh observation saw still grow into (``decode_growth_tokens``), except for a
-  lone request; with batch alone (growth-aware admission), what the running requests hold now fits;
+* a dispatch leaves room below the low watermark for the decode that the running requests the
+  last fresh observation saw still grow into (``decode_growth_tokens``), except for a lone request;
 * Programs first: a batch request is dispatched without the starvation escape only when no
   Program waits at the end of that step;
 * work conservation: after a step, when no Program waits, no queued batch request that the
@@ -29,14 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from actors.core import invariants
-from actors.core.batch_class import (
-    JobPredictor,
-    batch_profile,
-    decode_growth_tokens,
-    dispatch_offers,
-    taken_pick,
-    waiting_homes,
-)
+from actors.core.batch_class import JobPredictor, decode_growth_tokens, dispatch_offers, taken_pick, waiting_homes
 from actors.core.config import BackendTarget, BatchJobsConfig, ProgramSchedulingConfig
 from actors.core.costs import decode_step_seconds
 from actors.core.effects import AdmitBatch, PreemptBatch, Reject
@@ -133,19 +125,10 @@ class BatchMachine(RuleBasedStateMachine):
         # a lone request on an otherwise idle rank
         cap = self.cfg.token_capacity_per_dp_rank
         assert cap is not None
-        programs = bool(waiting_homes(self.state, POOL)) or any(r.active for r in self.state.ranks.values())
         for tid in dispatched_to:
             rank = self.state.ranks[tid]  # type: ignore[index]
             used = target_usage(rank, self.now, self.cfg.metrics_interval_seconds)
             alone = rank.batch_requests == 1 and not rank.active
-            if not programs:
-                # batch alone: growth-aware admission (docs/batch.md §2.2).  Whole charges may add
-                # up to more than the capacity (requests that end first make room for later
-                # growth), but what the running requests hold now fits
-                counted, entries = batch_profile(self.state, rank)
-                held = used - counted + sum(h for h, _ in entries)
-                assert held <= cap * self.cfg.low_watermark_ratio or alone, f"{tid}: batch overfilled to {held}"
-                continue
             assert used <= cap * self.cfg.low_watermark_ratio or alone, f"{tid}: batch overfilled to {used}"
             # ... and leaves room for the decode the observed running requests still grow into
             growth = decode_growth_tokens(self.state, rank)

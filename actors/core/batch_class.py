@@ -55,8 +55,6 @@ the Programs leave free, on the same per-rank ledger:
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Callable
 from typing import NamedTuple
 
 from actors.core import fairness
@@ -232,124 +230,22 @@ def _forget_job_if_idle(b: BatchState, job: str) -> None:
 # ---- dispatch ----------------------------------------------------------------------------------
 
 
-def rank_budget_tokens(s: SchedulerState, rank: RankState, *, growth: bool = True) -> int:
-    """The batch admission budget of ``rank`` in tokens (module docstring): KV free now minus the
-    seed's reserve and, with ``growth``, minus the growth reserve (:func:`decode_growth_tokens`).
-
-    Beside Programs a request is admitted only when its whole charge fits this budget.  On a rank
-    with batch alone the budget without growth (what is free now, the seed's) orders the jobs and
-    sizes the best fit, and :func:`profile_fits` decides whether the pick may run."""
-    room = _rank_room(s, rank)
-    if room is None or s.batch is None:
-        return 0
-    block = s.batch.cfg.block_size_tokens
-    used = target_usage(rank, s.now, s.cfg.metrics_interval_seconds)
-    if growth:
-        used += decode_growth_tokens(s, rank)
-    return max(0, int((room - used) // block) * block)
-
-
-def _rank_room(s: SchedulerState, rank: RankState) -> float | None:
-    """What batch may fill on ``rank``: capacity below the low watermark minus the waiting
-    interactive requests' claims and the seed's reserve (None while the capacity is unknown)."""
+def rank_budget_tokens(s: SchedulerState, rank: RankState) -> int:
+    """The batch admission budget of ``rank`` in tokens (module docstring)."""
     b = s.batch
     capacity = s.cfg.token_capacity_per_dp_rank
     if capacity is None:
         capacity = rank.backend_kv_capacity_tokens  # the engine's own report (vllm:cache_config_info)
     if b is None or capacity is None:
-        return None
+        return 0
     cfg = b.cfg
-    reserve = min(rank.batch_requests + cfg.reserve_margin_blocks, cfg.reserve_max_blocks)
+    block = cfg.block_size_tokens
     # waiting interactive requests' claims are not batch's to take (docs/priority.md §2)
-    return capacity * s.cfg.low_watermark_ratio - rank.interactive_claim_tokens - reserve * cfg.block_size_tokens
-
-
-def batch_profile(s: SchedulerState, rank: RankState) -> tuple[float, list[tuple[float, float]]]:
-    """The running batch requests on ``rank`` as ``(held, remaining)`` now, and the tokens the
-    ledger counts for them (docs/batch.md §2.2).
-
-    One a fresh observation saw holds its prompt plus what it had decoded by then,
-    ``(observed_at - dispatched_at) x rate`` whole tokens (the rate, dispatch to completion,
-    underestimates progress, so what remains is overestimated); the ledger counts it at that size
-    (it is in the observation).  One dispatched since (or every one, without a fresh observation)
-    is taken to start now: it holds its prompt and decodes its whole prediction, and the ledger
-    counts its charge (prompt + predicted decode).  ``remaining`` uses the larger of the
-    prediction at dispatch and the job's prediction now (capped by ``max_tokens``).  ``rate`` is
-    the ratio of sums over every successful batch request, not the EWMA ``decode_rate``: it does
-    not depend on the order in which same-instant completions are handled.
-    """
-    b = s.batch
-    if b is None or not rank.batch_requests:
-        return 0.0, []
-    at = rank.observed_at
-    if at is not None and not observation_fresh(rank, s.now, s.cfg.metrics_interval_seconds):
-        at = None  # the fallback ledger holds every request at its predicted size
-    rate = b.decoded_tokens_total / b.decode_seconds_total if b.decode_seconds_total > 0 else 0.0
-    predictor = JobPredictor(b, s.now)
-    entries: list[tuple[float, float]] = []
-    counted = 0.0
-    for r in b.running.values():
-        if r.target_id != rank.target_id or not r.on_ledger:
-            continue
-        prompt = r.charged_tokens - r.predicted_decode_tokens  # charged: prompt + decode predicted then
-        pred = float(max(r.predicted_decode_tokens, _current_prediction(r, predictor)))
-        if at is not None and r.dispatched_at < at:
-            done = min(pred, float(int((at - r.dispatched_at) * rate)))  # whole tokens, as the job bound
-            entries.append((prompt + done, pred - done))
-            counted += prompt + done
-        else:
-            entries.append((prompt, pred))
-            counted += r.charged_tokens
-    return counted, entries
-
-
-def peak_with(entries: list[tuple[float, float]], prompt: float, decode: float, rounding: float) -> float:
-    """The most KV that ``entries`` (``(held, remaining)``, all decoding one token per engine step)
-    plus a new request of ``prompt`` tokens decoding ``decode`` hold at once over the new request's
-    life (docs/batch.md §2.2).
-
-    ``tau`` steps from now a running request holds ``held + tau`` while ``remaining >= tau`` and
-    nothing after; the new one ``prompt + tau``.  Between two ends the total only grows, so its
-    maximum over ``[0, decode]`` is at ``tau = 0``, just before an end (``tau = remaining``, the
-    request still counted) or at ``tau = decode``.  ``rounding`` is added per request alive at
-    ``tau`` (block rounding).  What happens after the new request ends is not its concern: it
-    holds nothing then.
-    """
-    order = sorted(entries, key=lambda e: e[1])
-    rems = [e[1] for e in order]
-    n = len(order)
-    suffix = [0.0] * (n + 1)  # held tokens of the requests from position i on
-    for i in range(n - 1, -1, -1):
-        suffix[i] = suffix[i + 1] + order[i][0]
-    peak = 0.0
-    points = [0.0, *(r for r in rems if 0.0 < r < decode), max(decode, 0.0)]
-    for tau in points:
-        i = bisect_left(rems, tau)  # requests still running at tau (remaining >= tau)
-        alive = n - i
-        total = suffix[i] + alive * tau + prompt + tau + (alive + 1) * rounding
-        if total > peak:
-            peak = total
-    return peak
-
-
-def profile_fits(s: SchedulerState, rank: RankState, prompt: float, decode: float) -> bool:
-    """May a batch request of ``prompt`` tokens that decodes ``decode`` start on ``rank`` now?
-
-    Yes when, over its life, the KV the rank's other work holds (the ledger minus what it counts
-    for running batch requests) plus the running batch requests' growth plus its own never
-    exceeds the batch room (:func:`_rank_room`): the growth-aware admission of docs/batch.md §2.2.
-    Requests that end before the new one grows do not reserve KV for their own later growth
-    against it, and the new one is not charged its full size at times it has not reached it.
-    """
-    room = _rank_room(s, rank)
-    if room is None:
-        return False
-    used = target_usage(rank, s.now, s.cfg.metrics_interval_seconds)
-    counted, entries = batch_profile(s, rank)
-    other = used - counted
-    assert s.batch is not None
-    rounding = s.batch.cfg.block_size_tokens / 2  # a request's last block is half empty on average
-    return other + peak_with(entries, prompt, decode, rounding) <= room
+    used = target_usage(rank, s.now, s.cfg.metrics_interval_seconds) + rank.interactive_claim_tokens
+    growth = decode_growth_tokens(s, rank)
+    free_blocks = int((capacity * s.cfg.low_watermark_ratio - used - growth) // block)
+    reserve = min(rank.batch_requests + cfg.reserve_margin_blocks, cfg.reserve_max_blocks)
+    return max(0, (free_blocks - reserve) * block)
 
 
 def peak_growth_tokens(running: list[tuple[float, float]]) -> float:
@@ -580,9 +476,6 @@ class Offer(NamedTuple):
     rank: RankState
     budget: int
     gated: bool  # a Program waits for this rank (batch keeps only its guaranteed share)
-    # a Program is active on or waits for a rank of the pool: whole charges against the budget and
-    # the seed's job order; else batch is alone: growth-aware packing, longest jobs first
-    programs: bool = True
 
 
 def dispatch_offers(s: SchedulerState, pool: str, oldest: BatchPending) -> tuple[list[Offer], bool]:
@@ -592,19 +485,17 @@ def dispatch_offers(s: SchedulerState, pool: str, oldest: BatchPending) -> tuple
     assert b is not None
     homes = waiting_homes(s, pool)
     escape = bool(homes) and s.now - oldest.arrived_at >= b.cfg.max_wait_seconds
-    # batch is alone in the pool: no Program active on or waiting for any of its ranks
-    programs = bool(homes) or any(s.ranks[t].active for t in s.pools.get(pool, ()))
     offers: list[Offer] = []
     for tid in s.pools.get(pool, ()):
         rank = s.ranks[tid]
+        budget = rank_budget_tokens(s, rank)
         waited_for = None in homes or tid in homes
-        budget = rank_budget_tokens(s, rank, growth=programs)
         if (rank.active or waited_for) and engine_queue_blocks(s, rank):
             budget = 0  # the engine queues: more batch would hold the Programs' waiting gate shut
         gated = waited_for and not escape
         if gated:
             budget = min(budget, guaranteed_share_tokens(s, rank))
-        offers.append(Offer(rank, budget, gated, programs))
+        offers.append(Offer(rank, budget, gated))
     offers.sort(key=lambda o: (-o.budget, o.rank.index))
     return offers, escape
 
@@ -620,78 +511,32 @@ def taken_pick(
     """
     b = s.batch
     assert b is not None
-    rank, budget, gated, programs = offer
+    rank, budget, gated = offer
     idle = not rank.active and not rank.batch_requests and not gated
     if escape:
         rid: RequestId | None = oldest.request_id
     else:
         # an idle rank with no budget yet (capacity unknown) still asks for a pick: budget 1
         # makes the seed's best fit return the smallest prompt of the first job
-        rid = _pick(s, max(budget, 1) if idle else budget, predictor, longest_first=not programs)
+        rid = b.queue.pick(
+            max(budget, 1) if idle else budget,
+            predictor,
+            lambda lane: (-lane[0], fairness.counter(s.fair, s.prio, lane[1], s.now), lane[1]),
+            low_available_tokens_threshold=b.cfg.low_available_tokens_threshold,
+            short_decode_token_threshold=b.cfg.short_decode_token_threshold,
+        )
     if rid is None:
         return None
     p = b.pending[rid]
     pred = predicted_decode(b, p, predictor)
     need = p.prompt_tokens + pred
-    if idle:
-        pass  # a rank running nothing takes one request of any size
-    elif programs:
-        if need > budget:
-            return None  # does not fit here: re-evaluated when capacity frees (a completion, a tick)
-    elif not _fits(s, offer, p.prompt_tokens, pred):
-        if escape:
-            return None
-        # the best fit went by what is free now; the running requests' growth leaves less for a
-        # request that decodes ``pred`` tokens: ask the queue again for a prompt that fits that
-        smaller = max_prompt_tokens(s, rank, pred)
-        retry = _pick(s, smaller, predictor, longest_first=True) if 0 < smaller < budget else None
-        if retry is not None:
-            p = b.pending[retry]
-            pred = predicted_decode(b, p, predictor)
-        if retry is None or not _fits(s, offer, p.prompt_tokens, pred):
-            return None  # does not fit here: re-evaluated when capacity frees (a completion, a tick)
-        need = p.prompt_tokens + pred
+    if need > budget and not idle:
+        return None  # does not fit here: re-evaluated when capacity frees (a completion, a tick)
     if not batch_caps_allow(s, rank, need):
         return None  # the batch class's caps on this rank (docs/priority.md §2)
     if not decode_room(s, rank, need):
         return None  # the Programs there would slow down more than allowed
     return p, pred, need
-
-
-def _pick(s: SchedulerState, budget: int, predictor: JobPredictor, *, longest_first: bool) -> RequestId | None:
-    b = s.batch
-    assert b is not None
-    return b.queue.pick(
-        budget,
-        predictor,
-        _lane_key(s),
-        low_available_tokens_threshold=b.cfg.low_available_tokens_threshold,
-        short_decode_token_threshold=b.cfg.short_decode_token_threshold,
-        longest_first=longest_first,
-    )
-
-
-def _lane_key(s: SchedulerState) -> Callable[[tuple[int, str]], tuple[object, ...]]:
-    return lambda lane: (-lane[0], fairness.counter(s.fair, s.prio, lane[1], s.now), lane[1])
-
-
-def _fits(s: SchedulerState, offer: Offer, prompt: int, decode: int) -> bool:
-    """A request of ``prompt`` tokens decoding ``decode`` fits the offer of a rank where batch is
-    alone: a budget at all (0 when the engine queues) and the growth-aware room
-    (:func:`profile_fits`)."""
-    return offer.budget > 0 and profile_fits(s, offer.rank, prompt, decode)
-
-
-def max_prompt_tokens(s: SchedulerState, rank: RankState, decode: int) -> int:
-    """The largest prompt a request decoding ``decode`` tokens may have to start on ``rank`` now
-    (:func:`profile_fits`), 0 when none."""
-    room = _rank_room(s, rank)
-    if room is None or s.batch is None:
-        return 0
-    used = target_usage(rank, s.now, s.cfg.metrics_interval_seconds)
-    counted, entries = batch_profile(s, rank)
-    rounding = s.batch.cfg.block_size_tokens / 2
-    return max(0, int(room - (used - counted) - peak_with(entries, 0.0, decode, rounding)))
 
 
 def batch_caps_allow(s: SchedulerState, rank: RankState, need: int) -> bool:

@@ -95,7 +95,6 @@ class BatchLanes:
         *,
         low_available_tokens_threshold: int,
         short_decode_token_threshold: int,
-        longest_first: bool = False,
     ) -> RequestId | None:
         for lane in sorted(self.lanes, key=lane_key) if len(self.lanes) > 1 else list(self.lanes):
             got = self.lanes[lane].pick(
@@ -103,7 +102,6 @@ class BatchLanes:
                 estimator,
                 low_available_tokens_threshold=low_available_tokens_threshold,
                 short_decode_token_threshold=short_decode_token_threshold,
-                longest_first=longest_first,
             )
             if got is not None:
                 return got

@@ -243,12 +243,8 @@ class JobQueue(Generic[K]):
         *,
         low_available_tokens_threshold: int,
         short_decode_token_threshold: int,
-        longest_first: bool = False,
     ) -> K | None:
         """The key to admit next (not removed), or None when the budget is 0 or the queue is empty.
-
-        ``longest_first`` (agentd's, not the seed's) orders the jobs as if the budget were above
-        ``low_available_tokens_threshold`` whatever it is: long-decode jobs first, LPT.
 
         1. a cold-start key, whatever its size: jobs in bucket creation order, inside a job the
            bucket's scan order (lengths in creation order, FIFO within a length);
@@ -262,8 +258,7 @@ class JobQueue(Generic[K]):
             if bucket.cold:
                 return self._first_cold(bucket)
         preds = {job: estimator.predict(job) for job in self._buckets}
-        order_budget = max(budget_tokens, low_available_tokens_threshold + 1) if longest_first else budget_tokens
-        first = order_jobs(preds, order_budget, low_available_tokens_threshold, short_decode_token_threshold)[0]
+        first = order_jobs(preds, budget_tokens, low_available_tokens_threshold, short_decode_token_threshold)[0]
         bucket = self._buckets[first]
         i = bisect_right(bucket.lengths, budget_tokens)
         length = bucket.lengths[i - 1] if i > 0 else bucket.lengths[0]

@@ -5,14 +5,7 @@ from __future__ import annotations
 from core_support import POOL, Harness, of, targets, tid
 
 from actors.core import effects as fx
-from actors.core.batch_class import (
-    batch_diagnostics,
-    decode_growth_tokens,
-    max_prompt_tokens,
-    peak_growth_tokens,
-    profile_fits,
-    rank_budget_tokens,
-)
+from actors.core.batch_class import batch_diagnostics, decode_growth_tokens, peak_growth_tokens, rank_budget_tokens
 from actors.core.config import BatchJobsConfig
 from actors.core.events import ObservationReceived, ObservationStarted, TargetsChanged
 from actors.core.invariants import check
@@ -54,29 +47,10 @@ def test_budget_keeps_the_reserve_and_admission_stops_at_the_head_of_line() -> N
     assert rank_budget_tokens(h.state, rank) == (61 - 8) * 16
     assert len(h.state.batch.pending) == 2  # type: ignore[union-attr]
     eff = h.complete("b0", at=5.0, completion=50, finish_reason="stop")
-    # the completion teaches the job 50 decode tokens.  Batch is alone on the rank: admission is
-    # growth-aware (docs/batch.md §2.2).  Without an observation the 7 running requests are taken
-    # to start now (1000 held, 128 to decode); a new one (1000 + 50) ends after 50 steps, when they
-    # hold 1050 each: 9 x (1050 + 8 of block rounding) = 9522 <= 10000 - 9 x 16 of reserve, so
-    # b8 and b9 both go (FIFO inside one job); their whole charges (9 x 1128) would not fit
-    assert admitted_ids(eff) == ["b8", "b9"]
-    adm = of(eff, fx.AdmitBatch)[0]
+    # the completion frees 1128 tokens: the oldest waiting request goes (FIFO inside one job)
+    assert admitted_ids(eff) == ["b8"]
+    (adm,) = of(eff, fx.AdmitBatch)
     assert adm.queue_wait_seconds == 5.0
-    assert check(h.state, h.cfg) == []
-
-
-def test_beside_a_program_admission_needs_the_whole_charge_in_the_budget() -> None:
-    h = harness()
-    h.submit("a", tokens=900)  # an active Program: 900 + 100 decode buffer
-    for i in range(9):
-        h.submit_batch(f"b{i}", tokens=1000)
-    rank = h.rank()
-    # 7 running: used 1000 + 7 x 1128 = 8896, free blocks floor(1104 / 16) = 69, reserve 8 -> 976
-    assert rank.batch_requests == 7
-    assert rank_budget_tokens(h.state, rank) == (69 - 8) * 16
-    eff = h.complete("b0", at=5.0, completion=50, finish_reason="stop")
-    # the whole charge (1000 + 50) must fit what is free now: only b7 goes
-    assert admitted_ids(eff) == ["b7"]
     assert check(h.state, h.cfg) == []
 
 
@@ -128,31 +102,16 @@ def test_long_decode_jobs_go_first_when_the_budget_is_above_the_threshold() -> N
     assert order == ["s0", "s1", "s2", "l0", "l1", "l2", "l-next", "s-next"]
 
 
-def test_beside_programs_short_decode_jobs_go_first_when_the_budget_is_at_or_below_the_threshold() -> None:
-    # the decode-speed bound off, so that only the budget decides
-    h = harness(token_capacity_per_dp_rank=100_000, batch=BatchJobsConfig(enabled=True, max_decode_slowdown=1e9))
+def test_short_decode_jobs_go_first_when_the_budget_is_at_or_below_the_threshold() -> None:
+    h = harness(token_capacity_per_dp_rank=100_000)
     _train(h, "long", 400, "t1")
     _train(h, "short", 10, "t2")
-    h.submit("a", tokens=900)  # an active Program (1,000 tokens): the seed's job order applies
-    h.submit_batch("filler", job="fill", tokens=95_000, max_tokens=1)  # stays: 95,001 charged
+    h.submit_batch("filler", job="fill", tokens=96_000, max_tokens=1)  # stays: 96,001 charged
     h.submit_batch("blocker", job="block", tokens=3_935, max_tokens=1)  # 99,937 in all: budget 0
     _queue_cold_then_next(h)
     order = admitted_ids(h.complete("blocker", completion=1, finish_reason="length"))
     # after the cold starts the budget is (floor(2709 / 16) - 8) * 16 = 2576 <= 4096: short first
     assert order == ["s0", "s1", "s2", "l0", "l1", "l2", "s-next", "l-next"]
-
-
-def test_with_batch_alone_long_decode_jobs_go_first_whatever_the_budget() -> None:
-    h = harness(token_capacity_per_dp_rank=100_000)
-    _train(h, "long", 400, "t1")
-    _train(h, "short", 10, "t2")
-    h.submit_batch("filler", job="fill", tokens=96_000, max_tokens=1)  # stays: 96,001 charged
-    h.submit_batch("blocker", job="block", tokens=3_900, max_tokens=1)
-    _queue_cold_then_next(h)
-    order = admitted_ids(h.complete("blocker", completion=1, finish_reason="length"))
-    # the budget is at or below the threshold, but batch is alone on the rank: longest job first
-    # (docs/batch.md §2.2); the filler ends after one step, so the KV it holds is no obstacle
-    assert order == ["s0", "s1", "s2", "l0", "l1", "l2", "l-next", "s-next"]
 
 
 def test_programs_first_then_the_starvation_escape() -> None:
@@ -349,17 +308,11 @@ def test_with_a_fresh_observation_the_budget_keeps_room_for_the_running_requests
     assert decode_growth_tokens(h.state, rank) == 50.0
     # free blocks floor((10000 - 1250 - 50) / 16) = 543, reserve min(1 + 2, 8) = 3
     assert rank_budget_tokens(h.state, rank) == (543 - 3) * 16
-    # batch is alone on the rank: admission is growth-aware (docs/batch.md §2.2).  b (1050 held by
-    # the estimate, 50 to go) ends before a new request grows: the peak is at b's end, 200 tokens
-    # not explained by b (1250 - 1050) + 1100 + (prompt + 50) + 2 x 8 of rounding
-    assert not profile_fits(h.state, rank, 8600, 100)  # 9966 > 10000 - 3 x 16
-    assert max_prompt_tokens(h.state, rank, 100) == 8586
-    # 8580 + 100 fits (9946 <= 9952), though the budget with the growth reserve (8640) would not
-    # take its whole charge (8680)
-    (adm,) = of(h.submit_batch("c2", job="j", tokens=8580, at=3.0), fx.AdmitBatch)
-    assert adm.charged_tokens == 8680
-    h.complete("b", at=4.0, completion=100, finish_reason="stop")
-    # c2 was dispatched after the observation: on the ledger at its predicted size, not counted again
+    # 8560 + 100 = 8660 tokens would fit without the growth (floor(8750 / 16) = 546 -> 8688): held
+    assert of(h.submit_batch("c", job="j", tokens=8560, at=3.0), fx.AdmitBatch) == []
+    eff = h.complete("b", at=4.0, completion=100, finish_reason="stop")
+    assert admitted_ids(eff) == ["c"]
+    # c was dispatched after the observation: on the ledger at its predicted size, not counted again
     assert decode_growth_tokens(h.state, rank) == 0.0
     h.tick(at=10.0)  # the observation is stale: the fallback ledger holds c at its predicted size
     assert decode_growth_tokens(h.state, rank) == 0.0
