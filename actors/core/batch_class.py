@@ -64,7 +64,7 @@ from actors.core.effects import AdmitBatch, BatchCompleted, BatchJobCreated, Bat
 from actors.core.errors import NO_TARGETS, InvalidEvent
 from actors.core.events import BatchSubmitted, RequestCompleted
 from actors.core.ids import RequestId, TargetId
-from actors.core.interactive import likely_in_prefill
+from actors.core.interactive import batch_held_for_interactive
 from actors.core.ledger import charge_batch, fresh_waiting, observation_fresh, private_tokens, target_usage
 from actors.core.lifecycle import reject
 from actors.core.model import Program, RankState
@@ -545,34 +545,12 @@ def batch_caps_allow(s: SchedulerState, rank: RankState, need: int) -> bool:
     limits = s.prio.batch
     if limits.max_running_per_rank is not None and rank.batch_requests >= limits.max_running_per_rank:
         return False
-    near = interactive_headroom_cap(s)
-    if near is not None and (rank.batch_requests >= near or interactive_prefilling(s, rank)):
+    if batch_held_for_interactive(s, rank):  # headroom, reserved ranks (docs/priority.md §2)
         return False
     capacity = s.cfg.token_capacity_per_dp_rank or rank.backend_kv_capacity_tokens
     if capacity is not None and limits.max_kv_share < 1.0 and rank.batch_requests:
         return rank.batch_tokens + need <= limits.max_kv_share * capacity
     return True
-
-
-def interactive_headroom_cap(s: SchedulerState) -> int | None:
-    """The batch requests one rank may run while interactive traffic is recent (docs/priority.md
-    §2, "Headroom for interactive"): ``batch_max_running_near_interactive`` while the latest
-    interactive request arrived within ``interactive_window_seconds``, else ``None`` (no cap)."""
-    cap = s.prio.batch_max_running_near_interactive
-    last = s.interactive.last_arrival
-    if cap is None or last is None or s.now - last > s.prio.interactive_window_seconds:
-        return None
-    return cap
-
-
-def interactive_prefilling(s: SchedulerState, rank: RankState) -> bool:
-    """An interactive request on ``rank`` is probably still in its prefill (no batch prefill may
-    share its steps while the headroom cap is on, docs/priority.md §2)."""
-    return any(
-        r.target_id == rank.target_id
-        and likely_in_prefill(s, r.dispatched_at, r.charged_tokens - r.reserved_output_tokens)
-        for r in s.interactive.running.values()
-    )
 
 
 def dispatch_batch(s: SchedulerState) -> None:

@@ -326,6 +326,11 @@ class PriorityConfig:
       ``interactive_window_seconds`` ago, the batch class runs at most this many requests per rank
       (on top of ``batch.max_running_per_rank``), so the engines keep room for the next
       interactive request (docs/priority.md §2, "Headroom for interactive"); ``None`` = no such cap;
+    * ``interactive_reserved_ranks``: while a model pool's latest interactive request arrived less
+      than ``interactive_window_seconds`` ago, this many of the pool's ranks (never all of them)
+      run no batch work, interactive requests go to ranks running the fewest batch requests first,
+      and the pool's other ranks run batch without ``batch_max_running_near_interactive``
+      (docs/priority.md §2, "Ranks reserved for interactive"); 0 = off;
     * ``tenant_pause_share``: the first waiting Program of a tenant may pause idle (acting)
       Programs of tenants holding more than their weighted fair share of its rank's capacity
       (docs/priority.md §3, "Pausing for fairness"); off by default;
@@ -356,6 +361,7 @@ class PriorityConfig:
     vtc_kv_token_second_weight: float = rule_field(FINITE_GE_0, 0.001)
     batch_max_running_near_interactive: int | None = rule_field(OPTIONAL_INT_GT_0, None)
     interactive_window_seconds: float = rule_field(FINITE_GT_0, 10.0)
+    interactive_reserved_ranks: int = rule_field(INT_GE_0, 0)
     tenant_pause_share: bool = False
     heavy_tenant_max_active_per_rank: int | None = rule_field(OPTIONAL_INT_GE_0, None)
     tenant_isolation_window_seconds: float = rule_field(FINITE_GE_0, 3.0)

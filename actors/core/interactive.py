@@ -27,6 +27,12 @@ interactive band:
 Steps 1-2 are taken only when, with the marks of step 3, they make the request fit; otherwise
 nothing is disturbed beyond the marks.  A waiting request whose ``deadline_seconds`` (else
 ``queue_timeout_seconds``) passed is rejected (429) at the next tick.
+
+Batch work near interactive traffic (docs/priority.md §2): the headroom cap
+(``batch_max_running_near_interactive``) and the ranks reserved for interactive
+(``interactive_reserved_ranks``) -- :func:`batch_held_for_interactive` is what the batch class
+asks before it starts a request on a rank, :func:`_headroom_preemptions` what an interactive
+dispatch preempts.
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ def on_interactive_submit(s: SchedulerState, ev: InteractiveSubmitted) -> None:
     out = ev.max_tokens if ev.max_tokens is not None else s.cfg.decode_buffer_tokens
     st.seq += 1
     st.last_arrival = s.now
+    _reserve(s, pool)
     fairness.arrive(s.fair, s.prio, ev.tenant, s.now)
     st.pending[rid] = InteractivePending(
         request_id=rid,
@@ -213,8 +220,15 @@ def dispatch_interactive(s: SchedulerState) -> None:
             _dispatch(s, p, chosen)
 
 
+def _batch_first(s: SchedulerState, rank: RankState) -> int:
+    """The leading term of an interactive request's rank choice: with ranks reserved for
+    interactive, the fewest batch requests first (the reserved ranks, which take none), as a
+    batch decode in the engine step lengthens the interactive prefill (docs/priority.md §2)."""
+    return rank.batch_requests if s.prio.interactive_reserved_ranks else 0
+
+
 def _best_fit(s: SchedulerState, ranks: list[RankState], need: int) -> RankState | None:
-    best: tuple[tuple[float, int], RankState] | None = None
+    best: tuple[tuple[int, float, int], RankState] | None = None
     for rank in ranks:
         if not fits(s, rank, need):
             continue
@@ -223,7 +237,7 @@ def _best_fit(s: SchedulerState, ranks: list[RankState], need: int) -> RankState
             score = float(len(rank.active) + rank.batch_requests + rank.interactive_requests)
         else:
             score = -free_tokens(s, rank, capacity)
-        key = (score, rank.index)
+        key = (_batch_first(s, rank), score, rank.index)
         if best is None or key < best[0]:
             best = (key, rank)
     return best[1] if best is not None else None
@@ -268,7 +282,7 @@ def _make_room(s: SchedulerState, ranks: list[RankState], p: InteractivePending)
     need = p.need_tokens
     # a rank where room can be made now (the one that keeps the most free room: least disturbed),
     # else the rank where the most room comes eventually (busy Programs marked to pause)
-    best: tuple[tuple[int, float, int], RankState, float, float] | None = None
+    best: tuple[tuple[int, int, float, int], RankState, float, float] | None = None
     for rank in ranks:
         capacity = capacity_of(s, rank)
         if capacity is None or not caps_allow(s, rank, need, capacity):
@@ -277,11 +291,11 @@ def _make_room(s: SchedulerState, ranks: list[RankState], p: InteractivePending)
         now_relief = sum(t for t, _ in _batch_victims(s, rank))
         now_relief += sum(a.charged_tokens for a in _program_victims(s, rank, ACTING))
         if free + now_relief >= need:
-            key = (0, -free, rank.index)
+            key = (0, _batch_first(s, rank), -free, rank.index)
         else:
             later = sum(a.charged_tokens for a in rank.active.values() if a.status == REASONING and a.pause_when_idle)
             later += sum(a.charged_tokens for a in _program_victims(s, rank, REASONING))
-            key = (1, -(free + now_relief + later), rank.index)
+            key = (1, 0, -(free + now_relief + later), rank.index)
         if best is None or key < best[0]:
             best = (key, rank, free, now_relief)
     if best is None:
@@ -325,17 +339,111 @@ def likely_in_prefill(s: SchedulerState, dispatched_at: float, prompt_tokens: fl
     return s.now - dispatched_at < window + s.cfg.decode_throughput_model.fixed_step_seconds
 
 
+def headroom_cap(s: SchedulerState) -> int | None:
+    """The batch requests one rank may run while interactive traffic is recent (docs/priority.md
+    §2, "Headroom for interactive"): ``batch_max_running_near_interactive`` while the latest
+    interactive request arrived within ``interactive_window_seconds``, else ``None`` (no cap)."""
+    cap = s.prio.batch_max_running_near_interactive
+    last = s.interactive.last_arrival
+    if cap is None or last is None or s.now - last > s.prio.interactive_window_seconds:
+        return None
+    return cap
+
+
+def interactive_prefilling(s: SchedulerState, rank: RankState) -> bool:
+    """An interactive request on ``rank`` is probably still in its prefill."""
+    return any(
+        r.target_id == rank.target_id
+        and likely_in_prefill(s, r.dispatched_at, r.charged_tokens - r.reserved_output_tokens)
+        for r in s.interactive.running.values()
+    )
+
+
+def _window_open(s: SchedulerState, last: float | None) -> bool:
+    return last is not None and s.now - last <= s.prio.interactive_window_seconds
+
+
+def reserved_ranks(s: SchedulerState, pool: str) -> tuple[TargetId, ...]:
+    """The ranks of ``pool`` reserved for interactive now: none when ``interactive_reserved_ranks``
+    is 0, when the pool's latest interactive request arrived more than ``interactive_window_seconds``
+    ago, or when the pool has no more ranks than that (batch keeps at least one)."""
+    k = s.prio.interactive_reserved_ranks
+    st = s.interactive
+    if not k or not _window_open(s, st.pool_last_arrival.get(pool)):
+        return ()
+    members = s.pools.get(pool, ())
+    if len(members) <= k:
+        return ()
+    return tuple(t for t in st.reserved.get(pool, ()) if t in members)
+
+
+def _reserve(s: SchedulerState, pool: str) -> None:
+    """An interactive request of ``pool`` arrived: its window (re)opens, and the pool's
+    reservation is kept, topped up to ``interactive_reserved_ranks`` with the ranks running the
+    fewest batch requests (the least batch work to move away), then the fewest batch tokens, then
+    the lowest index."""
+    st = s.interactive
+    was_open = _window_open(s, st.pool_last_arrival.get(pool))
+    st.pool_last_arrival[pool] = s.now
+    k = s.prio.interactive_reserved_ranks
+    if not k:
+        return
+    members = [t for t in s.pools.get(pool, ()) if t in s.ranks]
+    if len(members) <= k:
+        st.reserved.pop(pool, None)
+        return
+    kept = [t for t in st.reserved.get(pool, ()) if t in members] if was_open else []
+    rest = sorted(
+        (t for t in members if t not in kept),
+        key=lambda t: (s.ranks[t].batch_requests, s.ranks[t].batch_tokens, s.ranks[t].index),
+    )
+    st.reserved[pool] = tuple(kept + rest[: k - len(kept)])
+
+
+def _reservation_of(s: SchedulerState, rank: RankState) -> tuple[bool, bool]:
+    """(``rank`` is reserved for interactive, ``rank`` is in a pool that has reserved ranks now)."""
+    reserved = in_pool = False
+    for pool in s.interactive.reserved:
+        ids = reserved_ranks(s, pool)
+        if ids and rank.target_id in s.pools.get(pool, ()):
+            in_pool = True
+            reserved = reserved or rank.target_id in ids
+    return reserved, in_pool
+
+
+def batch_held_for_interactive(s: SchedulerState, rank: RankState) -> bool:
+    """Whether no batch request may start on ``rank`` now because of interactive traffic
+    (docs/priority.md §2): a rank reserved for interactive takes none; the other ranks of a pool
+    with reserved ranks run batch without the headroom cap; every other rank runs at most
+    ``batch_max_running_near_interactive`` while interactive traffic is recent; and, with either
+    rule in force on the rank, none starts there while an interactive request is probably still
+    in its prefill."""
+    reserved, in_pool = _reservation_of(s, rank)
+    if reserved:
+        return True
+    cap = None if in_pool else headroom_cap(s)
+    if cap is not None and rank.batch_requests >= cap:
+        return True
+    return (in_pool or cap is not None) and interactive_prefilling(s, rank)
+
+
 def _headroom_preemptions(s: SchedulerState, rank: RankState) -> None:
     """Preempt restartable batch requests on ``rank``, youngest first, down to
-    ``batch_max_running_near_interactive``, and every restartable one probably still in its
-    prefill (docs/priority.md §2, "Headroom for interactive"): an interactive request must not
-    queue in the engine behind batch work nor share its prefill steps with a batch prefill."""
-    cap = s.prio.batch_max_running_near_interactive
-    if cap is None or s.batch is None:
+    ``batch_max_running_near_interactive`` (all of them on a rank reserved for interactive), and
+    every restartable one probably still in its prefill (docs/priority.md §2): an interactive
+    request must not queue in the engine behind batch work nor share its prefill steps with a
+    batch prefill (on a reserved rank: with any batch work)."""
+    if s.batch is None:
+        return
+    reserved, in_pool = _reservation_of(s, rank)
+    cap = 0 if reserved else s.prio.batch_max_running_near_interactive
+    if cap is None and not in_pool:
         return
     for _tokens, r in _batch_victims(s, rank):
         assert isinstance(r, BatchRunning) and r.pending is not None
-        if rank.batch_requests <= cap and not likely_in_prefill(s, r.dispatched_at, r.pending.prompt_tokens):
+        if (cap is None or rank.batch_requests <= cap) and not likely_in_prefill(
+            s, r.dispatched_at, r.pending.prompt_tokens
+        ):
             continue
         preempt_batch(s, s.batch, r, rank)
         s.interactive.batch_preemptions += 1

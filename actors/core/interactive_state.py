@@ -49,6 +49,8 @@ class InteractiveState:
         "seq",
         "claimed",
         "last_arrival",
+        "pool_last_arrival",
+        "reserved",
     )
 
     def __init__(self) -> None:
@@ -62,3 +64,7 @@ class InteractiveState:
         self.seq = 0
         self.claimed = False  # some rank carries an interactive claim (cleared by the next pass)
         self.last_arrival: float | None = None  # when the latest interactive request was submitted
+        # per model pool: its latest interactive arrival, and the ranks reserved for interactive
+        # since its window opened (``interactive_reserved_ranks``, docs/priority.md §2)
+        self.pool_last_arrival: dict[str, float] = {}
+        self.reserved: dict[str, tuple[TargetId, ...]] = {}

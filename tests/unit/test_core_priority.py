@@ -555,3 +555,99 @@ def test_a_long_prefill_marker_lapses_at_its_estimated_end_and_is_off_by_default
     assert admitted(_tenant_submit(off, "big0", "x", 30_000, 0.0)) == ["r1"]
     assert admitted(_tenant_submit(off, "big1", "x", 30_000, 0.1)) == ["r2"]
     assert off.rank().long_prefill is None
+
+
+# ---- ranks reserved for interactive (docs/priority.md §2) --------------------------------------
+
+RESERVING = PriorityConfig(
+    batch_max_running_near_interactive=1, interactive_window_seconds=5.0, interactive_reserved_ranks=1
+)
+
+
+def _batch_on(h: Harness, i: int) -> list[str]:
+    assert h.state.batch is not None
+    return sorted(r.request_id for r in h.state.batch.running.values() if r.target_id == h.rank(i).target_id)
+
+
+def _fill_two_ranks(h: Harness) -> None:
+    """Five restartable batch requests at t = 0.0, 0.1, ... 0.4 on two ranks (no interactive traffic yet)."""
+    for i in range(5):
+        h.feed(BatchSubmitted(RequestId(f"b{i}"), "job", 100, max_tokens=10, preemptible=True), 0.1 * i)
+
+
+def test_a_reserved_rank_sheds_its_batch_and_takes_the_interactive_request() -> None:
+    h = Harness(token_capacity_per_dp_rank=100_000, n_targets=2, batch=BATCH, priority=RESERVING)
+    _fill_two_ranks(h)
+    assert (_batch_on(h, 0), _batch_on(h, 1)) == (["b0", "b2", "b4"], ["b1", "b3"])
+    eff = interactive(h, "i1", 100, max_tokens=10, at=1.0)
+    # rank 1 runs fewer batch requests: it is reserved, every batch request on it is preempted
+    # (youngest first) and the interactive request goes there; rank 0 keeps its three, uncapped
+    assert h.state.interactive.reserved == {"default": (h.rank(1).target_id,)}
+    assert [e.request_id for e in of(eff, fx.PreemptBatch)] == ["b3", "b1"]
+    assert [(e.request_id, e.target_id) for e in of(eff, fx.AdmitInteractive)] == [("i1", h.rank(1).target_id)]
+    # the preempted requests went to rank 0 in the same step: no headroom cap outside the reservation
+    assert (_batch_on(h, 0), _batch_on(h, 1)) == (["b0", "b1", "b2", "b3", "b4"], [])
+    assert check(h.state, h.cfg) == []
+
+
+def test_a_reserved_rank_takes_no_batch_until_the_window_has_passed() -> None:
+    h = Harness(token_capacity_per_dp_rank=100_000, n_targets=2, batch=BATCH, priority=RESERVING)
+    interactive(h, "i1", 100, max_tokens=10, at=0.0)
+    h.complete("i1", at=0.5)
+    reserved = h.state.interactive.reserved["default"]
+    assert reserved == (h.rank(0).target_id,)  # no batch anywhere: the lowest index
+    for i in range(3):
+        h.feed(BatchSubmitted(RequestId(f"b{i}"), "job", 100, max_tokens=10), 1.0)
+    assert (_batch_on(h, 0), _batch_on(h, 1)) == ([], ["b0", "b1", "b2"])
+    h.feed(RepairTick(), 5.0)  # 5.0 - 0.0 is not past the window
+    h.feed(BatchSubmitted(RequestId("b3"), "job", 100, max_tokens=10), 5.0)
+    assert _batch_on(h, 0) == []
+    h.feed(RepairTick(), 5.5)
+    h.feed(BatchSubmitted(RequestId("b4"), "job", 100, max_tokens=10), 5.5)
+    assert _batch_on(h, 0) == ["b4"]  # the window passed: the rank is batch's again
+    # the next interactive arrival opens a new window and reserves the rank with the least batch
+    interactive(h, "i2", 100, max_tokens=10, at=6.0)
+    assert h.state.interactive.reserved["default"] == (h.rank(0).target_id,)
+    assert check(h.state, h.cfg) == []
+
+
+def test_interactive_requests_prefer_the_reserved_rank_over_a_rank_with_more_free_tokens() -> None:
+    h = Harness(token_capacity_per_dp_rank=100_000, n_targets=2, batch=BATCH, priority=RESERVING)
+    interactive(h, "big", 30_000, max_tokens=10, at=0.0)  # reserves rank 0 and runs there
+    eff = interactive(h, "i2", 100, max_tokens=10, at=0.5)
+    # rank 1 has more free tokens, but rank 0 runs no batch (neither does rank 1: a tie on batch,
+    # so the most free tokens win, as without a reservation)
+    assert [e.target_id for e in of(eff, fx.AdmitInteractive)] == [h.rank(1).target_id]
+    h.feed(BatchSubmitted(RequestId("b0"), "job", 100, max_tokens=10), 0.6)
+    assert _batch_on(h, 1) == ["b0"]
+    eff = interactive(h, "i3", 100, max_tokens=10, at=0.7)
+    assert [e.target_id for e in of(eff, fx.AdmitInteractive)] == [h.rank(0).target_id]  # no batch there
+    assert of(eff, fx.PreemptBatch) == []
+    assert check(h.state, h.cfg) == []
+
+
+def test_a_one_rank_pool_keeps_the_headroom_cap_instead_of_a_reservation() -> None:
+    h = Harness(token_capacity_per_dp_rank=100_000, batch=BATCH, priority=RESERVING)
+    for i in range(3):
+        h.feed(BatchSubmitted(RequestId(f"b{i}"), "job", 100, max_tokens=10, preemptible=True), 0.1 * i)
+    eff = interactive(h, "i1", 100, max_tokens=10, at=1.0)
+    assert h.state.interactive.reserved == {}  # batch keeps the pool's only rank
+    assert [e.request_id for e in of(eff, fx.PreemptBatch)] == ["b2", "b1"]  # down to the cap of 1
+    assert admitted_interactive(eff) == ["i1"] and h.rank().batch_requests == 1
+
+
+def test_without_reserved_ranks_both_ranks_keep_the_headroom_cap() -> None:
+    prio = attrs.evolve(RESERVING, interactive_reserved_ranks=0)
+    h = Harness(token_capacity_per_dp_rank=100_000, n_targets=2, batch=BATCH, priority=prio)
+    _fill_two_ranks(h)
+    eff = interactive(h, "i1", 100, max_tokens=10, at=1.0)
+    # the rank with the most free tokens (rank 1: two requests) keeps one batch request beside it
+    assert [e.target_id for e in of(eff, fx.AdmitInteractive)] == [h.rank(1).target_id]
+    assert [e.request_id for e in of(eff, fx.PreemptBatch)] == ["b3"]
+    assert (len(_batch_on(h, 0)), len(_batch_on(h, 1))) == (3, 1)  # no new batch beyond the cap
+    assert h.state.interactive.reserved == {}
+
+
+def test_interactive_reserved_ranks_rule_names_the_field() -> None:
+    got = problems(PriorityConfig(interactive_reserved_ranks=-1), "priority")
+    assert [line.split(":")[0] for line in got] == ["priority.interactive_reserved_ranks"]
