@@ -69,8 +69,10 @@ ISOLATING = PriorityConfig(
 def test_classes_machine_with_fair_share_isolation_and_headroom(cap: int, global_queue: bool) -> None:
     """Every check of the classes machine with the quick start's tenant rules on: the fair share
     (``tenant_pause_share``), isolating light tenants (``heavy_tenant_max_active_per_rank``) and
-    the headroom for interactive (docs/priority.md §2-§3)."""
-    prio = attrs.evolve(ISOLATING, heavy_tenant_max_active_per_rank=cap)
+    the headroom for interactive (docs/priority.md §2-§3); with ``cap = 1`` also one of the two
+    ranks reserved for interactive (``interactive_reserved_ranks``), with ``cap = 0`` none (the
+    headroom cap on both)."""
+    prio = attrs.evolve(ISOLATING, heavy_tenant_max_active_per_rank=cap, interactive_reserved_ranks=cap)
     ps = ProgramSchedulingConfig(token_capacity_per_dp_rank=4000, global_queue=global_queue)
     machine = classes_machine(ALL_CHECKS)(Daemonish(ps, prio))
     run_state_machine_as_test(machine, settings=BUDGET)
@@ -86,6 +88,19 @@ def test_isolation_machine_catches_a_core_that_ignores_the_cap(monkeypatch: pyte
     ps = ProgramSchedulingConfig(token_capacity_per_dp_rank=4000)
     machine = classes_machine(frozenset({"isolation"}))(Daemonish(ps, ISOLATING))
     with pytest.raises(AssertionError, match="shared with a light tenant"):
+        for seed in range(20):
+            random_walk(machine, seed, walks=20, steps=80)
+
+
+def test_classes_machine_catches_batch_on_a_rank_reserved_for_interactive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``priority_inversion`` check fails when batch may start on a reserved rank."""
+    from actors.core import batch_class
+
+    monkeypatch.setattr(batch_class, "batch_held_for_interactive", lambda s, rank: False)
+    ps = ProgramSchedulingConfig(token_capacity_per_dp_rank=4000)
+    prio = attrs.evolve(ISOLATING, interactive_reserved_ranks=1)
+    machine = classes_machine(frozenset({"priority_inversion"}))(Daemonish(ps, prio))
+    with pytest.raises(AssertionError, match="reserved"):
         for seed in range(20):
             random_walk(machine, seed, walks=20, steps=80)
 

@@ -19,6 +19,9 @@ Program actors' timers delivered in (deadline, token) order, a ``RepairTick`` on
       waiting at the end of the step would have fitted without it, and no interactive request
       was dispatched while a waiting one ahead of it (priority, then tenant counter) would have
       fitted in its place -- at most the one dispatch that was under way when the waiter arrived;
+      and, with ``interactive_reserved_ranks = k``, while an interactive request arrived within
+      ``interactive_window_seconds`` the core keeps exactly ``k`` ranks of the pool reserved
+      (none when the pool has no more than ``k``) and no batch request is dispatched on one;
     * ``work_conservation``: no interactive request waits while a rank nobody claimed has the
       room and the class caps for it;
     * ``starvation``: no Program waits past its force-resume deadline plus one tick, and no
@@ -184,6 +187,7 @@ class ClassesMachine(RuleBasedStateMachine):
         self.held: dict[str, float] = {}
         self.rent_at = 0.0
         self.forced: set[Any] = set()  # Programs whose current admission was a forced resume
+        self.interactive_at: float | None = None  # the latest interactive submission
 
     @initialize()
     def targets(self) -> None:
@@ -300,6 +304,7 @@ class ClassesMachine(RuleBasedStateMachine):
     )
     def submit_interactive(self, tenant: str, priority: int, frac: float, out: int, deadline: float | None) -> None:
         rid = self._rid("interactive", tenant)
+        self.interactive_at = self.now
         self._step(
             InteractiveSubmitted(
                 rid, self._tokens(frac), tenant=tenant, priority=priority, max_tokens=out, deadline_seconds=deadline
@@ -385,6 +390,8 @@ class ClassesMachine(RuleBasedStateMachine):
         waiting_int = list(s.interactive.pending.values())
         if "priority_inversion" in self.CHECKS and waiting_int:
             self._check_inversions(effects, waiting_int)
+        if "priority_inversion" in self.CHECKS:
+            self._check_reserved(effects)
         if "work_conservation" in self.CHECKS:
             for w in waiting_int:
                 for tid in s.pools.get(w.model_pool, ()):
@@ -470,6 +477,20 @@ class ClassesMachine(RuleBasedStateMachine):
                 ]
                 n = len(kept)
                 assert n <= cap, f"{tenant} keeps {n} Programs on {tid}, shared with a light tenant (cap {cap})"
+
+    def _check_reserved(self, effects: tuple[object, ...]) -> None:
+        """Ranks reserved for interactive (docs/priority.md §2) take no batch while the window is open."""
+        s = self.state
+        k = s.prio.interactive_reserved_ranks
+        last = self.interactive_at
+        if not k or last is None or self.now - last > s.prio.interactive_window_seconds:
+            return
+        members = s.pools.get(POOL, ())
+        reserved = [t for t in s.interactive.reserved.get(POOL, ()) if t in members]
+        assert len(reserved) == (k if len(members) > k else 0), f"{len(reserved)} ranks reserved of {members}, k = {k}"
+        for e in effects:
+            if isinstance(e, AdmitBatch):
+                assert e.target_id not in reserved, f"batch {e.request_id} dispatched on {e.target_id}, reserved"
 
     def _check_inversions(self, effects: tuple[object, ...], waiting: list[Any]) -> None:
         s = self.state
