@@ -23,6 +23,7 @@ from actors.core import fairness
 from actors.core.attribution import TimeSplitSnapshot, time_split_snapshot
 from actors.core.config import ProgramSchedulingConfig
 from actors.core.ids import TargetId, redacted_id
+from actors.core.interactive import reserved_ranks
 from actors.core.ledger import (
     FRESHNESS_INTERVALS,
     capacity_accounting_source,
@@ -215,6 +216,8 @@ class PrioritySnapshot:
     interactive_rejected: int
     interactive_batch_preemptions: int
     interactive_program_pauses: int
+    # ranks reserved for interactive now (``interactive_reserved_ranks``, docs/priority.md §2)
+    interactive_reserved_ranks: tuple[str, ...] = ()
 
 
 MAX_TENANTS_SHOWN = 100
@@ -369,6 +372,7 @@ def priority_snapshot(state: SchedulerState, now: float) -> PrioritySnapshot:
         interactive_rejected=st.rejected_count,
         interactive_batch_preemptions=st.batch_preemptions,
         interactive_program_pauses=st.program_pauses,
+        interactive_reserved_ranks=tuple(sorted({str(t) for pool in st.reserved for t in reserved_ranks(s, pool)})),
     )
 
 

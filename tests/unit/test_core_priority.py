@@ -13,6 +13,7 @@ from actors.core.events import BatchSubmitted, InteractiveSubmitted, RepairTick
 from actors.core.ids import RequestId
 from actors.core.invariants import check
 from actors.core.model import RequestHints
+from actors.core.snapshot import priority_snapshot
 
 BATCH = BatchJobsConfig(enabled=True, guaranteed_kv_share=0.0)
 
@@ -587,6 +588,7 @@ def test_a_reserved_rank_sheds_its_batch_and_takes_the_interactive_request() -> 
     assert [(e.request_id, e.target_id) for e in of(eff, fx.AdmitInteractive)] == [("i1", h.rank(1).target_id)]
     # the preempted requests went to rank 0 in the same step: no headroom cap outside the reservation
     assert (_batch_on(h, 0), _batch_on(h, 1)) == (["b0", "b1", "b2", "b3", "b4"], [])
+    assert priority_snapshot(h.state, h.now).interactive_reserved_ranks == (str(h.rank(1).target_id),)
     assert check(h.state, h.cfg) == []
 
 
@@ -605,6 +607,7 @@ def test_a_reserved_rank_takes_no_batch_until_the_window_has_passed() -> None:
     h.feed(RepairTick(), 5.5)
     h.feed(BatchSubmitted(RequestId("b4"), "job", 100, max_tokens=10), 5.5)
     assert _batch_on(h, 0) == ["b4"]  # the window passed: the rank is batch's again
+    assert priority_snapshot(h.state, h.now).interactive_reserved_ranks == ()
     # the next interactive arrival opens a new window and reserves the rank with the least batch
     interactive(h, "i2", 100, max_tokens=10, at=6.0)
     assert h.state.interactive.reserved["default"] == (h.rank(0).target_id,)
