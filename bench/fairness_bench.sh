@@ -16,12 +16,16 @@
 #                       native consistent-hash path), engines fcfs
 #            agentd     configs/quickstart.toml's scheduling: Program scheduling, [batch_jobs] on,
 #                       [priority] interactive_scheduling = true,
-#                       batch_max_running_near_interactive = 2, tenant_pause_share = true (fair
+#                       batch_max_running_near_interactive = 2 and interactive_reserved_ranks = 1
+#                       (headroom for interactive, one rank kept free of batch while interactive
+#                       traffic is recent), tenant_pause_share = true (fair
 #                       share between tenants), heavy_tenant_max_active_per_rank = 0 and
 #                       tenant_isolation_tool_call_seconds = 10 (isolating light tenants, through
 #                       their tool calls), long_prefill_seconds = 2 (one long prefill at a time
 #                       per rank), the default class bands (interactive > agent >
 #                       batch) and VTC; engines fcfs
+#            agentd-cap agentd without interactive_reserved_ranks (the headroom cap on every
+#                       rank, as before session 23); interactive under batch only
 #            agentd-pe  agentd with the engines in vLLM's priority mode
 #                       ([embedded] scheduling_policy = "priority": agentd forwards priorities);
 #                       interactive under batch only (the noisy-neighbour trace has no priorities,
@@ -49,9 +53,9 @@ RANKS=$((WORKERS * 2))
 mkdir -p "$OUT/configs"
 start=$(date +%s)
 
-# config NAME FAIR(0|1) ENGINE_POLICY
+# config NAME FAIR(0|1) ENGINE_POLICY [RESERVED_RANKS]
 config() {
-  local name=$1 fair=$2 policy=$3
+  local name=$1 fair=$2 policy=$3 reserved=${4:-1}
   {
     [ "$fair" = 1 ] && echo "enable_program_scheduling = true"
     cat <<EOF
@@ -84,6 +88,7 @@ enabled = true
 [priority]
 interactive_scheduling = true
 batch_max_running_near_interactive = 2
+interactive_reserved_ranks = $reserved
 tenant_pause_share = true
 heavy_tenant_max_active_per_rank = 0
 tenant_isolation_tool_call_seconds = 10
@@ -106,10 +111,11 @@ simulate() {  # DIR SYSTEM RUN TRACE
 }
 
 systems_of() {  # KIND
-  if [ "$1" = flood ]; then echo "native agentd"; else echo "native agentd agentd-pe"; fi
+  if [ "$1" = flood ]; then echo "native agentd"; else echo "native agentd agentd-cap agentd-pe"; fi
 }
 config native 0 fcfs
 config agentd 1 fcfs
+config agentd-cap 1 fcfs 0
 config agentd-pe 1 priority
 
 summary=()
