@@ -654,3 +654,25 @@ def test_without_reserved_ranks_both_ranks_keep_the_headroom_cap() -> None:
 def test_interactive_reserved_ranks_rule_names_the_field() -> None:
     got = problems(PriorityConfig(interactive_reserved_ranks=-1), "priority")
     assert [line.split(":")[0] for line in got] == ["priority.interactive_reserved_ranks"]
+
+
+def test_a_reserved_rank_that_leaves_the_pool_is_replaced_at_the_next_arrival() -> None:
+    from core_support import POOL, targets
+
+    from actors.core.events import TargetsChanged
+
+    h = Harness(token_capacity_per_dp_rank=100_000, n_targets=3, batch=BATCH, priority=RESERVING)
+    interactive(h, "i1", 100, max_tokens=10, at=0.0)
+    assert h.state.interactive.reserved[POOL] == (h.rank(0).target_id,)
+    h.feed(TargetsChanged(POOL, targets(3)[1:]), 0.5)  # rank 0 leaves
+    h.feed(BatchSubmitted(RequestId("b0"), "job", 100, max_tokens=10, preemptible=True), 0.6)
+    h.feed(BatchSubmitted(RequestId("b1"), "job", 100, max_tokens=10, preemptible=True), 0.7)
+    # no rank of the pool is reserved until the next arrival: batch takes both remaining ranks
+    assert priority_snapshot(h.state, h.now).interactive_reserved_ranks == ()
+    assert (_batch_on(h, 1), _batch_on(h, 2)) == (["b0"], ["b1"])
+    eff = interactive(h, "i2", 100, max_tokens=10, at=1.0)
+    # the window is still open: the reservation is topped up (a tie on batch: the lowest index)
+    assert h.state.interactive.reserved[POOL] == (h.rank(1).target_id,)
+    assert [e.request_id for e in of(eff, fx.PreemptBatch)] == ["b0"]
+    assert [e.target_id for e in of(eff, fx.AdmitInteractive)] == [h.rank(1).target_id]
+    assert check(h.state, h.cfg) == []
