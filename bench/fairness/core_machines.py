@@ -183,11 +183,11 @@ class ClassesMachine(RuleBasedStateMachine):
         self.timers: dict[tuple[Any, str], tuple[float, int]] = {}
         self.requests: dict[str, Tracked] = {}
         self.n = 0
+        self.interactive_at: float | None = None  # the latest interactive submission
         self.rent: dict[str, float] = {}
         self.held: dict[str, float] = {}
         self.rent_at = 0.0
         self.forced: set[Any] = set()  # Programs whose current admission was a forced resume
-        self.interactive_at: float | None = None  # the latest interactive submission
 
     @initialize()
     def targets(self) -> None:
