@@ -7,6 +7,7 @@ resident set from ``/proc`` (Linux).
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -86,3 +87,93 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))
     return ordered[index]
+
+
+# ----------------------------------------------------------------------------- per-process accounting
+# What a multi-process daemon's benchmark needs to show where its CPU and its connections went
+# (docs/benchmarks.md §10.3): every process of a tree with its role, its CPU, and which of the
+# load generator's connections it serves.  Linux /proc only.
+
+
+def tree_pids(pid: int) -> list[int]:
+    """``pid`` and its live descendants, parents first."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop(0)
+        try:
+            children: list[int] = []
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children", encoding="ascii") as fh:
+                    children.extend(int(c) for c in fh.read().split())
+        except OSError:
+            continue  # exited meanwhile
+        out.append(p)
+        todo.extend(children)
+    return out
+
+
+def process_cpu(pid: int) -> float | None:
+    """User + system CPU seconds of one process; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_role(pid: int) -> str:
+    """``relay`` for an agentd relay process, else ``main`` (the process that was started)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except OSError:
+        return "gone"
+    return "relay" if b"daemon.dataplane.relay_main" in argv else "main"
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    inodes: set[int] = set()
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return inodes
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def _tcp_sockets() -> dict[int, tuple[int, int]]:
+    """inode -> (local port, remote port) of every TCP socket in this network namespace."""
+    out: dict[int, tuple[int, int]] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as fh:
+                lines = fh.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, remote, inode = fields[1], fields[2], int(fields[9])
+            if inode:
+                out[inode] = (int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16))
+    return out
+
+
+def connection_owners(pids: list[int], server_port: int) -> dict[int, int]:
+    """client port -> pid of the process holding the server end of that connection to ``server_port``
+    (a connection held by several processes, e.g. across a fork, is attributed to the first)."""
+    sockets = _tcp_sockets()
+    owners: dict[int, int] = {}
+    for pid in pids:
+        for inode in _socket_inodes(pid):
+            ports = sockets.get(inode)
+            if ports is not None and ports[0] == server_port and ports[1] != 0:
+                owners.setdefault(ports[1], pid)
+    return owners

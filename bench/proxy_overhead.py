@@ -24,11 +24,15 @@ non-ASCII text, JSON-encoded the way httpx sends it (compact, UTF-8).  ``--ident
 Cells, for each body size and identity mode: p50/p99 latency at concurrency 1 (added = minus the
 direct path with the same bodies), requests/s at concurrency ``--concurrency`` (closed loop, one
 connection per virtual user) and the proxy's CPU per request during that run (user + system, the
-whole process tree, so ``--processes 2`` counts every relay process).
+whole process tree, so ``--processes 2`` counts every relay process).  For every c=N run the
+bench also prints where the CPU and the connections went (``bench/procs.py``, Linux ``/proc``):
+each proxy process's CPU share (1.00 = one core), the load generator's connections it holds and
+its share of the requests, and the fake worker's and the load generator's own CPU shares, so an
+uneven spread over relay processes or a saturated load generator shows in the output.
 
 ``--processes N[,M...]`` runs one agentd column per N with ``[server] data_plane_processes = N``
 (docs/operations.md §13); an agentd without that setting runs only N = 1 and any other N exits 2
-naming the option.
+naming the option. Cells are measured once every relay process accepts connections.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +62,10 @@ from bench.harness import (
     request_path,
     spawn_module,
     stop_all,
-    tree_cpu_seconds,
     wait_listening,
 )
 from bench.output import write_atomic
+from bench.procs import connection_owners, process_cpu, process_role, tree_pids
 
 MODULE = "bench.proxy_overhead"  # re-run as the fake worker and the naive proxy
 REPLY = json.dumps(
@@ -325,10 +329,9 @@ async def latency_run(port: int, seconds: float, body: bytes) -> list[float]:
     return samples
 
 
-async def throughput_run(
-    port: int, seconds: float, bodies: list[bytes], cpu: Callable[[], float]
-) -> tuple[float, float]:
-    """(requests/s, proxy CPU seconds per request) of a closed loop, one connection per body."""
+async def throughput_run(port: int, seconds: float, bodies: list[bytes], pid: int, worker_pid: int) -> dict[str, Any]:
+    """A closed loop, one connection per body: requests/s, the proxy's CPU per request (its whole
+    process tree) and where the CPU and the connections went (:func:`breakdown`)."""
     conns = [await connect(port, body) for body in bodies]
     counts = [0] * len(conns)
     end = 0.0
@@ -342,19 +345,62 @@ async def throughput_run(
     async with trio.open_nursery() as nursery:
         for i in range(len(conns)):
             nursery.start_soon(user, i)
+    pids = tree_pids(pid)
+    owners = connection_owners(pids, port)  # every connection has been accepted by now
     counts = [0] * len(conns)
-    cpu_before = cpu()
+    cpu_before = {p: process_cpu(p) for p in [*pids, worker_pid]}
+    self_before = os.times()
     start = time.perf_counter()
     end = start + seconds
     async with trio.open_nursery() as nursery:
         for i in range(len(conns)):
             nursery.start_soon(user, i)
     elapsed = time.perf_counter() - start
-    cpu_used = cpu() - cpu_before
+    self_after = os.times()
+    cpu_after = {p: process_cpu(p) for p in cpu_before}
+    cpu = {p: (cpu_after[p] or 0.0) - (cpu_before[p] or 0.0) for p in cpu_before}
+    client_ports = [conn.stream.socket.getsockname()[1] for conn in conns]
     for conn in conns:
         await conn.stream.aclose()
     done = sum(counts)
-    return done / elapsed, cpu_used / max(1, done)
+    processes = []
+    for p in pids:
+        mine = [i for i, cport in enumerate(client_ports) if owners.get(cport) == p]
+        processes.append(
+            {
+                "pid": p,
+                "role": process_role(p),
+                "cpu_share": cpu[p] / elapsed,
+                "connections": len(mine),
+                "requests": sum(counts[i] for i in mine),
+            }
+        )
+    loadgen = (self_after.user + self_after.system - self_before.user - self_before.system) / elapsed
+    return {
+        "rps": done / elapsed,
+        "cpu_s_per_request": sum(cpu[p] for p in pids) / max(1, done),
+        "processes": processes,
+        "worker_cpu_share": cpu[worker_pid] / elapsed,
+        "loadgen_cpu_share": loadgen,
+        "unattributed_connections": sum(1 for cport in client_ports if cport not in owners),
+    }
+
+
+def breakdown(run: dict[str, Any]) -> str:
+    """One line: each proxy process's CPU share (1.0 = one core), connections and share of the
+    requests, then the fake worker's and the load generator's CPU share."""
+    total = max(1, sum(p["requests"] for p in run["processes"]))
+    parts = []
+    for p in run["processes"]:
+        text = f"{p['role']} {p['cpu_share']:.2f} cpu"
+        if p["connections"]:
+            text += f" {p['connections']} conn {p['requests'] / total:.0%} req"
+        parts.append(text)
+    parts.append(f"worker {run['worker_cpu_share']:.2f} cpu")
+    parts.append(f"loadgen {run['loadgen_cpu_share']:.2f} cpu")
+    if run["unattributed_connections"]:
+        parts.append(f"{run['unattributed_connections']} conn unattributed")
+    return " | ".join(parts)
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -404,6 +450,22 @@ def wait_serving(port: int, proc: subprocess.Popen[bytes], what: str, body: byte
             time.sleep(0.2)
 
 
+def wait_relays(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
+    """With relay processes, until every relay accepts connections (the public port listens from
+    the moment the scheduler process binds it, relays boot after that: a cell measured before the
+    last one accepts would run on fewer processes)."""
+    deadline = time.monotonic() + 120
+    while True:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/scheduling/diagnostics", timeout=30) as response:
+            plane = json.load(response).get("data_plane")
+        relays = [] if plane is None else plane["relays"]
+        if all(relay.get("accepting", relay["alive"]) for relay in relays):
+            return
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"{what}: not every relay process accepts connections: {relays}")
+        time.sleep(0.2)
+
+
 async def _one_request(port: int, body: bytes) -> None:
     conn = await connect(port, body)
     try:
@@ -432,23 +494,36 @@ def _modes(text: str) -> list[str]:
 
 
 def measure(
-    name: str, port: int, pid: int, seconds: float, concurrency: int, body1: bytes, bodies: list[bytes]
-) -> dict[str, float]:
+    name: str,
+    port: int,
+    pid: int,
+    worker_pid: int,
+    seconds: float,
+    concurrency: int,
+    body1: bytes,
+    bodies: list[bytes],
+) -> dict[str, Any]:
     samples = trio.run(latency_run, port, seconds, body1)
-    rps, cpu_s = trio.run(throughput_run, port, seconds, bodies, lambda: tree_cpu_seconds(pid))
-    result = {
+    run = trio.run(throughput_run, port, seconds, bodies, pid, worker_pid)
+    rps, cpu_s = run["rps"], run["cpu_s_per_request"]
+    result: dict[str, Any] = {
         "c1_requests": len(samples),
         "c1_p50_ms": percentile(samples, 0.50) * 1000,
         "c1_p99_ms": percentile(samples, 0.99) * 1000,
         "c1_mean_ms": statistics.fmean(samples) * 1000,
         f"c{concurrency}_rps": rps,
         "cpu_us_per_request": cpu_s * 1e6,
+        f"c{concurrency}_processes": run["processes"],
+        f"c{concurrency}_worker_cpu_share": run["worker_cpu_share"],
+        f"c{concurrency}_loadgen_cpu_share": run["loadgen_cpu_share"],
+        f"c{concurrency}_unattributed_connections": run["unattributed_connections"],
     }
     print(
         f"  {name:14} c=1 p50 {result['c1_p50_ms']:7.3f} ms  p99 {result['c1_p99_ms']:7.3f} ms   "
         f"c={concurrency} {rps:7.0f} req/s   CPU {result['cpu_us_per_request']:6.0f} us/req",
         flush=True,
     )
+    print(f"  {'':14} c={concurrency} " + breakdown(run), flush=True)
     return result
 
 
@@ -504,7 +579,7 @@ def main() -> int:
     systems = [f"agentd N={n}" if args.processes != [1] else "agentd" for n in args.processes]
     if router is not None:
         systems.append("vllm-router")
-    results: dict[str, dict[str, dict[str, dict[str, float]]]] = {}  # mode -> kb -> system -> cell
+    results: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}  # mode -> kb -> system -> cell
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="proxy-overhead-") as tmp:
         try:
@@ -543,6 +618,8 @@ def main() -> int:
                 first = bodies[args.bodies[0]][0]
                 for system, (port, proc) in ports.items():
                     wait_serving(port, proc, system, first)
+                    if system.startswith("agentd") and system != "agentd N=1":
+                        wait_relays(port, proc, system)
                 naive = None
                 if args.naive and mode == "free":
                     naive_port = free_port()
@@ -555,11 +632,27 @@ def main() -> int:
                 results[mode] = {}
                 for kb in args.bodies:
                     print(f"identity {mode}, body {kb} KiB ({len(bodies[kb][0]):,} bytes):", flush=True)
-                    cells = {"direct": measure("direct", worker_port, worker.pid, args.seconds, args.concurrency,
-                                               bodies[kb][0], bodies[kb])}  # fmt: skip
+                    direct = measure(
+                        "direct",
+                        worker_port,
+                        worker.pid,
+                        worker.pid,
+                        args.seconds,
+                        args.concurrency,
+                        bodies[kb][0],
+                        bodies[kb],
+                    )
+                    cells = {"direct": direct}
                     for system, (port, proc) in ports.items():
                         cells[system] = measure(
-                            system, port, proc.pid, args.seconds, args.concurrency, bodies[kb][0], bodies[kb]
+                            system,
+                            port,
+                            proc.pid,
+                            worker.pid,
+                            args.seconds,
+                            args.concurrency,
+                            bodies[kb][0],
+                            bodies[kb],
                         )
                     for system, cell in cells.items():
                         if system != "direct":
@@ -596,7 +689,7 @@ def main() -> int:
 
 
 def report(
-    results: dict[str, dict[str, dict[str, dict[str, float]]]],
+    results: dict[str, dict[str, dict[str, dict[str, Any]]]],
     args: argparse.Namespace,
     systems: list[str],
     has_router: bool,
@@ -635,6 +728,18 @@ def report(
                 print(line)
     print("(added = c=1 latency minus the direct path with the same bodies; CPU = the proxy's process tree,")
     print(" the worker's for 'direct'; 'vs vr' = agentd / vllm-router in this run)")
+    print(f"where the CPU went at c={c} (1.00 = one core; each proxy process: CPU, connections, share of requests):")
+    for mode, by_kb in results.items():
+        for kb, cells in by_kb.items():
+            for system, cell in cells.items():
+                if system != "direct" and f"c{c}_processes" in cell:
+                    run = {
+                        "processes": cell[f"c{c}_processes"],
+                        "worker_cpu_share": cell[f"c{c}_worker_cpu_share"],
+                        "loadgen_cpu_share": cell[f"c{c}_loadgen_cpu_share"],
+                        "unattributed_connections": cell[f"c{c}_unattributed_connections"],
+                    }
+                    print(f"  {mode:8} {kb + ' KB':>6} {system:14} {breakdown(run)}")
     for mode, by_kb in results.items():
         kbs = list(by_kb)
         if len(kbs) < 2:
