@@ -36,6 +36,7 @@ from hypercorn.utils import repr_socket_addr
 
 from actors.logevents import get_logger, log_event
 from daemon.config import AgentdConfig
+from daemon.dataplane.balance import NOT_ACCEPTING, AcceptBoard
 from daemon.dataplane.link import Link
 from daemon.dataplane.scheduler_side import DataPlaneHub, RelayConnection
 from daemon.http.serve import ACCEPT_BACKLOG, bind_address, hypercorn_config
@@ -45,6 +46,7 @@ RESTART_INITIAL_SECONDS = 0.5
 RESTART_MAX_SECONDS = 10.0
 RESTART_RESET_AFTER_SECONDS = 30.0
 READY_TIMEOUT_SECONDS = 60.0
+READY_POLL_SECONDS = 0.01
 KILL_MARGIN_SECONDS = 5.0
 
 
@@ -67,6 +69,8 @@ class RelaySpec:
     control_fd: int
     listen_fd: int
     scheduler_url: str  # the scheduler process's internal listener (every non-proxy route)
+    board_fd: int  # the AcceptBoard every relay maps (daemon/dataplane/balance.py)
+    processes: int  # its slots, one per relay
 
 
 @attrs.define(eq=False)
@@ -106,6 +110,7 @@ class DataPlane:
         self.sock = sock
         self.public_url = public_url
         self.slots = [RelaySlot(i) for i in range(processes)]
+        self.board = AcceptBoard.create(processes)  # open connections per relay, shared with them
         self.scheduler_url: str | None = None
         self.stopping = False
 
@@ -113,6 +118,7 @@ class DataPlane:
         """The ``data_plane`` section of ``/scheduling/diagnostics``."""
         now = trio.current_time()
         relays = []
+        counts = self.board.counts()
         for slot in self.slots:
             conn = slot.connection
             relays.append(
@@ -124,6 +130,8 @@ class DataPlane:
                     "restarts_count": slot.restarts_count,
                     "last_exit": slot.last_exit,
                     "uptime_seconds": None if slot.started_at is None else now - slot.started_at,
+                    "accepting": counts[slot.index] != NOT_ACCEPTING,
+                    "open_connections": max(0, counts[slot.index]),
                     **(conn.document() if conn is not None else {"open_leases": 0}),
                 }
             )
@@ -154,6 +162,7 @@ class DataPlane:
                 nursery.cancel_scope.cancel()
         finally:
             self.sock.close()
+            self.board.close()
 
     async def _stop_on(self, shutdown: trio.Event) -> None:
         await shutdown.wait()
@@ -167,11 +176,19 @@ class DataPlane:
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             assert self.scheduler_url is not None
-            spec = RelaySpec(self.cfg, slot.index, child_end.fileno(), self.sock.fileno(), self.scheduler_url)
+            spec = RelaySpec(
+                self.cfg,
+                slot.index,
+                child_end.fileno(),
+                self.sock.fileno(),
+                self.scheduler_url,
+                self.board.fd,
+                self.processes,
+            )
             proc = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "daemon.dataplane.relay_main"],
                 stdin=subprocess.PIPE,
-                pass_fds=(child_end.fileno(), self.sock.fileno()),
+                pass_fds=(child_end.fileno(), self.sock.fileno(), self.board.fd),
             )
         finally:
             child_end.close()
@@ -202,6 +219,7 @@ class DataPlane:
             finally:
                 with trio.CancelScope(shield=True):
                     await self._reap(proc, conn)
+                self.board.set(slot.index, NOT_ACCEPTING)  # the others stop leaving connections to it
                 self.hub.disconnect(conn)
             lived = trio.current_time() - slot.started_at
             slot.last_exit = _exit_text(proc.returncode)
@@ -226,6 +244,7 @@ class DataPlane:
             backoff = min(backoff * 2, RESTART_MAX_SECONDS)
 
     async def _wait_ready(self, conn: RelayConnection, proc: trio.Process, slot: RelaySlot) -> None:
+        accepting = False
         async with trio.open_nursery() as race:
 
             async def exited() -> None:
@@ -235,8 +254,14 @@ class DataPlane:
             race.start_soon(exited)
             with trio.move_on_after(READY_TIMEOUT_SECONDS):
                 await conn.hello.wait()
+                # ready = accepting: the relay marks its slot of the board at its first accept() call,
+                # after its first snapshot and its server's start-up (the daemon's "listening" banner
+                # then means every relay takes connections, so none is missed by a burst of connects)
+                while self.board.get(slot.index) == NOT_ACCEPTING:
+                    await trio.sleep(READY_POLL_SECONDS)
+                accepting = True
             race.cancel_scope.cancel()
-        if not conn.hello.is_set():
+        if not accepting:
             raise RuntimeError(
                 f"relay process {slot.index} (pid {proc.pid}) did not start: {_exit_text(proc.returncode)}"
             )

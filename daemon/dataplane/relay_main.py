@@ -29,6 +29,7 @@ from prometheus_client import generate_latest
 from actors.fairness_metrics import FairnessBook, FairnessGaugeCollector, FairnessMetrics, TenantLabels
 from actors.logevents import get_logger, log_event
 from daemon.config import AgentdConfig
+from daemon.dataplane.balance import AcceptBoard, BalancedListener
 from daemon.dataplane.link import Link
 from daemon.dataplane.processes import RelaySpec
 from daemon.dataplane.relay import (
@@ -155,7 +156,9 @@ async def run_relay(spec: RelaySpec) -> None:
     cfg = spec.config
     control = trio.SocketStream(trio.socket.from_stdlib_socket(socket.socket(fileno=spec.control_fd)))
     link = Link(control)
-    listen = socket.socket(fileno=spec.listen_fd)
+    listener = BalancedListener(
+        socket.socket(fileno=spec.listen_fd), AcceptBoard(spec.board_fd, spec.processes), spec.index
+    )
     targets = cfg.targets()
     models = ModelDirectory(targets, cfg.routing.served_models)
     view = SnapshotView(targets, models)
@@ -198,9 +201,10 @@ async def run_relay(spec: RelaySpec) -> None:
                         max_connections=limits.max_connections,
                         client_write_timeout_seconds=limits.client_write_timeout_seconds,
                         retry_after_seconds=limits.retry_after_seconds,
+                        connection_ended=listener.connection_closed,
                     ),
                     hard_grace_seconds=grace + DRAIN_ANSWER_SECONDS,
-                    sock=listen,
+                    listener=listener,
                 ),
                 app,
                 cfg.server.host,

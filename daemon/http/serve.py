@@ -81,6 +81,8 @@ class ServerState:
     rejected_connections: int = 0
     write_timeouts: int = 0
     hard_deadline: float = math.inf  # set when the drain starts: no write outlives it
+    # called once per accepted connection when it ends (a relay's BalancedListener counts its own)
+    connection_ended: Callable[[], None] | None = None
 
 
 class WriteTimeoutStream(trio.abc.HalfCloseableStream):
@@ -208,6 +210,7 @@ async def serve_http(
     state: ServerState | None = None,
     hard_grace_seconds: float | None = None,
     sock: socket.socket | None = None,
+    listener: Any = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` until ``shutdown_trigger`` returns, then drain (see the module doc).
@@ -215,7 +218,9 @@ async def serve_http(
     ``hard_grace_seconds`` (default ``grace_seconds``) bounds how long open connections may live
     after the trigger.  ``sock``: accept on this listening socket (a relay process's inherited
     public socket, docs/operations.md §13) instead of binding ``host:port``; it is closed at the
-    drain like a socket of our own."""
+    drain like a socket of our own.  ``listener``: accept through this Trio listener instead (a relay
+    process's :class:`~daemon.dataplane.balance.BalancedListener` over that socket, which has a
+    ``socket`` attribute); closed at the drain too."""
     state = state if state is not None else ServerState()
     hard = grace_seconds if hard_grace_seconds is None else hard_grace_seconds
     config = hypercorn_config(host, port, hard)
@@ -227,9 +232,14 @@ async def serve_http(
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
         async with trio.open_nursery() as connections:
-            listeners = []
+            listeners: list[Any] = []
             binds = []
-            for one in [sock] if sock is not None else config.create_sockets().insecure_sockets:
+            if listener is not None:
+                listeners.append(listener)
+                binds.append(f"http://{repr_socket_addr(listener.socket.family, listener.socket.getsockname())}")
+            for one in (
+                [] if listener is not None else [sock] if sock is not None else config.create_sockets().insecure_sockets
+            ):
                 one.listen(config.backlog)
                 listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(one)))
                 binds.append(f"http://{repr_socket_addr(one.family, one.getsockname())}")
@@ -251,9 +261,20 @@ async def serve_http(
                     streams.discard(wrapped)
                     state.open_connections -= 1
 
+            async def handle_counted(stream: trio.SocketStream) -> None:
+                try:
+                    await handle(stream)
+                finally:
+                    assert state.connection_ended is not None
+                    state.connection_ended()
+
+            handler = handle if state.connection_ended is None else handle_counted
+
             async with trio.open_nursery() as accepting:
                 for listener in listeners:
-                    accepting.start_soon(partial(trio.serve_listeners, handle, [listener], handler_nursery=connections))
+                    accepting.start_soon(
+                        partial(trio.serve_listeners, handler, [listener], handler_nursery=connections)
+                    )
                 task_status.started(binds[0])
                 await shutdown_trigger()
                 accepting.cancel_scope.cancel()

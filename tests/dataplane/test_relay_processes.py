@@ -134,6 +134,21 @@ async def test_two_relays_serve_programs_survive_a_sigkill_and_drain() -> None:
                     await trio.sleep(0.05)
             assert counted == 12
 
+            # keep-alive connections are spread evenly over the relays (docs/operations.md §13.1):
+            # once the fresh connections above are closed, only `client`'s remains; three more,
+            # opened one at a time, make two per relay
+            await _diagnostics_once(
+                client, lambda d: sum(r["open_connections"] for r in d["data_plane"]["relays"]) == 1
+            )
+            held = [httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) for _ in range(3)]
+            for i, one in enumerate(held):
+                response = await one.post("/v1/chat/completions", json=_program(CHAT, f"kept{i}"))
+                assert response.status_code == 200, response.text
+            doc = await _diagnostics(client)
+            assert [(r["accepting"], r["open_connections"]) for r in doc["data_plane"]["relays"]] == [(True, 2)] * 2
+            for one in held:
+                await one.aclose()
+
             # a stream stalls in the worker; its relay is SIGKILLed mid-stream
             worker.script.append(Act(kind="stall", after=2))
             got_events = trio.Event()
@@ -189,9 +204,9 @@ async def test_two_relays_serve_programs_survive_a_sigkill_and_drain() -> None:
                     again = await fresh.post("/v1/chat/completions", json=_program(CHAT, f"after{i}"))
                     assert again.status_code == 200, again.text
             doc = await _diagnostics_once(
-                client, lambda d: d["dispatcher"]["completed_count"] >= 18 and d["data_plane"]["open_leases"] == 0
+                client, lambda d: d["dispatcher"]["completed_count"] >= 21 and d["data_plane"]["open_leases"] == 0
             )
-            assert doc["dispatcher"]["completed_count"] == 18
+            assert doc["dispatcher"]["completed_count"] == 21
             assert doc["data_plane"]["open_leases"] == 0
 
             # graceful shutdown with a stream in flight: its relay finishes it, the completion
@@ -223,7 +238,7 @@ async def test_two_relays_serve_programs_survive_a_sigkill_and_drain() -> None:
         assert not any(_alive(pid) for pid in pids)
         assert [slot.last_exit for slot in plane.slots] == ["exit status 0", "exit status 0"]
         counters = handles.program_dispatcher.counters
-        assert (counters.completed_count, counters.abandoned_count, counters.open_leases()) == (19, 1, 0)
+        assert (counters.completed_count, counters.abandoned_count, counters.open_leases()) == (22, 1, 0)
         nursery.cancel_scope.cancel()
 
 
