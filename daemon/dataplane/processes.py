@@ -257,7 +257,7 @@ class DataPlane:
                 # ready = accepting: the relay marks its slot of the board at its first accept() call,
                 # after its first snapshot and its server's start-up (the daemon's "listening" banner
                 # then means every relay takes connections, so none is missed by a burst of connects)
-                while self.board.get(slot.index) == NOT_ACCEPTING:
+                while self.board.get(slot.index) == NOT_ACCEPTING:  # noqa: ASYNC110 (another process writes it)
                     await trio.sleep(READY_POLL_SECONDS)
                 accepting = True
             race.cancel_scope.cancel()
