@@ -29,7 +29,7 @@ import mmap
 import os
 import select
 import socket
-from typing import Any
+import tempfile
 
 import trio
 
@@ -52,7 +52,11 @@ class AcceptBoard:
     def create(cls, slots: int) -> AcceptBoard:
         """A new table (in the scheduler process), every slot :data:`NOT_ACCEPTING`; its ``fd`` is
         passed to each relay process (not inheritable by anything else)."""
-        fd = os.memfd_create("agentd-accept-board", os.MFD_CLOEXEC)
+        if hasattr(os, "memfd_create"):
+            fd = os.memfd_create("agentd-accept-board", os.MFD_CLOEXEC)
+        else:  # (not Linux) an unlinked temporary file serves the same purpose
+            with tempfile.TemporaryFile() as fh:
+                fd = os.dup(fh.fileno())
         os.ftruncate(fd, slots * SLOT_BYTES)
         board = cls(fd, slots)
         for i in range(slots):
@@ -155,10 +159,3 @@ class BalancedListener(trio.abc.Listener[trio.SocketStream]):
             trio.lowlevel.notify_closing(self.socket)
             self.socket.close()
         await trio.lowlevel.checkpoint()
-
-    def document(self) -> dict[str, Any]:
-        return {
-            "open_connections": self.open_connections,
-            "deferred_count": self.deferred_count,
-            "fallback_count": self.fallback_count,
-        }
