@@ -25,6 +25,7 @@ restarting) it accepts at once.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import select
@@ -33,6 +34,27 @@ import tempfile
 
 import trio
 
+# accept(2) reports errors of the connection being accepted (reset or aborted before the accept,
+# refused by a firewall, a network error pending on it): that connection is gone, the next one is
+# accepted as usual.  Anything else (EMFILE and the like) goes to trio.serve_listeners.
+CONNECTION_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in (
+        "ECONNABORTED",
+        "ECONNRESET",
+        "EPERM",
+        "EPROTO",
+        "ETIMEDOUT",
+        "ENETDOWN",
+        "ENETUNREACH",
+        "EHOSTDOWN",
+        "EHOSTUNREACH",
+        "ENONET",
+        "ENOPROTOOPT",
+        "EOPNOTSUPP",
+    )
+    if hasattr(errno, name)
+)
 NOT_ACCEPTING = -1
 SLOT_BYTES = 4  # a signed 32-bit count: one aligned machine word, written and read whole
 DEFER_POLL_SECONDS = 0.001
@@ -141,8 +163,10 @@ class BalancedListener(trio.abc.Listener[trio.SocketStream]):
             except BlockingIOError:  # another relay took it
                 continue
             except OSError as exc:
-                if self._closed:
+                if self._closed or exc.errno == errno.EBADF:
                     raise trio.ClosedResourceError("the listener was closed") from exc
+                if exc.errno in CONNECTION_ERRNOS:
+                    continue
                 raise  # trio.serve_listeners backs off on EMFILE and the like
             self.open_connections += 1
             self._publish()

@@ -7,7 +7,9 @@ on one :class:`AcceptBoard`.  A loopback connect is queued on the listening sock
 
 from __future__ import annotations
 
+import errno
 import socket
+from typing import Any
 
 import pytest
 import trio
@@ -172,4 +174,35 @@ async def test_one_listener_without_a_board_accepts_at_once(autojump_clock: trio
     await stream.send_all(b"x")
     assert await client.receive_some(1) == b"x"
     for one in (stream, client, listener):
+        await one.aclose()
+
+
+class _AbortsFirst(socket.socket):
+    """A listening socket whose first accepted connection was reset before accept() returned it
+    (what accept(2) reports as ECONNABORTED)."""
+
+    aborted = False
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        if not self.aborted:
+            self.aborted = True
+            conn, _ = super().accept()
+            conn.close()
+            raise ConnectionAbortedError(errno.ECONNABORTED, "connection aborted")
+        return super().accept()
+
+
+async def test_a_connection_aborted_before_accept_is_skipped(autojump_clock: trio.testing.MockClock) -> None:
+    sock = _AbortsFirst()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    listener = BalancedListener(sock, None, 0)
+    port = sock.getsockname()[1]
+    gone = await trio.open_tcp_stream("127.0.0.1", port)
+    kept = await trio.open_tcp_stream("127.0.0.1", port)
+    stream = await listener.accept()  # the aborted one is skipped, the listener keeps accepting
+    assert listener.open_connections == 1
+    await kept.send_all(b"y")
+    assert await stream.receive_some(1) == b"y"
+    for one in (stream, gone, kept, listener):
         await one.aclose()
