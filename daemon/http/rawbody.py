@@ -14,17 +14,28 @@ object, another encoding than UTF-8, invalid JSON of any kind) it defers to ``js
 every invalid body raises exactly the error it raised before.  :meth:`Layout.rebuild` returns None
 when a raw edit is not possible (a top-level key given twice): the caller re-encodes the decoded
 body then and counts the fallback.
+
+Large bodies skip the UTF-8 decode of the whole body (docs/operations.md §13.6): unless the body
+holds a ``\\u`` escape next to non-ASCII bytes, the C scanner runs over the body's bytes read as
+Latin-1 (one character per byte, a copy at memory speed, and scanning one-byte characters is
+cheaper than the two-byte text an emoji or a CJK word makes of the whole body).  JSON's syntax is
+ASCII, so this finds the same structure, numbers and escapes, and character offsets are byte
+offsets; a string that holds non-ASCII bytes comes out as those bytes, one character each, and
+:func:`fix_and_check_depth` decodes just those strings as UTF-8 (surrogates passed, as
+``json.loads`` does) while it checks the nesting depth, which the caller needs anyway.  A string
+that is not valid UTF-8 sends the body to ``json.loads``, which raises its own error.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Mapping
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any, Final
 
-__all__ = ["DELETE", "MIN_LAYOUT_BYTES", "Layout", "parse_object"]
+__all__ = ["DELETE", "MIN_LAYOUT_BYTES", "Layout", "TooDeep", "fix_and_check_depth", "parse_object"]
 
 # Below this size a body is decoded by json.loads alone and re-encoded when edited: the layout's
 # bookkeeping (a few microseconds) costs more than re-encoding a body that small.
@@ -33,6 +44,9 @@ MIN_LAYOUT_BYTES = 2048
 _DECODER = json.JSONDecoder()
 _SCAN = _DECODER.scan_once  # type: ignore[attr-defined]  # the C scanner json.loads runs
 _WS = re.compile(r"[ \t\n\r]*")
+# any \u escape: with non-ASCII bytes beside it a Latin-1 scan could not tell the escape's
+# character from raw bytes, so such a body is decoded as UTF-8 first (one search at C speed)
+_U_ESCAPE = re.compile(rb"\\u")
 
 
 class _Delete:
@@ -43,33 +57,46 @@ class _Delete:
 DELETE: Final = _Delete()  # a :meth:`Layout.rebuild` change that removes the member
 
 
+class TooDeep(ValueError):
+    """The body nests arrays/objects deeper than the ``max_depth`` given to :func:`parse_object`."""
+
+
 class _NotHandled(Exception):
     """The member-wise parse does not handle this body: ``json.loads`` decides."""
 
 
 class Layout:
-    """Where the top-level members of one UTF-8 JSON object are, in characters of its text.
+    """Where the top-level members of one UTF-8 JSON object are.
 
-    ``members``: (key, key start, value start, value end) in body order, duplicates included.
+    ``members``: (key, key start, value start, value end) in body order, duplicates included;
+    offsets are bytes of ``raw`` when ``text`` is None (the Latin-1 scan), else characters of
+    ``text`` (the body decoded as UTF-8).
     """
 
     __slots__ = ("_ascii", "duplicates", "members", "raw", "text")
 
-    def __init__(self, raw: bytes, text: str, members: list[tuple[str, int, int, int]], duplicates: bool) -> None:
+    def __init__(
+        self, raw: bytes, text: str | None, members: list[tuple[str, int, int, int]], duplicates: bool
+    ) -> None:
         self.raw = raw
         self.text = text
         self.members = members
         self.duplicates = duplicates
-        self._ascii = text.isascii()
+        self._ascii = text is None or text.isascii()
 
     def _byte(self, index: int) -> int:
-        """The byte offset in ``raw`` of character ``index`` of ``text`` (encoding the shorter side)."""
+        """The byte offset in ``raw`` of offset ``index`` (encoding the shorter side of ``text``)."""
         if self._ascii:
             return index
         text = self.text
+        assert text is not None
         if index <= len(text) - index:
             return len(text[:index].encode("utf-8", "surrogatepass"))
         return len(self.raw) - len(text[index:].encode("utf-8", "surrogatepass"))
+
+    def value_bytes(self, start: int, end: int) -> bytes:
+        """The raw bytes between two offsets of :attr:`members`."""
+        return self.raw[self._byte(start) : self._byte(end)]
 
     def rebuild(self, changes: Mapping[str, Any]) -> bytes | None:
         """The body with each key of ``changes`` set to its value (:data:`DELETE` removes it; a key
@@ -152,18 +179,70 @@ def _members(text: str) -> tuple[dict[str, Any], list[tuple[str, int, int, int]]
     return obj, members, len(obj) != len(members)
 
 
-def parse_object(raw: bytes, min_bytes: int = 0) -> tuple[Any, Layout | None]:
+def _utf8(text: str) -> str:
+    """A string of the Latin-1 scan (one character per byte) as the UTF-8 text it holds."""
+    return text.encode("latin-1").decode("utf-8", "surrogatepass")
+
+
+def fix_and_check_depth(value: Any, limit: int, latin1: bool) -> bool:
+    """Whether ``value`` nests arrays/objects more than ``limit`` levels deep, walking it level by
+    level without recursion; with ``latin1`` also decodes, in place, every non-ASCII string (keys
+    included) that the Latin-1 scan produced (``UnicodeDecodeError`` when one is not UTF-8)."""
+    level = [value] if type(value) is dict or type(value) is list else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        below: list[Any] = []
+        for item in level:
+            if type(item) is dict:
+                if latin1:
+                    if not "".join(item).isascii():  # a non-ASCII key: rebuild the object in order
+                        fixed = {(k if k.isascii() else _utf8(k)): v for k, v in item.items()}
+                        item.clear()
+                        item.update(fixed)
+                    for key in [k for k, v in item.items() if type(v) is str and not v.isascii()]:
+                        item[key] = _utf8(item[key])
+                below += [x for x in item.values() if type(x) is dict or type(x) is list]
+            else:
+                if latin1:
+                    for i in [i for i, v in enumerate(item) if type(v) is str and not v.isascii()]:
+                        item[i] = _utf8(item[i])
+                below += [x for x in item if type(x) is dict or type(x) is list]
+        level = below
+    return False
+
+
+def parse_object(raw: bytes, min_bytes: int = 0, max_depth: int | None = None) -> tuple[Any, Layout | None]:
     """``json.loads(raw)`` and, when it is a UTF-8 JSON object of at least ``min_bytes``, its
     :class:`Layout`.
 
     Raises exactly what ``json.loads(raw)`` raises for a body it refuses (``RecursionError`` for
-    nesting deeper than the interpreter allows included)."""
+    nesting deeper than the interpreter allows included).  With ``max_depth``, a body nesting
+    arrays/objects deeper than that raises :class:`TooDeep` (checked during the walk the Latin-1
+    scan needs anyway, docs/operations.md §13.6)."""
     if len(raw) >= min_bytes and json.detect_encoding(raw) == "utf-8":
         try:
+            ascii_body = raw.isascii()
+            if ascii_body or _U_ESCAPE.search(raw) is None:
+                obj, members, duplicates = _members(raw.decode("latin-1"))
+                if not ascii_body:
+                    members = [(k if k.isascii() else _utf8(k), a, b, c) for k, a, b, c in members]
+                if (max_depth is not None or not ascii_body) and fix_and_check_depth(
+                    obj, max_depth if max_depth is not None else sys.maxsize, not ascii_body
+                ):
+                    raise TooDeep
+                return obj, Layout(raw, None, members, duplicates)
             text = raw.decode("utf-8", "surrogatepass")  # what json.loads does with bytes
             obj, members, duplicates = _members(text)
         except (UnicodeDecodeError, _NotHandled):
             pass
         else:
+            if max_depth is not None and fix_and_check_depth(obj, max_depth, False):
+                raise TooDeep
             return obj, Layout(raw, text, members, duplicates)
-    return json.loads(raw), None
+    obj = json.loads(raw)
+    if max_depth is not None and fix_and_check_depth(obj, max_depth, False):
+        raise TooDeep
+    return obj, None

@@ -36,7 +36,7 @@ from typing import Any
 import attrs
 
 from daemon.http.errors import ApiError
-from daemon.http.rawbody import MIN_LAYOUT_BYTES, Layout, parse_object
+from daemon.http.rawbody import MIN_LAYOUT_BYTES, Layout, TooDeep, parse_object
 
 ENDPOINTS: dict[str, str] = {
     "/v1/chat/completions": "chat",
@@ -135,17 +135,20 @@ def parse_json_body_layout(raw: bytes) -> tuple[dict[str, Any], Layout | None]:
     """The body as a JSON object, and where its top-level members are in ``raw`` (None when the
     raw edits of :mod:`daemon.http.rawbody` cannot be used); 400 ``invalid_json`` for anything else."""
     try:
-        body, layout = parse_object(raw, MIN_LAYOUT_BYTES)
+        # the depth limit is checked while parsing (cost: one step per array/object)
+        body, layout = parse_object(raw, MIN_LAYOUT_BYTES, MAX_JSON_DEPTH)
+    except TooDeep as exc:
+        raise _too_deep("request body") from exc
     except UnicodeDecodeError as exc:
         raise ApiError(400, f"request body is not valid UTF-8: {exc}", code="invalid_json") from exc
     except ValueError as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
     except RecursionError as exc:
         raise _too_deep("request body") from exc
-    if json_depth_exceeds(body, MAX_JSON_DEPTH):  # cost: one step per array/object, strings are free
-        raise _too_deep("request body")
-    # the substring tests first: a large body rarely holds any \\u escape of a surrogate
-    if (b"\\ud" in raw or b"\\uD" in raw) and _SURROGATE_ESCAPE.search(raw) is not None:
+    # A lone surrogate needs a \ud8xx-\udfxx escape.  A non-ASCII body parsed by the Latin-1 scan
+    # (layout.text None) holds no \u escape at all (daemon/http/rawbody.py); any other body is
+    # searched once (docs/operations.md §13.6)
+    if (layout is None or layout.text is not None or raw.isascii()) and _SURROGATE_ESCAPE.search(raw) is not None:
         try:
             json.dumps(body, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError as exc:

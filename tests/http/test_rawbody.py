@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daemon.http.rawbody import DELETE, parse_object
+from daemon.http.rawbody import DELETE, TooDeep, parse_object
 
 KEYS = st.sampled_from(
     ["model", "messages", "stream", "stream_options", "priority", "vllm_xargs", "agentic_context", "é", 'q"', "\\"]
@@ -142,7 +142,7 @@ def test_raw_edit_equals_decode_edit_encode(
     # members nobody changed keep their bytes: each unchanged member's value text is still there
     for key, _, start, end in layout.members:
         if key not in changes:
-            assert layout.text[start:end].encode("utf-8") in edited
+            assert layout.value_bytes(start, end) in edited
 
 
 @settings(max_examples=100, deadline=None)
@@ -182,3 +182,76 @@ def test_non_utf8_bodies_have_no_layout() -> None:
     for raw in (b"\xef\xbb\xbf" + b'{"a":1}', '{"a":"é"}'.encode("utf-16")):
         value, layout = parse_object(raw)
         assert value == json.loads(raw) and layout is None
+
+
+# --- the Latin-1 scan (docs/operations.md §13.6): same values, errors and depth verdicts as json.loads
+
+UNICODE_TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=12)  # lone surrogates included
+UNICODE_VALUES = st.recursive(
+    st.none() | st.integers() | UNICODE_TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(UNICODE_TEXT, inner, max_size=4),
+    max_leaves=25,
+)
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(obj=st.dictionaries(UNICODE_TEXT, UNICODE_VALUES, max_size=6), ascii_escapes=st.booleans())
+def test_latin1_scan_is_json_loads(obj: dict[str, Any], ascii_escapes: bool) -> None:
+    """Non-ASCII keys and values at every level, raw UTF-8 (surrogates encoded as json.loads passes
+    them) or \\u escapes: the value, key order and layout equal json.loads' and the byte spans."""
+    raw = json.dumps(obj, ensure_ascii=ascii_escapes).encode("utf-8", "surrogatepass")
+    value, layout = parse_object(raw)
+    expected = json.loads(raw)
+    assert value == expected
+    assert json.dumps(value) == json.dumps(expected)  # key order at every level, lone surrogates too
+    assert layout is not None
+    if raw.isascii() or b"\\u" not in raw:
+        assert layout.text is None  # the Latin-1 scan ran
+    for key, _, start, end in layout.members:
+        assert json.loads(layout.value_bytes(start, end)) == expected[key]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(obj=st.dictionaries(UNICODE_TEXT, UNICODE_VALUES, min_size=1, max_size=5), data=st.data())
+def test_invalid_utf8_anywhere_fails_like_json_loads(obj: dict[str, Any], data: st.DataObject) -> None:
+    """A byte that breaks UTF-8 inside any key or string (or outside them) fails as json.loads does."""
+    raw = json.dumps(obj, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    at = data.draw(st.integers(0, len(raw)))
+    bad = data.draw(st.sampled_from([b"\xff", b"\xc3", b"\x80", b"\xe6\x97", b"\xed\xa0", b"\xf8\x88\x80\x80\x80"]))
+    raw = raw[:at] + bad + raw[at:]
+    assert _ours(raw) == _outcome(raw)
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=UNICODE_VALUES, limit=st.integers(0, 6), ascii_escapes=st.booleans())
+def test_depth_limit_is_the_nesting_depth(value: Any, limit: int, ascii_escapes: bool) -> None:
+    raw = json.dumps({"k": value}, ensure_ascii=ascii_escapes).encode("utf-8", "surrogatepass")
+    too_deep = _depth({"k": value}) > limit
+    try:
+        parsed = parse_object(raw, 0, limit)[0]
+    except TooDeep:
+        assert too_deep
+    else:
+        assert not too_deep and parsed == json.loads(raw)
+
+
+def test_latin1_scan_edge_cases() -> None:
+    # non-ASCII top-level and nested keys, a duplicate non-ASCII key (the last value wins, the first
+    # position stays), non-ASCII next to escapes, an encoded surrogate
+    data = '{"é":1,"a":{"日本":"語\\n\\"q\\"","é":[" ✓ ",{"ß":"x"}]},"é":2,"s":"'.encode() + b'\xed\xa0\x80"}'
+    value, layout = parse_object(data)
+    assert value == json.loads(data) and list(value) == list(json.loads(data))
+    assert layout is not None and layout.text is None and layout.duplicates
+    assert [m[0] for m in layout.members] == ["é", "a", "é", "s"]
+    # non-ASCII bytes outside a string, a \\u escape beside non-ASCII bytes (decoded as UTF-8 first)
+    for raw_bytes in ('{"a":1,\xa0"b":2}'.encode(), '{"a":"é","b":"\\u00e9"}'.encode()):
+        assert _ours(raw_bytes) == _outcome(raw_bytes)
+    assert parse_object('{"a":"é","b":"\\u00c3\\u00a9"}'.encode())[0] == {"a": "é", "b": "Ã©"}
