@@ -184,33 +184,36 @@ def _utf8(text: str) -> str:
     return text.encode("latin-1").decode("utf-8", "surrogatepass")
 
 
+_CONTAINERS = (dict, list)
+
+
 def fix_and_check_depth(value: Any, limit: int, latin1: bool) -> bool:
     """Whether ``value`` nests arrays/objects more than ``limit`` levels deep, walking it level by
-    level without recursion; with ``latin1`` also decodes, in place, every non-ASCII string (keys
-    included) that the Latin-1 scan produced (``UnicodeDecodeError`` when one is not UTF-8)."""
-    level = [value] if type(value) is dict or type(value) is list else []
+    level without recursion (one comprehension per level, not per container); with ``latin1`` also
+    decodes, in place, every non-ASCII string (keys included) that the Latin-1 scan produced
+    (``UnicodeDecodeError`` when one is not UTF-8)."""
+    level = [value] if type(value) in _CONTAINERS else []
     depth = 0
     while level:
         depth += 1
         if depth > limit:
             return True
-        below: list[Any] = []
-        for item in level:
-            if type(item) is dict:
-                if latin1:
-                    if not "".join(item).isascii():  # a non-ASCII key: rebuild the object in order
-                        fixed = {(k if k.isascii() else _utf8(k)): v for k, v in item.items()}
-                        item.clear()
-                        item.update(fixed)
-                    for key in [k for k, v in item.items() if type(v) is str and not v.isascii()]:
-                        item[key] = _utf8(item[key])
-                below += [x for x in item.values() if type(x) is dict or type(x) is list]
-            else:
-                if latin1:
-                    for i in [i for i, v in enumerate(item) if type(v) is str and not v.isascii()]:
-                        item[i] = _utf8(item[i])
-                below += [x for x in item if type(x) is dict or type(x) is list]
-        level = below
+        dicts = [x for x in level if type(x) is dict]
+        lists = [x for x in level if type(x) is list] if len(dicts) < len(level) else []
+        if latin1:
+            if not "".join([k for d in dicts for k in d]).isascii():
+                for d in dicts:  # a non-ASCII key (rare): rebuild that object, keeping the order
+                    if not "".join(d).isascii():
+                        fixed = {(k if k.isascii() else _utf8(k)): v for k, v in d.items()}
+                        d.clear()
+                        d.update(fixed)
+            for obj, key in [(d, k) for d in dicts for k, v in d.items() if type(v) is str and not v.isascii()]:
+                obj[key] = _utf8(obj[key])
+            for arr, i in [(a, i) for a in lists for i, v in enumerate(a) if type(v) is str and not v.isascii()]:
+                arr[i] = _utf8(arr[i])
+        level = [v for d in dicts for v in d.values() if type(v) in _CONTAINERS]
+        if lists:
+            level += [v for a in lists for v in a if type(v) in _CONTAINERS]
     return False
 
 
