@@ -22,7 +22,9 @@ same behaviour, measured there):
   connection can be in progress then: the lock is free and the write does not wait); a write the
   socket cannot take whole continues on hypercorn's path with what is left.
 * **socket reads**: without a configured ``read_timeout`` (agentd sets none: the body-read timeout
-  of ``[limits]`` bounds a slow request) hypercorn's read loop runs without its per-read cancel scope.
+  of ``[limits]`` bounds a slow request) hypercorn's read loop runs without its per-read cancel scope,
+  and a read that filled its 64 KiB buffer is followed by one of :data:`LARGE_RECV` (a large request
+  body arrives in a few pieces, each one h11 event and one ASGI message less).
 
 :mod:`daemon.http.serve` runs its own accept loop (connection cap, write timeout, drain) and
 instantiates the subclass directly; :func:`install` swaps it in for the class hypercorn's own trio
@@ -45,6 +47,9 @@ from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 # connection: a complete response's head then goes out with its body in one socket write
 # (daemon.http.app.AsgiSink; one send system call less per response, docs/benchmarks.md §10.2).
 # hypercorn turns an ASGI send into socket writes in the sending task, so the flag is seen there.
+# the read size after a read that filled hypercorn's MAX_RECV (64 KiB) buffer
+LARGE_RECV = 1024 * 1024
+
 HOLD_WRITE: contextvars.ContextVar[bool] = contextvars.ContextVar("agentd_hold_write", default=False)
 
 
@@ -126,12 +131,17 @@ class PromptCloseTCPServer(TCPServer):
             if self.config.read_timeout is not None:
                 await super()._read_data()
                 return
-            # hypercorn's loop without its per-read cancel scope (no read timeout is configured)
+            # hypercorn's loop without its per-read cancel scope (no read timeout is configured);
+            # a read that filled its buffer is followed by a larger one: a large request body then
+            # reaches h11 and the app in a few pieces instead of one per 64 KiB (docs/operations.md
+            # §13.6), while small requests keep hypercorn's read size
+            size = MAX_RECV
             while True:
                 try:
-                    data = await self.stream.receive_some(MAX_RECV)
+                    data = await self.stream.receive_some(size)
                 except (trio.ClosedResourceError, trio.BrokenResourceError):
                     break
+                size = LARGE_RECV if len(data) == size else MAX_RECV
                 await self.protocol.handle(RawData(bytes(data)))
                 if data == b"":
                     break

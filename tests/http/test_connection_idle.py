@@ -7,9 +7,10 @@ from __future__ import annotations
 import trio
 import trio.testing
 from hypercorn.events import RawData
+from hypercorn.trio.tcp_server import MAX_RECV
 from hypercorn.trio.worker_context import EventWrapper
 
-from daemon.http.hypercorn_close import IdleWatch, PromptCloseTCPServer
+from daemon.http.hypercorn_close import LARGE_RECV, IdleWatch, PromptCloseTCPServer
 
 TIMEOUT = 75.0
 
@@ -141,3 +142,45 @@ async def test_a_write_while_another_is_in_progress_waits_its_turn() -> None:
     assert received == [big + b"after"]
     await left.aclose()
     await right.aclose()
+
+
+class _Reads:
+    """A client stream that hands out ``data`` as far as each read's size allows, recording sizes."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.sizes: list[int] = []
+
+    async def receive_some(self, size: int) -> bytes:
+        self.sizes.append(size)
+        chunk, self.data = self.data[:size], self.data[size:]
+        return chunk
+
+
+class _Protocol:
+    def __init__(self) -> None:
+        self.events: list[object] = []
+
+    async def handle(self, event: object) -> None:
+        self.events.append(event)
+
+
+async def test_a_read_that_fills_its_buffer_is_followed_by_a_larger_one() -> None:
+    """A large request body reaches h11 in a few reads (docs/operations.md §13.6); after a short
+    read the size is hypercorn's again, and every byte arrives in order."""
+    body = bytes(range(256)) * 1500  # 384,000 bytes
+    reads = _Reads(body)
+    server = PromptCloseTCPServer.__new__(PromptCloseTCPServer)  # only the read loop is used
+    server.stream = reads  # type: ignore[assignment]
+    server.protocol = _Protocol()  # type: ignore[assignment]
+    server.config = type("Config", (), {"read_timeout": None})()  # type: ignore[assignment]
+    server._idle_watch = IdleWatch(1.0, EventWrapper(), _never)
+    await server._read_data()
+    assert reads.sizes == [MAX_RECV, LARGE_RECV, MAX_RECV]  # full 64 KiB, the rest, then EOF
+    events = server.protocol.events  # type: ignore[attr-defined]
+    assert b"".join(e.data for e in events if isinstance(e, RawData)) == body
+    assert server._peer_gone
+
+
+async def _never() -> None:
+    raise AssertionError("an idle close was not expected")
