@@ -173,7 +173,7 @@ async def test_a_read_that_fills_its_buffer_is_followed_by_a_larger_one() -> Non
     server = PromptCloseTCPServer.__new__(PromptCloseTCPServer)  # only the read loop is used
     server.stream = reads  # type: ignore[assignment]
     server.protocol = _Protocol()  # type: ignore[assignment]
-    server.config = type("Config", (), {"read_timeout": None})()  # type: ignore[assignment]
+    server.config = type("Config", (), {"read_timeout": None})()
     server._idle_watch = IdleWatch(1.0, EventWrapper(), _never)
     await server._read_data()
     assert reads.sizes == [MAX_RECV, LARGE_RECV, MAX_RECV]  # full 64 KiB, the rest, then EOF
