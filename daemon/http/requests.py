@@ -328,7 +328,8 @@ def _chat_lines(body: Mapping[str, Any]) -> tuple[str, list[str]]:
 def _chat_size(body: Mapping[str, Any]) -> tuple[str, int, int]:
     """(routing_text, UTF-8 size of the estimation text, its number of lines) of a chat request:
     what ``_lines_size(_chat_lines(body)[1])`` gives, without building a line per text (a large
-    body's texts are not copied again; docs/benchmarks.md §10.2)."""
+    body's texts are not copied again; docs/benchmarks.md §10.2).  A plain string content, the
+    common case, takes no list and no call per message."""
     messages = body.get("messages") or []
     system: list[str] = []
     first_user: str | None = None
@@ -336,22 +337,35 @@ def _chat_size(body: Mapping[str, Any]) -> tuple[str, int, int]:
     count = 0
     for message in messages:
         role = message.get("role", "")
-        texts = _content_text(message.get("content"))
-        if role in ("system", "developer"):
-            system.extend(texts)
-        elif role == "user" and first_user is None:
-            first_user = "\n".join(texts)
-        if texts:
-            role_size = _utf8_size(role if isinstance(role, str) else f"{role}") + 1  # "role:"
-            size += role_size * len(texts) + sum(map(_utf8_size, texts))
-            count += len(texts)
-        for call in message.get("tool_calls") or ():
-            if isinstance(call, dict) and isinstance(call.get("function"), dict):
-                fn = call["function"]
-                size += _utf8_size(f"assistant_tool_call:{fn.get('name', '')}:") + _utf8_size(
-                    _as_text(fn.get("arguments", ""))
-                )
-                count += 1
+        content = message.get("content")
+        if type(content) is str and type(role) is str:
+            if role in ("system", "developer"):
+                system.append(content)
+            elif role == "user" and first_user is None:
+                first_user = content
+            # "role:" + text
+            size += _utf8_size(role) + 1
+            size += len(content) if content.isascii() else len(content.encode("utf-8"))
+            count += 1
+        else:
+            texts = _content_text(content)
+            if role in ("system", "developer"):
+                system.extend(texts)
+            elif role == "user" and first_user is None:
+                first_user = "\n".join(texts)
+            if texts:
+                role_size = _utf8_size(role if isinstance(role, str) else f"{role}") + 1  # "role:"
+                size += role_size * len(texts) + sum(map(_utf8_size, texts))
+                count += len(texts)
+        calls = message.get("tool_calls")
+        if calls:
+            for call in calls:
+                if isinstance(call, dict) and isinstance(call.get("function"), dict):
+                    fn = call["function"]
+                    size += _utf8_size(f"assistant_tool_call:{fn.get('name', '')}:") + _utf8_size(
+                        _as_text(fn.get("arguments", ""))
+                    )
+                    count += 1
         function_call = message.get("function_call")
         if isinstance(function_call, dict):
             size += _utf8_size(
