@@ -235,6 +235,8 @@ def parse_object(raw: bytes, min_bytes: int = 0, max_depth: int | None = None) -
                 if (max_depth is not None or not ascii_body) and fix_and_check_depth(
                     obj, max_depth if max_depth is not None else sys.maxsize, not ascii_body
                 ):
+                    if not ascii_body:  # the walk stopped early: invalid UTF-8 below is reported first
+                        raw.decode("utf-8", "surrogatepass")
                     raise TooDeep
                 return obj, Layout(raw, None, members, duplicates)
             text = raw.decode("utf-8", "surrogatepass")  # what json.loads does with bytes

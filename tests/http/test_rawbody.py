@@ -255,3 +255,11 @@ def test_latin1_scan_edge_cases() -> None:
     for raw_bytes in ('{"a":1,\xa0"b":2}'.encode(), '{"a":"é","b":"\\u00e9"}'.encode()):
         assert _ours(raw_bytes) == _outcome(raw_bytes)
     assert parse_object('{"a":"é","b":"\\u00c3\\u00a9"}'.encode())[0] == {"a": "é", "b": "Ã©"}
+
+
+def test_invalid_utf8_below_the_depth_limit_is_reported_as_json_loads_does() -> None:
+    raw = b'{"a":' + b'{"b":' * 4 + b'"\xff"' + b"}" * 4 + b',"c":"\xc3\xa9"}'
+    with pytest.raises(UnicodeDecodeError):
+        parse_object(raw, 0, 2)
+    with pytest.raises(TooDeep):
+        parse_object(raw.replace(b"\xff", b"x"), 0, 2)
