@@ -1,6 +1,7 @@
 """Queue ETA accuracy in virtual time (docs/program-scheduling.md §13, docs/benchmarks.md §9.5).
 
-``python -m bench.eta_bench [--points thrash,tools,...] [--seeds 1,2,3] [--resume-order mru|fcfs] [--out DIR]``
+``python -m bench.eta_bench [--points thrash,tools,...] [--seeds 1,2,3] [--resume-order mru|fcfs] [--out DIR]
+[--explain]``
 
 Runs ``agentd`` (the bench's Program scheduling configuration, bench.calibrate.config_for) on each
 point of bench.tool_bench (the issue-17 traces and clusters) through ``agentd simulate``'s
@@ -8,6 +9,10 @@ in-process daemon, deterministic virtual time, and prints, per point, what the r
 ``scheduling.queue_eta`` section says: how many queued requests were admitted and compared, and
 the median and p90 of ``|first ETA - actual wait| / actual wait``.  ``--seeds`` runs each point's
 trace with other synthesis seeds too (default: the point's own).  ``--out`` keeps each report.
+``--explain`` also prints, for every admitted queued request, its line, position, what decided its
+first ETA (``QueueEta.basis``: tick, release, depart, drain, forced), the first ETA, the actual
+wait, the error and the event whose step admitted it (docs/benchmarks.md §9.5): it wraps the
+scheduler actor's ``step`` and reads the effects, so the decisions are the same.
 """
 
 from __future__ import annotations
@@ -16,10 +21,16 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 
+import actors.scheduler_actor as scheduler_actor
+from actors.core.effects import Admit, QueueEtaTold
+from actors.core.eta import relative_error
+from actors.core.eta_queue import program_eta
+from actors.core.state import live_program
 from bench.bench import ClusterSpec
 from bench.calibrate import config_for
 from bench.output import report_json, write_atomic
@@ -27,6 +38,53 @@ from bench.replay import ReplayOptions
 from bench.simulate import run_simulation
 from bench.tool_bench import POINTS
 from bench.trace.synth import synthesize
+
+
+class Explain:
+    """Records, per admitted queued request, what its first ETA was based on and what admitted it."""
+
+    def __init__(self) -> None:
+        self.told: dict[str, dict[str, Any]] = {}
+        self.rows: list[dict[str, Any]] = []
+
+    def wrap(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        def explained(state: Any, event: object, *, now: float, cfg: Any) -> Any:
+            result = step(state, event, now=now, cfg=cfg)
+            s = result.state
+            for e in result.effects:
+                if isinstance(e, QueueEtaTold) and e.first:
+                    req = s.pool.get(e.request_id)
+                    p = live_program(s, req.ref) if req is not None else None
+                    eta = program_eta(s, p) if p is not None else None
+                    self.told[e.request_id] = {
+                        "at": now,
+                        "line": str(p.last_target) if p is not None else "-",
+                        "position": e.position,
+                        "eta": e.eta_seconds,
+                        "basis": eta.basis if eta is not None else "-",
+                    }
+                elif isinstance(e, Admit) and e.request_id in self.told:
+                    row = self.told.pop(e.request_id)
+                    kind = getattr(event, "kind", None)
+                    row["wait"] = now - row["at"]
+                    row["by"] = type(event).__name__ + (f" ({kind})" if kind else "")
+                    self.rows.append(row)
+            return result
+
+        return explained
+
+    def table(self) -> str:
+        lines = [
+            "| line | position | basis | first ETA (s) | wait (s) | error | admitted by |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in self.rows:
+            err = relative_error(r["eta"], r["wait"])
+            lines.append(
+                f"| {r['line']} | {r['position']} | {r['basis']} | {r['eta']:.2f} | {r['wait']:.2f} | "
+                f"{'-' if err is None else f'{err:.2f}'} | {r['by']} |"
+            )
+        return "\n".join(lines)
 
 
 def run_point(name: str, resume_order: str, seed: int | None = None) -> dict[str, Any]:
@@ -54,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default=None, help="comma-separated trace seeds (default: each point's own)")
     parser.add_argument("--resume-order", default="mru", choices=("mru", "fcfs"))
     parser.add_argument("--out", default=None, help="directory for the reports (JSON)")
+    parser.add_argument("--explain", action="store_true", help="print each admitted queued request's ETA and wait")
     args = parser.parse_args(argv)
     names = [n for n in args.points.split(",") if n]
     unknown = [n for n in names if n not in POINTS]
@@ -76,13 +135,22 @@ def main(argv: list[str] | None = None) -> int:
         for seed in seeds:
             label = name if seed is None else f"{name} seed {seed}"
             started = time.perf_counter()
-            report = run_point(name, args.resume_order, seed)
+            explain = Explain() if args.explain else None
+            step = scheduler_actor.step
+            if explain is not None:
+                scheduler_actor.step = explain.wrap(step)
+            try:
+                report = run_point(name, args.resume_order, seed)
+            finally:
+                scheduler_actor.step = step
             wall = time.perf_counter() - started
             if args.out:
                 os.makedirs(args.out, exist_ok=True)
                 tail = "" if seed is None else f"-seed{seed}"
                 write_atomic(os.path.join(args.out, f"{name}{tail}-{args.resume_order}.json"), report_json(report))
             print(row(label, report, wall), flush=True)
+            if explain is not None:
+                print(f"\n{label}, request by request:\n\n{explain.table()}\n", flush=True)
     return 0
 
 
