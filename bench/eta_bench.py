@@ -29,10 +29,17 @@ import attrs
 import actors.scheduler_actor as scheduler_actor
 from actors.core.effects import Admit, QueueEtaTold
 from actors.core.eta import relative_error
-from actors.core.eta_queue import program_eta
+from actors.core.eta_queue import program_eta, tell_all
+from actors.core.events import RepairTick, RequestSubmitted, TargetsChanged
+from actors.core.ids import RequestId
+from actors.core.model import RequestHints
+from actors.core.resume import ordered
+from actors.core.scheduler import initial_state, step
 from actors.core.state import live_program
+from actors.core.stats import RequestSample
 from bench.bench import ClusterSpec
 from bench.calibrate import config_for
+from bench.core_bench import identities, make_config, make_targets
 from bench.output import report_json, write_atomic
 from bench.replay import ReplayOptions
 from bench.simulate import run_simulation
@@ -87,6 +94,48 @@ class Explain:
         return "\n".join(lines)
 
 
+def eta_cost(ranks: int = 8, slots: int = 4, waiting: int = 64, repeat: int = 200) -> tuple[float, float, int, int]:
+    """CPU seconds of one tick's ETA pass (``tell_all``) and of one waiting request's first ETA
+    (``program_eta``, on average over the waiters), on a scheduler state with ``ranks`` ranks of
+    ``slots`` busy Programs each and ``waiting`` Programs queued (global queue, capacity 100,000
+    tokens per rank, every rank's request window full, TTL pauses seen): (tell_all, first ETA,
+    waiting, active)."""
+    cfg = attrs.evolve(
+        make_config(),
+        max_active_programs_per_target=slots,
+        token_capacity_per_dp_rank=100_000,
+        stats_window_size=4,
+        admission_waiting_request_threshold=0,
+        global_queue=True,
+    )
+    state = initial_state(cfg)
+    step(state, TargetsChanged("default", make_targets(ranks)), now=0.0, cfg=cfg)
+    step(state, RepairTick(), now=0.0, cfg=cfg)
+    for i, ident in enumerate(identities(ranks * slots + waiting)):
+        ev = RequestSubmitted(RequestId(f"r{i}"), ident, 1000 + 37 * i, RequestHints())
+        step(state, ev, now=0.01 * i, cfg=cfg)
+    for rank in state.ranks.values():
+        for k in range(4):
+            rank.factors.push_request(
+                RequestSample(1000, 10, 0, 200, 1.0 + 0.5 * k, None, 0.0, 2, 0.1 * k)  # 1-2.5 s of service
+            )
+            rank.factors.push_ttl_pause_rounds(3)
+    step(state, RepairTick(), now=1.0, cfg=cfg)
+    state.now = 1.5
+    queued = [p for q in state.global_queues.values() for p in ordered(state, list(q))]
+    started = time.process_time()
+    for _ in range(repeat):
+        state.effects = []
+        tell_all(state)
+    tick = (time.process_time() - started) / repeat
+    started = time.process_time()
+    for p in queued:
+        program_eta(state, p)
+    first = (time.process_time() - started) / max(1, len(queued))
+    state.effects = []
+    return tick, first, len(queued), sum(len(r.active) for r in state.ranks.values())
+
+
 def run_point(name: str, resume_order: str, seed: int | None = None) -> dict[str, Any]:
     point = POINTS[name] if seed is None else attrs.evolve(POINTS[name], seed=seed)
     trace = synthesize(point.profile, point.programs, point.seed, point.knobs)
@@ -113,7 +162,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume-order", default="mru", choices=("mru", "fcfs"))
     parser.add_argument("--out", default=None, help="directory for the reports (JSON)")
     parser.add_argument("--explain", action="store_true", help="print each admitted queued request's ETA and wait")
+    parser.add_argument("--cost", action="store_true", help="measure the ETA's CPU on a loaded state and exit")
     args = parser.parse_args(argv)
+    if args.cost:
+        tick, first, queued, active = eta_cost()
+        print(
+            f"queue ETA CPU, {queued} Programs waiting behind {active} busy ones on 8 ranks: "
+            f"{tick * 1e3:.2f} ms per tick (tell_all), {first * 1e6:.0f} us per first ETA (program_eta)"
+        )
+        return 0
     names = [n for n in args.points.split(",") if n]
     unknown = [n for n in names if n not in POINTS]
     if unknown or not names:
