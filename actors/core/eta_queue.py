@@ -193,9 +193,9 @@ def to_next_tick(s: SchedulerState) -> float:
     return ahead
 
 
-def queue_etas(s: SchedulerState, key: QueueKey, until: Program | None = None) -> list[tuple[Program, QueueEta]]:
+def queue_etas(s: SchedulerState, key: QueueKey) -> list[tuple[Program, QueueEta]]:
     """Every waiting Program of queue ``key`` in admission order, with its position in its line
-    (the waiters for the same rank) and its ETA; with ``until``, only its line, up to it."""
+    (the waiters for the same rank) and its ETA."""
     kind, name = key
     refs = s.global_queues.get(name) if kind == GLOBAL_QUEUE else s.rank_queues.get(TargetId(name))
     if not refs:
@@ -209,8 +209,6 @@ def queue_etas(s: SchedulerState, key: QueueKey, until: Program | None = None) -
     busy: dict[TargetId, dict[ProgramRef, float]] | None = None  # busy_since(), once per call
     for p in ordered(s, list(refs)):
         line = p.last_target
-        if until is not None and line != until.last_target:
-            continue
         st = lines.setdefault(line, [0.0, 0.0, 0.0])
         ahead, ahead_tokens = int(st[0]), st[1]
         st[0] += 1
@@ -253,8 +251,6 @@ def queue_etas(s: SchedulerState, key: QueueKey, until: Program | None = None) -
         eta = min(eta, MAX_ETA_SECONDS) if math.isfinite(eta) else MAX_ETA_SECONDS
         eta = st[2] = max(eta, st[2])  # nobody behind it in its line goes first
         out.append((p, QueueEta(position, eta, d, to_tick, blocked=blocked, basis=basis)))
-        if p is until:
-            break
     return out
 
 
@@ -262,7 +258,7 @@ def program_eta(s: SchedulerState, p: Program) -> QueueEta | None:
     """Where the waiting Program ``p`` stands in its line, or None when it is not waiting."""
     if p.queued_in is None:
         return None
-    for o, eta in queue_etas(s, p.queued_in, until=p):
+    for o, eta in queue_etas(s, p.queued_in):
         if o is p:
             return eta
     return None
