@@ -37,7 +37,6 @@ scheduler state, written only inside ``step``).
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -236,6 +235,10 @@ class Leaver:
     tokens: float
     rounds: int = 0
 
+    def cdf(self, t: float) -> float:
+        """The probability that it has left by ``t``."""
+        return min(1.0, math.fsum(p for at, p in self.atoms if at <= t))
+
 
 def busy_atoms(residual: float, release_probability: float, cycle: float, cycles: int = MAX_CYCLES) -> tuple[Atom, ...]:
     """When a busy Program leaves: its request ends in ``residual`` seconds and it then leaves with
@@ -323,15 +326,14 @@ def admission_in(
                 rounds += chosen[i].rounds
         subsets.append((mask, slack(left, tokens, rounds)))
     ordered_shifts = sorted(x for x in shifts if math.isfinite(x))
-    at_times = [[at for at, _p in lv.atoms] for lv in chosen]
-    cumulative = [list(itertools.accumulate(p for _at, p in lv.atoms)) for lv in chosen]
-
-    def passes(t: float, shifted: bool) -> float:
-        """The probability that the set left by ``t`` passes (with the observation's shift)."""
-        cdf = []
-        for ats, cum in zip(at_times, cumulative, strict=True):
-            k = bisect.bisect_right(ats, t)
-            cdf.append(min(1.0, cum[k - 1]) if k else 0.0)
+    first = max(0.0, next_observation)
+    ticks_ahead = {first + k * interval for k in range(MAX_TICKS)} if interval > 0 else {first}
+    times = sorted({at for lv in chosen for at, _p in lv.atoms} | ticks_ahead)
+    before = 0.0  # the probability of an admission before the observation
+    curve: list[tuple[float, float]] = []
+    for t in times:
+        cdf = [lv.cdf(t) for lv in chosen]
+        observed = t >= next_observation
         total = 0.0
         for mask, room in subsets:
             if room == -math.inf:
@@ -343,42 +345,55 @@ def admission_in(
                     break
             if weight == 0.0:
                 continue
-            if not shifted or not ordered_shifts:
+            if not observed or not ordered_shifts:
                 total += weight if room >= 0 else 0.0
             else:
                 total += weight * bisect.bisect_right(ordered_shifts, room) / len(ordered_shifts)
-        return total
-
-    first = max(0.0, next_observation)
-    ticks_ahead = {first + k * interval for k in range(MAX_TICKS)} if interval > 0 else {first}
-    times = sorted({at for ats in at_times for at in ats} | ticks_ahead)
-    split = bisect.bisect_left(times, first)
-    early, late = times[:split], times[split:]  # before the next observation, and from it on
-    before = 0.0  # the probability of an admission before the observation
-    if early and not gate_closed:  # passes() grows with t: the first early time it is >= 1/2
-        found = _first(early, lambda t: passes(t, False) >= 0.5)
-        if found is not None:
-            return found
-        before = passes(early[-1], False)
-    open_share = min(1.0, max(0.0, gate_open))
-
-    def admitted(t: float) -> bool:
-        ticks = 1 + (int((t - first) / interval) if interval > 0 else 0)
-        return max(before, passes(t, True) * (1.0 - (1.0 - open_share) ** ticks)) >= 0.5
-
-    return _first(late, admitted)
-
-
-def _first(times: list[float], ok: Callable[[float], bool]) -> float | None:
-    """The first of the sorted ``times`` where the monotone ``ok`` holds (bisection), or None."""
-    lo, hi = 0, len(times)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if ok(times[mid]):
-            hi = mid
+        if not observed:
+            before = p = 0.0 if gate_closed else total
         else:
-            lo = mid + 1
-    return times[lo] if lo < len(times) else None
+            ticks = 1 + (int((t - next_observation) / interval) if interval > 0 else 0)
+            opened = 1.0 - (1.0 - min(1.0, max(0.0, gate_open))) ** ticks
+            p = max(before, total * opened)
+        if curve and p < curve[-1][1]:
+            p = curve[-1][1]
+        curve.append((t, p))
+        if p >= 0.5 and POINT == "median":
+            break
+    return point_of(curve)
+
+
+POINT = "median"  # EXPERIMENT
+
+
+def point_of(curve: list[tuple[float, float]], within: float = 0.3) -> float | None:
+    if not curve or curve[-1][1] < 0.5:
+        return None
+    if POINT == "median":
+        for t, p in curve:
+            if p >= 0.5:
+                return t
+        return None
+    # the time most likely within ``within`` of the actual wait: max P(X in [eta/(1+w), eta/(1-w)])
+    times = [t for t, _ in curve]
+
+    def at(x: float) -> float:
+        i = bisect.bisect_right(times, x) - 1
+        return curve[i][1] if i >= 0 else 0.0
+
+    best, best_mass = None, -1.0
+    for t, _p in curve:
+        if t <= 0:
+            continue
+        lo, hi = t / (1 + within), t / (1 - within)
+        i = bisect.bisect_left(times, lo) - 1
+        below = curve[i][1] if i >= 0 else 0.0
+        mass = at(hi) - below
+        if mass > best_mass + 1e-12:
+            best, best_mass = t, mass
+    if best is None:
+        return curve[0][0]
+    return best
 
 
 def retry_after_seconds(eta: float) -> float:
