@@ -36,10 +36,9 @@ scheduler state, written only inside ``step``).
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 
 from attrs import frozen
 
@@ -55,12 +54,6 @@ QueueKey = tuple[str, str]  # Program.queued_in: (RANK_QUEUE, target id) | (GLOB
 LINE = "line"  # the drain windows' key kind: one line per rank
 POOLED = (LINE, "*")  # every line's samples together: what a line with few samples shrinks to
 LINE_WEIGHT = 1.0  # a line's own window shrinks to the pooled drain with this weight
-# what decided an ETA (QueueEta.basis, docs/program-scheduling.md §13)
-TICK = "tick"  # the line fits now: the next tick's pass
-RELEASE = "release"  # fits now, and an acting Program's TTL pause runs a pass before the tick
-DEPART = "depart"  # the median time departures let the admission check pass
-DRAIN = "drain"  # the learned drain interval per position
-FORCED = "forced"  # the force-resume deadline
 
 
 @frozen
@@ -80,7 +73,6 @@ class QueueEta:
     drain_interval_seconds: float
     to_tick_seconds: float = 0.0
     blocked: bool = True  # the line up to it does not fit the rank now
-    basis: str = "drain"  # what decided it: TICK, RELEASE, DEPART, DRAIN or FORCED
 
 
 @frozen
@@ -214,188 +206,6 @@ def departure_in(
     return None
 
 
-# ---- admission by departures (docs/program-scheduling.md §13, "When the line is admitted") ------
-
-MAX_LEAVERS = 6  # Programs of a rank whose departures are combined (the earliest to leave)
-MAX_ATOMS = 64  # departure times kept per Program (the most probable)
-SHIFT_WINDOW = 32  # usage shifts at observations kept per rank
-MAX_TICKS = 16  # observations (ticks) an admission estimate looks ahead
-
-Atom = tuple[float, float]  # (seconds from now, probability)
-
-
-@frozen
-class Leaver:
-    """A Program active on a line's rank that may leave it: when (``atoms``: seconds from now and
-    probability; the probabilities sum to at most 1, the rest is "not within the look-ahead"), and
-    what its leaving frees: its private ``tokens`` and its remaining continuous ``rounds`` (its
-    share of the growth reserve, docs/program-scheduling.md §3)."""
-
-    atoms: tuple[Atom, ...]
-    tokens: float
-    rounds: int = 0
-
-    def cdf(self, t: float) -> float:
-        """The probability that it has left by ``t``."""
-        return min(1.0, math.fsum(p for at, p in self.atoms if at <= t))
-
-
-def busy_atoms(residual: float, release_probability: float, cycle: float, cycles: int = MAX_CYCLES) -> tuple[Atom, ...]:
-    """When a busy Program leaves: its request ends in ``residual`` seconds and it then leaves with
-    ``release_probability`` (independently per completion), else it is held and completes again
-    ``cycle`` seconds later, up to ``cycles`` completions.  Empty when it never leaves."""
-    q = min(1.0, max(0.0, release_probability)) if math.isfinite(release_probability) else 0.0
-    if q <= 0 or not math.isfinite(residual):
-        return ()
-    if q >= 1 or not (math.isfinite(cycle) and cycle > 0):
-        return ((max(0.0, residual), q),)
-    atoms: dict[float, float] = {}
-    weight = 1.0
-    for k in range(max(1, cycles)):
-        atoms[max(0.0, residual) + k * cycle] = weight * q
-        weight *= 1.0 - q
-    return _top_atoms(atoms)
-
-
-def acting_atoms(
-    to_deadline: float, elapsed: float, ttl: float, gaps: Sequence[float], then: Sequence[Atom]
-) -> tuple[Atom, ...]:
-    """When an acting Program leaves: at its TTL deadline (``to_deadline`` from now), unless its
-    gap (from ``gaps``, the gaps after its tool or the rank's request intervals) ends within its
-    ``ttl``; given that it has been idle ``elapsed`` seconds, the probability of leaving is the
-    share of the gaps longer than ``elapsed`` that are also longer than ``ttl`` (1 without such
-    gaps).  Coming back, it is busy again: ``then`` are the departures of a Program busy from the
-    mean of those shorter gaps (seconds from now, as if it had come back at once)."""
-    longer = [g for g in gaps if g > elapsed]
-    if not longer:
-        return ((max(0.0, to_deadline), 1.0),)
-    back = [g for g in longer if g <= ttl]
-    p_leave = 1.0 - len(back) / len(longer)
-    atoms: dict[float, float] = {}
-    if p_leave > 0:
-        atoms[max(0.0, to_deadline)] = p_leave
-    if back:
-        shift = math.fsum(back) / len(back) - elapsed
-        for at, p in then:
-            key = max(0.0, at + shift)
-            atoms[key] = atoms.get(key, 0.0) + (1.0 - p_leave) * p
-    return _top_atoms(atoms)
-
-
-def _top_atoms(atoms: dict[float, float]) -> tuple[Atom, ...]:
-    items = [(at, p) for at, p in atoms.items() if p > 0 and math.isfinite(at)]
-    if len(items) > MAX_ATOMS:
-        items = sorted(items, key=lambda a: -a[1])[:MAX_ATOMS]
-    items.sort()
-    return tuple(items)
-
-
-Slack = Callable[[int, float, int], float]  # (Programs left, tokens freed, rounds freed) -> tokens to spare
-
-
-def admission_in(
-    leavers: Sequence[Leaver],
-    slack: Slack,
-    shifts: Sequence[float] = (),
-    next_observation: float = 0.0,
-    interval: float = 1.0,
-    gate_closed: bool = False,
-    gate_open: float = 1.0,
-) -> float | None:
-    """The median time at which the line's candidate is admitted, or None when the departures do
-    not make it likely within the look-ahead.
-
-    ``slack(left, tokens, rounds)`` is the admission check (:func:`actors.core.ledger.admission_fit`)
-    on the rank after ``left`` of the ``leavers`` (at most ``MAX_LEAVERS``, the earliest) have left,
-    freeing ``tokens`` private tokens and ``rounds`` continuous rounds: the tokens to spare, < 0
-    (or -inf for the Program count) when it does not pass.  The leavers leave independently; at
-    time ``t`` the line passes with the probability that the set that has left by then leaves a
-    slack >= 0.  From the ``next_observation`` on, the rank's usage is rebased on the engine's:
-    the slack must cover a shift drawn from the rank's recent ``shifts`` (none: 0).  The waiting
-    gate (``gate_closed`` now) admits nobody before the next observation, and each observation
-    after it opens it with probability ``gate_open``."""
-    chosen = sorted((lv for lv in leavers if lv.atoms), key=lambda lv: lv.atoms[0][0])[:MAX_LEAVERS]
-    n = len(chosen)
-    subsets: list[tuple[int, float]] = []  # (bitmask, slack)
-    for mask in range(1 << n):
-        left, tokens, rounds = 0, 0.0, 0
-        for i in range(n):
-            if mask >> i & 1:
-                left += 1
-                tokens += chosen[i].tokens
-                rounds += chosen[i].rounds
-        subsets.append((mask, slack(left, tokens, rounds)))
-    ordered_shifts = sorted(x for x in shifts if math.isfinite(x))
-    first = max(0.0, next_observation)
-    ticks_ahead = {first + k * interval for k in range(MAX_TICKS)} if interval > 0 else {first}
-    times = sorted({at for lv in chosen for at, _p in lv.atoms} | ticks_ahead)
-    before = 0.0  # the probability of an admission before the observation
-    curve: list[tuple[float, float]] = []
-    for t in times:
-        cdf = [lv.cdf(t) for lv in chosen]
-        observed = t >= next_observation
-        total = 0.0
-        for mask, room in subsets:
-            if room == -math.inf:
-                continue
-            weight = 1.0
-            for i in range(n):
-                weight *= cdf[i] if mask >> i & 1 else 1.0 - cdf[i]
-                if weight == 0.0:
-                    break
-            if weight == 0.0:
-                continue
-            if not observed or not ordered_shifts:
-                total += weight if room >= 0 else 0.0
-            else:
-                total += weight * bisect.bisect_right(ordered_shifts, room) / len(ordered_shifts)
-        if not observed:
-            before = p = 0.0 if gate_closed else total
-        else:
-            ticks = 1 + (int((t - next_observation) / interval) if interval > 0 else 0)
-            opened = 1.0 - (1.0 - min(1.0, max(0.0, gate_open))) ** ticks
-            p = max(before, total * opened)
-        if curve and p < curve[-1][1]:
-            p = curve[-1][1]
-        curve.append((t, p))
-        if p >= 0.5 and POINT == "median":
-            break
-    return point_of(curve)
-
-
-POINT = "median"  # EXPERIMENT
-
-
-def point_of(curve: list[tuple[float, float]], within: float = 0.3) -> float | None:
-    if not curve or curve[-1][1] < 0.5:
-        return None
-    if POINT == "median":
-        for t, p in curve:
-            if p >= 0.5:
-                return t
-        return None
-    # the time most likely within ``within`` of the actual wait: max P(X in [eta/(1+w), eta/(1-w)])
-    times = [t for t, _ in curve]
-
-    def at(x: float) -> float:
-        i = bisect.bisect_right(times, x) - 1
-        return curve[i][1] if i >= 0 else 0.0
-
-    best, best_mass = None, -1.0
-    for t, _p in curve:
-        if t <= 0:
-            continue
-        lo, hi = t / (1 + within), t / (1 - within)
-        i = bisect.bisect_left(times, lo) - 1
-        below = curve[i][1] if i >= 0 else 0.0
-        mass = at(hi) - below
-        if mass > best_mass + 1e-12:
-            best, best_mass = t, mass
-    if best is None:
-        return curve[0][0]
-    return best
-
-
 def retry_after_seconds(eta: float) -> float:
     """``Retry-After`` from an ETA: rounded up to whole seconds, at least 1."""
     return float(max(1, math.ceil(eta))) if math.isfinite(eta) else MAX_ETA_SECONDS
@@ -411,45 +221,15 @@ def relative_error(eta: float, actual: float) -> float | None:
 class EtaBook:
     """The queue-ETA state of one scheduler: drain windows, first ETAs, recent errors."""
 
-    __slots__ = (
-        "windows",
-        "first",
-        "errors",
-        "samples",
-        "bound_rejections",
-        "last_tick_at",
-        "shifts",
-        "gates",
-    )
+    __slots__ = ("windows", "first", "errors", "samples", "bound_rejections", "last_tick_at")
 
     def __init__(self) -> None:
         self.windows: dict[QueueKey, DrainWindow] = {}
-        # per rank: the usage shifts at its observations, whether the waiting gate was open after them (§13)
-        self.shifts: dict[str, deque[float]] = {}
-        self.gates: dict[str, deque[bool]] = {}
         self.first: dict[RequestId, FirstEta] = {}  # queued requests told an ETA, until they leave
         self.errors: deque[float] = deque(maxlen=ACCURACY_WINDOW)
         self.samples = 0  # admitted queued requests ever compared
         self.bound_rejections = 0  # requests refused at once by x-agentd-max-queue-seconds
         self.last_tick_at: float | None = None  # the last RepairTick: admission passes run at ticks
-
-    def observed(self, target: str, shift: float, gate_open: bool) -> None:
-        """An observation of rank ``target`` moved its usage by ``shift`` tokens; the waiting gate
-        is open after it (or not)."""
-        if math.isfinite(shift):
-            w = self.shifts.get(target)
-            if w is None:
-                w = self.shifts[target] = deque(maxlen=SHIFT_WINDOW)
-            w.append(shift)
-        g = self.gates.get(target)
-        if g is None:
-            g = self.gates[target] = deque(maxlen=SHIFT_WINDOW)
-        g.append(gate_open)
-
-    def gate_open_share(self, target: str) -> float:
-        """The share of the rank's recent observations after which the waiting gate was open (1 without any)."""
-        g = self.gates.get(target)
-        return sum(g) / len(g) if g else 1.0
 
     def window(self, key: QueueKey) -> DrainWindow:
         return self.windows.get(key, EMPTY_WINDOW)

@@ -19,36 +19,28 @@ from actors.core.effects import QueueEtaTold, Reject
 from actors.core.errors import Rejection
 from actors.core.eta import (
     DEFAULT_PRIOR_INTERVAL,
-    DEPART,
-    DRAIN,
-    FORCED,
     LINE,
     LINE_WEIGHT,
-    MAX_ETA_SECONDS,
     POOLED,
-    RELEASE,
-    TICK,
-    Atom,
+    Departure,
     FirstEta,
-    Leaver,
     QueueEta,
     QueueKey,
-    Slack,
-    acting_atoms,
-    admission_in,
-    busy_atoms,
+    departure_in,
     drain_interval,
+    eta_seconds,
     mean_residual,
     quantile,
     retry_after_seconds,
 )
 from actors.core.events import RequestSubmitted
 from actors.core.ids import ProgramRef, RequestId, TargetId
-from actors.core.ledger import admission_fit, fresh_waiting, private_tokens, remaining_rounds, target_usage
+from actors.core.ledger import private_tokens, target_usage
 from actors.core.lifecycle import cancel_waiting
 from actors.core.model import ACTING, GLOBAL_QUEUE, RANK_QUEUE, Program, RankState
-from actors.core.resume import _front_output, ordered
+from actors.core.resume import ordered
 from actors.core.state import SchedulerState, live_program
+from actors.core.stats import continuous_growth_reserve
 
 QUEUE_WAIT_EXCEEDS_BOUND = "queue_wait_exceeds_bound"
 
@@ -74,11 +66,27 @@ def line_interval(s: SchedulerState, line: TargetId) -> float:
     return drain_interval(s.eta.window((LINE, line)), pooled, LINE_WEIGHT)
 
 
-def releases(s: SchedulerState, rank: RankState) -> list[float]:
-    """Seconds until the rank's acting Programs' TTL pauses, soonest first (each runs a pass)."""
+def admission_usage(s: SchedulerState, rank: RankState) -> float:
+    """What an admission on ``rank`` counts as used (docs/program-scheduling.md §3): the ledger's
+    usage, the claims of waiting batch and interactive requests, and the growth reserve of the
+    active Programs' remaining continuous rounds (a Program that fits without the reserve is
+    admitted only when the batch-gain estimate says so, which the ETA does not predict)."""
+    cfg = s.cfg
+    used = target_usage(rank, s.now, cfg.metrics_interval_seconds)
+    used += rank.batch_claim_tokens + rank.interactive_claim_tokens
+    if cfg.token_capacity_per_dp_rank is not None:
+        rounds = rank.factors.target_rounds(cfg.max_segment_rounds)
+        if rounds > 0:
+            remaining = [max(0, rounds - a.rounds_since_activation) for a in rank.active.values()]
+            used += continuous_growth_reserve(rank.factors, rounds, remaining)
+    return used
+
+
+def releases(s: SchedulerState, rank: RankState) -> list[tuple[float, float]]:
+    """(seconds until, private tokens freed) of the rank's acting Programs' TTL pauses, soonest first."""
     now = s.now
     out = [
-        max(0.0, a.ttl_deadline - now)
+        (max(0.0, a.ttl_deadline - now), a.charged_tokens)
         for a in rank.active.values()
         if a.status == ACTING and a.ttl_deadline is not None
     ]
@@ -95,90 +103,36 @@ def busy_since(s: SchedulerState) -> dict[TargetId, dict[ProgramRef, float]]:
     return out
 
 
-def leavers(
+def departures(
     s: SchedulerState, rank: RankState, busy: dict[TargetId, dict[ProgramRef, float]] | None = None
-) -> list[Leaver]:
-    """The rank's active Programs, each with when it may leave the rank and what that frees
-    (docs/program-scheduling.md §13, "Departures"):
+) -> tuple[list[Departure], float, float]:
+    """The rank's Programs that may leave it, with the release probability of a completion and
+    the service cycle of a held Program (docs/program-scheduling.md §13, "Departures"):
 
-    * a busy Program's request ends after the mean residual of the rank's recent service times
-      (dispatch to completion) given how long it has run; one marked to pause (or end) when idle
-      leaves then; any other leaves then with the rank's release probability ``1 / mean rounds
-      between its TTL pauses`` or is held and completes again a mean service time later
-      (:func:`eta.busy_atoms`; not counted until the rank has seen a TTL pause);
-    * an acting (held) Program leaves at its TTL deadline unless its gap ends first: the gaps
-      after its tool (docs/program-scheduling.md §12) or, for a fitted or hinted TTL, the rank's
-      request intervals (§4) give that probability; coming back, it is busy again
-      (:func:`eta.acting_atoms`)."""
-    now, cfg = s.now, s.cfg
+    * an acting Program leaves at its TTL deadline, a busy one marked to pause (or end) when idle
+      at the end of its request: certain;
+    * a busy Program leaves at the expected end of its request (the mean residual of the rank's
+      recent service times, dispatch to completion, given how long it has run) with probability
+      ``1 / mean rounds between the rank's TTL pauses``, else is held and completes again one mean
+      service time later.  Without a TTL pause seen on the rank, completions are not counted."""
+    now = s.now
     factors = rank.factors
     service = [r.e2e_seconds - r.queue_seconds for r in factors.requests]
-    mean_service = math.fsum(service) / len(service) if service else 0.0
-    release = factors.mean_ttl_pause_rounds()
-    q = 1.0 / max(1.0, release) if factors.ttl_pause_rounds else 0.0
-    rounds = factors.target_rounds(cfg.max_segment_rounds)
+    cycle = math.fsum(service) / len(service) if service else 0.0
+    rounds = factors.mean_ttl_pause_rounds()
+    q = 1.0 / max(1.0, rounds) if factors.ttl_pause_rounds else 0.0
     running = (busy if busy is not None else busy_since(s)).get(rank.target_id, {})
-    then: tuple[Atom, ...] | None = None  # the departures of a Program busy from now on
-    out: list[Leaver] = []
+    out: list[Departure] = []
     for a in rank.active.values():
-        left = max(0, rounds - a.rounds_since_activation) if rounds > 0 else 0
         if a.status == ACTING and a.ttl_deadline is not None:
-            if then is None:
-                then = busy_atoms(mean_service, q, mean_service)
-            since = a.acting_since if a.acting_since is not None else now
-            atoms = acting_atoms(a.ttl_deadline - now, now - since, a.ttl_deadline - since, _gaps(s, rank, a), then)
+            out.append(Departure(max(0.0, a.ttl_deadline - now), a.charged_tokens, certain=True, acting=True))
         elif a.in_flight > 0 and a.ref in running:
             rest = mean_residual(service, now - running[a.ref])
             if rest is None:
                 continue
-            if a.pause_when_idle or a.terminate_when_idle:
-                atoms = ((rest, 1.0),)
-            else:
-                atoms = busy_atoms(rest, q, mean_service)
-        else:
-            continue
-        if atoms:
-            out.append(Leaver(atoms, a.charged_tokens, left))
-    return out
-
-
-def _gaps(s: SchedulerState, rank: RankState, a: Program) -> list[float]:
-    """The gaps an acting Program's TTL was sized for: its tool's (read without touching the
-    model's recency order), else the rank's request intervals."""
-    if a.tool_ttl_armed is not None:
-        w = s.tools.windows.get((a.ref.model_pool, a.tool_ttl_armed[0]))
-        if w is not None:
-            return list(w.gaps)
-    return [x for x, _impact in rank.factors.continuities]
-
-
-def line_slack(s: SchedulerState, rank: RankState, p: Program, ahead_tokens: float, ahead: int) -> Slack:
-    """The admission check of ``p`` on ``rank`` behind ``ahead`` Programs of its line (admitted
-    first, with ``ahead_tokens`` private tokens), as a function of what leaves the rank: the
-    tokens it would have to spare (docs/program-scheduling.md §3, ``ledger.admission_fit``)."""
-    cfg, now = s.cfg, s.now
-    factors = rank.factors
-    rounds = factors.target_rounds(cfg.max_segment_rounds)
-    used = target_usage(rank, now, cfg.metrics_interval_seconds) + rank.batch_claim_tokens
-    used += rank.interactive_claim_tokens + ahead_tokens
-    required = private_tokens(p, cfg.decode_buffer_tokens, _front_output(s, p))
-    remaining = remaining_rounds(rank, rounds) + ahead * max(0, rounds)
-    active = len(rank.active) + ahead
-
-    def slack(left: int, tokens: float, freed_rounds: int) -> float:
-        count = active - left
-        fit = admission_fit(cfg, factors, rounds, used - tokens, required, count, remaining - freed_rounds)
-        count_fits, _immediate, reserve_fits, reserve, low = fit
-        if count == 0 and required > low:
-            return 0.0  # it could never fit: it runs alone on the idle rank (§3)
-        if not count_fits:
-            return -math.inf
-        if math.isinf(low):
-            return 0.0
-        spare = low - (used - tokens + required + reserve)
-        return spare if reserve_fits else min(spare, -1e-9)
-
-    return slack
+            certain = a.pause_when_idle or a.terminate_when_idle
+            out.append(Departure(rest, a.charged_tokens, certain=certain))
+    return out, q, cycle
 
 
 def to_next_tick(s: SchedulerState) -> float:
@@ -200,58 +154,64 @@ def queue_etas(s: SchedulerState, key: QueueKey) -> list[tuple[Program, QueueEta
     refs = s.global_queues.get(name) if kind == GLOBAL_QUEUE else s.rank_queues.get(TargetId(name))
     if not refs:
         return []
-    cfg, now = s.cfg, s.now
+    cfg = s.cfg
+    capacity = cfg.token_capacity_per_dp_rank
+    low = capacity * cfg.low_watermark_ratio if capacity is not None else None
     to_tick = to_next_tick(s)
     out: list[tuple[Program, QueueEta]] = []
-    # per line: [position so far, private tokens of the line so far, the previous position's ETA]
+    # per line: (position so far, tokens the line needs so far, its drain interval, used, active,
+    # the ETA of the previous position)
     lines: dict[TargetId | None, list[float]] = {}
-    cache: dict[TargetId, tuple[list[Leaver], list[float]]] = {}  # the rank's leavers and TTL pauses
+    pauses_by_line: dict[TargetId | None, list[tuple[float, float]]] = {}  # the rank's TTL pauses
+    leaving: dict[TargetId | None, tuple[list[Departure], float, float]] = {}  # departures(), per line
     busy: dict[TargetId, dict[ProgramRef, float]] | None = None  # busy_since(), once per call
     for p in ordered(s, list(refs)):
         line = p.last_target
-        st = lines.setdefault(line, [0.0, 0.0, 0.0])
-        ahead, ahead_tokens = int(st[0]), st[1]
-        st[0] += 1
-        st[1] += private_tokens(p, cfg.decode_buffer_tokens, _front_output(s, p))
-        position = int(st[0])
-        rank = s.ranks.get(line) if line is not None else None
-        d = line_interval(s, rank.target_id) if rank is not None else DEFAULT_PRIOR_INTERVAL
-        blocked, basis = True, DRAIN
-        eta = max(0.0, to_tick) + position * d
-        if rank is not None:
-            if rank.target_id not in cache:
-                if busy is None:
-                    busy = busy_since(s)
-                cache[rank.target_id] = (leavers(s, rank, busy), releases(s, rank))
-            gone, pauses = cache[rank.target_id]
-            slack = line_slack(s, rank, p, ahead_tokens, ahead)
-            if slack(0, 0.0, 0) >= 0:  # it fits now: what holds it back is re-checked at the next pass
-                blocked, basis = False, TICK
-                eta = max(0.0, to_tick)
-                if pauses and pauses[0] < eta:
-                    eta, basis = pauses[0], RELEASE
+        st = lines.get(line)
+        if st is None:
+            rank = s.ranks.get(line) if line is not None else None
+            if rank is None:
+                st = [0.0, 0.0, DEFAULT_PRIOR_INTERVAL, 0.0, 0.0, 0.0]
             else:
-                target = str(rank.target_id)
-                threshold = cfg.admission_waiting_request_threshold
-                waiting = fresh_waiting(rank, now, cfg.metrics_interval_seconds)
-                at = admission_in(
-                    gone,
-                    slack,
-                    s.eta.shifts.get(target, ()),
-                    to_tick,
-                    cfg.metrics_interval_seconds,
-                    gate_closed=threshold > 0 and waiting is not None and waiting >= threshold,
-                    gate_open=s.eta.gate_open_share(target),
-                )
-                if at is not None:
-                    eta, basis = at, DEPART
-        forced_in = p.force_resume_deadline - now if p.force_resume_deadline is not None else math.inf
-        if 0 < forced_in < eta:  # its force-resume timer runs a pass that admits it past every check (§5)
-            eta, basis = forced_in, FORCED
-        eta = min(eta, MAX_ETA_SECONDS) if math.isfinite(eta) else MAX_ETA_SECONDS
-        eta = st[2] = max(eta, st[2])  # nobody behind it in its line goes first
-        out.append((p, QueueEta(position, eta, d, to_tick, blocked=blocked, basis=basis)))
+                used = admission_usage(s, rank)
+                st = [0.0, 0.0, line_interval(s, rank.target_id), used, float(len(rank.active)), 0.0]
+            lines[line] = st
+        st[0] += 1
+        st[1] += private_tokens(p, cfg.decode_buffer_tokens)
+        position = int(st[0])
+        count_over = st[4] + position - cfg.max_active_programs_per_target
+        tokens_over = st[3] + st[1] - low if low is not None else 0.0
+        fits = count_over <= 0 and tokens_over <= 0
+        pauses = pauses_by_line.get(line)
+        if pauses is None:
+            rank = s.ranks.get(line) if line is not None else None
+            pauses = pauses_by_line[line] = releases(s, rank) if rank is not None else []
+        release_in = _release_in(pauses, count_over, tokens_over, fits)
+        leave_in = None
+        if not fits:
+            dep = leaving.get(line)
+            if dep is None:
+                rank = s.ranks.get(line) if line is not None else None
+                if rank is not None and busy is None:
+                    busy = busy_since(s)
+                dep = leaving[line] = departures(s, rank, busy) if rank is not None else ([], 0.0, 0.0)
+            leave_in = departure_in(dep[0], count_over, tokens_over, dep[1], dep[2])
+        d = st[2]
+        eta = eta_seconds(position, d, to_tick, blocked=not fits, release_in=release_in, departure_in=leave_in)
+        eta = st[5] = max(eta, st[5])  # nobody behind it in its line goes first
+        out.append((p, QueueEta(position, eta, d, to_tick, blocked=not fits)))
     return out
+
+
+def _release_in(pauses: list[tuple[float, float]], count_over: float, tokens_over: float, fits: bool) -> float | None:
+    """When the rank's TTL ``pauses`` have freed what the line needs (the first one, when it fits
+    already), or None when they never do."""
+    freed = 0.0
+    for count, (at, tokens) in enumerate(pauses, start=1):
+        freed += tokens
+        if fits or (count >= count_over and freed >= tokens_over):
+            return at
+    return None
 
 
 def program_eta(s: SchedulerState, p: Program) -> QueueEta | None:

@@ -24,9 +24,7 @@ from actors.core.ledger import (
     FRESHNESS_INTERVALS,
     apply_observation,
     capacity_accounting_source,
-    fresh_waiting,
     rank_counts,
-    target_usage,
 )
 from actors.core.lifecycle import (
     cancel_waiting,
@@ -178,8 +176,6 @@ def on_observation(s: SchedulerState, ev: ObservationReceived) -> None:
         )
         return
     observed_at = ev.observed_at if ev.observed_at is not None else s.now
-    interval = s.cfg.metrics_interval_seconds
-    before = target_usage(rank, s.now, interval)
     apply_observation(
         rank,
         cp,
@@ -191,10 +187,6 @@ def on_observation(s: SchedulerState, ev: ObservationReceived) -> None:
     )
     if ev.kv_capacity_tokens is not None:
         rank.backend_kv_capacity_tokens = ev.kv_capacity_tokens
-    # the queue ETA learns how observations move the usage and how often the waiting gate is open (§13)
-    threshold = s.cfg.admission_waiting_request_threshold
-    gate_open = threshold <= 0 or (fresh_waiting(rank, s.now, interval) or 0) < threshold
-    s.eta.observed(str(rank.target_id), target_usage(rank, s.now, interval) - before, gate_open)
     mark_dirty(s, rank.target_id)
     schedule_after_change(s)
 

@@ -14,7 +14,7 @@ from actors.core.events import QUEUE_TIMEOUT, RequestSubmitted
 from actors.core.ids import RequestId
 from actors.core.invariants import check
 from actors.core.model import RequestHints
-from tests.unit.core_support import Harness, Ident, request_sample, tid
+from tests.unit.core_support import Harness, Ident, tid
 
 
 def told(effects: tuple[object, ...]) -> list[tuple[str, int, float, bool]]:
@@ -183,7 +183,7 @@ def test_invalid_bound_is_an_invalid_event() -> None:
 
 
 def test_queue_timeout_429_carries_retry_after_from_the_eta() -> None:
-    h = Harness(max_active_programs_per_target=1, queue_timeout_seconds=50.0, force_resume_timeout_seconds=80.0)
+    h = Harness(max_active_programs_per_target=1, queue_timeout_seconds=50.0, force_resume_timeout_seconds=50.0)
     h.submit("a")
     h.observe(0, kv=0.1, running=1, waiting=3, at=0.0)  # gate closed
     h.submit("b", at=1.0)
@@ -202,14 +202,13 @@ def test_prior_is_the_default_until_the_rank_knows_its_throughput() -> None:
     assert prior_interval(h.state, tid(7)) == DEFAULT_PRIOR_INTERVAL  # unknown rank
 
 
-def test_an_acting_programs_ttl_pause_that_frees_the_slot_sets_the_eta() -> None:
+def test_an_acting_programs_ttl_pause_that_frees_the_slot_sets_the_eta_when_sooner() -> None:
     h = Harness(max_active_programs_per_target=1)
     h.tick(at=0.0)
     h.submit("x", hints=RequestHints(kv_retention_ttl_seconds=30.0))
     h.complete("r1", at=0.5, prompt=100)  # x acts, holding the slot until 30.5
-    # blocked: no gap seen on the rank, so x is expected to stay until its TTL pause in 30 s (the
-    # drain estimate, 0.5 s to the tick + 5 s, is no longer used when a departure is predicted)
-    assert told(h.submit("a", at=0.5)) == [("r2", 1, 30.0, True)]
+    # blocked: 0.5 s to the tick + 5 s is sooner than x's TTL pause in 30 s
+    assert told(h.submit("a", at=0.5)) == [("r2", 1, 5.5, True)]
     assert h.program("x").ttl_deadline == 30.5
     h.abandon("r2", at=0.6)
     h2 = Harness(max_active_programs_per_target=1)
@@ -231,68 +230,35 @@ def test_mean_residual_is_the_mean_overshoot_of_the_longer_samples() -> None:
     assert eta.mean_residual([], 1.0) is None
 
 
-def needs(tokens: float, left: int = 0) -> eta.Slack:
-    """A line over by ``tokens`` private tokens that also needs ``left`` Programs to leave."""
-    return lambda n, freed, _rounds: -math.inf if n < left else freed - tokens
+def test_departure_in_is_the_median_time_the_line_fits() -> None:
+    dep = eta.Departure
+    # one slot over: a completion in 2 s that releases with probability 1 frees it then
+    assert eta.departure_in([dep(2.0, 500.0)], 1, 0.0, 1.0, 3.0) == 2.0
+    # with probability 0.3 per completion, blocked 0.7 after 2 s, 0.49 after 5 s (one cycle later)
+    assert eta.departure_in([dep(2.0, 500.0)], 1, 0.0, 0.3, 3.0) == 5.0
+    # two Programs ending at 1 and 4 s, each leaving with probability 0.4: 0.6, then 0.36
+    assert eta.departure_in([dep(1.0, 500.0), dep(4.0, 500.0)], 1, 0.0, 0.4, 10.0) == 4.0
+    # a completion that frees too few tokens alone counts only after a certain pause adds to it
+    line = [dep(1.0, 100.0), dep(3.0, 300.0, certain=True, acting=True), dep(5.0, 100.0)]
+    assert eta.departure_in(line, 1, 350.0, 1.0, 10.0) == 5.0  # 300 + 100 >= 350 at the completion of 5 s
+    assert eta.departure_in(line, 1, 250.0, 1.0, 10.0) is None  # the TTL pause alone: the release term
+    assert eta.departure_in(line, 2, 350.0, 1.0, 10.0) == 5.0  # two Programs must leave
+    # a busy Program marked to pause when idle leaves at the end of its request for sure
+    marked = [dep(0.5, 300.0, certain=True, acting=True), dep(2.0, 300.0, certain=True)]
+    assert eta.departure_in(marked, 1, 250.0, 0.5, 10.0) is None  # the TTL pause suffices first
+    assert eta.departure_in(marked, 1, 500.0, 0.0, 10.0) == 2.0  # both, the second one not a TTL
+    assert eta.departure_in(line, 1, 1000.0, 1.0, 10.0) is None  # never enough
+    assert eta.departure_in([dep(1.0, 500.0)], 1, 0.0, 0.0, 3.0) is None  # completions never release
+    assert eta.departure_in([dep(math.nan, 500.0), dep(1.0, math.inf)], 1, 0.0, 1.0, 3.0) is None
+    # the look-ahead is bounded: at most MAX_CYCLES completions per held Program
+    assert eta.departure_in([dep(0.0, 500.0)], 1, 0.0, 0.01, 1.0) is None
 
 
-def test_admission_in_is_the_median_time_departures_let_the_line_pass() -> None:
-    lv = eta.Leaver
-    # one Program leaving surely in 2 s frees enough then
-    assert eta.admission_in([lv(((2.0, 1.0),), 500.0)], needs(100.0), interval=0.0) == 2.0
-    # 0.3 at its completion in 1 s, 0.3 more at its TTL pause 2 s later: 0.6 >= 1/2 at 3 s
-    assert eta.admission_in([lv(((1.0, 0.3), (3.0, 0.3)), 500.0)], needs(100.0), interval=0.0) == 3.0
-    # either of two suffices: at 2 s, 1 - 0.7 x 0.6 = 0.58
-    two = [lv(((1.0, 0.3),), 500.0), lv(((2.0, 0.4),), 500.0)]
-    assert eta.admission_in(two, needs(100.0), interval=0.0) == 2.0
-    assert eta.admission_in(two, needs(100.0, left=2), interval=0.0) is None  # both: 0.12 at most
-    assert eta.admission_in(two, needs(600.0), interval=0.0) is None  # both: 0.12 at most
-    assert eta.admission_in([lv((), 500.0)], needs(100.0), interval=0.0) is None  # never leaves
-
-
-def test_admission_in_counts_what_a_departure_takes_out_of_the_growth_reserve() -> None:
-    # over by 400 with a reserve of 100 per remaining round: a Program of 300 tokens with 2 rounds
-    # left frees 300 + 2 x 100; one of 350 tokens without rounds left does not suffice
-    def slack(_n: int, freed: float, rounds: int) -> float:
-        return freed + 100.0 * rounds - 400.0
-
-    assert eta.admission_in([eta.Leaver(((1.5, 1.0),), 300.0, rounds=2)], slack, interval=0.0) == 1.5
-    assert eta.admission_in([eta.Leaver(((1.5, 1.0),), 350.0, rounds=0)], slack, interval=0.0) is None
-
-
-def test_admission_in_waits_for_the_observation_that_rebases_the_usage() -> None:
-    # nobody leaves; 2 of 3 recent observations moved the usage down by 500: over by 300, the
-    # next observation (in 0.4 s) admits with probability 2/3
-    assert eta.admission_in([], needs(300.0), [-500.0, 0.0, -500.0], next_observation=0.4) == 0.4
-    assert eta.admission_in([], needs(300.0), [-500.0, 0.0, 0.0], next_observation=0.4) is None  # 1/3
-    assert eta.admission_in([], needs(300.0), [], next_observation=0.4) is None  # no shift seen: none
-
-
-def test_admission_in_holds_the_line_behind_a_closed_waiting_gate() -> None:
-    leaving = [eta.Leaver(((0.1, 1.0),), 500.0)]
-    # the gate is closed until the observation at 0.5 s, which opens it with probability 0.3:
-    # 0.3 then, 1 - 0.7^2 = 0.51 one interval (1 s) later
-    assert eta.admission_in(leaving, needs(100.0), next_observation=0.5, gate_closed=True, gate_open=0.3) == 1.5
-    assert eta.admission_in(leaving, needs(100.0), next_observation=0.5, gate_closed=True) == 0.5
-    assert eta.admission_in(leaving, needs(100.0), next_observation=0.5) == 0.1  # open: at the departure
-
-
-def test_acting_program_leaves_at_its_deadline_unless_its_tool_gap_ends_first() -> None:
-    # TTL 3 s, idle for 0.5 s: of the gaps longer than 0.5 (1, 2, 5, 6), half end within the TTL
-    gaps = [0.2, 1.0, 2.0, 5.0, 6.0]
-    then = ((3.0, 0.4),)  # busy again: leaves 3 s after coming back with probability 0.4
-    # leaves at the deadline (2 s) with 0.5; comes back after mean(1, 2) - 0.5 = 1 s more, then 3 s
-    assert eta.acting_atoms(2.0, 0.5, 3.0, gaps, then) == ((2.0, 0.5), (4.0, 0.2))
-    assert eta.acting_atoms(2.0, 0.5, 3.0, [], then) == ((2.0, 1.0),)  # no gap known: it leaves
-    assert eta.acting_atoms(2.0, 0.5, 3.0, [0.1, 0.3], then) == ((2.0, 1.0),)  # outlived them all
-
-
-def test_busy_program_leaves_at_a_completion_with_the_release_probability() -> None:
-    # ends in 1 s, leaves then with 0.25, else once per 2 s service later: 0.25, 0.1875, 0.140625
-    assert eta.busy_atoms(1.0, 0.25, 2.0, cycles=3) == ((1.0, 0.25), (3.0, 0.1875), (5.0, 0.140625))
-    assert eta.busy_atoms(1.0, 1.0, 2.0) == ((1.0, 1.0),)  # always released at its completion
-    assert eta.busy_atoms(1.0, 0.0, 2.0) == ()  # never released (no TTL pause seen on the rank)
-    assert len(eta.busy_atoms(0.0, 0.01, 1.0)) == eta.MAX_CYCLES  # the look-ahead is bounded
+def test_eta_uses_the_departure_estimate_for_a_blocked_line() -> None:
+    assert eta.eta_seconds(2, 5.0, 0.5, blocked=True, departure_in=1.25) == 1.25
+    assert eta.eta_seconds(2, 5.0, 0.5, blocked=True, departure_in=1.25, release_in=1.0) == 1.0
+    assert eta.eta_seconds(2, 5.0, 0.5, blocked=False, departure_in=1.25) == 0.5  # fits: the tick
+    assert eta.eta_seconds(2, 5.0, 0.5, blocked=True, departure_in=math.inf) == 10.5
 
 
 def test_a_queued_program_is_told_when_the_running_ones_are_expected_to_leave() -> None:
@@ -325,44 +291,3 @@ def test_a_line_fits_only_with_what_an_admission_counts_as_used() -> None:
     h.abandon("r2", at=0.8)
     h.state.ranks[tid(0)].batch_claim_tokens = 200.0
     assert told(h.submit("b", tokens=200, at=0.8)) == [("r3", 1, 0.2 + 5.0, True)]  # blocked: the drain estimate
-
-
-def reserve_harness() -> Harness:
-    """Capacity 1000; x (600 private tokens after one round) acts under a 2 s TTL hint until 2.5;
-    the rank's window says R = 2 target rounds and g = 200 tokens of growth per round, so the
-    growth reserve is 200 x (2 + x's 1 remaining round) = 600 (docs/program-scheduling.md §3)."""
-    h = Harness(
-        token_capacity_per_dp_rank=1000,
-        decode_buffer_tokens=100,
-        stats_window_size=2,
-        admission_waiting_request_threshold=0,
-    )
-    h.tick(at=0.0)
-    h.submit("x", tokens=500, hints=RequestHints(kv_retention_ttl_seconds=2.0))
-    h.complete("r1", at=0.5, prompt=500, completion=0)
-    for _ in range(2):
-        h.rank().factors.push_request(request_sample(prompt=500, growth=200, rounds=1))
-    x = h.program("x")
-    assert (x.charged_tokens, x.ttl_deadline, x.rounds_since_activation) == (600.0, 2.5, 1)
-    return h
-
-
-def test_a_departure_frees_its_share_of_the_growth_reserve() -> None:
-    # a needs 500: 600 + 500 > 1000 now.  x's TTL pause frees its 600 tokens and its remaining
-    # round: 500 + 200 x 2 = 900 <= 1000 passes the admission check, so a is told x's deadline
-    # (the tokens alone, 600 against 600 + 600 + 500 - 1000 = 700 over, would not suffice)
-    h = reserve_harness()
-    assert told(h.submit("a", tokens=400, at=0.75)) == [("r2", 1, 1.75, True)]
-    eff = h.tick(at=2.5)  # x's TTL fires first and its pause admits a: exact
-    assert observed(eff) == [(1.75, 1.75, 0.0)]
-    assert check(h.state, h.cfg) == []
-
-
-def test_a_held_program_that_usually_comes_back_within_its_ttl_is_not_a_departure() -> None:
-    # every request interval the rank has seen is 1 s, shorter than x's 2 s TTL: x is expected to
-    # come back, not to pause, and with no TTL pause seen nothing else leaves: the drain estimate
-    # (0.25 s to the tick + 1 position x 5 s)
-    h = reserve_harness()
-    for _ in range(2):
-        h.rank().factors.push_continuity(1.0, 0.5)
-    assert told(h.submit("a", tokens=400, at=0.75)) == [("r2", 1, 0.25 + 5.0, True)]
