@@ -9,9 +9,9 @@ in-process daemon, deterministic virtual time, and prints, per point, what the r
 ``scheduling.queue_eta`` section says: how many queued requests were admitted and compared, and
 the median and p90 of ``|first ETA - actual wait| / actual wait``.  ``--seeds`` runs each point's
 trace with other synthesis seeds too (default: the point's own).  ``--out`` keeps each report.
-``--explain`` also prints, for every admitted queued request, its line, position, what decided its
-first ETA (``QueueEta.basis``: tick, release, depart, drain, forced), the first ETA, the actual
-wait, the error and the event whose step admitted it (docs/benchmarks.md §9.5): it wraps the
+``--explain`` also prints, for every admitted queued request, its line, position, whether its line
+fitted the rank when it was told (``QueueEta.blocked``), the first ETA, the actual wait, the error
+and the event whose step admitted it (docs/benchmarks.md §9.5): it wraps the
 scheduler actor's ``step`` and reads the effects, so the decisions are the same.
 """
 
@@ -68,7 +68,7 @@ class Explain:
                         "line": str(p.last_target) if p is not None else "-",
                         "position": e.position,
                         "eta": e.eta_seconds,
-                        "basis": eta.basis if eta is not None else "-",
+                        "fits": "-" if eta is None else ("blocked" if eta.blocked else "fits"),
                     }
                 elif isinstance(e, Admit) and e.request_id in self.told:
                     row = self.told.pop(e.request_id)
@@ -82,13 +82,13 @@ class Explain:
 
     def table(self) -> str:
         lines = [
-            "| line | position | basis | first ETA (s) | wait (s) | error | admitted by |",
+            "| line | position | line fits? | first ETA (s) | wait (s) | error | admitted by |",
             "|---|---|---|---|---|---|---|",
         ]
         for r in self.rows:
             err = relative_error(r["eta"], r["wait"])
             lines.append(
-                f"| {r['line']} | {r['position']} | {r['basis']} | {r['eta']:.2f} | {r['wait']:.2f} | "
+                f"| {r['line']} | {r['position']} | {r['fits']} | {r['eta']:.2f} | {r['wait']:.2f} | "
                 f"{'-' if err is None else f'{err:.2f}'} | {r['by']} |"
             )
         return "\n".join(lines)

@@ -147,9 +147,10 @@ def to_next_tick(s: SchedulerState) -> float:
     return ahead
 
 
-def queue_etas(s: SchedulerState, key: QueueKey) -> list[tuple[Program, QueueEta]]:
+def queue_etas(s: SchedulerState, key: QueueKey, until: Program | None = None) -> list[tuple[Program, QueueEta]]:
     """Every waiting Program of queue ``key`` in admission order, with its position in its line
-    (the waiters for the same rank) and its ETA."""
+    (the waiters for the same rank) and its ETA; with ``until``, only its line, up to it (a line's
+    ETAs depend on that line alone)."""
     kind, name = key
     refs = s.global_queues.get(name) if kind == GLOBAL_QUEUE else s.rank_queues.get(TargetId(name))
     if not refs:
@@ -167,6 +168,8 @@ def queue_etas(s: SchedulerState, key: QueueKey) -> list[tuple[Program, QueueEta
     busy: dict[TargetId, dict[ProgramRef, float]] | None = None  # busy_since(), once per call
     for p in ordered(s, list(refs)):
         line = p.last_target
+        if until is not None and line != until.last_target:
+            continue
         st = lines.get(line)
         if st is None:
             rank = s.ranks.get(line) if line is not None else None
@@ -200,6 +203,8 @@ def queue_etas(s: SchedulerState, key: QueueKey) -> list[tuple[Program, QueueEta
         eta = eta_seconds(position, d, to_tick, blocked=not fits, release_in=release_in, departure_in=leave_in)
         eta = st[5] = max(eta, st[5])  # nobody behind it in its line goes first
         out.append((p, QueueEta(position, eta, d, to_tick, blocked=not fits)))
+        if p is until:
+            break
     return out
 
 
@@ -218,7 +223,7 @@ def program_eta(s: SchedulerState, p: Program) -> QueueEta | None:
     """Where the waiting Program ``p`` stands in its line, or None when it is not waiting."""
     if p.queued_in is None:
         return None
-    for o, eta in queue_etas(s, p.queued_in):
+    for o, eta in queue_etas(s, p.queued_in, until=p):
         if o is p:
             return eta
     return None
