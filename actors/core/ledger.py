@@ -278,16 +278,23 @@ def admission_plan(
             return None
     # lower classes leave the claims of waiting higher ones (docs/batch.md §2, docs/priority.md §2)
     used = target_usage(rank, now, interval) + rank.batch_claim_tokens + rank.interactive_claim_tokens
+    active_count = len(rank.active)
     required = private_tokens(p, cfg.decode_buffer_tokens, front_output)
+    count_fits = active_count + 1 <= cfg.max_active_programs_per_target
     capacity = cfg.token_capacity_per_dp_rank
-    factors = rank.factors
-    rounds = factors.target_rounds(cfg.max_segment_rounds)
-    fit = admission_fit(cfg, factors, rounds, used, required, len(rank.active), remaining_rounds(rank, rounds))
-    count_fits, immediate_fits, reserve_fits, reserve, low = fit
     if capacity is None:
         if not forced and not count_fits:
             return None
         return _plan(used, required, 0.0, None, forced=forced)
+    low = capacity * cfg.low_watermark_ratio
+    immediate_fits = used + required <= low
+    factors = rank.factors
+    reserve = 0.0
+    rounds = factors.target_rounds(cfg.max_segment_rounds)
+    if rounds > 0:
+        remaining = [max(0, rounds - a.rounds_since_activation) for a in rank.active.values()]
+        reserve = continuous_growth_reserve(factors, rounds, remaining)
+    reserve_fits = used + required + reserve <= low
     if forced or (count_fits and immediate_fits and reserve_fits):
         return _plan(used, required, reserve, capacity, forced=forced)
     if not rank.active and required > low:
@@ -307,41 +314,6 @@ def admission_plan(
     if gain.admits:
         return _plan(used, required, reserve, capacity, batch_gain=True)
     return None
-
-
-def remaining_rounds(rank: RankState, rounds: int) -> int:
-    """The active Programs' remaining continuous rounds, ``sum max(0, R - rounds_since_activation)``
-    (the growth reserve's share of them, docs/program-scheduling.md §3); 0 while ``R <= 0``."""
-    if rounds <= 0:
-        return 0
-    return sum(max(0, rounds - a.rounds_since_activation) for a in rank.active.values())
-
-
-def admission_fit(
-    cfg: ProgramSchedulingConfig,
-    factors: ProgressTtlFactors,
-    rounds: int,
-    used: float,
-    required: float,
-    active_count: int,
-    remaining: int,
-) -> tuple[bool, bool, bool, float, float]:
-    """The admission checks of a candidate needing ``required`` private tokens on a rank with
-    ``active_count`` active Programs, ``used`` tokens counted as used, ``remaining`` continuous
-    rounds left to its active Programs and target rounds ``rounds`` (docs/program-scheduling.md
-    §3, steps 4 and 6): ``(count fits, immediate fit, reserve fit, reserve, low)``; without a
-    capacity both fits are True and ``low`` is infinite.  The one predicate of
-    :func:`admission_plan` and of the queue ETA, which asks it about the rank as it will be after
-    Programs leave (§13)."""
-    count_fits = active_count + 1 <= cfg.max_active_programs_per_target
-    capacity = cfg.token_capacity_per_dp_rank
-    if capacity is None:
-        return count_fits, True, True, 0.0, math.inf
-    low = capacity * cfg.low_watermark_ratio
-    reserve = 0.0
-    if rounds > 0:
-        reserve = continuous_growth_reserve(factors, rounds, [remaining])
-    return count_fits, used + required <= low, used + required + reserve <= low, reserve, low
 
 
 def rank_counts(rank: RankState) -> tuple[int, int, float, float]:
