@@ -7,13 +7,13 @@ import math
 import pytest
 
 from actors.core import effects as fx
-from actors.core import eta
+from actors.core import eta, eta_queue
 from actors.core.eta import DEFAULT_PRIOR_INTERVAL, LINE, WINDOW, DrainWindow, EtaBook, FirstEta
 from actors.core.eta_queue import QUEUE_WAIT_EXCEEDS_BOUND, diagnostics, prior_interval
 from actors.core.events import QUEUE_TIMEOUT, RequestSubmitted
 from actors.core.ids import RequestId
 from actors.core.invariants import check
-from actors.core.model import RequestHints
+from actors.core.model import GLOBAL_QUEUE, RequestHints
 from tests.unit.core_support import Harness, Ident, tid
 
 
@@ -291,3 +291,20 @@ def test_a_line_fits_only_with_what_an_admission_counts_as_used() -> None:
     h.abandon("r2", at=0.8)
     h.state.ranks[tid(0)].batch_claim_tokens = 200.0
     assert told(h.submit("b", tokens=200, at=0.8)) == [("r3", 1, 0.2 + 5.0, True)]  # blocked: the drain estimate
+
+
+def test_a_programs_eta_from_its_own_line_equals_the_whole_queues() -> None:
+    # two ranks of one slot each, three waiters per line: program_eta computes only the waiter's
+    # line, up to it, and must tell exactly what the whole queue's pass tells it
+    h = Harness(max_active_programs_per_target=1, n_targets=2, global_queue=True)
+    h.tick(at=0.0)
+    for i in range(8):
+        h.submit(f"p{i}", at=0.1 * i)
+    (pool,) = h.state.global_queues
+    whole = eta_queue.queue_etas(h.state, (GLOBAL_QUEUE, pool))
+    lines = {p.last_target for p, _eta in whole}
+    assert len(whole) == 6 and len(lines) == 2
+    positions = sorted(e.position for _p, e in whole)
+    assert positions == [1, 1, 2, 2, 3, 3]
+    for p, e in whole:
+        assert eta_queue.program_eta(h.state, p) == e
