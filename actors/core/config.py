@@ -344,7 +344,12 @@ class PriorityConfig:
       tenant's demand, until it sends its next request, for at most this long (0 = not at all);
     * ``long_prefill_seconds``: a Program whose next request's uncached prefill is estimated
       longer than this is not admitted on a rank where another such prefill is in flight (one
-      long prefill at a time per rank, docs/priority.md §3); 0 = off.
+      long prefill at a time per rank, docs/priority.md §3); 0 = off;
+    * ``requeue_long_prefills``: such a long prefill of a heavy tenant, on a rank kept for a light
+      tenant whose request is in flight or waiting there, is taken back before its first token
+      (the shell aborts it upstream and it waits in the queue again, once per request;
+      docs/priority.md §3, "Re-queueing a blocking long prefill"); needs ``long_prefill_seconds``
+      and ``heavy_tenant_max_active_per_rank``; off by default.
     """
 
     class_order: tuple[str, ...] = rule_field(CLASS_ORDER, DEFAULT_CLASS_ORDER)
@@ -367,6 +372,20 @@ class PriorityConfig:
     tenant_isolation_window_seconds: float = rule_field(FINITE_GE_0, 3.0)
     tenant_isolation_tool_call_seconds: float = rule_field(FINITE_GE_0, 0.0)
     long_prefill_seconds: float = rule_field(FINITE_GE_0, 0.0)
+    requeue_long_prefills: bool = False
+
+    def _cross_field_problems(self, path: str) -> Iterator[str]:
+        p = f"{path}." if path else ""
+        if self.requeue_long_prefills is True:
+            missing = []
+            if not (finite(self.long_prefill_seconds) and self.long_prefill_seconds > 0):
+                missing.append(f"long_prefill_seconds > 0 (got {self.long_prefill_seconds!r})")
+            if self.heavy_tenant_max_active_per_rank is None:
+                missing.append("heavy_tenant_max_active_per_rank set (got None)")
+            if missing:
+                yield f"{p}requeue_long_prefills: needs {' and '.join(missing)} (got True)"
+        elif self.requeue_long_prefills is not False:
+            yield f"{p}requeue_long_prefills: must be true or false (got {self.requeue_long_prefills!r})"
 
     def weight(self, tenant: str) -> float:
         return self.tenant_weights.get(tenant, self.default_tenant_weight)

@@ -33,6 +33,9 @@ class Admit:
     placement_start_request: bool
     queue_wait_seconds: float
     estimated_context_tokens: int
+    # a long prefill the core may ask to take back before its first token (``RequeuePrefill``):
+    # the shell keeps it re-dispatchable (docs/priority.md §3, "Re-queueing a blocking long prefill")
+    requeueable: bool = False
 
 
 @frozen(slots=False)
@@ -282,6 +285,21 @@ class PreemptBatch:
 
 
 @frozen(slots=False)
+class RequeuePrefill:
+    """Take back the in-flight long prefill ``request_id`` if none of its answer has reached the
+    client yet: abort it upstream and answer ``RequestRequeued`` (it then waits in the RequestPool
+    again); otherwise let it run (nothing to answer).  ``light_tenants`` are the tenants it blocks
+    on ``target_id`` (docs/priority.md §3, "Re-queueing a blocking long prefill")."""
+
+    request_id: RequestId
+    target_id: TargetId
+    program: ProgramRef
+    tenant: str
+    light_tenants: tuple[str, ...]
+    estimated_prefill_end: float
+
+
+@frozen(slots=False)
 class BatchCompleted:
     """A running batch request ended; ``observed_decode_tokens`` is set for natural stops only."""
 
@@ -312,6 +330,7 @@ Effect = (
     | AdmitInteractive
     | AdmitBatch
     | PreemptBatch
+    | RequeuePrefill
     | BatchCompleted
     | BatchJobCreated
     | BatchJobEvicted

@@ -115,6 +115,16 @@ class RequestAbandoned:
 
 
 @frozen
+class RequestRequeued:
+    """The shell took back a dispatched request before any of its answer reached the client (its
+    upstream request was aborted) because the core asked it to (``RequeuePrefill``): the request
+    waits in the RequestPool again and is answered by a new ``Admit`` (docs/priority.md §3,
+    "Re-queueing a blocking long prefill")."""
+
+    request_id: RequestId
+
+
+@frozen
 class TimerFired:
     """A timer armed by an ``ArmTimer`` effect fired.  Dropped unless ``token`` is current."""
 
@@ -176,6 +186,7 @@ Event = (
     | BatchSubmitted
     | RequestCompleted
     | RequestAbandoned
+    | RequestRequeued
     | TimerFired
     | ObservationStarted
     | ObservationReceived

@@ -5,10 +5,10 @@ the decision sequences are in ``sequences``; targets and observations in ``topol
 
 from __future__ import annotations
 
-from actors.core import eta_queue, fairness
+from actors.core import eta_queue, fairness, fairness_requeue
 from actors.core.batch_class import on_batch_abandon
 from actors.core.completion import on_complete
-from actors.core.errors import InvalidEvent
+from actors.core.errors import InvalidEvent, Rejection
 from actors.core.events import (
     ACTING_TTL,
     FORCE_RESUME,
@@ -17,14 +17,16 @@ from actors.core.events import (
     RepairTick,
     RequestAbandoned,
     RequestCompleted,
+    RequestRequeued,
     TimerFired,
 )
 from actors.core.events import QUEUE_TIMEOUT as QUEUE_TIMEOUT_TIMER
 from actors.core.interactive import on_interactive_abandon, on_interactive_submit, reject_timed_out_interactive
 from actors.core.lifecycle import (
+    reject,
     touch,
 )
-from actors.core.resume import schedule_after_change
+from actors.core.resume import schedule_after_change, set_force_resume_deadline
 from actors.core.sequences import (
     arrival_sequence,
     cancel_request,
@@ -60,6 +62,40 @@ def on_abandon(s: SchedulerState, ev: RequestAbandoned) -> None:
         cancel_request(s, ev.request_id)
     elif ev.request_id in s.in_flight:
         on_complete(s, RequestCompleted(ev.request_id, False))
+
+
+REQUEUE_LOST = Rejection(
+    reason="requeue_lost",
+    status_hint=503,
+    message="the request was taken back for re-dispatch but its Program's placement had changed meanwhile",
+)
+
+
+def on_requeued(s: SchedulerState, ev: RequestRequeued) -> None:
+    """The shell took a long prefill back before its first token (docs/priority.md §3,
+    "Re-queueing a blocking long prefill"): it waits in the RequestPool again and a later
+    admission pass dispatches it anew (an ``Admit`` on the same request id).
+
+    The handler waits for that answer, so every case answers: a request the core no longer has
+    in flight as its Program's only live dispatch (its placement was invalidated meanwhile) ends
+    as a failed completion and is refused (503 ``requeue_lost``).  A request the core never asked
+    for is a shell bug (``InvalidEvent``)."""
+    rid = ev.request_id
+    d = s.in_flight.get(rid)
+    if d is None:
+        if s.pool.get(rid) is None:
+            s.effects.append(reject(rid, REQUEUE_LOST))
+        return  # already waiting again: its Admit comes with an admission pass
+    if not d.requeue_asked:
+        raise InvalidEvent(f"request {rid!r} was re-queued but the core never asked for it")
+    p = live_program(s, d.ref)
+    if p is None or p.placement != d.target_id or p.placement_epoch != d.placement_epoch or p.in_flight != 1:
+        on_complete(s, RequestCompleted(rid, False))
+        s.effects.append(reject(rid, REQUEUE_LOST))
+        return
+    fairness_requeue.requeue(s, d, p)
+    set_force_resume_deadline(s, p)  # the agent class's starvation bound holds for it (docs/priority.md §4)
+    periodic_sequence(s)
 
 
 # ---- timers and ticks ----------------------------------------------------------------------------

@@ -114,7 +114,7 @@ def reserved_output(p: Program, expected: int | None, decode_buffer_tokens: int)
     return p.output_token_reservation if p.output_token_reservation is not None else decode_buffer_tokens
 
 
-def charge_dispatch(s: SchedulerState, p: Program, tenant: str, context_tokens: int) -> None:
+def charge_dispatch(s: SchedulerState, p: Program, tenant: str, context_tokens: int) -> float:
     """The tenant pays for the prompt tokens the engine computes (the output at completion).
 
     Computed prompt tokens are estimated: beyond the previous context on the same placement (its
@@ -126,10 +126,14 @@ def charge_dispatch(s: SchedulerState, p: Program, tenant: str, context_tokens: 
     computed = context_tokens - cached if context_tokens > cached else 0
     fairness.leave(s.fair, s.prio, tenant, s.now, dispatched=True)
     fairness.charge(s.fair, s.prio, tenant, input_tokens=computed)  # output: at completion
+    return computed
 
 
-def dispatch_ready(s: SchedulerState, p: Program) -> None:
-    """Claim every waiting request of an Active Program, FIFO front first (docs/program-scheduling.md §1)."""
+def dispatch_ready(s: SchedulerState, p: Program, *, forced: bool = False) -> None:
+    """Claim every waiting request of an Active Program, FIFO front first (docs/program-scheduling.md §1).
+
+    ``forced``: the Program was just admitted by a forced resume; its first request is never
+    re-queued (docs/priority.md §3, "Re-queueing a blocking long prefill")."""
     rank = s.ranks[p.placement] if p.placement is not None else None
     while p.state == ACTIVE and rank is not None:
         req = s.pool.take_front(p.ref)
@@ -138,7 +142,7 @@ def dispatch_ready(s: SchedulerState, p: Program) -> None:
         lc.apply(p, lc.DISPATCH)
         out = reserved_output(p, req.hints.expected_output_length, s.cfg.decode_buffer_tokens)
         fairness_prefill.on_dispatch(s, p, rank, req.request_id, req.estimated_context_tokens)
-        charge_dispatch(s, p, req.tenant, req.estimated_context_tokens)
+        computed = charge_dispatch(s, p, req.tenant, req.estimated_context_tokens)
         start = p.placement_start_pending
         p.placement_start_pending = False
         p.in_flight += 1
@@ -154,8 +158,15 @@ def dispatch_ready(s: SchedulerState, p: Program) -> None:
             hints=req.hints,
             tenant=req.tenant,
             reserved_output_tokens=out,
+            queue_seq=req.seq,
+            routing_text=req.routing_text,
+            input_charge=computed,
+            forced=forced,
+            requeues=req.requeues,
         )
+        forced = False  # only the request the forced resume was for
         s.in_flight[req.request_id] = d
+        marker = rank.long_prefill
         wait = max(0.0, s.now - req.arrived_at)
         s.effects.append(
             Admit(
@@ -167,6 +178,13 @@ def dispatch_ready(s: SchedulerState, p: Program) -> None:
                 placement_start_request=start,
                 queue_wait_seconds=wait,
                 estimated_context_tokens=p.estimated_context_tokens,
+                requeueable=(
+                    s.prio.requeue_long_prefills
+                    and not d.forced
+                    and d.requeues == 0
+                    and marker is not None
+                    and marker[0] == req.request_id
+                ),
             )
         )
         s.effects.append(QueueWaitObserved(target_id=rank.target_id, seconds=wait))
@@ -256,7 +274,7 @@ def commit_admission(s: SchedulerState, p: Program, rank: RankState, plan: Plan 
         s.effects.append(
             Transition(program=p.ref, from_state=frm, to_state=to, reason="cross_rank_resume", target_id=rank.target_id)
         )
-    dispatch_ready(s, p)
+    dispatch_ready(s, p, forced=forced)
 
 
 def _unplace(s: SchedulerState, p: Program) -> tuple[TargetId | None, float]:
@@ -278,6 +296,15 @@ def pause(s: SchedulerState, p: Program, reason: str) -> None:
     """Active/Acting -> Paused/Acting with ``reason`` (the reference's pause wrapper)."""
     frm, to = lc.apply(p, lc.PAUSE)
     _unplace_paused(s, p, frm, to, reason, counted=True)
+
+
+def requeue_pause(s: SchedulerState, p: Program, reason: str) -> None:
+    """Active/Reasoning -> Paused/Reasoning: the Program's only request in flight went back to the
+    front of its FIFO (docs/priority.md §3, "Re-queueing a blocking long prefill"); it releases
+    its placement like a pause and waits in its queue."""
+    frm, to = lc.apply(p, lc.REQUEUE)
+    _unplace_paused(s, p, frm, to, reason, counted=True)
+    enqueue(s, p)
 
 
 def _unplace_paused(s: SchedulerState, p: Program, frm: str, to: str, reason: str, *, counted: bool) -> None:

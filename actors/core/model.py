@@ -35,6 +35,8 @@ REQUEST_CANCELLED = "request_cancelled"
 PRIORITY_PREEMPTION = "priority_preemption"
 # a heavy tenant above its cap on a rank shared with a light tenant (docs/priority.md §3)
 TENANT_ISOLATION = "tenant_isolation"
+# its long prefill was taken back before its first token for a light tenant (docs/priority.md §3)
+PREFILL_REQUEUE = "prefill_requeue"
 PAUSE_REASONS = (
     TTL_EXPIRED,
     CAPACITY_REPAIR,
@@ -43,6 +45,7 @@ PAUSE_REASONS = (
     REQUEST_CANCELLED,
     PRIORITY_PREEMPTION,
     TENANT_ISOLATION,
+    PREFILL_REQUEUE,
 )
 
 # Request classes (docs/priority.md §2): ``interactive`` requests carry no Program identity and are
@@ -127,6 +130,7 @@ class PendingRequest:
     queue_deadline: float
     request_class: str = AGENT
     tenant: str = DEFAULT_TENANT
+    requeues: int = 0  # times its dispatch was taken back before its first token (docs/priority.md §3)
 
 
 @define(slots=True, eq=False)
@@ -144,6 +148,15 @@ class Dispatch:
     hints: RequestHints
     tenant: str = DEFAULT_TENANT
     reserved_output_tokens: int = 0  # expected output: charged at completion without usage (docs/priority.md §3)
+    # what re-queueing it before its first token needs (docs/priority.md §3, fairness_requeue): its
+    # place in the RequestPool, the input tokens its tenant was charged, whether a forced resume
+    # dispatched it, how often it was re-queued already and whether the shell was asked to
+    queue_seq: int = 0
+    routing_text: str | None = None
+    input_charge: float = 0.0
+    forced: bool = False
+    requeues: int = 0
+    requeue_asked: bool = False
 
 
 @define(slots=True, eq=False)

@@ -44,6 +44,7 @@ CANCEL_BUSY = "cancel_busy"  # a waiter was cancelled, other requests remain
 INVALIDATE_IDLE = "invalidate_idle"  # placement target removed; no waiter left
 INVALIDATE_WAITING = "invalidate_waiting"  # placement target removed; waiters remain
 RELEASE = "release"  # terminal release (retention, terminate, unstarted cancel)
+REQUEUE = "requeue"  # its only request in flight went back to the pool before its first token
 TRIGGERS = (
     ARRIVE,
     ACTIVATE,
@@ -56,6 +57,7 @@ TRIGGERS = (
     INVALIDATE_IDLE,
     INVALIDATE_WAITING,
     RELEASE,
+    REQUEUE,
 )
 
 TRANSITIONS: dict[tuple[str, str], str] = {
@@ -74,6 +76,7 @@ TRANSITIONS: dict[tuple[str, str], str] = {
     (ACTIVE_REASONING, CANCEL_IDLE): PAUSED_ACTING,
     (ACTIVE_REASONING, INVALIDATE_IDLE): PAUSED_ACTING,
     (ACTIVE_REASONING, INVALIDATE_WAITING): PAUSED_REASONING,
+    (ACTIVE_REASONING, REQUEUE): PAUSED_REASONING,
     (ACTIVE_ACTING, ARRIVE): ACTIVE_REASONING,
     (ACTIVE_ACTING, PAUSE): PAUSED_ACTING,
     (ACTIVE_ACTING, INVALIDATE_IDLE): PAUSED_ACTING,

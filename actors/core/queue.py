@@ -56,6 +56,14 @@ class RequestPool:
         fifo.append(req)
         self._by_id[req.request_id] = req
 
+    def retain_front(self, req: PendingRequest) -> None:
+        """Put ``req`` back at the front of its FIFO (a dispatch taken back, docs/priority.md §3)."""
+        fifo = self._fifos.get(req.ref)
+        if fifo is None:
+            fifo = self._fifos[req.ref] = deque()
+        fifo.appendleft(req)
+        self._by_id[req.request_id] = req
+
     def get(self, request_id: RequestId) -> PendingRequest | None:
         return self._by_id.get(request_id)
 

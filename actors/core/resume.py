@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from actors.core import fairness, fairness_isolation
+from actors.core import fairness, fairness_isolation, fairness_requeue
 from actors.core.ids import ProgramRef, TargetId
 from actors.core.interactive import dispatch_interactive
 from actors.core.ledger import Plan, admission_plan, fresh_waiting, private_tokens, target_usage
@@ -128,6 +128,7 @@ def schedule_waiting(s: SchedulerState) -> None:
 
 
 def _schedule_programs(s: SchedulerState) -> None:
+    view: fairness_isolation.IsolationView = {}
     if fairness_isolation.enabled(s):  # docs/priority.md §3, "Isolating light tenants"
         s.isolation = view = fairness_isolation.compute(s)
         s.isolation_last = (s.now, view)
@@ -142,6 +143,7 @@ def _schedule_programs(s: SchedulerState) -> None:
                 _schedule_rank(s, target)
     finally:
         s.isolation = None
+    fairness_requeue.ask(s, view)  # docs/priority.md §3, "Re-queueing a blocking long prefill"
 
 
 def schedule_after_change(s: SchedulerState) -> None:
