@@ -68,6 +68,10 @@ class EffectRouter:
         self.completing: RequestCompleted | None = None  # the completion being stepped, if any
         # the batch dispatcher's preemption hook (cancels the request's forward), when batch is on
         self.on_preempt: Callable[[str], None] | None = None
+        # the Program dispatcher's hook for a long prefill asked back (docs/priority.md §3): it
+        # aborts the request's forward when nothing of its answer reached the client yet and
+        # returns an outcome of ``REQUEUE_OUTCOMES``
+        self.on_requeue: Callable[[str], str] | None = None
 
     def expect_reply(
         self, request_id: str, reply: trio.MemorySendChannel[Reply], *, queue_updates: bool = False
@@ -152,8 +156,26 @@ class EffectRouter:
             target=self.targets_by_id[e.target_id],
             program=program,
             queue_seconds=e.queue_wait_seconds,
+            requeueable=e.requeueable,
         )
         self._reply(e.request_id, admitted)
+
+    def _requeue_prefill(self, e: fx.RequeuePrefill) -> None:
+        """A long prefill blocks a light tenant (docs/priority.md §3): the Program dispatcher takes
+        it back if its answer has not started (the request then sends ``RequestRequeued``)."""
+        outcome = self.on_requeue(e.request_id) if self.on_requeue is not None else "not_requeueable"
+        self.metrics.prefill_requeues.labels(outcome).inc()
+        log_event(
+            logger,
+            logging.INFO,
+            "prefill_requeue",
+            program=redacted_id(e.program),
+            target=e.target_id,
+            tenant=e.tenant,
+            light_tenants=",".join(e.light_tenants),
+            estimated_prefill_end=round(e.estimated_prefill_end, 6),
+            outcome=outcome,
+        )
 
     def _admit_batch(self, e: fx.AdmitBatch) -> None:
         log_event(
@@ -422,6 +444,7 @@ _ROUTES: dict[type, Callable[[EffectRouter, Any], None]] = {
     fx.AdmitBatch: EffectRouter._admit_batch,
     fx.AdmitInteractive: EffectRouter._admit_interactive,
     fx.PreemptBatch: EffectRouter._preempt_batch,
+    fx.RequeuePrefill: EffectRouter._requeue_prefill,
     fx.BatchCompleted: EffectRouter._batch_completed,
     fx.BatchJobCreated: EffectRouter._batch_job_created,
     fx.BatchJobEvicted: EffectRouter._batch_job_evicted,

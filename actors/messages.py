@@ -38,6 +38,7 @@ from actors.core.events import (
     RepairTick,
     RequestAbandoned,
     RequestCompleted,
+    RequestRequeued,
     RequestSubmitted,
     TimerFired,
 )
@@ -55,6 +56,9 @@ class Admitted:
     target: BackendTarget
     program: str  # redacted Program id, for logs
     queue_seconds: float
+    # a long prefill the scheduler may ask back before its first token (docs/priority.md §3,
+    # "Re-queueing a blocking long prefill"): the proxy keeps it re-dispatchable
+    requeueable: bool = False
 
 
 @frozen
@@ -80,7 +84,7 @@ class Submission:
     event and map ``reply`` to its connection.  ``eq=False``: a channel has identity only.
     """
 
-    event: RequestSubmitted | BatchSubmitted | InteractiveSubmitted
+    event: RequestSubmitted | BatchSubmitted | InteractiveSubmitted | RequestRequeued
     reply: trio.MemorySendChannel[Reply]
     # send QueuePosition notices while it waits (the reply channel needs a buffer of at least 2,
     # so that a notice never takes the room of the final reply)

@@ -109,12 +109,14 @@ TRANSITION_REASONS = (
     "priority_preemption_mark",
     "tenant_isolation",
     "tenant_isolation_mark",
+    "prefill_requeue",
     "max_segment_yield",
     "request_failed",
     "health_failover",
     "paused_retention_release",
 )
 ARMED_TTL_SOURCES = ("fitted", "request_hint")
+REQUEUE_OUTCOMES = ("requeued", "too_late", "not_requeueable")
 ROLLING_WINDOWS = ("request", "continuity")
 FEEDBACK_OUTCOMES = ("observed", "missing")
 
@@ -291,6 +293,17 @@ class ProgramMetrics:
             "Completions whose prefill/decode split was priced by the cost model (not streamed).",
             registry=registry,
         )
+        # long prefills taken back before their first token for a light tenant (docs/priority.md §3)
+        self.prefill_requeues = Counter(
+            "agentd_prefill_requeues_total",
+            "Long prefills the scheduler asked back for a light tenant, by what the proxy did: "
+            "requeued (aborted before its first token, dispatched again later), too_late (its "
+            "answer had started: it runs on), not_requeueable (no proxy task can take it back here).",
+            ("outcome",),
+            registry=registry,
+        )
+        for outcome in REQUEUE_OUTCOMES:
+            self.prefill_requeues.labels(outcome)
         self.time_parts = tuple(self.program_time_seconds.labels(part) for part in PARTS)
         for cause in CAUSES:
             self.program_recomputed_tokens.labels(cause)

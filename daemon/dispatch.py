@@ -15,11 +15,12 @@ Program scheduling (``daemon/program_dispatch.py``) implements the same protocol
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
+import trio
 
 from actors.core.config import BackendTarget
 from actors.core.errors import Rejection
@@ -99,6 +100,28 @@ class DispatchRejected(Exception):
     def __init__(self, rejection: Rejection) -> None:
         super().__init__(rejection.message)
         self.rejection = rejection
+
+
+class Requeued(Exception):
+    """The scheduler took the request back before any of its answer reached the client
+    (docs/priority.md §3, "Re-queueing a blocking long prefill"): the forward stops, writes
+    nothing more, and the request waits for its next admission."""
+
+
+@runtime_checkable
+class RequeueableLease(Lease, Protocol):
+    """A lease whose forward the scheduler may take back before the answer starts: each forward
+    runs in :meth:`attempt_scope` (cancelled when it is taken back; ``committed()`` tells whether
+    a byte of the answer went to the client, after which it never is), and :meth:`readmit` waits
+    for the next admission (raising :class:`DispatchRejected` when it is refused)."""
+
+    @property
+    def requeueable(self) -> bool: ...
+    @property
+    def requeue_requested(self) -> bool: ...
+    def attempt_scope(self, committed: Callable[[], bool]) -> trio.CancelScope: ...
+    def attempt_done(self) -> None: ...
+    async def readmit(self) -> None: ...
 
 
 class HealthView(Protocol):

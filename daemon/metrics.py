@@ -144,6 +144,13 @@ class ProxyMetrics:
             ["target"],
             registry=registry,
         )
+        self.requeued = Counter(
+            "agentd_proxy_requeued",
+            "Long prefills taken back from this target before their first token and forwarded "
+            "again later (docs/priority.md §3).",
+            ["target"],
+            registry=registry,
+        )
         self.ejections = Counter(
             "agentd_health_ejections",
             "Times the worker behind the target left rotation, by source (health, outlier).",

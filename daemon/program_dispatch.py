@@ -48,6 +48,7 @@ from actors.core.events import (
     InteractiveSubmitted,
     RequestAbandoned,
     RequestCompleted,
+    RequestRequeued,
     RequestSubmitted,
 )
 from actors.core.ids import RequestId
@@ -61,7 +62,7 @@ from actors.program_metrics import GaugeSnapshot, ProgramMetrics, TokenEstimateG
 from actors.rank_registry import RankRegistry, run_rank_registry
 from actors.scheduler_actor import SchedulerHandle, diagnostics_snapshot, rank_gauges, run_scheduler_actor
 from daemon.config import AgentdConfig
-from daemon.dispatch import DispatchRejected, HealthView, Outcome, ProxyRequest
+from daemon.dispatch import DispatchRejected, HealthView, Outcome, ProxyRequest, Requeued
 
 DEFAULT_TOKENS_PER_BYTE = 0.25  # the estimator's starting coefficient (about 4 UTF-8 bytes per token)
 SCHEDULER_UNAVAILABLE = Rejection(
@@ -143,12 +144,57 @@ class ProgramLease:
     program: str
     queue_seconds: float
     wants_usage: bool = True  # usage drives Program accounting: the proxy must obtain it
-    attempt: int = 0  # > 0: a preempted batch request sent again
+    attempt: int = 0  # > 0: a preempted batch request (or a re-queued long prefill) sent again
     outcome: Outcome | None = None
     reported: bool = False
     _send: trio.MemorySendChannel[Any] | None = None
+    # a long prefill the scheduler may take back before its first token (docs/priority.md §3,
+    # "Re-queueing a blocking long prefill"): the forward that runs now, registered with the
+    # dispatcher (``ProgramDispatcher.requeue``), and whether the scheduler took it back
+    requeueable: bool = False
+    requeue_requested: bool = False
+    dropped: bool = False  # refused while it waited again: the core no longer has the request
+    _runs: dict[str, _RequeueRun] | None = None
+
+    def attempt_scope(self, committed: Callable[[], bool]) -> trio.CancelScope:
+        """Register the forward about to run (``committed()``: a byte of its answer reached the
+        client); the returned scope is cancelled when the scheduler takes the request back."""
+        scope = trio.CancelScope()
+        if self._runs is not None:
+            self._runs[self.request_id] = _RequeueRun(self, scope, committed)
+        return scope
+
+    def attempt_done(self) -> None:
+        if self._runs is not None:
+            self._runs.pop(self.request_id, None)
+
+    async def readmit(self) -> None:
+        """The request was taken back: tell the scheduler (``RequestRequeued``) and wait for its
+        next admission; ``DispatchRejected`` when it is refused instead (the core dropped it)."""
+        if self._send is None:
+            raise RuntimeError(f"Program lease {self.request_id} cannot be re-admitted")
+        self.requeue_requested = False
+        reply_send, reply_recv = trio.open_memory_channel[Reply](1)  # one final reply, no notices
+        with reply_recv:
+            with reply_send:
+                event = RequestRequeued(request_id=RequestId(self.request_id))
+                await self._send.send(Submission(event=event, reply=reply_send.clone()))
+            try:
+                reply = await reply_recv.receive()
+            except trio.EndOfChannel:
+                raise DispatchRejected(SCHEDULER_UNAVAILABLE) from None
+        if isinstance(reply, Rejection):
+            self.dropped = True
+            raise DispatchRejected(reply)
+        assert isinstance(reply, Admitted)
+        self.target = reply.target
+        self.queue_seconds += reply.queue_seconds
+        self.requeueable = reply.requeueable
+        self.attempt += 1
 
     def finish(self, outcome: Outcome) -> None:
+        if self.requeue_requested:
+            raise Requeued(self.request_id)  # taken back: this attempt's answer goes nowhere
         if self.outcome is not None:
             raise RuntimeError(f"Program lease {self.request_id} finished twice")
         self.outcome = outcome
@@ -160,6 +206,15 @@ class ProgramLease:
                 pass  # reported (awaiting) when the lease context exits
             except trio.BrokenResourceError:
                 self.reported = True  # the scheduler is gone: nothing left to account
+
+
+@attrs.define(eq=False)
+class _RequeueRun:
+    """The forward of a requeueable Program request that runs now (``ProgramLease.attempt_scope``)."""
+
+    lease: ProgramLease
+    scope: trio.CancelScope
+    committed: Callable[[], bool]
 
 
 def output_cap(body: dict[str, Any]) -> int | None:
@@ -190,6 +245,8 @@ class DispatcherCounters:
     rejected_count: int = 0
     completed_count: int = 0
     abandoned_count: int = 0
+    # long prefills taken back before their first token (docs/priority.md §3)
+    requeued_count: int = 0
     # releases (completion or abandon) that found the scheduler inbox full and waited for room
     release_waits_count: int = 0
 
@@ -334,6 +391,23 @@ class ProgramDispatcher:
         self.counters = DispatcherCounters()
         self.batch: BatchDispatcher | None = None  # with [batch_jobs] enabled
         self.interactive = InteractiveDispatcher(self)
+        # the forward of each requeueable request that runs now (docs/priority.md §3)
+        self.requeue_runs: dict[str, _RequeueRun] = {}
+
+    def requeue(self, request_id: str) -> str:
+        """The scheduler asks for a long prefill back (the ``RequeuePrefill`` effect, called while
+        the scheduler actor routes it): cancel its forward when no byte of its answer reached the
+        client, and say what happened (``actors.program_metrics.REQUEUE_OUTCOMES``).  The request
+        then tells the scheduler itself (``ProgramLease.readmit``)."""
+        run = self.requeue_runs.get(request_id)
+        if run is None:
+            return "not_requeueable"
+        if run.lease.outcome is not None or run.committed():
+            return "too_late"
+        run.lease.requeue_requested = True
+        run.scope.cancel()
+        self.counters.requeued_count += 1
+        return "requeued"
 
     def pool_targets(self, req: ProxyRequest) -> tuple[BackendTarget, ...] | None:
         """The current (healthy) targets of a model pool other than the default one, sent with each
@@ -423,6 +497,8 @@ class ProgramDispatcher:
                 program=reply.program,
                 queue_seconds=reply.queue_seconds,
                 send=inbox,
+                requeueable=reply.requeueable,
+                runs=self.requeue_runs,
             )
             yield lease
         except ActorGone:
@@ -456,6 +532,9 @@ class ProgramDispatcher:
             pass
 
     async def _release(self, req: ProxyRequest, lease: ProgramLease | None, inbox: trio.MemorySendChannel[Any]) -> None:
+        if lease is not None and lease.dropped:
+            self.counters.rejected_count += 1  # refused while it waited again: nothing to release
+            return
         if lease is not None and lease.outcome is not None:
             self.counters.completed_count += 1
             if lease.outcome.success and lease.outcome.usage is not None:
@@ -580,6 +659,8 @@ async def run_program_scheduling(
             dispatcher.batch = BatchDispatcher(dispatcher)
             assert scheduler.router is not None
             scheduler.router.on_preempt = dispatcher.batch.preempt
+        assert scheduler.router is not None
+        scheduler.router.on_requeue = dispatcher.requeue
 
         async def start_polling_when_needed() -> None:
             await polling_needed.wait()

@@ -50,7 +50,7 @@ from actors.logevents import get_logger, log_event
 from daemon.auth import scope_identity
 from daemon.batchfile import BATCH_CLASS, BATCH_CLASS_HEADER
 from daemon.config import ClientHintsConfig, PrioritySection, TenantsConfig
-from daemon.dispatch import Dispatcher, DispatchRejected, Lease, Outcome, ProxyRequest
+from daemon.dispatch import Dispatcher, DispatchRejected, Lease, Outcome, ProxyRequest, RequeueableLease, Requeued
 from daemon.h1client import SyncWriter, UpstreamBody
 from daemon.http.errors import ApiError, error_body, wrap_worker_error
 from daemon.http.identity import IdentityError, ParsedIdentity, parse_identity, strip_agentic_context
@@ -329,6 +329,68 @@ class ResponseSink(Protocol):
     async def end(self, chunk: bytes = b"") -> None: ...  # final chunk (may be empty)
 
 
+def _is_event_stream(status: int, headers: list[tuple[str, str]]) -> bool:
+    return 200 <= status < 300 and any(
+        k.lower() == "content-type" and v.startswith("text/event-stream") for k, v in headers
+    )
+
+
+class RequeueSink:
+    """The client's sink for a request the scheduler may take back before its answer starts
+    (docs/priority.md §3, "Re-queueing a blocking long prefill"); one per request, across its
+    forwards.
+
+    An event stream's head (status and headers, no body byte) goes to the client with the first
+    forward, as for any stream; nothing after it is *committed* until the first body byte.  Once
+    the scheduler took the request back (``requested``) nothing more is written: the next write
+    raises :class:`Requeued`, which ends the forward.  A later forward's head is not sent again
+    (the client has it); an error answer of a later forward (a JSON head) becomes an SSE error
+    event and ``[DONE]`` in the stream already started.  A non-stream head commits at once (it
+    carries its body's length).  No direct body writer: the one extra check per write is only
+    paid by these requests (long prefills)."""
+
+    def __init__(self, sink: ResponseSink) -> None:
+        self._sink = sink
+        self.head_sent = False
+        self.committed = False  # a byte of the answer (beyond an event stream's head) went out
+        self.requested = False  # taken back: nothing more may be written by this forward
+        self._as_event = False  # this forward answers an error into the started event stream
+
+    def is_committed(self) -> bool:
+        return self.committed
+
+    def next_forward(self) -> None:
+        self.requested = False
+        self._as_event = False
+
+    async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
+        if self.requested:
+            raise Requeued("taken back before its answer started")
+        sse = _is_event_stream(status, headers)
+        if self.head_sent:
+            self._as_event = not sse  # the client has the stream's head already
+            self.committed = True
+            return
+        self.head_sent = True
+        self.committed = not sse
+        await self._sink.start(status, headers)
+
+    async def send(self, chunk: bytes) -> None:
+        if not self.committed:
+            if self.requested:
+                raise Requeued("taken back before its answer started")
+            self.committed = True
+        await self._sink.send(chunk)
+
+    async def end(self, chunk: bytes = b"") -> None:
+        if not self.committed and self.requested:
+            raise Requeued("taken back before its answer started")
+        self.committed = True
+        if self._as_event:
+            chunk = b"data: " + chunk.strip() + b"\n\n" + SSE_DONE
+        await self._sink.end(chunk)
+
+
 @attrs.define(eq=False)
 class CollectingSink:
     """Collects a whole response in memory (``agentd simulate``, tests)."""
@@ -510,11 +572,11 @@ class ProxyEngine:
         track = None if self.fairness is None else self.fairness.arrive(req.prio.request_class, req.prio.tenant)
         leased: list[Lease] = []
 
-        async def forward(lease: Lease, *, failover: bool = False) -> None:
+        async def forward(lease: Lease, *, failover: bool = False, into: ResponseSink | None = None) -> None:
             if track is not None:
                 track.admitted()
             leased.append(lease)
-            await self._forward(req, lease, sink, raw_body, failover=failover)
+            await self._forward(req, lease, sink if into is None else into, raw_body, failover=failover)
 
         try:
             if batch is not None:
@@ -525,7 +587,10 @@ class ProxyEngine:
             while True:
                 try:
                     async with dispatcher.lease(req) as lease:
-                        await forward(lease, failover=failovers < self._max_failovers)
+                        if getattr(lease, "requeueable", False) and isinstance(lease, RequeueableLease):
+                            await self._forward_requeueable(req, lease, sink, raw_body, forward)
+                        else:
+                            await forward(lease, failover=failovers < self._max_failovers)
                     return
                 except NotSent as not_sent:
                     # the lease was left unfinished (abandoned: nothing was consumed) and the worker
@@ -568,6 +633,61 @@ class ProxyEngine:
                     "abandoned" if outcome is None else "completed" if outcome.success else "failed",
                     None if outcome is None else outcome.usage,
                 )
+
+    async def _forward_requeueable(
+        self,
+        req: ProxyRequest,
+        lease: RequeueableLease,
+        sink: ResponseSink,
+        raw_body: bytes | None,
+        forward: Callable[..., Awaitable[None]],
+    ) -> None:
+        """Forward a long prefill the scheduler may take back before its first token
+        (docs/priority.md §3, "Re-queueing a blocking long prefill"): each forward runs in a scope
+        the scheduler cancels (``ProgramDispatcher.requeue``) while nothing of the answer reached
+        the client; the upstream request is then closed (the engine aborts it and keeps the prefix
+        it computed in its cache), the request waits for its next admission and is forwarded
+        again into the same client response.  The client sees one answer.  A connection failure
+        after the first forward is answered, not failed over (the stream may have started)."""
+        guard = RequeueSink(sink)
+        first = True
+        while True:
+            scope = lease.attempt_scope(guard.is_committed)
+            try:
+                with scope:
+                    if first:
+                        await forward(lease, into=guard)
+                    else:
+                        await self._forward(req, lease, guard, raw_body)
+            except Requeued:
+                pass
+            finally:
+                lease.attempt_done()
+            if not lease.requeue_requested:
+                return
+            first = False
+            guard.requested = True  # whatever this forward still had in hand is dropped
+            self.metrics.requeued.labels(lease.target.target_id).inc()
+            log_event(
+                logger,
+                logging.INFO,
+                "proxy_requeued",
+                request_id=req.request_id,
+                target=lease.target.target_id,
+                attempt=lease.attempt,
+                head_sent=guard.head_sent,
+            )
+            try:
+                await lease.readmit()
+            except DispatchRejected as rejected:
+                if not guard.head_sent:
+                    raise
+                rejection = rejected.rejection
+                self.metrics.rejected.labels(rejection.reason).inc()
+                guard.next_forward()
+                await guard.end(stream_error_tail(rejection.message, rejection.reason))
+                return
+            guard.next_forward()
 
     def _outgoing_body(self, req: ProxyRequest, lease: Lease, raw_body: bytes | None) -> tuple[bytes, bool]:
         """The body for the worker, and whether usage is injected into a stream.

@@ -38,6 +38,7 @@ EXPECTED_TYPES = {
     "agentd_program_recompute_seconds": "counter",
     "agentd_program_prompt_tokens": "counter",
     "agentd_program_split_estimated": "counter",
+    "agentd_prefill_requeues": "counter",
 }
 
 
