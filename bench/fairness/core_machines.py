@@ -74,6 +74,7 @@ from actors.core.effects import (
     CancelTimer,
     PreemptBatch,
     Reject,
+    RequeuePrefill,
     RetireProgram,
     Transition,
 )
@@ -83,6 +84,7 @@ from actors.core.events import (
     RepairTick,
     RequestAbandoned,
     RequestCompleted,
+    RequestRequeued,
     RequestSubmitted,
     TargetsChanged,
     TimerFired,
@@ -188,6 +190,13 @@ class ClassesMachine(RuleBasedStateMachine):
         self.held: dict[str, float] = {}
         self.rent_at = 0.0
         self.forced: set[Any] = set()  # Programs whose current admission was a forced resume
+        # long prefills asked back (docs/priority.md §3, "Re-queueing a blocking long prefill"):
+        # requests ever asked, asked and not yet answered, taken back, dispatched by a forced resume
+        self.asked: set[str] = set()
+        self.asks_open: set[str] = set()
+        self.requeued: set[str] = set()
+        self.forced_rids: set[str] = set()
+        self.asks_count = 0
 
     @initialize()
     def targets(self) -> None:
@@ -228,6 +237,15 @@ class ClassesMachine(RuleBasedStateMachine):
         self.rent_at = self.now
         before: dict[str, float] = {str(tid): self._usage(tid) for tid in s.ranks}
         result = step(s, event, now=self.now, cfg=self.cfg)
+        forced_now: set[Any] = set()
+        for e in result.effects:
+            if isinstance(e, Transition) and e.reason in ADMIT_REASONS and e.forced:
+                forced_now.add(e.program)
+            elif isinstance(e, Admit) and e.program in forced_now:
+                forced_now.discard(e.program)  # the request the forced resume was for
+                self.forced_rids.add(e.request_id)
+            elif isinstance(e, RequeuePrefill):
+                self._check_requeue_ask(e)
         for e in result.effects:
             if isinstance(e, ArmTimer):
                 self.timers[(e.program, e.kind)] = (e.deadline, e.token)
@@ -254,6 +272,20 @@ class ClassesMachine(RuleBasedStateMachine):
             if h:
                 self.held[p.tenant] = self.held.get(p.tenant, 0.0) + h
         self._check_step(result.effects, before)
+
+    def _check_requeue_ask(self, e: RequeuePrefill) -> None:
+        """Bounded re-queueing: a request is asked back at most once in its life, never after it
+        was taken back once, never when a forced resume dispatched it, only while in flight."""
+        rid = e.request_id
+        if "conservation" in self.CHECKS:
+            assert rid not in self.asked, f"{rid} asked back twice"
+            assert rid not in self.forced_rids, f"{rid} asked back although a forced resume dispatched it"
+            r = self.requests.get(rid)
+            assert r is not None and r.status == "in_flight", f"{rid} asked back while not in flight"
+            assert e.tenant not in e.light_tenants, f"{rid}: its own tenant is among those it blocks"
+        self.asked.add(rid)
+        self.asks_open.add(rid)
+        self.asks_count += 1
 
     def _move(self, rid: str, frm: str, to: str) -> None:
         r = self.requests.get(rid)
@@ -351,6 +383,19 @@ class ClassesMachine(RuleBasedStateMachine):
     @rule(index=st.integers(0, 30), out=st.integers(0, 300), failed=st.booleans())
     def complete_batch(self, index: int, out: int, failed: bool) -> None:
         self._complete("batch", index, out, failed)
+
+    @rule(index=st.integers(0, 30))
+    def requeue_prefill(self, index: int) -> None:
+        """The shell takes back a long prefill the core asked for (before its first token)."""
+        open_asks = sorted(rid for rid in self.asks_open if self.requests[rid].status == "in_flight")
+        self.asks_open = set(open_asks)
+        if not open_asks:
+            return
+        rid = open_asks[index % len(open_asks)]
+        self.asks_open.discard(rid)
+        self.requeued.add(rid)
+        self.requests[rid].status = "waiting"
+        self._step(RequestRequeued(RequestId(rid)))
 
     @rule(index=st.integers(0, 30))
     def abandon(self, index: int) -> None:
@@ -738,6 +783,8 @@ def random_walk(machine: type[ClassesMachine], seed: int, *, walks: int = 20, st
                 m.abandon(rnd.randrange(30))
             else:
                 m.advance(rnd.choice([0.25, 1.0, 3.0, 10.0]))
+            if m.asks_open and rnd.random() < 0.5:  # the shell takes a long prefill back (not drawn otherwise)
+                m.requeue_prefill(rnd.randrange(30))
             m.core_invariants()
             m.conservation()
             m.starvation()

@@ -188,7 +188,11 @@ async def test_a_blocking_long_prefill_is_taken_back_and_the_client_sees_one_str
     # nothing leaked: every lease ended once, the ledger is empty, the accounts are exact
     assert (counters.open_leases(), counters.requeued_count, counters.completed_count) == (0, 1, 3)
     rank = diag["ranks"][0]
-    assert (rank["router_in_flight_requests"], rank["router_queued_requests"], rank["router_active_reasoning_programs"]) == (
+    assert (
+        rank["router_in_flight_requests"],
+        rank["router_queued_requests"],
+        rank["router_active_reasoning_programs"],
+    ) == (
         0,
         0,
         0,
