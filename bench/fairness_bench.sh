@@ -22,7 +22,8 @@
 #                       share between tenants), heavy_tenant_max_active_per_rank = 0 and
 #                       tenant_isolation_tool_call_seconds = 10 (isolating light tenants, through
 #                       their tool calls), long_prefill_seconds = 2 (one long prefill at a time
-#                       per rank), the default class bands (interactive > agent >
+#                       per rank), requeue_long_prefills = true (such a prefill blocking a light
+#                       tenant is taken back before its first token), the default class bands (interactive > agent >
 #                       batch) and VTC; engines fcfs
 #            agentd-cap agentd without interactive_reserved_ranks (the headroom cap on every
 #                       rank, as before session 23); interactive under batch only
@@ -93,6 +94,7 @@ tenant_pause_share = true
 heavy_tenant_max_active_per_rank = 0
 tenant_isolation_tool_call_seconds = 10
 long_prefill_seconds = 2
+requeue_long_prefills = true
 EOF
     else
       printf '\n[batch_jobs]\nenabled = false\n'
