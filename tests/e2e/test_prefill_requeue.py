@@ -34,13 +34,15 @@ from daemon.supervisor import run_daemon
 
 W0 = "http://w0:8000"
 PREFILL_SECONDS = 5.0
+DECODE_SECONDS = 0.5  # first token to the end of the answer
 HOG_CHARS = 120_000  # 30,000 tokens at the estimator's starting 0.25 token per byte
 
 
 class PrefillWorker:
     """One vLLM-like worker rank: a stream's head at once, its first token after a prefill time
-    (``PREFILL_SECONDS`` for prompts of ``HOG_CHARS``, 0.1 s otherwise); prefills run one at a
-    time in arrival order, so a request arriving behind a running prefill waits for it."""
+    (``PREFILL_SECONDS`` for prompts of ``HOG_CHARS``, 0.1 s otherwise), its end
+    ``DECODE_SECONDS`` later; prefills run one at a time in arrival order, so a request arriving
+    behind a running prefill waits for it (decodes run beside them)."""
 
     def __init__(self) -> None:
         self.engine = trio.Lock()  # FIFO: one prefill at a time, as a non-preemptive engine runs them
@@ -82,10 +84,12 @@ class PrefillWorker:
                 "model": "m",
                 "choices": [{"index": 0, "delta": {"content": f"answer-{name}"}, "finish_reason": "stop"}],
             }
+            yield f"data: {json.dumps(chunk)}\n\n".encode()  # the first token
+            await trio.sleep(DECODE_SECONDS)  # the rest of the decode, beside other requests
             usage = {"prompt_tokens": prompt, "completion_tokens": 3, "total_tokens": prompt + 3}
             tail = {"id": name, "object": "chat.completion.chunk", "model": "m", "choices": [], "usage": usage}
             worker.completed.append((name, trio.current_time()))
-            yield f"data: {json.dumps(chunk)}\n\ndata: {json.dumps(tail)}\n\ndata: [DONE]\n\n".encode()
+            yield f"data: {json.dumps(tail)}\n\ndata: [DONE]\n\n".encode()
 
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=events())
 
@@ -130,7 +134,9 @@ def data_events(raw: bytes) -> list[str]:
     return [e[len("data: ") :] for e in raw.decode().split("\n\n") if e.startswith("data: ")]
 
 
-async def run_scenario(requeue: bool) -> tuple[PrefillWorker, dict[str, httpx.Response], dict[str, float], Any]:
+async def run_scenario(
+    requeue: bool, light_at: float = 1.0
+) -> tuple[PrefillWorker, dict[str, httpx.Response], dict[str, float], Any]:
     worker = PrefillWorker()
     responses: dict[str, httpx.Response] = {}
     ended: dict[str, float] = {}
@@ -148,7 +154,7 @@ async def run_scenario(requeue: bool) -> tuple[PrefillWorker, dict[str, httpx.Re
         async with trio.open_nursery() as reqs:
             reqs.start_soon(send, "hog0", "h0", "x", HOG_CHARS, 0.0)
             reqs.start_soon(send, "hog1", "h1", "x", HOG_CHARS, 0.01)
-            reqs.start_soon(send, "light", "l0", "y", 400, 1.0)
+            reqs.start_soon(send, "light", "l0", "y", 400, light_at)
         ps = handles.program_dispatcher
         assert ps is not None
         diag = await ps.wait_diagnostics(lambda d: d["retained_requests"] == 0)
@@ -170,11 +176,12 @@ async def test_a_blocking_long_prefill_is_taken_back_and_the_client_sees_one_str
     names = [(name, at) for name, at, _ in worker.seen]
     assert names[:2] == [("hog0", 0.0), ("light", 1.0)]
     # the light request ran alone: answered after its own 0.1 s prefill
-    assert ended["light"] == 1.1
-    # hog0 went again once the rank was no longer kept for the light tenant (3 s after it was last
-    # seen there, the pass of 1.0 s; the next pass is the tick at 4.0 s), before hog1
-    assert names[2:] == [("hog0", 4.0), ("hog1", 9.0)]
-    assert ended["hog0"] == 9.0 and ended["hog1"] == 14.0
+    assert ended["light"] == 1.1 + DECODE_SECONDS
+    # hog0 went again once the rank was no longer kept for the light tenant: 3 s after the last
+    # pass that saw it there (the tick at 1.5 s, its request ran until 1.6 s), at the tick of
+    # 4.5 s; hog1 at hog0's end (its long prefill is over), each 5 s of prefill and 0.5 s of decode
+    assert names[2:] == [("hog0", 4.5), ("hog1", 10.0)]
+    assert ended["hog0"] == 10.0 and ended["hog1"] == 15.5
     ids = [rid for name, _, rid in worker.seen if name == "hog0"]
     assert len(set(ids)) == 2  # the engine sees two distinct request ids (docs/operations.md §12)
     # one clean stream for the client: one head, one answer, the usage removed, one [DONE]
@@ -211,4 +218,18 @@ async def test_without_requeue_the_light_request_waits_for_the_prefill(
 ) -> None:
     worker, _responses, ended, (counters, _diag, _metrics, _fair) = await run_scenario(requeue=False)
     assert worker.aborted == [] and counters.requeued_count == 0
-    assert ended["light"] == PREFILL_SECONDS + 0.1  # behind hog0's whole prefill
+    assert ended["light"] == PREFILL_SECONDS + 0.1 + DECODE_SECONDS  # behind hog0's whole prefill
+
+
+async def test_a_prefill_whose_answer_started_is_not_taken_back(autojump_clock: trio.testing.MockClock) -> None:
+    """The core's estimate (5.742 s for 30,000 tokens) outlives the fake's 5 s prefill: the light
+    request at 5.2 s makes the core ask for hog0 back, but its first token went to the client at
+    5.0 s, so the proxy leaves it alone (``too_late``) and the client's stream is untouched."""
+    worker, responses, ended, (counters, _diag, metrics, _fair) = await run_scenario(requeue=True, light_at=5.2)
+    assert worker.aborted == [] and counters.requeued_count == 0
+    assert metric(metrics, 'agentd_prefill_requeues_total{outcome="too_late"}') == 1.0
+    assert metric(metrics, 'agentd_prefill_requeues_total{outcome="requeued"}') == 0.0
+    assert ended["hog0"] == 5.0 + DECODE_SECONDS and ended["light"] == 5.3 + DECODE_SECONDS
+    events = data_events(responses["hog0"].content)
+    assert [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:-1]] == ["answer-hog0"]
+    assert counters.open_leases() == 0

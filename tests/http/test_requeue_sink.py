@@ -1,0 +1,67 @@
+"""The client's sink of a request the scheduler may take back before its answer starts
+(``daemon/http/proxy.py:RequeueSink``, docs/priority.md §3, "Re-queueing a blocking long prefill")."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from daemon.dispatch import Requeued
+from daemon.http.proxy import RequeueSink
+
+SSE = [("content-type", "text/event-stream")]
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
+        self.calls.append(("start", status))
+
+    async def send(self, chunk: bytes) -> None:
+        self.calls.append(("send", chunk))
+
+    async def end(self, chunk: bytes = b"") -> None:
+        self.calls.append(("end", chunk))
+
+
+async def test_a_stream_head_is_sent_once_and_nothing_after_a_take_back() -> None:
+    rec = Recorder()
+    guard = RequeueSink(rec)
+    await guard.start(200, SSE)
+    assert (guard.head_sent, guard.committed) == (True, False)  # an event stream's head commits nothing
+    guard.requested = True  # the scheduler took it back while the forward was between two writes
+    with pytest.raises(Requeued):
+        await guard.send(b"data: late\n\n")
+    with pytest.raises(Requeued):
+        await guard.end()
+    guard.next_forward()
+    await guard.start(200, SSE)  # the second forward's head: the client has it already
+    await guard.send(b'data: {"x": 1}\n\n')
+    assert guard.committed
+    guard.requested = True  # too late now: the writes go on (the dispatcher refuses such a take-back)
+    await guard.end(b"data: [DONE]\n\n")
+    assert rec.calls == [("start", 200), ("send", b'data: {"x": 1}\n\n'), ("end", b"data: [DONE]\n\n")]
+
+
+async def test_an_error_of_a_later_forward_becomes_an_event_in_the_started_stream() -> None:
+    rec = Recorder()
+    guard = RequeueSink(rec)
+    await guard.start(200, SSE)
+    guard.next_forward()
+    body = json.dumps({"error": {"message": "worker w failed with HTTP 502", "code": "upstream_status"}}).encode()
+    await guard.start(502, [("content-type", "application/json"), ("content-length", str(len(body)))])
+    await guard.end(body)
+    assert rec.calls == [("start", 200), ("end", b"data: " + body + b"\n\ndata: [DONE]\n\n")]
+
+
+async def test_a_complete_answer_commits_at_its_head() -> None:
+    rec = Recorder()
+    guard = RequeueSink(rec)
+    await guard.start(200, [("content-type", "application/json"), ("content-length", "2")])
+    assert guard.committed  # its head carries the body's length: no take-back after it
+    await guard.end(b"{}")
+    guard.requested = True
+    assert rec.calls == [("start", 200), ("end", b"{}")]
