@@ -342,29 +342,30 @@ class RequeueSink:
 
     An event stream's head (status and headers, no body byte) goes to the client with the first
     forward, as for any stream; nothing after it is *committed* until the first body byte.  Once
-    the scheduler took the request back (``requested``) nothing more is written: the next write
-    raises :class:`Requeued`, which ends the forward.  A later forward's head is not sent again
+    the scheduler took the request back (``taken_back()``, read at every uncommitted write: the
+    take-back and the first write exclude each other, as both run without a checkpoint between
+    their check and their effect) nothing more is written: the next write raises
+    :class:`Requeued`, which ends the forward.  A later forward's head is not sent again
     (the client has it); an error answer of a later forward (a JSON head) becomes an SSE error
     event and ``[DONE]`` in the stream already started.  A non-stream head commits at once (it
     carries its body's length).  No direct body writer: the one extra check per write is only
     paid by these requests (long prefills)."""
 
-    def __init__(self, sink: ResponseSink) -> None:
+    def __init__(self, sink: ResponseSink, taken_back: Callable[[], bool]) -> None:
         self._sink = sink
+        self._taken_back = taken_back  # the forward running now was taken back
         self.head_sent = False
         self.committed = False  # a byte of the answer (beyond an event stream's head) went out
-        self.requested = False  # taken back: nothing more may be written by this forward
         self._as_event = False  # this forward answers an error into the started event stream
 
     def is_committed(self) -> bool:
         return self.committed
 
     def next_forward(self) -> None:
-        self.requested = False
         self._as_event = False
 
     async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
-        if self.requested:
+        if self._taken_back():
             raise Requeued("taken back before its answer started")
         sse = _is_event_stream(status, headers)
         if self.head_sent:
@@ -377,13 +378,13 @@ class RequeueSink:
 
     async def send(self, chunk: bytes) -> None:
         if not self.committed:
-            if self.requested:
+            if self._taken_back():
                 raise Requeued("taken back before its answer started")
             self.committed = True
         await self._sink.send(chunk)
 
     async def end(self, chunk: bytes = b"") -> None:
-        if not self.committed and self.requested:
+        if not self.committed and self._taken_back():
             raise Requeued("taken back before its answer started")
         self.committed = True
         if self._as_event:
@@ -588,7 +589,9 @@ class ProxyEngine:
                 try:
                     async with dispatcher.lease(req) as lease:
                         if getattr(lease, "requeueable", False) and isinstance(lease, RequeueableLease):
-                            await self._forward_requeueable(req, lease, sink, raw_body, forward)
+                            await self._forward_requeueable(
+                                req, lease, sink, raw_body, forward, failover=failovers < self._max_failovers
+                            )
                         else:
                             await forward(lease, failover=failovers < self._max_failovers)
                     return
@@ -641,22 +644,25 @@ class ProxyEngine:
         sink: ResponseSink,
         raw_body: bytes | None,
         forward: Callable[..., Awaitable[None]],
+        *,
+        failover: bool,
     ) -> None:
         """Forward a long prefill the scheduler may take back before its first token
         (docs/priority.md §3, "Re-queueing a blocking long prefill"): each forward runs in a scope
         the scheduler cancels (``ProgramDispatcher.requeue``) while nothing of the answer reached
         the client; the upstream request is then closed (the engine aborts it and keeps the prefix
         it computed in its cache), the request waits for its next admission and is forwarded
-        again into the same client response.  The client sees one answer.  A connection failure
-        after the first forward is answered, not failed over (the stream may have started)."""
-        guard = RequeueSink(sink)
+        again into the same client response.  The client sees one answer.  The first forward fails
+        over like any other (nothing was sent when the worker could not be reached); a later one's
+        connection failure is answered in the stream."""
+        guard = RequeueSink(sink, lambda: lease.requeue_requested)
         first = True
         while True:
             scope = lease.attempt_scope(guard.is_committed)
             try:
                 with scope:
                     if first:
-                        await forward(lease, into=guard)
+                        await forward(lease, failover=failover, into=guard)
                     else:
                         await self._forward(req, lease, guard, raw_body)
             except Requeued:
@@ -666,7 +672,6 @@ class ProxyEngine:
             if not lease.requeue_requested:
                 return
             first = False
-            guard.requested = True  # whatever this forward still had in hand is dropped
             self.metrics.requeued.labels(lease.target.target_id).inc()
             log_event(
                 logger,

@@ -13,6 +13,16 @@ from daemon.http.proxy import RequeueSink
 SSE = [("content-type", "text/event-stream")]
 
 
+class TakeBack:
+    """The lease's flag: the scheduler took the request back (``ProgramDispatcher.requeue``)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __call__(self) -> bool:
+        return self.requested
+
+
 class Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
@@ -28,27 +38,28 @@ class Recorder:
 
 
 async def test_a_stream_head_is_sent_once_and_nothing_after_a_take_back() -> None:
-    rec = Recorder()
-    guard = RequeueSink(rec)
+    rec, back = Recorder(), TakeBack()
+    guard = RequeueSink(rec, back)
     await guard.start(200, SSE)
     assert (guard.head_sent, guard.committed) == (True, False)  # an event stream's head commits nothing
-    guard.requested = True  # the scheduler took it back while the forward was between two writes
+    back.requested = True  # the scheduler took it back while the forward was between two writes
     with pytest.raises(Requeued):
         await guard.send(b"data: late\n\n")
     with pytest.raises(Requeued):
         await guard.end()
+    back.requested = False  # admitted again: the next forward
     guard.next_forward()
     await guard.start(200, SSE)  # the second forward's head: the client has it already
     await guard.send(b'data: {"x": 1}\n\n')
     assert guard.committed
-    guard.requested = True  # too late now: the writes go on (the dispatcher refuses such a take-back)
+    back.requested = True  # too late now: the writes go on (the dispatcher refuses such a take-back)
     await guard.end(b"data: [DONE]\n\n")
     assert rec.calls == [("start", 200), ("send", b'data: {"x": 1}\n\n'), ("end", b"data: [DONE]\n\n")]
 
 
 async def test_an_error_of_a_later_forward_becomes_an_event_in_the_started_stream() -> None:
-    rec = Recorder()
-    guard = RequeueSink(rec)
+    rec, back = Recorder(), TakeBack()
+    guard = RequeueSink(rec, back)
     await guard.start(200, SSE)
     guard.next_forward()
     body = json.dumps({"error": {"message": "worker w failed with HTTP 502", "code": "upstream_status"}}).encode()
@@ -58,10 +69,9 @@ async def test_an_error_of_a_later_forward_becomes_an_event_in_the_started_strea
 
 
 async def test_a_complete_answer_commits_at_its_head() -> None:
-    rec = Recorder()
-    guard = RequeueSink(rec)
+    rec, back = Recorder(), TakeBack()
+    guard = RequeueSink(rec, back)
     await guard.start(200, [("content-type", "application/json"), ("content-length", "2")])
     assert guard.committed  # its head carries the body's length: no take-back after it
     await guard.end(b"{}")
-    guard.requested = True
     assert rec.calls == [("start", 200), ("end", b"{}")]
