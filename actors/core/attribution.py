@@ -48,7 +48,14 @@ from actors.core.config import PrefillCostModel
 from actors.core.costs import prefill_seconds
 from actors.core.effects import TimeAttributed
 from actors.core.ids import ProgramKey, ProgramRef, TargetId, redacted_id
-from actors.core.model import CAPACITY_REPAIR, PRIORITY_PREEMPTION, TENANT_ISOLATION, TTL_EXPIRED, Usage
+from actors.core.model import (
+    CAPACITY_REPAIR,
+    PREFILL_REQUEUE,
+    PRIORITY_PREEMPTION,
+    TENANT_ISOLATION,
+    TTL_EXPIRED,
+    Usage,
+)
 
 # phases of a Program's timeline
 IDLE = 0
@@ -78,6 +85,7 @@ _CAUSE_OF_REASON = {
     CAPACITY_REPAIR: CAUSE_CAPACITY_REPAIR,
     PRIORITY_PREEMPTION: CAUSE_PREEMPTION,
     TENANT_ISOLATION: CAUSE_PREEMPTION,  # paused for another tenant (docs/priority.md §3)
+    PREFILL_REQUEUE: CAUSE_PREEMPTION,  # its prefill taken back for another tenant (docs/priority.md §3)
 }
 
 # how many live Programs the diagnostics list (the longest wall times)

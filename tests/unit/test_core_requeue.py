@@ -133,3 +133,9 @@ def test_requeue_config_needs_the_long_prefill_rule_and_the_isolation() -> None:
     ]
     got = problems(attrs.evolve(REQUEUE, requeue_long_prefills="yes"), "priority")
     assert got == ["priority.requeue_long_prefills: must be true or false (got 'yes')"]
+
+
+def test_a_requeued_program_s_next_recomputation_counts_as_preemption() -> None:
+    from actors.core.attribution import CAUSE_PREEMPTION, cause_of
+
+    assert cause_of("prefill_requeue") == CAUSE_PREEMPTION
