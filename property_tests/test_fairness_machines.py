@@ -146,7 +146,8 @@ def test_classes_machine_with_long_prefills_taken_back() -> None:
     """Every check of the classes machine while the core asks long prefills back and the shell
     takes them back: the ledger, the conservation of every request (a re-queued one waits again,
     is admitted again and ends once), the KV rent and the starvation bound hold, and a request is
-    asked back at most once, never when a forced resume dispatched it."""
+    asked back at most once per dispatch and after at most two take-backs, never when a forced
+    resume dispatched it."""
     machine = _requeue_machine()
     run_state_machine_as_test(machine, settings=BUDGET)
     made: list[Any] = []
@@ -179,4 +180,17 @@ def test_requeue_machine_catches_a_core_that_asks_twice(monkeypatch: pytest.Monk
     machine = _requeue_machine()
     with pytest.raises(AssertionError, match="asked back twice"):
         for seed in range(20):
+            random_walk(machine, seed, walks=20, steps=80)
+
+
+def test_requeue_machine_catches_a_core_that_takes_a_request_back_without_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound check fails when the core asks for a prefill back however often it was taken back
+    already (docs/priority.md §3: at most ``MAX_PREFILL_REQUEUES`` times in a request's life)."""
+    from actors.core import fairness_requeue, lifecycle
+
+    monkeypatch.setattr(fairness_requeue, "MAX_PREFILL_REQUEUES", 10**6)
+    monkeypatch.setattr(lifecycle, "MAX_PREFILL_REQUEUES", 10**6)
+    machine = _requeue_machine()
+    with pytest.raises(AssertionError, match="asked back after 2 take-backs"):
+        for seed in range(40):
             random_walk(machine, seed, walks=20, steps=80)

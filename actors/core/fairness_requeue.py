@@ -18,8 +18,10 @@ it or a Program waiting for it, the core asks the shell to take that prefill bac
 (``RequeuePrefill``).  The shell does it only while no byte of the answer went to the client, and
 answers ``RequestRequeued`` (:func:`requeue`); otherwise the request runs on and nothing changes.
 
-Bounds: a request is asked at most once per dispatch and re-queued at most once in its life (its
-second dispatch is never asked), so no request can be taken back forever; a dispatch of a forced
+Bounds: a request is asked at most once per dispatch and re-queued at most
+``MAX_PREFILL_REQUEUES`` (2) times in its life: its second dispatch is asked again when a light
+tenant comes back to the rank while it prefills (it was dispatched once the light tenant's window
+had passed), its third never, so no request can be taken back forever; a dispatch of a forced
 resume is never asked (the agent class's starvation bound stays, docs/priority.md §4); only a
 Program's only request in flight is asked (the Program pauses when it goes back).
 """
@@ -32,7 +34,7 @@ from actors.core.fairness_isolation import IsolationView
 from actors.core.fairness_isolation import enabled as isolation_enabled
 from actors.core.ids import TargetId
 from actors.core.lifecycle import is_waiting_candidate, requeue_pause
-from actors.core.model import PREFILL_REQUEUE, Dispatch, PendingRequest, Program, RankState
+from actors.core.model import MAX_PREFILL_REQUEUES, PREFILL_REQUEUE, Dispatch, PendingRequest, Program, RankState
 from actors.core.state import SchedulerState, live_program
 
 
@@ -64,7 +66,7 @@ def _candidate(s: SchedulerState, rank: RankState, heavy: frozenset[str]) -> tup
     if marker is None or not fairness_prefill.busy(s, rank):
         return None
     d = s.in_flight.get(marker[0])
-    if d is None or d.target_id != rank.target_id or d.requeue_asked or d.requeues or d.forced:
+    if d is None or d.target_id != rank.target_id or d.requeue_asked or d.requeues >= MAX_PREFILL_REQUEUES or d.forced:
         return None
     if d.tenant not in heavy or d.tenant in rank.isolated_for:
         return None

@@ -28,6 +28,7 @@ from actors.core.ledger import Plan, charge, private_tokens
 from actors.core.model import (
     ACTIVE,
     GLOBAL_QUEUE,
+    MAX_PREFILL_REQUEUES,
     PAUSED,
     RANK_QUEUE,
     REASONING,
@@ -181,7 +182,7 @@ def dispatch_ready(s: SchedulerState, p: Program, *, forced: bool = False) -> No
                 requeueable=(
                     s.prio.requeue_long_prefills
                     and not d.forced
-                    and d.requeues == 0
+                    and d.requeues < MAX_PREFILL_REQUEUES
                     and marker is not None
                     and marker[0] == req.request_id
                 ),

@@ -37,6 +37,9 @@ PRIORITY_PREEMPTION = "priority_preemption"
 TENANT_ISOLATION = "tenant_isolation"
 # its long prefill was taken back before its first token for a light tenant (docs/priority.md §3)
 PREFILL_REQUEUE = "prefill_requeue"
+# how often one request may be taken back so (each dispatch is asked at most once): a light tenant
+# that comes back after the re-dispatch gets the rank once more, then the prefill runs to its end
+MAX_PREFILL_REQUEUES = 2
 PAUSE_REASONS = (
     TTL_EXPIRED,
     CAPACITY_REPAIR,

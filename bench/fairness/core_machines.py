@@ -93,7 +93,7 @@ from actors.core.fairness_sync import held_tokens
 from actors.core.ids import DEFAULT_MODEL_POOL, RequestId, TargetId
 from actors.core.ledger import private_tokens
 from actors.core.lifecycle import is_waiting_candidate
-from actors.core.model import PAUSED, ProgramIdentity, RequestHints, Usage
+from actors.core.model import MAX_PREFILL_REQUEUES, PAUSED, ProgramIdentity, RequestHints, Usage
 from actors.core.scheduler import initial_state, step
 from actors.core.state import SchedulerState
 
@@ -191,10 +191,12 @@ class ClassesMachine(RuleBasedStateMachine):
         self.rent_at = 0.0
         self.forced: set[Any] = set()  # Programs whose current admission was a forced resume
         # long prefills asked back (docs/priority.md §3, "Re-queueing a blocking long prefill"):
-        # requests ever asked, asked and not yet answered, taken back, dispatched by a forced resume
+        # requests asked in their current dispatch, asked and not yet answered, taken back, dispatched
+        # by a forced resume
         self.asked: set[str] = set()
         self.asks_open: set[str] = set()
         self.requeued: set[str] = set()
+        self.requeue_counts: dict[str, int] = {}  # take-backs per request (at most MAX_PREFILL_REQUEUES)
         self.forced_rids: set[str] = set()
         self.asks_count = 0
 
@@ -238,14 +240,18 @@ class ClassesMachine(RuleBasedStateMachine):
         before: dict[str, float] = {str(tid): self._usage(tid) for tid in s.ranks}
         result = step(s, event, now=self.now, cfg=self.cfg)
         forced_now: set[Any] = set()
+        admitted_now: set[str] = set()  # dispatched in this step (their status moves below)
         for e in result.effects:
+            if isinstance(e, Admit):
+                self.asked.discard(e.request_id)  # a new dispatch: it may be asked once more
+                admitted_now.add(e.request_id)
             if isinstance(e, Transition) and e.reason in ADMIT_REASONS and e.forced:
                 forced_now.add(e.program)
             elif isinstance(e, Admit) and e.program in forced_now:
                 forced_now.discard(e.program)  # the request the forced resume was for
                 self.forced_rids.add(e.request_id)
             elif isinstance(e, RequeuePrefill):
-                self._check_requeue_ask(e)
+                self._check_requeue_ask(e, admitted_now)
         for e in result.effects:
             if isinstance(e, ArmTimer):
                 self.timers[(e.program, e.kind)] = (e.deadline, e.token)
@@ -273,15 +279,19 @@ class ClassesMachine(RuleBasedStateMachine):
                 self.held[p.tenant] = self.held.get(p.tenant, 0.0) + h
         self._check_step(result.effects, before)
 
-    def _check_requeue_ask(self, e: RequeuePrefill) -> None:
-        """Bounded re-queueing: a request is asked back at most once in its life, never after it
-        was taken back once, never when a forced resume dispatched it, only while in flight."""
+    def _check_requeue_ask(self, e: RequeuePrefill, admitted_now: set[str]) -> None:
+        """Bounded re-queueing: a request is asked back at most once per dispatch, never after it
+        was taken back ``MAX_PREFILL_REQUEUES`` times, never when a forced resume dispatched it,
+        only while in flight."""
         rid = e.request_id
         if "conservation" in self.CHECKS:
-            assert rid not in self.asked, f"{rid} asked back twice"
+            assert rid not in self.asked, f"{rid} asked back twice in one dispatch"
+            taken = self.requeue_counts.get(rid, 0)
+            assert taken < MAX_PREFILL_REQUEUES, f"{rid} asked back after {taken} take-backs"
             assert rid not in self.forced_rids, f"{rid} asked back although a forced resume dispatched it"
             r = self.requests.get(rid)
-            assert r is not None and r.status == "in_flight", f"{rid} asked back while not in flight"
+            in_flight = r is not None and (r.status == "in_flight" or rid in admitted_now)
+            assert in_flight, f"{rid} asked back while not in flight"
             assert e.tenant not in e.light_tenants, f"{rid}: its own tenant is among those it blocks"
         self.asked.add(rid)
         self.asks_open.add(rid)
@@ -394,6 +404,7 @@ class ClassesMachine(RuleBasedStateMachine):
         rid = open_asks[index % len(open_asks)]
         self.asks_open.discard(rid)
         self.requeued.add(rid)
+        self.requeue_counts[rid] = self.requeue_counts.get(rid, 0) + 1
         self.requests[rid].status = "waiting"
         self._step(RequestRequeued(RequestId(rid)))
 

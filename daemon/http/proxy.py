@@ -369,8 +369,10 @@ class RequeueSink:
             raise Requeued("taken back before its answer started")
         sse = _is_event_stream(status, headers)
         if self.head_sent:
-            self._as_event = not sse  # the client has the stream's head already
-            self.committed = True
+            # the client has the stream's head already: a later forward's event-stream head is
+            # not sent again and commits nothing (it can still be taken back, docs/priority.md §3)
+            self._as_event = not sse
+            self.committed = not sse
             return
         self.head_sent = True
         self.committed = not sse

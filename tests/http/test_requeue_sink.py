@@ -75,3 +75,20 @@ async def test_a_complete_answer_commits_at_its_head() -> None:
     assert guard.committed  # its head carries the body's length: no take-back after it
     await guard.end(b"{}")
     assert rec.calls == [("start", 200), ("end", b"{}")]
+
+
+async def test_a_later_forward_s_stream_head_commits_nothing_so_it_can_be_taken_back_again() -> None:
+    rec, back = Recorder(), TakeBack()
+    guard = RequeueSink(rec, back)
+    await guard.start(200, SSE)
+    guard.next_forward()  # taken back once, admitted again
+    await guard.start(200, SSE)
+    assert (guard.head_sent, guard.committed) == (True, False)  # still before the first token
+    back.requested = True  # the scheduler takes the second dispatch back as well
+    with pytest.raises(Requeued):
+        await guard.send(b"data: late\n\n")
+    back.requested = False
+    guard.next_forward()
+    await guard.start(200, SSE)
+    await guard.end(b"data: [DONE]\n\n")
+    assert rec.calls == [("start", 200), ("end", b"data: [DONE]\n\n")]

@@ -13,7 +13,7 @@ from actors.core.errors import InvalidEvent
 from actors.core.events import RequestRequeued, RequestSubmitted
 from actors.core.ids import RequestId
 from actors.core.invariants import check
-from actors.core.model import RequestHints
+from actors.core.model import MAX_PREFILL_REQUEUES, RequestHints
 
 # the reference cost model: 30,000 uncached tokens take 5.742 s to prefill (test_core_priority)
 REQUEUE = PriorityConfig(heavy_tenant_max_active_per_rank=0, long_prefill_seconds=2.0, requeue_long_prefills=True)
@@ -70,12 +70,42 @@ def test_a_light_request_behind_a_heavy_long_prefill_asks_for_it_back() -> None:
     assert admitted(h.tick(at=3.9)) == []
     eff = h.tick(at=4.0)
     (adm,) = of(eff, fx.Admit)
-    assert adm.request_id == "r1" and not adm.requeueable  # re-queued once: never again
+    assert adm.request_id == "r1" and adm.requeueable  # re-queued once: it may be once more
     assert h.rank().long_prefill == (RequestId("r1"), pytest.approx(4.0 + 5.742, abs=1e-3))
     assert h.state.in_flight[RequestId("r1")].requeues == 1
-    # y comes back while r1 prefills again: r1 is not asked a second time
+    assert check(h.state, h.cfg) == []
+
+
+def test_a_light_tenant_back_after_the_re_dispatch_takes_it_back_once_more_then_never() -> None:
+    """docs/benchmarks.md §7.0, hogs seed 2: the light tenant's window passed, the hog went again,
+    and the light tenant came back to the rank while the hog prefilled a second time."""
+    h = hogs()
+    submit(h, "l0", "y", 1_000, 1.0)
+    requeued(h, "r1", 1.0)
+    h.complete("r3", at=1.5, prompt=1_000, completion=20, finish_reason="stop")
+    assert admitted(h.tick(at=4.0)) == ["r1"]  # the second dispatch
+    # y comes back while r1 prefills again: r1 is asked back a second time ...
     eff = submit(h, "l1", "y", 1_000, 5.0)
-    assert admitted(eff) == ["r4"] and of(eff, fx.RequeuePrefill) == []
+    assert admitted(eff) == ["r4"]
+    (ask,) = of(eff, fx.RequeuePrefill)
+    assert (ask.request_id, ask.light_tenants) == ("r1", ("y",))
+    assert ask.estimated_prefill_end == pytest.approx(4.0 + 5.742, abs=1e-3)
+    eff = submit(h, "l2", "y", 1_000, 5.1)
+    assert admitted(eff) == ["r5"] and of(eff, fx.RequeuePrefill) == []  # ... once per dispatch
+    eff = requeued(h, "r1", 5.1)
+    assert "prefill_requeue" in reasons(eff) and admitted(eff) == []
+    assert h.state.pool.front(h.program("h0").ref).requeues == 2
+    assert h.rank().long_prefill is None and check(h.state, h.cfg) == []
+    # y leaves; once the rank is no longer kept for y the third dispatch goes, never asked back
+    h.complete("r4", at=5.5, prompt=1_000, completion=20, finish_reason="stop")
+    h.complete("r5", at=5.6, prompt=1_000, completion=20, finish_reason="stop")
+    assert admitted(h.tick(at=8.4)) == []
+    eff = h.tick(at=8.5)  # 3 s after the last pass that saw y's request in flight (5.5)
+    (adm,) = of(eff, fx.Admit)
+    assert adm.request_id == "r1" and not adm.requeueable  # taken back twice: never again
+    assert h.state.in_flight[RequestId("r1")].requeues == MAX_PREFILL_REQUEUES == 2
+    eff = submit(h, "l3", "y", 1_000, 9.0)  # y back once more
+    assert admitted(eff) == ["r6"] and of(eff, fx.RequeuePrefill) == []
     assert check(h.state, h.cfg) == []
 
 
