@@ -135,7 +135,7 @@ def data_events(raw: bytes) -> list[str]:
 
 
 async def run_scenario(
-    requeue: bool, light_at: float = 1.0
+    requeue: bool, light_at: float = 1.0, light_again_at: float | None = None
 ) -> tuple[PrefillWorker, dict[str, httpx.Response], dict[str, float], Any]:
     worker = PrefillWorker()
     responses: dict[str, httpx.Response] = {}
@@ -155,6 +155,8 @@ async def run_scenario(
             reqs.start_soon(send, "hog0", "h0", "x", HOG_CHARS, 0.0)
             reqs.start_soon(send, "hog1", "h1", "x", HOG_CHARS, 0.01)
             reqs.start_soon(send, "light", "l0", "y", 400, light_at)
+            if light_again_at is not None:  # the light tenant's next task (a new Program)
+                reqs.start_soon(send, "light2", "l1", "y", 400, light_again_at)
         ps = handles.program_dispatcher
         assert ps is not None
         diag = await ps.wait_diagnostics(lambda d: d["retained_requests"] == 0)
@@ -233,3 +235,28 @@ async def test_a_prefill_whose_answer_started_is_not_taken_back(autojump_clock: 
     events = data_events(responses["hog0"].content)
     assert [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:-1]] == ["answer-hog0"]
     assert counters.open_leases() == 0
+
+
+async def test_a_light_tenant_back_during_the_second_prefill_takes_it_back_once_more(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """hog0's second forward (at 4.5 s, above) is taken back too when the light tenant comes back
+    at 6 s while it prefills (docs/priority.md §3: at most twice per request); its third forward
+    runs to its end, and its client still sees one clean stream."""
+    worker, responses, ended, (counters, _diag, metrics, fair) = await run_scenario(requeue=True, light_again_at=6.0)
+    assert worker.aborted == [("hog0", 1.0), ("hog0", 6.0)]
+    assert ended["light2"] == 6.1 + DECODE_SECONDS  # not behind hog0's second prefill (9.5 s)
+    names = [(name, at) for name, at, _ in worker.seen]
+    # the third forward 3 s after the last pass that saw light2 in flight (the tick at 6.5 s; it
+    # ran until 6.6 s), hog1 at its end
+    assert names == [("hog0", 0.0), ("light", 1.0), ("hog0", 4.5), ("light2", 6.0), ("hog0", 9.5), ("hog1", 15.0)]
+    assert ended["hog0"] == 15.0 and ended["hog1"] == 20.5
+    ids = [rid for name, _, rid in worker.seen if name == "hog0"]
+    assert len(set(ids)) == 3
+    events = data_events(responses["hog0"].content)
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    assert [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:-1]] == ["answer-hog0"]
+    assert all(r.status_code == 200 for r in responses.values())
+    assert (counters.open_leases(), counters.requeued_count, counters.completed_count) == (0, 2, 4)
+    assert fair["accounts"]["x"]["input_tokens"] == 2 * 30_002  # both refunds exact
+    assert metric(metrics, 'agentd_prefill_requeues_total{outcome="requeued"}') == 2.0
