@@ -47,7 +47,7 @@ from actors.core.resume import (
     set_force_resume_deadline,
 )
 from actors.core.sequences import arrival_sequence
-from actors.core.state import SchedulerState, live_program
+from actors.core.state import SchedulerState, live_program, queue_timeout
 from actors.core.topology import sync_targets
 
 # ---- arrival ---------------------------------------------------------------------------------------
@@ -144,9 +144,7 @@ def retain_request(s: SchedulerState, p: Program, ev: RequestSubmitted, est: int
         p.acting_since = p.ttl_deadline = None
     p.expected_resume = bool(ev.identity.expected_resume)
     hints = ev.hints
-    timeout = s.cfg.queue_timeout_seconds
-    if hints.deadline_seconds is not None:
-        timeout = min(timeout, hints.deadline_seconds)
+    timeout = queue_timeout(s, hints)
     fairness.arrive(s.fair, s.prio, ev.tenant, now)
     s.pool.retain(
         PendingRequest(

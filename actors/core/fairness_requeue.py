@@ -35,7 +35,7 @@ from actors.core.fairness_isolation import enabled as isolation_enabled
 from actors.core.ids import TargetId
 from actors.core.lifecycle import is_waiting_candidate, requeue_pause
 from actors.core.model import MAX_PREFILL_REQUEUES, PREFILL_REQUEUE, Dispatch, PendingRequest, Program, RankState
-from actors.core.state import SchedulerState, live_program
+from actors.core.state import SchedulerState, live_program, queue_timeout
 
 
 def enabled(s: SchedulerState) -> bool:
@@ -118,9 +118,6 @@ def requeue(s: SchedulerState, d: Dispatch, p: Program) -> None:
     fairness.charge(s.fair, s.prio, d.tenant, input_tokens=-d.input_charge)
     fairness.arrive(s.fair, s.prio, d.tenant, s.now)
     p.in_flight -= 1
-    timeout = s.cfg.queue_timeout_seconds
-    if d.hints.deadline_seconds is not None:
-        timeout = min(timeout, d.hints.deadline_seconds)
     s.pool.retain_front(
         PendingRequest(
             request_id=d.request_id,
@@ -130,7 +127,7 @@ def requeue(s: SchedulerState, d: Dispatch, p: Program) -> None:
             estimated_context_tokens=d.estimated_context_tokens,
             hints=d.hints,
             routing_text=d.routing_text,
-            queue_deadline=s.now + timeout,
+            queue_deadline=s.now + queue_timeout(s, d.hints),
             tenant=d.tenant,
             requeues=d.requeues + 1,
         )

@@ -22,7 +22,7 @@ from actors.core.eta import EtaBook
 from actors.core.fairness import FairnessState
 from actors.core.ids import ProgramKey, ProgramRef, RequestId, SeqCounter, TargetId
 from actors.core.interactive_state import InteractiveState
-from actors.core.model import Dispatch, Lineage, Program, RankState
+from actors.core.model import Dispatch, Lineage, Program, RankState, RequestHints
 from actors.core.placement import Binder
 from actors.core.queue import RequestPool
 from actors.core.stats import ProgressTtlFactors, ResumeHitWindow
@@ -98,6 +98,15 @@ def lookup_key(ref: ProgramRef) -> ProgramKey:
     compares equal to the ``ProgramKey`` without building one (this runs several times per event).
     Use ``ref.key`` wherever the key is kept or its fields are read."""
     return cast(ProgramKey, ref[:2])
+
+
+def queue_timeout(s: SchedulerState, hints: RequestHints) -> float:
+    """How long a request may wait in the router's queue: ``queue_timeout_seconds``, or the
+    request's own deadline when it is shorter (docs/program-scheduling.md §5, "Queue timeout")."""
+    timeout = s.cfg.queue_timeout_seconds
+    if hints.deadline_seconds is not None:
+        timeout = min(timeout, hints.deadline_seconds)
+    return timeout
 
 
 def live_program(s: SchedulerState, ref: ProgramRef) -> Program | None:
