@@ -93,10 +93,16 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "agentd-no-finish-keys": {"finish_reason_keys": False},
     "agentd-no-release": {"release_when_long": False},
 }
-SYSTEMS = ("native", "floor", *ABLATIONS, "agentd-floor")
+# rows that change a Program scheduling field instead of a tool_retention one
+PS_ABLATIONS: dict[str, dict[str, Any]] = {
+    "agentd-move-resident": {"cross_rank_move_cost": "resident"},
+}
+SYSTEMS = ("native", "floor", *ABLATIONS, *PS_ABLATIONS, "agentd-floor")
 
 
-def _run(point_name: str, system: str, out_dir: str, sim_hints: bool = True) -> tuple[str, str, dict[str, Any], float]:
+def _run(
+    point_name: str, system: str, out_dir: str, sim_hints: bool = True, ps_overrides: dict[str, Any] | None = None
+) -> tuple[str, str, dict[str, Any], float]:
     point = POINTS[point_name]
     trace = synthesize(point.profile, point.programs, point.seed, point.knobs)
     blocks = FLOOR_KV_BLOCKS if system in ("floor", "agentd-floor") else point.kv_blocks
@@ -104,7 +110,8 @@ def _run(point_name: str, system: str, out_dir: str, sim_hints: bool = True) -> 
     if system in ("native", "floor"):
         cfg = config_for(cluster, "native")
     else:
-        cfg = config_for(cluster, "agentd", {"tool_retention": ABLATIONS.get(system, {})})
+        overrides = {**PS_ABLATIONS.get(system, {}), **(ps_overrides or {})}
+        cfg = config_for(cluster, "agentd", {"tool_retention": ABLATIONS.get(system, {}), **overrides})
     started = time.perf_counter()
     opts = ReplayOptions(concurrency=point.concurrency, sim_hints=sim_hints)
     report = run_simulation(cfg, trace, opts, system=system)
@@ -220,7 +227,22 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="replay without tool-call/stop hints (turns end by length, as before issue 17)",
     )
+    parser.add_argument(
+        "--ps-config-json",
+        default=None,
+        help="JSON object merged into every agentd row's [program_scheduling] (e.g. a field under test)",
+    )
     args = parser.parse_args(argv)
+    ps_overrides: dict[str, Any] = {}
+    if args.ps_config_json is not None:
+        try:
+            ps_overrides = json.loads(args.ps_config_json)
+        except json.JSONDecodeError as exc:
+            print(f"--ps-config-json: not valid JSON ({exc})", file=sys.stderr)
+            return 2
+        if not isinstance(ps_overrides, dict):
+            print("--ps-config-json: must be a JSON object", file=sys.stderr)
+            return 2
     points = [p.strip() for p in args.points.split(",") if p.strip()]
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     for p in points:
@@ -236,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     results: dict[str, dict[str, dict[str, Any]]] = {p: {} for p in points}
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(_run, p, s, args.out, args.sim_hints) for p in points for s in systems]
+        futures = [pool.submit(_run, p, s, args.out, args.sim_hints, ps_overrides) for p in points for s in systems]
         for fut in futures:
             point_name, system, report, wall = fut.result()
             results[point_name][system] = report

@@ -14,6 +14,7 @@ from typing import NamedTuple
 from actors.core import fairness, fairness_isolation, fairness_prefill
 from actors.core import program as lc
 from actors.core.batch_class import on_batch_complete
+from actors.core.cache_residency import note_completion
 from actors.core.costs import cache_miss_impact_seconds
 from actors.core.effects import (
     CacheDiscontinuity,
@@ -267,6 +268,7 @@ def record_request_sample(
     p.lifetime_generated_tokens += completion
     p.last_request_finished_at = now
     p.last_cache_miss_impact_seconds = usage.cache_miss_impact_seconds
+    note_completion(s, p, rank, usage.prompt_tokens, usage.cached_tokens, completion)
     s.effects.append(CacheMissImpactObserved(target_id=rank.target_id, seconds=usage.cache_miss_impact_seconds))
     rank.factors.push_request(
         RequestSample(

@@ -80,6 +80,7 @@ def problems(cfg: Any, path: str = "") -> list[str]:
 
 ENABLE_KEYS = ("vllm_xargs.agentic_context", "auto")
 RESUME_ORDERS = ("mru", "fcfs")
+MOVE_COSTS = ("context", "resident")  # docs/program-scheduling.md §12.5
 # how a per-tool TTL prices holding while Programs wait for capacity (docs/program-scheduling.md §12)
 TOOL_CONTENTION_MODES = ("rent", "cap_at_fit", "ignore")
 BINDING_STRATEGIES = (
@@ -184,6 +185,7 @@ class ProgramSchedulingConfig:
     max_segment_rounds: int = rule_field(INT_GT_0, 14)
     stats_window_size: int = rule_field(INT_GT_0, 100)
     enable_batch_gain_admission: bool = True
+    cross_rank_move_cost: str = rule_field(one_of(*MOVE_COSTS), "context")
     prefill_cost_model: PrefillCostModel = field(factory=PrefillCostModel)
     decode_throughput_model: DecodeThroughputModel = field(factory=DecodeThroughputModel)
     tool_retention: ToolRetentionConfig = field(factory=ToolRetentionConfig)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from actors.core import fairness, fairness_isolation, fairness_requeue
+from actors.core.cache_residency import move_cost_seconds
 from actors.core.ids import ProgramRef, TargetId
 from actors.core.interactive import dispatch_interactive
 from actors.core.ledger import Plan, admission_plan, fresh_waiting, private_tokens, target_usage
@@ -318,7 +319,9 @@ def select_cross_rank(s: SchedulerState, p: Program) -> tuple[RankState, Plan] |
     # admit it, without the headroom margin (the reference needs backend waiting requests, which
     # a rank that is full in the ledger but not in the batch never shows).  Waiting, then moving,
     # costs at most twice the better of the two choices (docs/program-scheduling.md §7, §10).
-    patient = now - p.queued_at >= max(interval, p.last_cache_miss_impact_seconds)
+    # cross_rank_move_cost = "resident" prices the move at the part of the context the source
+    # probably still caches (docs/program-scheduling.md §12.5); the default at all of it
+    patient = now - p.queued_at >= max(interval, move_cost_seconds(s, p))
     if not (pressure or patient):
         return None
     capacity = cfg.token_capacity_per_dp_rank
