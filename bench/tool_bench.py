@@ -17,7 +17,11 @@ For every point (a trace and a cluster, docs/benchmarks.md §9) the same trace r
   ``agentd-hold-under-contention`` (``contention = "ignore"``: rent 1 always),
   ``agentd-measured-miss`` (``measured_miss = true``: a miss after a tool priced with the miss
   ratio measured after that tool), ``agentd-no-finish-keys`` (turns without a tool call are not learned),
-  ``agentd-no-release`` (a decision to hold nothing falls back to the fit).
+  ``agentd-no-release`` (a decision to hold nothing falls back to the fit);
+  ``agentd-move-resident`` (``cross_rank_move_cost = "resident"``: the cross-rank patience priced
+  at the part of the context the previous rank probably still caches, docs/program-scheduling.md
+  §12.1).  ``--ps-config-json '{...}'`` merges Program scheduling fields into every agentd row
+  (a field under test, before it gets a row of its own).
 
 The per-tool tables (agentd and agentd-no-tool-ttl) show the diagnostics of
 docs/program-scheduling.md §12: decisions against the fitted TTL, how Programs came back, and what
@@ -46,6 +50,8 @@ from bench.output import report_json, write_atomic
 from bench.replay import ReplayOptions
 from bench.simulate import run_simulation
 from bench.trace.synth import Knobs, synthesize
+from daemon.config import AgentdConfig
+from daemon.config_loading import ConfigError
 
 
 @attrs.frozen
@@ -100,18 +106,23 @@ PS_ABLATIONS: dict[str, dict[str, Any]] = {
 SYSTEMS = ("native", "floor", *ABLATIONS, *PS_ABLATIONS, "agentd-floor")
 
 
+def system_config(point: Point, system: str, ps_overrides: dict[str, Any] | None = None) -> AgentdConfig:
+    """The embedded-mode config of one row at one point: ``native``/``floor`` without Program
+    scheduling, every other row agentd with its ablation and ``ps_overrides`` merged in."""
+    blocks = FLOOR_KV_BLOCKS if system in ("floor", "agentd-floor") else point.kv_blocks
+    cluster = ClusterSpec(workers=2, dp_size=2, num_gpu_blocks=blocks, time_scale=1.0)
+    if system in ("native", "floor"):
+        return config_for(cluster, "native")
+    overrides = {**PS_ABLATIONS.get(system, {}), **(ps_overrides or {})}
+    return config_for(cluster, "agentd", {"tool_retention": ABLATIONS.get(system, {}), **overrides})
+
+
 def _run(
     point_name: str, system: str, out_dir: str, sim_hints: bool = True, ps_overrides: dict[str, Any] | None = None
 ) -> tuple[str, str, dict[str, Any], float]:
     point = POINTS[point_name]
     trace = synthesize(point.profile, point.programs, point.seed, point.knobs)
-    blocks = FLOOR_KV_BLOCKS if system in ("floor", "agentd-floor") else point.kv_blocks
-    cluster = ClusterSpec(workers=2, dp_size=2, num_gpu_blocks=blocks, time_scale=1.0)
-    if system in ("native", "floor"):
-        cfg = config_for(cluster, "native")
-    else:
-        overrides = {**PS_ABLATIONS.get(system, {}), **(ps_overrides or {})}
-        cfg = config_for(cluster, "agentd", {"tool_retention": ABLATIONS.get(system, {}), **overrides})
+    cfg = system_config(point, system, ps_overrides)
     started = time.perf_counter()
     opts = ReplayOptions(concurrency=point.concurrency, sim_hints=sim_hints)
     report = run_simulation(cfg, trace, opts, system=system)
@@ -242,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if not isinstance(ps_overrides, dict):
             print("--ps-config-json: must be a JSON object", file=sys.stderr)
+            return 2
+        try:
+            system_config(POINTS["thrash"], "agentd", ps_overrides)
+        except ConfigError as exc:
+            print(f"--ps-config-json: {exc}", file=sys.stderr)
             return 2
     points = [p.strip() for p in args.points.split(",") if p.strip()]
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]

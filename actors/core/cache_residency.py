@@ -1,4 +1,4 @@
-"""Where a released Program's KV probably still is (docs/program-scheduling.md §12.5).
+"""Where a released Program's KV probably still is (docs/program-scheduling.md §12.1).
 
 An engine with prefix caching frees a finished request's blocks to the tail of an LRU free queue
 and evicts from the head when it allocates, so a Program's context stays cached on its rank until
@@ -68,7 +68,7 @@ def _private_impact(s: SchedulerState, p: Program, resident: int) -> float:
 
 def own_move_cost_seconds(s: SchedulerState, p: Program) -> float:
     """What moving ``p`` off its previous rank costs it in recompute: the impact of the private
-    part of its still-resident prefix (docs/program-scheduling.md §7 patience, §12.5); the impact
+    part of its still-resident prefix (docs/program-scheduling.md §7 patience, §12.1); the impact
     of its whole private context when the residency is unknown."""
     resident = resident_tokens(s, p)
     if resident is None:
@@ -77,7 +77,7 @@ def own_move_cost_seconds(s: SchedulerState, p: Program) -> float:
 
 
 def move_cost_seconds(s: SchedulerState, p: Program) -> float:
-    """The patience of a cross-rank resume of ``p`` (docs/program-scheduling.md §7, §12.5) under
+    """The patience of a cross-rank resume of ``p`` (docs/program-scheduling.md §7, §12.1) under
     ``cross_rank_move_cost``: ``context`` the impact of its whole private context (the default),
     ``resident`` the impact of the part its previous rank probably still caches."""
     if s.cfg.cross_rank_move_cost == "resident":

@@ -207,7 +207,7 @@ class Program:
     lifetime_generated_tokens: int = 0
     last_request_finished_at: float | None = None
     last_cache_miss_impact_seconds: float = 0.0
-    # (rank, its allocation counter, KV free ahead) at the last completion (cache_residency, §12.5)
+    # (rank, its allocation counter, KV free ahead) at the last completion (cache_residency, §12.1)
     residency_mark: tuple[TargetId, float, float] | None = None
     continuity_sampled_at: float | None = None  # finish time already sampled (B9 fix)
     last_turn_keys: tuple[str, ...] = ()  # tool-gap keys of the last completed turn (tool_retention)
@@ -276,7 +276,7 @@ class RankState:
     batch_tokens: float = 0.0
     batch_requests: int = 0
     backend_kv_capacity_tokens: int | None = None  # the engine's KV pool, as last reported
-    allocated_tokens: float = 0.0  # new KV tokens its completions reported (cache_residency, §12.5)
+    allocated_tokens: float = 0.0  # new KV tokens its completions reported (cache_residency, §12.1)
     # tokens Program admission leaves to backlogged batch work (its guaranteed share, docs/batch.md §2)
     batch_claim_tokens: float = 0.0
     # running interactive requests here and their charge (docs/priority.md §2)

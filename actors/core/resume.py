@@ -320,7 +320,7 @@ def select_cross_rank(s: SchedulerState, p: Program) -> tuple[RankState, Plan] |
     # a rank that is full in the ledger but not in the batch never shows).  Waiting, then moving,
     # costs at most twice the better of the two choices (docs/program-scheduling.md §7, §10).
     # cross_rank_move_cost = "resident" prices the move at the part of the context the source
-    # probably still caches (docs/program-scheduling.md §12.5); the default at all of it
+    # probably still caches (docs/program-scheduling.md §12.1); the default at all of it
     patient = now - p.queued_at >= max(interval, move_cost_seconds(s, p))
     if not (pressure or patient):
         return None

@@ -1,5 +1,5 @@
 """Where a released Program's KV probably still is, and the move cost priced on it
-(docs/program-scheduling.md §7 patience, §12.5)."""
+(docs/program-scheduling.md §7 patience, §12.1)."""
 
 from __future__ import annotations
 
