@@ -33,7 +33,10 @@ def engine_kv_tokens(s: SchedulerState, rank: RankState) -> float | None:
 
 def note_completion(s: SchedulerState, p: Program, rank: RankState, prompt: int, cached: int, completion: int) -> None:
     """Count a completed Program request's allocation on ``rank`` and remember, for ``p``, the
-    rank's allocation counter and the KV free ahead of its blocks at this moment."""
+    rank's allocation counter and the KV free ahead of its blocks at this moment.  Nothing is
+    kept while no decision reads it (``cross_rank_move_cost = "context"``, the default)."""
+    if s.cfg.cross_rank_move_cost == "context":
+        return
     rank.allocated_tokens += max(0, prompt - cached) + max(0, completion)
     kv = engine_kv_tokens(s, rank)
     if kv is None:

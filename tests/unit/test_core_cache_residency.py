@@ -23,7 +23,7 @@ def _two_ranks(**kw: object) -> Harness:
 
 
 def test_core_residency_counts_allocations_against_the_kv_free_ahead() -> None:
-    h = Harness(token_capacity_per_dp_rank=10_000)
+    h = Harness(token_capacity_per_dp_rank=10_000, cross_rank_move_cost="resident")
     h.submit("a", tokens=3000)
     h.complete("r1", at=1.0, prompt=3000, cached=0, completion=100)
     a = h.program("a")
@@ -42,7 +42,7 @@ def test_core_residency_counts_allocations_against_the_kv_free_ahead() -> None:
 
 
 def test_core_residency_free_ahead_leaves_out_running_requests_and_uses_the_reported_kv() -> None:
-    h = Harness(token_capacity_per_dp_rank=10_000)
+    h = Harness(token_capacity_per_dp_rank=10_000, cross_rank_move_cost="resident")
     h.rank().backend_kv_capacity_tokens = 20_000  # the engine's report wins over the ledger capacity
     h.submit("a", tokens=2000)
     h.submit("b", tokens=5000)  # still running when a completes: its blocks are not free
@@ -50,13 +50,18 @@ def test_core_residency_free_ahead_leaves_out_running_requests_and_uses_the_repo
     assert h.program("a").residency_mark == (tid(0), 2000.0, 20_000.0 - 5000 - 2000)
 
 
-def test_core_residency_unknown_before_a_completion() -> None:
-    h = Harness(token_capacity_per_dp_rank=10_000)
+@pytest.mark.parametrize("mode", ["context", "resident"])
+def test_core_residency_unknown_before_a_completion_and_not_kept_by_default(mode: str) -> None:
+    h = Harness(token_capacity_per_dp_rank=10_000, cross_rank_move_cost=mode)
     h.submit("a", tokens=2000)
     a = h.program("a")
     assert resident_tokens(h.state, a) is None
     a.last_cache_miss_impact_seconds = 1.5
     assert move_cost_seconds(h.state, a) == 1.5  # both modes fall back to the whole context
+    h.complete("r1", at=1.0, prompt=2000, cached=0, completion=10)
+    # the default keeps no marks and counts nothing (no decision reads them)
+    assert (a.residency_mark is None) is (mode == "context")
+    assert h.rank().allocated_tokens == (0.0 if mode == "context" else 2010.0)
 
 
 @pytest.mark.parametrize(("mode", "moves_at_once"), [("context", False), ("resident", True)])
@@ -75,10 +80,12 @@ def test_core_cross_rank_patience_priced_at_the_resident_part(mode: str, moves_a
     h.submit("a", tokens=2000)  # rank 0
     h.complete("r3", at=0.5, prompt=2000, cached=0, completion=0)  # a pauses
     a = h.program("a")
-    assert a.residency_mark == (tid(0), 2000.0, 2000.0)  # big's 6000 are referenced
-    assert resident_tokens(h.state, a) == 2000
+    if mode == "resident":
+        assert a.residency_mark == (tid(0), 2000.0, 2000.0)  # big's 6000 are referenced
+        assert resident_tokens(h.state, a) == 2000
     h.complete("r1", at=0.6, prompt=6000, cached=0, completion=0)  # rank 0 allocated 6000 more
-    assert resident_tokens(h.state, a) == 0  # 6000 - 2000 ahead evicts all 2000 of a
+    if mode == "resident":
+        assert resident_tokens(h.state, a) == 0  # 6000 - 2000 ahead evicts all 2000 of a
     h.submit("big", tokens=8000, at=0.7)  # rank 0 now 8100 used
     h.submit("a", tokens=6000, at=1.0)  # cannot come back: 8100 + 6100 > 10000
     h.observe(0, 0.5, 1, 0, at=1.5)  # no backend waiting requests on rank 0: no pressure
