@@ -3,7 +3,8 @@
 Usage (from the repository root)::
 
     python -m bench.proxy_overhead [--seconds 3] [--concurrency 32] [--bodies 1,64,256]
-        [--identity free,program] [--processes 1[,2]] [--vllm-router PATH] [--json out.json]
+        [--identity free,program] [--processes 1[,2]] [--http1 agentd,hypercorn] [--vllm-router PATH]
+        [--json out.json]
 
 Processes on one machine: a zero-delay fake worker (raw Trio sockets, HTTP/1.1 keep-alive, a
 fixed chat-completion body), ``agentd start --worker-urls <worker> --policy round_robin`` (with
@@ -33,6 +34,8 @@ uneven spread over relay processes or a saturated load generator shows in the ou
 ``--processes N[,M...]`` runs one agentd column per N with ``[server] data_plane_processes = N``
 (docs/operations.md §13); an agentd without that setting runs only N = 1 and any other N exits 2
 naming the option. Cells are measured once every relay process accepts connections.
+``--http1 agentd,hypercorn`` adds one agentd column per HTTP/1.1 protocol (``[server]
+http1_implementation``, docs/config.md), labelled ``h1`` (agentd's) and ``h11`` (hypercorn's).
 """
 
 from __future__ import annotations
@@ -416,6 +419,13 @@ def supports_processes() -> bool:
     return any(field.name == "data_plane_processes" for field in ServerConfig.__attrs_attrs__)
 
 
+def supports_http1() -> bool:
+    """Whether this agentd has ``[server] http1_implementation`` (docs/config.md)."""
+    from daemon.config import ServerConfig
+
+    return any(field.name == "http1_implementation" for field in ServerConfig.__attrs_attrs__)
+
+
 def agentd_command(port: int, worker_port: int, policy: str, program: bool, config: Path | None) -> list[str]:
     cmd = [sys.executable, "-m", "daemon", "start", "--port", str(port), "--log-level", "warning"]
     cmd += ["--worker-urls", f"http://127.0.0.1:{worker_port}", "--policy", policy]
@@ -493,6 +503,17 @@ def _modes(text: str) -> list[str]:
     return values
 
 
+HTTP1_LABELS = {"agentd": "h1", "hypercorn": "h11", None: ""}
+
+
+def _http1(text: str) -> list[str]:
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [v for v in values if v not in ("agentd", "hypercorn")]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(f"--http1: comma-separated from agentd, hypercorn, got {text!r}")
+    return values
+
+
 def measure(
     name: str,
     port: int,
@@ -542,6 +563,11 @@ def main() -> int:
         default=[1],
         help="agentd data_plane_processes, one agentd column per value (e.g. 1,2)",
     )
+    parser.add_argument(
+        "--http1",
+        type=_http1,
+        help="agentd's [server] http1_implementation, one agentd column per value (e.g. agentd,hypercorn)",
+    )
     parser.add_argument("--vllm-router", help="the vllm-router executable (default: vllm-router on PATH)")
     parser.add_argument("--no-router", action="store_true", help="skip vllm-router even when installed")
     parser.add_argument("--naive", action="store_true", help="add the naive hypercorn+httpx proxy row")
@@ -563,6 +589,9 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
+    if args.http1 and not supports_http1():
+        print("--http1: this agentd has no [server] http1_implementation setting", file=sys.stderr)
+        return 2
     router = None if args.no_router else find_vllm_router(args.vllm_router)
     if args.vllm_router and router is None:
         print(f"--vllm-router: {args.vllm_router} is not an executable file", file=sys.stderr)
@@ -576,7 +605,17 @@ def main() -> int:
         f" vllm-router {router or 'absent (skipped)'}; load {uptime[0]:.2f}, speed probe {probe_us:.1f} us",
         flush=True,
     )
-    systems = [f"agentd N={n}" if args.processes != [1] else "agentd" for n in args.processes]
+    # one agentd column per (processes, HTTP/1.1 protocol): "agentd", "agentd N=2", "agentd h11 N=2"...
+    columns: list[tuple[str, int, str | None]] = []
+    for n in args.processes:
+        for impl in args.http1 or [None]:
+            name = "agentd"
+            if args.http1 and len(args.http1) > 1:
+                name += f" {HTTP1_LABELS[impl]}"
+            if args.processes != [1]:
+                name += f" N={n}"
+            columns.append((name, n, impl))
+    systems = [name for name, _, _ in columns]
     if router is not None:
         systems.append("vllm-router")
     results: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}  # mode -> kb -> system -> cell
@@ -595,11 +634,14 @@ def main() -> int:
                 }
                 print(f"identity {mode}: starting " + ", ".join(systems), flush=True)
                 ports: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
-                for n, system in zip(args.processes, systems, strict=False):
+                for system, n, impl in columns:
                     config = None
                     if supports_processes():
-                        config = Path(tmp) / f"agentd-{n}.toml"
-                        config.write_text(f"[server]\ndata_plane_processes = {n}\n")
+                        config = Path(tmp) / f"agentd-{n}-{impl}.toml"
+                        text = f"[server]\ndata_plane_processes = {n}\n"
+                        if impl is not None:
+                            text += f'http1_implementation = "{impl}"\n'
+                        config.write_text(text)
                     port = free_port()
                     proc = subprocess.Popen(
                         agentd_command(port, worker_port, args.policy, program, config),
@@ -618,7 +660,7 @@ def main() -> int:
                 first = bodies[args.bodies[0]][0]
                 for system, (port, proc) in ports.items():
                     wait_serving(port, proc, system, first)
-                    if system.startswith("agentd") and system != "agentd N=1":
+                    if system.startswith("agentd") and not system.endswith(("N=1", "agentd")):
                         wait_relays(port, proc, system)
                 naive = None
                 if args.naive and mode == "free":

@@ -53,6 +53,11 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("kv", "json")
 
 
+HTTP1_IMPLEMENTATIONS = ("agentd", "hypercorn")
+# overrides [server] http1_implementation when set (the test suite runs its socket tests on both)
+HTTP1_ENV = "AGENTD_HTTP1_IMPLEMENTATION"
+
+
 @frozen
 class ServerConfig:
     host: str = rule_field(NON_EMPTY, "127.0.0.1")
@@ -71,6 +76,9 @@ class ServerConfig:
         (lambda x: isinstance(x, int | float) and not isinstance(x, bool) and 0 <= x <= 1000, "must be in [0, 1000]"),
         0.0,
     )
+    # the HTTP/1.1 protocol inside hypercorn's connection handling (docs/operations.md §10.6):
+    # agentd's own (daemon/http/h1proto.py) or hypercorn's h11-based one
+    http1_implementation: str = rule_field(one_of(*HTTP1_IMPLEMENTATIONS), "hypercorn")
 
 
 def _finite_number(x: Any) -> bool:

@@ -264,7 +264,7 @@ async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandle
     app = create_app(handles, role="public" if split else "all", edge=edge, auth=auth)
     state = handles.server_state
     http_url = await servers.start(
-        partial(serve_asgi, state=state, hard_grace_seconds=hard),
+        partial(serve_asgi, state=state, hard_grace_seconds=hard, http1=cfg.server.http1_implementation),
         app,
         # with relays this listener is internal: the relays forward every non-proxy route to it
         cfg.server.host if data_plane is None else "127.0.0.1",
@@ -280,7 +280,7 @@ async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandle
     if split:
         admin_app = create_app(handles, role="admin", edge=edge, auth=auth)
         admin_url = await servers.start(
-            partial(serve_asgi, hard_grace_seconds=hard),
+            partial(serve_asgi, hard_grace_seconds=hard, http1=cfg.server.http1_implementation),
             admin_app,
             cfg.admin.host,
             cfg.admin.port,
@@ -293,7 +293,14 @@ async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandle
         metrics_app = metrics_asgi_app(
             handles.registry, None if data_plane is None else data_plane.hub.relay_expositions
         )
-        metrics_url = await servers.start(serve_asgi, metrics_app, host, cfg.prometheus.port, grace, shutdown.wait)
+        metrics_url = await servers.start(
+            partial(serve_asgi, http1=cfg.server.http1_implementation),
+            metrics_app,
+            host,
+            cfg.prometheus.port,
+            grace,
+            shutdown.wait,
+        )
     handles = attrs.evolve(handles, http_url=http_url, metrics_url=metrics_url, admin_url=admin_url)
     app.handles = handles
     if admin_app is not None:

@@ -205,6 +205,7 @@ async def run_relay(spec: RelaySpec) -> None:
                     ),
                     hard_grace_seconds=grace + DRAIN_ANSWER_SECONDS,
                     listener=listener,
+                    http1=cfg.server.http1_implementation,
                 ),
                 app,
                 cfg.server.host,

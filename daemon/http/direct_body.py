@@ -85,7 +85,12 @@ class DirectBody:
 
 def attach(send: Any) -> DirectBody | None:
     """A :class:`DirectBody` for the response ``send`` belongs to, once its head went out; ``None``
-    when the body must go through ASGI (see the module docstring)."""
+    when the body must go through ASGI (see the module docstring).  On agentd's own HTTP/1.1
+    protocol (daemon/http/h1proto.py) the exchange that ``send`` belongs to decides."""
+    own = getattr(getattr(send, "__self__", None), "direct_body", None)
+    if own is not None:
+        writer: DirectBody | None = own()
+        return writer
     try:
         http_stream = send.__self__
         protocol = http_stream.send.__self__

@@ -24,6 +24,7 @@ which is what adds the connection-level limits of docs/config.md ``[limits]``
 from __future__ import annotations
 
 import math
+import os
 import socket
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -38,7 +39,9 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
 
 from actors.logevents import get_logger, log_event
+from daemon.config import HTTP1_ENV, HTTP1_IMPLEMENTATIONS
 from daemon.http.errors import error_body
+from daemon.http.h1proto import H1Connection
 from daemon.http.hypercorn_close import PromptCloseTCPServer
 
 KEEP_ALIVE_MAX_REQUESTS = 1 << 62
@@ -163,6 +166,15 @@ async def _watch_writes(state: ServerState, streams: set[WriteTimeoutStream]) ->
 _Connection = PromptCloseTCPServer
 
 
+def resolve_http1(configured: str | None) -> str:
+    """The HTTP/1.1 protocol to run: :data:`~daemon.config.HTTP1_ENV` when set, else ``configured``,
+    else hypercorn's (docs/config.md ``[server] http1_implementation``)."""
+    value = os.environ.get(HTTP1_ENV) or configured or "hypercorn"
+    if value not in HTTP1_IMPLEMENTATIONS:
+        raise ValueError(f"{HTTP1_ENV}: must be one of {', '.join(HTTP1_IMPLEMENTATIONS)}, got {value!r}")
+    return value
+
+
 def over_capacity_response(retry_after: int) -> bytes:
     body = error_body(
         "too many open connections to agentd (limits.max_connections); retry later",
@@ -211,6 +223,7 @@ async def serve_http(
     hard_grace_seconds: float | None = None,
     sock: socket.socket | None = None,
     listener: Any = None,
+    http1: str | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` until ``shutdown_trigger`` returns, then drain (see the module doc).
@@ -220,8 +233,10 @@ async def serve_http(
     public socket, docs/operations.md §13) instead of binding ``host:port``; it is closed at the
     drain like a socket of our own.  ``listener``: accept through this Trio listener instead (a relay
     process's :class:`~daemon.dataplane.balance.BalancedListener` over that socket, which has a
-    ``socket`` attribute); closed at the drain too."""
+    ``socket`` attribute); closed at the drain too.  ``http1``: the HTTP/1.1 protocol of each
+    connection, ``"agentd"`` (daemon/http/h1proto.py) or ``"hypercorn"`` (:func:`resolve_http1`)."""
     state = state if state is not None else ServerState()
+    own_protocol = resolve_http1(http1) == "agentd"
     hard = grace_seconds if hard_grace_seconds is None else hard_grace_seconds
     config = hypercorn_config(host, port, hard)
     asgi = wrap_app(app, config.wsgi_max_body_size, "asgi")
@@ -245,6 +260,7 @@ async def serve_http(
                 binds.append(f"http://{repr_socket_addr(one.family, one.getsockname())}")
 
             streams: set[WriteTimeoutStream] = set()
+            own: set[H1Connection] = set()  # connections on agentd's protocol (closed when idle at the drain)
             # outside the connections' nursery: it must outlive them (past the hard deadline too)
             lifespan_nursery.start_soon(_watch_writes, state, streams)
 
@@ -256,7 +272,22 @@ async def serve_http(
                 wrapped = WriteTimeoutStream(stream, state)
                 streams.add(wrapped)
                 try:
-                    await _Connection(asgi, config, context, ConnectionState({}), wrapped)
+                    if own_protocol:
+                        connection = H1Connection(
+                            app,
+                            wrapped,
+                            keep_alive_timeout=config.keep_alive_timeout,
+                            max_head_bytes=config.h11_max_incomplete_size,
+                            terminated=context.terminated,
+                            root_path=config.root_path,
+                        )
+                        own.add(connection)
+                        try:
+                            await connection.run()
+                        finally:
+                            own.discard(connection)
+                    else:
+                        await _Connection(asgi, config, context, ConnectionState({}), wrapped)
                 finally:
                     streams.discard(wrapped)
                     state.open_connections -= 1
@@ -283,6 +314,8 @@ async def serve_http(
             log_event(logger, 20, "listener_closed", url=binds[0], open_connections=state.open_connections)
             state.hard_deadline = trio.current_time() + hard
             await context.terminated.set()  # idle keep-alive connections close now
+            for connection in list(own):
+                connection.drain()
             connections.cancel_scope.deadline = state.hard_deadline
         await lifespan.wait_for_shutdown()
         lifespan_nursery.cancel_scope.cancel()
