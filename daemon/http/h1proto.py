@@ -253,6 +253,7 @@ class Exchange:
         "conn",
         "request",
         "body_done",
+        "delivered",
         "started",
         "complete",
         "gone",
@@ -271,7 +272,8 @@ class Exchange:
     def __init__(self, conn: H1Connection, request: Request) -> None:
         self.conn = conn
         self.request = request
-        self.body_done = not request.chunked and request.length == 0
+        self.body_done = not request.chunked and request.length == 0  # the body was read off the wire
+        self.delivered = False  # the app received the body's last message
         self.started = False  # the response head was sent (or held)
         self.complete = False  # the response's last byte was handed to the socket
         self.gone = False  # the client closed the connection or a write to it failed
@@ -288,9 +290,12 @@ class Exchange:
 
     # ------------------------------------------------------------------ receive
     async def receive(self) -> dict[str, Any]:
-        if not self.body_done:
+        if not self.delivered:
             if self.gone:
                 return _DISCONNECT
+            if self.body_done:  # no body, or all of it arrived with the head
+                self.delivered = True
+                return {"type": "http.request", "body": b"", "more_body": False}
             if self.request.expect_continue and not self._sent_continue and not self.started:
                 self._sent_continue = True
                 await self.conn.write(b"HTTP/1.1 100 Continue\r\n\r\n", self)
@@ -317,7 +322,7 @@ class Exchange:
                 conn.buf = data[left:]
                 data = data[:left]
             self.request.length = 0
-            self.body_done = True
+            self.body_done = self.delivered = True
             return {"type": "http.request", "body": data, "more_body": False}
         self.request.length = left - len(data)
         return {"type": "http.request", "body": data, "more_body": True}
@@ -332,6 +337,7 @@ class Exchange:
                 self.gone = True  # the request cannot be read on: the connection closes after it
                 return _DISCONNECT
             if body or self.body_done:
+                self.delivered = self.body_done
                 return {"type": "http.request", "body": body, "more_body": not self.body_done}
             data = await conn.recv()
             if not data:
