@@ -242,7 +242,8 @@ def test_repeated_equal_content_lengths_are_one() -> None:
 async def test_pipelined_requests_are_answered_in_order() -> None:
     data = (
         b"\r\nPOST /one HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello"
-        + b"POST /two HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nT: x\r\n\r\n"
+        + b"POST /two HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nT: x\r\n\r\n"
         + GET
     )
     responses, closed = await exchange(echo, data, 3)
@@ -257,7 +258,8 @@ async def test_pipelined_requests_are_answered_in_order() -> None:
 @given(st.lists(st.integers(min_value=1, max_value=400), min_size=1, max_size=12), st.booleans())
 def test_any_split_of_the_byte_stream_gives_the_same_answers(cuts: list[int], lf_only: bool) -> None:
     body = b'{"k": "' + b"v" * 300 + b'"}'
-    chunked = b"".join(b"%x\r\n%b\r\n" % (len(part), part) for part in (body[:100], body[100:101], body[101:])) + b"0\r\n\r\n"
+    parts = (body[:100], body[100:101], body[101:])
+    chunked = b"".join(b"%x\r\n%b\r\n" % (len(part), part) for part in parts) + b"0\r\n\r\n"
     eol = b"\n" if lf_only else b"\r\n"
     data = (
         b"POST /p HTTP/1.1" + eol + b"Host: h" + eol + b"Content-Length: %d" % len(body) + eol + eol + body
