@@ -76,7 +76,7 @@ class ServerConfig:
         (lambda x: isinstance(x, int | float) and not isinstance(x, bool) and 0 <= x <= 1000, "must be in [0, 1000]"),
         0.0,
     )
-    # the HTTP/1.1 protocol inside hypercorn's connection handling (docs/operations.md §10.6):
+    # the HTTP/1.1 protocol inside hypercorn's connection handling (docs/operations.md §13.7):
     # agentd's own (daemon/http/h1proto.py) or hypercorn's h11-based one
     http1_implementation: str = rule_field(one_of(*HTTP1_IMPLEMENTATIONS), "hypercorn")
 

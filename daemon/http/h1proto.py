@@ -9,7 +9,7 @@ its task per request - which the profile of docs/benchmarks.md §10.2.3 put at a
 agentd's CPU per small request.  One task per connection reads a request head, runs the app for it
 in that same task, and reads the next head once the response is complete.
 
-Behaviour (docs/operations.md §10.6; the socket tests run on both implementations):
+Behaviour (docs/operations.md §13.7; the socket tests run on both implementations):
 
 * **request head**: request line ``METHOD SP target SP HTTP/1.x``, header fields ``name: value``
   (``\\r\\n`` or bare ``\\n`` line ends, empty lines before a request are skipped); at most
