@@ -78,7 +78,7 @@ class ServerConfig:
     )
     # the HTTP/1.1 protocol inside hypercorn's connection handling (docs/operations.md §13.7):
     # agentd's own (daemon/http/h1proto.py) or hypercorn's h11-based one
-    http1_implementation: str = rule_field(one_of(*HTTP1_IMPLEMENTATIONS), "hypercorn")
+    http1_implementation: str = rule_field(one_of(*HTTP1_IMPLEMENTATIONS), "agentd")
 
 
 def _finite_number(x: Any) -> bool:

@@ -6,7 +6,9 @@ no access log) and reports the *bound* URL (the real port when 0 was asked) thro
 ``TCPServer``, as :class:`~daemon.http.hypercorn_close.PromptCloseTCPServer`: a connection the
 client closed ends at once) under agentd's own accept loop instead of ``hypercorn.trio.serve``,
 which is what adds the connection-level limits of docs/config.md ``[limits]``
-(docs/operations.md §10):
+(docs/operations.md §10).  Inside each connection runs either agentd's own HTTP/1.1 protocol
+(:mod:`daemon.http.h1proto`, the default) or hypercorn's h11-based one (``[server]
+http1_implementation``, docs/operations.md §13.7); the limits below hold for both:
 
 * **connection cap** (:class:`ServerState` ``max_connections``): a connection over the cap is
   answered with a JSON 503 + ``Retry-After`` and closed, never left hanging in the backlog;
@@ -168,8 +170,8 @@ _Connection = PromptCloseTCPServer
 
 def resolve_http1(configured: str | None) -> str:
     """The HTTP/1.1 protocol to run: :data:`~daemon.config.HTTP1_ENV` when set, else ``configured``,
-    else hypercorn's (docs/config.md ``[server] http1_implementation``)."""
-    value = os.environ.get(HTTP1_ENV) or configured or "hypercorn"
+    else agentd's (docs/config.md ``[server] http1_implementation``)."""
+    value = os.environ.get(HTTP1_ENV) or configured or "agentd"
     if value not in HTTP1_IMPLEMENTATIONS:
         raise ValueError(f"{HTTP1_ENV}: must be one of {', '.join(HTTP1_IMPLEMENTATIONS)}, got {value!r}")
     return value

@@ -1,4 +1,4 @@
-"""Both HTTP/1.1 protocols (``[server] http1_implementation``, docs/operations.md §10.6) behind
+"""Both HTTP/1.1 protocols (``[server] http1_implementation``, docs/operations.md §13.7) behind
 agentd's accept loop over real sockets: pipelining, chunked request bodies, ``Expect:
 100-continue``, HTTP/1.0, a client gone mid-stream, the drain; and agentd's protocol's JSON
 answers to malformed and oversized heads (hypercorn's are bodiless)."""
