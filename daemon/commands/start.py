@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import resource
 import sys
 import traceback
@@ -22,7 +23,7 @@ from typing import Any
 import trio
 
 from actors.logevents import get_logger, log_event
-from daemon.config import LOG_FORMATS, AgentdConfig
+from daemon.config import HTTP1_ENV, HTTP1_IMPLEMENTATIONS, LOG_FORMATS, AgentdConfig
 from daemon.config_loading import ConfigError, add_router_flags, load_config, overrides_from_args, read_config_file
 from daemon.logs import banner_line, capture_process_output, configure_logging, event_line
 from daemon.security import load_security
@@ -93,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as error:
         for line in error.lines:
             print(line, file=sys.stderr)
+        return 2
+    forced = os.environ.get(HTTP1_ENV)
+    if forced and forced not in HTTP1_IMPLEMENTATIONS:  # overrides [server] http1_implementation
+        print(f"{HTTP1_ENV}: must be one of {', '.join(HTTP1_IMPLEMENTATIONS)}, got {forced!r}", file=sys.stderr)
         return 2
     raise_open_file_limit()
     configure_logging(cfg.server.log_level, cfg.server.log_format)

@@ -574,3 +574,21 @@ async def test_an_app_failure_is_a_json_500() -> None:
     assert responses[0].status == 500
     assert responses[0].json()["error"]["code"] == "internal_error"
     assert closed
+
+
+# ---------------------------------------------------------------------- the setting
+def test_http1_implementation_is_validated_by_config_and_start(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from daemon.cli import main
+    from daemon.config import HTTP1_ENV
+
+    monkeypatch.delenv(HTTP1_ENV, raising=False)
+    config = tmp_path / "agentd.toml"
+    config.write_text('[server]\nhttp1_implementation = "h2"\n')
+    assert main(["check-config", str(config)]) == 2
+    assert "server.http1_implementation" in capsys.readouterr().err
+    config.write_text('[server]\nhttp1_implementation = "hypercorn"\nport = 0\n')
+    monkeypatch.setenv(HTTP1_ENV, "h11")
+    assert main(["start", "--config", str(config)]) == 2
+    assert f"{HTTP1_ENV}: must be one of agentd, hypercorn, got 'h11'" in capsys.readouterr().err
