@@ -35,7 +35,7 @@ from actors.core.eta import (
 )
 from actors.core.events import RequestSubmitted
 from actors.core.ids import ProgramRef, RequestId, TargetId
-from actors.core.ledger import private_tokens, target_usage
+from actors.core.ledger import admission_plan, fresh_waiting, private_tokens, target_usage
 from actors.core.lifecycle import cancel_waiting
 from actors.core.model import ACTING, GLOBAL_QUEUE, RANK_QUEUE, Program, RankState
 from actors.core.resume import ordered
@@ -135,6 +135,66 @@ def departures(
     return out, q, cycle
 
 
+def first_tick_after(s: SchedulerState, to_tick: float, wait: float) -> float:
+    """Seconds from now to the first tick at least ``wait`` seconds from now (``to_tick``: the next one)."""
+    interval = s.cfg.metrics_interval_seconds
+    if wait <= to_tick + 1e-9 or interval <= 0:
+        return to_tick
+    return to_tick + math.ceil((wait - to_tick) / interval - 1e-9) * interval
+
+
+def move_in(
+    s: SchedulerState,
+    p: Program,
+    to_tick: float,
+    pressure_at: float | None,
+    waiting_targets: dict[TargetId | None, int],
+) -> float | None:
+    """Seconds until the cross-rank resume (docs/program-scheduling.md §7) is expected to move
+    the waiting Program ``p`` to another rank of its pool, or None (docs/program-scheduling.md
+    §13, "Moves").  A Program paused before may move once it has waited one interval while its
+    rank is under pressure (``pressure_at``: when a Program ahead of it in its line will have
+    waited one interval, or now when the rank's waiting gate is closed), or once it has waited as
+    long as recomputing its context would take (patient); the move happens at a pass, expected at
+    the first tick from then, to a rank that would admit it now.  A rank other waiters wait for
+    (``waiting_targets``) is no destination."""
+    cfg, now = s.cfg, s.now
+    source = s.ranks.get(p.last_target) if p.last_target is not None else None
+    if p.last_pause_reason is None or source is None or p.queued_at is None:
+        return None
+    interval = cfg.metrics_interval_seconds
+    earliest = p.queued_at + interval
+    patient_at = p.queued_at + max(interval, p.last_cache_miss_impact_seconds)
+    threshold = cfg.admission_waiting_request_threshold
+    if threshold == 0:
+        pressure_at = now
+    else:
+        w = fresh_waiting(source, now, interval)
+        if w is not None and w >= threshold:
+            pressure_at = now
+    at = patient_at if pressure_at is None else max(earliest, min(pressure_at, patient_at))
+    patient = at >= patient_at
+    capacity = cfg.token_capacity_per_dp_rank
+    front = s.pool.front(p.ref)
+    out = front.hints.expected_output_length if front is not None else None
+    source_mature = source.factors.request_window_complete
+    for dest_id in s.pools.get(p.ref.model_pool, ()):
+        if dest_id == source.target_id or waiting_targets.get(dest_id, 0) > 0:
+            continue
+        dest = s.ranks[dest_id]
+        if not (patient or (source_mature and dest.factors.request_window_complete)) and dest.active:
+            continue
+        if capacity is not None and not patient:
+            low = capacity * cfg.low_watermark_ratio
+            free_dest = max(0.0, low - target_usage(dest, now, interval))
+            free_src = max(0.0, low - target_usage(source, now, interval))
+            if free_dest < free_src + cfg.cross_rank_headroom_ratio * p.estimated_context_tokens:
+                continue
+        if admission_plan(p, dest, now, cfg, front_output=out, global_mode=True) is not None:
+            return first_tick_after(s, to_tick, at - now)
+    return None
+
+
 def to_next_tick(s: SchedulerState) -> float:
     """Seconds to the next tick (its admission pass); one interval before the first tick."""
     interval = s.cfg.metrics_interval_seconds
@@ -166,7 +226,16 @@ def queue_etas(s: SchedulerState, key: QueueKey, until: Program | None = None) -
     pauses_by_line: dict[TargetId | None, list[tuple[float, float]]] = {}  # the rank's TTL pauses
     leaving: dict[TargetId | None, tuple[list[Departure], float, float]] = {}  # departures(), per line
     busy: dict[TargetId, dict[ProgramRef, float]] | None = None  # busy_since(), once per call
-    for p in ordered(s, list(refs)):
+    waiters = ordered(s, list(refs))
+    moves = kind == GLOBAL_QUEUE and cfg.global_queue
+    # per line: when the earliest-queued Program so far will have waited one interval (the
+    # cross-rank pressure of the Programs behind it, docs/program-scheduling.md §7)
+    pressure: dict[TargetId | None, float] = {}
+    waiting_targets: dict[TargetId | None, int] = {}
+    if moves:
+        for o in waiters:
+            waiting_targets[o.last_target] = waiting_targets.get(o.last_target, 0) + 1
+    for p in waiters:
         line = p.last_target
         if until is not None and line != until.last_target:
             continue
@@ -202,6 +271,13 @@ def queue_etas(s: SchedulerState, key: QueueKey, until: Program | None = None) -
         d = st[2]
         eta = eta_seconds(position, d, to_tick, blocked=not fits, release_in=release_in, departure_in=leave_in)
         eta = st[5] = max(eta, st[5])  # nobody behind it in its line goes first
+        if moves and not fits:
+            moved = move_in(s, p, to_tick, pressure.get(line), waiting_targets)
+            if moved is not None and moved < eta:
+                eta = moved
+        if p.queued_at is not None and moves:
+            ready = p.queued_at + cfg.metrics_interval_seconds
+            pressure[line] = min(pressure.get(line, ready), ready)
         out.append((p, QueueEta(position, eta, d, to_tick, blocked=not fits)))
         if p is until:
             break

@@ -13,8 +13,9 @@ from actors.core.eta_queue import QUEUE_WAIT_EXCEEDS_BOUND, diagnostics, prior_i
 from actors.core.events import QUEUE_TIMEOUT, RequestSubmitted
 from actors.core.ids import RequestId
 from actors.core.invariants import check
+from actors.core.config import PrefillCostModel
 from actors.core.model import GLOBAL_QUEUE, RequestHints
-from tests.unit.core_support import Harness, Ident, tid
+from tests.unit.core_support import Harness, Ident, admitted, request_sample, tid
 
 
 def told(effects: tuple[object, ...]) -> list[tuple[str, int, float, bool]]:
@@ -308,3 +309,73 @@ def test_a_programs_eta_from_its_own_line_equals_the_whole_queues() -> None:
     assert positions == [1, 1, 2, 2, 3, 3]
     for p, e in whole:
         assert eta_queue.program_eta(h.state, p) == e
+
+
+# ---- moves: the cross-rank resume (docs/program-scheduling.md §7, §13 "Moves") --------------------
+
+SLOW_PREFILL = PrefillCostModel(intercept_seconds=5.0)  # a recompute far dearer than one interval
+
+
+def _two_ranks(**kw: object) -> Harness:
+    h = Harness(n_targets=2, global_queue=True, stats_window_size=1, binding_strategy="program_round_robin", **kw)
+    for i in (0, 1):
+        h.rank(i).factors.push_request(request_sample())
+    return h
+
+
+def test_a_paused_program_under_pressure_is_told_its_move_to_a_free_rank() -> None:
+    h = _two_ranks(max_active_programs_per_target=1, admission_waiting_request_threshold=0)
+    h.submit("a")  # rank 0
+    h.submit("x")  # rank 1
+    h.submit("y")  # rank 0 (busy): a brand-new Program never moves
+    h.complete("r2", at=0.5, prompt=100)  # x pauses on rank 1
+    h.complete("r1", at=3.0, prompt=100)  # a pauses after a 3 s request; y admitted on rank 0
+    # a, paused before, is queued for rank 0 (busy with y, expected to end in 3 - 1 = 2 s); with
+    # the waiting gate off (threshold 0) its rank is under pressure, so it may move once it has
+    # waited one interval: at the first tick from 5.0 (no tick yet: one interval from now), to
+    # rank 1, which would admit it now
+    eff = h.submit("a", at=4.0)
+    assert told(eff) == [("r4", 1, 1.0, True)]
+    assert admitted(h.tick(at=5.0)) == ["r4"]
+    assert h.program("a").placement == tid(1)
+    assert h.state.eta.errors[-1] == 0.0  # told 1.0 s, waited 1.0 s
+
+
+def test_a_paused_program_without_pressure_is_told_its_move_after_the_recompute_cost() -> None:
+    h = _two_ranks(
+        token_capacity_per_dp_rank=10_000, admission_waiting_request_threshold=1, prefill_cost_model=SLOW_PREFILL
+    )
+    h.tick(at=0.0)  # the tick grid: 0, 1, 2, ...
+    h.submit("big", tokens=6000)  # rank 0
+    h.submit("z", tokens=1000)  # rank 1: 1100 used
+    h.submit("a", tokens=2000)  # rank 0
+    h.complete("r3", at=0.5, prompt=2000)  # a pauses
+    impact = h.program("a").last_cache_miss_impact_seconds  # 9.49 s
+    assert 9.0 < impact < 10.0
+    h.submit("big", tokens=8000, at=0.7)  # rank 0 now 8100 used
+    h.rank(0).factors.push_request(request_sample(e2e=30.0))  # rank 0's requests take 30 s
+    h.observe(0, 0.5, 1, 0, at=0.9)  # no backend waiting requests on rank 0: no pressure
+    # a cannot come back (8100 + 6100 > 10000) and nobody waits ahead of it: it moves once it has
+    # waited as long as recomputing its context elsewhere takes (patient, no headroom margin), at
+    # the first tick from 1.0 + 9.49 s: 11.0, 10 s from now (big's request, the line's own
+    # estimate, is expected to end in 30 - 0.3 s)
+    eff = h.submit("a", tokens=6000, at=1.0)
+    assert told(eff) == [("r5", 1, 10.0, True)]
+    for t in range(2, 11):
+        assert admitted(h.tick(at=float(t))) == []
+    assert admitted(h.tick(at=11.0)) == ["r5"]
+    assert h.program("a").placement == tid(1)
+    assert h.state.eta.errors[-1] == 0.0
+    assert check(h.state, h.cfg) == []
+
+
+def test_no_move_is_told_when_no_other_rank_would_admit_the_program() -> None:
+    h = _two_ranks(max_active_programs_per_target=1, admission_waiting_request_threshold=0)
+    h.submit("a")  # rank 0
+    h.submit("x")  # rank 1, stays busy
+    h.submit("y")  # rank 0 (busy)
+    h.complete("r1", at=3.0, prompt=100)  # a pauses after a 3 s request; y admitted on rank 0
+    # both ranks full: the line's own estimate, y's expected end (3 - 1 = 2 s; a TTL pause seen on
+    # rank 0 after 1 round: it leaves)
+    eff = h.submit("a", at=4.0)
+    assert told(eff) == [("r4", 1, 2.0, True)]
