@@ -94,12 +94,16 @@ class Explain:
         return "\n".join(lines)
 
 
-def eta_cost(ranks: int = 8, slots: int = 4, waiting: int = 64, repeat: int = 200) -> tuple[float, float, int, int]:
+def eta_cost(
+    ranks: int = 8, slots: int = 4, waiting: int = 64, repeat: int = 200, paused_before: bool = False
+) -> tuple[float, float, int, int]:
     """CPU seconds of one tick's ETA pass (``tell_all``) and of one waiting request's first ETA
     (``program_eta``, on average over the waiters), on a scheduler state with ``ranks`` ranks of
     ``slots`` busy Programs each and ``waiting`` Programs queued (global queue, capacity 100,000
     tokens per rank, every rank's request window full, TTL pauses seen): (tell_all, first ETA,
-    waiting, active)."""
+    waiting, active).  With ``paused_before``, every waiting Program was paused before (a TTL
+    pause, a recompute of 1 s) and waits for one of the first half of the ranks, so each one's
+    cross-rank move to the other half is examined too (docs/program-scheduling.md §13, "Moves")."""
     cfg = attrs.evolve(
         make_config(),
         max_active_programs_per_target=slots,
@@ -123,6 +127,12 @@ def eta_cost(ranks: int = 8, slots: int = 4, waiting: int = 64, repeat: int = 20
     step(state, RepairTick(), now=1.0, cfg=cfg)
     state.now = 1.5
     queued = [p for q in state.global_queues.values() for p in ordered(state, list(q))]
+    if paused_before:  # waiting for the first half of the ranks: the others are examined as destinations
+        targets = sorted(state.ranks)
+        for i, p in enumerate(queued):
+            p.last_pause_reason = "ttl_expired"
+            p.last_cache_miss_impact_seconds = 1.0
+            p.last_target = targets[i % max(1, ranks // 2)]
     started = time.process_time()
     for _ in range(repeat):
         state.effects = []
@@ -165,11 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cost", action="store_true", help="measure the ETA's CPU on a loaded state and exit")
     args = parser.parse_args(argv)
     if args.cost:
-        tick, first, queued, active = eta_cost()
-        print(
-            f"queue ETA CPU, {queued} Programs waiting behind {active} busy ones on 8 ranks: "
-            f"{tick * 1e3:.2f} ms per tick (tell_all), {first * 1e6:.0f} us per first ETA (program_eta)"
-        )
+        for paused_before in (False, True):
+            tick, first, queued, active = eta_cost(paused_before=paused_before)
+            what = "paused before (moves examined)" if paused_before else "new"
+            print(
+                f"queue ETA CPU, {queued} Programs ({what}) waiting behind {active} busy ones on 8 ranks: "
+                f"{tick * 1e3:.2f} ms per tick (tell_all), {first * 1e6:.0f} us per first ETA (program_eta)"
+            )
         return 0
     names = [n for n in args.points.split(",") if n]
     unknown = [n for n in names if n not in POINTS]

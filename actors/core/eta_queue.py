@@ -182,6 +182,8 @@ def move_in(
         if dest_id == source.target_id or waiting_targets.get(dest_id, 0) > 0:
             continue
         dest = s.ranks[dest_id]
+        if len(dest.active) >= cfg.max_active_programs_per_target:
+            continue  # the admission's Program-count guard (a due force-resume deadline resumes at home)
         if not (patient or (source_mature and dest.factors.request_window_complete)) and dest.active:
             continue
         if capacity is not None and not patient:
