@@ -8,12 +8,12 @@ import pytest
 
 from actors.core import effects as fx
 from actors.core import eta, eta_queue
+from actors.core.config import PrefillCostModel
 from actors.core.eta import DEFAULT_PRIOR_INTERVAL, LINE, WINDOW, DrainWindow, EtaBook, FirstEta
 from actors.core.eta_queue import QUEUE_WAIT_EXCEEDS_BOUND, diagnostics, prior_interval
 from actors.core.events import QUEUE_TIMEOUT, RequestSubmitted
 from actors.core.ids import RequestId
 from actors.core.invariants import check
-from actors.core.config import PrefillCostModel
 from actors.core.model import GLOBAL_QUEUE, RequestHints
 from tests.unit.core_support import Harness, Ident, admitted, request_sample, tid
 
