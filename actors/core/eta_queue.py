@@ -35,7 +35,7 @@ from actors.core.eta import (
 )
 from actors.core.events import RequestSubmitted
 from actors.core.ids import ProgramRef, RequestId, TargetId
-from actors.core.ledger import admission_plan, fresh_waiting, private_tokens, target_usage
+from actors.core.ledger import admission_plan, private_tokens, target_usage
 from actors.core.lifecycle import cancel_waiting
 from actors.core.model import ACTING, GLOBAL_QUEUE, RANK_QUEUE, Program, RankState
 from actors.core.resume import ordered
@@ -154,10 +154,13 @@ def move_in(
     the waiting Program ``p`` to another rank of its pool, or None (docs/program-scheduling.md
     §13, "Moves").  A Program paused before may move once it has waited one interval while its
     rank is under pressure (``pressure_at``: when a Program ahead of it in its line will have
-    waited one interval, or now when the rank's waiting gate is closed), or once it has waited as
+    waited one interval; always with the waiting gate off), or once it has waited as
     long as recomputing its context would take (patient); the move happens at a pass, expected at
     the first tick from then, to a rank that would admit it now.  A rank other waiters wait for
-    (``waiting_targets``) is no destination."""
+    (``waiting_targets``) is no destination.  A closed waiting gate (the engine's waiting count in
+    the rank's last observation) is pressure too, but is not counted: it is the count of one
+    scrape, which at the eviction point often opens again at the next one, an interval before the
+    move could use it (docs/benchmarks.md §9.5, session 24)."""
     cfg, now = s.cfg, s.now
     source = s.ranks.get(p.last_target) if p.last_target is not None else None
     if p.last_pause_reason is None or source is None or p.queued_at is None:
@@ -165,13 +168,8 @@ def move_in(
     interval = cfg.metrics_interval_seconds
     earliest = p.queued_at + interval
     patient_at = p.queued_at + max(interval, p.last_cache_miss_impact_seconds)
-    threshold = cfg.admission_waiting_request_threshold
-    if threshold == 0:
+    if cfg.admission_waiting_request_threshold == 0:
         pressure_at = now
-    else:
-        w = fresh_waiting(source, now, interval)
-        if w is not None and w >= threshold:
-            pressure_at = now
     at = patient_at if pressure_at is None else max(earliest, min(pressure_at, patient_at))
     patient = at >= patient_at
     capacity = cfg.token_capacity_per_dp_rank

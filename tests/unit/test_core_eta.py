@@ -369,6 +369,29 @@ def test_a_paused_program_without_pressure_is_told_its_move_after_the_recompute_
     assert check(h.state, h.cfg) == []
 
 
+def test_a_closed_waiting_gate_is_not_counted_as_lasting_pressure() -> None:
+    # as above, but the engine of rank 0 reports a waiting request when a is queued (the gate is
+    # closed: pressure) and none at the next scrape: the ETA counts on the patient move only
+    h = _two_ranks(
+        token_capacity_per_dp_rank=10_000, admission_waiting_request_threshold=1, prefill_cost_model=SLOW_PREFILL
+    )
+    h.tick(at=0.0)
+    h.submit("big", tokens=6000)
+    h.submit("z", tokens=1000)
+    h.submit("a", tokens=2000)
+    h.complete("r3", at=0.5, prompt=2000)
+    h.submit("big", tokens=8000, at=0.7)
+    h.rank(0).factors.push_request(request_sample(e2e=30.0))
+    h.observe(0, 0.5, 1, 1, at=0.9)  # one waiting request in rank 0's engine: the gate is closed
+    eff = h.submit("a", tokens=6000, at=1.0)
+    assert told(eff) == [("r5", 1, 10.0, True)]  # not 1.0 (the tick at 2.0)
+    h.observe(0, 0.5, 1, 0, at=1.5)  # the gate opens again
+    for t in range(2, 11):
+        assert admitted(h.tick(at=float(t))) == []
+    assert admitted(h.tick(at=11.0)) == ["r5"]
+    assert h.state.eta.errors[-1] == 0.0
+
+
 def test_no_move_is_told_when_no_other_rank_would_admit_the_program() -> None:
     h = _two_ranks(max_active_programs_per_target=1, admission_waiting_request_threshold=0)
     h.submit("a")  # rank 0
