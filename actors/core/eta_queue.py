@@ -210,7 +210,8 @@ def to_next_tick(s: SchedulerState) -> float:
 def queue_etas(s: SchedulerState, key: QueueKey, until: Program | None = None) -> list[tuple[Program, QueueEta]]:
     """Every waiting Program of queue ``key`` in admission order, with its position in its line
     (the waiters for the same rank) and its ETA; with ``until``, only its line, up to it (a line's
-    ETAs depend on that line alone)."""
+    ETAs depend on that line alone, and a move's on which ranks the other lines wait for, which
+    both walks count in full)."""
     kind, name = key
     refs = s.global_queues.get(name) if kind == GLOBAL_QUEUE else s.rank_queues.get(TargetId(name))
     if not refs:
