@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+from actors.core.cache_residency import move_cost_seconds
 from actors.core.effects import QueueEtaTold, Reject
 from actors.core.errors import Rejection
 from actors.core.eta import (
@@ -167,7 +168,7 @@ def move_in(
         return None
     interval = cfg.metrics_interval_seconds
     earliest = p.queued_at + interval
-    patient_at = p.queued_at + max(interval, p.last_cache_miss_impact_seconds)
+    patient_at = p.queued_at + max(interval, move_cost_seconds(s, p))  # the pass's patience
     if cfg.admission_waiting_request_threshold == 0:
         pressure_at = now
     at = patient_at if pressure_at is None else max(earliest, min(pressure_at, patient_at))
