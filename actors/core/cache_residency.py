@@ -19,7 +19,8 @@ Pure functions over the scheduler state (no I/O, no clock).
 from __future__ import annotations
 
 from actors.core.costs import cache_miss_impact_seconds
-from actors.core.model import Program, RankState
+from actors.core.ledger import Plan, private_tokens
+from actors.core.model import PAUSED, Program, RankState
 from actors.core.state import SchedulerState
 
 
@@ -81,8 +82,46 @@ def own_move_cost_seconds(s: SchedulerState, p: Program) -> float:
 
 def move_cost_seconds(s: SchedulerState, p: Program) -> float:
     """The patience of a cross-rank resume of ``p`` (docs/program-scheduling.md §7, §12.1) under
-    ``cross_rank_move_cost``: ``context`` the impact of its whole private context (the default),
-    ``resident`` the impact of the part its previous rank probably still caches."""
+    ``cross_rank_move_cost``: ``context`` (the default) and ``resident_room`` the impact of its
+    whole private context, ``resident`` the impact of the part its previous rank probably still
+    caches (``resident_room`` uses that price only on a destination with room to spare,
+    :func:`cheap_move_cost_seconds`, :func:`room_for_returning`)."""
     if s.cfg.cross_rank_move_cost == "resident":
         return own_move_cost_seconds(s, p)
     return p.last_cache_miss_impact_seconds
+
+
+def cheap_move_cost_seconds(s: SchedulerState, p: Program) -> float | None:
+    """The lower patience ``resident_room`` grants on a destination with room to spare (the
+    resident price), or None when the move cost has no such second price."""
+    if s.cfg.cross_rank_move_cost == "resident_room":
+        return own_move_cost_seconds(s, p)
+    return None
+
+
+def returning_tokens(s: SchedulerState, rank: RankState, mover: Program) -> float:
+    """The private tokens (context and output reservation) of the Programs that last ran on
+    ``rank``, are paused outside any queue (released during a tool gap or by a repair) and are
+    expected back: the room they will ask ``rank`` for when they return."""
+    total = 0.0
+    for o in s.programs.values():
+        if (
+            o is not mover
+            and o.state == PAUSED
+            and o.queued_in is None
+            and o.expected_resume
+            and o.last_target == rank.target_id
+        ):
+            total += private_tokens(o, s.cfg.decode_buffer_tokens)
+    return total
+
+
+def room_for_returning(s: SchedulerState, rank: RankState, plan: Plan, mover: Program) -> bool:
+    """True when ``rank``, with the mover admitted by ``plan``, still has room under the low
+    watermark for every Program expected back to it (:func:`returning_tokens`): a move there
+    takes no room its own Programs will need (docs/program-scheduling.md §12.1)."""
+    capacity = s.cfg.token_capacity_per_dp_rank
+    if capacity is None:
+        return False
+    free = capacity * s.cfg.low_watermark_ratio - (plan.used_tokens + plan.required_tokens + plan.reserve_tokens)
+    return free >= returning_tokens(s, rank, mover)

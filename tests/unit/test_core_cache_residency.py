@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from core_support import Harness, admitted, reasons, request_sample, tid
 
-from actors.core.cache_residency import move_cost_seconds, resident_tokens
+from actors.core.cache_residency import cheap_move_cost_seconds, move_cost_seconds, resident_tokens, returning_tokens
 from actors.core.config import PrefillCostModel
 from actors.core.costs import cache_miss_impact_seconds
 from actors.core.invariants import check
@@ -98,4 +98,62 @@ def test_core_cross_rank_patience_priced_at_the_resident_part(mode: str, moves_a
         assert a.placement == tid(1)
     else:
         assert admitted(h.tick(at=1.0 + impact)) == ["r5"]  # the default's ski rental, unchanged
+    assert check(h.state, h.cfg) == []
+
+
+def _room_scenario(returning_tokens_on_dest: int | None) -> tuple[Harness, float]:
+    """``a`` on rank 0 has lost its blocks there and cannot come back (rank 0 is full); rank 1
+    runs ``z`` (1000 tokens) and, when ``returning_tokens_on_dest`` is set, ``y`` of that many
+    tokens has run there and been released during its tool gap (expected back)."""
+    h = _two_ranks(
+        token_capacity_per_dp_rank=10_000,
+        admission_waiting_request_threshold=1,
+        prefill_cost_model=SLOW_PREFILL,
+        cross_rank_move_cost="resident_room",
+    )
+    h.submit("big", tokens=6000)  # rank 0
+    h.submit("z", tokens=1000)  # rank 1
+    h.submit("a", tokens=2000)  # rank 0
+    if returning_tokens_on_dest is not None:
+        h.submit("y", tokens=returning_tokens_on_dest)  # rank 1
+        h.complete("r4", at=0.4, prompt=returning_tokens_on_dest, cached=0, completion=0)  # y is released
+        assert h.program("y").queued_in is None and h.program("y").last_target == tid(1)
+    h.complete("r3", at=0.5, prompt=2000, cached=0, completion=0)  # a pauses
+    h.complete("r1", at=0.6, prompt=6000, cached=0, completion=0)  # rank 0 reuses a's 2000 blocks
+    h.submit("big", tokens=8000, at=0.7)
+    h.submit("a", tokens=6000, at=1.0)  # cannot come back: 8100 + 6100 > 10000
+    h.observe(0, 0.5, 1, 0, at=1.5)  # no backend waiting requests on rank 0: no pressure
+    a = h.program("a")
+    assert resident_tokens(h.state, a) == 0 and cheap_move_cost_seconds(h.state, a) == 0.0
+    impact = cache_miss_impact_seconds(2000, SLOW_PREFILL)
+    assert move_cost_seconds(h.state, a) == impact  # the patience without room stays the context's
+    return h, impact
+
+
+def test_core_resident_room_moves_at_once_where_no_program_is_expected_back() -> None:
+    h, _ = _room_scenario(None)
+    a = h.program("a")
+    assert returning_tokens(h.state, h.rank(1), a) == 0.0
+    eff = h.tick(at=2.0)
+    assert admitted(eff) == ["r5"]
+    assert reasons(eff) == ["program_admit", "cross_rank_resume"]
+    assert a.placement == tid(1)
+    assert check(h.state, h.cfg) == []
+
+
+@pytest.mark.parametrize(("y_tokens", "moves_at_once"), [(2700, True), (2800, False)])
+def test_core_resident_room_keeps_the_room_of_programs_expected_back(y_tokens: int, moves_at_once: bool) -> None:
+    """Rank 1 with ``a`` admitted holds 1100 (z) + 6100 (a) of 10,000: 2800 left.  ``y`` (its
+    context and 100 tokens of output reservation) fits in that at 2700 tokens, not at 2800; then
+    ``a`` waits the default's whole-context patience."""
+    h, impact = _room_scenario(y_tokens)
+    a, y = h.program("a"), h.program("y")
+    assert returning_tokens(h.state, h.rank(1), a) == float(y_tokens + 100)
+    assert returning_tokens(h.state, h.rank(1), y) == 0.0  # the mover's own context is not counted
+    eff = h.tick(at=2.0)
+    assert (admitted(eff) == ["r6"]) is moves_at_once
+    if not moves_at_once:
+        assert admitted(h.tick(at=1.0 + impact - 0.01)) == []
+        assert admitted(h.tick(at=1.0 + impact)) == ["r6"]  # the default's ski rental, unchanged
+    assert a.placement == tid(1)
     assert check(h.state, h.cfg) == []
