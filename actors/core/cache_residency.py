@@ -99,19 +99,29 @@ def cheap_move_cost_seconds(s: SchedulerState, p: Program) -> float | None:
     return None
 
 
+# a released Program is expected back while it has been gone no longer than this quantile of the
+# gaps after its last turn's tools (docs/program-scheduling.md §12.1)
+EXPECTED_BACK_QUANTILE = 0.9
+
+
+def expected_back(s: SchedulerState, p: Program) -> bool:
+    """``p`` is paused outside any queue and probably comes back soon: it has been gone no longer
+    than the usual gap (:data:`EXPECTED_BACK_QUANTILE`) after its last turn's tools.  A turn whose
+    tools have too few gaps learned (docs/program-scheduling.md §12), or a Program gone longer
+    than its tools' usual gap (a finished task, a long human turn), is not counted."""
+    if p.state != PAUSED or p.queued_in is not None or not p.expected_resume or p.last_request_finished_at is None:
+        return False
+    usual = s.tools.usual_gap(p.ref.model_pool, p.last_turn_keys, EXPECTED_BACK_QUANTILE)
+    return usual is not None and s.now - p.last_request_finished_at <= usual
+
+
 def returning_tokens(s: SchedulerState, rank: RankState, mover: Program) -> float:
     """The private tokens (context and output reservation) of the Programs that last ran on
-    ``rank``, are paused outside any queue (released during a tool gap or by a repair) and are
-    expected back: the room they will ask ``rank`` for when they return."""
+    ``rank`` and are expected back soon (:func:`expected_back`): the room they will ask ``rank``
+    for when they return."""
     total = 0.0
     for o in s.programs.values():
-        if (
-            o is not mover
-            and o.state == PAUSED
-            and o.queued_in is None
-            and o.expected_resume
-            and o.last_target == rank.target_id
-        ):
+        if o is not mover and o.last_target == rank.target_id and expected_back(s, o):
             total += private_tokens(o, s.cfg.decode_buffer_tokens)
     return total
 

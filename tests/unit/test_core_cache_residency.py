@@ -4,12 +4,19 @@
 from __future__ import annotations
 
 import pytest
-from core_support import Harness, admitted, reasons, request_sample, tid
+from core_support import POOL, Harness, admitted, reasons, request_sample, tid
 
-from actors.core.cache_residency import cheap_move_cost_seconds, move_cost_seconds, resident_tokens, returning_tokens
+from actors.core.cache_residency import (
+    cheap_move_cost_seconds,
+    expected_back,
+    move_cost_seconds,
+    resident_tokens,
+    returning_tokens,
+)
 from actors.core.config import PrefillCostModel
 from actors.core.costs import cache_miss_impact_seconds
 from actors.core.invariants import check
+from actors.core.model import PAUSED
 
 # a recompute 10x dearer than the default, so the default patience is far away (as in test_core_resume)
 SLOW_PREFILL = PrefillCostModel(intercept_seconds=5.0)
@@ -101,23 +108,35 @@ def test_core_cross_rank_patience_priced_at_the_resident_part(mode: str, moves_a
     assert check(h.state, h.cfg) == []
 
 
-def _room_scenario(returning_tokens_on_dest: int | None) -> tuple[Harness, float]:
+def _room_scenario(returning: int | None, learned_gaps: int = 8) -> tuple[Harness, float]:
     """``a`` on rank 0 has lost its blocks there and cannot come back (rank 0 is full); rank 1
-    runs ``z`` (1000 tokens) and, when ``returning_tokens_on_dest`` is set, ``y`` of that many
-    tokens has run there and been released during its tool gap (expected back)."""
+    runs ``z`` (1000 tokens) and, when ``returning`` is set, ``y`` of that many tokens has run
+    there and been released after calling ``run_tests``, a tool whose ``learned_gaps`` gaps so far
+    all lasted 60 s."""
     h = _two_ranks(
         token_capacity_per_dp_rank=10_000,
         admission_waiting_request_threshold=1,
         prefill_cost_model=SLOW_PREFILL,
         cross_rank_move_cost="resident_room",
     )
+    for _ in range(learned_gaps):
+        h.state.tools.observe(POOL, ("run_tests",), 60.0)
     h.submit("big", tokens=6000)  # rank 0
     h.submit("z", tokens=1000)  # rank 1
     h.submit("a", tokens=2000)  # rank 0
-    if returning_tokens_on_dest is not None:
-        h.submit("y", tokens=returning_tokens_on_dest)  # rank 1
-        h.complete("r4", at=0.4, prompt=returning_tokens_on_dest, cached=0, completion=0)  # y is released
-        assert h.program("y").queued_in is None and h.program("y").last_target == tid(1)
+    if returning is not None:
+        h.submit("y", tokens=returning)  # rank 1
+        h.complete(
+            "r4",
+            at=0.4,
+            prompt=returning,
+            cached=0,
+            completion=0,
+            finish_reason="tool_calls",
+            tool_names=("run_tests",),
+        )
+        y = h.program("y")
+        assert y.state == PAUSED and y.queued_in is None and y.last_target == tid(1)
     h.complete("r3", at=0.5, prompt=2000, cached=0, completion=0)  # a pauses
     h.complete("r1", at=0.6, prompt=6000, cached=0, completion=0)  # rank 0 reuses a's 2000 blocks
     h.submit("big", tokens=8000, at=0.7)
@@ -130,30 +149,39 @@ def _room_scenario(returning_tokens_on_dest: int | None) -> tuple[Harness, float
     return h, impact
 
 
-def test_core_resident_room_moves_at_once_where_no_program_is_expected_back() -> None:
-    h, _ = _room_scenario(None)
+@pytest.mark.parametrize(
+    ("returning", "learned_gaps", "moves_at_once"),
+    [
+        (None, 8, True),  # nothing ran on rank 1 but z
+        (2700, 8, True),  # y's 2700 + 100 fit in the 2800 rank 1 has left with a admitted
+        (2800, 8, False),  # they do not: a waits the whole-context patience
+        (2800, 7, True),  # run_tests has too few gaps learned: y is not counted
+    ],
+)
+def test_core_resident_room_keeps_the_room_of_programs_expected_back(
+    returning: int | None, learned_gaps: int, moves_at_once: bool
+) -> None:
+    """Rank 1 with ``a`` admitted holds 1100 (z) + 6100 (a) of 10,000: 2800 left.  A released
+    ``y`` that is expected back (gone less than the p90 of its tool's gaps) keeps its room there:
+    then ``a`` moves only after the default's whole-context patience."""
+    h, impact = _room_scenario(returning, learned_gaps)
     a = h.program("a")
-    assert returning_tokens(h.state, h.rank(1), a) == 0.0
+    counted = 0.0 if returning is None or learned_gaps < 8 else float(returning + 100)
+    assert returning_tokens(h.state, h.rank(1), a) == counted
+    rid = "r5" if returning is None else "r6"
     eff = h.tick(at=2.0)
-    assert admitted(eff) == ["r5"]
-    assert reasons(eff) == ["program_admit", "cross_rank_resume"]
-    assert a.placement == tid(1)
-    assert check(h.state, h.cfg) == []
-
-
-@pytest.mark.parametrize(("y_tokens", "moves_at_once"), [(2700, True), (2800, False)])
-def test_core_resident_room_keeps_the_room_of_programs_expected_back(y_tokens: int, moves_at_once: bool) -> None:
-    """Rank 1 with ``a`` admitted holds 1100 (z) + 6100 (a) of 10,000: 2800 left.  ``y`` (its
-    context and 100 tokens of output reservation) fits in that at 2700 tokens, not at 2800; then
-    ``a`` waits the default's whole-context patience."""
-    h, impact = _room_scenario(y_tokens)
-    a, y = h.program("a"), h.program("y")
-    assert returning_tokens(h.state, h.rank(1), a) == float(y_tokens + 100)
-    assert returning_tokens(h.state, h.rank(1), y) == 0.0  # the mover's own context is not counted
-    eff = h.tick(at=2.0)
-    assert (admitted(eff) == ["r6"]) is moves_at_once
+    assert (admitted(eff) == [rid]) is moves_at_once
     if not moves_at_once:
         assert admitted(h.tick(at=1.0 + impact - 0.01)) == []
-        assert admitted(h.tick(at=1.0 + impact)) == ["r6"]  # the default's ski rental, unchanged
+        assert admitted(h.tick(at=1.0 + impact)) == [rid]  # the default's ski rental, unchanged
+    else:
+        assert reasons(eff) == ["program_admit", "cross_rank_resume"]
     assert a.placement == tid(1)
+    if returning is not None:
+        y = h.program("y")
+        assert returning_tokens(h.state, h.rank(1), y) == 0.0  # the mover's own context is not counted
+        h.tick(at=60.4)
+        assert expected_back(h.state, y) is (learned_gaps >= 8)  # gone exactly its usual 60 s
+        h.tick(at=60.5)
+        assert not expected_back(h.state, y)  # gone longer: no longer counted
     assert check(h.state, h.cfg) == []
