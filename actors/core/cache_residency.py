@@ -100,15 +100,16 @@ def cheap_move_cost_seconds(s: SchedulerState, p: Program) -> float | None:
 
 
 # a released Program is expected back while it has been gone no longer than this quantile of the
-# gaps after its last turn's tools (docs/program-scheduling.md §12.1)
-EXPECTED_BACK_QUANTILE = 0.9
+# gaps after its last turn's tools (nearest rank: the longest gap in a window under 100 samples;
+# docs/program-scheduling.md §12.1)
+EXPECTED_BACK_QUANTILE = 0.99
 
 
 def expected_back(s: SchedulerState, p: Program) -> bool:
-    """``p`` is paused outside any queue and probably comes back soon: it has been gone no longer
-    than the usual gap (:data:`EXPECTED_BACK_QUANTILE`) after its last turn's tools.  A turn whose
-    tools have too few gaps learned (docs/program-scheduling.md §12), or a Program gone longer
-    than its tools' usual gap (a finished task, a long human turn), is not counted."""
+    """``p`` is paused outside any queue and probably comes back: it has been gone no longer than
+    (nearly) the longest gap seen after its last turn's tools (:data:`EXPECTED_BACK_QUANTILE`).
+    A turn after whose tools no Program ever came back (a task's final answer), or a Program gone
+    longer than any gap seen after them, is not counted."""
     if p.state != PAUSED or p.queued_in is not None or not p.expected_resume or p.last_request_finished_at is None:
         return False
     usual = s.tools.usual_gap(p.ref.model_pool, p.last_turn_keys, EXPECTED_BACK_QUANTILE)

@@ -13,10 +13,11 @@ from actors.core.cache_residency import (
     resident_tokens,
     returning_tokens,
 )
-from actors.core.config import PrefillCostModel
+from actors.core.config import PrefillCostModel, ToolRetentionConfig
 from actors.core.costs import cache_miss_impact_seconds
 from actors.core.invariants import check
 from actors.core.model import PAUSED
+from actors.core.tool_retention import ToolGapModel
 
 # a recompute 10x dearer than the default, so the default patience is far away (as in test_core_resume)
 SLOW_PREFILL = PrefillCostModel(intercept_seconds=5.0)
@@ -155,18 +156,18 @@ def _room_scenario(returning: int | None, learned_gaps: int = 8) -> tuple[Harnes
         (None, 8, True),  # nothing ran on rank 1 but z
         (2700, 8, True),  # y's 2700 + 100 fit in the 2800 rank 1 has left with a admitted
         (2800, 8, False),  # they do not: a waits the whole-context patience
-        (2800, 7, True),  # run_tests has too few gaps learned: y is not counted
+        (2800, 0, True),  # no Program ever came back after run_tests: y is not counted
     ],
 )
 def test_core_resident_room_keeps_the_room_of_programs_expected_back(
     returning: int | None, learned_gaps: int, moves_at_once: bool
 ) -> None:
     """Rank 1 with ``a`` admitted holds 1100 (z) + 6100 (a) of 10,000: 2800 left.  A released
-    ``y`` that is expected back (gone less than the p90 of its tool's gaps) keeps its room there:
+    ``y`` that is expected back (gone no longer than the gaps seen after its tool) keeps its room there:
     then ``a`` moves only after the default's whole-context patience."""
     h, impact = _room_scenario(returning, learned_gaps)
     a = h.program("a")
-    counted = 0.0 if returning is None or learned_gaps < 8 else float(returning + 100)
+    counted = 0.0 if returning is None or learned_gaps == 0 else float(returning + 100)
     assert returning_tokens(h.state, h.rank(1), a) == counted
     rid = "r5" if returning is None else "r6"
     eff = h.tick(at=2.0)
@@ -181,7 +182,22 @@ def test_core_resident_room_keeps_the_room_of_programs_expected_back(
         y = h.program("y")
         assert returning_tokens(h.state, h.rank(1), y) == 0.0  # the mover's own context is not counted
         h.tick(at=60.4)
-        assert expected_back(h.state, y) is (learned_gaps >= 8)  # gone exactly its usual 60 s
+        assert expected_back(h.state, y) is (learned_gaps > 0)  # gone exactly the longest gap seen
         h.tick(at=60.5)
         assert not expected_back(h.state, y)  # gone longer: no longer counted
     assert check(h.state, h.cfg) == []
+
+
+def test_core_usual_gap_is_the_largest_quantile_over_the_turn_keys_and_reads_only() -> None:
+    model = ToolGapModel(ToolRetentionConfig())
+    for g in range(1, 11):
+        model.observe(POOL, ("a",), float(g))
+    model.observe(POOL, ("b",), 50.0)
+    order = list(model.windows)
+    assert model.usual_gap(POOL, ("a",), 0.9) == 9.0  # nearest rank: the 9th of 10
+    assert model.usual_gap(POOL, ("a",), 0.99) == 10.0  # under 100 samples: the longest
+    assert model.usual_gap(POOL, ("a", "b"), 0.9) == 50.0
+    assert model.usual_gap(POOL, ("a", "c"), 0.9) is None  # no gap ever seen after c
+    assert model.usual_gap(POOL, ("a",), 0.9, min_samples=11) is None
+    assert model.usual_gap(POOL, (), 0.9) is None  # a turn without keys says nothing
+    assert list(model.windows) == order  # the LRU order of the windows is unchanged
