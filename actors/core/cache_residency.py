@@ -113,7 +113,7 @@ def expected_back(s: SchedulerState, p: Program) -> bool:
     if p.state != PAUSED or p.queued_in is not None or not p.expected_resume or p.last_request_finished_at is None:
         return False
     usual = s.tools.usual_gap(p.ref.model_pool, p.last_turn_keys, EXPECTED_BACK_QUANTILE)
-    return usual is not None and s.now - p.last_request_finished_at <= usual
+    return usual is not None
 
 
 def returning_tokens(s: SchedulerState, rank: RankState, mover: Program) -> float:
