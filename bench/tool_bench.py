@@ -102,7 +102,6 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 # rows that change a Program scheduling field instead of a tool_retention one
 PS_ABLATIONS: dict[str, dict[str, Any]] = {
     "agentd-move-resident": {"cross_rank_move_cost": "resident"},
-    "agentd-move-resident-room": {"cross_rank_move_cost": "resident_room"},
 }
 SYSTEMS = ("native", "floor", *ABLATIONS, *PS_ABLATIONS, "agentd-floor")
 

@@ -19,8 +19,7 @@ Pure functions over the scheduler state (no I/O, no clock).
 from __future__ import annotations
 
 from actors.core.costs import cache_miss_impact_seconds
-from actors.core.ledger import Plan, private_tokens
-from actors.core.model import PAUSED, Program, RankState
+from actors.core.model import Program, RankState
 from actors.core.state import SchedulerState
 
 
@@ -82,57 +81,8 @@ def own_move_cost_seconds(s: SchedulerState, p: Program) -> float:
 
 def move_cost_seconds(s: SchedulerState, p: Program) -> float:
     """The patience of a cross-rank resume of ``p`` (docs/program-scheduling.md §7, §12.1) under
-    ``cross_rank_move_cost``: ``context`` (the default) and ``resident_room`` the impact of its
-    whole private context, ``resident`` the impact of the part its previous rank probably still
-    caches (``resident_room`` uses that price only on a destination with room to spare,
-    :func:`cheap_move_cost_seconds`, :func:`room_for_returning`)."""
+    ``cross_rank_move_cost``: ``context`` the impact of its whole private context (the default),
+    ``resident`` the impact of the part its previous rank probably still caches."""
     if s.cfg.cross_rank_move_cost == "resident":
         return own_move_cost_seconds(s, p)
     return p.last_cache_miss_impact_seconds
-
-
-def cheap_move_cost_seconds(s: SchedulerState, p: Program) -> float | None:
-    """The lower patience ``resident_room`` grants on a destination with room to spare (the
-    resident price), or None when the move cost has no such second price."""
-    if s.cfg.cross_rank_move_cost == "resident_room":
-        return own_move_cost_seconds(s, p)
-    return None
-
-
-# a released Program is expected back while it has been gone no longer than this quantile of the
-# gaps after its last turn's tools (nearest rank: the longest gap in a window under 100 samples;
-# docs/program-scheduling.md §12.1)
-EXPECTED_BACK_QUANTILE = 0.99
-
-
-def expected_back(s: SchedulerState, p: Program) -> bool:
-    """``p`` is paused outside any queue and probably comes back: it has been gone no longer than
-    (nearly) the longest gap seen after its last turn's tools (:data:`EXPECTED_BACK_QUANTILE`).
-    A turn after whose tools no Program ever came back (a task's final answer), or a Program gone
-    longer than any gap seen after them, is not counted."""
-    if p.state != PAUSED or p.queued_in is not None or not p.expected_resume or p.last_request_finished_at is None:
-        return False
-    usual = s.tools.usual_gap(p.ref.model_pool, p.last_turn_keys, EXPECTED_BACK_QUANTILE)
-    return usual is not None
-
-
-def returning_tokens(s: SchedulerState, rank: RankState, mover: Program) -> float:
-    """The private tokens (context and output reservation) of the Programs that last ran on
-    ``rank`` and are expected back soon (:func:`expected_back`): the room they will ask ``rank``
-    for when they return."""
-    total = 0.0
-    for o in s.programs.values():
-        if o is not mover and o.last_target == rank.target_id and expected_back(s, o):
-            total += private_tokens(o, s.cfg.decode_buffer_tokens)
-    return total
-
-
-def room_for_returning(s: SchedulerState, rank: RankState, plan: Plan, mover: Program) -> bool:
-    """True when ``rank``, with the mover admitted by ``plan``, still has room under the low
-    watermark for every Program expected back to it (:func:`returning_tokens`): a move there
-    takes no room its own Programs will need (docs/program-scheduling.md §12.1)."""
-    capacity = s.cfg.token_capacity_per_dp_rank
-    if capacity is None:
-        return False
-    free = capacity * s.cfg.low_watermark_ratio - (plan.used_tokens + plan.required_tokens + plan.reserve_tokens)
-    return free >= returning_tokens(s, rank, mover)

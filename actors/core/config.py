@@ -80,7 +80,7 @@ def problems(cfg: Any, path: str = "") -> list[str]:
 
 ENABLE_KEYS = ("vllm_xargs.agentic_context", "auto")
 RESUME_ORDERS = ("mru", "fcfs")
-MOVE_COSTS = ("context", "resident", "resident_room")  # docs/program-scheduling.md §12.1
+MOVE_COSTS = ("context", "resident")  # docs/program-scheduling.md §12.1
 # how a per-tool TTL prices holding while Programs wait for capacity (docs/program-scheduling.md §12)
 TOOL_CONTENTION_MODES = ("rent", "cap_at_fit", "ignore")
 BINDING_STRATEGIES = (

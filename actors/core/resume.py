@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from actors.core import fairness, fairness_isolation, fairness_requeue
-from actors.core.cache_residency import cheap_move_cost_seconds, move_cost_seconds, room_for_returning
+from actors.core.cache_residency import move_cost_seconds
 from actors.core.ids import ProgramRef, TargetId
 from actors.core.interactive import dispatch_interactive
 from actors.core.ledger import Plan, admission_plan, fresh_waiting, private_tokens, target_usage
@@ -321,13 +321,8 @@ def select_cross_rank(s: SchedulerState, p: Program) -> tuple[RankState, Plan] |
     # costs at most twice the better of the two choices (docs/program-scheduling.md §7, §10).
     # cross_rank_move_cost = "resident" prices the move at the part of the context the source
     # probably still caches (docs/program-scheduling.md §12.1); the default at all of it
-    waited = now - p.queued_at
-    patient = waited >= max(interval, move_cost_seconds(s, p))
-    # cross_rank_move_cost = "resident_room": the resident price, only on a destination that keeps
-    # room for its own Programs expected back (docs/program-scheduling.md §12.1)
-    cheap_cost = cheap_move_cost_seconds(s, p) if not patient else None
-    cheap = cheap_cost is not None and waited >= max(interval, cheap_cost)
-    if not (pressure or patient or cheap):
+    patient = now - p.queued_at >= max(interval, move_cost_seconds(s, p))
+    if not (pressure or patient):
         return None
     capacity = cfg.token_capacity_per_dp_rank
     waiting_targets = {o.last_target for o in waiters if o is not p}
@@ -336,21 +331,15 @@ def select_cross_rank(s: SchedulerState, p: Program) -> tuple[RankState, Plan] |
         if dest_id == source_id or dest_id in waiting_targets:
             continue
         dest = s.ranks[dest_id]
-        plan: Plan | None = None
-        dest_patient = patient
-        if cheap:
-            plan = admission_plan(p, dest, now, cfg, front_output=_front_output(s, p), global_mode=True)
-            dest_patient = plan is not None and room_for_returning(s, dest, plan, p)
-        if not (dest_patient or (source_mature and dest.factors.request_window_complete)) and dest.active:
+        if not (patient or (source_mature and dest.factors.request_window_complete)) and dest.active:
             continue
-        if capacity is not None and not dest_patient:
+        if capacity is not None and not patient:
             low = capacity * cfg.low_watermark_ratio
             free_dest = max(0.0, low - target_usage(dest, now, interval))
             free_src = max(0.0, low - target_usage(source, now, interval))
             if free_dest < free_src + cfg.cross_rank_headroom_ratio * p.estimated_context_tokens:
                 continue
-        if plan is None:
-            plan = admission_plan(p, dest, now, cfg, front_output=_front_output(s, p), global_mode=True)
+        plan = admission_plan(p, dest, now, cfg, front_output=_front_output(s, p), global_mode=True)
         if plan is None or not agent_caps_allow(s, dest, plan) or not fairness_isolation.allows(s, p, dest, plan):
             continue
         if capacity is not None:

@@ -272,19 +272,6 @@ class ToolGapModel:
         w.shorter_than_fit += int(ttl < fit)
         w.longer_than_fit += int(ttl > fit)
 
-    def usual_gap(self, pool: str, keys: tuple[str, ...], q: float, min_samples: int = 1) -> float | None:
-        """The ``q`` quantile of the gaps after a turn with ``keys`` (the largest over its keys), or
-        None when a key has fewer than ``min_samples`` gaps.  Read only (the LRU order is kept)."""
-        worst: float | None = None
-        for key in keys:
-            w = self.windows.get((pool, key))
-            if w is None or len(w.gaps) < max(1, min_samples):
-                return None
-            g = w.quantile(q)
-            if g is not None and (worst is None or g > worst):
-                worst = g
-        return worst
-
     def observe_resume(
         self, pool: str, keys: tuple[str, ...], recomputed_tokens: int, seconds: float, context_tokens: int = 0
     ) -> None:

@@ -4,20 +4,12 @@
 from __future__ import annotations
 
 import pytest
-from core_support import POOL, Harness, admitted, reasons, request_sample, tid
+from core_support import Harness, admitted, reasons, request_sample, tid
 
-from actors.core.cache_residency import (
-    cheap_move_cost_seconds,
-    expected_back,
-    move_cost_seconds,
-    resident_tokens,
-    returning_tokens,
-)
-from actors.core.config import PrefillCostModel, ToolRetentionConfig
+from actors.core.cache_residency import move_cost_seconds, resident_tokens
+from actors.core.config import PrefillCostModel
 from actors.core.costs import cache_miss_impact_seconds
 from actors.core.invariants import check
-from actors.core.model import PAUSED
-from actors.core.tool_retention import ToolGapModel
 
 # a recompute 10x dearer than the default, so the default patience is far away (as in test_core_resume)
 SLOW_PREFILL = PrefillCostModel(intercept_seconds=5.0)
@@ -107,97 +99,3 @@ def test_core_cross_rank_patience_priced_at_the_resident_part(mode: str, moves_a
     else:
         assert admitted(h.tick(at=1.0 + impact)) == ["r5"]  # the default's ski rental, unchanged
     assert check(h.state, h.cfg) == []
-
-
-def _room_scenario(returning: int | None, learned_gaps: int = 8) -> tuple[Harness, float]:
-    """``a`` on rank 0 has lost its blocks there and cannot come back (rank 0 is full); rank 1
-    runs ``z`` (1000 tokens) and, when ``returning`` is set, ``y`` of that many tokens has run
-    there and been released after calling ``run_tests``, a tool whose ``learned_gaps`` gaps so far
-    all lasted 60 s."""
-    h = _two_ranks(
-        token_capacity_per_dp_rank=10_000,
-        admission_waiting_request_threshold=1,
-        prefill_cost_model=SLOW_PREFILL,
-        cross_rank_move_cost="resident_room",
-    )
-    for _ in range(learned_gaps):
-        h.state.tools.observe(POOL, ("run_tests",), 60.0)
-    h.submit("big", tokens=6000)  # rank 0
-    h.submit("z", tokens=1000)  # rank 1
-    h.submit("a", tokens=2000)  # rank 0
-    if returning is not None:
-        h.submit("y", tokens=returning)  # rank 1
-        h.complete(
-            "r4",
-            at=0.4,
-            prompt=returning,
-            cached=0,
-            completion=0,
-            finish_reason="tool_calls",
-            tool_names=("run_tests",),
-        )
-        y = h.program("y")
-        assert y.state == PAUSED and y.queued_in is None and y.last_target == tid(1)
-    h.complete("r3", at=0.5, prompt=2000, cached=0, completion=0)  # a pauses
-    h.complete("r1", at=0.6, prompt=6000, cached=0, completion=0)  # rank 0 reuses a's 2000 blocks
-    h.submit("big", tokens=8000, at=0.7)
-    h.submit("a", tokens=6000, at=1.0)  # cannot come back: 8100 + 6100 > 10000
-    h.observe(0, 0.5, 1, 0, at=1.5)  # no backend waiting requests on rank 0: no pressure
-    a = h.program("a")
-    assert resident_tokens(h.state, a) == 0 and cheap_move_cost_seconds(h.state, a) == 0.0
-    impact = cache_miss_impact_seconds(2000, SLOW_PREFILL)
-    assert move_cost_seconds(h.state, a) == impact  # the patience without room stays the context's
-    return h, impact
-
-
-@pytest.mark.parametrize(
-    ("returning", "learned_gaps", "moves_at_once"),
-    [
-        (None, 8, True),  # nothing ran on rank 1 but z
-        (2700, 8, True),  # y's 2700 + 100 fit in the 2800 rank 1 has left with a admitted
-        (2800, 8, False),  # they do not: a waits the whole-context patience
-        (2800, 0, True),  # no Program ever came back after run_tests: y is not counted
-    ],
-)
-def test_core_resident_room_keeps_the_room_of_programs_expected_back(
-    returning: int | None, learned_gaps: int, moves_at_once: bool
-) -> None:
-    """Rank 1 with ``a`` admitted holds 1100 (z) + 6100 (a) of 10,000: 2800 left.  A released
-    ``y`` that is expected back (gone no longer than the gaps seen after its tool) keeps its room there:
-    then ``a`` moves only after the default's whole-context patience."""
-    h, impact = _room_scenario(returning, learned_gaps)
-    a = h.program("a")
-    counted = 0.0 if returning is None or learned_gaps == 0 else float(returning + 100)
-    assert returning_tokens(h.state, h.rank(1), a) == counted
-    rid = "r5" if returning is None else "r6"
-    eff = h.tick(at=2.0)
-    assert (admitted(eff) == [rid]) is moves_at_once
-    if not moves_at_once:
-        assert admitted(h.tick(at=1.0 + impact - 0.01)) == []
-        assert admitted(h.tick(at=1.0 + impact)) == [rid]  # the default's ski rental, unchanged
-    else:
-        assert reasons(eff) == ["program_admit", "cross_rank_resume"]
-    assert a.placement == tid(1)
-    if returning is not None:
-        y = h.program("y")
-        assert returning_tokens(h.state, h.rank(1), y) == 0.0  # the mover's own context is not counted
-        h.tick(at=60.4)
-        assert expected_back(h.state, y) is (learned_gaps > 0)  # gone exactly the longest gap seen
-        h.tick(at=60.5)
-        assert not expected_back(h.state, y)  # gone longer: no longer counted
-    assert check(h.state, h.cfg) == []
-
-
-def test_core_usual_gap_is_the_largest_quantile_over_the_turn_keys_and_reads_only() -> None:
-    model = ToolGapModel(ToolRetentionConfig())
-    for g in range(1, 11):
-        model.observe(POOL, ("a",), float(g))
-    model.observe(POOL, ("b",), 50.0)
-    order = list(model.windows)
-    assert model.usual_gap(POOL, ("a",), 0.9) == 9.0  # nearest rank: the 9th of 10
-    assert model.usual_gap(POOL, ("a",), 0.99) == 10.0  # under 100 samples: the longest
-    assert model.usual_gap(POOL, ("a", "b"), 0.9) == 50.0
-    assert model.usual_gap(POOL, ("a", "c"), 0.9) is None  # no gap ever seen after c
-    assert model.usual_gap(POOL, ("a",), 0.9, min_samples=11) is None
-    assert model.usual_gap(POOL, (), 0.9) is None  # a turn without keys says nothing
-    assert list(model.windows) == order  # the LRU order of the windows is unchanged

@@ -15,8 +15,6 @@ def test_tool_bench_rows_carry_their_program_scheduling_field() -> None:
     moved = system_config(point, "agentd-move-resident").program_scheduling
     assert moved.cross_rank_move_cost == "resident"
     assert moved.tool_retention.enabled  # the rest is the agentd row's
-    room = system_config(point, "agentd-move-resident-room").program_scheduling
-    assert room.cross_rank_move_cost == "resident_room"
     assert not system_config(point, "agentd-no-tool-ttl").program_scheduling.tool_retention.enabled
     assert system_config(point, "native").enable_program_scheduling is False
     # --ps-config-json merges into every agentd row, over the row's own field
