@@ -11,7 +11,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from actors.core.config import BackendTarget, ProgramSchedulingConfig
+from actors.core.config import MOVE_COSTS, BackendTarget, ProgramSchedulingConfig
 from daemon.http.identity import parse_identity
 
 CTX = "vllm_xargs.agentic_context"
@@ -33,7 +33,7 @@ def scheduling_configs(draw: st.DrawFn) -> ProgramSchedulingConfig:
         global_queue=draw(st.booleans()),
         resume_order=draw(st.sampled_from(["mru", "fcfs"])),
         cross_rank_headroom_ratio=draw(st.sampled_from([1.0, 1.2])),
-        cross_rank_move_cost=draw(st.sampled_from(["context", "resident"])),
+        cross_rank_move_cost=draw(st.sampled_from(list(MOVE_COSTS))),
         binding_strategy=draw(st.sampled_from(strategies)),
         hash_virtual_nodes=8,
         token_capacity_per_dp_rank=capacity,
