@@ -2,8 +2,10 @@
 
 A frame is a 4-byte big-endian length followed by that many bytes of compact JSON: a two-element
 array ``[tag, fields]`` where ``tag`` names one of the frame classes below and ``fields`` is the
-cattrs-unstructured value.  The frames carry the existing message values unchanged where they
-exist (``Admitted``, the core's ``Rejection``, the proxy's ``Outcome``, the edge's
+value's fields in declaration order, nested values nested the same way
+(:mod:`daemon.dataplane.positional`; both processes run the same code, so no field names
+travel).  The frames carry the existing message values unchanged where they exist
+(``Admitted``, the core's ``Rejection``, the proxy's ``Outcome``, the edge's
 ``ParsedIdentity``/``PromptSize``/``PriorityInfo``), so the scheduler side rebuilds exactly the
 request the in-process path would have seen.
 
@@ -23,11 +25,11 @@ import struct
 from typing import Any
 
 from attrs import frozen
-from cattrs.preconf.json import make_converter
 
 from actors.core.errors import Rejection
 from actors.core.ids import DEFAULT_MODEL_POOL
 from actors.messages import Admitted
+from daemon.dataplane.positional import PositionalCodec
 from daemon.dispatch import Outcome, ProxyRequest
 from daemon.http.identity import ParsedIdentity
 from daemon.http.priority import DEFAULT_INFO, PriorityInfo
@@ -227,15 +229,20 @@ FRAME_TYPES: tuple[type, ...] = (
     MetricsAsk,
 )
 _BY_TAG: dict[str, type] = {cls.__name__: cls for cls in FRAME_TYPES}
-_converter = make_converter()
+_CODEC = PositionalCodec(FRAME_TYPES)
+_ENCODERS: dict[type, tuple[str, Any]] = {cls: (cls.__name__, _CODEC.encoders[cls]) for cls in FRAME_TYPES}
+_DECODERS: dict[str, Any] = {cls.__name__: _CODEC.decoders[cls] for cls in FRAME_TYPES}
+_dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+_loads = json.loads
 
 
 def encode(frame: Any) -> bytes:
-    """One frame: length prefix + ``[tag, fields]`` as compact JSON."""
-    tag = type(frame).__name__
-    if _BY_TAG.get(tag) is not type(frame):
+    """One frame: length prefix + ``[tag, fields]`` as compact JSON (fields positional)."""
+    entry = _ENCODERS.get(type(frame))
+    if entry is None:
         raise TypeError(f"not a data-plane frame: {type(frame).__name__}")
-    payload = json.dumps([tag, _converter.unstructure(frame)], separators=(",", ":"), allow_nan=False).encode()
+    tag, enc = entry
+    payload = _dumps([tag, enc(frame)]).encode()
     if len(payload) > MAX_FRAME_BYTES:
         raise FrameError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME_BYTES}")
     return HEADER.pack(len(payload)) + payload
@@ -244,11 +251,8 @@ def encode(frame: Any) -> bytes:
 def decode(payload: bytes) -> Any:
     """The frame value of one payload (without its length prefix); :class:`FrameError` if invalid."""
     try:
-        tag, fields = json.loads(payload)
-        cls = _BY_TAG[tag]
-        return _converter.structure(fields, cls)
-    except FrameError:
-        raise
+        tag, fields = _loads(payload)
+        return _DECODERS[tag](fields)
     except Exception as exc:
         raise FrameError(f"undecodable frame: {type(exc).__name__}: {exc}") from exc
 

@@ -11,11 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from actors.core.model import Usage
+from daemon.dataplane.positional import PositionalCodec
 from daemon.dataplane.wire import (
     FRAME_TYPES,
     HEADER,
     MAX_FRAME_BYTES,
     Ask,
+    Finish,
     FrameError,
     FrameReader,
     Hello,
@@ -23,7 +26,7 @@ from daemon.dataplane.wire import (
     decode,
     encode,
 )
-from daemon.dispatch import ProxyRequest
+from daemon.dispatch import Outcome, ProxyRequest
 from daemon.http.identity import parse_identity
 from daemon.http.priority import PriorityInfo
 from daemon.http.requests import PromptSize
@@ -129,9 +132,40 @@ def test_bad_frames_are_protocol_errors() -> None:
     with pytest.raises(FrameError, match="undecodable"):
         decode(b'["Hello", {"relay": "one", "pid": 2}]')
     with pytest.raises(FrameError, match="undecodable"):
+        decode(b'["Hello", ["one", 2]]')  # positional fields are checked against their types
+    with pytest.raises(FrameError, match="undecodable"):
+        decode(b'["Hello", [1, 2, 3]]')  # and counted
+    with pytest.raises(FrameError, match="undecodable"):
+        decode(b'["Hello", [true, 2]]')  # a boolean is no integer
+    with pytest.raises(FrameError, match="undecodable"):
         decode(b"{not json")
     with pytest.raises(FrameError, match="exceeds"):
         FrameReader().feed(HEADER.pack(MAX_FRAME_BYTES + 1))
     with pytest.raises(TypeError, match="not a data-plane frame"):
         encode(PromptSize(1))
     assert FrameReader().feed(encode(Hello(1, 2))[:-1]) == []
+
+
+def test_the_positional_codec_is_compact_and_exact() -> None:
+    """No field names on the wire; a float field given an integer decodes as that float."""
+    frame = Finish(3, Outcome(True, Usage(12, 0, 2), None, 0.5, None, "stop", ("grep",)))
+    data = encode(frame)
+    assert data[HEADER.size :] == b'["Finish",[3,[true,[12,0,2],null,0.5,null,"stop",["grep"]]]]'
+    back = decode(b'["Finish",[3,[true,[12,0,2],null,1,null,"stop",["grep"]]]]')
+    assert back.outcome.first_token_seconds == 1.0 and type(back.outcome.first_token_seconds) is float
+
+
+def test_the_positional_codec_refuses_unsupported_field_types_when_built() -> None:
+    @attrs.frozen
+    class Mixed:
+        value: int | str
+
+    with pytest.raises(TypeError, match="X \\| None"):
+        PositionalCodec((Mixed,))
+
+    @attrs.frozen
+    class Listed:
+        values: list[int]
+
+    with pytest.raises(TypeError, match="does not support"):
+        PositionalCodec((Listed,))
