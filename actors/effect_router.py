@@ -30,8 +30,7 @@ from actors.core.events import RequestCompleted
 from actors.core.ids import redacted_id
 from actors.dashboard_feed import DashboardFeed
 from actors.logevents import get_logger, log_event
-from actors.mailbox import reply_nowait
-from actors.messages import Admitted, QueuePosition, Reply
+from actors.messages import Admitted, QueuePosition, Reply, ReplySink
 from actors.program_metrics import ProgramMetrics
 from actors.program_registry import ProgramRegistry
 
@@ -60,7 +59,7 @@ class EffectRouter:
         self.targets_by_id = targets_by_id
         self.metrics = metrics
         self.registry = registry
-        self.replies: dict[str, trio.MemorySendChannel[Reply]] = {}
+        self.replies: dict[str, ReplySink] = {}
         # requests whose handler wants QueuePosition notices while they wait (§13)
         self.queue_updates: set[str] = set()
         # request id -> redacted Program id of admitted requests, for completion logs
@@ -73,9 +72,7 @@ class EffectRouter:
         # returns an outcome of ``REQUEUE_OUTCOMES``
         self.on_requeue: Callable[[str], str] | None = None
 
-    def expect_reply(
-        self, request_id: str, reply: trio.MemorySendChannel[Reply], *, queue_updates: bool = False
-    ) -> None:
+    def expect_reply(self, request_id: str, reply: ReplySink, *, queue_updates: bool = False) -> None:
         self.replies[request_id] = reply
         if queue_updates:
             self.queue_updates.add(request_id)
@@ -109,8 +106,13 @@ class EffectRouter:
     def _reply(self, request_id: str, value: Reply) -> None:
         self.queue_updates.discard(request_id)
         channel = self.replies.pop(request_id, None)
-        if channel is not None:
-            reply_nowait(channel, value)
+        if channel is not None:  # answered exactly once, then closed (a handler already gone: dropped)
+            try:
+                channel.send_nowait(value)
+            except trio.BrokenResourceError:
+                pass
+            finally:
+                channel.close()
 
     def _queue_eta_told(self, e: fx.QueueEtaTold) -> None:
         """A notice to a waiting handler that asked for them; dropped when the previous one is

@@ -25,7 +25,8 @@ submission asked for them, by :class:`QueuePosition` notices while the request w
 
 from __future__ import annotations
 
-import trio
+from typing import Any, Protocol
+
 from attrs import frozen
 
 from actors.core.config import BackendTarget
@@ -76,6 +77,18 @@ class QueuePosition:
 Reply = Admitted | Rejection | QueuePosition
 
 
+class ReplySink(Protocol):
+    """Where the scheduler actor's answers to one submission go: an in-process reply channel
+    (``trio.MemorySendChannel[Reply]``), or a relay connection's lease that turns the answer into
+    its ``Grant``/``Refuse`` frame (docs/operations.md §13.5).  ``send_nowait`` raises
+    ``trio.BrokenResourceError`` when nobody waits for the answer any more; ``close`` ends the
+    sink (after the final answer, or without one when the scheduler stops)."""
+
+    def send_nowait(self, value: Reply, /) -> None: ...
+    def close(self) -> None: ...
+    def statistics(self) -> Any: ...
+
+
 @frozen(eq=False)
 class Submission:
     """In-process delivery of a ``RequestSubmitted`` (or ``BatchSubmitted``) with the one-shot channel for its reply.
@@ -85,7 +98,7 @@ class Submission:
     """
 
     event: RequestSubmitted | BatchSubmitted | InteractiveSubmitted | RequestRequeued
-    reply: trio.MemorySendChannel[Reply]
+    reply: ReplySink
     # send QueuePosition notices while it waits (the reply channel needs a buffer of at least 2,
     # so that a notice never takes the room of the final reply)
     queue_updates: bool = False

@@ -57,7 +57,7 @@ from actors.dashboard_feed import DashboardFeed
 from actors.dashboard_view import dashboard_document
 from actors.logevents import get_logger
 from actors.mailbox import ActorGone
-from actors.messages import Admitted, QueuePosition, Reply, Submission
+from actors.messages import Admitted, QueuePosition, Reply, ReplySink, Submission
 from actors.program_metrics import GaugeSnapshot, ProgramMetrics, TokenEstimateGauge
 from actors.rank_registry import RankRegistry, run_rank_registry
 from actors.scheduler_actor import SchedulerHandle, diagnostics_snapshot, rank_gauges, run_scheduler_actor
@@ -421,13 +421,22 @@ class ProgramDispatcher:
         return tuple(sorted((t for t in live if t.index in req.pool_targets), key=lambda t: t.index))
 
     def lease(self, req: ProxyRequest) -> AbstractAsyncContextManager[ProgramLease]:
+        return self._lease(req, self.program_event(req))
+
+    def lease_interactive(self, req: ProxyRequest) -> AbstractAsyncContextManager[ProgramLease]:
+        """An identity-free interactive request queued by the scheduler ahead of the classes below
+        it (docs/priority.md §2, §5.5): ``InteractiveSubmitted``, answered like a Program request."""
+        return self._lease(req, self.interactive_event(req))
+
+    def program_event(self, req: ProxyRequest) -> RequestSubmitted:
+        """The core's ``RequestSubmitted`` of a request with Program identity."""
         if req.identity is None:
             raise ValueError("ProgramDispatcher.lease needs a request with Program identity")
         estimate = self.estimator.estimate(req.model_pool, req)
         hints = req.identity.hints
         if hints.priority != req.prio.priority:  # the edge's priority after both conventions and the rules
             hints = attrs.evolve(hints, priority=req.prio.priority)
-        event = RequestSubmitted(
+        return RequestSubmitted(
             request_id=RequestId(req.request_id),
             identity=req.identity.identity,
             estimated_prompt_tokens=estimate,
@@ -438,12 +447,10 @@ class ProgramDispatcher:
             tenant=req.prio.tenant,
             max_queue_seconds=req.max_queue_seconds,
         )
-        return self._lease(req, event)
 
-    def lease_interactive(self, req: ProxyRequest) -> AbstractAsyncContextManager[ProgramLease]:
-        """An identity-free interactive request queued by the scheduler ahead of the classes below
-        it (docs/priority.md §2, §5.5): ``InteractiveSubmitted``, answered like a Program request."""
-        event = InteractiveSubmitted(
+    def interactive_event(self, req: ProxyRequest) -> InteractiveSubmitted:
+        """The core's ``InteractiveSubmitted`` of an identity-free interactive request."""
+        return InteractiveSubmitted(
             request_id=RequestId(req.request_id),
             estimated_prompt_tokens=self.estimator.estimate(req.model_pool, req),
             tenant=req.prio.tenant,
@@ -452,7 +459,53 @@ class ProgramDispatcher:
             model_pool=req.model_pool,
             targets=self.pool_targets(req),
         )
-        return self._lease(req, event)
+
+    # ---- detached leases: a relay's request served without a task (docs/operations.md §13.5) ----
+
+    def detached_submission(self, req: ProxyRequest, kind: str, sink: ReplySink) -> Submission:
+        """The submission of a relay's ``program`` or ``interactive`` lease whose answer goes to
+        ``sink``; the caller delivers it to ``scheduler.inbox`` and then calls :meth:`submitted`."""
+        self._polling_needed.set()
+        event = self.program_event(req) if kind == "program" else self.interactive_event(req)
+        return Submission(event=event, reply=sink)
+
+    def submitted(self) -> None:
+        self.counters.submitted_count += 1
+
+    def answered(self, reply: Admitted | Rejection) -> None:
+        """A detached lease's answer (counted as the in-process lease counts it)."""
+        if isinstance(reply, Rejection):
+            self.counters.rejected_count += 1
+        else:
+            self.counters.admitted_count += 1
+
+    def release_message(self, req: ProxyRequest, outcome: Outcome | None) -> RequestCompleted | RequestAbandoned:
+        """The end of an admitted or waiting request, accounted (counters, the estimator's
+        feedback): its ``RequestCompleted`` with ``outcome``, else its ``RequestAbandoned``."""
+        if outcome is not None:
+            self.counters.completed_count += 1
+            if outcome.success:
+                usage = outcome.usage
+                self.estimator.feedback(req.model_pool, req, None if usage is None else usage.prompt_tokens)
+            return completed_message(req.request_id, outcome)
+        self.counters.abandoned_count += 1
+        return RequestAbandoned(request_id=RequestId(req.request_id))
+
+    def deliver_nowait(self, message: RequestCompleted | RequestAbandoned) -> bool:
+        """Deliver a release to the scheduler inbox now; False when the inbox is full (then
+        :meth:`deliver_shielded` must carry it)."""
+        try:
+            self.scheduler.inbox.send.send_nowait(message)
+        except trio.WouldBlock:
+            return False
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the scheduler is gone: nothing left to account
+        return True
+
+    async def deliver_shielded(self, message: RequestCompleted | RequestAbandoned) -> None:
+        """A release the full inbox refused: wait for room, shielded and never given up."""
+        with trio.CancelScope(shield=True):
+            await self._deliver(self.scheduler.inbox.send, message)
 
     @asynccontextmanager
     async def _lease(
@@ -535,18 +588,13 @@ class ProgramDispatcher:
         if lease is not None and lease.dropped:
             self.counters.rejected_count += 1  # refused while it waited again: nothing to release
             return
-        if lease is not None and lease.outcome is not None:
-            self.counters.completed_count += 1
-            if lease.outcome.success and lease.outcome.usage is not None:
-                self.estimator.feedback(req.model_pool, req, lease.outcome.usage.prompt_tokens)
-            elif lease.outcome.success:
-                self.estimator.feedback(req.model_pool, req, None)
-            if not lease.reported:
-                lease.reported = True
-                await self._deliver(inbox, completed_message(req.request_id, lease.outcome))
-            return
-        self.counters.abandoned_count += 1
-        await self._deliver(inbox, RequestAbandoned(request_id=RequestId(req.request_id)))
+        outcome = None if lease is None else lease.outcome
+        message = self.release_message(req, outcome)
+        if lease is not None and outcome is not None:
+            if lease.reported:
+                return  # ``finish`` delivered the completion
+            lease.reported = True
+        await self._deliver(inbox, message)
 
     async def wait_diagnostics(self, predicate: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
         """Wait until ``predicate(diagnostics())`` holds, re-checking after every scheduler step.

@@ -31,7 +31,7 @@ import trio
 from actors.core.config import BackendTarget
 from actors.core.errors import Rejection
 from actors.logevents import get_logger, log_event
-from actors.messages import Admitted
+from actors.messages import Admitted, QueuePosition, Reply, Submission
 from daemon.dataplane.link import Link, LinkClosed
 from daemon.dataplane.wire import (
     Ask,
@@ -49,13 +49,14 @@ from daemon.dataplane.wire import (
     Snapshot,
     WorkerModels,
 )
-from daemon.dispatch import DispatchRejected, HealthView, Outcome
+from daemon.dispatch import DispatchRejected, HealthView, Outcome, ProxyRequest
 from daemon.program_dispatch import SCHEDULER_UNAVAILABLE, ProgramDispatcher, ProgramLease
 
 logger = get_logger("dataplane")
 INTERNAL_ERROR = Rejection(reason="internal_error", status_hint=500, message="internal error in agentd (see the log)")
 BATCH_DISABLED = Rejection(reason="batch_jobs_disabled", status_hint=503, message="[batch_jobs] is not enabled")
 SNAPSHOT_SECONDS = 0.1  # how often the relays' view of health, models and load is refreshed
+DETACHED_KINDS = ("program", "interactive")  # served without a task (batch leases keep one each)
 METRICS_TIMEOUT_SECONDS = 2.0  # a relay that does not answer a scrape within this is left out
 
 
@@ -64,6 +65,49 @@ class OutcomeBoard(HealthView, Protocol):
 
     def report_success(self, url: str) -> None: ...
     def report_failure(self, url: str, detail: str, *, eject_now: bool = False) -> bool: ...
+
+
+@attrs.define(eq=False)
+class _Detached:
+    """A relay's Program or interactive lease served without a task of its own (docs/operations.md
+    §13.5): it is the submission's reply sink, so the scheduler actor's answer becomes the relay's
+    ``Grant`` or ``Refuse`` frame at once; the relay's ``Finish``/``Release`` become the request's
+    completion or abandon, with the in-process lease's accounting
+    (:meth:`~daemon.program_dispatch.ProgramDispatcher.release_message`)."""
+
+    conn: RelayConnection
+    number: int
+    req: ProxyRequest
+    admitted: bool = False
+    answered: bool = False  # the final answer (Admitted or Rejection) was given
+    left: bool = False  # the relay released it (or its socket ended) before that
+    early: Outcome | None = None  # a Finish that arrived before the Grant (kept until admission)
+
+    # ---- the reply sink of the scheduler actor (actors.messages.ReplySink) ----
+
+    def send_nowait(self, value: Reply, /) -> None:
+        if self.left:
+            raise trio.BrokenResourceError("the relay released the lease")
+        if isinstance(value, QueuePosition):
+            return  # (never asked for: a relay's submission has no queue updates)
+        self.answered = True
+        self.conn.answer(self, value)
+
+    def close(self) -> None:
+        if not self.answered and not self.left:  # the scheduler stops without an answer
+            self.answered = True
+            self.conn.unavailable(self)
+
+    def statistics(self) -> Any:
+        return _EMPTY
+
+
+@attrs.frozen
+class _EmptyBuffer:
+    current_buffer_used: int = 0
+
+
+_EMPTY = _EmptyBuffer()
 
 
 @attrs.define(eq=False)
@@ -95,12 +139,14 @@ class RelayConnection:
         self.link = link
         self.pid: int | None = None
         self.hello = trio.Event()
-        self.leases: dict[int, _Served] = {}
+        self.leases: dict[int, _Served] = {}  # batch leases (and any Ask without a scheduler)
+        self.detached: dict[int, _Detached] = {}  # Program and interactive leases
         self.in_flight: tuple[int, ...] = ()
         self.reports_applied = 0
         self.asks_count = 0
         self.abandoned_on_close_count = 0
         self._metrics: dict[int, trio.MemorySendChannel[str]] = {}
+        self._later: trio.Nursery | None = None  # releases that wait for room in the scheduler inbox
         self._last_snapshot: Snapshot | None = None
 
     def send_quiet(self, frame: Any) -> None:
@@ -114,14 +160,17 @@ class RelayConnection:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.link.run_writer)
             async with trio.open_nursery() as leases:
+                self._later = leases
                 try:
                     async for frame in self.link.frames():
-                        self._on_frame(frame, leases)
+                        submission = self._on_frame(frame, leases)
+                        if submission is not None:
+                            await self._submit(submission)
                 except (FrameError, ProtocolError) as exc:  # a relay that breaks the protocol is cut off
                     log_event(
                         logger, logging.ERROR, "relay_protocol_error", relay=self.index, pid=self.pid, error=str(exc)
                     )
-                open_count = len(self.leases)
+                open_count = len(self.leases) + len(self.detached)
                 self.abandoned_on_close_count += open_count
                 if open_count:
                     log_event(
@@ -133,20 +182,38 @@ class RelayConnection:
                         leases=open_count,
                         message="the relay's socket ended with leases open: each is released as abandoned",
                     )
+                for number in list(self.detached):
+                    self._release_detached(number, None)
                 leases.cancel_scope.cancel()  # every open lease leaves its context unfinished
             self.link.close()
             nursery.cancel_scope.cancel()
 
-    def _on_frame(self, frame: Any, leases: trio.Nursery) -> None:
+    def _on_frame(self, frame: Any, leases: trio.Nursery) -> Submission | None:
         if isinstance(frame, Ask):
             self.asks_count += 1
+            program = self.hub.program
+            if program is not None and frame.kind in DETACHED_KINDS:
+                detached = self.detached[frame.lease] = _Detached(self, frame.lease, frame.request.proxy_request())
+                try:
+                    return program.detached_submission(detached.req, frame.kind, detached)
+                except Exception:
+                    del self.detached[frame.lease]
+                    raise
             fresh = self.leases[frame.lease] = _Served()
             leases.start_soon(self._serve_ask, frame, fresh)
         elif isinstance(frame, Finish | Release):
+            outcome = frame.outcome if isinstance(frame, Finish) else None
+            open_detached = self.detached.get(frame.lease)
+            if open_detached is not None:
+                if outcome is not None and not open_detached.admitted:
+                    open_detached.early = outcome  # (a relay finishes only after its Grant)
+                else:
+                    self._release_detached(frame.lease, outcome)
+                return None
             served = self.leases.get(frame.lease)
             if served is None:
-                return  # already refused or ended
-            served.outcome = frame.outcome if isinstance(frame, Finish) else None
+                return None  # already refused or ended
+            served.outcome = outcome
             served.ended.set()
             if not served.forwarding and isinstance(frame, Release):
                 served.scope.cancel()  # still waiting for admission: leave the queue (abandoned)
@@ -169,6 +236,66 @@ class RelayConnection:
             self.hello.set()
         else:
             raise ProtocolError(f"unexpected frame from relay {self.index}: {type(frame).__name__}")
+        return None
+
+    # ---- detached leases ----
+
+    async def _submit(self, submission: Submission) -> None:
+        """Deliver a detached lease's submission (the relay's next frames wait while the inbox is
+        full: the same back-pressure an in-process handler feels)."""
+        program = self.hub.program
+        assert program is not None
+        inbox = program.scheduler.inbox.send
+        try:
+            try:
+                inbox.send_nowait(submission)
+            except trio.WouldBlock:
+                await inbox.send(submission)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            detached = self.detached.pop(self._number_of(submission), None)
+            if detached is not None:
+                detached.answered = True
+                self.send_quiet(Refuse(detached.number, SCHEDULER_UNAVAILABLE))
+            return
+        program.submitted()
+
+    def _number_of(self, submission: Submission) -> int:
+        sink = submission.reply
+        assert isinstance(sink, _Detached)
+        return sink.number
+
+    def answer(self, detached: _Detached, reply: Admitted | Rejection) -> None:
+        """The scheduler actor's answer to a detached lease (called while it routes the effect)."""
+        program = self.hub.program
+        assert program is not None
+        program.answered(reply)
+        if isinstance(reply, Rejection):
+            self.detached.pop(detached.number, None)
+            self.send_quiet(Refuse(detached.number, reply))
+            return
+        detached.admitted = True
+        if detached.early is not None:
+            self._release_detached(detached.number, detached.early)
+            return
+        self.send_quiet(Grant(detached.number, reply, 0))
+
+    def unavailable(self, detached: _Detached) -> None:
+        """The scheduler stopped before answering: the relay answers 503."""
+        if self.detached.pop(detached.number, None) is not None:
+            self.send_quiet(Refuse(detached.number, SCHEDULER_UNAVAILABLE))
+
+    def _release_detached(self, number: int, outcome: Outcome | None) -> None:
+        """The lease ended (``outcome``: completed) or was left (None: abandoned)."""
+        detached = self.detached.pop(number, None)
+        program = self.hub.program
+        if detached is None or program is None:
+            return
+        if not detached.answered:
+            detached.left = True  # still queued: the abandon takes it out; a late answer is dropped
+        message = program.release_message(detached.req, outcome)
+        if not program.deliver_nowait(message):
+            assert self._later is not None  # (set while the connection is served)
+            self._later.start_soon(program.deliver_shielded, message)
 
     async def _serve_ask(self, ask: Ask, served: _Served) -> None:
         program = self.hub.program
@@ -243,7 +370,7 @@ class RelayConnection:
 
     def document(self) -> dict[str, Any]:
         return {
-            "open_leases": len(self.leases),
+            "open_leases": len(self.leases) + len(self.detached),
             "asks_count": self.asks_count,
             "abandoned_on_close_count": self.abandoned_on_close_count,
             "native_in_flight": sum(self.in_flight),
@@ -332,7 +459,7 @@ class DataPlaneHub:
         return texts
 
     def open_leases(self) -> int:
-        return sum(len(c.leases) for c in self.connections.values())
+        return sum(len(c.leases) + len(c.detached) for c in self.connections.values())
 
     def native_in_flight(self) -> int:
         return sum(sum(c.in_flight) for c in self.connections.values())

@@ -257,6 +257,78 @@ async def test_a_refusal_of_the_scheduler_reaches_the_relay_unchanged(autojump_c
         assert p.remote.counters.refused_count == 1 and p.hub.open_leases() == 0
 
 
+async def test_a_queue_timeout_of_the_core_reaches_the_relay_as_its_rejection(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A relay's Program lease is answered by the scheduler actor straight into its Refuse frame:
+    the core's 429 with its Retry-After, counted as the in-process lease counts it."""
+    async with plane(daemon_config(dp=1, token_capacity_per_dp_rank=150, queue_timeout_seconds=2.0)) as p:
+        admitted = trio.Event()
+        release = trio.Event()
+
+        async def holder() -> None:
+            async with p.remote.lease(program_request("a", tokens=100)) as lease:
+                admitted.set()
+                await release.wait()
+                lease.finish(ok())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(holder)
+            await admitted.wait()
+            t0 = trio.current_time()
+            with pytest.raises(DispatchRejected) as refused:
+                async with p.remote.lease(program_request("b", tokens=100)):
+                    raise AssertionError("admitted although the rank is full")
+            waited = trio.current_time() - t0
+            release.set()
+        rejection = refused.value.rejection
+        assert (rejection.status_hint, rejection.reason) == (429, "queue_timeout")
+        assert rejection.retry_after_seconds is not None and rejection.retry_after_seconds > 0
+        assert 2.0 <= waited <= 3.0  # the timeout is checked at the scheduler's next tick
+        doc = await _settled(p, lambda d: d["dispatcher"]["completed_count"] == 1)
+        assert {k: doc["dispatcher"][k] for k in ("submitted_count", "admitted_count", "rejected_count")} == {
+            "submitted_count": 2,
+            "admitted_count": 1,
+            "rejected_count": 1,
+        }
+        assert p.remote.counters.refused_count == 1 and p.hub.open_leases() == 0
+
+
+async def test_a_scheduler_that_stops_before_answering_refuses_the_waiting_relay_lease(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The scheduler actor closes every waiting reply when it stops: a relay's waiting lease gets
+    the 503 ``scheduler_unavailable`` at once (not a hang)."""
+    async with plane(daemon_config(dp=1, token_capacity_per_dp_rank=150)) as p:
+        assert p.dispatcher is not None
+        router = p.dispatcher.scheduler.router
+        assert router is not None
+        admitted = trio.Event()
+
+        async def holder() -> None:
+            async with p.remote.lease(program_request("a", tokens=100)):
+                admitted.set()
+                await trio.sleep_forever()
+
+        scheduler = p.dispatcher.scheduler
+
+        async def stop_when_queued() -> None:
+            await _settled(p, lambda d: len(scheduler.state.pool) == 1)
+            router.close_replies()  # what the actor does when it stops
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(holder)
+            await admitted.wait()
+            nursery.start_soon(stop_when_queued)
+            t0 = trio.current_time()
+            with pytest.raises(DispatchRejected) as refused:
+                async with p.remote.lease(program_request("b", tokens=100)):
+                    raise AssertionError("admitted although the rank is full")
+            assert trio.current_time() == t0
+            nursery.cancel_scope.cancel()
+        assert refused.value.rejection.reason == "scheduler_unavailable"
+
+
 async def test_snapshots_carry_health_and_the_other_processes_load(autojump_clock: trio.testing.MockClock) -> None:
     cfg = daemon_config(workers=("http://w0:8000", "http://w1:8000"), dp=1)
     targets = cfg.targets()
