@@ -27,8 +27,8 @@ inbox filled, which wake order decides: deterministic runs keep below ``SCHEDULE
 same-instant messages.)
 
 The actor's inbox is bounded (see ``SCHEDULER_INBOX_SIZE``); the actor itself never awaits
-anything but its inbox (and ``settle``), so producers (HTTP handlers, the rank actors, Program actors) are only
-ever delayed by the actor's own processing rate.  An exception in ``step`` or in routing
+anything but its inbox (and ``settle``), so producers (HTTP handlers, the rank actors, the Program
+timers) are only ever delayed by the actor's own processing rate.  An exception in ``step`` or in routing
 propagates and stops the daemon (one-cancels-all): no restart loop hides a broken invariant.
 """
 
@@ -100,19 +100,24 @@ class SchedulerHandle:
         # explicit ordering key of the request's completion among same-instant messages
         self.submitted_seq: dict[str, int] = {}
         self._submissions = 0
-        self._changed = trio.Event()
+        self._changed: trio.Event | None = None
 
     @property
     def pending_replies_count(self) -> int:
         return 0 if self.router is None else len(self.router.replies)
 
     def notify_stepped(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+        changed = self._changed
+        if changed is not None:  # (an event only while someone waits: no allocation per step)
+            self._changed = None
+            changed.set()
 
     async def wait_changed(self) -> None:
         """Return after the next step (for ``wait_<condition>`` helpers; never polls)."""
-        await self._changed.wait()
+        changed = self._changed
+        if changed is None:
+            changed = self._changed = trio.Event()
+        await changed.wait()
 
     def statistics(self) -> list[dict[str, Any]]:
         out = [self.inbox.statistics()]
@@ -228,6 +233,7 @@ async def run_scheduler_actor(
         handle.sync_targets(trio.current_time(), force=True)
         task_status.started(handle)
         try:
+            receive_nowait = inbox.recv.receive_nowait
             async for first in inbox.recv:
                 items = [first]
                 if settle is not None:
@@ -235,19 +241,35 @@ async def run_scheduler_actor(
                     await settle()
                     while True:
                         try:
-                            items.append(inbox.recv.receive_nowait())
+                            items.append(receive_nowait())
                         except trio.WouldBlock:
                             break
                     items.sort(key=handle.inbox_order_key)
                 for item in items:
-                    now = trio.current_time()
-                    handle.receive(item, now)
-                    handle.notify_stepped()
-                    if isinstance(item, ev.RepairTick) and on_tick is not None:
-                        on_tick(handle, now)
+                    _handle(handle, item, on_tick)
+                if settle is None:
+                    # a real clock: what queued meanwhile is handled in arrival order without a
+                    # checkpoint per message (the inbox only drains while the actor runs, so this
+                    # ends with the backlog; docs/benchmarks.md §10.3.1)
+                    while True:
+                        try:
+                            item = receive_nowait()
+                        except trio.WouldBlock:
+                            break
+                        _handle(handle, item, on_tick)
         finally:
             handle.router.close_replies()
             nursery.cancel_scope.cancel()
+
+
+def _handle(
+    handle: SchedulerHandle, item: SchedulerInboxItem, on_tick: Callable[[SchedulerHandle, float], None] | None
+) -> None:
+    now = trio.current_time()
+    handle.receive(item, now)
+    handle.notify_stepped()
+    if on_tick is not None and isinstance(item, ev.RepairTick):
+        on_tick(handle, now)
 
 
 # kind order of same-instant messages (SchedulerHandle.inbox_order_key)
