@@ -36,6 +36,22 @@ from actors.program_registry import ProgramRegistry
 
 logger = get_logger("program.scheduler")
 
+
+class _Children(dict[Any, Any]):
+    """A metric's labelled children by label value (a tuple for several labels), resolved once:
+    ``labels()`` validates and locks on every call, a dict hit does not (docs/benchmarks.md
+    §10.3.1).  Children are never removed from these metrics, so a cached child stays the one
+    ``/metrics`` renders."""
+
+    def __init__(self, metric: Any) -> None:
+        super().__init__()
+        self.metric = metric
+
+    def __missing__(self, key: Any) -> Any:
+        child = self[key] = self.metric.labels(*key) if isinstance(key, tuple) else self.metric.labels(key)
+        return child
+
+
 PAUSED_STATE = "paused"
 ACTIVE_STATE = "active"
 ADMIT_REASONS = ("program_admit", "batch_gain_admit", "force_resume")
@@ -71,6 +87,13 @@ class EffectRouter:
         # aborts the request's forward when nothing of its answer reached the client yet and
         # returns an outcome of ``REQUEUE_OUTCOMES``
         self.on_requeue: Callable[[str], str] | None = None
+        self._transitions = _Children(metrics.transitions)
+        self._admission_children = tuple((field, _Children(h)) for field, h in metrics.admission)
+        self._queue_wait_children = _Children(metrics.queue_wait_seconds)
+        self._interval_children = _Children(metrics.request_interval_seconds)
+        self._impact_children = _Children(metrics.cache_miss_impact_seconds)
+        self._ttl_children = _Children(metrics.armed_ttl_seconds)
+        self._prompt_tokens = _Children(metrics.program_prompt_tokens)
 
     def expect_reply(self, request_id: str, reply: ReplySink, *, queue_updates: bool = False) -> None:
         self.replies[request_id] = reply
@@ -141,17 +164,18 @@ class EffectRouter:
 
     def _admit(self, e: fx.Admit) -> None:
         program = redacted_id(e.program)
-        log_event(
-            logger,
-            logging.DEBUG,
-            "request_dispatch",
-            program=program,
-            target=e.target_id,
-            router_queue_seconds=round(e.queue_wait_seconds, 6),
-            estimated_context_tokens=e.estimated_context_tokens,
-            placement_epoch=e.placement_epoch,
-            placement_start_request=e.placement_start_request,
-        )
+        if _debug():
+            log_event(
+                logger,
+                logging.DEBUG,
+                "request_dispatch",
+                program=program,
+                target=e.target_id,
+                router_queue_seconds=round(e.queue_wait_seconds, 6),
+                estimated_context_tokens=e.estimated_context_tokens,
+                placement_epoch=e.placement_epoch,
+                placement_start_request=e.placement_start_request,
+            )
         self.admitted[e.request_id] = program
         admitted = Admitted(
             request_id=e.request_id,
@@ -278,11 +302,15 @@ class EffectRouter:
 
     def _transition(self, e: fx.Transition) -> None:
         if e.counted and e.target_id is not None:
-            self.metrics.transitions.labels(e.target_id, e.reason).inc()
+            self._transitions[e.target_id, e.reason].inc()
         if self.feed is not None:
             self.feed.transition(e, trio.current_time())
+        admit = e.reason in ADMIT_REASONS
+        pause = not admit and e.from_state.startswith(ACTIVE_STATE) and e.to_state.startswith(PAUSED_STATE)
+        if not logger.isEnabledFor(logging.INFO if admit or pause else logging.DEBUG):
+            return  # (before the Program's id is hashed for a line nobody writes)
         program = redacted_id(e.program)
-        if e.reason in ADMIT_REASONS:
+        if admit:
             log_event(
                 logger,
                 logging.INFO,
@@ -296,7 +324,7 @@ class EffectRouter:
                 reserve_tokens=_num(e.reserve_tokens),
                 capacity_tokens=e.capacity_tokens,
             )
-        elif e.from_state.startswith(ACTIVE_STATE) and e.to_state.startswith(PAUSED_STATE):
+        elif pause:
             log_event(
                 logger,
                 logging.INFO,
@@ -319,24 +347,28 @@ class EffectRouter:
             )
 
     def _admission(self, e: fx.AdmissionCapacitySnapshot) -> None:
-        for field, histogram in self.metrics.admission:
+        target = e.target_id
+        for field, children in self._admission_children:
             value = getattr(e, field)
             if value is not None:
-                histogram.labels(e.target_id).observe(value)
+                children[target].observe(value)
 
     def _queue_wait(self, e: fx.QueueWaitObserved) -> None:
-        self.metrics.queue_wait_seconds.labels(e.target_id).observe(e.seconds)
+        self._queue_wait_children[e.target_id].observe(e.seconds)
         if self.feed is not None:
             self.feed.queue_wait(e.seconds)
 
     def _interval(self, e: fx.RequestIntervalObserved) -> None:
-        self.metrics.request_interval_seconds.labels(e.target_id).observe(e.seconds)
-        log_event(logger, logging.DEBUG, "continuity_sample", target=e.target_id, interval_seconds=round(e.seconds, 6))
+        self._interval_children[e.target_id].observe(e.seconds)
+        if _debug():
+            log_event(
+                logger, logging.DEBUG, "continuity_sample", target=e.target_id, interval_seconds=round(e.seconds, 6)
+            )
 
     def _impact(self, e: fx.CacheMissImpactObserved) -> None:
-        self.metrics.cache_miss_impact_seconds.labels(e.target_id).observe(e.seconds)
+        self._impact_children[e.target_id].observe(e.seconds)
         done = self.completing
-        if done is None:
+        if done is None or not _debug():
             return
         prompt, cached = done.usage.prompt_tokens, done.usage.cached_prompt_tokens
         log_event(
@@ -352,7 +384,9 @@ class EffectRouter:
         )
 
     def _ttl_armed(self, e: fx.TtlArmed) -> None:
-        self.metrics.armed_ttl_seconds.labels(e.target_id, e.source).observe(e.ttl_seconds)
+        self._ttl_children[e.target_id, e.source].observe(e.ttl_seconds)
+        if not _debug():
+            return
         log_event(
             logger,
             logging.DEBUG,
@@ -378,12 +412,13 @@ class EffectRouter:
                 counter.inc(value)
         if not e.completed:
             return
+        prompt_tokens = self._prompt_tokens
         if e.cached_tokens:
-            m.program_prompt_tokens.labels("cached").inc(e.cached_tokens)
+            prompt_tokens["cached"].inc(e.cached_tokens)
         if e.new_tokens:
-            m.program_prompt_tokens.labels("new").inc(e.new_tokens)
+            prompt_tokens["new"].inc(e.new_tokens)
         if e.recomputed_tokens and e.cause is not None:
-            m.program_prompt_tokens.labels("recomputed").inc(e.recomputed_tokens)
+            prompt_tokens["recomputed"].inc(e.recomputed_tokens)
             m.program_recomputed_tokens.labels(e.cause).inc(e.recomputed_tokens)
             if e.recompute_seconds > 0:
                 m.program_recompute_seconds.labels(e.cause).inc(e.recompute_seconds)
@@ -469,6 +504,11 @@ _ROUTES: dict[type, Callable[[EffectRouter, Any], None]] = {
     fx.StaleObservationDropped: EffectRouter._stale_dropped,
     fx.CompletionIgnored: EffectRouter._completion_ignored,
 }
+
+
+def _debug() -> bool:
+    """Whether DEBUG log events are on (checked before their fields are built: the hot path)."""
+    return logger.isEnabledFor(logging.DEBUG)
 
 
 def _num(x: float | None) -> float | int | None:
