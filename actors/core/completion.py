@@ -327,7 +327,10 @@ def tool_rent(s: SchedulerState, pool: str) -> float:
     if s.cfg.tool_retention.contention != "rent":
         return 1.0
     ranks = s.pools.get(pool, ())
-    waiting = len(s.global_queues.get(pool, ())) + sum(len(s.rank_queues.get(t, ())) for t in ranks)
+    waiting = len(s.global_queues.get(pool, ()))
+    rank_queues = s.rank_queues
+    if rank_queues:  # (emptied queues are deleted: usually nothing to visit, per completion)
+        waiting += sum(len(rank_queues.get(t, ())) for t in ranks)
     return 1.0 + waiting / max(1, len(ranks))
 
 
@@ -335,7 +338,8 @@ def pool_waiting(s: SchedulerState, pool: str) -> bool:
     """Whether a Program of model pool ``pool`` is queued for capacity (global queue or a rank queue)."""
     if s.global_queues.get(pool):
         return True
-    return any(s.rank_queues.get(t) for t in s.pools.get(pool, ()))
+    rank_queues = s.rank_queues
+    return bool(rank_queues) and any(rank_queues.get(t) for t in s.pools.get(pool, ()))
 
 
 def apply_idle_action(s: SchedulerState, p: Program, action: str | None) -> None:
