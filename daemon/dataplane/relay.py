@@ -166,7 +166,13 @@ class RemoteLease:
 
 @attrs.define(eq=False)
 class _Pending:
-    replies: trio.MemorySendChannel[Grant | Refuse]
+    """A lease waiting for (or holding) the scheduler's answer.  A Program or interactive lease is
+    answered once: ``answered`` and ``reply`` (None when the scheduler is gone); a batch lease
+    may be admitted again after each preemption, so its answers queue in ``replies``."""
+
+    replies: trio.MemorySendChannel[Grant | Refuse] | None = None
+    answered: trio.Event = attrs.field(factory=trio.Event)
+    reply: Grant | Refuse | None = None
     scope: trio.CancelScope | None = None  # the batch attempt being forwarded (preemptible)
     lease: RemoteLease | None = None
 
@@ -196,11 +202,17 @@ class RemoteProgramDispatcher:
 
     def on_reply(self, frame: Grant | Refuse) -> None:
         pending = self._pending.get(frame.lease)
-        if pending is not None:
-            try:
-                pending.replies.send_nowait(frame)
-            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
+        if pending is None:
+            return
+        if pending.replies is None:
+            if not pending.answered.is_set():
+                pending.reply = frame
+                pending.answered.set()
+            return
+        try:
+            pending.replies.send_nowait(frame)
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
 
     def on_preempt(self, frame: Preempt) -> None:
         pending = self._pending.get(frame.lease)
@@ -214,7 +226,10 @@ class RemoteProgramDispatcher:
         """The scheduler's socket ended: refuse what waits and everything new (503)."""
         self.gone = True
         for pending in self._pending.values():
-            pending.replies.close()
+            if pending.replies is None:
+                pending.answered.set()  # no reply: refused as scheduler_unavailable
+            else:
+                pending.replies.close()
 
     def open_leases(self) -> int:
         return len(self._pending)
@@ -224,25 +239,29 @@ class RemoteProgramDispatcher:
     def lease(self, req: ProxyRequest) -> AbstractAsyncContextManager[RemoteLease]:
         return self._lease(req, "program")
 
-    def _ask(self, req: ProxyRequest, kind: str) -> tuple[int, _Pending, trio.MemoryReceiveChannel[Grant | Refuse]]:
+    def _ask(self, req: ProxyRequest, kind: str, pending: _Pending) -> int:
         if self.gone:
             raise DispatchRejected(SCHEDULER_UNAVAILABLE)
         number = next(self._numbers)
-        send, recv = trio.open_memory_channel[Grant | Refuse](MAX_PREEMPTIONS_PER_REQUEST + 2)
-        pending = self._pending[number] = _Pending(send)
+        self._pending[number] = pending
         try:
             self.link.send(Ask(number, kind, WireRequest.of(req, output_cap(req.body))))
         except LinkClosed:
             del self._pending[number]
             raise DispatchRejected(SCHEDULER_UNAVAILABLE) from None
         self.counters.asked_count += 1
-        return number, pending, recv
+        return number
 
     async def _reply(self, recv: trio.MemoryReceiveChannel[Grant | Refuse]) -> Grant:
         try:
             reply = await recv.receive()
         except (trio.EndOfChannel, trio.ClosedResourceError):
             raise DispatchRejected(SCHEDULER_UNAVAILABLE) from None
+        return self._granted(reply)
+
+    def _granted(self, reply: Grant | Refuse | None) -> Grant:
+        if reply is None:
+            raise DispatchRejected(SCHEDULER_UNAVAILABLE)
         if isinstance(reply, Refuse):
             self.counters.refused_count += 1
             raise DispatchRejected(reply.rejection)
@@ -268,16 +287,17 @@ class RemoteProgramDispatcher:
 
     @asynccontextmanager
     async def _lease(self, req: ProxyRequest, kind: str) -> AsyncIterator[RemoteLease]:
-        number, _, recv = self._ask(req, kind)
+        pending = _Pending()  # answered once: an event and a slot, no channel (docs/benchmarks.md §10.3.1)
+        number = self._ask(req, kind, pending)
         lease: RemoteLease | None = None
         refused = False
         try:
-            with recv:
-                try:
-                    grant = await self._reply(recv)
-                except DispatchRejected:
-                    refused = True
-                    raise
+            try:
+                await pending.answered.wait()
+                grant = self._granted(pending.reply)
+            except DispatchRejected:
+                refused = True
+                raise
             lease = self._lease_of(number, grant)
             yield lease
         finally:
@@ -286,7 +306,9 @@ class RemoteProgramDispatcher:
     async def serve(self, req: ProxyRequest, forward: Callable[[RemoteLease], Awaitable[object]]) -> None:
         """A batch-class request (the proxy's ``BatchServer``): ``forward`` runs once per admission;
         a ``Preempt`` from the scheduler cancels the attempt before anything reached the client."""
-        number, pending, recv = self._ask(req, "batch")
+        send, recv = trio.open_memory_channel[Grant | Refuse](MAX_PREEMPTIONS_PER_REQUEST + 2)
+        pending = _Pending(send)
+        number = self._ask(req, "batch", pending)
         lease: RemoteLease | None = None
         refused = False
         try:
