@@ -161,14 +161,24 @@ class GapWindow:
             return 0.0
         best_d, best_u = 0.0, 0.0
         seen: set[float] = set()
-        for g in self.sorted_gaps():
+        gaps = self.sorted_gaps()
+        n = len(gaps)
+        if n == 0:
+            return 0.0
+        prefix = self._prefix
+        # ``utility`` inlined (the same expression, so the same floats): this runs per completion
+        # over every gap of the window (docs/benchmarks.md §10.3.1)
+        for g in gaps:
             if g > d_max:
                 break
             d = min(d_max, g * (1.0 + margin_ratio) + margin_seconds)
             if d in seen:
                 continue
             seen.add(d)
-            u = self.utility(d, c, rent)
+            if d <= 0:
+                continue  # utility 0: never better than holding nothing
+            k = bisect_right(gaps, d)
+            u = (c * k - rent * (prefix[k] + d * (n - k))) / n
             if u > best_u:
                 best_d, best_u = d, u
         if d_max not in seen:
