@@ -17,6 +17,7 @@ import argparse
 import json
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from actors.core.config import BackendTarget
@@ -68,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         data = encode(frame)
         payload = data[HEADER.size :]
         assert decode(payload) == frame
-        enc = best_us(lambda f=frame: encode(f), args.repeat, args.number)
-        dec = best_us(lambda p=payload: decode(p), args.repeat, args.number)
+        enc = best_us(partial(encode, frame), args.repeat, args.number)
+        dec = best_us(partial(decode, payload), args.repeat, args.number)
         total += enc + dec
         print(f"| {name} | {len(data)} | {enc:.1f} us | {dec:.1f} us |")
     print(f"encode + decode of the three frames of one Program request: {total:.1f} us of CPU")
