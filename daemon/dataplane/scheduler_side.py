@@ -193,12 +193,20 @@ class RelayConnection:
             self.asks_count += 1
             program = self.hub.program
             if program is not None and frame.kind in DETACHED_KINDS:
-                detached = self.detached[frame.lease] = _Detached(self, frame.lease, frame.request.proxy_request())
+                req = frame.request.proxy_request()
+                detached = _Detached(self, frame.lease, req)
                 try:
-                    return program.detached_submission(detached.req, frame.kind, detached)
-                except Exception:
-                    del self.detached[frame.lease]
-                    raise
+                    submission = program.detached_submission(req, frame.kind, detached)
+                except Exception as exc:  # a bug: this request gets a 500, the scheduler keeps running
+                    logger.error(
+                        "relay lease failed",
+                        exc_info=exc,
+                        extra={"agentd_event": "internal_error", "agentd_fields": {"request_id": req.request_id}},
+                    )
+                    self.send_quiet(Refuse(frame.lease, INTERNAL_ERROR))
+                    return None
+                self.detached[frame.lease] = detached
+                return submission
             fresh = self.leases[frame.lease] = _Served()
             leases.start_soon(self._serve_ask, frame, fresh)
         elif isinstance(frame, Finish | Release):

@@ -329,6 +329,20 @@ async def test_a_scheduler_that_stops_before_answering_refuses_the_waiting_relay
         assert refused.value.rejection.reason == "scheduler_unavailable"
 
 
+async def test_a_lease_the_scheduler_cannot_build_is_refused_with_500_and_the_relay_keeps_serving(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with plane(daemon_config(token_capacity_per_dp_rank=10_000)) as p:
+        with pytest.raises(DispatchRejected) as refused:  # (a relay never asks so: no identity)
+            async with p.remote.lease(attrs.evolve(program_request("p"), identity=None)):
+                raise AssertionError("granted")
+        assert (refused.value.rejection.status_hint, refused.value.rejection.reason) == (500, "internal_error")
+        async with p.remote.lease(program_request("p")) as lease:
+            lease.finish(ok())
+        doc = await _settled(p, lambda d: d["dispatcher"]["completed_count"] == 1)
+        assert doc["dispatcher"]["submitted_count"] == 1 and p.hub.open_leases() == 0
+
+
 async def test_snapshots_carry_health_and_the_other_processes_load(autojump_clock: trio.testing.MockClock) -> None:
     cfg = daemon_config(workers=("http://w0:8000", "http://w1:8000"), dp=1)
     targets = cfg.targets()
