@@ -80,7 +80,7 @@ Reply = Admitted | Rejection | QueuePosition
 class ReplySink(Protocol):
     """Where the scheduler actor's answers to one submission go: an in-process reply channel
     (``trio.MemorySendChannel[Reply]``), or a relay connection's lease that turns the answer into
-    its ``Grant``/``Refuse`` frame (docs/operations.md §13.5).  ``send_nowait`` raises
+    its ``Grant``/``Refuse`` frame (docs/architecture.md §9).  ``send_nowait`` raises
     ``trio.BrokenResourceError`` when nobody waits for the answer any more; ``close`` ends the
     sink (after the final answer, or without one when the scheduler stops)."""
 

@@ -460,7 +460,7 @@ class ProgramDispatcher:
             targets=self.pool_targets(req),
         )
 
-    # ---- detached leases: a relay's request served without a task (docs/operations.md §13.5) ----
+    # ---- detached leases: a relay's request served without a task (docs/architecture.md §9) ----
 
     def detached_submission(self, req: ProxyRequest, kind: str, sink: ReplySink) -> Submission:
         """The submission of a relay's ``program`` or ``interactive`` lease whose answer goes to

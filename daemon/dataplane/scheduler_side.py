@@ -1,15 +1,18 @@
 """The scheduler process's end of the data plane (docs/operations.md §13).
 
 :class:`DataPlaneHub` holds one :class:`RelayConnection` per live relay process.  A connection
-reads its relay's frames and serves each :class:`~daemon.dataplane.wire.Ask` in a task of its own
-that enters the very same dispatcher context the in-process proxy would enter
-(:meth:`ProgramDispatcher.lease`, ``.interactive.lease`` or ``BatchDispatcher.serve``): the
-admission, the completion (``lease.finish`` with the relay's ``Outcome``) and the abandon (leaving
-the context without ``finish``) are the in-process code path, only the transport differs.
+reads its relay's frames.  A Program or interactive :class:`~daemon.dataplane.wire.Ask` becomes the
+very ``Submission`` the in-process lease sends (``ProgramDispatcher.detached_submission``: the same
+event builders), whose reply sink is the lease itself (:class:`_Detached`): the scheduler actor's
+answer is written as ``Grant``/``Refuse`` while it routes the effect, and the relay's ``Finish`` /
+``Release`` become the ``RequestCompleted`` / ``RequestAbandoned`` with the in-process lease's
+accounting (``ProgramDispatcher.release_message``).  No task exists per such lease
+(docs/benchmarks.md §10.3.1).  A batch ``Ask`` (preemptible, admitted again after a preemption)
+runs in a task of its own inside ``BatchDispatcher.serve``, the in-process code path.
 
-When a relay's socket ends (the process died, or exited), every lease task of that connection is
-cancelled: each leaves its dispatcher context unfinished, so the scheduler receives a
-``RequestAbandoned`` for every open lease of that relay and no capacity leaks.
+When a relay's socket ends (the process died, or exited), every open lease of that connection is
+released as abandoned (the detached ones at once, the batch tasks by cancellation), so the
+scheduler receives a ``RequestAbandoned`` for every open lease of that relay and no capacity leaks.
 
 The hub also publishes a :class:`~daemon.dataplane.wire.Snapshot` to every relay every
 :data:`SNAPSHOT_SECONDS` (and at once when a relay connects): the healthy target indices, the
@@ -69,8 +72,8 @@ class OutcomeBoard(HealthView, Protocol):
 
 @attrs.define(eq=False)
 class _Detached:
-    """A relay's Program or interactive lease served without a task of its own (docs/operations.md
-    §13.5): it is the submission's reply sink, so the scheduler actor's answer becomes the relay's
+    """A relay's Program or interactive lease served without a task of its own (docs/architecture.md
+    §9): it is the submission's reply sink, so the scheduler actor's answer becomes the relay's
     ``Grant`` or ``Refuse`` frame at once; the relay's ``Finish``/``Release`` become the request's
     completion or abandon, with the in-process lease's accounting
     (:meth:`~daemon.program_dispatch.ProgramDispatcher.release_message`)."""
