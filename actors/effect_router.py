@@ -5,9 +5,9 @@ order, through a static table ``effect type -> method``:
 
 * ``Admit`` / ``Reject`` -> the waiting handler's one-shot reply channel (``send_nowait``; a
   handler that already left is followed by its ``RequestAbandoned``, which the core handles);
-* ``ArmTimer`` / ``CancelTimer`` / ``RetireProgram`` -> the Program timers, through the
-  :class:`~actors.program_registry.ProgramRegistry` (synchronous calls, never awaited, so no cycle
-  between the scheduler inbox and the timers can deadlock);
+* ``ArmTimer`` / ``CancelTimer`` / ``RetireProgram`` -> the Program actors, through the
+  :class:`~actors.program_registry.ProgramRegistry` (never awaited, so no cycle between the
+  scheduler inbox and the Program inboxes can deadlock);
 * ``Transition`` and the observation facts -> INFO/DEBUG log events and the
   ``vllm_router_agent_aware_*`` metrics (docs/operations.md).
 
@@ -284,7 +284,7 @@ class EffectRouter:
         )
         self._reply(e.request_id, rejection)
 
-    # ---- Program timers ------------------------------------------------------------------------
+    # ---- Program actors ------------------------------------------------------------------------
 
     def _spawn(self, e: fx.SpawnProgram) -> None:
         """Nothing to do: a Program's actor starts on its first timer command (most need none)."""

@@ -2,7 +2,7 @@
 
 One value type per fact: what the scheduler actor receives *is* the pure core's input event
 (``actors.core.events``: ``RequestSubmitted``, ``RequestCompleted``, ``RequestAbandoned``,
-``TimerFired``, ``ObservationReceived``, ``RepairTick``), and what the Program timers receive *is* the
+``TimerFired``, ``ObservationReceived``, ``RepairTick``), and what a Program actor receives *is* the
 core's timer effect (``ArmTimer``, ``CancelTimer``). The one actor-level fact is
 :class:`ObservationRoundStarted` (one scrape round of every target). Nothing is translated on the
 way, so the fields the edge filled in reach the core unchanged. Every message is a frozen attrs
@@ -15,8 +15,8 @@ Flow::
     HTTP handler --RequestCompleted | RequestAbandoned--> scheduler actor
     observation pacer --ObservationRoundStarted, RepairTick--> scheduler actor
     rank actor (one per DP rank) --ObservationReceived--> scheduler actor
-    scheduler    --ArmTimer | CancelTimer | retire--> Program timers (synchronous calls of the registry)
-    Program timers --TimerFired--> scheduler actor
+    scheduler    --ArmTimer | CancelTimer--> Program actor (via the registry); retire = inbox closed
+    Program actor --TimerFired--> scheduler actor
 
 Replies are :class:`Admitted` (the target to forward to) or the core's
 :class:`~actors.core.errors.Rejection` (status, reason, message, Retry-After), preceded, when the

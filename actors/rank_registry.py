@@ -2,8 +2,9 @@
 
 :class:`RankRegistry` keeps one rank actor (``actors/rank_actor.py``) per DP rank target.
 :meth:`RankRegistry.sync` declares the wanted targets: once the registry runs, it starts an actor
-for each new target and cancels the actor of each removed one, all in the registry's own nursery.
-A removed target's snapshot disappears at once; an added target reads as never observed until its first scrape.
+for each new target and cancels the actor of each removed one, all in the registry's own nursery
+(as ``actors/program_registry.py`` does for Program actors).  A removed target's snapshot
+disappears at once; an added target reads as never observed until its first scrape.
 
 :func:`run_observation_rounds` is the pacer.  It owns the grid of absolute deadlines
 ``start + k * metrics_interval_seconds``; a deadline already past when a round ends is skipped,

@@ -2,7 +2,7 @@
 
 ``run_program_scheduling(cfg, client, registry, *, task_status)`` is started by the supervisor
 (``nursery.start``) when ``cfg.program_scheduling`` is set.  It starts the scheduler actor (which
-runs the Program timers through its registry), registers the
+owns the Program actors' nursery through its registry), registers the
 ``vllm_router_agent_aware_*`` metrics on the daemon's registry, and hands back a
 :class:`ProgramDispatcher`.  The rank actors and their observation pacer (backend ``/metrics``
 polling and the periodic tick) start *lazily*, when the first request carrying Program identity

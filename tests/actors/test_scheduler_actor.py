@@ -118,7 +118,7 @@ async def test_paused_retention_releases_after_1800_seconds(autojump_clock: trio
             )
             == 1.0
         )
-        assert dispatcher.diagnostics()["channels"][1]["live_programs"] == 0
+        assert dispatcher.diagnostics()["channels"][1]["live_program_actors"] == 0
 
 
 async def test_force_resume_at_its_deadline_and_disconnect_while_queued_frees_everything(

@@ -1,6 +1,5 @@
-"""The Program timers (actors/program_registry.py): timers fire at their exact deadlines, in
-(deadline, token) order; re-arming and cancelling replace timers; retiring drops them; an earlier
-arm moves the wake-up forward; cancelled entries do not accumulate."""
+"""Program actors and their registry: timers fire at their exact deadlines, in (deadline, token)
+order; re-arming and cancelling replace timers; retiring ends the actor."""
 
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ async def _start(nursery: trio.Nursery) -> tuple[ProgramRegistry, list[tuple[flo
     return registry, fired
 
 
-async def test_a_timer_fires_at_its_exact_deadline(autojump_clock: trio.testing.MockClock) -> None:
+async def test_program_actor_fires_ttl_at_exact_deadline(autojump_clock: trio.testing.MockClock) -> None:
     async with trio.open_nursery() as nursery:
         registry, fired = await _start(nursery)
         t0 = trio.current_time()
@@ -41,7 +40,7 @@ async def test_a_timer_fires_at_its_exact_deadline(autojump_clock: trio.testing.
         nursery.cancel_scope.cancel()
 
 
-async def test_rearm_replaces_and_cancel_drops(autojump_clock: trio.testing.MockClock) -> None:
+async def test_program_actor_rearm_replaces_and_cancel_drops(autojump_clock: trio.testing.MockClock) -> None:
     async with trio.open_nursery() as nursery:
         registry, fired = await _start(nursery)
         t0 = trio.current_time()
@@ -56,19 +55,19 @@ async def test_rearm_replaces_and_cancel_drops(autojump_clock: trio.testing.Mock
         nursery.cancel_scope.cancel()
 
 
-async def test_due_timers_fire_in_deadline_token_order_across_programs(autojump_clock: trio.testing.MockClock) -> None:
+async def test_program_actor_due_timers_fire_in_deadline_token_order(autojump_clock: trio.testing.MockClock) -> None:
     async with trio.open_nursery() as nursery:
         registry, fired = await _start(nursery)
         t0 = trio.current_time()
         registry.arm(ArmTimer("p", "b", t0 + 5.0, 9))
-        registry.arm(ArmTimer("q", "a", t0 + 5.0, 4))
+        registry.arm(ArmTimer("p", "a", t0 + 5.0, 4))
         registry.arm(ArmTimer("p", "c", t0 + 4.0, 10))
         await trio.sleep(10)
-        assert [(t - t0, m.program, m.kind) for t, m in fired] == [(4.0, "p", "c"), (5.0, "q", "a"), (5.0, "p", "b")]
+        assert [(t - t0, m.kind) for t, m in fired] == [(4.0, "c"), (5.0, "a"), (5.0, "b")]
         nursery.cancel_scope.cancel()
 
 
-async def test_retire_drops_the_programs_timers(autojump_clock: trio.testing.MockClock) -> None:
+async def test_program_registry_retire_ends_actor_and_drops_timers(autojump_clock: trio.testing.MockClock) -> None:
     async with trio.open_nursery() as nursery:
         registry, fired = await _start(nursery)
         t0 = trio.current_time()
@@ -80,39 +79,7 @@ async def test_retire_drops_the_programs_timers(autojump_clock: trio.testing.Moc
         await trio.sleep(10)
         assert [(t - t0, m.program) for t, m in fired] == [(6.0, "q")]
         stats = registry.statistics()
-        assert stats["live_programs"] == 1 and stats["armed_timers"] == 0  # q's fired
+        assert stats["live_program_actors"] == 1
         assert stats["spawned_total"] == 2
         assert stats["retired_total"] == 1
-        nursery.cancel_scope.cancel()
-
-
-async def test_an_earlier_arm_wakes_the_sleeping_timer_task_sooner(autojump_clock: trio.testing.MockClock) -> None:
-    async with trio.open_nursery() as nursery:
-        registry, fired = await _start(nursery)
-        t0 = trio.current_time()
-        registry.arm(ArmTimer("p", "paused_retention", t0 + 1800.0, 1))
-        await trio.sleep(10)  # the task sleeps until t0 + 1800
-        registry.arm(ArmTimer("q", "acting_ttl", t0 + 12.5, 2))
-        registry.arm(ArmTimer("r", "acting_ttl", t0 + 10.0, 3))  # due now: fires at once
-        await trio.sleep(5)
-        assert [(t - t0, m.program) for t, m in fired] == [(10.0, "r"), (12.5, "q")]
-        nursery.cancel_scope.cancel()
-
-
-async def test_cancelled_timers_do_not_accumulate(autojump_clock: trio.testing.MockClock) -> None:
-    """A Program's acting TTL is armed at each completion and cancelled at the next submission:
-    the heap is compacted, so its size stays proportional to the live Programs."""
-    async with trio.open_nursery() as nursery:
-        registry, fired = await _start(nursery)
-        t0 = trio.current_time()
-        for token in range(1, 20_001):
-            program = f"p{token % 10}"
-            registry.arm(ArmTimer(program, "acting_ttl", t0 + 600.0 + token, token))
-            registry.cancel(CancelTimer(program, "acting_ttl"))
-        registry.arm(ArmTimer("p1", "acting_ttl", t0 + 30.0, 20_001))
-        stats = registry.statistics()
-        assert stats["heap_entries"] <= 1025 and stats["compactions_total"] >= 19
-        assert (stats["live_programs"], stats["armed_timers"]) == (10, 1)
-        await trio.sleep(30_000)
-        assert [(t - t0, m.program, m.token) for t, m in fired] == [(30.0, "p1", 20_001)]
         nursery.cancel_scope.cancel()
