@@ -39,7 +39,7 @@ from actors.core.ids import ProgramRef, RequestId, TargetId
 from actors.core.ledger import admission_plan, private_tokens, target_usage
 from actors.core.lifecycle import cancel_waiting
 from actors.core.model import ACTING, GLOBAL_QUEUE, RANK_QUEUE, Program, RankState
-from actors.core.resume import ordered
+from actors.core.resume import move_destination_allows, ordered
 from actors.core.state import SchedulerState, live_program
 from actors.core.stats import continuous_growth_reserve
 
@@ -173,7 +173,6 @@ def move_in(
         pressure_at = now
     at = patient_at if pressure_at is None else max(earliest, min(pressure_at, patient_at))
     patient = at >= patient_at
-    capacity = cfg.token_capacity_per_dp_rank
     front = s.pool.front(p.ref)
     out = front.hints.expected_output_length if front is not None else None
     source_mature = source.factors.request_window_complete
@@ -183,14 +182,8 @@ def move_in(
         dest = s.ranks[dest_id]
         if len(dest.active) >= cfg.max_active_programs_per_target:
             continue  # the admission's Program-count guard (a due force-resume deadline resumes at home)
-        if not (patient or (source_mature and dest.factors.request_window_complete)) and dest.active:
+        if not move_destination_allows(s, p, source, dest, patient=patient, source_mature=source_mature):
             continue
-        if capacity is not None and not patient:
-            low = capacity * cfg.low_watermark_ratio
-            free_dest = max(0.0, low - target_usage(dest, now, interval))
-            free_src = max(0.0, low - target_usage(source, now, interval))
-            if free_dest < free_src + cfg.cross_rank_headroom_ratio * p.estimated_context_tokens:
-                continue
         if admission_plan(p, dest, now, cfg, front_output=out, global_mode=True) is not None:
             return first_tick_after(s, to_tick, at - now)
     return None

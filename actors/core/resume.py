@@ -283,6 +283,24 @@ def _has_pause_reason(s: SchedulerState, ref: ProgramRef) -> bool:
     return p is not None and p.last_pause_reason is not None
 
 
+def move_destination_allows(
+    s: SchedulerState, p: Program, source: RankState, dest: RankState, *, patient: bool, source_mature: bool
+) -> bool:
+    """The maturity and headroom conditions a cross-rank destination must meet before the
+    admission check (docs/program-scheduling.md §7): one rule for the pass and the queue ETA's
+    move term (§13).  A patient Program skips both; an idle destination waives the maturity gate."""
+    if not (patient or (source_mature and dest.factors.request_window_complete)) and dest.active:
+        return False
+    capacity = s.cfg.token_capacity_per_dp_rank
+    if capacity is None or patient:
+        return True
+    cfg, now, interval = s.cfg, s.now, s.cfg.metrics_interval_seconds
+    low = capacity * cfg.low_watermark_ratio
+    free_dest = max(0.0, low - target_usage(dest, now, interval))
+    free_src = max(0.0, low - target_usage(source, now, interval))
+    return free_dest >= free_src + cfg.cross_rank_headroom_ratio * p.estimated_context_tokens
+
+
 def select_cross_rank(s: SchedulerState, p: Program) -> tuple[RankState, Plan] | None:
     """The destination of a cross-rank resume, or None (docs/program-scheduling.md §7)."""
     cfg, now = s.cfg, s.now
@@ -331,14 +349,8 @@ def select_cross_rank(s: SchedulerState, p: Program) -> tuple[RankState, Plan] |
         if dest_id == source_id or dest_id in waiting_targets:
             continue
         dest = s.ranks[dest_id]
-        if not (patient or (source_mature and dest.factors.request_window_complete)) and dest.active:
+        if not move_destination_allows(s, p, source, dest, patient=patient, source_mature=source_mature):
             continue
-        if capacity is not None and not patient:
-            low = capacity * cfg.low_watermark_ratio
-            free_dest = max(0.0, low - target_usage(dest, now, interval))
-            free_src = max(0.0, low - target_usage(source, now, interval))
-            if free_dest < free_src + cfg.cross_rank_headroom_ratio * p.estimated_context_tokens:
-                continue
         plan = admission_plan(p, dest, now, cfg, front_output=_front_output(s, p), global_mode=True)
         if plan is None or not agent_caps_allow(s, dest, plan) or not fairness_isolation.allows(s, p, dest, plan):
             continue
