@@ -280,7 +280,9 @@ async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandle
     if split:
         admin_app = create_app(handles, role="admin", edge=edge, auth=auth)
         admin_url = await servers.start(
-            partial(serve_asgi, hard_grace_seconds=hard, http1=cfg.server.http1_implementation),
+            partial(
+                serve_asgi, hard_grace_seconds=hard, http1=cfg.server.http1_implementation, listen_field="admin.port"
+            ),
             admin_app,
             cfg.admin.host,
             cfg.admin.port,
@@ -294,7 +296,7 @@ async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandle
             handles.registry, None if data_plane is None else data_plane.hub.relay_expositions
         )
         metrics_url = await servers.start(
-            partial(serve_asgi, http1=cfg.server.http1_implementation),
+            partial(serve_asgi, http1=cfg.server.http1_implementation, listen_field="prometheus.port"),
             metrics_app,
             host,
             cfg.prometheus.port,

@@ -18,7 +18,7 @@ import os
 import resource
 import sys
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -27,6 +27,9 @@ from daemon.config import HTTP1_ENV, HTTP1_IMPLEMENTATIONS, LOG_FORMATS, AgentdC
 from daemon.config_loading import ConfigError, add_router_flags, load_config, overrides_from_args, read_config_file
 from daemon.logs import banner_line, capture_process_output, configure_logging, event_line
 from daemon.security import load_security
+
+if TYPE_CHECKING:
+    from daemon.http.serve import ListenError
 
 NAME = "start"
 HELP = "Run the agentd daemon in front of vLLM-compatible workers (or the embedded simulator)."
@@ -79,6 +82,37 @@ def _leaf_errors(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def listen_error(exc: BaseException) -> ListenError | None:
+    """The :class:`ListenError` inside ``exc`` (possibly nested in exception groups), if any."""
+    from daemon.http.serve import ListenError  # (hypercorn: imported only to serve)
+
+    if isinstance(exc, ListenError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = listen_error(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def _serve(cfg: AgentdConfig) -> int:
+    """Run the daemon; a listener that cannot open is a configuration error: its lines, exit 2."""
+    try:
+        trio.run(_main, cfg)
+    except Exception as exc:
+        error = listen_error(exc)
+        if error is None:
+            raise
+        if cfg.server.log_format == "json":
+            print(event_line("json", "agentd.start", logging.ERROR, "config_error", lines=error.lines), file=sys.stderr)
+        else:
+            for line in error.lines:
+                print(line, file=sys.stderr)
+        return 2
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, overrides_from_args(args))
@@ -102,11 +136,10 @@ def run(args: argparse.Namespace) -> int:
     raise_open_file_limit()
     configure_logging(cfg.server.log_level, cfg.server.log_format)
     if cfg.server.log_format != "json":
-        trio.run(_main, cfg)
-        return 0
+        return _serve(cfg)
     capture_process_output()
     try:
-        trio.run(_main, cfg)
+        return _serve(cfg)
     except Exception as exc:  # the top of the process: one JSON line, exit 1
         log_event(
             get_logger("start"),

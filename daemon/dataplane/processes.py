@@ -39,7 +39,7 @@ from daemon.config import AgentdConfig
 from daemon.dataplane.balance import NOT_ACCEPTING, AcceptBoard
 from daemon.dataplane.link import Link
 from daemon.dataplane.scheduler_side import DataPlaneHub, RelayConnection
-from daemon.http.serve import ACCEPT_BACKLOG, bind_address, hypercorn_config
+from daemon.http.serve import ACCEPT_BACKLOG, bind_address, create_listening_sockets, hypercorn_config
 
 logger = get_logger("dataplane")
 RESTART_INITIAL_SECONDS = 0.5
@@ -54,7 +54,7 @@ def listening_socket(host: str, port: int) -> tuple[socket.socket, str]:
     """The public listening socket (bound and listening, never accepted on by the parent)."""
     config = hypercorn_config(host, port, 0.0)
     config.bind = [bind_address(host, port)]
-    sockets = config.create_sockets().insecure_sockets
+    sockets = create_listening_sockets(config, "server.port")
     sock = sockets[0]
     for extra in sockets[1:]:
         extra.close()

@@ -75,6 +75,26 @@ def hypercorn_config(host: str, port: int, grace_seconds: float) -> Config:
     return config
 
 
+class ListenError(Exception):
+    """A listener could not be opened (the address is in use, not permitted, not local): the
+    configuration field that names the port, the address and the system's reason; ``agentd
+    start`` prints ``lines`` and exits 2 (docs/config.md)."""
+
+    def __init__(self, field: str, address: str, error: OSError) -> None:
+        reason = error.strerror or str(error)
+        super().__init__(f"{field}: cannot listen on {address}: {reason}")
+        self.lines = [f"{field}: cannot listen on {address}: {reason} (errno {error.errno})"]
+
+
+def create_listening_sockets(config: Config, field: str) -> list[socket.socket]:
+    """hypercorn's sockets for ``config.bind``; a bind failure is a :class:`ListenError` naming
+    ``field``."""
+    try:
+        return list(config.create_sockets().insecure_sockets)
+    except OSError as error:
+        raise ListenError(field, ", ".join(config.bind), error) from error
+
+
 @attrs.define(eq=False)
 class ServerState:
     """Connection-level limits and counters of one listener (read by diagnostics and tests)."""
@@ -226,6 +246,7 @@ async def serve_http(
     sock: socket.socket | None = None,
     listener: Any = None,
     http1: str | None = None,
+    listen_field: str = "server.port",
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` until ``shutdown_trigger`` returns, then drain (see the module doc).
@@ -236,7 +257,8 @@ async def serve_http(
     drain like a socket of our own.  ``listener``: accept through this Trio listener instead (a relay
     process's :class:`~daemon.dataplane.balance.BalancedListener` over that socket, which has a
     ``socket`` attribute); closed at the drain too.  ``http1``: the HTTP/1.1 protocol of each
-    connection, ``"agentd"`` (daemon/http/h1proto.py) or ``"hypercorn"`` (:func:`resolve_http1`)."""
+    connection, ``"agentd"`` (daemon/http/h1proto.py) or ``"hypercorn"`` (:func:`resolve_http1`).
+    ``listen_field``: the configuration field a bind failure names (:class:`ListenError`)."""
     state = state if state is not None else ServerState()
     own_protocol = resolve_http1(http1) == "agentd"
     hard = grace_seconds if hard_grace_seconds is None else hard_grace_seconds
@@ -254,9 +276,11 @@ async def serve_http(
             if listener is not None:
                 listeners.append(listener)
                 binds.append(f"http://{repr_socket_addr(listener.socket.family, listener.socket.getsockname())}")
-            for one in (
-                [] if listener is not None else [sock] if sock is not None else config.create_sockets().insecure_sockets
-            ):
+            if listener is not None:
+                own_sockets: list[socket.socket] = []
+            else:
+                own_sockets = [sock] if sock is not None else create_listening_sockets(config, listen_field)
+            for one in own_sockets:
                 one.listen(config.backlog)
                 listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(one)))
                 binds.append(f"http://{repr_socket_addr(one.family, one.getsockname())}")

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 from native_fakes import read_line
 
@@ -68,3 +71,54 @@ def test_native_start_command_bad_config_exits_2(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stdout == ""
     assert "server.port" in done.stderr and "server.bogus" in done.stderr
+
+
+def _start_beside_a_busy_port(
+    extra_args: list[str], config_text: str, tmp_path: Path
+) -> tuple[subprocess.CompletedProcess[str], int]:
+    """``agentd start`` while another socket listens on the port it is told to use (``{port}`` in
+    ``extra_args`` and ``config_text``)."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = tmp_path / "agentd.toml"
+        config.write_text(config_text.format(port=port))
+        args = [arg.format(port=port) for arg in extra_args]
+        done = subprocess.run(
+            [sys.executable, "-m", "daemon", "start", "--config", str(config), "--log-level", "warning", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    return done, port
+
+
+@pytest.mark.parametrize(
+    ("args", "section", "field"),
+    [
+        (["--port", "{port}"], "", "server.port"),
+        ([], "[server]\nport = 0\n[prometheus]\nport = {port}\n", "prometheus.port"),
+        ([], "[server]\nport = 0\n[admin]\nport = {port}\n", "admin.port"),
+    ],
+)
+def test_start_on_a_port_in_use_exits_2_naming_the_field(
+    tmp_path: Path, args: list[str], section: str, field: str
+) -> None:
+    done, port = _start_beside_a_busy_port(args, "[embedded]\ndp_size = 1\n" + section, tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert f"{field}: cannot listen on 127.0.0.1:{port}: Address already in use (errno 98)" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "agentd listening" not in done.stdout
+
+
+def test_start_on_a_port_in_use_json_logs_one_config_error_line(tmp_path: Path) -> None:
+    text = '[embedded]\ndp_size = 1\n[server]\nport = 0\nlog_format = "json"\n[prometheus]\nport = {port}\n'
+    done, port = _start_beside_a_busy_port([], text, tmp_path)
+    assert done.returncode == 2, done.stderr
+    errors = [json.loads(line) for line in done.stderr.splitlines() if '"config_error"' in line]
+    assert len(errors) == 1
+    expected = f"prometheus.port: cannot listen on 127.0.0.1:{port}: Address already in use (errno 98)"
+    assert errors[0]["lines"] == [expected]
