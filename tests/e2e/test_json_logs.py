@@ -128,16 +128,41 @@ def test_bad_log_format_exits_2_naming_the_field() -> None:
     assert "server.log_format" in done.stderr and "yaml" in done.stderr
 
 
+# an unexpected failure inside the running daemon: run_daemon replaced by one that raises (the
+# crash path is for what agentd does not anticipate; a port in use is a configuration error now)
+_CRASHING = (
+    "import sys\n"
+    "import daemon.supervisor\n"
+    "async def crashing(*args, **kwargs):\n"
+    "    raise RuntimeError('injected crash')\n"
+    "daemon.supervisor.run_daemon = crashing\n"
+    "from daemon.cli import main\n"
+    "sys.exit(main(['start', *sys.argv[1:]]))\n"
+)
+
+
 def test_json_mode_crash_is_one_daemon_crashed_line(tmp_path: Path) -> None:
-    with socket.socket() as taken:  # the port is bound: hypercorn's bind fails inside trio.run
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        config = tmp_path / "agentd.toml"
-        config.write_text("[embedded]\ntime_scale = 100.0\n")
-        done = _run(["--config", str(config), "--port", str(port), "--log-format", "json", "--log-level", "warning"])
+    config = tmp_path / "agentd.toml"
+    config.write_text("[embedded]\ntime_scale = 100.0\n")
+    args = ["--config", str(config), "--port", "0", "--log-format", "json", "--log-level", "warning"]
+    done = subprocess.run(
+        [sys.executable, "-c", _CRASHING, *args], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 1 and done.stdout == ""
     records = _json_lines(done.stderr)
     crashed = [r for r in records if r["event"] == "daemon_crashed"]
     assert len(crashed) == 1 and crashed[0]["level"] == "critical"
-    assert "Traceback" in crashed[0]["traceback"] and "OSError" in crashed[0]["error"]
+    assert "Traceback" in crashed[0]["traceback"] and "RuntimeError: injected crash" in crashed[0]["error"]
+
+
+def test_json_mode_port_in_use_is_one_config_error_line_exit_2() -> None:
+    with socket.socket() as taken:  # the port is bound: the listener cannot open
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = _run(["--port", str(port), "--log-format", "json", "--log-level", "warning"])
+    assert done.returncode == 2 and done.stdout == ""
+    errors = [r for r in _json_lines(done.stderr) if r["event"] == "config_error"]
+    assert len(errors) == 1 and errors[0]["level"] == "error"
+    assert errors[0]["lines"] == [f"server.port: cannot listen on 127.0.0.1:{port}: Address already in use (errno 98)"]
+    assert not [r for r in _json_lines(done.stderr) if r["event"] == "daemon_crashed"]
