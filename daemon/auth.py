@@ -114,7 +114,8 @@ class Authenticator:
             return None
         tenant = self.tenant_of(self.presented_key(headers))
         if tenant is None:
-            raise unauthorized("a valid API key is required (Authorization: Bearer <key>)")
+            # no "Bearer <key>" here: error bodies are redacted, which would mask the rest of the text
+            raise unauthorized(MISSING_KEY_MESSAGE)
         return tenant
 
     def check_admin(self, headers: Mapping[str, str]) -> None:
@@ -123,6 +124,9 @@ class Authenticator:
             return
         if not self.is_admin(self.presented_key(headers)):
             raise unauthorized("an admin key is required for this route (or use the admin listener)")
+
+
+MISSING_KEY_MESSAGE = "a valid API key is required in the Authorization header (Bearer) or the X-Api-Key header"
 
 
 def unauthorized(message: str) -> ApiError:

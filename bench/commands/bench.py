@@ -32,6 +32,7 @@ from bench.output import write_atomic
 from bench.plots import write_plots
 from bench.report import trace_summary
 from daemon.commands.argtypes import positive_float, positive_int
+from daemon.commands.paths import output_dir_problem
 from sim.config import SCHEDULING_POLICIES
 
 NAME = "bench"
@@ -143,6 +144,10 @@ def _systems(args: argparse.Namespace, router: str | None) -> tuple[str, ...] | 
 
 
 def run(args: argparse.Namespace) -> int:
+    problem = output_dir_problem(args.out, "--out")
+    if problem is not None:
+        print(f"agentd bench: {problem}", file=sys.stderr)
+        return 2
     trace = load_trace_arg(args.trace, "agentd bench")
     if trace is None:
         return 2

@@ -18,6 +18,7 @@ import trio
 from bench.calibrate_costs import CalibrateOptions, CalibrationError, calibrate
 from bench.output import write_atomic
 from daemon.commands.argtypes import int_at_least, non_empty, positive_float
+from daemon.commands.paths import output_file_problem
 
 NAME = "calibrate"
 HELP = "Measure the seven cost-model coefficients of a live backend; print the [program_scheduling] TOML block."
@@ -94,6 +95,10 @@ def run(args: argparse.Namespace) -> int:
     target = args.target
     if not target.startswith(("http://", "https://")):
         print(f"agentd calibrate: --target: must be an http(s) URL, got {target!r}", file=sys.stderr)
+        return 2
+    problem = output_file_problem(args.out, "--out") if args.out is not None else None
+    if problem is not None:
+        print(f"agentd calibrate: {problem}", file=sys.stderr)
         return 2
     opts = options(args)
 

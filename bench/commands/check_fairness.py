@@ -21,6 +21,7 @@ from bench.fairness.check import Checker, CheckOptions, cluster_of, kinds_arg, r
 from bench.output import write_atomic
 from bench.simulate import SimulateError, check_simulatable
 from daemon.commands.argtypes import int_at_least, positive_float, positive_int
+from daemon.commands.paths import output_dir_problem
 from daemon.config_loading import ConfigError, load_config
 from daemon.logs import configure_logging
 
@@ -80,8 +81,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     kinds = args.scenarios if isinstance(args.scenarios, tuple) else kinds_arg(args.scenarios)
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        print(f"{prog}: --out {args.out}: exists and is not a directory", file=sys.stderr)
+    problem = output_dir_problem(args.out, "--out")
+    if problem is not None:
+        print(f"{prog}: {problem}", file=sys.stderr)
         return 2
     opts = CheckOptions(
         config_path=args.config,

@@ -19,6 +19,7 @@ from bench.output import write_report
 from bench.progress import progress_line
 from bench.replay import replay_client
 from bench.report import measured_replay, trace_summary
+from daemon.commands.paths import output_file_problem
 
 NAME = "replay"
 HELP = "Replay a trace against an OpenAI-compatible endpoint and write a JSON report."
@@ -46,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    problem = output_file_problem(args.out, "--out") if args.out else None
+    if problem is not None:
+        print(f"agentd replay: {problem}", file=sys.stderr)
+        return 2
     trace = load_trace_arg(args.trace, "agentd replay")
     if trace is None:
         return 2

@@ -20,7 +20,9 @@ from bench.output import write_report
 from bench.progress import progress_line
 from bench.report import trace_summary
 from bench.simulate import SimulateError, check_simulatable, run_simulation
+from daemon.commands.paths import output_file_problem
 from daemon.config_loading import ConfigError, load_config
+from daemon.logs import configure_logging
 
 NAME = "simulate"
 HELP = "Simulate the daemon and a trace replay in one process in virtual time; write the replay report."
@@ -37,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    problem = output_file_problem(args.out, "--out") if args.out else None
+    if problem is not None:
+        print(f"agentd simulate: {problem}", file=sys.stderr)
+        return 2
     overrides = {"embedded": {"seed": args.seed}} if args.seed is not None else None
     try:
         cfg = load_config(args.config, overrides)
@@ -54,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.time_scale is None:
         args.time_scale = cfg.embedded.time_scale
+    # Without a handler, Python printed each daemon warning as its bare event name
+    # ("program_scheduling_reference_calibration").  The simulated ranks run the reference cost
+    # model, so that start-up warning does not apply here: log errors only, as check-fairness does.
+    configure_logging("error", cfg.server.log_format)
     opts = replay_options(args)
     if args.model == "agentd-sim":
         opts = attrs.evolve(opts, model=cfg.embedded.model)

@@ -18,9 +18,10 @@ from bench.trace.format import TraceError, merge_traces, save_trace, write_trace
 from bench.trace.stats import compare, format_report, trace_stats
 from bench.trace.synth import PROFILES, Knobs, knobs_from_meta, synthesize, targets_for
 from daemon.commands.argtypes import positive_float, positive_int
+from daemon.commands.paths import output_file_problem
 
 NAME = "trace"
-HELP = "Synthesize agent traces (synth) and print their statistics against profile targets (stats)."
+HELP = "Synthesize agent traces (synth), merge them into mixed workloads (merge) and print their statistics (stats)."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,9 +66,19 @@ def run(args: argparse.Namespace) -> int:
     return _synth(args) if args.trace_command == "synth" else _stats(args)
 
 
+def _out_problem(args: argparse.Namespace, prog: str) -> bool:
+    """Print why ``--out`` cannot be written (before any work); True when it cannot."""
+    problem = None if args.out == "-" else output_file_problem(args.out, "--out")
+    if problem is not None:
+        print(f"{prog}: {problem}", file=sys.stderr)
+    return problem is not None
+
+
 def _merge(args: argparse.Namespace) -> int:
     if len(args.files) < 2:
         print("agentd trace merge: FILE: give at least two traces to merge", file=sys.stderr)
+        return 2
+    if _out_problem(args, "agentd trace merge"):
         return 2
     parts = []
     for path in args.files:
@@ -91,6 +102,8 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _synth(args: argparse.Namespace) -> int:
+    if _out_problem(args, "agentd trace synth"):
+        return 2
     knobs = from_args(Knobs, args, arrival_rate_per_second="arrival_rate")
     trace = synthesize(args.profile, args.programs, args.seed, knobs)
     if args.out == "-":

@@ -29,6 +29,7 @@ import trio
 from daemon.batch_output import OutputFileError, Resumed, scan_output, write_errors_file
 from daemon.batch_runner import BatchOptions, BatchRunner, BatchSummary
 from daemon.commands.argtypes import int_at_least, positive_float, positive_int
+from daemon.commands.paths import input_file_problem, output_file_problem
 from daemon.config import AgentdConfig
 from daemon.config_loading import ConfigError, load_config
 
@@ -119,22 +120,20 @@ def _is_http_url(text: str) -> bool:
 def _check_files(args: argparse.Namespace) -> str | None:
     """The usage problem with the input/output/errors paths, or None."""
     inp, out = Path(args.input), Path(args.output)
-    if not inp.is_file():
-        return f"--input: no such file: {args.input}"
-    if not os.access(inp, os.R_OK):
-        return f"--input: not readable: {args.input}"
-    if out.exists() and (out.is_dir() or out.resolve() == inp.resolve()):
+    problem = input_file_problem(args.input, "--input")
+    if problem is not None:
+        return problem
+    if out.exists() and out.resolve() == inp.resolve():
         return f"--output: must be a file other than the input: {args.output}"
-    if not out.parent.is_dir():
-        return f"--output: directory does not exist: {out.parent}"
-    if not os.access(out if out.exists() else out.parent, os.W_OK):
-        return f"--output: not writable: {args.output}"
+    problem = output_file_problem(args.output, "--output")
+    if problem is not None:
+        return problem
     if args.errors is not None:
         err = Path(args.errors)
         if err.resolve() in (inp.resolve(), out.resolve()):
             return f"--errors: must differ from --input and --output: {args.errors}"
-        if not err.parent.is_dir():
-            return f"--errors: directory does not exist: {err.parent}"
+        # the errors file is written at the end of the run: a bad path must not cost the run
+        return output_file_problem(args.errors, "--errors")
     return None
 
 

@@ -15,12 +15,13 @@ import pytest
 import trio
 from http_fakes import DaemonApp, MiniWorker, http_config
 
-from daemon.auth import Authenticator, AuthFileError, read_key_file
+from daemon.auth import MISSING_KEY_MESSAGE, Authenticator, AuthFileError, read_key_file
 from daemon.config import AuthConfig
 from daemon.config_loading import ConfigError, config_from_dict
 from daemon.handles import DaemonHandles
 from daemon.http.app import create_app
 from daemon.http.proxy import parse_request
+from daemon.redact import redact
 from daemon.security import load_security
 from daemon.supervisor import run_daemon
 
@@ -58,6 +59,8 @@ async def test_a_request_without_or_with_a_wrong_key_is_a_json_401(secured: Daem
         assert response.status_code == 401
         error = (await response.get_json())["error"]
         assert error["code"] == "invalid_api_key"
+        # whole, not cut by the redaction of bearer tokens (found by the session-25 walk)
+        assert error["message"] == MISSING_KEY_MESSAGE == redact(MISSING_KEY_MESSAGE)
         assert response.headers["www-authenticate"] == "Bearer"
     assert secured.worker.seen == []
     for path in ("/v1/models", "/v1/batches"):

@@ -1,0 +1,61 @@
+"""Checks of the files and directories a command will read or write, made before any work starts.
+
+A command that runs for minutes (a simulation, a bench, a batch) must not find out at the end that
+its ``--out`` names a directory or lives in a directory that does not exist: each function returns
+the problem as one line naming the flag (the command prints it and exits 2), or ``None``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def input_file_problem(path: str, flag: str) -> str | None:
+    """Why ``path`` cannot be read as an input file, or None."""
+    p = Path(path)
+    if not p.exists():
+        return f"{flag}: no such file: {path}"
+    if p.is_dir():
+        return f"{flag}: is a directory, not a file: {path}"
+    if not p.is_file():
+        return f"{flag}: not a regular file: {path}"
+    if not os.access(p, os.R_OK):
+        return f"{flag}: not readable: {path}"
+    return None
+
+
+def output_file_problem(path: str, flag: str) -> str | None:
+    """Why a file cannot be written (created or replaced) at ``path``, or None."""
+    p = Path(path)
+    if p.is_dir():
+        return f"{flag}: is a directory, give a file name: {path}"
+    parent = p.parent
+    if not parent.exists():
+        return f"{flag}: directory does not exist: {parent}"
+    if not parent.is_dir():
+        return f"{flag}: not a directory: {parent}"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{flag}: directory not writable: {parent}"
+    if p.exists() and not os.access(p, os.W_OK):
+        return f"{flag}: not writable: {path}"
+    return None
+
+
+def output_dir_problem(path: str, flag: str) -> str | None:
+    """Why ``path`` cannot be used (or created, with its missing parents) as an output directory."""
+    p = Path(path)
+    if p.exists():
+        if not p.is_dir():
+            return f"{flag}: exists and is not a directory: {path}"
+        if not os.access(p, os.W_OK | os.X_OK):
+            return f"{flag}: directory not writable: {path}"
+        return None
+    ancestor = p.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"{flag}: cannot create {path}: {ancestor} is not a directory"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"{flag}: cannot create {path}: {ancestor} is not writable"
+    return None

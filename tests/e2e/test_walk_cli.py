@@ -1,0 +1,124 @@
+"""What a new user's walk through README.md and docs/ found in the commands (session 25).
+
+Each test is one mistake a user makes with a documented command, and checks that the command says
+so at once - exit 2, one line naming the flag - instead of a traceback after minutes of work or a
+misleading message.  The commands run in this process through ``daemon.cli.main``; none of them
+gets far enough to open a socket or start a simulation.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from daemon import cli
+
+QUICKSTART = str(Path(__file__).resolve().parents[2] / "configs" / "quickstart.toml")
+
+
+def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """Run ``agentd ARGV``; it must exit 2 with nothing on stdout.  Returns stderr."""
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, ""), err
+    assert "Traceback" not in err
+    return err.strip()
+
+
+@pytest.fixture
+def trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    path = tmp_path / "small.jsonl"
+    assert cli.main(["trace", "synth", "--profile", "swe-short", "--programs", "2", "--out", str(path)]) == 0
+    capsys.readouterr()
+    return str(path)
+
+
+def test_trace_synth_and_merge_refuse_an_unwritable_out_before_writing(
+    tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nodir" / "x.jsonl"
+    synth = ["trace", "synth", "--profile", "swe-short", "--programs", "2"]
+    err = usage_error(capsys, *synth, "--out", str(missing))
+    assert err == f"agentd trace synth: --out: directory does not exist: {missing.parent}"
+    err = usage_error(capsys, *synth, "--out", str(tmp_path))
+    assert err == f"agentd trace synth: --out: is a directory, give a file name: {tmp_path}"
+    err = usage_error(capsys, "trace", "merge", trace, trace, "-o", str(missing))
+    assert err == f"agentd trace merge: --out: directory does not exist: {missing.parent}"
+    assert not missing.parent.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small.jsonl"]  # no temporary file left
+
+
+def test_trace_help_names_every_action(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["trace", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(synth)" in text and "(merge)" in text and "(stats)" in text
+
+
+def test_simulate_and_replay_refuse_an_unwritable_out_before_running(
+    tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nodir" / "report.json"
+    err = usage_error(capsys, "simulate", "--config", QUICKSTART, "--trace", trace, "--out", str(missing))
+    assert err == f"agentd simulate: --out: directory does not exist: {missing.parent}"
+    err = usage_error(capsys, "simulate", "--config", QUICKSTART, "--trace", trace, "--out", str(tmp_path))
+    assert err == f"agentd simulate: --out: is a directory, give a file name: {tmp_path}"
+    # the target refuses connections: without the check the replay ran (every request failing)
+    # and then died on the report's path
+    err = usage_error(capsys, "replay", "--trace", trace, "--target", "http://127.0.0.1:1", "--out", str(missing))
+    assert err == f"agentd replay: --out: directory does not exist: {missing.parent}"
+
+
+def test_simulate_prints_no_bare_warning_event(tmp_path: Path) -> None:
+    """Python's last-resort handler printed the daemon's start-up warning as its bare event name
+    ("program_scheduling_reference_calibration") on stderr of every ``agentd simulate``.  A real
+    process: under pytest the root logger has handlers, so the last resort never shows."""
+    trace = tmp_path / "one.jsonl"
+    assert cli.main(["trace", "synth", "--profile", "chat-human", "--programs", "1", "--out", str(trace)]) == 0
+    report = tmp_path / "sim.json"
+    argv = ["simulate", "--config", QUICKSTART, "--trace", str(trace), "--out", str(report)]
+    done = subprocess.run([sys.executable, "-m", "daemon", *argv], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert json.loads(report.read_text())["requests"]["failed"] == 0
+
+
+def test_calibrate_refuses_an_unwritable_out_before_probing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 127.0.0.1:1 refuses: without the check this was "cannot reach the target", exit 1
+    err = usage_error(capsys, "calibrate", "--target", "http://127.0.0.1:1", "--out", str(tmp_path))
+    assert err == f"agentd calibrate: --out: is a directory, give a file name: {tmp_path}"
+
+
+def test_bench_and_check_fairness_refuse_an_out_that_cannot_be_a_directory(
+    tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "afile"
+    a_file.write_text("x")
+    err = usage_error(capsys, "bench", "--trace", trace, "--out", str(a_file), "--systems", "native")
+    assert err == f"agentd bench: --out: exists and is not a directory: {a_file}"
+    err = usage_error(capsys, "bench", "--trace", trace, "--out", str(a_file / "sub"), "--systems", "native")
+    assert err == f"agentd bench: --out: cannot create {a_file / 'sub'}: {a_file} is not a directory"
+    deeper = a_file / "sub" / "deeper"
+    err = usage_error(capsys, "check-fairness", "--config", QUICKSTART, "--out", str(deeper))
+    assert err == f"agentd check-fairness: --out: cannot create {deeper}: {a_file} is not a directory"
+    assert a_file.read_text() == "x"
+
+
+def test_batch_refuses_a_directory_for_input_or_errors_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}}\n')
+    out = tmp_path / "out.jsonl"
+    target = ("--target", "http://127.0.0.1:1")
+    err = usage_error(capsys, "batch", "-i", str(tmp_path), "-o", str(out), *target)
+    assert err == f"agentd batch: error: --input: is a directory, not a file: {tmp_path}"
+    err = usage_error(capsys, "batch", "-i", "/dev/null", "-o", str(out), *target)
+    assert err == "agentd batch: error: --input: not a regular file: /dev/null"
+    # --errors is written at the end: a directory there was a traceback after the whole run
+    err = usage_error(capsys, "batch", "-i", str(inp), "-o", str(out), "--errors", str(tmp_path), *target)
+    assert err == f"agentd batch: error: --errors: is a directory, give a file name: {tmp_path}"
+    assert not out.exists()
