@@ -1,7 +1,8 @@
 """``agentd sim-backend``: a standalone simulated vLLM server (OpenAI API, vLLM metrics, DP ranks).
 
 Prints ``agentd sim-backend listening on http://H:P`` once the socket accepts and stops cleanly on
-SIGINT/SIGTERM.  Bad flag values exit 2 with a message naming the flag (argparse).
+SIGINT/SIGTERM.  Bad flag values exit 2 with a message naming the flag (argparse), and so does a
+port that cannot be opened (in use, not permitted, not a local address).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from functools import partial
 from typing import Any
 
 import attrs
@@ -16,6 +18,7 @@ import trio
 
 from actors.core.config import DecodeThroughputModel, PrefillCostModel
 from daemon.commands.argtypes import int_at_least, non_empty, non_negative_float, port, positive_float
+from daemon.commands.start import listen_error
 from daemon.http.serve import serve_http
 from sim.cluster import SimCluster, SimConfig
 from sim.config import SCHEDULING_POLICIES, shape_of
@@ -119,7 +122,12 @@ async def serve_until_signal(config: SimConfig, host: str, port: int) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as server_nursery:
                 bound: str = await server_nursery.start(
-                    serve_http, create_app(cluster), host, port, SHUTDOWN_GRACE_SECONDS, trigger
+                    partial(serve_http, listen_field="--port"),
+                    create_app(cluster),
+                    host,
+                    port,
+                    SHUTDOWN_GRACE_SECONDS,
+                    trigger,
                 )
                 print(f"agentd sim-backend listening on {bound}", flush=True)
                 async for _signum in signals:
@@ -134,5 +142,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"agentd sim-backend: {exc}", file=sys.stderr)
         return 2
-    trio.run(serve_until_signal, config, args.host, args.port)
+    try:
+        trio.run(serve_until_signal, config, args.host, args.port)
+    except BaseException as exc:
+        # the port is in use, not permitted or not local: one line naming --port, exit 2 (as agentd start)
+        failed = listen_error(exc)
+        if failed is None:
+            raise
+        for line in failed.lines:
+            print(f"agentd sim-backend: {line}", file=sys.stderr)
+        return 2
     return 0

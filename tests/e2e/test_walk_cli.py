@@ -9,6 +9,7 @@ gets far enough to open a socket or start a simulation.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -122,3 +123,14 @@ def test_batch_refuses_a_directory_for_input_or_errors_before_running(
     err = usage_error(capsys, "batch", "-i", str(inp), "-o", str(out), "--errors", str(tmp_path), *target)
     assert err == f"agentd batch: error: --errors: is a directory, give a file name: {tmp_path}"
     assert not out.exists()
+
+
+def test_sim_backend_on_a_port_in_use_exits_2_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """It was a traceback (an exception group around ``ListenError: server.port ...``), exit 1."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        err = usage_error(capsys, "sim-backend", "--port", str(port))
+    assert err.startswith(f"agentd sim-backend: --port: cannot listen on 127.0.0.1:{port}: ")
+    assert "(errno " in err and len(err.splitlines()) == 1
