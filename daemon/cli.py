@@ -5,7 +5,7 @@ benchmark kit) add theirs through the ``agentd.commands`` entry-point group (nam
 = module), so the daemon never imports them (docs/architecture.md §1).  Each command module has
 ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``.  This file only wires them into argparse
 and maps exit codes: 0 success, 1 runtime failure, 2 bad usage or bad configuration (argparse's own
-code).
+code), 130 interrupted by Ctrl-C (also when the interruption arrives inside a Trio exception group).
 """
 
 from __future__ import annotations
@@ -74,6 +74,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._run(args))
     except KeyboardInterrupt:
+        return 130
+    except BaseExceptionGroup as group:
+        # Ctrl-C inside a Trio run arrives wrapped in the exception group of the nurseries it
+        # cancelled (with whatever the cancellation raised beside it): still an interruption
+        if group.subgroup(KeyboardInterrupt) is None:
+            raise
         return 130
     except BrokenPipeError:
         # the reader left (``agentd check-config X | head``): stop quietly, as other CLI tools do

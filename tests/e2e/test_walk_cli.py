@@ -9,6 +9,7 @@ gets far enough to open a socket or start a simulation.
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -134,3 +135,29 @@ def test_sim_backend_on_a_port_in_use_exits_2_naming_the_flag(capsys: pytest.Cap
         err = usage_error(capsys, "sim-backend", "--port", str(port))
     assert err.startswith(f"agentd sim-backend: --port: cannot listen on 127.0.0.1:{port}: ")
     assert "(errno " in err and len(err.splitlines()) == 1
+
+
+def test_ctrl_c_during_simulate_exits_130_without_a_traceback_or_a_report(tmp_path: Path) -> None:
+    """The KeyboardInterrupt arrived inside Trio's exception group, which ``agentd`` did not
+    recognise: a traceback and exit 1.  The report is written only at the end, whole."""
+    trace = tmp_path / "swe.jsonl"
+    assert cli.main(["trace", "synth", "--profile", "swe-short", "--programs", "32", "--out", str(trace)]) == 0
+    report = tmp_path / "sim.json"
+    argv = ["simulate", "--config", QUICKSTART, "--trace", str(trace), "--out", str(report), "--progress"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daemon", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stderr is not None
+        seen = ""
+        while "simulate" not in seen:  # the progress line: the simulation runs
+            char = proc.stderr.read(1)
+            assert char, seen
+            seen += char
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert (proc.returncode, out) == (130, "")
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["swe.jsonl"]
