@@ -75,6 +75,10 @@ class BenchError(RuntimeError):
     """A system could not be started or measured; the message says which and why."""
 
 
+class BenchUsageError(BenchError):
+    """A flag the bench cannot run with (e.g. ``--port-base`` over ports in use): exit 2."""
+
+
 @attrs.frozen
 class ClusterSpec(SimServerShape):
     """``workers`` simulated servers of one shape (``sim.config.SimServerShape``); worker ``i`` is
@@ -136,14 +140,14 @@ def bench_ports(port_base: int, workers: int) -> tuple[int, int, list[int]]:
         return free_port(), free_port(), [free_port() for _ in range(workers)]
     ports = [port_base + k for k in range(workers + 2)]
     if ports[-1] > 65535:
-        raise BenchError(f"--port-base: {port_base} + {workers + 1} is past port 65535")
+        raise BenchUsageError(f"--port-base: {port_base} + {workers + 1} is past port 65535")
     for port in ports:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers do: TIME_WAIT is fine
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError as exc:
-                raise BenchError(
+                raise BenchUsageError(
                     f"--port-base: port {port} (of {ports[0]}..{ports[-1]}) is in use ({exc.strerror}); "
                     "pick another base, or 0 for ephemeral ports"
                 ) from None

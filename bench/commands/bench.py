@@ -24,7 +24,16 @@ from typing import Any
 import attrs
 import trio
 
-from bench.bench import FLOOR_KV_BLOCKS, SYSTEMS, BenchError, BenchOptions, ClusterSpec, find_vllm_router, run_bench
+from bench.bench import (
+    FLOOR_KV_BLOCKS,
+    SYSTEMS,
+    BenchError,
+    BenchOptions,
+    BenchUsageError,
+    ClusterSpec,
+    find_vllm_router,
+    run_bench,
+)
 from bench.calibrate import calibrate_kv_blocks
 from bench.commands.common import add_replay_flags, from_args, load_trace_arg, replay_options
 from bench.markdown import render_report
@@ -215,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
         reports = trio.run(run_bench, trace, opts, info)
     except BenchError as exc:
         print(f"agentd bench: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, BenchUsageError) else 1
     plots = write_plots(reports, args.out)
     text = render_report(reports, title=f"agentd bench: {trace.meta.profile}", context=context, plots=plots)
     write_atomic(os.path.join(args.out, "report.md"), text + "\n")

@@ -161,3 +161,16 @@ def test_ctrl_c_during_simulate_exits_130_without_a_traceback_or_a_report(tmp_pa
     assert (proc.returncode, out) == (130, "")
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["swe.jsonl"]
+
+
+def test_bench_on_ports_in_use_exits_2_naming_port_base(
+    tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A port in use is bad input for the bench as for ``agentd start`` (exit 2, not 1)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["bench", "--trace", trace, "--out", str(tmp_path / "b"), "--systems", "native"]
+        err = usage_error(capsys, *argv, "--port-base", str(port))
+    assert err.startswith(f"agentd bench: --port-base: port {port} (of {port}..{port + 3}) is in use")
