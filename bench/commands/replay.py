@@ -77,4 +77,13 @@ def run(args: argparse.Namespace) -> int:
 
     report = trio.run(main)
     write_report(report, args.out)
-    return 0 if report["requests"]["failed"] == 0 else 1
+    requests = report["requests"]
+    if requests["failed"]:
+        # exit 1 said nothing of why (with --no-progress, or the report on stdout): one line
+        kinds = ", ".join(f"{kind}: {n}" for kind, n in sorted(requests["errors"].items()))
+        print(
+            f"agentd replay: {requests['failed']} of {requests['planned']} planned requests failed ({kinds}); "
+            f"{requests['completed']} completed",
+            file=sys.stderr,
+        )
+    return 0 if requests["failed"] == 0 else 1

@@ -138,10 +138,19 @@ def _check_files(args: argparse.Namespace) -> str | None:
 
 
 def _load_daemon_config(path: str) -> AgentdConfig:
-    """The ``--config`` file, served on an ephemeral loopback port, without the extra metrics listener."""
+    """The ``--config`` file, served on an ephemeral loopback port, without the extra metrics and
+    admin listeners and without the Batch API: that daemon serves only this command's requests, and
+    its Batch API executor would resume the batches of the database a running daemon of the same
+    configuration owns (two daemons on one database send requests twice, docs/batch.md §4)."""
     cfg = load_config(path)
     server = attrs.evolve(cfg.server, host="127.0.0.1", port=0)
-    return attrs.evolve(cfg, server=server, prometheus=attrs.evolve(cfg.prometheus, port=None))
+    return attrs.evolve(
+        cfg,
+        server=server,
+        prometheus=attrs.evolve(cfg.prometheus, port=None),
+        admin=attrs.evolve(cfg.admin, port=None),
+        batch_api=attrs.evolve(cfg.batch_api, enabled=False),
+    )
 
 
 @asynccontextmanager

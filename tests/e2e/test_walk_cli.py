@@ -174,3 +174,32 @@ def test_bench_on_ports_in_use_exits_2_naming_port_base(
         argv = ["bench", "--trace", trace, "--out", str(tmp_path / "b"), "--systems", "native"]
         err = usage_error(capsys, *argv, "--port-base", str(port))
     assert err.startswith(f"agentd bench: --port-base: port {port} (of {port}..{port + 3}) is in use")
+
+
+def test_batch_config_daemon_runs_no_batch_api_and_no_extra_listeners(tmp_path: Path) -> None:
+    """``agentd batch --config FILE`` starts a daemon for its own requests only.  It used to keep the
+    file's Batch API (whose executor resumes the unfinished batches of the database a running daemon
+    of the same file owns: requests sent twice) and admin listener (a port in use)."""
+    from daemon.commands.batch import _load_daemon_config
+
+    config = tmp_path / "agentd.toml"
+    config.write_text(
+        f'[admin]\nport = 3002\n[prometheus]\nhost = "127.0.0.1"\nport = 29000\n'
+        f'[batch_api]\ndatabase_path = "{tmp_path / "batches.sqlite3"}"\n'
+    )
+    cfg = _load_daemon_config(str(config))
+    assert (cfg.server.host, cfg.server.port, cfg.admin.port, cfg.prometheus.port) == ("127.0.0.1", 0, None, None)
+    assert cfg.batch_api.enabled is False
+
+
+def test_replay_says_why_it_exits_1(tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Against a target that refuses connections the replay exited 1 with nothing on stderr."""
+    report = tmp_path / "r.json"
+    argv = ["replay", "--trace", trace, "--target", "http://127.0.0.1:1", "--out", str(report), "--no-progress"]
+    assert cli.main(argv) == 1
+    out, err = capsys.readouterr()
+    failed = json.loads(report.read_text())["requests"]
+    assert failed["failed"] == 2 and failed["completed"] == 0  # one per root Program: its first request
+    assert out == ""
+    planned = failed["planned"]
+    assert err.strip() == f"agentd replay: 2 of {planned} planned requests failed (ConnectError: 2); 0 completed"
