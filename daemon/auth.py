@@ -71,7 +71,15 @@ class Authenticator:
     def from_config(cls, cfg: AuthConfig) -> Authenticator:
         entries = list(cfg.api_keys)
         if cfg.api_keys_file:
-            entries.extend(read_key_file(cfg.api_keys_file))
+            from_file = read_key_file(cfg.api_keys_file)
+            if not from_file and not entries:
+                # authentication on with no key at all would refuse every request with a 401
+                raise AuthFileError(
+                    f"auth.api_keys_file: {cfg.api_keys_file!r} holds no key: add one "
+                    '"<tenant>:<sha256 hex of the key>" line per client, or leave it unset to serve '
+                    "without authentication"
+                )
+            entries.extend(from_file)
         tenants = []
         for entry in entries:
             tenant, hexdigest = entry.rsplit(":", 1)

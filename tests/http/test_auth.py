@@ -137,6 +137,15 @@ def test_key_file_and_config_rules(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_security(cfg)
     assert info.value.lines[0].startswith("auth.api_keys_file: line 1")
+    keys.write_text("# no keys yet\n\n")  # authentication on, every request a 401: refused at start
+    with pytest.raises(ConfigError) as info:
+        load_security(cfg)
+    assert info.value.lines == [
+        f'auth.api_keys_file: {str(keys)!r} holds no key: add one "<tenant>:<sha256 hex of the key>" line per '
+        "client, or leave it unset to serve without authentication"
+    ]
+    both = config_from_dict({"auth": {"api_keys_file": str(keys), "api_keys": [f"team-d:{sha('sk-d')}"]}})
+    assert load_security(both).authenticator.tenant_of("sk-d") == "team-d"  # the inline key is enough
     with pytest.raises(ConfigError) as info:
         config_from_dict({"auth": {"api_keys": ["no-digest"], "admin_keys": ["xyz"]}})
     assert [line.split(":")[0] for line in info.value.lines] == ["auth.api_keys", "auth.admin_keys"]
