@@ -36,7 +36,7 @@ import attrs
 
 from actors.core.config import DecodeThroughputModel, PrefillCostModel
 from bench.trace.format import TraceError, TraceRecord, load_trace
-from daemon.config_loading import load_config
+from daemon.config_loading import ConfigError, load_config
 
 
 @attrs.frozen
@@ -128,6 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not sep or not label or not path:
                 raise ValueError(f"--report: expected LABEL=REPORT.json (got {item!r})")
             reports.append((label, _makespan(path)))
+    except ConfigError as exc:
+        print(f"batch_bound: --config: {'; '.join(exc.lines)}", file=sys.stderr)
+        return 2
     except (OSError, ValueError, TraceError) as exc:
         print(f"batch_bound: {exc}", file=sys.stderr)
         return 2

@@ -77,6 +77,9 @@ def test_cli_prints_the_floor_and_its_ratio_to_reports(tmp_path, capsys) -> None
     save_trace(synthesize("swe-short", 1, seed=1), str(agents))
     assert main(["--trace", str(agents), "--config", str(cfg)]) == 2
     assert "batch-only traces" in capsys.readouterr().err
+    # a missing config was a ConfigError traceback (found by the session-25 walk)
+    assert main(["--trace", str(trace), "--config", str(tmp_path / "missing.toml")]) == 2
+    assert capsys.readouterr().err.startswith("batch_bound: --config: config: cannot read ")
 
 
 @pytest.mark.parametrize(("blocks", "dp_size"), [(120, 1), (120, 2), (2_000, 1)])
