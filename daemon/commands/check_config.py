@@ -3,7 +3,8 @@
 Prints the effective configuration (defaults filled in) as JSON and any warnings, exit 0; or the
 errors, one per line naming the field, the rule and the value, exit 2.  Like ``agentd start`` it
 also reads the files the configuration names - the API key file (``auth.api_keys_file``) and the
-worker TLS files (``worker_tls``) - so a configuration that passes here does not fail at start.  Accepts the same
+worker TLS files (``worker_tls``) - and checks the Batch API's database path, so a configuration that
+passes here does not fail at start.  Accepts the same
 router-compatible flags as ``agentd start`` so a launch command can be checked before it runs.
 """
 
@@ -13,6 +14,7 @@ import argparse
 import json
 import sys
 
+from daemon.commands.paths import batch_database_problem
 from daemon.config_loading import (
     ConfigError,
     add_router_flags,
@@ -37,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, overrides_from_args(args))
         load_security(cfg)
+        problem = batch_database_problem(cfg)
+        if problem is not None:
+            raise ConfigError([problem])
     except ConfigError as exc:
         source = args.config or "command line"
         print(f"agentd: invalid configuration ({source}):", file=sys.stderr)

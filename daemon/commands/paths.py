@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from daemon.config import AgentdConfig
 
 
 def input_file_problem(path: str, flag: str) -> str | None:
@@ -58,4 +62,39 @@ def output_dir_problem(path: str, flag: str) -> str | None:
         return f"{flag}: cannot create {path}: {ancestor} is not a directory"
     if not os.access(ancestor, os.W_OK | os.X_OK):
         return f"{flag}: cannot create {path}: {ancestor} is not writable"
+    return None
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def batch_database_problem(cfg: AgentdConfig) -> str | None:
+    """Why the Batch API's database (``batch_api.database_path``, docs/batch.md §4) cannot be used,
+    or None.  Checked by ``agentd start`` and ``check-config``: an existing database is opened at
+    start (a directory or another program's file there was a traceback), a new one at the first
+    Batch API call (a path that cannot be created made every call a 500)."""
+    if not cfg.batch_api.enabled:
+        return None
+    path = cfg.batch_api.resolved_database_path()
+    field = "batch_api.database_path"
+    if path.is_dir():
+        return f"{field}: {str(path)!r} is a directory; give the database file's name"
+    if path.exists():
+        if not path.is_file():
+            return f"{field}: {str(path)!r} is not a regular file"
+        try:
+            with path.open("rb") as fh:
+                head = fh.read(len(SQLITE_HEADER))
+        except OSError as exc:
+            return f"{field}: cannot read {str(path)!r} ({exc.strerror})"
+        if head and head != SQLITE_HEADER:
+            return f"{field}: {str(path)!r} is not an SQLite database (another file is in its place)"
+        if not os.access(path, os.R_OK | os.W_OK):
+            return f"{field}: {str(path)!r} is not writable"
+        return None
+    ancestor = path.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"{field}: cannot create {str(path)!r}: {str(ancestor)!r} is not a writable directory"
     return None

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from actors.logevents import get_logger, log_event
+from daemon.commands.paths import batch_database_problem
 from daemon.config import HTTP1_ENV, HTTP1_IMPLEMENTATIONS, LOG_FORMATS, AgentdConfig
 from daemon.config_loading import ConfigError, add_router_flags, load_config, overrides_from_args, read_config_file
 from daemon.logs import banner_line, capture_process_output, configure_logging, event_line
@@ -96,6 +97,17 @@ def listen_error(exc: BaseException) -> ListenError | None:
     return None
 
 
+def _config_error(lines: list[str], log_format: str) -> int:
+    """A configuration error: one line per problem (one ``config_error`` JSON line in json mode,
+    docs/operations.md §7); exit code 2."""
+    if log_format == "json":
+        print(event_line("json", "agentd.start", logging.ERROR, "config_error", lines=lines), file=sys.stderr)
+    else:
+        for line in lines:
+            print(line, file=sys.stderr)
+    return 2
+
+
 def _serve(cfg: AgentdConfig) -> int:
     """Run the daemon; a listener that cannot open is a configuration error: its lines, exit 2."""
     try:
@@ -104,12 +116,7 @@ def _serve(cfg: AgentdConfig) -> int:
         error = listen_error(exc)
         if error is None:
             raise
-        if cfg.server.log_format == "json":
-            print(event_line("json", "agentd.start", logging.ERROR, "config_error", lines=error.lines), file=sys.stderr)
-        else:
-            for line in error.lines:
-                print(line, file=sys.stderr)
-        return 2
+        return _config_error(error.lines, cfg.server.log_format)
     return 0
 
 
@@ -117,18 +124,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, overrides_from_args(args))
     except ConfigError as error:
-        if requested_log_format(args) == "json":
-            print(event_line("json", "agentd.start", logging.ERROR, "config_error", lines=error.lines), file=sys.stderr)
-        else:
-            for line in error.lines:
-                print(line, file=sys.stderr)
-        return 2
+        return _config_error(error.lines, requested_log_format(args))
     try:
         load_security(cfg)  # the key file and the worker TLS files, before anything starts
+        problem = batch_database_problem(cfg)
+        if problem is not None:
+            raise ConfigError([problem])
     except ConfigError as error:
-        for line in error.lines:
-            print(line, file=sys.stderr)
-        return 2
+        return _config_error(error.lines, cfg.server.log_format)
     forced = os.environ.get(HTTP1_ENV)
     if forced and forced not in HTTP1_IMPLEMENTATIONS:  # overrides [server] http1_implementation
         print(f"{HTTP1_ENV}: must be one of {', '.join(HTTP1_IMPLEMENTATIONS)}, got {forced!r}", file=sys.stderr)
