@@ -95,8 +95,36 @@ def _strict_str_tuple(v: Any, _: type) -> tuple[str, ...]:
     return tuple(v)
 
 
+class _EntryError(TypeError):
+    """One entry of a table of names is invalid: reported as ``field['key']: rule``."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def _is_str_keyed_dict(t: Any) -> bool:
+    args = getattr(t, "__args__", ())
+    return getattr(t, "__origin__", None) is dict and len(args) == 2 and args[0] is str
+
+
 def _make_converter() -> cattrs.Converter:
     conv = cattrs.Converter()
+
+    def strict_str_dict(v: Any, t: Any) -> dict[str, Any]:
+        # a table of names (priority.tenant_weights, routing.served_models): cattrs' own messages
+        # named Python internals ("'int' object has no attribute 'items'")
+        if not isinstance(v, Mapping):
+            raise TypeError(f"must be a table/object (got {v!r})")
+        out = {}
+        for key, item in v.items():
+            try:
+                out[key] = conv.structure(item, t.__args__[1])
+            except Exception as exc:
+                raise _EntryError(key, _describe(exc)) from None
+        return out
+
+    conv.register_structure_hook_func(_is_str_keyed_dict, strict_str_dict)
     conv.register_structure_hook(int, _strict_int)
     conv.register_structure_hook(float, _strict_float)
     conv.register_structure_hook(bool, _strict_bool)
@@ -140,11 +168,16 @@ def _structure_section(cls: type, raw: Any, path: str, errors: list[str]) -> Any
             kwargs[name] = _structure_section(inner, value, where, errors)
             continue
         item = _attrs_item_of(ftype)
-        if item is not None and isinstance(value, list):  # an array of tables, e.g. [[priority.rules]]
-            kwargs[name] = tuple(_structure_section(item, v, f"{where}[{i}]", errors) for i, v in enumerate(value))
+        if item is not None:  # an array of tables, e.g. [[priority.rules]]
+            if isinstance(value, list):
+                kwargs[name] = tuple(_structure_section(item, v, f"{where}[{i}]", errors) for i, v in enumerate(value))
+            else:
+                errors.append(f"{where}: must be an array of tables (got {value!r})")
             continue
         try:
             kwargs[name] = _CONVERTER.structure(value, ftype)
+        except _EntryError as exc:
+            errors.append(f"{where}[{exc.key!r}]: {exc}")
         except Exception as exc:  # cattrs raises many types; each becomes one message naming the field
             errors.append(f"{where}: {_describe(exc)}")
     return cls(**kwargs)
