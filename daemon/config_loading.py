@@ -104,7 +104,7 @@ class _EntryError(TypeError):
 
 
 def _is_str_keyed_dict(t: Any) -> bool:
-    args = getattr(t, "__args__", ())
+    args: tuple[Any, ...] = tuple(getattr(t, "__args__", ()))
     return getattr(t, "__origin__", None) is dict and len(args) == 2 and args[0] is str
 
 
