@@ -154,7 +154,13 @@ def _structure_section(cls: type, raw: Any, path: str, errors: list[str]) -> Any
     fields = {a.name: a for a in attrs.fields(cls) if a.name not in _NOT_INPUT}
     for key in raw:
         if key not in fields:
-            errors.append(f"{path + '.' if path else ''}{key}: unknown key (not a configuration field)")
+            sections = [] if path else _sections_with_field(cls, key)
+            if sections:
+                where = ", ".join(f"[{name}]" for name in sections)
+                which = "that table" if len(sections) == 1 else "one of them"
+                errors.append(f"{key}: unknown key at the top level (a field of {where}: put it under {which})")
+            else:
+                errors.append(f"{path + '.' if path else ''}{key}: unknown key (not a configuration field)")
     kwargs: dict[str, Any] = {}
     ftypes = {f.name: f.type for f in attrs.fields(attrs.resolve_types(cls))}
     for name in fields:
@@ -181,6 +187,14 @@ def _structure_section(cls: type, raw: Any, path: str, errors: list[str]) -> Any
         except Exception as exc:  # cattrs raises many types; each becomes one message naming the field
             errors.append(f"{where}: {_describe(exc)}")
     return cls(**kwargs)
+
+
+def _sections_with_field(cls: type, key: str) -> list[str]:
+    """The sections that have a field ``key``: an unknown top-level key that belongs in one (a file
+    of ``[program_scheduling]`` fields such as configs/program-scheduling.json given as the whole
+    configuration) was reported as "not a configuration field"."""
+    ftypes = {f.name: f.type for f in attrs.fields(attrs.resolve_types(cls))}
+    return [name for name, t in ftypes.items() if (inner := _attrs_class_of(t)) and key in attrs.fields_dict(inner)]
 
 
 def _attrs_item_of(t: Any) -> type | None:
