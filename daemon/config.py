@@ -135,6 +135,13 @@ class RoutingConfig:
             if norm in seen:
                 yield f"{p}worker_urls: must not repeat a URL (got {url!r} twice)"
             seen.add(norm)
+            if isinstance(norm, str) and norm.endswith("/v1"):
+                # an OpenAI client's base URL: agentd adds /v1/... and /health itself, so every
+                # health check got a 404 and the worker never entered rotation
+                yield (
+                    f"{p}worker_urls: must be the worker's root URL, without the OpenAI API's /v1 "
+                    f"(got {url!r}; use {norm[: -len('/v1')]!r})"
+                )
         for url in self.served_models if isinstance(self.served_models, dict) else ():
             if url.rstrip("/") not in seen:
                 yield f"{p}served_models: names a worker that is not in worker_urls (got {url!r})"
