@@ -17,6 +17,7 @@ import trio
 
 from bench.calibrate_costs import CalibrateOptions, CalibrationError, calibrate
 from bench.output import write_atomic
+from daemon.batch_runner import target_base
 from daemon.commands.argtypes import int_at_least, non_empty, positive_float
 from daemon.commands.paths import output_file_problem
 
@@ -26,7 +27,9 @@ HELP = "Measure the seven cost-model coefficients of a live backend; print the [
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = CalibrateOptions()
-    parser.add_argument("--target", required=True, type=non_empty, metavar="URL", help="backend base URL")
+    parser.add_argument(
+        "--target", required=True, type=non_empty, metavar="URL", help="backend base URL (a trailing /v1 is accepted)"
+    )
     parser.add_argument("--model", default=None, type=non_empty, help="model name sent in requests (default: none)")
     parser.add_argument("--out", default=None, metavar="FILE", help="also write the TOML block to FILE (atomic)")
     parser.add_argument(
@@ -92,7 +95,7 @@ class _Bar:
 
 
 def run(args: argparse.Namespace) -> int:
-    target = args.target
+    target = target_base(args.target)  # a trailing /v1 (an OpenAI client's base URL) is accepted
     if not target.startswith(("http://", "https://")):
         print(f"agentd calibrate: --target: must be an http(s) URL, got {target!r}", file=sys.stderr)
         return 2

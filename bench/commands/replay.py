@@ -19,6 +19,7 @@ from bench.output import write_report
 from bench.progress import progress_line
 from bench.replay import replay_client
 from bench.report import measured_replay, trace_summary
+from daemon.batch_runner import target_base
 from daemon.commands.paths import output_file_problem
 
 NAME = "replay"
@@ -27,7 +28,11 @@ HELP = "Replay a trace against an OpenAI-compatible endpoint and write a JSON re
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", required=True, help="trace JSONL (agentd trace synth)")
-    parser.add_argument("--target", required=True, help="base URL of the endpoint, e.g. http://127.0.0.1:3001")
+    parser.add_argument(
+        "--target",
+        required=True,
+        help="base URL of the endpoint, e.g. http://127.0.0.1:3001 (a trailing /v1 is accepted)",
+    )
     parser.add_argument("--out", default=None, help="report JSON path (default: stdout)")
     parser.add_argument(
         "--worker-metrics",
@@ -54,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     trace = load_trace_arg(args.trace, "agentd replay")
     if trace is None:
         return 2
-    target = args.target.rstrip("/")
+    target = target_base(args.target)  # a trailing /v1 (an OpenAI client's base URL) is accepted, as by agentd batch
     if not target.startswith(("http://", "https://")):
         print(f"agentd replay: --target must be an http(s) URL, got {args.target!r}", file=sys.stderr)
         return 2

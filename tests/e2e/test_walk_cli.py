@@ -203,3 +203,19 @@ def test_replay_says_why_it_exits_1(tmp_path: Path, trace: str, capsys: pytest.C
     assert out == ""
     planned = failed["planned"]
     assert err.strip() == f"agentd replay: 2 of {planned} planned requests failed (ConnectError: 2); 0 completed"
+
+
+def test_replay_and_calibrate_accept_an_openai_base_url(
+    tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``agentd batch --target`` took ``.../v1`` (what OpenAI clients call the base URL); replay and
+    calibrate sent to ``.../v1/v1/...`` and got a 404 for every request."""
+    report = tmp_path / "r.json"
+    argv = ["replay", "--trace", trace, "--target", "http://127.0.0.1:1/v1/", "--out", str(report), "--no-progress"]
+    assert cli.main(argv) == 1
+    errors = json.loads(report.read_text())["metrics_errors"]
+    assert errors and all(e.startswith("http://127.0.0.1:1/metrics: ") for e in errors)
+    capsys.readouterr()
+    assert cli.main(["calibrate", "--target", "http://127.0.0.1:1/v1", "--max-seconds", "30"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot reach http://127.0.0.1:1/v1/completions:" in err and "/v1/v1" not in err
