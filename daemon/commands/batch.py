@@ -6,7 +6,7 @@ configuration file (``--config``; the embedded simulated backend when it has no 
 appends one output record per line.  Rerunning with the same output file resumes.
 
 Exit codes: 0 every valid line has a 2xx answer in the output; 1 some line failed (non-2xx answer or
-no answer after retries) or the run stopped early; 2 bad usage (flags, unreadable input, an output
+no answer after retries), no line of the input is a valid request, or the run stopped early; 2 bad usage (flags, unreadable input, an output
 file that is not a batch output, a bad configuration); 130 interrupted by Ctrl-C (143 by SIGTERM);
 the output is valid and a rerun resumes.
 """
@@ -38,8 +38,8 @@ HELP = "Run an OpenAI/vLLM batch file (JSONL) against agentd, any OpenAI-compati
 CONNECT_TIMEOUT_SECONDS = 10.0
 
 EPILOG = """\
-exit codes: 0 every valid line answered 2xx; 1 some line failed or the run stopped early;
-2 bad usage; 130 Ctrl-C (143 SIGTERM) - rerun the same command to resume.
+exit codes: 0 every valid line answered 2xx; 1 some line failed, no line is a valid request or the run
+stopped early; 2 bad usage; 130 Ctrl-C (143 SIGTERM) - rerun the same command to resume.
 examples:
   agentd batch -i requests.jsonl -o results.jsonl --target http://localhost:3001
   agentd batch -i requests.jsonl -o results.jsonl --config configs/quickstart.toml --concurrency 64
@@ -287,4 +287,12 @@ def run(args: argparse.Namespace) -> int:
             return 143 if received[0] == signal.SIGTERM else 130
         return 1
     print(f"agentd batch: results in {args.output}", file=sys.stderr)
+    if summary.malformed and summary.ok + summary.failed + summary.resumed == 0:
+        # not one request in the file (a trace, an output file, another format): exit 0 read as success
+        print(
+            f"agentd batch: no line of {args.input} is a valid request (see the lines above): "
+            'a run_batch file has one {"custom_id", "method", "url", "body"} object per line',
+            file=sys.stderr,
+        )
+        return 1
     return summary.exit_code

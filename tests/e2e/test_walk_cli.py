@@ -219,3 +219,16 @@ def test_replay_and_calibrate_accept_an_openai_base_url(
     assert cli.main(["calibrate", "--target", "http://127.0.0.1:1/v1", "--max-seconds", "30"]) == 1
     err = capsys.readouterr().err
     assert "cannot reach http://127.0.0.1:1/v1/completions:" in err and "/v1/v1" not in err
+
+
+def test_batch_of_a_file_without_one_valid_request_exits_1(
+    tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trace (another JSONL format) given as batch input: every line malformed, and exit 0 said
+    the run succeeded.  No request is sent, so the target is never contacted."""
+    out = tmp_path / "out.jsonl"
+    assert cli.main(["batch", "-i", trace, "-o", str(out), "--target", "http://127.0.0.1:1"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith(f"agentd batch: no line of {trace} is a valid request (see the lines above)")
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert records and all(r["error"]["code"] == "invalid_request" for r in records)
