@@ -6,9 +6,9 @@ configuration file (``--config``; the embedded simulated backend when it has no 
 appends one output record per line.  Rerunning with the same output file resumes.
 
 Exit codes: 0 every valid line has a 2xx answer in the output; 1 some line failed (non-2xx answer or
-no answer after retries), no line of the input is a valid request, or the run stopped early; 2 bad usage (flags, unreadable input, an output
-file that is not a batch output, a bad configuration); 130 interrupted by Ctrl-C (143 by SIGTERM);
-the output is valid and a rerun resumes.
+no answer after retries), no line of the input is a valid request, or the run stopped early; 2 bad
+usage (flags, unreadable input, an output file that is not a batch output, a bad configuration); 130
+interrupted by Ctrl-C (143 by SIGTERM); the output is valid and a rerun resumes.
 """
 
 from __future__ import annotations

@@ -134,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
         return _config_error(error.lines, cfg.server.log_format)
     forced = os.environ.get(HTTP1_ENV)
     if forced and forced not in HTTP1_IMPLEMENTATIONS:  # overrides [server] http1_implementation
-        print(f"{HTTP1_ENV}: must be one of {', '.join(HTTP1_IMPLEMENTATIONS)}, got {forced!r}", file=sys.stderr)
-        return 2
+        line = f"{HTTP1_ENV}: must be one of {', '.join(HTTP1_IMPLEMENTATIONS)}, got {forced!r}"
+        return _config_error([line], cfg.server.log_format)
     raise_open_file_limit()
     configure_logging(cfg.server.log_level, cfg.server.log_format)
     if cfg.server.log_format != "json":

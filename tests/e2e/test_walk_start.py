@@ -79,3 +79,16 @@ def test_start_reports_an_empty_key_file_as_one_json_config_error(
     event = json.loads(lines[0])
     assert len(lines) == 1 and event["event"] == "config_error" and event["level"] == "error"
     assert event["lines"][0].startswith(f"auth.api_keys_file: {str(keys)!r} holds no key")
+
+
+def test_a_bad_http1_override_is_a_json_config_error_in_json_mode(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTD_HTTP1_IMPLEMENTATION", "h3")
+    lines = config_error(capsys, "start", "--port", "0", "--log-format", "json")
+    assert [json.loads(text)["lines"] for text in lines] == [
+        ["AGENTD_HTTP1_IMPLEMENTATION: must be one of agentd, hypercorn, got 'h3'"]
+    ]
+    assert config_error(capsys, "start", "--port", "0") == [
+        "AGENTD_HTTP1_IMPLEMENTATION: must be one of agentd, hypercorn, got 'h3'"
+    ]
