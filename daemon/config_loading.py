@@ -339,6 +339,11 @@ def config_from_dict(raw: Mapping[str, Any]) -> AgentdConfig:
             ),
         )
     errors.extend(problems(cfg))
+    admin = raw.get("admin")
+    if isinstance(admin, Mapping) and "host" in admin and admin.get("port") is None:
+        # as for [prometheus]: a host alone (--admin-host without --admin-port) opened no listener
+        # and left the operator routes on the public port, silently
+        errors.append("admin.port: must be set when admin.host is set (got None)")
     if seed_batch:
         errors = [_seed_batch_path(line) for line in errors]
     if errors:
