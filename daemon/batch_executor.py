@@ -32,6 +32,7 @@ import io
 import json
 import logging
 import math
+import sqlite3
 import time
 from collections.abc import Callable
 from typing import Any
@@ -77,7 +78,22 @@ class BatchService:
         """The store, opening (and creating) the database on first use."""
         async with self._opening:
             if self._store is None:
-                db = await trio.to_thread.run_sync(BatchDatabase, self.path, self._now)
+                try:
+                    db = await trio.to_thread.run_sync(BatchDatabase, self.path, self._now)
+                except (OSError, sqlite3.Error) as exc:
+                    # the database cannot be created or opened (agentd start checks the path first,
+                    # docs/config.md; this is what is left: a directory removed or made read-only
+                    # later, a full disk): the client gets why, not a 500 internal_error
+                    log_event(
+                        logger, logging.WARNING, "batch_api_database_unavailable", path=str(self.path), error=repr(exc)
+                    )
+                    raise ApiError(
+                        503,
+                        f"the Batch API's database cannot be opened (batch_api.database_path {str(self.path)!r}: "
+                        f"{getattr(exc, 'strerror', None) or exc})",
+                        code="batch_database_unavailable",
+                        error_type="server_error",
+                    ) from None
                 self._store = BatchStore(db)
                 log_event(logger, logging.INFO, "batch_api_database_opened", path=str(self.path))
         return self._store

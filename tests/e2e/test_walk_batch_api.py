@@ -1,0 +1,45 @@
+"""What a new user's walk found in the Batch API (session 25): a database that cannot be opened
+is a 503 naming ``batch_api.database_path``, not a 500 ``internal_error`` on every call.
+``agentd start`` refuses such a path up front (tests/e2e/test_walk_start.py); this is what is left
+when the path goes bad after the start.  The daemon runs in process (embedded backend), the
+requests go through its ASGI app."""
+
+from __future__ import annotations
+
+import random
+from functools import partial
+from pathlib import Path
+
+import httpx
+import trio
+
+from daemon.config_loading import config_from_dict
+from daemon.handles import DaemonHandles
+from daemon.http.app import create_app
+from daemon.supervisor import run_daemon
+
+
+async def test_a_batch_database_that_cannot_be_opened_is_a_503_naming_the_field(tmp_path: Path) -> None:
+    blocker = tmp_path / "state"
+    blocker.write_text("a file where the database's directory should be")
+    db = blocker / "batches.sqlite3"
+    cfg = config_from_dict({"server": {"port": 0}, "batch_api": {"database_path": str(db)}})
+    async with trio.open_nursery() as nursery:
+        handles: DaemonHandles = await nursery.start(
+            partial(run_daemon, cfg, serve_http=False, batch_executor=True, rng=random.Random(0))
+        )
+        transport = httpx.ASGITransport(app=create_app(handles))
+        async with httpx.AsyncClient(transport=transport, base_url="http://agentd") as client:
+            for response in (
+                await client.get("/v1/batches"),
+                await client.post("/v1/files", files={"file": ("in.jsonl", b"{}\n")}, data={"purpose": "batch"}),
+            ):
+                assert response.status_code == 503, response.text
+                error = response.json()["error"]
+                assert error["code"] == "batch_database_unavailable" and error["type"] == "server_error"
+                assert error["message"].startswith(
+                    f"the Batch API's database cannot be opened (batch_api.database_path {str(db)!r}: "
+                )
+            assert (await client.get("/health")).status_code == 200  # the daemon itself is fine
+        handles.request_shutdown()
+    assert blocker.read_text().startswith("a file")
