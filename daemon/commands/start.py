@@ -42,10 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _main(cfg: AgentdConfig) -> None:
+    from daemon.heap import settle_heap
     from daemon.supervisor import run_daemon
 
     async with trio.open_nursery() as nursery:
         handles = await nursery.start(lambda task_status: run_daemon(cfg, handle_signals=True, task_status=task_status))
+        settle_heap()  # docs/operations.md §13.8
         print(banner_line(cfg.server.log_format, handles.http_url, handles.metrics_url), flush=True)
 
 

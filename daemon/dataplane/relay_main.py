@@ -42,6 +42,7 @@ from daemon.dataplane.relay import (
 )
 from daemon.dataplane.wire import Hello
 from daemon.dispatch import NativeDispatcher
+from daemon.heap import settle_heap
 from daemon.http.app import serve_proxy_asgi
 from daemon.http.edge import Edge
 from daemon.http.proxy import ProgramRoute, ProxyEngine
@@ -241,6 +242,7 @@ def main() -> int:
     root = configure_logging(spec.config.server.log_level, spec.config.server.log_format)
     for handler in root.handlers:
         handler.addFilter(_RelayField(spec.index))
+    settle_heap()  # docs/operations.md §13.8
     trio.run(run_relay, spec)
     return 0
 
