@@ -42,6 +42,7 @@ from prometheus_client.registry import Collector
 
 from actors.batch_metrics import WAIT_BUCKETS
 from actors.core.model import Usage
+from actors.metric_children import Children
 
 OTHER = "other"
 CLASSES = ("interactive", "agent", "batch")
@@ -121,6 +122,10 @@ class FairnessMetrics:
             ["class", "tenant", "kind"],
             registry=registry,
         )
+        # the children, looked up once per label set (class x bounded tenant label x outcome)
+        self.requests_of = Children(self.requests)
+        self.wait_of = Children(self.wait)
+        self.tokens_of = Children(self.tokens)
 
 
 class FairnessBook:
@@ -223,8 +228,8 @@ class Tracked:
         c.wait_seconds_max = max(c.wait_seconds_max, wait)
         m = self.book.metrics
         if m is not None:
-            m.requests.labels(self.cls, self.label, "admitted").inc()
-            m.wait.labels(self.cls, self.label).observe(wait)
+            m.requests_of.get(self.cls, self.label, "admitted").inc()
+            m.wait_of.get(self.cls, self.label).observe(wait)
 
     def end(self, outcome: str, usage: Usage | None = None) -> None:
         """``outcome``: completed, failed, abandoned or rejected."""
@@ -239,13 +244,13 @@ class Tracked:
         setattr(c, outcome, getattr(c, outcome) + 1)
         m = self.book.metrics
         if m is not None:
-            m.requests.labels(self.cls, self.label, outcome).inc()
+            m.requests_of.get(self.cls, self.label, outcome).inc()
         if usage is not None:
             c.prompt_tokens += usage.prompt_tokens or 0
             c.completion_tokens += usage.completion_tokens or 0
             if m is not None:
-                m.tokens.labels(self.cls, self.label, "prompt").inc(usage.prompt_tokens or 0)
-                m.tokens.labels(self.cls, self.label, "completion").inc(usage.completion_tokens or 0)
+                m.tokens_of.get(self.cls, self.label, "prompt").inc(usage.prompt_tokens or 0)
+                m.tokens_of.get(self.cls, self.label, "completion").inc(usage.completion_tokens or 0)
 
 
 class FairnessGaugeCollector(Collector):
