@@ -28,8 +28,9 @@ def test_proxy_and_fairness_counters_through_the_cache() -> None:
         metrics.count_request("chat", "t0", "success")
     metrics.count_request("chat", "t0", "upstream_status")
     sample = registry.get_sample_value
-    assert sample("agentd_proxy_requests_total", {"endpoint": "chat", "target": "t0", "outcome": "success"}) == 3
-    assert sample("agentd_proxy_requests_total", {"endpoint": "chat", "target": "t0", "outcome": "upstream_status"}) == 1
+    series = {"endpoint": "chat", "target": "t0"}
+    assert sample("agentd_proxy_requests_total", {**series, "outcome": "success"}) == 3
+    assert sample("agentd_proxy_requests_total", {**series, "outcome": "upstream_status"}) == 1
     clock = iter([0.0, 0.5, 1.0, 4.0]).__next__
     book = FairnessBook(TenantLabels(top_k=2), FairnessMetrics(registry), clock=clock)
     for _ in range(2):
