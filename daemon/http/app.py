@@ -43,6 +43,7 @@ from daemon.http.direct_body import DirectBody
 from daemon.http.direct_body import attach as attach_direct_body
 from daemon.http.edge import DRAINED_STREAM_MESSAGE, Edge, Ticket, sse_error_event
 from daemon.http.errors import ApiError, error_body
+from daemon.http.h1proto import DISCONNECT_WATCH, TAKE_BODY
 from daemon.http.hypercorn_close import HOLD_WRITE
 from daemon.http.metrics_route import metrics_blueprint
 from daemon.http.proxy import ClientGone, ProxyEngine, send_error
@@ -207,19 +208,28 @@ def _scope_headers(scope: dict[str, Any]) -> dict[str, str]:
     return headers
 
 
-async def _read_body(receive: Any, limit: int, declared: str | None) -> bytes | None:
-    """The request body, ``None`` when the client disconnected; ApiError 413 over ``limit``."""
-    too_large = ApiError(
+def _too_large(limit: int) -> ApiError:
+    return ApiError(
         413, f"request body exceeds the limit of {limit} bytes (server.max_body_bytes)", code="body_too_large"
     )
+
+
+def _check_declared(limit: int, declared: str | None) -> None:
+    """ApiError 413 when the declared ``content-length`` is over ``limit``, 400 when it is not a number."""
     if declared is not None:
         try:
             if int(declared) > limit:
-                raise too_large
+                raise _too_large(limit)
         except ValueError:
             raise ApiError(
                 400, f"invalid content-length header: {declared!r}", code="invalid_header", param="content-length"
             ) from None
+
+
+async def _read_body(receive: Any, limit: int, declared: str | None) -> bytes | None:
+    """The request body, ``None`` when the client disconnected; ApiError 413 over ``limit``."""
+    _check_declared(limit, declared)
+    too_large = _too_large(limit)
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -320,14 +330,21 @@ async def _serve_ticket(
     principal: str | None,
 ) -> None:
     raw: bytes | None = None
+    extensions = scope.get("extensions") or {}
     try:
-        # one scope for the body-read timeout and the drain (docs/benchmarks.md §10.2)
-        seconds = limits.body_read_timeout_seconds
-        with trio.CancelScope(deadline=trio.current_time() + seconds) as body_scope:
-            ticket.scope = body_scope
-            raw = await _read_body(receive, max_body_bytes, headers.get("content-length"))
-        if body_scope.cancelled_caught and not ticket.drained:
-            raise _body_timeout(seconds)
+        declared = headers.get("content-length")
+        take_body = extensions.get(TAKE_BODY)
+        if take_body is not None:  # agentd's protocol: a body that came with its head, at once
+            _check_declared(max_body_bytes, declared)
+            raw = take_body()
+        if raw is None:
+            # one scope for the body-read timeout and the drain (docs/benchmarks.md §10.2)
+            seconds = limits.body_read_timeout_seconds
+            with trio.CancelScope(deadline=trio.current_time() + seconds) as body_scope:
+                ticket.scope = body_scope
+                raw = await _read_body(receive, max_body_bytes, declared)
+            if body_scope.cancelled_caught and not ticket.drained:
+                raise _body_timeout(seconds)
         if ticket.drained:
             await _answer_drained(sink, edge)
             return
@@ -356,16 +373,29 @@ async def _serve_ticket(
             )
             await send_error(sink, error)
 
+    watch_disconnect = extensions.get(DISCONNECT_WATCH)
+    keepalive = limits.sse_keepalive_seconds if req.stream else None
     try:
-        async with trio.open_nursery() as nursery:
-            ticket.scope = nursery.cancel_scope
-            nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope, sink)
-            if req.stream and limits.sse_keepalive_seconds is not None:
-                watch = QueueWatch()  # the queue position/ETA comments (docs/program-scheduling.md §13)
-                req = attrs.evolve(req, queue_watch=watch)
-                nursery.start_soon(sink.keepalive, limits.sse_keepalive_seconds, watch)
-            await run()
-            nursery.cancel_scope.cancel()
+        if watch_disconnect is not None and keepalive is None:
+            # agentd's protocol cancels the request when the client goes: no watcher task, no
+            # nursery (docs/benchmarks.md §10.2.4)
+            with trio.CancelScope() as request_scope:
+                ticket.scope = request_scope
+                unwatch = watch_disconnect(request_scope.cancel)
+                try:
+                    await run()
+                finally:
+                    unwatch()
+        else:
+            async with trio.open_nursery() as nursery:
+                ticket.scope = nursery.cancel_scope
+                nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope, sink)
+                if keepalive is not None:
+                    queue_watch = QueueWatch()  # the queue position/ETA comments (docs/program-scheduling.md §13)
+                    req = attrs.evolve(req, queue_watch=queue_watch)
+                    nursery.start_soon(sink.keepalive, keepalive, queue_watch)
+                await run()
+                nursery.cancel_scope.cancel()
     except* ClientGone:
         log_event(logger, logging.INFO, "client_gone", path=scope["path"], request_id=req.request_id)
     except* Exception as group:  # a bug: answer 500 without leaking the traceback, log it

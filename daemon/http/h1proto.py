@@ -49,6 +49,7 @@ import email.utils
 import http
 import math
 import re
+import select
 import time
 from collections.abc import Callable
 from typing import Any
@@ -66,6 +67,9 @@ logger = get_logger("h1")
 MAX_RECV = 65536  # a read's size; one that filled it is followed by a LARGE_RECV one
 MAX_CHUNK_LINE = 1024  # a chunk-size line (with extensions) longer than this is malformed
 _DISCONNECT = {"type": "http.disconnect"}
+# ASGI scope extensions of agentd's protocol, read by the proxy route (daemon/http/app.py)
+DISCONNECT_WATCH = "agentd.disconnect_watch"  # Exchange.watch_disconnect
+TAKE_BODY = "agentd.take_body"  # Exchange.take_body
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
@@ -265,6 +269,7 @@ class Exchange:
         "remaining",
         "_sent_continue",
         "_wait",
+        "_on_gone",
         "_chunk_left",
         "_chunk_state",
     )
@@ -285,6 +290,7 @@ class Exchange:
         self.remaining = -1  # response body bytes still due under content-length (-1: not framed so)
         self._sent_continue = False
         self._wait: trio.CancelScope | None = None  # a receive waiting for the client
+        self._on_gone: Callable[[], None] | None = None  # watch_disconnect's callback, while armed
         self._chunk_left = 0  # data bytes left in the current request chunk
         self._chunk_state = 0  # 0 size line, 1 data, 2 CRLF after data, 3 trailers
 
@@ -389,6 +395,47 @@ class Exchange:
         conn.buf = buf[pos:]
         return b"".join(out)
 
+    def take_body(self) -> bytes | None:
+        """The whole request body when it is already in the connection's buffer (a small request
+        arrives with its head), taken without a checkpoint: what :meth:`receive` would return in
+        one ``http.request`` message.  ``None`` when the body must be read with :meth:`receive`
+        (not all of it here, chunked, ``100-continue`` not answered yet, already read)."""
+        request = self.request
+        if self.delivered or request.chunked or self.gone:
+            return None
+        if self.body_done:
+            self.delivered = True
+            return b""
+        if request.expect_continue and not self._sent_continue:
+            return None
+        conn = self.conn
+        left = request.length
+        if len(conn.buf) < left:
+            return None
+        data, conn.buf = conn.buf[:left], conn.buf[left:]
+        request.length = 0
+        self.body_done = self.delivered = True
+        return data
+
+    def watch_disconnect(self, on_gone: Callable[[], None]) -> Callable[[], None]:
+        """Call ``on_gone`` (once) when the client goes away before the response is complete: the
+        peer closed or reset the connection (:class:`DisconnectHub`) or a write to it failed.  In
+        place of a task waiting in :meth:`receive` (docs/benchmarks.md §10.2.4); the same
+        disconnects, seen the same way.  Returns the function that disarms it."""
+        if self.conn.peer_gone:
+            self.gone = True
+        if self.gone and not self.complete:
+            on_gone()
+        elif not self.complete:
+            self._on_gone = on_gone
+            self.conn.watched = self
+        return self._unwatch
+
+    def _unwatch(self) -> None:
+        self._on_gone = None
+        if self.conn.watched is self:
+            self.conn.watched = None
+
     async def _wait_for_client(self) -> dict[str, Any]:
         """The body is read: wait until the response is complete or the client is gone."""
         conn = self.conn
@@ -408,8 +455,15 @@ class Exchange:
         return _DISCONNECT
 
     def _wake(self) -> None:
+        """The response is complete or the client is gone: a waiting :meth:`receive` returns, an
+        armed :meth:`watch_disconnect` fires (client gone first) or is disarmed."""
         if self._wait is not None:
             self._wait.cancel()
+        on_gone = self._on_gone
+        if on_gone is not None:
+            self._unwatch()
+            if self.gone and not self.complete:
+                on_gone()
 
     # ------------------------------------------------------------------ send
     async def send(self, message: dict[str, Any]) -> None:
@@ -528,6 +582,9 @@ class H1Connection:
         self._size = MAX_RECV
         self._idle: trio.CancelScope | None = None
         self._dead = False  # a write failed: nothing more is sent on this connection
+        self.peer_gone = False  # the client closed or reset the connection (DisconnectHub)
+        self.watched: Exchange | None = None  # the exchange whose watch_disconnect is armed
+        self._hub_fd = -1  # the descriptor the DisconnectHub watches for us (-1: none)
         sock = getattr(stream, "socket", None)
         self._sock = getattr(sock, "_sock", None)  # the stdlib socket, for non-blocking writes
         self.client = _address(sock, "getpeername")
@@ -585,6 +642,17 @@ class H1Connection:
             exchange.gone = True
             exchange._wake()
 
+    def peer_closed(self) -> None:
+        """The :class:`DisconnectHub` saw the client close or reset the connection (it watches it
+        no more).  The exchange whose disconnect watch is armed (its body is read) is gone now;
+        one still reading its body finds the end in the socket as before."""
+        self._hub_fd = -1
+        self.peer_gone = True
+        exchange = self.watched
+        if exchange is not None:
+            exchange.gone = True
+            exchange._wake()
+
     def direct_body(self) -> DirectBody | None:
         sock = getattr(self.stream, "socket", None)
         if self._dead or sock is None or not hasattr(sock, "fileno") or sock.fileno() < 0:
@@ -593,6 +661,11 @@ class H1Connection:
 
     # ------------------------------------------------------------------ the connection
     async def run(self) -> None:
+        hub: DisconnectHub | None = None
+        if self._sock is not None:
+            hub = disconnect_hub()
+            if hub.watch(self, self._sock.fileno()):
+                self._hub_fd = self._sock.fileno()
         try:
             while not self._dead:
                 try:
@@ -607,6 +680,9 @@ class H1Connection:
                     break
         finally:
             self._idle = None
+            if hub is not None and self._hub_fd >= 0:
+                hub.unwatch(self, self._hub_fd)
+                self._hub_fd = -1
             await self._close()
 
     async def _next_request(self) -> Request | None:
@@ -643,6 +719,10 @@ class H1Connection:
     async def _exchange(self, request: Request) -> bool:
         """Run the app for ``request``; whether the connection can serve another request."""
         exchange = Exchange(self, request)
+        extensions = request.scope["extensions"]
+        extensions[TAKE_BODY] = exchange.take_body
+        if self._hub_fd >= 0:
+            extensions[DISCONNECT_WATCH] = exchange.watch_disconnect
         try:
             await self.app(request.scope, exchange.receive, exchange.send)
         except Exception as exc:  # the app failed: a JSON 500 when nothing was sent yet
@@ -681,6 +761,75 @@ class H1Connection:
             except (*_IO_ERRORS, AttributeError):
                 pass
             await trio.aclose_forcefully(self.stream)
+
+
+class DisconnectHub:
+    """Notices clients that close or reset their connection, for every connection of a Trio run
+    on agentd's protocol, from one task (docs/benchmarks.md §10.2.4).
+
+    Each connection's socket is registered once, for the peer's close (``EPOLLRDHUP``; a reset
+    or an error is always reported), in an epoll set of the hub's own: no read, no task and no
+    registration per request.  When the set is readable the hub takes each reported socket out
+    of it (one report per connection) and tells its connection (:meth:`H1Connection.peer_closed`),
+    which cancels the request being served, if any (:meth:`Exchange.watch_disconnect`).  A
+    socket closed by agentd leaves the set with its descriptor (the kernel drops it), so a
+    descriptor number reused by a new connection is matched to its connection object before
+    anything is removed."""
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._conns: dict[int, H1Connection] = {}
+        self.reports = 0  # connections reported closed (tests)
+
+    def watch(self, conn: H1Connection, fd: int) -> bool:
+        try:
+            self._epoll.register(fd, select.EPOLLRDHUP)
+        except FileExistsError:  # a closed socket's stale entry under the same number
+            self._epoll.modify(fd, select.EPOLLRDHUP)
+        except (OSError, ValueError):
+            return False
+        self._conns[fd] = conn
+        return True
+
+    def unwatch(self, conn: H1Connection, fd: int) -> None:
+        if self._conns.get(fd) is conn:
+            del self._conns[fd]
+            try:
+                self._epoll.unregister(fd)
+            except (OSError, ValueError):  # closed meanwhile: the kernel dropped it
+                pass
+
+    async def run(self) -> None:
+        epoll = self._epoll
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(epoll.fileno())
+                for fd, _ in epoll.poll(0):
+                    conn = self._conns.pop(fd, None)
+                    try:
+                        epoll.unregister(fd)
+                    except (OSError, ValueError):
+                        pass
+                    if conn is not None:
+                        self.reports += 1
+                        conn.peer_closed()
+        finally:
+            self._conns.clear()
+            epoll.close()
+
+
+_HUB: trio.lowlevel.RunVar[DisconnectHub] = trio.lowlevel.RunVar("agentd_disconnect_hub")
+
+
+def disconnect_hub() -> DisconnectHub:
+    """This Trio run's :class:`DisconnectHub` (started on first use, a system task)."""
+    try:
+        return _HUB.get()
+    except LookupError:
+        hub = DisconnectHub()
+        _HUB.set(hub)
+        trio.lowlevel.spawn_system_task(hub.run, name="agentd-disconnect-hub")
+        return hub
 
 
 def _address(sock: Any, method: str) -> tuple[str, int] | None:
