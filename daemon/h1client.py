@@ -34,10 +34,11 @@ Scope (the workers are vLLM-compatible OpenAI servers on plain HTTP/1.1):
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import select
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 import httpx
@@ -369,6 +370,15 @@ async def _receive(conn: _Connection, timeout: float | None) -> bytes:
         raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
 
 
+def request_bytes(method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]], content: bytes) -> bytes:
+    """A request's bytes: request line, header fields in the given order, the empty line, the body."""
+    head = [method, b" ", target, b" HTTP/1.1\r\n"]
+    for name, value in headers:
+        head += (name, b": ", value, _CRLF)
+    head.append(_CRLF)
+    return b"".join(head) + content
+
+
 def _token_set(values: list[bytes]) -> set[bytes]:
     return {t.strip().lower() for v in values for t in v.split(b",") if t.strip()}
 
@@ -601,6 +611,21 @@ class UpstreamBody(httpx.AsyncByteStream):
                 with trio.CancelScope(shield=True):
                     await writer.write_rest(rest)
 
+    async def read_all(self) -> bytes:
+        """The whole body: what iterating gives, joined.  A ``content-length`` body that arrived
+        with the head (a small complete response) is taken without a read or a checkpoint."""
+        conn = self._conn
+        if conn is not None and not self._complete and self._framing == "length" and len(conn.buf) >= self._left:
+            data, left = conn.buf, self._left
+            if len(data) > left:
+                self._reusable = False  # more than the framing said: never reused
+                data = data[:left]
+            conn.buf = b""
+            self._left = 0
+            self._complete = True
+            return data
+        return b"".join([piece async for piece in self])
+
     async def aclose(self) -> None:
         conn, self._conn = self._conn, None
         if conn is None:
@@ -609,6 +634,67 @@ class UpstreamBody(httpx.AsyncByteStream):
             self._pool.release(conn)
         else:
             await self._pool.discard(conn)
+
+
+class RawHeaders:
+    """A response's header fields as received (``raw``: name, value byte pairs), with the one
+    lookup the proxy makes (:meth:`get`, as ``httpx.Headers.get``: case-insensitive, repeated
+    fields joined with ``", "``)."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        self.raw = raw
+
+    def get(self, name: str, default: str = "") -> str:
+        key = name.lower().encode("ascii")
+        values = [value.decode("latin-1") for field, value in self.raw if field.lower() == key]
+        return ", ".join(values) if values else default
+
+
+class LeanResponse:
+    """A worker's response on the proxy's fast path (:meth:`daemon.upstream.UpstreamTransport.post`):
+    the part of ``httpx.Response`` the proxy uses, without building one (its header model and
+    its read path cost about 60 µs per response on the bench machine, docs/benchmarks.md §10.2.4).
+    The body is the raw :class:`UpstreamBody` (a response with a ``content-encoding`` gets a
+    real ``httpx.Response`` instead, which decodes it)."""
+
+    __slots__ = ("status_code", "headers", "stream", "_content", "_consumed")
+
+    def __init__(self, status_code: int, headers: list[tuple[bytes, bytes]], stream: UpstreamBody) -> None:
+        self.status_code = status_code
+        self.headers = RawHeaders(headers)
+        self.stream = stream
+        self._content: bytes | None = None
+        self._consumed = False
+
+    @property
+    def is_stream_consumed(self) -> bool:
+        return self._consumed
+
+    @property
+    def content(self) -> bytes:
+        if self._content is None:
+            raise httpx.ResponseNotRead()
+        return self._content
+
+    async def aread(self) -> bytes:
+        if self._content is None:
+            if self._consumed:
+                raise httpx.StreamConsumed()
+            self._consumed = True
+            self._content = await self.stream.read_all()
+        return self._content
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        if self._consumed:
+            raise httpx.StreamConsumed()
+        self._consumed = True
+        async for piece in self.stream:
+            yield piece
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
 
 
 async def _write(writer: SyncWriter, data: bytes) -> None:
@@ -699,20 +785,27 @@ class H1Pool:
 
     async def request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
-        port = url.port or 80
-        host = url.host
-        key = (host, port)
+        key = (url.host, url.port or 80)
         timeouts: dict[str, Any] = request.extensions.get("timeout") or {}
         content = await request.aread()
-        target = url.raw_path
-        head = [request.method.encode("ascii"), b" ", target, b" HTTP/1.1\r\n"]
-        for name, value in request.headers.raw:
-            head += (name, b": ", value, _CRLF)
-        head.append(_CRLF)
-        payload = b"".join(head) + content
+        payload = request_bytes(request.method.encode("ascii"), url.raw_path, request.headers.raw, content)
+        version, status, reason, headers, body = await self.send(key, request.method == "HEAD", payload, timeouts)
+        return httpx.Response(
+            status_code=status,
+            headers=headers,
+            stream=body,
+            extensions={"http_version": version, "reason_phrase": reason},
+            request=request,
+        )
+
+    async def send(
+        self, key: tuple[str, int], head: bool, payload: bytes, timeouts: dict[str, Any]
+    ) -> tuple[bytes, int, bytes, list[tuple[bytes, bytes]], UpstreamBody]:
+        """Send one request's bytes (``head``: a HEAD request, whose response has no body) on a
+        pooled connection to ``key``; the response's version, status, reason, headers and body."""
         conn = self._take_idle(key) or await self._connect(key, timeouts.get("connect"))
         try:
-            return await self._exchange(conn, request, payload, timeouts)
+            return await self._exchange(conn, head, payload, timeouts)
         except StaleConnection:
             await self.discard(conn)
             self.stale_retries_count += 1
@@ -721,7 +814,7 @@ class H1Pool:
             raise
         conn = await self._connect(key, timeouts.get("connect"))  # the idle-close race: once more
         try:
-            return await self._exchange(conn, request, payload, timeouts)
+            return await self._exchange(conn, head, payload, timeouts)
         except StaleConnection as stale:  # a new connection is never "reused": cannot happen
             await self.discard(conn)
             raise stale.cause from None
@@ -735,8 +828,8 @@ class H1Pool:
         await _close(conn)
 
     async def _exchange(
-        self, conn: _Connection, request: httpx.Request, payload: bytes, timeouts: dict[str, Any]
-    ) -> httpx.Response:
+        self, conn: _Connection, head: bool, payload: bytes, timeouts: dict[str, Any]
+    ) -> tuple[bytes, int, bytes, list[tuple[bytes, bytes]], UpstreamBody]:
         write_timeout = timeouts.get("write")
         await trio.lowlevel.checkpoint_if_cancelled()  # a cancelled request is not sent (as with a Trio send)
         try:
@@ -755,8 +848,10 @@ class H1Pool:
         first_byte = timeouts.get("first_byte", read_timeout)
         sent_at = trio.current_time()
         deadline = sent_at + first_byte if first_byte is not None else math.inf
+        # no cancel scope for an unbounded wait (the caller's total timeout bounds it), docs/benchmarks.md §10.2.4
+        head_scope = trio.CancelScope(deadline=deadline) if deadline != math.inf else None
         try:
-            with trio.CancelScope(deadline=deadline) as head_scope:
+            with head_scope if head_scope is not None else contextlib.nullcontext():
                 while True:
                     version, status, reason, headers = await self._read_head(conn)
                     if not 100 <= status < 200 or status == 101:
@@ -766,7 +861,7 @@ class H1Pool:
             if conn.reused and raced and getattr(exc, "no_response_bytes", False):
                 raise StaleConnection(exc) from exc
             raise
-        if head_scope.cancelled_caught:
+        if head_scope is not None and head_scope.cancelled_caught:
             raise httpx.ReadTimeout(f"no response from the worker within {first_byte:g} s (first-byte timeout)")
         names: dict[bytes, list[bytes]] = {}
         for name, value in headers:
@@ -774,7 +869,7 @@ class H1Pool:
         connection = _token_set(names.get(b"connection", []))
         reusable = b"close" not in connection and (version == b"HTTP/1.1" or b"keep-alive" in connection)
         framing, length = "close", 0
-        if request.method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+        if head or status in (204, 304) or 100 <= status < 200:
             framing = "none"
         elif b"transfer-encoding" in names:
             codings = [t.strip().lower() for v in names[b"transfer-encoding"] for t in v.split(b",")]
@@ -788,14 +883,7 @@ class H1Pool:
                 framing = "none"
         if framing == "none" and conn.buf:
             reusable = False
-        body = UpstreamBody(self, conn, framing, length, reusable, read_timeout)
-        return httpx.Response(
-            status_code=status,
-            headers=headers,
-            stream=body,
-            extensions={"http_version": version, "reason_phrase": reason},
-            request=request,
-        )
+        return version, status, reason, headers, UpstreamBody(self, conn, framing, length, reusable, read_timeout)
 
     async def _read_head(self, conn: _Connection) -> tuple[bytes, int, bytes, list[tuple[bytes, bytes]]]:
         """The next response head (the caller's cancel scope bounds it).  A close or reset before the

@@ -31,7 +31,7 @@ import attrs
 import httpx
 
 from actors.core.model import Usage
-from daemon.h1client import H1Pool
+from daemon.h1client import H1Pool, LeanResponse, RawHeaders, request_bytes
 
 HOP_BY_HOP: frozenset[str] = frozenset(
     {
@@ -193,7 +193,7 @@ def upstream_headers(
     return out
 
 
-def client_headers(worker_headers: httpx.Headers) -> list[tuple[str, str]]:
+def client_headers(worker_headers: httpx.Headers | RawHeaders) -> list[tuple[str, str]]:
     """Response headers relayed to the client (hop-by-hop and framing removed)."""
     pairs = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in worker_headers.raw]
     extra_drop = _connection_named(pairs)
@@ -553,7 +553,72 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             self._tls = httpx.AsyncHTTPTransport(limits=self._limits, verify=verify)
         return await self._tls.handle_async_request(request)
 
+    def lean_target(self, url: httpx.URL) -> LeanTarget | None:
+        """Where :meth:`post` sends requests for ``url``; ``None`` when only
+        :meth:`handle_async_request` can (TLS, credentials in the URL)."""
+        if url.scheme != "http" or url.userinfo:
+            return None
+        return LeanTarget((url.host, url.port or 80), url.netloc, url.raw_path)
+
+    async def post(
+        self, target: LeanTarget, headers: list[tuple[str, str]], content: bytes, timeouts: dict[str, Any]
+    ) -> LeanResponse | httpx.Response:
+        """POST ``content`` to a plain-HTTP worker without ``httpx.Request``/``httpx.Response``
+        objects (docs/benchmarks.md §10.2.4): the same bytes on the wire as
+        :meth:`handle_async_request` sends for ``httpx.Request("POST", url, headers=headers,
+        content=content)`` (tests/http/test_upstream_transport.py checks it), the same errors.
+        A response with a ``content-encoding`` is returned as an ``httpx.Response`` (it decodes)."""
+        fields = _post_fields(target.netloc, headers, len(content), self._authorization)
+        payload = request_bytes(b"POST", target.raw_path, fields, content)
+        _, status, _, raw, body = await self._plain.send(target.key, False, payload, timeouts)
+        for name, value in raw:
+            if name.lower() == b"content-encoding" and value.strip().lower() != b"identity":
+                return httpx.Response(status_code=status, headers=raw, stream=body)
+        return LeanResponse(status, raw, body)
+
     async def aclose(self) -> None:
         await self._plain.aclose()
         if self._tls is not None:
             await self._tls.aclose()
+
+
+@attrs.frozen
+class LeanTarget:
+    """A plain-HTTP worker URL, parsed once: the pool's key, the ``Host`` value, the request target."""
+
+    key: tuple[str, int]
+    netloc: bytes
+    raw_path: bytes
+
+
+def _post_fields(
+    netloc: bytes, headers: list[tuple[str, str]], length: int, authorization: str | None
+) -> list[tuple[bytes, bytes]]:
+    """The header fields ``httpx.Request("POST", ..., headers=headers, content=<length bytes>)``
+    sends, then :class:`UpstreamTransport`'s ``authorization``: ``Host`` first and
+    ``Content-Length`` last unless given (an empty body's ``Content-Length: 0`` right after
+    ``Host``); a given ``authorization`` replaced in place (the first one; the others dropped),
+    else appended.  Names and values as ASCII (httpx's encoding: a value that is not ASCII raises
+    the same ``UnicodeEncodeError``)."""
+    fields = [(name.encode("ascii"), value.encode("ascii")) for name, value in headers]
+    lowered = [name.lower() for name, _ in fields]
+    auto: list[tuple[bytes, bytes]] = []
+    if b"host" not in lowered:
+        auto.append((b"Host", netloc))
+    if b"content-length" not in lowered:
+        if length:
+            fields.append((b"Content-Length", str(length).encode("ascii")))
+        elif b"transfer-encoding" not in lowered:
+            auto.append((b"Content-Length", b"0"))
+    if auto:
+        fields[:0] = auto
+    if authorization is not None:
+        value = authorization.encode("utf-8")
+        found = [i for i, (name, _) in enumerate(fields) if name.lower() == b"authorization"]
+        if found:
+            fields[found[0]] = (b"authorization", value)
+            for i in reversed(found[1:]):
+                del fields[i]
+        else:
+            fields.append((b"authorization", value))
+    return fields

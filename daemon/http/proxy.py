@@ -51,7 +51,7 @@ from daemon.auth import scope_identity
 from daemon.batchfile import BATCH_CLASS, BATCH_CLASS_HEADER
 from daemon.config import ClientHintsConfig, PrioritySection, TenantsConfig
 from daemon.dispatch import Dispatcher, DispatchRejected, Lease, Outcome, ProxyRequest, RequeueableLease, Requeued
-from daemon.h1client import SyncWriter, UpstreamBody
+from daemon.h1client import LeanResponse, SyncWriter, UpstreamBody
 from daemon.http.errors import ApiError, error_body, wrap_worker_error
 from daemon.http.identity import IdentityError, ParsedIdentity, parse_identity, strip_agentic_context
 from daemon.http.priority import batch_job_for, engine_priority, resolve
@@ -69,9 +69,11 @@ from daemon.metrics import NO_TARGET, ProxyMetrics
 from daemon.models import ModelDirectory
 from daemon.request_ids import RequestIds, upstream_request_id
 from daemon.upstream import (
+    LeanTarget,
     UpstreamError,
     UpstreamTimeout,
     UpstreamTimeouts,
+    UpstreamTransport,
     UsageAccumulator,
     UsageChunkFilter,
     client_headers,
@@ -86,6 +88,8 @@ PATHS: dict[str, str] = {endpoint: path for path, endpoint in ENDPOINTS.items()}
 PRIORITY_REJECTION = "priority scheduling is not enabled"
 ERROR_SNIPPET_BYTES = 512
 JSON_HEADERS: list[tuple[str, str]] = [("content-type", "application/json")]
+# a worker's response: httpx's, or agentd's client's lean one (daemon/h1client.py LeanResponse)
+WorkerResponse = httpx.Response | LeanResponse
 
 
 @attrs.frozen(eq=False)
@@ -269,6 +273,7 @@ class _Exchange:
 
 SSE_DONE = b"data: [DONE]\n\n"
 _NO_SCOPE = contextlib.nullcontext()  # in place of a cancel scope that could never fire
+_UNKNOWN = object()
 
 
 def stream_error_tail(message: str, code: str) -> bytes:
@@ -471,6 +476,7 @@ class ProxyEngine:
         self.outcomes = outcomes
         self._max_failovers = 0 if outcomes is None else max(0, len(outcomes.worker_urls) - 1)
         self._urls: dict[tuple[str, str], httpx.URL] = {}
+        self._lean: dict[tuple[str, str], object] = {}  # (worker, path) -> LeanTarget | None
         self.native = native
         self.program = program
         self.metrics = metrics
@@ -837,8 +843,8 @@ class ProxyEngine:
         )
 
     async def _priority_rejected(
-        self, req: ProxyRequest, lease: Lease, raw_body: bytes | None, response: httpx.Response, inject: bool
-    ) -> tuple[httpx.Response, bool]:
+        self, req: ProxyRequest, lease: Lease, raw_body: bytes | None, response: WorkerResponse, inject: bool
+    ) -> tuple[WorkerResponse, bool]:
         """A worker of policy ``auto`` answered 400: when it is vLLM's "Priority scheduling is not
         enabled", the worker is stock from now on and the request (which never ran) is sent again
         without ``priority``; any other 400 is relayed (docs/priority.md §5.4)."""
@@ -874,7 +880,7 @@ class ProxyEngine:
 
     async def _send(
         self, worker_url: str, path: str, headers: list[tuple[str, str]], content: bytes, stream: bool
-    ) -> httpx.Response:
+    ) -> WorkerResponse:
         """POST to the worker with a streamed response.
 
         With a ``transport`` the request goes straight to it: the proxy needs none of the
@@ -884,10 +890,20 @@ class ProxyEngine:
         if self.transport is None:
             request = self.client.build_request("POST", worker_url + path, headers=headers, content=content)
             return await self.client.send(request, stream=True)
+        timeouts = self._stream_timeouts if stream else self._plain_timeouts
+        lean = self._lean.get((worker_url, path), _UNKNOWN)
+        if lean is _UNKNOWN:
+            lean = self._lean[(worker_url, path)] = (
+                self.transport.lean_target(httpx.URL(worker_url + path))
+                if isinstance(self.transport, UpstreamTransport)
+                else None
+            )
+        if lean is not None:  # plain HTTP through agentd's client: no httpx objects (docs/benchmarks.md §10.2.4)
+            assert isinstance(self.transport, UpstreamTransport) and isinstance(lean, LeanTarget)
+            return await self.transport.post(lean, headers, content, timeouts)
         url = self._urls.get((worker_url, path))
         if url is None:
             url = self._urls[(worker_url, path)] = httpx.URL(worker_url + path)
-        timeouts = self._stream_timeouts if stream else self._plain_timeouts
         request = httpx.Request("POST", url, headers=headers, content=content, extensions={"timeout": timeouts})
         response = await self.transport.handle_async_request(request)
         response.request = request
@@ -908,7 +924,7 @@ class ProxyEngine:
         self,
         req: ProxyRequest,
         exchange: _Exchange,
-        response: httpx.Response,
+        response: WorkerResponse,
         started: float,
         inject: bool,
     ) -> str:
@@ -976,7 +992,7 @@ class ProxyEngine:
         await exchange.end(body)
         return "success" if ok else "upstream_status"
 
-    async def _read_body(self, response: httpx.Response) -> bytes:
+    async def _read_body(self, response: WorkerResponse) -> bytes:
         """The whole body; the stream-idle timeout bounds each silence for transports that do not
         enforce it themselves (:mod:`daemon.h1client` does)."""
         if response.is_stream_consumed or isinstance(response.stream, UpstreamBody):
@@ -989,7 +1005,7 @@ class ProxyEngine:
         await self._pump_idle(response, keep)
         return b"".join(parts)
 
-    async def _pump_idle(self, response: httpx.Response, handler: Callable[[bytes], Awaitable[None]]) -> None:
+    async def _pump_idle(self, response: WorkerResponse, handler: Callable[[bytes], Awaitable[None]]) -> None:
         """``aiter_raw`` into ``handler``, raising ``httpx.ReadTimeout`` after ``timeouts.idle``
         seconds without a chunk (the deadline is disarmed while ``handler`` runs)."""
         idle = self.timeouts.idle
@@ -1002,7 +1018,7 @@ class ProxyEngine:
             return
         raise httpx.ReadTimeout(f"no data from the worker for {idle:g} s")
 
-    async def _pump_idle_timed(self, response: httpx.Response, relay: StreamRelay) -> None:
+    async def _pump_idle_timed(self, response: WorkerResponse, relay: StreamRelay) -> None:
         """:meth:`_pump_idle` with the coalescing timer (any transport; :mod:`daemon.h1client`
         has its own): the body is read by a child task, so that waiting for the next chunk can
         also end when the held events are due.  Errors cross as values (no exception group)."""
@@ -1048,7 +1064,7 @@ class ProxyEngine:
     async def _relay_stream(
         self,
         exchange: _Exchange,
-        response: httpx.Response,
+        response: WorkerResponse,
         headers: list[tuple[str, str]],
         started: float,
         inject: bool,
@@ -1264,7 +1280,7 @@ def _worker_headers(req: ProxyRequest, lease: Lease) -> list[tuple[str, str]]:
     )
 
 
-async def _raw_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
+async def _raw_chunks(response: WorkerResponse) -> AsyncIterator[bytes]:
     """``aiter_raw`` that also accepts an in-memory (already read) response."""
     if response.is_stream_consumed:
         yield response.content
@@ -1273,7 +1289,7 @@ async def _raw_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
         yield chunk
 
 
-async def _read_snippet(response: httpx.Response) -> str:
+async def _read_snippet(response: WorkerResponse) -> str:
     data = b""
     try:
         async for chunk in response.aiter_raw():
