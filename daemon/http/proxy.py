@@ -54,7 +54,7 @@ from daemon.dispatch import Dispatcher, DispatchRejected, Lease, Outcome, ProxyR
 from daemon.h1client import LeanResponse, SyncWriter, UpstreamBody
 from daemon.http.errors import ApiError, error_body, wrap_worker_error
 from daemon.http.identity import IdentityError, ParsedIdentity, parse_identity, strip_agentic_context
-from daemon.http.priority import batch_job_for, engine_priority, resolve
+from daemon.http.priority import PriorityInfo, batch_job_for, engine_priority, resolve
 from daemon.http.queue_eta import max_queue_bound
 from daemon.http.rawbody import DELETE, MIN_LAYOUT_BYTES
 from daemon.http.requests import (
@@ -186,6 +186,23 @@ def parse_request(
 ) -> ProxyRequest:
     """Raw body and headers -> a validated :class:`ProxyRequest`; Program identity is read only
     when Program scheduling is on (``enable_key``).  Every bad input raises :class:`ApiError` (4xx)."""
+    return ProxyRequest(
+        **request_fields(request_id, endpoint, raw, headers, enable_key, principal=principal, hint_caps=hint_caps)
+    )
+
+
+def request_fields(
+    request_id: str,
+    endpoint: str,
+    raw: bytes,
+    headers: Mapping[str, str],
+    enable_key: str | None,
+    *,
+    principal: str | None = None,
+    hint_caps: ClientHintsConfig | None = None,
+) -> dict[str, Any]:
+    """:func:`parse_request`'s fields, before the :class:`ProxyRequest` is built (the proxy adds
+    its pool, queue bound and class first: one object per request, docs/benchmarks.md §10.2.4)."""
     check_headers(headers)
     body, layout = parse_json_body_layout(raw)
     validate_body(endpoint, body)
@@ -193,21 +210,21 @@ def parse_request(
     identity = scope_identity(identity, principal)  # per-tenant Program ids (docs/operations.md §10)
     batch_job = batch_job_of(body, headers)
     routing_text, prompt = request_texts(endpoint, body)
-    return ProxyRequest(
-        request_id=request_id,
-        endpoint=endpoint,
-        body=body,
-        headers=headers,
-        model=body.get("model"),
-        stream=body.get("stream") is True,
-        prompt=prompt,
-        routing_text=routing_text,
-        identity=identity,
-        batch_job=batch_job,
-        principal=principal,
-        client_request_id=client_request_id(body, headers),
-        layout=layout,
-    )
+    return {
+        "request_id": request_id,
+        "endpoint": endpoint,
+        "body": body,
+        "headers": headers,
+        "model": body.get("model"),
+        "stream": body.get("stream") is True,
+        "prompt": prompt,
+        "routing_text": routing_text,
+        "identity": identity,
+        "batch_job": batch_job,
+        "principal": principal,
+        "client_request_id": client_request_id(body, headers),
+        "layout": layout,
+    }
 
 
 def client_request_id(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:
@@ -472,7 +489,10 @@ class ProxyEngine:
             timeouts = UpstreamTimeouts(connect=connect, first_byte=total, idle=total, total=total)
         self.timeouts = timeouts
         self._stream_timeouts = timeouts.for_request(True)
-        self._plain_timeouts = timeouts.for_request(False)
+        # a complete response's head: the exchange's total-timeout scope (_forward) bounds the wait
+        # and always ends first (same length, started earlier), so the client opens no scope of its
+        # own for it (docs/benchmarks.md §10.2.4)
+        self._plain_timeouts = {**timeouts.for_request(False), "first_byte": math.inf}
         self.outcomes = outcomes
         self._max_failovers = 0 if outcomes is None else max(0, len(outcomes.worker_urls) - 1)
         self._urls: dict[tuple[str, str], httpx.URL] = {}
@@ -511,17 +531,20 @@ class ProxyEngine:
         enable_key = None if self.program is None else self.program.enable_key
         request_id = self.ids.new()
         try:
-            req = parse_request(
+            fields = request_fields(
                 request_id, endpoint, raw, headers, enable_key, principal=principal, hint_caps=self.hint_caps
             )
             if self.models is not None:
-                pool, eligible = self.models.route(req.model)  # 404 model_not_found
+                pool, eligible = self.models.route(fields["model"])  # 404 model_not_found
                 if eligible is not None:
-                    req = attrs.evolve(req, model_pool=pool, pool_targets=eligible)
+                    fields["model_pool"], fields["pool_targets"] = pool, eligible
             bound = max_queue_bound(headers)  # 400 naming x-agentd-max-queue-seconds
             if bound is not None:
-                req = attrs.evolve(req, max_queue_seconds=bound)
-            return self.classify(req, origin)
+                fields["max_queue_seconds"] = bound
+            fields["prio"], fields["batch_job"] = self._class_of(
+                fields["body"], headers, fields["identity"] is not None, fields["batch_job"], principal, origin
+            )
+            return ProxyRequest(**fields)
         except ApiError:
             raise
         except Exception as exc:
@@ -531,18 +554,32 @@ class ProxyEngine:
     def classify(self, req: ProxyRequest, origin: str = "http") -> ProxyRequest:
         """The request with its class, priority and tenant after the operator's rules
         (daemon/http/priority.py, docs/priority.md §5)."""
+        prio, batch_job = self._class_of(
+            req.body, req.headers, req.identity is not None, req.batch_job, req.principal, origin
+        )
+        return attrs.evolve(req, prio=prio, batch_job=batch_job)
+
+    def _class_of(
+        self,
+        body: Mapping[str, Any],
+        headers: Mapping[str, str],
+        has_identity: bool,
+        batch_job: str | None,
+        principal: str | None,
+        origin: str,
+    ) -> tuple[PriorityInfo, str | None]:
         info = resolve(
-            body=req.body,
-            headers=req.headers,
-            has_identity=req.identity is not None,
-            batch=req.batch_job is not None,
-            principal=req.principal,
+            body=body,
+            headers=headers,
+            has_identity=has_identity,
+            batch=batch_job is not None,
+            principal=principal,
             origin=origin,
             priority=self.priority,
             tenants=self.tenants,
             bands=self.bands,
         )
-        return attrs.evolve(req, prio=info, batch_job=batch_job_for(info, req.batch_job))
+        return info, batch_job_for(info, batch_job)
 
     async def handle(self, req: ProxyRequest, sink: ResponseSink, *, raw_body: bytes | None = None) -> None:
         """Serve one request end to end; every expected failure becomes an error response.
