@@ -43,7 +43,7 @@ from hypercorn.utils import repr_socket_addr, wrap_app
 from actors.logevents import get_logger, log_event
 from daemon.config import HTTP1_ENV, HTTP1_IMPLEMENTATIONS
 from daemon.http.errors import error_body
-from daemon.http.h1proto import H1Connection
+from daemon.http.h1proto import H1Connection, disconnect_hub
 from daemon.http.hypercorn_close import PromptCloseTCPServer
 
 KEEP_ALIVE_MAX_REQUESTS = 1 << 62
@@ -287,6 +287,8 @@ async def serve_http(
 
             streams: set[WriteTimeoutStream] = set()
             own: set[H1Connection] = set()  # connections on agentd's protocol (closed when idle at the drain)
+            if own_protocol:
+                disconnect_hub()  # started with the server: its epoll descriptor is there from the start
             # outside the connections' nursery: it must outlive them (past the hard deadline too)
             lifespan_nursery.start_soon(_watch_writes, state, streams)
 
