@@ -15,8 +15,8 @@ Program scheduling (``daemon/program_dispatch.py``) implements the same protocol
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
@@ -205,19 +205,34 @@ class NativeDispatcher:
         counts = self._in_flight if others is None else [a + b for a, b in zip(self._in_flight, others, strict=True)]
         return self.policy.choose(healthy, key, counts)
 
-    @asynccontextmanager
-    async def _lease(self, target: BackendTarget) -> AsyncIterator[NativeLease]:
-        lease = NativeLease(target)
-        self._in_flight[target.index] += 1
-        self._granted += 1
-        try:
-            yield lease
-        finally:  # synchronous release: nothing to await, so cancellation cannot skip it
-            self._in_flight[target.index] -= 1
-            if lease.outcome is None:
-                self._abandoned += 1
-            else:
-                self._finished += 1
+    def _lease(self, target: BackendTarget) -> _NativeLeaseScope:
+        return _NativeLeaseScope(self, NativeLease(target))
 
     def lease(self, req: ProxyRequest) -> AbstractAsyncContextManager[NativeLease]:
         return self._lease(self.pick(req))
+
+
+class _NativeLeaseScope:
+    """A native lease's lifetime: counted in flight from entry to exit; the exit (synchronous:
+    nothing to await, so cancellation cannot skip it) counts it finished or abandoned.  A class,
+    not an async generator: no generator per request (docs/benchmarks.md §10.2.4)."""
+
+    __slots__ = ("_dispatcher", "_lease")
+
+    def __init__(self, dispatcher: NativeDispatcher, lease: NativeLease) -> None:
+        self._dispatcher = dispatcher
+        self._lease = lease
+
+    async def __aenter__(self) -> NativeLease:
+        dispatcher = self._dispatcher
+        dispatcher._in_flight[self._lease.target.index] += 1
+        dispatcher._granted += 1
+        return self._lease
+
+    async def __aexit__(self, *exc: object) -> None:
+        dispatcher = self._dispatcher
+        dispatcher._in_flight[self._lease.target.index] -= 1
+        if self._lease.outcome is None:
+            dispatcher._abandoned += 1
+        else:
+            dispatcher._finished += 1
