@@ -22,6 +22,10 @@ REQUEST_ID_SEED = 0x1D5  # the seeded generator of deterministic runs
 
 
 _BATCH = 256  # ids drawn per read of the operating system's randomness
+# forks of this process so far, counted in the child: a pool drawn before a fork is not used after
+# it (no getpid system call per id, docs/benchmarks.md §10.2.4)
+_forks = [0]
+os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
 
 
 class RequestIds:
@@ -31,14 +35,14 @@ class RequestIds:
         # again in a forked child (its parent's pool would repeat the parent's ids)
         self._pool = b""
         self._at = 0
-        self._pid = 0
+        self._fork = -1  # the fork generation the pool was drawn in
 
     def new(self) -> str:
         if self._rng is not None:
             return PREFIX + uuid.UUID(int=self._rng.getrandbits(128), version=4).hex
         at = self._at
-        if at >= len(self._pool) or self._pid != os.getpid():
-            self._pool, self._pid, at = os.urandom(16 * _BATCH), os.getpid(), 0
+        if at >= len(self._pool) or self._fork != _forks[0]:
+            self._pool, self._fork, at = os.urandom(16 * _BATCH), _forks[0], 0
         self._at = at + 16
         digits = self._pool[at : at + 16].hex()
         # what uuid.UUID(bytes=..., version=4).hex gives: version nibble 4, variant bits 10
