@@ -7,8 +7,10 @@ limit, validation, dispatch, forwarding and relay - in one coroutine:
 
 * the lease, the upstream stream and the response share one structured lifetime (no body
   generator outliving the handler, no lease handed across tasks);
-* a sibling task waits for ``http.disconnect`` and cancels the request scope, so a client that
-  goes away mid-stream cancels the upstream request at once;
+* a client that goes away cancels the request scope, so the upstream request is cancelled at
+  once: with agentd's HTTP/1.1 protocol the connection does it (``Exchange.watch_disconnect``,
+  no task per request, docs/operations.md §13.8), else a sibling task waits for
+  ``http.disconnect``;
 * it avoids Quart's per-request context machinery on the hot path.
 
 ``POST /v1/files`` (the Batch API's upload, docs/batch.md §4) is raw ASGI too, so that its size

@@ -37,7 +37,10 @@ Behaviour (docs/operations.md §13.7; the socket tests run on both implementatio
 * **disconnect**: once the request body is read, the app's next ``receive`` waits for the client:
   it returns ``http.disconnect`` when the client closes the connection or a write to it fails, and
   right after the response is complete (as hypercorn does); bytes of a pipelined next request read
-  meanwhile are kept for it.
+  meanwhile are kept for it.  Two ASGI scope extensions let the proxy routes skip that task
+  (docs/operations.md §13.8): ``agentd.disconnect_watch`` (:meth:`Exchange.watch_disconnect`:
+  a callback for the same disconnects, seen by the run's :class:`DisconnectHub`) and
+  ``agentd.take_body`` (:meth:`Exchange.take_body`: a body already buffered, taken at once).
 * **not served** (hypercorn would): ``upgrade: h2c`` and ``upgrade: websocket`` are ignored (the
   request is served as HTTP/1.1, which RFC 9110 §7.8 allows), HTTP/2 prior knowledge is a 400, TLS
   is not offered by agentd's listeners in either implementation.
