@@ -45,7 +45,7 @@ from daemon.http.direct_body import DirectBody
 from daemon.http.direct_body import attach as attach_direct_body
 from daemon.http.edge import DRAINED_STREAM_MESSAGE, Edge, Ticket, sse_error_event
 from daemon.http.errors import ApiError, error_body
-from daemon.http.h1proto import DISCONNECT_WATCH, TAKE_BODY
+from daemon.http.h1proto import DISCONNECT_WATCH, RESPOND, TAKE_BODY
 from daemon.http.hypercorn_close import HOLD_WRITE
 from daemon.http.metrics_route import metrics_blueprint
 from daemon.http.proxy import ClientGone, ProxyEngine, send_error
@@ -82,8 +82,11 @@ class AsgiSink:
     (non-2xx) is turned into an SSE error event followed by ``data: [DONE]``.
     """
 
-    def __init__(self, send: Any) -> None:
+    def __init__(self, send: Any, respond: Any = None) -> None:
         self._send = send
+        # the connection's whole-response writer (agentd's HTTP/1.1 protocol, h1proto RESPOND): a
+        # complete response's head and body without two ASGI messages (docs/operations.md §13.8)
+        self._respond = respond
         self.started = False  # a response head went out (ours or the engine's)
         self.completed = False  # the final body message was handed to the server
         self.sse = False  # the response is an event stream
@@ -158,6 +161,10 @@ class AsgiSink:
         self.completed = True
         try:
             if self._head is not None:
+                if self._respond is not None:
+                    head, self._head = self._head, None
+                    await self._respond(head["status"], head["headers"], chunk)
+                    return
                 await self._send_head()
             await self._send({"type": "http.response.body", "body": chunk, "more_body": False})
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -298,7 +305,8 @@ async def serve_proxy_asgi(
     auth: Authenticator | None = None,
 ) -> None:
     """One agent-facing POST request, end to end (see the module docstring)."""
-    sink = AsgiSink(send)
+    extensions = scope.get("extensions") or {}
+    sink = AsgiSink(send, extensions.get(RESPOND))
     headers = _scope_headers(scope)
     limits = limits if limits is not None else LimitsConfig()
     edge = edge if edge is not None else Edge(limits)

@@ -73,6 +73,7 @@ _DISCONNECT = {"type": "http.disconnect"}
 # ASGI scope extensions of agentd's protocol, read by the proxy route (daemon/http/app.py)
 DISCONNECT_WATCH = "agentd.disconnect_watch"  # Exchange.watch_disconnect
 TAKE_BODY = "agentd.take_body"  # Exchange.take_body
+RESPOND = "agentd.respond"  # Exchange.respond
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
@@ -476,25 +477,7 @@ class Exchange:
                 raise RuntimeError("http.response.body before http.response.start")
             if self.complete:
                 return
-            body = message.get("body", b"")
-            more = message.get("more_body", False)
-            if self.suppress:
-                body = b""
-            elif self.chunked:
-                if body:
-                    body = b"%x\r\n%b\r\n" % (len(body), body)
-                if not more:
-                    body += b"0\r\n\r\n"
-            elif self.remaining >= 0:
-                self.remaining -= len(body)
-            if self.held:
-                body = self.held + body
-                self.held = b""
-            if not more:
-                self.complete = True
-                if self.remaining > 0:
-                    self.close = True  # shorter than its content-length: the framing is lost
-                self._wake()
+            body = self._body(message.get("body", b""), message.get("more_body", False))
             if body:
                 await self.conn.write(body, self)
         elif kind == "http.response.start":
@@ -506,6 +489,40 @@ class Exchange:
                 self.held = head
             else:
                 await self.conn.write(head, self)
+
+    async def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """A whole response at once: what ``send`` of its start (under ``HOLD_WRITE``) and of its
+        one final body message do, without the two ASGI messages (the proxy's complete responses,
+        docs/operations.md §13.8): one socket write."""
+        if self.started:
+            raise RuntimeError("http.response.start sent twice")
+        self.started = True
+        self.held = self._head(status, headers)
+        data = self._body(body, False)
+        if data:
+            await self.conn.write(data, self)
+
+    def _body(self, body: bytes, more: bool) -> bytes:
+        """The bytes to write for a body message (framed, after a held head); the end of the
+        response marks the exchange complete."""
+        if self.suppress:
+            body = b""
+        elif self.chunked:
+            if body:
+                body = b"%x\r\n%b\r\n" % (len(body), body)
+            if not more:
+                body += b"0\r\n\r\n"
+        elif self.remaining >= 0:
+            self.remaining -= len(body)
+        if self.held:
+            body = self.held + body
+            self.held = b""
+        if not more:
+            self.complete = True
+            if self.remaining > 0:
+                self.close = True  # shorter than its content-length: the framing is lost
+            self._wake()
+        return body
 
     def _head(self, status: int, headers: Any) -> bytes:
         request = self.request
@@ -724,6 +741,7 @@ class H1Connection:
         exchange = Exchange(self, request)
         extensions = request.scope["extensions"]
         extensions[TAKE_BODY] = exchange.take_body
+        extensions[RESPOND] = exchange.respond
         if self._hub_fd >= 0:
             extensions[DISCONNECT_WATCH] = exchange.watch_disconnect
         try:

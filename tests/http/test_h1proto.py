@@ -5,6 +5,7 @@ idle timer and the drain.  The socket-level behaviour is in tests/e2e/test_h1_so
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -14,7 +15,7 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daemon.http.h1proto import H1Connection, HeadError, parse_head
+from daemon.http.h1proto import RESPOND, H1Connection, HeadError, parse_head
 from daemon.http.hypercorn_close import HOLD_WRITE
 
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
@@ -592,3 +593,70 @@ def test_http1_implementation_is_validated_by_config_and_start(
     monkeypatch.setenv(HTTP1_ENV, "h11")
     assert main(["start", "--config", str(config)]) == 2
     assert f"{HTTP1_ENV}: must be one of agentd, hypercorn, got 'h11'" in capsys.readouterr().err
+
+
+async def _served_bytes(app: App, request: bytes) -> bytes:
+    """Everything the server wrote for ``request`` (the client half-closes after sending it)."""
+    client_stream, server_stream = trio.testing.memory_stream_pair()
+    conn = connection(app, server_stream)
+    out = b""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(conn.run)
+        await client_stream.send_all(request)
+        await client_stream.send_eof()
+        while data := await client_stream.receive_some(65536):
+            out += data
+    return out
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "headers", "body"),
+    [
+        (b"POST /a HTTP/1.1\r\nhost: h\r\ncontent-length: 2\r\n\r\n{}", 200, [(b"content-length", b"5")], b"hello"),
+        (b"POST /a HTTP/1.1\r\nhost: h\r\ncontent-length: 2\r\n\r\n{}", 200, [(b"content-type", b"text/x")], b"hi"),
+        (b"HEAD /a HTTP/1.1\r\nhost: h\r\n\r\n", 200, [(b"content-length", b"5")], b"hello"),
+        (b"GET /a HTTP/1.1\r\nhost: h\r\n\r\n", 204, [], b""),
+        (b"GET /a HTTP/1.0\r\n\r\n", 200, [(b"x-a", b"1")], b"plain"),
+        (b"GET /a HTTP/1.1\r\nhost: h\r\n\r\n", 200, [(b"content-length", b"9")], b"short"),
+        (b"GET /a HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n", 404, [(b"content-length", b"0")], b""),
+    ],
+)
+async def test_respond_writes_what_start_and_one_body_message_write(
+    request_bytes: bytes, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+) -> None:
+    writes: list[str] = []
+
+    async def by_messages(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        token = HOLD_WRITE.set(True)
+        try:
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+        finally:
+            HOLD_WRITE.reset(token)
+        await send({"type": "http.response.body", "body": body})
+        writes.append("messages")
+
+    async def by_respond(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        await scope["extensions"][RESPOND](status, headers, body)
+        writes.append("respond")
+
+    with trio.fail_after(5):
+        expected = await _served_bytes(by_messages, request_bytes)
+        got = await _served_bytes(by_respond, request_bytes)
+    assert writes == ["messages", "respond"]
+    strip = re.compile(rb"date: [^\r]*\r\n")  # the date header may tick between the two
+    assert strip.sub(b"", got) == strip.sub(b"", expected)
+    assert got.startswith(b"HTTP/1.1 %d " % status)
+
+
+async def test_respond_after_a_start_is_refused() -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+        with pytest.raises(RuntimeError):
+            await scope["extensions"][RESPOND](200, [], b"")
+        await send({"type": "http.response.body", "body": b""})
+
+    responses, _ = await exchange(app, GET, 1)
+    assert responses[0].status == 200
