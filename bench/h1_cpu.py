@@ -9,8 +9,11 @@ One process serves a tiny ASGI app through ``daemon.http.serve.serve_http`` (age
 loop, the limits and drain of docs/operations.md §10) with each ``[server] http1_implementation``
 in turn, and raw keep-alive socket clients in the same process send ``--requests`` POSTs of a
 ``--kb`` KiB JSON body spread over ``--connections`` connections.  The app reads the body and
-answers a fixed JSON body the way agentd's proxy does for a complete response (the head held back
-with ``HOLD_WRITE`` so it leaves with the body, a sibling task waiting for ``http.disconnect``).
+answers a fixed JSON body the way agentd's proxy does for a complete response: on agentd's
+protocol through its scope extensions (the body taken at once, the disconnect watched by the
+connection, head and body written by ``respond``: docs/operations.md §13.8), on hypercorn's with
+the head held back by ``HOLD_WRITE`` so it leaves with the body and a sibling task waiting for
+``http.disconnect``.
 Reported: process CPU (server and clients together; the clients' share is the same for both) per
 request, per round, the rounds alternating between the two protocols, and the difference of the
 medians, which is what the protocol saves per request.
@@ -28,6 +31,7 @@ from typing import Any
 
 import trio
 
+from daemon.http.h1proto import DISCONNECT_WATCH, RESPOND, TAKE_BODY
 from daemon.http.hypercorn_close import HOLD_WRITE
 from daemon.http.serve import serve_http
 
@@ -49,14 +53,23 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             await send({"type": message["type"] + ".complete"})
             if message["type"] == "lifespan.shutdown":
                 return
-    body = b""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-        body += message.get("body", b"")
-        if not message.get("more_body", False):
-            break
+    extensions = scope.get("extensions") or {}
+    if RESPOND in extensions:  # agentd's protocol: what the proxy route does (docs/operations.md §13.8)
+        body = extensions[TAKE_BODY]()
+        if body is None:
+            body = await _read(receive)
+            if body is None:
+                return
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(REPLY))]
+        with trio.CancelScope() as request_scope:
+            unwatch = extensions[DISCONNECT_WATCH](request_scope.cancel)
+            try:
+                await extensions[RESPOND](200, headers, REPLY)
+            finally:
+                unwatch()
+        return
+    if await _read(receive) is None:
+        return
 
     async def watch() -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -72,6 +85,17 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             HOLD_WRITE.reset(token)
         await send({"type": "http.response.body", "body": REPLY})
         nursery.cancel_scope.cancel()
+
+
+async def _read(receive: Any) -> bytes | None:
+    body = b""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            return body
 
 
 def request_bytes(kb: int) -> bytes:
