@@ -40,9 +40,10 @@ Pure: no clock, no I/O; the memory is bounded by ``max_tools * window_size`` flo
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right, insort_right
 from collections import deque
 from collections.abc import Iterable
+from itertools import accumulate
 
 from attrs import frozen
 
@@ -65,7 +66,13 @@ def turn_keys(tool_names: Iterable[str], finish_reason: str | None, cfg: ToolRet
 
 
 class GapWindow:
-    """The last ``limit`` gaps after one turn key, and what was decided from them."""
+    """The last ``limit`` gaps after one turn key, and what was decided from them.
+
+    The window is kept sorted as gaps arrive and leave (``push``), and the ski-rental search of
+    :meth:`best_ttl` works on candidates prepared once per window change (:meth:`_candidates`):
+    the decision runs at every completion after the key, the window changes at most once per
+    arrival (docs/program-scheduling.md §12, "How the decision is computed").
+    """
 
     __slots__ = (
         "limit",
@@ -73,6 +80,7 @@ class GapWindow:
         "observed",
         "_sorted",
         "_prefix",
+        "_cand",
         "held",
         "released",
         "fallbacks",
@@ -93,8 +101,11 @@ class GapWindow:
         self.limit = limit
         self.gaps: deque[float] = deque()
         self.observed = 0  # gaps ever pushed (the window keeps the last `limit`)
-        self._sorted: list[float] | None = None
-        self._prefix: list[float] = [0.0]
+        # the window in ascending order, equal gaps oldest first (what a stable sort of `gaps` gives)
+        self._sorted: list[float] = []
+        self._prefix: list[float] | None = [0.0]  # prefix sums of `_sorted`, None = stale
+        # (margin_ratio, margin_seconds, raws, ks, rents) of `_candidates`, None = stale
+        self._cand: tuple[float, float, list[float], list[int], list[float]] | None = None
         self.held = 0  # decisions that held the KV (TTL > 0)
         self.released = 0  # decisions that released it at once
         self.fallbacks = 0  # completions that fell back to the fitted TTL (too few gaps)
@@ -122,70 +133,159 @@ class GapWindow:
     def push(self, gap: float) -> None:
         if not (math.isfinite(gap) and gap >= 0):
             return
+        srt = self._sorted
         if len(self.gaps) >= self.limit:
-            self.gaps.popleft()
+            # the oldest of equal gaps is the leftmost of them (insort_right puts a newer one after)
+            del srt[bisect_left(srt, self.gaps.popleft())]
         self.gaps.append(gap)
+        insort_right(srt, gap)
         self.observed += 1
-        self._sorted = None
+        self._prefix = None
+        self._cand = None
 
     def sorted_gaps(self) -> list[float]:
-        if self._sorted is None:
-            self._sorted = sorted(self.gaps)
-            prefix = [0.0]
-            total = 0.0
-            for g in self._sorted:
-                total += g
-                prefix.append(total)
-            self._prefix = prefix
+        """The window in ascending order (the list itself: do not modify it)."""
         return self._sorted
+
+    def prefix_sums(self) -> list[float]:
+        """``[0, g1, g1 + g2, ...]`` over the sorted window, summed left to right."""
+        prefix = self._prefix
+        if prefix is None:
+            prefix = self._prefix = list(accumulate(self._sorted, initial=0.0))
+        return prefix
 
     def quantile(self, q: float) -> float | None:
         """The nearest-rank ``q`` quantile of the window (None when empty)."""
-        g = self.sorted_gaps()
+        g = self._sorted
         if not g:
             return None
         return g[min(len(g) - 1, max(0, math.ceil(q * len(g)) - 1))]
 
     def utility(self, d: float, c: float, rent: float = 1.0) -> float:
         """Mean utility of holding ``d`` seconds at ``rent`` per second against recompute cost ``c``."""
-        g = self.sorted_gaps()
+        g = self._sorted
         n = len(g)
         if n == 0 or d <= 0:
             return 0.0
         k = bisect_right(g, d)
-        return (c * k - rent * (self._prefix[k] + d * (n - k))) / n
+        return (c * k - rent * (self.prefix_sums()[k] + d * (n - k))) / n
 
     def best_ttl(self, c: float, d_max: float, margin_ratio: float, margin_seconds: float, rent: float = 1.0) -> float:
-        """The ski-rental TTL (module docstring); 0 when holding never pays."""
+        """The ski-rental TTL (module docstring); 0 when holding never pays.
+
+        The same value as :func:`best_ttl_scan` (the definition: every candidate in order) for
+        every input; the window's candidates are prepared once per window change and only the
+        first candidate of each run with the same held count ``k`` is evaluated (a later one
+        holds longer for the same hits, so it cannot be strictly better).  Inputs outside the
+        range where that argument holds in floating point (a negative rent or margin, magnitudes
+        near overflow) take the scan.
+        """
         if c <= 0 or d_max <= 0:
             return 0.0
-        best_d, best_u = 0.0, 0.0
-        seen: set[float] = set()
-        gaps = self.sorted_gaps()
-        n = len(gaps)
+        n = len(self._sorted)
         if n == 0:
             return 0.0
-        prefix = self._prefix
-        # ``utility`` inlined (the same expression, so the same floats): this runs per completion
-        # over every gap of the window (docs/benchmarks.md §10.3.1)
-        for g in gaps:
-            if g > d_max:
-                break
-            d = min(d_max, g * (1.0 + margin_ratio) + margin_seconds)
-            if d in seen:
-                continue
-            seen.add(d)
-            if d <= 0:
-                continue  # utility 0: never better than holding nothing
-            k = bisect_right(gaps, d)
-            u = (c * k - rent * (prefix[k] + d * (n - k))) / n
-            if u > best_u:
-                best_d, best_u = d, u
-        if d_max not in seen:
-            u = self.utility(d_max, c, rent)
-            if u > best_u:
-                best_d, best_u = d_max, u
+        if not (
+            0.0 <= rent <= _SAFE
+            and c <= _SAFE
+            and d_max <= _SAFE
+            and 0.0 <= margin_ratio <= _SAFE
+            and 0.0 <= margin_seconds <= _SAFE
+            and self.prefix_sums()[-1] <= _SAFE
+        ):
+            return best_ttl_scan(self._sorted, c, d_max, margin_ratio, margin_seconds, rent)
+        raws, ks, rents = self._candidates(margin_ratio, margin_seconds)
+        best_d, best_u = 0.0, 0.0
+        cut = bisect_right(raws, d_max)
+        if cut:
+            # u = (c*k - rent*(prefix[k] + d*(n - k))) / n: the scan's expression, so the same floats
+            us = [(c * k - rent * a) / n for k, a in zip(ks[:cut], rents[:cut], strict=True)]
+            top = max(us)
+            if top > 0.0:
+                i = us.index(top)  # the first maximum: ties keep the shorter TTL
+                best_d, best_u = raws[i], top
+        # d_max itself comes last (any candidate above it is clipped to it); evaluating it again
+        # when it equals a candidate gives the same utility, which a tie never takes
+        u = self.utility(d_max, c, rent)
+        if u > best_u:
+            best_d = d_max
         return best_d
+
+    def _candidates(self, margin_ratio: float, margin_seconds: float) -> tuple[list[float], list[int], list[float]]:
+        """The window's positive candidate TTLs ``g * (1 + margin_ratio) + margin_seconds`` in
+        ascending order, the first of each run with the same held count ``k`` (gaps <= the TTL),
+        with ``k`` and ``prefix[k] + d * (n - k)`` (the seconds held over the window)."""
+        cand = self._cand
+        if cand is not None and cand[0] == margin_ratio and cand[1] == margin_seconds:
+            return cand[2], cand[3], cand[4]
+        gaps = self._sorted
+        prefix = self.prefix_sums()
+        n = len(gaps)
+        scale = 1.0 + margin_ratio
+        raws: list[float] = []
+        ks: list[int] = []
+        rents: list[float] = []
+        # a zero gap without a margin gives the candidate 0: utility 0, never taken
+        i = 0 if margin_seconds > 0 else bisect_right(gaps, 0.0)
+        while i < n:
+            d = gaps[i] * scale + margin_seconds
+            k = bisect_right(gaps, d, i)  # d >= gaps[i]
+            raws.append(d)
+            ks.append(k)
+            rents.append(prefix[k] + d * (n - k))
+            if k >= n:
+                break  # every later candidate holds all n gaps too
+            # the next candidate that holds more is the first j with gaps[j] * scale + margin >= gaps[k]:
+            # an estimate by division, then corrected with the candidates' own arithmetic
+            nxt = gaps[k]
+            j = bisect_right(gaps, (nxt - margin_seconds) / scale, i + 1)
+            while j > i + 1 and gaps[j - 1] * scale + margin_seconds >= nxt:
+                j -= 1
+            while j < n and gaps[j] * scale + margin_seconds < nxt:
+                j += 1
+            i = j
+        self._cand = (margin_ratio, margin_seconds, raws, ks, rents)
+        return raws, ks, rents
+
+
+# Magnitudes below which the candidate pruning of ``GapWindow.best_ttl`` is exact in floats (no
+# product or sum of the utility can overflow: c * k and rent * (prefix[k] + d * (n - k)) stay finite).
+_SAFE = 1e100
+
+
+def best_ttl_scan(
+    gaps: list[float], c: float, d_max: float, margin_ratio: float, margin_seconds: float, rent: float = 1.0
+) -> float:
+    """The ski-rental TTL by definition (module docstring) over the ascending ``gaps``: every
+    candidate in order, the first strictly best one kept.  :meth:`GapWindow.best_ttl` computes
+    the same value faster; the property test compares the two."""
+    if c <= 0 or d_max <= 0:
+        return 0.0
+    n = len(gaps)
+    if n == 0:
+        return 0.0
+    prefix = list(accumulate(gaps, initial=0.0))
+    best_d, best_u = 0.0, 0.0
+    seen: set[float] = set()
+    for g in gaps:
+        if g > d_max:
+            break
+        d = min(d_max, g * (1.0 + margin_ratio) + margin_seconds)
+        if d in seen:
+            continue
+        seen.add(d)
+        if d <= 0:
+            continue  # utility 0: never better than holding nothing
+        k = bisect_right(gaps, d)
+        u = (c * k - rent * (prefix[k] + d * (n - k))) / n
+        if u > best_u:
+            best_d, best_u = d, u
+    if d_max not in seen:
+        k = bisect_right(gaps, d_max)
+        u = (c * k - rent * (prefix[k] + d_max * (n - k))) / n
+        if u > best_u:
+            best_d, best_u = d_max, u
+    return best_d
 
 
 @frozen
