@@ -1,0 +1,170 @@
+"""agentd's CPU per Program request at concurrency 1, optionally A/B against another checkout
+(docs/benchmarks.md §10.4.1).
+
+Usage (from the repository root)::
+
+    python -m bench.program_probe [--seconds 5] [--rounds 3] [--kb 1] [--identity program]
+        [--processes 1] [--compare DIR] [--py-spy OUT]
+
+A zero-delay fake worker (``bench.proxy_overhead``'s), ``agentd start`` in front of it with
+Program scheduling on (the overhead bench's configuration: capacity far above the load, so
+admission never waits) and one keep-alive client that sends the same Program's 1 KiB agent body
+in a closed loop.  After a warm-up, the agentd process tree's CPU (user + system, ``/proc``) is
+read before and after ``--seconds`` of requests: CPU per request and the mean latency.
+
+``--compare DIR`` runs a second agentd from another checkout (a detached worktree of ``main``:
+``python -m daemon`` started with DIR as its working directory imports DIR's code) and
+alternates the two for ``--rounds`` rounds, so both see the same minutes of the machine.
+``--py-spy OUT`` records this checkout's agentd during its first round (``py-spy`` on PATH or
+beside this interpreter; ``--format raw``: collapsed stacks, one per line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+from bench.harness import ROOT, free_port, python_speed_probe_us, tree_cpu_seconds, wait_listening
+from bench.proxy_overhead import MODULE, PROGRAM_CONFIG, agent_body, connect, program_context
+
+
+def agentd_command(port: int, worker_port: int, program: bool, config: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "daemon", "start", "--port", str(port), "--log-level", "warning"]
+    cmd += ["--worker-urls", f"http://127.0.0.1:{worker_port}", "--policy", "round_robin", "--config", str(config)]
+    if program:
+        cmd += ["--enable-program-scheduling", "--program-scheduling-config-json", json.dumps(PROGRAM_CONFIG)]
+    return cmd
+
+
+async def _loop(port: int, body: bytes, seconds: float, pid: int) -> tuple[int, float, float]:
+    """(requests, agentd tree CPU seconds, wall seconds) of ``seconds`` of a c=1 closed loop."""
+    conn = await connect(port, body)
+    try:
+        for _ in range(200):  # warm-up: windows, caches, the first compile of every path
+            await conn.roundtrip()
+        cpu0 = tree_cpu_seconds(pid)
+        t0 = time.perf_counter()
+        end = t0 + seconds
+        n = 0
+        while time.perf_counter() < end:
+            await conn.roundtrip()
+            n += 1
+        wall = time.perf_counter() - t0
+        cpu = tree_cpu_seconds(pid) - cpu0
+    finally:
+        await conn.stream.aclose()
+    return n, cpu, wall
+
+
+def _py_spy() -> str | None:
+    beside = Path(sys.executable).with_name("py-spy")
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--kb", type=int, default=1, help="body size in KiB (default 1)")
+    parser.add_argument("--identity", choices=("program", "free"), default="program")
+    parser.add_argument("--processes", type=int, default=1, help="[server] data_plane_processes (default 1)")
+    parser.add_argument("--compare", type=Path, help="another checkout to alternate with (e.g. a worktree of main)")
+    parser.add_argument("--py-spy", type=Path, help="record this checkout's agentd in its first round (raw)")
+    args = parser.parse_args(argv)
+    if args.seconds <= 0:
+        print("--seconds: must be > 0", file=sys.stderr)
+        return 2
+    if args.rounds < 1:
+        print("--rounds: must be >= 1", file=sys.stderr)
+        return 2
+    if args.processes < 1:
+        print("--processes: must be >= 1", file=sys.stderr)
+        return 2
+    if args.compare is not None and not (args.compare / "daemon" / "__main__.py").is_file():
+        print(f"--compare: {args.compare} is not an agentd checkout (no daemon/__main__.py)", file=sys.stderr)
+        return 2
+    spy = _py_spy() if args.py_spy else None
+    if args.py_spy and spy is None:
+        print("--py-spy: py-spy is not installed (pip install py-spy)", file=sys.stderr)
+        return 2
+    program = args.identity == "program"
+    body = agent_body(args.kb, program_context(0) if program else None)
+    trees = {"this": ROOT} | ({"compare": args.compare.resolve()} if args.compare else {})
+    load = os.getloadavg()
+    print(
+        f"program probe: identity {args.identity}, {args.kb} KiB, N = {args.processes}, c=1, {args.seconds:g} s x "
+        f"{args.rounds} rounds; {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC, load {load[0]:.2f}, "
+        f"speed probe {python_speed_probe_us():.1f} us",
+        flush=True,
+    )
+    procs: list[subprocess.Popen[bytes]] = []
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
+    with tempfile.TemporaryDirectory(prefix="program-probe-") as tmp:
+        config = Path(tmp) / "agentd.toml"
+        config.write_text(f"[server]\ndata_plane_processes = {args.processes}\n")
+        try:
+            worker_port = free_port()
+            worker = subprocess.Popen([sys.executable, "-m", MODULE, "--serve-worker", str(worker_port)], cwd=ROOT)
+            procs.append(worker)
+            wait_listening(worker_port, worker, "fake worker")
+            daemons: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
+            for name, tree in trees.items():
+                port = free_port()
+                proc = subprocess.Popen(
+                    agentd_command(port, worker_port, program, config), cwd=tree, stdout=subprocess.DEVNULL
+                )
+                procs.append(proc)
+                wait_listening(port, proc, f"agentd ({name})")
+                daemons[name] = (port, proc)
+            time.sleep(2.0)  # relay processes and the first health round
+            for r in range(args.rounds):
+                for name, (port, proc) in daemons.items():
+                    recorder = None
+                    if spy is not None and name == "this" and r == 0:
+                        cmd = [spy, "record", "--format", "raw", "-r", "500", "-o", str(args.py_spy)]
+                        cmd += ["--subprocesses", "--pid", str(proc.pid)]
+                        recorder = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                        time.sleep(1.0)
+                    n, cpu, wall = trio.run(_loop, port, body, args.seconds, proc.pid)
+                    if recorder is not None:
+                        recorder.send_signal(2)  # SIGINT: py-spy writes its output and exits
+                        recorder.wait(timeout=60)
+                    us = cpu / max(1, n) * 1e6
+                    results[name].append((us, wall / max(1, n) * 1e3))
+                    print(
+                        f"  round {r + 1} {name:8} {n:6d} requests  agentd CPU {us:7.0f} us/request  "
+                        f"mean latency {wall / max(1, n) * 1e3:6.3f} ms",
+                        flush=True,
+                    )
+        finally:
+            for proc in reversed(procs):
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    for name, rows in results.items():
+        cpus = [u for u, _ in rows]
+        print(
+            f"{name:8} ({trees[name]}): CPU per request median {statistics.median(cpus):.0f} us "
+            f"(runs {', '.join(f'{u:.0f}' for u in cpus)}), mean latency median "
+            f"{statistics.median(ms for _, ms in rows):.3f} ms"
+        )
+    if args.compare is not None:
+        ratios = [a / b for (a, _), (b, _) in zip(results["this"], results["compare"], strict=True)]
+        print("this / compare CPU per request, round by round: " + ", ".join(f"{x:.3f}" for x in ratios))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
