@@ -4,8 +4,10 @@ A Program generation has at most four timers, one per kind: the acting TTL, the 
 deadline, the paused-retention TTL and its queued requests' timeout (the kinds are the core's
 strings; this module does not interpret them).  The actor holds ``kind -> (deadline, token)`` and loops::
 
-    with trio.move_on_at(min(armed deadlines)):
-        command = await inbox.receive()      # ArmTimer replaces a kind, CancelTimer drops it
+    with trio.CancelScope(deadline=min(armed deadlines)) as scope:
+        while True:
+            command = await inbox.receive()  # ArmTimer replaces a kind, CancelTimer drops it
+            scope.deadline = min(armed deadlines)
 
 When the cancel scope expires, every due timer fires, in ``(deadline, token)`` order, as
 ``TimerFired(program, kind, token)`` to the scheduler.  Re-arming is just a new
@@ -41,20 +43,22 @@ async def run_program_actor(
     async with inbox, fired_send:
         task_status.started()
         while True:
-            next_deadline = min((d for d, _ in timers.values()), default=math.inf)
-            with trio.move_on_at(next_deadline) as scope:
-                try:
-                    command = await inbox.receive()
-                except trio.EndOfChannel:
-                    return
-                if isinstance(command, ArmTimer):
-                    timers[command.kind] = (command.deadline, command.token)
-                elif isinstance(command, CancelTimer):
-                    timers.pop(command.kind, None)
-                else:  # pragma: no cover - the registry only sends the two commands
-                    raise TypeError(f"unexpected Program actor command {command!r}")
-            if not scope.cancelled_caught:
-                continue
+            # one cancel scope until a timer fires: a command only moves its deadline (cheaper than
+            # a scope per command; the deadline is the same min over the armed timers)
+            with trio.CancelScope(deadline=min((d for d, _ in timers.values()), default=math.inf)) as scope:
+                while True:
+                    try:
+                        command = await inbox.receive()
+                    except trio.EndOfChannel:
+                        return
+                    if isinstance(command, ArmTimer):
+                        timers[command.kind] = (command.deadline, command.token)
+                    elif isinstance(command, CancelTimer):
+                        timers.pop(command.kind, None)
+                    else:  # pragma: no cover - the registry only sends the two commands
+                        raise TypeError(f"unexpected Program actor command {command!r}")
+                    scope.deadline = min((d for d, _ in timers.values()), default=math.inf)
+            # the inner loop leaves only by return or by the deadline: some timer is due
             now = trio.current_time()
             due = sorted((d, tok, kind) for kind, (d, tok) in timers.items() if d <= now)
             for _deadline, token, kind in due:
