@@ -91,6 +91,9 @@ class SchedulerHandle:
         self.router: EffectRouter | None = None
         self.health: HealthyTargets | None = None
         self.synced_target_ids: tuple[str, ...] = ()
+        # the target tuple the last sync read (the health board keeps one tuple until health
+        # changes): the same object again means the same targets, nothing to compare
+        self._synced_source: tuple[BackendTarget, ...] | None = None
         # model pools other than the default one (daemon/models.py): name -> member target indices,
         # registered by the dispatcher at a pool's first arrival and re-synced with the default pool
         self.model_pools: dict[str, frozenset[int]] = {}
@@ -138,9 +141,11 @@ class SchedulerHandle:
 
     def sync_targets(self, now: float, *, force: bool = False) -> None:
         """Give the core the current (healthy) target list when it changed."""
-        targets = (
-            self.targets if self.health is None else tuple(sorted(self.health.healthy_targets(), key=lambda t: t.index))
-        )
+        source = self.targets if self.health is None else self.health.healthy_targets()
+        if source is self._synced_source and not force:
+            return
+        self._synced_source = source
+        targets = source if self.health is None else tuple(sorted(source, key=lambda t: t.index))
         ids = tuple(t.target_id for t in targets)
         if ids == self.synced_target_ids and not force:
             return
