@@ -11,6 +11,9 @@ completion; ``paused_retention_ttl_seconds`` is large so none is released).
   on the median thread CPU time (``time.thread_time_ns``), which a loaded machine does not
   inflate; wall-clock median, p90 and p99 (``time.perf_counter_ns``) are printed too. Over
   ``--cycles`` cycles, after ``--warmup`` untimed cycles.
+* ``--tools``: every completion called one of four tools (by Program), so each arrival feeds that
+  tool's gap window and each completion arms the per-tool acting TTL decided on it
+  (docs/program-scheduling.md §12) instead of the fitted one.
 * memory: ``tracemalloc`` traced bytes of a fresh state holding ``--programs`` idle Programs
   (ids, records, timers, rank statistics, lineage) minus the same state with only the targets,
   divided by the number of Programs.
@@ -20,6 +23,7 @@ section 1).
 
     python -m bench.core_bench                      # 10,000 Programs over 64 ranks
     python -m bench.core_bench --programs 2000 --cycles 5000
+    python -m bench.core_bench --tools              # every turn calls one of four tools
 """
 
 from __future__ import annotations
@@ -73,9 +77,13 @@ def identities(programs: int) -> list[Any]:
     return out
 
 
+TOOLS = ("read_file", "run_tests", "search_code", "edit_file")
+
+
 class Bench:
-    def __init__(self, ranks: int, idents: list[Any]) -> None:
+    def __init__(self, ranks: int, idents: list[Any], tools: bool = False) -> None:
         self.cfg = make_config()
+        self.tools = tools
         self.state: SchedulerState = initial_state(self.cfg)
         self.now = 0.0
         self.seq = 0
@@ -90,10 +98,12 @@ class Bench:
         self.seq += 1
         rid = RequestId(f"req-{self.seq}")
         prompt = 2000 + 10 * (self.seq % 50)
-        return (
-            RequestSubmitted(rid, self.idents[index], prompt),
-            RequestCompleted(rid, True, Usage(prompt, prompt // 2, 100)),
-        )
+        usage = Usage(prompt, prompt // 2, 100)
+        if self.tools:  # the turn called a tool: its gap window decides the acting TTL (§12)
+            done = RequestCompleted(rid, True, usage, finish_reason="tool_calls", tool_names=(TOOLS[index % 4],))
+        else:
+            done = RequestCompleted(rid, True, usage)
+        return RequestSubmitted(rid, self.idents[index], prompt), done
 
     def cycle(self, index: int) -> None:
         submit, complete = self.events(index)
@@ -120,9 +130,11 @@ def measure_memory(ranks: int, idents: list[Any]) -> float:
     return (full - base) / len(idents)
 
 
-def measure_cycles(ranks: int, idents: list[Any], cycles: int, warmup: int) -> tuple[list[float], list[float]]:
+def measure_cycles(
+    ranks: int, idents: list[Any], cycles: int, warmup: int, tools: bool = False
+) -> tuple[list[float], list[float]]:
     """(wall-clock, thread CPU) microseconds per cycle; CPU time is immune to a loaded machine."""
-    b = Bench(ranks, idents)
+    b = Bench(ranks, idents, tools)
     b.populate()
     n = len(idents)
     for i in range(warmup):
@@ -165,13 +177,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="disable Python's cyclic GC while timing (diagnostic: shows the GC's share)",
     )
+    parser.add_argument(
+        "--tools",
+        action="store_true",
+        help="completions call one of four tools: the per-tool acting TTL decides (docs/program-scheduling.md §12)",
+    )
     args = parser.parse_args(argv)
     idents = identities(args.programs)
     per_program = measure_memory(args.ranks, idents)
     if args.gc_off:
         gc.disable()
     try:
-        wall, cpu = measure_cycles(args.ranks, idents, args.cycles, args.warmup)
+        wall, cpu = measure_cycles(args.ranks, idents, args.cycles, args.warmup, args.tools)
     finally:
         gc.enable()
     q = statistics.quantiles(wall, n=100)
@@ -189,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"python {sys.version.split()[0]}, {args.cycles} timed cycles after {args.warmup} warm-up cycles"
         + (" (cyclic GC disabled while timing)" if args.gc_off else "")
+        + (" (every turn calls a tool: per-tool TTL decisions)" if args.tools else "")
     )
     print(
         f"machine speed reference: sum(range(1000)) = {reference_loop_microseconds():.1f} us of CPU "

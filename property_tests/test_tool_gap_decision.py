@@ -146,3 +146,26 @@ def test_decide_uses_the_from_scratch_ttl(
         ref = reference_best_ttl(window, c, min(max_ttl, c / r), margin_ratio, margin_seconds, r)
         assert decision is not None
         assert bits(decision.ttl_seconds) == bits(ref)
+
+
+@given(
+    gaps=st.lists(st.one_of(_grid, st.floats(min_value=0.0, max_value=30.0)), min_size=1, max_size=64),
+    queries=st.lists(
+        st.tuples(st.floats(min_value=0.01, max_value=40.0), st.floats(min_value=0.01, max_value=40.0), rent),
+        min_size=2,
+        max_size=8,
+    ),
+)
+# a short d_max prepares a few candidates; the next, longer one must extend them
+@example(gaps=[1.0, 2.0, 3.0, 4.0], queries=[(10.0, 1.5, 1.0), (10.0, 10.0, 1.0)])
+def test_decisions_on_one_window_version_in_any_order(
+    gaps: list[float], queries: list[tuple[float, float, float]]
+) -> None:
+    """Several decisions between two pushes (candidates prepared for one d_max, then reused or
+    extended for another) each give the from-scratch TTL."""
+    w = GapWindow(64)
+    for g in gaps:
+        w.push(g)
+    for c, d_max, r in queries:
+        ref = reference_best_ttl(list(w.gaps), c, d_max, 0.1, 0.02, r)
+        assert bits(w.best_ttl(c, d_max, 0.1, 0.02, r)) == bits(ref)

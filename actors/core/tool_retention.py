@@ -104,8 +104,8 @@ class GapWindow:
         # the window in ascending order, equal gaps oldest first (what a stable sort of `gaps` gives)
         self._sorted: list[float] = []
         self._prefix: list[float] | None = [0.0]  # prefix sums of `_sorted`, None = stale
-        # (margin_ratio, margin_seconds, raws, ks, rents) of `_candidates`, None = stale
-        self._cand: tuple[float, float, list[float], list[int], list[float]] | None = None
+        # the candidates of `_candidates` prepared so far, None = stale
+        self._cand: _Candidates | None = None
         self.held = 0  # decisions that held the KV (TTL > 0)
         self.released = 0  # decisions that released it at once
         self.fallbacks = 0  # completions that fell back to the fitted TTL (too few gaps)
@@ -194,12 +194,13 @@ class GapWindow:
             and self.prefix_sums()[-1] <= _SAFE
         ):
             return best_ttl_scan(self._sorted, c, d_max, margin_ratio, margin_seconds, rent)
-        raws, ks, rents = self._candidates(margin_ratio, margin_seconds)
+        cand = self._candidates(margin_ratio, margin_seconds, d_max)
+        raws = cand.raws
         best_d, best_u = 0.0, 0.0
         cut = bisect_right(raws, d_max)
         if cut:
             # u = (c*k - rent*(prefix[k] + d*(n - k))) / n: the scan's expression, so the same floats
-            us = [(c * k - rent * a) / n for k, a in zip(ks[:cut], rents[:cut], strict=True)]
+            us = [(c * k - rent * a) / n for k, a in zip(cand.ks[:cut], cand.rents[:cut], strict=True)]
             top = max(us)
             if top > 0.0:
                 i = us.index(top)  # the first maximum: ties keep the shorter TTL
@@ -211,22 +212,25 @@ class GapWindow:
             best_d = d_max
         return best_d
 
-    def _candidates(self, margin_ratio: float, margin_seconds: float) -> tuple[list[float], list[int], list[float]]:
+    def _candidates(self, margin_ratio: float, margin_seconds: float, upto: float) -> _Candidates:
         """The window's positive candidate TTLs ``g * (1 + margin_ratio) + margin_seconds`` in
         ascending order, the first of each run with the same held count ``k`` (gaps <= the TTL),
-        with ``k`` and ``prefix[k] + d * (n - k)`` (the seconds held over the window)."""
+        with ``k`` and ``prefix[k] + d * (n - k)`` (the seconds held over the window); prepared
+        up to the first one above ``upto`` (or all), and extended by a later call that needs more."""
         cand = self._cand
-        if cand is not None and cand[0] == margin_ratio and cand[1] == margin_seconds:
-            return cand[2], cand[3], cand[4]
         gaps = self._sorted
-        prefix = self.prefix_sums()
         n = len(gaps)
+        if cand is None or cand.margin_ratio != margin_ratio or cand.margin_seconds != margin_seconds:
+            # a zero gap without a margin gives the candidate 0: utility 0, never taken
+            start = 0 if margin_seconds > 0 else bisect_right(gaps, 0.0)
+            cand = self._cand = _Candidates(margin_ratio, margin_seconds, start)
+        raws = cand.raws
+        i = cand.next_index
+        if i >= n or (raws and raws[-1] > upto):
+            return cand
+        prefix = self.prefix_sums()
         scale = 1.0 + margin_ratio
-        raws: list[float] = []
-        ks: list[int] = []
-        rents: list[float] = []
-        # a zero gap without a margin gives the candidate 0: utility 0, never taken
-        i = 0 if margin_seconds > 0 else bisect_right(gaps, 0.0)
+        ks, rents = cand.ks, cand.rents
         while i < n:
             d = gaps[i] * scale + margin_seconds
             k = bisect_right(gaps, d, i)  # d >= gaps[i]
@@ -234,7 +238,8 @@ class GapWindow:
             ks.append(k)
             rents.append(prefix[k] + d * (n - k))
             if k >= n:
-                break  # every later candidate holds all n gaps too
+                i = n  # every later candidate holds all n gaps too
+                break
             # the next candidate that holds more is the first j with gaps[j] * scale + margin >= gaps[k]:
             # an estimate by division, then corrected with the candidates' own arithmetic
             nxt = gaps[k]
@@ -244,8 +249,25 @@ class GapWindow:
             while j < n and gaps[j] * scale + margin_seconds < nxt:
                 j += 1
             i = j
-        self._cand = (margin_ratio, margin_seconds, raws, ks, rents)
-        return raws, ks, rents
+            if d > upto:
+                break  # enough for this decision
+        cand.next_index = i
+        return cand
+
+
+class _Candidates:
+    """The prepared candidates of one window version (``GapWindow._candidates``): parallel lists,
+    ascending, and the index of the next gap to look at."""
+
+    __slots__ = ("margin_ratio", "margin_seconds", "raws", "ks", "rents", "next_index")
+
+    def __init__(self, margin_ratio: float, margin_seconds: float, start: int) -> None:
+        self.margin_ratio = margin_ratio
+        self.margin_seconds = margin_seconds
+        self.raws: list[float] = []
+        self.ks: list[int] = []
+        self.rents: list[float] = []
+        self.next_index = start
 
 
 # Magnitudes below which the candidate pruning of ``GapWindow.best_ttl`` is exact in floats (no
