@@ -144,13 +144,31 @@ def fit_ttl(mu: float, sigma: float, c: float, max_acting_ttl_seconds: float) ->
     k_s = sigma / _SQRT2
     half_m = m * 0.5  # m * 0.5 * erfc(.) evaluates (m * 0.5) first: same value
     best_d, best_u = 0.0, 0.0  # candidate d = 0 has utility 0
+    if not c < _BOUND_SAFE:  # (c infinite or NaN: no bound, every point in full)
+        for d, ln_d in zip(ds, lns, strict=True):
+            x = (ln_d - mu) * k_z
+            phi = 0.5 * erfc(-x)
+            v = c * phi - half_m * erfc(k_s - x) - d * (1.0 - phi)
+            if v >= best_u:
+                best_d, best_u = d, v
+        return best_d
     for d, ln_d in zip(ds, lns, strict=True):
         x = (ln_d - mu) * k_z  # z / sqrt(2)
         phi = 0.5 * erfc(-x)
-        v = c * phi - half_m * erfc(k_s - x) - d * (1.0 - phi)
+        cp = c * phi
+        hold = d * (1.0 - phi)
+        # v = (cp - half_m * erfc(.)) - hold <= cp - hold in floats too (the subtracted term is
+        # >= 0 and rounding is monotone): a point whose bound is below the best is skipped
+        # without its second erfc, exactly as the full comparison would skip it
+        if cp - hold < best_u:
+            continue
+        v = cp - half_m * erfc(k_s - x) - hold
         if v >= best_u:
             best_d, best_u = d, v
     return best_d
+
+
+_BOUND_SAFE = 1e300  # c below this: c * phi and the utility stay finite (fit_ttl's bound is exact)
 
 
 @define(slots=True, eq=False)
