@@ -185,6 +185,10 @@ class EffectRouter:
             requeueable=e.requeueable,
         )
         self._reply(e.request_id, admitted)
+        # the queue wait of every Program admission (was an effect of its own after the Admit)
+        self._queue_wait_children[e.target_id].observe(e.queue_wait_seconds)
+        if self.feed is not None:
+            self.feed.queue_wait(e.queue_wait_seconds)
 
     def _requeue_prefill(self, e: fx.RequeuePrefill) -> None:
         """A long prefill blocks a light tenant (docs/priority.md §3): the Program dispatcher takes
@@ -353,11 +357,6 @@ class EffectRouter:
             if value is not None:
                 children[target].observe(value)
 
-    def _queue_wait(self, e: fx.QueueWaitObserved) -> None:
-        self._queue_wait_children[e.target_id].observe(e.seconds)
-        if self.feed is not None:
-            self.feed.queue_wait(e.seconds)
-
     def _interval(self, e: fx.RequestIntervalObserved) -> None:
         self._interval_children[e.target_id].observe(e.seconds)
         if _debug():
@@ -491,7 +490,6 @@ _ROUTES: dict[type, Callable[[EffectRouter, Any], None]] = {
     fx.RetireProgram: EffectRouter._retire,
     fx.Transition: EffectRouter._transition,
     fx.AdmissionCapacitySnapshot: EffectRouter._admission,
-    fx.QueueWaitObserved: EffectRouter._queue_wait,
     fx.QueueEtaTold: EffectRouter._queue_eta_told,
     fx.QueueEtaObserved: EffectRouter._queue_eta_observed,
     fx.RequestIntervalObserved: EffectRouter._interval,

@@ -141,12 +141,6 @@ class AdmissionCapacitySnapshot:
 
 
 @frozen(slots=False)
-class QueueWaitObserved:
-    target_id: TargetId
-    seconds: float
-
-
-@frozen(slots=False)
 class QueueEtaTold:
     """Tell the waiting request ``request_id`` its place in line and expected wait
     (docs/program-scheduling.md §13): ``first`` at the step that queued it, then at every tick."""
@@ -341,7 +335,6 @@ Effect = (
     | RetireProgram
     | Transition
     | AdmissionCapacitySnapshot
-    | QueueWaitObserved
     | QueueEtaTold
     | QueueEtaObserved
     | RequestIntervalObserved

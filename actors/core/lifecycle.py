@@ -16,7 +16,6 @@ from actors.core.effects import (
     AdmissionCapacitySnapshot,
     Admit,
     QueueEtaObserved,
-    QueueWaitObserved,
     Reject,
     RetireProgram,
     Transition,
@@ -188,7 +187,6 @@ def dispatch_ready(s: SchedulerState, p: Program, *, forced: bool = False) -> No
                 ),
             )
         )
-        s.effects.append(QueueWaitObserved(target_id=rank.target_id, seconds=wait))
         if s.eta.first:
             told = s.eta.admitted(req.request_id, s.now)
             if told is not None:
