@@ -1,5 +1,5 @@
-"""agentd's CPU per Program request at concurrency 1, optionally A/B against another checkout
-(docs/benchmarks.md §10.4.1).
+"""agentd's CPU per Program request in a closed loop (c=1 by default), optionally A/B against
+another checkout (docs/benchmarks.md §10.4.1).
 
 Usage (from the repository root)::
 
@@ -15,8 +15,9 @@ read before and after ``--seconds`` of requests: CPU per request and the mean la
 ``--compare DIR`` runs a second agentd from another checkout (a detached worktree of ``main``:
 ``python -m daemon`` started with DIR as its working directory imports DIR's code) and
 alternates the two for ``--rounds`` rounds, so both see the same minutes of the machine.
-``--py-spy OUT`` records this checkout's agentd during its first round (``py-spy`` on PATH or
-beside this interpreter; ``--format raw``: collapsed stacks, one per line).
+``--concurrency C`` runs C connections, one Program each (the overhead bench's c=32 loop).
+``--py-spy OUT`` records this checkout's agentd (with N > 1 its scheduler process) during its
+first round (``py-spy`` on PATH or beside this interpreter; ``--format raw``: collapsed stacks).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from pathlib import Path
 import trio
 
 from bench.harness import ROOT, free_port, python_speed_probe_us, tree_cpu_seconds, wait_listening
-from bench.proxy_overhead import MODULE, PROGRAM_CONFIG, agent_body, connect, program_context
+from bench.proxy_overhead import MODULE, PROGRAM_CONFIG, Conn, agent_body, connect, program_context
 
 
 def agentd_command(port: int, worker_port: int, program: bool, config: Path) -> list[str]:
@@ -46,24 +47,39 @@ def agentd_command(port: int, worker_port: int, program: bool, config: Path) -> 
     return cmd
 
 
-async def _loop(port: int, body: bytes, seconds: float, pid: int) -> tuple[int, float, float]:
-    """(requests, agentd tree CPU seconds, wall seconds) of ``seconds`` of a c=1 closed loop."""
-    conn = await connect(port, body)
-    try:
-        for _ in range(200):  # warm-up: windows, caches, the first compile of every path
+async def _loop(port: int, bodies: list[bytes], seconds: float, pid: int) -> tuple[int, float, float]:
+    """(requests, agentd tree CPU seconds, wall seconds) of ``seconds`` of a closed loop, one
+    connection per body."""
+    conns = [await connect(port, body) for body in bodies]
+    count = 0
+    end = 0.0
+
+    async def user(conn: Conn, warmup: bool) -> None:
+        nonlocal count
+        if warmup:
+            for _ in range(200 // len(conns) + 1):  # windows, caches, the first run of every path
+                await conn.roundtrip()
+            return
+        while time.perf_counter() < end:
             await conn.roundtrip()
+            count += 1
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for conn in conns:
+                nursery.start_soon(user, conn, True)
         cpu0 = tree_cpu_seconds(pid)
         t0 = time.perf_counter()
         end = t0 + seconds
-        n = 0
-        while time.perf_counter() < end:
-            await conn.roundtrip()
-            n += 1
+        async with trio.open_nursery() as nursery:
+            for conn in conns:
+                nursery.start_soon(user, conn, False)
         wall = time.perf_counter() - t0
         cpu = tree_cpu_seconds(pid) - cpu0
     finally:
-        await conn.stream.aclose()
-    return n, cpu, wall
+        for conn in conns:
+            await conn.stream.aclose()
+    return count, cpu, wall
 
 
 def _py_spy() -> str | None:
@@ -78,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kb", type=int, default=1, help="body size in KiB (default 1)")
     parser.add_argument("--identity", choices=("program", "free"), default="program")
     parser.add_argument("--processes", type=int, default=1, help="[server] data_plane_processes (default 1)")
+    parser.add_argument("--concurrency", type=int, default=1, help="connections, one Program each (default 1)")
     parser.add_argument("--compare", type=Path, help="another checkout to alternate with (e.g. a worktree of main)")
     parser.add_argument("--py-spy", type=Path, help="record this checkout's agentd in its first round (raw)")
     args = parser.parse_args(argv)
@@ -86,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.rounds < 1:
         print("--rounds: must be >= 1", file=sys.stderr)
+        return 2
+    if args.concurrency < 1:
+        print("--concurrency: must be >= 1", file=sys.stderr)
         return 2
     if args.processes < 1:
         print("--processes: must be >= 1", file=sys.stderr)
@@ -98,13 +118,13 @@ def main(argv: list[str] | None = None) -> int:
         print("--py-spy: py-spy is not installed (pip install py-spy)", file=sys.stderr)
         return 2
     program = args.identity == "program"
-    body = agent_body(args.kb, program_context(0) if program else None)
+    bodies = [agent_body(args.kb, program_context(user) if program else None) for user in range(args.concurrency)]
     trees = {"this": ROOT} | ({"compare": args.compare.resolve()} if args.compare else {})
     load = os.getloadavg()
     print(
-        f"program probe: identity {args.identity}, {args.kb} KiB, N = {args.processes}, c=1, {args.seconds:g} s x "
-        f"{args.rounds} rounds; {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC, load {load[0]:.2f}, "
-        f"speed probe {python_speed_probe_us():.1f} us",
+        f"program probe: identity {args.identity}, {args.kb} KiB, N = {args.processes}, c={args.concurrency}, "
+        f"{args.seconds:g} s x {args.rounds} rounds; {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC, "
+        f"load {load[0]:.2f}, speed probe {python_speed_probe_us():.1f} us",
         flush=True,
     )
     procs: list[subprocess.Popen[bytes]] = []
@@ -132,10 +152,10 @@ def main(argv: list[str] | None = None) -> int:
                     recorder = None
                     if spy is not None and name == "this" and r == 0:
                         cmd = [spy, "record", "--format", "raw", "-r", "500", "-o", str(args.py_spy)]
-                        cmd += ["--subprocesses", "--pid", str(proc.pid)]
+                        cmd += ["--pid", str(proc.pid)]  # the scheduler process when N > 1
                         recorder = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                         time.sleep(1.0)
-                    n, cpu, wall = trio.run(_loop, port, body, args.seconds, proc.pid)
+                    n, cpu, wall = trio.run(_loop, port, bodies, args.seconds, proc.pid)
                     if recorder is not None:
                         recorder.send_signal(2)  # SIGINT: py-spy writes its output and exits
                         recorder.wait(timeout=60)
