@@ -74,3 +74,81 @@ def reply_nowait(reply: trio.MemorySendChannel[R], value: R) -> bool:
         except trio.BrokenResourceError:
             return False
     return True
+
+
+class ReplySlot(Generic[R]):
+    """A one-consumer reply box for one request: what a memory channel of ``max_buffer_size``
+    gives a waiting handler, without a channel pair (and a clone) per request
+    (docs/benchmarks.md §10.4.1).
+
+    The actor's side is the ``ReplySink`` protocol (actors/messages.py): ``send_nowait`` buffers a
+    value (``trio.WouldBlock`` when full, ``trio.ClosedResourceError`` after ``close``,
+    ``trio.BrokenResourceError`` once the handler has left), ``close`` ends it, ``statistics``
+    reports ``current_buffer_used``.  The handler's side: ``await receive()`` (the buffered values
+    in order, then ``trio.EndOfChannel`` once closed; the same checkpoints as a channel's
+    ``receive``) and ``leave()`` when it stops listening.
+    """
+
+    __slots__ = ("_items", "_limit", "_task", "_closed", "_left")
+
+    def __init__(self, max_buffer_size: int) -> None:
+        self._items: list[R] = []
+        self._limit = max_buffer_size
+        self._task: Any = None  # the handler's task while it waits in ``receive``
+        self._closed = False
+        self._left = False
+
+    # ---- the actor's side -------------------------------------------------------------------
+
+    def send_nowait(self, value: R, /) -> None:
+        if self._left:
+            raise trio.BrokenResourceError("the handler stopped listening")
+        if self._closed:
+            raise trio.ClosedResourceError("the reply slot was closed")
+        if len(self._items) >= self._limit:
+            raise trio.WouldBlock
+        self._items.append(value)
+        self._wake()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake()
+
+    def statistics(self) -> _SlotStatistics:
+        return _SlotStatistics(len(self._items))
+
+    def _wake(self) -> None:
+        task = self._task
+        if task is not None:
+            self._task = None
+            trio.lowlevel.reschedule(task)
+
+    # ---- the handler's side -----------------------------------------------------------------
+
+    async def receive(self) -> R:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if not self._items:
+            if self._closed:
+                raise trio.EndOfChannel
+            self._task = trio.lowlevel.current_task()
+
+            def abort(_: Any) -> trio.lowlevel.Abort:
+                self._task = None
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            await trio.lowlevel.wait_task_rescheduled(abort)
+            if not self._items:  # woken by ``close``
+                raise trio.EndOfChannel
+            return self._items.pop(0)
+        value = self._items.pop(0)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return value
+
+    def leave(self) -> None:
+        self._left = True
+        self._items.clear()
+
+
+@frozen
+class _SlotStatistics:
+    current_buffer_used: int

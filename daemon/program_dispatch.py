@@ -56,7 +56,7 @@ from actors.core.model import NO_USAGE
 from actors.dashboard_feed import DashboardFeed
 from actors.dashboard_view import dashboard_document
 from actors.logevents import get_logger
-from actors.mailbox import ActorGone
+from actors.mailbox import ActorGone, ReplySlot
 from actors.messages import Admitted, QueuePosition, Reply, ReplySink, Submission
 from actors.program_metrics import GaugeSnapshot, ProgramMetrics, TokenEstimateGauge
 from actors.rank_registry import RankRegistry, run_rank_registry
@@ -520,22 +520,23 @@ class ProgramDispatcher:
             # The scheduler answers exactly once with send_nowait (buffer 1); a request that wants
             # its queue position while it waits (a streaming one with SSE keep-alive) gets
             # QueuePosition notices first, which never take the final reply's room (buffer 2).
-            reply_send, reply_recv = trio.open_memory_channel[Reply](1 if watch is None else 2)
-            with reply_recv:
-                with reply_send:
-                    submission = Submission(event=event, reply=reply_send.clone(), queue_updates=watch is not None)
-                    await inbox.send(submission)
-                    submitted = True
-                    self.counters.submitted_count += 1
+            # A reply slot, not a channel pair per request (docs/benchmarks.md §10.4.1).
+            slot = ReplySlot[Reply](1 if watch is None else 2)
+            try:
+                await inbox.send(Submission(event=event, reply=slot, queue_updates=watch is not None))
+                submitted = True
+                self.counters.submitted_count += 1
                 while True:
                     try:
-                        reply = await reply_recv.receive()
+                        reply = await slot.receive()
                     except trio.EndOfChannel:
                         raise ActorGone("scheduler actor stopped") from None
                     if not isinstance(reply, QueuePosition):
                         break
                     if watch is not None:
                         watch.tell(reply.position, reply.eta_seconds, trio.current_time())
+            finally:
+                slot.leave()  # a later answer (to a handler that left) is dropped by the router
             if watch is not None:
                 watch.done()
             if isinstance(reply, Rejection):
