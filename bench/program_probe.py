@@ -35,7 +35,7 @@ from pathlib import Path
 
 import trio
 
-from bench.harness import ROOT, free_port, python_speed_probe_us, tree_cpu_seconds, wait_listening
+from bench.harness import ROOT, cpu_seconds, free_port, python_speed_probe_us, tree_cpu_seconds, wait_listening
 from bench.proxy_overhead import MODULE, PROGRAM_CONFIG, Conn, agent_body, connect, program_context
 
 
@@ -47,9 +47,10 @@ def agentd_command(port: int, worker_port: int, program: bool, config: Path) -> 
     return cmd
 
 
-async def _loop(port: int, bodies: list[bytes], seconds: float, pid: int) -> tuple[int, float, float]:
-    """(requests, agentd tree CPU seconds, wall seconds) of ``seconds`` of a closed loop, one
-    connection per body."""
+async def _loop(port: int, bodies: list[bytes], seconds: float, pid: int) -> tuple[int, float, float, float]:
+    """(requests, agentd tree CPU seconds, its first process's CPU seconds, wall seconds) of
+    ``seconds`` of a closed loop, one connection per body.  The first process is the whole daemon
+    with N = 1, the scheduler process with N > 1."""
     conns = [await connect(port, body) for body in bodies]
     count = 0
     end = 0.0
@@ -68,18 +69,18 @@ async def _loop(port: int, bodies: list[bytes], seconds: float, pid: int) -> tup
         async with trio.open_nursery() as nursery:
             for conn in conns:
                 nursery.start_soon(user, conn, True)
-        cpu0 = tree_cpu_seconds(pid)
+        cpu0, main0 = tree_cpu_seconds(pid), cpu_seconds(pid)
         t0 = time.perf_counter()
         end = t0 + seconds
         async with trio.open_nursery() as nursery:
             for conn in conns:
                 nursery.start_soon(user, conn, False)
         wall = time.perf_counter() - t0
-        cpu = tree_cpu_seconds(pid) - cpu0
+        cpu, main = tree_cpu_seconds(pid) - cpu0, cpu_seconds(pid) - main0
     finally:
         for conn in conns:
             await conn.stream.aclose()
-    return count, cpu, wall
+    return count, cpu, main, wall
 
 
 def _py_spy() -> str | None:
@@ -129,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     procs: list[subprocess.Popen[bytes]] = []
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
+    scheduler: dict[str, list[float]] = {name: [] for name in trees}  # the first process's CPU
     with tempfile.TemporaryDirectory(prefix="program-probe-") as tmp:
         config = Path(tmp) / "agentd.toml"
         config.write_text(f"[server]\ndata_plane_processes = {args.processes}\n")
@@ -155,14 +157,17 @@ def main(argv: list[str] | None = None) -> int:
                         cmd += ["--pid", str(proc.pid)]  # the scheduler process when N > 1
                         recorder = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                         time.sleep(1.0)
-                    n, cpu, wall = trio.run(_loop, port, bodies, args.seconds, proc.pid)
+                    n, cpu, main, wall = trio.run(_loop, port, bodies, args.seconds, proc.pid)
                     if recorder is not None:
                         recorder.send_signal(2)  # SIGINT: py-spy writes its output and exits
                         recorder.wait(timeout=60)
                     us = cpu / max(1, n) * 1e6
+                    main_us = main / max(1, n) * 1e6
                     results[name].append((us, wall / max(1, n) * 1e3))
+                    scheduler[name].append(main_us)
                     print(
-                        f"  round {r + 1} {name:8} {n:6d} requests  agentd CPU {us:7.0f} us/request  "
+                        f"  round {r + 1} {name:8} {n:6d} requests  agentd CPU {us:7.0f} us/request "
+                        f"(first process {main_us:6.0f})  "
                         f"mean latency {wall / max(1, n) * 1e3:6.3f} ms",
                         flush=True,
                     )
@@ -178,11 +183,14 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{name:8} ({trees[name]}): CPU per request median {statistics.median(cpus):.0f} us "
             f"(runs {', '.join(f'{u:.0f}' for u in cpus)}), mean latency median "
-            f"{statistics.median(ms for _, ms in rows):.3f} ms"
+            f"{statistics.median(ms for _, ms in rows):.3f} ms; first process (the scheduler with N > 1) "
+            f"median {statistics.median(scheduler[name]):.0f} us per request"
         )
     if args.compare is not None:
         ratios = [a / b for (a, _), (b, _) in zip(results["this"], results["compare"], strict=True)]
         print("this / compare CPU per request, round by round: " + ", ".join(f"{x:.3f}" for x in ratios))
+        firsts = [a / b for a, b in zip(scheduler["this"], scheduler["compare"], strict=True)]
+        print("this / compare first-process CPU per request, round by round: " + ", ".join(f"{x:.3f}" for x in firsts))
     return 0
 
 
