@@ -30,6 +30,10 @@ for round in 1 2 3; do
   done
 done
 
+# 1b. the same, both cores in one process, interleaved block by block (robust to the machine's drift)
+"$py" -m bench.core_ab "$other" | tee -a "$out/core_bench.log"
+"$py" -m bench.core_ab "$other" --tools | tee -a "$out/core_bench.log"
+
 # 2. agentd's CPU per Program request: c=1 with N = 1, c=32 with N = 2 (alternated inside)
 "$py" -m bench.program_probe --compare "$other" --rounds 3 --seconds 5 | tee "$out/program_probe.log"
 "$py" -m bench.program_probe --compare "$other" --rounds 3 --seconds 5 --processes 2 --concurrency 32 | tee -a "$out/program_probe.log"
