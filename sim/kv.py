@@ -7,20 +7,28 @@ Model (docs/simulator.md §1, "Paged KV cache" and "Prefix caching"):
   ``hash((parent_hash, tuple(block_token_ids)))`` chained from a fixed root derived from the seed;
   a ``cache_salt`` is mixed into the first block only, which re-roots the whole chain.  Hashes are
   Python ``hash`` of int tuples, which is deterministic across processes.
-* The free list is an LRU queue (``OrderedDict``): allocation pops from the head and, if the popped
-  block still carries a hash, evicts it from the hash map; freeing a request releases its blocks in
-  reverse order (deepest block first) to the tail, so shared prefixes survive longest.  A cache hit
-  on a block with ``ref_cnt == 0`` removes it from the free queue ("touch").  Identical blocks are not
+* The free list is an LRU queue: allocation pops from the head and, if the popped block still
+  carries a hash, evicts it from the hash map; freeing a request releases its blocks in reverse
+  order (deepest block first) to the tail, so shared prefixes survive longest.  A cache hit on a
+  block with ``ref_cnt == 0`` removes it from the free queue ("touch").  Identical blocks are not
   de-duplicated: ``cached`` maps a hash to its oldest block and ``dups`` keeps the younger copies,
   promoted when the oldest is evicted.
+* The queue is stored as *segments* (docs/simulator.md §8): one list per ``free`` call, holding the
+  blocks that call released in request order (so the queue order is each segment reversed, oldest
+  segment first).  A request's chain leaves and re-enters the queue as one list slice instead of one
+  ``OrderedDict`` operation per block.  The observable order (pops, evictions, hits) is exactly the
+  per-block queue's, which ``tests/sim/test_kv_segments.py`` checks against a per-block reference
+  model.
 * ``usage = 1 - free / (num_gpu_blocks - 1)``; evictable cached blocks count as free.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Sequence
+from itertools import compress, repeat
+from operator import eq
 
 
 def root_hash(seed: int) -> int:
@@ -64,27 +72,54 @@ def extend_block_hashes(
 
 
 class BlockPool:
-    """The block table of one engine: reference counts, hashes, LRU free queue."""
+    """The block table of one engine: reference counts, hashes, LRU free queue of segments."""
 
-    __slots__ = ("num_gpu_blocks", "ref_cnt", "block_hash", "cached", "dups", "free_queue", "evictions")
+    __slots__ = (
+        "num_gpu_blocks",
+        "block_hash",
+        "cached",
+        "dups",
+        "evictions",
+        "ref_cnt",
+        "_num_free",
+        "_segments",
+        "_by_first",
+        "_empty_segments",
+    )
 
     def __init__(self, num_gpu_blocks: int) -> None:
         if num_gpu_blocks < 2:
             raise ValueError(f"num_gpu_blocks must be >= 2, got {num_gpu_blocks}")
         self.num_gpu_blocks = num_gpu_blocks
-        self.ref_cnt: list[int] = [0] * num_gpu_blocks
         self.block_hash: list[int | None] = [None] * num_gpu_blocks
         self.cached: dict[int, int] = {}  # hash -> oldest block carrying it
         self.dups: dict[int, list[int]] = {}  # hash -> younger blocks carrying it (rare)
-        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_gpu_blocks))
         self.evictions = 0
+        self.ref_cnt: list[int] = [0] * num_gpu_blocks  # 0: in the free queue (block 0 is never used)
+        self._num_free = num_gpu_blocks - 1
+        # the free queue, head first: each segment holds its blocks in reverse queue order (the
+        # order of the request that released them), so the queue head is segments[0][-1]
+        initial = list(range(num_gpu_blocks - 1, 0, -1))
+        self._segments: deque[list[int]] = deque([initial])
+        self._by_first: dict[int, list[int]] = {initial[0]: initial}  # seg[0] -> seg (non-empty ones)
+        self._empty_segments = 0  # emptied by touches, still in _segments
 
     @property
     def num_free(self) -> int:
-        return len(self.free_queue)
+        return self._num_free
 
     def usage(self) -> float:
-        return 1.0 - len(self.free_queue) / (self.num_gpu_blocks - 1)
+        return 1.0 - self._num_free / (self.num_gpu_blocks - 1)
+
+    def ref_count(self, b: int) -> int:
+        return self.ref_cnt[b]
+
+    def free_order(self) -> list[int]:
+        """The free queue, head (next to be allocated) first."""
+        order: list[int] = []
+        for seg in self._segments:
+            order.extend(reversed(seg))
+        return order
 
     def lookup(self, block_hash: int) -> int | None:
         return self.cached.get(block_hash)
@@ -106,12 +141,81 @@ class BlockPool:
     def touch(self, blocks: Sequence[int]) -> None:
         """Take a reference on cache hits, removing unreferenced ones from the free queue."""
         ref = self.ref_cnt
-        free_queue = self.free_queue
+        refs = list(map(ref.__getitem__, blocks))
+        j = 0
+        while True:  # each run of unreferenced hits leaves the queue as one slice
+            try:
+                j = refs.index(0, j)
+            except ValueError:
+                break
+            j = self._take_run(blocks, j)
         for b in blocks:
-            r = ref[b]
-            if not r:
-                del free_queue[b]
-            ref[b] = r + 1
+            ref[b] += 1
+
+    def _take_run(self, blocks: Sequence[int], j: int) -> int:
+        """Remove the longest run ``blocks[j:k]`` that sits in one segment from the queue; returns k."""
+        b = blocks[j]
+        seg = self._by_first.get(b)
+        i = 0
+        if seg is None:  # a run starting inside a segment (duplicate blocks): find it
+            seg, i = self._locate(b)
+        size = min(len(seg) - i, len(blocks) - j)
+        if seg[i : i + size] != blocks[j : j + size]:
+            lo, hi = 1, size  # seg[i] == blocks[j]: a run of lo matches, of hi does not
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if seg[i : i + mid] == blocks[j : j + mid]:
+                    lo = mid
+                else:
+                    hi = mid
+            size = lo
+        del seg[i : i + size]
+        self._num_free -= size
+        if i == 0:
+            del self._by_first[b]
+            if seg:
+                self._by_first[seg[0]] = seg
+            else:
+                self._drop_empty_segment()
+        return j + size
+
+    def _locate(self, b: int) -> tuple[list[int], int]:
+        for seg in self._segments:
+            if b in seg:
+                return seg, seg.index(b)
+        raise AssertionError(f"block {b} is free but in no segment")
+
+    def _drop_empty_segment(self) -> None:
+        """Count a segment emptied in place; compact the deque when empties dominate it."""
+        self._empty_segments += 1
+        if self._empty_segments > 64 and 2 * self._empty_segments > len(self._segments):
+            self._segments = deque(seg for seg in self._segments if seg)
+            self._empty_segments = 0
+
+    def _pop(self, n: int) -> list[int]:
+        """Remove the ``n`` blocks at the queue head, head first."""
+        segments = self._segments
+        popped: list[int] = []
+        while n:
+            seg = segments[0]
+            size = len(seg)
+            if not size:
+                segments.popleft()
+                self._empty_segments -= 1
+                continue
+            if n >= size:
+                del self._by_first[seg[0]]
+                seg.reverse()
+                popped += seg
+                segments.popleft()
+                n -= size
+            else:
+                take = seg[-n:]
+                del seg[-n:]
+                take.reverse()
+                popped += take
+                n = 0
+        return popped
 
     def allocate(self, n: int, out: list[int]) -> None:
         """Pop ``n`` blocks from the free-queue head into ``out`` (caller checked ``num_free``)."""
@@ -119,13 +223,15 @@ class BlockPool:
 
     def allocate_each(self, outs: list[list[int]]) -> None:
         """Pop one block from the free-queue head into each list of ``outs``, in order."""
-        popitem = self.free_queue.popitem
+        if len(outs) > self._num_free:
+            raise ValueError(f"cannot allocate {len(outs)} blocks, {self._num_free} free")
+        popped = self._pop(len(outs))
+        self._num_free -= len(popped)
         ref = self.ref_cnt
         block_hash = self.block_hash
         cached = self.cached
         dups = self.dups
-        for out in outs:
-            b = popitem(last=False)[0]
+        for out, b in zip(outs, popped, strict=True):
             h = block_hash[b]
             if h is not None:
                 if not dups and cached[h] == b:  # the common eviction, inlined
@@ -176,11 +282,18 @@ class BlockPool:
             self.cached[h] = b
 
     def free(self, blocks: Sequence[int]) -> None:
-        """Release a request's blocks, tail first, to the free-queue tail."""
+        """Release a request's blocks: those no other request holds go, tail first, to the queue tail."""
         ref = self.ref_cnt
-        free_queue = self.free_queue
-        for b in reversed(blocks):
-            r = ref[b] - 1
-            ref[b] = r
-            if not r:
-                free_queue[b] = None
+        refs = list(map(ref.__getitem__, blocks))
+        if refs.count(1) == len(refs):  # no block is shared with a running request: all are released
+            released = list(blocks)
+            for b in released:
+                ref[b] = 0
+        else:
+            for b in blocks:
+                ref[b] -= 1
+            released = list(compress(blocks, map(eq, refs, repeat(1))))
+        if released:
+            self._num_free += len(released)
+            self._segments.append(released)
+            self._by_first[released[0]] = released
