@@ -97,7 +97,10 @@ class _Session:
         extend_block_hashes(self.hashes, self.tokens[have * bs : n_full * bs], n_full, bs, self.root, None, offset=None)
         self.output = _fresh_tokens(rng, n_out)
         rid = f"s{self.sid}-g{self.generation}-t{self.turn}"
-        return Request(rid, list(self.tokens), self.output, prompt_block_hashes=self.hashes[:n_full])
+        # no copies of the context: the session appends to ``tokens`` only once the request has
+        # finished, and the engine appends only output-block hashes to ``hashes`` (adopted below)
+        hashes = self.hashes if len(self.hashes) == n_full else self.hashes[:n_full]
+        return Request(rid, self.tokens, self.output, prompt_block_hashes=hashes)
 
     def finished(self, req: Request) -> float:
         """Record the finished turn; returns the tool gap before the next request."""
