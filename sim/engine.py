@@ -165,6 +165,7 @@ class Engine:
             return out
         if req.status == RUNNING:
             self.running.remove(req)
+            self.pool.remember_chain(req.blocks[: req.num_cached_blocks])
             self.pool.free(req.blocks)
             req.blocks = []
         elif any(r is req for _, _, r in self._pending):
@@ -293,6 +294,7 @@ class Engine:
         return True
 
     def _preempt(self, req: Request) -> None:
+        self.pool.remember_chain(req.blocks[: req.num_cached_blocks])
         self.pool.free(req.blocks)
         req.blocks = []
         req.num_cached_blocks = 0
@@ -641,6 +643,7 @@ class Engine:
             finish = req.finish_reason
             req.status = FINISHED
             self.running.remove(req)
+            self.pool.remember_chain(req.blocks[: req.num_cached_blocks])
             self.pool.free(req.blocks)
             req.blocks = []
             del self._requests[req.request_id]

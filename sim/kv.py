@@ -25,6 +25,7 @@ Model (docs/simulator.md §1, "Paged KV cache" and "Prefix caching"):
 from __future__ import annotations
 
 import zlib
+from array import array
 from collections import deque
 from collections.abc import Sequence
 from itertools import compress, repeat
@@ -71,6 +72,9 @@ def extend_block_hashes(
         i += 1
 
 
+_MAX_CHAINS = 32  # remembered chains per pool (the most recently released ones)
+
+
 class BlockPool:
     """The block table of one engine: reference counts, hashes, LRU free queue of segments."""
 
@@ -85,6 +89,8 @@ class BlockPool:
         "_segments",
         "_by_first",
         "_empty_segments",
+        "_chains",
+        "_evicted_at",
     )
 
     def __init__(self, num_gpu_blocks: int) -> None:
@@ -103,6 +109,10 @@ class BlockPool:
         self._segments: deque[list[int]] = deque([initial])
         self._by_first: dict[int, list[int]] = {initial[0]: initial}  # seg[0] -> seg (non-empty ones)
         self._empty_segments = 0  # emptied by touches, still in _segments
+        # recently released chains, by the hash of their last block, with the eviction count when
+        # they were released: candidates for find_hits
+        self._chains: dict[int, tuple[list[int], int]] = {}
+        self._evicted_at = array("q", [0]) * num_gpu_blocks  # block -> eviction count when last evicted
 
     @property
     def num_free(self) -> int:
@@ -126,14 +136,55 @@ class BlockPool:
 
     def find_hits(self, hashes: Sequence[int], max_blocks: int) -> list[int]:
         """Blocks of the longest cached prefix of ``hashes`` (at most ``max_blocks``)."""
-        # C-speed lookups of the whole candidate range, then cut at the first miss
-        found = list(map(self.cached.get, hashes[:max_blocks]))
+        start = 0
+        found: list[int | None] = []
+        if self._chains and not self.dups:
+            found = self._chain_hits(hashes, max_blocks)
+            start = len(found)
+        # C-speed lookups of the (rest of the) candidate range, then cut at the first miss
+        found += map(self.cached.get, hashes[start:max_blocks])
         try:
             first_miss = found.index(None)
         except ValueError:
             first_miss = len(found)
         del found[first_miss:]
         return found  # type: ignore[return-value]  # no None is left
+
+    def _chain_hits(self, hashes: Sequence[int], max_blocks: int) -> list[int | None]:
+        """The blocks of the longest remembered chain that is a prefix of ``hashes`` and still
+        cached, else [] (docs/simulator.md §8).
+
+        A chain is found by its last hash (a chain hash stands for the whole prefix, as everywhere
+        in the cache).  Its blocks carried their hashes when it was released and lose them only when
+        evicted; with no duplicate blocks, a block carrying hash h is ``cached[h]``.  So a chain none
+        of whose blocks was evicted since is exactly what looking its hashes up would return."""
+        chains = self._chains
+        evicted_at = self._evicted_at
+        for size in sorted({len(c) for c, _ in chains.values()}, reverse=True):
+            if size > max_blocks:
+                continue
+            key = hashes[size - 1]
+            entry = chains.get(key)
+            if entry is None or len(entry[0]) != size:
+                continue
+            chain, stamp = entry
+            if stamp == self.evictions or max(map(evicted_at.__getitem__, chain)) <= stamp:
+                return list(chain)
+            del chains[key]  # a block of it was evicted since: forget it
+        return []
+
+    def remember_chain(self, blocks: Sequence[int]) -> None:
+        """Remember a released request's cached blocks (each carries its chain hash) for find_hits."""
+        if not blocks:
+            return
+        h = self.block_hash[blocks[-1]]
+        if h is None:
+            return
+        chains = self._chains
+        chains.pop(h, None)
+        chains[h] = (list(blocks), self.evictions)
+        if len(chains) > _MAX_CHAINS:
+            del chains[next(iter(chains))]
 
     def count_evictable(self, blocks: Sequence[int]) -> int:
         return list(map(self.ref_cnt.__getitem__, blocks)).count(0)
@@ -231,6 +282,7 @@ class BlockPool:
         block_hash = self.block_hash
         cached = self.cached
         dups = self.dups
+        evicted_at = self._evicted_at
         for out, b in zip(outs, popped, strict=True):
             h = block_hash[b]
             if h is not None:
@@ -238,6 +290,7 @@ class BlockPool:
                     block_hash[b] = None
                     del cached[h]
                     self.evictions += 1
+                    evicted_at[b] = self.evictions
                 else:
                     self._evict(b)
             ref[b] = 1
@@ -248,6 +301,7 @@ class BlockPool:
         assert h is not None
         self.block_hash[b] = None
         self.evictions += 1
+        self._evicted_at[b] = self.evictions
         younger = self.dups.get(h)
         if self.cached[h] == b:
             if younger:

@@ -5,7 +5,8 @@ queue order, a reference count per block, allocation popping the head, ``free`` 
 request's unreferenced blocks deepest first, a hit on an unreferenced block removing it from the
 queue.  ``BlockPool`` stores the same queue as segments (docs/simulator.md §8); every observable
 (blocks handed out, evictions, hits, the queue order, reference counts, the hash maps) must match
-after every operation of random request lifecycles, including duplicate blocks and preemptions.
+after every operation of random request lifecycles, including duplicate blocks and preemptions,
+and lookups that start from a remembered chain (``remember_chain``) give the reference's hits.
 """
 
 from __future__ import annotations
@@ -146,7 +147,9 @@ def run_ops(num_gpu_blocks: int, ops: list[tuple[str, int, int, int]]) -> None:
             ref.allocate(n, grown)
             assert blocks == grown
         elif kind == "free" and held:
-            blocks, _ = held.pop(a % len(held))
+            blocks, hashes = held.pop(a % len(held))
+            if c:  # as the engine does: lookups may start from this chain (find_hits checks it)
+                pool.remember_chain(blocks[: len(hashes)])
             pool.free(blocks)
             ref.free(blocks)
         assert_same(pool, ref)
