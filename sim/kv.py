@@ -64,6 +64,18 @@ def extend_block_hashes(
     parent = hashes[-1] if hashes else root
     append = hashes.append
     base = i * block_size if offset is None else offset
+    first = i * block_size - base
+    size = (n_blocks - i) * block_size
+    span = tokens[first : first + size]
+    if first >= 0 and len(span) == size:  # the usual case: cut the blocks at C speed
+        blocks = zip(*([iter(span)] * block_size), strict=True)
+        if i == 0 and salt is not None:
+            parent = hash((parent, next(blocks), salt))
+            append(parent)
+        for block in blocks:
+            parent = hash((parent, block))
+            append(parent)
+        return
     while i < n_blocks:
         start = i * block_size - base
         block = tuple(tokens[start : start + block_size])

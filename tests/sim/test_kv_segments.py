@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.kv import BlockPool
+from sim.kv import BlockPool, extend_block_hashes
 
 
 class ReferencePool:
@@ -233,3 +233,36 @@ def test_a_run_starting_inside_a_segment() -> None:
     ref.touch(hits)
     assert_same(pool, ref)
     assert pool.free_order() == [b[0]]
+
+
+def reference_hashes(tokens: list[int], n_blocks: int, bs: int, root: int, salt: int | None) -> list[int]:
+    """The chain by its definition (docs/simulator.md §1): one hash per full block, salt in the first."""
+    hashes: list[int] = []
+    parent = root
+    for i in range(n_blocks):
+        block = tuple(tokens[i * bs : (i + 1) * bs])
+        parent = hash((parent, block, salt)) if i == 0 and salt is not None else hash((parent, block))
+        hashes.append(parent)
+    return hashes
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    bs=st.sampled_from([1, 2, 3, 16]),
+    tokens=st.lists(st.integers(0, 1 << 40), max_size=70),
+    have=st.integers(0, 5),
+    salt=st.sampled_from([None, 12345]),
+    whole=st.booleans(),
+)
+def test_extend_block_hashes_is_the_chain_definition(
+    bs: int, tokens: list[int], have: int, salt: int | None, whole: bool
+) -> None:
+    n = len(tokens) // bs
+    have = min(have, n)
+    expected = reference_hashes(tokens, n, bs, 7, salt)
+    hashes = expected[:have]
+    if whole:  # the caller passes every token (offset 0)
+        extend_block_hashes(hashes, tokens, n, bs, 7, salt)
+    else:  # the caller passes only the new range
+        extend_block_hashes(hashes, tokens[have * bs :], n, bs, 7, salt, offset=None)
+    assert hashes == expected
