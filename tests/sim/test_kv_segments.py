@@ -166,7 +166,7 @@ def run_ops(num_gpu_blocks: int, ops: list[tuple[str, int, int, int]]) -> None:
     assert_same(pool, ref)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(num_gpu_blocks=st.integers(2, 48), ops=OPS)
 def test_segmented_queue_matches_per_block_queue(num_gpu_blocks: int, ops: list[tuple[str, int, int, int]]) -> None:
     run_ops(num_gpu_blocks, ops)
@@ -246,7 +246,7 @@ def reference_hashes(tokens: list[int], n_blocks: int, bs: int, root: int, salt:
     return hashes
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     bs=st.sampled_from([1, 2, 3, 16]),
     tokens=st.lists(st.integers(0, 1 << 40), max_size=70),
