@@ -13,12 +13,13 @@ Model (docs/simulator.md §1, "Paged KV cache" and "Prefix caching"):
   block with ``ref_cnt == 0`` removes it from the free queue ("touch").  Identical blocks are not
   de-duplicated: ``cached`` maps a hash to its oldest block and ``dups`` keeps the younger copies,
   promoted when the oldest is evicted.
-* The queue is stored as *segments* (docs/simulator.md §8): one list per ``free`` call, holding the
+* The queue is stored as *segments* (docs/simulator.md §8.1): one list per ``free`` call, holding the
   blocks that call released in request order (so the queue order is each segment reversed, oldest
   segment first).  A request's chain leaves and re-enters the queue as one list slice instead of one
   ``OrderedDict`` operation per block.  The observable order (pops, evictions, hits) is exactly the
   per-block queue's, which ``tests/sim/test_kv_segments.py`` checks against a per-block reference
-  model.
+  model.  ``find_hits`` may start from a recently released chain that lost no block since
+  (``_chain_hits``), which returns what the per-block lookups would.
 * ``usage = 1 - free / (num_gpu_blocks - 1)``; evictable cached blocks count as free.
 """
 
@@ -164,7 +165,7 @@ class BlockPool:
 
     def _chain_hits(self, hashes: Sequence[int], max_blocks: int) -> list[int | None]:
         """The blocks of the longest remembered chain that is a prefix of ``hashes`` and still
-        cached, else [] (docs/simulator.md §8).
+        cached, else [] (docs/simulator.md §8.1).
 
         A chain is found by its last hash (a chain hash stands for the whole prefix, as everywhere
         in the cache).  Its blocks carried their hashes when it was released and lose them only when
