@@ -2,7 +2,8 @@
 
 :class:`BatchService` is what the HTTP routes and the executor share: the configuration, the store
 (the SQLite database is opened on first use, or at start when it already exists, so a daemon that
-never uses the Batch API creates no file), a wake-up event (a batch was created or cancelled) and a
+never uses the Batch API creates no database; the executor holds a lock beside it,
+daemon/batch_lock.py), a wake-up event (a batch was created or cancelled) and a
 change event (a batch's status changed; tests wait on it instead of sleeping).
 
 :func:`run_batch_executor` (started by the supervisor, stopped with it) keeps one task per active
@@ -42,6 +43,7 @@ import trio
 
 from actors.logevents import get_logger, log_event
 from daemon import batchfile
+from daemon.batch_lock import BatchDatabaseLock
 from daemon.batch_store import TERMINAL, BatchDatabase, BatchStore, LineRow, PendingLine, new_id
 from daemon.config import BatchApiConfig
 from daemon.http.errors import ApiError
@@ -146,6 +148,8 @@ class BatchExecutor:
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         service = self.service
+        lock = BatchDatabaseLock(service.path)
+        lock.acquire()  # one daemon per database, before anything is resumed (daemon/batch_lock.py)
         try:
             self._first_scan = service.path.exists()
             if self._first_scan:
@@ -158,6 +162,7 @@ class BatchExecutor:
                     await service.wait_wake()
         finally:
             service.close()
+            lock.release()
 
     async def _scan(self, nursery: trio.Nursery) -> None:
         store = await self.service.store()

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from actors.logevents import get_logger, log_event
+from daemon.batch_lock import BatchDatabaseLocked
 from daemon.commands.paths import batch_database_problem
 from daemon.config import HTTP1_ENV, HTTP1_IMPLEMENTATIONS, LOG_FORMATS, AgentdConfig
 from daemon.config_loading import ConfigError, add_router_flags, load_config, overrides_from_args, read_config_file
@@ -85,11 +86,12 @@ def _leaf_errors(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def listen_error(exc: BaseException) -> ListenError | None:
-    """The :class:`ListenError` inside ``exc`` (possibly nested in exception groups), if any."""
+def listen_error(exc: BaseException) -> ListenError | BatchDatabaseLocked | None:
+    """The :class:`ListenError` (a listener cannot open) or :class:`BatchDatabaseLocked` (another
+    daemon holds the Batch API's database) inside ``exc``, possibly nested in exception groups."""
     from daemon.http.serve import ListenError  # (hypercorn: imported only to serve)
 
-    if isinstance(exc, ListenError):
+    if isinstance(exc, (ListenError, BatchDatabaseLocked)):
         return exc
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
@@ -111,7 +113,8 @@ def _config_error(lines: list[str], log_format: str) -> int:
 
 
 def _serve(cfg: AgentdConfig) -> int:
-    """Run the daemon; a listener that cannot open is a configuration error: its lines, exit 2."""
+    """Run the daemon; a listener that cannot open or a Batch API database held by another daemon
+    is a configuration error: its lines, exit 2."""
     try:
         trio.run(_main, cfg)
     except Exception as exc:

@@ -21,13 +21,16 @@ from daemon.supervisor import run_daemon
 
 async def test_a_batch_database_that_cannot_be_opened_is_a_503_naming_the_field(tmp_path: Path) -> None:
     blocker = tmp_path / "state"
-    blocker.write_text("a file where the database's directory should be")
     db = blocker / "batches.sqlite3"
     cfg = config_from_dict({"server": {"port": 0}, "batch_api": {"database_path": str(db)}})
     async with trio.open_nursery() as nursery:
         handles: DaemonHandles = await nursery.start(
             partial(run_daemon, cfg, serve_http=False, batch_executor=True, rng=random.Random(0))
         )
+        # the directory goes bad after the start (it holds only the lock file, daemon/batch_lock.py)
+        (blocker / "batches.sqlite3.lock").unlink()
+        blocker.rmdir()
+        blocker.write_text("a file where the database's directory should be")
         transport = httpx.ASGITransport(app=create_app(handles))
         async with httpx.AsyncClient(transport=transport, base_url="http://agentd") as client:
             for response in (
