@@ -16,6 +16,7 @@ import httpx
 import trio
 
 from bench.calibrate_costs import CalibrateOptions, CalibrationError, calibrate
+from bench.commands.common import TargetBearer, add_api_key_flag, api_key_arg
 from bench.output import write_atomic
 from daemon.batch_runner import target_base
 from daemon.commands.argtypes import int_at_least, non_empty, positive_float
@@ -63,6 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", default=d.repeats, type=int_at_least(1), help="runs of every probe")
     parser.add_argument("--request-timeout", default=d.request_timeout, type=positive_float, help="seconds per request")
     parser.add_argument("--seed", default=d.seed, type=int_at_least(0), help="seed of the probe prompts")
+    add_api_key_flag(parser)  # a vLLM worker started with --api-key, or an agentd with [auth]
 
 
 def options(args: argparse.Namespace) -> CalibrateOptions:
@@ -103,10 +105,14 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"agentd calibrate: {problem}", file=sys.stderr)
         return 2
+    key, usable = api_key_arg(args, "agentd calibrate")
+    if not usable:
+        return 2
     opts = options(args)
 
     async def main() -> str:
-        async with httpx.AsyncClient(timeout=opts.request_timeout) as client:
+        auth = None if key is None else TargetBearer(target, key)
+        async with httpx.AsyncClient(timeout=opts.request_timeout, auth=auth) as client:
             result = await calibrate(client, target, opts, _Bar())
         sys.stderr.write("\n" + result.report() + "\n")
         return result.toml_block()

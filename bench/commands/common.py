@@ -7,10 +7,13 @@ the ``agentd.commands`` entry-point group).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Generator
 from typing import TypeVar
 
 import attrs
+import httpx
 from attrs import AttrsInstance
 
 from bench.replay import ReplayOptions
@@ -78,3 +81,49 @@ def load_trace_arg(path: str, prog: str, flag: str = "--trace") -> Trace | None:
     except TraceError as exc:
         print(f"{prog}: invalid {flag} {path}: {exc}", file=sys.stderr)
     return None
+
+
+API_KEY_ENV = "OPENAI_API_KEY"  # as agentd batch (docs/batch.md §3)
+
+
+def add_api_key_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--api-key",
+        metavar="KEY",
+        default=None,
+        help=f"sent to the target as 'Authorization: Bearer KEY' (default: ${API_KEY_ENV} when set; "
+        "--api-key '' sends none)",
+    )
+
+
+def api_key_arg(args: argparse.Namespace, prog: str) -> tuple[str | None, bool]:
+    """The key to send (``--api-key``, else ``$OPENAI_API_KEY``; "" = none) and whether it is usable;
+    an unusable one is printed naming its source (the command exits 2)."""
+    flag: str | None = args.api_key
+    key = flag if flag is not None else os.environ.get(API_KEY_ENV) or None
+    if not key:
+        return None, True
+    if not key.isprintable() or any(ch.isspace() for ch in key):
+        source = "--api-key" if flag is not None else f"${API_KEY_ENV}"
+        print(f"{prog}: {source}: the key contains whitespace or control characters", file=sys.stderr)
+        return None, False
+    return key, True
+
+
+class TargetBearer(httpx.Auth):
+    """``Authorization: Bearer KEY`` on requests to the target's origin only: the workers'
+    ``/metrics`` (``--worker-metrics``) are other servers and never see the key."""
+
+    def __init__(self, target: str, key: str) -> None:
+        self._origin = _origin(httpx.URL(target))
+        self._value = f"Bearer {key}"
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        if _origin(request.url) == self._origin:
+            request.headers["Authorization"] = self._value
+        yield request
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    default = {"http": 80, "https": 443}.get(url.scheme)
+    return url.scheme, url.host, url.port if url.port is not None else default

@@ -3,7 +3,8 @@
 Scrapes the workers' ``/metrics`` (``--worker-metrics``, repeatable) and the target's own metrics
 (``--router-metrics``, default ``<target>/metrics``) before and after the run, replays the trace
 (bench.replay) with a live progress line on stderr, and writes the JSON report
-(bench.report) to ``--out`` (or stdout).
+(bench.report) to ``--out`` (or stdout).  ``--api-key`` (default ``$OPENAI_API_KEY``, as ``agentd
+batch``) is sent as a bearer token to the target, never to the ``--worker-metrics`` URLs.
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ from typing import Any
 
 import trio
 
-from bench.commands.common import add_replay_flags, load_trace_arg, replay_options
+from bench.commands.common import (
+    TargetBearer,
+    add_api_key_flag,
+    add_replay_flags,
+    api_key_arg,
+    load_trace_arg,
+    replay_options,
+)
 from bench.output import write_report
 from bench.progress import progress_line
 from bench.replay import replay_client
@@ -48,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the target's Prometheus URL (default <target>/metrics; 'none' to skip)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    add_api_key_flag(parser)
     add_replay_flags(parser)
 
 
@@ -63,11 +72,16 @@ def run(args: argparse.Namespace) -> int:
     if not target.startswith(("http://", "https://")):
         print(f"agentd replay: --target must be an http(s) URL, got {args.target!r}", file=sys.stderr)
         return 2
+    key, usable = api_key_arg(args, "agentd replay")
+    if not usable:
+        return 2
     router = [] if args.router_metrics == "none" else [args.router_metrics or f"{target}/metrics"]
     opts = replay_options(args)
 
     async def main() -> dict[str, Any]:
         async with replay_client() as client:
+            if key is not None:
+                client.auth = TargetBearer(target, key)
             with progress_line(not args.no_progress, "replay") as progress:
                 return await measured_replay(
                     trace,
