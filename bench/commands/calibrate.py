@@ -3,7 +3,8 @@
 Runs the probes of ``bench.calibrate_costs`` against any OpenAI-compatible server (a vLLM worker,
 ``agentd sim-backend``), prints the fit quality on stderr and the ``[program_scheduling]`` TOML block
 on stdout (``--out FILE`` also writes it atomically).  A progress bar (probes done / total, ETA)
-goes to stderr.  Bad flags exit 2 naming the flag; an unreachable target or a failed probe exits 1.
+goes to stderr.  Bad flags exit 2 naming the flag; an unreachable target or a failed probe exits 1;
+Ctrl-C ends the bar's line and exits 130 with nothing on stdout or in ``--out``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import httpx
 import trio
 
 from bench.calibrate_costs import CalibrateOptions, CalibrationError, calibrate
-from bench.commands.common import TargetBearer, add_api_key_flag, api_key_arg
+from bench.commands.common import TargetBearer, add_api_key_flag, api_key_arg, run_interruptible
 from bench.output import write_atomic
 from daemon.batch_runner import target_base
 from daemon.commands.argtypes import int_at_least, non_empty, positive_float
@@ -87,6 +88,7 @@ def options(args: argparse.Namespace) -> CalibrateOptions:
 class _Bar:
     def __init__(self) -> None:
         self.t0 = time.monotonic()
+        self.drawn = False
 
     def __call__(self, done: int, total: int) -> None:
         elapsed = time.monotonic() - self.t0
@@ -94,6 +96,15 @@ class _Bar:
         filled = 30 * done // max(1, total)
         sys.stderr.write(f"\rcalibrate [{'#' * filled}{'-' * (30 - filled)}] {done}/{total} probes  ETA {eta:.0f}s ")
         sys.stderr.flush()
+        self.drawn = True
+
+    def end(self) -> None:
+        """End the bar's line (however the run ends: done, failed, Ctrl-C) so that what follows
+        on stderr, or the shell's prompt, starts on a line of its own."""
+        if self.drawn:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+            self.drawn = False
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,21 +121,29 @@ def run(args: argparse.Namespace) -> int:
         return 2
     opts = options(args)
 
+    bar = _Bar()
+
     async def main() -> str:
         auth = None if key is None else TargetBearer(target, key)
         async with httpx.AsyncClient(timeout=opts.request_timeout, auth=auth) as client:
-            result = await calibrate(client, target, opts, _Bar())
-        sys.stderr.write("\n" + result.report() + "\n")
+            result = await calibrate(client, target, opts, bar)
+        bar.end()
+        sys.stderr.write(result.report() + "\n")
         return result.toml_block()
 
     try:
-        block = trio.run(main)
+        block = run_interruptible(main)
     except CalibrationError as exc:
-        print(f"\nagentd calibrate: {exc}", file=sys.stderr)
+        bar.end()
+        print(f"agentd calibrate: {exc}", file=sys.stderr)
         return 1
     except trio.TooSlowError:
-        print(f"\nagentd calibrate: did not finish within --max-seconds {args.max_seconds:g}", file=sys.stderr)
+        bar.end()
+        print(f"agentd calibrate: did not finish within --max-seconds {args.max_seconds:g}", file=sys.stderr)
         return 1
+    except BaseException:  # Ctrl-C (daemon.cli exits 130) or a crash: the line ends first
+        bar.end()
+        raise
     sys.stdout.write(block)
     if args.out is not None:
         try:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from typing import TypeVar
 
 import attrs
 import httpx
+import trio
 from attrs import AttrsInstance
 
 from bench.replay import ReplayOptions
@@ -21,6 +23,7 @@ from bench.trace.format import Trace, TraceError, load_trace
 from daemon.commands.argtypes import positive_float, positive_int
 
 T = TypeVar("T", bound=AttrsInstance)
+R = TypeVar("R")
 
 
 def from_args(cls: type[T], args: argparse.Namespace, **renamed: str) -> T:
@@ -127,3 +130,31 @@ class TargetBearer(httpx.Auth):
 def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
     default = {"http": 80, "https": 443}.get(url.scheme)
     return url.scheme, url.host, url.port if url.port is not None else default
+
+
+def run_interruptible(fn: Callable[[], Awaitable[R]]) -> R:
+    """``trio.run(fn)``, where Ctrl-C (SIGINT) cancels ``fn`` like any cancellation - its
+    ``finally`` blocks end the progress line, its clients close, nothing half-done is left - and
+    then raises ``KeyboardInterrupt`` (``daemon.cli`` exits 130, no traceback).  Trio's default
+    raises it wherever the task happens to be, even inside a library's lock.  A second Ctrl-C
+    during that clean-up interrupts at once."""
+
+    async def main() -> R:
+        scope = trio.CancelScope()
+        interrupted = False
+
+        async def watch() -> None:
+            nonlocal interrupted
+            with trio.open_signal_receiver(signal.SIGINT) as signals:
+                async for _ in signals:
+                    interrupted = True
+                    scope.cancel()
+                    return
+
+        trio.lowlevel.spawn_system_task(watch)
+        with scope:
+            return await fn()
+        assert interrupted  # only the watcher cancels the scope
+        raise KeyboardInterrupt
+
+    return trio.run(main)

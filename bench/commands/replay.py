@@ -13,8 +13,6 @@ import argparse
 import sys
 from typing import Any
 
-import trio
-
 from bench.commands.common import (
     TargetBearer,
     add_api_key_flag,
@@ -22,6 +20,7 @@ from bench.commands.common import (
     api_key_arg,
     load_trace_arg,
     replay_options,
+    run_interruptible,
 )
 from bench.output import write_report
 from bench.progress import progress_line
@@ -94,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
                     progress=progress,
                 )
 
-    report = trio.run(main)
+    report = run_interruptible(main)
     write_report(report, args.out)
     requests = report["requests"]
     if requests["failed"]:

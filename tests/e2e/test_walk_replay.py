@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -120,3 +121,64 @@ def test_the_key_goes_to_the_target_only() -> None:
         ):
             client.get(url)
     assert [header for _, header in seen] == [f"Bearer {KEY}", f"Bearer {KEY}", None, None, None]
+
+
+def interrupted(argv: list[str], tmp_path: Path, marker: str) -> str:
+    """Run ``agentd ARGV`` until ``marker`` is on its stderr (its progress line), send SIGINT: it
+    must exit 130 with nothing on stdout and no traceback.  Returns stderr (bytes decoded as they
+    are: a progress line redraws itself with carriage returns)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daemon", *argv], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0
+    )
+    try:
+        assert proc.stderr is not None
+        seen = b""
+        while marker.encode() not in seen:
+            char = proc.stderr.read(1)
+            assert char, seen
+            seen += char
+        proc.send_signal(signal.SIGINT)
+        out, rest = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    err = (seen + rest).decode()
+    assert (proc.returncode, out) == (130, b""), err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    return err
+
+
+@pytest.fixture
+def slow_agentd(tmp_path: Path) -> Iterator[str]:
+    """``agentd start`` on real-time simulated workers (a replay takes a while); yields its URL."""
+    config = tmp_path / "slow.toml"
+    config.write_text(f'[server]\nport = 0\n[batch_api]\ndatabase_path = "{tmp_path / "slow.sqlite3"}"\n')
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daemon", "start", "--config", str(config)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        match = re.fullmatch(r"agentd listening on (http://127\.0\.0\.1:\d+)\n", proc.stdout.readline())
+        assert match
+        yield match.group(1)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_ctrl_c_ends_the_progress_line_exits_130_and_writes_no_output(
+    tmp_path: Path, trace: str, slow_agentd: str
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    out = work / "r.json"
+    err = interrupted(["replay", "--trace", trace, "--target", slow_agentd, "--out", str(out)], work, "replay [")
+    assert err.endswith("\n") and err.count("\n") == 1, repr(err)  # the progress line, ended
+    out = work / "c.toml"
+    err = interrupted(["calibrate", "--target", slow_agentd, "--out", str(out)], work, "calibrate [")
+    assert err.endswith("\n") and err.count("\n") == 1, repr(err)
+    assert sorted(p.name for p in work.iterdir()) == []
