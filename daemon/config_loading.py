@@ -1,6 +1,6 @@
 """Loading configuration at the edge: files, CLI flags, cattrs, and error messages.
 
-``load_config(path, overrides)`` reads a TOML (or ``.json``) file, deep-merges the ``overrides``
+``load_config(path, overrides)`` reads a TOML (or ``.json``, any case) file, deep-merges the ``overrides``
 dict built from CLI flags over it, renames deprecated aliases, structures the result section by section
 (unknown keys rejected) with a strict cattrs converter (no silent ``"5" -> 5`` or ``5.7 -> 5``
 coercions) into the frozen tree of :mod:`daemon.config`, then validates every rule.  All problems are raised together
@@ -299,15 +299,14 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         data = p.read_bytes()
     except OSError as exc:
         raise ConfigError([f"config: cannot read {str(p)!r} ({exc.strerror or exc})"]) from None
+    is_json = p.suffix.lower() == ".json"  # CONFIG.JSON too: it was read as TOML
     try:
-        if p.suffix == ".json":
+        if is_json:
             raw = json.loads(data)
         else:
             raw = tomllib.loads(data.decode("utf-8"))
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            [f"config: {str(p)!r} is not valid {'JSON' if p.suffix == '.json' else 'TOML'} ({exc})"]
-        ) from None
+        raise ConfigError([f"config: {str(p)!r} is not valid {'JSON' if is_json else 'TOML'} ({exc})"]) from None
     if not isinstance(raw, dict):
         raise ConfigError([f"config: {str(p)!r} must hold a table/object at the top level (got {type(raw).__name__})"])
     return raw

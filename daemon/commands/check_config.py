@@ -1,4 +1,8 @@
-"""``agentd check-config PATH``: validate a configuration without starting anything.
+"""``agentd check-config [PATH]``: validate a configuration without starting anything.
+
+``PATH`` (or ``--config PATH``, as for ``agentd start``) is a TOML file, or JSON when its suffix is
+``.json`` in any case.  Without it the defaults are checked - what ``agentd start`` runs without
+``--config`` - and a line on stderr says so.
 
 Prints the effective configuration (defaults filled in) as JSON and any warnings, exit 0; or the
 errors, one per line naming the field, the rule and the value, exit 2.  Like ``agentd start`` it
@@ -29,15 +33,39 @@ HELP = "Validate a configuration file (and flags); print the effective configura
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", nargs="?", metavar="PATH", help="TOML (or .json) configuration file")
+    parser.add_argument(
+        "config",
+        nargs="?",
+        metavar="PATH",
+        help="TOML (or .json) configuration file; without it the defaults are checked, as agentd start "
+        "runs without --config",
+    )
+    parser.add_argument("--config", dest="config_flag", metavar="PATH", help="the same as PATH (as for agentd start)")
     add_router_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from daemon.security import load_security  # reads the files the configuration names
 
+    if args.config is not None and args.config_flag is not None and args.config != args.config_flag:
+        print(
+            f"agentd check-config: --config: two files given ({args.config!r} and --config {args.config_flag!r}); "
+            "give one",
+            file=sys.stderr,
+        )
+        return 2
+    path = args.config if args.config is not None else args.config_flag
+    args.config = path
     try:
-        cfg = load_config(args.config, overrides_from_args(args))
+        overrides = overrides_from_args(args)
+        if path is None:
+            # a bare `agentd check-config` printed the defaults as if they were a file's: say so
+            what = "the defaults with the flags given" if overrides else "the defaults"
+            print(
+                f"agentd check-config: no PATH given: checking {what} (what agentd start runs without --config)",
+                file=sys.stderr,
+            )
+        cfg = load_config(path, overrides)
         load_security(cfg)
         problem = batch_database_problem(cfg)
         if problem is not None:

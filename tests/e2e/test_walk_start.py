@@ -92,3 +92,40 @@ def test_a_bad_http1_override_is_a_json_config_error_in_json_mode(
     assert config_error(capsys, "start", "--port", "0") == [
         "AGENTD_HTTP1_IMPLEMENTATION: must be one of agentd, hypercorn, got 'h3'"
     ]
+
+
+def test_check_config_without_a_file_says_it_checks_the_defaults(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bare ``agentd check-config`` printed the defaults as though they were a file's."""
+    assert cli.main(["check-config"]) == 0
+    out, err = capsys.readouterr()
+    note = "agentd check-config: no PATH given: checking the defaults (what agentd start runs without --config)"
+    assert err == note + "\n"
+    assert json.loads(out)["server"]["port"] == 3001
+    assert cli.main(["check-config", "--port", "3005"]) == 0
+    out, err = capsys.readouterr()
+    assert err.startswith("agentd check-config: no PATH given: checking the defaults with the flags given (")
+    assert json.loads(out)["server"]["port"] == 3005
+
+
+def test_check_config_takes_the_file_as_start_does_and_reads_an_upper_case_json_suffix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--config PATH`` (as for ``agentd start``) was an unrecognized argument; ``CONFIG.JSON``
+    was read as TOML ("is not valid TOML")."""
+    config = tmp_path / "AGENTD.JSON"
+    config.write_text(json.dumps({"server": {"port": 3007}}))
+    for argv in (["check-config", str(config)], ["check-config", "--config", str(config)]):
+        assert cli.main(argv) == 0
+        out, err = capsys.readouterr()
+        assert (json.loads(out)["server"]["port"], err) == (3007, "")
+    other = tmp_path / "other.toml"
+    other.write_text("")
+    assert config_error(capsys, "check-config", str(config), "--config", str(other)) == [
+        f"agentd check-config: --config: two files given ({str(config)!r} and --config {str(other)!r}); give one"
+    ]
+    bad = tmp_path / "bad.Json"
+    bad.write_text("port = 3001\n")  # TOML in a .Json file: the JSON error says which reader ran
+    (line,) = config_error(capsys, "start", "--config", str(bad))
+    assert line.startswith(f"config: {str(bad)!r} is not valid JSON (")
