@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 from quart import Blueprint, Response, request
@@ -256,8 +256,28 @@ def _check_metadata(value: Any) -> dict[str, str] | None:
     return dict(value)
 
 
+BATCH_FIELDS = ("input_file_id", "endpoint", "completion_window", "metadata")
+BATCH_LIST_PARAMS = ("limit", "after")
+FILE_LIST_PARAMS = ("purpose", "limit")
+
+
+def _reject_unknown(names: Iterable[str], accepted: tuple[str, ...], what: str) -> None:
+    """A field agentd does not read is a 400 naming it, as OpenAI answers ("Unrecognized request
+    argument supplied: X"), not silently dropped: a misspelt ``metdata`` lost the metadata, an
+    ``order`` or ``output_expires_after`` agentd does not implement seemed to work (docs/batch.md §4)."""
+    for name in names:
+        if name not in accepted:
+            raise ApiError(
+                400,
+                f"Unrecognized {what} supplied: {name[:80]} (accepted: {', '.join(accepted)})",
+                code="unknown_parameter",
+                param=name[:80],
+            )
+
+
 def _batch_request(raw: bytes) -> tuple[str, str, str, dict[str, str] | None]:
     body = parse_json_body(raw)
+    _reject_unknown(body, BATCH_FIELDS, "request argument")
     input_file_id = body.get("input_file_id")
     if not isinstance(input_file_id, str) or not input_file_id:
         raise ApiError(
@@ -283,6 +303,7 @@ def _batch_request(raw: bytes) -> tuple[str, str, str, dict[str, str] | None]:
 
 
 def _list_args() -> tuple[int, str | None]:
+    _reject_unknown(request.args.keys(), BATCH_LIST_PARAMS, "query parameter")
     raw_limit = request.args.get("limit", "20")
     if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIST_LIMIT:
         raise ApiError(
@@ -316,6 +337,7 @@ def batches_blueprint(service: BatchService) -> Blueprint:
 
     @bp.get("/v1/files")
     async def list_files() -> Response:
+        _reject_unknown(request.args.keys(), FILE_LIST_PARAMS, "query parameter")
         raw_limit = request.args.get("limit", "10000")
         if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_FILE_LIST_LIMIT:
             raise ApiError(

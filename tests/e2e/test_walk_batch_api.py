@@ -46,3 +46,54 @@ async def test_a_batch_database_that_cannot_be_opened_is_a_503_naming_the_field(
             assert (await client.get("/health")).status_code == 200  # the daemon itself is fine
         handles.request_shutdown()
     assert blocker.read_text().startswith("a file")
+
+
+async def test_unknown_batch_fields_and_list_parameters_are_400s_naming_them(tmp_path: Path) -> None:
+    """``POST /v1/batches`` dropped unknown fields (a misspelt ``metdata`` lost the metadata) and
+    the lists ignored unknown query parameters (``order=asc`` seemed to work): OpenAI answers 400
+    "Unrecognized request argument supplied: X"; so does agentd, naming X in ``param``."""
+    cfg = config_from_dict({"server": {"port": 0}, "batch_api": {"database_path": str(tmp_path / "b.sqlite3")}})
+    async with trio.open_nursery() as nursery:
+        handles: DaemonHandles = await nursery.start(
+            partial(run_daemon, cfg, serve_http=False, batch_executor=True, rng=random.Random(0))
+        )
+        transport = httpx.ASGITransport(app=create_app(handles))
+        async with httpx.AsyncClient(transport=transport, base_url="http://agentd") as client:
+            line = b'{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}}\n'
+            upload = await client.post("/v1/files", files={"file": ("in.jsonl", line)}, data={"purpose": "batch"})
+            assert upload.status_code == 200, upload.text
+            create = {"input_file_id": upload.json()["id"], "endpoint": "/v1/completions", "completion_window": "24h"}
+
+            async def rejected(response: httpx.Response, name: str, accepted: str, what: str) -> None:
+                assert response.status_code == 400, response.text
+                assert response.json()["error"] == {
+                    "message": f"Unrecognized {what} supplied: {name} (accepted: {accepted})",
+                    "type": "invalid_request_error",
+                    "param": name,
+                    "code": "unknown_parameter",
+                }
+
+            fields = "input_file_id, endpoint, completion_window, metadata"
+            await rejected(
+                await client.post("/v1/batches", json={**create, "metdata": {"k": "v"}}),
+                "metdata",
+                fields,
+                "request argument",
+            )
+            await rejected(
+                await client.post("/v1/batches", json={**create, "output_expires_after": {"anchor": "created_at"}}),
+                "output_expires_after",
+                fields,
+                "request argument",
+            )
+            await rejected(
+                await client.get("/v1/batches?limit=5&order=asc"), "order", "limit, after", "query parameter"
+            )
+            await rejected(await client.get("/v1/files?after=file-x"), "after", "purpose, limit", "query parameter")
+            assert (await client.get("/v1/batches")).json()["data"] == []  # nothing was created
+            made = await client.post("/v1/batches", json={**create, "metadata": {"k": "v"}})
+            assert made.status_code == 200 and made.json()["metadata"] == {"k": "v"}, made.text
+            listed = await client.get("/v1/batches", params={"limit": "5"})
+            assert [b["id"] for b in listed.json()["data"]] == [made.json()["id"]]
+            assert (await client.get("/v1/files", params={"purpose": "batch", "limit": "3"})).status_code == 200
+        handles.request_shutdown()
