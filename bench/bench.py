@@ -44,7 +44,7 @@ import httpx
 import trio
 
 from actors.core.config import DecodeThroughputModel, PrefillCostModel, ProgramSchedulingConfig
-from bench.harness import cpu_seconds, free_port
+from bench.harness import cpu_seconds, daemon_env, free_port
 from bench.output import report_json, write_atomic
 from bench.progress import progress_line
 from bench.replay import ReplayOptions, replay_client
@@ -253,7 +253,9 @@ class _Procs:
 
     async def start(self, name: str, cmd: list[str]) -> trio.Process:
         log = self._open_log(name, cmd)
-        env = dict(os.environ, NO_COLOR="1", PYTHONUNBUFFERED="1")
+        # each process its own state directory beside its log (an agentd's Batch API database:
+        # one daemon per database, docs/batch.md §4), never the user's
+        env = dict(daemon_env(os.path.join(self.log_dir, "state", name)), NO_COLOR="1", PYTHONUNBUFFERED="1")
         proc = await trio.lowlevel.open_process(cmd, stdout=log, stderr=log, env=env)
         self.procs.append((name, proc, log))
         return proc

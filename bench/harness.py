@@ -8,10 +8,13 @@ it, and the load generator.  CPU accounting reads ``/proc`` (Linux).
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import timeit
 from pathlib import Path
@@ -90,18 +93,35 @@ def request_path(head: bytes) -> bytes:
     return head.split(b" ", 2)[1]
 
 
+def daemon_env(state_dir: str | os.PathLike[str] | None = None) -> dict[str, str]:
+    """The environment of an agentd the bench starts: its own state directory (``XDG_STATE_HOME``),
+    so that its Batch API database is neither the user's nor another bench daemon's (an agentd
+    refuses to start on a database another one holds, docs/batch.md §4).  Without ``state_dir``,
+    a fresh temporary directory removed when the bench exits."""
+    if state_dir is None:
+        state_dir = tempfile.mkdtemp(prefix="agentd-bench-state-")
+        atexit.register(shutil.rmtree, state_dir, True)
+    path = os.path.abspath(state_dir)
+    os.makedirs(path, exist_ok=True)
+    return dict(os.environ, XDG_STATE_HOME=path)
+
+
 def spawn_module(
-    module: str, *args: str, stdout: int | None = None, stderr: int | None = None
+    module: str,
+    *args: str,
+    stdout: int | None = None,
+    stderr: int | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """``python -m module args...`` with this interpreter, from the repository root."""
-    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdout=stdout, stderr=stderr)
+    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdout=stdout, stderr=stderr, env=env)
 
 
 def start_agentd(port: int, worker_port: int, policy: str) -> subprocess.Popen[bytes]:
     """``agentd start`` on ``port`` in front of the one worker at ``worker_port`` (stdout discarded)."""
     args = ["--port", str(port), "--log-level", "warning"]
     args += ["--worker-urls", f"http://127.0.0.1:{worker_port}", "--policy", policy]
-    return spawn_module("daemon", "start", *args, stdout=subprocess.DEVNULL)
+    return spawn_module("daemon", "start", *args, stdout=subprocess.DEVNULL, env=daemon_env())
 
 
 def wait_listening(port: int, proc: subprocess.Popen[bytes], what: str) -> None:

@@ -19,6 +19,8 @@ from typing import IO
 
 import trio
 
+from bench.harness import daemon_env
+
 ROOT = Path(__file__).resolve().parents[1]
 BANNER = re.compile(r".*listening on (http://[\w.\[\]:-]+)\s*$")
 
@@ -38,7 +40,8 @@ async def running(
     cmd: list[str], stderr: IO[bytes] | int = subprocess.DEVNULL
 ) -> AsyncIterator[tuple[trio.Process, str]]:
     """Start ``cmd``, read its ``... listening on URL`` banner, yield (process, URL); SIGTERM at exit."""
-    proc = await trio.lowlevel.open_process(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr)
+    # every process gets its own state directory (an agentd's Batch API database, docs/batch.md §4)
+    proc = await trio.lowlevel.open_process(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, env=daemon_env())
     try:
         assert proc.stdout is not None
         with trio.fail_after(120):

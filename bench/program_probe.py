@@ -35,7 +35,15 @@ from pathlib import Path
 
 import trio
 
-from bench.harness import ROOT, cpu_seconds, free_port, python_speed_probe_us, tree_cpu_seconds, wait_listening
+from bench.harness import (
+    ROOT,
+    cpu_seconds,
+    daemon_env,
+    free_port,
+    python_speed_probe_us,
+    tree_cpu_seconds,
+    wait_listening,
+)
 from bench.proxy_overhead import MODULE, PROGRAM_CONFIG, Conn, agent_body, connect, program_context
 
 
@@ -143,7 +151,10 @@ def main(argv: list[str] | None = None) -> int:
             for name, tree in trees.items():
                 port = free_port()
                 proc = subprocess.Popen(
-                    agentd_command(port, worker_port, program, config), cwd=tree, stdout=subprocess.DEVNULL
+                    agentd_command(port, worker_port, program, config),
+                    cwd=tree,
+                    stdout=subprocess.DEVNULL,
+                    env=daemon_env(),
                 )
                 procs.append(proc)
                 wait_listening(port, proc, f"agentd ({name})")

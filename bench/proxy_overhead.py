@@ -59,6 +59,7 @@ import trio
 from bench.bench import find_vllm_router
 from bench.harness import (
     ROOT,
+    daemon_env,
     free_port,
     python_speed_probe_us,
     read_request,
@@ -647,6 +648,7 @@ def main() -> int:
                         agentd_command(port, worker_port, args.policy, program, config),
                         cwd=ROOT,
                         stdout=subprocess.DEVNULL,
+                        env=daemon_env(),
                     )
                     procs.append(proc)
                     ports[system] = (port, proc)

@@ -307,9 +307,11 @@ def start_agentd(
         config.write_text(f"[server]\nstream_coalesce_ms = {coalesce_ms!r}\ndata_plane_processes = {processes}\n")
         args += ["--config", str(config)]
     if root is None:
-        return harness.spawn_module("daemon", *args, stdout=subprocess.DEVNULL)
+        return harness.spawn_module("daemon", *args, stdout=subprocess.DEVNULL, env=harness.daemon_env())
     # `python -m daemon` from ``root``: its own packages come first on sys.path
-    return subprocess.Popen([sys.executable, "-m", "daemon", *args], cwd=root, stdout=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "daemon", *args], cwd=root, stdout=subprocess.DEVNULL, env=harness.daemon_env()
+    )
 
 
 def start_router(path: str, port: int, worker_port: int) -> subprocess.Popen[bytes]:
