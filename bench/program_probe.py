@@ -41,6 +41,7 @@ from bench.harness import (
     daemon_env,
     free_port,
     python_speed_probe_us,
+    stop_all,
     tree_cpu_seconds,
     wait_listening,
 )
@@ -183,12 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
         finally:
-            for proc in reversed(procs):
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop_all(procs)
     for name, rows in results.items():
         cpus = [u for u, _ in rows]
         print(
