@@ -226,13 +226,14 @@ def _too_large(limit: int) -> ApiError:
 def _check_declared(limit: int, declared: str | None) -> None:
     """ApiError 413 when the declared ``content-length`` is over ``limit``, 400 when it is not a number."""
     if declared is not None:
-        try:
-            if int(declared) > limit:
-                raise _too_large(limit)
-        except ValueError:
+        # ASCII digits only (int() also takes "-1", " 1", "1_0" and "²"); a socket's protocol
+        # refuses those before the app, an ASGI server in front of agentd might not
+        if not (declared.isascii() and declared.isdigit()):
             raise ApiError(
-                400, f"invalid content-length header: {declared!r}", code="invalid_header", param="content-length"
-            ) from None
+                400, f"invalid content-length header: {declared[:40]!r}", code="invalid_header", param="content-length"
+            )
+        if len(declared) > 18 or int(declared) > limit:
+            raise _too_large(limit)
 
 
 async def _read_body(receive: Any, limit: int, declared: str | None) -> bytes | None:
@@ -461,7 +462,13 @@ class AgentdApp(QuartTrio):
                 await send_error(AsgiSink(send), error)
                 return
             if path == "/v1/files" and scope["method"] == "POST" and self.handles.batches is not None:
-                await serve_file_upload(self.handles.batches, scope, receive, send)
+                await serve_file_upload(
+                    self.handles.batches,
+                    scope,
+                    receive,
+                    send,
+                    stall_seconds=self.handles.config.limits.body_read_timeout_seconds,
+                )
                 return
         await super().asgi_app(scope, receive, send)
 
@@ -506,7 +513,8 @@ def create_app(
     app.edge = edge if edge is not None else handles.edge if handles.edge is not None else Edge(handles.config.limits)
     app.auth = auth if auth is not None else Authenticator.from_config(handles.config.auth)
     app.config["RESPONSE_TIMEOUT"] = None  # streams may legitimately last for minutes
-    app.config["BODY_TIMEOUT"] = None
+    # the Quart routes' bodies (POST /v1/batches) arrive within the proxy routes' limit (408)
+    app.config["BODY_TIMEOUT"] = handles.config.limits.body_read_timeout_seconds
     app.config["MAX_CONTENT_LENGTH"] = handles.config.server.max_body_bytes
     app.register_blueprint(diagnostics_blueprint(handles))
     app.register_blueprint(dashboard_blueprint(handles))
@@ -558,10 +566,12 @@ def create_app(
     @app.errorhandler(HTTPException)
     async def http_error(error: HTTPException) -> Response:
         status = error.code or 500
-        codes = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+        codes = {404: "not_found", 405: "method_not_allowed", 408: "body_read_timeout", 413: "body_too_large"}
         message = {
             404: f"unknown route {request.method} {request.path}",
             405: f"method {request.method} is not allowed on {request.path}",
+            408: "the request body did not arrive within limits.body_read_timeout_seconds "
+            f"({handles.config.limits.body_read_timeout_seconds:g} s)",
             413: "request body exceeds server.max_body_bytes",
         }.get(status, error.description or error.name)
         headers = {}

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
+import trio
 from quart import Blueprint, Response, request
 from werkzeug.http import parse_options_header
 from werkzeug.sansio.multipart import Data, Epilogue, Field, File, MultipartDecoder, NeedData
@@ -33,7 +35,7 @@ from actors.logevents import get_logger, log_event
 from daemon.batch_executor import BatchService
 from daemon.http.errors import ApiError
 from daemon.http.proxy import send_error
-from daemon.http.requests import ENDPOINTS, parse_json_body
+from daemon.http.requests import ENDPOINTS, check_content_encoding, parse_json_body
 
 logger = get_logger("batch_api")
 JSON = "application/json"
@@ -81,10 +83,56 @@ class _LineCounter:
         return self.lines + (not self._current_blank)
 
 
+UPLOAD_FIELDS = ("purpose", "file")
+MAX_FILENAME_BYTES = 255
+DEFAULT_FILENAME = "upload.jsonl"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def upload_filename(raw: str | None) -> str:
+    """The name an upload is stored under: the last component of the client's ``filename`` (a
+    client's directories, ``../`` included, are not kept: the name is shown, never used as a
+    path); 400 naming ``file`` for control characters (NUL, newlines) or over 255 UTF-8 bytes."""
+    if not raw:
+        return DEFAULT_FILENAME
+    if _CONTROL.search(raw) is not None:
+        raise ApiError(
+            400,
+            f"the file's filename must not contain control characters (got {json.dumps(raw[:80])})",
+            code="invalid_filename",
+            param="file",
+        )
+    name = re.split(r"[/\\]", raw)[-1]
+    if name in ("", ".", ".."):
+        return DEFAULT_FILENAME
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate from a filename*= parameter
+        raise ApiError(400, "the file's filename is not valid UTF-8", code="invalid_filename", param="file") from None
+    if size > MAX_FILENAME_BYTES:
+        raise ApiError(
+            400,
+            f"the file's filename takes {size} bytes, more than {MAX_FILENAME_BYTES}",
+            code="invalid_filename",
+            param="file",
+        )
+    return name
+
+
+def _seen_twice(name: str) -> ApiError:
+    return ApiError(400, f"multipart field {name} is given more than once", code="duplicate_field", param=name)
+
+
 async def _read_upload(
-    scope: dict[str, Any], receive: Any, max_file_bytes: int, max_lines: int
+    scope: dict[str, Any], receive: Any, max_file_bytes: int, max_lines: int, stall_seconds: float | None = None
 ) -> tuple[str | None, str, bytes] | None:
-    """``(purpose, filename, content)`` of a multipart upload; None if the client disconnected."""
+    """``(purpose, filename, content)`` of a multipart upload; None if the client disconnected.
+
+    The form has exactly the fields ``purpose`` and ``file``: another field is a 400
+    ``unknown_parameter`` naming it (as for ``POST /v1/batches``: a field agentd would drop is an
+    error, not silently ignored), a repeated one a 400 ``duplicate_field`` (docs/operations.md
+    §14).  A body that makes no progress for ``stall_seconds`` is a 408 ``body_read_timeout``."""
+    check_content_encoding(_scope_header(scope, b"content-encoding"))
     ctype, options = parse_options_header(_scope_header(scope, b"content-type") or "")
     boundary = options.get("boundary")
     if ctype != "multipart/form-data" or not boundary:
@@ -101,19 +149,34 @@ async def _read_upload(
         param="file",
     )
     declared = _scope_header(scope, b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_file_bytes + MULTIPART_OVERHEAD_BYTES:
+    if (
+        declared
+        and declared.isascii()
+        and declared.isdigit()
+        and int(declared) > max_file_bytes + MULTIPART_OVERHEAD_BYTES
+    ):
         raise too_large
     decoder = MultipartDecoder(boundary.encode("latin-1"), max_parts=16)
     fields: dict[str, bytearray] = {}
     content = bytearray()
     counter = _LineCounter()
-    filename = "upload.jsonl"
-    current: str | None = None  # "file", a field name, or None (an ignored extra file part)
+    filename = DEFAULT_FILENAME
+    current: str | None = None  # "file" (the file part), "purpose"
     saw_file = False
     total = 0
     done = False
     while not done:
-        message = await receive()
+        if stall_seconds is None:
+            message = await receive()
+        else:
+            with trio.move_on_after(stall_seconds) as stall:
+                message = await receive()
+            if stall.cancelled_caught:
+                raise ApiError(
+                    408,
+                    f"the upload made no progress for limits.body_read_timeout_seconds ({stall_seconds:g} s)",
+                    code="body_read_timeout",
+                )
         if message["type"] == "http.disconnect":
             return None
         chunk = message.get("body", b"")
@@ -132,17 +195,20 @@ async def _read_upload(
                 if isinstance(event, Epilogue):
                     done = True
                     break
-                if isinstance(event, File):
-                    if event.name == "file" and not saw_file:
-                        current, saw_file = "file", True
-                        filename = event.filename or filename
-                    else:
-                        current = None
-                elif isinstance(event, Field):
-                    current = event.name
-                    fields[current] = bytearray()
+                if isinstance(event, File | Field):
+                    name = event.name
+                    if name not in UPLOAD_FIELDS:
+                        _reject_unknown([name], UPLOAD_FIELDS, "multipart field")
+                    if name in fields or (name == "file" and saw_file):
+                        raise _seen_twice(name)
+                    current = name
+                    if isinstance(event, File) and name == "file":
+                        saw_file = True
+                        filename = upload_filename(event.filename)
+                    else:  # purpose, or the file sent as a plain field (no filename)
+                        fields[name] = bytearray()
                 elif isinstance(event, Data):
-                    if current == "file":
+                    if current == "file" and saw_file:
                         content += event.data
                         if len(content) > max_file_bytes:
                             raise too_large
@@ -154,8 +220,8 @@ async def _read_upload(
                         if current == "file" and len(fields[current]) > max_file_bytes:
                             raise too_large
                         if current != "file" and len(fields[current]) > MAX_FIELD_BYTES:
-                            message = f"form field {current} is longer than {MAX_FIELD_BYTES} bytes"
-                            raise ApiError(400, message, code="invalid_value", param=current)
+                            message_text = f"form field {current} is longer than {MAX_FIELD_BYTES} bytes"
+                            raise ApiError(400, message_text, code="invalid_value", param=current)
         except ValueError as exc:
             raise ApiError(400, f"malformed multipart body: {exc}", code="invalid_multipart", param="file") from None
         if not more and not done:
@@ -197,12 +263,15 @@ class _RawSink:
         await self._send({"type": "http.response.body", "body": chunk, "more_body": False})
 
 
-async def serve_file_upload(service: BatchService, scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """``POST /v1/files`` end to end (see the module docstring)."""
+async def serve_file_upload(
+    service: BatchService, scope: dict[str, Any], receive: Any, send: Any, *, stall_seconds: float | None = None
+) -> None:
+    """``POST /v1/files`` end to end (see the module docstring); ``stall_seconds`` bounds how long
+    the upload may make no progress (``limits.body_read_timeout_seconds``, 408)."""
     sink = _RawSink(send)
     cfg = service.cfg
     try:
-        upload = await _read_upload(scope, receive, cfg.max_file_bytes, cfg.max_lines)
+        upload = await _read_upload(scope, receive, cfg.max_file_bytes, cfg.max_lines, stall_seconds)
         if upload is None:
             return
         purpose, filename, content = upload
@@ -228,6 +297,15 @@ async def serve_file_upload(service: BatchService, scope: dict[str, Any], receiv
 
 def _json(payload: Any, status: int = 200) -> Response:
     return Response(json.dumps(payload), status=status, content_type=JSON)
+
+
+MAX_ID_CHARS = 128  # agentd's ids are ~40 ASCII characters (file-…, batch_…)
+
+
+def _storable_id(object_id: str) -> bool:
+    """Whether ``object_id`` can name a stored object at all: a path segment that is not ASCII (a
+    lone surrogate cannot even be bound as an SQLite parameter) or very long is a 404 at once."""
+    return object_id.isascii() and len(object_id) <= MAX_ID_CHARS
 
 
 def _not_found(kind: str, object_id: str, param: str) -> ApiError:
@@ -284,7 +362,7 @@ def _batch_request(raw: bytes) -> tuple[str, str, str, dict[str, str] | None]:
             400, "input_file_id must be the id of an uploaded file", code="missing_field", param="input_file_id"
         )
     endpoint = body.get("endpoint")
-    if endpoint not in ENDPOINTS:
+    if not isinstance(endpoint, str) or endpoint not in ENDPOINTS:  # (an object is unhashable)
         raise ApiError(
             400,
             f"endpoint must be one of {', '.join(ENDPOINTS)} (got {json.dumps(endpoint)[:80]})",
@@ -292,7 +370,7 @@ def _batch_request(raw: bytes) -> tuple[str, str, str, dict[str, str] | None]:
             param="endpoint",
         )
     window = body.get("completion_window")
-    if window not in COMPLETION_WINDOWS:
+    if not isinstance(window, str) or window not in COMPLETION_WINDOWS:
         raise ApiError(
             400,
             f"completion_window must be one of {', '.join(COMPLETION_WINDOWS)} (got {json.dumps(window)[:80]})",
@@ -302,17 +380,32 @@ def _batch_request(raw: bytes) -> tuple[str, str, str, dict[str, str] | None]:
     return input_file_id, endpoint, window, _check_metadata(body.get("metadata"))
 
 
-def _list_args() -> tuple[int, str | None]:
-    _reject_unknown(request.args.keys(), BATCH_LIST_PARAMS, "query parameter")
-    raw_limit = request.args.get("limit", "20")
-    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIST_LIMIT:
+def bounded_int(raw: str, name: str, low: int, high: int) -> int:
+    """``raw`` as an integer within [low, high]; 400 ``invalid_value`` naming ``name`` otherwise.
+    Only ASCII digits count: ``str.isdigit`` also accepts ``"²"``, which ``int`` refuses, and a
+    number of thousands of digits is refused before ``int`` (which raises on over 4,300 digits)."""
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 20) or not low <= int(raw) <= high:
         raise ApiError(
             400,
-            f"limit must be an integer within [1, {MAX_LIST_LIMIT}] (got {raw_limit[:40]!r})",
+            f"{name} must be an integer within [{low}, {high}] (got {raw[:40]!r})",
             code="invalid_value",
-            param="limit",
+            param=name,
         )
-    return int(raw_limit), request.args.get("after") or None
+    return int(raw)
+
+
+def _single_args(accepted: tuple[str, ...]) -> None:
+    """Unknown query parameters and repeated ones (``limit=1&limit=2``: which one?) are a 400."""
+    _reject_unknown(request.args.keys(), accepted, "query parameter")
+    for name in accepted:
+        if len(request.args.getlist(name)) > 1:
+            raise ApiError(400, f"query parameter {name} is given more than once", code="invalid_value", param=name)
+
+
+def _list_args() -> tuple[int, str | None]:
+    _single_args(BATCH_LIST_PARAMS)
+    limit = bounded_int(request.args.get("limit", "20"), "limit", 1, MAX_LIST_LIMIT)
+    return limit, request.args.get("after") or None
 
 
 def batches_blueprint(service: BatchService) -> Blueprint:
@@ -322,6 +415,8 @@ def batches_blueprint(service: BatchService) -> Blueprint:
         return scope_principal(request.scope)
 
     async def file_or_404(file_id: str) -> dict[str, Any]:
+        if not _storable_id(file_id):
+            raise _not_found("file", file_id, "file_id")
         store = await service.store()
         file = await store.call(store.db.get_file, file_id, owner())
         if file is None:
@@ -329,6 +424,8 @@ def batches_blueprint(service: BatchService) -> Blueprint:
         return file
 
     async def batch_or_404(batch_id: str) -> dict[str, Any]:
+        if not _storable_id(batch_id):
+            raise _not_found("batch", batch_id, "batch_id")
         store = await service.store()
         batch = await store.call(store.db.get_batch, batch_id, owner())
         if batch is None:
@@ -337,17 +434,10 @@ def batches_blueprint(service: BatchService) -> Blueprint:
 
     @bp.get("/v1/files")
     async def list_files() -> Response:
-        _reject_unknown(request.args.keys(), FILE_LIST_PARAMS, "query parameter")
-        raw_limit = request.args.get("limit", "10000")
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_FILE_LIST_LIMIT:
-            raise ApiError(
-                400,
-                f"limit must be an integer within [1, {MAX_FILE_LIST_LIMIT}] (got {raw_limit[:40]!r})",
-                code="invalid_value",
-                param="limit",
-            )
+        _single_args(FILE_LIST_PARAMS)
+        limit = bounded_int(request.args.get("limit", "10000"), "limit", 1, MAX_FILE_LIST_LIMIT)
         store = await service.store()
-        files = await store.call(store.db.list_files, request.args.get("purpose") or None, int(raw_limit), owner())
+        files = await store.call(store.db.list_files, request.args.get("purpose") or None, limit, owner())
         return _json({"object": "list", "data": files, "has_more": False})
 
     @bp.get("/v1/files/<file_id>")
@@ -357,7 +447,7 @@ def batches_blueprint(service: BatchService) -> Blueprint:
     @bp.delete("/v1/files/<file_id>")
     async def delete_file(file_id: str) -> Response:
         store = await service.store()
-        if not await store.call(store.db.delete_file, file_id, owner()):
+        if not _storable_id(file_id) or not await store.call(store.db.delete_file, file_id, owner()):
             raise _not_found("file", file_id, "file_id")
         return _json({"id": file_id, "object": "file", "deleted": True})
 
@@ -382,6 +472,7 @@ def batches_blueprint(service: BatchService) -> Blueprint:
 
     @bp.post("/v1/batches")
     async def create_batch() -> Response:
+        check_content_encoding(request.headers.get("content-encoding"))
         raw = await request.get_data(cache=False, as_text=False, parse_form_data=False)
         input_file_id, endpoint, window, metadata = _batch_request(raw)
         store = await service.store()

@@ -48,7 +48,8 @@ def _choice(args: Any, name: str, allowed: tuple[str, ...], default: str) -> str
 
 def _page(args: Any) -> int:
     raw = args.get("page", "1")
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE:
+    # ASCII digits only: "²".isdigit() is true but int("²") raises
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 20) or not 1 <= int(raw) <= MAX_PAGE:
         raise ApiError(
             400,
             f"invalid page {raw!r}: expected an integer from 1 to {MAX_PAGE}",

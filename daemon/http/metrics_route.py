@@ -51,6 +51,7 @@ def metrics_asgi_app(registry: CollectorRegistry, relays: RelayExpositions | Non
                     return
         if scope["type"] != "http":
             return
+        extra: list[tuple[bytes, bytes]] = []
         if scope["path"] != "/metrics":
             status, content_type = 404, "application/json"
             body = error_body(
@@ -58,6 +59,7 @@ def metrics_asgi_app(registry: CollectorRegistry, relays: RelayExpositions | Non
             )
         elif scope["method"] not in ("GET", "HEAD"):
             status, content_type = 405, "application/json"
+            extra = [(b"allow", b"GET, HEAD")]
             body = error_body(
                 f"method {scope['method']} is not allowed on /metrics",
                 "invalid_request_error",
@@ -70,7 +72,11 @@ def metrics_asgi_app(registry: CollectorRegistry, relays: RelayExpositions | Non
             {
                 "type": "http.response.start",
                 "status": status,
-                "headers": [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())],
+                "headers": [
+                    (b"content-type", content_type.encode()),
+                    (b"content-length", str(len(body)).encode()),
+                    *extra,
+                ],
             }
         )
         await send({"type": "http.response.body", "body": body if scope["method"] != "HEAD" else b""})

@@ -95,9 +95,24 @@ def _too_deep(what: str) -> ApiError:
 _BAD_HEADER_CHAR = re.compile(r"[^\t\x20-\x7e]")
 
 
+def check_content_encoding(value: str | None) -> None:
+    """A compressed request body (``content-encoding: gzip``, ``deflate``, ``br``, ...) is a 415
+    naming the header: agentd reads request bodies as they are (it would otherwise parse the
+    compressed bytes as JSON, or forward a body and a header that disagree to the worker)."""
+    if value is not None and value.strip().lower() not in ("", "identity"):
+        raise ApiError(
+            415,
+            f"content-encoding {value[:40]!r} is not supported: send the request body uncompressed",
+            code="unsupported_content_encoding",
+            param="content-encoding",
+        )
+
+
 def check_headers(headers: Mapping[str, str]) -> None:
     """The header budget (431 ``header_too_large`` naming the header, or all of them), and header
-    values in visible ASCII (400 ``invalid_header``): they are forwarded to the worker as they are."""
+    values in visible ASCII (400 ``invalid_header``): they are forwarded to the worker as they are;
+    a compressed body (415 ``unsupported_content_encoding``)."""
+    check_content_encoding(headers.get("content-encoding"))
     total = 0
     for name, value in headers.items():
         total += len(name) + len(value)

@@ -260,7 +260,9 @@ async def test_batch_api_upload_errors_name_the_field(api: Api) -> None:
     assert "'fine-tune'" in msg
     no_purpose = await api.client.post("/v1/files", files={"file": ("in.jsonl", b"{}\n")})
     assert_error(no_purpose, 400, "missing_field", "purpose")
-    no_file = await api.client.post("/v1/files", data={"purpose": "batch"}, files={"other": ("x", b"1")})
+    no_file = await api.client.post("/v1/files", data={"purpose": "batch"}, files={"file2": ("x", b"1")})
+    assert_error(no_file, 400, "unknown_parameter", "file2")  # not ignored (docs/operations.md §14)
+    no_file = await api.client.post("/v1/files", files={"purpose": (None, b"batch")})
     assert_error(no_file, 400, "missing_field", "file")
     not_multipart = await api.client.post("/v1/files", json={"purpose": "batch"})
     assert_error(not_multipart, 400, "invalid_content_type", "file")
