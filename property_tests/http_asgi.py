@@ -187,10 +187,11 @@ def assert_at_rest(handles: DaemonHandles) -> None:
     stats = handles.native_dispatcher.statistics()
     assert stats.leases_granted_count == stats.finished_count + stats.abandoned_count, stats
     program = handles.program_dispatcher
-    assert isinstance(program, ProgramDispatcher)
+    assert isinstance(program, ProgramDispatcher), program
     c = program.counters
     assert c.submitted_count == c.rejected_count + c.completed_count + c.abandoned_count, c
-    assert check(program.scheduler.state, program.cfg) == []
+    problems = check(program.scheduler.state, program.cfg)
+    assert problems == [], problems
 
 
 @asynccontextmanager

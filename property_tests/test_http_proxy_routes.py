@@ -26,7 +26,7 @@ from http_asgi import (
     fuzz_config,
     running_app,
 )
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/responses"]
@@ -151,6 +151,20 @@ REQUESTS = st.lists(
 )
 
 
+def _program(**context: Any) -> dict[str, Any]:
+    ctx = {"program_id": "p1", **context}
+    return {"model": MODEL, "prompt": "x" * 50, "vllm_xargs": {"agentic_context": ctx}}
+
+
+def _spec(body: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    spec = {"route": "/v1/completions", "method": "POST", "body": body, "mangle": "none", "headers": []}
+    return {**spec, "pieces": 1, "leave_after": None, **kw}
+
+
+# Found by this test: an expected_output_length of 2**62 (below the u64 bound then) left a rank's
+# ledger at -103 tokens for good (floats cannot hold such sums exactly); now a 400.
+@example([_spec(_program(step_id=0, expected_output_length=2**62)), _spec(_program(step_id=1))])
+@example([_spec(_program(expected_output_length=2**32 - 1), headers=[("content-encoding", "gzip")])])
 @settings(
     max_examples=25,
     derandomize=True,

@@ -78,6 +78,10 @@ FORWARDING_MODES = ("strip", "json_string", "unchanged")
 _CTX = "vllm_xargs.agentic_context"
 MAX_CONTEXT_DEPTH = 32  # nesting of an agentic_context given as a JSON string
 _U64_MAX = 2**64 - 1
+# A token count the core adds to float ledgers: above 2**53 a float cannot hold it exactly and a
+# rank's ledger drifted for good (-103 tokens after one request with 2**62); u32 keeps every sum exact
+# (docs/operations.md §14)
+MAX_TOKEN_COUNT = 2**32 - 1
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _LEAD = "lead"
 
@@ -169,11 +173,11 @@ class _Fields:
             raise IdentityError(self.path(key), f"{key} is too large (maximum {hi}), got {value}")
         return value
 
-    def unsigned(self, *keys: str) -> int | None:
+    def unsigned(self, *keys: str, hi: int = _U64_MAX) -> int | None:
         found = self._first(keys)
         if found is None:
             return None
-        return self.integer(found[0], lo=0, hi=_U64_MAX, rule="a non-negative integer")
+        return self.integer(found[0], lo=0, hi=hi, rule="a non-negative integer")
 
     def duration(self, *keys: str) -> float | None:
         found = self._first(keys)
@@ -388,7 +392,7 @@ def _hints_from(f: _Fields) -> RequestHints:
         request_id=request_id,
         priority=0 if priority is None else priority,
         deadline_seconds=f.duration("deadline", "deadline_seconds"),
-        expected_output_length=f.unsigned("expected_output_length", "expected_output_tokens"),
+        expected_output_length=f.unsigned("expected_output_length", "expected_output_tokens", hi=MAX_TOKEN_COUNT),
         kv_retention_ttl_seconds=f.duration("kv_retention_ttl", "kv_retention_ttl_seconds"),
     )
 
