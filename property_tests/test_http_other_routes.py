@@ -23,6 +23,8 @@ from http_asgi import asgi_call, assert_at_rest, assert_well_formed, fuzz_config
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from daemon.http.metrics_route import metrics_asgi_app
+
 LINE = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", "messages": []}}\n'
 SEGMENTS = st.one_of(
     st.sampled_from(["x", "..", ".", "%2e%2e", "..%2F..%2Fetc", "a\x00b", "\u00e9", "\ufffd", "file-0", "batch_0", ""]),
@@ -217,3 +219,35 @@ async def run_uploads(uploads: list[Any], tmp: Path) -> None:
         listed = await asgi_call(app, "GET", "/v1/files")
         assert len(json.loads(listed.body)["data"]) == stored  # a refused or abandoned upload left nothing
         assert_at_rest(handles)
+
+
+async def test_an_upload_with_a_content_length_that_is_no_number_is_a_400(tmp_path: Path) -> None:
+    """Before: ``"²".isdigit()`` let ``int("²")`` raise out of the upload handler (a bare 500)."""
+    async with running_app(fuzz_config(tmp_path / "b.sqlite3")) as (_handles, app):
+        for declared in (b"\xc2\xb2", b"-1", b"1e3", b" 12"):
+            answer = await asgi_call(
+                app,
+                "POST",
+                "/v1/files",
+                headers=[(b"content-type", b"multipart/form-data; boundary=b"), (b"content-length", declared)],
+                chunks=[b"--b--\r\n"],
+            )
+            error = assert_well_formed(answer, "POST")
+            assert answer.status == 400 and error is not None, answer
+            assert (error["code"], error["param"]) == ("invalid_header", "content-length")
+
+
+async def test_every_405_names_the_allowed_methods_and_options_lists_them(tmp_path: Path) -> None:
+    """``/v1/files``: POST is served in front of Quart, whose own Allow left it out (before:
+    ``DELETE /v1/files`` -> 405 ``Allow: GET, HEAD, OPTIONS``); the ``--prometheus-port`` app's 405
+    had no Allow at all."""
+    async with running_app(fuzz_config(tmp_path / "b.sqlite3")) as (handles, app):
+        deleted = await asgi_call(app, "DELETE", "/v1/files")
+        assert deleted.status == 405 and set(deleted.headers["allow"].split(", ")) == {"GET", "HEAD", "POST", "OPTIONS"}
+        assert_well_formed(deleted, "DELETE")
+        options = await asgi_call(app, "OPTIONS", "/v1/files")
+        assert options.status == 200 and "POST" in options.headers["allow"]
+        metrics_app = metrics_asgi_app(handles.registry)
+        answer = await asgi_call(metrics_app, "POST", "/metrics")  # type: ignore[arg-type]
+        assert answer.status == 405 and answer.headers["allow"] == "GET, HEAD"
+        assert_well_formed(answer, "POST")

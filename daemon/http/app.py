@@ -461,7 +461,10 @@ class AgentdApp(QuartTrio):
                 )
                 await send_error(AsgiSink(send), error)
                 return
-            if path == "/v1/files" and scope["method"] == "POST" and self.handles.batches is not None:
+            if path == "/v1/files" and self.handles.batches is not None and scope["method"] not in ("GET", "HEAD"):
+                if scope["method"] != "POST":  # Quart's Allow would miss the POST served here
+                    await _files_other_method(scope["method"], send)
+                    return
                 await serve_file_upload(
                     self.handles.batches,
                     scope,
@@ -494,6 +497,27 @@ class AgentdApp(QuartTrio):
             return False
         await send_error(AsgiSink(send), error)
         return True
+
+
+FILES_ALLOW = "GET, HEAD, POST, OPTIONS"
+
+
+async def _files_other_method(method: str, send: Any) -> None:
+    """``/v1/files`` with a method other than GET/HEAD/POST: OPTIONS is a 200 naming the methods,
+    anything else a 405 with ``Allow`` (the upload is served in front of Quart, so Quart's own
+    answer would leave POST out)."""
+    sink = AsgiSink(send)
+    if method == "OPTIONS":
+        await sink.start(200, [("allow", FILES_ALLOW), ("content-length", "0")])
+        await sink.end(b"")
+        return
+    error = ApiError(
+        405,
+        f"method {method} is not allowed on /v1/files",
+        code="method_not_allowed",
+        headers=(("allow", FILES_ALLOW),),
+    )
+    await send_error(sink, error)
 
 
 def _json_response(body: bytes, status: int, headers: dict[str, str] | None = None) -> Response:

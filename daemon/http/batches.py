@@ -149,13 +149,16 @@ async def _read_upload(
         param="file",
     )
     declared = _scope_header(scope, b"content-length")
-    if (
-        declared
-        and declared.isascii()
-        and declared.isdigit()
-        and int(declared) > max_file_bytes + MULTIPART_OVERHEAD_BYTES
-    ):
-        raise too_large
+    if declared is not None:
+        if not (declared.isascii() and declared.isdigit()):  # ("²".isdigit() is true, int() refuses it)
+            raise ApiError(
+                400,
+                f"invalid content-length header: {declared[:40]!r}",
+                code="invalid_header",
+                param="content-length",
+            )
+        if len(declared) > 18 or int(declared) > max_file_bytes + MULTIPART_OVERHEAD_BYTES:
+            raise too_large
     decoder = MultipartDecoder(boundary.encode("latin-1"), max_parts=16)
     fields: dict[str, bytearray] = {}
     content = bytearray()

@@ -10,6 +10,7 @@ configured here (a fraction of a second) are asserted as outcomes, never as meas
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Callable
 from functools import partial
@@ -121,7 +122,8 @@ async def test_a_batch_api_body_that_stalls_is_a_json_408(
             status, headers, body = await read_response(stream)
             assert status == 408, body
             assert json.loads(body)["error"]["code"] == "body_read_timeout"
-            assert headers.get("connection") == "close"
+            if os.environ.get("AGENTD_HTTP1_IMPLEMENTATION", "agentd") == "agentd":
+                assert headers.get("connection") == "close"  # the rest of the body is not read
             await stream.aclose()
             async with httpx.AsyncClient(base_url=handles.http_url) as client:
                 assert (await client.get("/v1/files")).json()["data"] == []  # nothing half-stored
