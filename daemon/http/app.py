@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -71,6 +72,20 @@ ROLES = ("all", "public", "admin")
 
 def is_admin_path(path: str) -> bool:
     return path.startswith(ADMIN_PREFIXES)
+
+
+_SLASHES = re.compile(r"/{2,}")
+_RAW_SLASHES = re.compile(rb"/{2,}")
+
+
+def _merged_slashes(scope: dict[str, Any]) -> dict[str, Any]:
+    """``scope`` with each run of slashes in its path made one (``//metrics`` is ``/metrics``)."""
+    merged = dict(scope)
+    merged["path"] = _SLASHES.sub("/", scope["path"])
+    raw = scope.get("raw_path")
+    if raw:
+        merged["raw_path"] = _RAW_SLASHES.sub(b"/", raw)
+    return merged
 
 
 class AsgiSink:
@@ -436,6 +451,12 @@ class AgentdApp(QuartTrio):
     async def asgi_app(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             path = scope["path"]
+            if "//" in path:
+                # one path for the admin split, the keys and the routing: Quart's router merges
+                # repeated slashes, so //scheduling/diagnostics reached the admin route while the
+                # prefix check saw a public path (docs/operations.md §14)
+                scope = _merged_slashes(scope)
+                path = scope["path"]
             if await self._refused(path, scope, send):
                 return
             endpoint = ENDPOINTS.get(path)

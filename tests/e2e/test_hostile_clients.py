@@ -9,6 +9,7 @@ configured here (a fraction of a second) are asserted as outcomes, never as meas
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -23,7 +24,7 @@ import trio
 from native_fakes import FakeWorker, make_config
 
 from actors.core.config import ProgramSchedulingConfig
-from daemon.config import LimitsConfig
+from daemon.config import AdminConfig, AuthConfig, LimitsConfig
 from daemon.handles import DaemonHandles
 from daemon.supervisor import run_daemon
 
@@ -41,12 +42,13 @@ async def wait_until(predicate: Callable[[], bool]) -> None:
         await trio.sleep(0.01)
 
 
-async def start(nursery: trio.Nursery, worker: FakeWorker) -> DaemonHandles:
+async def start(nursery: trio.Nursery, worker: FakeWorker, **extra: Any) -> DaemonHandles:
     cfg = attrs.evolve(
         make_config(worker.worker_urls, dp=2),
         limits=LimitsConfig(body_read_timeout_seconds=BODY_TIMEOUT),
         enable_program_scheduling=True,
         program_scheduling=ProgramSchedulingConfig(program_scheduling_enable_key="auto"),
+        **extra,
     )
     return await nursery.start(partial(run_daemon, cfg, transport_factory=worker.transport, rng=random.Random(5)))
 
@@ -277,4 +279,51 @@ async def test_raw_hostile_requests_get_a_json_4xx_naming_the_field(
                 assert headers["allow"] == "POST"
             async with httpx.AsyncClient(base_url=handles.http_url) as client:
                 await at_rest(client)
+            handles.request_shutdown()
+
+
+CLIENT_KEY, ADMIN_KEY = "sk-client", "sk-admin"
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+async def raw_get(host: str, port: int, target: bytes, key: str) -> tuple[int, bytes]:
+    stream = await trio.open_tcp_stream(host, port)
+    await stream.send_all(
+        b"GET " + target + b" HTTP/1.1\r\nhost: x\r\nauthorization: Bearer " + key.encode() + b"\r\n\r\n"
+    )
+    status, _, body = await read_response(stream)
+    await stream.aclose()
+    return status, body
+
+
+ADMIN_TARGETS = [b"//scheduling/diagnostics", b"///metrics", b"//dashboard", b"/scheduling//dashboard.json"]
+
+
+async def test_repeated_slashes_reach_no_admin_route_from_the_public_port(fake_worker: FakeWorker) -> None:
+    """Before: Quart's router merged the slashes of ``//scheduling/diagnostics`` while the admin
+    check saw a path outside ``/scheduling/``: the public listener served diagnostics, metrics and
+    the dashboard to any client key (and to anyone without keys), past the admin listener split."""
+    with trio.fail_after(BUDGET_SECONDS):
+        async with trio.open_nursery() as nursery:
+            auth = AuthConfig(api_keys=(f"team:{digest(CLIENT_KEY)}",), admin_keys=(digest(ADMIN_KEY),))
+            handles = await start(nursery, fake_worker, auth=auth, admin=AdminConfig(port=0))
+            host, port = address(handles)
+            for target in ADMIN_TARGETS:
+                status, body = await raw_get(host, port, target, CLIENT_KEY)
+                assert status == 404 and json.loads(body)["error"]["code"] == "not_found", (target, body[:200])
+            assert handles.admin_url is not None
+            admin_host, admin_port = handles.admin_url.removeprefix("http://").rsplit(":", 1)
+            status, body = await raw_get(admin_host, int(admin_port), b"//scheduling/diagnostics", ADMIN_KEY)
+            assert status == 200 and "invariants" in json.loads(body)  # the admin listener serves it
+            handles.request_shutdown()
+        async with trio.open_nursery() as nursery:  # one listener: the admin key is required
+            handles = await start(nursery, fake_worker, auth=auth)
+            host, port = address(handles)
+            for target in ADMIN_TARGETS:
+                status, body = await raw_get(host, port, target, CLIENT_KEY)
+                assert status == 401, (target, body[:200])
+                assert (await raw_get(host, port, target, ADMIN_KEY))[0] == 200, target
             handles.request_shutdown()
