@@ -78,6 +78,21 @@ _SLASHES = re.compile(r"/{2,}")
 _RAW_SLASHES = re.compile(rb"/{2,}")
 
 
+def _origin_path(scope: dict[str, Any]) -> dict[str, Any]:
+    """``scope`` with an absolute-form path (``http://host/v1/models``) made its path (``/v1/models``):
+    Quart would route a path without its leading slash, which the admin check does not recognise
+    (``scheduling/diagnostics`` reached the admin route from the public port)."""
+    path = scope["path"]
+    scheme, sep, rest = path.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        return scope
+    slash = rest.find("/")
+    origin = dict(scope)
+    origin["path"] = "/" if slash < 0 else rest[slash:]
+    origin["raw_path"] = origin["path"].encode("utf-8", "surrogateescape")
+    return origin
+
+
 def _merged_slashes(scope: dict[str, Any]) -> dict[str, Any]:
     """``scope`` with each run of slashes in its path made one (``//metrics`` is ``/metrics``)."""
     merged = dict(scope)
@@ -451,6 +466,17 @@ class AgentdApp(QuartTrio):
     async def asgi_app(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             path = scope["path"]
+            if not path.startswith("/"):  # absolute-form ("http://host/x") or a bare "x", "*"
+                scope = _origin_path(scope)
+                path = scope["path"]
+                if not path.startswith("/"):
+                    error = ApiError(
+                        400,
+                        f"malformed request target {path[:80]!r}: it must start with /",
+                        code="invalid_request_line",
+                    )
+                    await send_error(AsgiSink(send), error)
+                    return
             if "//" in path:
                 # one path for the admin split, the keys and the routing: Quart's router merges
                 # repeated slashes, so //scheduling/diagnostics reached the admin route while the

@@ -153,6 +153,16 @@ class Request:
         self.expect_continue = expect_continue
 
 
+def _origin_form(target: bytes) -> bytes:
+    """The path and query of an absolute-form target (``http://host/v1/models?x``, as clients
+    behind an HTTP proxy send it; RFC 9112 §3.2.2); other targets (``*``) are left as they are."""
+    scheme, sep, rest = target.partition(b"://")
+    if not sep or scheme.lower() not in (b"http", b"https"):
+        return target
+    slash = rest.find(b"/")
+    return b"/" if slash < 0 else rest[slash:]
+
+
 def parse_head(head: bytes, client: Any, server: Any, root_path: str = "", scheme: str = "http") -> Request:
     """The request of one head (without the empty line that ends it); :class:`HeadError` when it
     is malformed (see the module docstring)."""
@@ -195,6 +205,8 @@ def parse_head(head: bytes, client: Any, server: Any, root_path: str = "", schem
             raise _bad(f"invalid characters in the {name.decode()} header", param=name.decode(), code="invalid_header")
         headers.append((name, value))
         if name == b"host":
+            if host:  # RFC 9112 §3.2: more than one host is a 400
+                raise _bad("more than one host header", param="host", code="invalid_header")
             host = True
         elif name == b"content-length":
             lengths.extend(v.strip(b" \t") for v in value.split(b","))
@@ -230,6 +242,8 @@ def parse_head(head: bytes, client: Any, server: Any, root_path: str = "", schem
             declared = b", ".join(lengths).decode("latin-1")
             raise _bad(f"invalid content-length header: {declared!r}", param="content-length", code="invalid_header")
         length = int(first_length)
+    if target[:1] != b"/":
+        target = _origin_form(target)
     path_raw, _, query = target.partition(b"?")
     path = path_raw.decode("ascii")
     if "%" in path:

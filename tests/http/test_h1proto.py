@@ -190,6 +190,18 @@ def test_parse_head_builds_the_scope() -> None:
     assert request.length == 3 and not request.chunked and request.keep_alive
 
 
+def test_parse_head_takes_the_path_of_an_absolute_form_target_and_refuses_two_hosts() -> None:
+    """RFC 9112 §3.2.2 (a client behind an HTTP proxy sends ``http://host/path``; before, Quart saw
+    ``/host/path``) and §3.2 (more than one host header; before, accepted)."""
+    request = parse_head(b"POST http://agentd:3001/v1/chat/completions?x=1 HTTP/1.1\r\nhost: h", None, None)
+    assert (request.scope["path"], request.scope["query_string"]) == ("/v1/chat/completions", b"x=1")
+    assert parse_head(b"GET HTTPS://agentd HTTP/1.1\r\nhost: h", None, None).scope["path"] == "/"
+    assert parse_head(b"OPTIONS * HTTP/1.1\r\nhost: h", None, None).scope["path"] == "*"  # the app answers 400
+    with pytest.raises(HeadError) as caught:
+        parse_head(b"GET / HTTP/1.1\r\nhost: a\r\nhost: b", None, None)
+    assert (caught.value.status, caught.value.param) == (400, "host")
+
+
 def test_parse_head_keep_alive_rules() -> None:
     assert not parse_head(b"GET / HTTP/1.1\r\nhost: h\r\nconnection: keep-alive, Close", None, None).keep_alive
     assert not parse_head(b"GET / HTTP/1.0", None, None).keep_alive  # HTTP/1.0 closes (as h11)
