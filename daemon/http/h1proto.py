@@ -244,6 +244,8 @@ def parse_head(head: bytes, client: Any, server: Any, root_path: str = "", schem
         length = int(first_length)
     if target[:1] != b"/":
         target = _origin_form(target)
+        if target[:1] != b"/":  # "*", "v1/models": no route starts so (and a relay would forward it)
+            raise _bad(f"malformed request target {target[:80]!r}: it must start with /", code="invalid_request_line")
     path_raw, _, query = target.partition(b"?")
     path = path_raw.decode("ascii")
     if "%" in path:

@@ -196,7 +196,10 @@ def test_parse_head_takes_the_path_of_an_absolute_form_target_and_refuses_two_ho
     request = parse_head(b"POST http://agentd:3001/v1/chat/completions?x=1 HTTP/1.1\r\nhost: h", None, None)
     assert (request.scope["path"], request.scope["query_string"]) == ("/v1/chat/completions", b"x=1")
     assert parse_head(b"GET HTTPS://agentd HTTP/1.1\r\nhost: h", None, None).scope["path"] == "/"
-    assert parse_head(b"OPTIONS * HTTP/1.1\r\nhost: h", None, None).scope["path"] == "*"  # the app answers 400
+    for target in (b"*", b"v1/models", b"http:/v1/models"):
+        with pytest.raises(HeadError) as caught:
+            parse_head(b"OPTIONS " + target + b" HTTP/1.1\r\nhost: h", None, None)
+        assert (caught.value.status, caught.value.code) == (400, "invalid_request_line")
     with pytest.raises(HeadError) as caught:
         parse_head(b"GET / HTTP/1.1\r\nhost: a\r\nhost: b", None, None)
     assert (caught.value.status, caught.value.param) == (400, "host")
