@@ -19,6 +19,7 @@ from typing import Any
 import trio
 import trio.testing
 from http_asgi import (
+    MAX_BODY_BYTES,
     MODEL,
     asgi_call,
     assert_at_rest,
@@ -90,7 +91,20 @@ BODIES = st.fixed_dictionaries(
 )
 # What a careless or hostile client does to the bytes of a body.
 MANGLES = st.sampled_from(
-    ["none", "none", "none", "bom", "truncate", "duplicate_key", "bad_utf8", "deep", "not_object", "empty", "utf16"]
+    [
+        "none",
+        "none",
+        "none",
+        "bom",
+        "truncate",
+        "duplicate_key",
+        "bad_utf8",
+        "deep",
+        "not_object",
+        "empty",
+        "utf16",
+        "oversize",
+    ]  # fmt: skip
 )
 HEADER_NAMES = st.sampled_from(
     [
@@ -129,6 +143,8 @@ def mangle(body: dict[str, Any], how: str) -> bytes:
         return b"[" + raw + b"]"
     if how == "empty":
         return b""
+    if how == "oversize":  # valid JSON, one byte over server.max_body_bytes
+        return raw[:-1] + b', "user": "' + b"u" * max(0, MAX_BODY_BYTES - len(raw) - 10) + b'"}'
     if how == "utf16":
         return raw.decode("utf-8", "surrogatepass").encode("utf-16", "surrogatepass")
     return raw
@@ -201,8 +217,17 @@ async def run_requests(requests: list[dict[str, Any]], tmp: Path) -> None:
             error = assert_well_formed(answer, spec["method"])
             if spec["method"] != "POST":
                 assert answer.status == 405 and answer.headers["allow"] == "POST"
-            elif error is None and spec["mangle"] in ("truncate", "bad_utf8", "deep", "not_object", "empty"):
+            elif error is None and spec["mangle"] in (
+                "truncate",
+                "bad_utf8",
+                "deep",
+                "not_object",
+                "empty",
+                "oversize",
+            ):
                 raise AssertionError(f"a {spec['mangle']} body was accepted: {answer.status}")
+            if spec["mangle"] == "oversize" and spec["method"] == "POST":
+                assert answer.status == 413 and error is not None and error["code"] == "body_too_large", answer
 
         async with trio.open_nursery() as clients:
             for spec in requests:

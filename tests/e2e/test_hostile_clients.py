@@ -220,6 +220,14 @@ RAW_CASES = [
         "content-encoding",
         id="deflate-batch",
     ),
+    pytest.param(  # a content-length shorter than the body: the declared bytes are the body
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 10\r\n\r\n"
+        b'{"model": "fake-model", "messages": []}',
+        400,
+        "invalid_json",
+        None,
+        id="content-length-short",
+    ),
     pytest.param(
         b"GET /v1/files/..%2F..%2Fetc%2Fpasswd HTTP/1.1\r\nhost: x\r\n\r\n", 404, "not_found", None, id="traversal"
     ),
