@@ -23,6 +23,7 @@ from http_asgi import asgi_call, assert_at_rest, assert_well_formed, fuzz_config
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from daemon.http.app import create_app
 from daemon.http.metrics_route import metrics_asgi_app
 
 LINE = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", "messages": []}}\n'
@@ -251,3 +252,39 @@ async def test_every_405_names_the_allowed_methods_and_options_lists_them(tmp_pa
         answer = await asgi_call(metrics_app, "POST", "/metrics")  # type: ignore[arg-type]
         assert answer.status == 405 and answer.headers["allow"] == "GET, HEAD"
         assert_well_formed(answer, "POST")
+
+
+# ---- the admin split: no spelling of an admin path reaches it from the public port --------------
+
+ADMIN_PATHS = ["/scheduling/diagnostics", "/scheduling/dashboard.json", "/metrics", "/dashboard"]
+ADMIN_MARKERS = (b'"invariants"', b"# HELP", b"<!doctype", b'"live_programs"', b'"enabled"')
+
+
+@st.composite
+def admin_spellings(draw: st.DrawFn) -> str:
+    """An admin path spelt as a careless or hostile client might: extra slashes anywhere, no
+    leading slash, an absolute-form prefix, a trailing slash or dot segment."""
+    path = draw(st.sampled_from(ADMIN_PATHS))
+    parts = path.split("/")
+    spelt = "".join(p + "/" * draw(st.integers(1, 3)) for p in parts[:-1]) + parts[-1]
+    prefix = draw(st.sampled_from(["", "", "http://agentd", "https://h:1", "http:", "HTTP://x", "x", "."]))
+    suffix = draw(st.sampled_from(["", "", "/", "/.", "?x=1"]))
+    return prefix + spelt + suffix
+
+
+@settings(max_examples=60, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(paths=st.lists(admin_spellings(), min_size=1, max_size=12))
+def test_the_public_port_never_serves_an_admin_route(paths: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        trio.run(run_admin_spellings, paths, Path(tmp), clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def run_admin_spellings(paths: list[str], tmp: Path) -> None:
+    async with running_app(fuzz_config(tmp / "b.sqlite3")) as (handles, _app):
+        public = create_app(handles, role="public")
+        for path in paths:
+            spelt, _, query = path.partition("?")
+            answer = await asgi_call(public, "GET", spelt, query=query.encode())
+            assert answer.status is not None and answer.status != 200, (path, answer.status)
+            assert not any(marker in answer.body for marker in ADMIN_MARKERS), (path, answer.body[:120])
+            assert_well_formed(answer, "GET")
