@@ -56,13 +56,16 @@ def agentd_command(port: int, worker_port: int, program: bool, config: Path) -> 
     return cmd
 
 
-async def _loop(port: int, bodies: list[bytes], seconds: float, pid: int) -> tuple[int, float, float, float]:
-    """(requests, agentd tree CPU seconds, its first process's CPU seconds, wall seconds) of
-    ``seconds`` of a closed loop, one connection per body.  The first process is the whole daemon
-    with N = 1, the scheduler process with N > 1."""
+async def _loop(
+    port: int, bodies: list[bytes], seconds: float, pid: int
+) -> tuple[int, float, float, float, list[float]]:
+    """(requests, agentd tree CPU seconds, its first process's CPU seconds, wall seconds, each
+    request's latency in seconds) of ``seconds`` of a closed loop, one connection per body.  The
+    first process is the whole daemon with N = 1, the scheduler process with N > 1."""
     conns = [await connect(port, body) for body in bodies]
     count = 0
     end = 0.0
+    latencies: list[float] = []
 
     async def user(conn: Conn, warmup: bool) -> None:
         nonlocal count
@@ -70,8 +73,9 @@ async def _loop(port: int, bodies: list[bytes], seconds: float, pid: int) -> tup
             for _ in range(200 // len(conns) + 1):  # windows, caches, the first run of every path
                 await conn.roundtrip()
             return
-        while time.perf_counter() < end:
+        while (t0 := time.perf_counter()) < end:
             await conn.roundtrip()
+            latencies.append(time.perf_counter() - t0)
             count += 1
 
     try:
@@ -89,7 +93,7 @@ async def _loop(port: int, bodies: list[bytes], seconds: float, pid: int) -> tup
     finally:
         for conn in conns:
             await conn.stream.aclose()
-    return count, cpu, main, wall
+    return count, cpu, main, wall, latencies
 
 
 def _py_spy() -> str | None:
@@ -140,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     procs: list[subprocess.Popen[bytes]] = []
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
     scheduler: dict[str, list[float]] = {name: [] for name in trees}  # the first process's CPU
+    medians: dict[str, list[float]] = {name: [] for name in trees}  # latency p50 per round (ms)
     with tempfile.TemporaryDirectory(prefix="program-probe-") as tmp:
         config = Path(tmp) / "agentd.toml"
         config.write_text(f"[server]\ndata_plane_processes = {args.processes}\n")
@@ -169,18 +174,20 @@ def main(argv: list[str] | None = None) -> int:
                         cmd += ["--pid", str(proc.pid)]  # the scheduler process when N > 1
                         recorder = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                         time.sleep(1.0)
-                    n, cpu, main, wall = trio.run(_loop, port, bodies, args.seconds, proc.pid)
+                    n, cpu, main, wall, latencies = trio.run(_loop, port, bodies, args.seconds, proc.pid)
                     if recorder is not None:
                         recorder.send_signal(2)  # SIGINT: py-spy writes its output and exits
                         recorder.wait(timeout=60)
                     us = cpu / max(1, n) * 1e6
                     main_us = main / max(1, n) * 1e6
+                    p50 = statistics.median(latencies) * 1e3 if latencies else float("nan")
                     results[name].append((us, wall / max(1, n) * 1e3))
                     scheduler[name].append(main_us)
+                    medians[name].append(p50)
                     print(
                         f"  round {r + 1} {name:8} {n:6d} requests  agentd CPU {us:7.0f} us/request "
                         f"(first process {main_us:6.0f})  "
-                        f"mean latency {wall / max(1, n) * 1e3:6.3f} ms",
+                        f"mean latency {wall / max(1, n) * 1e3:6.3f} ms, p50 {p50:6.3f} ms",
                         flush=True,
                     )
         finally:
@@ -190,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{name:8} ({trees[name]}): CPU per request median {statistics.median(cpus):.0f} us "
             f"(runs {', '.join(f'{u:.0f}' for u in cpus)}), mean latency median "
-            f"{statistics.median(ms for _, ms in rows):.3f} ms; first process (the scheduler with N > 1) "
+            f"{statistics.median(ms for _, ms in rows):.3f} ms, latency p50 median "
+            f"{statistics.median(medians[name]):.3f} ms "
+            f"(runs {', '.join(f'{m:.3f}' for m in medians[name])}); first process (the scheduler with N > 1) "
             f"median {statistics.median(scheduler[name]):.0f} us per request"
         )
     if args.compare is not None:
@@ -198,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         print("this / compare CPU per request, round by round: " + ", ".join(f"{x:.3f}" for x in ratios))
         firsts = [a / b for a, b in zip(scheduler["this"], scheduler["compare"], strict=True)]
         print("this / compare first-process CPU per request, round by round: " + ", ".join(f"{x:.3f}" for x in firsts))
+        p50s = [a / b for a, b in zip(medians["this"], medians["compare"], strict=True)]
+        print("this / compare latency p50, round by round: " + ", ".join(f"{x:.3f}" for x in p50s))
     return 0
 
 
