@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import httpx
@@ -53,6 +53,9 @@ from daemon.dataplane.wire import (
 from daemon.dispatch import DispatchRejected, Outcome, ProxyRequest
 from daemon.models import ModelDirectory
 from daemon.program_dispatch import SCHEDULER_UNAVAILABLE, output_cap
+
+if TYPE_CHECKING:
+    from daemon.http.errors import ApiError
 
 LOAD_SECONDS = 0.05  # how often the relay's native in-flight counts go to the scheduler (when changed)
 
@@ -391,29 +394,79 @@ HOP_BY_HOP = frozenset(
 )
 
 
+class _ClientLeft(Exception):
+    """The client went away while its request body was being forwarded."""
+
+
+class _BodyStalled(Exception):
+    """The client's request body made no progress for ``limits.body_read_timeout_seconds``."""
+
+
+async def _body_message(receive: Any, stall_seconds: float) -> dict[str, Any]:
+    with trio.move_on_after(stall_seconds):
+        message: dict[str, Any] = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientLeft
+        return message
+    raise _BodyStalled
+
+
+async def _rest_of_body(first: bytes, receive: Any, stall_seconds: float) -> AsyncIterator[bytes]:
+    """A body of several ASGI messages, passed on as it arrives (never held whole in the relay)."""
+    if first:
+        yield first
+    while True:
+        message = await _body_message(receive, stall_seconds)
+        chunk = message.get("body", b"")
+        if chunk:
+            yield chunk
+        if not message.get("more_body", False):
+            return
+
+
 async def forward_to_scheduler(
-    client: httpx.AsyncClient, base_url: str, scope: dict[str, Any], receive: Any, send: Any
+    client: httpx.AsyncClient,
+    base_url: str,
+    scope: dict[str, Any],
+    receive: Any,
+    send: Any,
+    *,
+    stall_seconds: float,
 ) -> None:
-    """Answer a non-proxy route with the scheduler process's answer (streamed through)."""
+    """Answer a non-proxy route with the scheduler process's answer (both ways streamed through).
+
+    A body that came in one ASGI message is sent as it is; a longer one (a Batch API upload) is
+    streamed to the scheduler process as it arrives, so the relay holds no more than a read of it
+    and the scheduler's own limits apply.  A body that makes no progress for ``stall_seconds`` is a
+    408 ``body_read_timeout``, as in one process; a client that leaves ends the forward
+    (docs/operations.md §14)."""
     from daemon.http.app import AsgiSink
     from daemon.http.errors import ApiError
     from daemon.http.proxy import send_error
 
-    body = bytearray()
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-        body += message.get("body", b"")
-        if not message.get("more_body", False):
-            break
+    try:
+        first = await _body_message(receive, stall_seconds)
+    except _ClientLeft:
+        return
+    except _BodyStalled:
+        await send_error(AsgiSink(send), _stalled(stall_seconds))
+        return
+    body = bytes(first.get("body", b""))
+    content: bytes | AsyncIterator[bytes] = body
+    if first.get("more_body", False):
+        content = _rest_of_body(body, receive, stall_seconds)
     headers = [(k, v) for k, v in scope["headers"] if k.decode("latin-1").lower() not in HOP_BY_HOP]
     path = scope.get("raw_path") or scope["path"].encode()
     query = scope.get("query_string", b"")
     url = base_url + path.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
-    request = client.build_request(scope["method"], url, headers=headers, content=bytes(body))
+    request = client.build_request(scope["method"], url, headers=headers, content=content)
     try:
         response = await client.send(request, stream=True)
+    except _ClientLeft:
+        return
+    except _BodyStalled:
+        await send_error(AsgiSink(send), _stalled(stall_seconds))
+        return
     except httpx.HTTPError as exc:
         error = ApiError(
             503, f"the agentd scheduler process is unavailable: {type(exc).__name__}", code="scheduler_unavailable"
@@ -432,3 +485,13 @@ async def forward_to_scheduler(
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     finally:
         await response.aclose()
+
+
+def _stalled(seconds: float) -> ApiError:
+    from daemon.http.errors import ApiError
+
+    return ApiError(
+        408,
+        f"the request body made no progress for limits.body_read_timeout_seconds ({seconds:g} s)",
+        code="body_read_timeout",
+    )

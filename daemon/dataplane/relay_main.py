@@ -97,7 +97,14 @@ class RelayApp:
                 auth=self.auth,
             )
             return
-        await forward_to_scheduler(self.client, self.scheduler_url, scope, receive, send)
+        await forward_to_scheduler(
+            self.client,
+            self.scheduler_url,
+            scope,
+            receive,
+            send,
+            stall_seconds=self.cfg.limits.body_read_timeout_seconds,
+        )
 
 
 async def _watch_signals(shutdown: trio.Event, edge: Edge, root: trio.CancelScope) -> None:
