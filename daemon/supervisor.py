@@ -59,6 +59,7 @@ from daemon.program_dispatch import ProgramDispatcher, run_program_scheduling
 from daemon.request_ids import REQUEST_ID_SEED, RequestIds
 from daemon.security import Security, load_security, worker_api_key, worker_ssl_context
 from daemon.upstream import UpstreamTransport, client_kwargs, upstream_limits, upstream_timeouts
+from sim.api import wall_clock_epoch
 from sim.cluster import SimCluster, SimConfig, run_sim_cluster, wait_until_idle
 from sim.transport import SimTransport
 
@@ -140,11 +141,16 @@ async def _open_upstream(
     client_factory: ClientFactory | None,
     transport_factory: TransportFactory | None,
     sim_configure: SimConfigure | None,
+    real_clock: bool,
 ) -> Upstream:
     """Step 1: the workers - the embedded simulated cluster, a given client, or a pooled transport."""
     if cfg.embedded_mode:
         embedded = await _start_embedded(root, cfg, sim_configure)
-        transport: httpx.AsyncBaseTransport = SimTransport(embedded)
+        # A daemon serving HTTP runs on the real clock: the embedded backend's `created` is then a
+        # Unix time, as vLLM's; in-process (agentd simulate, MockClock) it stays virtual seconds.
+        transport: httpx.AsyncBaseTransport = SimTransport(
+            embedded, created_epoch=wall_clock_epoch() if real_clock else 0.0
+        )
         return Upstream(client_on(cfg, transport), transport, embedded)
     if client_factory is not None:
         return Upstream(client_factory(cfg), None, None)
@@ -394,7 +400,7 @@ async def run_daemon(
     async with trio.open_nursery() as root:
         if handle_signals:
             root.start_soon(_watch_signals, shutdown, root.cancel_scope, edge)
-        upstream = await _open_upstream(root, cfg, client_factory, transport_factory, sim_configure)
+        upstream = await _open_upstream(root, cfg, client_factory, transport_factory, sim_configure, serve_http)
         relay_hub()  # the streaming relay's task and epoll set live as long as the daemon (docs/benchmarks.md §10.1.1)
         async with upstream.client:
             board, native, program = await _start_dispatchers(root, cfg, upstream, registry, metrics, rng)

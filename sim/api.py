@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
+import trio
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -58,9 +60,23 @@ def error_response(err: ApiError) -> ApiResponse:
     return json_response(err.status, err.payload())
 
 
+def wall_clock_epoch() -> float:
+    """The Unix time at Trio time 0 of the current run: ``created_epoch`` for a simulator serving
+    real clients on the real clock (``agentd sim-backend``, the daemon's embedded backend)."""
+    return time.time() - trio.current_time()
+
+
 class SimApi:
-    def __init__(self, cluster: SimCluster, registry: CollectorRegistry | None = None) -> None:
+    """``created_epoch`` is the Unix time that the cluster's clock (``trio.current_time()``) counts
+    from: a response's ``created`` is ``int(created_epoch + now)``, an int Unix time as vLLM sends.
+    The default 0.0 keeps every field deterministic under MockClock (virtual time only); servers
+    on the real clock pass :func:`wall_clock_epoch` (docs/simulator.md §3)."""
+
+    def __init__(
+        self, cluster: SimCluster, registry: CollectorRegistry | None = None, *, created_epoch: float = 0.0
+    ) -> None:
         self.cluster = cluster
+        self.created_epoch = created_epoch
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
         self.registry.register(SimCollector(cluster))
         self._in_flight: dict[str, int] = {}
@@ -95,7 +111,7 @@ class SimApi:
             card = {
                 "id": model,
                 "object": "model",
-                "created": 0,
+                "created": int(self.created_epoch + cluster.now()),  # vLLM: time.time() per call
                 "owned_by": "vllm",
                 "root": model,
                 "parent": None,
@@ -176,7 +192,7 @@ class SimApi:
             cache_salt=parsed.cache_salt,
             skip_prefix_cache=parsed.skip_prefix_cache,
         )
-        created = int(cluster.now())
+        created = int(self.created_epoch + cluster.now())
         try:
             outputs = await cluster.submit(
                 engine_req, dp_rank=rank, order_key=(response_id, req.body), final_only=not parsed.stream

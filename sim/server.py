@@ -20,12 +20,14 @@ from sim.responses import SseStream
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH"]
 
 
-def create_app(cluster: SimCluster, registry: CollectorRegistry | None = None) -> QuartTrio:
+def create_app(
+    cluster: SimCluster, registry: CollectorRegistry | None = None, *, created_epoch: float = 0.0
+) -> QuartTrio:
     app = QuartTrio("agentd_sim")
     app.config["MAX_CONTENT_LENGTH"] = 64 * 1024 * 1024
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 600
-    api = SimApi(cluster, registry)
+    api = SimApi(cluster, registry, created_epoch=created_epoch)
     app.extensions["agentd_sim_api"] = api
 
     async def _stream(stream: SseStream) -> AsyncIterator[bytes]:

@@ -42,13 +42,15 @@ class SimTransport(httpx.AsyncBaseTransport):
         cluster: SimCluster | Mapping[str, SimCluster],
         *,
         registry: CollectorRegistry | None = None,
+        created_epoch: float = 0.0,
     ) -> None:
+        # created_epoch: see SimApi (0.0 under MockClock; sim.api.wall_clock_epoch() on the real clock)
         if isinstance(cluster, SimCluster):
-            self._default: SimApi | None = SimApi(cluster, registry)
+            self._default: SimApi | None = SimApi(cluster, registry, created_epoch=created_epoch)
             self._apis: dict[str, SimApi] = {}
         else:
             self._default = None
-            self._apis = {url.rstrip("/"): SimApi(c) for url, c in cluster.items()}
+            self._apis = {url.rstrip("/"): SimApi(c, created_epoch=created_epoch) for url, c in cluster.items()}
 
     def api_for(self, url: httpx.URL) -> SimApi | None:
         if self._default is not None:

@@ -20,6 +20,7 @@ from actors.core.config import DecodeThroughputModel, PrefillCostModel
 from daemon.commands.argtypes import int_at_least, non_empty, non_negative_float, port, positive_float
 from daemon.commands.start import listen_error
 from daemon.http.serve import serve_http
+from sim.api import wall_clock_epoch
 from sim.cluster import SimCluster, SimConfig
 from sim.config import SCHEDULING_POLICIES, shape_of
 from sim.server import create_app
@@ -123,7 +124,7 @@ async def serve_until_signal(config: SimConfig, host: str, port: int) -> None:
             async with trio.open_nursery() as server_nursery:
                 bound: str = await server_nursery.start(
                     partial(serve_http, listen_field="--port"),
-                    create_app(cluster),
+                    create_app(cluster, created_epoch=wall_clock_epoch()),
                     host,
                     port,
                     SHUTDOWN_GRACE_SECONDS,
