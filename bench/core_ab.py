@@ -28,6 +28,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from daemon.commands.argtypes import positive_int
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("actors", "bench", "daemon", "sim")
 TOOLS = ("read_file", "run_tests", "search_code", "edit_file")
@@ -88,12 +90,12 @@ class Side:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.core_ab", description=__doc__.splitlines()[0])
     parser.add_argument("other", type=Path, help="the other checkout (e.g. a worktree of main)")
     parser.add_argument("--tools", action="store_true", help="every turn calls one of four tools")
-    parser.add_argument("--programs", type=int, default=10_000)
-    parser.add_argument("--blocks", type=int, default=60)
-    parser.add_argument("--block", type=int, default=100, help="cycles per block")
+    parser.add_argument("--programs", type=positive_int, default=10_000)
+    parser.add_argument("--blocks", type=positive_int, default=60)
+    parser.add_argument("--block", type=positive_int, default=100, help="cycles per block")
     args = parser.parse_args(argv)
     other = args.other.resolve()
     if not (other / "actors" / "core" / "scheduler.py").is_file():

@@ -45,6 +45,7 @@ from bench.replay import ReplayOptions
 from bench.simulate import run_simulation
 from bench.tool_bench import POINTS
 from bench.trace.synth import synthesize
+from daemon.commands.paths import output_dir_problem
 
 
 class Explain:
@@ -174,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--explain", action="store_true", help="print each admitted queued request's ETA and wait")
     parser.add_argument("--cost", action="store_true", help="measure the ETA's CPU on a loaded state and exit")
     args = parser.parse_args(argv)
+    problem = output_dir_problem(args.out, "--out") if args.out else None
+    if problem:
+        parser.error(problem)
     if args.cost:
         for paused_before in (False, True):
             tick, first, queued, active = eta_cost(paused_before=paused_before)

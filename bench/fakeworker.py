@@ -25,6 +25,8 @@ import sys
 import attrs
 import trio
 
+from daemon.commands.argtypes import fraction, int_at_least, non_empty, non_negative_float, port, positive_int
+
 FAULTS = ("reset", "status_500", "garbage")
 MAX_TOKENS = 1_000_000
 METRICS = (
@@ -163,13 +165,13 @@ class FakeWorker:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.fakeworker", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--first-token-seconds", type=float, default=0.05)
-    parser.add_argument("--token-interval", type=float, default=0.02)
-    parser.add_argument("--fault-rate", type=float, default=0.0)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--host", default="127.0.0.1", type=non_empty)
+    parser.add_argument("--port", type=port, default=0)
+    parser.add_argument("--tokens", type=positive_int, default=32)
+    parser.add_argument("--first-token-seconds", type=non_negative_float, default=0.05)
+    parser.add_argument("--token-interval", type=non_negative_float, default=0.02)
+    parser.add_argument("--fault-rate", type=fraction, default=0.0)
+    parser.add_argument("--seed", type=int_at_least(0), default=0)
     args = parser.parse_args(argv)
     shape = WorkerShape(args.tokens, args.first_token_seconds, args.token_interval, args.fault_rate, args.seed)
     worker = FakeWorker(shape)

@@ -143,7 +143,7 @@ async def one_round(impl: str, requests: int, connections: int, request: bytes) 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.h1_cpu", description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)

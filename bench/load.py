@@ -44,8 +44,11 @@ from typing import Any
 
 import trio
 
+from bench.output import write_atomic
 from bench.procs import agentd_cmd, fakeworker_cmd, host_port, percentile, rss_bytes, running
 from bench.rawhttp import RawResponse, post
+from daemon.commands.argtypes import non_negative_float, positive_float, positive_int
+from daemon.commands.paths import output_dir_problem
 
 AGENTD = """
 [server]
@@ -386,33 +389,48 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.split("\n\n")[0])
     parser.add_argument("case", choices=sorted(CASES))
     parser.add_argument("--out", default="bench-out/load")
-    parser.add_argument("--clients", type=int, default=None, help="l1: 1000, l3: 100")
-    parser.add_argument("--rounds", type=int, default=3, help="l1: requests per client")
-    parser.add_argument("--ramp-seconds", type=float, default=2.0, help="l1: spread the clients' start over this")
-    parser.add_argument("--tokens", type=int, default=None, help=f"chunks per stream (32; l2: {L2_TOKENS})")
-    parser.add_argument("--token-interval", type=float, default=0.02)
-    parser.add_argument("--seconds", type=float, default=None, help="l2: each level (20); l3: the whole run (60)")
-    parser.add_argument("--window-seconds", type=float, default=5.0, help="l3: alternating quiet/attack windows")
+    parser.add_argument("--clients", type=positive_int, default=None, help="l1: 1000, l3: 100")
+    parser.add_argument("--rounds", type=positive_int, default=3, help="l1: requests per client")
+    parser.add_argument(
+        "--ramp-seconds", type=non_negative_float, default=2.0, help="l1: spread the clients' start over this"
+    )
+    parser.add_argument("--tokens", type=positive_int, default=None, help=f"chunks per stream (32; l2: {L2_TOKENS})")
+    parser.add_argument("--token-interval", type=non_negative_float, default=0.02)
+    parser.add_argument(
+        "--seconds", type=positive_float, default=None, help="l2: each level (20); l3: the whole run (60)"
+    )
+    parser.add_argument(
+        "--window-seconds", type=positive_float, default=5.0, help="l3: alternating quiet/attack windows"
+    )
     parser.add_argument(
         "--settle-seconds",
-        type=float,
+        type=non_negative_float,
         default=1.0,
         help="l3: requests sent in each window's first seconds (change-over) are reported apart",
     )
-    parser.add_argument("--in-flight", type=int, default=200, help="l2: limits.max_in_flight_requests")
-    parser.add_argument("--queued", type=int, default=50, help="l2: limits.max_queued_requests")
-    parser.add_argument("--queue-timeout", type=float, default=1.0, help="l2: limits.queue_timeout_seconds")
-    parser.add_argument("--retry-pause", type=float, default=0.2, help="l2: a refused client waits this long")
+    parser.add_argument("--in-flight", type=positive_int, default=200, help="l2: limits.max_in_flight_requests")
+    parser.add_argument("--queued", type=positive_int, default=50, help="l2: limits.max_queued_requests")
+    parser.add_argument("--queue-timeout", type=positive_float, default=1.0, help="l2: limits.queue_timeout_seconds")
     parser.add_argument(
-        "--attackers", type=int, default=None, help="l3: slow senders and non-readers, each (= clients)"
+        "--retry-pause", type=non_negative_float, default=0.2, help="l2: a refused client waits this long"
     )
-    parser.add_argument("--slow-senders", type=int, default=None, help="l3: slow senders (default --attackers)")
-    parser.add_argument("--non-readers", type=int, default=None, help="l3: non-readers (default --attackers)")
-    parser.add_argument("--slow-send-seconds", type=float, default=5.0)
     parser.add_argument(
-        "--non-reader-event-bytes", type=int, default=16384, help="l3: non-readers' stream, 100 events/s of this size"
+        "--attackers", type=positive_int, default=None, help="l3: slow senders and non-readers, each (= clients)"
     )
-    parser.add_argument("--write-timeout", type=float, default=5.0, help="l3: limits.client_write_timeout_seconds")
+    parser.add_argument(
+        "--slow-senders", type=positive_int, default=None, help="l3: slow senders (default --attackers)"
+    )
+    parser.add_argument("--non-readers", type=positive_int, default=None, help="l3: non-readers (default --attackers)")
+    parser.add_argument("--slow-send-seconds", type=positive_float, default=5.0)
+    parser.add_argument(
+        "--non-reader-event-bytes",
+        type=positive_int,
+        default=16384,
+        help="l3: non-readers' stream, 100 events/s of this size",
+    )
+    parser.add_argument(
+        "--write-timeout", type=positive_float, default=5.0, help="l3: limits.client_write_timeout_seconds"
+    )
     args = parser.parse_args(argv)
     if args.clients is None:
         args.clients = 1000 if args.case == "l1" else 100
@@ -427,13 +445,16 @@ def main(argv: list[str] | None = None) -> int:
         args.slow_senders = args.attackers
     if args.non_readers is None:
         args.non_readers = args.attackers
+    problem = output_dir_problem(args.out, "--out")
+    if problem:
+        parser.error(problem)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()
     report = trio.run(CASES[args.case], args, out)
     report["loadavg_start"] = load_start
     report["loadavg_end"] = os.getloadavg()
-    (out / f"{args.case}.json").write_text(json.dumps(report, indent=2))
+    write_atomic(out / f"{args.case}.json", json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     return 0 if report["pass"] else 1
 

@@ -51,6 +51,7 @@ import trio
 
 from bench import harness
 from bench.output import write_atomic
+from daemon.commands.paths import output_file_problem
 
 MODULE = "bench.relay_cpu"  # re-run as the fake worker
 BODY = b'{"model":"fake-model","messages":[{"role":"user","content":"Say hi."}],"max_tokens":200,"stream":true}'
@@ -501,7 +502,7 @@ def _positive_ints(text: str) -> list[int]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.relay_cpu", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument(
         "--quick", action="store_true", help="short cells (2 s, 0.5 s warm-up, 1 repeat; lockstep 64,128)"
     )
@@ -553,6 +554,10 @@ def main() -> int:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.warmup < 0:
         parser.error(f"--warmup must be >= 0, got {args.warmup}")
+    for flag, path in (("--json", args.json), ("--markdown", args.markdown)):
+        problem = output_file_problem(str(path), flag) if path is not None else None
+        if problem:
+            parser.error(problem)
     if any(not 0 <= c <= 1000 for c in args.stream_coalesce_ms):
         parser.error(f"--stream-coalesce-ms values must be in [0, 1000], got {args.stream_coalesce_ms}")
     if args.baseline is not None and not (args.baseline / "daemon" / "__main__.py").is_file():

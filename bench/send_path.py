@@ -28,6 +28,7 @@ import trio
 
 from bench import harness
 from bench.output import write_atomic
+from daemon.commands.paths import output_file_problem
 from daemon.http.direct_body import attach
 from daemon.http.serve import serve_http
 
@@ -98,7 +99,7 @@ async def run(chunks: int, rounds: int) -> dict[str, list[float]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.send_path", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--chunks", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path)
@@ -106,6 +107,9 @@ def main() -> int:
     for name in ("chunks", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    problem = output_file_problem(str(args.json), "--json") if args.json else None
+    if problem:
+        parser.error(problem)
     probe = harness.python_speed_probe_us()
     uptime = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
     results = trio.run(run, args.chunks, args.rounds)

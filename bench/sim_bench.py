@@ -36,6 +36,7 @@ import httpx
 import trio
 import trio.testing
 
+from daemon.commands.argtypes import int_at_least, positive_float, positive_int
 from sim.cluster import SimCluster, SimConfig
 from sim.config import SCHEDULING_POLICIES
 from sim.engine import Engine, EngineConfig, EngineOutput, Request
@@ -324,19 +325,21 @@ async def _drive_server(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.sim_bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="which", required=True)
     v = sub.add_parser("virtual", help="N ranks, synthetic agent load, virtual time")
-    v.add_argument("--ranks", type=int, default=16)
-    v.add_argument("--hours", type=float, default=1.0)
-    v.add_argument("--sessions-per-rank", type=int, default=4)
-    v.add_argument("--shared-prefix", type=int, default=4000)
-    v.add_argument("--append-median", type=float, default=1000.0)
-    v.add_argument("--max-context", type=int, default=32_000)
-    v.add_argument("--num-gpu-blocks", type=int, default=16_384)
-    v.add_argument("--block-size", type=int, default=16)
-    v.add_argument("--max-num-seqs", type=int, default=256)
-    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--ranks", type=positive_int, default=16)
+    v.add_argument("--hours", type=positive_float, default=1.0)
+    v.add_argument("--sessions-per-rank", type=positive_int, default=4)
+    v.add_argument("--shared-prefix", type=int_at_least(0), default=4000)
+    v.add_argument("--append-median", type=positive_float, default=1000.0)
+    v.add_argument("--max-context", type=positive_int, default=32_000)
+    v.add_argument("--num-gpu-blocks", type=positive_int, default=16_384)
+    v.add_argument("--block-size", type=positive_int, default=16)
+    v.add_argument("--max-num-seqs", type=positive_int, default=256)
+    v.add_argument("--seed", type=int_at_least(0), default=0)
     v.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs")
     v.add_argument(
         "--driver",
@@ -345,10 +348,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="trio: SimCluster under MockClock (default); direct: engines only, no Trio",
     )
     s = sub.add_parser("server", help="standalone sim-backend request throughput at zero time cost")
-    s.add_argument("--seconds", type=float, default=10.0)
-    s.add_argument("--concurrency", type=int, default=32)
-    s.add_argument("--max-tokens", type=int, default=16)
-    s.add_argument("--dp-size", type=int, default=2)
+    s.add_argument("--seconds", type=positive_float, default=10.0)
+    s.add_argument("--concurrency", type=positive_int, default=32)
+    s.add_argument("--max-tokens", type=positive_int, default=16)
+    s.add_argument("--dp-size", type=positive_int, default=2)
     s.add_argument("--stream", action="store_true")
     return parser
 

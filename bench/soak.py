@@ -35,8 +35,11 @@ import attrs
 import httpx
 import trio
 
+from bench.output import write_atomic
 from bench.procs import agentd_cmd, fakeworker_cmd, host_port, percentile, rss_bytes, running
 from bench.rawhttp import post
+from daemon.commands.argtypes import fraction, int_at_least, positive_float, positive_int
+from daemon.commands.paths import output_dir_problem
 
 CONFIG = """
 enable_program_scheduling = true
@@ -197,22 +200,22 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "pass": growth < MAX_GROWTH and not violations,
     }
-    (out / "report.json").write_text(json.dumps(report, indent=2))
+    write_atomic(out / "report.json", json.dumps(report, indent=2))
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--minutes", type=float, default=30.0)
-    parser.add_argument("--fault-rate", type=float, default=0.01)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--sample-seconds", type=float, default=10.0)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", default="bench-out/soak")
+    parser.add_argument("--minutes", type=positive_float, default=30.0)
+    parser.add_argument("--fault-rate", type=fraction, default=0.01)
+    parser.add_argument("--concurrency", type=positive_int, default=32)
+    parser.add_argument("--sample-seconds", type=positive_float, default=10.0)
+    parser.add_argument("--seed", type=int_at_least(0), default=1)
+    parser.add_argument("--out", default="bench-out/soak", help="directory of report.json (default bench-out/soak)")
     args = parser.parse_args(argv)
-    if args.minutes <= 0 or not 0 <= args.fault_rate <= 1 or args.concurrency <= 0:
-        print("soak: --minutes > 0, --fault-rate within [0, 1], --concurrency > 0", file=sys.stderr)
-        return 2
+    problem = output_dir_problem(args.out, "--out")
+    if problem:
+        parser.error(problem)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     report = trio.run(soak, args)
     summary = {k: v for k, v in report.items() if k != "rss_samples"}

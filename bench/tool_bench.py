@@ -50,6 +50,8 @@ from bench.output import report_json, write_atomic
 from bench.replay import ReplayOptions
 from bench.simulate import run_simulation
 from bench.trace.synth import Knobs, synthesize
+from daemon.commands.argtypes import positive_int
+from daemon.commands.paths import output_dir_problem
 from daemon.config import AgentdConfig
 from daemon.config_loading import ConfigError
 
@@ -231,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--points", default=",".join(POINTS), help=f"comma-separated subset of {','.join(POINTS)}")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
-    parser.add_argument("--jobs", type=int, default=2, help="simulations run at once (processes)")
+    parser.add_argument("--jobs", type=positive_int, default=2, help="simulations run at once (processes)")
     parser.add_argument(
         "--no-sim-hints",
         dest="sim_hints",
@@ -244,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         help="JSON object merged into every agentd row's [program_scheduling] (e.g. a field under test)",
     )
     args = parser.parse_args(argv)
+    problem = output_dir_problem(args.out, "--out")
+    if problem:
+        parser.error(problem)
     ps_overrides: dict[str, Any] = {}
     if args.ps_config_json is not None:
         try:

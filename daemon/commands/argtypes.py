@@ -47,6 +47,16 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number within [0, 1], got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a number within [0, 1], got {text!r}")
+    return value
+
+
 def port(text: str) -> int:
     try:
         value = int(text)
