@@ -34,6 +34,20 @@ SERVER_PARTS = (
 )
 
 
+# The distribution is agentd-scheduler (the PyPI name "agentd" is another project's), so the extra
+# is installed from the checkout.
+NO_MATPLOTLIB = "matplotlib is not installed, so no PNG plots (from the checkout: .venv/bin/pip install -e '.[plots]')"
+
+
+def missing_plots() -> str | None:
+    """Why :func:`write_plots` would write nothing (``NO_MATPLOTLIB``), or None when it can plot."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return NO_MATPLOTLIB
+    return None
+
+
 def _cdf(values: list[float]) -> tuple[list[float], list[float]]:
     xs = sorted(values)
     n = len(xs)
@@ -177,11 +191,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"reports: {path!r} is not a JSON report object", file=sys.stderr)
             return 2
         reports[system] = data
+    missing = missing_plots()
+    if missing:  # before the directory is made: no empty output directory
+        print(f"python -m bench.plots: {missing}", file=sys.stderr)
+        return 1
     os.makedirs(args.out, exist_ok=True)
     written = write_plots(reports, args.out)
-    if not written:
-        print("matplotlib is not installed (pip install 'agentd[plots]'): no plots written", file=sys.stderr)
-        return 1
     for name in written:
         print(os.path.join(args.out, name))
     return 0

@@ -38,7 +38,7 @@ from bench.calibrate import calibrate_kv_blocks
 from bench.commands.common import add_replay_flags, from_args, load_trace_arg, replay_options
 from bench.markdown import render_report
 from bench.output import write_atomic
-from bench.plots import write_plots
+from bench.plots import missing_plots, write_plots
 from bench.report import trace_summary
 from daemon.commands.argtypes import positive_float, positive_int
 from daemon.commands.paths import output_dir_problem
@@ -178,6 +178,9 @@ def run(args: argparse.Namespace) -> int:
         if not isinstance(overrides, dict):
             print("agentd bench: --ps-config-json must be a JSON object", file=sys.stderr)
             return 2
+    no_plots = missing_plots()
+    if no_plots:  # said before the minutes of the run, and again with the report
+        print(f"agentd bench: {no_plots}", file=sys.stderr)
     preset = POINTS.get(args.point or "", {})
     if args.concurrency is None and "concurrency" in preset:
         args.concurrency = preset["concurrency"]
@@ -226,6 +229,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"agentd bench: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, BenchUsageError) else 1
     plots = write_plots(reports, args.out)
+    if no_plots:
+        print(f"agentd bench: {no_plots}", file=sys.stderr)
+        context = [*context, f"- plots: none; {no_plots}"]
     text = render_report(reports, title=f"agentd bench: {trace.meta.profile}", context=context, plots=plots)
     write_atomic(os.path.join(args.out, "report.md"), text + "\n")
     print(text)
