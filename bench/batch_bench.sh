@@ -20,7 +20,8 @@
 # Prints a ratio table per scenario (python -m bench.batch_compare; report / first column), the
 # batch-only trace's makespan floor for any order (python -m bench.batch_bound), and writes them to
 # OUT_DIR/summary.md; every report is OUT_DIR/<scenario>/<system>.json, configs in OUT_DIR/configs.
-# Environment: AGENTD (default agentd), PYTHON (the interpreter agentd is installed in, for the
+# Environment: AGENTD (default: agentd on PATH, else this checkout's .venv/bin/agentd), PYTHON
+# (the interpreter agentd is installed in, for the
 # table; default: the one running agentd), BATCH_REQUESTS (default 400), MIX_PROGRAMS (swe-short
 # Programs of scenario 2, default 8: a light agent fleet), MIX_BATCH_REQUESTS (default 800: a batch
 # job that saturates the cluster for about 100 s), BLOCKS_BATCH and
@@ -30,11 +31,7 @@
 # TIME_SCALE, default 4).
 set -euo pipefail
 OUT="${1:-batch-bench-out}"
-AGENTD="${AGENTD:-agentd}"
-if [ -z "${PYTHON:-}" ]; then  # the interpreter of an installed agentd entry point, else python3
-  PYTHON="$(head -1 "$(command -v "$AGENTD")" 2>/dev/null | sed -n 's/^#!\(.*python[0-9.]*\)$/\1/p')"
-  [ -n "$PYTHON" ] || PYTHON=python3
-fi
+source "$(dirname "$0")/agentd_env.sh"  # AGENTD and PYTHON
 BATCH_REQUESTS="${BATCH_REQUESTS:-400}"
 MIX_PROGRAMS="${MIX_PROGRAMS:-8}"
 MIX_BATCH_REQUESTS="${MIX_BATCH_REQUESTS:-800}"

@@ -5,6 +5,10 @@
 #
 #   bench/default_bench.sh [OUT_DIR]        (default OUT_DIR: bench-out)
 #
+# Environment: VLLM_ROUTER (the vllm-router executable), AGENTD (default: agentd on PATH, else
+# this checkout's .venv/bin/agentd), TIME_SCALE_THRASH (default 2) and TIME_SCALE_EVICTION
+# (default 5): larger scales shorten the run and handicap the slower proxy more (below).
+#
 # Traces are generated with fixed seeds; the KV sizes put native serving at a token cache hit of
 # about 0.6 (thrash: 32 agents, recompute preemptions) and about 0.8 (eviction: 12 agents), as
 # measured with `agentd simulate` (docs/benchmarks.md section 4).  Time scales 2 (thrash) and 5
@@ -13,7 +17,7 @@
 # so a larger scale handicaps the slower proxy (docs/benchmarks.md section 4.3).
 set -euo pipefail
 OUT="${1:-bench-out}"
-AGENTD="${AGENTD:-agentd}"
+source "$(dirname "$0")/agentd_env.sh"  # AGENTD
 TS_THRASH="${TIME_SCALE_THRASH:-2}"
 TS_EVICTION="${TIME_SCALE_EVICTION:-5}"
 mkdir -p "$OUT"

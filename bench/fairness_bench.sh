@@ -34,18 +34,14 @@
 #
 #   bench/fairness_bench.sh [OUT_DIR]        (default OUT_DIR: fairness-bench-out)
 #
-# Environment: AGENTD (default agentd), PYTHON (the interpreter agentd is installed in; default:
+# Environment: AGENTD (default: agentd on PATH, else this checkout's .venv/bin/agentd), PYTHON (the interpreter agentd is installed in; default:
 # the one running agentd), SEEDS (scenario seeds, default "1 2 3"), SCALE (scenario size
 # multiplier, default 1), BLOCKS (KV blocks per rank, default 4096), WORKERS (embedded workers x 2
 # DP ranks, default 1).  Reports: OUT_DIR/<scenario>-seed<S>/<system>.<alone|with>.json; tables
 # in OUT_DIR/summary.md.
 set -euo pipefail
 OUT="${1:-fairness-bench-out}"
-AGENTD="${AGENTD:-agentd}"
-if [ -z "${PYTHON:-}" ]; then  # the interpreter of an installed agentd entry point, else python3
-  PYTHON="$(head -1 "$(command -v "$AGENTD")" 2>/dev/null | sed -n 's/^#!\(.*python[0-9.]*\)$/\1/p')"
-  [ -n "$PYTHON" ] || PYTHON=python3
-fi
+source "$(dirname "$0")/agentd_env.sh"  # AGENTD and PYTHON
 SEEDS="${SEEDS:-1 2 3}"
 SCALE="${SCALE:-1}"
 BLOCKS="${BLOCKS:-4096}"
