@@ -35,6 +35,7 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from actors.core.config import DecodeThroughputModel, PrefillCostModel
+from bench.interrupt import run_main
 from bench.trace.format import TraceError, TraceRecord, load_trace
 from daemon.config_loading import ConfigError, load_config
 
@@ -153,4 +154,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(run_main(main, "python -m bench.batch_bound"))

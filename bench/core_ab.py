@@ -28,6 +28,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from bench.interrupt import run_main
 from daemon.commands.argtypes import positive_int
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,4 +130,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(run_main(main, "python -m bench.core_ab"))

@@ -40,6 +40,7 @@ from actors.core.stats import RequestSample
 from bench.bench import ClusterSpec
 from bench.calibrate import config_for
 from bench.core_bench import identities, make_config, make_targets
+from bench.interrupt import run_main
 from bench.output import report_json, write_atomic
 from bench.replay import ReplayOptions
 from bench.simulate import run_simulation
@@ -228,4 +229,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(run_main(main, "python -m bench.eta_bench"))

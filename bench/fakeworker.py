@@ -25,6 +25,7 @@ import sys
 import attrs
 import trio
 
+from bench.interrupt import run_main
 from daemon.commands.argtypes import fraction, int_at_least, non_empty, non_negative_float, port, positive_int
 
 FAULTS = ("reset", "status_500", "garbage")
@@ -189,4 +190,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "python -m bench.fakeworker"))

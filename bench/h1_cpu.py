@@ -31,6 +31,7 @@ from typing import Any
 
 import trio
 
+from bench.interrupt import run_main
 from daemon.http.h1proto import DISCONNECT_WATCH, RESPOND, TAKE_BODY
 from daemon.http.hypercorn_close import HOLD_WRITE
 from daemon.http.serve import serve_http
@@ -168,4 +169,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "python -m bench.h1_cpu"))

@@ -44,6 +44,7 @@ from typing import Any
 
 import trio
 
+from bench.interrupt import run_main
 from bench.output import write_atomic
 from bench.procs import agentd_cmd, fakeworker_cmd, host_port, percentile, rss_bytes, running
 from bench.rawhttp import RawResponse, post
@@ -460,4 +461,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "python -m bench.load"))

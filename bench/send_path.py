@@ -27,6 +27,7 @@ from typing import Any
 import trio
 
 from bench import harness
+from bench.interrupt import run_main
 from bench.output import write_atomic
 from daemon.commands.paths import output_file_problem
 from daemon.http.direct_body import attach
@@ -126,4 +127,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "python -m bench.send_path"))

@@ -36,6 +36,7 @@ import httpx
 import trio
 import trio.testing
 
+from bench.interrupt import run_main
 from daemon.commands.argtypes import int_at_least, positive_float, positive_int
 from sim.cluster import SimCluster, SimConfig
 from sim.config import SCHEDULING_POLICIES
@@ -366,4 +367,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "python -m bench.sim_bench"))

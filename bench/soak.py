@@ -35,6 +35,7 @@ import attrs
 import httpx
 import trio
 
+from bench.interrupt import run_main
 from bench.output import write_atomic
 from bench.procs import agentd_cmd, fakeworker_cmd, host_port, percentile, rss_bytes, running
 from bench.rawhttp import post
@@ -224,4 +225,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "python -m bench.soak"))

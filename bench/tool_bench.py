@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -46,6 +47,7 @@ import attrs
 
 from bench.bench import FLOOR_KV_BLOCKS, ClusterSpec
 from bench.calibrate import config_for
+from bench.interrupt import run_main
 from bench.output import report_json, write_atomic
 from bench.replay import ReplayOptions
 from bench.simulate import run_simulation
@@ -278,13 +280,24 @@ def main(argv: list[str] | None = None) -> int:
         print("--jobs: must be >= 1", file=sys.stderr)
         return 2
     results: dict[str, dict[str, dict[str, Any]]] = {p: {} for p in points}
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+    # The simulations ignore Ctrl-C; this process stops them (bench.interrupt: exit 130) instead of
+    # waiting for every queued simulation to finish, or printing one traceback per worker.
+    pool = ProcessPoolExecutor(
+        max_workers=args.jobs, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
+    )
+    try:
         futures = [pool.submit(_run, p, s, args.out, args.sim_hints, ps_overrides) for p in points for s in systems]
         for fut in futures:
             point_name, system, report, wall = fut.result()
             results[point_name][system] = report
             mean = _get(report, "jct_seconds", "mean")
             print(f"{point_name:>12} {system:>22}: mean JCT {mean} ({wall:.0f} s wall)", flush=True)
+    except BaseException:
+        for process in list(getattr(pool, "_processes", {}).values()):  # no public way to stop running work
+            process.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
     text = render(results, systems)
     write_atomic(os.path.join(args.out, "report.md"), text + "\n")
     write_atomic(
@@ -298,4 +311,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "python -m bench.tool_bench"))

@@ -25,11 +25,13 @@ Kinds:
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
 
+from bench.interrupt import run_main
 from bench.trace.format import Trace, TraceMeta, TraceRecord, merge_traces, validate_structure
 from bench.trace.synth import Knobs, synthesize
 
@@ -296,4 +298,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(run_main(main, "python -m bench.fairness.scenarios"))
