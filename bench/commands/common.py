@@ -10,8 +10,8 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Generator
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Generator, Mapping
+from typing import Any, TypeVar
 
 import attrs
 import httpx
@@ -130,6 +130,18 @@ class TargetBearer(httpx.Auth):
 def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
     default = {"http": 80, "https": 443}.get(url.scheme)
     return url.scheme, url.host, url.port if url.port is not None else default
+
+
+def failure_line(prog: str, report: Mapping[str, Any]) -> str | None:
+    """Why a replay-style report exits 1 (failed requests, by kind), as one line; None if none failed."""
+    requests = report["requests"]
+    if not requests["failed"]:
+        return None
+    kinds = ", ".join(f"{kind}: {n}" for kind, n in sorted(requests["errors"].items()))
+    return (
+        f"{prog}: {requests['failed']} of {requests['planned']} planned requests failed ({kinds}); "
+        f"{requests['completed']} completed"
+    )
 
 
 def run_interruptible(fn: Callable[[], Awaitable[R]]) -> R:

@@ -18,6 +18,7 @@ from bench.commands.common import (
     add_api_key_flag,
     add_replay_flags,
     api_key_arg,
+    failure_line,
     load_trace_arg,
     replay_options,
     run_interruptible,
@@ -96,12 +97,7 @@ def run(args: argparse.Namespace) -> int:
     report = run_interruptible(main)
     write_report(report, args.out)
     requests = report["requests"]
-    if requests["failed"]:
-        # exit 1 said nothing of why (with --no-progress, or the report on stdout): one line
-        kinds = ", ".join(f"{kind}: {n}" for kind, n in sorted(requests["errors"].items()))
-        print(
-            f"agentd replay: {requests['failed']} of {requests['planned']} planned requests failed ({kinds}); "
-            f"{requests['completed']} completed",
-            file=sys.stderr,
-        )
+    failure = failure_line("agentd replay", report)
+    if failure:  # exit 1 said nothing of why (with --no-progress, or the report on stdout)
+        print(failure, file=sys.stderr)
     return 0 if requests["failed"] == 0 else 1

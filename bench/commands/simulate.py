@@ -15,7 +15,7 @@ import sys
 
 import attrs
 
-from bench.commands.common import add_replay_flags, load_trace_arg, replay_options
+from bench.commands.common import add_replay_flags, failure_line, load_trace_arg, replay_options
 from bench.output import write_report
 from bench.progress import progress_line
 from bench.report import trace_summary
@@ -79,4 +79,7 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
         )
     write_report(report, args.out)
+    failure = failure_line("agentd simulate", report)
+    if failure:  # exit 1 said nothing of why (e.g. --model not the one [embedded] serves: all 404)
+        print(failure, file=sys.stderr)
     return 0 if report["requests"]["failed"] == 0 else 1

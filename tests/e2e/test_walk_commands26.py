@@ -1,0 +1,37 @@
+"""What the session-26 walk found in the ``agentd`` commands (the options session 25 did not try).
+
+Each test runs the command in this process through ``daemon.cli.main``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from daemon import cli
+
+QUICKSTART = str(Path(__file__).resolve().parents[2] / "configs" / "quickstart.toml")
+
+
+@pytest.fixture
+def trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    path = tmp_path / "small.jsonl"
+    assert cli.main(["trace", "synth", "--profile", "swe-short", "--programs", "2", "--out", str(path)]) == 0
+    capsys.readouterr()
+    return str(path)
+
+
+def test_simulate_says_why_it_exits_1(tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--model`` other than the one ``[embedded]`` serves: every request a 404, and exit 1 with
+    nothing on stderr (as replay before session 25)."""
+    report = tmp_path / "sim.json"
+    argv = ["simulate", "--config", QUICKSTART, "--trace", trace, "--model", "other-model", "--out", str(report)]
+    assert cli.main(argv) == 1
+    out, err = capsys.readouterr()
+    requests = json.loads(report.read_text())["requests"]
+    assert requests["failed"] == 2 and requests["completed"] == 0
+    assert out == ""
+    planned = requests["planned"]
+    assert err.strip() == f"agentd simulate: 2 of {planned} planned requests failed (http_404: 2); 0 completed"
