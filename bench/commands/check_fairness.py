@@ -80,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{prog}: cannot read --config {args.config}: {exc.strerror}", file=sys.stderr)
         return 2
     kinds = args.scenarios if isinstance(args.scenarios, tuple) else kinds_arg(args.scenarios)
+    if not kinds and args.no_machines:  # it printed "result: PASS (0 checks)" and exited 0
+        print(f"{prog}: --scenarios none with --no-machines leaves nothing to check", file=sys.stderr)
+        return 2
     out = Path(args.out)
     problem = output_dir_problem(args.out, "--out")
     if problem is not None:

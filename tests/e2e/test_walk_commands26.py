@@ -35,3 +35,16 @@ def test_simulate_says_why_it_exits_1(tmp_path: Path, trace: str, capsys: pytest
     assert out == ""
     planned = requests["planned"]
     assert err.strip() == f"agentd simulate: 2 of {planned} planned requests failed (http_404: 2); 0 completed"
+
+
+def test_check_fairness_with_nothing_to_check_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It printed "result: PASS (0 checks)" and exited 0: a verdict on nothing."""
+    out = tmp_path / "cf"
+    argv = ["check-fairness", "--config", QUICKSTART, "--out", str(out), "--scenarios", "none", "--no-machines"]
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == "agentd check-fairness: --scenarios none with --no-machines leaves nothing to check\n"
+    assert not out.exists()
