@@ -178,9 +178,7 @@ def run(args: argparse.Namespace) -> int:
         if not isinstance(overrides, dict):
             print("agentd bench: --ps-config-json must be a JSON object", file=sys.stderr)
             return 2
-    no_plots = missing_plots()
-    if no_plots:  # said before the minutes of the run, and again with the report
-        print(f"agentd bench: {no_plots}", file=sys.stderr)
+    no_plots = missing_plots()  # said with the report (stderr and report.md)
     preset = POINTS.get(args.point or "", {})
     if args.concurrency is None and "concurrency" in preset:
         args.concurrency = preset["concurrency"]

@@ -4,7 +4,7 @@
 matplotlib it wrote no plot and said nothing, and ``python -m bench.plots`` told the user to
 ``pip install 'agentd[plots]'``: "agentd" on PyPI is another project (this distribution is
 agentd-scheduler), so that command installs someone else's package.  Both now name the checkout's
-extra, ``agentd bench`` says it at the start and in report.md, and ``bench.plots`` leaves no empty
+extra, ``agentd bench`` says it on stderr and in report.md, and ``bench.plots`` leaves no empty
 output directory behind.
 """
 
