@@ -144,6 +144,16 @@ class ReplySlot(Generic[R]):
         await trio.lowlevel.cancel_shielded_checkpoint()
         return value
 
+    def receive_nowait(self) -> R:
+        """The next buffered value without a checkpoint (``trio.WouldBlock`` when there is none,
+        ``trio.EndOfChannel`` once closed and empty): for a reply already given while the handler
+        ran (``SchedulerHandle.handle_now``)."""
+        if self._items:
+            return self._items.pop(0)
+        if self._closed:
+            raise trio.EndOfChannel
+        raise trio.WouldBlock
+
     def leave(self) -> None:
         self._left = True
         self._items.clear()

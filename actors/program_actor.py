@@ -49,14 +49,13 @@ async def run_program_actor(
                 while True:
                     try:
                         command = await inbox.receive()
+                        while True:  # every queued command, without a checkpoint per command
+                            _apply(timers, command)
+                            command = inbox.receive_nowait()
+                    except trio.WouldBlock:
+                        pass
                     except trio.EndOfChannel:
                         return
-                    if isinstance(command, ArmTimer):
-                        timers[command.kind] = (command.deadline, command.token)
-                    elif isinstance(command, CancelTimer):
-                        timers.pop(command.kind, None)
-                    else:  # pragma: no cover - the registry only sends the two commands
-                        raise TypeError(f"unexpected Program actor command {command!r}")
                     scope.deadline = min((d for d, _ in timers.values()), default=math.inf)
             # the inner loop leaves only by return or by the deadline: some timer is due
             now = trio.current_time()
@@ -64,3 +63,12 @@ async def run_program_actor(
             for _deadline, token, kind in due:
                 del timers[kind]
                 await fired_send.send(TimerFired(program=program, kind=kind, token=token))
+
+
+def _apply(timers: dict[str, tuple[float, int]], command: ProgramCommand) -> None:
+    if isinstance(command, ArmTimer):
+        timers[command.kind] = (command.deadline, command.token)
+    elif isinstance(command, CancelTimer):
+        timers.pop(command.kind, None)
+    else:  # pragma: no cover - the registry only sends the two commands
+        raise TypeError(f"unexpected Program actor command {command!r}")

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import attrs
 import trio
@@ -104,6 +104,12 @@ class SchedulerHandle:
         self.submitted_seq: dict[str, int] = {}
         self._submissions = 0
         self._changed: trio.Event | None = None
+        # the caller-task path (:meth:`handle_now`): on with a real clock (no ``settle``), while a
+        # message is handled, and what a message handled that way raised (the actor re-raises it)
+        self.direct = False
+        self._stepping = False
+        self._failure: Exception | None = None
+        self.direct_count = 0
 
     @property
     def pending_replies_count(self) -> int:
@@ -128,7 +134,37 @@ class SchedulerHandle:
             out.append(self.registry.statistics())
         return out
 
-    # ---- the actor's steps (called only by run_scheduler_actor) ---------------------------------
+    def handle_now(self, item: SchedulerInboxItem) -> bool:
+        """Handle ``item`` in the caller's task, now, if that is exactly when and in what order the
+        actor would handle it: the actor waits on its empty inbox, so ``item`` would be the next
+        message it takes, and nothing can come between (``step`` never awaits; docs/architecture.md
+        §3, "Handled in the sender's task").  True when handled (its reply is in the reply sink);
+        False when the caller must send it to the inbox as before: a backlog or a message in
+        transit, the actor busy, deterministic virtual time (``settle`` orders same-instant
+        messages), or a call from inside a step.
+
+        Same decisions, one hop less: the request's task does not wait for the actor's turn and the
+        actor's to hand the reply back (docs/benchmarks.md §10.2.5).  An exception of the step is
+        the actor's failure: it is handed to the actor, which raises it (the daemon stops, as when
+        the actor itself steps), and raised to the caller too."""
+        if not self.direct or self._stepping:
+            return False
+        st = self.inbox.recv.statistics()
+        if st.current_buffer_used or st.tasks_waiting_receive != 1:
+            return False
+        self._stepping = True
+        try:
+            _handle(self, item, None)  # (senders' messages: never the tick that ``on_tick`` follows)
+        except Exception as exc:
+            self._failure = exc
+            self.inbox.send.send_nowait(cast(SchedulerInboxItem, _FAILED))  # the actor waits: it fits
+            raise
+        finally:
+            self._stepping = False
+        self.direct_count += 1
+        return True
+
+    # ---- the actor's steps (called only by run_scheduler_actor and handle_now) --------------------
 
     def apply(self, event: ev.Event, now: float) -> None:
         """One core step, its effects performed in order."""
@@ -236,6 +272,7 @@ async def run_scheduler_actor(
         # The configured targets are known from the start (no Program state, no polling): the
         # diagnostics list every concrete DP rank before the first Program request.
         handle.sync_targets(trio.current_time(), force=True)
+        handle.direct = settle is None
         task_status.started(handle)
         try:
             receive_nowait = inbox.recv.receive_nowait
@@ -270,12 +307,18 @@ async def run_scheduler_actor(
 def _handle(
     handle: SchedulerHandle, item: SchedulerInboxItem, on_tick: Callable[[SchedulerHandle, float], None] | None
 ) -> None:
+    if item is _FAILED:
+        assert handle._failure is not None
+        raise handle._failure  # a step run by ``handle_now`` raised: the actor fails with it
     now = trio.current_time()
     handle.receive(item, now)
     handle.notify_stepped()
     if on_tick is not None and isinstance(item, ev.RepairTick):
         on_tick(handle, now)
 
+
+# the inbox item that makes the actor raise what a ``handle_now`` step raised
+_FAILED = object()
 
 # kind order of same-instant messages (SchedulerHandle.inbox_order_key)
 _SUBMISSION_KIND = 3
@@ -322,6 +365,7 @@ def diagnostics_snapshot(handle: SchedulerHandle, now: float) -> dict[str, Any]:
     doc["queue_eta"] = eta_queue.diagnostics(handle.state)
     doc["scheduler"] = {
         "steps_count": handle.steps_count,
+        "handled_in_sender_count": handle.direct_count,
         "last_step_at": handle.last_step_at,
         "pending_replies_count": handle.pending_replies_count,
     }

@@ -153,6 +153,10 @@ class ProgramLease:
     # dispatcher (``ProgramDispatcher.requeue``), and whether the scheduler took it back
     requeueable: bool = False
     requeue_requested: bool = False
+    # report the completion when the lease is left (after the answer's last write, in the request's
+    # task when the scheduler is idle) instead of from ``finish``: a real clock only
+    # (docs/architecture.md §3, "Handled in the sender's task")
+    report_on_exit: bool = False
     dropped: bool = False  # refused while it waited again: the core no longer has the request
     _runs: dict[str, _RequeueRun] | None = None
 
@@ -198,7 +202,7 @@ class ProgramLease:
         if self.outcome is not None:
             raise RuntimeError(f"Program lease {self.request_id} finished twice")
         self.outcome = outcome
-        if self._send is not None:
+        if self._send is not None and not self.report_on_exit:
             try:
                 self._send.send_nowait(completed_message(self.request_id, outcome))
                 self.reported = True
@@ -494,6 +498,8 @@ class ProgramDispatcher:
     def deliver_nowait(self, message: RequestCompleted | RequestAbandoned) -> bool:
         """Deliver a release to the scheduler inbox now; False when the inbox is full (then
         :meth:`deliver_shielded` must carry it)."""
+        if self.scheduler.handle_now(message):
+            return True
         try:
             self.scheduler.inbox.send.send_nowait(message)
         except trio.WouldBlock:
@@ -523,12 +529,21 @@ class ProgramDispatcher:
             # A reply slot, not a channel pair per request (docs/benchmarks.md §10.4.1).
             slot = ReplySlot[Reply](1 if watch is None else 2)
             try:
-                await inbox.send(Submission(event=event, reply=slot, queue_updates=watch is not None))
+                submission = Submission(event=event, reply=slot, queue_updates=watch is not None)
+                # handled in this task when the scheduler actor waits on its empty inbox (the order
+                # it would handle it in, without the two task hops; docs/architecture.md §3)
+                await trio.lowlevel.checkpoint_if_cancelled()
+                direct = self.scheduler.handle_now(submission)
+                if not direct:
+                    await inbox.send(submission)
                 submitted = True
                 self.counters.submitted_count += 1
                 while True:
                     try:
-                        reply = await slot.receive()
+                        reply = slot.receive_nowait() if direct else await slot.receive()
+                    except trio.WouldBlock:
+                        direct = False  # waiting in the queue: the answer comes from a later step
+                        continue
                     except trio.EndOfChannel:
                         raise ActorGone("scheduler actor stopped") from None
                     if not isinstance(reply, QueuePosition):
@@ -553,6 +568,7 @@ class ProgramDispatcher:
                 send=inbox,
                 requeueable=reply.requeueable,
                 runs=self.requeue_runs,
+                report_on_exit=self.scheduler.direct,
             )
             yield lease
         except ActorGone:
@@ -573,6 +589,8 @@ class ProgramDispatcher:
             await self._release(req, lease, inbox)
 
     async def _deliver(self, inbox: trio.MemorySendChannel[Any], message: Any) -> None:
+        if inbox is self.scheduler.inbox.send and self.scheduler.handle_now(message):
+            return  # handled in this task (docs/architecture.md §3)
         try:
             inbox.send_nowait(message)
             return

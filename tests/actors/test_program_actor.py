@@ -83,3 +83,21 @@ async def test_program_registry_retire_ends_actor_and_drops_timers(autojump_cloc
         assert stats["spawned_total"] == 2
         assert stats["retired_total"] == 1
         nursery.cancel_scope.cancel()
+
+
+async def test_program_actor_takes_every_queued_command_in_one_step(autojump_clock: trio.testing.MockClock) -> None:
+    """Commands that queued while the actor did not run are all applied when it runs next.  A
+    sender that sends two commands between its checkpoints (a request handled in its own task:
+    an arm at its completion and a cancel at its Program's next submission, docs/architecture.md
+    §3) would fill the bounded inbox if the actor took one command per step."""
+    async with trio.open_nursery() as nursery:
+        registry, fired = await _start(nursery)
+        t0 = trio.current_time()
+        for i in range(200):
+            registry.arm(ArmTimer("p", "acting_ttl", t0 + 10.0, 2 * i))
+            registry.cancel(CancelTimer("p", "acting_ttl"))
+            await trio.lowlevel.checkpoint()
+        registry.arm(ArmTimer("p", "force_resume", t0 + 5.0, 999))
+        await trio.sleep(100)
+        assert [(t - t0, m.kind, m.token) for t, m in fired] == [(5.0, "force_resume", 999)]
+        nursery.cancel_scope.cancel()

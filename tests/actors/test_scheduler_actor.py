@@ -11,7 +11,7 @@ import trio
 import trio.testing
 from program_fakes import FakeHealth, daemon_config, ok, program_request, program_scheduling
 
-from actors.core.events import RequestSubmitted
+from actors.core.events import RequestAbandoned, RequestSubmitted
 from actors.core.ids import RequestId
 from actors.messages import Admitted, Submission
 from daemon.dispatch import DispatchRejected
@@ -395,3 +395,98 @@ async def test_same_instant_submissions_are_handled_in_content_order_with_settle
             assert isinstance(reply, Admitted)
             admitted.append(program)
         assert admitted == [sent_first if settle is None else "a"]
+
+
+class _TaskSteps(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.tasks: list[str] = []
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.tasks.append(task.name)
+
+
+async def test_an_idle_scheduler_handles_a_request_in_its_task_and_a_backlog_keeps_the_actor_order(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """docs/architecture.md §3, "Handled in the sender's task": with the actor waiting on an empty
+    inbox, the submission and the completion are stepped in the request's task (no checkpoint
+    between the request and its admission); with a message queued before it, the request goes
+    through the inbox and is handled after that message."""
+    cfg = daemon_config(SINGLE, dp=1, token_capacity_per_dp_rank=10_000)
+    async with program_scheduling(cfg) as (dispatcher, _, _):
+        scheduler = dispatcher.scheduler
+        await trio.testing.wait_all_tasks_blocked()
+        steps = scheduler.steps_count
+        lease_cm = dispatcher.lease(program_request("p1"))
+        stepped = _TaskSteps()
+        trio.lowlevel.add_instrument(stepped)
+        try:
+            lease = await lease_cm.__aenter__()
+        finally:
+            trio.lowlevel.remove_instrument(stepped)
+        assert stepped.tasks == []  # no task ran (not even this one again): the admission never yielded
+        assert lease.target.target_id == T0
+        assert scheduler.steps_count == steps + 1
+        assert scheduler.direct_count == 1
+        lease.finish(ok())
+        assert scheduler.steps_count == steps + 1  # reported when the lease is left
+        await lease_cm.__aexit__(None, None, None)
+        assert scheduler.steps_count == steps + 2
+        assert scheduler.direct_count == 2
+        assert dispatcher.diagnostics()["scheduler"]["handled_in_sender_count"] == 2
+
+        # a backlog: the abandon of an unknown request waits in the inbox, so the next submission
+        # must not overtake it
+        order: list[str] = []
+        original = scheduler.receive
+
+        def spy(item, now):  # type: ignore[no-untyped-def]
+            order.append(type(item).__name__)
+            original(item, now)
+
+        scheduler.receive = spy  # type: ignore[method-assign]
+        scheduler.inbox.send.send_nowait(RequestAbandoned(request_id=RequestId("nobody")))
+        async with dispatcher.lease(program_request("p2")) as lease2:
+            lease2.finish(ok())
+        await trio.testing.wait_all_tasks_blocked()
+        assert order[:2] == ["RequestAbandoned", "Submission"]
+        assert scheduler.direct_count == 3  # only the completion (after the backlog drained)
+
+
+async def test_a_step_that_fails_in_the_request_task_stops_program_scheduling(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A step run by ``handle_now`` that raises is the actor's failure, as when the actor steps:
+    the actor raises it and Program scheduling stops at once (the request sees it too)."""
+    cfg = daemon_config(SINGLE, dp=1)
+    seen: list[BaseException] = []
+    with pytest.raises(BaseExceptionGroup) as info:
+        async with program_scheduling(cfg) as (dispatcher, _, _):
+            await trio.testing.wait_all_tasks_blocked()
+
+            def broken(event, now):  # type: ignore[no-untyped-def]
+                raise RuntimeError("broken step")
+
+            dispatcher.scheduler.apply = broken  # type: ignore[method-assign]
+            try:
+                async with dispatcher.lease(program_request("p1")):
+                    pass
+            except RuntimeError as exc:
+                seen.append(exc)
+            await trio.sleep(3600)
+    assert [str(e) for e in seen] == ["broken step"]
+    assert info.group_contains(RuntimeError, match="broken step", depth=None)
+    assert trio.current_time() < 3600
+
+
+async def test_with_settle_every_message_goes_through_the_actor(autojump_clock: trio.testing.MockClock) -> None:
+    """Deterministic virtual time orders same-instant messages in the actor: nothing is handled in
+    the sender's task."""
+    cfg = daemon_config(SINGLE, dp=1, token_capacity_per_dp_rank=10_000)
+    async with program_scheduling(cfg, settle=trio.testing.wait_all_tasks_blocked) as (dispatcher, _, _):
+        async with dispatcher.lease(program_request("p1")) as lease:
+            lease.finish(ok())
+        await trio.testing.wait_all_tasks_blocked()
+        assert dispatcher.scheduler.direct_count == 0
+        assert dispatcher.counters.completed_count == 1
+        assert dispatcher.scheduler.direct is False
