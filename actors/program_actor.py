@@ -2,21 +2,26 @@
 
 A Program generation has at most four timers, one per kind: the acting TTL, the force-resume
 deadline, the paused-retention TTL and its queued requests' timeout (the kinds are the core's
-strings; this module does not interpret them).  The actor holds ``kind -> (deadline, token)`` and loops::
+strings; this module does not interpret them).  The actor's timer table, :class:`ProgramTimers`,
+holds ``kind -> (deadline, token)``; the actor task waits for its earliest deadline::
 
     with trio.CancelScope(deadline=min(armed deadlines)) as scope:
-        while True:
-            command = await inbox.receive()  # ArmTimer replaces a kind, CancelTimer drops it
-            scope.deadline = min(armed deadlines)
+        await trio.sleep_forever()
 
-When the cancel scope expires, every due timer fires, in ``(deadline, token)`` order, as
-``TimerFired(program, kind, token)`` to the scheduler.  Re-arming is just a new
-deadline in the dict.  Tokens come from the core's monotonic counter; a firing whose token no
-longer matches the Program's record (a timer re-armed or cancelled after the firing was sent) is
-dropped by the core, so a race between a firing and a re-arm is harmless.
+When the deadline passes, every due timer fires, in ``(deadline, token)`` order, as
+``TimerFired(program, kind, token)`` to the scheduler.  The scheduler's timer commands reach the
+table synchronously, in the order the core emitted them (:meth:`ProgramTimers.arm`,
+:meth:`ProgramTimers.cancel`, called by the registry while the scheduler routes a step's
+effects): an ``ArmTimer`` replaces its kind, a ``CancelTimer`` drops it, and the waiting scope's
+deadline moves to the new minimum, so a command costs no task switch and the actor wakes only
+when a timer is due (docs/architecture.md §3; docs/benchmarks.md §10.2.5).  The table holds at
+most one entry per kind, so it is bounded by construction.  Tokens come from the core's
+monotonic counter; a firing whose token no longer matches the Program's record (a timer re-armed
+or cancelled after the firing was sent) is dropped by the core, so a race between a firing and a
+re-arm is harmless.
 
-Retirement: the registry closes the actor's inbox; the actor sees ``EndOfChannel`` and returns,
-discarding its timers.  The actor never decides anything: it reports facts.
+Retirement: the registry closes the table (:meth:`ProgramTimers.close`), which cancels the wait;
+the actor returns, discarding its timers.  The actor never decides anything: it reports facts.
 """
 
 from __future__ import annotations
@@ -28,47 +33,64 @@ import trio
 
 from actors.core.effects import ArmTimer, CancelTimer
 from actors.core.events import TimerFired
-from actors.messages import ProgramCommand
+
+
+class ProgramTimers:
+    """A Program actor's timers: ``kind -> (deadline, token)``, the scope its actor waits in."""
+
+    __slots__ = ("program", "table", "closed", "_scope")
+
+    def __init__(self, program: Any) -> None:
+        self.program = program
+        self.table: dict[str, tuple[float, int]] = {}
+        self.closed = False
+        self._scope: trio.CancelScope | None = None  # while the actor waits for the next deadline
+
+    def next_deadline(self) -> float:
+        return min((d for d, _ in self.table.values()), default=math.inf)
+
+    def arm(self, command: ArmTimer) -> None:
+        self.table[command.kind] = (command.deadline, command.token)
+        self._moved()
+
+    def cancel(self, command: CancelTimer) -> None:
+        if self.table.pop(command.kind, None) is not None:
+            self._moved()
+
+    def close(self) -> None:
+        self.closed = True
+        self.table.clear()
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def _moved(self) -> None:
+        if self._scope is not None:
+            self._scope.deadline = self.next_deadline()
 
 
 async def run_program_actor(
-    program: Any,
-    inbox: trio.MemoryReceiveChannel[ProgramCommand],
+    timers: ProgramTimers,
     fired_send: trio.MemorySendChannel[TimerFired],
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the timers of ``program`` (a ProgramRef) until the inbox is closed."""
-    timers: dict[str, tuple[float, int]] = {}
-    async with inbox, fired_send:
+    """Run the timers of ``timers.program`` (a ProgramRef) until they are closed."""
+    table = timers.table
+    async with fired_send:
         task_status.started()
-        while True:
-            # one cancel scope until a timer fires: a command only moves its deadline (cheaper than
-            # a scope per command; the deadline is the same min over the armed timers)
-            with trio.CancelScope(deadline=min((d for d, _ in timers.values()), default=math.inf)) as scope:
-                while True:
-                    try:
-                        command = await inbox.receive()
-                        while True:  # every queued command, without a checkpoint per command
-                            _apply(timers, command)
-                            command = inbox.receive_nowait()
-                    except trio.WouldBlock:
-                        pass
-                    except trio.EndOfChannel:
-                        return
-                    scope.deadline = min((d for d, _ in timers.values()), default=math.inf)
-            # the inner loop leaves only by return or by the deadline: some timer is due
+        while not timers.closed:
+            with trio.CancelScope(deadline=timers.next_deadline()) as scope:
+                timers._scope = scope
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    timers._scope = None
+            if timers.closed:
+                return
+            # the scope's deadline passed: some timer is due
             now = trio.current_time()
-            due = sorted((d, tok, kind) for kind, (d, tok) in timers.items() if d <= now)
-            for _deadline, token, kind in due:
-                del timers[kind]
-                await fired_send.send(TimerFired(program=program, kind=kind, token=token))
-
-
-def _apply(timers: dict[str, tuple[float, int]], command: ProgramCommand) -> None:
-    if isinstance(command, ArmTimer):
-        timers[command.kind] = (command.deadline, command.token)
-    elif isinstance(command, CancelTimer):
-        timers.pop(command.kind, None)
-    else:  # pragma: no cover - the registry only sends the two commands
-        raise TypeError(f"unexpected Program actor command {command!r}")
+            due = sorted((d, tok, kind) for kind, (d, tok) in table.items() if d <= now)
+            for deadline, token, kind in due:
+                if table.get(kind) == (deadline, token):  # (a command while a firing waited may have replaced it)
+                    del table[kind]
+                await fired_send.send(TimerFired(program=timers.program, kind=kind, token=token))

@@ -3,18 +3,15 @@
 Besides the supervisor this is the only module that touches a nursery.  The scheduler actor owns
 the :class:`ProgramRegistry` handle and calls it synchronously while routing the core's effects:
 
-* :meth:`ProgramRegistry.arm` / :meth:`ProgramRegistry.cancel` deliver a timer command to the
-  Program's actor, spawning the actor on first use (a Program generation without timers needs no
-  task);
-* :meth:`ProgramRegistry.retire` closes the actor's inbox; the actor returns and its timers die
-  with it.
+* :meth:`ProgramRegistry.arm` / :meth:`ProgramRegistry.cancel` apply a timer command to the
+  Program actor's timer table (:class:`~actors.program_actor.ProgramTimers`), spawning the actor
+  on first use (a Program generation without timers needs no task);
+* :meth:`ProgramRegistry.retire` closes the table; the actor returns and its timers die with it.
 
-Deadlock freedom: the scheduler never awaits a Program actor.  Commands are delivered with
-``send_nowait`` into a small bounded inbox; the Program actor only ever blocks while sending a
-``TimerFired`` into the scheduler inbox, which the scheduler drains without awaiting anything
-else.  A full Program inbox therefore means a bug (the scheduler sent far more than the four
-live timers need) and raises :class:`ProgramInboxOverflow`, which stops the daemon
-(one-cancels-all) instead of silently dropping a timer.
+Deadlock freedom: the scheduler never awaits a Program actor (a command is a synchronous write of
+at most one table entry per timer kind, bounded by construction); the Program actor only ever
+blocks while sending a ``TimerFired`` into the scheduler inbox, which the scheduler drains without
+awaiting anything else.
 """
 
 from __future__ import annotations
@@ -26,17 +23,10 @@ import trio
 from actors.core.effects import ArmTimer, CancelTimer
 from actors.core.events import TimerFired
 from actors.mailbox import channel_statistics
-from actors.messages import ProgramCommand
-from actors.program_actor import run_program_actor
+from actors.program_actor import ProgramTimers, run_program_actor
 
-# Per-Program inbox.  At most four timer kinds are live; a scheduler step emits at most one
-# command per kind (arm or cancel), and the actor drains its inbox whenever it is not handing a
-# firing to the scheduler.  32 leaves ample room for bursts of steps during such a hand-over.
-PROGRAM_INBOX_SIZE = 32
-
-
-class ProgramInboxOverflow(RuntimeError):
-    """A Program actor's inbox was full: the scheduler emitted an unbounded stream of commands."""
+# A Program actor's timer table holds at most one entry per timer kind (the core has four).
+PROGRAM_TIMER_KINDS = 4
 
 
 class ProgramRegistry:
@@ -45,60 +35,50 @@ class ProgramRegistry:
     def __init__(self, nursery: trio.Nursery, fired_send: trio.MemorySendChannel[TimerFired]) -> None:
         self._nursery = nursery
         self._fired_send = fired_send
-        self._inboxes: dict[Any, trio.MemorySendChannel[ProgramCommand]] = {}
+        self._actors: dict[Any, ProgramTimers] = {}
         self.spawned_count = 0
         self.retired_count = 0
 
     def __contains__(self, program: Any) -> bool:
-        return program in self._inboxes
+        return program in self._actors
 
     def __len__(self) -> int:
-        return len(self._inboxes)
-
-    def _inbox(self, program: Any) -> trio.MemorySendChannel[ProgramCommand]:
-        send = self._inboxes.get(program)
-        if send is None:
-            # See PROGRAM_INBOX_SIZE for the bound.
-            send, recv = trio.open_memory_channel[ProgramCommand](PROGRAM_INBOX_SIZE)
-            self._inboxes[program] = send
-            self._nursery.start_soon(run_program_actor, program, recv, self._fired_send.clone())
-            self.spawned_count += 1
-        return send
-
-    def _deliver(self, program: Any, command: ProgramCommand) -> None:
-        try:
-            self._inbox(program).send_nowait(command)
-        except trio.WouldBlock:
-            raise ProgramInboxOverflow(f"Program actor inbox full ({PROGRAM_INBOX_SIZE} commands pending)") from None
+        return len(self._actors)
 
     def arm(self, command: ArmTimer) -> None:
-        self._deliver(command.program, command)
+        timers = self._actors.get(command.program)
+        if timers is None:
+            timers = self._actors[command.program] = ProgramTimers(command.program)
+            self._nursery.start_soon(run_program_actor, timers, self._fired_send.clone())
+            self.spawned_count += 1
+        timers.arm(command)
 
     def cancel(self, command: CancelTimer) -> None:
-        if command.program in self._inboxes:
-            self._deliver(command.program, command)
+        timers = self._actors.get(command.program)
+        if timers is not None:
+            timers.cancel(command)
 
     def retire(self, program: Any) -> None:
-        send = self._inboxes.pop(program, None)
-        if send is not None:
-            send.close()
+        timers = self._actors.pop(program, None)
+        if timers is not None:
+            timers.close()
             self.retired_count += 1
 
     def retire_all(self) -> None:
-        for program in list(self._inboxes):
+        for program in list(self._actors):
             self.retire(program)
 
     def statistics(self) -> dict[str, Any]:
         """Aggregate inbox statistics of the live Program actors (for diagnostics)."""
-        used = [s.statistics().current_buffer_used for s in self._inboxes.values()]
+        armed = [len(t.table) for t in self._actors.values()]
         return {
             "name": "program_actors",
-            "live_program_actors": len(self._inboxes),
+            "live_program_actors": len(self._actors),
             "spawned_total": self.spawned_count,
             "retired_total": self.retired_count,
-            "max_buffer_size": PROGRAM_INBOX_SIZE,
-            "current_buffer_used_total": sum(used),
-            "current_buffer_used_max": max(used, default=0),
+            "max_buffer_size": PROGRAM_TIMER_KINDS,  # a timer table's bound: one entry per kind
+            "current_buffer_used_total": sum(armed),  # armed timers
+            "current_buffer_used_max": max(armed, default=0),
             "timer_fired_channel": channel_statistics("timer_fired", self._fired_send),
         }
 

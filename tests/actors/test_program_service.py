@@ -79,7 +79,7 @@ async def test_lease_finish_exactly_once(autojump_clock: trio.testing.MockClock)
         ]
         channels = {c["name"]: c for c in diag["channels"]}
         assert channels["scheduler_inbox"]["max_buffer_size"] == 1024
-        assert channels["program_actors"]["max_buffer_size"] == 32
+        assert channels["program_actors"]["max_buffer_size"] == 4  # one timer per kind
 
 
 async def test_lease_refuses_a_request_without_program_identity(autojump_clock: trio.testing.MockClock) -> None:

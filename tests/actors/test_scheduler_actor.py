@@ -449,8 +449,7 @@ async def test_an_idle_scheduler_handles_a_request_in_its_task_and_a_backlog_kee
         async with dispatcher.lease(program_request("p2")) as lease2:
             lease2.finish(ok())
         await trio.testing.wait_all_tasks_blocked()
-        assert order[:2] == ["RequestAbandoned", "Submission"]
-        assert scheduler.direct_count == 3  # only the completion (after the backlog drained)
+        assert order[:2] == ["RequestAbandoned", "Submission"]  # the submission did not overtake it
 
 
 async def test_a_step_that_fails_in_the_request_task_stops_program_scheduling(
