@@ -94,6 +94,9 @@ class EffectRouter:
         self._impact_children = _Children(metrics.cache_miss_impact_seconds)
         self._ttl_children = _Children(metrics.armed_ttl_seconds)
         self._prompt_tokens = _Children(metrics.program_prompt_tokens)
+        self._recomputed_tokens = _Children(metrics.program_recomputed_tokens)
+        self._recompute_seconds = _Children(metrics.program_recompute_seconds)
+        self._shared_prefix_children = _Children(metrics.shared_prefix_observed_tokens)
 
     def expect_reply(self, request_id: str, reply: ReplySink, *, queue_updates: bool = False) -> None:
         self.replies[request_id] = reply
@@ -418,14 +421,14 @@ class EffectRouter:
             prompt_tokens["new"].inc(e.new_tokens)
         if e.recomputed_tokens and e.cause is not None:
             prompt_tokens["recomputed"].inc(e.recomputed_tokens)
-            m.program_recomputed_tokens.labels(e.cause).inc(e.recomputed_tokens)
+            self._recomputed_tokens[e.cause].inc(e.recomputed_tokens)
             if e.recompute_seconds > 0:
-                m.program_recompute_seconds.labels(e.cause).inc(e.recompute_seconds)
+                self._recompute_seconds[e.cause].inc(e.recompute_seconds)
         if e.estimated_split:
             m.program_split_estimated.inc()
 
     def _shared_prefix(self, e: fx.SharedPrefixObserved) -> None:
-        self.metrics.shared_prefix_observed_tokens.labels(e.target_id).observe(e.tokens)
+        self._shared_prefix_children[e.target_id].observe(e.tokens)
 
     def _discontinuity(self, e: fx.CacheDiscontinuity) -> None:
         previous = e.previous_context_tokens

@@ -29,8 +29,8 @@ channel's statistics.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import attrs
@@ -58,6 +58,7 @@ from actors.dashboard_view import dashboard_document
 from actors.logevents import get_logger
 from actors.mailbox import ActorGone, ReplySlot
 from actors.messages import Admitted, QueuePosition, Reply, ReplySink, Submission
+from actors.metric_children import Children
 from actors.program_metrics import GaugeSnapshot, ProgramMetrics, TokenEstimateGauge
 from actors.rank_registry import RankRegistry, run_rank_registry
 from actors.scheduler_actor import SchedulerHandle, diagnostics_snapshot, rank_gauges, run_scheduler_actor
@@ -90,6 +91,7 @@ class TokenEstimator:
     def __init__(self, metrics: ProgramMetrics, *, clock: Callable[[], float] | None = None) -> None:
         self.coefficients: dict[tuple[str, str], float] = {}
         self._metrics = metrics
+        self._feedback = Children(metrics.token_estimate_feedback)  # (pool, endpoint, kind) -> child
         self._clock = clock
         self._held: list[tuple[tuple[str, str], float]] = []  # (key, observed) of the instant _held_at
         self._held_at = -math.inf
@@ -116,9 +118,9 @@ class TokenEstimator:
     def feedback(self, pool: str, req: ProxyRequest, prompt_tokens: int | None) -> None:
         key = (pool, req.endpoint)
         if prompt_tokens is None:
-            self._metrics.token_estimate_feedback.labels(pool, req.endpoint, "missing").inc()
+            self._feedback.get(pool, req.endpoint, "missing").inc()
             return
-        self._metrics.token_estimate_feedback.labels(pool, req.endpoint, "observed").inc()
+        self._feedback.get(pool, req.endpoint, "observed").inc()
         nbytes = req.prompt.text_bytes
         if req.prompt.exact_tokens is not None or nbytes <= 0 or prompt_tokens <= 0:
             return  # token-id prompts say nothing about tokens per byte
@@ -374,6 +376,46 @@ class _BatchRun:
     lease: ProgramLease | None = None
 
 
+class _LeaseContext:
+    """``async with dispatcher.lease(req) as lease``: the admission on entry; on exit (however it is
+    left) the request's end reported exactly once, shielded (``ProgramDispatcher.release_shielded``).
+    A class, not a generator-based context manager: one object per request instead of a generator
+    and its wrapper (docs/benchmarks.md §10.2.5)."""
+
+    __slots__ = ("dispatcher", "req", "event", "inbox", "submitted", "lease")
+
+    def __init__(
+        self, dispatcher: ProgramDispatcher, req: ProxyRequest, event: RequestSubmitted | InteractiveSubmitted
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.req = req
+        self.event = event
+        self.inbox = dispatcher.scheduler.inbox.send
+        self.submitted = False
+        self.lease: ProgramLease | None = None
+
+    async def __aenter__(self) -> ProgramLease:
+        try:
+            self.lease = await self.dispatcher._admission(self)
+        except ActorGone:
+            self.submitted = False
+            raise DispatchRejected(SCHEDULER_UNAVAILABLE) from None
+        except BaseException:
+            if self.submitted:  # cancelled (client gone) while it waited: abandoned
+                await self.dispatcher.release_shielded(self.req, None, self.inbox)
+            raise
+        return self.lease
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        try:
+            if exc_type is not None and issubclass(exc_type, ActorGone):
+                self.submitted = False
+                raise DispatchRejected(SCHEDULER_UNAVAILABLE) from None
+        finally:
+            if self.submitted:
+                await self.dispatcher.release_shielded(self.req, self.lease, self.inbox)
+
+
 class ProgramDispatcher:
     """The proxy's dispatcher for requests that carry Program identity."""
 
@@ -513,70 +555,61 @@ class ProgramDispatcher:
         with trio.CancelScope(shield=True):
             await self._deliver(self.scheduler.inbox.send, message)
 
-    @asynccontextmanager
-    async def _lease(
-        self, req: ProxyRequest, event: RequestSubmitted | InteractiveSubmitted
-    ) -> AsyncIterator[ProgramLease]:
+    def _lease(self, req: ProxyRequest, event: RequestSubmitted | InteractiveSubmitted) -> _LeaseContext:
+        return _LeaseContext(self, req, event)
+
+    async def _admission(self, ctx: _LeaseContext) -> ProgramLease:
+        """Submit ``ctx``'s event and wait for its answer: the lease, or ``DispatchRejected``."""
         self._polling_needed.set()  # lazily start backend polling on the first scheduled request
-        inbox = self.scheduler.inbox.send
-        submitted = False
-        lease: ProgramLease | None = None
-        watch = req.queue_watch
+        inbox = ctx.inbox
+        watch = ctx.req.queue_watch
+        # The scheduler answers exactly once with send_nowait (buffer 1); a request that wants
+        # its queue position while it waits (a streaming one with SSE keep-alive) gets
+        # QueuePosition notices first, which never take the final reply's room (buffer 2).
+        # A reply slot, not a channel pair per request (docs/benchmarks.md §10.4.1).
+        slot = ReplySlot[Reply](1 if watch is None else 2)
         try:
-            # The scheduler answers exactly once with send_nowait (buffer 1); a request that wants
-            # its queue position while it waits (a streaming one with SSE keep-alive) gets
-            # QueuePosition notices first, which never take the final reply's room (buffer 2).
-            # A reply slot, not a channel pair per request (docs/benchmarks.md §10.4.1).
-            slot = ReplySlot[Reply](1 if watch is None else 2)
-            try:
-                submission = Submission(event=event, reply=slot, queue_updates=watch is not None)
-                # handled in this task when the scheduler actor waits on its empty inbox (the order
-                # it would handle it in, without the two task hops; docs/architecture.md §3)
-                await trio.lowlevel.checkpoint_if_cancelled()
-                direct = self.scheduler.handle_now(submission)
-                if not direct:
-                    await inbox.send(submission)
-                submitted = True
-                self.counters.submitted_count += 1
-                while True:
-                    try:
-                        reply = slot.receive_nowait() if direct else await slot.receive()
-                    except trio.WouldBlock:
-                        direct = False  # waiting in the queue: the answer comes from a later step
-                        continue
-                    except trio.EndOfChannel:
-                        raise ActorGone("scheduler actor stopped") from None
-                    if not isinstance(reply, QueuePosition):
-                        break
-                    if watch is not None:
-                        watch.tell(reply.position, reply.eta_seconds, trio.current_time())
-            finally:
-                slot.leave()  # a later answer (to a handler that left) is dropped by the router
-            if watch is not None:
-                watch.done()
-            if isinstance(reply, Rejection):
-                submitted = False  # the core already dropped the request
-                self.counters.rejected_count += 1
-                raise DispatchRejected(reply)
-            assert isinstance(reply, Admitted)
-            self.counters.admitted_count += 1
-            lease = ProgramLease(
-                target=reply.target,
-                request_id=req.request_id,
-                program=reply.program,
-                queue_seconds=reply.queue_seconds,
-                send=inbox,
-                requeueable=reply.requeueable,
-                runs=self.requeue_runs,
-                report_on_exit=self.scheduler.direct,
-            )
-            yield lease
-        except ActorGone:
-            submitted = False
-            raise DispatchRejected(SCHEDULER_UNAVAILABLE) from None
+            submission = Submission(event=ctx.event, reply=slot, queue_updates=watch is not None)
+            # handled in this task when the scheduler actor waits on its empty inbox (the order
+            # it would handle it in, without the two task hops; docs/architecture.md §3)
+            await trio.lowlevel.checkpoint_if_cancelled()
+            direct = self.scheduler.handle_now(submission)
+            if not direct:
+                await inbox.send(submission)
+            ctx.submitted = True
+            self.counters.submitted_count += 1
+            while True:
+                try:
+                    reply = slot.receive_nowait() if direct else await slot.receive()
+                except trio.WouldBlock:
+                    direct = False  # waiting in the queue: the answer comes from a later step
+                    continue
+                except trio.EndOfChannel:
+                    raise ActorGone("scheduler actor stopped") from None
+                if not isinstance(reply, QueuePosition):
+                    break
+                if watch is not None:
+                    watch.tell(reply.position, reply.eta_seconds, trio.current_time())
         finally:
-            if submitted:
-                await self.release_shielded(req, lease, inbox)
+            slot.leave()  # a later answer (to a handler that left) is dropped by the router
+        if watch is not None:
+            watch.done()
+        if isinstance(reply, Rejection):
+            ctx.submitted = False  # the core already dropped the request
+            self.counters.rejected_count += 1
+            raise DispatchRejected(reply)
+        assert isinstance(reply, Admitted)
+        self.counters.admitted_count += 1
+        return ProgramLease(
+            target=reply.target,
+            request_id=ctx.req.request_id,
+            program=reply.program,
+            queue_seconds=reply.queue_seconds,
+            send=inbox,
+            requeueable=reply.requeueable,
+            runs=self.requeue_runs,
+            report_on_exit=self.scheduler.direct,
+        )
 
     async def release_shielded(
         self, req: ProxyRequest, lease: ProgramLease | None, inbox: trio.MemorySendChannel[Any]
@@ -585,8 +618,10 @@ class ProgramDispatcher:
         never given up: a completion or an abandon that were dropped would hold the request's
         capacity for good.  The scheduler never stops draining its inbox, so the wait is bounded
         by its processing rate; when the scheduler is gone there is nothing left to account."""
-        with trio.CancelScope(shield=True):
-            await self._release(req, lease, inbox)
+        message = self._release_now(req, lease, inbox)
+        if message is not None:  # the inbox is full: wait for room (no scope when nothing waits)
+            with trio.CancelScope(shield=True):
+                await self._deliver(inbox, message)
 
     async def _deliver(self, inbox: trio.MemorySendChannel[Any], message: Any) -> None:
         if inbox is self.scheduler.inbox.send and self.scheduler.handle_now(message):
@@ -603,17 +638,29 @@ class ProgramDispatcher:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
 
-    async def _release(self, req: ProxyRequest, lease: ProgramLease | None, inbox: trio.MemorySendChannel[Any]) -> None:
+    def _release_now(
+        self, req: ProxyRequest, lease: ProgramLease | None, inbox: trio.MemorySendChannel[Any]
+    ) -> RequestCompleted | RequestAbandoned | None:
+        """Account the request's end and deliver it without waiting (handled in this task when
+        the scheduler is idle, else queued); the message when the full inbox refused it."""
         if lease is not None and lease.dropped:
             self.counters.rejected_count += 1  # refused while it waited again: nothing to release
-            return
+            return None
         outcome = None if lease is None else lease.outcome
         message = self.release_message(req, outcome)
         if lease is not None and outcome is not None:
             if lease.reported:
-                return  # ``finish`` delivered the completion
+                return None  # ``finish`` delivered the completion
             lease.reported = True
-        await self._deliver(inbox, message)
+        if inbox is self.scheduler.inbox.send and self.scheduler.handle_now(message):
+            return None  # handled in this task (docs/architecture.md §3)
+        try:
+            inbox.send_nowait(message)
+        except trio.WouldBlock:
+            return message
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the scheduler is gone: nothing left to account
+        return None
 
     async def wait_diagnostics(self, predicate: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
         """Wait until ``predicate(diagnostics())`` holds, re-checking after every scheduler step.
