@@ -431,6 +431,8 @@ class EffectRouter:
         self._shared_prefix_children[e.target_id].observe(e.tokens)
 
     def _discontinuity(self, e: fx.CacheDiscontinuity) -> None:
+        if not logger.isEnabledFor(logging.INFO):
+            return  # (before the Program's id is hashed for a line nobody writes)
         previous = e.previous_context_tokens
         log_event(
             logger,

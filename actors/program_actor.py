@@ -13,8 +13,9 @@ When the deadline passes, every due timer fires, in ``(deadline, token)`` order,
 table synchronously, in the order the core emitted them (:meth:`ProgramTimers.arm`,
 :meth:`ProgramTimers.cancel`, called by the registry while the scheduler routes a step's
 effects): an ``ArmTimer`` replaces its kind, a ``CancelTimer`` drops it, and the waiting scope's
-deadline moves to the new minimum, so a command costs no task switch and the actor wakes only
-when a timer is due (docs/architecture.md §3; docs/benchmarks.md §10.2.5).  The table holds at
+deadline moves earlier when an armed deadline is earlier (never later: a wait that ends at a
+deadline no longer armed just waits again), so a command costs no task switch
+(docs/architecture.md §3; docs/benchmarks.md §10.2.5).  The table holds at
 most one entry per kind, so it is bounded by construction.  Tokens come from the core's
 monotonic counter; a firing whose token no longer matches the Program's record (a timer re-armed
 or cancelled after the firing was sent) is dropped by the core, so a race between a firing and a
@@ -51,21 +52,22 @@ class ProgramTimers:
 
     def arm(self, command: ArmTimer) -> None:
         self.table[command.kind] = (command.deadline, command.token)
-        self._moved()
+        scope = self._scope
+        if scope is not None and command.deadline < scope.deadline:
+            scope.deadline = command.deadline  # only ever earlier: see ``cancel``
 
     def cancel(self, command: CancelTimer) -> None:
-        if self.table.pop(command.kind, None) is not None:
-            self._moved()
+        # The wait's deadline stays where it is even when this was the earliest timer: the actor
+        # then wakes at it, finds nothing due and waits for the next one.  Moving a cancel scope's
+        # deadline costs more than that wake-up, and a Program's acting TTL is cancelled and armed
+        # again at every turn, at most once per TTL (docs/benchmarks.md §10.2.5).
+        self.table.pop(command.kind, None)
 
     def close(self) -> None:
         self.closed = True
         self.table.clear()
         if self._scope is not None:
             self._scope.cancel()
-
-    def _moved(self) -> None:
-        if self._scope is not None:
-            self._scope.deadline = self.next_deadline()
 
 
 async def run_program_actor(
@@ -87,7 +89,8 @@ async def run_program_actor(
                     timers._scope = None
             if timers.closed:
                 return
-            # the scope's deadline passed: some timer is due
+            # the scope's deadline passed: the timers due now (none when that deadline's timer
+            # was cancelled or armed later meanwhile, see ``ProgramTimers.cancel``)
             now = trio.current_time()
             due = sorted((d, tok, kind) for kind, (d, tok) in table.items() if d <= now)
             for deadline, token, kind in due:
