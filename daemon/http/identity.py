@@ -509,6 +509,42 @@ def _finish(draft: _Draft, body: Mapping[str, Any], headers: Mapping[str, str]) 
     return ParsedIdentity(ProgramIdentity(placement_hash_key=key, **fields), draft.hints)
 
 
+# Parsed agentic contexts by content (an agent sends the same context with every turn of a
+# Program): what ``_from_context`` and ``_finish`` read is the context's members, the headers named
+# below and three body members, so equal values of those give an equal (frozen) result.  Only
+# successes are kept (an invalid context raises before it is stored); bounded by clearing.
+MEMO_SIZE = 4096
+_MEMO: dict[tuple[Any, ...], ParsedIdentity | None] = {}
+_MISS = object()
+_MEMO_HEADERS = tuple(
+    dict.fromkeys(
+        [name for schema in _HEADER_SCHEMAS for name in schema[1:] if name is not None]
+        + ["x-claude-code-session-id", "session-id", "x-session-id", *_HASH_KEY_HEADERS]
+    )
+)
+_MEMO_SCALARS = (str, int, float, bool, type(None))
+
+
+def _memo_key(ctx: Mapping[str, Any], body: Mapping[str, Any], headers: Mapping[str, str]) -> tuple[Any, ...] | None:
+    """The memo key of a context-carrying request, None when a value is not a plain scalar (the
+    type is part of the key: ``1``, ``1.0`` and ``true`` parse differently)."""
+    items = []
+    for k, v in ctx.items():
+        if type(v) not in _MEMO_SCALARS:
+            return None
+        items.append((k, type(v), v))
+    session_params = body.get("session_params")
+    nested = session_params.get("session_id") if isinstance(session_params, Mapping) else None
+    extra = (nested, body.get("user"), body.get("user_id"))
+    if any(type(v) not in _MEMO_SCALARS for v in extra):
+        return None
+    return (
+        tuple(items),
+        tuple((type(v), v) for v in extra),
+        tuple(headers.get(name) for name in _MEMO_HEADERS),
+    )
+
+
 def parse_identity(
     body: Mapping[str, Any], headers: Mapping[str, str], enable_key: str = ENABLE_KEY_AGENTIC_CONTEXT
 ) -> ParsedIdentity | None:
@@ -524,7 +560,18 @@ def parse_identity(
     ctx = _locate_context(body)
     draft: _Draft | None
     if ctx is not None:
+        key = _memo_key(ctx, body, headers)
+        if key is not None:
+            hit = _MEMO.get(key, _MISS)
+            if hit is not _MISS:
+                return hit  # type: ignore[return-value]
         draft = _from_context(ctx, headers)
+        parsed = None if draft is None else _finish(draft, body, headers)
+        if key is not None:
+            if len(_MEMO) >= MEMO_SIZE:
+                _MEMO.clear()
+            _MEMO[key] = parsed
+        return parsed
     elif enable_key != ENABLE_KEY_AUTO:
         return None
     elif body.get("agent_hint") is not None:

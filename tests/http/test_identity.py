@@ -474,3 +474,40 @@ def test_strip_agentic_context_unchanged_returns_equal_copy() -> None:
 def test_strip_agentic_context_rejects_unknown_mode() -> None:
     with pytest.raises(ValueError, match="mode"):
         strip_agentic_context({}, "drop")
+
+
+def test_identity_of_a_repeated_context_is_remembered_by_content_and_type() -> None:
+    """An agent sends the same context with every turn: the second parse returns the first one's
+    (frozen) value; a value of another type, a header or a body member the identity reads gives
+    its own parse (docs/benchmarks.md §10.2.5)."""
+    from daemon.http import identity
+
+    identity._MEMO.clear()
+    body = ctx_body(session_id="memo-s", agent_id="lead", step_id=1, expected_resume=True)
+    first = parse(body)
+    assert parse(dict(body)) is first  # equal content: the remembered value
+    assert len(identity._MEMO) == 1
+    # True == 1 and hash(True) == hash(1): the type keeps them apart (step_id=true is invalid)
+    with pytest.raises(IdentityError, match="step_id"):
+        parse(ctx_body(session_id="memo-s", agent_id="lead", step_id=True, expected_resume=True))
+    assert len(identity._MEMO) == 1  # errors are never remembered
+    with pytest.raises(IdentityError, match="step_id"):
+        parse(ctx_body(session_id="memo-s", agent_id="lead", step_id=True, expected_resume=True))
+    # what else the identity reads: a hash-key header and the body's user
+    by_header = parse(body, {"x-user-id": "u7"})
+    assert by_header.identity.placement_hash_key != first.identity.placement_hash_key
+    assert (
+        by_header.identity.placement_hash_key
+        == parse_identity(body, {"x-user-id": "u7"}, CTX).identity.placement_hash_key
+    )  # type: ignore[union-attr]
+    with_user = {**body, "user": "alice"}
+    assert parse(with_user) == parse_identity({**with_user}, {}, CTX)
+    # a nested value is not a memo key: parsed every time, same result
+    nested = ctx_body(session_id="memo-n", agent_id="lead", extra={"k": 1})
+    assert parse(nested) == parse(nested)
+    assert parse(nested) is not parse(nested)
+    # the memo is bounded
+    identity._MEMO.clear()
+    for i in range(identity.MEMO_SIZE + 5):
+        parse(ctx_body(session_id=f"bound-{i}"))
+    assert len(identity._MEMO) <= identity.MEMO_SIZE
