@@ -39,6 +39,7 @@ from actors.core.config import ProgramSchedulingConfig
 from actors.core.model import Usage
 from bench import harness
 from bench.output import write_atomic
+from daemon.commands.paths import output_file_problem
 from daemon.config import AgentdConfig, BatchApiConfig, RoutingConfig, ServerConfig
 from daemon.dispatch import Outcome
 from daemon.handles import DaemonHandles
@@ -127,7 +128,9 @@ async def run(cycles: int, programs: int, concurrency: int, ranks: int) -> dict[
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.admission_bench", description=(__doc__ or "").split("\n\n")[0]
+    )
     parser.add_argument("--cycles", type=int, default=20000)
     parser.add_argument("--programs", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=32)
@@ -137,6 +140,9 @@ def main() -> int:
     for name in ("cycles", "programs", "concurrency", "ranks"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    problem = output_file_problem(str(args.json), "--json") if args.json else None
+    if problem:
+        parser.error(problem)
     probe = harness.python_speed_probe_us()
     uptime = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
     result = trio.run(run, args.cycles, args.programs, args.concurrency, args.ranks)

@@ -43,6 +43,7 @@ from actors.core.ids import RequestId
 from actors.core.model import Usage
 from actors.core.scheduler import initial_state, step
 from actors.core.state import SchedulerState
+from daemon.commands.argtypes import int_at_least, positive_int
 from daemon.http.identity import parse_identity
 
 CYCLE_TARGET_MICROSECONDS = 50.0
@@ -167,11 +168,11 @@ def reference_loop_microseconds() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--programs", type=int, default=10_000)
-    parser.add_argument("--ranks", type=int, default=64)
-    parser.add_argument("--cycles", type=int, default=20_000)
-    parser.add_argument("--warmup", type=int, default=2_000)
+    parser = argparse.ArgumentParser(prog="python -m bench.core_bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--programs", type=positive_int, default=10_000)
+    parser.add_argument("--ranks", type=positive_int, default=64)
+    parser.add_argument("--cycles", type=positive_int, default=20_000)
+    parser.add_argument("--warmup", type=int_at_least(0), default=2_000)
     parser.add_argument(
         "--gc-off",
         action="store_true",

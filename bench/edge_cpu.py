@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from actors.core.config import BackendTarget
 from bench.proxy_overhead import agent_body, program_context
+from daemon.commands.argtypes import positive_int, positive_int_list
 from daemon.dispatch import NativeDispatcher
 from daemon.http.proxy import ProgramRoute, ProxyEngine
 from daemon.metrics import ProxyMetrics
@@ -78,15 +79,11 @@ def per_request_us(eng: ProxyEngine, raw: bytes, repeat: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bodies", default="1,64,256", help="body sizes in KiB")
-    parser.add_argument("--repeat", type=int, default=7)
+    parser = argparse.ArgumentParser(prog="python -m bench.edge_cpu", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bodies", type=positive_int_list, default=[1, 64, 256], help="body sizes in KiB")
+    parser.add_argument("--repeat", type=positive_int, default=7)
     args = parser.parse_args()
-    try:
-        sizes = [int(x) for x in args.bodies.split(",")]
-    except ValueError:
-        print(f"--bodies: comma-separated integers, got {args.bodies!r}", file=sys.stderr)
-        return 2
+    sizes = args.bodies
     print(f"{'body':>6} {'identity-free us/req':>21} {'Program, streamed us/req':>25}")
     for kb in sizes:
         free = per_request_us(engine(False), agent_body(kb, None), args.repeat)

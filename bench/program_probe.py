@@ -46,6 +46,7 @@ from bench.harness import (
     wait_listening,
 )
 from bench.proxy_overhead import MODULE, PROGRAM_CONFIG, Conn, agent_body, connect, program_context
+from daemon.commands.argtypes import positive_int
 
 
 def agentd_command(port: int, worker_port: int, program: bool, config: Path) -> list[str]:
@@ -102,10 +103,10 @@ def _py_spy() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.program_probe", description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--kb", type=int, default=1, help="body size in KiB (default 1)")
+    parser.add_argument("--kb", type=positive_int, default=1, help="body size in KiB (default 1)")
     parser.add_argument("--identity", choices=("program", "free"), default="program")
     parser.add_argument("--processes", type=int, default=1, help="[server] data_plane_processes (default 1)")
     parser.add_argument("--concurrency", type=int, default=1, help="connections, one Program each (default 1)")

@@ -27,6 +27,17 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
 positive_int = int_at_least(1)
 
 
+def positive_int_list(text: str) -> list[int]:
+    """Comma-separated integers >= 1 (e.g. ``--bodies 1,64,256``)."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers >= 1, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers >= 1, got {text!r}")
+    return values
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)

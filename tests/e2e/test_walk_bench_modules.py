@@ -37,6 +37,15 @@ CASES = [
     (("bench.eta_bench", "--out", "{file}"), "--out: exists and is not a directory: {file}"),
     (("bench.send_path", "--json", "{missing}"), "--json: directory does not exist: {missing_dir}"),
     (("bench.relay_cpu", "--markdown", "{missing}"), "--markdown: directory does not exist: {missing_dir}"),
+    # the session-26 walk's findings in the scheduler and edge probes (a ZeroDivisionError, an
+    # AssertionError, or a run that measured nothing and exited 0)
+    (("bench.core_bench", "--programs", "-1"), "argument --programs: must be an integer >= 1, got '-1'"),
+    (("bench.core_bench", "--ranks", "-1"), "argument --ranks: must be an integer >= 1, got '-1'"),
+    (("bench.core_bench", "--warmup", "-1"), "argument --warmup: must be an integer >= 0, got '-1'"),
+    (("bench.edge_cpu", "--bodies", "-1"), "argument --bodies: must be comma-separated integers >= 1, got '-1'"),
+    (("bench.edge_cpu", "--repeat", "0"), "argument --repeat: must be an integer >= 1, got '0'"),
+    (("bench.program_probe", "--kb", "-1"), "argument --kb: must be an integer >= 1, got '-1'"),
+    (("bench.admission_bench", "--json", "{missing}"), "--json: directory does not exist: {missing_dir}"),
 ]
 
 
