@@ -70,6 +70,7 @@ from bench.harness import (
 )
 from bench.output import write_atomic
 from bench.procs import connection_owners, process_cpu, process_role, tree_pids
+from daemon.commands.argtypes import positive_int_list
 
 MODULE = "bench.proxy_overhead"  # re-run as the fake worker and the naive proxy
 REPLY = json.dumps(
@@ -486,16 +487,6 @@ async def _one_request(port: int, body: bytes) -> None:
 
 
 # ----------------------------------------------------------------------------- main
-def _csv_ints(text: str, what: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{what}: comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"{what}: integers >= 1, got {text!r}")
-    return values
-
-
 def _modes(text: str) -> list[str]:
     values = [x.strip() for x in text.split(",") if x.strip()]
     bad = [v for v in values if v not in IDENTITY_MODES]
@@ -554,13 +545,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="measurement time per cell (default 3)")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--policy", default="round_robin")
-    parser.add_argument(
-        "--bodies", type=lambda t: _csv_ints(t, "--bodies"), default=[1, 64, 256], help="body sizes in KiB"
-    )
+    parser.add_argument("--bodies", type=positive_int_list, default=[1, 64, 256], help="body sizes in KiB")
     parser.add_argument("--identity", type=_modes, default=list(IDENTITY_MODES), help="free,program")
     parser.add_argument(
         "--processes",
-        type=lambda t: _csv_ints(t, "--processes"),
+        type=positive_int_list,
         default=[1],
         help="agentd data_plane_processes, one agentd column per value (e.g. 1,2)",
     )

@@ -52,6 +52,7 @@ import trio
 from bench import harness
 from bench.interrupt import run_main
 from bench.output import write_atomic
+from daemon.commands.argtypes import positive_int_list
 from daemon.commands.paths import output_file_problem
 
 MODULE = "bench.relay_cpu"  # re-run as the fake worker
@@ -492,16 +493,6 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _positive_ints(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
-    return values
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.relay_cpu", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument(
@@ -519,7 +510,7 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=32, help="closed load: concurrent streams")
     parser.add_argument("--interval-ms", type=float, default=20.0, help="closed load: time between two tokens")
     parser.add_argument("--events", type=int, default=200, help="closed load: tokens per response")
-    parser.add_argument("--lockstep-streams", type=_positive_ints, default=[64, 128, 256])
+    parser.add_argument("--lockstep-streams", type=positive_int_list, default=[64, 128, 256])
     parser.add_argument("--itl-ms", type=float, default=25.0, help="lockstep load: decode step")
     parser.add_argument("--lockstep-events", type=int, default=60, help="lockstep load: tokens per response")
     parser.add_argument(
@@ -527,7 +518,7 @@ def main() -> int:
         help="agentd rows with [server] stream_coalesce_ms = W (besides the plain one); 0 or none: plain only",
     )  # fmt: skip
     parser.add_argument(
-        "--processes", type=_positive_ints, default=[1],
+        "--processes", type=positive_int_list, default=[1],
         help="agentd rows per [server] data_plane_processes N (e.g. 1,2; CPU summed over its processes)",
     )  # fmt: skip
     parser.add_argument("--vllm-router", default=shutil.which("vllm-router"), help="vllm-router executable")
