@@ -287,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         futures = [pool.submit(_run, p, s, args.out, args.sim_hints, ps_overrides) for p in points for s in systems]
+        workers = min(args.jobs, len(futures))
+        print(f"running {len(futures)} simulations on {workers} processes (each a few minutes)", flush=True)
         for fut in futures:
             point_name, system, report, wall = fut.result()
             results[point_name][system] = report
