@@ -160,6 +160,15 @@ class RelayConnection:
 
     async def serve(self) -> None:
         """Serve the relay until its socket ends; then abandon every lease still open."""
+        try:
+            await self._serve()
+        finally:
+            # the relay must see the connection end: one cut off for breaking the protocol would
+            # otherwise keep sending work nobody reads; it sees EOF, refuses new work and drains
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(self.link.stream)
+
+    async def _serve(self) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.link.run_writer)
             async with trio.open_nursery() as leases:
