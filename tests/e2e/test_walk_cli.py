@@ -31,14 +31,6 @@ def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     return err.strip()
 
 
-@pytest.fixture
-def trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
-    path = tmp_path / "small.jsonl"
-    assert cli.main(["trace", "synth", "--profile", "swe-short", "--programs", "2", "--out", str(path)]) == 0
-    capsys.readouterr()
-    return str(path)
-
-
 def test_trace_synth_and_merge_refuse_an_unwritable_out_before_writing(
     tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -15,14 +15,6 @@ from daemon import cli
 QUICKSTART = str(Path(__file__).resolve().parents[2] / "configs" / "quickstart.toml")
 
 
-@pytest.fixture
-def trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
-    path = tmp_path / "small.jsonl"
-    assert cli.main(["trace", "synth", "--profile", "swe-short", "--programs", "2", "--out", str(path)]) == 0
-    capsys.readouterr()
-    return str(path)
-
-
 def test_simulate_says_why_it_exits_1(tmp_path: Path, trace: str, capsys: pytest.CaptureFixture[str]) -> None:
     """``--model`` other than the one ``[embedded]`` serves: every request a 404, and exit 1 with
     nothing on stderr (as replay before session 25)."""

@@ -27,14 +27,6 @@ KEY = "sk-walk-0123456789"
 
 
 @pytest.fixture
-def trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
-    path = tmp_path / "small.jsonl"
-    assert cli.main(["trace", "synth", "--profile", "swe-short", "--programs", "2", "--out", str(path)]) == 0
-    capsys.readouterr()
-    return str(path)
-
-
-@pytest.fixture
 def keyed_agentd(tmp_path: Path) -> Iterator[str]:
     """``agentd start`` with one API key, fast simulated workers; yields its URL."""
     config = tmp_path / "agentd.toml"
