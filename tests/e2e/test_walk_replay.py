@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -35,6 +36,15 @@ def keyed_agentd(tmp_path: Path) -> Iterator[str]:
         f'[server]\nport = 0\n[auth]\napi_keys = ["team-a:{digest}"]\n[embedded]\ntime_scale = 50.0\n'
         f'[batch_api]\ndatabase_path = "{tmp_path / "batches.sqlite3"}"\n'
     )
+    with started(config) as (proc, url):
+        yield url
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+
+
+@contextmanager
+def started(config: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``agentd start --config config`` as a process, with the URL it printed; killed at the end."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "daemon", "start", "--config", str(config)],
         cwd=ROOT,
@@ -47,9 +57,7 @@ def keyed_agentd(tmp_path: Path) -> Iterator[str]:
         line = proc.stdout.readline()
         match = re.fullmatch(r"agentd listening on (http://127\.0\.0\.1:\d+)\n", line)
         assert match, line
-        yield match.group(1)
-        proc.terminate()
-        assert proc.wait(timeout=60) == 0
+        yield proc, match.group(1)
     finally:
         proc.kill()
         proc.wait()
@@ -145,21 +153,8 @@ def slow_agentd(tmp_path: Path) -> Iterator[str]:
     """``agentd start`` on real-time simulated workers (a replay takes a while); yields its URL."""
     config = tmp_path / "slow.toml"
     config.write_text(f'[server]\nport = 0\n[batch_api]\ndatabase_path = "{tmp_path / "slow.sqlite3"}"\n')
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "daemon", "start", "--config", str(config)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        match = re.fullmatch(r"agentd listening on (http://127\.0\.0\.1:\d+)\n", proc.stdout.readline())
-        assert match
-        yield match.group(1)
-    finally:
-        proc.kill()
-        proc.wait()
+    with started(config) as (_, url):
+        yield url
 
 
 def test_ctrl_c_ends_the_progress_line_exits_130_and_writes_no_output(
