@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from actors.core.effects import Transition
-from actors.core.ids import redacted_id
+from actors.core.ids import ProgramRef, redacted_id
 
 EVENTS_KEPT = 50
 TICKS_KEPT = 60
@@ -48,9 +48,14 @@ class TickSample:
     cache_miss_impact_mean_seconds: float  # mean over ranks of the rolling cache-miss impact
 
 
+# an event as the feed keeps it: (at, kind, Program, target_id, reason); the Program's redacted
+# id (a hash) is made only when the dashboard is read (docs/benchmarks.md §10.2.6)
+_RawEvent = tuple[float, str, ProgramRef, "str | None", str]
+
+
 @attrs.define
 class DashboardFeed:
-    events: deque[SchedulingEvent] = attrs.field(factory=lambda: deque(maxlen=EVENTS_KEPT))
+    _raw: deque[_RawEvent] = attrs.field(factory=lambda: deque(maxlen=EVENTS_KEPT))
     ticks: deque[TickSample] = attrs.field(factory=lambda: deque(maxlen=TICKS_KEPT))
     events_total: int = 0
     _admissions: int = 0
@@ -70,7 +75,12 @@ class DashboardFeed:
         else:
             self._admissions += 1
         self.events_total += 1
-        self.events.append(SchedulingEvent(now, kind, redacted_id(e.program), e.target_id, e.reason))
+        self._raw.append((now, kind, e.program, e.target_id, e.reason))
+
+    @property
+    def events(self) -> list[SchedulingEvent]:
+        """The kept events, oldest first."""
+        return [_event(raw) for raw in self._raw]
 
     def queue_wait(self, seconds: float) -> None:
         self._wait_sum += seconds
@@ -92,7 +102,7 @@ class DashboardFeed:
 
     def document(self, now: float, events: int = 15, ticks: int = 60) -> dict[str, Any]:
         """Recent events (newest first, at most ``events``) and the last ``ticks`` tick samples as columns."""
-        recent = list(self.events)[-events:][::-1]
+        recent = [_event(raw) for raw in list(self._raw)[-events:][::-1]]
         samples = list(self.ticks)[-ticks:]
         return {
             "events_total": self.events_total,
@@ -115,6 +125,11 @@ class DashboardFeed:
                 "cache_miss_impact_mean_seconds": [_r(t.cache_miss_impact_mean_seconds) for t in samples],
             },
         }
+
+
+def _event(raw: _RawEvent) -> SchedulingEvent:
+    at, kind, ref, target, reason = raw
+    return SchedulingEvent(at, kind, redacted_id(ref), target, reason)
 
 
 def _r(x: float | None) -> float | None:

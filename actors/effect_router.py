@@ -27,7 +27,7 @@ from actors.core import effects as fx
 from actors.core.config import BackendTarget, ProgramSchedulingConfig
 from actors.core.errors import Rejection
 from actors.core.events import RequestCompleted
-from actors.core.ids import redacted_id
+from actors.core.ids import ProgramRef, redacted_id
 from actors.dashboard_feed import DashboardFeed
 from actors.logevents import get_logger, log_event
 from actors.messages import Admitted, QueuePosition, Reply, ReplySink
@@ -55,6 +55,7 @@ class _Children(dict[Any, Any]):
 PAUSED_STATE = "paused"
 ACTIVE_STATE = "active"
 ADMIT_REASONS = ("program_admit", "batch_gain_admit", "force_resume")
+REDACTED_KEPT = 4096
 
 
 class EffectRouter:
@@ -97,6 +98,10 @@ class EffectRouter:
         self._recomputed_tokens = _Children(metrics.program_recomputed_tokens)
         self._recompute_seconds = _Children(metrics.program_recompute_seconds)
         self._shared_prefix_children = _Children(metrics.shared_prefix_observed_tokens)
+        # the event metrics' updates, applied in bulk before every scrape and at every tick
+        # (actors/metric_batch.py; docs/benchmarks.md §10.2.6)
+        self.batch = metrics.batch
+        self._redacted: dict[ProgramRef, str] = {}  # Program -> its redacted id (at most REDACTED_KEPT)
 
     def expect_reply(self, request_id: str, reply: ReplySink, *, queue_updates: bool = False) -> None:
         self.replies[request_id] = reply
@@ -154,7 +159,7 @@ class EffectRouter:
             pass  # the handler left (its RequestAbandoned follows) or has not read: nothing to do
 
     def _queue_eta_observed(self, e: fx.QueueEtaObserved) -> None:
-        self.metrics.queue_eta_relative_error.observe(e.relative_error)
+        self.batch.observe(self.metrics.queue_eta_relative_error, e.relative_error)
         log_event(
             logger,
             logging.DEBUG,
@@ -166,7 +171,11 @@ class EffectRouter:
         )
 
     def _admit(self, e: fx.Admit) -> None:
-        program = redacted_id(e.program)
+        program = self._redacted.get(e.program)
+        if program is None:  # (a hash per Program, not per admission; bounded)
+            if len(self._redacted) >= REDACTED_KEPT:
+                self._redacted.clear()
+            program = self._redacted[e.program] = redacted_id(e.program)
         if _debug():
             log_event(
                 logger,
@@ -189,7 +198,7 @@ class EffectRouter:
         )
         self._reply(e.request_id, admitted)
         # the queue wait of every Program admission (was an effect of its own after the Admit)
-        self._queue_wait_children[e.target_id].observe(e.queue_wait_seconds)
+        self.batch.observe(self._queue_wait_children[e.target_id], e.queue_wait_seconds)
         if self.feed is not None:
             self.feed.queue_wait(e.queue_wait_seconds)
 
@@ -309,7 +318,7 @@ class EffectRouter:
 
     def _transition(self, e: fx.Transition) -> None:
         if e.counted and e.target_id is not None:
-            self._transitions[e.target_id, e.reason].inc()
+            self.batch.inc(self._transitions[e.target_id, e.reason])
         if self.feed is not None:
             self.feed.transition(e, trio.current_time())
         admit = e.reason in ADMIT_REASONS
@@ -355,20 +364,21 @@ class EffectRouter:
 
     def _admission(self, e: fx.AdmissionCapacitySnapshot) -> None:
         target = e.target_id
+        observe = self.batch.observe
         for field, children in self._admission_children:
             value = getattr(e, field)
             if value is not None:
-                children[target].observe(value)
+                observe(children[target], value)
 
     def _interval(self, e: fx.RequestIntervalObserved) -> None:
-        self._interval_children[e.target_id].observe(e.seconds)
+        self.batch.observe(self._interval_children[e.target_id], e.seconds)
         if _debug():
             log_event(
                 logger, logging.DEBUG, "continuity_sample", target=e.target_id, interval_seconds=round(e.seconds, 6)
             )
 
     def _impact(self, e: fx.CacheMissImpactObserved) -> None:
-        self._impact_children[e.target_id].observe(e.seconds)
+        self.batch.observe(self._impact_children[e.target_id], e.seconds)
         done = self.completing
         if done is None or not _debug():
             return
@@ -386,7 +396,7 @@ class EffectRouter:
         )
 
     def _ttl_armed(self, e: fx.TtlArmed) -> None:
-        self._ttl_children[e.target_id, e.source].observe(e.ttl_seconds)
+        self.batch.observe(self._ttl_children[e.target_id, e.source], e.ttl_seconds)
         if not _debug():
             return
         log_event(
@@ -402,33 +412,35 @@ class EffectRouter:
 
     def _time_attributed(self, e: fx.TimeAttributed) -> None:
         m = self.metrics
+        inc = self.batch.inc
         queue, prefill, recompute, decode, between = m.time_parts
-        for counter, value in (
-            (queue, e.queue_seconds),
-            (prefill, e.prefill_seconds),
-            (recompute, e.recompute_seconds),
-            (decode, e.decode_seconds),
-            (between, e.between_turns_seconds),
-        ):
-            if value > 0:
-                counter.inc(value)
+        if e.queue_seconds > 0:
+            inc(queue, e.queue_seconds)
+        if e.prefill_seconds > 0:
+            inc(prefill, e.prefill_seconds)
+        if e.recompute_seconds > 0:
+            inc(recompute, e.recompute_seconds)
+        if e.decode_seconds > 0:
+            inc(decode, e.decode_seconds)
+        if e.between_turns_seconds > 0:
+            inc(between, e.between_turns_seconds)
         if not e.completed:
             return
         prompt_tokens = self._prompt_tokens
         if e.cached_tokens:
-            prompt_tokens["cached"].inc(e.cached_tokens)
+            inc(prompt_tokens["cached"], e.cached_tokens)
         if e.new_tokens:
-            prompt_tokens["new"].inc(e.new_tokens)
+            inc(prompt_tokens["new"], e.new_tokens)
         if e.recomputed_tokens and e.cause is not None:
-            prompt_tokens["recomputed"].inc(e.recomputed_tokens)
-            self._recomputed_tokens[e.cause].inc(e.recomputed_tokens)
+            inc(prompt_tokens["recomputed"], e.recomputed_tokens)
+            inc(self._recomputed_tokens[e.cause], e.recomputed_tokens)
             if e.recompute_seconds > 0:
-                self._recompute_seconds[e.cause].inc(e.recompute_seconds)
+                inc(self._recompute_seconds[e.cause], e.recompute_seconds)
         if e.estimated_split:
-            m.program_split_estimated.inc()
+            inc(m.program_split_estimated)
 
     def _shared_prefix(self, e: fx.SharedPrefixObserved) -> None:
-        self._shared_prefix_children[e.target_id].observe(e.tokens)
+        self.batch.observe(self._shared_prefix_children[e.target_id], e.tokens)
 
     def _discontinuity(self, e: fx.CacheDiscontinuity) -> None:
         if not logger.isEnabledFor(logging.INFO):

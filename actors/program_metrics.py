@@ -25,6 +25,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from actors.core.attribution import CAUSES, PARTS, TOKEN_KINDS
+from actors.metric_batch import FlushBeforeCollect, MetricBatch
 
 PREFIX = "vllm_router_agent_aware"
 
@@ -208,6 +209,13 @@ class ProgramMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._gauges = GaugeSnapshot()
+        # the scheduler actor's event metrics are updated through ``batch`` (applied at every
+        # collection of the registry: this collector is registered ahead of them, and at every
+        # repair tick; actors/metric_batch.py)
+        self.batch = MetricBatch()
+        self._flush_first = FlushBeforeCollect()
+        self._flush_first.add(self.batch.flush)
+        registry.register(self._flush_first)
 
         def hist(name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...] | None = None) -> Histogram:
             if buckets is None:

@@ -300,6 +300,7 @@ async def run_scheduler_actor(
                             break
                         _handle(handle, item, on_tick)
         finally:
+            handle.router.batch.flush()
             handle.router.close_replies()
             nursery.cancel_scope.cancel()
 
@@ -313,8 +314,11 @@ def _handle(
     now = trio.current_time()
     handle.receive(item, now)
     handle.notify_stepped()
-    if on_tick is not None and isinstance(item, ev.RepairTick):
-        on_tick(handle, now)
+    if isinstance(item, ev.RepairTick):
+        assert handle.router is not None
+        handle.router.batch.flush()  # the tick's metric updates applied (scrapes flush too)
+        if on_tick is not None:
+            on_tick(handle, now)
 
 
 # the inbox item that makes the actor raise what a ``handle_now`` step raised
