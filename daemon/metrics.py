@@ -34,6 +34,7 @@ from collections.abc import Iterable
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from actors.metric_batch import FlushBeforeCollect, MetricBatch
 from actors.metric_children import Children
 
 LATENCY_BUCKETS_SECONDS: tuple[float, ...] = (
@@ -89,6 +90,14 @@ class ProxyMetrics:
     """The proxy's metric families, registered on ``registry``."""
 
     def __init__(self, registry: CollectorRegistry, target_ids: Iterable[str]) -> None:
+        # the per-request counter increments and histogram observations are applied in bulk,
+        # before every collection of the registry (this collector is registered ahead of the
+        # families below) and at 4,096 pending observations (actors/metric_batch.py); the
+        # in-flight gauge is set directly
+        self.batch = MetricBatch()
+        self._flush_first = FlushBeforeCollect()
+        self._flush_first.add(self.batch.flush)
+        registry.register(self._flush_first)
         self.requests = Counter(
             "agentd_proxy_requests",
             "Proxied requests by endpoint, target and outcome.",
@@ -161,6 +170,7 @@ class ProxyMetrics:
             registry=registry,
         )
         self._requests = Children(self.requests)  # one dict access per request (§10.2.4 of docs/benchmarks.md)
+        self._rewrites = Children(self.body_rewrites)
         self._targets: dict[str, TargetMetrics] = {}
         for target_id in target_ids:
             self._targets[target_id] = TargetMetrics(
@@ -176,7 +186,10 @@ class ProxyMetrics:
         return self._targets[target_id]
 
     def count_request(self, endpoint: str, target_id: str, outcome: str) -> None:
-        self._requests.get(endpoint, target_id, outcome).inc()
+        self.batch.inc(self._requests.get(endpoint, target_id, outcome))
+
+    def count_rewrite(self, method: str) -> None:
+        self.batch.inc(self._rewrites.get(method))
 
 
 BATCH_STATUSES: tuple[str, ...] = (

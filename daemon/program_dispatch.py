@@ -92,6 +92,7 @@ class TokenEstimator:
         self.coefficients: dict[tuple[str, str], float] = {}
         self._metrics = metrics
         self._feedback = Children(metrics.token_estimate_feedback)  # (pool, endpoint, kind) -> child
+        self._batch = metrics.batch  # applied before every scrape (actors/metric_batch.py)
         self._clock = clock
         self._held: list[tuple[tuple[str, str], float]] = []  # (key, observed) of the instant _held_at
         self._held_at = -math.inf
@@ -118,9 +119,9 @@ class TokenEstimator:
     def feedback(self, pool: str, req: ProxyRequest, prompt_tokens: int | None) -> None:
         key = (pool, req.endpoint)
         if prompt_tokens is None:
-            self._feedback.get(pool, req.endpoint, "missing").inc()
+            self._batch.inc(self._feedback.get(pool, req.endpoint, "missing"))
             return
-        self._feedback.get(pool, req.endpoint, "observed").inc()
+        self._batch.inc(self._feedback.get(pool, req.endpoint, "observed"))
         nbytes = req.prompt.text_bytes
         if req.prompt.exact_tokens is not None or nbytes <= 0 or prompt_tokens <= 0:
             return  # token-id prompts say nothing about tokens per byte

@@ -776,11 +776,11 @@ class ProxyEngine:
             if req.layout is not None:
                 edited = req.layout.rebuild(changes)
                 if edited is not None:
-                    self.metrics.body_rewrites.labels("raw").inc()
+                    self.metrics.count_rewrite("raw")
                     return edited, inject
             # no layout for a small body (re-encoding it is cheaper), else the raw edit was impossible
             small = req.layout is None and len(raw_body) < MIN_LAYOUT_BYTES
-            self.metrics.body_rewrites.labels("reencode_small" if small else "reencode_fallback").inc()
+            self.metrics.count_rewrite("reencode_small" if small else "reencode_fallback")
         return json.dumps(body).encode(), inject
 
     async def _forward(
@@ -848,7 +848,7 @@ class ProxyEngine:
                 outcome_label = await self._fail_or_abort(exchange, error, exchange.started)
         finally:
             tm.in_flight.dec()
-            tm.duration.observe(trio.current_time() - started)
+            self.metrics.batch.observe(tm.duration, trio.current_time() - started)
             self.metrics.count_request(req.endpoint, target.target_id, outcome_label)
             if logger.isEnabledFor(logging.DEBUG):
                 log_event(
@@ -1107,12 +1107,13 @@ class ProxyEngine:
         inject: bool,
     ) -> str:
         lease = exchange.lease
-        tm = self.metrics.for_target(lease.target.target_id)
+        first_token = self.metrics.for_target(lease.target.target_id).first_token
+        observe = self.metrics.batch.observe
         relay = StreamRelay(
             exchange.sink.send,
             UsageChunkFilter() if inject else None,
             self.stream_coalesce_seconds,
-            lambda now: tm.first_token.observe(now - started),
+            lambda now: observe(first_token, now - started),
         )
         await exchange.start(response.status_code, headers)
         try:
