@@ -568,7 +568,9 @@ class ProgramDispatcher:
         # its queue position while it waits (a streaming one with SSE keep-alive) gets
         # QueuePosition notices first, which never take the final reply's room (buffer 2).
         # A reply slot, not a channel pair per request (docs/benchmarks.md §10.4.1).
-        slot = ReplySlot[Reply](1 if watch is None else 2)
+        # (annotated, not ``ReplySlot[Reply](...)``: calling a subscripted generic goes through
+        # typing's alias and its failed ``__orig_class__`` write on a slotted object, per request)
+        slot: ReplySlot[Reply] = ReplySlot(1 if watch is None else 2)
         try:
             submission = Submission(event=ctx.event, reply=slot, queue_updates=watch is not None)
             # handled in this task when the scheduler actor waits on its empty inbox (the order
