@@ -17,6 +17,10 @@ or the proxy (docs/benchmarks.md §10.2 has those).
 
 Reported: process CPU (``time.process_time``) per cycle, cycles per second of wall time, and the
 ceiling this implies for one scheduler core (1e6 / CPU us per cycle admissions per second).
+``--phases`` also times, in thread CPU, every core ``step`` and every routing of a step's effects
+(``EffectRouter.route``) and reports both per cycle (two clock reads around each, about a
+microsecond, included; docs/benchmarks.md §10.2.6): their ratio does not depend on the machine's
+load the way the CPU per cycle does.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -43,6 +48,7 @@ from daemon.commands.paths import output_file_problem
 from daemon.config import AgentdConfig, BatchApiConfig, RoutingConfig, ServerConfig
 from daemon.dispatch import Outcome
 from daemon.handles import DaemonHandles
+from daemon.program_dispatch import ProgramDispatcher
 from daemon.supervisor import run_daemon
 
 METRICS = (
@@ -81,8 +87,40 @@ def _body(program: int) -> bytes:
     ).encode()
 
 
-async def run(cycles: int, programs: int, concurrency: int, ranks: int) -> dict[str, Any]:
+def _time_phases(handle: Any, acc: dict[str, int]) -> Callable[[], None]:
+    """Wrap the scheduler's core step and its effect routing with thread-CPU clocks (``--phases``);
+    returns what undoes it."""
+    import actors.scheduler_actor as actor_module
+
+    step, route, clock = actor_module.step, handle.router.route, time.thread_time_ns
+
+    def timed_step(*args: Any, **kwargs: Any) -> Any:
+        t = clock()
+        try:
+            return step(*args, **kwargs)
+        finally:
+            acc["step"] += clock() - t
+
+    def timed_route(effects: Any) -> None:
+        t = clock()
+        try:
+            route(effects)
+        finally:
+            acc["route"] += clock() - t
+
+    actor_module.step = timed_step
+    handle.router.route = timed_route
+
+    def undo() -> None:
+        actor_module.step = step
+        del handle.router.route
+
+    return undo
+
+
+async def run(cycles: int, programs: int, concurrency: int, ranks: int, phases: bool = False) -> dict[str, Any]:
     done = 0
+    acc = {"step": 0, "route": 0}
     async with trio.open_nursery() as nursery:
         handles: DaemonHandles = await nursery.start(
             partial(
@@ -95,6 +133,10 @@ async def run(cycles: int, programs: int, concurrency: int, ranks: int) -> dict[
         )
         dispatcher = handles.program_dispatcher
         assert dispatcher is not None, "Program scheduling did not start"
+        undo = None
+        if phases:
+            assert isinstance(dispatcher, ProgramDispatcher)
+            undo = _time_phases(dispatcher.scheduler, acc)
         bodies = [_body(p) for p in range(programs)]
         requests = [
             attrs.evolve(handles.build_request("chat", bodies[i % programs], {}), request_id=f"r{i}")
@@ -120,11 +162,19 @@ async def run(cycles: int, programs: int, concurrency: int, ranks: int) -> dict[
 
         await phase(0, programs)  # warm-up: every Program admitted once (then paused)
         done = 0
+        acc["step"] = acc["route"] = 0
         cpu, wall = await phase(programs, cycles)
+        timed = dict(acc)
+        if undo is not None:
+            undo()
         counters = attrs.asdict(dispatcher.counters) if hasattr(dispatcher, "counters") else {}
         handles.request_shutdown()
         nursery.cancel_scope.cancel()
-    return {"cycles": done, "cpu_seconds": cpu, "wall_seconds": wall, "counters": counters}
+    out: dict[str, Any] = {"cycles": done, "cpu_seconds": cpu, "wall_seconds": wall, "counters": counters}
+    if phases:
+        out["step_us_per_cycle"] = timed["step"] / 1e3 / max(done, 1)
+        out["route_us_per_cycle"] = timed["route"] / 1e3 / max(done, 1)
+    return out
 
 
 def main() -> int:
@@ -136,6 +186,9 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--phases", action="store_true", help="also time the core's steps and the effect routing (thread CPU)"
+    )
     args = parser.parse_args()
     for name in ("cycles", "programs", "concurrency", "ranks"):
         if getattr(args, name) < 1:
@@ -145,7 +198,7 @@ def main() -> int:
         parser.error(problem)
     probe = harness.python_speed_probe_us()
     uptime = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
-    result = trio.run(run, args.cycles, args.programs, args.concurrency, args.ranks)
+    result = trio.run(run, args.cycles, args.programs, args.concurrency, args.ranks, args.phases)
     us = result["cpu_seconds"] / max(result["cycles"], 1) * 1e6
     result.update(
         cpu_us_per_cycle=us,
@@ -162,6 +215,12 @@ def main() -> int:
         f"{args.concurrency} concurrent): {us:.1f} us CPU per cycle, {result['cycles_per_second']:.0f} cycles/s "
         f"-> ceiling about {1e6 / us:.0f} admissions/s per scheduler core"
     )
+    if args.phases:
+        step_us, route_us = result["step_us_per_cycle"], result["route_us_per_cycle"]
+        print(
+            f"per cycle, thread CPU: core step {step_us:.1f} us, effect routing {route_us:.1f} us "
+            f"(routing / step {route_us / max(step_us, 1e-9):.2f})"
+        )
     if args.json is not None:
         write_atomic(args.json, json.dumps(result, indent=2))
     return 0
