@@ -48,6 +48,7 @@ from daemon.commands.paths import output_file_problem
 from daemon.config import AgentdConfig, BatchApiConfig, RoutingConfig, ServerConfig
 from daemon.dispatch import Outcome
 from daemon.handles import DaemonHandles
+from daemon.logs import configure_logging
 from daemon.program_dispatch import ProgramDispatcher
 from daemon.supervisor import run_daemon
 
@@ -196,6 +197,9 @@ def main() -> int:
     problem = output_file_problem(str(args.json), "--json") if args.json else None
     if problem:
         parser.error(problem)
+    # The daemon's start-up warnings (program_scheduling_reference_calibration) do not apply to this
+    # in-memory cluster; without a handler Python printed each as its bare event name.
+    configure_logging("error", "kv")
     probe = harness.python_speed_probe_us()
     uptime = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
     result = trio.run(run, args.cycles, args.programs, args.concurrency, args.ranks, args.phases)
