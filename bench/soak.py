@@ -8,7 +8,9 @@ requests, half of them with Program identity (a pool of Programs), and client fa
 rate (a client that disconnects after the first byte).  Every ``--sample-seconds`` it records
 agentd's resident memory.
 
-Verdict (exit 0 when both hold, 1 otherwise; ``report.json`` in ``--out``):
+Verdict (exit 0 when both hold, 1 otherwise; ``report.json`` in ``--out``, beside the run's
+``agentd.toml`` and ``agentd.stderr.log``, which are written in a temporary directory while it runs
+and moved there only when it finishes: Ctrl-C leaves ``--out`` as it was):
 
 * **memory growth under 5 %**: RSS at the end versus RSS after the warm-up (the first 10 % of
   the run, at least one sample), so that caches and pools that fill once are not counted;
@@ -26,7 +28,9 @@ import argparse
 import json
 import os
 import random
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -133,15 +137,15 @@ def idle_violations(diag: dict[str, Any], metrics: str) -> list[str]:
     return bad
 
 
-async def soak(args: argparse.Namespace) -> dict[str, Any]:
-    out = Path(args.out)
+async def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """The run; agentd's config and log go to ``work`` (a temporary directory)."""
     duration = args.minutes * 60.0
     shape = {"tokens": 32, "first_token_seconds": 0.05, "token_interval": 0.01, "fault_rate": args.fault_rate}
     load_start = os.getloadavg()
     async with running(fakeworker_cmd(**shape, seed=args.seed)) as (_, worker_url):
-        config = out / "agentd.toml"
+        config = work / "agentd.toml"
         config.write_text(CONFIG.format(worker=worker_url))
-        with (out / "agentd.stderr.log").open("wb") as log:
+        with (work / "agentd.stderr.log").open("wb") as log:
             async with running(agentd_cmd(config), stderr=log) as (proc, url):
                 host, port = host_port(url)
                 tally = Tally()
@@ -201,24 +205,41 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "pass": growth < MAX_GROWTH and not violations,
     }
-    write_atomic(out / "report.json", json.dumps(report, indent=2))
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--minutes", type=positive_float, default=30.0)
-    parser.add_argument("--fault-rate", type=fraction, default=0.01)
-    parser.add_argument("--concurrency", type=positive_int, default=32)
-    parser.add_argument("--sample-seconds", type=positive_float, default=10.0)
-    parser.add_argument("--seed", type=int_at_least(0), default=1)
-    parser.add_argument("--out", default="bench-out/soak", help="directory of report.json (default bench-out/soak)")
+    parser.add_argument("--minutes", type=positive_float, default=30.0, help="length of the load (default 30)")
+    parser.add_argument(
+        "--fault-rate",
+        type=fraction,
+        default=0.01,
+        help="share of worker answers broken and of streams the client drops, in [0, 1] (default 0.01)",
+    )
+    parser.add_argument("--concurrency", type=positive_int, default=32, help="client loops (default 32)")
+    parser.add_argument(
+        "--sample-seconds", type=positive_float, default=10.0, help="agentd RSS sampling period (default 10)"
+    )
+    parser.add_argument("--seed", type=int_at_least(0), default=1, help="seed of the clients and faults (default 1)")
+    parser.add_argument(
+        "--out",
+        default="bench-out/soak",
+        help="directory of report.json, agentd.toml and agentd.stderr.log, written when the run ends "
+        "(default bench-out/soak)",
+    )
     args = parser.parse_args(argv)
     problem = output_dir_problem(args.out, "--out")
     if problem:
         parser.error(problem)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    report = trio.run(soak, args)
+    out = Path(args.out)
+    with tempfile.TemporaryDirectory(prefix="agentd-soak-") as work:
+        report = trio.run(soak, args, Path(work))
+        # only a finished run touches --out (an interrupted one leaves it as it was)
+        out.mkdir(parents=True, exist_ok=True)
+        for name in ("agentd.toml", "agentd.stderr.log"):
+            shutil.move(Path(work) / name, out / name)
+    write_atomic(out / "report.json", json.dumps(report, indent=2))
     summary = {k: v for k, v in report.items() if k != "rss_samples"}
     print(json.dumps(summary, indent=2))
     return 0 if report["pass"] else 1

@@ -1,0 +1,58 @@
+"""Ctrl-C in ``python -m bench.soak`` (found by the session-27 walk).
+
+The soak wrote agentd's config and log into ``--out`` when it started, so an interrupted run left
+them there (and created ``--out``), beside or instead of the last finished run's report.  They are
+now written in a temporary directory and moved into ``--out`` only when the run finishes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def children(pid: int) -> list[int]:
+    """Every child of ``pid``, whichever of its threads started it (trio starts processes from a
+    worker thread)."""
+    return [int(x) for task in Path(f"/proc/{pid}/task").iterdir() for x in (task / "children").read_text().split()]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc to see the soak's processes")
+def test_ctrl_c_during_soak_exits_130_and_leaves_out_and_tmp_untouched(tmp_path: Path) -> None:
+    out = tmp_path / "soak"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.soak", "--minutes", "5", "--concurrency", "2", "--out", str(out)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        assert proc.stderr is not None
+        # the first sample is printed once agentd and the fake worker run and the load started
+        first = proc.stderr.readline()
+        assert first.startswith("soak t="), first
+        spawned = children(proc.pid)
+        assert len(spawned) == 2  # the fake worker and agentd
+        assert any(p.name.startswith("agentd-soak-") for p in tmp.iterdir())  # the working files
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.strip() == "python -m bench.soak: interrupted"
+    assert not out.exists()
+    assert list(tmp.iterdir()) == []
+    for pid in spawned:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
