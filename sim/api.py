@@ -15,6 +15,7 @@ Request parsing and response shapes live in ``requests.py`` and ``responses.py``
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -233,7 +234,10 @@ class SimApi:
 
     def _finish(self, engine_id: str, response_id: str, *, aborted: bool) -> None:
         if aborted:
-            self.cluster.abort(engine_id)
+            # a response closed after the cluster's task ended (a run stopped by Ctrl-C closes the
+            # cluster before the proxies' responses): there is nothing left to abort
+            with contextlib.suppress(trio.BrokenResourceError):
+                self.cluster.abort(engine_id)
         self._release(response_id)
 
     def _release(self, response_id: str) -> None:
