@@ -58,6 +58,32 @@ def worker_ssl_context(tls: WorkerTlsConfig) -> ssl.SSLContext | None:
     return context
 
 
+def worker_tls_problems(tls: WorkerTlsConfig, exc: BaseException) -> list[str]:
+    """One line per ``[worker_tls]`` file that cannot be used, naming the field and the file
+    (docs/config.md: a missing or bad file is an error naming the field); ``exc`` is what loading
+    them all raised, reported when no single file is to blame (a key that does not match its
+    certificate)."""
+    lines = []
+    for name in ("ca_file", "client_cert_file", "client_key_file"):
+        path = getattr(tls, name)
+        if not path:
+            continue
+        try:
+            with open(path, "rb") as fh:
+                fh.read(1)
+        except OSError as err:
+            lines.append(f"worker_tls.{name}: cannot read {path!r} ({err.strerror or type(err).__name__})")
+    if lines:
+        return lines
+    if tls.ca_file:
+        try:
+            ssl.create_default_context(cafile=tls.ca_file)
+        except (OSError, ssl.SSLError) as err:
+            return [f"worker_tls.ca_file: {tls.ca_file!r} is not a PEM bundle of CA certificates ({err})"]
+    fields = "client_cert_file, client_key_file" if tls.client_key_file else "client_cert_file"
+    return [f"worker_tls.{fields}: cannot load the client certificate and its key ({exc})"]
+
+
 def load_security(cfg: AgentdConfig) -> Security:
     lines = []
     try:
@@ -69,7 +95,7 @@ def load_security(cfg: AgentdConfig) -> Security:
     try:
         context = worker_ssl_context(cfg.worker_tls)
     except (OSError, ssl.SSLError) as exc:
-        lines.append(f"worker_tls: cannot load the CA bundle or client certificate ({exc})")
+        lines.extend(worker_tls_problems(cfg.worker_tls, exc))
     key = None
     try:
         key = worker_api_key(cfg)

@@ -163,7 +163,7 @@ def test_worker_tls_settings_load_at_start(tmp_path: Path) -> None:
     cfg = config_from_dict({"worker_tls": {"ca_file": str(tmp_path / "missing.pem")}})
     with pytest.raises(ConfigError) as info:
         load_security(cfg)
-    assert info.value.lines[0].startswith("worker_tls: cannot load")
+    assert info.value.lines[0].startswith("worker_tls.ca_file: cannot read ")
     with pytest.raises(ConfigError) as info:
         config_from_dict({"worker_tls": {"client_key_file": "k.pem"}})
     assert info.value.lines == [
