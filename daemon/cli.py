@@ -69,7 +69,12 @@ def _requested_command(argv: Sequence[str]) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(_requested_command(argv))
+    try:
+        # importing a command's module takes seconds on a loaded machine: a Ctrl-C then is an
+        # interruption too, not a traceback
+        parser = build_parser(_requested_command(argv))
+    except KeyboardInterrupt:
+        return 130
     args = parser.parse_args(argv)
     try:
         return int(args._run(args))

@@ -56,3 +56,18 @@ def test_ctrl_c_during_soak_exits_130_and_leaves_out_and_tmp_untouched(tmp_path:
     assert list(tmp.iterdir()) == []
     for pid in spawned:
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_ctrl_c_while_agentd_imports_its_command_exits_130_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Importing a command's module (the simulator, the bench kit) takes seconds on a loaded
+    machine; a Ctrl-C then printed a KeyboardInterrupt traceback from inside the imports."""
+    from daemon import cli
+
+    def interrupted(name: str) -> object:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.importlib, "import_module", interrupted)
+    assert cli.main(["simulate", "--help"]) == 130
+    assert capsys.readouterr() == ("", "")
