@@ -40,7 +40,7 @@ from bench.markdown import render_report
 from bench.output import write_atomic
 from bench.plots import missing_plots, write_plots
 from bench.report import trace_summary
-from daemon.commands.argtypes import positive_float, positive_int
+from daemon.commands.argtypes import int_at_least, positive_float, positive_int
 from daemon.commands.paths import output_dir_problem
 from sim.config import SCHEDULING_POLICIES
 
@@ -88,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=positive_int, default=16)
     parser.add_argument("--max-num-seqs", type=positive_int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=positive_int, default=8192)
-    parser.add_argument("--seed", type=int, default=0, help="simulated worker seed")
+    parser.add_argument("--seed", type=int_at_least(0), default=0, help="simulated worker seed (>= 0)")
     parser.add_argument(
         "--scheduling-policy",
         choices=SCHEDULING_POLICIES,

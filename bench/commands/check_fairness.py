@@ -44,7 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="seeds per scenario; multiplies the core machines' examples (default 1: under 2 minutes on 2 cores)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="first scenario seed and the machines' seed")
+    parser.add_argument(
+        "--seed", type=int_at_least(0), default=0, help="first scenario seed and the machines' seed (>= 0)"
+    )
     parser.add_argument(
         "--out", default="check-fairness-out", metavar="DIR", help="where violations and verdicts.json are written"
     )

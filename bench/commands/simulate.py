@@ -20,6 +20,7 @@ from bench.output import write_report
 from bench.progress import progress_line
 from bench.report import trace_summary
 from bench.simulate import SimulateError, check_simulatable, run_simulation
+from daemon.commands.argtypes import int_at_least
 from daemon.commands.paths import output_file_problem
 from daemon.config_loading import ConfigError, load_config
 from daemon.logs import configure_logging
@@ -32,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, metavar="FILE", help="agentd config (embedded mode)")
     parser.add_argument("--trace", required=True, metavar="FILE", help="trace JSONL (agentd trace synth)")
     parser.add_argument("--out", default=None, help="report JSON path (default: stdout)")
-    parser.add_argument("--seed", type=int, default=None, help="override embedded.seed")
+    parser.add_argument("--seed", type=int_at_least(0), default=None, help="override embedded.seed (>= 0)")
     parser.add_argument("--progress", action="store_true", help="progress line on stderr")
     add_replay_flags(parser)
     parser.set_defaults(time_scale=None)
