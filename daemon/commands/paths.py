@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 def input_file_problem(path: str, flag: str) -> str | None:
     """Why ``path`` cannot be read as an input file, or None."""
+    if not path:
+        return f"{flag}: must not be empty"
     p = Path(path)
     if not p.exists():
         return f"{flag}: no such file: {path}"
@@ -31,6 +33,8 @@ def input_file_problem(path: str, flag: str) -> str | None:
 
 def output_file_problem(path: str, flag: str) -> str | None:
     """Why a file cannot be written (created or replaced) at ``path``, or None."""
+    if not path:
+        return f"{flag}: must not be empty"
     p = Path(path)
     if p.is_dir():
         return f"{flag}: is a directory, give a file name: {path}"
@@ -48,6 +52,8 @@ def output_file_problem(path: str, flag: str) -> str | None:
 
 def output_dir_problem(path: str, flag: str) -> str | None:
     """Why ``path`` cannot be used (or created, with its missing parents) as an output directory."""
+    if not path:  # Path("") is the current directory: an empty --out wrote there
+        return f"{flag}: must not be empty"
     p = Path(path)
     if p.exists():
         if not p.is_dir():

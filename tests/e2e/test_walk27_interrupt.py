@@ -7,6 +7,7 @@ now written in a temporary directory and moved into ``--out`` only when the run 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -36,6 +37,7 @@ def test_ctrl_c_during_soak_exits_130_and_leaves_out_and_tmp_untouched(tmp_path:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "TMPDIR": str(tmp)},
+        start_new_session=True,  # its own process group, as a terminal's foreground job
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
@@ -46,10 +48,12 @@ def test_ctrl_c_during_soak_exits_130_and_leaves_out_and_tmp_untouched(tmp_path:
         spawned = children(proc.pid)
         assert len(spawned) == 2  # the fake worker and agentd
         assert any(p.name.startswith("agentd-soak-") for p in tmp.iterdir())  # the working files
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group gets SIGINT
         _, err = proc.communicate(timeout=60)
     finally:
-        proc.kill()
+        with contextlib.suppress(ProcessLookupError):  # nothing of a failed run left behind
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     assert proc.returncode == 130, err
     assert err.strip() == "python -m bench.soak: interrupted"
     assert not out.exists()
