@@ -7,6 +7,24 @@
 #           in its #! line, else python3
 # Without any agentd it stops with exit 2 and says how to get one (it exited 1 silently, or with
 # "agentd: command not found", when agentd was not on PATH).
+#
+# It also checks the script's arguments (each takes one optional OUT_DIR): -h/--help prints the
+# script's header comment and exits 0; another option or a second argument exits 2 (--help was
+# taken for OUT_DIR: mkdir printed its own help, or failed on "--help/configs").
+case "${1:-}" in
+  -h | --help)
+    sed -n '2,/^set -euo pipefail/{/^set -euo pipefail/d;s/^# \{0,1\}//;p;}' "$0"
+    exit 0
+    ;;
+  -*)
+    echo "$(basename "$0"): unknown option $1 (usage: $(basename "$0") [OUT_DIR]; --help for more)" >&2
+    exit 2
+    ;;
+esac
+if [ "$#" -gt 1 ]; then
+  echo "$(basename "$0"): one OUT_DIR at most, got $# arguments (usage: $(basename "$0") [OUT_DIR])" >&2
+  exit 2
+fi
 _checkout="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [ -z "${AGENTD:-}" ]; then
   if command -v agentd >/dev/null 2>&1; then

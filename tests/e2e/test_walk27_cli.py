@@ -7,9 +7,14 @@ and ``agentd check-fairness``: each now exits 2 naming the flag.
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from daemon import cli
+
+ROOT = Path(__file__).resolve().parents[2]
 
 QUICKSTART = "configs/quickstart.toml"
 
@@ -58,3 +63,20 @@ def test_the_bench_tools_refuse_an_empty_out(module: str, capsys: pytest.Capture
         importlib.import_module(module).main(["--out", ""])
     assert exit_.value.code == 2
     assert capsys.readouterr().err.strip().endswith("--out: must not be empty")
+
+
+@pytest.mark.parametrize("script", ["default_bench.sh", "fairness_bench.sh", "batch_bench.sh"])
+def test_the_bench_scripts_answer_help_and_refuse_options(script: str, tmp_path: Path) -> None:
+    """``--help`` was taken for OUT_DIR: default_bench.sh printed mkdir's help (exit 0, after which it
+    would have run the bench into ``--help``), the other two "mkdir: unrecognized option"."""
+    path = ROOT / "bench" / script
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    done = subprocess.run(["bash", str(path), "--help"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert f"bench/{script} [OUT_DIR]" in done.stdout
+    assert not done.stdout.startswith("#!") and "set -euo" not in done.stdout
+    for argv in (["--bogus"], ["a", "b"]):
+        done = subprocess.run(["bash", str(path), *argv], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith(f"{script}: ") and "usage: " in done.stderr
+    assert list(tmp_path.iterdir()) == []
