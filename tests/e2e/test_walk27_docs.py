@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import importlib
 import io
+import json
 import re
 import shlex
 import subprocess
@@ -237,7 +238,9 @@ def test_every_repository_file_the_docs_name_exists() -> None:
     assert missing == []
 
 
-def test_every_metric_the_docs_name_is_exported(tmp_path: Path) -> None:
+def test_every_metric_the_docs_name_is_exported_and_the_start_log_is_as_documented(tmp_path: Path) -> None:
+    """Also: the ``daemon_listening`` event has the fields docs/operations.md §7 shows (its example
+    lines had lost ``admin_url``, ``authentication`` and ``data_plane_processes``)."""
     documented = set()
     for path in DOCS:
         documented |= set(re.findall(r"\b((?:agentd|vllm_router_agent_aware)_[a-z0-9_]*[a-z0-9])\b", path.read_text()))
@@ -248,7 +251,7 @@ def test_every_metric_the_docs_name_is_exported(tmp_path: Path) -> None:
         [sys.executable, "-m", "daemon", "start", "--config", str(config)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
     )
     try:
@@ -258,7 +261,20 @@ def test_every_metric_the_docs_name_is_exported(tmp_path: Path) -> None:
         exposition = httpx.get(f"{banner.group(1)}/metrics", timeout=30).text
     finally:
         proc.terminate()
-        proc.wait(timeout=60)
+        _, log = proc.communicate(timeout=60)
+    listening = next(line for line in log.splitlines() if "event=daemon_listening" in line)
+    logged = re.findall(r" ([a-z_]+)=", listening.split("event=daemon_listening", 1)[1])
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    example = next(
+        line for line in operations.splitlines() if line.startswith("ts=") and "event=daemon_listening" in line
+    )
+    assert re.findall(r" ([a-z_]+)=", example.split("event=daemon_listening", 1)[1]) == logged
+    json_example = next(
+        line for line in operations.splitlines() if '"logger": "agentd.supervisor", "event": "daemon_listening"' in line
+    )
+    assert list(json.loads(json_example))[4:] == logged
+    row = next(line for line in operations.splitlines() if line.startswith("| `daemon_listening` | info |"))
+    assert re.findall(r"`([a-z_]+)`", row.rsplit("|", 2)[1]) == logged
     families = set(re.findall(r"^# TYPE (\S+) ", exposition, re.M))
     names = set(families)
     for family in families:
