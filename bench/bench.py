@@ -377,3 +377,11 @@ async def run_bench(trace: Trace, opts: BenchOptions, info: dict[str, Any]) -> d
         write_atomic(os.path.join(opts.out_dir, f"{system}.json"), report_json(report))
         reports[system] = report
     return reports
+
+
+if __name__ == "__main__":
+    import sys
+
+    from bench.interrupt import not_a_command
+
+    sys.exit(not_a_command("bench.bench", "agentd bench"))

@@ -122,3 +122,11 @@ def calibrate_kv_blocks(
         else:
             lo = mid
     return best()
+
+
+if __name__ == "__main__":
+    import sys
+
+    from bench.interrupt import not_a_command
+
+    sys.exit(not_a_command("bench.calibrate", "agentd bench"))

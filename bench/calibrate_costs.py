@@ -435,3 +435,11 @@ async def calibrate(
         elapsed_seconds=trio.current_time() - t0,
         probes=prober.done,
     )
+
+
+if __name__ == "__main__":
+    import sys
+
+    from bench.interrupt import not_a_command
+
+    sys.exit(not_a_command("bench.calibrate_costs", "agentd calibrate"))

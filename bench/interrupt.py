@@ -28,3 +28,13 @@ def run_main(main: Callable[[], int], prog: str) -> int:
             raise
     print(f"\n{prog}: interrupted", file=sys.stderr)
     return 130
+
+
+def not_a_command(module: str, command: str) -> int:
+    """What ``python -m <module>`` does for a library module behind an ``agentd`` command: say so
+    and exit 2 (it ran the module's imports and exited 0 without a word, even with ``--help``)."""
+    print(
+        f"python -m {module}: not a command; it is the library behind `{command}` (see `{command} --help`)",
+        file=sys.stderr,
+    )
+    return 2

@@ -530,3 +530,11 @@ async def run_replay(
         planned_batch_tasks=sum(1 for _index, root in open_roots if sessions[root][0].is_batch),
         planned_interactive_tasks=sum(1 for _index, root in open_roots if sessions[root][0].is_interactive),
     )
+
+
+if __name__ == "__main__":
+    import sys
+
+    from bench.interrupt import not_a_command
+
+    sys.exit(not_a_command("bench.replay", "agentd replay"))

@@ -117,3 +117,11 @@ def run_simulation(
         "speedup_vs_trace_time": report["duration_seconds"] / wall if wall > 0 else None,
     }
     return report
+
+
+if __name__ == "__main__":
+    import sys
+
+    from bench.interrupt import not_a_command
+
+    sys.exit(not_a_command("bench.simulate", "agentd simulate"))

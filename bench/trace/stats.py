@@ -219,3 +219,11 @@ def format_report(trace: Trace, stats: dict[str, float], comparisons: Sequence[C
             obs = "-" if c.observed is None else f"{c.observed:.4g}"
             lines.append(f"{c.metric:<32}{obs:>12}{c.target:>12.4g}{c.tolerance:>12}  {'yes' if c.ok else 'NO'}")
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    from bench.interrupt import not_a_command
+
+    sys.exit(not_a_command("bench.trace.stats", "agentd trace stats"))

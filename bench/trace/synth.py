@@ -596,3 +596,11 @@ def knobs_from_meta(meta: TraceMeta) -> Knobs:
     raw = meta.params.get("knobs", {}) if isinstance(meta.params, dict) else {}
     known = {f.name for f in attrs.fields(Knobs)}
     return Knobs(**{key: value for key, value in raw.items() if key in known})
+
+
+if __name__ == "__main__":
+    import sys
+
+    from bench.interrupt import not_a_command
+
+    sys.exit(not_a_command("bench.trace.synth", "agentd trace synth"))

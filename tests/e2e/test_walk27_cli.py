@@ -8,6 +8,7 @@ and ``agentd check-fairness``: each now exits 2 naming the flag.
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,27 @@ def test_the_bench_scripts_answer_help_and_refuse_options(script: str, tmp_path:
         assert done.returncode == 2, done.stderr
         assert done.stderr.startswith(f"{script}: ") and "usage: " in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "command"),
+    [
+        ("bench.bench", "agentd bench"),
+        ("bench.replay", "agentd replay"),
+        ("bench.simulate", "agentd simulate"),
+        ("bench.calibrate", "agentd bench"),
+        ("bench.calibrate_costs", "agentd calibrate"),
+        ("bench.trace.synth", "agentd trace synth"),
+        ("bench.trace.stats", "agentd trace stats"),
+    ],
+)
+def test_the_library_behind_a_command_says_so_when_run(module: str, command: str) -> None:
+    """``python -m bench.bench --help`` (and the others) imported the module and exited 0 silently."""
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert (
+        done.stderr
+        == f"python -m {module}: not a command; it is the library behind `{command}` (see `{command} --help`)\n"
+    )
