@@ -36,6 +36,7 @@ import os
 import shutil
 import socket
 import sys
+import tempfile
 from collections.abc import Sequence
 from typing import IO, Any
 
@@ -325,8 +326,34 @@ async def _wait_healthy(
 
 
 async def run_system(system: str, trace: Trace, opts: BenchOptions, info: dict[str, Any]) -> dict[str, Any]:
-    log_dir = os.path.join(opts.out_dir, "logs", system)
-    os.makedirs(log_dir, exist_ok=True)
+    """One system's run.  Its processes' logs and state directories are written in a temporary
+    directory; when the run ends (or fails: the logs say why) the logs replace ``OUT/logs/<system>``,
+    the state directories are dropped, and a run stopped by Ctrl-C leaves nothing of its own."""
+    work = tempfile.mkdtemp(prefix=f"agentd-bench-{system}-")
+    try:
+        report = await _run_system(system, trace, opts, info, work)
+    except BaseException as exc:
+        if isinstance(exc, Exception):
+            _keep_logs(work, os.path.join(opts.out_dir, "logs", system))
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    _keep_logs(work, os.path.join(opts.out_dir, "logs", system))
+    shutil.rmtree(work, ignore_errors=True)
+    return report
+
+
+def _keep_logs(work: str, log_dir: str) -> None:
+    """Move the run's logs (everything but the processes' state directories) to ``log_dir``."""
+    shutil.rmtree(log_dir, ignore_errors=True)
+    os.makedirs(log_dir)
+    for name in os.listdir(work):
+        if name != "state":
+            shutil.move(os.path.join(work, name), os.path.join(log_dir, name))
+
+
+async def _run_system(
+    system: str, trace: Trace, opts: BenchOptions, info: dict[str, Any], log_dir: str
+) -> dict[str, Any]:
     procs = _Procs(log_dir)
     try:
         async with replay_client() as client:
@@ -370,10 +397,10 @@ async def run_system(system: str, trace: Trace, opts: BenchOptions, info: dict[s
 
 
 async def run_bench(trace: Trace, opts: BenchOptions, info: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    os.makedirs(opts.out_dir, exist_ok=True)
     reports: dict[str, dict[str, Any]] = {}
     for system in opts.systems:
         report = await run_system(system, trace, opts, info)
+        os.makedirs(opts.out_dir, exist_ok=True)
         write_atomic(os.path.join(opts.out_dir, f"{system}.json"), report_json(report))
         reports[system] = report
     return reports

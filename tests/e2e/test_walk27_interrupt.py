@@ -75,3 +75,46 @@ def test_ctrl_c_while_agentd_imports_its_command_exits_130_without_a_traceback(
     monkeypatch.setattr(cli.importlib, "import_module", interrupted)
     assert cli.main(["simulate", "--help"]) == 130
     assert capsys.readouterr() == ("", "")
+
+
+def test_ctrl_c_during_agentd_bench_leaves_no_logs_or_state_behind(tmp_path: Path) -> None:
+    """``agentd bench`` wrote its processes' logs and state directories (Batch API locks) into
+    ``OUT/logs/<system>`` as it ran: an interrupted run left them there (and a finished one left
+    the state directories).  Now both live in a temporary directory until the system's run ends."""
+    from bench.trace.format import save_trace
+    from bench.trace.synth import synthesize
+
+    trace = tmp_path / "t.jsonl"
+    save_trace(synthesize("swe-short", 2, seed=1), trace)
+    out = tmp_path / "out"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    argv = ["bench", "--trace", str(trace), "--out", str(out), "--systems", "native", "--kv-blocks", "512"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "daemon", *argv, "--port-base", "0"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "TMPDIR": str(tmp)},
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        bufsize=0,
+    )
+    try:
+        assert proc.stderr is not None
+        seen = b""
+        while b"native [" not in seen:  # the replay's progress line: workers and agentd run
+            char = proc.stderr.read(1)
+            assert char, seen
+            seen += char
+        assert any(p.name.startswith("agentd-bench-native-") for p in tmp.iterdir())
+        os.killpg(proc.pid, signal.SIGINT)
+        out_text, err = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == 130, err
+    assert b"Traceback" not in seen + err
+    assert not out.exists()
+    assert list(tmp.iterdir()) == []

@@ -71,6 +71,8 @@ def test_bench_native_and_agentd_on_a_tiny_trace(tmp_path, capsys) -> None:
     assert "| metric | native | agentd |" in md and "### Against `native`" in md
     assert md in capsys.readouterr().out
     assert os.path.exists(out / "logs" / "agentd" / "worker-0.log")
+    # the processes' state directories were working files: not left in the output (walk 27)
+    assert sorted(os.listdir(out / "logs" / "agentd")) == ["agentd.log", "worker-0.log"]
 
 
 def test_bench_rejects_unknown_system(tmp_path, capsys) -> None:
