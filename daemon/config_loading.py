@@ -15,6 +15,7 @@ omits, exactly as in the reference).
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import tomllib
 from collections.abc import Mapping
@@ -160,7 +161,9 @@ def _structure_section(cls: type, raw: Any, path: str, errors: list[str]) -> Any
                 which = "that table" if len(sections) == 1 else "one of them"
                 errors.append(f"{key}: unknown key at the top level (a field of {where}: put it under {which})")
             else:
-                errors.append(f"{path + '.' if path else ''}{key}: unknown key (not a configuration field)")
+                errors.append(
+                    f"{path + '.' if path else ''}{key}: unknown key (not a configuration field{_hint(key, fields)})"
+                )
     kwargs: dict[str, Any] = {}
     ftypes = {f.name: f.type for f in attrs.fields(attrs.resolve_types(cls))}
     for name in fields:
@@ -187,6 +190,15 @@ def _structure_section(cls: type, raw: Any, path: str, errors: list[str]) -> Any
         except Exception as exc:  # cattrs raises many types; each becomes one message naming the field
             errors.append(f"{where}: {_describe(exc)}")
     return cls(**kwargs)
+
+
+def _hint(key: Any, fields: Mapping[str, Any]) -> str:
+    """``; did you mean NAME?`` for a typo of a field of the section (``prot`` -> ``port``,
+    ``[sever]`` -> ``server``), else nothing."""
+    if not isinstance(key, str):
+        return ""
+    close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def _sections_with_field(cls: type, key: str) -> list[str]:

@@ -183,3 +183,23 @@ def test_a_self_signed_ca_and_client_pair_still_loads(tmp_path: Path, capsys: py
     toml = f'[worker_tls]\nca_file = "{cert}"\nclient_cert_file = "{cert}"\nclient_key_file = "{key}"\n'
     rc, err = check_config(write(tmp_path / "ok.toml", toml), capsys)
     assert rc == 0, err
+
+
+@pytest.mark.parametrize(
+    ("toml", "line"),
+    [
+        ("[sever]\nport = 1\n", "  sever: unknown key (not a configuration field; did you mean server?)"),
+        ("[server]\nprot = 1\n", "  server.prot: unknown key (not a configuration field; did you mean port?)"),
+        (
+            "[[priority.rules]]\ntenat = 'a'\n",
+            "  priority.rules[0].tenat: unknown key (not a configuration field; did you mean tenant?)",
+        ),
+        ("[server]\nzzz = 1\n", "  server.zzz: unknown key (not a configuration field)"),
+    ],
+)
+def test_a_typo_names_the_field_it_probably_meant(
+    toml: str, line: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A typo'd key or section was "unknown key (not a configuration field)" with no hint."""
+    rc, err = check_config(write(tmp_path / "typo.toml", toml), capsys)
+    assert (rc, err.splitlines()[1:]) == (2, [line])

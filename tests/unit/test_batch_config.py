@@ -92,7 +92,9 @@ def test_wrong_types_are_not_coerced(field: str, value: Any, message: str) -> No
 
 
 def test_unknown_keys_and_a_non_table_are_errors() -> None:
-    assert errors_of({"batch_jobs": {"max_job": 3}}) == ["batch_jobs.max_job: unknown key (not a configuration field)"]
+    assert errors_of({"batch_jobs": {"max_job": 3}}) == [
+        "batch_jobs.max_job: unknown key (not a configuration field; did you mean max_jobs?)"
+    ]
     assert errors_of({"batch_jobs": 5}) == ["batch_jobs: must be a table/object (got 5)"]
 
 
