@@ -24,6 +24,7 @@ from daemon.commands.argtypes import int_at_least
 from daemon.commands.paths import output_file_problem
 from daemon.config_loading import ConfigError, load_config
 from daemon.logs import configure_logging
+from daemon.security import load_security
 
 NAME = "simulate"
 HELP = "Simulate the daemon and a trace replay in one process in virtual time; write the replay report."
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, overrides)
         check_simulatable(cfg)
+        load_security(cfg)  # the files it names, as agentd start reads them (else a traceback in the run)
     except ConfigError as exc:
         print(f"agentd simulate: invalid configuration ({args.config}):", file=sys.stderr)
         for line in exc.lines:

@@ -332,7 +332,16 @@ def validate_structure(records: Iterable[TraceRecord], linenos: list[int] | None
 
 
 def iter_lines(fh: TextIO) -> Iterator[tuple[int, Any]]:
-    for lineno, line in enumerate(fh, start=1):
+    lineno = 0
+    while True:
+        try:
+            line = fh.readline()
+        except UnicodeDecodeError:  # a binary file given as a trace: a TraceError, not a traceback
+            # (the decoder reads ahead: the line it reports is not necessarily the bad one)
+            raise TraceError("not UTF-8 text (is this a trace?)") from None
+        if not line:
+            return
+        lineno += 1
         line = line.strip()
         if not line:
             continue

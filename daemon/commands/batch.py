@@ -141,8 +141,13 @@ def _load_daemon_config(path: str) -> AgentdConfig:
     """The ``--config`` file, served on an ephemeral loopback port, without the extra metrics and
     admin listeners and without the Batch API: that daemon serves only this command's requests, and
     its Batch API executor would resume the batches of the database a running daemon of the same
-    configuration owns (two daemons on one database send requests twice, docs/batch.md §4)."""
+    configuration owns (two daemons on one database send requests twice, docs/batch.md §4).  The
+    files the configuration names (API keys, worker TLS and key files) are read here, as
+    ``agentd start`` reads them: a missing one raised its ConfigError inside the Trio run."""
+    from daemon.security import load_security
+
     cfg = load_config(path)
+    load_security(cfg)
     server = attrs.evolve(cfg.server, host="127.0.0.1", port=0)
     return attrs.evolve(
         cfg,

@@ -105,3 +105,38 @@ def test_the_library_behind_a_command_says_so_when_run(module: str, command: str
         done.stderr
         == f"python -m {module}: not a command; it is the library behind `{command}` (see `{command} --help`)\n"
     )
+
+
+def test_a_binary_trace_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``agentd trace stats`` (and every command reading a trace) printed a UnicodeDecodeError
+    traceback and exited 1 for a file that is not UTF-8 text."""
+    binary = tmp_path / "b.jsonl"
+    binary.write_bytes(b'{"meta": {"format": "agentd-trace/1"}}\n\xff\xfe\n')
+    assert cli.main(["trace", "stats", str(binary)]) == 2
+    assert capsys.readouterr().err == f"agentd trace stats: invalid FILE {binary}: not UTF-8 text (is this a trace?)\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "prog"),
+    [
+        (["simulate", "--trace", "t.jsonl", "--config"], "agentd simulate: invalid configuration"),
+        (["batch", "-i", "in.jsonl", "-o", "out.jsonl", "--config"], "agentd batch: error: invalid configuration"),
+    ],
+)
+def test_a_config_naming_a_missing_file_exits_2_naming_the_field(
+    argv: list[str], prog: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``agentd simulate --config`` and ``agentd batch --config`` read the files a configuration
+    names (API keys, worker TLS and key files) only inside the run: a missing one was a ConfigError
+    traceback inside a Trio exception group, exit 1.  They are read first now, as agentd start does."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.jsonl").write_text('{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {}}\n')
+    (tmp_path / "t.jsonl").write_text('{"session_id": "s", "turn": 0, "input_length": 10, "output_length": 2}\n')
+    config = tmp_path / "c.toml"
+    config.write_text(f'[auth]\napi_keys_file = "{tmp_path / "missing"}"\n')
+    assert cli.main([*argv, str(config)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"{prog} ({config}):",
+        f"  auth.api_keys_file: cannot read '{tmp_path / 'missing'}' ([Errno 2] No such file or directory: "
+        f"'{tmp_path / 'missing'}')",
+    ]
