@@ -299,7 +299,7 @@ async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandle
     if cfg.prometheus.port is not None:
         host = cfg.prometheus.host or cfg.server.host
         metrics_app = metrics_asgi_app(
-            handles.registry, None if data_plane is None else data_plane.hub.relay_expositions
+            handles.registry, None if data_plane is None else data_plane.relay_metrics.families
         )
         metrics_url = await servers.start(
             partial(serve_asgi, http1=cfg.server.http1_implementation, listen_field="prometheus.port"),

@@ -38,7 +38,8 @@ from actors.logevents import get_logger, log_event
 from daemon.config import AgentdConfig
 from daemon.dataplane.balance import NOT_ACCEPTING, AcceptBoard
 from daemon.dataplane.link import Link
-from daemon.dataplane.scheduler_side import DataPlaneHub, RelayConnection
+from daemon.dataplane.metrics_merge import RelayMetrics
+from daemon.dataplane.scheduler_side import METRICS_TIMEOUT_SECONDS, DataPlaneHub, RelayConnection
 from daemon.http.serve import ACCEPT_BACKLOG, bind_address, create_listening_sockets, hypercorn_config
 
 logger = get_logger("dataplane")
@@ -113,6 +114,8 @@ class DataPlane:
         self.board = AcceptBoard.create(processes)  # open connections per relay, shared with them
         self.scheduler_url: str | None = None
         self.stopping = False
+        # /metrics: the relays' expositions, counters kept across relay restarts (§13.3)
+        self.relay_metrics = RelayMetrics(lambda: self.hub.connections, METRICS_TIMEOUT_SECONDS)
 
     def diagnostics(self) -> dict[str, Any]:
         """The ``data_plane`` section of ``/scheduling/diagnostics``."""
@@ -140,6 +143,7 @@ class DataPlane:
             "scheduler_pid": os.getpid(),
             "public_url": self.public_url,
             "open_leases": sum(r["open_leases"] for r in relays),
+            "metrics": self.relay_metrics.document(),
             "relays": relays,
         }
 

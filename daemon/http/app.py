@@ -589,7 +589,7 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = handles.config.server.max_body_bytes
     app.register_blueprint(diagnostics_blueprint(handles))
     app.register_blueprint(dashboard_blueprint(handles))
-    relays = None if handles.data_plane is None else handles.data_plane.hub.relay_expositions
+    relays = None if handles.data_plane is None else handles.data_plane.relay_metrics.families
     app.register_blueprint(metrics_blueprint(handles.registry, relays))
     if handles.batches is not None:
         app.register_blueprint(batches_blueprint(handles.batches))

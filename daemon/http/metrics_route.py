@@ -11,20 +11,22 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
 from quart import Blueprint, Response
 
-from daemon.dataplane.metrics_merge import merged_exposition
+from daemon.dataplane.metrics_merge import merged_families_exposition
 from daemon.http.errors import error_body
 
 Asgi = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
-# with relay processes: every relay's exposition, merged into the scheduler's (docs/operations.md §13.3)
-RelayExpositions = Callable[[], Awaitable[list[str]]]
+# with relay processes: every relay's families (``RelayMetrics.families``), merged into the
+# scheduler's (docs/operations.md §13.3)
+RelayExpositions = Callable[[], Awaitable[list[list[Metric]]]]
 
 
 async def exposition(registry: CollectorRegistry, relays: RelayExpositions | None) -> bytes:
     if relays is None:
         return generate_latest(registry)
-    return merged_exposition(registry, await relays())
+    return merged_families_exposition(registry, await relays())
 
 
 def metrics_blueprint(registry: CollectorRegistry, relays: RelayExpositions | None = None) -> Blueprint:
