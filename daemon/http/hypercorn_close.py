@@ -38,10 +38,14 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import h11
 import hypercorn.trio.run
 import trio
 from hypercorn.events import Closed, Event, RawData, Updated
+from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
+
+from daemon.http.errors import error_body
 
 # Set by the app around an ASGI send whose bytes should leave with the next write of the same
 # connection: a complete response's head then goes out with its body in one socket write
@@ -117,6 +121,61 @@ class IdleWatch:
                 await self._on_idle()
 
 
+def head_size(request: h11.Request) -> int:
+    """The size of ``request``'s head as agentd's protocol measures it (request line and header
+    lines with their line ends, without the blank line that ends the head); whitespace around
+    header values that h11 dropped is not counted."""
+    size = len(request.method) + len(request.target) + len(b"HTTP/") + len(request.http_version) + 2
+    for name, value in request.headers.raw_items():
+        size += len(name) + len(value) + 4  # "\r\n" before the line, ": " inside it
+    return size
+
+
+def head_too_large_response(limit: int) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """The JSON 431 of agentd's protocol (daemon/http/h1proto.py), for hypercorn's."""
+    body = error_body(
+        f"the request head exceeds {limit} bytes", "invalid_request_error", None, "request_head_too_large"
+    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(body)),
+        (b"connection", b"close"),
+    ]
+    return headers, body
+
+
+class BoundedH11Protocol(H11Protocol):
+    """hypercorn's HTTP/1.1 protocol with the request head bounded as in agentd's protocol.
+
+    h11 enforces ``h11_max_incomplete_size`` (16 KiB) only on a head that is still incomplete: a
+    larger head that arrived whole in one read (up to the 64 KiB of a read) was accepted, where
+    docs/operations.md §13.7 and §14 promise a 431.  A complete head over the limit is refused here
+    with agentd's JSON 431 ``request_head_too_large`` and the connection closes; the 431 h11 raises
+    for an incomplete head gets the same JSON body instead of none."""
+
+    async def _create_stream(self, request: h11.Request) -> None:
+        limit = self.config.h11_max_incomplete_size
+        if head_size(request) > limit:
+            await self._send_head_too_large(limit)
+            await self.send(Closed())
+            return
+        await super()._create_stream(request)
+
+    async def _send_error_response(self, status_code: int) -> None:
+        if status_code == 431:
+            await self._send_head_too_large(self.config.h11_max_incomplete_size)
+            return
+        await super()._send_error_response(status_code)
+
+    async def _send_head_too_large(self, limit: int) -> None:
+        headers, body = head_too_large_response(limit)
+        await self._send_h11_event(
+            h11.Response(status_code=431, headers=[*headers, *self.config.response_headers("h11")])
+        )
+        await self._send_h11_event(h11.Data(data=body))
+        await self._send_h11_event(h11.EndOfMessage())
+
+
 class PromptCloseTCPServer(TCPServer):
     _peer_gone = False
     _held = b""  # bytes held back by HOLD_WRITE, sent before the connection's next write
@@ -127,6 +186,9 @@ class PromptCloseTCPServer(TCPServer):
         self._idle_watch = self.idle_task = watch  # type: ignore[assignment]
 
     async def _read_data(self) -> None:
+        inner = getattr(self.protocol, "protocol", None)
+        if type(inner) is H11Protocol:  # the request head bounded (BoundedH11Protocol adds no state)
+            inner.__class__ = BoundedH11Protocol
         try:
             if self.config.read_timeout is not None:
                 await super()._read_data()
