@@ -43,9 +43,9 @@ from daemon.dataplane.relay import (
 from daemon.dataplane.wire import Hello
 from daemon.dispatch import NativeDispatcher
 from daemon.heap import settle_heap
-from daemon.http.app import serve_proxy_asgi
+from daemon.http.app import AsgiSink, canonical_scope, serve_proxy_asgi
 from daemon.http.edge import Edge
-from daemon.http.proxy import ProgramRoute, ProxyEngine
+from daemon.http.proxy import ProgramRoute, ProxyEngine, send_error
 from daemon.http.requests import ENDPOINTS
 from daemon.http.serve import ServerState, serve_http
 from daemon.logs import configure_logging
@@ -82,6 +82,14 @@ class RelayApp:
                     return
         if scope["type"] != "http":
             return
+        path = scope["path"]
+        if not path.startswith("/") or "//" in path:
+            # the proxy routes as the scheduler process's app recognises them (absolute-form,
+            # repeated slashes): before, /v1//chat/completions was forwarded and served there
+            scope, error = canonical_scope(scope)
+            if error is not None:
+                await send_error(AsgiSink(send), error)
+                return
         endpoint = ENDPOINTS.get(scope["path"])
         if endpoint is not None and scope["method"] == "POST":
             cfg = self.cfg

@@ -103,6 +103,30 @@ def _merged_slashes(scope: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def canonical_scope(scope: dict[str, Any]) -> tuple[dict[str, Any], ApiError | None]:
+    """``scope`` with the path every route check and the routing see: an absolute-form target made
+    its path, runs of slashes merged (docs/operations.md §14); or the 400 for a target that does not
+    start with ``/``.  The public app and a relay process's app (which must recognise the proxy
+    routes exactly as the scheduler process would, §13.1) both route on it."""
+    path = scope["path"]
+    if not path.startswith("/"):  # absolute-form ("http://host/x") or a bare "x", "*"
+        scope = _origin_path(scope)
+        path = scope["path"]
+        if not path.startswith("/"):
+            error = ApiError(
+                400,
+                f"malformed request target {path[:80]!r}: it must start with /",
+                code="invalid_request_line",
+            )
+            return scope, error
+    if "//" in path:
+        # one path for the admin split, the keys and the routing: Quart's router merges
+        # repeated slashes, so //scheduling/diagnostics reached the admin route while the
+        # prefix check saw a public path (docs/operations.md §14)
+        scope = _merged_slashes(scope)
+    return scope, None
+
+
 class AsgiSink:
     """:class:`~daemon.http.proxy.ResponseSink` over an ASGI ``send``.
 
@@ -466,22 +490,11 @@ class AgentdApp(QuartTrio):
     async def asgi_app(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             path = scope["path"]
-            if not path.startswith("/"):  # absolute-form ("http://host/x") or a bare "x", "*"
-                scope = _origin_path(scope)
-                path = scope["path"]
-                if not path.startswith("/"):
-                    error = ApiError(
-                        400,
-                        f"malformed request target {path[:80]!r}: it must start with /",
-                        code="invalid_request_line",
-                    )
+            if not path.startswith("/") or "//" in path:
+                scope, error = canonical_scope(scope)
+                if error is not None:
                     await send_error(AsgiSink(send), error)
                     return
-            if "//" in path:
-                # one path for the admin split, the keys and the routing: Quart's router merges
-                # repeated slashes, so //scheduling/diagnostics reached the admin route while the
-                # prefix check saw a public path (docs/operations.md §14)
-                scope = _merged_slashes(scope)
                 path = scope["path"]
             if await self._refused(path, scope, send):
                 return
