@@ -189,8 +189,10 @@ class DataPlane:
                 self.board.fd,
                 self.processes,
             )
+            command, env = relay_command()
             proc = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "daemon.dataplane.relay_main"],
+                command,
+                env=env,
                 stdin=subprocess.PIPE,
                 pass_fds=(child_end.fileno(), self.sock.fileno(), self.board.fd),
             )
@@ -282,6 +284,26 @@ class DataPlane:
         log_event(logger, logging.WARNING, "relay_killed", relay=conn.index, pid=proc.pid)
         proc.kill()
         await proc.wait()
+
+
+def relay_command() -> tuple[list[str], dict[str, str]]:
+    """The relay process's command line and environment: the same interpreter and the same agentd
+    code as this process, wherever it was started from.
+
+    ``python -m`` puts the working directory first on ``sys.path``: started from a directory that
+    holds a ``daemon`` package or a ``daemon.py`` (another checkout, an unrelated project), the
+    relays imported that instead of agentd (a relay that fails to start stops the daemon).  ``-P``
+    (Python 3.11) leaves the working directory out; when this process found agentd in a directory
+    the child would not search (a source checkout run with ``python -m daemon``), that directory
+    is put on the child's ``PYTHONPATH``."""
+    import daemon
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(daemon.__file__)))
+    env = dict(os.environ)
+    searched = {os.path.abspath(entry) for entry in sys.path[1:] if entry}
+    if root not in searched:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return [sys.executable, "-P", "-m", "daemon.dataplane.relay_main"], env
 
 
 async def _sleep_unless(event: trio.Event, seconds: float) -> None:

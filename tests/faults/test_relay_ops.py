@@ -11,7 +11,10 @@ in front of a fake worker.  Each check failed before session 27:
 * a request head over 16 KiB that arrived in one read was served by a relay instead of the JSON
   431 (hypercorn's protocol, see tests/e2e/test_ops27_limits.py);
 * ``/metrics`` fell back by a relay's counts when that relay was SIGKILLed and restarted (a
-  counter reset for Prometheus); now every counter keeps its value across the restart.
+  counter reset for Prometheus); now every counter keeps its value across the restart;
+* the daemon runs from a working directory that holds an unrelated package named ``daemon``:
+  the relays (``python -m daemon.dataplane.relay_main``) imported that one and the daemon failed
+  to start.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 from fault_env import BUDGET_SECONDS
 from fault_worker import Act, FaultWorker
@@ -125,7 +130,12 @@ def _asks(doc: dict[str, Any]) -> int:
     return sum(r["asks_count"] for r in doc["data_plane"]["relays"])
 
 
-async def test_relays_route_bound_heads_and_keep_metrics_across_a_sigkill() -> None:
+async def test_relays_route_bound_heads_and_keep_metrics_across_a_sigkill(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "daemon").mkdir()
+    (tmp_path / "daemon" / "__init__.py").write_text('raise SystemExit("an unrelated package named daemon")\n')
+    monkeypatch.chdir(tmp_path)  # where the operator happens to run agentd from
     async with trio.open_nursery() as nursery:
         worker: FaultWorker = await nursery.start(FaultWorker().run)
         worker.default = Act(events=3)
