@@ -195,6 +195,10 @@ class DataPlane:
                 env=env,
                 stdin=subprocess.PIPE,
                 pass_fds=(child_end.fileno(), self.sock.fileno(), self.board.fd),
+                # a process group of its own: a Ctrl-C in a terminal signals the whole foreground
+                # group, and a relay still importing died of it with a traceback (the daemon then
+                # exited 1); the scheduler process turns SIGINT/SIGTERM into one SIGTERM per relay
+                process_group=0,
             )
         finally:
             child_end.close()
@@ -218,7 +222,7 @@ class DataPlane:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(conn.serve)
                     if first:
-                        await self._wait_ready(conn, proc, slot)
+                        await self._wait_ready(conn, proc, slot, shutdown)
                         ready.release()
                         first = False
                     await proc.wait()
@@ -249,7 +253,12 @@ class DataPlane:
             await _sleep_unless(shutdown, backoff)
             backoff = min(backoff * 2, RESTART_MAX_SECONDS)
 
-    async def _wait_ready(self, conn: RelayConnection, proc: trio.Process, slot: RelaySlot) -> None:
+    async def _wait_ready(
+        self, conn: RelayConnection, proc: trio.Process, slot: RelaySlot, shutdown: trio.Event
+    ) -> None:
+        """Until the relay accepts connections; a relay that exits first did not start (an error),
+        unless the shutdown began meanwhile (a Ctrl-C during start-up: the relays are then stopped
+        at once, not after they finished booting)."""
         accepting = False
         async with trio.open_nursery() as race:
 
@@ -257,7 +266,12 @@ class DataPlane:
                 await proc.wait()
                 race.cancel_scope.cancel()
 
+            async def stopping() -> None:
+                await shutdown.wait()
+                race.cancel_scope.cancel()
+
             race.start_soon(exited)
+            race.start_soon(stopping)
             with trio.move_on_after(READY_TIMEOUT_SECONDS):
                 await conn.hello.wait()
                 # ready = accepting: the relay marks its slot of the board at its first accept() call,
@@ -267,7 +281,7 @@ class DataPlane:
                     await trio.sleep(READY_POLL_SECONDS)
                 accepting = True
             race.cancel_scope.cancel()
-        if not accepting:
+        if not accepting and not shutdown.is_set():
             raise RuntimeError(
                 f"relay process {slot.index} (pid {proc.pid}) did not start: {_exit_text(proc.returncode)}"
             )

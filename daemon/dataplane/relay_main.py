@@ -253,6 +253,9 @@ class _RelayField(logging.Filter):
 
 
 def main() -> int:
+    # a relay runs in a process group of its own (daemon/dataplane/processes.py): in a terminal with
+    # `stty tostop` its log writes would stop it (SIGTTOU) as a background job's do
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
     spec: RelaySpec = pickle.load(sys.stdin.buffer)
     root = configure_logging(spec.config.server.log_level, spec.config.server.log_format)
     for handler in root.handlers:
