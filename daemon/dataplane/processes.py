@@ -12,7 +12,7 @@ stdin and serves its socket until the process exits.
   started again after a backoff (0.5 s, doubling up to 10 s; back to 0.5 s after a relay lived 30 s).
   Its socket ended with its death, so the hub already released its open leases as abandoned.
 * Shutdown (``shutdown`` set: SIGTERM/SIGINT or ``handles.request_shutdown()``): the parent's copy
-  of the listening socket is closed, every relay gets SIGTERM and drains (the same graceful drain as
+  of the listening socket is closed, every relay gets :data:`STOP_SIGNAL` and drains (the same graceful drain as
   one process, docs/operations.md §10.4); a relay still alive ``shutdown_grace_seconds`` + 5 s later
   is killed.
 * The scheduler process failing (an actor crash cancels the supervisor): every relay socket is
@@ -49,6 +49,13 @@ RESTART_RESET_AFTER_SECONDS = 30.0
 READY_TIMEOUT_SECONDS = 60.0
 READY_POLL_SECONDS = 0.01
 KILL_MARGIN_SECONDS = 5.0
+# How the scheduler process asks a relay to drain.  Not SIGTERM: a process manager that signals the
+# whole group or cgroup (systemd's default KillMode=control-group, `kill -TERM -PGID`) sends every
+# relay a SIGTERM of its own, and a relay took the scheduler's as the second signal that cancels at
+# once, cutting every stream without the drain.  A relay drains on the first of either and cancels
+# only on a second signal of the same kind (daemon/dataplane/relay_main.py).  Its default action
+# ends a relay still importing, quietly (SIGINT would raise KeyboardInterrupt there).
+STOP_SIGNAL = signal.SIGUSR1
 
 
 def listening_socket(host: str, port: int) -> tuple[socket.socket, str]:
@@ -174,7 +181,7 @@ class DataPlane:
         self.sock.close()  # no new connection waits in a backlog nobody will accept from
         for slot in self.slots:
             if slot.process is not None and slot.process.returncode is None:
-                slot.process.send_signal(signal.SIGTERM)
+                slot.process.send_signal(STOP_SIGNAL)
 
     async def _spawn(self, slot: RelaySlot) -> tuple[trio.Process, Link]:
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -197,7 +204,7 @@ class DataPlane:
                 pass_fds=(child_end.fileno(), self.sock.fileno(), self.board.fd),
                 # a process group of its own: a Ctrl-C in a terminal signals the whole foreground
                 # group, and a relay still importing died of it with a traceback (the daemon then
-                # exited 1); the scheduler process turns SIGINT/SIGTERM into one SIGTERM per relay
+                # exited 1); the scheduler process turns SIGINT/SIGTERM into one STOP_SIGNAL per relay
                 process_group=0,
             )
         finally:

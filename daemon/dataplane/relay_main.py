@@ -6,8 +6,8 @@ its data-plane socket and of the public listening socket, the scheduler's intern
 pickle on stdin, written by its parent.
 
 It connects its proxy to the scheduler (``Hello``, then the first snapshot), serves the public
-socket until SIGTERM/SIGINT or until the scheduler's socket ends, then drains exactly like the
-single-process daemon (docs/operations.md §10.4) and exits 0.
+socket until SIGTERM, the scheduler's ``STOP_SIGNAL`` or the end of the scheduler's socket, then
+drains exactly like the single-process daemon (docs/operations.md §10.4) and exits 0.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from actors.logevents import get_logger, log_event
 from daemon.config import AgentdConfig
 from daemon.dataplane.balance import AcceptBoard, BalancedListener
 from daemon.dataplane.link import Link
-from daemon.dataplane.processes import RelaySpec
+from daemon.dataplane.processes import STOP_SIGNAL, RelaySpec
 from daemon.dataplane.relay import (
     RemoteOutcomes,
     RemoteProgramDispatcher,
@@ -116,14 +116,20 @@ class RelayApp:
 
 
 async def _watch_signals(shutdown: trio.Event, edge: Edge, root: trio.CancelScope) -> None:
-    """SIGTERM drains (a second one cancels).  SIGINT is ignored: a Ctrl-C in a terminal reaches
-    the whole process group, and the scheduler process turns it into one SIGTERM per relay."""
+    """SIGTERM (an operator, a process manager) and the scheduler process's ``STOP_SIGNAL`` drain;
+    a second signal of the same kind cancels at once.  Both arrive together when the whole group or
+    cgroup is signalled (systemd): that is one request to drain, not two.  SIGINT is ignored: a
+    relay has a process group of its own and the scheduler process passes a Ctrl-C on."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+    seen: set[int] = set()
+    with trio.open_signal_receiver(signal.SIGTERM, STOP_SIGNAL) as signals:
         async for signum in signals:
-            if shutdown.is_set():
+            if signum in seen:
                 root.cancel()
                 return
+            seen.add(signum)
+            if shutdown.is_set():
+                continue
             edge.note_shutdown()
             log_event(logger, logging.INFO, "relay_shutdown_requested", signal=signal.Signals(signum).name)
             shutdown.set()
