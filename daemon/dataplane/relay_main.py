@@ -19,6 +19,7 @@ import random
 import signal
 import socket
 import sys
+import traceback
 from functools import partial
 from typing import Any
 
@@ -48,7 +49,7 @@ from daemon.http.edge import Edge
 from daemon.http.proxy import ProgramRoute, ProxyEngine, send_error
 from daemon.http.requests import ENDPOINTS
 from daemon.http.serve import ServerState, serve_http
-from daemon.logs import configure_logging
+from daemon.logs import capture_process_output, configure_logging
 from daemon.metrics import ProxyMetrics, build_registry
 from daemon.models import ModelDirectory
 from daemon.request_ids import RequestIds
@@ -267,8 +268,32 @@ def main() -> int:
     for handler in root.handlers:
         handler.addFilter(_RelayField(spec.index))
     settle_heap()  # docs/operations.md §13.8
-    trio.run(run_relay, spec)
+    if spec.config.server.log_format != "json":
+        trio.run(run_relay, spec)
+        return 0
+    # json logs: library logs and warnings as JSON lines, and a crash as one `relay_crashed` line
+    # rather than a raw traceback in the middle of the daemon's JSON stream (as `agentd start`'s
+    # `daemon_crashed`, docs/operations.md §7.1)
+    capture_process_output()
+    try:
+        trio.run(run_relay, spec)
+    except Exception as exc:
+        log_event(
+            logger,
+            logging.CRITICAL,
+            "relay_crashed",
+            error=_leaf_errors(exc),
+            traceback="".join(traceback.format_exception(exc)),
+        )
+        return 1
     return 0
+
+
+def _leaf_errors(exc: BaseException) -> str:
+    """``Type: message`` of the exceptions inside (nested) exception groups, ``; ``-joined."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_leaf_errors(inner) for inner in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}"
 
 
 if __name__ == "__main__":
