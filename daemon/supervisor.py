@@ -269,6 +269,11 @@ async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandle
         handles = attrs.evolve(handles, data_plane=data_plane)
     app = create_app(handles, role="public" if split else "all", edge=edge, auth=auth)
     state = handles.server_state
+    if data_plane is not None:
+        # the internal listener carries the relays' forwarded routes: at most one per client connection
+        # of each relay, whose caps are per relay (docs/operations.md §13.1); capped at the public cap,
+        # it refused the fourth concurrent upload of max_connections = 3 with relays that had room
+        state.max_connections = cfg.limits.max_connections * processes
     http_url = await servers.start(
         partial(serve_asgi, state=state, hard_grace_seconds=hard, http1=cfg.server.http1_implementation),
         app,

@@ -33,7 +33,7 @@ from fault_worker import Act, FaultWorker
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.core.config import ProgramSchedulingConfig
-from daemon.config import AgentdConfig, BatchApiConfig, RoutingConfig, ServerConfig
+from daemon.config import AgentdConfig, BatchApiConfig, LimitsConfig, RoutingConfig, ServerConfig
 from daemon.supervisor import run_daemon
 
 CHAT = {"model": "fault-model", "messages": [{"role": "user", "content": "hi"}]}
@@ -45,7 +45,7 @@ def _program(program_id: str) -> dict[str, Any]:
     return {**CHAT, "vllm_xargs": {"agentic_context": {"program_id": program_id}}}
 
 
-def _config(worker_url: str) -> AgentdConfig:
+def _config(worker_url: str, database: Path) -> AgentdConfig:
     return AgentdConfig(
         server=ServerConfig(
             host="127.0.0.1",
@@ -55,7 +55,8 @@ def _config(worker_url: str) -> AgentdConfig:
             http1_implementation="hypercorn",
         ),
         routing=RoutingConfig(worker_urls=(worker_url,), health_check_interval_seconds=3600.0, policy="round_robin"),
-        batch_api=BatchApiConfig(enabled=False),
+        limits=LimitsConfig(max_connections=3),  # per relay: 6 client connections in all
+        batch_api=BatchApiConfig(database_path=str(database)),
         enable_program_scheduling=True,
         program_scheduling=ProgramSchedulingConfig(token_capacity_per_dp_rank=100_000),
     )
@@ -79,6 +80,35 @@ def _post(target: bytes, body: dict[str, Any]) -> bytes:
         b"POST %b HTTP/1.1\r\nHost: agentd\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
         b"Connection: close\r\n\r\n%b" % (target, len(data), data)
     )
+
+
+UPLOAD = (
+    b'--x\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+    b'--x\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n\r\n{}\n\r\n--x--\r\n'
+)
+
+
+async def _concurrent_uploads(port: int, count: int, client: httpx.AsyncClient) -> None:
+    """``count`` uploads whose bodies are held until every one is being forwarded, then finished;
+    each must be stored (200)."""
+    streams = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(count)]
+    head = (
+        b"POST /v1/files HTTP/1.1\r\nHost: agentd\r\nContent-Type: multipart/form-data; boundary=x\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(UPLOAD)
+    )
+    for stream in streams:
+        await stream.send_all(head + UPLOAD[:20])
+    # every upload is open on a relay (and its forward under way) before any of them ends
+    await _await(client, lambda d: sum(r["open_connections"] for r in d["data_plane"]["relays"]) == count + 1)
+    answers = []
+    for stream in streams:
+        async with stream:
+            await stream.send_all(UPLOAD[20:])
+            raw = b""
+            while data := await stream.receive_some(65536):
+                raw += data
+            answers.append(raw.split(b"\r\n", 1)[0].split(b" ")[1])  # the status code
+    assert answers == [b"200"] * count, answers
 
 
 async def _diagnostics(client: httpx.AsyncClient) -> dict[str, Any]:
@@ -142,7 +172,7 @@ async def test_relays_route_bound_heads_and_keep_metrics_across_a_sigkill(
         done = trio.Event()
 
         async def daemon(task_status: trio.TaskStatus[Any]) -> None:
-            await run_daemon(_config(worker.url), task_status=task_status)
+            await run_daemon(_config(worker.url, tmp_path / "batches.sqlite3"), task_status=task_status)
             done.set()
 
         handles = await nursery.start(daemon)
@@ -164,6 +194,10 @@ async def test_relays_route_bound_heads_and_keep_metrics_across_a_sigkill(
                 assert b'"completion_tokens"' in body
             doc = await _await(client, lambda d: d["dispatcher"]["completed_count"] == 9)
             assert _asks(doc) == 9, "a proxy route was served by the scheduler process, not a relay"
+
+            # four uploads at once, each on a relay with room (the limits are per relay): every one is
+            # forwarded to the scheduler process's internal listener, which took only max_connections
+            await _concurrent_uploads(port, 4, client)
 
             # a forwarded route has one date header
             head, body = await _raw(port, b"GET /health HTTP/1.1\r\nHost: agentd\r\nConnection: close\r\n\r\n")
