@@ -210,8 +210,14 @@ class DataPlane:
         finally:
             child_end.close()
         assert proc.stdin is not None
-        async with proc.stdin:
-            await proc.stdin.send_all(pickle.dumps(spec))
+        try:
+            async with proc.stdin:
+                await proc.stdin.send_all(pickle.dumps(spec))
+        except trio.BrokenResourceError:
+            # the child died before it read its specification: a signal to this process group
+            # (a Ctrl-C) that reached it before it left the group.  Its exit is handled as any
+            # relay's: a start-up error, a restart, or nothing during the shutdown
+            pass
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(parent_end))
         return proc, Link(stream)
 
