@@ -220,6 +220,9 @@ async def test_relays_route_bound_heads_and_keep_metrics_across_a_sigkill(
                 slot = d["data_plane"]["relays"][victim["index"]]
                 return bool(slot["alive"] and slot["pid"] != victim["pid"] and slot.get("frames_received", 0) > 0)
 
+        # `client`'s keep-alive connection may have been the killed relay's (its clients lose their
+        # connections, docs/operations.md §13.2): the rest on a new one
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             doc = await _await(client, restarted, PROCESS_START_BUDGET_SECONDS)
             assert doc["data_plane"]["relays"][victim["index"]]["last_exit"] == "killed by SIGKILL"
             after = await _counters(client)
