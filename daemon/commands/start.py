@@ -27,6 +27,7 @@ from daemon.batch_lock import BatchDatabaseLocked
 from daemon.commands.paths import batch_database_problem
 from daemon.config import HTTP1_ENV, HTTP1_IMPLEMENTATIONS, LOG_FORMATS, AgentdConfig
 from daemon.config_loading import ConfigError, add_router_flags, load_config, overrides_from_args, read_config_file
+from daemon.dataplane.processes import RelayStartError
 from daemon.logs import banner_line, capture_process_output, configure_logging, event_line
 from daemon.security import load_security
 
@@ -101,6 +102,18 @@ def listen_error(exc: BaseException) -> ListenError | BatchDatabaseLocked | None
     return None
 
 
+def relay_start_error(exc: BaseException) -> RelayStartError | None:
+    """A relay process that did not start, inside ``exc`` (possibly nested in exception groups)."""
+    if isinstance(exc, RelayStartError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = relay_start_error(inner)
+            if found is not None:
+                return found
+    return None
+
+
 def _config_error(lines: list[str], log_format: str) -> int:
     """A configuration error: one line per problem (one ``config_error`` JSON line in json mode,
     docs/operations.md §7); exit code 2."""
@@ -144,7 +157,14 @@ def run(args: argparse.Namespace) -> int:
     raise_open_file_limit()
     configure_logging(cfg.server.log_level, cfg.server.log_format)
     if cfg.server.log_format != "json":
-        return _serve(cfg)
+        try:
+            return _serve(cfg)
+        except Exception as exc:  # a relay that did not start: one line (its own output is above)
+            failed = relay_start_error(exc)
+            if failed is None:
+                raise
+            print(f"agentd start: {failed}; the daemon stopped", file=sys.stderr)
+            return 1
     capture_process_output()
     try:
         return _serve(cfg)

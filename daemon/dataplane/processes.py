@@ -70,6 +70,11 @@ def listening_socket(host: str, port: int) -> tuple[socket.socket, str]:
     return sock, f"http://{repr_socket_addr(sock.family, sock.getsockname())}"
 
 
+class RelayStartError(RuntimeError):
+    """A relay process exited (or did not accept connections in time) before it was ready: the
+    daemon does not start (``agentd start`` says so in one line, exit 1; docs/operations.md §13.2)."""
+
+
 @attrs.frozen
 class RelaySpec:
     config: AgentdConfig
@@ -295,7 +300,7 @@ class DataPlane:
                 accepting = True
             race.cancel_scope.cancel()
         if not accepting and not shutdown.is_set():
-            raise RuntimeError(
+            raise RelayStartError(
                 f"relay process {slot.index} (pid {proc.pid}) did not start: {_exit_text(proc.returncode)}"
             )
 
