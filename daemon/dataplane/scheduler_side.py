@@ -265,19 +265,34 @@ class RelayConnection:
         full: the same back-pressure an in-process handler feels)."""
         program = self.hub.program
         assert program is not None
-        inbox = program.scheduler.inbox.send
+        scheduler = program.scheduler
+        try:
+            handled = scheduler.handle_now(submission)
+        except Exception:  # the step failed: the actor raises it and stops the daemon (as in-process)
+            self._refuse(submission, INTERNAL_ERROR)
+            return
+        if handled:  # stepped in this task: the Grant or Refuse is already written (docs/benchmarks.md §10.3.3)
+            program.submitted()
+            return
+        inbox = scheduler.inbox.send
         try:
             try:
                 inbox.send_nowait(submission)
             except trio.WouldBlock:
                 await inbox.send(submission)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            detached = self.detached.pop(self._number_of(submission), None)
-            if detached is not None:
-                detached.answered = True
-                self.send_quiet(Refuse(detached.number, SCHEDULER_UNAVAILABLE))
+            self._refuse(submission, SCHEDULER_UNAVAILABLE)
             return
         program.submitted()
+
+    def _refuse(self, submission: Submission, rejection: Rejection) -> None:
+        """The submission never reached a step: its lease is refused (unless already answered)."""
+        number = self._number_of(submission)
+        detached = self.detached.get(number)
+        if detached is not None and not detached.answered:
+            del self.detached[number]
+            detached.answered = True
+            self.send_quiet(Refuse(number, rejection))
 
     def _number_of(self, submission: Submission) -> int:
         sink = submission.reply
