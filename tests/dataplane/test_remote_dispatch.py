@@ -15,6 +15,8 @@ import trio.testing
 from program_fakes import FakeHealth, daemon_config, ok, program_request, program_scheduling
 
 from actors.core.config import BackendTarget, BatchJobsConfig
+from actors.core.events import RequestAbandoned
+from actors.core.ids import RequestId
 from daemon.config import AgentdConfig
 from daemon.dataplane.link import Link
 from daemon.dataplane.relay import RemoteOutcomes, RemoteProgramDispatcher, SnapshotView, read_scheduler_frames
@@ -128,6 +130,105 @@ async def test_a_remote_lease_is_admitted_and_completed_through_the_program_disp
         assert p.hub.open_leases() == 0
         assert p.remote.counters.finished_count == 1 and p.remote.open_leases() == 0
         assert trio.current_time() == 0.0  # the socket costs no virtual time
+
+
+async def test_a_relay_ask_is_stepped_in_the_connection_task_when_the_scheduler_actor_waits(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """docs/benchmarks.md §10.3.3: with the scheduler actor waiting on its empty inbox, the
+    connection's reader steps a relay's submission itself (``SchedulerHandle.handle_now``), so the
+    Grant is written in the run-loop turn the Ask was read; the Finish is stepped there too.
+
+    The counts are exact: each lease starts with every task blocked, so the actor waits on its empty
+    inbox, and the relay's Ask (written by ``Link.send`` itself) makes only the scheduler's reader
+    runnable; the socket costs no virtual time, so no timer can fire in between.  The first
+    Program request is left out of the counts: it starts the backend polling, whose first round
+    reaches the actor at that same instant, so whether that request's completion found the actor
+    waiting or busy with the round depends on Trio's shuffled wake order (the next round is a poll
+    interval later in virtual time, after these leases)."""
+    async with plane(daemon_config(token_capacity_per_dp_rank=10_000)) as p:
+        assert p.dispatcher is not None
+        scheduler = p.dispatcher.scheduler
+        async with p.remote.lease(program_request("first")) as lease:
+            lease.finish(ok())
+        await _settled(p, lambda d: d["dispatcher"]["completed_count"] == 1)
+        before = scheduler.direct_count
+        for i in range(5):
+            await trio.testing.wait_all_tasks_blocked()
+            direct, steps = scheduler.direct_count, scheduler.steps_count
+            async with p.remote.lease(program_request(f"p{i}")) as lease:
+                assert (scheduler.direct_count, scheduler.steps_count) == (direct + 1, steps + 1)
+                lease.finish(ok())
+            await _settled(p, lambda d, i=i: d["dispatcher"]["completed_count"] == i + 2)
+            assert (scheduler.direct_count, scheduler.steps_count) == (direct + 2, steps + 2)
+        doc = await _settled(p, lambda d: True)
+        assert doc["scheduler"]["handled_in_sender_count"] == before + 10
+        assert {k: doc["dispatcher"][k] for k in ("submitted_count", "admitted_count", "completed_count")} == {
+            "submitted_count": 6,
+            "admitted_count": 6,
+            "completed_count": 6,
+        }
+        assert p.hub.open_leases() == 0
+        assert trio.current_time() == 0.0
+
+
+async def test_a_relay_ask_behind_a_backlog_is_handled_after_it(autojump_clock: trio.testing.MockClock) -> None:
+    """A message already waiting for the scheduler actor is handled before a relay's submission
+    that arrives after it, whoever steps the submission.
+
+    Which task runs the submission's step is not fixed here, on purpose: the message wakes the actor
+    and the Ask wakes the connection's reader into the same batch of Trio's run loop, whose order
+    Trio shuffles at random. If the reader runs first it sees the backlog and hands the submission
+    to the inbox, behind the message; if the actor runs first it drains the message and waits, and
+    the reader steps the submission itself. A count of the steps run in the reader would differ
+    from run to run; the order the core sees is the same in both, and that is what is asserted."""
+    async with plane(daemon_config(token_capacity_per_dp_rank=10_000)) as p:
+        assert p.dispatcher is not None
+        scheduler = p.dispatcher.scheduler
+        async with p.remote.lease(program_request("first")) as lease:  # starts the backend polling
+            lease.finish(ok())
+        await _settled(p, lambda d: d["dispatcher"]["completed_count"] == 1)
+        await trio.testing.wait_all_tasks_blocked()
+        order: list[str] = []
+        original = scheduler.receive
+
+        def spy(item: Any, now: float) -> None:
+            order.append(type(item).__name__)
+            original(item, now)
+
+        scheduler.receive = spy  # type: ignore[method-assign]
+        scheduler.inbox.send.send_nowait(RequestAbandoned(request_id=RequestId("nobody")))
+        async with p.remote.lease(program_request("p1")) as lease:  # (no checkpoint before the Ask)
+            lease.finish(ok())
+        await _settled(p, lambda d: d["dispatcher"]["completed_count"] == 2)
+        assert order == ["RequestAbandoned", "Submission", "RequestCompleted"]
+
+
+async def test_a_step_that_fails_in_the_connection_task_refuses_the_lease_and_stops_scheduling(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A relay's submission whose step raises in the connection's task: the relay's lease gets the
+    500 ``internal_error`` and the actor raises the step's exception, which stops Program
+    scheduling at once (as when the actor itself steps)."""
+    refused: list[DispatchRejected] = []
+    with pytest.raises(BaseExceptionGroup) as info:
+        async with plane(daemon_config(token_capacity_per_dp_rank=10_000)) as p:
+            assert p.dispatcher is not None
+            await trio.testing.wait_all_tasks_blocked()
+
+            def broken(event: Any, now: float) -> None:
+                raise RuntimeError("broken step")
+
+            p.dispatcher.scheduler.apply = broken  # type: ignore[method-assign]
+            try:
+                async with p.remote.lease(program_request("p1")):
+                    raise AssertionError("granted")
+            except DispatchRejected as exc:
+                refused.append(exc)
+            await trio.sleep(3600)
+    assert [(r.rejection.status_hint, r.rejection.reason) for r in refused] == [(500, "internal_error")]
+    assert info.group_contains(RuntimeError, match="broken step", depth=None)
+    assert trio.current_time() < 3600
 
 
 async def test_leaving_a_remote_lease_unfinished_abandons_it(autojump_clock: trio.testing.MockClock) -> None:
