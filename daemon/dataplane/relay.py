@@ -6,9 +6,8 @@ socket (:mod:`daemon.dataplane.wire` frames):
 
 * :class:`RemoteProgramDispatcher` - the proxy's ``Dispatcher`` for Program, interactive and batch
   requests: ``lease(req)`` sends an ``Ask`` and waits for ``Grant`` (the ``Admitted`` value) or
-  ``Refuse`` (the core's ``Rejection``); leaving the lease sends ``Finish`` with the outcome that
-  ``lease.finish(outcome)`` recorded (the proxy has written the response by then), or ``Release``
-  (abandoned) without one.  When the scheduler is gone
+  ``Refuse`` (the core's ``Rejection``); ``lease.finish(outcome)`` sends ``Finish`` at once;
+  leaving the lease without ``finish`` sends ``Release`` (abandoned).  When the scheduler is gone
   every waiting and new request is refused with the 503 ``scheduler_unavailable``;
 * :class:`SnapshotView` - the health view the relay's own
   :class:`~daemon.dispatch.NativeDispatcher` reads (native policies decide in the relay), the
@@ -159,13 +158,13 @@ class RemoteLease:
     outcome: Outcome | None = None
 
     def finish(self, outcome: Outcome) -> None:
-        """Record the response's outcome; the ``Finish`` frame goes when the lease is left
-        (:meth:`RemoteProgramDispatcher._end`), after the proxy wrote the response: the write that
-        wakes the scheduler process no longer comes between the worker's answer and the client's
-        (docs/benchmarks.md §10.3.3), as an in-process lease reports its completion on exit."""
         if self.outcome is not None:
             raise RuntimeError(f"Program lease {self.request_id} finished twice")
         self.outcome = outcome
+        try:
+            self.link.send(Finish(self.number, outcome))
+        except LinkClosed:
+            pass  # the scheduler is gone: nothing left to account
 
 
 @attrs.define(eq=False)
@@ -280,17 +279,14 @@ class RemoteProgramDispatcher:
         self._pending.pop(number, None)
         if refused:
             return
-        frame: Finish | Release
         if lease is not None and lease.outcome is not None:
-            self.counters.finished_count += 1
-            frame = Finish(number, lease.outcome)
-        else:
-            self.counters.released_count += 1
-            frame = Release(number)
+            self.counters.finished_count += 1  # Finish went out with lease.finish
+            return
+        self.counters.released_count += 1
         try:
-            self.link.send(frame)
+            self.link.send(Release(number))
         except LinkClosed:
-            pass  # the scheduler is gone: nothing left to account
+            pass
 
     @asynccontextmanager
     async def _lease(self, req: ProxyRequest, kind: str) -> AsyncIterator[RemoteLease]:

@@ -231,29 +231,6 @@ async def test_a_step_that_fails_in_the_connection_task_refuses_the_lease_and_st
     assert trio.current_time() < 3600
 
 
-async def test_a_finished_remote_lease_reports_its_completion_when_it_is_left(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    """``lease.finish`` records the outcome; the ``Finish`` frame goes when the lease is left, after
-    the proxy wrote the response (docs/benchmarks.md §10.3.3): until then the scheduler has not
-    been woken and still holds the request as running."""
-    async with plane(daemon_config(token_capacity_per_dp_rank=10_000)) as p:
-        assert p.dispatcher is not None
-        async with p.remote.lease(program_request("p")) as lease:
-            received = p.conn.link.frames_received
-            lease.finish(ok(prompt=200))
-            await trio.testing.wait_all_tasks_blocked()
-            assert p.conn.link.frames_received == received  # nothing was sent
-            assert p.dispatcher.counters.completed_count == 0 and p.hub.open_leases() == 1
-            with pytest.raises(RuntimeError, match="finished twice"):
-                lease.finish(ok())
-        doc = await _settled(p, lambda d: d["dispatcher"]["completed_count"] == 1)
-        assert p.conn.link.frames_received == received + 1  # one Finish, no Release
-        assert doc["dispatcher"]["abandoned_count"] == 0 and p.hub.open_leases() == 0
-        assert p.remote.counters.finished_count == 1 and p.remote.counters.released_count == 0
-        assert trio.current_time() == 0.0
-
-
 async def test_leaving_a_remote_lease_unfinished_abandons_it(autojump_clock: trio.testing.MockClock) -> None:
     async with plane(daemon_config(token_capacity_per_dp_rank=10_000)) as p:
         with pytest.raises(RuntimeError, match="client gone"):
