@@ -87,31 +87,25 @@ def _leaf_errors(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def find_exception(exc: BaseException, types: tuple[type[BaseException], ...]) -> BaseException | None:
+    """The first exception of one of ``types`` in ``exc``, possibly nested in exception groups."""
+    if isinstance(exc, types):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = find_exception(inner, types)
+            if found is not None:
+                return found
+    return None
+
+
 def listen_error(exc: BaseException) -> ListenError | BatchDatabaseLocked | None:
     """The :class:`ListenError` (a listener cannot open) or :class:`BatchDatabaseLocked` (another
     daemon holds the Batch API's database) inside ``exc``, possibly nested in exception groups."""
     from daemon.http.serve import ListenError  # (hypercorn: imported only to serve)
 
-    if isinstance(exc, (ListenError, BatchDatabaseLocked)):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = listen_error(inner)
-            if found is not None:
-                return found
-    return None
-
-
-def relay_start_error(exc: BaseException) -> RelayStartError | None:
-    """A relay process that did not start, inside ``exc`` (possibly nested in exception groups)."""
-    if isinstance(exc, RelayStartError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = relay_start_error(inner)
-            if found is not None:
-                return found
-    return None
+    found = find_exception(exc, (ListenError, BatchDatabaseLocked))
+    return found if isinstance(found, (ListenError, BatchDatabaseLocked)) else None
 
 
 def _config_error(lines: list[str], log_format: str) -> int:
@@ -160,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             return _serve(cfg)
         except Exception as exc:  # a relay that did not start: one line (its own output is above)
-            failed = relay_start_error(exc)
+            failed = find_exception(exc, (RelayStartError,))
             if failed is None:
                 raise
             print(f"agentd start: {failed}; the daemon stopped", file=sys.stderr)
