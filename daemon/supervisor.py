@@ -231,6 +231,7 @@ def build_engine(
         detect_workers=cfg.priority_detect_workers(),
         fairness=fairness,
         stream_coalesce_seconds=cfg.server.stream_coalesce_ms / 1000,
+        retry_after_seconds=cfg.limits.retry_after_seconds,
     )
 
 

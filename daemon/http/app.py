@@ -612,7 +612,10 @@ def create_app(
         healthy = handles.health.healthy_targets()
         if not healthy:
             raise ApiError(
-                503, f"no healthy targets are available: {handles.health.unhealthy_reason()}", code="no_healthy_target"
+                503,
+                f"no healthy targets are available: {handles.health.unhealthy_reason()}",
+                code="no_healthy_target",
+                headers=(("retry-after", str(handles.config.limits.retry_after_seconds)),),
             )
         target = healthy[0]
         try:

@@ -38,12 +38,17 @@ class ApiError(Exception):
         return error_body(self.message, self.error_type, self.param, self.code)
 
     @classmethod
-    def from_rejection(cls, rejection: Rejection) -> ApiError:
-        """The HTTP answer to a scheduling refusal: ``code`` is its reason, plus ``Retry-After``."""
+    def from_rejection(cls, rejection: Rejection, default_retry_after: int | None = None) -> ApiError:
+        """The HTTP answer to a scheduling refusal: ``code`` is its reason, plus ``Retry-After``:
+        the refusal's own (a queue ETA), else ``default_retry_after`` for a 429 or 503 (``[limits]
+        retry_after_seconds``: no healthy worker, a queue timeout; docs/operations.md §11.3)."""
         headers: tuple[tuple[str, str], ...] = ()
-        if rejection.retry_after_seconds is not None:
+        seconds = rejection.retry_after_seconds
+        if seconds is None and rejection.status_hint in (429, 503):
+            seconds = default_retry_after
+        if seconds is not None:
             # whole seconds, rounded up, at least 1 (docs/program-scheduling.md §13)
-            headers = (("retry-after", str(max(1, math.ceil(rejection.retry_after_seconds)))),)
+            headers = (("retry-after", str(max(1, math.ceil(seconds)))),)
         return cls(rejection.status_hint, rejection.message, code=rejection.reason, headers=headers)
 
 

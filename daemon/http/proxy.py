@@ -477,8 +477,11 @@ class ProxyEngine:
         detect_workers: frozenset[str] = frozenset(),
         fairness: FairnessBook | None = None,
         stream_coalesce_seconds: float = 0.0,
+        retry_after_seconds: int = 1,
     ) -> None:
         self.client = client
+        # the Retry-After of a refusal that carries none of its own ([limits] retry_after_seconds)
+        self.retry_after_seconds = retry_after_seconds
         # hold a stream's writes up to this long (docs/operations.md §13.5)
         self.stream_coalesce_seconds = stream_coalesce_seconds
         self.transport = transport
@@ -673,7 +676,7 @@ class ProxyEngine:
                 code=rejection.reason,
                 reason=rejection.message,
             )
-            await send_error(sink, ApiError.from_rejection(rejection))
+            await send_error(sink, ApiError.from_rejection(rejection, self.retry_after_seconds))
         finally:
             if track is not None:
                 outcome = getattr(leased[-1], "outcome", None) if leased else None

@@ -179,9 +179,13 @@ async def test_native_no_healthy_target_is_503_naming_reason(fake_worker: FakeWo
         async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             response = await client.post("/v1/chat/completions", json=CHAT)
             health = await client.get("/health")
+            models = await client.get("/v1/models")
         assert response.status_code == 503
         error = response.json()["error"]
         assert error["code"] == "no_healthy_target"
+        # when to try again: [limits] retry_after_seconds (default 1), as agentd's other 429/503s
+        assert response.headers["retry-after"] == "1"
+        assert (models.status_code, models.headers["retry-after"]) == (503, "1")
         assert "http://w0:8000: HTTP 503" in error["message"]
         assert health.status_code == 503
         assert "http://w1:8000: HTTP 503" in health.json()["reason"]

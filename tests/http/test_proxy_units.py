@@ -377,3 +377,18 @@ def test_usage_accumulator_reads_tool_names_streamed_and_whole() -> None:
     plain = UsageAccumulator()
     plain.feed_json(b'{"choices": [{"index": 0, "message": {"content": "name"}, "finish_reason": "stop"}]}')
     assert plain.tool_names == []
+
+
+def test_a_refusal_without_its_own_retry_after_gets_the_configured_one() -> None:
+    """A 503 no_targets (every worker out of rotation) or a 429 queue timeout tells the client when
+    to try again ([limits] retry_after_seconds); a queue ETA keeps its own; other statuses get none."""
+    from actors.core.errors import NO_TARGETS, QUEUE_TIMEOUT, Rejection
+    from daemon.http.errors import ApiError
+
+    assert ApiError.from_rejection(NO_TARGETS, 3).headers == (("retry-after", "3"),)
+    assert ApiError.from_rejection(QUEUE_TIMEOUT, 1).headers == (("retry-after", "1"),)
+    assert ApiError.from_rejection(NO_TARGETS).headers == ()  # (no default given: none)
+    eta = Rejection(reason="queue_bound", status_hint=429, message="m", retry_after_seconds=7.2)
+    assert ApiError.from_rejection(eta, 1).headers == (("retry-after", "8"),)
+    bad = Rejection(reason="too_large", status_hint=400, message="m")
+    assert ApiError.from_rejection(bad, 1).headers == ()
