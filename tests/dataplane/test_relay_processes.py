@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable
 from typing import Any
 
 import httpx
 import trio
-from fault_env import BUDGET_SECONDS
+from fault_env import BUDGET_SECONDS, await_diagnostics, diagnostics, pid_alive
 from fault_worker import Act, FaultWorker
 
 from actors.core.config import ProgramSchedulingConfig
@@ -46,37 +45,6 @@ def relay_config(worker_url: str, processes: int = 2) -> AgentdConfig:
     )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-async def _diagnostics(client: httpx.AsyncClient) -> dict[str, Any]:
-    response = await client.get("/scheduling/diagnostics")
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-async def _diagnostics_once(
-    client: httpx.AsyncClient, predicate: Callable[[dict[str, Any]], bool], budget: float = BUDGET_SECONDS
-) -> dict[str, Any]:
-    """The first diagnostics document for which ``predicate`` holds, polled on the real clock.
-
-    A relay reports a lease's end (``Finish``/``Release``) over its own socket and the scheduler
-    applies it in its own tasks, while the client's next request travels another way (a relay, then
-    the scheduler's listener): the client can have a whole response before the scheduler counted
-    it.  So a count is awaited, then checked exactly; a count that never arrives fails the budget."""
-    with trio.fail_after(budget):
-        while True:
-            doc = await _diagnostics(client)
-            if predicate(doc):
-                return doc
-            await trio.sleep(0.05)
-
-
 async def _proxied_successes(client: httpx.AsyncClient) -> float:
     """``agentd_proxy_requests_total{outcome="success"}`` summed over every process's /metrics."""
     metrics = (await client.get("/metrics")).text
@@ -101,9 +69,9 @@ async def test_two_relays_serve_programs_survive_a_sigkill_and_drain() -> None:
         plane = handles.data_plane
         assert plane is not None and plane.processes == 2
         first_pids = [slot.pid for slot in plane.slots]
-        assert all(_alive(pid) for pid in first_pids) and os.getpid() not in first_pids
+        assert all(pid_alive(pid) for pid in first_pids) and os.getpid() not in first_pids
         async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
-            baseline = (await _diagnostics(client))["invariants"]
+            baseline = (await diagnostics(client))["invariants"]
             assert baseline["at_rest"]
 
             # Program requests, plain and streamed, through the relays (fresh connections: the
@@ -118,7 +86,7 @@ async def test_two_relays_serve_programs_survive_a_sigkill_and_drain() -> None:
                     )
                     assert streamed.status_code == 200
                     assert streamed.text.endswith("data: [DONE]\n\n")
-            doc = await _diagnostics_once(client, lambda d: d["dispatcher"]["completed_count"] >= 12)
+            doc = await await_diagnostics(client, lambda d: d["dispatcher"]["completed_count"] >= 12)
             assert doc["dispatcher"]["completed_count"] == 12 and doc["dispatcher"]["abandoned_count"] == 0
             relays = doc["data_plane"]["relays"]
             assert sum(r["asks_count"] for r in relays) == 12
@@ -137,14 +105,14 @@ async def test_two_relays_serve_programs_survive_a_sigkill_and_drain() -> None:
             # keep-alive connections are spread evenly over the relays (docs/operations.md §13.1):
             # once the fresh connections above are closed, only `client`'s remains; three more,
             # opened one at a time, make two per relay
-            await _diagnostics_once(
+            await await_diagnostics(
                 client, lambda d: sum(r["open_connections"] for r in d["data_plane"]["relays"]) == 1
             )
             held = [httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) for _ in range(3)]
             for i, one in enumerate(held):
                 response = await one.post("/v1/chat/completions", json=_program(CHAT, f"kept{i}"))
                 assert response.status_code == 200, response.text
-            doc = await _diagnostics(client)
+            doc = await diagnostics(client)
             assert [(r["accepting"], r["open_connections"]) for r in doc["data_plane"]["relays"]] == [(True, 2)] * 2
             for one in held:
                 await one.aclose()
@@ -171,7 +139,7 @@ async def test_two_relays_serve_programs_survive_a_sigkill_and_drain() -> None:
                 victim.start_soon(stalled_stream)
                 with trio.fail_after(BUDGET_SECONDS):
                     await got_events.wait()
-                doc = await _diagnostics(client)
+                doc = await diagnostics(client)
                 [holder] = [r for r in doc["data_plane"]["relays"] if r["open_leases"] == 1]
                 assert doc["invariants"]["program_in_flight"] == 1
                 os.kill(holder["pid"], signal.SIGKILL)
@@ -179,7 +147,7 @@ async def test_two_relays_serve_programs_survive_a_sigkill_and_drain() -> None:
             assert ended in (["RemoteProtocolError"], ["ReadError"]), ended
 
             # the abandon is counted, then the scheduler actor releases the capacity: await both
-            state = await _diagnostics_once(
+            state = await await_diagnostics(
                 client, lambda d: d["dispatcher"]["abandoned_count"] >= 1 and d["invariants"]["at_rest"]
             )
             assert state["dispatcher"]["abandoned_count"] == 1
@@ -193,17 +161,17 @@ async def test_two_relays_serve_programs_survive_a_sigkill_and_drain() -> None:
                 slot = d["data_plane"]["relays"][holder["index"]]
                 return bool(slot["alive"] and slot["pid"] != holder["pid"] and slot.get("frames_received", 0) > 0)
 
-            doc = await _diagnostics_once(client, restarted, PROCESS_START_BUDGET_SECONDS)
+            doc = await await_diagnostics(client, restarted, PROCESS_START_BUDGET_SECONDS)
             slot = doc["data_plane"]["relays"][holder["index"]]
             assert slot["restarts_count"] == 1 and slot["last_exit"] == "killed by SIGKILL"
-            assert not _alive(holder["pid"])
+            assert not pid_alive(holder["pid"])
 
             # the daemon keeps serving, through both relays
             for i in range(6):
                 async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as fresh:
                     again = await fresh.post("/v1/chat/completions", json=_program(CHAT, f"after{i}"))
                     assert again.status_code == 200, again.text
-            doc = await _diagnostics_once(
+            doc = await await_diagnostics(
                 client, lambda d: d["dispatcher"]["completed_count"] >= 21 and d["data_plane"]["open_leases"] == 0
             )
             assert doc["dispatcher"]["completed_count"] == 21
@@ -235,7 +203,7 @@ async def test_two_relays_serve_programs_survive_a_sigkill_and_drain() -> None:
             assert text.endswith("data: [DONE]\n\n") and text.count('"content": "x"') == 10
         with trio.fail_after(BUDGET_SECONDS):
             await daemon_done.wait()
-        assert not any(_alive(pid) for pid in pids)
+        assert not any(pid_alive(pid) for pid in pids)
         assert [slot.last_exit for slot in plane.slots] == ["exit status 0", "exit status 0"]
         counters = handles.program_dispatcher.counters
         assert (counters.completed_count, counters.abandoned_count, counters.open_leases()) == (22, 1, 0)

@@ -248,3 +248,36 @@ async def fault_env(
 
 def sse_events(body: bytes) -> list[bytes]:
     return [e for e in body.split(b"\n\n") if e]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (a zombie counts: it has not been reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def diagnostics(client: httpx.AsyncClient) -> dict[str, Any]:
+    """``GET /scheduling/diagnostics``, which must answer 200."""
+    response = await client.get("/scheduling/diagnostics")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def await_diagnostics(
+    client: httpx.AsyncClient, predicate: Callable[[dict[str, Any]], bool], budget: float = BUDGET_SECONDS
+) -> dict[str, Any]:
+    """The first diagnostics document for which ``predicate`` holds, polled on the real clock.
+
+    A relay reports a lease's end (``Finish``/``Release``) over its own socket and the scheduler
+    applies it in its own tasks, while the client's next request travels another way (a relay, then
+    the scheduler's listener): the client can have a whole response before the scheduler counted
+    it.  So a count is awaited, then checked exactly; a count that never arrives fails the budget."""
+    with trio.fail_after(budget):
+        while True:
+            doc = await diagnostics(client)
+            if predicate(doc):
+                return doc
+            await trio.sleep(0.05)

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from fault_env import BUDGET_SECONDS
+from fault_env import BUDGET_SECONDS, await_diagnostics, diagnostics
 from fault_worker import Act, FaultWorker
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -99,7 +99,9 @@ async def _concurrent_uploads(port: int, count: int, client: httpx.AsyncClient) 
     for stream in streams:
         await stream.send_all(head + UPLOAD[:20])
     # every upload is open on a relay (and its forward under way) before any of them ends
-    await _await(client, lambda d: sum(r["open_connections"] for r in d["data_plane"]["relays"]) == count + 1)
+    await await_diagnostics(
+        client, lambda d: sum(r["open_connections"] for r in d["data_plane"]["relays"]) == count + 1
+    )
     answers = []
     for stream in streams:
         async with stream:
@@ -109,12 +111,6 @@ async def _concurrent_uploads(port: int, count: int, client: httpx.AsyncClient) 
                 raw += data
             answers.append(raw.split(b"\r\n", 1)[0].split(b" ")[1])  # the status code
     assert answers == [b"200"] * count, answers
-
-
-async def _diagnostics(client: httpx.AsyncClient) -> dict[str, Any]:
-    response = await client.get("/scheduling/diagnostics")
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 async def _counters(client: httpx.AsyncClient) -> dict[str, float]:
@@ -142,17 +138,6 @@ async def _counted(client: httpx.AsyncClient, requests: int) -> dict[str, float]
             if _requests(counters) >= requests:
                 assert _requests(counters) == requests
                 return counters
-            await trio.sleep(0.05)
-
-
-async def _await(client: httpx.AsyncClient, predicate: Any, budget: float = BUDGET_SECONDS) -> dict[str, Any]:
-    """The first diagnostics document for which ``predicate`` holds (a relay reports a lease's end
-    over its own socket, after the client has its answer: counts are awaited, then checked)."""
-    with trio.fail_after(budget):
-        while True:
-            doc = await _diagnostics(client)
-            if predicate(doc):
-                return doc
             await trio.sleep(0.05)
 
 
@@ -184,7 +169,7 @@ async def test_relays_route_bound_heads_and_keep_metrics_across_a_sigkill(
             for i in range(6):
                 head, body = await _raw(port, _post(b"/v1/chat/completions", _program(f"p{i}")))
                 assert head.startswith(b"HTTP/1.1 200"), head
-            doc = await _await(client, lambda d: d["dispatcher"]["completed_count"] == 6)
+            doc = await await_diagnostics(client, lambda d: d["dispatcher"]["completed_count"] == 6)
             assert _asks(doc) == 6
 
             # the proxy routes however the target is spelt are the relay's (asks_count counts them)
@@ -192,7 +177,7 @@ async def test_relays_route_bound_heads_and_keep_metrics_across_a_sigkill(
                 head, body = await _raw(port, _post(target, _program("spelt")))
                 assert head.startswith(b"HTTP/1.1 200"), (target, head)
                 assert b'"completion_tokens"' in body
-            doc = await _await(client, lambda d: d["dispatcher"]["completed_count"] == 9)
+            doc = await await_diagnostics(client, lambda d: d["dispatcher"]["completed_count"] == 9)
             assert _asks(doc) == 9, "a proxy route was served by the scheduler process, not a relay"
 
             # four uploads at once, each on a relay with room (the limits are per relay): every one is
@@ -211,7 +196,7 @@ async def test_relays_route_bound_heads_and_keep_metrics_across_a_sigkill(
 
             # /metrics across a SIGKILL and restart of the relay that counted most
             before = await _counted(client, 9)
-            doc = await _diagnostics(client)
+            doc = await diagnostics(client)
             victim = max(doc["data_plane"]["relays"], key=lambda r: r["asks_count"])
             assert victim["asks_count"] > 0
             os.kill(victim["pid"], signal.SIGKILL)
@@ -223,12 +208,12 @@ async def test_relays_route_bound_heads_and_keep_metrics_across_a_sigkill(
         # `client`'s keep-alive connection may have been the killed relay's (its clients lose their
         # connections, docs/operations.md §13.2): the rest on a new one
         async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
-            doc = await _await(client, restarted, PROCESS_START_BUDGET_SECONDS)
+            doc = await await_diagnostics(client, restarted, PROCESS_START_BUDGET_SECONDS)
             assert doc["data_plane"]["relays"][victim["index"]]["last_exit"] == "killed by SIGKILL"
             after = await _counters(client)
             assert after == before  # every counter and histogram sample as it was: nothing lost, nothing twice
             assert doc["data_plane"]["metrics"]["retired_relays_count"] == 0  # retired at the next scrape
-            assert (await _diagnostics(client))["data_plane"]["metrics"]["retired_relays_count"] == 1
+            assert (await diagnostics(client))["data_plane"]["metrics"]["retired_relays_count"] == 1
 
             # and they go on from there
             head, _ = await _raw(port, _post(b"/v1/chat/completions", _program("after")))

@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from fault_env import pid_alive
 from fault_worker import Act, FaultWorker
 
 BUDGET_SECONDS = 240.0  # two relay processes boot in seconds idle, in tens of seconds on a loaded box
@@ -58,14 +59,6 @@ def _config(tmp_path: Path, worker_url: str | None = None) -> Path:
 
 def _relay_pids(text: str) -> list[int]:
     return [int(line.split(" pid=")[1].split()[0]) for line in text.splitlines() if "event=relay_started" in line]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 async def _ctrl_c(tmp_path: Path, after: str) -> tuple[int, str, list[int]]:
@@ -105,7 +98,7 @@ async def test_ctrl_c_stops_the_daemon_and_its_relays_with_exit_0(tmp_path: Path
     assert code == 0, output[-3000:]
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
     assert len(relays) == 2
-    assert not any(_alive(pid) for pid in relays)  # the scheduler waited for its relays' exit
+    assert not any(pid_alive(pid) for pid in relays)  # the scheduler waited for its relays' exit
     assert "event=daemon_stopped" in output
 
 
@@ -181,5 +174,5 @@ async def test_sigterm_to_the_whole_group_drains_the_relays_streams(tmp_path: Pa
         assert b'"code": "server_shutting_down"' in streamed
         assert streamed.count(b'"content": "x"') < 400
         assert "event=request_drained" in text and "Traceback" not in text
-        assert not any(_alive(pid) for pid in relays)
+        assert not any(pid_alive(pid) for pid in relays)
         nursery.cancel_scope.cancel()
