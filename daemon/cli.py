@@ -40,9 +40,13 @@ def commands() -> tuple[tuple[str, str], ...]:
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser; with ``only``, just that sub-command's module is imported (each command
     pulls in its own heavy dependencies, so ``agentd start`` does not import the bench kit)."""
+    # allow_abbrev=False: a prefix of a flag is not that flag. The reference router's --api-key (the
+    # workers' key) was taken for agentd's --api-keys-file and the key printed in the error
+    # (docs/operations.md §13.10)
     parser = argparse.ArgumentParser(
         prog="agentd",
         description="Scheduling daemon that makes LLM agents fast in front of vLLM-compatible workers.",
+        allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"agentd {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -51,7 +55,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if only is not None and name != only:
             continue
         module = importlib.import_module(module_name)
-        cmd_parser = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        cmd_parser = sub.add_parser(name, help=module.HELP, description=module.HELP, allow_abbrev=False)
         module.add_arguments(cmd_parser)
         cmd_parser.set_defaults(_run=module.run)
     return parser

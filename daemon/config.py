@@ -49,7 +49,7 @@ from sim.config import SimServerShape, own_fields_first
 
 NATIVE_POLICIES = ("round_robin", "random", "power_of_two", "consistent_hash")
 AGENTIC_CONTEXT_FORWARDING = ("strip", "json_string", "unchanged")
-LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("kv", "json")
 
 

@@ -29,7 +29,14 @@ from cattrs.errors import ClassValidationError, IterableValidationError
 
 from actors.core.config import COEFFICIENT_FIELDS, problems
 from actors.core.costs import reference_calibration_estimates
-from daemon.config import AgentdConfig
+from daemon.config import AgentdConfig, RoutingConfig
+from daemon.reference_flags import (
+    FLAGS_DOC,
+    add_reference_flags,
+    ignored_flags,
+    mapped_flag_fields,
+    reference_overrides,
+)
 
 
 class ConfigError(Exception):
@@ -55,7 +62,7 @@ class ConfigWarning:
 
 def _kv(v: Any) -> str:
     s = str(v)
-    return json.dumps(s) if (not s or any(c in s for c in ' "=\n')) else s
+    return json.dumps(s, ensure_ascii=False) if (not s or any(c in s for c in ' "=\n')) else s
 
 
 # --------------------------------------------------------------------------------------------
@@ -412,13 +419,86 @@ def add_router_flags(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="agentd extra: relay processes on the port, 1 = one process, 0 = auto (server.data_plane_processes)",
     )
-    g.add_argument("--log-level", help="debug, info, warning or error (server.log_level)")
+    g.add_argument("--log-level", help="debug, info, warning, error or critical (server.log_level)")
     g.add_argument("--log-format", help="kv (key=value lines) or json (server.log_format)")
+    add_reference_flags(parser)
+
+
+# Field path -> (flag, argparse dest) of add_router_flags' own flags: a configuration error about a
+# field a flag set names the flag too (the operator typed the flag, not the field).
+_FLAG_FIELDS: dict[str, tuple[str, str]] = {
+    "server.host": ("--host", "host"),
+    "server.port": ("--port", "port"),
+    "server.log_level": ("--log-level", "log_level"),
+    "server.log_format": ("--log-format", "log_format"),
+    "server.data_plane_processes": ("--data-plane-processes", "data_plane_processes"),
+    "routing.worker_urls": ("--worker-urls", "worker_urls"),
+    "routing.intra_node_data_parallel_size": ("--intra-node-data-parallel-size", "intra_node_data_parallel_size"),
+    "routing.policy": ("--policy", "policy"),
+    "prometheus.host": ("--prometheus-host", "prometheus_host"),
+    "prometheus.port": ("--prometheus-port", "prometheus_port"),
+    "auth.api_keys_file": ("--api-keys-file", "api_keys_file"),
+    "admin.host": ("--admin-host", "admin_host"),
+    "admin.port": ("--admin-port", "admin_port"),
+    "program_scheduling": ("--program-scheduling-config-json", "program_scheduling_config_json"),
+    **mapped_flag_fields(),
+}
+
+
+def name_flags(lines: list[str], args: argparse.Namespace) -> list[str]:
+    """``routing.policy: ...`` -> ``routing.policy (--policy): ...`` for each line about a field a
+    flag given on the command line set (``program_scheduling.*`` names --program-scheduling-config-json)."""
+    out = []
+    for line in lines:
+        path, sep, rest = line.partition(":")
+        head = path.split("[", 1)[0]
+        for field, (flag, dest) in _FLAG_FIELDS.items():
+            if sep and (head == field or head.startswith(field + ".")) and getattr(args, dest, None) is not None:
+                line = f"{path} ({flag}):{rest}"
+                break
+        out.append(line)
+    return out
+
+
+def load_config_from_args(path: str | Path | None, args: argparse.Namespace) -> AgentdConfig:
+    """:func:`load_config` with the command line's flags; an error about a field a flag set names
+    the flag."""
+    try:
+        overrides = overrides_from_args(args)
+        _bound_by_request_timeout(path, overrides)
+        return load_config(path, overrides)
+    except ConfigError as error:
+        raise ConfigError(name_flags(error.lines, args)) from None
+
+
+# agentd's upstream timeouts that must not exceed routing.request_timeout_seconds
+_WITHIN_REQUEST_TIMEOUT = ("first_byte_timeout_seconds", "stream_idle_timeout_seconds")
+
+
+def _bound_by_request_timeout(path: str | Path | None, overrides: dict[str, Any]) -> None:
+    """The reference's ``--request-timeout-secs`` is one bound on the whole request: below agentd's
+    first-byte or stream-idle default it lowers that timeout too (unless the file sets it), instead
+    of failing their ``<= request_timeout_seconds`` rule (docs/operations.md §13.10)."""
+    routing = overrides.get("routing", {})
+    total = routing.get("request_timeout_seconds")
+    if not isinstance(total, (int, float)):
+        return
+    in_file: Any = read_config_file(path).get("routing", {}) if path is not None else {}
+    defaults = RoutingConfig()
+    for key in _WITHIN_REQUEST_TIMEOUT:
+        if key in routing or (isinstance(in_file, Mapping) and key in in_file):
+            continue
+        if getattr(defaults, key) > total:
+            routing[key] = total
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """Turn the router-compatible flags into a nested override dict; raise ConfigError on bad JSON."""
+    """Turn the router-compatible flags into a nested override dict; raise ConfigError on bad JSON
+    or a reference flag agentd refuses (every such problem at once)."""
     over: dict[str, Any] = {}
+    reference, refused = reference_overrides(args)
+    for section, values in reference.items():
+        over.setdefault(section, {}).update(values)
 
     def put(section: str, key: str, value: Any) -> None:
         if value is not None:
@@ -442,22 +522,37 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     ps_json = getattr(args, "program_scheduling_config_json", None)
     if ps_json is not None:
         if not enabled:
-            raise ConfigError(
-                [
-                    "program_scheduling_config_json: requires enable_program_scheduling "
-                    "(pass --enable-program-scheduling)"
-                ]
+            refused.append(
+                "program_scheduling_config_json: requires enable_program_scheduling (pass --enable-program-scheduling)"
             )
-        try:
-            ps = json.loads(ps_json)
-        except json.JSONDecodeError as exc:
-            raise ConfigError([f"program_scheduling_config_json: is not valid JSON ({exc})"]) from None
-        if not isinstance(ps, dict):
-            raise ConfigError([f"program_scheduling_config_json: must be a JSON object (got {ps!r})"])
-        over["program_scheduling"] = ps
+        else:
+            try:
+                ps = json.loads(ps_json)
+            except json.JSONDecodeError as exc:
+                refused.append(f"program_scheduling_config_json: is not valid JSON ({exc})")
+            else:
+                if isinstance(ps, dict):
+                    over["program_scheduling"] = ps
+                else:
+                    refused.append(f"program_scheduling_config_json: must be a JSON object (got {ps!r})")
+    if refused:
+        raise ConfigError(refused)
     if enabled:
         over["enable_program_scheduling"] = True
     return over
+
+
+def ignored_flag_warnings(args: argparse.Namespace) -> list[ConfigWarning]:
+    """One ``reference_flag_ignored`` warning per reference-router flag given that agentd accepts and
+    ignores (``daemon.reference_flags``)."""
+    return [
+        ConfigWarning(
+            "reference_flag_ignored",
+            f"{u.flag} is the reference router's and is ignored: {u.reason} ({FLAGS_DOC})",
+            (("flag", u.flag),),
+        )
+        for u in ignored_flags(args)
+    ]
 
 
 # --------------------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ from daemon.config_loading import (
     add_router_flags,
     config_warnings,
     dump_config,
-    load_config,
+    ignored_flag_warnings,
+    load_config_from_args,
     overrides_from_args,
 )
 
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
                 f"agentd check-config: no PATH given: checking {what} (what agentd start runs without --config)",
                 file=sys.stderr,
             )
-        cfg = load_config(path, overrides)
+        cfg = load_config_from_args(path, args)
         load_security(cfg)
         problem = batch_database_problem(cfg)
         if problem is not None:
@@ -77,6 +78,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {line}", file=sys.stderr)
         return 2
     print(json.dumps(dump_config(cfg), indent=2))
-    for warning in config_warnings(cfg):
+    for warning in [*ignored_flag_warnings(args), *config_warnings(cfg)]:
         print(f"warning: {warning}", file=sys.stderr)
     return 0

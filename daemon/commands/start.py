@@ -26,7 +26,13 @@ from actors.logevents import get_logger, log_event
 from daemon.batch_lock import BatchDatabaseLocked
 from daemon.commands.paths import batch_database_problem
 from daemon.config import HTTP1_ENV, HTTP1_IMPLEMENTATIONS, LOG_FORMATS, AgentdConfig
-from daemon.config_loading import ConfigError, add_router_flags, load_config, overrides_from_args, read_config_file
+from daemon.config_loading import (
+    ConfigError,
+    add_router_flags,
+    ignored_flag_warnings,
+    load_config_from_args,
+    read_config_file,
+)
 from daemon.dataplane.processes import RelayStartError
 from daemon.logs import banner_line, capture_process_output, configure_logging, event_line
 from daemon.security import load_security
@@ -134,7 +140,7 @@ def _serve(cfg: AgentdConfig) -> int:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        cfg = load_config(args.config, overrides_from_args(args))
+        cfg = load_config_from_args(args.config, args)
     except ConfigError as error:
         return _config_error(error.lines, requested_log_format(args))
     try:
@@ -150,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
         return _config_error([line], cfg.server.log_format)
     raise_open_file_limit()
     configure_logging(cfg.server.log_level, cfg.server.log_format)
+    for warning in ignored_flag_warnings(args):  # reference-router flags agentd ignores (docs/operations.md §13.10)
+        log_event(get_logger("start"), logging.WARNING, warning.event, message=warning.message, **dict(warning.fields))
     if cfg.server.log_format != "json":
         try:
             return _serve(cfg)

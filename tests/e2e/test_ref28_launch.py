@@ -1,0 +1,156 @@
+"""The reference router's launch command carried over to ``agentd start`` (docs/operations.md §13.10).
+
+The session-28 walk ran vllm-router 0.1.17 and agentd with the same flags in front of one recording
+worker.  The reference's behaviour is encoded here as expectations (the binary is not installed in
+CI): its ``--help`` lists the 71 flags of :data:`REFERENCE_FLAGS`; its ``--api-key`` is the key it
+sends to the workers; its Prometheus listener binds 127.0.0.1 unless ``--prometheus-host`` says
+otherwise; it answers the Kubernetes probes ``/liveness`` and ``/readiness``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from daemon import cli
+from daemon.reference_flags import MAPPED, UNSUPPORTED
+
+# Every flag of `vllm-router --help` (0.1.17), but --help.
+REFERENCE_FLAGS = (  # noqa: SIM905 (the list as the help prints it)
+    "--api-key --balance-abs-threshold --balance-rel-threshold --cache-threshold --cb-failure-threshold "
+    "--cb-success-threshold --cb-timeout-duration-secs --cb-window-duration-secs --cors-allowed-origins --decode "
+    "--decode-policy --decode-selector --disable-circuit-breaker --disable-retries --enable-igw "
+    "--enable-program-scheduling --eviction-interval-secs --health-check-endpoint --health-check-interval-secs "
+    "--health-check-timeout-secs --health-failure-threshold --health-success-threshold --host "
+    "--intra-node-data-parallel-size --kv-aware-session-affinity-ttl-secs --kv-connector --kv-event-block-size "
+    "--kv-event-model --kv-event-replay-source --kv-event-source --kv-penalty-disk --kv-penalty-external "
+    "--kv-penalty-host --log-dir --log-level --max-concurrent-requests --max-payload-size --max-tree-size --mini-lb "
+    "--pd-kv-events --policy --port --prefill --prefill-policy --prefill-selector --program-scheduling-config-json "
+    "--prometheus-host --prometheus-port --queue-size --queue-timeout-secs --rate-limit-tokens-per-second "
+    "--request-id-headers --request-timeout-secs --retry-backoff-multiplier --retry-initial-backoff-ms "
+    "--retry-jitter-factor --retry-max-backoff-ms --retry-max-retries --router-temperature --selector "
+    "--service-discovery --service-discovery-namespace --service-discovery-port --vllm-discovery-address "
+    "--vllm-pd-disaggregation --wasm-middleware --wasm-middleware-route --wasm-middleware-sha256 "
+    "--worker-startup-check-interval --worker-startup-timeout-secs --worker-urls"
+).split()
+
+# The flags whose agentd field has the reference's meaning, besides the ones of the seed's launch.
+SAME_MEANING = {
+    "--api-key": ("worker_auth", "api_key", "sk-w", "***"),
+    "--request-timeout-secs": ("routing", "request_timeout_seconds", "1800", 1800.0),
+    "--health-check-interval-secs": ("routing", "health_check_interval_seconds", "60", 60.0),
+    "--health-check-timeout-secs": ("routing", "health_check_timeout_seconds", "5", 5.0),
+    "--health-failure-threshold": ("routing", "health_failures_to_eject", "4", 4),
+    "--health-success-threshold": ("routing", "health_successes_to_restore", "3", 3),
+    "--max-payload-size": ("server", "max_body_bytes", "536870912", 536870912),
+    "--max-concurrent-requests": ("limits", "max_in_flight_requests", "32768", 32768),
+    "--queue-size": ("limits", "max_queued_requests", "100", 100),
+    "--queue-timeout-secs": ("limits", "queue_timeout_seconds", "60", 60.0),
+    "--log-level": ("server", "log_level", "critical", "critical"),
+}
+
+
+def _known_flags(command: str) -> set[str]:
+    parser = cli.build_parser(command)
+    [sub] = [a for a in parser._actions if a.dest == "command"]
+    return {option for action in sub.choices[command]._actions for option in action.option_strings}
+
+
+def _check_config(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        code = cli.main(["check-config", "--worker-urls", "http://worker-0:8000", *argv])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("command", ["start", "check-config"])
+def test_every_flag_of_the_reference_help_is_known(command: str) -> None:
+    """Each flag is either mapped, refused naming itself, or ignored with a warning; none is left to
+    argparse's bare "unrecognized arguments" (all 55 below were, before session 28)."""
+    assert len(REFERENCE_FLAGS) == 71
+    assert [f for f in REFERENCE_FLAGS if f not in _known_flags(command)] == []
+    verdicts = {m.flag for m in MAPPED} | {u.flag for u in UNSUPPORTED}
+    assert verdicts <= set(REFERENCE_FLAGS) and len(verdicts) == len(MAPPED) + len(UNSUPPORTED)
+
+
+def test_the_reference_api_key_is_the_workers_key_and_is_never_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--api-key`` was taken as an abbreviation of agentd's ``--api-keys-file``: exit 2 with
+    ``auth.api_keys_file: cannot read 'sk-…'``, the workers' key printed in the error."""
+    code, out, err = _check_config(["--api-key", "sk-walk-secret"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["worker_auth"]["api_key"] == "***"
+    assert "sk-walk-secret" not in out + err
+
+
+def test_a_prefix_of_a_flag_is_not_that_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _check_config(["--api-keys", "/etc/agentd/api-keys"], capsys)
+    assert code == 2
+    assert "unrecognized arguments: --api-keys" in err
+
+
+@pytest.mark.parametrize(("flag", "given"), [(f, v) for f, (_, _, v, _) in SAME_MEANING.items()])
+def test_a_flag_with_the_reference_meaning_sets_its_field(
+    flag: str, given: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    section, key, _, expected = SAME_MEANING[flag]
+    code, out, err = _check_config([flag, given], capsys)
+    assert code == 0, err
+    assert json.loads(out)[section][key] == expected
+    assert "reference_flag_ignored" not in err
+
+
+def test_a_short_request_timeout_bounds_the_whole_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The reference's ``--request-timeout-secs`` is one bound: 30 lowers agentd's first-byte and
+    stream-idle timeouts (60 s by default) instead of failing their ``<= request_timeout_seconds``
+    rule; a value the file sets is kept (and checked)."""
+    code, out, err = _check_config(["--request-timeout-secs", "30"], capsys)
+    assert code == 0, err
+    routing = json.loads(out)["routing"]
+    assert (routing["request_timeout_seconds"], routing["first_byte_timeout_seconds"]) == (30.0, 30.0)
+    assert routing["stream_idle_timeout_seconds"] == 30.0
+    config = tmp_path / "agentd.toml"
+    config.write_text("[routing]\nfirst_byte_timeout_seconds = 20.0\n")
+    code, out, err = _check_config(["--config", str(config), "--request-timeout-secs", "30"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["routing"]["first_byte_timeout_seconds"] == 20.0
+
+
+def test_the_health_check_endpoint_is_only_agentds(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _check_config(["--health-check-endpoint", "/health"], capsys)[0] == 0
+    code, _, err = _check_config(["--health-check-endpoint", "/ready"], capsys)
+    assert code == 2
+    assert "  --health-check-endpoint: agentd checks GET /health on each worker; another path is not supported" in err
+
+
+def test_refused_flags_exit_2_with_one_line_each_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--mini-lb", "--log-dir", "/var/log/router", "--cors-allowed-origins", "http://ui:3000"]
+    argv += ["--policy", "kv_aware"]
+    code, out, err = _check_config(argv, capsys)
+    assert (code, out) == (2, "")
+    lines = err.splitlines()[-4:]
+    flags = [line.split(":")[0].strip() for line in lines]
+    assert flags == ["--policy", "--mini-lb", "--log-dir", "--cors-allowed-origins"]
+    assert lines[0].startswith("  --policy: the reference router's kv_aware policy has no agentd equivalent")
+    assert lines[2].startswith("  --log-dir: not supported by agentd: agentd writes no log files")
+    assert all(line.endswith("(docs/operations.md §13.10)") for line in lines[1:])
+
+
+@pytest.mark.parametrize("flag", [u.flag for u in UNSUPPORTED if u.refused])
+def test_every_refused_flag_is_a_configuration_error(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    [unsupported] = [u for u in UNSUPPORTED if u.flag == flag]
+    argv = [flag] if unsupported.nargs is None else [flag, "x"]
+    code, _, err = _check_config(argv, capsys)
+    assert code == 2
+    assert err.splitlines()[-1].startswith(f"  {flag}: not supported by agentd: ")
+
+
+def test_a_configuration_error_names_the_flag_that_set_the_field(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--port", "99999", "--enable-program-scheduling", "--program-scheduling-config-json", '{"global_queu": 1}']
+    code, _, err = _check_config(argv, capsys)
+    assert code == 2
+    assert "  server.port (--port): must be a port number within [0, 65535] (got 99999)" in err
+    assert "  program_scheduling.global_queu (--program-scheduling-config-json): unknown key" in err
