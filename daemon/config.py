@@ -50,6 +50,8 @@ from sim.config import SimServerShape, own_fields_first
 NATIVE_POLICIES = ("round_robin", "random", "power_of_two", "consistent_hash")
 AGENTIC_CONTEXT_FORWARDING = ("strip", "json_string", "unchanged")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# The reference router's --prometheus-host default (docs/operations.md §13.10)
+PROMETHEUS_DEFAULT_HOST = "127.0.0.1"
 LOG_FORMATS = ("kv", "json")
 
 
@@ -158,6 +160,12 @@ class PrometheusConfig:
 
     host: str | None = None
     port: int | None = rule_field(OPTIONAL_PORT, None)
+
+    @property
+    def bind_host(self) -> str:
+        """``host``, else 127.0.0.1 as the reference's ``--prometheus-host`` default: never the public
+        ``server.host`` (docs/operations.md §13.10)."""
+        return self.host if self.host is not None else PROMETHEUS_DEFAULT_HOST
 
     def _cross_field_problems(self, path: str) -> Iterator[str]:
         p = f"{path}." if path else ""

@@ -303,7 +303,7 @@ async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandle
         )
     metrics_url = None
     if cfg.prometheus.port is not None:
-        host = cfg.prometheus.host or cfg.server.host
+        host = cfg.prometheus.bind_host
         metrics_app = metrics_asgi_app(
             handles.registry, None if data_plane is None else data_plane.relay_metrics.families
         )

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from daemon import cli
+from daemon.config_loading import load_config_from_args
 from daemon.reference_flags import MAPPED, UNSUPPORTED
 
 # Every flag of `vllm-router --help` (0.1.17), but --help.
@@ -154,3 +155,14 @@ def test_a_configuration_error_names_the_flag_that_set_the_field(capsys: pytest.
     assert code == 2
     assert "  server.port (--port): must be a port number within [0, 65535] (got 99999)" in err
     assert "  program_scheduling.global_queu (--program-scheduling-config-json): unknown key" in err
+
+
+def test_the_metrics_listener_binds_loopback_unless_its_host_is_given(capsys: pytest.CaptureFixture[str]) -> None:
+    """The reference's ``--prometheus-host`` defaults to 127.0.0.1; agentd bound ``--host`` (0.0.0.0
+    in the seed's launch without the flag: /metrics on every interface)."""
+    code, out, err = _check_config(["--host", "0.0.0.0", "--prometheus-port", "29000"], capsys)
+    assert code == 0, err
+    cfg = load_config_from_args(None, cli.build_parser("start").parse_args(["start", "--prometheus-port", "29000"]))
+    assert cfg.prometheus.bind_host == "127.0.0.1"
+    given = ["start", "--host", "0.0.0.0", "--prometheus-host", "10.0.0.5", "--prometheus-port", "29000"]
+    assert load_config_from_args(None, cli.build_parser("start").parse_args(given)).prometheus.bind_host == "10.0.0.5"
