@@ -41,7 +41,7 @@ from daemon.auth import Authenticator
 from daemon.config import LimitsConfig
 from daemon.http.batches import PRINCIPAL_SCOPE_KEY, batches_blueprint, serve_file_upload
 from daemon.http.dashboard import dashboard_blueprint
-from daemon.http.diagnostics import diagnostics_blueprint
+from daemon.http.diagnostics import PROBE_PATHS, diagnostics_blueprint
 from daemon.http.direct_body import DirectBody
 from daemon.http.direct_body import attach as attach_direct_body
 from daemon.http.edge import DRAINED_STREAM_MESSAGE, Edge, Ticket, sse_error_event
@@ -66,7 +66,7 @@ CREDENTIAL_HEADERS = ("authorization", "x-api-key")
 # else on the public port, where they need an admin key once API keys are configured.
 ADMIN_PREFIXES = ("/scheduling/", "/metrics", "/dashboard")
 # The listener roles: "all" (one listener serves everything), "public" (the agent-facing routes
-# and /health; the admin routes are 404), "admin" (the admin routes and /health only).
+# and /health, /liveness, /readiness; the admin routes are 404), "admin" (the admin routes and those three).
 ROLES = ("all", "public", "admin")
 
 
@@ -537,7 +537,7 @@ class AgentdApp(QuartTrio):
 
     async def _refused(self, path: str, scope: Any, send: Any) -> bool:
         """Route split and authentication (docs/operations.md §10); True when answered here."""
-        if path == "/health":
+        if path in PROBE_PATHS:  # /health and the reference's probes: no key, every listener
             return False
         admin = is_admin_path(path)
         error: ApiError | None = None

@@ -1,8 +1,14 @@
-"""``GET /health`` and ``GET /scheduling/diagnostics``.
+"""``GET /health``, the probes ``GET /liveness`` and ``GET /readiness``, and ``GET /scheduling/diagnostics``.
 
 ``/health``: 200 ``{"status": "ok", ...}`` once the daemon is serving and at least one target
 is healthy; 503 ``{"status": "unavailable", "reason": ...}`` naming each worker's last verdict
 otherwise.
+
+``/liveness`` and ``/readiness``: the reference router's Kubernetes probes, with its answers
+(docs/operations.md §13.10): ``/liveness`` 200 ``OK`` while the process serves; ``/readiness`` 200
+``{"status": "ready", "healthy_workers", "total_workers"}`` with at least one worker in rotation,
+else 503 ``{"status": "not_ready", ...}``.  Like ``/health`` they need no key and every listener
+serves them (:data:`PROBE_PATHS`).
 
 ``/scheduling/diagnostics``: the Program scheduling snapshot (the reference router's document,
 docs/operations.md "Reference"; from ``program_dispatcher.diagnostics()``) when Program scheduling is on, else
@@ -25,6 +31,18 @@ from daemon.redact import redact_url
 
 if TYPE_CHECKING:
     from daemon.handles import DaemonHandles
+
+
+# Served on every listener without an API key (a probe carries none).
+PROBE_PATHS = frozenset({"/health", "/liveness", "/readiness"})
+
+
+def readiness_payload(handles: DaemonHandles) -> tuple[int, dict[str, Any]]:
+    """The reference's ``/readiness``: ready while at least one worker is in rotation."""
+    workers = {t.worker_url for t in handles.targets}
+    healthy = {t.worker_url for t in handles.health.healthy_targets()}
+    payload = {"healthy_workers": len(healthy), "total_workers": len(workers)}
+    return (200, {"status": "ready", **payload}) if healthy else (503, {"status": "not_ready", **payload})
 
 
 def health_payload(handles: DaemonHandles) -> tuple[int, dict[str, Any]]:
@@ -114,6 +132,15 @@ def diagnostics_blueprint(handles: DaemonHandles) -> Blueprint:
     @bp.get("/health")
     async def health() -> Response:
         status, payload = health_payload(handles)
+        return Response(json.dumps(payload), status=status, content_type="application/json")
+
+    @bp.get("/liveness")
+    async def liveness() -> Response:
+        return Response("OK", status=200, content_type="text/plain; charset=utf-8")
+
+    @bp.get("/readiness")
+    async def readiness() -> Response:
+        status, payload = readiness_payload(handles)
         return Response(json.dumps(payload), status=status, content_type="application/json")
 
     @bp.get("/scheduling/diagnostics")

@@ -9,14 +9,24 @@ otherwise; it answers the Kubernetes probes ``/liveness`` and ``/readiness``.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import httpx
 import pytest
+import trio
+from native_fakes import read_line
 
 from daemon import cli
 from daemon.config_loading import load_config_from_args
 from daemon.reference_flags import MAPPED, UNSUPPORTED
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # Every flag of `vllm-router --help` (0.1.17), but --help.
 REFERENCE_FLAGS = (  # noqa: SIM905 (the list as the help prints it)
@@ -166,3 +176,76 @@ def test_the_metrics_listener_binds_loopback_unless_its_host_is_given(capsys: py
     assert cfg.prometheus.bind_host == "127.0.0.1"
     given = ["start", "--host", "0.0.0.0", "--prometheus-host", "10.0.0.5", "--prometheus-port", "29000"]
     assert load_config_from_args(None, cli.build_parser("start").parse_args(given)).prometheus.bind_host == "10.0.0.5"
+
+
+def _api_keys(tmp_path: Path) -> Path:
+    path = tmp_path / "api-keys"
+    path.write_text(f"team-a:{hashlib.sha256(b'client-key').hexdigest()}\n")
+    return path
+
+
+async def test_agentd_start_with_reference_flags_warns_binds_metrics_to_loopback_and_answers_the_probes(
+    tmp_path: Path,
+) -> None:
+    """``agentd start`` with the reference's flags (embedded workers, so no worker is needed):
+    each ignored flag is one ``reference_flag_ignored`` warning naming it; ``--prometheus-port``
+    without ``--prometheus-host`` listens on 127.0.0.1 as the reference's (it was the public
+    ``--host``); ``/liveness`` and ``/readiness`` answer without a key, on the public and the admin
+    listener (they were 404, and a 401 with keys)."""
+    config = tmp_path / "agentd.toml"
+    config.write_text("[embedded]\ndp_size = 2\ntime_scale = 100.0\n")
+    cmd = [
+        sys.executable,
+        "-m",
+        "daemon",
+        "start",
+        "--config",
+        str(config),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "0",
+        "--prometheus-port",
+        "0",
+        "--api-keys-file",
+        str(_api_keys(tmp_path)),
+        "--admin-port",
+        "0",
+        "--log-format",
+        "json",
+        "--disable-retries",
+        "--worker-startup-timeout-secs",
+        "600",
+        "--cache-threshold",
+        "0.3",
+    ]
+    proc = await trio.lowlevel.open_process(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        with trio.fail_after(60):
+            banner = json.loads(await read_line(proc.stdout))
+        assert banner["event"] == "daemon_listening"
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+", banner["metrics_url"]), banner
+        public = banner["url"].replace("0.0.0.0", "127.0.0.1")
+        with trio.fail_after(60):
+            events = []
+            while not any(e.get("event") == "daemon_listening" for e in events):
+                events.append(json.loads(await read_line(proc.stderr)))
+        admin = next(e for e in events if e.get("event") == "daemon_listening")["admin_url"]
+        ignored = [e["flag"] for e in events if e.get("event") == "reference_flag_ignored"]
+        assert ignored == ["--worker-startup-timeout-secs", "--cache-threshold", "--disable-retries"]
+        async with httpx.AsyncClient(timeout=30) as client:
+            assert (await client.get(f"{public}/v1/models")).status_code == 401  # keys are on
+            for base in (public, admin):
+                live = await client.get(f"{base}/liveness")
+                assert (live.status_code, live.text) == (200, "OK")
+                ready = await client.get(f"{base}/readiness")
+                assert ready.status_code == 200
+                assert ready.json() == {"status": "ready", "healthy_workers": 1, "total_workers": 1}
+        proc.send_signal(signal.SIGTERM)
+        with trio.fail_after(60):
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
