@@ -496,6 +496,13 @@ class AgentdConfig:
             return (EMBEDDED_WORKER_URL,) if n == 1 else tuple(f"{EMBEDDED_WORKER_URL}-{i}" for i in range(n))
         return tuple(u.rstrip("/") for u in self.routing.worker_urls)
 
+    def unpinned_workers(self) -> frozenset[str]:
+        """Worker URLs with a single DP target: their requests carry no ``x-data-parallel-rank``, so a
+        vLLM server running several engines behind one URL balances them itself, as behind the
+        reference with ``--intra-node-data-parallel-size 1`` (docs/operations.md §13.10)."""
+        ranks = self.embedded.dp_size if self.embedded_mode else self.routing.intra_node_data_parallel_size
+        return frozenset(self.worker_urls()) if ranks == 1 else frozenset()
+
     def priority_workers(self) -> frozenset[str]:
         """Worker URLs that run vLLM ``--scheduling-policy priority`` and so receive ``priority``
         (docs/priority.md §5.4): the embedded workers when ``[embedded] scheduling_policy`` is

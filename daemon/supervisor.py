@@ -229,6 +229,7 @@ def build_engine(
         tenants=cfg.tenants,
         priority_workers=cfg.priority_workers(),
         detect_workers=cfg.priority_detect_workers(),
+        unpinned_workers=cfg.unpinned_workers(),
         fairness=fairness,
         stream_coalesce_seconds=cfg.server.stream_coalesce_ms / 1000,
         retry_after_seconds=cfg.limits.retry_after_seconds,

@@ -170,9 +170,12 @@ def _connection_named(headers: Iterable[tuple[str, str]]) -> frozenset[str]:
 
 
 def upstream_headers(
-    client_headers: Mapping[str, str], dp_rank: int, request_id: str, attempt: int = 0
+    client_headers: Mapping[str, str], dp_rank: int | None, request_id: str, attempt: int = 0
 ) -> list[tuple[str, str]]:
     """Headers sent to a worker: the client's minus hop-by-hop/DP/length, plus ours.
+
+    ``dp_rank`` None: no ``x-data-parallel-rank`` (a worker with one DP target: vLLM balances its
+    own engines, as behind the reference with ``--intra-node-data-parallel-size 1``).
 
     ``request_id`` is the id the worker sees (``daemon.request_ids.upstream_request_id``: the
     client's own ``X-Request-Id`` never travels alone).  A repeated attempt (a preempted batch
@@ -187,7 +190,8 @@ def upstream_headers(
     ]
     out.append(("content-type", "application/json"))
     out.append(("accept-encoding", "identity"))
-    out.append((DP_RANK_HEADER, str(dp_rank)))
+    if dp_rank is not None:
+        out.append((DP_RANK_HEADER, str(dp_rank)))
     out = [(n, v) for n, v in out if n != "x-request-id"]
     out.append(("x-request-id", f"{request_id}.retry{attempt}" if attempt else request_id))
     return out

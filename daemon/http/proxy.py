@@ -475,6 +475,7 @@ class ProxyEngine:
         tenants: TenantsConfig | None = None,
         priority_workers: frozenset[str] = frozenset(),
         detect_workers: frozenset[str] = frozenset(),
+        unpinned_workers: frozenset[str] = frozenset(),
         fairness: FairnessBook | None = None,
         stream_coalesce_seconds: float = 0.0,
         retry_after_seconds: int = 1,
@@ -514,6 +515,8 @@ class ProxyEngine:
         self.priority_workers = priority_workers
         # workers of policy "auto": priority_workers until one rejects the field (then stock)
         self.detect_workers = detect_workers
+        # workers with one DP target: sent no x-data-parallel-rank (docs/operations.md §13.10)
+        self.unpinned_workers = unpinned_workers
         self.bands = self.priority.class_order
         self.fairness = fairness  # per-class, per-tenant figures (docs/priority.md §5.6)
 
@@ -815,7 +818,7 @@ class ProxyEngine:
                         response = await self._send(
                             target.worker_url,
                             PATHS[req.endpoint],
-                            _worker_headers(req, lease),
+                            _worker_headers(req, lease, self.unpinned_workers),
                             content,
                             req.stream,
                         )
@@ -907,7 +910,7 @@ class ProxyEngine:
         again = await self._send(
             target.worker_url,
             PATHS[req.endpoint],
-            _worker_headers(req, lease),
+            _worker_headers(req, lease, self.unpinned_workers),
             content,
             req.stream,
         )
@@ -1310,12 +1313,14 @@ def complete_events_end(data: bytes) -> int:
     return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 
 
-def _worker_headers(req: ProxyRequest, lease: Lease) -> list[tuple[str, str]]:
-    """The headers of the request to the worker: the DP rank, agentd's request id (with the
-    client's id and the retry attempt, docs/operations.md §12)."""
+def _worker_headers(req: ProxyRequest, lease: Lease, unpinned: frozenset[str]) -> list[tuple[str, str]]:
+    """The headers of the request to the worker: the DP rank (none to a worker with one DP target,
+    as the reference: docs/operations.md §13.10), agentd's request id (with the client's id and the
+    retry attempt, docs/operations.md §12)."""
+    target = lease.target
     return upstream_headers(
         req.headers,
-        lease.target.dp_rank,
+        None if target.worker_url in unpinned else target.dp_rank,
         upstream_request_id(req.request_id, req.client_request_id),
         lease.attempt,
     )

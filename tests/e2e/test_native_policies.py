@@ -42,7 +42,8 @@ async def send(handles: DaemonHandles, raw: bytes, headers: dict[str, str] | Non
 
 
 def targets_hit(worker: FakeWorker) -> list[str]:
-    return [f"{r.base_url}@{r.headers['x-data-parallel-rank']}" for r in worker.generation_requests()]
+    """``URL@rank``; a worker with one DP target gets no rank header (docs/operations.md §13.10)."""
+    return [f"{r.base_url}@{r.headers.get('x-data-parallel-rank', '0')}" for r in worker.generation_requests()]
 
 
 async def test_native_round_robin_cycles_targets_in_order(fake_worker: FakeWorker) -> None:
