@@ -161,8 +161,9 @@ def observe_usage(s: SchedulerState, p: Program, d: Dispatch, rank: RankState, u
 def count_completion(s: SchedulerState, p: Program, ev: RequestCompleted) -> str | None:
     """One request fewer in flight; returns what the Program does if it is now idle, else None.
 
-    Idle actions, first match: ``terminate`` (the shell asked for it), ``capacity_repair`` (repair
-    marked it), ``request_failed``, else keep the capacity for the acting TTL (``ttl``).
+    Idle actions, first match: ``terminate`` (the shell asked for it, or the latest request said
+    ``expected_resume: false``: docs/program-scheduling.md §1), ``capacity_repair`` (repair marked
+    it), ``request_failed``, else keep the capacity for the acting TTL (``ttl``).
     """
     p.in_flight -= 1
     waiting = s.pool.program_len(p.ref)
@@ -173,7 +174,7 @@ def count_completion(s: SchedulerState, p: Program, ev: RequestCompleted) -> str
     p.terminate_when_idle = p.terminate_when_idle or ev.terminate
     if not idle:
         return None
-    if p.terminate_when_idle:
+    if p.terminate_when_idle or not p.expected_resume:
         return TERMINATE
     if p.pause_when_idle:
         return p.pause_when_idle_reason

@@ -358,3 +358,31 @@ def test_core_ttl_fit_weighs_the_cache_kept_across_pauses(resume_cached: int, ex
     (armed,) = of(eff, fx.TtlArmed)
     # engine kept everything across pauses: holding capacity buys nothing, TTL 0
     assert (armed.ttl_seconds > 0.0) is expect_hold
+
+
+def test_core_expected_resume_false_ends_the_program_at_completion() -> None:
+    """A request that says ``expected_resume: false`` (a blocking subagent's default) ends its
+    Program when it completes: no acting TTL, its capacity released, the next request a new
+    generation (the reference's 0.1.17 binary; docs/program-scheduling.md §1, §10 B15)."""
+    h = Harness(paused_retention_ttl_seconds=100.0)
+    h.submit("sub", expected_resume=False)
+    ref = h.program("sub").ref
+    eff = h.complete("r1", at=1.0, prompt=100)
+    assert of(eff, fx.ArmTimer) == []
+    assert [e.program for e in of(eff, fx.RetireProgram)] == [ref]
+    assert check(h.state, h.cfg) == []
+    (spawn,) = of(h.submit("sub", at=2.0, expected_resume=False), fx.SpawnProgram)
+    assert spawn.program.generation == ref.generation + 1
+
+
+def test_core_expected_resume_false_waits_for_a_queued_request_that_resumes() -> None:
+    """Only the latest request's ``expected_resume`` counts, and only when the Program is idle."""
+    h = Harness()
+    h.submit("sub", expected_resume=False)
+    h.submit("sub", at=0.5)  # expected_resume true again: queued behind r1
+    eff = h.complete("r1", at=1.0, prompt=100)
+    assert of(eff, fx.RetireProgram) == []
+    eff = h.complete("r2", at=2.0, prompt=120)
+    assert of(eff, fx.RetireProgram) == []  # the latest request expects to resume: acting TTL
+    assert h.program("sub").lifecycle in ("active_acting", "paused_acting")  # not ended
+    assert check(h.state, h.cfg) == []
