@@ -4,7 +4,9 @@ Each attrs class becomes the list of its ``init`` fields in declaration order (n
 the wire), nested attrs values nested lists, tuples lists, ``None`` ``null``.  The encoder and the
 decoder of every class are generated once, from the class's resolved field types, as plain Python
 functions (no per-value type dispatch), which is what makes them several times cheaper than the
-general-purpose cattrs converter they replace (docs/benchmarks.md §10.3.1).
+general-purpose cattrs converter they replace (docs/benchmarks.md §10.3.1).  A decoder unpacks the
+list into locals and tests each primitive's type inline, calling a checker only to raise
+(docs/benchmarks.md §10.3.4).
 
 Decoding checks every value's JSON type against the field type (an ``int`` field takes only an
 integer, a ``float`` field an integer or a float, which it turns into a float) and every list's
@@ -107,14 +109,19 @@ class PositionalCodec:
         # register first: a class that holds itself (not used today) would recurse forever
         self._namespace[f"C_{name}"] = cls
         enc_parts = [self._enc(f.type, f"v.{f.name}") for f in fields]
-        dec_args = []
-        for i, f in enumerate(fields):
-            value = self._dec(f.type, f"a[{i}]")
-            dec_args.append(f"{f.alias}={value}" if f.kw_only else value)
+        # the decoder unpacks the list into locals and checks each in place: a type test inline
+        # for every primitive (no call unless it fails), a call only for nested values
+        names = [f"v{i}" for i in range(len(fields))]
+        size = len(fields)
+        lines = [f"    if type(x) is not list or len(x) != {size}:", f"        _list(x, {size}, {cls.__qualname__!r})"]
+        if fields:
+            lines.append(f"    {', '.join(names)}, = x")
+        for var, f in zip(names, fields, strict=True):
+            lines += ["    " + line for line in self._dec_lines(f.type, var)]
+        args = [f"{f.alias}={var}" if f.kw_only else var for var, f in zip(names, fields, strict=True)]
         source = (
             f"def enc_{name}(v):\n    return [{', '.join(enc_parts)}]\n"
-            f"def dec_{name}(x):\n    a = _list(x, {len(fields)}, {cls.__qualname__!r})\n"
-            f"    return C_{name}({', '.join(dec_args)})\n"
+            f"def dec_{name}(x):\n" + "\n".join(lines) + f"\n    return C_{name}({', '.join(args)})\n"
         )
         exec(compile(source, f"<positional codec of {cls.__qualname__}>", "exec"), self._namespace)
         self.encoders[cls] = self._namespace[f"enc_{name}"]
@@ -135,6 +142,26 @@ class PositionalCodec:
             return expr if encoded == "y" else f"[{encoded} for y in {expr}]"  # (JSON writes a tuple as a list)
         if tp in _PRIMITIVE_CHECKS:
             return expr
+        raise TypeError(f"the positional codec does not support the field type {tp!r}")
+
+    def _dec_lines(self, tp: Any, var: str) -> list[str]:
+        """Statements that check the local ``var`` against ``tp`` (raising :class:`PositionalError`)
+        and replace it by its decoded value where that differs."""
+        tp = _base(tp)
+        if attrs.has(tp):
+            return [f"{var} = dec_{self._build(tp)}({var})"]
+        inner = _optional(tp)
+        if inner is not None:
+            return [f"if {var} is not None:", *("    " + line for line in self._dec_lines(inner, var))]
+        if _homogeneous_tuple(tp) is not None:
+            return [f"{var} = {self._dec(tp, var)}"]
+        if tp is float:
+            return [f"if type({var}) is not float:", f"    {var} = _float({var})"]
+        if tp is type(None):
+            return [f"if {var} is not None:", f"    _none({var})"]
+        check = _PRIMITIVE_CHECKS.get(tp)
+        if check is not None:
+            return [f"if type({var}) is not {tp.__name__}:", f"    {check}({var})"]
         raise TypeError(f"the positional codec does not support the field type {tp!r}")
 
     def _dec(self, tp: Any, expr: str) -> str:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
+from json.scanner import make_scanner
 from typing import Any
 
 from attrs import frozen
@@ -233,7 +235,10 @@ _CODEC = PositionalCodec(FRAME_TYPES)
 _ENCODERS: dict[type, tuple[str, Any]] = {cls: (cls.__name__, _CODEC.encoders[cls]) for cls in FRAME_TYPES}
 _DECODERS: dict[str, Any] = {cls.__name__: _CODEC.decoders[cls] for cls in FRAME_TYPES}
 _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
-_loads = json.loads
+# the C scanner of the standard decoder, called on the payload's text directly: ``json.loads`` on
+# bytes first guesses their encoding, which cost as much as the scan itself (docs/benchmarks.md
+# §10.3.4); a frame is UTF-8, as ``encode`` writes it
+_scan: Callable[[str, int], tuple[Any, int]] = make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 
 
 def encode(frame: Any) -> bytes:
@@ -251,7 +256,11 @@ def encode(frame: Any) -> bytes:
 def decode(payload: bytes) -> Any:
     """The frame value of one payload (without its length prefix); :class:`FrameError` if invalid."""
     try:
-        tag, fields = _loads(payload)
+        text = payload.decode()
+        value, end = _scan(text, 0)
+        if end != len(text):
+            raise ValueError(f"data after the frame's JSON value at {end}")
+        tag, fields = value
         return _DECODERS[tag](fields)
     except Exception as exc:
         raise FrameError(f"undecodable frame: {type(exc).__name__}: {exc}") from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import types
 import typing
 from typing import Any, NewType
@@ -139,11 +140,78 @@ def test_bad_frames_are_protocol_errors() -> None:
         decode(b'["Hello", [true, 2]]')  # a boolean is no integer
     with pytest.raises(FrameError, match="undecodable"):
         decode(b"{not json")
+    with pytest.raises(FrameError, match="undecodable"):
+        decode(b'["Hello",[1,2]]x')  # nothing may follow the frame's value
+    with pytest.raises(FrameError, match="undecodable"):
+        decode(b'["Hello",[1,2]] ')
+    with pytest.raises(FrameError, match="undecodable"):
+        decode(b"")
+    with pytest.raises(FrameError, match="undecodable"):
+        decode('["Hello",[1,2]]'.encode("utf-16"))  # a frame is UTF-8
+    with pytest.raises(FrameError, match="undecodable"):
+        decode(b'["Release",[null]]')  # an integer field is not optional
+    with pytest.raises(FrameError, match="undecodable"):
+        decode(b'["Report",["u",true,"d",1]]')  # an integer is no boolean either
+    with pytest.raises(FrameError, match="undecodable"):
+        decode(b'["Load",[[1,"2"]]]')  # tuple items are checked
     with pytest.raises(FrameError, match="exceeds"):
         FrameReader().feed(HEADER.pack(MAX_FRAME_BYTES + 1))
     with pytest.raises(TypeError, match="not a data-plane frame"):
         encode(PromptSize(1))
     assert FrameReader().feed(encode(Hello(1, 2))[:-1]) == []
+
+
+def well_typed(tp: Any, value: Any) -> bool:
+    """Whether ``value`` is exactly of the field type ``tp`` (attrs values field by field)."""
+    if isinstance(tp, NewType):
+        return well_typed(tp.__supertype__, value)
+    if attrs.has(tp):
+        return type(value) is tp and all(well_typed(f.type, getattr(value, f.name)) for f in attrs.fields(tp) if f.init)
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(well_typed(arg, value) for arg in typing.get_args(tp))
+    if origin is tuple:
+        return type(value) is tuple and all(well_typed(typing.get_args(tp)[0], v) for v in value)
+    if tp is type(None):
+        return value is None
+    return type(value) is tp
+
+
+JSON_VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(-5, 5), FLOATS, TEXT, st.lists(st.integers(0, 3), max_size=3), st.just({})
+)
+
+
+def _paths(value: Any, prefix: tuple[int, ...] = ()) -> list[tuple[int, ...]]:
+    """Every position in a nested list (the lists themselves included)."""
+    out = [prefix]
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            out += _paths(item, (*prefix, i))
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(FRAMES, st.data())
+def test_a_hostile_field_is_refused_or_decodes_to_a_well_typed_frame(frame: Any, data: st.DataObject) -> None:
+    """Any one position of a valid frame replaced by any JSON value: the decoder raises
+    ``FrameError`` or returns a frame whose every field has its declared type (never a wrong value)."""
+    fields = json.loads(encode(frame)[HEADER.size :])[1]
+    path = data.draw(st.sampled_from(_paths(fields)))
+    replacement = data.draw(JSON_VALUES)
+    if path:
+        parent = fields
+        for i in path[:-1]:
+            parent = parent[i]
+        parent[path[-1]] = replacement
+    else:
+        fields = replacement
+    payload = json.dumps([type(frame).__name__, fields]).encode()
+    try:
+        back = decode(payload)
+    except FrameError:
+        return
+    assert well_typed(type(frame), back)
 
 
 def test_the_positional_codec_is_compact_and_exact() -> None:
