@@ -40,7 +40,6 @@ from typing import Any, NoReturn
 
 import attrs
 import trio
-import trio.testing
 
 from sim.config import DEFAULT_MODEL, SimServerShape, shape_fields
 from sim.engine import Engine, EngineConfig, EngineOutput, Request
@@ -337,8 +336,12 @@ async def _wait_all_tasks_blocked() -> None:
     waits = _idle_waits()
     epoch = waits.epoch
     waits.waiting += 1
+    # Imported here, not at the top: only deterministic (virtual-time) runs wait, and trio.testing
+    # imports pytest when it is installed, which a daemon or relay process should not pay for.
+    from trio.testing import wait_all_tasks_blocked
+
     try:
-        await trio.testing.wait_all_tasks_blocked()
+        await wait_all_tasks_blocked()
     except BaseException:
         if waits.epoch == epoch:  # left (cancelled) without being woken
             waits.waiting -= 1

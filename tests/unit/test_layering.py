@@ -240,3 +240,19 @@ def test_top_level_packages_come_from_this_repo() -> None:
     # PyPI has unrelated "daemon" and "actors" distributions; make sure they do not shadow ours.
     for package in (actors, daemon, sim, bench):
         assert Path(package.__file__ or "").resolve().is_relative_to(REPO)
+
+
+def test_daemon_and_relay_processes_do_not_import_the_test_tools() -> None:
+    """``agentd start`` and a relay process import neither pytest nor trio.testing (which imports
+    pytest when it is installed): start-up time every process pays, and a production install has
+    no test extras. The simulator imports trio.testing only in deterministic runs."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import daemon.cli, daemon.commands.start, daemon.supervisor, daemon.dataplane.relay_main\n"
+        "print(sorted(m for m in ('pytest', 'trio.testing') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
