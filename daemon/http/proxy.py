@@ -1011,28 +1011,35 @@ class ProxyEngine:
             self._report_failure(target.worker_url, error)
             return await self._fail_or_abort(exchange, error, False)
         self._report_success(target.worker_url)
-        accumulator = UsageAccumulator()
-        if lease.wants_usage:
-            accumulator.feed_json(body)
         ok = 200 <= status < 300
-        exchange.finish(
-            Outcome(
-                ok,
-                accumulator.usage,
-                None if ok else "upstream_status",
-                None,
-                None,
-                accumulator.finish_reason,
-                tuple(accumulator.tool_names),
-            )
-        )
+        answer = body
         if not ok:
             wrapped = wrap_worker_error(status, body, target_id)
             if wrapped is not None:  # plain-text/HTML worker errors become OpenAI-shaped JSON
-                body = wrapped
+                answer = wrapped
                 headers = [(k, v) for k, v in headers if k != "content-type"] + JSON_HEADERS
-        await exchange.start(status, [*headers, ("content-length", str(len(body)))])
-        await exchange.end(body)
+        try:
+            await exchange.start(status, [*headers, ("content-length", str(len(answer)))])
+            await exchange.end(answer)
+        finally:
+            # The usage is read from the worker's body after the answer's last write, off the
+            # client's path (docs/benchmarks.md §10.2.7); in a ``finally``, so an answer whose
+            # write failed or was cancelled still finishes the lease, as when it was read first.
+            # (A lease taken back before its answer started raises ``Requeued`` either way.)
+            accumulator = UsageAccumulator()
+            if lease.wants_usage:
+                accumulator.feed_json(body)
+            exchange.finish(
+                Outcome(
+                    ok,
+                    accumulator.usage,
+                    None if ok else "upstream_status",
+                    None,
+                    None,
+                    accumulator.finish_reason,
+                    tuple(accumulator.tool_names),
+                )
+            )
         return "success" if ok else "upstream_status"
 
     async def _read_body(self, response: WorkerResponse) -> bytes:
