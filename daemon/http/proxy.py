@@ -56,7 +56,7 @@ from daemon.http.errors import ApiError, error_body, wrap_worker_error
 from daemon.http.identity import IdentityError, ParsedIdentity, parse_identity, strip_agentic_context
 from daemon.http.priority import PriorityInfo, batch_job_for, engine_priority, resolve
 from daemon.http.queue_eta import max_queue_bound
-from daemon.http.rawbody import DELETE, MIN_LAYOUT_BYTES
+from daemon.http.rawbody import DELETE, MIN_LAYOUT_BYTES, edit_last_member
 from daemon.http.requests import (
     ENDPOINTS,
     MAX_ID_HEADER_BYTES,
@@ -786,6 +786,14 @@ class ProxyEngine:
                     return edited, inject
             # no layout for a small body (re-encoding it is cheaper), else the raw edit was impossible
             small = req.layout is None and len(raw_body) < MIN_LAYOUT_BYTES
+            if small and len(changes) == 1:
+                # one member edited, the body's last (an agent's vllm_xargs): spliced without a
+                # layout (docs/benchmarks.md §10.2.7)
+                ((key, value),) = changes.items()
+                edited = edit_last_member(raw_body, req.body, key, value)
+                if edited is not None:
+                    self.metrics.count_rewrite("raw")
+                    return edited, inject
             self.metrics.count_rewrite("reencode_small" if small else "reencode_fallback")
         return json.dumps(body).encode(), inject
 

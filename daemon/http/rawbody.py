@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any, Final
 
-__all__ = ["DELETE", "MIN_LAYOUT_BYTES", "Layout", "TooDeep", "fix_and_check_depth", "parse_object"]
+__all__ = ["DELETE", "MIN_LAYOUT_BYTES", "Layout", "TooDeep", "edit_last_member", "fix_and_check_depth", "parse_object"]
 
 # Below this size a body is decoded by json.loads alone and re-encoded when edited: the layout's
 # bookkeeping (a few microseconds) costs more than re-encoding a body that small.
@@ -130,6 +130,51 @@ class Layout:
             if key not in present and value is not DELETE:
                 pieces.append(_member(key, value))
         return b"{" + b",".join(pieces) + b"}"
+
+
+_WS_BYTES = b" \t\n\r"
+_NEEDLES: dict[str, bytes] = {}  # a key as json.dumps writes it
+
+
+def edit_last_member(raw: bytes, body: dict[str, Any], key: str, value: Any) -> bytes | None:
+    """``raw`` (a body without a :class:`Layout`, ``body`` its decoded value) with its **last**
+    top-level member ``key`` set to ``value`` (:data:`DELETE` removes it), splicing the bytes
+    without a layout; None when that member is not the body's last one as written (the caller
+    re-encodes then).
+
+    For a small body whose one edited member ends it (an agent SDK appends ``vllm_xargs`` from
+    its extra body last): one search from the end and a scan of that member's value, where
+    re-encoding the body walks all of it (docs/benchmarks.md §10.2.7).  Valid JSON (``body``
+    came from it) makes the checks sufficient: a ``"key"`` preceded by ``{`` or ``,`` and followed
+    by ``:`` is a member's key, not text inside a string (a quote inside a string follows a
+    backslash), and the object it belongs to is closed by the body's last ``}`` when only
+    whitespace and that brace follow its value.  The textually last top-level occurrence of a
+    key is the one ``json.loads`` keeps."""
+    if not body or next(reversed(body)) != key:
+        return None
+    needle = _NEEDLES.get(key)
+    if needle is None:
+        needle = _NEEDLES[key] = json.dumps(key).encode()  # (the few keys agentd edits)
+    at = raw.rfind(needle)
+    if at < 0:
+        return None
+    head = raw[:at].rstrip(_WS_BYTES)
+    opener = head[-1:]
+    if opener not in (b",", b"{"):
+        return None
+    try:
+        tail = raw[at + len(needle) :].decode("utf-8", "surrogatepass")
+        colon = _ws(tail, 0)
+        if tail[colon] != ":":
+            return None
+        found, end = _SCAN(tail, _ws(tail, colon + 1))
+    except (UnicodeDecodeError, ValueError, IndexError, StopIteration):
+        return None
+    if tail[end:].strip(" \t\n\r") != "}" or found != body[key]:
+        return None
+    if value is DELETE:
+        return (head[:-1] if opener == b"," else head) + b"}"
+    return head + _member(key, value) + b"}"
 
 
 def _member(key: str, value: Any) -> bytes:

@@ -68,7 +68,7 @@ OPTIONAL = {
 
 
 @st.composite
-def agent_bodies(draw: st.DrawFn) -> bytes:
+def agent_bodies(draw: st.DrawFn, pad: bool = True) -> bytes:
     messages = draw(
         st.lists(
             st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system"]), "content": TEXT}),
@@ -80,8 +80,8 @@ def agent_bodies(draw: st.DrawFn) -> bytes:
     for key in draw(st.permutations(list(OPTIONAL))):
         if draw(st.booleans()):
             body[key] = draw(OPTIONAL[key])
-    pad = "x" * 2100  # over MIN_LAYOUT_BYTES: the body keeps its layout
-    body["messages"].append({"role": "user", "content": pad})
+    if pad:  # over MIN_LAYOUT_BYTES: the body keeps its layout
+        body["messages"].append({"role": "user", "content": "x" * 2100})
     styles: list[dict[str, Any]] = [{}, {"ensure_ascii": False}, {"separators": (",", ":")}, {"indent": 1}]
     style = draw(st.sampled_from(styles))
     return json.dumps(body, **style).encode()
@@ -112,3 +112,58 @@ def test_spliced_body_equals_the_re_encoded_body(
     if spliced != raw:  # an edit was made: by splicing (this body is over MIN_LAYOUT_BYTES, keys unique)
         engine.metrics.batch.flush()  # (a scrape flushes it: actors/metric_batch.py)
         assert engine.metrics.body_rewrites.labels("raw")._value.get() == 1
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    raw=agent_bodies(pad=False),
+    mode=st.sampled_from(["strip", "json_string", "unchanged"]),
+    priority_worker=st.booleans(),
+    wants_usage=st.booleans(),
+)
+def test_a_small_body_is_spliced_when_its_one_edit_is_its_last_member(
+    raw: bytes, mode: str, priority_worker: bool, wants_usage: bool
+) -> None:
+    """Under MIN_LAYOUT_BYTES (no layout): one edited member that ends the body (an agent SDK's
+    ``vllm_xargs``, a ``priority`` stripped for a stock worker) is spliced, anything else
+    re-encoded; the same JSON value either way (docs/benchmarks.md §10.2.7)."""
+    engine = make_engine(mode, priority_worker)
+    try:
+        req = engine.build_request("chat", raw, {"content-type": "application/json"})
+    except ApiError as error:
+        assert error.param == "priority"
+        reject()
+    assert req.layout is None
+    lease: Any = Lease(wants_usage)
+    sent, inject = engine._outgoing_body(req, lease, raw)
+    reencoded, inject_too = engine._outgoing_body(req, lease, None)
+    assert inject == inject_too
+    assert json.loads(sent) == json.loads(reencoded)
+    if sent == raw:
+        return
+    engine.metrics.batch.flush()
+    spliced = engine.metrics.body_rewrites.labels("raw")._value.get()
+    small = engine.metrics.body_rewrites.labels("reencode_small")._value.get()
+    assert (spliced, small) in ((1, 0), (0, 1))
+    if spliced:  # the body's last member was the one edited: what precedes it keeps its bytes
+        last = list(req.body)[-1]
+        assert last in ("vllm_xargs", "priority", "stream_options")
+        kept = raw[: raw.rfind(json.dumps(last).encode())].rstrip(b" \t\n\r")
+        assert sent.startswith(kept[:-1] if kept.endswith(b",") else kept)
+
+
+def test_an_agent_sdk_body_is_spliced_below_the_layout_size() -> None:
+    """The overhead bench's 1 KB agent body (``vllm_xargs`` last, as an SDK's extra body puts it):
+    the agentic context is cut out of the client's bytes, the conversation left as written."""
+    from bench.proxy_overhead import agent_body, program_context
+
+    engine = make_engine("strip", False)
+    raw = agent_body(1, program_context(0))
+    req = engine.build_request("chat", raw, {"content-type": "application/json"})
+    assert req.layout is None
+    sent, _ = engine._outgoing_body(req, Lease(False), raw)  # type: ignore[arg-type]
+    expected = {k: v for k, v in json.loads(raw).items() if k != "vllm_xargs"}
+    assert json.loads(sent) == expected
+    assert raw.startswith(sent[:-1])  # the same bytes up to the cut member
+    engine.metrics.batch.flush()
+    assert engine.metrics.body_rewrites.labels("raw")._value.get() == 1

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daemon.http.rawbody import DELETE, TooDeep, parse_object
+from daemon.http.rawbody import DELETE, TooDeep, edit_last_member, parse_object
 
 KEYS = st.sampled_from(
     ["model", "messages", "stream", "stream_options", "priority", "vllm_xargs", "agentic_context", "é", 'q"', "\\"]
@@ -263,3 +263,71 @@ def test_invalid_utf8_below_the_depth_limit_is_reported_as_json_loads_does() -> 
         parse_object(raw, 0, 2)
     with pytest.raises(TooDeep):
         parse_object(raw.replace(b"\xff", b"x"), 0, 2)
+
+
+# ---- edit_last_member: a small body's last member spliced without a layout (§10.2.7) -------------
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(obj=OBJECTS.filter(bool), style=ENCODINGS, new=st.just(DELETE) | VALUES, data=st.data())
+def test_last_member_edit_equals_decode_edit_encode(
+    obj: dict[str, Any], style: dict[str, Any], new: Any, data: st.DataObject
+) -> None:
+    key = data.draw(st.sampled_from(sorted(obj)))
+    raw = _encode(obj, style)
+    value = json.loads(raw)
+    edited = edit_last_member(raw, value, key, new)
+    if key != list(value)[-1]:
+        assert edited is None  # only the last member is spliced
+        return
+    if edited is None:
+        # refused only where it cannot tell (the caller re-encodes): the key's text appears again
+        # (inside the member's own value, in a string) or is written otherwise than json.dumps does
+        assert not key.isascii() or raw.count(json.dumps(key).encode()) != 1
+        return
+    assert json.loads(edited) == _decode_edit(value, {key: new})
+    # everything before the member keeps its bytes
+    before = raw[: raw.rfind(json.dumps(key).encode())].rstrip(b" \t\n\r")
+    assert edited.startswith(before[:-1] if before.endswith(b",") else before)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # the key inside the last member's own value, after the member's key
+        b'{"vllm_xargs": {"agentic_context": {"vllm_xargs": {}}}}',
+        # the key in a string (its quote escaped)
+        b'{"vllm_xargs": {"note": "say \\"vllm_xargs\\": 1}"}}',
+        b'{"vllm_xargs": {"a": 1}, "m": "\\"vllm_xargs\\": {\\"a\\": 1}}"}',
+        # a nested object ends the body
+        b'{"m": [{"vllm_xargs": {"a": 1}}], "vllm_xargs": {"a": 1}}',
+        b'{"vllm_xargs": {"a": 1}, "m": {"vllm_xargs": {"a": 1}}}',
+        # repeated top-level key: the last occurrence is the one json.loads keeps
+        b'{"vllm_xargs": {"a": 1}, "x": 2, "vllm_xargs": {"a": 3}}',
+        b'{"vllm_xargs": {"a": 1}}',
+        b'  {  "vllm_xargs"  :  {"a": 1}  }  \n',
+    ],
+)
+def test_last_member_edit_of_tricky_bodies(raw: bytes) -> None:
+    value = json.loads(raw)
+    for new in (DELETE, {"b": 2}):
+        edited = edit_last_member(raw, value, "vllm_xargs", new)
+        if edited is not None:
+            assert json.loads(edited) == _decode_edit(value, {"vllm_xargs": new})
+    # the member the decoded body ends with, when it is vllm_xargs, is spliced in these bodies
+    spliced = edit_last_member(raw, value, "vllm_xargs", DELETE)
+    if list(value)[-1] == "vllm_xargs" and b'"vllm_xargs": {"a"' in raw[raw.rfind(b'"vllm_xargs"') :]:
+        assert spliced is not None
+
+
+def test_last_member_edit_refuses_what_it_cannot_check() -> None:
+    body = {"a": 1, "vllm_xargs": {"x": 1}}
+    assert edit_last_member(b'{"a": 1, "vllm_xargs": {"x": 1}}', body, "a", DELETE) is None  # not last
+    assert edit_last_member(b'{"a": 1, "vllm\\u005fxargs": {"x": 1}}', body, "vllm_xargs", DELETE) is None
+    assert edit_last_member(b"{}", {}, "vllm_xargs", DELETE) is None
+    assert edit_last_member(b'{"a": 1, "vllm_xargs": {"x": 1}}', body, "vllm_xargs", DELETE) == b'{"a": 1}'
+    assert edit_last_member(b'{"vllm_xargs": {"x": 1}}', {"vllm_xargs": {"x": 1}}, "vllm_xargs", DELETE) == b"{}"
+    assert (
+        edit_last_member(b'{"a": 1,\n "vllm_xargs": {"x": 1}\n}', body, "vllm_xargs", {"y": 2})
+        == b'{"a": 1,"vllm_xargs":{"y": 2}}'
+    )
