@@ -4,7 +4,7 @@ another checkout (docs/benchmarks.md §10.4.1).
 Usage (from the repository root)::
 
     python -m bench.program_probe [--seconds 5] [--rounds 3] [--kb 1] [--identity program]
-        [--processes 1] [--compare DIR] [--py-spy OUT]
+        [--processes 1] [--think-ms 0] [--compare DIR] [--py-spy OUT]
 
 A zero-delay fake worker (``bench.proxy_overhead``'s), ``agentd start`` in front of it with
 Program scheduling on (the overhead bench's configuration: capacity far above the load, so
@@ -16,6 +16,10 @@ read before and after ``--seconds`` of requests: CPU per request and the mean la
 ``python -m daemon`` started with DIR as its working directory imports DIR's code) and
 alternates the two for ``--rounds`` rounds, so both see the same minutes of the machine.
 ``--concurrency C`` runs C connections, one Program each (the overhead bench's c=32 loop).
+``--think-ms T``: each connection waits T ms after an answer before its next request, as an agent
+between turns (the closed loop, T = 0, sends it at once: work agentd does after an answer's last
+write then delays the next request whenever it outlasts the client's turnaround, docs/benchmarks.md
+§10.2.7); the latencies never include the wait.
 ``--py-spy OUT`` records this checkout's agentd (with N > 1 its scheduler process) during its
 first round (``py-spy`` on PATH or beside this interpreter; ``--format raw``: collapsed stacks).
 """
@@ -46,7 +50,7 @@ from bench.harness import (
     wait_listening,
 )
 from bench.proxy_overhead import MODULE, PROGRAM_CONFIG, Conn, agent_body, connect, program_context
-from daemon.commands.argtypes import positive_int
+from daemon.commands.argtypes import non_negative_float, positive_int
 
 
 def agentd_command(port: int, worker_port: int, program: bool, config: Path) -> list[str]:
@@ -58,7 +62,7 @@ def agentd_command(port: int, worker_port: int, program: bool, config: Path) -> 
 
 
 async def _loop(
-    port: int, bodies: list[bytes], seconds: float, pid: int
+    port: int, bodies: list[bytes], seconds: float, pid: int, think: float = 0.0
 ) -> tuple[int, float, float, float, list[float]]:
     """(requests, agentd tree CPU seconds, its first process's CPU seconds, wall seconds, each
     request's latency in seconds) of ``seconds`` of a closed loop, one connection per body.  The
@@ -78,6 +82,8 @@ async def _loop(
             await conn.roundtrip()
             latencies.append(time.perf_counter() - t0)
             count += 1
+            if think > 0:
+                await trio.sleep(think)
 
     try:
         async with trio.open_nursery() as nursery:
@@ -110,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--identity", choices=("program", "free"), default="program")
     parser.add_argument("--processes", type=int, default=1, help="[server] data_plane_processes (default 1)")
     parser.add_argument("--concurrency", type=int, default=1, help="connections, one Program each (default 1)")
+    parser.add_argument(
+        "--think-ms", type=non_negative_float, default=0.0, help="wait after each answer before the next request (default 0)"
+    )
     parser.add_argument("--compare", type=Path, help="another checkout to alternate with (e.g. a worktree of main)")
     parser.add_argument("--py-spy", type=Path, help="record this checkout's agentd in its first round (raw)")
     args = parser.parse_args(argv)
@@ -138,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     print(
         f"program probe: identity {args.identity}, {args.kb} KiB, N = {args.processes}, c={args.concurrency}, "
+        f"think {args.think_ms:g} ms, "
         f"{args.seconds:g} s x {args.rounds} rounds; {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC, "
         f"load {load[0]:.2f}, speed probe {python_speed_probe_us():.1f} us",
         flush=True,
@@ -175,20 +185,24 @@ def main(argv: list[str] | None = None) -> int:
                         cmd += ["--pid", str(proc.pid)]  # the scheduler process when N > 1
                         recorder = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                         time.sleep(1.0)
-                    n, cpu, main, wall, latencies = trio.run(_loop, port, bodies, args.seconds, proc.pid)
+                    n, cpu, main, wall, latencies = trio.run(
+                        _loop, port, bodies, args.seconds, proc.pid, args.think_ms / 1e3
+                    )
                     if recorder is not None:
                         recorder.send_signal(2)  # SIGINT: py-spy writes its output and exits
                         recorder.wait(timeout=60)
                     us = cpu / max(1, n) * 1e6
                     main_us = main / max(1, n) * 1e6
                     p50 = statistics.median(latencies) * 1e3 if latencies else float("nan")
-                    results[name].append((us, wall / max(1, n) * 1e3))
+                    # the mean latency: the wall time per request of the loop, without the think time
+                    mean = statistics.fmean(latencies) if args.think_ms > 0 and latencies else wall / max(1, n)
+                    results[name].append((us, mean * 1e3))
                     scheduler[name].append(main_us)
                     medians[name].append(p50)
                     print(
                         f"  round {r + 1} {name:8} {n:6d} requests  agentd CPU {us:7.0f} us/request "
                         f"(first process {main_us:6.0f})  "
-                        f"mean latency {wall / max(1, n) * 1e3:6.3f} ms, p50 {p50:6.3f} ms",
+                        f"mean latency {mean * 1e3:6.3f} ms, p50 {p50:6.3f} ms",
                         flush=True,
                     )
         finally:

@@ -45,6 +45,7 @@ CASES = [
     (("bench.edge_cpu", "--bodies", "-1"), "argument --bodies: must be comma-separated integers >= 1, got '-1'"),
     (("bench.edge_cpu", "--repeat", "0"), "argument --repeat: must be an integer >= 1, got '0'"),
     (("bench.program_probe", "--kb", "-1"), "argument --kb: must be an integer >= 1, got '-1'"),
+    (("bench.program_probe", "--think-ms", "-1"), "argument --think-ms: must be a finite number >= 0, got '-1'"),
     (("bench.admission_bench", "--json", "{missing}"), "--json: directory does not exist: {missing_dir}"),
 ]
 
