@@ -117,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=1, help="[server] data_plane_processes (default 1)")
     parser.add_argument("--concurrency", type=int, default=1, help="connections, one Program each (default 1)")
     parser.add_argument(
-        "--think-ms", type=non_negative_float, default=0.0, help="wait after each answer before the next request (default 0)"
+        "--think-ms",
+        type=non_negative_float,
+        default=0.0,
+        help="wait after each answer before the next request (default 0)",
     )
     parser.add_argument("--compare", type=Path, help="another checkout to alternate with (e.g. a worktree of main)")
     parser.add_argument("--py-spy", type=Path, help="record this checkout's agentd in its first round (raw)")

@@ -150,8 +150,8 @@ def edit_last_member(raw: bytes, body: dict[str, Any], key: str, value: Any) -> 
     backslash), and the object it belongs to is closed by the body's last ``}`` when only
     whitespace and that brace follow its value.  The textually last top-level occurrence of a
     key is the one ``json.loads`` keeps."""
-    if not body or next(reversed(body)) != key:
-        return None
+    if not body or next(reversed(body)) != key or raw.lstrip(_WS_BYTES)[:1] != b"{":
+        return None  # (a byte-order mark or UTF-16/32: re-encoded, as without a layout)
     needle = _NEEDLES.get(key)
     if needle is None:
         needle = _NEEDLES[key] = json.dumps(key).encode()  # (the few keys agentd edits)

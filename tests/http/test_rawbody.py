@@ -325,6 +325,10 @@ def test_last_member_edit_refuses_what_it_cannot_check() -> None:
     assert edit_last_member(b'{"a": 1, "vllm_xargs": {"x": 1}}', body, "a", DELETE) is None  # not last
     assert edit_last_member(b'{"a": 1, "vllm\\u005fxargs": {"x": 1}}', body, "vllm_xargs", DELETE) is None
     assert edit_last_member(b"{}", {}, "vllm_xargs", DELETE) is None
+    bom = b'\xef\xbb\xbf{"a": 1, "vllm_xargs": {"x": 1}}'
+    assert json.loads(bom) == body and edit_last_member(bom, body, "vllm_xargs", DELETE) is None
+    utf16 = '{"a": 1, "vllm_xargs": {"x": 1}}'.encode("utf-16")
+    assert json.loads(utf16) == body and edit_last_member(utf16, body, "vllm_xargs", DELETE) is None
     assert edit_last_member(b'{"a": 1, "vllm_xargs": {"x": 1}}', body, "vllm_xargs", DELETE) == b'{"a": 1}'
     assert edit_last_member(b'{"vllm_xargs": {"x": 1}}', {"vllm_xargs": {"x": 1}}, "vllm_xargs", DELETE) == b"{}"
     assert (
