@@ -320,17 +320,22 @@ def log_internal_error(request_id: str, message: str, exc: BaseException, **fiel
 
 class _StartTracker:
     """A :class:`ResponseSink` wrapper that remembers whether the response started and ended
-    (``send`` is the wrapped sink's own method: no cost per relayed chunk)."""
+    (``send`` is the wrapped sink's own method: no cost per relayed chunk), and puts the request's
+    ``x-request-id`` on the response head: the client's own id when it sent one, else agentd's
+    (docs/operations.md §12), in place of any the worker or an error set."""
 
-    def __init__(self, sink: ResponseSink) -> None:
+    def __init__(self, sink: ResponseSink, request_id: str) -> None:
         self._sink = sink
         self.send = sink.send
         self.started = False
         self.ended = False
+        self._request_id = request_id
 
     async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
         self.started = True
-        await self._sink.start(status, headers)
+        head = [h for h in headers if h[0] != "x-request-id"]
+        head.append(("x-request-id", self._request_id))
+        await self._sink.start(status, head)
 
     async def end(self, chunk: bytes = b"") -> None:
         self.ended = True
@@ -594,7 +599,7 @@ class ProxyEngine:
         500 ``internal_error`` (or, when the response already started, an SSE error event and the
         end of the response); the lease is left unfinished, so its capacity is released as
         abandoned.  ``ClientGone`` and cancellation propagate."""
-        tracked = _StartTracker(sink)
+        tracked = _StartTracker(sink, req.client_request_id or req.request_id)
         try:
             await self._handle(req, tracked, raw_body)
         except ClientGone:
@@ -605,7 +610,7 @@ class ProxyEngine:
                 return
             error = internal_error(req.request_id)
             if not tracked.started:
-                await send_error(sink, error)
+                await send_error(tracked, error)
             elif req.stream:
                 await sink.end(b"data: " + error.body() + b"\n\ndata: [DONE]\n\n")
             else:

@@ -148,3 +148,30 @@ async def test_http_unexpected_error_names_the_request_id_and_logs_once(
     assert len(errors) == 1 and errors[0].agentd_fields["request_id"] == rid  # type: ignore[attr-defined]
     stats = daemon_app.handles.native_dispatcher.statistics()
     assert daemon_app.handles.native_dispatcher.total_in_flight() == 0 and stats.abandoned_count == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_http_response_carries_the_request_id(daemon_app: DaemonApp, stream: bool) -> None:
+    """Every proxied answer names its request in ``x-request-id``: the client's own id echoed as
+    the reference router does, else agentd's (docs/operations.md §12)."""
+    client = daemon_app.app.test_client()
+    mine = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream}, headers={"x-request-id": "c-1"})
+    assert mine.status_code == 200 and mine.headers.get_all("x-request-id") == ["c-1"]
+    assert daemon_app.worker.seen[-1].headers["x-request-id"].startswith("c-1-agentd-")  # the worker's is unique
+    await mine.get_data()
+    theirs = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
+    (rid,) = theirs.headers.get_all("x-request-id")
+    assert rid.startswith("agentd-") and daemon_app.worker.seen[-1].headers["x-request-id"] == rid
+
+
+async def test_http_error_answers_carry_the_request_id(daemon_app: DaemonApp) -> None:
+    daemon_app.worker.plain_error = "Bad Request: too long"
+    client = daemon_app.app.test_client()
+    response = await client.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "c-2"})
+    assert response.status_code == 400 and response.headers.get_all("x-request-id") == ["c-2"]
+    daemon_app.worker.plain_error = None
+    daemon_app.worker.explode = True
+    response = await client.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "c-3"})
+    body = json.loads(await response.get_data())
+    assert response.status_code == 500 and response.headers.get_all("x-request-id") == ["c-3"]
+    assert "agentd-" in body["error"]["message"]  # the message names agentd's own id for the log
