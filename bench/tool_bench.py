@@ -1,6 +1,6 @@
 """Tool-call-aware retention in virtual time: each bench point against its unlimited-KV floor.
 
-``python -m bench.tool_bench --out DIR [--points thrash,tools,...] [--systems ...] [--jobs 2]``
+``python -m bench.tool_bench --out DIR [--points thrash,tools,...] [--systems ...] [--seeds 1,2,3] [--jobs 2]``
 
 For every point (a trace and a cluster, docs/benchmarks.md §9) the same trace runs through
 ``agentd simulate``'s in-process daemon (bench.simulate, deterministic virtual time) as:
@@ -30,14 +30,23 @@ the gaps after each tool cost in recomputation.
 Writes ``<out>/<point>/<system>.json`` and ``<out>/report.md`` (mean JCT, p90, hit, preemptions and
 the ratios agentd / floor and agentd / native per point).  Simulations run ``--jobs`` at a time in
 separate processes.
+
+``--seeds 1,2,3,4,5`` synthesises each point's trace once per seed (instead of the point's own
+seed) and runs every system on every seed: ``<out>/<point>/seed<N>/<system>.json``, and a report
+with each point's mean JCT per seed and, per seed, the ratio of every system to ``native``,
+``floor`` and ``agentd`` (those in ``--systems``) with their mean, geomean, min, max and standard
+deviation over the seeds.  One trace moves by 1-2% with any scheduling change (docs/benchmarks.md
+§4.1), so a default is decided on the seeds' spread, not on one trace (§9.5.3).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
+import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -52,7 +61,7 @@ from bench.output import report_json, write_atomic
 from bench.replay import ReplayOptions
 from bench.simulate import run_simulation
 from bench.trace.synth import Knobs, synthesize
-from daemon.commands.argtypes import positive_int
+from daemon.commands.argtypes import positive_int, positive_int_list
 from daemon.commands.paths import output_dir_problem
 from daemon.config import AgentdConfig
 from daemon.config_loading import ConfigError
@@ -122,19 +131,27 @@ def system_config(point: Point, system: str, ps_overrides: dict[str, Any] | None
 
 
 def _run(
-    point_name: str, system: str, out_dir: str, sim_hints: bool = True, ps_overrides: dict[str, Any] | None = None
-) -> tuple[str, str, dict[str, Any], float]:
-    point = POINTS[point_name]
-    trace = synthesize(point.profile, point.programs, point.seed, point.knobs)
+    point_name: str,
+    point: Point,
+    system: str,
+    out_dir: str,
+    sim_hints: bool = True,
+    ps_overrides: dict[str, Any] | None = None,
+    seed: int | None = None,
+) -> tuple[str, int | None, str, dict[str, Any], float]:
+    """One simulation: ``point``'s trace with its own seed, or with ``seed`` (then the report goes
+    to ``<out>/<point>/seed<seed>/``)."""
+    trace = synthesize(point.profile, point.programs, point.seed if seed is None else seed, point.knobs)
     cfg = system_config(point, system, ps_overrides)
     started = time.perf_counter()
     opts = ReplayOptions(concurrency=point.concurrency, sim_hints=sim_hints)
     report = run_simulation(cfg, trace, opts, system=system)
     wall = time.perf_counter() - started
-    path = os.path.join(out_dir, point_name, f"{system}.json")
+    parts = [out_dir, point_name] if seed is None else [out_dir, point_name, f"seed{seed}"]
+    path = os.path.join(*parts, f"{system}.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_atomic(path, report_json(report))
-    return point_name, system, report, wall
+    return point_name, seed, system, report, wall
 
 
 def _get(report: dict[str, Any] | None, *keys: str) -> float | None:
@@ -200,6 +217,93 @@ def render(results: dict[str, dict[str, dict[str, Any]]], systems: list[str]) ->
     return "\n".join(lines)
 
 
+# the rows every other row is divided by in the multi-seed report, in this order
+REFERENCES = ("native", "floor", "agentd")
+
+
+def ratio_pairs(systems: list[str]) -> list[tuple[str, str]]:
+    """The (system, reference) pairs of the multi-seed report: every agentd row against
+    ``native`` and ``floor``, and every other agentd row against ``agentd`` (those in ``systems``)."""
+    return [
+        (s, ref) for ref in REFERENCES if ref in systems for s in systems if s != ref and s not in ("native", "floor")
+    ]
+
+
+def ratio_stats(ratios: list[float]) -> dict[str, float]:
+    """Mean, geometric mean, min, max and sample standard deviation (0 for one seed) of per-seed ratios."""
+    return {
+        "mean": statistics.fmean(ratios),
+        "geomean": math.exp(statistics.fmean(math.log(r) for r in ratios)),
+        "min": min(ratios),
+        "max": max(ratios),
+        "sd": statistics.stdev(ratios) if len(ratios) > 1 else 0.0,
+    }
+
+
+def seed_ratios(by_seed: dict[int, dict[str, dict[str, Any]]], systems: list[str]) -> dict[str, dict[str, Any]]:
+    """Per pair ``"a / b"``: the ratio of mean JCTs on each seed where both ran, and its statistics."""
+    out: dict[str, dict[str, Any]] = {}
+    for system, ref in ratio_pairs(systems):
+        per_seed: dict[int, float] = {}
+        for seed, by_system in by_seed.items():
+            a = _get(by_system.get(system), "jct_seconds", "mean")
+            b = _get(by_system.get(ref), "jct_seconds", "mean")
+            if a is not None and b:
+                per_seed[seed] = a / b
+        if per_seed:
+            out[f"{system} / {ref}"] = {"per_seed": per_seed, **ratio_stats(list(per_seed.values()))}
+    return out
+
+
+def render_seeds(
+    results: dict[str, dict[int, dict[str, dict[str, Any]]]], systems: list[str], points: dict[str, Point]
+) -> str:
+    """The multi-seed report: per point, mean JCT per seed and system, then the ratios per seed
+    with their mean, geomean and spread over the seeds."""
+    lines = ["# Tool-call-aware retention in virtual time over trace seeds (python -m bench.tool_bench --seeds)", ""]
+    for point_name, by_seed in results.items():
+        p = points[point_name]
+        seeds = sorted(by_seed)
+        ran = [s for s in systems if any(s in by_seed[seed] for seed in seeds)]
+        lines += [
+            f"## {point_name}: {p.profile} x{p.programs}, trace seeds {','.join(map(str, seeds))}, "
+            f"{p.kv_blocks} blocks/rank, concurrency {p.concurrency or 'trace'}",
+            "",
+            "Mean JCT (s) per trace seed:",
+            "",
+            "| seed | " + " | ".join(ran) + " |",
+            "|---|" + "---|" * len(ran),
+        ]
+        for seed in seeds:
+            cells = [_f(_get(by_seed[seed].get(s), "jct_seconds", "mean"), ".2f") for s in ran]
+            lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+        ratios = seed_ratios(by_seed, ran)
+        if ratios:
+            names = list(ratios)
+            lines += [
+                "",
+                "Ratio of mean JCTs per trace seed, and over the seeds (sd: sample standard deviation):",
+                "",
+                "| seed | " + " | ".join(names) + " |",
+                "|---|" + "---|" * len(names),
+            ]
+            for seed in seeds:
+                cells = [_f(ratios[n]["per_seed"].get(seed), ".3f") for n in names]
+                lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+            for stat in ("mean", "geomean", "min", "max", "sd"):
+                lines.append(f"| {stat} | " + " | ".join(format(ratios[n][stat], ".3f") for n in names) + " |")
+            lines.append(
+                "| seeds < 1 | "
+                + " | ".join(
+                    f"{sum(r < 1 for r in ratios[n]['per_seed'].values())} of {len(ratios[n]['per_seed'])}"
+                    for n in names
+                )
+                + " |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
 def _f(v: Any, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
@@ -236,6 +340,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--points", default=",".join(POINTS), help=f"comma-separated subset of {','.join(POINTS)}")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {','.join(SYSTEMS)}")
     parser.add_argument("--jobs", type=positive_int, default=2, help="simulations run at once (processes)")
+    parser.add_argument(
+        "--seeds",
+        type=positive_int_list,
+        default=None,
+        help="comma-separated trace seeds: every point's trace synthesised with each and every system run on "
+        "each; the report gives per-seed ratios and their mean, geomean and spread (default: each point's "
+        "own seed, one trace)",
+    )
     parser.add_argument(
         "--no-sim-hints",
         dest="sim_hints",
@@ -279,35 +391,56 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1:
         print("--jobs: must be >= 1", file=sys.stderr)
         return 2
-    results: dict[str, dict[str, dict[str, Any]]] = {p: {} for p in points}
+    seeds: list[int] | None = args.seeds
+    if seeds is not None and len(set(seeds)) != len(seeds):
+        print(f"--seeds: a seed is given twice ({','.join(map(str, seeds))})", file=sys.stderr)
+        return 2
+    trace_seeds: list[int | None] = [*seeds] if seeds is not None else [None]  # None: the point's own seed
+    runs = [(p, seed, s) for p in points for seed in trace_seeds for s in systems]
+    results: dict[str, dict[int | None, dict[str, dict[str, Any]]]] = {p: {} for p in points}
     # The simulations ignore Ctrl-C; this process stops them (bench.interrupt: exit 130) instead of
     # waiting for every queued simulation to finish, or printing one traceback per worker.
     pool = ProcessPoolExecutor(
         max_workers=args.jobs, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
     )
     try:
-        futures = [pool.submit(_run, p, s, args.out, args.sim_hints, ps_overrides) for p in points for s in systems]
+        futures = [
+            pool.submit(_run, p, POINTS[p], s, args.out, args.sim_hints, ps_overrides, seed) for p, seed, s in runs
+        ]
         workers = min(args.jobs, len(futures))
         print(f"running {len(futures)} simulations on {workers} processes (each a few minutes)", flush=True)
         for fut in futures:
-            point_name, system, report, wall = fut.result()
-            results[point_name][system] = report
+            point_name, seed, system, report, wall = fut.result()
+            results[point_name].setdefault(seed, {})[system] = report
             mean = _get(report, "jct_seconds", "mean")
-            print(f"{point_name:>12} {system:>22}: mean JCT {mean} ({wall:.0f} s wall)", flush=True)
+            at = "" if seed is None else f" seed {seed}"
+            print(f"{point_name:>12}{at} {system:>22}: mean JCT {mean} ({wall:.0f} s wall)", flush=True)
     except BaseException:
         for process in list(getattr(pool, "_processes", {}).values()):  # no public way to stop running work
             process.terminate()
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
-    text = render(results, systems)
+    summary: dict[str, Any]
+    if seeds is None:
+        one = {p: by_seed[None] for p, by_seed in results.items()}
+        text = render(one, systems)
+        summary = {p: {s: r.get("jct_seconds") for s, r in by.items()} for p, by in one.items()}
+    else:
+        by_seeds = {p: {seed: by for seed, by in by_seed.items() if seed is not None} for p, by_seed in results.items()}
+        text = render_seeds(by_seeds, systems, POINTS)
+        summary = {
+            p: {
+                "seeds": {str(seed): {s: r.get("jct_seconds") for s, r in by.items()} for seed, by in by_seed.items()},
+                "ratios": {
+                    name: {**stats, "per_seed": {str(k): v for k, v in stats["per_seed"].items()}}
+                    for name, stats in seed_ratios(by_seed, systems).items()
+                },
+            }
+            for p, by_seed in by_seeds.items()
+        }
     write_atomic(os.path.join(args.out, "report.md"), text + "\n")
-    write_atomic(
-        os.path.join(args.out, "summary.json"),
-        json.dumps(
-            {p: {s: r.get("jct_seconds") for s, r in by.items()} for p, by in results.items()}, indent=1, sort_keys=True
-        ),
-    )
+    write_atomic(os.path.join(args.out, "summary.json"), json.dumps(summary, indent=1, sort_keys=True))
     print(text)
     return 0
 
