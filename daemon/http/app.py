@@ -51,7 +51,7 @@ from daemon.http.hypercorn_close import HOLD_WRITE
 from daemon.http.metrics_route import metrics_blueprint
 from daemon.http.proxy import ClientGone, ProxyEngine, send_error
 from daemon.http.queue_eta import QueueWatch
-from daemon.http.requests import ENDPOINTS
+from daemon.http.requests import ENDPOINTS, MAX_ID_HEADER_BYTES
 from daemon.models import with_pool_models
 from daemon.upstream import client_headers
 
@@ -371,7 +371,7 @@ async def serve_proxy_asgi(
             headers = {k: v for k, v in headers.items() if k not in CREDENTIAL_HEADERS}
         ticket = edge.open_ticket()
     except ApiError as error:
-        await send_error(sink, error)
+        await send_error(sink, error, _echo_id(headers))
         return
     try:
         await _serve_ticket(
@@ -379,6 +379,15 @@ async def serve_proxy_asgi(
         )
     finally:
         edge.close_ticket(ticket)
+
+
+def _echo_id(headers: dict[str, str]) -> str | None:
+    """The client's ``x-request-id`` to echo on an answer given before the request was parsed
+    (docs/operations.md §12): only one that could travel (bounded, visible ASCII)."""
+    rid = headers.get("x-request-id")
+    if rid and len(rid) <= MAX_ID_HEADER_BYTES and all(" " <= ch <= "~" for ch in rid):
+        return rid
+    return None
 
 
 async def _serve_ticket(
@@ -417,7 +426,7 @@ async def _serve_ticket(
             return
         req = engine.build_request(endpoint, raw, headers, principal=principal)
     except ApiError as error:
-        await send_error(sink, error)
+        await send_error(sink, error, _echo_id(headers))
         return
     except Exception as exc:  # a bug in parsing: a JSON 500, logged once, never a bare 500
         logger.error(
@@ -425,7 +434,8 @@ async def _serve_ticket(
             exc_info=exc,
             extra={"agentd_event": "internal_error", "agentd_fields": {"path": scope["path"]}},
         )
-        await send_error(sink, ApiError(500, "internal error in agentd (see the daemon log)", code="internal_error"))
+        bug = ApiError(500, "internal error in agentd (see the daemon log)", code="internal_error")
+        await send_error(sink, bug, _echo_id(headers))
         return
 
     async def run() -> None:
@@ -436,7 +446,7 @@ async def _serve_ticket(
             log_event(
                 logger, logging.INFO, "edge_refused", request_id=req.request_id, status=error.status, code=error.code
             )
-            await send_error(sink, error)
+            await send_error(sink, error, req.client_request_id or req.request_id)
 
     watch_disconnect = extensions.get(DISCONNECT_WATCH)
     keepalive = limits.sse_keepalive_seconds if req.stream else None

@@ -446,12 +446,15 @@ class CollectingSink:
         return b"".join(self.chunks)
 
 
-async def send_error(sink: ResponseSink, error: ApiError) -> None:
+async def send_error(sink: ResponseSink, error: ApiError, request_id: str | None = None) -> None:
+    """The error's JSON answer; ``request_id``: an ``x-request-id`` to put on it (docs/operations.md
+    §12), in place of one the error carries."""
     body = error.body()
-    await sink.start(
-        error.status,
-        [*JSON_HEADERS, ("content-length", str(len(body))), *error.headers],
-    )
+    headers = [*JSON_HEADERS, ("content-length", str(len(body))), *error.headers]
+    if request_id is not None:
+        headers = [h for h in headers if h[0] != "x-request-id"]
+        headers.append(("x-request-id", request_id))
+    await sink.start(error.status, headers)
     await sink.end(body)
 
 

@@ -175,3 +175,19 @@ async def test_http_error_answers_carry_the_request_id(daemon_app: DaemonApp) ->
     body = json.loads(await response.get_data())
     assert response.status_code == 500 and response.headers.get_all("x-request-id") == ["c-3"]
     assert "agentd-" in body["error"]["message"]  # the message names agentd's own id for the log
+
+
+async def test_http_answers_before_parsing_echo_the_clients_request_id(daemon_app: DaemonApp) -> None:
+    client = daemon_app.app.test_client()
+    bad = await client.post(
+        "/v1/chat/completions",
+        data=b"{not json",
+        headers={"content-type": "application/json", "x-request-id": "c-4"},
+    )
+    assert bad.status_code == 400 and bad.headers.get_all("x-request-id") == ["c-4"]
+    anonymous = await client.post(
+        "/v1/chat/completions", data=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert anonymous.status_code == 400 and "x-request-id" not in anonymous.headers  # no id yet, none made up
+    too_long = await client.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "r" * 1025})
+    assert too_long.status_code == 431 and "x-request-id" not in too_long.headers  # never sent back
