@@ -13,7 +13,14 @@ import struct
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from actors.core.stats import _LOG_MEAN_FAST_LIMIT, _SQRT2, TTL_MIN_CANDIDATE_SECONDS, _grid, fit_ttl
+from actors.core.stats import (
+    _ERFC_TWO_BELOW,
+    _LOG_MEAN_FAST_LIMIT,
+    _SQRT2,
+    TTL_MIN_CANDIDATE_SECONDS,
+    _grid,
+    fit_ttl,
+)
 
 
 def full_fit_ttl(mu: float, sigma: float, c: float, max_acting_ttl_seconds: float) -> float:
@@ -54,7 +61,34 @@ def bits(x: float) -> bytes:
     max_ttl=st.one_of(st.floats(min_value=0.0, max_value=600.0), st.sampled_from([0.05, 10.0, 1e308])),
 )
 @example(mu=math.log(5.0), sigma=0.5, c=8.0, max_ttl=10.0)
+# narrow intervals (a closed loop at c=1): the grid saturates (phi = 1) early; the saturated point
+# wins (c > m), loses (c < m), or its bound is below the best already
+@example(mu=math.log(0.001), sigma=1e-6, c=0.1, max_ttl=10.0)
+@example(mu=math.log(0.2), sigma=1e-6, c=0.1, max_ttl=10.0)
+@example(mu=math.log(0.06), sigma=0.01, c=0.07, max_ttl=10.0)
+@example(mu=math.log(0.06), sigma=0.05, c=3.0, max_ttl=10.0)
 @example(mu=math.log(0.2), sigma=1.0, c=3.0, max_ttl=10.0)
 def test_fit_ttl_with_the_bound_is_the_full_evaluation(mu: float, sigma: float, c: float, max_ttl: float) -> None:
     got, ref = fit_ttl(mu, sigma, c, max_ttl), full_fit_ttl(mu, sigma, c, max_ttl)
     assert bits(got) == bits(ref) or (math.isnan(got) and math.isnan(ref))
+
+
+@given(
+    mu=st.floats(min_value=math.log(1e-4), max_value=math.log(30.0)),
+    sigma=st.one_of(st.floats(min_value=1e-6, max_value=0.5), st.sampled_from([1e-6, 1e-3])),
+    c=st.floats(min_value=0.0, max_value=60.0),
+    max_ttl=st.one_of(st.floats(min_value=0.0, max_value=600.0), st.sampled_from([0.05, 10.0])),
+)
+def test_fit_ttl_saturated_grid_is_the_full_evaluation(mu: float, sigma: float, c: float, max_ttl: float) -> None:
+    """Narrow interval distributions, where ``fit_ttl`` stops at the first saturated grid point
+    (phi = 1 from there on): the same TTL as every point evaluated."""
+    got, ref = fit_ttl(mu, sigma, c, max_ttl), full_fit_ttl(mu, sigma, c, max_ttl)
+    assert bits(got) == bits(ref)
+
+
+@given(st.floats(min_value=-1e308, max_value=_ERFC_TWO_BELOW))
+@example(_ERFC_TWO_BELOW)
+@example(-math.inf)
+def test_erfc_is_two_below_the_saturation_argument(t: float) -> None:
+    """What ``fit_ttl``'s early stop assumes of this platform's ``math.erfc``."""
+    assert math.erfc(t) == 2.0

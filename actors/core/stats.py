@@ -161,11 +161,25 @@ def fit_ttl(mu: float, sigma: float, c: float, max_acting_ttl_seconds: float) ->
         # >= 0 and rounding is monotone): a point whose bound is below the best is skipped
         # without its second erfc, exactly as the full comparison would skip it
         if cp - hold < best_u:
+            if k_s - x <= _ERFC_TWO_BELOW:
+                return best_d  # saturated (below): every later point has this same bound
             continue
         v = cp - half_m * erfc(k_s - x) - hold
         if v >= best_u:
             best_d, best_u = d, v
+            if k_s - x <= _ERFC_TWO_BELOW:
+                return ds[-1]  # saturated (below): every later point ties with this one, the last wins
+        elif k_s - x <= _ERFC_TWO_BELOW:
+            return best_d
     return best_d
+
+
+# ``erfc`` is exactly 2.0 at and below this argument (glibc and musl return ``2 - tiny`` there:
+# erfc(-6) = 2 - 2.2e-17, under half an ulp of 2).  Once the second erfc's argument ``k_s - x``
+# is this low, so is the first's (``-x``, k_s > 0), and the grid's later points (``x`` grows with
+# ``ln d``) all have phi = 1, hold = d * 0.0 = 0.0 and v = (c - half_m * 2.0) - 0.0: the same
+# value as this point, so the full scan's answer is known here (ties: the later point wins).
+_ERFC_TWO_BELOW = -6.0
 
 
 _BOUND_SAFE = 1e300  # c below this: c * phi and the utility stay finite (fit_ttl's bound is exact)
