@@ -13,7 +13,16 @@
 
 from __future__ import annotations
 
-from actors.core.attribution import ProgramTime, attribute_completion, lost_placement, release_report, sync
+from actors.core.attribution import (
+    IDLE,
+    QUEUED,
+    SERVING,
+    ProgramTime,
+    advance,
+    attribute_completion,
+    lost_placement,
+    release_report,
+)
 from actors.core.events import RequestCompleted
 from actors.core.model import Dispatch, Program
 from actors.core.state import SchedulerState, lookup_key
@@ -36,13 +45,25 @@ def sync_touched(s: SchedulerState) -> None:
         rec = records.get(lookup_key(ref))
         if rec is None:
             rec = book.record(ref.key, now)
-        sync(rec, now, p.in_flight, program_len(ref))
+        # ``attribution.sync`` inlined, its operations in its order (a Program in flight needs
+        # no pool lookup: it serves whatever waits)
+        if now != rec.since:
+            advance(rec, now)
+        if p.in_flight > 0:
+            rec.phase = SERVING
+        else:
+            rec.phase = QUEUED if program_len(ref) > 0 else IDLE
+            if rec.serving_open > 0.0:
+                rec.prefill += rec.serving_open
+                rec.unreported_prefill += rec.serving_open
+                rec.serving_open = 0.0
 
 
 def on_completion(s: SchedulerState, p: Program, d: Dispatch, ev: RequestCompleted) -> None:
+    rec = s.times.records.get(lookup_key(p.ref))  # (``_record`` inlined: once per request)
     s.effects.append(
         attribute_completion(
-            _record(s, p),
+            rec if rec is not None else s.times.record(p.ref.key, s.now),
             s.times.totals,
             p.ref,
             s.now,

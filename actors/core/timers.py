@@ -46,8 +46,22 @@ def sync_timers(s: SchedulerState) -> None:
     for ref, p in s.touched.items():
         if programs.get(lookup_key(ref)) is not p:
             continue
-        want = wanted_timers(s, p)
         have = p.timers
+        if p.state == ACTIVE:  # the common case, without ``wanted_timers``: an Active Program
+            # wants the acting TTL (while Acting, with a deadline) and nothing else
+            deadline = p.ttl_deadline
+            if p.status == ACTING and deadline is not None:
+                if have is not None and len(have) == 1:
+                    cur = have.get(ACTING_TTL)
+                    if cur is not None and cur[0] == deadline:
+                        continue  # armed as wanted
+                want = {ACTING_TTL: deadline}
+            elif have is None:
+                continue  # nothing armed, nothing wanted
+            else:
+                want = {}
+        else:
+            want = wanted_timers(s, p)
         if have is None:
             if not want:
                 continue  # nothing armed, nothing wanted
