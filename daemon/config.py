@@ -522,12 +522,17 @@ class AgentdConfig:
         return self.embedded.dp_size if self.embedded_mode else self.routing.intra_node_data_parallel_size
 
     def targets(self) -> tuple[BackendTarget, ...]:
-        """Worker URLs x DP ranks, worker-major, with a stable index used as an ordering key."""
+        """Worker URLs x DP ranks, worker-major, with a stable index used as an ordering key; ids
+        ``<url>@<rank>``, or ``<url>`` at DP size 1."""
         out: list[BackendTarget] = []
+        size = self.dp_size()
         for url in self.worker_urls():
-            for rank in range(self.dp_size()):
-                # the id (metrics labels, logs, diagnostics) never carries URL credentials
-                out.append(BackendTarget(url, rank, f"{redact_url(url)}@{rank}", len(out)))
+            for rank in range(size):
+                # the id (metrics labels, logs, diagnostics, the hash rings) never carries URL
+                # credentials; one DP target per worker is named by the URL alone, as the reference
+                # (docs/operations.md §13.10)
+                tid = f"{redact_url(url)}@{rank}" if size > 1 else redact_url(url)
+                out.append(BackendTarget(url, rank, tid, len(out), ranked=size > 1))
         return tuple(out)
 
     def _cross_field_problems(self, path: str) -> Iterator[str]:

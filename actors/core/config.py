@@ -226,12 +226,20 @@ class ProgramSchedulingConfig:
 
 @frozen
 class BackendTarget:
-    """One concrete DP rank behind one worker URL; ``target_id`` is ``"<url>@<rank>"``."""
+    """One concrete DP rank behind one worker URL; ``target_id`` is ``"<url>@<rank>"``, or the URL
+    alone when the worker has one DP target (``ranked`` false: ``dp_rank`` 0 picks its engine's
+    metrics, diagnostics show ``dp_rank`` null; docs/operations.md §13.10)."""
 
     worker_url: str
     dp_rank: int
     target_id: str
     index: int
+    ranked: bool = True
+
+    @property
+    def shown_dp_rank(self) -> int | None:
+        """The ``dp_rank`` diagnostics, the dashboard and ``/scheduling/diagnostics`` show."""
+        return self.dp_rank if self.ranked else None
 
 
 # --------------------------------------------------------------------------------------------

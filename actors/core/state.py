@@ -28,8 +28,9 @@ from actors.core.queue import RequestPool
 from actors.core.stats import ProgressTtlFactors, ResumeHitWindow
 from actors.core.tool_retention import ToolGapModel
 
-# (target id, worker url, DP rank, index) of one target, as a pool's target list is compared
-TargetSignature = tuple[str, str, int, int]
+# (target id, worker url, DP rank, index) of one target, as a pool's target list is compared; the
+# DP rank is None at DP size 1, where the id is the URL alone (docs/operations.md §13.10)
+TargetSignature = tuple[str, str, int | None, int]
 
 
 class SchedulerState:

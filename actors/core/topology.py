@@ -46,7 +46,7 @@ from actors.core.stats import ProgressTtlFactors
 
 def sync_targets(s: SchedulerState, pool: str, targets: tuple[BackendTarget, ...]) -> None:
     """Replace the target list of ``pool`` (a new revision; the pool's Programs follow)."""
-    sig = tuple(sorted((str(t.target_id), str(t.worker_url), t.dp_rank, int(t.index)) for t in targets))
+    sig = tuple(sorted((str(t.target_id), str(t.worker_url), t.shown_dp_rank, int(t.index)) for t in targets))
     if s.pool_signatures.get(pool) == sig:
         return
     s.revision += 1

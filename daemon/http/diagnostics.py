@@ -71,7 +71,7 @@ def proxy_section(handles: DaemonHandles) -> dict[str, Any]:
             {
                 "target_id": target.target_id,
                 "base_url": redact_url(target.worker_url),
-                "dp_rank": target.dp_rank,
+                "dp_rank": target.shown_dp_rank,  # null at DP size 1, as the reference
                 "healthy": worker.healthy,
                 "health_reason": worker.reason,
                 "health_checked_at": worker.checked_at,

@@ -63,7 +63,7 @@ async def test_first_program_request_is_admitted_and_polling_starts_lazily(
 
 
 SINGLE = ("http://w0:8000",)
-T0 = "http://w0:8000@0"
+T0 = "http://w0:8000"  # DP size 1: the URL alone (docs/operations.md §13.10)
 
 
 async def test_acting_ttl_expires_exactly_at_armed_deadline(autojump_clock: trio.testing.MockClock, event_log) -> None:

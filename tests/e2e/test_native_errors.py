@@ -121,10 +121,10 @@ async def test_native_worker_unreachable_fails_over_and_is_ejected(fake_worker: 
         assert response.status_code == 200 and again.status_code == 200
         assert [r.base_url for r in fake_worker.generation_requests()] == ["http://w1:8000"] * 2
         value = handles.registry.get_sample_value
-        assert value("agentd_proxy_upstream_errors_total", {"target": "http://w0:8000@0", "kind": "unreachable"}) == 0
-        assert value("agentd_proxy_failovers_total", {"target": "http://w0:8000@0"}) == 1.0
-        assert value("agentd_health_ejections_total", {"target": "http://w0:8000@0", "source": "outlier"}) == 1.0
-        assert value("agentd_health_target_healthy", {"target": "http://w0:8000@0"}) == 0.0
+        assert value("agentd_proxy_upstream_errors_total", {"target": "http://w0:8000", "kind": "unreachable"}) == 0
+        assert value("agentd_proxy_failovers_total", {"target": "http://w0:8000"}) == 1.0
+        assert value("agentd_health_ejections_total", {"target": "http://w0:8000", "source": "outlier"}) == 1.0
+        assert value("agentd_health_target_healthy", {"target": "http://w0:8000"}) == 0.0
         assert handles.health.worker("http://w0:8000").reason.startswith("ejected: unreachable")
         handles.request_shutdown()
 
@@ -137,10 +137,10 @@ async def test_native_only_worker_unreachable_is_502_naming_target() -> None:
         async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             response = await client.post("/v1/chat/completions", json=CHAT)
         message = assert_openai_error(response, 502, "upstream_unreachable")
-        assert "http://w0:8000@0" in message
+        assert "http://w0:8000" in message
         assert response.json()["error"]["type"] == "upstream_error"
         errors = handles.registry.get_sample_value(
-            "agentd_proxy_upstream_errors_total", {"target": "http://w0:8000@0", "kind": "unreachable"}
+            "agentd_proxy_upstream_errors_total", {"target": "http://w0:8000", "kind": "unreachable"}
         )
         assert errors == 1.0
         handles.request_shutdown()
@@ -156,7 +156,7 @@ async def test_native_worker_failing_maps_to_5xx_naming_target(
         async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             response = await client.post("/v1/chat/completions", json=CHAT)
         message = assert_openai_error(response, status, "upstream_status")
-        assert "http://w0:8000@0" in message and f"HTTP {worker_status}" in message
+        assert "http://w0:8000" in message and f"HTTP {worker_status}" in message
         handles.request_shutdown()
 
 
@@ -179,6 +179,6 @@ async def test_native_stream_broken_mid_way_ends_with_error_event(fake_worker: F
             response = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
         assert response.status_code == 200
         *_, error, done = [e for e in response.content.split(b"\n\n") if e]
-        assert b'"code": "upstream_stream"' in error and b"http://w0:8000@0" in error
+        assert b'"code": "upstream_stream"' in error and b"http://w0:8000" in error
         assert done == b"data: [DONE]"
         handles.request_shutdown()

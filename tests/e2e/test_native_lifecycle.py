@@ -47,7 +47,7 @@ async def test_native_client_disconnect_cancels_upstream_and_abandons_lease(fake
         def outcome() -> float | None:
             return handles.registry.get_sample_value(
                 "agentd_proxy_requests_total",
-                {"endpoint": "chat", "target": "http://w0:8000@0", "outcome": "client_disconnect"},
+                {"endpoint": "chat", "target": "http://w0:8000", "outcome": "client_disconnect"},
             )
 
         async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:

@@ -42,8 +42,12 @@ async def send(handles: DaemonHandles, raw: bytes, headers: dict[str, str] | Non
 
 
 def targets_hit(worker: FakeWorker) -> list[str]:
-    """``URL@rank``; a worker with one DP target gets no rank header (docs/operations.md §13.10)."""
-    return [f"{r.base_url}@{r.headers.get('x-data-parallel-rank', '0')}" for r in worker.generation_requests()]
+    """The target id a request went to: ``URL@rank``, or the URL alone for a worker with one DP
+    target, which gets no rank header (docs/operations.md §13.10)."""
+    return [
+        r.base_url if (rank := r.headers.get("x-data-parallel-rank")) is None else f"{r.base_url}@{rank}"
+        for r in worker.generation_requests()
+    ]
 
 
 async def test_native_round_robin_cycles_targets_in_order(fake_worker: FakeWorker) -> None:
@@ -128,22 +132,22 @@ async def test_native_health_transitions_leave_and_rejoin_rotation(
         await trio.sleep(4.9)
         assert len(handles.health.healthy_targets()) == 2  # not re-checked yet
         await trio.sleep(0.2)  # the check at t0 + 5 sees it failing
-        assert [t.target_id for t in handles.health.healthy_targets()] == ["http://w1:8000@0"]
-        assert handles.registry.get_sample_value("agentd_health_target_healthy", {"target": "http://w0:8000@0"}) == 0.0
+        assert [t.target_id for t in handles.health.healthy_targets()] == ["http://w1:8000"]
+        assert handles.registry.get_sample_value("agentd_health_target_healthy", {"target": "http://w0:8000"}) == 0.0
         fake_worker.requests.clear()
         for _ in range(4):
             await send(handles, chat())
-        assert targets_hit(fake_worker) == ["http://w1:8000@0"] * 4
+        assert targets_hit(fake_worker) == ["http://w1:8000"] * 4
         fake_worker.healthy["http://w1:8000"] = False
         await trio.sleep_until(t0 + 10.0 + 0.1)
         status, _ = await send(handles, chat())
         assert status == 503
         fake_worker.healthy["http://w0:8000"] = True
         await trio.sleep_until(t0 + 15.0 + 0.1)
-        assert [t.target_id for t in handles.health.healthy_targets()] == ["http://w0:8000@0"]
+        assert [t.target_id for t in handles.health.healthy_targets()] == ["http://w0:8000"]
         fake_worker.requests.clear()
         await send(handles, chat())
-        assert targets_hit(fake_worker) == ["http://w0:8000@0"]
+        assert targets_hit(fake_worker) == ["http://w0:8000"]
         # one /health per worker per round, at t0, t0+5, t0+10, t0+15
         assert Counter(fake_worker.health_checks) == {"http://w0:8000": 4, "http://w1:8000": 4}
         handles.request_shutdown()

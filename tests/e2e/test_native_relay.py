@@ -41,7 +41,7 @@ async def test_native_non_streaming_chat_relayed_whole(fake_worker: FakeWorker) 
     # the server's own "stream closed" after a complete response is not a client disconnect
     assert (
         handles.registry.get_sample_value(
-            "agentd_proxy_requests_total", {"endpoint": "chat", "target": "http://w0:8000@0", "outcome": "success"}
+            "agentd_proxy_requests_total", {"endpoint": "chat", "target": "http://w0:8000", "outcome": "success"}
         )
         == 1.0
     )
@@ -66,7 +66,7 @@ async def test_native_streaming_chat_relayed_chunk_by_chunk(fake_worker: FakeWor
         await trio.testing.wait_all_tasks_blocked()
         assert (
             handles.registry.get_sample_value(
-                "agentd_proxy_requests_total", {"endpoint": "chat", "target": "http://w0:8000@0", "outcome": "success"}
+                "agentd_proxy_requests_total", {"endpoint": "chat", "target": "http://w0:8000", "outcome": "success"}
             )
             == 1.0
         )
@@ -205,8 +205,7 @@ async def test_native_metrics_on_extra_prometheus_listener(fake_worker: FakeWork
             other = await client.get(f"{handles.metrics_url}/v1/models")
         assert scrape.status_code == 200
         assert (
-            'agentd_proxy_requests_total{endpoint="chat",outcome="success",target="http://w0:8000@0"} 1.0'
-            in scrape.text
+            'agentd_proxy_requests_total{endpoint="chat",outcome="success",target="http://w0:8000"} 1.0' in scrape.text
         )
         assert other.status_code == 404 and other.json()["error"]["code"] == "not_found"
         handles.request_shutdown()

@@ -211,7 +211,7 @@ async def test_a_blocking_long_prefill_is_taken_back_and_the_client_sees_one_str
     assert fair["accounts"]["x"]["input_tokens"] == 2 * 30_002
     assert fair["accounts"]["x"]["output_tokens"] == 2 * 3
     assert metric(metrics, 'agentd_prefill_requeues_total{outcome="requeued"}') == 1.0
-    assert metric(metrics, 'agentd_proxy_requeued_total{target="http://w0:8000@0"}') == 1.0
+    assert metric(metrics, 'agentd_proxy_requeued_total{target="http://w0:8000"}') == 1.0
     assert metric(metrics, 'vllm_router_agent_aware_transitions_total{reason="prefill_requeue",target=') == 1.0
 
 

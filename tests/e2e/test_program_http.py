@@ -133,7 +133,7 @@ async def test_program_openai_client_streaming_and_not() -> None:
         assert (prog["task_id"], prog["agent_id"], prog["root_program_id"]) == ("task-a", "lead", "task-a:lead")
         assert (
             handles.registry.get_sample_value(
-                "vllm_router_agent_aware_transitions_total", {"target": f"{W0}@0", "reason": "program_admit"}
+                "vllm_router_agent_aware_transitions_total", {"target": W0, "reason": "program_admit"}
             )
             == 2.0
         )

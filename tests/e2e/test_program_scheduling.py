@@ -255,7 +255,7 @@ async def test_program_priority_and_deadline(autojump_clock: trio.testing.MockCl
         assert [(s.name, s.at - t0) for s in worker.seen] == [("X", 0.0), ("DL", 2.625), ("HIGH", 4.0), ("LOW", 4.0)]
         assert (
             handles.registry.get_sample_value(
-                "vllm_router_agent_aware_transitions_total", {"target": f"{W0}@0", "reason": "force_resume"}
+                "vllm_router_agent_aware_transitions_total", {"target": W0, "reason": "force_resume"}
             )
             == 1.0
         )
@@ -282,7 +282,7 @@ async def test_program_segment_yield_lets_the_waiter_in(autojump_clock: trio.tes
         assert (a["state"], a["pause_reason"]) == ("paused", "max_segment_yield")
         assert (
             handles.registry.get_sample_value(
-                "vllm_router_agent_aware_transitions_total", {"target": f"{W0}@0", "reason": "max_segment_yield"}
+                "vllm_router_agent_aware_transitions_total", {"target": W0, "reason": "max_segment_yield"}
             )
             == 1.0
         )
@@ -439,7 +439,7 @@ async def test_program_worker_failure_is_502_and_leaves_the_program_consistent(
         assert (await post(client, chat("fine", "p"))).status_code == 200
     assert (
         handles.registry.get_sample_value(
-            "vllm_router_agent_aware_transitions_total", {"target": f"{W0}@0", "reason": "request_failed"}
+            "vllm_router_agent_aware_transitions_total", {"target": W0, "reason": "request_failed"}
         )
         == 1.0
     )

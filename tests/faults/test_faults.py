@@ -146,7 +146,7 @@ async def test_f3_unreachable_worker_with_a_healthy_peer_no_client_error(fault: 
             assert [r.status_code for r in responses] == [200] * 10
             assert all(r.content.endswith(b"data: [DONE]\n\n") for r in responses[::2])
             assert len(env.workers[0].generation_requests()) == 10
-            target = f"{bad}@0"
+            target = bad
             value = env.handles.registry.get_sample_value
             assert value("agentd_proxy_failovers_total", {"target": target}) == 1.0
             assert value("agentd_health_target_healthy", {"target": target}) == 0.0
@@ -409,6 +409,6 @@ async def test_program_whose_worker_dies_is_rebound_without_a_client_error() -> 
         assert len(peer.generation_requests()) == 3
         assert not env.handles.health.worker(home.url).healthy
         [failover] = env.log.events("upstream_failover")
-        assert failover["target"] == f"{home.url}@0"
+        assert failover["target"] == home.url
         doc = await env.check_clean()
         assert doc["program_open_leases"] == 0 and doc["pending_replies"] == 0

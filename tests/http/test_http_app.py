@@ -20,10 +20,10 @@ async def test_http_chat_roundtrip_and_metrics(daemon_app: DaemonApp) -> None:
     metrics = await client.get("/metrics")
     text = (await metrics.get_data()).decode()
     assert metrics.status_code == 200
-    assert 'agentd_proxy_requests_total{endpoint="chat",outcome="success",target="http://mini:9000@0"} 1.0' in text
-    assert 'agentd_proxy_request_duration_seconds_count{target="http://mini:9000@0"} 1.0' in text
-    assert 'agentd_proxy_in_flight_requests{target="http://mini:9000@0"} 0.0' in text
-    assert 'agentd_health_target_healthy{target="http://mini:9000@0"} 1.0' in text
+    assert 'agentd_proxy_requests_total{endpoint="chat",outcome="success",target="http://mini:9000"} 1.0' in text
+    assert 'agentd_proxy_request_duration_seconds_count{target="http://mini:9000"} 1.0' in text
+    assert 'agentd_proxy_in_flight_requests{target="http://mini:9000"} 0.0' in text
+    assert 'agentd_health_target_healthy{target="http://mini:9000"} 1.0' in text
 
 
 async def test_http_streaming_roundtrip(daemon_app: DaemonApp) -> None:
@@ -63,9 +63,9 @@ async def test_http_diagnostics_proxy_section(daemon_app: DaemonApp) -> None:
     assert proxy["native"]["finished_count"] == 1
     [target] = proxy["targets"]
     assert target == {
-        "target_id": "http://mini:9000@0",
+        "target_id": "http://mini:9000",
         "base_url": "http://mini:9000",
-        "dp_rank": 0,
+        "dp_rank": None,
         "healthy": True,
         "health_reason": "ok",
         "health_checked_at": target["health_checked_at"],

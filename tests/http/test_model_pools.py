@@ -148,7 +148,7 @@ async def test_unknown_model_is_404_and_program_state_is_kept_per_pool(
         assert isinstance(ps, ProgramDispatcher)
         # one Program id, three pools: three Programs, each bound inside its own pool
         pools = {key.model_pool: p.home_target for key, p in ps.scheduler.state.programs.items()}
-        assert pools == {"a": f"{W0}@0", "b": f"{W1}@0", "c": f"{W2}@0"}
+        assert pools == {"a": W0, "b": W1, "c": W2}
         estimates = {row["model_pool"] for row in ps.diagnostics()["token_estimation"]}
         assert estimates == {"a", "b", "c"}
         assert proxy_section(handles)["models"] == [
@@ -174,11 +174,11 @@ async def test_a_worker_whose_list_was_unknown_is_learnt_and_pools_follow_health
         assert sink.status == 200
         ps = handles.program_dispatcher
         assert isinstance(ps, ProgramDispatcher)
-        assert ps.scheduler.state.pools["a"] == (f"{W0}@0",)
+        assert ps.scheduler.state.pools["a"] == (W0,)
         workers.healthy[W0] = False  # once the health board takes W0 out, pool "a" is emptied at the next tick
         await trio.sleep(3 * handles.config.routing.health_check_interval_seconds + 2.0)  # up to 3 failed checks
         assert ps.scheduler.state.pools["a"] == ()
-        assert ps.scheduler.state.pools[DEFAULT_MODEL_POOL] == (f"{W1}@0", f"{W2}@0")
+        assert ps.scheduler.state.pools[DEFAULT_MODEL_POOL] == (W1, W2)
 
 
 async def test_model_lists_are_refreshed_every_health_interval_and_a_change_is_logged_once(

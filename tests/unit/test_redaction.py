@@ -25,7 +25,7 @@ def test_redact_masks_user_info_bearer_tokens_and_key_values() -> None:
 def test_target_ids_and_error_bodies_carry_no_credentials() -> None:
     cfg = AgentdConfig(routing=RoutingConfig(worker_urls=("http://bob:s3cret@w0:8000",)))
     [target] = cfg.targets()
-    assert target.target_id == "http://***@w0:8000@0"
+    assert target.target_id == "http://***@w0:8000"
     assert target.worker_url == "http://bob:s3cret@w0:8000"  # still used to connect
     body = json.loads(error_body("worker http://bob:s3cret@w0:8000 failed", "upstream_error", None, "x"))
     assert "s3cret" not in body["error"]["message"]
