@@ -77,6 +77,8 @@ async def test_scheduling_diagnostics_metrics_and_program_ring_at_dp_size_1(
     async with program_scheduling(cfg) as (dispatcher, registry, _):
         diag = dispatcher.diagnostics()
         assert [(r["target_id"], r["dp_rank"]) for r in diag["ranks"]] == [(u, None) for u in W]
+        board = dispatcher.dashboard()
+        assert [(r["target_id"], r["dp_rank"]) for r in board["ranks"]] == [(u, None) for u in W]
         for pid, key in zip(programs, keys, strict=True):
             async with dispatcher.lease(program_request(pid, tokens=100)) as lease:
                 assert lease.target.target_id == ring.owner(key)
@@ -97,3 +99,5 @@ async def test_scheduling_diagnostics_keep_ranks_at_dp_size_2(autojump_clock: tr
     async with program_scheduling(cfg) as (dispatcher, _, _):
         diag = dispatcher.diagnostics()
         assert [(r["target_id"], r["dp_rank"]) for r in diag["ranks"]] == [(f"{W[0]}@0", 0), (f"{W[0]}@1", 1)]
+        board = dispatcher.dashboard()
+        assert [(r["target_id"], r["dp_rank"]) for r in board["ranks"]] == [(f"{W[0]}@0", 0), (f"{W[0]}@1", 1)]
