@@ -325,16 +325,17 @@ def relay_command() -> tuple[list[str], dict[str, str]]:
     ``python -m`` puts the working directory first on ``sys.path``: started from a directory that
     holds a ``daemon`` package or a ``daemon.py`` (another checkout, an unrelated project), the
     relays imported that instead of agentd (a relay that fails to start stops the daemon).  ``-P``
-    (Python 3.11) leaves the working directory out; when this process found agentd in a directory
-    the child would not search (a source checkout run with ``python -m daemon``), that directory
-    is put on the child's ``PYTHONPATH``."""
+    (Python 3.11) leaves the working directory out, and the directory this process imported agentd
+    from goes first on the child's ``PYTHONPATH``: the child then imports that same code even where
+    this process found it through a path the child does not inherit (a source checkout run with
+    ``python -m daemon``, a second checkout beside an editable install, a test runner's own
+    ``sys.path`` entries)."""
     import daemon
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(daemon.__file__)))
     env = dict(os.environ)
-    searched = {os.path.abspath(entry) for entry in sys.path[1:] if entry}
-    if root not in searched:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != root]
+    env["PYTHONPATH"] = os.pathsep.join([root, *rest])
     return [sys.executable, "-P", "-m", "daemon.dataplane.relay_main"], env
 
 

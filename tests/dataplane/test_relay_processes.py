@@ -13,6 +13,7 @@ import signal
 from typing import Any
 
 import httpx
+import pytest
 import trio
 from fault_env import BUDGET_SECONDS, await_diagnostics, diagnostics, pid_alive
 from fault_worker import Act, FaultWorker
@@ -222,3 +223,19 @@ def test_the_supervisor_refuses_in_process_fakes_with_relay_processes() -> None:
         assert "data_plane_processes" in str(exc)
     else:
         raise AssertionError("accepted a transport factory with relay processes")
+
+
+def test_relay_command_imports_this_processes_agentd_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relay imports the code its daemon runs, even when the daemon found it through a path
+    the child does not inherit (a second checkout beside an editable install, pytest's own
+    sys.path entries), and keeps the rest of PYTHONPATH after it."""
+    import daemon
+    from daemon.dataplane.processes import relay_command
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(daemon.__file__)))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/elsewhere", root]))
+    command, env = relay_command()
+    assert command[1:] == ["-P", "-m", "daemon.dataplane.relay_main"]
+    assert env["PYTHONPATH"].split(os.pathsep) == [root, "/elsewhere"]
+    monkeypatch.delenv("PYTHONPATH")
+    assert relay_command()[1]["PYTHONPATH"] == root
