@@ -42,7 +42,7 @@ from actors.batch_metrics import BatchGaugeCollector, BatchMetrics
 from actors.core import fairness
 from actors.core.batch_class import MAX_PREEMPTIONS_PER_REQUEST, batch_diagnostics
 from actors.core.config import BackendTarget, ProgramSchedulingConfig
-from actors.core.errors import Rejection
+from actors.core.errors import NO_TARGETS, Rejection
 from actors.core.events import (
     BatchSubmitted,
     InteractiveSubmitted,
@@ -440,6 +440,14 @@ class ProgramDispatcher:
         self.interactive = InteractiveDispatcher(self)
         # the forward of each requeueable request that runs now (docs/priority.md §3)
         self.requeue_runs: dict[str, _RequeueRun] = {}
+        self.health: HealthView | None = None  # the health board (run_program_scheduling)
+
+    def explain(self, rejection: Rejection) -> Rejection:
+        """A ``no_targets`` refusal names each worker's reason, as the native path's
+        ``no_healthy_target`` does (docs/operations.md §11.3); other refusals are unchanged."""
+        if rejection.reason != NO_TARGETS.reason or self.health is None:
+            return rejection
+        return attrs.evolve(rejection, message=f"{rejection.message}: {self.health.unhealthy_reason()}")
 
     def requeue(self, request_id: str) -> str:
         """The scheduler asks for a long prefill back (the ``RequeuePrefill`` effect, called while
@@ -600,7 +608,7 @@ class ProgramDispatcher:
         if isinstance(reply, Rejection):
             ctx.submitted = False  # the core already dropped the request
             self.counters.rejected_count += 1
-            raise DispatchRejected(reply)
+            raise DispatchRejected(self.explain(reply))
         assert isinstance(reply, Admitted)
         self.counters.admitted_count += 1
         return ProgramLease(
@@ -772,6 +780,7 @@ async def run_program_scheduling(
             registry.register(BatchGaugeCollector(lambda: batch_diagnostics(scheduler.state)))
         polling_needed = trio.Event()
         dispatcher = ProgramDispatcher(ps, scheduler, observers, estimator, polling_needed, feed)
+        dispatcher.health = health
         if batch is not None:
             dispatcher.batch = BatchDispatcher(dispatcher)
             assert scheduler.router is not None

@@ -306,7 +306,7 @@ class RelayConnection:
         program.answered(reply)
         if isinstance(reply, Rejection):
             self.detached.pop(detached.number, None)
-            self.send_quiet(Refuse(detached.number, reply))
+            self.send_quiet(Refuse(detached.number, program.explain(reply)))
             return
         detached.admitted = True
         if detached.early is not None:

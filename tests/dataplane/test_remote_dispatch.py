@@ -376,6 +376,22 @@ async def test_a_refusal_of_the_scheduler_reaches_the_relay_unchanged(autojump_c
         assert p.remote.counters.refused_count == 1 and p.hub.open_leases() == 0
 
 
+async def test_a_no_targets_refusal_reaches_the_relay_naming_each_workers_reason(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Every worker out of rotation: the relay's 503 ``no_targets`` names the health board's
+    reasons, as the native ``no_healthy_target`` does (docs/operations.md §11.3)."""
+    async with plane(daemon_config()) as p:
+        p.board.unhealthy_urls.add("http://w0:8000")
+        with pytest.raises(DispatchRejected) as refused:
+            async with p.remote.lease(program_request("p")):
+                raise AssertionError("granted")
+        rejection = refused.value.rejection
+        assert (rejection.reason, rejection.status_hint) == ("no_targets", 503)
+        assert rejection.message == "no healthy DP targets are available: http://w0:8000"
+        assert p.remote.counters.refused_count == 1 and p.hub.open_leases() == 0
+
+
 async def test_a_relay_lease_waiting_past_its_queue_deadline_is_force_admitted_at_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

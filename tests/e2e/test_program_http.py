@@ -97,6 +97,23 @@ async def test_program_identity_free_traffic_is_unaffected(autojump_clock: trio.
         assert "vllm_router_agent_aware_transitions_total{" not in metrics
 
 
+async def test_program_no_targets_503_names_each_workers_reason(autojump_clock: trio.testing.MockClock) -> None:
+    """Every worker out of rotation: a Program request's 503 ``no_targets`` names each worker's
+    reason, as the native ``no_healthy_target`` does (docs/operations.md §11.3)."""
+    worker = ProgramWorker()
+    worker.down.add(W0)
+    async with program_daemon(worker) as (handles, client):
+        response = await client.post("/v1/chat/completions", json=chat("a", "p"))
+        plain = await client.post("/v1/chat/completions", json=chat("b", None))
+        assert response.status_code == plain.status_code == 503
+        assert response.headers["retry-after"] == "1"
+        error = response.json()["error"]
+        assert error["code"] == "no_targets"
+        assert error["message"] == f"no healthy DP targets are available: {W0}: HTTP 503"
+        assert plain.json()["error"]["message"] == f"no healthy targets are available: {W0}: HTTP 503"
+        assert worker.seen == []
+
+
 async def test_program_openai_client_streaming_and_not() -> None:
     """On the real clock: the openai client runs blocking helpers in worker threads (platform
     headers), which autojump would not wait for.  No timing assertions; the in-process budget

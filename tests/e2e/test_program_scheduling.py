@@ -64,6 +64,7 @@ class ProgramWorker:
         self.holds: dict[str, trio.Event] = {}
         self.arrived: dict[str, trio.Event] = {}
         self.fail: set[str] = set()  # request names answered with HTTP 500
+        self.down: set[str] = set()  # worker URLs whose health checks get HTTP 503
 
     def client(self, cfg: Any = None) -> httpx.AsyncClient:
         return httpx.AsyncClient(transport=httpx.MockTransport(self.handler))
@@ -87,7 +88,7 @@ class ProgramWorker:
     async def handler(self, request: httpx.Request) -> httpx.Response:
         base = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
         if request.url.path == "/health":
-            return httpx.Response(200)
+            return httpx.Response(503 if base in self.down else 200)
         if request.url.path == "/metrics":
             self.metrics_scrapes += 1
             lines = []
