@@ -477,8 +477,10 @@ async def forward_to_scheduler(
         out_headers = [
             (k.encode("latin-1"), v.encode("latin-1"))
             for k, v in response.headers.multi_items()
-            # the relay's own server writes `date` (hypercorn's protocol would send both)
-            if k.lower() not in HOP_BY_HOP and k.lower() not in ("content-length", "date")
+            # the relay's own server writes `date` (hypercorn's protocol would send both); the
+            # scheduler's content-length stays (the raw bytes pass unchanged): without it the
+            # client would get a chunked answer (docs/operations.md §13.1)
+            if k.lower() not in HOP_BY_HOP and k.lower() != "date"
         ]
         await send({"type": "http.response.start", "status": response.status_code, "headers": out_headers})
         async for chunk in response.aiter_raw():

@@ -102,6 +102,27 @@ async def test_a_body_in_one_message_is_sent_whole(autojump_clock: Any) -> None:
     assert client.answer() == (200, {"path": "/v1/files", "bytes": 0})
 
 
+async def test_the_schedulers_content_length_reaches_the_client(autojump_clock: Any) -> None:
+    """A forwarded answer keeps the scheduler's content-length (docs/operations.md §13.1): without
+    it the relay's server would send it chunked; ``date`` is the relay's own."""
+
+    async def scheduler(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        head = [(b"content-type", b"application/json"), (b"content-length", b"11"), (b"date", b"then")]
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        await send({"type": "http.response.body", "body": b'{"ok":true}'})
+
+    client = Client([(0.0, {"type": "http.request", "body": b"", "more_body": False})])
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=scheduler)) as http:
+        await forward_to_scheduler(
+            http, "http://scheduler", _scope("GET"), client.receive, client.send, stall_seconds=STALL
+        )
+    body = b"".join(m.get("body", b"") for m in client.sent[1:])
+    headers = dict(client.sent[0]["headers"])
+    assert (headers[b"content-length"], len(body)) == (b"11", 11)
+    assert b"date" not in headers and b"transfer-encoding" not in headers
+
+
 async def test_a_stalled_body_is_a_408_after_the_timeout(autojump_clock: Any) -> None:
     scheduler = Scheduler()
     client = Client([(0.0, _chunk(1000)), (6.5, _chunk(1000)), (None, _chunk(1))])

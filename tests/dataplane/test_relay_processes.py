@@ -211,6 +211,32 @@ async def test_two_relays_serve_programs_survive_a_sigkill_and_drain() -> None:
         nursery.cancel_scope.cancel()
 
 
+async def test_routes_forwarded_to_the_scheduler_keep_its_content_length() -> None:
+    """Diagnostics, metrics and the dashboard's document answer through a relay with the scheduler
+    process's content-length, not chunked (docs/operations.md §13.1), over real sockets."""
+    async with trio.open_nursery() as nursery:
+        worker: FaultWorker = await nursery.start(FaultWorker().run)
+        daemon_done = trio.Event()
+
+        async def daemon(task_status: trio.TaskStatus[Any]) -> None:
+            await run_daemon(relay_config(worker.url), task_status=task_status)
+            daemon_done.set()
+
+        handles = await nursery.start(daemon)
+        assert handles.data_plane is not None and handles.data_plane.processes == 2
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
+            for path in ("/scheduling/diagnostics", "/metrics", "/scheduling/dashboard.json", "/health"):
+                response = await client.get(path)
+                assert response.status_code == 200, (path, response.text)
+                assert "transfer-encoding" not in response.headers, path
+                assert response.headers["content-length"] == str(len(response.content)), path
+                assert len(response.headers.get_list("date")) == 1, path
+        handles.request_shutdown()
+        with trio.fail_after(BUDGET_SECONDS):
+            await daemon_done.wait()
+        nursery.cancel_scope.cancel()
+
+
 def test_the_supervisor_refuses_in_process_fakes_with_relay_processes() -> None:
     cfg = relay_config("http://127.0.0.1:9")
 
