@@ -170,14 +170,19 @@ def main(argv: list[str] | None = None) -> int:
             daemons: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
             for name, tree in trees.items():
                 port = free_port()
-                proc = subprocess.Popen(
-                    agentd_command(port, worker_port, program, config),
-                    cwd=tree,
-                    stdout=subprocess.DEVNULL,
-                    env=daemon_env(),
-                )
+                # the child's logs (its start-up warnings included) go to a file of the run, named
+                # when it fails: on the bench's stderr they read as the bench's own
+                log = Path(tmp) / f"agentd-{name}.log"
+                with log.open("wb") as sink:
+                    proc = subprocess.Popen(
+                        agentd_command(port, worker_port, program, config),
+                        cwd=tree,
+                        stdout=subprocess.DEVNULL,
+                        stderr=sink,
+                        env=daemon_env(),
+                    )
                 procs.append(proc)
-                wait_listening(port, proc, f"agentd ({name})")
+                wait_listening(port, proc, f"agentd ({name}, log {log})")
                 daemons[name] = (port, proc)
             time.sleep(2.0)  # relay processes and the first health round
             for r in range(args.rounds):

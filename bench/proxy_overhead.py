@@ -624,6 +624,7 @@ def main() -> int:
                 }
                 print(f"identity {mode}: starting " + ", ".join(systems), flush=True)
                 ports: dict[str, tuple[int, subprocess.Popen[bytes]]] = {}
+                logs: dict[str, Path] = {}
                 for system, n, impl in columns:
                     config = None
                     if supports_processes():
@@ -633,14 +634,20 @@ def main() -> int:
                             text += f'http1_implementation = "{impl}"\n'
                         config.write_text(text)
                     port = free_port()
-                    proc = subprocess.Popen(
-                        agentd_command(port, worker_port, args.policy, program, config),
-                        cwd=ROOT,
-                        stdout=subprocess.DEVNULL,
-                        env=daemon_env(),
-                    )
+                    # the child's logs (its start-up warnings included) go to a file of the run,
+                    # named when it fails: on the bench's stderr they read as the bench's own
+                    log = Path(tmp) / f"agentd-{mode}-{n}-{impl}.log"
+                    with log.open("wb") as sink:
+                        proc = subprocess.Popen(
+                            agentd_command(port, worker_port, args.policy, program, config),
+                            cwd=ROOT,
+                            stdout=subprocess.DEVNULL,
+                            stderr=sink,
+                            env=daemon_env(),
+                        )
                     procs.append(proc)
                     ports[system] = (port, proc)
+                    logs[system] = log
                 if router is not None:
                     port = free_port()
                     log_dir = tempfile.mkdtemp(dir=tmp)
@@ -650,9 +657,10 @@ def main() -> int:
                     ports["vllm-router"] = (port, proc)
                 first = bodies[args.bodies[0]][0]
                 for system, (port, proc) in ports.items():
-                    wait_serving(port, proc, system, first)
+                    what = system if system not in logs else f"{system} (log {logs[system]})"
+                    wait_serving(port, proc, what, first)
                     if system.startswith("agentd") and not system.endswith(("N=1", "agentd")):
-                        wait_relays(port, proc, system)
+                        wait_relays(port, proc, what)
                 naive = None
                 if args.naive and mode == "free":
                     naive_port = free_port()

@@ -67,3 +67,19 @@ def test_a_bad_bench_option_exits_2_naming_it_before_any_work(
         + message.format(**names)
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing written
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("bench.program_probe", "--seconds", "0.2", "--rounds", "1", "--processes", "2"),
+        ("bench.proxy_overhead", "--seconds", "0.2", "--concurrency", "2", "--bodies", "1", "--identity", "program")
+        + ("--no-router", "--processes", "2"),
+    ],
+)
+def test_the_agentd_childs_logs_stay_out_of_the_benchs_output(argv: tuple[str, ...]) -> None:
+    """The agentd a probe starts logs to a file of the run (named if it fails), not to the bench's
+    stderr: its start-up warning (uncalibrated cost model) there read as the bench's own."""
+    done = run_bench(*argv)
+    assert done.returncode == 0, done.stderr
+    assert "level=" not in done.stderr and "level=" not in done.stdout, done.stderr
