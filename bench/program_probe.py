@@ -49,7 +49,7 @@ from bench.harness import (
     tree_cpu_seconds,
     wait_listening,
 )
-from bench.proxy_overhead import MODULE, PROGRAM_CONFIG, Conn, agent_body, connect, program_context
+from bench.proxy_overhead import MODULE, PROGRAM_CONFIG, Conn, agent_body, connect, program_context, wait_relays
 from daemon.commands.argtypes import non_negative_float, positive_int
 
 
@@ -184,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
                 procs.append(proc)
                 wait_listening(port, proc, f"agentd ({name}, log {log})")
                 daemons[name] = (port, proc)
-            time.sleep(2.0)  # relay processes and the first health round
+            time.sleep(2.0)  # the first health round
+            if args.processes > 1:  # every relay accepts before the first round (its imports take seconds)
+                for name, (port, proc) in daemons.items():
+                    wait_relays(port, proc, f"agentd ({name})")
             for r in range(args.rounds):
                 for name, (port, proc) in daemons.items():
                     recorder = None
