@@ -10,6 +10,7 @@ objects so closing the upstream response is observable (``closed_streams``).
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -242,3 +243,17 @@ async def read_line(stream: trio.abc.ReceiveStream) -> str:
             break
         data += chunk
     return data.decode()
+
+
+async def stop_process(proc: trio.Process, sig: int = signal.SIGTERM, seconds: float = 60) -> int:
+    """Send ``sig`` to a child process and return its exit status (waiting at most ``seconds``)."""
+    proc.send_signal(sig)
+    with trio.fail_after(seconds):
+        return await proc.wait()
+
+
+async def reap(proc: trio.Process) -> None:
+    """Kill a child process the test leaves running (a failed assertion) and wait for it."""
+    if proc.returncode is None:
+        proc.kill()
+        await proc.wait()

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import trio
-from native_fakes import read_line
+from native_fakes import read_line, reap, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 LINES = 200
@@ -88,14 +88,9 @@ async def test_batch_api_sigkill_mid_batch_resumes_exactly_once(tmp_path: Path) 
             )
             batch_id = created.json()["id"]
             before = await poll(client, batch_id, lambda b: b["request_counts"]["completed"] >= 10)
-        proc.send_signal(signal.SIGKILL)
-        with trio.fail_after(60):
-            await proc.wait()
-        assert proc.returncode == -signal.SIGKILL
+        assert await stop_process(proc, signal.SIGKILL) == -signal.SIGKILL
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await reap(proc)
     answered_before_kill = before["request_counts"]["completed"]
     assert before["status"] == "in_progress" and answered_before_kill < LINES, before
 
@@ -112,13 +107,9 @@ async def test_batch_api_sigkill_mid_batch_resumes_exactly_once(tmp_path: Path) 
         assert ids == [f"req-{i:03d}" for i in range(LINES)]  # input order
         assert all(r["response"]["status_code"] == 200 and r["error"] is None for r in records)
         assert len({r["id"] for r in records}) == LINES
-        proc.send_signal(signal.SIGTERM)
-        with trio.fail_after(60):
-            assert await proc.wait() == 0
+        assert await stop_process(proc) == 0
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await reap(proc)
     text = log.read_text()
     assert f"event=batch_created batch_id={batch_id}" in text
     resumed = re.search(rf"event=batch_resumed batch_id={batch_id} done=(\d+) total={LINES}", text)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import trio
-from native_fakes import read_line
+from native_fakes import read_line, reap
 
 from bench.procs import fakeworker_cmd, running
 from bench.rawhttp import RawResponse, post
@@ -134,6 +134,4 @@ async def _drain_scenario(tmp_path: Path, worker: str) -> None:
         assert kinds.count("503") == QUEUED  # the queue is answered at once
         assert kinds.count("stream_ended") == ADMITTED  # the streams at the deadline: error event + [DONE]
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await reap(proc)

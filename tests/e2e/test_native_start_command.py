@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from native_fakes import read_line
+from native_fakes import read_line, reap, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,15 +45,10 @@ async def test_native_start_command_banner_serves_and_stops_on_sigterm(tmp_path:
         async with httpx.AsyncClient(base_url=match.group(1), timeout=30) as client:
             response = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3, "stream": True})
         assert response.status_code == 200 and response.content.endswith(b"data: [DONE]\n\n")
-        proc.send_signal(signal.SIGTERM)
-        with trio.fail_after(60):
-            code = await proc.wait()
-        assert code == 0
+        assert await stop_process(proc) == 0
         assert await proc.stdout.receive_some(65536) == b""  # exactly one line on stdout
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await reap(proc)
 
 
 def test_native_start_command_bad_config_exits_2(tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from native_fakes import read_line
+from native_fakes import read_line, reap, stop_process
 
 from daemon import cli
 from daemon.config_loading import load_config_from_args
@@ -242,10 +241,6 @@ async def test_agentd_start_with_reference_flags_warns_binds_metrics_to_loopback
                 ready = await client.get(f"{base}/readiness")
                 assert ready.status_code == 200
                 assert ready.json() == {"status": "ready", "healthy_workers": 1, "total_workers": 1}
-        proc.send_signal(signal.SIGTERM)
-        with trio.fail_after(60):
-            assert await proc.wait() == 0
+        assert await stop_process(proc) == 0
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await reap(proc)
