@@ -410,8 +410,6 @@ class RelayConnection:
             "abandoned_on_close_count": self.abandoned_on_close_count,
             "native_in_flight": sum(self.in_flight),
             "frames_sent": self.link.frames_sent,
-            "frame_writes": self.link.writes,
-            "frame_reads": self.link.reads,
             "frames_received": self.link.frames_received,
         }
 

@@ -1,16 +1,13 @@
-"""The data-plane link over a real Unix socket pair (docs/benchmarks.md §10.3.2, §10.3.4): the
-first frame of a run-loop turn is in the peer's socket when ``send`` returns and the rest of the
-turn's frames follow in one write when the turn ends, frames keep their order when the socket is
-full, and the reader hands over what it read before it yields."""
+"""The data-plane link over a real Unix socket pair (docs/benchmarks.md §10.3.2): a frame is in the
+peer's socket when ``send`` returns, frames keep their order when the socket is full, and the
+reader hands over what it read before it yields."""
 
 from __future__ import annotations
 
 import socket
-import threading
 
 import pytest
 import trio
-import trio.testing
 
 from daemon.dataplane.link import Link, LinkClosed
 from daemon.dataplane.wire import FrameReader, Load, MetricsText, Release, encode
@@ -35,91 +32,14 @@ def _read_all(sock: socket.socket) -> bytes:
         data += chunk
 
 
-async def test_the_first_frame_of_a_turn_is_written_before_the_sender_checkpoints() -> None:
+async def test_a_frame_is_written_before_the_sender_checkpoints() -> None:
     link, peer = _pair()
     link.send(Release(7))
     link.send(Load((1, 2)))
-    # no checkpoint since the sends, no writer task running: the first frame is already in the
-    # socket; the second waits for the end of this run-loop turn (docs/benchmarks.md §10.3.4)
-    assert FrameReader().feed(_read_all(peer)) == [Release(7)]
-    assert (link.direct_writes, link.writes, link.frames_sent) == (1, 1, 2)
-    await trio.lowlevel.checkpoint()  # the turn ends: the gathered frame is written
-    assert FrameReader().feed(_read_all(peer)) == [Load((1, 2))]
-    assert (link.direct_writes, link.writes) == (1, 2)
-    link.send(Release(8))  # a new turn: written at once again
-    assert FrameReader().feed(_read_all(peer)) == [Release(8)]
-    assert (link.direct_writes, link.writes, link.frames_sent) == (2, 3, 3)
-    peer.close()
-    await link.stream.aclose()
-
-
-async def test_the_frames_of_several_tasks_in_one_turn_take_two_writes() -> None:
-    """Three tasks that run in the same batch each send a frame: the first is written at once,
-    the other two together when the turn ends (one write for both, before the run loop waits)."""
-    link, peer = _pair()
-
-    async def sender(number: int) -> None:
-        link.send(Release(number))
-
-    async with trio.open_nursery() as nursery:
-        for number in (1, 2, 3):
-            nursery.start_soon(sender, number)  # (all three run in the next batch)
-    received = FrameReader().feed(_read_all(peer))
-    assert sorted(received, key=lambda r: r.lease) == [Release(1), Release(2), Release(3)]
-    assert (link.direct_writes, link.writes, link.frames_sent) == (1, 2, 3)
-    peer.close()
-    await link.stream.aclose()
-
-
-async def test_frames_gathered_when_the_link_closes_are_written_by_the_writer() -> None:
-    link, peer = _pair()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(link.run_writer)
-        await trio.testing.wait_all_tasks_blocked()
-        link.send(Release(1))
-        link.send(Release(2))  # gathered
-        link.close()  # in the same turn: the gathered frame goes to the writer, then the link ends
-        with pytest.raises(LinkClosed):
-            link.send(Release(3))
-        await link.drained.wait()
-    assert FrameReader().feed(_read_all(peer)) == [Release(1), Release(2)]
-    assert (link.direct_writes, link.writes) == (1, 1)
-    peer.close()
-    await link.stream.aclose()
-
-
-async def test_a_gathered_write_the_socket_does_not_take_is_finished_by_the_writer_at_once() -> None:
-    """The end of the turn writes what the socket takes and hands the rest to the writer task,
-    which runs at once: the run loop's wait was computed before the writer became runnable, so
-    the link wakes it (without that the writer would wait for the next deadline, here 2 s)."""
-    link, peer = _pair()
-    frames = [Release(1), MetricsText(2, "x" * 4_000_000), Release(3)]  # larger than a socket buffer
-    done = trio.Event()
-    received: list[object] = []
-    token = trio.lowlevel.current_trio_token()
-
-    def read_in_thread() -> None:  # a plain thread: nothing it does wakes trio's run loop until the end
-        peer.setblocking(True)
-        reader = FrameReader()
-        while len(received) < len(frames):
-            received.extend(reader.feed(peer.recv(1 << 20)))
-        token.run_sync_soon(done.set)
-
-    thread = threading.Thread(target=read_in_thread)
-    thread.start()
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(link.run_writer)
-            await trio.testing.wait_all_tasks_blocked()
-            for frame in frames:
-                link.send(frame)  # the first written at once, the other two gathered
-            with trio.fail_after(2):
-                await done.wait()
-            link.close()
-    finally:
-        thread.join(5)
-    assert received == frames
-    assert link.direct_writes == 1
+    # no checkpoint since the sends, no writer task running: the bytes are already in the socket
+    assert FrameReader().feed(_read_all(peer)) == [Release(7), Load((1, 2))]
+    assert link.direct_writes == 2
+    assert link.frames_sent == 2
     peer.close()
     await link.stream.aclose()
 
