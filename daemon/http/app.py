@@ -49,9 +49,9 @@ from daemon.http.errors import ApiError, error_body
 from daemon.http.h1proto import DISCONNECT_WATCH, RESPOND, TAKE_BODY
 from daemon.http.hypercorn_close import HOLD_WRITE
 from daemon.http.metrics_route import metrics_blueprint
-from daemon.http.proxy import ClientGone, ProxyEngine, send_error
+from daemon.http.proxy import ClientGone, ProxyEngine, can_travel, send_error
 from daemon.http.queue_eta import QueueWatch
-from daemon.http.requests import ENDPOINTS, MAX_ID_HEADER_BYTES
+from daemon.http.requests import ENDPOINTS
 from daemon.models import with_pool_models
 from daemon.upstream import client_headers
 
@@ -385,9 +385,7 @@ def _echo_id(headers: dict[str, str]) -> str | None:
     """The client's ``x-request-id`` to echo on an answer given before the request was parsed
     (docs/operations.md §12): only one that could travel (bounded, visible ASCII)."""
     rid = headers.get("x-request-id")
-    if rid and len(rid) <= MAX_ID_HEADER_BYTES and all(" " <= ch <= "~" for ch in rid):
-        return rid
-    return None
+    return rid if rid is not None and can_travel(rid) else None
 
 
 async def _serve_ticket(

@@ -234,9 +234,19 @@ def client_request_id(body: Mapping[str, Any], headers: Mapping[str, str]) -> st
     if header:
         return header
     rid = body.get("request_id")
-    if isinstance(rid, str) and rid and len(rid) <= MAX_ID_HEADER_BYTES and all(" " <= ch <= "~" for ch in rid):
-        return rid
-    return None
+    return rid if isinstance(rid, str) and can_travel(rid) else None
+
+
+def can_travel(rid: str) -> bool:
+    """A request id that can go in a header: non-empty, bounded, visible ASCII."""
+    return bool(rid) and len(rid) <= MAX_ID_HEADER_BYTES and all(" " <= ch <= "~" for ch in rid)
+
+
+def with_request_id(headers: list[tuple[str, str]], request_id: str) -> list[tuple[str, str]]:
+    """``headers`` with one ``x-request-id``, ``request_id`` (docs/operations.md §12)."""
+    head = [h for h in headers if h[0] != "x-request-id"]
+    head.append(("x-request-id", request_id))
+    return head
 
 
 class ClientGone(Exception):
@@ -333,9 +343,7 @@ class _StartTracker:
 
     async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
         self.started = True
-        head = [h for h in headers if h[0] != "x-request-id"]
-        head.append(("x-request-id", self._request_id))
-        await self._sink.start(status, head)
+        await self._sink.start(status, with_request_id(headers, self._request_id))
 
     async def end(self, chunk: bytes = b"") -> None:
         self.ended = True
@@ -452,8 +460,7 @@ async def send_error(sink: ResponseSink, error: ApiError, request_id: str | None
     body = error.body()
     headers = [*JSON_HEADERS, ("content-length", str(len(body))), *error.headers]
     if request_id is not None:
-        headers = [h for h in headers if h[0] != "x-request-id"]
-        headers.append(("x-request-id", request_id))
+        headers = with_request_id(headers, request_id)
     await sink.start(error.status, headers)
     await sink.end(body)
 
