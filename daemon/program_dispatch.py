@@ -162,6 +162,9 @@ class ProgramLease:
     report_on_exit: bool = False
     dropped: bool = False  # refused while it waited again: the core no longer has the request
     _runs: dict[str, _RequeueRun] | None = None
+    # the dispatcher's wording of a refusal (``ProgramDispatcher.explain``): a re-admission refused
+    # for ``no_targets`` names each worker's reason as the first admission's refusal does
+    _explain: Callable[[Rejection], Rejection] | None = None
 
     def attempt_scope(self, committed: Callable[[], bool]) -> trio.CancelScope:
         """Register the forward about to run (``committed()``: a byte of its answer reached the
@@ -192,7 +195,7 @@ class ProgramLease:
                 raise DispatchRejected(SCHEDULER_UNAVAILABLE) from None
         if isinstance(reply, Rejection):
             self.dropped = True
-            raise DispatchRejected(reply)
+            raise DispatchRejected(reply if self._explain is None else self._explain(reply))
         assert isinstance(reply, Admitted)
         self.target = reply.target
         self.queue_seconds += reply.queue_seconds
@@ -337,7 +340,7 @@ class BatchDispatcher:
                     if isinstance(reply, Rejection):
                         submitted = False  # the core already dropped the request
                         program.counters.rejected_count += 1
-                        raise DispatchRejected(reply)
+                        raise DispatchRejected(program.explain(reply))
                     admissions += 1
                     if admissions <= run.preempted:
                         continue  # preempted before this admission's forward started
@@ -620,6 +623,7 @@ class ProgramDispatcher:
             requeueable=reply.requeueable,
             runs=self.requeue_runs,
             report_on_exit=self.scheduler.direct,
+            explain=self.explain,
         )
 
     async def release_shielded(

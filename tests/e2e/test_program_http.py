@@ -10,12 +10,28 @@ test (it uses worker threads, so it runs on the real clock without timing assert
 from __future__ import annotations
 
 import json
+import random
+from functools import partial
 from typing import Any
 
+import attrs
 import openai
 import trio
 import trio.testing
-from test_program_scheduling import PROMPT_TOKENS, W0, ProgramWorker, chat, program_daemon
+from native_fakes import make_config
+from test_program_scheduling import (
+    PROMPT_TOKENS,
+    VIRTUAL_BUDGET_SECONDS,
+    W0,
+    ProgramWorker,
+    chat,
+    in_process_client,
+    program_daemon,
+)
+
+from actors.core.config import BatchJobsConfig, ProgramSchedulingConfig
+from daemon.config import PrioritySection
+from daemon.supervisor import run_daemon
 
 
 def data_events(raw: bytes) -> list[str]:
@@ -112,6 +128,43 @@ async def test_program_no_targets_503_names_each_workers_reason(autojump_clock: 
         assert error["message"] == f"no healthy DP targets are available: {W0}: HTTP 503"
         assert plain.json()["error"]["message"] == f"no healthy targets are available: {W0}: HTTP 503"
         assert worker.seen == []
+
+
+async def test_batch_and_interactive_no_targets_503s_name_each_workers_reason(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The batch and interactive classes go through the same scheduler: their ``no_targets``
+    refusals name each worker's reason too (docs/operations.md §11.3)."""
+    worker = ProgramWorker()
+    worker.down.add(W0)
+    cfg = attrs.evolve(
+        make_config(worker.urls, dp=worker.dp, policy="round_robin"),
+        enable_program_scheduling=True,
+        program_scheduling=ProgramSchedulingConfig(),
+        batch_jobs=BatchJobsConfig(enabled=True),
+        priority=PrioritySection(interactive_scheduling=True),
+    )
+    with trio.fail_after(VIRTUAL_BUDGET_SECONDS):
+        async with trio.open_nursery() as nursery:
+            handles = await nursery.start(
+                partial(run_daemon, cfg, client_factory=worker.client, rng=random.Random(1), serve_http=False)
+            )
+            try:
+                async with in_process_client(handles) as client:
+                    batch = await client.post(
+                        "/v1/chat/completions", json=chat("b", None), headers={"x-agentd-class": "batch"}
+                    )
+                    interactive = await client.post(
+                        "/v1/chat/completions", json=chat("i", None), headers={"x-agentd-tenant": "alice"}
+                    )
+            finally:
+                handles.shutdown.set()
+    for response in (batch, interactive):
+        assert response.status_code == 503, response.text
+        error = response.json()["error"]
+        assert error["code"] == "no_targets"
+        assert error["message"] == f"no healthy DP targets are available: {W0}: HTTP 503"
+    assert worker.seen == []
 
 
 async def test_program_openai_client_streaming_and_not() -> None:
