@@ -335,14 +335,14 @@ class Exchange:
     async def _read_length(self) -> dict[str, Any]:
         conn = self.conn
         data = conn.buf
+        left = self.request.length
         if data:
             conn.buf = b""
         else:
-            data = await conn.recv()
+            data = await conn.recv(left)
             if not data:
                 self.gone = True
                 return _DISCONNECT
-        left = self.request.length
         if len(data) >= left:
             if len(data) > left:
                 conn.buf = data[left:]
@@ -635,13 +635,16 @@ class H1Connection:
             self._idle.cancel()
 
     # ------------------------------------------------------------------ socket
-    async def recv(self) -> bytes:
-        """The next bytes from the client, ``b""`` once it closed the connection or it broke."""
+    async def recv(self, at_most: int = 0) -> bytes:
+        """The next bytes from the client, ``b""`` once it closed the connection or it broke;
+        ``at_most``: no more than that (the rest of a request body: the read's buffer is then the
+        body's size, not :data:`LARGE_RECV` cut down afterwards, docs/benchmarks.md §10.2.8)."""
+        size = self._size if not 0 < at_most < self._size else at_most
         try:
-            data = await self.stream.receive_some(self._size)
+            data = await self.stream.receive_some(size)
         except _IO_ERRORS:
             return b""
-        self._size = LARGE_RECV if len(data) == self._size else MAX_RECV
+        self._size = LARGE_RECV if len(data) == size == self._size else MAX_RECV
         return bytes(data)
 
     async def write(self, data: bytes, exchange: Exchange | None = None) -> None:

@@ -675,3 +675,50 @@ async def test_respond_after_a_start_is_refused() -> None:
 
     responses, _ = await exchange(app, GET, 1)
     assert responses[0].status == 200
+
+
+async def test_a_body_read_asks_for_no_more_than_the_rest_of_the_body() -> None:
+    """A large body's later reads are sized to what is left of it (docs/benchmarks.md §10.2.8):
+    never a 1 MiB buffer cut down afterwards; the bytes of the request that follows are read as
+    before, and the app receives the same body."""
+    asked: list[int | None] = []
+
+    class Recording(trio.abc.HalfCloseableStream):
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        async def send_all(self, data: Any) -> None:
+            await self.inner.send_all(data)
+
+        async def wait_send_all_might_not_block(self) -> None:
+            await self.inner.wait_send_all_might_not_block()
+
+        async def receive_some(self, max_bytes: int | None = None) -> bytes:
+            asked.append(max_bytes)
+            return bytes(await self.inner.receive_some(max_bytes))
+
+        async def send_eof(self) -> None:
+            await self.inner.aclose()
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    body = b"x" * 200_000
+    head = b"POST /e HTTP/1.1\r\nHost: h\r\ncontent-length: %d\r\n\r\n" % len(body)
+    client_stream, server_stream = trio.testing.memory_stream_pair()
+    conn = connection(echo, Recording(server_stream))
+    client = Client(client_stream)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(conn.run)
+        await client.send(head + body[: 65536 - len(head)])  # the first read fills its 64 KiB
+        await trio.testing.wait_all_tasks_blocked()
+        await client.send(body[65536 - len(head) :] + GET)  # the rest, and a pipelined request
+        first = await client.response()
+        second = await client.response()
+        nursery.cancel_scope.cancel()
+    assert first.json()["body"] == body.decode()
+    assert second.status == 200 and second.json()["path"] == "/a"
+    assert asked[0] == 65536
+    # the body's next read: exactly what was left of it (was: 1 MiB)
+    assert asked[1] == len(body) - (65536 - len(head))
+    assert all(size is not None and size <= 65536 for size in asked[2:])
