@@ -43,8 +43,12 @@ class ProxyRequest:
     headers: Mapping[str, str]  # lower-case header names
     model: str | None
     stream: bool
-    prompt: PromptSize
-    routing_text: str
+    # the prompt's size (the Program scheduler's estimate) and the routing text (consistent hash,
+    # Program binding): given, or worked out from the body by ``texts`` the first time they are
+    # read; a request that needs neither (round robin, least loaded) never walks its body for them
+    # (docs/benchmarks.md §10.2.8)
+    _prompt: PromptSize | None = None
+    _routing_text: str | None = None
     identity: ParsedIdentity | None = None
     # the job name when the request is batch class (docs/batch.md §2), else None
     batch_job: str | None = None
@@ -67,6 +71,33 @@ class ProxyRequest:
     max_queue_seconds: float | None = None
     # the latest queue position and ETA of a waiting streaming request, for its SSE comments
     queue_watch: QueueWatch | None = None
+    # (routing_text, prompt size) of the body, called at most once, when either is first read
+    # without having been given (daemon/http/requests.py request_texts)
+    texts: Callable[[], tuple[str, PromptSize]] | None = attrs.field(default=None, eq=False, repr=False)
+
+    @property
+    def prompt(self) -> PromptSize:
+        if self._prompt is None:
+            self._work_out_texts()
+        assert self._prompt is not None
+        return self._prompt
+
+    @property
+    def routing_text(self) -> str:
+        if self._routing_text is None:
+            self._work_out_texts()
+        assert self._routing_text is not None
+        return self._routing_text
+
+    def _work_out_texts(self) -> None:
+        if self.texts is None:
+            raise AttributeError("ProxyRequest: neither prompt and routing_text nor texts were given")
+        routing_text, prompt = self.texts()
+        # a cache of values fixed by the (never mutated) body: frozen for everything else
+        if self._routing_text is None:
+            object.__setattr__(self, "_routing_text", routing_text)
+        if self._prompt is None:
+            object.__setattr__(self, "_prompt", prompt)
 
 
 @attrs.frozen

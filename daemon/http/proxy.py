@@ -33,6 +33,7 @@ the lease is left without ``finish`` (abandoned).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -209,7 +210,6 @@ def request_fields(
     identity = None if enable_key is None else parse_program_identity(body, headers, enable_key, hint_caps)
     identity = scope_identity(identity, principal)  # per-tenant Program ids (docs/operations.md §10)
     batch_job = batch_job_of(body, headers)
-    routing_text, prompt = request_texts(endpoint, body)
     return {
         "request_id": request_id,
         "endpoint": endpoint,
@@ -217,8 +217,8 @@ def request_fields(
         "headers": headers,
         "model": body.get("model"),
         "stream": body.get("stream") is True,
-        "prompt": prompt,
-        "routing_text": routing_text,
+        # worked out when a dispatcher first reads them (docs/benchmarks.md §10.2.8)
+        "texts": functools.partial(request_texts, endpoint, body),
         "identity": identity,
         "batch_job": batch_job,
         "principal": principal,
