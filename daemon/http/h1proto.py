@@ -647,6 +647,22 @@ class H1Connection:
         self._size = LARGE_RECV if len(data) == size == self._size else MAX_RECV
         return bytes(data)
 
+    def recv_now(self) -> bytes | None:
+        """The bytes the socket holds already (``b""``: the client closed the connection), taken
+        without a checkpoint; ``None`` when a read would have to wait, or went wrong (then
+        :meth:`recv` reads, and reports it as it does).  The next request's head is read so
+        whenever it is there: no idle timer's cancel scope for a read that does not wait
+        (docs/benchmarks.md §10.2.8)."""
+        if self._sock is None:
+            return None
+        size = self._size
+        try:
+            data = self._sock.recv(size)
+        except OSError:  # would block (BlockingIOError), reset, closed: recv's path
+            return None
+        self._size = LARGE_RECV if len(data) == size else MAX_RECV
+        return data
+
     async def write(self, data: bytes, exchange: Exchange | None = None) -> None:
         """Write ``data`` whole, in order with every other write of the connection.  A write the
         socket takes at once leaves without the lock or a checkpoint; the rest waits under the lock
@@ -745,13 +761,17 @@ class H1Connection:
                 )
             if self.terminated.is_set():
                 return None
-            if deadline == math.inf:
-                deadline = trio.current_time() + self.keep_alive_timeout
-            with trio.CancelScope(deadline=deadline) as scope:
-                self._idle = scope
-                data = await self.recv()
-            self._idle = None
-            if scope.cancelled_caught or not data:
+            data = self.recv_now()
+            if data is None:  # nothing there yet: wait for it, at most until the idle deadline
+                if deadline == math.inf:
+                    deadline = trio.current_time() + self.keep_alive_timeout
+                with trio.CancelScope(deadline=deadline) as scope:
+                    self._idle = scope
+                    data = await self.recv()
+                self._idle = None
+                if scope.cancelled_caught:
+                    return None
+            if not data:
                 return None
             buf += data
 

@@ -722,3 +722,39 @@ async def test_a_body_read_asks_for_no_more_than_the_rest_of_the_body() -> None:
     # the body's next read: exactly what was left of it (was: 1 MiB)
     assert asked[1] == len(body) - (65536 - len(head))
     assert all(size is not None and size <= 65536 for size in asked[2:])
+
+
+async def test_a_head_already_in_the_socket_is_read_without_the_idle_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The idle timer's cancel scope is entered only when the connection has to wait for the next
+    request's bytes (docs/benchmarks.md §10.2.8): bytes already in the socket are taken at once.
+    The requests are answered as before; the wait after them still closes at the idle timeout."""
+    import daemon.http.h1proto as h1proto
+
+    scopes: list[float] = []
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(trio, name)
+
+        @staticmethod
+        def CancelScope(**kwargs: Any) -> trio.CancelScope:  # trio's name
+            if "deadline" in kwargs:  # the idle timer's (the others are shields)
+                scopes.append(kwargs["deadline"])
+            return trio.CancelScope(**kwargs)
+
+    monkeypatch.setattr(h1proto, "trio", Counting())
+    a, b = trio.socket.socketpair()
+    client_stream, server_stream = trio.SocketStream(a), trio.SocketStream(b)
+    conn = connection(echo, server_stream, keep_alive=5.0)
+    client = Client(client_stream)
+    await client.send(GET + GET)  # two pipelined requests, in the socket before the server reads
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(conn.run)
+        responses = [await client.response() for _ in range(2)]
+        await trio.testing.wait_all_tasks_blocked()
+        idle = conn._idle
+        nursery.cancel_scope.cancel()
+    assert [r.status for r in responses] == [200, 200]
+    assert [r.json()["path"] for r in responses] == ["/a", "/a"]
+    # one scope: the wait for a third request (was: one for the first read as well)
+    assert len(scopes) == 1 and idle is not None and idle.deadline == scopes[0]
