@@ -8,11 +8,28 @@ the problem as one line naming the flag (the command prints it and exits 2), or 
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from daemon.config import AgentdConfig
+
+
+def _create_problem(directory: Path) -> str | None:
+    """Why no file can be created in ``directory``, found by creating (and removing) one, or None.
+
+    ``os.access`` asks the permission bits only: for root every directory passes, also one where
+    the file system refuses new files (``/proc``, a read-only mount), and the command ran for
+    minutes before its final write failed (a traceback, or an exit 1 that said to resume)."""
+    probe = directory / f".agentd-write-probe.{secrets.token_hex(4)}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    os.close(fd)
+    os.unlink(probe)
+    return None
 
 
 def input_file_problem(path: str, flag: str) -> str | None:
@@ -47,6 +64,9 @@ def output_file_problem(path: str, flag: str) -> str | None:
         return f"{flag}: directory not writable: {parent}"
     if p.exists() and not os.access(p, os.W_OK):
         return f"{flag}: not writable: {path}"
+    reason = _create_problem(parent)
+    if reason is not None:
+        return f"{flag}: cannot create a file in {parent}: {reason}"
     return None
 
 
@@ -60,6 +80,9 @@ def output_dir_problem(path: str, flag: str) -> str | None:
             return f"{flag}: exists and is not a directory: {path}"
         if not os.access(p, os.W_OK | os.X_OK):
             return f"{flag}: directory not writable: {path}"
+        reason = _create_problem(p)
+        if reason is not None:
+            return f"{flag}: cannot create a file in {path}: {reason}"
         return None
     ancestor = p.absolute().parent
     while not ancestor.exists():
@@ -68,6 +91,9 @@ def output_dir_problem(path: str, flag: str) -> str | None:
         return f"{flag}: cannot create {path}: {ancestor} is not a directory"
     if not os.access(ancestor, os.W_OK | os.X_OK):
         return f"{flag}: cannot create {path}: {ancestor} is not writable"
+    reason = _create_problem(ancestor)
+    if reason is not None:
+        return f"{flag}: cannot create {path} in {ancestor}: {reason}"
     return None
 
 
@@ -103,4 +129,7 @@ def batch_database_problem(cfg: AgentdConfig) -> str | None:
         ancestor = ancestor.parent
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
         return f"{field}: cannot create {str(path)!r}: {str(ancestor)!r} is not a writable directory"
+    reason = _create_problem(ancestor)
+    if reason is not None:
+        return f"{field}: cannot create {str(path)!r} in {str(ancestor)!r}: {reason}"
     return None
