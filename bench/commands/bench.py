@@ -33,6 +33,7 @@ from bench.bench import (
     ClusterSpec,
     find_vllm_router,
     run_bench,
+    scaled_program_config,
 )
 from bench.calibrate import calibrate_kv_blocks
 from bench.commands.common import add_replay_flags, from_args, load_trace_arg, replay_options
@@ -42,6 +43,7 @@ from bench.plots import missing_plots, write_plots
 from bench.report import trace_summary
 from daemon.commands.argtypes import int_at_least, positive_float, positive_int
 from daemon.commands.paths import output_dir_problem
+from daemon.config_loading import ConfigError, load_config
 from sim.config import SCHEDULING_POLICIES
 
 NAME = "bench"
@@ -152,6 +154,18 @@ def _systems(args: argparse.Namespace, router: str | None) -> tuple[str, ...] | 
     return chosen
 
 
+def _program_config_problems(cluster: ClusterSpec, overrides: dict[str, Any]) -> list[str]:
+    """What agentd says of the Program scheduling JSON the bench would start it with (the scaled
+    defaults with ``--ps-config-json`` over them), one line per problem naming the field."""
+    try:
+        load_config(
+            None, {"enable_program_scheduling": True, "program_scheduling": scaled_program_config(cluster, overrides)}
+        )
+    except ConfigError as exc:
+        return list(exc.lines)
+    return []
+
+
 def run(args: argparse.Namespace) -> int:
     problem = output_dir_problem(args.out, "--out")
     if problem is not None:
@@ -184,6 +198,11 @@ def run(args: argparse.Namespace) -> int:
         args.concurrency = preset["concurrency"]
     target_hit = args.target_native_hit if args.target_native_hit is not None else preset.get("target_native_hit")
     cluster = from_args(ClusterSpec, args, num_gpu_blocks="kv_blocks")
+    problems = _program_config_problems(cluster, overrides) if overrides and "agentd" in systems else []
+    if problems:  # agentd refused them at its start, after the systems before it had run (exit 1)
+        for line in problems:
+            print(f"agentd bench: --ps-config-json: {line}", file=sys.stderr)
+        return 2
     replay = replay_options(args)
     context = [
         f"- trace: `{args.trace}` (profile {trace.meta.profile}, seed {trace.meta.seed}, "

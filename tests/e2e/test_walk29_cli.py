@@ -99,3 +99,19 @@ def test_check_config_refuses_a_batch_database_where_no_file_can_be_created(
     assert capsys.readouterr().err.splitlines()[-1] == (
         "  batch_api.database_path: cannot create '/proc/agentd/b.sqlite3' in '/proc': No such file or directory"
     )
+
+
+@pytest.mark.parametrize("systems", [[], ["--systems", "agentd"]])
+def test_bench_checks_the_program_scheduling_json_before_any_system_runs(
+    systems: list[str], trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--ps-config-json`` with a field agentd refuses: agentd's own start refused it after the
+    systems before it (native: minutes) had run, and the bench exited 1."""
+    out = tmp_path / "bench"
+    argv = ["bench", "--trace", str(trace), "--out", str(out), "--no-progress", *systems]
+    assert _code([*argv, "--ps-config-json", '{"nope": 1, "high_watermark_ratio": "x"}']) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "agentd bench: --ps-config-json: program_scheduling.nope: unknown key (not a configuration field)",
+        "agentd bench: --ps-config-json: program_scheduling.high_watermark_ratio: must be a number (got 'x')",
+    ]
+    assert not out.exists()
