@@ -28,7 +28,7 @@ from typing import Any, TextIO
 
 import httpx
 import trio
-from attrs import define, frozen
+from attrs import define, field, frozen
 
 from daemon.batch_output import OutputWriter, Resumed, line_record_id, scan_output
 from daemon.batch_progress import BatchProgress
@@ -74,6 +74,13 @@ class BatchSummary:
     wall_seconds: float = 0.0
     stopped: bool = False  # interrupted before every line was answered
     truncated_bytes: int = 0
+    # this run's failures by cause: ``http_<status>`` (with the error body's code when it has
+    # one, ``http_401/invalid_api_key``), ``connection_error`` or ``timeout``
+    causes: dict[str, int] = field(factory=dict)
+
+    def count_failure(self, cause: str) -> None:
+        self.failed += 1
+        self.causes[cause] = self.causes.get(cause, 0) + 1
 
     @property
     def answered(self) -> int:
@@ -87,12 +94,19 @@ class BatchSummary:
     def text(self) -> str:
         rate = self.completion_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
         parts = [
-            f"{self.total} lines: {self.ok} ok, {self.failed} failed, {self.malformed} malformed",
+            f"{self.total} lines: {self.ok} ok, {self.failed} failed{self._causes_text()}, {self.malformed} malformed",
             f"{self.resumed} already in the output ({self.prior_failed} of them failed)" if self.resumed else "",
             f"tokens {self.prompt_tokens} prompt / {self.completion_tokens} completion ({rate:.0f} completion tok/s)",
             f"wall {self.wall_seconds:.1f}s",
         ]
         return "; ".join(p for p in parts if p)
+
+    def _causes_text(self) -> str:
+        """`` (http_401/invalid_api_key: 3)``: why this run's lines failed (the summary said only how
+        many, and every record had to be opened to learn that the target wanted an API key)."""
+        if not self.causes:
+            return ""
+        return " (" + ", ".join(f"{cause}: {n}" for cause, n in sorted(self.causes.items())) + ")"
 
 
 def count_lines(path: Path) -> int:
@@ -111,6 +125,15 @@ def count_lines(path: Path) -> int:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(name)
+
+
+def _failure_cause(status: int, body: Any) -> str:
+    """``http_<status>``, with the OpenAI error body's ``code`` when it is a short token."""
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    if isinstance(code, str) and 0 < len(code) <= 64 and code.isascii() and code.isprintable() and " " not in code:
+        return f"http_{status}/{code}"
+    return f"http_{status}"
 
 
 def _usage_tokens(body: Any) -> tuple[int, int]:
@@ -267,8 +290,8 @@ class BatchRunner:
                 response = await self.client.post(self.base_url + line.url, content=content, headers=headers)
             except httpx.RequestError as exc:  # no HTTP answer: connect/read errors, timeouts, a bad encoding
                 if last:
-                    self.summary.failed += 1
                     code = "timeout" if isinstance(exc, httpx.TimeoutException) else "connection_error"
+                    self.summary.count_failure(code)
                     message = f"{type(exc).__name__}: {str(exc) or 'no detail'} (after {attempt} attempts)"
                     return output_record(
                         line.custom_id,
@@ -301,7 +324,7 @@ class BatchRunner:
             self.summary.prompt_tokens += prompt
             self.summary.completion_tokens += completion
         else:
-            self.summary.failed += 1
+            self.summary.count_failure(_failure_cause(response.status_code, body))
         return output_record(
             line.custom_id,
             status_code=response.status_code,
