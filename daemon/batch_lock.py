@@ -73,7 +73,8 @@ class BatchDatabaseLock:
                 who = f"another agentd (pid {holder})" if holder else "another agentd"
                 raise BatchDatabaseLocked(
                     f"{FIELD}: {str(self.database)!r} is in use by {who}, which holds {str(self.path)!r}; "
-                    "give each daemon its own database (or stop the other one)"
+                    "give each daemon its own database ([batch_api] database_path in its --config file; "
+                    "[batch_api] enabled = false turns the Batch API off) or stop the other one"
                 ) from None
             raise BatchDatabaseLocked(f"{FIELD}: cannot lock {str(self.path)!r} ({exc.strerror or exc})") from None
         os.ftruncate(fd, 0)

@@ -65,7 +65,8 @@ async def test_a_second_daemon_on_the_same_database_exits_2_naming_the_field_and
         assert (database.parent / "batches.sqlite3.lock").read_text() == f"{first.pid}\n"
         line = (
             f"batch_api.database_path: {str(database)!r} is in use by another agentd (pid {first.pid}), which "
-            f"holds {str(database) + '.lock'!r}; give each daemon its own database (or stop the other one)"
+            f"holds {str(database) + '.lock'!r}; give each daemon its own database ([batch_api] database_path in "
+            "its --config file; [batch_api] enabled = false turns the Batch API off) or stop the other one"
         )
         assert (await refused(config, "--port", "0")).splitlines()[-1] == line
         json_err = await refused(config, "--log-format", "json")
