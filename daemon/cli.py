@@ -71,6 +71,16 @@ def _requested_command(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub-)sub-command ``args`` ran: ``agentd trace synth``'s for ``trace synth``."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, subs[0].dest, None) if subs and subs[0].dest else None
+        if not isinstance(chosen, str) or chosen not in subs[0].choices:
+            return parser
+        parser = subs[0].choices[chosen]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -79,7 +89,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser(_requested_command(argv))
     except KeyboardInterrupt:
         return 130
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # parse_args reported them with the top-level usage ("agentd: error: unrecognized
+        # arguments"), not the sub-command's that has the flags the user meant
+        _chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args._run(args))
     except KeyboardInterrupt:

@@ -90,14 +90,26 @@ class _Parsed(Exception):
 def parse_only(argv: list[str]) -> str | None:
     """Parse ``argv`` with its command's parser and stop there: None if it parses, else argparse's
     complaint."""
-    original = argparse.ArgumentParser.parse_args
+    # parse_known_args, not parse_args: ``agentd`` parses with it (to report an unknown argument
+    # with the sub-command's usage) and parse_args calls it; a sub-command's parser is a nested call
+    original = argparse.ArgumentParser.parse_known_args
+    depth = 0
 
     def parse_and_stop(self: argparse.ArgumentParser, args: object = None, namespace: object = None) -> object:
-        original(self, args, namespace)  # type: ignore[call-overload]
+        nonlocal depth
+        depth += 1
+        try:
+            parsed, extras = original(self, args, namespace)  # type: ignore[call-overload]
+        finally:
+            depth -= 1
+        if depth:
+            return parsed, extras
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
         raise _Parsed
 
     err = io.StringIO()
-    argparse.ArgumentParser.parse_args = parse_and_stop  # type: ignore[assignment,method-assign]
+    argparse.ArgumentParser.parse_known_args = parse_and_stop  # type: ignore[assignment,method-assign]
     old_argv = sys.argv
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
@@ -117,7 +129,7 @@ def parse_only(argv: list[str]) -> str | None:
     except SystemExit:
         return err.getvalue().strip().splitlines()[-1]
     finally:
-        argparse.ArgumentParser.parse_args = original  # type: ignore[method-assign]
+        argparse.ArgumentParser.parse_known_args = original  # type: ignore[method-assign]
         sys.argv = old_argv
     return "the command ran instead of stopping after parsing its arguments"
 

@@ -115,3 +115,26 @@ def test_bench_checks_the_program_scheduling_json_before_any_system_runs(
         "agentd bench: --ps-config-json: program_scheduling.high_watermark_ratio: must be a number (got 'x')",
     ]
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "prog", "unknown"),
+    [
+        (["check-config", "a.toml", "b.toml"], "agentd check-config", "b.toml"),
+        (["start", "--port", "0", "--frob"], "agentd start", "--frob"),
+        (
+            ["trace", "synth", "--profile", "bfcl", "--programs", "2", "--out", "-", "--frob"],
+            "agentd trace synth",
+            "--frob",
+        ),
+    ],
+)
+def test_an_unknown_argument_is_reported_by_the_sub_command_with_its_usage(
+    argv: list[str], prog: str, unknown: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They were reported by the top-level parser: ``agentd: error: unrecognized arguments`` under
+    ``usage: agentd [-h] [--version] COMMAND ...``, which lists none of the command's flags."""
+    assert _code(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: {prog} ")
+    assert err.splitlines()[-1] == f"{prog}: error: unrecognized arguments: {unknown}"
