@@ -7,6 +7,7 @@ the ``agentd.commands`` entry-point group).
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import signal
 import sys
@@ -19,7 +20,7 @@ import trio
 from attrs import AttrsInstance
 
 from bench.replay import ReplayOptions
-from bench.trace.format import Trace, TraceError, load_trace
+from bench.trace.format import Trace, TraceError, load_trace, read_trace
 from daemon.commands.argtypes import positive_float, positive_int
 
 T = TypeVar("T", bound=AttrsInstance)
@@ -76,14 +77,24 @@ def replay_options(args: argparse.Namespace) -> ReplayOptions:
 
 
 def load_trace_arg(path: str, prog: str, flag: str = "--trace") -> Trace | None:
-    """The trace at ``path``, or ``None`` after printing why it cannot be used (exit code 2)."""
+    """The trace at ``path`` (``-``: standard input, as ``agentd trace synth --out -`` writes it),
+    or ``None`` after printing why it cannot be used (exit code 2)."""
     try:
+        if path == "-":
+            return read_trace(io.StringIO(_stdin_text()))
         return load_trace(path)
     except OSError as exc:
         print(f"{prog}: cannot read {flag} {path}: {exc.strerror}", file=sys.stderr)
     except TraceError as exc:
         print(f"{prog}: invalid {flag} {path}: {exc}", file=sys.stderr)
     return None
+
+
+def _stdin_text() -> str:
+    try:
+        return sys.stdin.buffer.read().decode("utf-8")
+    except UnicodeDecodeError:
+        raise TraceError("not UTF-8 text (is this a trace?)") from None
 
 
 API_KEY_ENV = "OPENAI_API_KEY"  # as agentd batch (docs/batch.md §3)

@@ -52,10 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="cap turns per session (bench budgets; tail targets then miss)",
     )
     merge = sub.add_parser("merge", help="merge traces into one mixed workload (e.g. agents + a batch job)")
-    merge.add_argument("files", nargs="+", metavar="FILE", help="two or more trace files")
+    merge.add_argument("files", nargs="+", metavar="FILE", help="two or more trace files (one may be '-': stdin)")
     merge.add_argument("-o", "--out", required=True, help="output JSONL path ('-' for stdout)")
     stats = sub.add_parser("stats", help="print distributions and profile-target comparison")
-    stats.add_argument("file")
+    stats.add_argument("file", metavar="FILE", help="trace JSONL ('-' for stdin)")
     stats.add_argument("--json", action="store_true", help="print the statistics as JSON")
     stats.add_argument("--strict", action="store_true", help="exit 1 when a profile target is missed")
 

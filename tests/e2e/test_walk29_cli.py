@@ -138,3 +138,31 @@ def test_an_unknown_argument_is_reported_by_the_sub_command_with_its_usage(
     err = capsys.readouterr().err
     assert err.startswith(f"usage: {prog} ")
     assert err.splitlines()[-1] == f"{prog}: error: unrecognized arguments: {unknown}"
+
+
+def test_trace_stats_and_merge_read_a_trace_from_standard_input(
+    trace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``agentd trace synth --out -`` writes a trace to stdout, but ``agentd trace stats -`` said
+    ``cannot read FILE -: No such file or directory`` (and ``merge`` the same)."""
+    import io
+    import sys
+
+    def stdin(data: bytes) -> None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+
+    capsys.readouterr()
+    stdin(trace.read_bytes())
+    assert _code(["trace", "stats", "-"]) == 0
+    assert capsys.readouterr().out.startswith("profile=swe-short seed=0 arrival=closed_loop")
+    batch = tmp_path / "b.jsonl"
+    assert _code(["trace", "synth", "--profile", "batch", "--programs", "3", "--out", str(batch)]) == 0
+    stdin(trace.read_bytes())
+    merged = tmp_path / "m.jsonl"
+    assert _code(["trace", "merge", "-", str(batch), "-o", str(merged)]) == 0
+    assert merged.read_text().count("\n") == trace.read_text().count("\n") + 3
+    stdin(b"\xff\xfe\n")
+    assert _code(["trace", "stats", "-"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "agentd trace stats: invalid FILE -: not UTF-8 text (is this a trace?)"
+    )
