@@ -45,6 +45,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from actors.core import invariants
+from actors.core.arrival import PASS_RACE_ADMIT
 from actors.core.attribution import IDLE, PARTS, QUEUED, SERVING
 from actors.core.effects import (
     Admit,
@@ -69,6 +70,7 @@ from actors.core.events import (
     TargetsChanged,
     TimerFired,
 )
+from actors.core.ids import ProgramKey, TargetId
 from actors.core.ledger import BACKEND_OBSERVATION, capacity_accounting_source, fresh_waiting, private_tokens
 from actors.core.model import ACTIVE, MAX_SEGMENT_YIELD, PAUSED, REASONING, Usage
 from actors.core.scheduler import initial_state, step
@@ -251,7 +253,10 @@ class SchedulerMachine(RuleBasedStateMachine):
     ) -> None:
         s, cfg = self.state, self.cfg
         admitted = [e for e in effects if isinstance(e, Transition) and e.reason in ADMISSIONS]
-        cross = {e.program for e in effects if isinstance(e, Transition) and e.reason == "cross_rank_resume"}
+        # a passed request admitted where it already is (docs/program-scheduling.md §15) may move its
+        # Program at once: it is not a resume decision, so the migration rules do not apply to it
+        raced = {e.program for e in effects if isinstance(e, Transition) and e.reason == PASS_RACE_ADMIT}
+        cross = {e.program for e in effects if isinstance(e, Transition) and e.reason == "cross_rank_resume"} - raced
         if cfg.binding_only:
             return
         for e in admitted:
@@ -277,6 +282,20 @@ class SchedulerMachine(RuleBasedStateMachine):
         for e in admitted:
             if e.forced:
                 self._record_admission(e, s.ranks[e.target_id])
+        for e in effects:  # admitted without a plan: allowed its whole charge, as a forced admission
+            if isinstance(e, Transition) and e.reason == PASS_RACE_ADMIT and e.target_id is not None:
+                p = s.programs[e.program.key]
+                ledger_mode = (
+                    capacity_accounting_source(s.ranks[e.target_id], self.now, self.tick) != BACKEND_OBSERVATION
+                )
+                charge = p.charged_tokens
+                self.admission[e.program] = {
+                    "forced": True,
+                    "charge": charge,
+                    "grown": 0.0,
+                    "last": charge,
+                    "ledger_mode": ledger_mode,
+                }
         for ref in cross:
             assert pre_pause_reason.get(ref) is not None, f"{ref} migrated without a pause reason"
             queued_at = pre_queued_at.get(ref)
@@ -384,7 +403,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ rules
 
-    def _submit(self, index: int, scope: dict[str, Any], est: int) -> None:
+    def _submit(self, index: int, scope: dict[str, Any], est: int, already_on: Any = None) -> None:
         parsed = parse_program_request(index, scope)
         self.seq += 1
         rid = f"r{self.seq}"
@@ -392,7 +411,34 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.program_of[rid] = parsed.identity.program_id
         self.fifo.setdefault(parsed.identity.program_id, []).append(rid)
         self.est_of[rid] = est
-        self._step(RequestSubmitted(rid, parsed.identity, est, parsed.hints))
+        self._step(RequestSubmitted(rid, parsed.identity, est, parsed.hints, already_on=already_on))
+
+    @rule(
+        index=st.integers(min_value=0, max_value=PROGRAM_COUNT - 1),
+        scope=request_scopes,
+        est=st.integers(min_value=0, max_value=3000),
+        where=st.integers(min_value=-1, max_value=2),
+    )
+    def submit_passed(self, index: int, scope: dict[str, Any], est: int, where: int) -> None:
+        """A request a relay already forwarded under a resume pass (docs/program-scheduling.md §15):
+        to its Program's last target (``where`` -1), else to target ``where`` (maybe removed or
+        never configured).  It is never queued: dispatched at once, or refused when its Program is
+        not Active and its target is not in the pool."""
+        parsed = parse_program_request(index, scope)
+        p = self.state.programs.get(ProgramKey(POOL, parsed.identity.program_id))
+        if where < 0 and p is not None and p.last_target is not None:
+            target = p.last_target
+        else:
+            target = TargetId(self.all_targets[where % len(self.all_targets)].target_id)
+        present = target in self.state.pools.get(POOL, ())
+        active = p is not None and p.state == ACTIVE
+        label(f"passed request {'present' if present else 'gone'} {'active' if active else 'idle'}")
+        self._submit(index, scope, est, already_on=target)
+        rid = f"r{self.seq}"
+        # an Active Program dispatches it as any arrival (where it is Active); else it is admitted on
+        # its target, or refused when that target left the pool
+        expected = "in_flight" if active or present else "rejected"
+        assert self.status[rid] == expected, (rid, target, self.status[rid])
 
     @rule(
         index=st.integers(min_value=0, max_value=PROGRAM_COUNT - 1),

@@ -22,7 +22,7 @@ from actors.core.events import (
     RequestSubmitted,
 )
 from actors.core.fairness_sync import settle_program
-from actors.core.ids import ProgramKey, ProgramRef, RequestId
+from actors.core.ids import ProgramKey, ProgramRef, RequestId, TargetId
 from actors.core.ledger import resync
 from actors.core.lifecycle import (
     cancel_waiting,
@@ -49,6 +49,8 @@ from actors.core.resume import (
 from actors.core.sequences import arrival_sequence
 from actors.core.state import SchedulerState, live_program, queue_timeout
 from actors.core.topology import sync_targets
+
+PASS_RACE_ADMIT = "pass_race_admit"  # the Transition reason of ``admit_where_it_is``
 
 # ---- arrival ---------------------------------------------------------------------------------------
 
@@ -89,6 +91,8 @@ def on_submit(s: SchedulerState, ev: RequestSubmitted) -> None:
     refresh_program(s, p, ev, est, existed)
     touch(s, p)
     if not place_arrival(s, p, rid, ev.hints):
+        return
+    if ev.already_on is not None and not admit_where_it_is(s, p, rid, ev.already_on):
         return
     if s.cfg.binding_only:
         if p.state != ACTIVE and p.last_target is not None:
@@ -200,6 +204,23 @@ def place_arrival(s: SchedulerState, p: Program, rid: RequestId, hints: RequestH
     enqueue(s, p)
     if hints.deadline_seconds is not None or s.cfg.binding_only:
         set_force_resume_deadline(s, p)
+    return True
+
+
+def admit_where_it_is(s: SchedulerState, p: Program, rid: RequestId, target: TargetId) -> bool:
+    """A request a relay already forwarded to ``target`` under a resume pass (docs/program-scheduling.md
+    §15).  An Active Program dispatched it in ``place_arrival`` (on ``target`` unless it moved since);
+    a Program that stopped being Active there (its pass was revoked while the request was under way)
+    is admitted on ``target`` as it stands, without a capacity plan (``pass_race_admit``: capacity
+    repair deals with any excess).  Returns False when ``target`` is no longer a target of the
+    Program's pool: the request is refused as having no target (B2's refusal)."""
+    if p.state == ACTIVE:
+        return True
+    if target not in s.pools.get(p.ref.model_pool, ()):
+        s.effects.append(reject(rid, NO_TARGETS))
+        cancel_waiting(s, rid)
+        return False
+    commit_admission(s, p, s.ranks[target], None, reason=PASS_RACE_ADMIT)
     return True
 
 

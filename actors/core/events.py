@@ -43,6 +43,11 @@ class RequestSubmitted:
     # the client's bound on its queue wait (``x-agentd-max-queue-seconds``, finite >= 0): a request
     # whose queue ETA exceeds it is refused at once (docs/program-scheduling.md §13); None: no bound
     max_queue_seconds: float | None = None
+    # the request is already at ``already_on`` (a relay forwarded it under a resume pass,
+    # docs/program-scheduling.md §15): it is dispatched there whatever the Program's state (never
+    # queued or refused, unless that target is gone); None (always with one process and in the
+    # simulator): an ordinary arrival
+    already_on: TargetId | None = None
 
 
 @frozen

@@ -201,8 +201,13 @@ def dispatch_ready(s: SchedulerState, p: Program, *, forced: bool = False) -> No
         touch(s, p)
 
 
-def commit_admission(s: SchedulerState, p: Program, rank: RankState, plan: Plan | None) -> None:
-    """Paused/Reasoning -> Active/Reasoning on ``rank`` (docs/program-scheduling.md §3), then dispatch."""
+def commit_admission(
+    s: SchedulerState, p: Program, rank: RankState, plan: Plan | None, *, reason: str | None = None
+) -> None:
+    """Paused/Reasoning -> Active/Reasoning on ``rank`` (docs/program-scheduling.md §3), then dispatch.
+
+    ``reason`` overrides the Transition's reason (an admission without a plan: a passed request
+    whose pass was revoked, ``pass_race_admit``, docs/program-scheduling.md §15)."""
     cfg = s.cfg
     front = s.pool.front(p.ref)
     # B4 fix: the Program is charged exactly the `required` the plan checked (front hint).
@@ -250,7 +255,8 @@ def commit_admission(s: SchedulerState, p: Program, rank: RankState, plan: Plan 
         )
     forced = plan is not None and plan.forced
     batch_gain = plan is not None and plan.batch_gain
-    reason = "force_resume" if forced else "batch_gain_admit" if batch_gain else "program_admit"
+    if reason is None:
+        reason = "force_resume" if forced else "batch_gain_admit" if batch_gain else "program_admit"
     if forced:
         s.forced_admissions += 1
     s.effects.append(
