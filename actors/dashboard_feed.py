@@ -25,6 +25,7 @@ _KIND_BY_REASON = {
     "program_admit": "admit",
     "batch_gain_admit": "admit",
     "force_resume": "force-resume",
+    "pass_race_admit": "admit",
     "cross_rank_resume": "migrate",
 }
 

@@ -54,7 +54,7 @@ class _Children(dict[Any, Any]):
 
 PAUSED_STATE = "paused"
 ACTIVE_STATE = "active"
-ADMIT_REASONS = ("program_admit", "batch_gain_admit", "force_resume")
+ADMIT_REASONS = ("program_admit", "batch_gain_admit", "force_resume", "pass_race_admit")
 REDACTED_KEPT = 4096
 
 
@@ -88,6 +88,10 @@ class EffectRouter:
         # aborts the request's forward when nothing of its answer reached the client yet and
         # returns an outcome of ``REQUEUE_OUTCOMES``
         self.on_requeue: Callable[[str], str] | None = None
+        # the data-plane hub's hook for a Program whose lifecycle moved (a Transition or its
+        # retirement): it revokes the Program's resume pass when it stopped being Active where the
+        # pass sends its requests (docs/architecture.md §9); None with one process and in the simulator
+        self.on_program_change: Callable[[ProgramRef], None] | None = None
         self._transitions = _Children(metrics.transitions)
         self._admission_children = tuple((field, _Children(h)) for field, h in metrics.admission)
         self._queue_wait_children = _Children(metrics.queue_wait_seconds)
@@ -313,10 +317,14 @@ class EffectRouter:
 
     def _retire(self, e: fx.RetireProgram) -> None:
         self.registry.retire(e.program)
+        if self.on_program_change is not None:
+            self.on_program_change(e.program)
 
     # ---- logs and metrics ----------------------------------------------------------------------
 
     def _transition(self, e: fx.Transition) -> None:
+        if self.on_program_change is not None:
+            self.on_program_change(e.program)
         if e.counted and e.target_id is not None:
             self.batch.inc(self._transitions[e.target_id, e.reason])
         if self.feed is not None:

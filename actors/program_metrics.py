@@ -102,6 +102,7 @@ TRANSITION_REASONS = (
     "program_admit",
     "batch_gain_admit",
     "force_resume",
+    "pass_race_admit",
     "cross_rank_resume",
     "ttl_expired",
     "capacity_repair",

@@ -51,7 +51,7 @@ from actors.core.events import (
     RequestRequeued,
     RequestSubmitted,
 )
-from actors.core.ids import RequestId
+from actors.core.ids import RequestId, TargetId
 from actors.core.model import NO_USAGE
 from actors.dashboard_feed import DashboardFeed
 from actors.dashboard_view import dashboard_document
@@ -486,8 +486,9 @@ class ProgramDispatcher:
         it (docs/priority.md §2, §5.5): ``InteractiveSubmitted``, answered like a Program request."""
         return self._lease(req, self.interactive_event(req))
 
-    def program_event(self, req: ProxyRequest) -> RequestSubmitted:
-        """The core's ``RequestSubmitted`` of a request with Program identity."""
+    def program_event(self, req: ProxyRequest, already_on: TargetId | None = None) -> RequestSubmitted:
+        """The core's ``RequestSubmitted`` of a request with Program identity (``already_on``: a
+        relay forwarded it there under a resume pass, docs/architecture.md §9)."""
         if req.identity is None:
             raise ValueError("ProgramDispatcher.lease needs a request with Program identity")
         estimate = self.estimator.estimate(req.model_pool, req)
@@ -504,6 +505,7 @@ class ProgramDispatcher:
             routing_text=req.routing_text,
             tenant=req.prio.tenant,
             max_queue_seconds=req.max_queue_seconds,
+            already_on=already_on,
         )
 
     def interactive_event(self, req: ProxyRequest) -> InteractiveSubmitted:
@@ -520,11 +522,14 @@ class ProgramDispatcher:
 
     # ---- detached leases: a relay's request served without a task (docs/architecture.md §9) ----
 
-    def detached_submission(self, req: ProxyRequest, kind: str, sink: ReplySink) -> Submission:
+    def detached_submission(
+        self, req: ProxyRequest, kind: str, sink: ReplySink, *, already_on: TargetId | None = None
+    ) -> Submission:
         """The submission of a relay's ``program`` or ``interactive`` lease whose answer goes to
-        ``sink``; the caller delivers it to ``scheduler.inbox`` and then calls :meth:`submitted`."""
+        ``sink``; the caller delivers it to ``scheduler.inbox`` and then calls :meth:`submitted`.
+        ``already_on``: the relay already forwarded the Program request there (a resume pass)."""
         self._polling_needed.set()
-        event = self.program_event(req) if kind == "program" else self.interactive_event(req)
+        event = self.program_event(req, already_on) if kind == "program" else self.interactive_event(req)
         return Submission(event=event, reply=sink)
 
     def submitted(self) -> None:

@@ -155,6 +155,7 @@ class DataPlane:
             "scheduler_pid": os.getpid(),
             "public_url": self.public_url,
             "open_leases": sum(r["open_leases"] for r in relays),
+            "passes": self.hub.passes_document(),
             "metrics": self.relay_metrics.document(),
             "relays": relays,
         }

@@ -7,8 +7,11 @@ socket (:mod:`daemon.dataplane.wire` frames):
 * :class:`RemoteProgramDispatcher` - the proxy's ``Dispatcher`` for Program, interactive and batch
   requests: ``lease(req)`` sends an ``Ask`` and waits for ``Grant`` (the ``Admitted`` value) or
   ``Refuse`` (the core's ``Rejection``); ``lease.finish(outcome)`` sends ``Finish`` at once;
-  leaving the lease without ``finish`` sends ``Release`` (abandoned).  When the scheduler is gone
-  every waiting and new request is refused with the 503 ``scheduler_unavailable``;
+  leaving the lease without ``finish`` sends ``Release`` (abandoned).  A Program request whose
+  Program has a resume pass here (given with the Grant of its last request, dropped on a
+  ``Revoke``) does not wait: its lease is the pass's target at once and its ``Ask`` says so
+  (docs/architecture.md §9).  When the scheduler is gone every waiting and new request is refused
+  with the 503 ``scheduler_unavailable``;
 * :class:`SnapshotView` - the health view the relay's own
   :class:`~daemon.dispatch.NativeDispatcher` reads (native policies decide in the relay), the
   served models and the other processes' in-flight counts, from the scheduler's snapshots;
@@ -47,6 +50,7 @@ from daemon.dataplane.wire import (
     Refuse,
     Release,
     Report,
+    Revoke,
     Snapshot,
     WireRequest,
 )
@@ -58,6 +62,7 @@ if TYPE_CHECKING:
     from daemon.http.errors import ApiError
 
 LOAD_SECONDS = 0.05  # how often the relay's native in-flight counts go to the scheduler (when changed)
+MAX_PASSES = 4096  # resume passes kept per relay (the oldest is dropped first: it only costs a wait)
 
 
 class SnapshotView:
@@ -178,6 +183,18 @@ class _Pending:
     reply: Grant | Refuse | None = None
     scope: trio.CancelScope | None = None  # the batch attempt being forwarded (preemptible)
     lease: RemoteLease | None = None
+    key: tuple[str, str] | None = None  # a Program lease: (model pool, Program id)
+    passed: bool = False  # forwarded under a resume pass, before the answer
+    ended: bool = False  # (passed) the lease ended before its answer arrived: dropped with it
+
+
+@attrs.frozen
+class _RelayPass:
+    """A resume pass (docs/architecture.md §9): the Program's next request goes to ``target``."""
+
+    number: int
+    target: BackendTarget
+    program: str  # the redacted Program id of the Grant it came with
 
 
 @attrs.define
@@ -188,6 +205,10 @@ class RelayCounters:
     finished_count: int = 0
     released_count: int = 0
     preempted_count: int = 0
+    passes_received_count: int = 0  # Grants that carried a resume pass
+    passes_revoked_count: int = 0  # Revoke frames that dropped a pass held here
+    passed_count: int = 0  # Program requests forwarded under a pass (without waiting)
+    passed_refused_count: int = 0  # ... that the scheduler refused afterwards (their target was gone)
 
 
 class RemoteProgramDispatcher:
@@ -200,6 +221,7 @@ class RemoteProgramDispatcher:
         self._pending: dict[int, _Pending] = {}
         self.counters = RelayCounters()
         self.interactive = _Kind(self, "interactive")
+        self.passes: dict[tuple[str, str], _RelayPass] = {}  # Program -> its resume pass (bounded)
 
     # ---- frames from the scheduler (called by the relay's reader task) ----
 
@@ -211,11 +233,32 @@ class RemoteProgramDispatcher:
             if not pending.answered.is_set():
                 pending.reply = frame
                 pending.answered.set()
+            if type(frame) is Grant:
+                if frame.pass_number and pending.key is not None:
+                    self._keep_pass(pending.key, frame)
+            elif pending.passed:
+                self.counters.passed_refused_count += 1  # (already forwarded: it fails upstream)
+            if pending.ended:
+                del self._pending[frame.lease]
             return
         try:
             pending.replies.send_nowait(frame)
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+
+    def _keep_pass(self, key: tuple[str, str], grant: Grant) -> None:
+        passes = self.passes
+        if key not in passes and len(passes) >= MAX_PASSES:
+            del passes[next(iter(passes))]
+        passes[key] = _RelayPass(grant.pass_number, grant.admitted.target, grant.admitted.program)
+        self.counters.passes_received_count += 1
+
+    def on_revoke(self, frame: Revoke) -> None:
+        key = (frame.model_pool, frame.program_id)
+        held = self.passes.get(key)
+        if held is not None and held.number == frame.number:
+            del self.passes[key]
+            self.counters.passes_revoked_count += 1
 
     def on_preempt(self, frame: Preempt) -> None:
         pending = self._pending.get(frame.lease)
@@ -228,6 +271,9 @@ class RemoteProgramDispatcher:
     def scheduler_gone(self) -> None:
         """The scheduler's socket ended: refuse what waits and everything new (503)."""
         self.gone = True
+        self.passes.clear()
+        for number in [n for n, pending in self._pending.items() if pending.ended]:
+            del self._pending[number]  # passed requests that ended: no answer will come
         for pending in self._pending.values():
             if pending.replies is None:
                 pending.answered.set()  # no reply: refused as scheduler_unavailable
@@ -242,13 +288,15 @@ class RemoteProgramDispatcher:
     def lease(self, req: ProxyRequest) -> AbstractAsyncContextManager[RemoteLease]:
         return self._lease(req, "program")
 
-    def _ask(self, req: ProxyRequest, kind: str, pending: _Pending) -> int:
+    def _ask(self, req: ProxyRequest, kind: str, pending: _Pending, held: _RelayPass | None = None) -> int:
         if self.gone:
             raise DispatchRejected(SCHEDULER_UNAVAILABLE)
         number = next(self._numbers)
         self._pending[number] = pending
+        wire = WireRequest.of(req, output_cap(req.body))
+        ask = Ask(number, kind, wire) if held is None else Ask(number, kind, wire, held.number, held.target.target_id)
         try:
-            self.link.send(Ask(number, kind, WireRequest.of(req, output_cap(req.body))))
+            self.link.send(ask)
         except LinkClosed:
             del self._pending[number]
             raise DispatchRejected(SCHEDULER_UNAVAILABLE) from None
@@ -276,7 +324,13 @@ class RemoteProgramDispatcher:
         return RemoteLease(a.target, a.request_id, a.program, a.queue_seconds, number, self.link, grant.attempt)
 
     def _end(self, number: int, lease: RemoteLease | None, refused: bool) -> None:
-        self._pending.pop(number, None)
+        pending = self._pending.pop(number, None)
+        if pending is not None and pending.passed:
+            if not pending.answered.is_set():
+                pending.ended = True  # kept until its answer: the Grant may carry the next pass
+                self._pending[number] = pending
+            elif type(pending.reply) is Refuse:
+                refused = True  # the core dropped it: nothing to release
         if refused:
             return
         if lease is not None and lease.outcome is not None:
@@ -291,8 +345,23 @@ class RemoteProgramDispatcher:
     @asynccontextmanager
     async def _lease(self, req: ProxyRequest, kind: str) -> AsyncIterator[RemoteLease]:
         pending = _Pending()  # answered once: an event and a slot, no channel (docs/benchmarks.md §10.3.1)
+        held = None
+        if kind == "program" and req.identity is not None:
+            pending.key = (req.model_pool, req.identity.identity.program_id)
+            if self.passes:
+                held = self.passes.pop(pending.key, None)  # one request per pass
+        if held is not None:  # forwarded now; the answer arrives while (or after) it runs
+            pending.passed = True
+            number = self._ask(req, kind, pending, held)
+            self.counters.passed_count += 1
+            lease = RemoteLease(held.target, req.request_id, held.program, 0.0, number, self.link)
+            try:
+                yield lease
+            finally:
+                self._end(number, lease, False)
+            return
         number = self._ask(req, kind, pending)
-        lease: RemoteLease | None = None
+        granted: RemoteLease | None = None
         refused = False
         try:
             try:
@@ -301,10 +370,10 @@ class RemoteProgramDispatcher:
             except DispatchRejected:
                 refused = True
                 raise
-            lease = self._lease_of(number, grant)
-            yield lease
+            granted = self._lease_of(number, grant)
+            yield granted
         finally:
-            self._end(number, lease, refused)
+            self._end(number, granted, refused)
 
     async def serve(self, req: ProxyRequest, forward: Callable[[RemoteLease], Awaitable[object]]) -> None:
         """A batch-class request (the proxy's ``BatchServer``): ``forward`` runs once per admission;
@@ -359,6 +428,9 @@ async def read_scheduler_frames(
             elif isinstance(frame, Preempt):
                 if remote is not None:
                     remote.on_preempt(frame)
+            elif isinstance(frame, Revoke):
+                if remote is not None:
+                    remote.on_revoke(frame)
             elif isinstance(frame, Snapshot):
                 view.apply(frame)
             elif isinstance(frame, MetricsAsk):

@@ -26,13 +26,15 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import trio
 
 from actors.core.config import BackendTarget
 from actors.core.errors import Rejection
+from actors.core.ids import ProgramKey, ProgramRef, TargetId
+from actors.core.model import ACTIVE
 from actors.logevents import get_logger, log_event
 from actors.messages import Admitted, QueuePosition, Reply, Submission
 from daemon.dataplane.link import Link, LinkClosed
@@ -49,11 +51,15 @@ from daemon.dataplane.wire import (
     Refuse,
     Release,
     Report,
+    Revoke,
     Snapshot,
     WorkerModels,
 )
 from daemon.dispatch import DispatchRejected, HealthView, Outcome, ProxyRequest
 from daemon.program_dispatch import SCHEDULER_UNAVAILABLE, ProgramDispatcher, ProgramLease
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 logger = get_logger("dataplane")
 INTERNAL_ERROR = Rejection(reason="internal_error", status_hint=500, message="internal error in agentd (see the log)")
@@ -84,7 +90,8 @@ class _Detached:
     admitted: bool = False
     answered: bool = False  # the final answer (Admitted or Rejection) was given
     left: bool = False  # the relay released it (or its socket ended) before that
-    early: Outcome | None = None  # a Finish that arrived before the Grant (kept until admission)
+    early: Outcome | None = None  # a Finish that arrived before the Grant (a passed request's)
+    key: ProgramKey | None = None  # a Program lease: its Program (a resume pass may come with its Grant)
 
     # ---- the reply sink of the scheduler actor (actors.messages.ReplySink) ----
 
@@ -121,6 +128,28 @@ class _Served:
     forwarding: bool = False  # a Grant was sent and its Finish/Release not received yet
     ended: trio.Event = attrs.field(factory=trio.Event)
     outcome: Outcome | None = None
+
+
+@attrs.frozen(eq=False)
+class _Pass:
+    """A resume pass the hub gave a relay (docs/architecture.md §9): Program ``ref`` is Active on
+    ``target_id`` under placement ``epoch``."""
+
+    conn: RelayConnection
+    number: int
+    ref: ProgramRef
+    target_id: TargetId
+    epoch: int
+
+
+@attrs.define
+class PassCounters:
+    """The resume passes of the hub (the ``data_plane`` diagnostics; docs/operations.md §13)."""
+
+    issued_count: int = 0  # Grants that carried a pass
+    revoked_count: int = 0  # Revoke frames sent
+    passed_count: int = 0  # requests a relay forwarded under a pass (their Asks)
+    races_count: int = 0  # ... whose pass had been revoked when their Ask arrived
 
 
 class ProtocolError(Exception):
@@ -194,6 +223,7 @@ class RelayConnection:
                         leases=open_count,
                         message="the relay's socket ended with leases open: each is released as abandoned",
                     )
+                self.hub.drop_passes(self)  # (their in-flight requests are among the leases below)
                 for number in list(self.detached):
                     self._release_detached(number, None)
                 leases.cancel_scope.cancel()  # every open lease leaves its context unfinished
@@ -207,8 +237,13 @@ class RelayConnection:
             if program is not None and frame.kind in DETACHED_KINDS:
                 req = frame.request.proxy_request()
                 detached = _Detached(self, frame.lease, req)
+                already_on = None
+                if frame.kind == "program" and req.identity is not None:
+                    detached.key = ProgramKey(req.model_pool, req.identity.identity.program_id)
+                    if frame.pass_number:
+                        already_on = self.hub.passed(self, detached.key, frame.pass_number, frame.pass_target)
                 try:
-                    submission = program.detached_submission(req, frame.kind, detached)
+                    submission = program.detached_submission(req, frame.kind, detached, already_on=already_on)
                 except Exception as exc:  # a bug: this request gets a 500, the scheduler keeps running
                     logger.error(
                         "relay lease failed",
@@ -226,7 +261,7 @@ class RelayConnection:
             open_detached = self.detached.get(frame.lease)
             if open_detached is not None:
                 if outcome is not None and not open_detached.admitted:
-                    open_detached.early = outcome  # (a relay finishes only after its Grant)
+                    open_detached.early = outcome  # (only a passed request finishes before its Grant)
                 else:
                     self._release_detached(frame.lease, outcome)
                 return None
@@ -309,10 +344,11 @@ class RelayConnection:
             self.send_quiet(Refuse(detached.number, program.explain(reply)))
             return
         detached.admitted = True
-        if detached.early is not None:
+        key = detached.key
+        number = 0 if key is None else self.hub.issue_pass(self, key, TargetId(reply.target.target_id))
+        if detached.early is not None:  # a passed request that ended before its admission
             self._release_detached(detached.number, detached.early)
-            return
-        self.send_quiet(Grant(detached.number, reply, 0))
+        self.send_quiet(Grant(detached.number, reply, 0, number))
 
     def unavailable(self, detached: _Detached) -> None:
         """The scheduler stopped before answering: the relay answers 503."""
@@ -425,6 +461,7 @@ class DataPlaneHub:
         *,
         models: Callable[[], dict[str, frozenset[str] | None]] | None = None,
         own_in_flight: Callable[[], Sequence[int]] | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.targets = tuple(targets)
         self.board = board
@@ -434,9 +471,81 @@ class DataPlaneHub:
         self.connections: dict[int, RelayConnection] = {}
         self.tokens = itertools.count(1)
         self._seq = itertools.count(1)
+        # resume passes (docs/architecture.md §9): Program -> the pass its last relay holds
+        self.passes: dict[ProgramKey, _Pass] = {}
+        self.pass_counters = PassCounters()
+        self._pass_numbers = itertools.count(1)
+        if program is not None and program.scheduler.router is not None:
+            program.scheduler.router.on_program_change = self.program_changed
+        if registry is not None:
+            registry.register(_PassCollector(self.pass_counters))
 
     def next_seq(self) -> int:
         return next(self._seq)
+
+    # ---- resume passes (docs/architecture.md §9) ----
+
+    def issue_pass(self, conn: RelayConnection, key: ProgramKey, target_id: TargetId) -> int:
+        """The pass number for the Grant of a Program request just admitted on ``target_id`` (0:
+        none, its Program is not Active there after the step).  The Program's pass moves to
+        ``conn``; another relay holding one is told to drop it."""
+        program = self.program
+        assert program is not None
+        p = program.scheduler.state.programs.get(key)
+        if p is None or p.state != ACTIVE or p.placement != target_id:
+            return 0
+        prior = self.passes.get(key)
+        if prior is not None and prior.conn is not conn:
+            self._revoke(prior)
+        number = next(self._pass_numbers)
+        self.passes[key] = _Pass(conn, number, p.ref, target_id, p.placement_epoch)
+        self.pass_counters.issued_count += 1
+        return number
+
+    def passed(self, conn: RelayConnection, key: ProgramKey, number: int, target: str) -> TargetId:
+        """A relay forwarded a request under pass ``number`` (consumed): the target the core
+        dispatches it on (``RequestSubmitted.already_on``).  A pass revoked before its Ask arrived
+        is a race (counted; the core admits the request there as it stands)."""
+        counters = self.pass_counters
+        counters.passed_count += 1
+        current = self.passes.get(key)
+        if current is not None and current.conn is conn and current.number == number:
+            del self.passes[key]  # used: the relay dropped it (the Grant may carry the next one)
+        else:
+            counters.races_count += 1
+        return TargetId(target)
+
+    def program_changed(self, ref: ProgramRef) -> None:
+        """A Program's lifecycle moved (a ``Transition`` or ``RetireProgram`` effect, routed by the
+        scheduler actor after its step): revoke its pass unless it is still Active on the pass's
+        target under the same placement."""
+        pas = self.passes.get(ref.key)
+        if pas is None:
+            return
+        program = self.program
+        p = None if program is None else program.scheduler.state.programs.get(ref.key)
+        if (
+            p is not None
+            and p.ref == pas.ref
+            and p.state == ACTIVE
+            and p.placement == pas.target_id
+            and p.placement_epoch == pas.epoch
+        ):
+            return
+        del self.passes[ref.key]
+        self._revoke(pas)
+
+    def _revoke(self, pas: _Pass) -> None:
+        self.pass_counters.revoked_count += 1
+        pas.conn.send_quiet(Revoke(pas.ref.model_pool, pas.ref.program_id, pas.number))
+
+    def drop_passes(self, conn: RelayConnection) -> None:
+        """The relay's socket ended: its passes go with it (nothing to tell)."""
+        for key in [k for k, pas in self.passes.items() if pas.conn is conn]:
+            del self.passes[key]
+
+    def passes_document(self) -> dict[str, int]:
+        return {"outstanding": len(self.passes), **attrs.asdict(self.pass_counters)}
 
     def connect(self, index: int, link: Link) -> RelayConnection:
         conn = RelayConnection(self, index, link)
@@ -498,3 +607,26 @@ class DataPlaneHub:
 
     def native_in_flight(self) -> int:
         return sum(sum(c.in_flight) for c in self.connections.values())
+
+
+class _PassCollector:
+    """``agentd_data_plane_passed_requests_total`` and ``agentd_data_plane_pass_races_total`` from
+    the hub's counters at scrape time (docs/operations.md §13)."""
+
+    def __init__(self, counters: PassCounters) -> None:
+        self.counters = counters
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        c = self.counters
+        yield CounterMetricFamily(
+            "agentd_data_plane_passed_requests",
+            "Program requests a relay forwarded under a resume pass, without waiting for the scheduler.",
+            value=c.passed_count,
+        )
+        yield CounterMetricFamily(
+            "agentd_data_plane_pass_races",
+            "Passed requests whose pass had been revoked when their Ask reached the scheduler.",
+            value=c.races_count,
+        )

@@ -11,8 +11,8 @@ request the in-process path would have seen.
 
 Relay -> scheduler: :class:`Hello`, :class:`Ask`, :class:`Finish`, :class:`Release`,
 :class:`Report`, :class:`Load`, :class:`MetricsText`.
-Scheduler -> relay: :class:`Grant`, :class:`Refuse`, :class:`Preempt`, :class:`Snapshot`,
-:class:`MetricsAsk`.
+Scheduler -> relay: :class:`Grant`, :class:`Refuse`, :class:`Preempt`, :class:`Revoke`,
+:class:`Snapshot`, :class:`MetricsAsk`.
 
 ``lease`` numbers are chosen by the relay, unique per connection; every frame about one request
 carries its number.
@@ -116,11 +116,16 @@ class Hello:
 
 @frozen
 class Ask:
-    """Ask for a lease (``kind``: ``program``, ``interactive`` or ``batch``)."""
+    """Ask for a lease (``kind``: ``program``, ``interactive`` or ``batch``).
+
+    ``pass_number`` > 0: the relay already forwarded this Program request to ``pass_target`` (a
+    target id) under that resume pass and does not wait for the answer (docs/architecture.md §9)."""
 
     lease: int
     kind: str
     request: WireRequest
+    pass_number: int = 0
+    pass_target: str = ""
 
 
 @frozen
@@ -168,11 +173,16 @@ class MetricsText:
 
 @frozen
 class Grant:
-    """The lease is admitted: forward to ``admitted.target`` (``attempt`` > 0: a batch repeat)."""
+    """The lease is admitted: forward to ``admitted.target`` (``attempt`` > 0: a batch repeat).
+
+    ``pass_number`` > 0: a resume pass for the request's Program: until a :class:`Revoke` of that
+    number arrives, the relay may forward the Program's next request to ``admitted.target`` at
+    once (docs/architecture.md §9)."""
 
     lease: int
     admitted: Admitted
     attempt: int = 0
+    pass_number: int = 0
 
 
 @frozen
@@ -188,6 +198,16 @@ class Preempt:
     """The scheduler preempted the batch request's current attempt (docs/batch.md §2)."""
 
     lease: int
+
+
+@frozen
+class Revoke:
+    """Resume pass ``number`` of Program ``program_id`` (in ``model_pool``) is no longer valid: the
+    Program stopped being Active on the pass's target (docs/architecture.md §9)."""
+
+    model_pool: str
+    program_id: str
+    number: int
 
 
 @frozen
@@ -215,7 +235,21 @@ class MetricsAsk:
     token: int
 
 
-Frame = Hello | Ask | Finish | Release | Report | Load | MetricsText | Grant | Refuse | Preempt | Snapshot | MetricsAsk
+Frame = (
+    Hello
+    | Ask
+    | Finish
+    | Release
+    | Report
+    | Load
+    | MetricsText
+    | Grant
+    | Refuse
+    | Preempt
+    | Revoke
+    | Snapshot
+    | MetricsAsk
+)
 FRAME_TYPES: tuple[type, ...] = (
     Hello,
     Ask,
@@ -227,6 +261,7 @@ FRAME_TYPES: tuple[type, ...] = (
     Grant,
     Refuse,
     Preempt,
+    Revoke,
     Snapshot,
     MetricsAsk,
 )

@@ -58,20 +58,30 @@ class Plane:
 
 @asynccontextmanager
 async def _connected(
-    targets: tuple[BackendTarget, ...], board: Board, program: ProgramDispatcher | None
+    targets: tuple[BackendTarget, ...],
+    board: Board,
+    program: ProgramDispatcher | None,
+    *,
+    registry: Any = None,
+    hub: DataPlaneHub | None = None,
+    index: int = 0,
 ) -> AsyncIterator[Plane]:
-    hub = DataPlaneHub(targets, board, program)
+    """A relay connected to ``hub`` (a new one over ``program`` unless given: a second relay)."""
+    own_hub = hub is None
+    if hub is None:
+        hub = DataPlaneHub(targets, board, program, registry=registry)
     left, right = trio.socket.socketpair()
-    conn = hub.connect(0, Link(trio.SocketStream(left)))
+    conn = hub.connect(index, Link(trio.SocketStream(left)))
     relay_link = Link(trio.SocketStream(right))
     remote = RemoteProgramDispatcher(relay_link)
     view = SnapshotView(targets)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(hub.run_publisher)
+        if own_hub:
+            nursery.start_soon(hub.run_publisher)
         nursery.start_soon(conn.serve)
         nursery.start_soon(relay_link.run_writer)
         nursery.start_soon(read_scheduler_frames, relay_link, remote, view, lambda: "relay_only_total 3.0\n")
-        relay_link.send(Hello(0, 4242))
+        relay_link.send(Hello(index, 4242))
         await view.first.wait()
         try:
             yield Plane(program, hub, conn, remote, view, board, relay_link, nursery)
