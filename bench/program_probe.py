@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import trio
@@ -101,6 +102,18 @@ async def _loop(
         for conn in conns:
             await conn.stream.aclose()
     return count, cpu, main, wall, latencies
+
+
+def _passes(port: int) -> str:
+    """The resume passes so far (docs/operations.md §13.3), when the checkout and N > 1 have them."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/scheduling/diagnostics", timeout=10) as answer:
+            passes = json.load(answer).get("data_plane", {}).get("passes")
+    except (OSError, ValueError):
+        return ""
+    if not passes:
+        return ""
+    return f"; passed {passes['passed_count']}, races {passes['races_count']} (so far)"
 
 
 def _py_spy() -> str | None:
@@ -213,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(
                         f"  round {r + 1} {name:8} {n:6d} requests  agentd CPU {us:7.0f} us/request "
                         f"(first process {main_us:6.0f})  "
-                        f"mean latency {mean * 1e3:6.3f} ms, p50 {p50:6.3f} ms",
+                        f"mean latency {mean * 1e3:6.3f} ms, p50 {p50:6.3f} ms{_passes(port)}",
                         flush=True,
                     )
         finally:

@@ -325,6 +325,9 @@ class RemoteProgramDispatcher:
 
     def _end(self, number: int, lease: RemoteLease | None, refused: bool) -> None:
         pending = self._pending.pop(number, None)
+        outcome = None if lease is None else lease.outcome
+        if outcome is not None and not outcome.success and pending is not None and pending.key is not None:
+            self.passes.pop(pending.key, None)  # a failure pauses its Program: the pass would race the Revoke
         if pending is not None and pending.passed:
             if not pending.answered.is_set():
                 pending.ended = True  # kept until its answer: the Grant may carry the next pass

@@ -487,13 +487,16 @@ class DataPlaneHub:
 
     def issue_pass(self, conn: RelayConnection, key: ProgramKey, target_id: TargetId) -> int:
         """The pass number for the Grant of a Program request just admitted on ``target_id`` (0:
-        none, its Program is not Active there after the step).  The Program's pass moves to
+        none: its Program is not Active there after the step, or will not stay Active once idle:
+        marked to pause, to end, or its request said ``expected_resume: false``).  The Program's pass moves to
         ``conn``; another relay holding one is told to drop it."""
         program = self.program
         assert program is not None
         p = program.scheduler.state.programs.get(key)
         if p is None or p.state != ACTIVE or p.placement != target_id:
             return 0
+        if p.pause_when_idle or p.terminate_when_idle or not p.expected_resume:
+            return 0  # it stops being Active when idle: a pass would race its Revoke
         prior = self.passes.get(key)
         if prior is not None and prior.conn is not conn:
             self._revoke(prior)

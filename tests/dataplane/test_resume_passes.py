@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import attrs
 import trio
 import trio.testing
 from program_fakes import daemon_config, ok, program_request, program_scheduling
@@ -183,6 +184,25 @@ async def test_a_passed_request_refused_afterwards_sends_no_release(autojump_clo
         assert (remote.counters.released_count, remote.counters.finished_count) == (0, 1)  # the first request
 
 
+async def test_a_failed_request_drops_its_programs_pass_at_the_relay(autojump_clock: trio.testing.MockClock) -> None:
+    """A failed request pauses its Program (``request_failed``): the relay drops the pass itself
+    when the request ends, instead of racing the Revoke with the Program's next request."""
+    async with scripted_relay() as (remote, scheduler):
+        first = lead()
+        async with trio.open_nursery() as nursery:
+
+            async def grant() -> None:
+                ask = await scheduler.next()
+                scheduler.link.send(Grant(ask.lease, _admitted(first.request_id, T0), 0, 5))
+
+            nursery.start_soon(grant)
+            async with remote.lease(first) as lease:
+                await trio.testing.wait_all_tasks_blocked()
+                assert remote.passes
+                lease.finish(attrs.evolve(ok(), success=False))
+        assert remote.passes == {}
+
+
 # ------------------------------------------------------------------ the relay against the real scheduler
 
 
@@ -268,8 +288,8 @@ async def test_a_ttl_pause_revokes_the_pass_and_the_next_request_waits_for_its_g
 
 
 async def test_a_program_that_ends_at_completion_gets_no_pass_left(autojump_clock: trio.testing.MockClock) -> None:
-    """``expected_resume: false`` ends the Program when its request completes: the pass its Grant
-    carried is revoked by that completion."""
+    """``expected_resume: false`` ends the Program when its request completes: its Grant carries
+    no pass."""
     async with plane(daemon_config(token_capacity_per_dp_rank=10_000)) as (p, _):
         async with p.remote.lease(program_request("sub", expected_resume=False)) as lease:
             lease.finish(ok())
@@ -277,6 +297,7 @@ async def test_a_program_that_ends_at_completion_gets_no_pass_left(autojump_cloc
         await trio.testing.wait_all_tasks_blocked()
         assert _program(p, "sub") is None
         assert p.remote.passes == {} and not p.hub.passes
+        assert p.remote.counters.passes_received_count == 0  # none given: it would race its Revoke
         _consistent(p)
 
 
