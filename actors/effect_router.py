@@ -91,7 +91,8 @@ class EffectRouter:
         # the data-plane hub's hook for a Program whose lifecycle moved (a Transition or its
         # retirement): it revokes the Program's resume pass when it stopped being Active where the
         # pass sends its requests (docs/architecture.md §9); None with one process and in the simulator
-        self.on_program_change: Callable[[ProgramRef], None] | None = None
+        # (called with the Transition's reason, None for a retirement)
+        self.on_program_change: Callable[[ProgramRef, str | None], None] | None = None
         self._transitions = _Children(metrics.transitions)
         self._admission_children = tuple((field, _Children(h)) for field, h in metrics.admission)
         self._queue_wait_children = _Children(metrics.queue_wait_seconds)
@@ -318,13 +319,13 @@ class EffectRouter:
     def _retire(self, e: fx.RetireProgram) -> None:
         self.registry.retire(e.program)
         if self.on_program_change is not None:
-            self.on_program_change(e.program)
+            self.on_program_change(e.program, None)
 
     # ---- logs and metrics ----------------------------------------------------------------------
 
     def _transition(self, e: fx.Transition) -> None:
         if self.on_program_change is not None:
-            self.on_program_change(e.program)
+            self.on_program_change(e.program, e.reason)
         if e.counted and e.target_id is not None:
             self.batch.inc(self._transitions[e.target_id, e.reason])
         if self.feed is not None:

@@ -113,7 +113,8 @@ def _passes(port: int) -> str:
         return ""
     if not passes:
         return ""
-    return f"; passed {passes['passed_count']}, races {passes['races_count']} (so far)"
+    counts = (passes["passed_count"], passes["crossed_count"], passes["races_count"])
+    return "; passed {}, crossed {}, races {} (so far)".format(*counts)
 
 
 def _py_spy() -> str | None:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 import trio
 
+from actors.core.arrival import PASS_RACE_ADMIT
 from actors.core.config import BackendTarget
 from actors.core.errors import Rejection
 from actors.core.ids import ProgramKey, ProgramRef, TargetId
@@ -92,6 +93,7 @@ class _Detached:
     left: bool = False  # the relay released it (or its socket ended) before that
     early: Outcome | None = None  # a Finish that arrived before the Grant (a passed request's)
     key: ProgramKey | None = None  # a Program lease: its Program (a resume pass may come with its Grant)
+    passed_to: str | None = None  # forwarded under a resume pass to this target id
 
     # ---- the reply sink of the scheduler actor (actors.messages.ReplySink) ----
 
@@ -149,7 +151,10 @@ class PassCounters:
     issued_count: int = 0  # Grants that carried a pass
     revoked_count: int = 0  # Revoke frames sent
     passed_count: int = 0  # requests a relay forwarded under a pass (their Asks)
-    races_count: int = 0  # ... whose pass had been revoked when their Ask arrived
+    crossed_count: int = 0  # ... whose pass had been revoked when their Ask arrived
+    # ... that the core could not dispatch as one process would have: admitted where they were
+    # (``pass_race_admit``), dispatched on another placement, or refused (their target was gone)
+    races_count: int = 0
 
 
 class ProtocolError(Exception):
@@ -242,6 +247,7 @@ class RelayConnection:
                     detached.key = ProgramKey(req.model_pool, req.identity.identity.program_id)
                     if frame.pass_number:
                         already_on = self.hub.passed(self, detached.key, frame.pass_number, frame.pass_target)
+                        detached.passed_to = frame.pass_target
                 try:
                     submission = program.detached_submission(req, frame.kind, detached, already_on=already_on)
                 except Exception as exc:  # a bug: this request gets a 500, the scheduler keeps running
@@ -339,6 +345,10 @@ class RelayConnection:
         program = self.hub.program
         assert program is not None
         program.answered(reply)
+        if detached.passed_to is not None and (
+            isinstance(reply, Rejection) or reply.target.target_id != detached.passed_to
+        ):
+            self.hub.pass_counters.races_count += 1  # refused, or accounted where it does not run
         if isinstance(reply, Rejection):
             self.detached.pop(detached.number, None)
             self.send_quiet(Refuse(detached.number, program.explain(reply)))
@@ -515,13 +525,15 @@ class DataPlaneHub:
         if current is not None and current.conn is conn and current.number == number:
             del self.passes[key]  # used: the relay dropped it (the Grant may carry the next one)
         else:
-            counters.races_count += 1
+            counters.crossed_count += 1
         return TargetId(target)
 
-    def program_changed(self, ref: ProgramRef) -> None:
-        """A Program's lifecycle moved (a ``Transition`` or ``RetireProgram`` effect, routed by the
-        scheduler actor after its step): revoke its pass unless it is still Active on the pass's
-        target under the same placement."""
+    def program_changed(self, ref: ProgramRef, reason: str | None) -> None:
+        """A Program's lifecycle moved (a ``Transition`` with its ``reason`` or a ``RetireProgram``
+        effect, routed by the scheduler actor after its step): revoke its pass unless it is still
+        Active on the pass's target under the same placement."""
+        if reason == PASS_RACE_ADMIT:
+            self.pass_counters.races_count += 1
         pas = self.passes.get(ref.key)
         if pas is None:
             return
@@ -630,6 +642,7 @@ class _PassCollector:
         )
         yield CounterMetricFamily(
             "agentd_data_plane_pass_races",
-            "Passed requests whose pass had been revoked when their Ask reached the scheduler.",
+            "Passed requests the scheduler could not dispatch as one process would: admitted where they "
+            "were (pass_race_admit), accounted on another placement, or refused.",
             value=c.races_count,
         )

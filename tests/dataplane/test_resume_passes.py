@@ -257,6 +257,7 @@ async def test_an_active_programs_next_request_uses_its_pass_and_is_dispatched_t
             "issued_count": 2,
             "revoked_count": 0,
             "passed_count": 1,
+            "crossed_count": 0,
             "races_count": 0,
         }
         assert p.remote.counters.passed_count == 1 and p.remote.open_leases() == 0
@@ -335,7 +336,7 @@ async def test_a_passed_request_crossing_the_revoke_is_admitted_where_it_is(
         await trio.testing.wait_all_tasks_blocked()
         assert doc["dispatcher"]["rejected_count"] == 0
         counters = p.hub.pass_counters
-        assert (counters.passed_count, counters.races_count) == (1, 1)
+        assert (counters.passed_count, counters.crossed_count, counters.races_count) == (1, 1, 1)
         assert _program(p, "task:lead").state == ACTIVE  # acting within its new TTL
         _consistent(p)
         text = generate_latest(reg).decode()
@@ -359,6 +360,8 @@ async def test_a_passed_request_whose_target_is_gone_is_refused_and_leaks_nothin
             lease.finish(ok())  # the upstream answered anyway: nothing to account
         await trio.testing.wait_all_tasks_blocked()
         assert p.remote.counters.passed_refused_count == 1
+        counters = p.hub.pass_counters
+        assert (counters.passed_count, counters.crossed_count, counters.races_count) == (1, 1, 1)
         doc = await _settled(p, lambda d: True)
         assert doc["dispatcher"]["completed_count"] == 1  # the first request only
         _consistent(p)
