@@ -330,8 +330,9 @@ class RemoteProgramDispatcher:
             self.passes.pop(pending.key, None)  # a failure pauses its Program: the pass would race the Revoke
         if pending is not None and pending.passed:
             if not pending.answered.is_set():
-                pending.ended = True  # kept until its answer: the Grant may carry the next pass
-                self._pending[number] = pending
+                if outcome is not None:  # answered after its Finish (a Release is never answered)
+                    pending.ended = True  # kept until then: the Grant may carry the next pass
+                    self._pending[number] = pending
             elif type(pending.reply) is Refuse:
                 refused = True  # the core dropped it: nothing to release
         if refused:

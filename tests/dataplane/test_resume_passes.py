@@ -30,7 +30,7 @@ from actors.messages import Admitted
 from daemon.dataplane.link import Link
 from daemon.dataplane.relay import RemoteProgramDispatcher, SnapshotView, read_scheduler_frames
 from daemon.dataplane.scheduler_side import DataPlaneHub
-from daemon.dataplane.wire import Ask, Finish, Grant, Refuse, Revoke, Snapshot
+from daemon.dataplane.wire import Ask, Finish, Grant, Refuse, Release, Revoke, Snapshot
 
 
 def lead() -> Any:
@@ -182,6 +182,35 @@ async def test_a_passed_request_refused_afterwards_sends_no_release(autojump_clo
             extra = await scheduler.next()
             raise AssertionError(f"sent {extra!r} for a refused passed request")
         assert (remote.counters.released_count, remote.counters.finished_count) == (0, 1)  # the first request
+
+
+async def test_a_passed_request_released_before_its_answer_keeps_no_slot(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A passed request left unfinished (client gone) before its answer: the scheduler abandons it
+    and never answers it, so the relay keeps nothing for it (a finished one waits for its Grant)."""
+    async with scripted_relay() as (remote, scheduler):
+        first = lead()
+        async with trio.open_nursery() as nursery:
+
+            async def grant() -> None:
+                ask = await scheduler.next()
+                scheduler.link.send(Grant(ask.lease, _admitted(first.request_id, T0), 0, 2))
+
+            nursery.start_soon(grant)
+            async with remote.lease(first) as lease:
+                lease.finish(ok())
+        await scheduler.next()  # its Finish
+        await trio.testing.wait_all_tasks_blocked()
+        try:
+            async with remote.lease(lead()):
+                raise KeyError("client gone")
+        except KeyError:
+            pass
+        ask = await scheduler.next()
+        assert ask.pass_number == 2
+        assert await scheduler.next() == Release(ask.lease)
+        assert remote.open_leases() == 0 and remote.counters.released_count == 1
 
 
 async def test_a_failed_request_drops_its_programs_pass_at_the_relay(autojump_clock: trio.testing.MockClock) -> None:
