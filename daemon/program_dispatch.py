@@ -29,7 +29,7 @@ channel's statistics.
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -37,6 +37,8 @@ import attrs
 import httpx
 import trio
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from actors.batch_metrics import BatchGaugeCollector, BatchMetrics
 from actors.core import fairness
@@ -249,6 +251,42 @@ def completed_message(request_id: str, outcome: Outcome) -> RequestCompleted:
 
 
 @attrs.define
+class PassCounters:
+    """The resume passes of relay processes (docs/architecture.md §9; the ``data_plane``
+    diagnostics' ``passes``, docs/operations.md §13.3); always 0 with one process."""
+
+    issued_count: int = 0  # Grants that carried a pass
+    revoked_count: int = 0  # Revoke frames sent
+    passed_count: int = 0  # requests a relay forwarded under a pass (their Asks)
+    crossed_count: int = 0  # ... whose pass had been revoked when their Ask arrived
+    # ... that the core could not dispatch as one process would have: admitted where they were
+    # (``pass_race_admit``), dispatched on another placement, or refused (their target was gone)
+    races_count: int = 0
+
+
+class PassCollector(Collector):
+    """``agentd_data_plane_passed_requests_total`` and ``agentd_data_plane_pass_races_total`` from
+    the counters at scrape time (docs/operations.md §13.3)."""
+
+    def __init__(self, counters: PassCounters) -> None:
+        self.counters = counters
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        c = self.counters
+        yield CounterMetricFamily(
+            "agentd_data_plane_passed_requests",
+            "Program requests a relay forwarded under a resume pass, without waiting for the scheduler.",
+            value=c.passed_count,
+        )
+        yield CounterMetricFamily(
+            "agentd_data_plane_pass_races",
+            "Passed requests the scheduler could not dispatch as one process would: admitted where they "
+            "were (pass_race_admit), accounted on another placement, or refused.",
+            value=c.races_count,
+        )
+
+
+@attrs.define
 class DispatcherCounters:
     submitted_count: int = 0
     admitted_count: int = 0
@@ -439,6 +477,7 @@ class ProgramDispatcher:
         self.estimator = estimator
         self._polling_needed = polling_needed
         self.counters = DispatcherCounters()
+        self.pass_counters = PassCounters()  # kept by the data-plane hub (relay processes only)
         self.batch: BatchDispatcher | None = None  # with [batch_jobs] enabled
         self.interactive = InteractiveDispatcher(self)
         # the forward of each requeueable request that runs now (docs/priority.md §3)
@@ -789,6 +828,7 @@ async def run_program_scheduling(
             registry.register(BatchGaugeCollector(lambda: batch_diagnostics(scheduler.state)))
         polling_needed = trio.Event()
         dispatcher = ProgramDispatcher(ps, scheduler, observers, estimator, polling_needed, feed)
+        registry.register(PassCollector(dispatcher.pass_counters))
         dispatcher.health = health
         if batch is not None:
             dispatcher.batch = BatchDispatcher(dispatcher)

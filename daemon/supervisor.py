@@ -358,7 +358,6 @@ def _data_plane(cfg: AgentdConfig, processes: int, handles: DaemonHandles) -> Da
         program if isinstance(program, ProgramDispatcher) else None,
         models=None if models is None else (lambda: dict(models.models)),
         own_in_flight=lambda: [native.in_flight(t) for t in handles.targets],
-        registry=handles.registry,
     )
     sock, public_url = listening_socket(cfg.server.host, cfg.server.port)
     return DataPlane(cfg, processes, hub, sock, public_url)

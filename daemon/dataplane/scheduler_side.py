@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -57,10 +57,7 @@ from daemon.dataplane.wire import (
     WorkerModels,
 )
 from daemon.dispatch import DispatchRejected, HealthView, Outcome, ProxyRequest
-from daemon.program_dispatch import SCHEDULER_UNAVAILABLE, ProgramDispatcher, ProgramLease
-
-if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
+from daemon.program_dispatch import SCHEDULER_UNAVAILABLE, PassCounters, ProgramDispatcher, ProgramLease
 
 logger = get_logger("dataplane")
 INTERNAL_ERROR = Rejection(reason="internal_error", status_hint=500, message="internal error in agentd (see the log)")
@@ -142,19 +139,6 @@ class _Pass:
     ref: ProgramRef
     target_id: TargetId
     epoch: int
-
-
-@attrs.define
-class PassCounters:
-    """The resume passes of the hub (the ``data_plane`` diagnostics; docs/operations.md §13)."""
-
-    issued_count: int = 0  # Grants that carried a pass
-    revoked_count: int = 0  # Revoke frames sent
-    passed_count: int = 0  # requests a relay forwarded under a pass (their Asks)
-    crossed_count: int = 0  # ... whose pass had been revoked when their Ask arrived
-    # ... that the core could not dispatch as one process would have: admitted where they were
-    # (``pass_race_admit``), dispatched on another placement, or refused (their target was gone)
-    races_count: int = 0
 
 
 class ProtocolError(Exception):
@@ -471,7 +455,6 @@ class DataPlaneHub:
         *,
         models: Callable[[], dict[str, frozenset[str] | None]] | None = None,
         own_in_flight: Callable[[], Sequence[int]] | None = None,
-        registry: CollectorRegistry | None = None,
     ) -> None:
         self.targets = tuple(targets)
         self.board = board
@@ -483,12 +466,11 @@ class DataPlaneHub:
         self._seq = itertools.count(1)
         # resume passes (docs/architecture.md §9): Program -> the pass its last relay holds
         self.passes: dict[ProgramKey, _Pass] = {}
-        self.pass_counters = PassCounters()
+        # (the Program dispatcher's: /metrics exports them with one process too, at 0)
+        self.pass_counters = program.pass_counters if program is not None else PassCounters()
         self._pass_numbers = itertools.count(1)
         if program is not None and program.scheduler.router is not None:
             program.scheduler.router.on_program_change = self.program_changed
-        if registry is not None:
-            registry.register(_PassCollector(self.pass_counters))
 
     def next_seq(self) -> int:
         return next(self._seq)
@@ -622,27 +604,3 @@ class DataPlaneHub:
 
     def native_in_flight(self) -> int:
         return sum(sum(c.in_flight) for c in self.connections.values())
-
-
-class _PassCollector:
-    """``agentd_data_plane_passed_requests_total`` and ``agentd_data_plane_pass_races_total`` from
-    the hub's counters at scrape time (docs/operations.md §13)."""
-
-    def __init__(self, counters: PassCounters) -> None:
-        self.counters = counters
-
-    def collect(self) -> Any:
-        from prometheus_client.core import CounterMetricFamily
-
-        c = self.counters
-        yield CounterMetricFamily(
-            "agentd_data_plane_passed_requests",
-            "Program requests a relay forwarded under a resume pass, without waiting for the scheduler.",
-            value=c.passed_count,
-        )
-        yield CounterMetricFamily(
-            "agentd_data_plane_pass_races",
-            "Passed requests the scheduler could not dispatch as one process would: admitted where they "
-            "were (pass_race_admit), accounted on another placement, or refused.",
-            value=c.races_count,
-        )

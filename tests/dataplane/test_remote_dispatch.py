@@ -62,14 +62,13 @@ async def _connected(
     board: Board,
     program: ProgramDispatcher | None,
     *,
-    registry: Any = None,
     hub: DataPlaneHub | None = None,
     index: int = 0,
 ) -> AsyncIterator[Plane]:
     """A relay connected to ``hub`` (a new one over ``program`` unless given: a second relay)."""
     own_hub = hub is None
     if hub is None:
-        hub = DataPlaneHub(targets, board, program, registry=registry)
+        hub = DataPlaneHub(targets, board, program)
     left, right = trio.socket.socketpair()
     conn = hub.connect(index, Link(trio.SocketStream(left)))
     relay_link = Link(trio.SocketStream(right))

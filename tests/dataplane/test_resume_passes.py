@@ -240,7 +240,7 @@ async def plane(cfg: Any) -> AsyncIterator[tuple[Plane, CollectorRegistry]]:
     targets = cfg.targets()
     board = Board(targets)
     async with program_scheduling(cfg, health=board) as (dispatcher, registry, _):
-        async with _connected(targets, board, dispatcher, registry=registry) as p:
+        async with _connected(targets, board, dispatcher) as p:
             yield p, registry
 
 
