@@ -88,6 +88,22 @@ def _admitted(request_id: str, target: BackendTarget) -> Admitted:
     return Admitted(request_id=request_id, target=target, program="p#1", queue_seconds=0.0)
 
 
+@asynccontextmanager
+async def granted(
+    remote: RemoteProgramDispatcher, scheduler: Scripted, req: Any, target: BackendTarget, pass_number: int
+) -> AsyncIterator[Any]:
+    """``req``'s lease, once the scripted scheduler granted it on ``target`` with ``pass_number``."""
+    async with trio.open_nursery() as nursery:
+
+        async def grant() -> None:
+            ask = await scheduler.next()
+            scheduler.link.send(Grant(ask.lease, _admitted(req.request_id, target), 0, pass_number))
+
+        nursery.start_soon(grant)
+        async with remote.lease(req) as lease:
+            yield lease
+
+
 async def test_a_passed_request_is_forwarded_while_the_scheduler_holds_its_answer(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -162,15 +178,8 @@ async def test_a_passed_request_refused_afterwards_sends_no_release(autojump_clo
     own); a Grant of another Program never gives a pass to this one."""
     async with scripted_relay() as (remote, scheduler):
         first = program_request("a")
-        async with trio.open_nursery() as nursery:
-
-            async def grant() -> None:
-                ask = await scheduler.next()
-                scheduler.link.send(Grant(ask.lease, _admitted(first.request_id, T0), 0, 3))
-
-            nursery.start_soon(grant)
-            async with remote.lease(first) as lease:
-                lease.finish(ok())
+        async with granted(remote, scheduler, first, T0, 3) as lease:
+            lease.finish(ok())
         await scheduler.next()  # its Finish
         async with remote.lease(program_request("a")) as lease:
             ask = await scheduler.next()
@@ -191,15 +200,8 @@ async def test_a_passed_request_released_before_its_answer_keeps_no_slot(
     and never answers it, so the relay keeps nothing for it (a finished one waits for its Grant)."""
     async with scripted_relay() as (remote, scheduler):
         first = lead()
-        async with trio.open_nursery() as nursery:
-
-            async def grant() -> None:
-                ask = await scheduler.next()
-                scheduler.link.send(Grant(ask.lease, _admitted(first.request_id, T0), 0, 2))
-
-            nursery.start_soon(grant)
-            async with remote.lease(first) as lease:
-                lease.finish(ok())
+        async with granted(remote, scheduler, first, T0, 2) as lease:
+            lease.finish(ok())
         await scheduler.next()  # its Finish
         await trio.testing.wait_all_tasks_blocked()
         try:
@@ -218,17 +220,10 @@ async def test_a_failed_request_drops_its_programs_pass_at_the_relay(autojump_cl
     when the request ends, instead of racing the Revoke with the Program's next request."""
     async with scripted_relay() as (remote, scheduler):
         first = lead()
-        async with trio.open_nursery() as nursery:
-
-            async def grant() -> None:
-                ask = await scheduler.next()
-                scheduler.link.send(Grant(ask.lease, _admitted(first.request_id, T0), 0, 5))
-
-            nursery.start_soon(grant)
-            async with remote.lease(first) as lease:
-                await trio.testing.wait_all_tasks_blocked()
-                assert remote.passes
-                lease.finish(attrs.evolve(ok(), success=False))
+        async with granted(remote, scheduler, first, T0, 5) as lease:
+            await trio.testing.wait_all_tasks_blocked()
+            assert remote.passes
+            lease.finish(attrs.evolve(ok(), success=False))
         assert remote.passes == {}
 
 

@@ -10,28 +10,24 @@ test (it uses worker threads, so it runs on the real clock without timing assert
 from __future__ import annotations
 
 import json
-import random
-from functools import partial
 from typing import Any
 
 import attrs
 import openai
 import trio
 import trio.testing
-from native_fakes import make_config
 from test_program_scheduling import (
     PROMPT_TOKENS,
-    VIRTUAL_BUDGET_SECONDS,
     W0,
     ProgramWorker,
     chat,
-    in_process_client,
+    configured_daemon,
+    program_config,
     program_daemon,
 )
 
-from actors.core.config import BatchJobsConfig, ProgramSchedulingConfig
+from actors.core.config import BatchJobsConfig
 from daemon.config import PrioritySection
-from daemon.supervisor import run_daemon
 
 
 def data_events(raw: bytes) -> list[str]:
@@ -138,27 +134,15 @@ async def test_batch_and_interactive_no_targets_503s_name_each_workers_reason(
     worker = ProgramWorker()
     worker.down.add(W0)
     cfg = attrs.evolve(
-        make_config(worker.urls, dp=worker.dp, policy="round_robin"),
-        enable_program_scheduling=True,
-        program_scheduling=ProgramSchedulingConfig(),
+        program_config(worker),
         batch_jobs=BatchJobsConfig(enabled=True),
         priority=PrioritySection(interactive_scheduling=True),
     )
-    with trio.fail_after(VIRTUAL_BUDGET_SECONDS):
-        async with trio.open_nursery() as nursery:
-            handles = await nursery.start(
-                partial(run_daemon, cfg, client_factory=worker.client, rng=random.Random(1), serve_http=False)
-            )
-            try:
-                async with in_process_client(handles) as client:
-                    batch = await client.post(
-                        "/v1/chat/completions", json=chat("b", None), headers={"x-agentd-class": "batch"}
-                    )
-                    interactive = await client.post(
-                        "/v1/chat/completions", json=chat("i", None), headers={"x-agentd-tenant": "alice"}
-                    )
-            finally:
-                handles.shutdown.set()
+    async with configured_daemon(worker, cfg) as (_, client):
+        batch = await client.post("/v1/chat/completions", json=chat("b", None), headers={"x-agentd-class": "batch"})
+        interactive = await client.post(
+            "/v1/chat/completions", json=chat("i", None), headers={"x-agentd-tenant": "alice"}
+        )
     for response in (batch, interactive):
         assert response.status_code == 503, response.text
         error = response.json()["error"]

@@ -32,6 +32,7 @@ import trio.testing
 from native_fakes import make_config
 
 from actors.core.config import ProgramSchedulingConfig
+from daemon.config import AgentdConfig
 from daemon.handles import DaemonHandles
 from daemon.http.app import create_app
 from daemon.supervisor import run_daemon
@@ -152,15 +153,24 @@ def chat(name: str, program_id: str | None, *, stream: bool = False, **ctx: Any)
     return body
 
 
-async def start(nursery: trio.Nursery, worker: ProgramWorker, *, serve_http: bool = True, **ps: Any) -> DaemonHandles:
-    cfg = attrs.evolve(
+def program_config(worker: ProgramWorker, **ps: Any) -> AgentdConfig:
+    return attrs.evolve(
         make_config(worker.urls, dp=worker.dp, policy="round_robin"),
         enable_program_scheduling=True,
         program_scheduling=ProgramSchedulingConfig(**ps),
     )
+
+
+async def start_with(
+    nursery: trio.Nursery, worker: ProgramWorker, cfg: AgentdConfig, *, serve_http: bool = True
+) -> DaemonHandles:
     return await nursery.start(
         partial(run_daemon, cfg, client_factory=worker.client, rng=random.Random(1), serve_http=serve_http)
     )
+
+
+async def start(nursery: trio.Nursery, worker: ProgramWorker, *, serve_http: bool = True, **ps: Any) -> DaemonHandles:
+    return await start_with(nursery, worker, program_config(worker, **ps), serve_http=serve_http)
 
 
 @asynccontextmanager
@@ -172,16 +182,26 @@ async def in_process_client(handles: DaemonHandles) -> AsyncIterator[httpx.Async
 
 
 @asynccontextmanager
-async def program_daemon(worker: ProgramWorker, **ps: Any) -> AsyncIterator[tuple[DaemonHandles, httpx.AsyncClient]]:
-    """The daemon in process (no sockets) and a client on its app, within the virtual budget."""
+async def configured_daemon(
+    worker: ProgramWorker, cfg: AgentdConfig
+) -> AsyncIterator[tuple[DaemonHandles, httpx.AsyncClient]]:
+    """The daemon with ``cfg`` in process (no sockets) and a client on its app, within the virtual
+    budget."""
     with trio.fail_after(VIRTUAL_BUDGET_SECONDS):
         async with trio.open_nursery() as nursery:
-            handles = await start(nursery, worker, serve_http=False, **ps)
+            handles = await start_with(nursery, worker, cfg, serve_http=False)
             try:
                 async with in_process_client(handles) as client:
                     yield handles, client
             finally:
                 handles.shutdown.set()
+
+
+@asynccontextmanager
+async def program_daemon(worker: ProgramWorker, **ps: Any) -> AsyncIterator[tuple[DaemonHandles, httpx.AsyncClient]]:
+    """The daemon with Program scheduling (``ps``: its fields) in process, as ``configured_daemon``."""
+    async with configured_daemon(worker, program_config(worker, **ps)) as pair:
+        yield pair
 
 
 async def post(client: httpx.AsyncClient, body: dict[str, Any]) -> httpx.Response:

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from functools import partial
 from typing import Any
 
 import attrs
@@ -22,13 +20,12 @@ import pytest
 import trio
 import trio.testing
 from native_fakes import make_config
-from test_program_scheduling import VIRTUAL_BUDGET_SECONDS, ProgramWorker, chat, in_process_client
+from test_program_scheduling import ProgramWorker, chat, configured_daemon
 
 from actors.core.config import ProgramSchedulingConfig
 from daemon.config import LimitsConfig
 from daemon.handles import DaemonHandles
 from daemon.http.app import create_app
-from daemon.supervisor import run_daemon
 
 HEADER = "x-agentd-max-queue-seconds"
 
@@ -43,16 +40,8 @@ async def daemon(
         program_scheduling=ProgramSchedulingConfig(max_active_programs_per_target=1),
         limits=LimitsConfig(sse_keepalive_seconds=sse_keepalive_seconds),
     )
-    with trio.fail_after(VIRTUAL_BUDGET_SECONDS):
-        async with trio.open_nursery() as nursery:
-            handles = await nursery.start(
-                partial(run_daemon, cfg, client_factory=worker.client, rng=random.Random(1), serve_http=False)
-            )
-            try:
-                async with in_process_client(handles) as client:
-                    yield handles, client
-            finally:
-                handles.shutdown.set()
+    async with configured_daemon(worker, cfg) as pair:
+        yield pair
 
 
 async def hold_first(worker: ProgramWorker, client: httpx.AsyncClient, nursery: trio.Nursery) -> dict[str, Any]:
