@@ -6,8 +6,9 @@ value's fields in declaration order, nested values nested the same way
 (:mod:`daemon.dataplane.positional`; both processes run the same code, so no field names
 travel).  The frames carry the existing message values unchanged where they exist
 (``Admitted``, the core's ``Rejection``, the proxy's ``Outcome``, the edge's
-``ParsedIdentity``/``PromptSize``/``PriorityInfo``), so the scheduler side rebuilds exactly the
-request the in-process path would have seen.
+``ParsedIdentity``/``PromptSize``/``PriorityInfo``), so the scheduler side rebuilds the request the
+in-process path would have seen, but for its routing text: only the prefix the scheduler reads
+travels (``CACHE_AWARE_PREFIX_CHARS``, docs/architecture.md §9).
 
 Relay -> scheduler: :class:`Hello`, :class:`Ask`, :class:`Finish`, :class:`Release`,
 :class:`Report`, :class:`Load`, :class:`MetricsText`.
@@ -30,6 +31,7 @@ from attrs import frozen
 
 from actors.core.errors import Rejection
 from actors.core.ids import DEFAULT_MODEL_POOL
+from actors.core.placement import CACHE_AWARE_PREFIX_CHARS
 from actors.messages import Admitted
 from daemon.dataplane.positional import PositionalCodec
 from daemon.dispatch import Outcome, ProxyRequest
@@ -51,7 +53,10 @@ class FrameError(Exception):
 @frozen
 class WireRequest:
     """What the scheduler needs of a :class:`~daemon.dispatch.ProxyRequest` (never the body or the
-    headers: only the output cap is read from the body)."""
+    headers: only the output cap is read from the body).  The routing text is cut to the prefix
+    the core reads (cache-aware binding compares the first ``CACHE_AWARE_PREFIX_CHARS`` characters;
+    no other scheduling decision reads it), so a long system prompt does not cross the socket
+    with every Program request."""
 
     request_id: str
     endpoint: str
@@ -74,7 +79,7 @@ class WireRequest:
             model=req.model,
             stream=req.stream,
             prompt=req.prompt,
-            routing_text=req.routing_text,
+            routing_text=req.routing_text[:CACHE_AWARE_PREFIX_CHARS],
             identity=req.identity,
             batch_job=req.batch_job,
             model_pool=req.model_pool,

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.core.model import Usage
+from actors.core.placement import CACHE_AWARE_PREFIX_CHARS
 from daemon.dataplane.positional import PositionalCodec
 from daemon.dataplane.wire import (
     FRAME_TYPES,
@@ -125,6 +126,26 @@ def test_a_request_keeps_what_the_scheduler_reads_and_drops_the_body() -> None:
     assert rebuilt.body == {"max_tokens": 77} and rebuilt.headers == {}  # no body, no credentials
     assert attrs.evolve(rebuilt, body=body, headers=req.headers) == req
     assert b"secret" not in encode(frame) and b"x" * 100 not in encode(frame)
+
+
+def test_an_ask_carries_only_the_prefix_of_a_long_routing_text() -> None:
+    """A 20,000-character system prompt crosses the socket as the ``CACHE_AWARE_PREFIX_CHARS``
+    characters the scheduler reads, once per Program request (docs/architecture.md §9)."""
+    text = "system:" + "s" * 20_000
+    req = ProxyRequest(
+        request_id="agentd-2",
+        endpoint="chat",
+        body={},
+        headers={},
+        model="m",
+        stream=False,
+        prompt=PromptSize(20_007, None),
+        routing_text=text,
+    )
+    frame = Ask(8, "program", WireRequest.of(req, None))
+    assert frame.request.routing_text == text[:CACHE_AWARE_PREFIX_CHARS]
+    assert len(encode(frame)) < CACHE_AWARE_PREFIX_CHARS + 1_000
+    assert decode(encode(frame)[HEADER.size :]).request.proxy_request().routing_text == text[:CACHE_AWARE_PREFIX_CHARS]
 
 
 def test_bad_frames_are_protocol_errors() -> None:

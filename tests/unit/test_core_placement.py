@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from core_support import Harness, tid
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from actors.core.ids import ProgramKey, TargetId
 from actors.core.model import Lineage
-from actors.core.placement import Binder, Candidate, HashRing, stable_hash64
+from actors.core.placement import CACHE_AWARE_PREFIX_CHARS, Binder, Candidate, HashRing, stable_hash64
 
 
 def cand(
@@ -84,6 +86,35 @@ def test_core_cache_aware_learns_only_after_dispatch_and_follows_prefix() -> Non
     assert b.bind(key("p1"), "p1", cands, text) == "r1"  # no knowledge: lowest pressure
     b.commit_placement(text, TargetId("r0"))  # a request of some Program was dispatched to r0
     assert b.bind(key("p2"), "p2", cands, text + " quickly") == "r0"  # shared prefix follows
+
+
+_LONG = CACHE_AWARE_PREFIX_CHARS - 8  # texts around the prefix's end
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2),  # the shared head: one of three long system prompts
+            st.text("ab", max_size=24),  # the rest, straddling the prefix's end
+            st.integers(0, 2),  # the rank a request of it is then dispatched to
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_core_cache_aware_reads_only_the_prefix_of_a_routing_text(steps: list[tuple[int, str, int]]) -> None:
+    """Relay processes send only ``CACHE_AWARE_PREFIX_CHARS`` of a routing text (docs/architecture.md
+    §9): bindings and what the binder learns are the same with the full texts and the cut ones."""
+    full, cut = Binder("cache_aware", 160), Binder("cache_aware", 160)
+    cands = [cand("r0", pressure=0.3), cand("r1", pressure=0.2), cand("r2", pressure=0.1)]
+    for n, (head, rest, rank) in enumerate(steps):
+        text = "xyz"[head] * _LONG + rest
+        short = text[:CACHE_AWARE_PREFIX_CHARS]
+        assert full.bind(key(f"p{n}"), f"p{n}", cands, text) == cut.bind(key(f"p{n}"), f"p{n}", cands, short)
+        full.commit_placement(text, TargetId(f"r{rank}"))
+        cut.commit_placement(short, TargetId(f"r{rank}"))
+    assert full.bindings == cut.bindings
 
 
 def test_core_cache_aware_prefers_immediately_admissible_over_prefix_match() -> None:
