@@ -8,8 +8,15 @@ previous report or none, never half of one.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import trio
+
+R = TypeVar("R")
 
 
 def only_keyboard_interrupts(group: BaseExceptionGroup[BaseException]) -> bool:
@@ -38,3 +45,43 @@ def not_a_command(module: str, command: str) -> int:
         file=sys.stderr,
     )
     return 2
+
+
+def run_interruptible(fn: Callable[[], Awaitable[R]]) -> R:
+    """``trio.run(fn)``, where Ctrl-C (SIGINT) cancels ``fn`` like any cancellation - its
+    ``finally`` blocks end the progress line, its clients close and its processes stop, nothing
+    half-done is left - and then raises ``KeyboardInterrupt`` (``daemon.cli`` exits 130, no
+    traceback).  Trio's default raises it wherever the task happens to be, even inside a library's
+    lock or Trio's own nursery exit (a "please file a bug" TrioInternalError).  A second Ctrl-C
+    during that clean-up interrupts at once."""
+
+    async def main() -> R:
+        scope = trio.CancelScope()
+        interrupted = finished = False
+        with contextlib.ExitStack() as handler:
+            # installed before ``fn`` runs its first line: no moment where Trio's default applies
+            signals = handler.enter_context(trio.open_signal_receiver(signal.SIGINT))
+
+            async def watch() -> None:
+                nonlocal interrupted
+                if finished:  # fn ended before this task first ran: the receiver is closed
+                    return
+                async for _ in signals:
+                    interrupted = True
+                    scope.cancel()
+                    handler.close()  # Python's handler again: a second Ctrl-C interrupts at once
+                    return
+
+            trio.lowlevel.spawn_system_task(watch)
+            try:
+                with scope:
+                    result = await fn()
+            finally:
+                finished = True
+        # only the watcher cancels the scope; an ``fn`` that finished its clean-up and returned
+        # (a partial report) after the cancellation was still interrupted
+        if interrupted:
+            raise KeyboardInterrupt
+        return result
+
+    return trio.run(main)

@@ -44,7 +44,7 @@ from typing import Any
 
 import trio
 
-from bench.interrupt import run_main
+from bench.interrupt import run_interruptible, run_main
 from bench.output import write_atomic
 from bench.procs import agentd_cmd, fakeworker_cmd, host_port, percentile, rss_bytes, running
 from bench.rawhttp import RawResponse, post
@@ -452,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()
-    report = trio.run(CASES[args.case], args, out)
+    report = run_interruptible(lambda: CASES[args.case](args, out))
     report["loadavg_start"] = load_start
     report["loadavg_end"] = os.getloadavg()
     write_atomic(out / f"{args.case}.json", json.dumps(report, indent=2))

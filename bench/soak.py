@@ -39,7 +39,7 @@ import attrs
 import httpx
 import trio
 
-from bench.interrupt import run_main
+from bench.interrupt import run_interruptible, run_main
 from bench.output import write_atomic
 from bench.procs import agentd_cmd, fakeworker_cmd, host_port, percentile, rss_bytes, running
 from bench.rawhttp import post
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(problem)
     out = Path(args.out)
     with tempfile.TemporaryDirectory(prefix="agentd-soak-") as work:
-        report = trio.run(soak, args, Path(work))
+        report = run_interruptible(lambda: soak(args, Path(work)))
         # only a finished run touches --out (an interrupted one leaves it as it was)
         out.mkdir(parents=True, exist_ok=True)
         for name in ("agentd.toml", "agentd.stderr.log"):

@@ -22,7 +22,6 @@ import sys
 from typing import Any
 
 import attrs
-import trio
 
 from bench.bench import (
     FLOOR_KV_BLOCKS,
@@ -37,6 +36,7 @@ from bench.bench import (
 )
 from bench.calibrate import calibrate_kv_blocks
 from bench.commands.common import add_replay_flags, from_args, load_trace_arg, replay_options
+from bench.interrupt import run_interruptible
 from bench.markdown import render_report
 from bench.output import write_atomic
 from bench.plots import missing_plots, write_plots
@@ -241,7 +241,9 @@ def run(args: argparse.Namespace) -> int:
     )
     info = trace_summary(trace, args.trace, replay.concurrency)
     try:
-        reports = trio.run(run_bench, trace, opts, info)
+        # Ctrl-C cancels the run (its processes stopped, their temporary directories removed);
+        # Trio's default raised KeyboardInterrupt wherever the task was, once inside Trio itself
+        reports = run_interruptible(lambda: run_bench(trace, opts, info))
     except BenchError as exc:
         print(f"agentd bench: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, BenchUsageError) else 1

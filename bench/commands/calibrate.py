@@ -17,7 +17,8 @@ import httpx
 import trio
 
 from bench.calibrate_costs import CalibrateOptions, CalibrationError, calibrate
-from bench.commands.common import TargetBearer, add_api_key_flag, api_key_arg, run_interruptible
+from bench.commands.common import TargetBearer, add_api_key_flag, api_key_arg
+from bench.interrupt import run_interruptible
 from bench.output import write_atomic
 from daemon.batch_runner import target_base
 from daemon.commands.argtypes import int_at_least, non_empty, positive_float

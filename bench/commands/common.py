@@ -9,14 +9,12 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import signal
 import sys
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Generator, Mapping
 from typing import Any, TypeVar
 
 import attrs
 import httpx
-import trio
 from attrs import AttrsInstance
 
 from bench.replay import ReplayOptions
@@ -24,7 +22,6 @@ from bench.trace.format import Trace, TraceError, load_trace, read_trace
 from daemon.commands.argtypes import positive_float, positive_int
 
 T = TypeVar("T", bound=AttrsInstance)
-R = TypeVar("R")
 
 
 def from_args(cls: type[T], args: argparse.Namespace, **renamed: str) -> T:
@@ -153,31 +150,3 @@ def failure_line(prog: str, report: Mapping[str, Any]) -> str | None:
         f"{prog}: {requests['failed']} of {requests['planned']} planned requests failed ({kinds}); "
         f"{requests['completed']} completed"
     )
-
-
-def run_interruptible(fn: Callable[[], Awaitable[R]]) -> R:
-    """``trio.run(fn)``, where Ctrl-C (SIGINT) cancels ``fn`` like any cancellation - its
-    ``finally`` blocks end the progress line, its clients close, nothing half-done is left - and
-    then raises ``KeyboardInterrupt`` (``daemon.cli`` exits 130, no traceback).  Trio's default
-    raises it wherever the task happens to be, even inside a library's lock.  A second Ctrl-C
-    during that clean-up interrupts at once."""
-
-    async def main() -> R:
-        scope = trio.CancelScope()
-        interrupted = False
-
-        async def watch() -> None:
-            nonlocal interrupted
-            with trio.open_signal_receiver(signal.SIGINT) as signals:
-                async for _ in signals:
-                    interrupted = True
-                    scope.cancel()
-                    return
-
-        trio.lowlevel.spawn_system_task(watch)
-        with scope:
-            return await fn()
-        assert interrupted  # only the watcher cancels the scope
-        raise KeyboardInterrupt
-
-    return trio.run(main)

@@ -21,8 +21,8 @@ from bench.commands.common import (
     failure_line,
     load_trace_arg,
     replay_options,
-    run_interruptible,
 )
+from bench.interrupt import run_interruptible
 from bench.output import write_report
 from bench.progress import progress_line
 from bench.replay import replay_client

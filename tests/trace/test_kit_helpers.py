@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import ast
 import os
+import signal
 from pathlib import Path
 
 import pytest
+import trio
 
 from bench.bench import ClusterSpec
 from bench.commands.common import from_args, replay_options
+from bench.interrupt import run_interruptible
 from bench.output import write_atomic, write_report
 from bench.replay import ReplayOptions
 from bench.report import trace_summary
@@ -98,3 +101,55 @@ def test_the_kit_library_does_not_import_its_commands() -> None:
                 names = [node.module]
             offenders += [f"{path.name}: {n}" for n in names if n.split(".")[:2] == ["bench", "commands"]]
     assert offenders == []
+
+
+def test_run_interruptible_cancels_on_ctrl_c_even_before_the_first_checkpoint() -> None:
+    """The SIGINT handler is in place before ``fn`` runs its first line: the interruption cancels
+    ``fn`` (its ``finally`` runs) and surfaces as one KeyboardInterrupt, never Trio's default
+    raising it wherever the task was (once inside Trio's own nursery exit: an internal error)."""
+    cleaned: list[str] = []
+
+    async def fn() -> str:
+        os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, before fn reaches a checkpoint
+        try:
+            await trio.sleep_forever()
+        finally:
+            cleaned.append("finally")
+        return "unreachable"
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        run_interruptible(fn)
+    assert cleaned == ["finally"]
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_run_interruptible_still_interrupts_when_fn_returns_a_partial_result() -> None:
+    async def fn() -> str:
+        os.kill(os.getpid(), signal.SIGINT)
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            return "partial"  # a run that wraps up what it has when cancelled
+        return "unreachable"
+
+    with pytest.raises(KeyboardInterrupt):
+        run_interruptible(fn)
+
+
+def test_run_interruptible_returns_the_result_and_restores_the_handler() -> None:
+    async def fn() -> int:
+        await trio.lowlevel.checkpoint()
+        return 7
+
+    before = signal.getsignal(signal.SIGINT)
+    assert run_interruptible(fn) == 7
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_run_interruptible_lets_fn_errors_through() -> None:
+    async def fn() -> int:
+        raise ValueError("bad trace")  # before the watcher task first runs
+
+    with pytest.raises(ValueError, match="bad trace"):
+        run_interruptible(fn)
