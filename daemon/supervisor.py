@@ -42,7 +42,7 @@ from daemon.config import AgentdConfig
 from daemon.config_loading import config_warnings
 from daemon.dataplane import resolve_processes
 from daemon.dataplane.processes import DataPlane, listening_socket
-from daemon.dataplane.scheduler_side import DataPlaneHub
+from daemon.dataplane.scheduler_side import DataPlaneHub, ViewCollector
 from daemon.dispatch import Dispatcher, NativeDispatcher
 from daemon.h1client import relay_hub
 from daemon.handles import DaemonHandles
@@ -359,6 +359,7 @@ def _data_plane(cfg: AgentdConfig, processes: int, handles: DaemonHandles) -> Da
         models=None if models is None else (lambda: dict(models.models)),
         own_in_flight=lambda: [native.in_flight(t) for t in handles.targets],
     )
+    handles.registry.register(ViewCollector(hub))  # the relays' views against the hub's (docs/operations.md §13.3)
     sock, public_url = listening_socket(cfg.server.host, cfg.server.port)
     return DataPlane(cfg, processes, hub, sock, public_url)
 

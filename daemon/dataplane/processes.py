@@ -156,6 +156,7 @@ class DataPlane:
             "public_url": self.public_url,
             "open_leases": sum(r["open_leases"] for r in relays),
             "passes": self.hub.passes_document(),
+            "view_mismatches_count": self.hub.view_mismatches_count,
             "metrics": self.relay_metrics.document(),
             "relays": relays,
         }

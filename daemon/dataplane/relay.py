@@ -41,6 +41,7 @@ from actors.messages import Admitted
 from daemon.dataplane.link import Link, LinkClosed
 from daemon.dataplane.wire import (
     Ask,
+    Drop,
     Finish,
     Grant,
     Load,
@@ -61,7 +62,7 @@ from daemon.program_dispatch import SCHEDULER_UNAVAILABLE, output_cap
 if TYPE_CHECKING:
     from daemon.http.errors import ApiError
 
-LOAD_SECONDS = 0.05  # how often the relay's native in-flight counts go to the scheduler (when changed)
+LOAD_SECONDS = 0.05  # how often the relay's own view (Load) goes to the scheduler (when changed)
 MAX_PASSES = 4096  # resume passes kept per relay (the oldest is dropped first: it only costs a wait)
 
 
@@ -161,11 +162,14 @@ class RemoteLease:
     attempt: int = 0
     wants_usage: bool = True  # usage drives Program accounting
     outcome: Outcome | None = None
+    pending: _Pending | None = None  # its slot in the dispatcher (the relay's view of its leases)
 
     def finish(self, outcome: Outcome) -> None:
         if self.outcome is not None:
             raise RuntimeError(f"Program lease {self.request_id} finished twice")
         self.outcome = outcome
+        if self.pending is not None:
+            self.pending.held = False  # the scheduler lets it go when it reads the Finish
         try:
             self.link.send(Finish(self.number, outcome))
         except LinkClosed:
@@ -186,6 +190,10 @@ class _Pending:
     key: tuple[str, str] | None = None  # a Program lease: (model pool, Program id)
     passed: bool = False  # forwarded under a resume pass, before the answer
     ended: bool = False  # (passed) the lease ended before its answer arrived: dropped with it
+    # the scheduler holds it as far as the relay knows: asked, no Finish or Release sent, no Refuse
+    # read (the relay's view in its Load frames, docs/architecture.md §9)
+    held: bool = True
+    since: float = attrs.field(factory=trio.current_time)  # when it was asked (this process's clock)
 
 
 @attrs.frozen
@@ -209,6 +217,7 @@ class RelayCounters:
     passes_revoked_count: int = 0  # Revoke frames that dropped a pass held here
     passed_count: int = 0  # Program requests forwarded under a pass (without waiting)
     passed_refused_count: int = 0  # ... that the scheduler refused afterwards (their target was gone)
+    passes_dropped_count: int = 0  # passes dropped here without a Revoke (Drop frames sent)
 
 
 class RemoteProgramDispatcher:
@@ -228,14 +237,21 @@ class RemoteProgramDispatcher:
     def on_reply(self, frame: Grant | Refuse) -> None:
         pending = self._pending.get(frame.lease)
         if pending is None:
+            if type(frame) is Grant and frame.pass_number:
+                self._drop(frame.pass_number)  # the lease was released meanwhile: nobody keeps its pass
             return
+        if type(frame) is Refuse:
+            pending.held = False  # the scheduler no longer has it
         if pending.replies is None:
             if not pending.answered.is_set():
                 pending.reply = frame
                 pending.answered.set()
             if type(frame) is Grant:
-                if frame.pass_number and pending.key is not None:
-                    self._keep_pass(pending.key, frame)
+                if frame.pass_number:
+                    if pending.key is not None:
+                        self._keep_pass(pending.key, frame)
+                    else:
+                        self._drop(frame.pass_number)
             elif pending.passed:
                 self.counters.passed_refused_count += 1  # (already forwarded: it fails upstream)
             if pending.ended:
@@ -249,9 +265,17 @@ class RemoteProgramDispatcher:
     def _keep_pass(self, key: tuple[str, str], grant: Grant) -> None:
         passes = self.passes
         if key not in passes and len(passes) >= MAX_PASSES:
-            del passes[next(iter(passes))]
+            self._drop(passes.pop(next(iter(passes))).number)
         passes[key] = _RelayPass(grant.pass_number, grant.admitted.target, grant.admitted.program)
         self.counters.passes_received_count += 1
+
+    def _drop(self, number: int) -> None:
+        """Tell the scheduler this relay no longer holds pass ``number`` (it was not revoked)."""
+        self.counters.passes_dropped_count += 1
+        try:
+            self.link.send(Drop(number))
+        except LinkClosed:
+            pass
 
     def on_revoke(self, frame: Revoke) -> None:
         key = (frame.model_pool, frame.program_id)
@@ -282,6 +306,17 @@ class RemoteProgramDispatcher:
 
     def open_leases(self) -> int:
         return len(self._pending)
+
+    def view(self) -> tuple[int, int, float | None]:
+        """The relay's own view for its Load frame: the leases the scheduler holds as far as this
+        relay knows, the passes it holds, and when its oldest open lease was asked (None: none)."""
+        held = 0
+        oldest: float | None = None
+        for pending in self._pending.values():
+            held += pending.held
+            if oldest is None or pending.since < oldest:
+                oldest = pending.since
+        return held, len(self.passes), oldest
 
     # ---- the Dispatcher protocol ----
 
@@ -319,15 +354,19 @@ class RemoteProgramDispatcher:
         self.counters.granted_count += 1
         return reply
 
-    def _lease_of(self, number: int, grant: Grant) -> RemoteLease:
+    def _lease_of(self, number: int, grant: Grant, pending: _Pending) -> RemoteLease:
         a: Admitted = grant.admitted
-        return RemoteLease(a.target, a.request_id, a.program, a.queue_seconds, number, self.link, grant.attempt)
+        return RemoteLease(
+            a.target, a.request_id, a.program, a.queue_seconds, number, self.link, grant.attempt, pending=pending
+        )
 
     def _end(self, number: int, lease: RemoteLease | None, refused: bool) -> None:
         pending = self._pending.pop(number, None)
         outcome = None if lease is None else lease.outcome
         if outcome is not None and not outcome.success and pending is not None and pending.key is not None:
-            self.passes.pop(pending.key, None)  # a failure pauses its Program: the pass would race the Revoke
+            dropped = self.passes.pop(pending.key, None)  # a failure pauses its Program: the pass would race the Revoke
+            if dropped is not None:
+                self._drop(dropped.number)
         if pending is not None and pending.passed:
             if not pending.answered.is_set():
                 if outcome is not None:  # answered after its Finish (a Release is never answered)
@@ -358,7 +397,7 @@ class RemoteProgramDispatcher:
             pending.passed = True
             number = self._ask(req, kind, pending, held)
             self.counters.passed_count += 1
-            lease = RemoteLease(held.target, req.request_id, held.program, 0.0, number, self.link)
+            lease = RemoteLease(held.target, req.request_id, held.program, 0.0, number, self.link, pending=pending)
             try:
                 yield lease
             finally:
@@ -374,7 +413,7 @@ class RemoteProgramDispatcher:
             except DispatchRejected:
                 refused = True
                 raise
-            granted = self._lease_of(number, grant)
+            granted = self._lease_of(number, grant, pending)
             yield granted
         finally:
             self._end(number, granted, refused)
@@ -395,7 +434,7 @@ class RemoteProgramDispatcher:
                     except DispatchRejected:
                         refused = True
                         raise
-                    lease = pending.lease = self._lease_of(number, grant)
+                    lease = pending.lease = self._lease_of(number, grant, pending)
                     with trio.CancelScope() as scope:
                         pending.scope = scope
                         await forward(lease)
@@ -449,15 +488,24 @@ async def read_scheduler_frames(
             remote.scheduler_gone()
 
 
-async def run_load_reports(link: Link, in_flight: Callable[[], Sequence[int]]) -> None:
-    """Send the relay's native in-flight counts every :data:`LOAD_SECONDS` when they changed."""
-    last: tuple[int, ...] | None = None
+async def run_load_reports(
+    link: Link, in_flight: Callable[[], Sequence[int]], remote: RemoteProgramDispatcher | None = None
+) -> None:
+    """Send the relay's own view (:class:`~daemon.dataplane.wire.Load`: native in-flight counts,
+    the leases and passes of ``remote``, the age of its oldest open lease, the scheduler frames
+    handled) every :data:`LOAD_SECONDS` when it changed.  The oldest lease's age is not part of
+    what "changed" means (it grows by itself): the scheduler ages it from the frame's arrival."""
+    last: tuple[Any, ...] | None = None
     while True:
         counts = tuple(in_flight())
-        if counts != last:
-            last = counts
+        leases, passes, oldest = (0, 0, None) if remote is None else remote.view()
+        read = link.frames_received
+        key = (counts, leases, passes, oldest, read)
+        if key != last:
+            last = key
+            age = None if oldest is None else trio.current_time() - oldest
             try:
-                link.send(Load(counts))
+                link.send(Load(counts, leases, passes, age, read))
             except LinkClosed:
                 return
         await trio.sleep(LOAD_SECONDS)

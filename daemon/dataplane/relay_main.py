@@ -213,7 +213,7 @@ async def run_relay(spec: RelaySpec) -> None:
         link.send(Hello(spec.index, os.getpid()))
         with trio.fail_after(FIRST_SNAPSHOT_SECONDS):
             await view.first.wait()
-        root.start_soon(run_load_reports, link, lambda: native._in_flight)
+        root.start_soon(run_load_reports, link, lambda: native._in_flight, remote)
         app = RelayApp(engine, cfg, edge, auth, spec.scheduler_url)
         async with trio.open_nursery() as servers:
             servers.start_soon(edge.run_drain, shutdown, grace)

@@ -19,17 +19,25 @@ The hub also publishes a :class:`~daemon.dataplane.wire.Snapshot` to every relay
 workers' served models and, for load-aware native policies, the native in-flight counts of every
 other process; it applies the relays' outcome reports to the health board and gathers their
 ``/metrics`` expositions on demand (:meth:`DataPlaneHub.relay_expositions`).
+
+Each relay reports its own view (the ``Load`` frame: the leases and resume passes it holds, the age
+of its oldest open lease); its connection compares it with what this side believes that relay
+holds, whenever both describe the same instant, and a difference that lasts longer than
+:data:`VIEW_MISMATCH_SECONDS` is a suspected leak: counted, logged once (``relay_view_mismatch``)
+and shown in the ``data_plane`` diagnostics (docs/operations.md §13.3).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import attrs
 import trio
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from actors.core.arrival import PASS_RACE_ADMIT
 from actors.core.config import BackendTarget
@@ -41,6 +49,7 @@ from actors.messages import Admitted, QueuePosition, Reply, Submission
 from daemon.dataplane.link import Link, LinkClosed
 from daemon.dataplane.wire import (
     Ask,
+    Drop,
     Finish,
     FrameError,
     Grant,
@@ -65,6 +74,9 @@ BATCH_DISABLED = Rejection(reason="batch_jobs_disabled", status_hint=503, messag
 SNAPSHOT_SECONDS = 0.1  # how often the relays' view of health, models and load is refreshed
 DETACHED_KINDS = ("program", "interactive")  # served without a task (batch leases keep one each)
 METRICS_TIMEOUT_SECONDS = 2.0  # a relay that does not answer a scrape within this is left out
+# a relay's own view that differs from this side's for this long (every comparison in between
+# exact, none agreeing) is a suspected leak: ten of the relay's report periods
+VIEW_MISMATCH_SECONDS = 0.5
 
 
 class OutcomeBoard(HealthView, Protocol):
@@ -169,6 +181,8 @@ class RelayConnection:
         self._metrics: dict[int, trio.MemorySendChannel[str]] = {}
         self._later: trio.Nursery | None = None  # releases that wait for room in the scheduler inbox
         self._last_snapshot: Snapshot | None = None
+        self.pass_numbers: dict[int, ProgramKey] = {}  # the resume passes this relay holds (number -> Program)
+        self.views = RelayViews()
 
     def send_quiet(self, frame: Any) -> None:
         try:
@@ -222,6 +236,7 @@ class RelayConnection:
     def _on_frame(self, frame: Any, leases: trio.Nursery) -> Submission | None:
         if isinstance(frame, Ask):
             self.asks_count += 1
+            self.views.changes += 1
             program = self.hub.program
             if program is not None and frame.kind in DETACHED_KINDS:
                 req = frame.request.proxy_request()
@@ -250,6 +265,8 @@ class RelayConnection:
             outcome = frame.outcome if isinstance(frame, Finish) else None
             open_detached = self.detached.get(frame.lease)
             if open_detached is not None:
+                if open_detached.early is None:
+                    self.views.changes += 1
                 if outcome is not None and not open_detached.admitted:
                     open_detached.early = outcome  # (only a passed request finishes before its Grant)
                 else:
@@ -258,6 +275,8 @@ class RelayConnection:
             served = self.leases.get(frame.lease)
             if served is None:
                 return None  # already refused or ended
+            if not served.ended.is_set():
+                self.views.changes += 1
             served.outcome = outcome
             served.ended.set()
             if not served.forwarding and isinstance(frame, Release):
@@ -271,6 +290,11 @@ class RelayConnection:
             self.reports_applied += 1
         elif isinstance(frame, Load):
             self.in_flight = frame.in_flight
+            self.views.reported(frame, trio.current_time())
+            self.compare_views()
+        elif isinstance(frame, Drop):
+            if self.hub.dropped(self, frame.number):
+                self.views.changes += 1
         elif isinstance(frame, MetricsText):
             waiter = self._metrics.pop(frame.token, None)
             if waiter is not None:
@@ -433,6 +457,96 @@ class RelayConnection:
         finally:
             self._metrics.pop(token, None)
 
+    # ---- the relay's own view against this side's (docs/operations.md §13.3) ----
+
+    def scheduler_view(self) -> tuple[int, int]:
+        """The leases and resume passes this side believes the relay holds: leases whose end
+        (``Finish``/``Release``) has not arrived and that were not refused (a passed request that
+        finished before its admission is the relay's no longer), and the passes given to it and
+        neither revoked, used nor dropped."""
+        leases = 0
+        for detached in self.detached.values():
+            leases += detached.early is None
+        for served in self.leases.values():
+            leases += not served.ended.is_set()
+        return leases, len(self.pass_numbers)
+
+    def compare_views(self) -> None:
+        """Compare the relay's last report with this side's view, if both describe the same
+        instant: the relay had handled every frame sent to it, and no frame read from it since
+        the report changed this side's view.  Otherwise (frames crossing) nothing is concluded."""
+        views = self.views
+        load = views.load
+        if load is None or load.frames_read != self.link.frames_sent or views.changes != views.changes_at_report:
+            return
+        now = trio.current_time()
+        ours = self.scheduler_view()
+        views.compared_count += 1
+        views.compared_at = now
+        if ours == (load.leases, load.passes):
+            if views.suspected and views.mismatch_since is not None:
+                log_event(
+                    logger,
+                    logging.INFO,
+                    "relay_view_mismatch_cleared",
+                    relay=self.index,
+                    pid=self.pid,
+                    leases=load.leases,
+                    passes=load.passes,
+                    mismatch_seconds=round(now - views.mismatch_since, 3),
+                )
+            views.mismatch_since = None
+            views.suspected = False
+            return
+        views.differed_count += 1
+        if views.mismatch_since is None:
+            views.mismatch_since = now
+        if views.suspected or now - views.mismatch_since < VIEW_MISMATCH_SECONDS:
+            return
+        views.suspected = True
+        views.suspected_count += 1
+        self.hub.view_mismatches_count += 1
+        log_event(
+            logger,
+            logging.WARNING,
+            "relay_view_mismatch",
+            relay=self.index,
+            pid=self.pid,
+            scheduler_leases=ours[0],
+            relay_leases=load.leases,
+            scheduler_passes=ours[1],
+            relay_passes=load.passes,
+            relay_native_in_flight=sum(load.in_flight),
+            oldest_lease_seconds=views.oldest_lease_seconds(now),
+            mismatch_seconds=round(now - views.mismatch_since, 3),
+            message="the relay's own count of its open leases or resume passes has differed from the "
+            "scheduler's for longer than frames in flight explain: one side kept a lease or pass the other "
+            "let go (docs/operations.md §13.3)",
+        )
+
+    def views_document(self, now: float) -> dict[str, Any]:
+        views = self.views
+        load = views.load
+        leases, passes = self.scheduler_view()
+        return {
+            "scheduler": {"leases": leases, "passes": passes},
+            "relay": None
+            if load is None
+            else {
+                "leases": load.leases,
+                "passes": load.passes,
+                "native_in_flight": sum(load.in_flight),
+                "oldest_lease_seconds": views.oldest_lease_seconds(now),
+                "reported_seconds_ago": now - views.load_at,
+            },
+            "comparisons_count": views.compared_count,
+            "differed_count": views.differed_count,
+            "compared_seconds_ago": None if views.compared_at is None else now - views.compared_at,
+            "mismatch_seconds": None if views.mismatch_since is None else now - views.mismatch_since,
+            "suspected": views.suspected,
+            "suspected_count": views.suspected_count,
+        }
+
     def document(self) -> dict[str, Any]:
         return {
             "open_leases": len(self.leases) + len(self.detached),
@@ -441,7 +555,36 @@ class RelayConnection:
             "native_in_flight": sum(self.in_flight),
             "frames_sent": self.link.frames_sent,
             "frames_received": self.link.frames_received,
+            "views": self.views_document(trio.current_time()),
         }
+
+
+@attrs.define
+class RelayViews:
+    """A relay's last report of its own view and the comparisons with the scheduler's."""
+
+    load: Load | None = None
+    load_at: float = 0.0  # when the report arrived (this process's clock)
+    changes: int = 0  # frames read from the relay that changed this side's view of it
+    changes_at_report: int = 0
+    compared_count: int = 0  # exact comparisons made
+    differed_count: int = 0  # ... that found the views different
+    compared_at: float | None = None
+    mismatch_since: float | None = None  # the first exact comparison of the current difference
+    suspected: bool = False  # the difference has lasted VIEW_MISMATCH_SECONDS
+    suspected_count: int = 0
+
+    def reported(self, load: Load, now: float) -> None:
+        self.load = load
+        self.load_at = now
+        self.changes_at_report = self.changes
+
+    def oldest_lease_seconds(self, now: float) -> float | None:
+        """The relay's oldest open lease's age now (its age when sent, aged since it arrived)."""
+        load = self.load
+        if load is None or load.oldest_lease_seconds is None:
+            return None
+        return load.oldest_lease_seconds + (now - self.load_at)
 
 
 class DataPlaneHub:
@@ -469,6 +612,8 @@ class DataPlaneHub:
         # (the Program dispatcher's: /metrics exports them with one process too, at 0)
         self.pass_counters = program.pass_counters if program is not None else PassCounters()
         self._pass_numbers = itertools.count(1)
+        self.passes_dropped_count = 0  # passes relays dropped on their own (Drop frames applied)
+        self.view_mismatches_count = 0  # suspected mismatches of a relay's view and this side's
         if program is not None and program.scheduler.router is not None:
             program.scheduler.router.on_program_change = self.program_changed
 
@@ -490,10 +635,13 @@ class DataPlaneHub:
         if p.pause_when_idle or p.terminate_when_idle or not p.expected_resume:
             return 0  # it stops being Active when idle: a pass would race its Revoke
         prior = self.passes.get(key)
-        if prior is not None and prior.conn is not conn:
-            self._revoke(prior)
+        if prior is not None:
+            del prior.conn.pass_numbers[prior.number]  # (on the same relay: replaced by the new one)
+            if prior.conn is not conn:
+                self._revoke(prior)
         number = next(self._pass_numbers)
         self.passes[key] = _Pass(conn, number, p.ref, target_id, p.placement_epoch)
+        conn.pass_numbers[number] = key
         self.pass_counters.issued_count += 1
         return number
 
@@ -505,7 +653,7 @@ class DataPlaneHub:
         counters.passed_count += 1
         current = self.passes.get(key)
         if current is not None and current.conn is conn and current.number == number:
-            del self.passes[key]  # used: the relay dropped it (the Grant may carry the next one)
+            self._forget(key)  # used: the relay dropped it (the Grant may carry the next one)
         else:
             counters.crossed_count += 1
         return TargetId(target)
@@ -529,8 +677,23 @@ class DataPlaneHub:
             and p.placement_epoch == pas.epoch
         ):
             return
-        del self.passes[ref.key]
+        self._forget(ref.key)
         self._revoke(pas)
+
+    def _forget(self, key: ProgramKey) -> _Pass:
+        pas = self.passes.pop(key)
+        del pas.conn.pass_numbers[pas.number]
+        return pas
+
+    def dropped(self, conn: RelayConnection, number: int) -> bool:
+        """Relay ``conn`` dropped pass ``number`` without a Revoke (``Drop``): forgotten, unless it
+        was revoked or replaced meanwhile.  Whether this side's view changed."""
+        key = conn.pass_numbers.get(number)
+        if key is None:
+            return False
+        self._forget(key)
+        self.passes_dropped_count += 1
+        return True
 
     def _revoke(self, pas: _Pass) -> None:
         self.pass_counters.revoked_count += 1
@@ -538,11 +701,15 @@ class DataPlaneHub:
 
     def drop_passes(self, conn: RelayConnection) -> None:
         """The relay's socket ended: its passes go with it (nothing to tell)."""
-        for key in [k for k, pas in self.passes.items() if pas.conn is conn]:
-            del self.passes[key]
+        for key in list(conn.pass_numbers.values()):
+            self._forget(key)
 
     def passes_document(self) -> dict[str, int]:
-        return {"outstanding": len(self.passes), **attrs.asdict(self.pass_counters)}
+        return {
+            "outstanding": len(self.passes),
+            **attrs.asdict(self.pass_counters),
+            "dropped_count": self.passes_dropped_count,
+        }
 
     def connect(self, index: int, link: Link) -> RelayConnection:
         conn = RelayConnection(self, index, link)
@@ -578,11 +745,14 @@ class DataPlaneHub:
         )
 
     async def run_publisher(self) -> None:
-        """Refresh every relay's snapshot every :data:`SNAPSHOT_SECONDS` (sent only when changed)."""
+        """Refresh every relay's snapshot every :data:`SNAPSHOT_SECONDS` (sent only when changed),
+        and compare each relay's last report of its view with this side's (a relay that reports
+        nothing new, at rest, is compared here)."""
         while True:
             await trio.sleep(SNAPSHOT_SECONDS)
             for conn in list(self.connections.values()):
                 if conn.hello.is_set():
+                    conn.compare_views()
                     conn.publish()
 
     async def relay_expositions(self, seconds: float = METRICS_TIMEOUT_SECONDS) -> list[str]:
@@ -604,3 +774,37 @@ class DataPlaneHub:
 
     def native_in_flight(self) -> int:
         return sum(sum(c.in_flight) for c in self.connections.values())
+
+
+class ViewCollector(Collector):
+    """``agentd_data_plane_view_mismatches_total``, ``agentd_data_plane_relay_view_mismatch{relay}``
+    and ``agentd_data_plane_relay_oldest_lease_seconds{relay}`` at scrape time (docs/operations.md
+    §13.3)."""
+
+    def __init__(self, hub: DataPlaneHub) -> None:
+        self.hub = hub
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        hub = self.hub
+        yield CounterMetricFamily(
+            "agentd_data_plane_view_mismatches",
+            "Suspected leaks: a relay's own count of its open leases or resume passes differed from the "
+            "scheduler's for longer than frames in flight explain.",
+            value=hub.view_mismatches_count,
+        )
+        now = trio.current_time()
+        suspected = GaugeMetricFamily(
+            "agentd_data_plane_relay_view_mismatch",
+            "1 while a relay's view of its leases and passes is suspected to differ from the scheduler's.",
+            labels=["relay"],
+        )
+        oldest = GaugeMetricFamily(
+            "agentd_data_plane_relay_oldest_lease_seconds",
+            "Age of the oldest lease a relay holds open, as it last reported (0 when none).",
+            labels=["relay"],
+        )
+        for index, conn in sorted(hub.connections.items()):
+            suspected.add_metric([str(index)], 1.0 if conn.views.suspected else 0.0)
+            oldest.add_metric([str(index)], conn.views.oldest_lease_seconds(now) or 0.0)
+        yield suspected
+        yield oldest

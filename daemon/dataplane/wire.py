@@ -11,7 +11,7 @@ in-process path would have seen, but for its routing text: only the prefix the s
 travels (``CACHE_AWARE_PREFIX_CHARS``, docs/architecture.md §9).
 
 Relay -> scheduler: :class:`Hello`, :class:`Ask`, :class:`Finish`, :class:`Release`,
-:class:`Report`, :class:`Load`, :class:`MetricsText`.
+:class:`Report`, :class:`Load`, :class:`Drop`, :class:`MetricsText`.
 Scheduler -> relay: :class:`Grant`, :class:`Refuse`, :class:`Preempt`, :class:`Revoke`,
 :class:`Snapshot`, :class:`MetricsAsk`.
 
@@ -160,9 +160,30 @@ class Report:
 
 @frozen
 class Load:
-    """The relay's native in-flight count per target index (load-aware native policies)."""
+    """The relay's own view, sent when it changed (docs/architecture.md §9, "What a relay reports"):
+    its native in-flight count per target index (load-aware native policies); the scheduler-decided
+    leases it holds (``leases``: asked, neither ended by a ``Finish``/``Release`` it sent nor
+    refused by a ``Refuse`` it read); the resume passes it holds; the age of its oldest open lease
+    in seconds when it sent the frame (None: none open; an age, not a time, since the processes'
+    clocks differ); and how many of the scheduler's frames it had handled when it took these
+    counts (``frames_read``: the scheduler compares only when none of its own frames was still on
+    the way, so the two views describe the same instant)."""
 
     in_flight: tuple[int, ...]
+    leases: int = 0
+    passes: int = 0
+    oldest_lease_seconds: float | None = None
+    frames_read: int = 0
+
+
+@frozen
+class Drop:
+    """The relay dropped resume pass ``number`` on its own, without a :class:`Revoke`: its request
+    failed, its map of passes was full, or it came with the ``Grant`` of a lease the relay had
+    already released (docs/architecture.md §9).  The scheduler forgets it, so both sides count the
+    same passes."""
+
+    number: int
 
 
 @frozen
@@ -247,6 +268,7 @@ Frame = (
     | Release
     | Report
     | Load
+    | Drop
     | MetricsText
     | Grant
     | Refuse
@@ -262,6 +284,7 @@ FRAME_TYPES: tuple[type, ...] = (
     Release,
     Report,
     Load,
+    Drop,
     MetricsText,
     Grant,
     Refuse,

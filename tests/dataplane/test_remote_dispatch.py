@@ -19,7 +19,13 @@ from actors.core.events import RequestAbandoned
 from actors.core.ids import RequestId
 from daemon.config import AgentdConfig
 from daemon.dataplane.link import Link
-from daemon.dataplane.relay import RemoteOutcomes, RemoteProgramDispatcher, SnapshotView, read_scheduler_frames
+from daemon.dataplane.relay import (
+    RemoteOutcomes,
+    RemoteProgramDispatcher,
+    SnapshotView,
+    read_scheduler_frames,
+    run_load_reports,
+)
 from daemon.dataplane.scheduler_side import SNAPSHOT_SECONDS, DataPlaneHub, RelayConnection
 from daemon.dataplane.wire import Hello, Load, Snapshot
 from daemon.dispatch import DispatchRejected, NativeDispatcher, ProxyRequest
@@ -64,8 +70,10 @@ async def _connected(
     *,
     hub: DataPlaneHub | None = None,
     index: int = 0,
+    reports: bool = False,
 ) -> AsyncIterator[Plane]:
-    """A relay connected to ``hub`` (a new one over ``program`` unless given: a second relay)."""
+    """A relay connected to ``hub`` (a new one over ``program`` unless given: a second relay);
+    ``reports``: the relay sends its own view (Load frames) as a relay process does."""
     own_hub = hub is None
     if hub is None:
         hub = DataPlaneHub(targets, board, program)
@@ -82,6 +90,8 @@ async def _connected(
         nursery.start_soon(read_scheduler_frames, relay_link, remote, view, lambda: "relay_only_total 3.0\n")
         relay_link.send(Hello(index, 4242))
         await view.first.wait()
+        if reports:
+            nursery.start_soon(run_load_reports, relay_link, lambda: (0,) * len(targets), remote)
         try:
             yield Plane(program, hub, conn, remote, view, board, relay_link, nursery)
         finally:

@@ -283,6 +283,7 @@ async def test_an_active_programs_next_request_uses_its_pass_and_is_dispatched_t
             "passed_count": 1,
             "crossed_count": 0,
             "races_count": 0,
+            "dropped_count": 0,
         }
         assert p.remote.counters.passed_count == 1 and p.remote.open_leases() == 0
         _consistent(p)

@@ -20,10 +20,12 @@ from daemon.dataplane.wire import (
     HEADER,
     MAX_FRAME_BYTES,
     Ask,
+    Drop,
     Finish,
     FrameError,
     FrameReader,
     Hello,
+    Load,
     WireRequest,
     decode,
     encode,
@@ -258,3 +260,27 @@ def test_the_positional_codec_refuses_unsupported_field_types_when_built() -> No
 
     with pytest.raises(TypeError, match="does not support"):
         PositionalCodec((Listed,))
+
+
+def test_a_relays_report_of_its_view_is_compact_and_checked() -> None:
+    """The Load frame (docs/architecture.md §9, "What a relay reports"): native in-flight counts,
+    leases, passes, the oldest lease's age (null: none open), the scheduler frames read; a Drop
+    names one pass.  A field of the wrong type or a missing one is a protocol error."""
+    frame = Load((0, 2), 1, 3, 2.5, 7)
+    assert encode(frame)[HEADER.size :] == b'["Load",[[0,2],1,3,2.5,7]]'
+    assert decode(b'["Load",[[0,2],1,3,null,7]]') == Load((0, 2), 1, 3, None, 7)
+    back = decode(b'["Load",[[],0,0,4,0]]')
+    assert back.oldest_lease_seconds == 4.0 and type(back.oldest_lease_seconds) is float
+    assert encode(Drop(12))[HEADER.size :] == b'["Drop",[12]]'
+    for bad in (
+        b'["Load",[[1],"1",0,null,0]]',
+        b'["Load",[[1],1,0,"old",0]]',
+        b'["Load",[[1],1,true,null,0]]',
+        b'["Load",[[1],1,0,null]]',
+        b'["Load",[[1],1,0,null,0,0]]',
+        b'["Drop",[1.5]]',
+        b'["Drop",[true]]',
+        b'["Drop",[]]',
+    ):
+        with pytest.raises(FrameError, match="undecodable"):
+            decode(bad)
