@@ -269,6 +269,8 @@ async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandle
     if processes > 1:  # relay processes on the port, this process schedules (docs/operations.md §13)
         data_plane = _data_plane(cfg, processes, handles)
         handles = attrs.evolve(handles, data_plane=data_plane)
+    # the relays' views against the scheduler's (docs/operations.md §13.3): always 0 with one process
+    handles.registry.register(ViewCollector(None if data_plane is None else data_plane.hub))
     app = create_app(handles, role="public" if split else "all", edge=edge, auth=auth)
     state = handles.server_state
     if data_plane is not None:
@@ -359,7 +361,6 @@ def _data_plane(cfg: AgentdConfig, processes: int, handles: DaemonHandles) -> Da
         models=None if models is None else (lambda: dict(models.models)),
         own_in_flight=lambda: [native.in_flight(t) for t in handles.targets],
     )
-    handles.registry.register(ViewCollector(hub))  # the relays' views against the hub's (docs/operations.md §13.3)
     sock, public_url = listening_socket(cfg.server.host, cfg.server.port)
     return DataPlane(cfg, processes, hub, sock, public_url)
 

@@ -779,9 +779,9 @@ class DataPlaneHub:
 class ViewCollector(Collector):
     """``agentd_data_plane_view_mismatches_total``, ``agentd_data_plane_relay_view_mismatch{relay}``
     and ``agentd_data_plane_relay_oldest_lease_seconds{relay}`` at scrape time (docs/operations.md
-    §13.3)."""
+    §13.3); without relay processes (``hub`` None) the counter is 0 and the gauges have no sample."""
 
-    def __init__(self, hub: DataPlaneHub) -> None:
+    def __init__(self, hub: DataPlaneHub | None) -> None:
         self.hub = hub
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
@@ -790,9 +790,8 @@ class ViewCollector(Collector):
             "agentd_data_plane_view_mismatches",
             "Suspected leaks: a relay's own count of its open leases or resume passes differed from the "
             "scheduler's for longer than frames in flight explain.",
-            value=hub.view_mismatches_count,
+            value=0 if hub is None else hub.view_mismatches_count,
         )
-        now = trio.current_time()
         suspected = GaugeMetricFamily(
             "agentd_data_plane_relay_view_mismatch",
             "1 while a relay's view of its leases and passes is suspected to differ from the scheduler's.",
@@ -803,7 +802,9 @@ class ViewCollector(Collector):
             "Age of the oldest lease a relay holds open, as it last reported (0 when none).",
             labels=["relay"],
         )
-        for index, conn in sorted(hub.connections.items()):
+        connections = {} if hub is None else hub.connections
+        now = trio.current_time() if connections else 0.0
+        for index, conn in sorted(connections.items()):
             suspected.add_metric([str(index)], 1.0 if conn.views.suspected else 0.0)
             oldest.add_metric([str(index)], conn.views.oldest_lease_seconds(now) or 0.0)
         yield suspected

@@ -125,7 +125,7 @@ async def _at(t: float) -> None:
     await trio.testing.wait_all_tasks_blocked()
 
 
-def _metrics(hub: DataPlaneHub) -> str:
+def _metrics(hub: DataPlaneHub | None) -> str:
     registry = CollectorRegistry()
     registry.register(ViewCollector(hub))
     return generate_latest(registry).decode()
@@ -184,6 +184,14 @@ async def test_a_lasting_difference_is_flagged_after_the_bound_logged_once_and_c
         assert 'agentd_data_plane_relay_view_mismatch{relay="0"} 0.0' in text
         assert "agentd_data_plane_view_mismatches_total 1.0" in text  # a count of episodes
         assert 'agentd_data_plane_relay_oldest_lease_seconds{relay="0"} 0.0' in text
+
+
+def test_one_process_exports_no_mismatch_and_no_relay() -> None:
+    text = _metrics(None)
+    assert "agentd_data_plane_view_mismatches_total 0.0" in text
+    assert "# TYPE agentd_data_plane_relay_view_mismatch gauge" in text
+    assert "agentd_data_plane_relay_view_mismatch{" not in text
+    assert "agentd_data_plane_relay_oldest_lease_seconds{" not in text
 
 
 async def test_a_difference_shorter_than_the_bound_is_not_flagged(
