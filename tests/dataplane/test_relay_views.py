@@ -494,3 +494,46 @@ async def test_after_every_kind_of_lease_both_views_agree(autojump_clock: trio.t
         assert (doc["suspected_count"], doc["differed_count"], p.hub.view_mismatches_count) == (0, 0, 0)
         assert doc["comparisons_count"] > 10
         assert "agentd_data_plane_view_mismatches_total 0.0" in generate_latest(registry).decode()
+
+
+async def test_a_relay_that_keeps_a_pass_after_its_revoke_is_flagged(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch, log: Records
+) -> None:
+    """The leak the comparison is for, made on purpose: a relay whose Revoke handling is broken
+    keeps the pass of a Program that paused.  Each side's count looks plausible alone; together
+    they differ, and the hub flags it."""
+    cfg = daemon_config(token_capacity_per_dp_rank=10_000, max_acting_ttl_seconds=60.0)
+    async with reporting_plane(cfg) as (p, registry):
+        monkeypatch.setattr(p.remote, "on_revoke", lambda frame: None)
+        async with p.remote.lease(lead()) as lease:
+            lease.finish(ok())
+        await _settled(p, lambda d: d["dispatcher"]["completed_count"] == 1)
+        await _agreed(p)
+        await trio.sleep(31.0)  # past the acting TTL: paused, the pass revoked (and kept)
+        await trio.testing.wait_all_tasks_blocked()
+        assert p.hub.pass_counters.revoked_count == 1 and len(p.remote.passes) == 1
+        doc = p.conn.document()["views"]
+        assert doc["scheduler"]["passes"] == 0 and doc["relay"]["passes"] == 1
+        assert doc["suspected"] and p.hub.view_mismatches_count == 1
+        [event] = log.events("relay_view_mismatch")
+        assert (event["scheduler_passes"], event["relay_passes"]) == (0, 1)
+        assert "agentd_data_plane_view_mismatches_total 1.0" in generate_latest(registry).decode()
+
+
+async def test_a_relay_that_forgets_a_lease_without_releasing_it_is_flagged(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch, log: Records
+) -> None:
+    """The other direction: a relay that drops a lease it was relaying without sending its
+    Release (the scheduler keeps its capacity): the hub counts one lease more than the relay."""
+    cfg = daemon_config(token_capacity_per_dp_rank=10_000)
+    async with reporting_plane(cfg) as (p, _):
+        pending = p.remote._pending
+        monkeypatch.setattr(p.remote, "_end", lambda number, lease, refused: pending.pop(number))  # no Release
+        async with p.remote.lease(program_request("p")):
+            await _agreed(p)
+        await trio.sleep(1.0)
+        doc = p.conn.document()["views"]
+        assert (doc["scheduler"]["leases"], doc["relay"]["leases"]) == (1, 0)
+        assert doc["suspected"] and doc["suspected_count"] == 1
+        [event] = log.events("relay_view_mismatch")
+        assert (event["scheduler_leases"], event["relay_leases"]) == (1, 0)
