@@ -28,7 +28,8 @@
 # BLOCKS_MIX (KV blocks per rank; defaults 2048 and 1500), MIX_SEED (scenario 2's trace seed: agents
 # MIX_SEED, batch MIX_SEED + 1; default 1), SOCKETS=1 (also run the batch-only
 # trace over sockets with `agentd bench`, native dispatch, fcfs vs batch_job_aware engines, at
-# TIME_SCALE, default 4).
+# TIME_SCALE, default 4), SCENARIOS (which scenarios to run: `batch-only`, `mixed` or both,
+# space-separated; default both; bench/batch_sweep.py runs one at a time per KV size).
 set -euo pipefail
 OUT="${1:-batch-bench-out}"
 source "$(dirname "$0")/agentd_env.sh"  # AGENTD and PYTHON
@@ -38,7 +39,24 @@ MIX_BATCH_REQUESTS="${MIX_BATCH_REQUESTS:-800}"
 BLOCKS_BATCH="${BLOCKS_BATCH:-2048}"
 BLOCKS_MIX="${BLOCKS_MIX:-1500}"
 MIX_SEED="${MIX_SEED:-1}"
-mkdir -p "$OUT/configs" "$OUT/batch-only" "$OUT/mixed"
+SCENARIOS="${SCENARIOS:-batch-only mixed}"
+run_batch_only=0
+run_mixed=0
+for scenario in $SCENARIOS; do
+  case "$scenario" in
+    batch-only) run_batch_only=1 ;;
+    mixed) run_mixed=1 ;;
+    *)
+      echo "batch_bench.sh: SCENARIOS: unknown scenario '$scenario' (batch-only, mixed)" >&2
+      exit 2
+      ;;
+  esac
+done
+if [ "$run_batch_only$run_mixed" = 00 ]; then
+  echo "batch_bench.sh: SCENARIOS is empty (batch-only, mixed)" >&2
+  exit 2
+fi
+mkdir -p "$OUT/configs"
 start=$(date +%s)
 
 # config NAME BLOCKS WORKERS ENGINE_POLICY PROGRAM_SCHEDULING(0|1) BATCH_JOBS(0|1)
@@ -89,46 +107,55 @@ simulate() {  # SCENARIO SYSTEM CONFIG TRACE
   echo "batch bench: $1/$2 simulated in $(( $(date +%s) - t0 )) s" >&2
 }
 
-"$AGENTD" trace synth --profile batch --programs "$BATCH_REQUESTS" --seed 1 --out "$OUT/batch.jsonl"
-"$AGENTD" trace synth --profile swe-short --programs "$MIX_PROGRAMS" --seed "$MIX_SEED" --input-scale 0.5 \
-  --out "$OUT/agents.jsonl"
-"$AGENTD" trace synth --profile batch --programs "$MIX_BATCH_REQUESTS" --seed $((MIX_SEED + 1)) \
-  --out "$OUT/mix-batch.jsonl"
-"$AGENTD" trace merge "$OUT/agents.jsonl" "$OUT/mix-batch.jsonl" -o "$OUT/mixed.jsonl"
+if [ "$run_batch_only" = 1 ]; then
+  mkdir -p "$OUT/batch-only"
+  "$AGENTD" trace synth --profile batch --programs "$BATCH_REQUESTS" --seed 1 --out "$OUT/batch.jsonl"
+  # 1. batch only: one worker x 2 DP ranks under KV pressure
+  config batch-fcfs "$BLOCKS_BATCH" 1 fcfs 0 0
+  config batch-agentd "$BLOCKS_BATCH" 1 fcfs 1 1
+  config batch-engine-bja "$BLOCKS_BATCH" 1 batch_job_aware 0 0
+  simulate batch-only fcfs batch-fcfs "$OUT/batch.jsonl"
+  simulate batch-only agentd batch-agentd "$OUT/batch.jsonl"
+  simulate batch-only engine-bja batch-engine-bja "$OUT/batch.jsonl"
+fi
 
-# 1. batch only: one worker x 2 DP ranks under KV pressure
-config batch-fcfs "$BLOCKS_BATCH" 1 fcfs 0 0
-config batch-agentd "$BLOCKS_BATCH" 1 fcfs 1 1
-config batch-engine-bja "$BLOCKS_BATCH" 1 batch_job_aware 0 0
-simulate batch-only fcfs batch-fcfs "$OUT/batch.jsonl"
-simulate batch-only agentd batch-agentd "$OUT/batch.jsonl"
-simulate batch-only engine-bja batch-engine-bja "$OUT/batch.jsonl"
-
-# 2. agents + batch: two workers x 2 DP ranks
-config mix-fcfs "$BLOCKS_MIX" 2 fcfs 0 0
-config mix-agentd-ps "$BLOCKS_MIX" 2 fcfs 1 0
-config mix-agentd "$BLOCKS_MIX" 2 fcfs 1 1
-config mix-engine-bja "$BLOCKS_MIX" 2 batch_job_aware 0 0
-simulate mixed fcfs mix-fcfs "$OUT/mixed.jsonl"
-simulate mixed agentd-ps mix-agentd-ps "$OUT/mixed.jsonl"
-simulate mixed agentd mix-agentd "$OUT/mixed.jsonl"
-simulate mixed engine-bja mix-engine-bja "$OUT/mixed.jsonl"
+if [ "$run_mixed" = 1 ]; then
+  mkdir -p "$OUT/mixed"
+  "$AGENTD" trace synth --profile swe-short --programs "$MIX_PROGRAMS" --seed "$MIX_SEED" --input-scale 0.5 \
+    --out "$OUT/agents.jsonl"
+  "$AGENTD" trace synth --profile batch --programs "$MIX_BATCH_REQUESTS" --seed $((MIX_SEED + 1)) \
+    --out "$OUT/mix-batch.jsonl"
+  "$AGENTD" trace merge "$OUT/agents.jsonl" "$OUT/mix-batch.jsonl" -o "$OUT/mixed.jsonl"
+  # 2. agents + batch: two workers x 2 DP ranks
+  config mix-fcfs "$BLOCKS_MIX" 2 fcfs 0 0
+  config mix-agentd-ps "$BLOCKS_MIX" 2 fcfs 1 0
+  config mix-agentd "$BLOCKS_MIX" 2 fcfs 1 1
+  config mix-engine-bja "$BLOCKS_MIX" 2 batch_job_aware 0 0
+  simulate mixed fcfs mix-fcfs "$OUT/mixed.jsonl"
+  simulate mixed agentd-ps mix-agentd-ps "$OUT/mixed.jsonl"
+  simulate mixed agentd mix-agentd "$OUT/mixed.jsonl"
+  simulate mixed engine-bja mix-engine-bja "$OUT/mixed.jsonl"
+fi
 
 {
-  "$PYTHON" -m bench.batch_compare --title "batch only ($BATCH_REQUESTS requests, $BLOCKS_BATCH blocks/rank)" \
-    fcfs="$OUT/batch-only/fcfs.json" agentd="$OUT/batch-only/agentd.json" \
-    engine-bja="$OUT/batch-only/engine-bja.json"
-  echo
-  # what no dispatch order can beat on this trace and cluster (docs/batch.md §5.4)
-  "$PYTHON" -m bench.batch_bound --trace "$OUT/batch.jsonl" --config "$OUT/configs/batch-fcfs.toml" \
-    --report fcfs="$OUT/batch-only/fcfs.json" --report agentd="$OUT/batch-only/agentd.json" \
-    --report engine-bja="$OUT/batch-only/engine-bja.json"
-  echo
-  "$PYTHON" -m bench.batch_compare \
-    --title "agents + batch ($MIX_PROGRAMS swe-short Programs + $MIX_BATCH_REQUESTS batch requests, $BLOCKS_MIX blocks/rank)" \
-    fcfs="$OUT/mixed/fcfs.json" agentd-ps="$OUT/mixed/agentd-ps.json" agentd="$OUT/mixed/agentd.json" \
-    engine-bja="$OUT/mixed/engine-bja.json"
-  if [ "${SOCKETS:-0}" = 1 ]; then
+  if [ "$run_batch_only" = 1 ]; then
+    "$PYTHON" -m bench.batch_compare --title "batch only ($BATCH_REQUESTS requests, $BLOCKS_BATCH blocks/rank)" \
+      fcfs="$OUT/batch-only/fcfs.json" agentd="$OUT/batch-only/agentd.json" \
+      engine-bja="$OUT/batch-only/engine-bja.json"
+    echo
+    # what no dispatch order can beat on this trace and cluster (docs/batch.md §5.4)
+    "$PYTHON" -m bench.batch_bound --trace "$OUT/batch.jsonl" --config "$OUT/configs/batch-fcfs.toml" \
+      --report fcfs="$OUT/batch-only/fcfs.json" --report agentd="$OUT/batch-only/agentd.json" \
+      --report engine-bja="$OUT/batch-only/engine-bja.json"
+  fi
+  if [ "$run_mixed" = 1 ]; then
+    [ "$run_batch_only" = 1 ] && echo
+    "$PYTHON" -m bench.batch_compare \
+      --title "agents + batch ($MIX_PROGRAMS swe-short Programs + $MIX_BATCH_REQUESTS batch requests, $BLOCKS_MIX blocks/rank)" \
+      fcfs="$OUT/mixed/fcfs.json" agentd-ps="$OUT/mixed/agentd-ps.json" agentd="$OUT/mixed/agentd.json" \
+      engine-bja="$OUT/mixed/engine-bja.json"
+  fi
+  if [ "${SOCKETS:-0}" = 1 ] && [ "$run_batch_only" = 1 ]; then
     # optional: the batch-only trace over loopback sockets (`agentd bench`: real agentd and
     # sim-backend processes, time-scaled), native dispatch with fcfs vs batch_job_aware engines
     for policy in fcfs batch_job_aware; do
