@@ -29,7 +29,7 @@
 # MIX_SEED, batch MIX_SEED + 1; default 1), SOCKETS=1 (also run the batch-only
 # trace over sockets with `agentd bench`, native dispatch, fcfs vs batch_job_aware engines, at
 # TIME_SCALE, default 4), SCENARIOS (which scenarios to run: `batch-only`, `mixed` or both,
-# space-separated; default both; bench/batch_sweep.py runs one at a time per KV size).
+# space-separated; unset or empty: both; bench/batch_sweep.py runs one per KV size).
 set -euo pipefail
 OUT="${1:-batch-bench-out}"
 source "$(dirname "$0")/agentd_env.sh"  # AGENTD and PYTHON

@@ -50,6 +50,7 @@ MIX_SYSTEMS = ("fcfs", "agentd-ps", "agentd", "engine-bja")
 DEFAULT_BATCH_BLOCKS = "768,1024,1536,2048,3072,4096,8192"
 DEFAULT_MIX_BLOCKS = "1000,1500,2500,4000"
 DEFAULT_MIX_SEEDS = "1,2,3"
+COLORS = {"fcfs": "C0", "agentd": "C1", "engine-bja": "C2"}  # one colour per system on every panel
 # the issue-12 bars (docs/benchmarks.md §6.3), drawn on the plot
 BAR_BATCH_ONLY = 0.90
 BAR_AGENTS = 0.80
@@ -241,12 +242,20 @@ def write_plot(rows: Mapping[str, Sequence[Mapping[str, Any]]], path: Path) -> b
     if batch:
         ax = next(ax_iter)
         xs = [r["blocks"] for r in batch]
-        for label, get in (
-            ("agentd / fcfs", lambda r: _ratio(r["makespan_seconds"]["agentd"], r["makespan_seconds"]["fcfs"])),
-            ("engine-bja / fcfs", lambda r: _ratio(r["makespan_seconds"]["engine-bja"], r["makespan_seconds"]["fcfs"])),
-            ("floor (any order) / fcfs", lambda r: _ratio(r["floor_seconds"], r["makespan_seconds"]["fcfs"])),
+        for label, color, get in (
+            (
+                "agentd / fcfs",
+                COLORS["agentd"],
+                lambda r: _ratio(r["makespan_seconds"]["agentd"], r["makespan_seconds"]["fcfs"]),
+            ),
+            (
+                "engine-bja / fcfs",
+                COLORS["engine-bja"],
+                lambda r: _ratio(r["makespan_seconds"]["engine-bja"], r["makespan_seconds"]["fcfs"]),
+            ),
+            ("floor (any order) / fcfs", "C3", lambda r: _ratio(r["floor_seconds"], r["makespan_seconds"]["fcfs"])),
         ):
-            ax.plot(xs, [get(r) for r in batch], marker="o", label=label)
+            ax.plot(xs, [get(r) for r in batch], marker="o", color=color, label=label)
         ax.axhline(BAR_BATCH_ONLY, color="grey", linestyle=":", label=f"bar ({BAR_BATCH_ONLY})")
         ax.axhline(1.0, color="black", linewidth=0.8)
         _kv_axis(ax, xs)
@@ -256,9 +265,12 @@ def write_plot(rows: Mapping[str, Sequence[Mapping[str, Any]]], path: Path) -> b
         ax.legend()
         ax = next(ax_iter)
         for system in BATCH_SYSTEMS:
-            ax.plot(xs, [r["engine_preemptions"][system] for r in batch], marker="o", label=system)
+            ax.plot(
+                xs, [r["engine_preemptions"][system] for r in batch], marker="o", color=COLORS[system], label=system
+            )
         _kv_axis(ax, xs)
         ax.set_yscale("symlog", linthresh=1)
+        ax.set_ylim(bottom=0)
         ax.set_ylabel("engine preemptions")
         ax.set_title("batch only: preemptions")
         ax.grid(alpha=0.3)

@@ -234,6 +234,19 @@ def test_bad_arguments_exit_2(argv: list[str], message: str, capsys, tmp_path) -
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize(("scenarios", "message"), [("bogus", "unknown scenario 'bogus'"), (" ", "SCENARIOS is empty")])
+def test_batch_bench_refuses_unknown_or_no_scenarios(tmp_path: Path, scenarios: str, message: str) -> None:
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "AGENTD": "/bin/true", "SCENARIOS": scenarios}
+    done = subprocess.run(
+        ["bash", str(ROOT / "bench" / "batch_bench.sh"), str(tmp_path / "out")], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith(
+        f"batch_bench.sh: SCENARIOS: {message}" if scenarios.strip() else f"batch_bench.sh: {message}"
+    )
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_tiny_sweep_of_the_real_benchmark(tmp_path: Path) -> None:
     """bench/batch_bench.sh and ``agentd simulate`` (virtual time) at two points, through
     ``python -m bench.batch_sweep``: every system's report, the floor below every makespan."""
