@@ -7,8 +7,13 @@ string, ``stream`` a bool, ``stream_options`` an object with a bool ``include_us
 strings / token ids (completions), ``input`` a string or a list of strings and objects
 (responses), token limits integers >= 1, ``n`` an integer >= 1, ``vllm_xargs`` an object,
 ``tools`` a list of objects, a message's ``tool_calls`` a list of objects and ``function_call``
-an object, ``user`` and ``request_id`` strings.  Everything else is the worker's business and
-passes through untouched.
+an object, ``user`` and ``request_id`` strings.  The OpenAI sampling and output fields agentd
+forwards have their JSON types checked too (:data:`_SAMPLING_RULES`: ``temperature``, ``top_p``,
+the penalties, ``seed``, ``stop``, ``logprobs``, ``top_logprobs``, ``tool_choice``, ``metadata``,
+``logit_bias``, ``response_format``, ``parallel_tool_calls``), so a wrong one is a 400 before a
+Program request waits in agentd's queue, not the worker's error after it (and not a 200 from the
+embedded simulator, which ignores them); their finer rules stay the worker's.  Everything else is
+the worker's business and passes through untouched.
 
 Limits that keep hostile input a 4xx (docs/operations.md, "Bad input"): JSON nesting at most
 :data:`MAX_JSON_DEPTH` levels, no lone UTF-16 surrogate escapes, the request headers at most
@@ -29,6 +34,7 @@ What the edge measures for routing and for the prompt-token estimate (docs/archi
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -183,6 +189,55 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_number(value: Any) -> bool:
+    # finite: a JSON NaN or Infinity literal (Python's parser takes them) is no sampling value
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_str_or_strs(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, list) and all(isinstance(x, str) for x in value))
+
+
+_TOOL_CHOICES = ("none", "auto", "required")
+
+# field -> (check, rule) of the OpenAI fields agentd forwards without reading (null = absent);
+# the ranges are those both OpenAI and vLLM enforce, so nothing a worker takes is refused here
+_SAMPLING_RULES: dict[str, tuple[Any, str]] = {
+    "temperature": (lambda v: _is_number(v) and v >= 0, "must be a finite number >= 0"),
+    "top_p": (lambda v: _is_number(v) and 0 <= v <= 1, "must be a number within [0, 1]"),
+    "presence_penalty": (lambda v: _is_number(v) and -2 <= v <= 2, "must be a number within [-2, 2]"),
+    "frequency_penalty": (lambda v: _is_number(v) and -2 <= v <= 2, "must be a number within [-2, 2]"),
+    "seed": (_is_int, "must be an integer"),
+    "stop": (_is_str_or_strs, "must be a string or a list of strings"),
+    "top_logprobs": (lambda v: _is_int(v) and v >= 0, "must be an integer >= 0"),
+    "tool_choice": (
+        lambda v: isinstance(v, dict) or v in _TOOL_CHOICES,
+        'must be "none", "auto", "required" or an object naming a tool',
+    ),
+    "metadata": (lambda v: isinstance(v, dict), "must be an object"),
+    "logit_bias": (lambda v: isinstance(v, dict), "must be an object"),
+    "response_format": (lambda v: isinstance(v, dict), "must be an object"),
+    "parallel_tool_calls": (lambda v: isinstance(v, bool), "must be a boolean"),
+    "logprobs": (lambda v: isinstance(v, bool), "must be a boolean"),
+}
+# the legacy completions API's logprobs is a count
+_COMPLETIONS_LOGPROBS = (lambda v: _is_int(v) and v >= 0, "must be an integer >= 0")
+
+
+def _validate_sampling(endpoint: str, body: Mapping[str, Any]) -> None:
+    # walks the body's few keys, not the rules (about 1 us for a typical request on this machine)
+    for name in body:
+        found = _SAMPLING_RULES.get(name)
+        if found is None:
+            continue
+        value = body[name]
+        if value is None:
+            continue
+        check, rule = _COMPLETIONS_LOGPROBS if name == "logprobs" and endpoint == "completions" else found
+        if not check(value):
+            raise bad_field(name, rule, value)
+
+
 def validate_body(endpoint: str, body: Mapping[str, Any]) -> None:
     """Raise :class:`ApiError` (400, ``param`` = field path) for the first invalid field."""
     model = body.get("model")
@@ -209,6 +264,7 @@ def validate_body(endpoint: str, body: Mapping[str, Any]) -> None:
         value = body.get(name)
         if value is not None and not isinstance(value, str):
             raise bad_field(name, "must be a string", value)
+    _validate_sampling(endpoint, body)
     if endpoint == "chat":
         _validate_messages(body)
     elif endpoint == "completions":
