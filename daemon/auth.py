@@ -24,6 +24,7 @@ from pathlib import Path
 import attrs
 
 from daemon.config import AuthConfig, valid_key_entry
+from daemon.config_loading import read_problem
 from daemon.http.errors import ApiError
 from daemon.http.identity import ParsedIdentity
 
@@ -45,7 +46,7 @@ def read_key_file(path: str) -> tuple[str, ...]:
     try:
         text = Path(path).expanduser().read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise AuthFileError(f"auth.api_keys_file: cannot read {path!r} ({exc})") from None
+        raise AuthFileError(f"auth.api_keys_file: cannot read {path!r} ({read_problem(exc)})") from None
     entries = []
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()

@@ -30,6 +30,7 @@ from cattrs.errors import ClassValidationError, IterableValidationError
 from actors.core.config import COEFFICIENT_FIELDS, problems
 from actors.core.costs import reference_calibration_estimates
 from daemon.config import AgentdConfig, RoutingConfig
+from daemon.dataplane import resolve_processes
 from daemon.reference_flags import (
     FLAGS_DOC,
     add_reference_flags,
@@ -183,6 +184,11 @@ def _structure_section(cls: type, raw: Any, path: str, errors: list[str]) -> Any
         if inner is not None and value is not None:
             kwargs[name] = _structure_section(inner, value, where, errors)
             continue
+        if inner is not None and ftype is inner:
+            # a section given as null (JSON): it said "invalid value (argument of type 'NoneType'
+            # is not iterable)"; only an optional section (program_scheduling) may be null
+            errors.append(f"{where}: must be a table/object (got None)")
+            continue
         item = _attrs_item_of(ftype)
         if item is not None:  # an array of tables, e.g. [[priority.rules]]
             if isinstance(value, list):
@@ -312,20 +318,49 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
     return out
 
 
+def read_problem(exc: OSError | UnicodeDecodeError) -> str:
+    """Why a file named by the configuration could not be read, in the operating system's words
+    (``No such file or directory``, ``Is a directory``) or ``not UTF-8 text (byte 0xf0 at offset 0)``;
+    the same words for every such file (the API key file said ``[Errno 2] No such file or
+    directory: '/x'``, the worker key file ``IsADirectoryError``)."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+    return exc.strerror or type(exc).__name__
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose key repeats is refused, as TOML refuses it (``json`` kept the last value
+    silently: ``{"server": {"port": 1, "port": 2}}`` ran on port 2)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(f"key {key!r} is given twice in one object")
+        out[key] = value
+    return out
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     try:
         data = p.read_bytes()
     except OSError as exc:
-        raise ConfigError([f"config: cannot read {str(p)!r} ({exc.strerror or exc})"]) from None
+        raise ConfigError([f"config: cannot read {str(p)!r} ({read_problem(exc)})"]) from None
     is_json = p.suffix.lower() == ".json"  # CONFIG.JSON too: it was read as TOML
+    kind = "JSON" if is_json else "TOML"
     try:
-        if is_json:
-            raw = json.loads(data)
-        else:
-            raw = tomllib.loads(data.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError([f"config: {str(p)!r} is not valid {'JSON' if is_json else 'TOML'} ({exc})"]) from None
+        # utf-8-sig: a byte-order mark (some Windows editors write one) is not part of the text;
+        # it was "Invalid statement (at line 1, column 1)" on a file that looked right
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"config: {str(p)!r} is not a {kind} file: {read_problem(exc)}"]) from None
+    try:
+        raw = json.loads(text, object_pairs_hook=_no_duplicate_keys) if is_json else tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, _DuplicateKey) as exc:
+        raise ConfigError([f"config: {str(p)!r} is not valid {kind} ({exc})"]) from None
     if not isinstance(raw, dict):
         raise ConfigError([f"config: {str(p)!r} must hold a table/object at the top level (got {type(raw).__name__})"])
     return raw
@@ -542,6 +577,27 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return over
 
 
+def config_file_warnings(path: str | Path | None) -> list[ConfigWarning]:
+    """``config_file_empty`` for a configuration file that sets nothing (an empty file, or only
+    comments): the defaults run, which a file given on purpose rarely means (a truncated write, the
+    wrong file); it was accepted without a word."""
+    if path is None:
+        return []
+    try:
+        raw = read_config_file(path)
+    except ConfigError:
+        return []  # reported as an error already
+    if raw:
+        return []
+    return [
+        ConfigWarning(
+            "config_file_empty",
+            f"{str(path)!r} sets no field: every setting is the default (docs/config.md)",
+            (("path", str(path)),),
+        )
+    ]
+
+
 def ignored_flag_warnings(args: argparse.Namespace) -> list[ConfigWarning]:
     """One ``reference_flag_ignored`` warning per reference-router flag given that agentd accepts and
     ignores (``daemon.reference_flags``)."""
@@ -591,6 +647,18 @@ def config_warnings(cfg: AgentdConfig) -> list[ConfigWarning]:
                 "data_plane_processes_embedded",
                 f"server.data_plane_processes = {cfg.server.data_plane_processes} has no effect in embedded mode "
                 "(no worker_urls): the simulated workers live in the one process (docs/operations.md §13)",
+                (("data_plane_processes", cfg.server.data_plane_processes),),
+            )
+        )
+    processes = resolve_processes(cfg.server.data_plane_processes, embedded=cfg.embedded_mode)
+    if cfg.priority.requeue_long_prefills is True and processes > 1:
+        # a contradiction that was silent: every relay request is answered not_requeueable and runs on
+        out.append(
+            ConfigWarning(
+                "requeue_long_prefills_with_relays",
+                f"priority.requeue_long_prefills has no effect with relay processes (server.data_plane_processes = "
+                f"{cfg.server.data_plane_processes}, {processes} processes): only the in-process proxy takes a "
+                "long prefill back; a relay's requests run on (docs/priority.md §3)",
                 (("data_plane_processes", cfg.server.data_plane_processes),),
             )
         )

@@ -15,7 +15,7 @@ import attrs
 
 from daemon.auth import Authenticator, AuthFileError
 from daemon.config import AgentdConfig, WorkerTlsConfig
-from daemon.config_loading import ConfigError
+from daemon.config_loading import ConfigError, read_problem
 
 
 @attrs.frozen(eq=False)
@@ -37,7 +37,7 @@ def worker_api_key(cfg: AgentdConfig) -> str | None:
     try:
         key = path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError([f"worker_auth.api_key_file: cannot read {str(path)!r} ({type(exc).__name__})"]) from None
+        raise ConfigError([f"worker_auth.api_key_file: cannot read {str(path)!r} ({read_problem(exc)})"]) from None
     if not key or any(c.isspace() or not c.isprintable() for c in key):
         raise ConfigError(
             [f"worker_auth.api_key_file: {str(path)!r} must hold one key without whitespace or control characters"]
@@ -72,7 +72,7 @@ def worker_tls_problems(tls: WorkerTlsConfig, exc: BaseException) -> list[str]:
             with open(path, "rb") as fh:
                 fh.read(1)
         except OSError as err:
-            lines.append(f"worker_tls.{name}: cannot read {path!r} ({err.strerror or type(err).__name__})")
+            lines.append(f"worker_tls.{name}: cannot read {path!r} ({read_problem(err)})")
     if lines:
         return lines
     if tls.ca_file:

@@ -22,6 +22,7 @@ from daemon.commands.paths import batch_database_problem
 from daemon.config_loading import (
     ConfigError,
     add_router_flags,
+    config_file_warnings,
     config_warnings,
     dump_config,
     ignored_flag_warnings,
@@ -78,6 +79,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {line}", file=sys.stderr)
         return 2
     print(json.dumps(dump_config(cfg), indent=2))
-    for warning in [*ignored_flag_warnings(args), *config_warnings(cfg)]:
+    for warning in [*config_file_warnings(path), *ignored_flag_warnings(args), *config_warnings(cfg)]:
         print(f"warning: {warning}", file=sys.stderr)
     return 0

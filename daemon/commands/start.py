@@ -29,6 +29,7 @@ from daemon.config import HTTP1_ENV, HTTP1_IMPLEMENTATIONS, LOG_FORMATS, AgentdC
 from daemon.config_loading import (
     ConfigError,
     add_router_flags,
+    config_file_warnings,
     ignored_flag_warnings,
     load_config_from_args,
     read_config_file,
@@ -156,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
         return _config_error([line], cfg.server.log_format)
     raise_open_file_limit()
     configure_logging(cfg.server.log_level, cfg.server.log_format)
-    for warning in ignored_flag_warnings(args):  # reference-router flags agentd ignores (docs/operations.md §13.10)
+    # an empty file; reference-router flags agentd ignores (docs/operations.md §13.10)
+    for warning in [*config_file_warnings(args.config), *ignored_flag_warnings(args)]:
         log_event(get_logger("start"), logging.WARNING, warning.event, message=warning.message, **dict(warning.fields))
     if cfg.server.log_format != "json":
         try:
