@@ -32,10 +32,23 @@ def _create_problem(directory: Path) -> str | None:
     return None
 
 
+# "-" is standard input or output only where a command says so (agentd trace, --trace): elsewhere
+# it was a file named "-" in the current directory (agentd batch -o - said "results in -")
+STDIO_NAME = "-"
+
+
+def _stdio_problem(path: str, flag: str, stream: str) -> str | None:
+    if path != STDIO_NAME:
+        return None
+    return f"{flag}: '-' ({stream}) is not accepted here: give a file name"
+
+
 def input_file_problem(path: str, flag: str) -> str | None:
     """Why ``path`` cannot be read as an input file, or None."""
     if not path:
         return f"{flag}: must not be empty"
+    if (stdio := _stdio_problem(path, flag, "standard input")) is not None:
+        return stdio
     p = Path(path)
     if not p.exists():
         return f"{flag}: no such file: {path}"
@@ -52,6 +65,8 @@ def output_file_problem(path: str, flag: str) -> str | None:
     """Why a file cannot be written (created or replaced) at ``path``, or None."""
     if not path:
         return f"{flag}: must not be empty"
+    if (stdio := _stdio_problem(path, flag, "standard output")) is not None:
+        return stdio
     p = Path(path)
     if p.is_dir():
         return f"{flag}: is a directory, give a file name: {path}"
@@ -74,6 +89,8 @@ def output_dir_problem(path: str, flag: str) -> str | None:
     """Why ``path`` cannot be used (or created, with its missing parents) as an output directory."""
     if not path:  # Path("") is the current directory: an empty --out wrote there
         return f"{flag}: must not be empty"
+    if path == STDIO_NAME:
+        return f"{flag}: '-' names a directory here, not standard output: give a directory name"
     p = Path(path)
     if p.exists():
         if not p.is_dir():
