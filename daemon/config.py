@@ -558,6 +558,19 @@ class AgentdConfig:
                 "batch_jobs.enabled: requires enable_program_scheduling = true (batch jobs share the Program "
                 f"scheduler's ledger) (got enable_program_scheduling={self.enable_program_scheduling!r})"
             )
+        policies = self.priority.worker_policies
+        if isinstance(policies, dict) and isinstance(self.routing.worker_urls, tuple):
+            # as routing.served_models: a URL that is no worker (a typo, another port) was ignored,
+            # and the worker it meant silently kept default_worker_policy
+            known = {u.rstrip("/") for u in self.routing.worker_urls if isinstance(u, str)}
+            for url in policies:
+                if isinstance(url, str) and _valid_url(url) and url not in known:
+                    where = (
+                        "embedded mode has no worker_urls: [embedded] scheduling_policy decides"
+                        if not known
+                        else "not one of routing.worker_urls"
+                    )
+                    yield f"priority.worker_policies: names a worker that is not in worker_urls ({where}) (got {url!r})"
         if not self.enable_program_scheduling and self.program_scheduling is not None:
             yield (
                 "program_scheduling: given without enable_program_scheduling = true "

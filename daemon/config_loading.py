@@ -650,6 +650,17 @@ def config_warnings(cfg: AgentdConfig) -> list[ConfigWarning]:
                 (("data_plane_processes", cfg.server.data_plane_processes),),
             )
         )
+    if cfg.auth.admin_keys and not cfg.auth.enabled and cfg.admin.port is None:
+        # admin keys are asked for only once API keys are configured (docs/operations.md §10.2): alone
+        # they protected nothing, and the operator routes stayed open to anyone on the public port
+        out.append(
+            ConfigWarning(
+                "admin_keys_without_api_keys",
+                "auth.admin_keys has no effect without API keys (auth.api_keys or auth.api_keys_file): the "
+                "operator routes (/scheduling/diagnostics, /metrics, /dashboard) need no key; give them an "
+                "[admin] listener or configure API keys (docs/operations.md §10.2)",
+            )
+        )
     processes = resolve_processes(cfg.server.data_plane_processes, embedded=cfg.embedded_mode)
     if cfg.priority.requeue_long_prefills is True and processes > 1:
         # a contradiction that was silent: every relay request is answered not_requeueable and runs on

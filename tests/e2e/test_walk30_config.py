@@ -13,7 +13,13 @@ import pytest
 
 from daemon import cli
 from daemon.config import AgentdConfig, PriorityRule
-from daemon.config_loading import _attrs_class_of, config_file_warnings, config_from_dict, config_warnings
+from daemon.config_loading import (
+    ConfigError,
+    _attrs_class_of,
+    config_file_warnings,
+    config_from_dict,
+    config_warnings,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -139,3 +145,33 @@ def test_the_api_keys_of_a_file_are_still_read(tmp_path: Path, capsys: pytest.Ca
     path = tmp_path / "c.toml"
     path.write_text(f'[auth]\napi_keys_file = "{keys}"\n')
     assert cli.main(["check-config", str(path)]) == 0, capsys.readouterr().err
+
+
+def test_a_worker_policy_for_no_worker_is_an_error() -> None:
+    """As ``routing.served_models``: a URL that is not a worker (a typo, another port) was ignored
+    and the worker meant kept ``default_worker_policy`` (``priority`` stripped) without a word."""
+    workers = {"worker_urls": ["http://w0:8000", "http://w1:8000/"]}
+    ok = config_from_dict({"routing": workers, "priority": {"worker_policies": {"http://w1:8000": "priority"}}})
+    assert ok.priority_workers() == frozenset({"http://w1:8000"})
+    for routing, where in ((workers, "not one of routing.worker_urls"), ({}, "embedded mode has no worker_urls")):
+        with pytest.raises(ConfigError) as info:
+            config_from_dict({"routing": routing, "priority": {"worker_policies": {"http://w1:8001": "priority"}}})
+        assert info.value.lines == [
+            f"priority.worker_policies: names a worker that is not in worker_urls ({where}"
+            + (": [embedded] scheduling_policy decides" if not routing else "")
+            + ") (got 'http://w1:8001')"
+        ]
+
+
+def test_admin_keys_without_api_keys_warn() -> None:
+    """Admin keys are asked for only once API keys are configured (docs/operations.md §10.2); alone
+    they protected nothing (tests/e2e/test_walk30_http.py shows the route open)."""
+    admin = {"admin_keys": [hashlib.sha256(b"admin").hexdigest()]}
+    key = f"team-a:{hashlib.sha256(b'k').hexdigest()}"
+
+    def events(raw: dict[str, object]) -> list[str]:
+        return [w.event for w in config_warnings(config_from_dict(raw))]
+
+    assert "admin_keys_without_api_keys" in events({"auth": admin})
+    assert "admin_keys_without_api_keys" not in events({"auth": {**admin, "api_keys": [key]}})
+    assert "admin_keys_without_api_keys" not in events({"auth": admin, "admin": {"port": 3002}})

@@ -11,6 +11,7 @@ nothing in flight or queued.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -23,8 +24,8 @@ import pytest
 import trio
 import trio.testing
 
-from daemon.config import BatchApiConfig
-from daemon.config_loading import load_config
+from daemon.config import AgentdConfig, BatchApiConfig
+from daemon.config_loading import config_from_dict, config_warnings, load_config
 from daemon.http.app import create_app
 from daemon.supervisor import DaemonHandles, run_daemon
 
@@ -34,9 +35,12 @@ PROGRAM = {"vllm_xargs": {"agentic_context": {"program_id": "walk30:lead", "task
 
 
 @asynccontextmanager
-async def quickstart(tmp_path: Path) -> AsyncIterator[tuple[DaemonHandles, httpx.AsyncClient]]:
-    """configs/quickstart.toml in process (its own Batch API database), in virtual time."""
-    cfg = load_config(ROOT / "configs" / "quickstart.toml")
+async def quickstart(
+    tmp_path: Path, cfg: AgentdConfig | None = None
+) -> AsyncIterator[tuple[DaemonHandles, httpx.AsyncClient]]:
+    """configs/quickstart.toml (or ``cfg``) in process (its own Batch API database), in virtual time."""
+    if cfg is None:
+        cfg = load_config(ROOT / "configs" / "quickstart.toml")
     cfg = attrs.evolve(cfg, batch_api=BatchApiConfig(database_path=str(tmp_path / "b.sqlite3")))
     with trio.fail_after(600):
         async with trio.open_nursery() as nursery:
@@ -146,3 +150,15 @@ async def test_the_legacy_completions_logprobs_is_a_count(
         assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
         r = await client.post("/v1/completions", json={**body, "stop": {"x": 1}})
         assert r.status_code == 400 and r.json()["error"]["param"] == "stop"
+
+
+async def test_admin_keys_alone_leave_the_operator_routes_open_which_the_configuration_warns_of(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Why ``admin_keys_without_api_keys`` warns (tests/e2e/test_walk30_config.py): with admin keys
+    and no API key, the operator routes answer a request without any key."""
+    cfg = config_from_dict({"auth": {"admin_keys": [hashlib.sha256(b"admin").hexdigest()]}})
+    assert [w.event for w in config_warnings(cfg)] == ["admin_keys_without_api_keys"]
+    async with quickstart(tmp_path, cfg) as (_, client):
+        assert (await client.get("/scheduling/diagnostics")).status_code == 200
+        assert (await client.get("/metrics")).status_code == 200
