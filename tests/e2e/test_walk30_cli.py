@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ LINE = {
 
 
 @pytest.fixture
-def in_tmp(tmp_path: Path) -> Path:
+def in_tmp(tmp_path: Path) -> Iterator[Path]:
     old = os.getcwd()
     os.chdir(tmp_path)
     try:
