@@ -25,6 +25,7 @@ http1_implementation``, docs/operations.md §13.7); the limits below hold for bo
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import socket
@@ -82,6 +83,10 @@ class ListenError(Exception):
 
     def __init__(self, field: str, address: str, error: OSError) -> None:
         reason = error.strerror or str(error)
+        if field.endswith(".port") and (isinstance(error, socket.gaierror) or error.errno == errno.EADDRNOTAVAIL):
+            # a host that does not resolve or is no address of this machine: the host is wrong, not
+            # the port (it said "server.port: cannot listen on nosuchhost:3001: Name or service not known")
+            field = field.removesuffix(".port") + ".host"
         super().__init__(f"{field}: cannot listen on {address}: {reason}")
         self.lines = [f"{field}: cannot listen on {address}: {reason} (errno {error.errno})"]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import socket
 from pathlib import Path
 
 import attrs
@@ -20,6 +21,7 @@ from daemon.config_loading import (
     config_from_dict,
     config_warnings,
 )
+from daemon.http.serve import ListenError, create_listening_sockets, hypercorn_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -175,3 +177,26 @@ def test_admin_keys_without_api_keys_warn() -> None:
     assert "admin_keys_without_api_keys" in events({"auth": admin})
     assert "admin_keys_without_api_keys" not in events({"auth": {**admin, "api_keys": [key]}})
     assert "admin_keys_without_api_keys" not in events({"auth": admin, "admin": {"port": 3002}})
+
+
+@pytest.mark.parametrize(
+    ("host", "field", "prefix"),
+    [("nosuchhost.invalid", "server.port", "server.host"), ("192.0.2.1", "admin.port", "admin.host")],
+)
+def test_a_host_that_cannot_be_listened_on_is_named_as_the_host(host: str, field: str, prefix: str) -> None:
+    """A host that does not resolve, or is no address of this machine, was reported as the port:
+    ``server.port: cannot listen on nosuchhost.invalid:3001: Name or service not known``."""
+    with pytest.raises(ListenError) as info:
+        create_listening_sockets(hypercorn_config(host, 0, 1.0), field)
+    [line] = info.value.lines
+    assert line.startswith(f"{prefix}: cannot listen on {host}:0: "), line
+
+
+def test_a_port_in_use_is_still_named_as_the_port() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ListenError) as info:
+            create_listening_sockets(hypercorn_config("127.0.0.1", port, 1.0), "server.port")
+    assert info.value.lines == [f"server.port: cannot listen on 127.0.0.1:{port}: Address already in use (errno 98)"]
