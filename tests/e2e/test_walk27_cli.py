@@ -137,6 +137,5 @@ def test_a_config_naming_a_missing_file_exits_2_naming_the_field(
     assert cli.main([*argv, str(config)]) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"{prog} ({config}):",
-        f"  auth.api_keys_file: cannot read '{tmp_path / 'missing'}' ([Errno 2] No such file or directory: "
-        f"'{tmp_path / 'missing'}')",
+        f"  auth.api_keys_file: cannot read '{tmp_path / 'missing'}' (No such file or directory)",
     ]
