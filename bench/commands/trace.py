@@ -78,6 +78,10 @@ def _merge(args: argparse.Namespace) -> int:
     if len(args.files) < 2:
         print("agentd trace merge: FILE: give at least two traces to merge", file=sys.stderr)
         return 2
+    if args.files.count("-") > 1:
+        # the second read of standard input would find it empty ("trace holds no records")
+        print("agentd trace merge: FILE: '-' (standard input) can be given only once", file=sys.stderr)
+        return 2
     if _out_problem(args, "agentd trace merge"):
         return 2
     parts = []

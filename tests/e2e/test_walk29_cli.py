@@ -161,6 +161,12 @@ def test_trace_stats_and_merge_read_a_trace_from_standard_input(
     merged = tmp_path / "m.jsonl"
     assert _code(["trace", "merge", "-", str(batch), "-o", str(merged)]) == 0
     assert merged.read_text().count("\n") == trace.read_text().count("\n") + 3
+    capsys.readouterr()
+    stdin(trace.read_bytes())  # standard input can be read once: '-' twice is refused up front
+    assert _code(["trace", "merge", "-", "-", "-o", str(merged)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "agentd trace merge: FILE: '-' (standard input) can be given only once"
+    )
     stdin(b"\xff\xfe\n")
     assert _code(["trace", "stats", "-"]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
