@@ -43,6 +43,7 @@ import trio
 from actors.core.config import ProgramSchedulingConfig
 from actors.core.model import Usage
 from bench import harness
+from bench.interrupt import run_interruptible, run_main
 from bench.output import write_atomic
 from daemon.commands.paths import output_file_problem
 from daemon.config import AgentdConfig, BatchApiConfig, RoutingConfig, ServerConfig
@@ -202,7 +203,7 @@ def main() -> int:
     configure_logging("error", "kv")
     probe = harness.python_speed_probe_us()
     uptime = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
-    result = trio.run(run, args.cycles, args.programs, args.concurrency, args.ranks, args.phases)
+    result = run_interruptible(partial(run, args.cycles, args.programs, args.concurrency, args.ranks, args.phases))
     us = result["cpu_seconds"] / max(result["cycles"], 1) * 1e6
     result.update(
         cpu_us_per_cycle=us,
@@ -231,4 +232,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "python -m bench.admission_bench"))

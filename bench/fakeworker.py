@@ -25,7 +25,7 @@ import sys
 import attrs
 import trio
 
-from bench.interrupt import run_main
+from bench.interrupt import run_interruptible, run_main
 from daemon.commands.argtypes import fraction, int_at_least, non_empty, non_negative_float, port, positive_int
 
 FAULTS = ("reset", "status_500", "garbage")
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fakeworker listening on {url}", flush=True)
 
     try:
-        trio.run(run)
+        run_interruptible(run)
     except KeyboardInterrupt:
         return 0
     return 0

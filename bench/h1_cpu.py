@@ -31,7 +31,7 @@ from typing import Any
 
 import trio
 
-from bench.interrupt import run_main
+from bench.interrupt import run_interruptible, run_main
 from daemon.http.h1proto import DISCONNECT_WATCH, RESPOND, TAKE_BODY
 from daemon.http.hypercorn_close import HOLD_WRITE
 from daemon.http.serve import serve_http
@@ -158,7 +158,9 @@ def main() -> int:
     results: dict[str, list[float]] = {impl: [] for impl in IMPLEMENTATIONS}
     for _ in range(args.rounds):
         for impl in IMPLEMENTATIONS:
-            results[impl].append(trio.run(one_round, impl, args.requests, args.connections, request) * 1e6)
+            results[impl].append(
+                run_interruptible(partial(one_round, impl, args.requests, args.connections, request)) * 1e6
+            )
     for impl in IMPLEMENTATIONS:
         rounds = " ".join(f"{v:.0f}" for v in results[impl])
         median = statistics.median(results[impl])

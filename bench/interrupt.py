@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -47,13 +48,21 @@ def not_a_command(module: str, command: str) -> int:
     return 2
 
 
-def run_interruptible(fn: Callable[[], Awaitable[R]]) -> R:
-    """``trio.run(fn)``, where Ctrl-C (SIGINT) cancels ``fn`` like any cancellation - its
-    ``finally`` blocks end the progress line, its clients close and its processes stop, nothing
+def run_interruptible(fn: Callable[[], Awaitable[R]], *, clock: trio.abc.Clock | None = None) -> R:
+    """``trio.run(fn, clock=clock)``, where Ctrl-C (SIGINT) cancels ``fn`` like any cancellation -
+    its ``finally`` blocks end the progress line, its clients close and its processes stop, nothing
     half-done is left - and then raises ``KeyboardInterrupt`` (``daemon.cli`` exits 130, no
     traceback).  Trio's default raises it wherever the task happens to be, even inside a library's
     lock or Trio's own nursery exit (a "please file a bug" TrioInternalError).  A second Ctrl-C
-    during that clean-up interrupts at once."""
+    during that clean-up interrupts at once.
+
+    Where Ctrl-C is not Python's ``KeyboardInterrupt`` - ignored (``bench.tool_bench``'s pool
+    workers), another handler, or a thread other than the main one - it is left as it is, as
+    ``trio.run`` itself does: a plain run."""
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        return trio.run(fn, clock=clock)
 
     async def main() -> R:
         scope = trio.CancelScope()
@@ -84,4 +93,4 @@ def run_interruptible(fn: Callable[[], Awaitable[R]]) -> R:
             raise KeyboardInterrupt
         return result
 
-    return trio.run(main)
+    return trio.run(main, clock=clock)

@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -50,6 +51,7 @@ from bench.harness import (
     tree_cpu_seconds,
     wait_listening,
 )
+from bench.interrupt import run_interruptible, run_main
 from bench.proxy_overhead import MODULE, PROGRAM_CONFIG, Conn, agent_body, connect, program_context, wait_relays
 from daemon.commands.argtypes import non_negative_float, positive_int
 
@@ -210,8 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                         cmd += ["--pid", str(proc.pid)]  # the scheduler process when N > 1
                         recorder = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                         time.sleep(1.0)
-                    n, cpu, main, wall, latencies = trio.run(
-                        _loop, port, bodies, args.seconds, proc.pid, args.think_ms / 1e3
+                    n, cpu, main, wall, latencies = run_interruptible(
+                        partial(_loop, port, bodies, args.seconds, proc.pid, args.think_ms / 1e3)
                     )
                     if recorder is not None:
                         recorder.send_signal(2)  # SIGINT: py-spy writes its output and exits
@@ -253,4 +255,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main, "python -m bench.program_probe"))

@@ -51,6 +51,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,7 @@ from bench.harness import (
     stop_all,
     wait_listening,
 )
+from bench.interrupt import run_interruptible, run_main
 from bench.output import write_atomic
 from bench.procs import connection_owners, process_cpu, process_role, tree_pids
 from daemon.commands.argtypes import positive_int_list
@@ -218,7 +220,7 @@ def serve_worker(port: int) -> None:
     async def main() -> None:
         await trio.serve_tcp(_worker_conn, port, host="127.0.0.1")
 
-    trio.run(main)
+    run_interruptible(main)
 
 
 # ----------------------------------------------------------------------------- naive baseline
@@ -266,7 +268,7 @@ def serve_naive_proxy(port: int, worker_port: int) -> None:
             config.accesslog = None
             await serve(app, config)
 
-    trio.run(main)
+    run_interruptible(main)
 
 
 # ----------------------------------------------------------------------------- load generator
@@ -454,7 +456,7 @@ def wait_serving(port: int, proc: subprocess.Popen[bytes], what: str, body: byte
     deadline = time.monotonic() + 60
     while True:
         try:
-            trio.run(_one_request, port, body)
+            run_interruptible(partial(_one_request, port, body))
             return
         except (OSError, SystemExit, ConnectionError) as exc:
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -516,8 +518,8 @@ def measure(
     body1: bytes,
     bodies: list[bytes],
 ) -> dict[str, Any]:
-    samples = trio.run(latency_run, port, seconds, body1)
-    run = trio.run(throughput_run, port, seconds, bodies, pid, worker_pid)
+    samples = run_interruptible(partial(latency_run, port, seconds, body1))
+    run = run_interruptible(partial(throughput_run, port, seconds, bodies, pid, worker_pid))
     rps, cpu_s = run["rps"], run["cpu_s_per_request"]
     result: dict[str, Any] = {
         "c1_requests": len(samples),
@@ -796,4 +798,4 @@ def _ratio(a: float, b: float) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "python -m bench.proxy_overhead"))

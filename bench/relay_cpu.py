@@ -50,7 +50,7 @@ from typing import Any
 import trio
 
 from bench import harness
-from bench.interrupt import run_main
+from bench.interrupt import run_interruptible, run_main
 from bench.output import write_atomic
 from daemon.commands.argtypes import positive_int_list
 from daemon.commands.paths import output_file_problem
@@ -209,7 +209,7 @@ def serve_worker(port: int, mode: str, events: int, interval: float) -> None:
                 handler = lambda s: _closed_conn(s, events, interval)  # noqa: E731
             nursery.start_soon(partial(trio.serve_tcp, handler, port, host="127.0.0.1"))
 
-    trio.run(main)
+    run_interruptible(main)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,11 +344,11 @@ class Cell:
 
 def measure(cell: Cell, port: int, pid: int | None, streams: int, seconds: float, warmup: float) -> None:
     """One repetition: warm-up, then ``seconds`` of load with the proxy's CPU read around it."""
-    trio.run(load, port, streams, warmup, None)
+    run_interruptible(partial(load, port, streams, warmup, None))
     tokens_before = cell.rec.tokens
     # the process and its children: agentd's relay processes with data_plane_processes > 1
     cpu0 = harness.tree_cpu_seconds(pid) if pid is not None else 0.0
-    cell.elapsed += trio.run(load, port, streams, seconds, cell.rec)
+    cell.elapsed += run_interruptible(partial(load, port, streams, seconds, cell.rec))
     if pid is None:
         cell.cpu = None
         return

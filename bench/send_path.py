@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 from bench import harness
-from bench.interrupt import run_main
+from bench.interrupt import run_interruptible, run_main
 from bench.output import write_atomic
 from daemon.commands.paths import output_file_problem
 from daemon.http.direct_body import attach
@@ -113,7 +113,7 @@ def main() -> int:
         parser.error(problem)
     probe = harness.python_speed_probe_us()
     uptime = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
-    results = trio.run(run, args.chunks, args.rounds)
+    results = run_interruptible(lambda: run(args.chunks, args.rounds))
     asgi, direct = min(results["asgi"]), min(results["direct"])
     print(f"python speed probe: {probe:.1f} us; {uptime}")
     print(

@@ -36,7 +36,7 @@ import httpx
 import trio
 import trio.testing
 
-from bench.interrupt import run_main
+from bench.interrupt import run_interruptible, run_main
 from daemon.commands.argtypes import int_at_least, positive_float, positive_int
 from sim.cluster import SimCluster, SimConfig
 from sim.config import SCHEDULING_POLICIES
@@ -210,7 +210,7 @@ def bench_virtual(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     cpu0 = time.process_time()
     if args.driver == "trio":
-        engines = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+        engines = run_interruptible(main, clock=trio.testing.MockClock(autojump_threshold=0))
     else:
         engines = SimCluster(config).engines
         _run_direct(engines, sessions_for(engines), duration, totals)
@@ -280,7 +280,7 @@ def bench_server(args: argparse.Namespace) -> dict[str, Any]:
         url = line.strip().rsplit(" ", 1)[-1]
         if not url.startswith("http://"):
             raise RuntimeError(f"sim-backend did not start: {line!r}")
-        return trio.run(_drive_server, url, args)
+        return run_interruptible(lambda: _drive_server(url, args))
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -22,6 +22,7 @@ import attrs
 import httpx
 
 from bench.inprocess import InProcessTransport
+from bench.interrupt import run_interruptible
 from bench.replay import ReplayOptions
 from bench.report import measured_replay
 from bench.trace.format import Trace
@@ -105,7 +106,9 @@ def run_simulation(
         return report
 
     wall0 = time.perf_counter()
-    report = trio.run(simulate, clock=trio.testing.MockClock(autojump_threshold=0))
+    # Ctrl-C cancels the run (its daemon and replay end) and surfaces as one KeyboardInterrupt,
+    # never Trio's default raised wherever the simulation happened to be (bench.interrupt)
+    report = run_interruptible(simulate, clock=trio.testing.MockClock(autojump_threshold=0))
     wall = time.perf_counter() - wall0
     virtual = report["duration_seconds"] / opts.time_scale
     report["simulation"] = {

@@ -37,6 +37,7 @@ from actors.core.config import BackendTarget
 from actors.core.model import Usage
 from actors.messages import Admitted
 from bench.harness import python_speed_probe_us
+from bench.interrupt import run_interruptible, run_main
 from bench.proxy_overhead import agent_body, program_context
 from daemon.dataplane.link import Link
 from daemon.dataplane.wire import HEADER, Ask, Finish, Grant, WireRequest, decode, encode
@@ -156,12 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     print("\n| link, clients | CPU per request (best of repeat) | task steps per request |\n| --- | --- | --- |")
     for clients in (1, 32):
         requests = max(1, args.link_requests // clients) if clients > 1 else args.link_requests
-        best = min(trio.run(_link_run, requests, clients, False)[0] for _ in range(args.repeat))
-        _, steps = trio.run(_link_run, requests, clients, True)
+        best = min(run_interruptible(partial(_link_run, requests, clients, False))[0] for _ in range(args.repeat))
+        _, steps = run_interruptible(partial(_link_run, requests, clients, True))
         n = requests * clients
         print(f"| c={clients} | {best / n * 1e6:.1f} us | {steps / n:.2f} |")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main, "python -m bench.wire_codec"))

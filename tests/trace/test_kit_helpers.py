@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from bench.bench import ClusterSpec
 from bench.commands.common import from_args, replay_options
@@ -153,3 +154,47 @@ def test_run_interruptible_lets_fn_errors_through() -> None:
 
     with pytest.raises(ValueError, match="bad trace"):
         run_interruptible(fn)
+
+
+def test_run_interruptible_leaves_an_ignored_ctrl_c_ignored() -> None:
+    """``bench.tool_bench``'s pool workers ignore SIGINT (their parent stops them) and run
+    ``bench.simulate.run_simulation``: a receiver there would turn the terminal's Ctrl-C, sent to the
+    whole group, back into an interruption of every worker."""
+
+    async def fn() -> str:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(3):
+            await trio.lowlevel.checkpoint()
+        return "finished"
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert run_interruptible(fn, clock=trio.testing.MockClock(autojump_threshold=0)) == "finished"
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_during_a_simulation_cancels_it_and_raises_one_keyboard_interrupt() -> None:
+    """``agentd simulate`` (and check-fairness, eta_bench) ran Trio's default: the KeyboardInterrupt
+    was raised wherever the simulation was and came out wrapped in the daemon's exception groups
+    (or, landing inside Trio's own code, as an internal error: exit 1).  Now the run is cancelled -
+    the daemon and the replay end - and the interruption is one KeyboardInterrupt."""
+    from bench.calibrate import config_for
+    from bench.simulate import run_simulation
+
+    cluster = ClusterSpec(workers=1, dp_size=2, num_gpu_blocks=160, block_size=16, time_scale=1.0, seed=3)
+    trace = synthesize("swe-short", 4, seed=9, knobs=Knobs(input_scale=0.1, output_scale=0.1))
+    calls: list[dict] = []
+
+    def progress(counts: dict) -> None:
+        calls.append(counts)
+        if len(calls) == 2:  # the user's Ctrl-C while requests are in flight
+            os.kill(os.getpid(), signal.SIGINT)
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        run_simulation(config_for(cluster, "agentd"), trace, ReplayOptions(concurrency=4), progress=progress)
+    assert type(caught.value) is KeyboardInterrupt  # not an exception group around it
+    assert 2 <= len(calls) < 2 + len(trace.records)  # stopped early, not at the end of the trace
+    assert signal.getsignal(signal.SIGINT) is before
