@@ -36,9 +36,20 @@ def assert_stream_error_then_done(body: bytes) -> dict:
 # ---- F1 worker killed mid-response -----------------------------------------------------------------
 
 
+# "At once", not after a timeout: the stream-idle and first-byte timeouts are set far beyond the
+# bound, so that a loaded machine's delays cannot pass for them (with the 1 s idle timeout, a
+# detection within 1 s was the only proof - a margin scheduling delays can use up).
+AT_ONCE_SECONDS = 10.0
+FAR_TIMEOUTS = {
+    "stream_idle_timeout_seconds": 30.0,
+    "first_byte_timeout_seconds": 30.0,
+    "request_timeout_seconds": 60.0,
+}
+
+
 @pytest.mark.parametrize("kind", ["kill", "reset"])
 async def test_f1_worker_killed_mid_stream_error_event_then_done_within_1s(kind: str) -> None:
-    async with fault_env(1) as env:
+    async with fault_env(1, **FAR_TIMEOUTS) as env:
         env.workers[0].script.append(Act(kind, events=5, after=3))
         body = b""
         async with env.client.stream("POST", "/v1/chat/completions", json=STREAM) as response:
@@ -50,17 +61,17 @@ async def test_f1_worker_killed_mid_stream_error_event_then_done_within_1s(kind:
         assert error["code"] == "upstream_stream" and error["type"] == "upstream_error"
         assert len(sse_events(body)) == 3 + 2  # the events before the kill, error, [DONE]
         [killed_at] = env.workers[0].faulted_at
-        assert done_at - killed_at < 1.0
+        assert done_at - killed_at < AT_ONCE_SECONDS
         await env.check_clean()
 
 
 @pytest.mark.parametrize("kind", ["kill", "reset"])
 async def test_f1_worker_killed_mid_json_is_502_within_1s(kind: str) -> None:
-    async with fault_env(1) as env:
+    async with fault_env(1, **FAR_TIMEOUTS) as env:
         env.workers[0].script.append(Act(kind))
         response = await env.chat(CHAT)
         [killed_at] = env.workers[0].faulted_at
-        assert trio.current_time() - killed_at < 1.0
+        assert trio.current_time() - killed_at < AT_ONCE_SECONDS
         assert_openai_error(response, 502, "upstream_stream")
         await env.check_clean()
 
@@ -87,7 +98,8 @@ async def test_f1_connection_reset_by_a_proxy_mid_stream() -> None:
 
 async def test_f2_stalled_stream_errors_after_the_idle_timeout() -> None:
     """Idle timeout 1 s: the error event follows the last event after 1 s (>= 0.9 s always; the
-    upper bound has slack for a loaded machine - test_timeouts_virtual.py checks it exactly)."""
+    upper bound only tells the idle timeout from the 30 s request timeout, with room for a loaded
+    machine - test_timeouts_virtual.py checks the time exactly)."""
     async with fault_env(1, stream_idle_timeout_seconds=1.0) as env:
         env.workers[0].script.append(Act("stall", events=5, after=3))
         last_data = error_at = None
@@ -101,7 +113,7 @@ async def test_f2_stalled_stream_errors_after_the_idle_timeout() -> None:
                 elif b'"delta"' in chunk:
                     last_data = trio.current_time()
         assert last_data is not None and error_at is not None
-        assert 0.9 <= error_at - last_data <= 2.0
+        assert 0.9 <= error_at - last_data <= 10.0
         error = assert_stream_error_then_done(body)
         assert "no data from the worker for 1 s" in error["message"]
         await env.check_clean()
