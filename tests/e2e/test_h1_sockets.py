@@ -72,9 +72,11 @@ class App:
         await send({"type": "http.response.body", "body": payload})
 
 
-async def start(nursery: trio.Nursery, app: App, state: ServerState | None = None) -> tuple[int, trio.Event]:
+async def start(
+    nursery: trio.Nursery, app: App, state: ServerState | None = None, grace: float = 1.0
+) -> tuple[int, trio.Event]:
     stop = trio.Event()
-    url: str = await nursery.start(partial(serve_http, state=state), app, "127.0.0.1", 0, 1.0, stop.wait)
+    url: str = await nursery.start(partial(serve_http, state=state), app, "127.0.0.1", 0, grace, stop.wait)
     return int(url.rsplit(":", 1)[1]), stop
 
 
@@ -156,7 +158,8 @@ async def test_expect_100_continue(http1: str) -> None:
 )
 async def test_http_1_0_stream_ends_with_the_connection(monkeypatch: pytest.MonkeyPatch, impl: str) -> None:
     monkeypatch.setenv(HTTP1_ENV, impl)
-    with trio.fail_after(3):
+    # hypercorn never ends it (the expected failure: a short wait); ours gets the load-proof budget
+    with trio.fail_after(3 if impl == "hypercorn" else BUDGET):
         async with trio.open_nursery() as nursery:
             port, stop = await start(nursery, App())
             stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -190,7 +193,9 @@ async def test_the_drain_closes_idle_connections_at_once(http1: str) -> None:
     state = ServerState()
     with trio.fail_after(BUDGET):
         async with trio.open_nursery() as nursery:
-            port, stop = await start(nursery, App(), state)
+            # a grace far beyond the bound below: with a 1 s grace, "at once" had to be < 0.9 s, a
+            # margin a loaded machine's scheduling delays can use up
+            port, stop = await start(nursery, App(), state, grace=BUDGET)
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             await stream.send_all(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
             await read_responses(stream, 1)
@@ -198,7 +203,7 @@ async def test_the_drain_closes_idle_connections_at_once(http1: str) -> None:
             started = trio.current_time()
             stop.set()
             assert await read_until_close(stream) == b""
-            assert trio.current_time() - started < 0.9  # not the 1 s grace, nor the keep-alive timeout
+            assert trio.current_time() - started < BUDGET / 2  # not the grace, nor the 75 s keep-alive timeout
 
 
 @pytest.mark.parametrize(
