@@ -56,10 +56,10 @@ def run_calibration(opts: CalibrateOptions, truth: CostModel = TRUTH) -> tuple[C
 
 
 def test_recovers_non_default_coefficients(tmp_path):
-    wall0 = time.perf_counter()
+    cpu0 = time.process_time()
     result, virtual = run_calibration(CalibrateOptions())
-    wall = time.perf_counter() - wall0
-    assert wall < 30
+    cpu = time.process_time() - cpu0  # CPU, not wall time: the same on a loaded machine (7 s of wall at load 9)
+    assert cpu < 30
     assert virtual < 300
     got = result.coefficients()
     truth = {
