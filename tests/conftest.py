@@ -6,9 +6,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 from log_capture import event_log
 
 __all__ = ["event_log", "isolated_state_dir"]
+
+# Hypothesis measures wall time twice: a 200 ms deadline per example and the too_slow health check
+# (generating the first examples took over a second).  On a loaded CI machine both fail tests that
+# are right.  The property tests' own profiles (property_tests/conftest.py) already turn both off;
+# this is the default for everything under tests/, whose @settings inherit it (they are created at
+# import, before property_tests/conftest.py runs).
+settings.register_profile("agentd-tests", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("agentd-tests")
 
 
 @pytest.fixture(autouse=True)
