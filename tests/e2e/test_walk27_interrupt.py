@@ -21,8 +21,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def children(pid: int) -> list[int]:
     """Every child of ``pid``, whichever of its threads started it (trio starts processes from a
-    worker thread)."""
-    return [int(x) for task in Path(f"/proc/{pid}/task").iterdir() for x in (task / "children").read_text().split()]
+    worker thread).  A thread can end between the listing and the read (Trio's idle worker threads
+    do after 10 s), its children going to another thread: then the pass is read again."""
+    while True:
+        found: list[int] = []
+        try:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                found += [int(x) for x in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            if not Path(f"/proc/{pid}").exists():
+                return []  # the process itself ended
+            continue
+        return found
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc to see the soak's processes")
