@@ -57,7 +57,7 @@ async def start(config: Path, log: Path) -> tuple[trio.Process, str]:
     with log.open("ab") as stderr:
         proc = await trio.lowlevel.open_process(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr)
     assert proc.stdout is not None
-    with trio.fail_after(60):
+    with trio.fail_after(180):
         line = await read_line(proc.stdout)
     match = re.fullmatch(r"agentd listening on (http://127\.0\.0\.1:\d+)\n", line)
     assert match, line

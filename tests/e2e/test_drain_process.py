@@ -96,7 +96,7 @@ async def _drain_scenario(tmp_path: Path, worker: str) -> None:
     )
     try:
         assert proc.stdout is not None
-        with trio.fail_after(60):
+        with trio.fail_after(180):
             line = await read_line(proc.stdout)
         match = re.fullmatch(r"agentd listening on (http://127\.0\.0\.1:(\d+))\n", line)
         assert match, line
@@ -120,11 +120,11 @@ async def _drain_scenario(tmp_path: Path, worker: str) -> None:
         async with trio.open_nursery() as nursery:
             for i in range(ADMITTED):
                 nursery.start_soon(one, i, True)
-            with trio.fail_after(60):
+            with trio.fail_after(180):
                 await until_edge("in_flight", ADMITTED)
             for i in range(QUEUED):
                 nursery.start_soon(one, ADMITTED + i, i % 4 != 0)  # streaming and not
-            with trio.fail_after(60):
+            with trio.fail_after(180):
                 await until_edge("queued", QUEUED)
             signalled = trio.current_time()
             proc.send_signal(signal.SIGTERM)

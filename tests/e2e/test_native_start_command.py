@@ -37,7 +37,7 @@ async def test_native_start_command_banner_serves_and_stops_on_sigterm(tmp_path:
     proc = await trio.lowlevel.open_process(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert proc.stdout is not None
-        with trio.fail_after(60):
+        with trio.fail_after(180):
             line = await read_line(proc.stdout)
         match = re.fullmatch(r"agentd listening on (http://127\.0\.0\.1:(\d+))\n", line)
         assert match, line
@@ -59,7 +59,7 @@ def test_native_start_command_bad_config_exits_2(tmp_path: Path) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=180,
         check=False,
     )
     assert done.returncode == 2
@@ -84,7 +84,7 @@ def _start_beside_a_busy_port(
             cwd=ROOT,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=180,
             check=False,
         )
     return done, port

@@ -113,7 +113,7 @@ async def test_interactive_is_served_ahead_of_saturating_batch_and_agents(
 
 async def test_interactive_is_served_ahead_over_sockets() -> None:
     cfg = saturated_config()
-    with trio.fail_after(60):
+    with trio.fail_after(180):
         async with trio.open_nursery() as nursery:
             handles = await nursery.start(partial(run_daemon, cfg))
             ps = handles.program_dispatcher

@@ -24,7 +24,7 @@ async def _start(cmd: list[str], banner: str, procs: list[trio.Process]) -> str:
     proc = await trio.lowlevel.open_process(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     procs.append(proc)
     assert proc.stdout is not None
-    with trio.fail_after(60):
+    with trio.fail_after(180):
         line = await read_line(proc.stdout)
     match = re.fullmatch(banner + r" (http://127\.0\.0\.1:\d+)\n", line)
     assert match, line
@@ -34,7 +34,7 @@ async def _start(cmd: list[str], banner: str, procs: list[trio.Process]) -> str:
 async def _stop(proc: trio.Process) -> int:
     if proc.returncode is None:
         proc.send_signal(signal.SIGTERM)
-        with trio.fail_after(60):
+        with trio.fail_after(180):
             return await proc.wait()
     return proc.returncode
 

@@ -221,12 +221,12 @@ async def test_agentd_start_with_reference_flags_warns_binds_metrics_to_loopback
     proc = await trio.lowlevel.open_process(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert proc.stdout is not None and proc.stderr is not None
-        with trio.fail_after(60):
+        with trio.fail_after(180):
             banner = json.loads(await read_line(proc.stdout))
         assert banner["event"] == "daemon_listening"
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+", banner["metrics_url"]), banner
         public = banner["url"].replace("0.0.0.0", "127.0.0.1")
-        with trio.fail_after(60):
+        with trio.fail_after(180):
             events = []
             while not any(e.get("event") == "daemon_listening" for e in events):
                 events.append(json.loads(await read_line(proc.stderr)))

@@ -273,7 +273,7 @@ def test_every_metric_the_docs_name_is_exported_and_the_start_log_is_as_document
         exposition = httpx.get(f"{banner.group(1)}/metrics", timeout=30).text
     finally:
         proc.terminate()
-        _, log = proc.communicate(timeout=60)
+        _, log = proc.communicate(timeout=180)
     listening = next(line for line in log.splitlines() if "event=daemon_listening" in line)
     logged = re.findall(r" ([a-z_]+)=", listening.split("event=daemon_listening", 1)[1])
     operations = (ROOT / "docs" / "operations.md").read_text()

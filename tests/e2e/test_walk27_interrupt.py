@@ -59,7 +59,7 @@ def test_ctrl_c_during_soak_exits_130_and_leaves_out_and_tmp_untouched(tmp_path:
         assert len(spawned) == 2  # the fake worker and agentd
         assert any(p.name.startswith("agentd-soak-") for p in tmp.iterdir())  # the working files
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group gets SIGINT
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=180)
     finally:
         with contextlib.suppress(ProcessLookupError):  # nothing of a failed run left behind
             os.killpg(proc.pid, signal.SIGKILL)
@@ -119,7 +119,7 @@ def test_ctrl_c_during_agentd_bench_leaves_no_logs_or_state_behind(tmp_path: Pat
             seen += char
         assert any(p.name.startswith("agentd-bench-native-") for p in tmp.iterdir())
         os.killpg(proc.pid, signal.SIGINT)
-        out_text, err = proc.communicate(timeout=60)
+        out_text, err = proc.communicate(timeout=180)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

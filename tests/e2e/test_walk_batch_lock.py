@@ -31,7 +31,7 @@ async def start(config: Path, *extra: str) -> trio.Process:
 
 async def listening(proc: trio.Process) -> str:
     assert proc.stdout is not None
-    with trio.fail_after(60):
+    with trio.fail_after(180):
         line = await read_line(proc.stdout)
     assert re.fullmatch(r"agentd listening on http://127\.0\.0\.1:\d+\n", line), line
     return line
@@ -41,7 +41,7 @@ async def refused(config: Path, *extra: str) -> str:
     """Run a daemon that must exit 2 before listening; its stderr."""
     proc = await start(config, *extra)
     assert proc.stdout is not None and proc.stderr is not None
-    with trio.fail_after(60):
+    with trio.fail_after(180):
         out = await proc.stdout.receive_some(1 << 16)
         err = b""
         while chunk := await proc.stderr.receive_some(1 << 16):
@@ -72,13 +72,13 @@ async def test_a_second_daemon_on_the_same_database_exits_2_naming_the_field_and
         json_err = await refused(config, "--log-format", "json")
         assert [json.loads(text)["lines"] for text in json_err.splitlines() if '"config_error"' in text] == [[line]]
         first.send_signal(signal.SIGKILL)
-        with trio.fail_after(60):
+        with trio.fail_after(180):
             assert await first.wait() == -signal.SIGKILL
         second = await start(config)  # the kernel dropped the killed daemon's lock
         try:
             await listening(second)
             second.send_signal(signal.SIGTERM)
-            with trio.fail_after(60):
+            with trio.fail_after(180):
                 assert await second.wait() == 0
         finally:
             if second.returncode is None:

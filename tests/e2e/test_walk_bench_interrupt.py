@@ -67,7 +67,7 @@ def test_ctrl_c_stops_tool_bench_and_its_simulations(tmp_path: Path) -> None:
         workers = children(proc.pid)
         assert workers
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=180)
     finally:
         proc.kill()
     assert proc.returncode == 130, err

@@ -147,7 +147,7 @@ def test_ctrl_c_during_simulate_exits_130_without_a_traceback_or_a_report(tmp_pa
             assert char, seen
             seen += char
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=180)
     finally:
         proc.kill()
     assert (proc.returncode, out) == (130, "")

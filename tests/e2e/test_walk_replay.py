@@ -39,7 +39,7 @@ def keyed_agentd(tmp_path: Path) -> Iterator[str]:
     with started(config) as (proc, url):
         yield url
         proc.terminate()
-        assert proc.wait(timeout=60) == 0
+        assert proc.wait(timeout=180) == 0
 
 
 @contextmanager
@@ -138,7 +138,7 @@ def interrupted(argv: list[str], tmp_path: Path, marker: str) -> str:
             assert char, seen
             seen += char
         proc.send_signal(signal.SIGINT)
-        out, rest = proc.communicate(timeout=60)
+        out, rest = proc.communicate(timeout=180)
     finally:
         proc.kill()
         proc.wait()

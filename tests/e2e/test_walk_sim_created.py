@@ -88,7 +88,7 @@ def test_agentd_sim_backend_sends_a_unix_created() -> None:
         models = httpx.get(f"{url}/v1/models", timeout=60)
         after = int(time.time())
         proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=60)
+        proc.communicate(timeout=180)
     finally:
         proc.kill()
     assert proc.returncode == 0

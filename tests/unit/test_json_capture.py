@@ -31,7 +31,7 @@ gc.collect()
 
 def test_library_logs_warnings_and_unraisable_are_json_lines() -> None:
     done = subprocess.run(
-        [sys.executable, "-c", CHILD], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", CHILD], cwd=ROOT, capture_output=True, text=True, timeout=180, check=True
     )
     assert done.stdout == ""
     records = [json.loads(line) for line in done.stderr.splitlines()]
