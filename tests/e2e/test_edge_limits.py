@@ -126,8 +126,10 @@ async def test_sse_keepalive_turns_a_later_refusal_into_an_error_event(fake_work
     fake_worker.hold_streams = True
     with trio.fail_after(BUDGET_SECONDS):
         async with trio.open_nursery() as nursery:
+            # the first keep-alive comment (0.05 s) must go out before the refusal: 2 s apart, not
+            # the 0.25 s a loaded machine's scheduling delays could cover (a JSON 503 then)
             handles = await start(
-                nursery, fake_worker, max_in_flight_requests=1, queue_timeout_seconds=0.3, sse_keepalive_seconds=0.05
+                nursery, fake_worker, max_in_flight_requests=1, queue_timeout_seconds=2.0, sse_keepalive_seconds=0.05
             )
             async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
                 async with client.stream("POST", "/v1/chat/completions", json=CHAT) as held:
