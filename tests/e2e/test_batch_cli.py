@@ -396,7 +396,7 @@ def test_config_mode_runs_against_the_embedded_simulator(tmp_path: Path, capsys:
     assert "16 lines: 15 ok, 0 failed, 1 malformed; tokens" in err
 
 
-def agentd(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def agentd(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "daemon", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
     )

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run_bench(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
     )
 
 

@@ -75,7 +75,7 @@ def test_simulate_prints_no_bare_warning_event(tmp_path: Path) -> None:
     assert cli.main(["trace", "synth", "--profile", "chat-human", "--programs", "1", "--out", str(trace)]) == 0
     report = tmp_path / "sim.json"
     argv = ["simulate", "--config", QUICKSTART, "--trace", str(trace), "--out", str(report)]
-    done = subprocess.run([sys.executable, "-m", "daemon", *argv], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "daemon", *argv], capture_output=True, text=True, timeout=600)
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
     assert json.loads(report.read_text())["requests"]["failed"] == 0
 
