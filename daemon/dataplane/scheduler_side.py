@@ -183,6 +183,9 @@ class RelayConnection:
         self._last_snapshot: Snapshot | None = None
         self.pass_numbers: dict[int, ProgramKey] = {}  # the resume passes this relay holds (number -> Program)
         self.views = RelayViews()
+        # the socket ended: its leases are being abandoned, its last report describes a relay that
+        # is gone, so the views are no longer compared (until the connection is reaped)
+        self.socket_ended = False
 
     def send_quiet(self, frame: Any) -> None:
         try:
@@ -214,6 +217,7 @@ class RelayConnection:
                     log_event(
                         logger, logging.ERROR, "relay_protocol_error", relay=self.index, pid=self.pid, error=str(exc)
                     )
+                self.socket_ended = True
                 open_count = len(self.leases) + len(self.detached)
                 self.abandoned_on_close_count += open_count
                 if open_count:
@@ -477,6 +481,8 @@ class RelayConnection:
         the report changed this side's view.  Otherwise (frames crossing) nothing is concluded."""
         views = self.views
         load = views.load
+        if self.socket_ended:
+            return
         if load is None or load.frames_read != self.link.frames_sent or views.changes != views.changes_at_report:
             return
         now = trio.current_time()

@@ -268,6 +268,43 @@ async def test_a_frame_read_after_the_report_that_changes_the_hubs_view_stops_th
             nursery.cancel_scope.cancel()
 
 
+async def test_a_relay_whose_socket_ended_is_not_compared_while_it_waits_to_be_reaped(
+    autojump_clock: trio.testing.MockClock, log: Records
+) -> None:
+    """A relay process that dies with a lease and a pass open: the hub abandons them at once, but
+    the connection stays registered until the process is reaped (docs/operations.md §13), which
+    takes seconds on a loaded machine.  The dead relay's last report (one lease, one pass) is not
+    a leak; it was flagged as one after 0.5 s (found by F11 under load)."""
+    cfg = daemon_config(token_capacity_per_dp_rank=10_000)
+    async with program_scheduling(cfg, health=Board(cfg.targets())) as (dispatcher, _, _):
+        hub = DataPlaneHub(cfg.targets(), Board(cfg.targets()), dispatcher)
+        left, right = trio.socket.socketpair()
+        conn = hub.connect(0, Link(trio.SocketStream(left)))
+        relay = ScriptedRelay(Link(trio.SocketStream(right)))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hub.run_publisher)
+            nursery.start_soon(conn.serve)
+            nursery.start_soon(relay.link.run_writer)
+            nursery.start_soon(relay.run)
+            relay.link.send(Hello(0, 77))
+            relay.link.send(Ask(1, "program", WireRequest.of(lead(), None)))
+            await _at(trio.current_time() + 1.0)
+            assert conn.scheduler_view() == (1, 1)
+            relay.report(1, 1)
+            await trio.testing.wait_all_tasks_blocked()
+            assert conn.views.compared_count >= 1 and conn.views.differed_count == 0
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(relay.link.stream)  # the relay process is gone
+            await _at(trio.current_time() + 5.0)  # not reaped yet: still among the hub's connections
+            assert hub.connections == {0: conn}
+            assert conn.scheduler_view() == (0, 0)  # abandoned, its pass dropped
+            assert not conn.views.suspected and conn.views.differed_count == 0
+            assert hub.view_mismatches_count == 0 and log.events("relay_view_mismatch") == []
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(conn.link.stream)
+            nursery.cancel_scope.cancel()
+
+
 # ------------------------------------------------------------------ the relay against a scripted scheduler
 
 
