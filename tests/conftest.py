@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,7 +10,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 from log_capture import event_log
 
-__all__ = ["event_log", "isolated_state_dir"]
+from daemon.logs import LIBRARY_LOGGERS, ROOT_LOGGER, WARNINGS_LOGGER
+
+__all__ = ["event_log", "isolated_state_dir", "restored_loggers"]
 
 # Hypothesis measures wall time twice: a 200 ms deadline per example and the too_slow health check
 # (generating the first examples took over a second).  On a loaded CI machine both fail tests that
@@ -28,3 +31,18 @@ def isolated_state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
     state = tmp_path_factory.mktemp("state")
     monkeypatch.setenv("XDG_STATE_HOME", str(state))
     yield state
+
+
+@pytest.fixture(autouse=True)
+def restored_loggers() -> Iterator[None]:
+    """Each test leaves the daemon's loggers as it found them.  An in-process ``agentd`` command
+    installs its handler on the ``agentd`` logger (daemon.logs.configure_logging) writing to the
+    stream of that moment - pytest's capture, closed after the test - so every later log line of
+    the session became a "--- Logging error ---" traceback (100,000 lines after one failure)."""
+    loggers = [logging.getLogger(name) for name in (ROOT_LOGGER, *LIBRARY_LOGGERS, WARNINGS_LOGGER)]
+    saved = [(logger, list(logger.handlers), logger.level, logger.propagate) for logger in loggers]
+    yield
+    for logger, handlers, level, propagate in saved:
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate = propagate
