@@ -17,6 +17,9 @@ observations, in virtual time.  After every step it checks:
 * starvation bound: with no Program waiting and a rank whose budget fits the oldest request,
   it does not stay queued (work conservation covers it); with Programs waiting, the escape
   dispatches the oldest request once it waited ``max_wait_seconds`` and a budget fits it;
+* engine-queue gate: while a rank's observation is fresh, a batch request goes there only while
+  the engine requests it saw waiting plus the batch requests sent there since (counted here, from
+  the effects) stay below ``engine_queue_requests``, or to an idle rank (one request);
 * determinism: replaying the recorded events into a fresh state gives identical effects.
 """
 
@@ -44,7 +47,7 @@ from actors.core.events import (
     TimerFired,
 )
 from actors.core.ids import RequestId
-from actors.core.ledger import target_usage
+from actors.core.ledger import fresh_waiting, target_usage
 from actors.core.model import Usage
 from actors.core.scheduler import initial_state, step
 from property_tests.strategies import parse_program_request
@@ -61,8 +64,9 @@ class BatchMachine(RuleBasedStateMachine):
         cap=st.integers(min_value=1, max_value=8),
         max_jobs=st.sampled_from([0, 1, 2, 20]),
         share=st.sampled_from([0.0, 0.25, 0.5]),
+        gate=st.sampled_from([0, 1, 3, 48]),
     )
-    def setup(self, ranks: int, capacity: int, margin: int, cap: int, max_jobs: int, share: float) -> None:
+    def setup(self, ranks: int, capacity: int, margin: int, cap: int, max_jobs: int, share: float, gate: int) -> None:
         self.cfg = ProgramSchedulingConfig(token_capacity_per_dp_rank=capacity, metrics_interval_seconds=1.0)
         self.bcfg = BatchJobsConfig(
             enabled=True,
@@ -71,7 +75,9 @@ class BatchMachine(RuleBasedStateMachine):
             max_jobs=max_jobs,
             max_wait_seconds=10.0,
             guaranteed_kv_share=share,
+            engine_queue_requests=gate,
         )
+        self.sent_since_observation: dict[object, int] = {}
         self.state = initial_state(self.cfg, self.bcfg)
         self.now = 0.0
         self.events: list[tuple[float, object]] = []
@@ -91,6 +97,8 @@ class BatchMachine(RuleBasedStateMachine):
         self.events.append((self.now, event))
         result = step(self.state, event, now=self.now, cfg=self.cfg)
         self.effects.append(result.effects)
+        if isinstance(event, ObservationReceived):
+            self.sent_since_observation[event.target_id] = 0
         dispatched_to: set[str] = set()
         for e in result.effects:
             name = type(e).__name__
@@ -104,6 +112,7 @@ class BatchMachine(RuleBasedStateMachine):
                 assert e.request_id in self.queued, f"dispatched {e.request_id} that was not queued"
                 self.queued.discard(e.request_id)
                 self.running.add(e.request_id)
+                self._check_engine_queue_gate(e.target_id)
                 if not e.starvation_escape:
                     # Programs first: beside a waiting Program batch only fills its guaranteed share
                     rank = self.state.ranks[e.target_id]
@@ -143,6 +152,17 @@ class BatchMachine(RuleBasedStateMachine):
                 assert shared <= (1 + self.bcfg.max_decode_slowdown) * alone_step + 1e-12, "Programs slowed too much"
         self._check_after_step()
         return result.effects
+
+    def _check_engine_queue_gate(self, target: object) -> None:
+        rank = self.state.ranks[target]  # type: ignore[index]
+        sent = self.sent_since_observation.get(target, 0)
+        self.sent_since_observation[target] = sent + 1
+        waiting = fresh_waiting(rank, self.now, self.cfg.metrics_interval_seconds)
+        limit = self.bcfg.engine_queue_requests
+        if not limit or waiting is None:
+            return  # no gate, or no fresh observation: today's budget alone decides
+        idle = rank.batch_requests == 1 and not rank.active  # the lone request an idle rank takes
+        assert waiting + sent < limit or idle, f"{target}: {waiting} waiting + {sent} sent reach {limit}"
 
     def _deliver_due(self) -> None:
         for _ in range(1000):

@@ -39,6 +39,10 @@ the Programs leave free, on the same per-rank ledger:
   (:func:`decode_room`; one batch request per rank always runs), and not at all while the rank's
   engine queues at least ``admission_waiting_request_threshold`` requests (the Programs' waiting
   gate, which batch must never hold shut).
+* **Engine-queue gate**: on any rank, no batch request is dispatched while the engine requests a
+  fresh observation saw waiting plus the batch requests dispatched there since that observation
+  reach ``engine_queue_requests`` (:func:`engine_queue_full`): queued requests hold no KV, so the
+  observation does not see them, and the router's queue, not an engine's, is where batch work waits.
 * **Starvation bound**: with free capacity and no Program waiting, a queued batch request that
   fits is dispatched in the same step. When Programs keep waiting, the oldest batch request is
   dispatched anyway once it has waited ``max_wait_seconds`` and a rank's budget fits it.
@@ -356,6 +360,25 @@ def engine_queue_blocks(s: SchedulerState, rank: RankState) -> bool:
     return waiting is not None and waiting >= threshold
 
 
+def engine_queue_full(s: SchedulerState, rank: RankState) -> bool:
+    """The engine-queue gate of batch dispatch (docs/batch.md §2.2): the rank's fresh observation
+    shows ``waiting`` engine requests, and ``batch_dispatched_since_observation`` batch requests
+    went there after it; together they reach ``engine_queue_requests``.  Without a fresh
+    observation (start-up, a stale scrape) the gate is open; 0 turns it off.
+
+    A request queued in an engine holds no KV yet, so a fresh observation undercounts what the
+    rank has taken; the gate keeps the rest in the router's queue, where whichever rank frees
+    first takes it, instead of letting the first rank to refresh take a same-instant wave.
+    """
+    b = s.batch
+    assert b is not None
+    limit = b.cfg.engine_queue_requests
+    if limit <= 0:
+        return False
+    waiting = fresh_waiting(rank, s.now, s.cfg.metrics_interval_seconds)
+    return waiting is not None and waiting + rank.batch_dispatched_since_observation >= limit
+
+
 def programs_waiting(s: SchedulerState, pool: str) -> bool:
     if s.global_queues.get(pool):
         return True
@@ -492,6 +515,8 @@ def dispatch_offers(s: SchedulerState, pool: str, oldest: BatchPending) -> tuple
         waited_for = None in homes or tid in homes
         if (rank.active or waited_for) and engine_queue_blocks(s, rank):
             budget = 0  # the engine queues: more batch would hold the Programs' waiting gate shut
+        if engine_queue_full(s, rank):
+            budget = 0  # the engine already queues enough: the rest waits here (late binding)
         gated = waited_for and not escape
         if gated:
             budget = min(budget, guaranteed_share_tokens(s, rank))
@@ -584,6 +609,7 @@ def _dispatch(
     fairness.leave(s.fair, s.prio, p.tenant, s.now, dispatched=True)
     fairness.charge(s.fair, s.prio, p.tenant, input_tokens=p.prompt_tokens)  # output: at completion
     charge_batch(rank, float(need), 1)
+    rank.batch_dispatched_since_observation += 1
     b.running[p.request_id] = BatchRunning(p.request_id, p.job, rank.target_id, float(need), pred, s.now, pending=p)
     wait = s.now - p.arrived_at
     counters = b.jobs.get(p.job)

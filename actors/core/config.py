@@ -269,6 +269,10 @@ class BatchJobsConfig:
     # how much batch requests may slow the decode steps of the Programs on the same rank (the
     # seed's decode cost model; 1.0 = steps up to twice as long; docs/batch.md §2.3)
     max_decode_slowdown: float = rule_field(FINITE_GE_0, 1.0)
+    # batch dispatch to a rank stops while its engine's waiting requests (fresh observation) plus
+    # the batch requests sent there since that observation reach this many; 0 = no gate
+    # (docs/batch.md §2.2)
+    engine_queue_requests: int = rule_field(INT_GE_0, 48)
 
 
 # --------------------------------------------------------------------------------------------

@@ -185,6 +185,7 @@ def on_observation(s: SchedulerState, ev: ObservationReceived) -> None:
         observed_at,
         s.cfg.token_capacity_per_dp_rank,
     )
+    rank.batch_dispatched_since_observation = 0  # the observation's waiting count includes them
     if ev.kv_capacity_tokens is not None:
         rank.backend_kv_capacity_tokens = ev.kv_capacity_tokens
     mark_dirty(s, rank.target_id)

@@ -28,7 +28,7 @@ def test_defaults_are_the_seeds_plus_agentds() -> None:
     assert (b.enabled, b.max_jobs, b.reserve_margin_blocks, b.reserve_max_blocks) == (False, 20, 2, 8)
     assert (b.low_available_tokens_threshold, b.short_decode_token_threshold) == (4096, 32)
     assert (b.block_size_tokens, b.max_wait_seconds) == (16, 30.0)
-    assert (b.guaranteed_kv_share, b.max_decode_slowdown) == (0.25, 1.0)
+    assert (b.guaranteed_kv_share, b.max_decode_slowdown, b.engine_queue_requests) == (0.25, 1.0, 48)
     assert AgentdConfig().batch_jobs == b
     assert config_from_dict({}).batch_jobs == b
     assert problems(b) == []
@@ -46,6 +46,7 @@ def test_dump_config_shows_the_section() -> None:
         "max_wait_seconds": 30.0,
         "guaranteed_kv_share": 0.25,
         "max_decode_slowdown": 1.0,
+        "engine_queue_requests": 48,
     }
 
 
@@ -71,6 +72,7 @@ def test_toml_section_is_read(tmp_path: Path) -> None:
         ("block_size_tokens", 0, "must be an integer > 0"),
         ("max_wait_seconds", 0.0, "must be finite and > 0"),
         ("max_wait_seconds", float("inf"), "must be finite and > 0"),
+        ("engine_queue_requests", -1, "must be an integer >= 0"),
     ],
 )
 def test_each_rule_names_field_rule_and_value(field: str, value: Any, rule: str) -> None:
@@ -85,6 +87,7 @@ def test_each_rule_names_field_rule_and_value(field: str, value: Any, rule: str)
         ("max_jobs", "20", "must be an integer (got '20')"),
         ("reserve_max_blocks", True, "must be an integer (got True)"),
         ("max_wait_seconds", "30", "must be a number (got '30')"),
+        ("engine_queue_requests", 4.0, "must be an integer (got 4.0)"),
     ],
 )
 def test_wrong_types_are_not_coerced(field: str, value: Any, message: str) -> None:

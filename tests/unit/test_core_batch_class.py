@@ -5,7 +5,13 @@ from __future__ import annotations
 from core_support import POOL, Harness, of, targets, tid
 
 from actors.core import effects as fx
-from actors.core.batch_class import batch_diagnostics, decode_growth_tokens, peak_growth_tokens, rank_budget_tokens
+from actors.core.batch_class import (
+    batch_diagnostics,
+    decode_growth_tokens,
+    engine_queue_full,
+    peak_growth_tokens,
+    rank_budget_tokens,
+)
 from actors.core.config import BatchJobsConfig
 from actors.core.events import ObservationReceived, ObservationStarted, TargetsChanged
 from actors.core.invariants import check
@@ -363,3 +369,44 @@ def test_growth_progress_rate_is_the_ratio_of_sums_not_the_ewma() -> None:
     # progress at (300 + 100) / (2 + 2) = 100 tokens/s: b decoded 100 of 128, whatever order a1 and
     # a2 were handled in (the EWMA would say 60 or 140)
     assert decode_growth_tokens(h.state, h.rank()) == 28.0
+
+
+def _two_ranks_with_a_backlog(gate: int) -> Harness:
+    """Two ranks of 10,000 tokens, no observation yet: 16 requests of 1,128 tokens (1,000 + 128)
+    fill both ledgers (8 each), 8 more wait in the router's queue."""
+    h = harness(n_targets=2, batch=BatchJobsConfig(enabled=True, engine_queue_requests=gate))
+    for i in range(24):
+        h.submit_batch(f"b{i}", tokens=1000, at=0.0)
+    # start-up: no fresh observation, so the gate is open and each rank fills its ledger
+    assert (h.rank(0).batch_requests, h.rank(1).batch_requests) == (8, 8)
+    assert len(h.state.batch.pending) == 8  # type: ignore[union-attr]
+    return h
+
+
+def test_a_rank_whose_engine_queues_its_batch_work_does_not_take_a_same_instant_wave() -> None:
+    h = _two_ranks_with_a_backlog(gate=4)
+    # rank 0's engine has started one request (its KV: 1,128 tokens) and queues 7 for their prefill;
+    # they hold no KV yet, so the observation's budget jumps -- but the engine queue is full
+    assert admitted_ids(h.observe(0, 0.1128, 1, 7, at=1.0)) == []
+    # three started, two still queued: two more go there (2 waiting + 2 sent since the observation = 4), the
+    # rest stays in the router for whichever rank frees first
+    assert admitted_ids(h.observe(0, 0.3384, 3, 2, at=2.0, epoch=2)) == ["b16", "b17"]
+    assert h.rank(0).batch_dispatched_since_observation == 2
+    assert len(h.state.batch.pending) == 6  # type: ignore[union-attr]
+    assert check(h.state, h.cfg) == []
+
+
+def test_without_the_engine_queue_gate_the_first_rank_to_refresh_takes_the_wave() -> None:
+    h = _two_ranks_with_a_backlog(gate=0)
+    # engine_queue_requests = 0: the old behaviour, the whole backlog in one instant
+    assert len(admitted_ids(h.observe(0, 0.1128, 1, 7, at=1.0))) == 6
+    assert h.rank(0).batch_requests == 14
+
+
+def test_the_engine_queue_gate_opens_when_the_observation_goes_stale() -> None:
+    h = _two_ranks_with_a_backlog(gate=4)
+    h.observe(0, 0.1128, 1, 7, at=1.0)
+    assert engine_queue_full(h.state, h.rank(0))
+    assert not engine_queue_full(h.state, h.rank(1))  # no observation there: today's behaviour
+    h.tick(at=10.0)  # three metrics intervals later the observation is stale
+    assert not engine_queue_full(h.state, h.rank(0))
