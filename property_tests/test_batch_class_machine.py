@@ -18,8 +18,9 @@ observations, in virtual time.  After every step it checks:
   it does not stay queued (work conservation covers it); with Programs waiting, the escape
   dispatches the oldest request once it waited ``max_wait_seconds`` and a budget fits it;
 * engine-queue gate: while a rank's observation is fresh, a batch request goes there only while
-  the engine requests it saw waiting plus the batch requests sent there since (counted here, from
-  the effects) stay below ``engine_queue_requests``, or to an idle rank (one request);
+  the engine requests it saw waiting plus the batch requests sent there since and not ended
+  (counted here, from the events and effects) stay below ``engine_queue_requests``, or to an idle
+  rank (one request);
 * determinism: replaying the recorded events into a fresh state gives identical effects.
 """
 
@@ -77,7 +78,7 @@ class BatchMachine(RuleBasedStateMachine):
             guaranteed_kv_share=share,
             engine_queue_requests=gate,
         )
-        self.sent_since_observation: dict[object, int] = {}
+        self.sent_since_observation: dict[object, set[object]] = {}
         self.state = initial_state(self.cfg, self.bcfg)
         self.now = 0.0
         self.events: list[tuple[float, object]] = []
@@ -98,7 +99,10 @@ class BatchMachine(RuleBasedStateMachine):
         result = step(self.state, event, now=self.now, cfg=self.cfg)
         self.effects.append(result.effects)
         if isinstance(event, ObservationReceived):
-            self.sent_since_observation[event.target_id] = 0
+            self.sent_since_observation[event.target_id] = set()
+        if isinstance(event, RequestCompleted | RequestAbandoned):
+            for sent in self.sent_since_observation.values():
+                sent.discard(event.request_id)  # it ended: in no engine queue
         dispatched_to: set[str] = set()
         for e in result.effects:
             name = type(e).__name__
@@ -112,7 +116,7 @@ class BatchMachine(RuleBasedStateMachine):
                 assert e.request_id in self.queued, f"dispatched {e.request_id} that was not queued"
                 self.queued.discard(e.request_id)
                 self.running.add(e.request_id)
-                self._check_engine_queue_gate(e.target_id)
+                self._check_engine_queue_gate(e.target_id, e.request_id)
                 if not e.starvation_escape:
                     # Programs first: beside a waiting Program batch only fills its guaranteed share
                     rank = self.state.ranks[e.target_id]
@@ -124,6 +128,7 @@ class BatchMachine(RuleBasedStateMachine):
                         assert rank.batch_tokens <= share + 1e-6, "batch beyond its share while a Program waits"
                     dispatched_to.add(e.target_id)
             elif isinstance(e, PreemptBatch):
+                self.sent_since_observation.get(e.target_id, set()).discard(e.request_id)
                 assert e.request_id in self.running
                 self.running.discard(e.request_id)
                 self.queued.add(e.request_id)
@@ -153,10 +158,11 @@ class BatchMachine(RuleBasedStateMachine):
         self._check_after_step()
         return result.effects
 
-    def _check_engine_queue_gate(self, target: object) -> None:
+    def _check_engine_queue_gate(self, target: object, request_id: object) -> None:
         rank = self.state.ranks[target]  # type: ignore[index]
-        sent = self.sent_since_observation.get(target, 0)
-        self.sent_since_observation[target] = sent + 1
+        ids = self.sent_since_observation.setdefault(target, set())
+        sent = len(ids)
+        ids.add(request_id)
         waiting = fresh_waiting(rank, self.now, self.cfg.metrics_interval_seconds)
         limit = self.bcfg.engine_queue_requests
         if not limit or waiting is None:

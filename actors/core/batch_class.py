@@ -72,7 +72,7 @@ from actors.core.interactive import batch_held_for_interactive
 from actors.core.ledger import charge_batch, fresh_waiting, observation_fresh, private_tokens, target_usage
 from actors.core.lifecycle import reject
 from actors.core.model import Program, RankState
-from actors.core.preemption import preempt_batch
+from actors.core.preemption import leave_engine_queue_count, preempt_batch
 from actors.core.resume import ordered, schedule_waiting
 from actors.core.state import SchedulerState, live_program
 
@@ -162,6 +162,7 @@ def on_batch_complete(s: SchedulerState, ev: RequestCompleted) -> bool:
     rank = s.ranks.get(r.target_id)
     if rank is not None and r.on_ledger:
         charge_batch(rank, -r.charged_tokens, -1)
+        leave_engine_queue_count(rank, r)
     if r.pending is not None:
         out = fairness.output_tokens(ev.usage.completion_tokens, r.predicted_decode_tokens, ev.success)
         fairness.charge(s.fair, s.prio, r.pending.tenant, output_tokens=out)
@@ -610,7 +611,9 @@ def _dispatch(
     fairness.charge(s.fair, s.prio, p.tenant, input_tokens=p.prompt_tokens)  # output: at completion
     charge_batch(rank, float(need), 1)
     rank.batch_dispatched_since_observation += 1
-    b.running[p.request_id] = BatchRunning(p.request_id, p.job, rank.target_id, float(need), pred, s.now, pending=p)
+    b.running[p.request_id] = BatchRunning(
+        p.request_id, p.job, rank.target_id, float(need), pred, s.now, pending=p, gate_epoch=rank.batch_gate_epoch
+    )
     wait = s.now - p.arrived_at
     counters = b.jobs.get(p.job)
     if counters is not None:

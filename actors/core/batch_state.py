@@ -35,6 +35,7 @@ class BatchRunning:
     dispatched_at: float
     on_ledger: bool = True  # False once its rank left the topology (nothing to release there)
     pending: BatchPending | None = None  # its queue record, kept for a preemption
+    gate_epoch: int = -1  # its rank's batch_gate_epoch when dispatched (engine-queue gate)
 
 
 @define(slots=True, eq=False)

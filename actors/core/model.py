@@ -275,8 +275,10 @@ class RankState:
     # running batch requests here and the tokens charged for them (docs/batch.md §2)
     batch_tokens: float = 0.0
     batch_requests: int = 0
-    # batch requests dispatched here since the last observation (engine-queue gate, docs/batch.md §2.2)
+    # batch requests dispatched here since the last observation and still running (engine-queue
+    # gate, docs/batch.md §2.2), and the observations seen (which dispatches are "since" one)
     batch_dispatched_since_observation: int = 0
+    batch_gate_epoch: int = 0
     backend_kv_capacity_tokens: int | None = None  # the engine's KV pool, as last reported
     allocated_tokens: float = 0.0  # new KV tokens its completions reported (cache_residency, §12.1)
     # tokens Program admission leaves to backlogged batch work (its guaranteed share, docs/batch.md §2)

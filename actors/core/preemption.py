@@ -16,9 +16,19 @@ from actors.core.model import RankState
 from actors.core.state import SchedulerState
 
 
+def leave_engine_queue_count(rank: RankState, r: BatchRunning) -> None:
+    """A batch request dispatched since ``rank``'s last observation ended (completed, failed or
+    preempted): it is in no engine queue, so the engine-queue gate (docs/batch.md §2.2) no longer
+    counts it.  Without this, a rank that finishes more short requests per metrics interval than
+    the gate's limit was throttled to that limit."""
+    if r.gate_epoch == rank.batch_gate_epoch and rank.batch_dispatched_since_observation > 0:
+        rank.batch_dispatched_since_observation -= 1
+
+
 def preempt_batch(s: SchedulerState, b: BatchState, r: BatchRunning, rank: RankState) -> None:
     del b.running[r.request_id]
     charge_batch(rank, -r.charged_tokens, -1)
+    leave_engine_queue_count(rank, r)
     p = r.pending
     assert p is not None
     p.preemptions += 1

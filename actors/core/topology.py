@@ -186,6 +186,7 @@ def on_observation(s: SchedulerState, ev: ObservationReceived) -> None:
         s.cfg.token_capacity_per_dp_rank,
     )
     rank.batch_dispatched_since_observation = 0  # the observation's waiting count includes them
+    rank.batch_gate_epoch += 1
     if ev.kv_capacity_tokens is not None:
         rank.backend_kv_capacity_tokens = ev.kv_capacity_tokens
     mark_dirty(s, rank.target_id)

@@ -410,3 +410,21 @@ def test_the_engine_queue_gate_opens_when_the_observation_goes_stale() -> None:
     assert not engine_queue_full(h.state, h.rank(1))  # no observation there: today's behaviour
     h.tick(at=10.0)  # three metrics intervals later the observation is stale
     assert not engine_queue_full(h.state, h.rank(0))
+
+
+def test_the_engine_queue_gate_forgets_requests_that_ended_since_the_observation() -> None:
+    """Short requests sent after an observation that complete before the next one are in no engine
+    queue: the gate stops counting them, so a rank that finishes more requests per metrics interval
+    than ``engine_queue_requests`` is not throttled to that many (it was, until its next observation)."""
+    h = _two_ranks_with_a_backlog(gate=4)
+    h.observe(0, 0.1128, 1, 7, at=1.0)
+    assert admitted_ids(h.observe(0, 0.3384, 3, 2, at=2.0, epoch=2)) == ["b16", "b17"]
+    # a request dispatched before the observation ends: the observation counted it, the gate does
+    # not (2 waiting + 2 sent since: still full, so the freed room waits for the next observation)
+    assert admitted_ids(h.complete("b0", at=2.05, completion=10)) == []
+    assert h.rank(0).batch_dispatched_since_observation == 2
+    # each of the two sent since ends within the same interval: the gate lets one more through
+    assert admitted_ids(h.complete("b16", at=2.1, completion=10)) == ["b18"]
+    assert admitted_ids(h.complete("b17", at=2.2, completion=10)) == ["b19"]
+    assert h.rank(0).batch_dispatched_since_observation == 2  # b18 and b19
+    assert check(h.state, h.cfg) == []
