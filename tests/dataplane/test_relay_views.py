@@ -95,10 +95,14 @@ class ScriptedRelay:
 
 
 @asynccontextmanager
-async def hub_and_scripted_relay() -> AsyncIterator[tuple[DataPlaneHub, RelayConnection, ScriptedRelay]]:
-    cfg = daemon_config()
+async def hub_and_scripted_relay(
+    dispatcher: Any = None, cfg: Any = None
+) -> AsyncIterator[tuple[DataPlaneHub, RelayConnection, ScriptedRelay]]:
+    """The hub (with ``dispatcher``, the scheduler's ProgramDispatcher, or none) and one scripted
+    relay that has said Hello and read its first Snapshot."""
+    cfg = cfg or daemon_config()
     targets = cfg.targets()
-    hub = DataPlaneHub(targets, Board(targets), None)
+    hub = DataPlaneHub(targets, Board(targets), dispatcher)
     left, right = trio.socket.socketpair()
     conn = hub.connect(0, Link(trio.SocketStream(left)))
     relay = ScriptedRelay(Link(trio.SocketStream(right)))
@@ -235,17 +239,7 @@ async def test_a_frame_read_after_the_report_that_changes_the_hubs_view_stops_th
     (the relay's next report will), so the hub's ticks compare nothing until it arrives."""
     cfg = daemon_config(token_capacity_per_dp_rank=10_000)
     async with program_scheduling(cfg, health=Board(cfg.targets())) as (dispatcher, _, _):
-        hub = DataPlaneHub(cfg.targets(), Board(cfg.targets()), dispatcher)
-        left, right = trio.socket.socketpair()
-        conn = hub.connect(0, Link(trio.SocketStream(left)))
-        relay = ScriptedRelay(Link(trio.SocketStream(right)))
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(hub.run_publisher)
-            nursery.start_soon(conn.serve)
-            nursery.start_soon(relay.link.run_writer)
-            nursery.start_soon(relay.run)
-            relay.link.send(Hello(0, 77))
-            await trio.testing.wait_all_tasks_blocked()
+        async with hub_and_scripted_relay(dispatcher, cfg) as (hub, conn, relay):
             relay.report(0, 0)
             await trio.testing.wait_all_tasks_blocked()
             assert conn.views.compared_count == 1
@@ -262,10 +256,6 @@ async def test_a_frame_read_after_the_report_that_changes_the_hubs_view_stops_th
             await _at(trio.current_time() + 1.0)
             assert conn.views.mismatch_since is None and conn.scheduler_view() == (0, 1)
             assert conn.views.compared_count > 2 and conn.views.differed_count == 0
-            with trio.CancelScope(shield=True):
-                for link in (conn.link, relay.link):
-                    await trio.aclose_forcefully(link.stream)
-            nursery.cancel_scope.cancel()
 
 
 async def test_a_relay_whose_socket_ended_is_not_compared_while_it_waits_to_be_reaped(
@@ -277,16 +267,7 @@ async def test_a_relay_whose_socket_ended_is_not_compared_while_it_waits_to_be_r
     a leak; it was flagged as one after 0.5 s (found by F11 under load)."""
     cfg = daemon_config(token_capacity_per_dp_rank=10_000)
     async with program_scheduling(cfg, health=Board(cfg.targets())) as (dispatcher, _, _):
-        hub = DataPlaneHub(cfg.targets(), Board(cfg.targets()), dispatcher)
-        left, right = trio.socket.socketpair()
-        conn = hub.connect(0, Link(trio.SocketStream(left)))
-        relay = ScriptedRelay(Link(trio.SocketStream(right)))
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(hub.run_publisher)
-            nursery.start_soon(conn.serve)
-            nursery.start_soon(relay.link.run_writer)
-            nursery.start_soon(relay.run)
-            relay.link.send(Hello(0, 77))
+        async with hub_and_scripted_relay(dispatcher, cfg) as (hub, conn, relay):
             relay.link.send(Ask(1, "program", WireRequest.of(lead(), None)))
             await _at(trio.current_time() + 1.0)
             assert conn.scheduler_view() == (1, 1)
@@ -300,9 +281,6 @@ async def test_a_relay_whose_socket_ended_is_not_compared_while_it_waits_to_be_r
             assert conn.scheduler_view() == (0, 0)  # abandoned, its pass dropped
             assert not conn.views.suspected and conn.views.differed_count == 0
             assert hub.view_mismatches_count == 0 and log.events("relay_view_mismatch") == []
-            with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(conn.link.stream)
-            nursery.cancel_scope.cancel()
 
 
 # ------------------------------------------------------------------ the relay against a scripted scheduler
