@@ -29,7 +29,7 @@ from daemon.handles import DaemonHandles
 from daemon.supervisor import run_daemon
 
 BUDGET_SECONDS = 30.0
-BODY_TIMEOUT = 0.3
+BODY_TIMEOUT = 2.0  # long enough that a starved test process never times out a body it sends itself
 MODEL = "fake-model"
 LINE = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", "messages": []}}\n'
 
