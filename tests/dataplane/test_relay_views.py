@@ -28,7 +28,7 @@ from fault_env import Records
 from program_fakes import daemon_config, ok, program_request, program_scheduling
 from prometheus_client import CollectorRegistry, generate_latest
 from test_remote_dispatch import Board, Plane, _connected, _settled
-from test_resume_passes import T0, T1, Scripted, _admitted, lead
+from test_resume_passes import T0, T1, Scripted, _admitted, lead, scripted_relay
 
 from actors.core.errors import NO_TARGETS
 from daemon.dataplane import relay as relay_module
@@ -36,9 +36,6 @@ from daemon.dataplane.link import Link
 from daemon.dataplane.relay import (
     LOAD_SECONDS,
     RemoteProgramDispatcher,
-    SnapshotView,
-    read_scheduler_frames,
-    run_load_reports,
 )
 from daemon.dataplane.scheduler_side import (
     SNAPSHOT_SECONDS,
@@ -286,31 +283,6 @@ async def test_a_relay_whose_socket_ended_is_not_compared_while_it_waits_to_be_r
 # ------------------------------------------------------------------ the relay against a scripted scheduler
 
 
-@asynccontextmanager
-async def reporting_relay() -> AsyncIterator[tuple[RemoteProgramDispatcher, Scripted]]:
-    """A relay that sends its reports, against a scheduler scripted frame by frame."""
-    left, right = trio.socket.socketpair()
-    scheduler = Scripted(Link(trio.SocketStream(left)))
-    relay_link = Link(trio.SocketStream(right))
-    remote = RemoteProgramDispatcher(relay_link)
-    view = SnapshotView((T0, T1))
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(scheduler.read)
-        nursery.start_soon(scheduler.link.run_writer)
-        nursery.start_soon(relay_link.run_writer)
-        nursery.start_soon(read_scheduler_frames, relay_link, remote, view, lambda: "")
-        scheduler.link.send(Snapshot(1, (0, 1), "", (0, 0)))
-        await view.first.wait()
-        nursery.start_soon(run_load_reports, relay_link, lambda: (0, 2), remote)
-        try:
-            yield remote, scheduler
-        finally:
-            with trio.CancelScope(shield=True):
-                for link in (scheduler.link, relay_link):
-                    await trio.aclose_forcefully(link.stream)
-            nursery.cancel_scope.cancel()
-
-
 async def _next_of(scheduler: Scripted, kind: type) -> Any:
     while True:
         frame = await scheduler.next()
@@ -319,7 +291,7 @@ async def _next_of(scheduler: Scripted, kind: type) -> Any:
 
 
 async def test_the_relays_reports_follow_its_leases_and_passes(autojump_clock: trio.testing.MockClock) -> None:
-    async with reporting_relay() as (remote, scheduler):
+    async with scripted_relay(reports=True) as (remote, scheduler):
         assert await scheduler.next() == Load((0, 2), 0, 0, None, 1)  # at once: the snapshot was read
         first = lead()
         async with trio.open_nursery() as nursery:
@@ -381,7 +353,7 @@ async def test_a_pass_the_relay_lets_go_on_its_own_is_dropped_with_a_frame(
     that the scheduler stops counting it: a Grant that arrives for a lease already released (the
     Release crossed it), a full map of passes, a failed request."""
     monkeypatch.setattr(relay_module, "MAX_PASSES", 1)
-    async with reporting_relay() as (remote, scheduler):
+    async with scripted_relay(reports=True) as (remote, scheduler):
         # the client leaves before the answer; the Grant (with a pass) crossed the Release
         async with trio.open_nursery() as nursery:
 

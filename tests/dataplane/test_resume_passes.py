@@ -28,7 +28,7 @@ from actors.core.ids import ProgramKey
 from actors.core.model import ACTIVE, PAUSED
 from actors.messages import Admitted
 from daemon.dataplane.link import Link
-from daemon.dataplane.relay import RemoteProgramDispatcher, SnapshotView, read_scheduler_frames
+from daemon.dataplane.relay import RemoteProgramDispatcher, SnapshotView, read_scheduler_frames, run_load_reports
 from daemon.dataplane.scheduler_side import DataPlaneHub
 from daemon.dataplane.wire import Ask, Finish, Grant, Refuse, Release, Revoke, Snapshot
 
@@ -62,7 +62,9 @@ class Scripted:
 
 
 @asynccontextmanager
-async def scripted_relay() -> AsyncIterator[tuple[RemoteProgramDispatcher, Scripted]]:
+async def scripted_relay(*, reports: bool = False) -> AsyncIterator[tuple[RemoteProgramDispatcher, Scripted]]:
+    """A relay's Program dispatcher against a scheduler scripted frame by frame (``reports``: the
+    relay also sends its Load reports, docs/architecture.md §9)."""
     left, right = trio.socket.socketpair()
     scheduler = Scripted(Link(trio.SocketStream(left)))
     relay_link = Link(trio.SocketStream(right))
@@ -75,6 +77,8 @@ async def scripted_relay() -> AsyncIterator[tuple[RemoteProgramDispatcher, Scrip
         nursery.start_soon(read_scheduler_frames, relay_link, remote, view, lambda: "")
         scheduler.link.send(Snapshot(1, (0, 1), "", (0, 0)))
         await view.first.wait()
+        if reports:
+            nursery.start_soon(run_load_reports, relay_link, lambda: (0, 2), remote)
         try:
             yield remote, scheduler
         finally:
