@@ -288,3 +288,19 @@ async def await_diagnostics(
             if predicate(doc):
                 return doc
             await trio.sleep(0.05)
+
+
+def relay_views_agree(doc: dict[str, Any]) -> bool:
+    """Every relay's last report was compared with the scheduler's view lately (within 1 s), no
+    difference is pending, and both count the same open leases and resume passes
+    (docs/operations.md §13.3)."""
+    for relay in doc["data_plane"]["relays"]:
+        views = relay["views"]
+        own = views["relay"]
+        if own is None or views["compared_seconds_ago"] is None or views["compared_seconds_ago"] > 1.0:
+            return False
+        if views["mismatch_seconds"] is not None:
+            return False
+        if (own["leases"], own["passes"]) != (views["scheduler"]["leases"], views["scheduler"]["passes"]):
+            return False
+    return True

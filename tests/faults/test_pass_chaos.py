@@ -45,6 +45,7 @@ from fault_env import (
     fault_config,
     fd_table,
     open_fds,
+    relay_views_agree,
     wait_until,
 )
 from fault_worker import Act, FaultWorker, abort
@@ -267,7 +268,7 @@ async def test_f11_resume_passes_with_drops_ttl_races_and_a_killed_relay(capfd: 
                 assert _passes_only_for_active(doc, handles) == []
                 # each relay's own view of its leases and passes agrees with the scheduler's, and no
                 # difference was ever flagged, through the drops, the races and the kill (§13.3)
-                doc = await await_diagnostics(client, _views_agree)
+                doc = await await_diagnostics(client, relay_views_agree)
                 assert doc["data_plane"]["view_mismatches_count"] == 0, doc["data_plane"]
                 assert [r["views"]["differed_count"] for r in doc["data_plane"]["relays"]] == [0, 0], doc["data_plane"]
                 passes = doc["data_plane"]["passes"]
@@ -313,20 +314,6 @@ async def test_f11_resume_passes_with_drops_ttl_races_and_a_killed_relay(capfd: 
     out, err = capfd.readouterr()
     relay_errors = [line for line in (out + err).splitlines() if "level=error" in line.lower() or " ERROR " in line]
     assert relay_errors == []
-
-
-def _views_agree(doc: dict[str, Any]) -> bool:
-    """Every relay's last report was compared with the scheduler's view lately and both agree."""
-    for relay in doc["data_plane"]["relays"]:
-        views = relay["views"]
-        own = views["relay"]
-        if own is None or views["compared_seconds_ago"] is None or views["compared_seconds_ago"] > 1.0:
-            return False
-        if views["mismatch_seconds"] is not None:
-            return False
-        if (own["leases"], own["passes"]) != (views["scheduler"]["leases"], views["scheduler"]["passes"]):
-            return False
-    return True
 
 
 async def _relay_in_flight(client: httpx.AsyncClient) -> float:
