@@ -71,6 +71,9 @@ class ProxyRequest:
     max_queue_seconds: float | None = None
     # the latest queue position and ETA of a waiting streaming request, for its SSE comments
     queue_watch: QueueWatch | None = None
+    # workers this request could not reach (connect failed, nothing sent): a failover's next
+    # lease avoids them while another worker is in rotation (docs/operations.md §11.3)
+    avoid_workers: frozenset[str] = frozenset()
     # (routing_text, prompt size) of the body, called at most once, when either is first read
     # without having been given (daemon/http/requests.py request_texts)
     texts: Callable[[], tuple[str, PromptSize]] | None = attrs.field(default=None, eq=False, repr=False)
@@ -218,6 +221,9 @@ class NativeDispatcher:
         healthy = self._health.healthy_targets()
         if req.pool_targets is not None:  # only the workers serving the request's model
             healthy = tuple(t for t in healthy if t.index in req.pool_targets)
+        if req.avoid_workers:  # a failover among suspects (every worker in rotation is one): not the same again
+            untried = tuple(t for t in healthy if t.worker_url not in req.avoid_workers)
+            healthy = untried or healthy
         if not healthy:
             self._rejected += 1
             raise DispatchRejected(

@@ -20,7 +20,9 @@ Proxy catalogue (:class:`ProxyMetrics`):
 * ``agentd_proxy_failovers_total{target}`` - requests sent to another worker because this target's
   worker could not be reached (the request provably never left, docs/operations.md §11);
 * ``agentd_health_ejections_total{target,source}`` - the worker behind the target left rotation:
-  ``health`` (consecutive failed checks) or ``outlier`` (failures of real traffic).
+  ``health`` (consecutive failed checks) or ``outlier`` (failures of real traffic);
+* ``agentd_health_suspects_total{target,outcome}`` - suspicions (a connect timeout, then one
+  confirming ``/health`` probe) settled: ``ejected`` or ``restored`` (docs/operations.md §11.3).
 
 Children for every known target are created up front (:meth:`ProxyMetrics.for_target`) and the
 request counter's children are looked up once per label set (:mod:`actors.metric_children`), so
@@ -167,6 +169,13 @@ class ProxyMetrics:
             "agentd_health_ejections",
             "Times the worker behind the target left rotation, by source (health, outlier).",
             ["target", "source"],
+            registry=registry,
+        )
+        self.suspects = Counter(
+            "agentd_health_suspects",
+            "Connect timeouts that made the worker behind the target suspect, by how its confirming "
+            "/health probe settled them (ejected, restored).",
+            ["target", "outcome"],
             registry=registry,
         )
         self._requests = Children(self.requests)  # one dict access per request (§10.2.4 of docs/benchmarks.md)

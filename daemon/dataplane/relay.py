@@ -16,7 +16,9 @@ socket (:mod:`daemon.dataplane.wire` frames):
   :class:`~daemon.dispatch.NativeDispatcher` reads (native policies decide in the relay), the
   served models and the other processes' in-flight counts, from the scheduler's snapshots;
 * :class:`RemoteOutcomes` - outcome reports of real traffic go to the scheduler's health board (a
-  connect failure also takes the worker out of this relay's rotation at once).
+  connect failure also takes the worker out of this relay's rotation at once; a connect timeout
+  as a suspect, whose confirming probe the scheduler's health actor sends, docs/operations.md
+  §11.3).
 
 :class:`RelayApp` is the relay's ASGI app: the agent-facing POST routes run here
 (:func:`~daemon.http.app.serve_proxy_asgi`); every other route (``/health``, ``/metrics``,
@@ -68,7 +70,8 @@ MAX_PASSES = 4096  # resume passes kept per relay (the oldest is dropped first: 
 
 class SnapshotView:
     """Healthy targets as the scheduler last published them (minus workers this relay just saw
-    refuse connections, until a snapshot that includes that report arrives)."""
+    refuse connections or time out at connect, until a snapshot that includes that report arrives;
+    the ones that timed out stay when nothing else would, as the scheduler's board keeps suspects)."""
 
     def __init__(self, targets: Sequence[BackendTarget], models: ModelDirectory | None = None) -> None:
         self.targets = tuple(targets)
@@ -79,6 +82,7 @@ class SnapshotView:
         self._published: tuple[BackendTarget, ...] = ()
         self.others_in_flight: list[int] = [0] * len(self.targets)
         self.ejected: dict[str, int] = {}  # worker URL -> the report number that ejected it here
+        self.suspected: dict[str, int] = {}  # worker URL -> the report number that made it suspect here
         self.reports_sent = 0
         self._models_seen: tuple[Any, ...] = ()
 
@@ -87,6 +91,7 @@ class SnapshotView:
         by_index = {t.index: t for t in self.targets}
         self._published = tuple(by_index[i] for i in snapshot.healthy if i in by_index)
         self.ejected = {u: n for u, n in self.ejected.items() if n > snapshot.reports_applied}
+        self.suspected = {u: n for u, n in self.suspected.items() if n > snapshot.reports_applied}
         self._refresh()
         counts = list(snapshot.others_in_flight[: len(self.targets)])
         self.others_in_flight[:] = counts + [0] * (len(self.targets) - len(counts))
@@ -98,13 +103,20 @@ class SnapshotView:
         self.first.set()
 
     def _refresh(self) -> None:
-        ejected = self.ejected
-        self._healthy = (
-            self._published if not ejected else tuple(t for t in self._published if t.worker_url not in ejected)
-        )
+        ejected, suspected = self.ejected, self.suspected
+        if not ejected and not suspected:
+            self._healthy = self._published
+            return
+        left = tuple(t for t in self._published if t.worker_url not in ejected)
+        # suspects stay when they are all that is left (docs/operations.md §11.3)
+        self._healthy = tuple(t for t in left if t.worker_url not in suspected) or left
 
     def eject(self, url: str, report: int) -> None:
         self.ejected[url] = report
+        self._refresh()
+
+    def suspect(self, url: str, report: int) -> None:
+        self.suspected[url] = report
         self._refresh()
 
     def healthy_targets(self) -> tuple[BackendTarget, ...]:
@@ -140,11 +152,14 @@ class RemoteOutcomes:
             self._failing.discard(url)
             self._send(Report(url, True))
 
-    def report_failure(self, url: str, detail: str, *, eject_now: bool = False) -> bool:
+    def report_failure(self, url: str, detail: str, *, eject_now: bool = False, suspect: bool = False) -> bool:
         self._failing.add(url)
-        number = self._send(Report(url, False, detail, eject_now))
-        if eject_now and any(t.worker_url == url for t in self.view.healthy_targets()):
-            self.view.eject(url, number)
+        number = self._send(Report(url, False, detail, eject_now, suspect))
+        if (eject_now or suspect) and any(t.worker_url == url for t in self.view.healthy_targets()):
+            if eject_now:
+                self.view.eject(url, number)
+            else:
+                self.view.suspect(url, number)
             return True
         return False
 

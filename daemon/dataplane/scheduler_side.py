@@ -83,7 +83,7 @@ class OutcomeBoard(HealthView, Protocol):
     """What the hub needs of the health board: the view plus the outcome reports."""
 
     def report_success(self, url: str) -> None: ...
-    def report_failure(self, url: str, detail: str, *, eject_now: bool = False) -> bool: ...
+    def report_failure(self, url: str, detail: str, *, eject_now: bool = False, suspect: bool = False) -> bool: ...
 
 
 @attrs.define(eq=False)
@@ -290,7 +290,7 @@ class RelayConnection:
             if frame.ok:
                 board.report_success(frame.worker_url)
             else:
-                board.report_failure(frame.worker_url, frame.detail, eject_now=frame.eject_now)
+                board.report_failure(frame.worker_url, frame.detail, eject_now=frame.eject_now, suspect=frame.suspect)
             self.reports_applied += 1
         elif isinstance(frame, Load):
             self.in_flight = frame.in_flight

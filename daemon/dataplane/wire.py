@@ -150,12 +150,14 @@ class Release:
 
 @frozen
 class Report:
-    """An outcome report of real traffic for the health board (passive outlier ejection)."""
+    """An outcome report of real traffic for the health board (passive outlier ejection;
+    ``suspect``: a connect timeout, docs/operations.md §11.3)."""
 
     worker_url: str
     ok: bool
     detail: str = ""
     eject_now: bool = False
+    suspect: bool = False
 
 
 @frozen

@@ -74,6 +74,9 @@ def proxy_section(handles: DaemonHandles) -> dict[str, Any]:
                 "dp_rank": target.shown_dp_rank,  # null at DP size 1, as the reference
                 "healthy": worker.healthy,
                 "health_reason": worker.reason,
+                # a connect timeout awaiting its confirming probe: out of rotation while a peer is
+                # in it (docs/operations.md §11.3)
+                "suspect": worker.suspect,
                 "health_checked_at": worker.checked_at,
                 "consecutive_health_failures": worker.consecutive_failures_count,
                 "consecutive_health_successes": worker.consecutive_successes_count,

@@ -260,16 +260,17 @@ class OutcomeReports(Protocol):
     @property
     def worker_urls(self) -> tuple[str, ...]: ...
     def report_success(self, url: str) -> None: ...
-    def report_failure(self, url: str, detail: str, *, eject_now: bool = False) -> bool: ...
+    def report_failure(self, url: str, detail: str, *, eject_now: bool = False, suspect: bool = False) -> bool: ...
 
 
 class NotSent(Exception):
     """The request provably never reached the worker (the connection could not be opened): it
     may be sent to another worker (failover, docs/operations.md §11)."""
 
-    def __init__(self, error: UpstreamError) -> None:
+    def __init__(self, error: UpstreamError, worker_url: str) -> None:
         super().__init__(str(error))
         self.error = error
+        self.worker_url = worker_url
 
 
 @attrs.define(eq=False)
@@ -663,9 +664,12 @@ class ProxyEngine:
                     return
                 except NotSent as not_sent:
                     # the lease was left unfinished (abandoned: nothing was consumed) and the worker
-                    # ejected, so the next lease cannot land there; a Program request is submitted
-                    # again under a derived id (its Program is rebound off the ejected worker)
+                    # ejected or suspect, so the next lease cannot land there (a suspect still can
+                    # when every worker left is one: a native request then avoids the ones it
+                    # tried, docs/operations.md §11.3); a Program request is submitted again under
+                    # a derived id (its Program is rebound off the worker)
                     failovers += 1
+                    req = attrs.evolve(req, avoid_workers=req.avoid_workers | {not_sent.worker_url})
                     self.metrics.failovers.labels(not_sent.error.target_id).inc()
                     log_event(
                         logger,
@@ -853,11 +857,16 @@ class ProxyEngine:
                         )
                 except httpx.HTTPError as exc:
                     error = map_httpx_error(target.target_id, exc)
-                    not_sent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
-                    self._report_failure(target.worker_url, error, eject_now=not_sent)
+                    # nothing was sent: refused or unresolvable ejects the worker at once, a
+                    # connect timeout makes it suspect (docs/operations.md §11.3)
+                    timed_out = isinstance(exc, httpx.ConnectTimeout)
+                    not_sent = timed_out or isinstance(exc, httpx.ConnectError)
+                    self._report_failure(
+                        target.worker_url, error, eject_now=not_sent and not timed_out, suspect=timed_out
+                    )
                     if not_sent and failover:
                         outcome_label = "failover"
-                        raise NotSent(error) from exc
+                        raise NotSent(error, target.worker_url) from exc
                     outcome_label = f"upstream_{error.kind}"
                     await self._fail(exchange, error)
                     return
@@ -891,9 +900,13 @@ class ProxyEngine:
                     duration_seconds=round(trio.current_time() - started, 6),
                 )
 
-    def _report_failure(self, worker_url: str, error: UpstreamError, *, eject_now: bool = False) -> None:
+    def _report_failure(
+        self, worker_url: str, error: UpstreamError, *, eject_now: bool = False, suspect: bool = False
+    ) -> None:
         if self.outcomes is not None:
-            self.outcomes.report_failure(worker_url, f"{error.kind}: {error.detail}", eject_now=eject_now)
+            self.outcomes.report_failure(
+                worker_url, f"{error.kind}: {error.detail}", eject_now=eject_now, suspect=suspect
+            )
 
     def _report_success(self, worker_url: str) -> None:
         if self.outcomes is not None:

@@ -43,7 +43,7 @@ class Board(FakeHealth):
     def report_success(self, url: str) -> None:
         self.reports.append((url, True, False))
 
-    def report_failure(self, url: str, detail: str, *, eject_now: bool = False) -> bool:
+    def report_failure(self, url: str, detail: str, *, eject_now: bool = False, suspect: bool = False) -> bool:
         self.reports.append((url, False, eject_now))
         if eject_now:
             self.unhealthy_urls.add(url)
