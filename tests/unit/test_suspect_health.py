@@ -299,7 +299,9 @@ async def test_the_check_is_bounded_by_its_own_timeout_not_the_clients_connect_t
     a connect timeout set low for fast failover, a check (and a probe) is not failed by it."""
     cluster = Cluster(W0)
     cluster.workers[W0].connect_delay = 0.8  # > CONNECT, < PROBE
-    async with httpx.AsyncClient(transport=cluster.transport(config()), timeout=httpx.Timeout(600, connect=CONNECT)) as c:
+    async with httpx.AsyncClient(
+        transport=cluster.transport(config()), timeout=httpx.Timeout(600, connect=CONNECT)
+    ) as c:
         t0 = trio.current_time()
         assert await check_worker(c, W0, PROBE) == (True, "ok")
         assert trio.current_time() == t0 + 0.8
