@@ -195,11 +195,11 @@ def fault_config(
         # on a loaded 2-core machine a 0.5 s connect or a 2 s check can time out and take the only
         # worker out of rotation until the next round (an hour away). F3 passes its own 0.5 s.
         "health_check_timeout_seconds": 10.0,
-        # the same for requests: a connect timeout ejects the worker at once (nothing was sent) and
-        # only a health round an hour away brings it back.  F8 under load 9-10 (the daemon, both
-        # workers and 40 clients in this one starved process) took over 2 s to see a loopback
-        # connect complete, ejected both workers and answered 503 (no healthy targets) after the
-        # storm.  F3 passes its own 0.5 s for the unreachable worker.
+        # the same for requests: F8 under load 9-10 (the daemon, both workers and 40 clients in
+        # this one starved process) took over 2 s to see a loopback connect complete; each connect
+        # timeout ejected its worker at once then (since session 31 it makes it suspect until one
+        # confirming probe, docs/operations.md §11.3) and the request after the storm got a 503 (no
+        # healthy targets).  F3 passes its own 0.5 s for the unreachable worker.
         "connect_timeout_seconds": 20.0,
         "first_byte_timeout_seconds": 20.0,
         # F2 passes its own 1 s; for every other case a stall of the test process (a loaded machine)

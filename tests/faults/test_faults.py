@@ -149,8 +149,11 @@ async def test_f3_unreachable_worker_with_a_healthy_peer_no_client_error(fault: 
             "unresolvable": "http://no-such-worker.invalid:8000",
         }[fault]
         # the bad worker is listed first and round robin starts there; it passed its first health
-        # check (forced below), so the first request is sent to it and must fail over
-        async with fault_env(1, urls=[bad], connect_timeout_seconds=0.5) as env:
+        # check (forced below), so the first request is sent to it and must fail over.  A blackhole
+        # holds the start's check and the confirming probe of its connect timeout (docs/operations.md
+        # §11.3) for the whole health check timeout: 5 s, not the environment's 10
+        routing = {"health_check_timeout_seconds": 5.0} if fault == "blackholed" else {}
+        async with fault_env(1, urls=[bad], connect_timeout_seconds=0.5, **routing) as env:
             for _ in range(env.handles.config.routing.health_successes_to_restore):
                 env.handles.health.record_check(bad, True, "ok", trio.current_time())
             assert len(env.handles.health.healthy_targets()) == 2
@@ -158,6 +161,8 @@ async def test_f3_unreachable_worker_with_a_healthy_peer_no_client_error(fault: 
             assert [r.status_code for r in responses] == [200] * 10
             assert all(r.content.endswith(b"data: [DONE]\n\n") for r in responses[::2])
             assert len(env.workers[0].generation_requests()) == 10
+            if fault == "blackholed":  # suspect, then ejected when the probe times out
+                assert await wait_until(lambda: not env.handles.health.worker(bad).healthy)
             target = bad
             value = env.handles.registry.get_sample_value
             assert value("agentd_proxy_failovers_total", {"target": target}) == 1.0
