@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from daemon.supervisor import run_daemon
 
 # long enough that a loopback connect to a healthy worker never misses it, even on a loaded machine
-CONNECT_SECONDS = 3.0
+CONNECT_SECONDS = 5.0
 PROBE_SECONDS = 5.0  # health_check_timeout_seconds: bounds the confirming probe
 
 
