@@ -37,7 +37,6 @@ suspects as ``health_suspect`` / ``health_suspect_restored`` and
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from functools import partial
 
@@ -96,10 +95,11 @@ class HealthBoard:
         self.metrics = metrics
         self.ejections_count = 0
         self.suspects_count: dict[str, int] = {"ejected": 0, "restored": 0}  # settled suspicions by outcome
-        # URLs a confirming probe was asked for and has not reported yet (one in flight per worker);
-        # the health actor reads ``probe_requests`` (:func:`run_suspect_probes`)
+        # URLs a confirming probe was asked for and has not reported yet (one in flight per worker,
+        # so the channel never holds more than one entry per worker and ``send_nowait`` never
+        # blocks); the health actor reads ``probe_requests`` (:func:`run_suspect_probes`)
         self._probing: set[str] = set()
-        self._probe_send, self.probe_requests = trio.open_memory_channel[str](math.inf)
+        self._probe_send, self.probe_requests = trio.open_memory_channel[str](max(1, len(self.worker_urls)))
 
     def record(self, health: WorkerHealth) -> bool:
         """Store one verdict; returns True when the worker's healthy flag changed."""
