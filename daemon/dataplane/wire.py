@@ -70,6 +70,9 @@ class WireRequest:
     pool_targets: tuple[int, ...] | None = None
     prio: PriorityInfo = DEFAULT_INFO
     max_tokens: int | None = None
+    # the client's x-agentd-max-queue-seconds (docs/program-scheduling.md §13): the scheduler
+    # refuses at once a request whose queue ETA exceeds it (before session 31 a relay dropped it)
+    max_queue_seconds: float | None = None
 
     @classmethod
     def of(cls, req: ProxyRequest, max_tokens: int | None) -> WireRequest:
@@ -86,6 +89,7 @@ class WireRequest:
             pool_targets=None if req.pool_targets is None else tuple(sorted(req.pool_targets)),
             prio=req.prio,
             max_tokens=max_tokens,
+            max_queue_seconds=req.max_queue_seconds,
         )
 
     def proxy_request(self) -> ProxyRequest:
@@ -103,6 +107,7 @@ class WireRequest:
             model_pool=self.model_pool,
             pool_targets=None if self.pool_targets is None else frozenset(self.pool_targets),
             prio=self.prio,
+            max_queue_seconds=self.max_queue_seconds,
         )
 
 

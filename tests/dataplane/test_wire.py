@@ -130,6 +130,26 @@ def test_a_request_keeps_what_the_scheduler_reads_and_drops_the_body() -> None:
     assert b"secret" not in encode(frame) and b"x" * 100 not in encode(frame)
 
 
+@pytest.mark.parametrize("bound", [0.0, 2.5, None])
+def test_an_ask_carries_the_clients_queue_bound(bound: float | None) -> None:
+    """``x-agentd-max-queue-seconds`` reaches the scheduler through a relay (docs/program-scheduling.md
+    §13): before session 31 the ask dropped it, so with relay processes a request that asked not to
+    queue (``0``) waited in the queue instead of getting its 429 at once."""
+    req = ProxyRequest(
+        request_id="agentd-3",
+        endpoint="chat",
+        body={},
+        headers={},
+        model="m",
+        stream=False,
+        prompt=PromptSize(10, None),
+        routing_text="user:x",
+        max_queue_seconds=bound,
+    )
+    back = decode(encode(Ask(9, "program", WireRequest.of(req, None)))[HEADER.size :])
+    assert back.request.proxy_request().max_queue_seconds == bound
+
+
 def test_an_ask_carries_only_the_prefix_of_a_long_routing_text() -> None:
     """A 20,000-character system prompt crosses the socket as the ``CACHE_AWARE_PREFIX_CHARS``
     characters the scheduler reads, once per Program request (docs/architecture.md §9)."""
