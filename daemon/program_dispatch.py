@@ -562,14 +562,21 @@ class ProgramDispatcher:
     # ---- detached leases: a relay's request served without a task (docs/architecture.md §9) ----
 
     def detached_submission(
-        self, req: ProxyRequest, kind: str, sink: ReplySink, *, already_on: TargetId | None = None
+        self,
+        req: ProxyRequest,
+        kind: str,
+        sink: ReplySink,
+        *,
+        already_on: TargetId | None = None,
+        queue_updates: bool = False,
     ) -> Submission:
         """The submission of a relay's ``program`` or ``interactive`` lease whose answer goes to
         ``sink``; the caller delivers it to ``scheduler.inbox`` and then calls :meth:`submitted`.
-        ``already_on``: the relay already forwarded the Program request there (a resume pass)."""
+        ``already_on``: the relay already forwarded the Program request there (a resume pass);
+        ``queue_updates``: ``sink`` also gets the ``QueuePosition`` notices while it waits."""
         self._polling_needed.set()
         event = self.program_event(req, already_on) if kind == "program" else self.interactive_event(req)
-        return Submission(event=event, reply=sink)
+        return Submission(event=event, reply=sink, queue_updates=queue_updates)
 
     def submitted(self) -> None:
         self.counters.submitted_count += 1

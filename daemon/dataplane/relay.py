@@ -50,6 +50,7 @@ from daemon.dataplane.wire import (
     MetricsAsk,
     MetricsText,
     Preempt,
+    Queued,
     Refuse,
     Release,
     Report,
@@ -58,6 +59,7 @@ from daemon.dataplane.wire import (
     WireRequest,
 )
 from daemon.dispatch import DispatchRejected, Outcome, ProxyRequest
+from daemon.http.queue_eta import QueueWatch
 from daemon.models import ModelDirectory
 from daemon.program_dispatch import SCHEDULER_UNAVAILABLE, output_cap
 
@@ -209,6 +211,7 @@ class _Pending:
     # read (the relay's view in its Load frames, docs/architecture.md §9)
     held: bool = True
     since: float = attrs.field(factory=trio.current_time)  # when it was asked (this process's clock)
+    watch: QueueWatch | None = None  # a streaming request's queue position for its SSE comments
 
 
 @attrs.frozen
@@ -298,6 +301,11 @@ class RemoteProgramDispatcher:
         if held is not None and held.number == frame.number:
             del self.passes[key]
             self.counters.passes_revoked_count += 1
+
+    def on_queued(self, frame: Queued) -> None:
+        pending = self._pending.get(frame.lease)
+        if pending is not None and pending.watch is not None and not pending.answered.is_set():
+            pending.watch.tell(frame.position, frame.eta_seconds, trio.current_time())
 
     def on_preempt(self, frame: Preempt) -> None:
         pending = self._pending.get(frame.lease)
@@ -418,12 +426,17 @@ class RemoteProgramDispatcher:
             finally:
                 self._end(number, lease, False)
             return
+        pending.watch = req.queue_watch
         number = self._ask(req, kind, pending)
         granted: RemoteLease | None = None
         refused = False
         try:
             try:
-                await pending.answered.wait()
+                try:
+                    await pending.answered.wait()
+                finally:
+                    if pending.watch is not None:
+                        pending.watch.done()
                 grant = self._granted(pending.reply)
             except DispatchRejected:
                 refused = True
@@ -483,6 +496,9 @@ async def read_scheduler_frames(
             if isinstance(frame, Grant | Refuse):
                 if remote is not None:
                     remote.on_reply(frame)
+            elif isinstance(frame, Queued):
+                if remote is not None:
+                    remote.on_queued(frame)
             elif isinstance(frame, Preempt):
                 if remote is not None:
                     remote.on_preempt(frame)

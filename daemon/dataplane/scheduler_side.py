@@ -58,6 +58,7 @@ from daemon.dataplane.wire import (
     MetricsAsk,
     MetricsText,
     Preempt,
+    Queued,
     Refuse,
     Release,
     Report,
@@ -110,7 +111,10 @@ class _Detached:
         if self.left:
             raise trio.BrokenResourceError("the relay released the lease")
         if isinstance(value, QueuePosition):
-            return  # (never asked for: a relay's submission has no queue updates)
+            # (asked for by a streaming request with SSE keep-alive: its relay writes the comments)
+            if not self.answered:
+                self.conn.send_quiet(Queued(self.number, value.position, value.eta_seconds))
+            return
         self.answered = True
         self.conn.answer(self, value)
 
@@ -252,7 +256,9 @@ class RelayConnection:
                         already_on = self.hub.passed(self, detached.key, frame.pass_number, frame.pass_target)
                         detached.passed_to = frame.pass_target
                 try:
-                    submission = program.detached_submission(req, frame.kind, detached, already_on=already_on)
+                    submission = program.detached_submission(
+                        req, frame.kind, detached, already_on=already_on, queue_updates=frame.request.queue_updates
+                    )
                 except Exception as exc:  # a bug: this request gets a 500, the scheduler keeps running
                     logger.error(
                         "relay lease failed",

@@ -73,6 +73,9 @@ class WireRequest:
     # the client's x-agentd-max-queue-seconds (docs/program-scheduling.md §13): the scheduler
     # refuses at once a request whose queue ETA exceeds it (before session 31 a relay dropped it)
     max_queue_seconds: float | None = None
+    # a streaming request with SSE keep-alive: the scheduler sends its queue position and ETA while
+    # it waits (:class:`Queued`, the ``: queued position=P eta=E`` comments of §13)
+    queue_updates: bool = False
 
     @classmethod
     def of(cls, req: ProxyRequest, max_tokens: int | None) -> WireRequest:
@@ -90,6 +93,7 @@ class WireRequest:
             prio=req.prio,
             max_tokens=max_tokens,
             max_queue_seconds=req.max_queue_seconds,
+            queue_updates=req.queue_watch is not None,
         )
 
     def proxy_request(self) -> ProxyRequest:
@@ -227,6 +231,17 @@ class Refuse:
 
 
 @frozen
+class Queued:
+    """Lease ``lease`` waits in the scheduler's queue at ``position`` in its line, expected to wait
+    ``eta_seconds`` more (the core's ``QueuePosition``, docs/program-scheduling.md §13); sent only for
+    an ask with ``queue_updates``, once when it is queued and then at every tick."""
+
+    lease: int
+    position: int
+    eta_seconds: float
+
+
+@frozen
 class Preempt:
     """The scheduler preempted the batch request's current attempt (docs/batch.md §2)."""
 
@@ -279,6 +294,7 @@ Frame = (
     | MetricsText
     | Grant
     | Refuse
+    | Queued
     | Preempt
     | Revoke
     | Snapshot
@@ -295,6 +311,7 @@ FRAME_TYPES: tuple[type, ...] = (
     MetricsText,
     Grant,
     Refuse,
+    Queued,
     Preempt,
     Revoke,
     Snapshot,

@@ -30,6 +30,7 @@ from daemon.dataplane.scheduler_side import SNAPSHOT_SECONDS, DataPlaneHub, Rela
 from daemon.dataplane.wire import Hello, Load, Snapshot
 from daemon.dispatch import DispatchRejected, NativeDispatcher, ProxyRequest
 from daemon.http.priority import PriorityInfo
+from daemon.http.queue_eta import QueueWatch
 from daemon.http.requests import PromptSize
 from daemon.program_dispatch import ProgramDispatcher
 
@@ -627,3 +628,86 @@ async def test_a_relay_that_breaks_the_protocol_is_cut_off_and_its_leases_releas
             relay_tasks.cancel_scope.cancel()
         assert doc["dispatcher"]["completed_count"] == 0
         assert p.conn.abandoned_on_close_count == 1
+
+
+@attrs.define(eq=False)
+class _RecordingWatch(QueueWatch):
+    """A request's queue watch that records every notice the relay passes on."""
+
+    told: list[tuple[int, float, float]] = attrs.field(factory=list)
+    notice: trio.Event = attrs.field(factory=trio.Event)
+
+    def tell(self, position: int, eta_seconds: float, now: float) -> None:
+        super().tell(position, eta_seconds, now)
+        self.told.append((position, eta_seconds, now))
+        self.notice.set()
+        self.notice = trio.Event()
+
+
+async def _holding_the_rank(p: Plane, nursery: trio.Nursery, release: trio.Event) -> None:
+    """Program ``a`` admitted on the one rank (150 tokens) and held there until ``release``."""
+    admitted = trio.Event()
+
+    async def holder() -> None:
+        async with p.remote.lease(program_request("a", tokens=100)) as lease:
+            admitted.set()
+            await release.wait()
+            lease.finish(ok())
+
+    nursery.start_soon(holder)
+    await admitted.wait()
+
+
+async def test_a_relay_request_that_asked_not_to_queue_is_refused_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``x-agentd-max-queue-seconds: 0`` through a relay (docs/program-scheduling.md §13): the
+    scheduler refuses at once with 429 ``queue_wait_exceeds_bound``, as with one process.  Before
+    session 31 the relay's ask dropped the bound and the request waited in the queue."""
+    async with plane(daemon_config(dp=1, token_capacity_per_dp_rank=150)) as p, trio.open_nursery() as nursery:
+        release = trio.Event()
+        await _holding_the_rank(p, nursery, release)
+        t0 = trio.current_time()
+        req = attrs.evolve(program_request("b", tokens=100), max_queue_seconds=0.0)
+        with pytest.raises(DispatchRejected) as refused:
+            async with p.remote.lease(req):
+                raise AssertionError("admitted although the rank is full")
+        assert trio.current_time() == t0
+        assert refused.value.rejection.reason == "queue_wait_exceeds_bound"
+        assert refused.value.rejection.status_hint == 429
+        assert "x-agentd-max-queue-seconds=0" in refused.value.rejection.message
+        release.set()
+
+
+async def test_a_waiting_relay_request_hears_its_queue_position_for_its_sse_comments(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A streaming request with SSE keep-alive waiting through a relay learns its position and ETA
+    (the ``: queued position=P eta=E`` comments, docs/program-scheduling.md §13) when it is queued
+    and at every tick, and stops waiting at its admission.  Before session 31 a relay's submission
+    asked for no queue notices: its comments were plain ``: keep-alive``."""
+    async with plane(daemon_config(dp=1, token_capacity_per_dp_rank=150)) as p, trio.open_nursery() as nursery:
+        release = trio.Event()
+        await _holding_the_rank(p, nursery, release)
+        watch = _RecordingWatch()
+        admitted = trio.Event()
+
+        async def waiter() -> None:
+            async with p.remote.lease(attrs.evolve(program_request("b", tokens=100), queue_watch=watch)) as lease:
+                assert not watch.waiting and watch.comment() is None
+                admitted.set()
+                lease.finish(ok())
+
+        nursery.start_soon(waiter)
+        with trio.fail_after(30):  # virtual seconds: the ticks are 1 s apart, the force-resume far
+            while len(watch.told) < 3:  # queued, then re-told at the ticks
+                await watch.notice.wait()
+                comment = watch.comment()
+                assert comment is not None and comment.startswith(b": queued position=1 eta=")
+        assert [position for position, _, _ in watch.told] == [1, 1, 1]
+        assert watch.told[-1][2] > watch.told[0][2]  # told again at a later tick
+        assert not admitted.is_set()
+        release.set()
+        await admitted.wait()
+        doc = await _settled(p, lambda d: d["dispatcher"]["completed_count"] == 2)
+        assert doc["dispatcher"]["rejected_count"] == 0 and p.hub.open_leases() == 0
