@@ -137,9 +137,15 @@ class FairnessBook:
         metrics: FairnessMetrics | None = None,
         scheduler_view: Callable[[], Mapping[str, Any]] | None = None,
         clock: Callable[[], float] = trio.current_time,
+        *,
+        label_scheduler_tenants: bool = False,
     ) -> None:
         self.clock = clock
         self.labels = labels
+        # the scheduler process of relay processes (docs/operations.md §13.3): the relays' books see
+        # the requests, this one only the scheduler's accounts, so their tenants take labels here in
+        # the order the scheduler first saw them (else every tenant would read ``other``)
+        self.label_scheduler_tenants = label_scheduler_tenants
         self.metrics = metrics
         self.cells: dict[tuple[str, str], Figures] = {}
         # the core's per-tenant figures (VTC counters...), when Program scheduling reports them
@@ -193,7 +199,11 @@ class FairnessBook:
         their largest)."""
         out: dict[str, dict[str, float]] = {}
         view = {} if self.scheduler_view is None else dict(self.scheduler_view())
-        for tenant, account in sorted(view.get("accounts", {}).items()):
+        accounts = view.get("accounts", {})
+        if self.label_scheduler_tenants:
+            for tenant in accounts:  # the scheduler's first-seen order
+                self.labels.label(tenant)
+        for tenant, account in sorted(accounts.items()):
             label = self.labels.peek(tenant)
             into = out.get(label)
             if into is None:

@@ -424,7 +424,9 @@ async def run_daemon(
                 )
             ps = cfg.program_scheduling
             fairness = FairnessBook(
-                TenantLabels(cfg.tenants.metrics_top_k, cfg.tenants.metrics_tenants), FairnessMetrics(registry)
+                TenantLabels(cfg.tenants.metrics_top_k, cfg.tenants.metrics_tenants),
+                FairnessMetrics(registry),
+                label_scheduler_tenants=relays,
             )
             registry.register(FairnessGaugeCollector(fairness))
             if program is not None:

@@ -75,3 +75,27 @@ def test_book_counts_waits_tokens_and_shares() -> None:
     assert 'agentd_tenant_service_share{tenant="a"} 0.8' in text
     assert 'agentd_tenant_virtual_counter{tenant="other"} 3.0' in text  # the largest of the rest
     assert 'agentd_class_running_requests{class="interactive",tenant="a"} 0.0' in text
+
+
+def test_the_scheduler_process_of_relays_labels_the_tenants_it_schedules() -> None:
+    """With relay processes the requests are tracked in the relays' books, and the scheduler
+    process's book sees only the core's accounts: its tenants are labelled there, in the order the
+    scheduler first saw them, within the same bound.  Before session 31 every tenant's VTC counter
+    read ``tenant="other"`` with relays (the labels were only ever given at a request's arrival)."""
+    accounts = {"b": {"counter": 7.0}, "a": {"counter": 5.0}, "c": {"counter": 9.0}}  # first seen: b, a, c
+    registry = CollectorRegistry()
+    book = FairnessBook(
+        TenantLabels(2),
+        FairnessMetrics(registry),
+        scheduler_view=lambda: {"accounts": accounts},
+        label_scheduler_tenants=True,
+    )
+    registry.register(FairnessGaugeCollector(book))
+    assert book.diagnostics()["scheduler"] == {"a": {"counter": 5.0}, "b": {"counter": 7.0}, OTHER: {"counter": 9.0}}
+    assert book.labels.labels() == ("b", "a")
+    text = generate_latest(registry).decode()
+    for tenant, value in (("a", 5.0), ("b", 7.0), (OTHER, 9.0)):
+        assert f'agentd_tenant_virtual_counter{{tenant="{tenant}"}} {value}' in text
+    # one process: the edge labels tenants at arrival; reading the accounts gives none
+    edge = FairnessBook(TenantLabels(2), scheduler_view=lambda: {"accounts": accounts})
+    assert edge.diagnostics()["scheduler"] == {OTHER: {"counter": 9.0}} and edge.labels.labels() == ()
