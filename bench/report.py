@@ -82,6 +82,15 @@ def parse_metrics(text: str) -> Snapshot:
     return out
 
 
+def _error_message(resp: httpx.Response) -> str | None:
+    """The ``error.message`` of an OpenAI-shaped error body (agentd's 401 says why), else None."""
+    try:
+        message = resp.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return message[:300] if isinstance(message, str) else None
+
+
 async def scrape(client: httpx.AsyncClient, url: str, errors: list[str] | None = None) -> Snapshot | None:
     """One ``/metrics`` scrape; ``None`` (reason appended to ``errors``) when it cannot be read."""
     reason: str
@@ -92,6 +101,9 @@ async def scrape(client: httpx.AsyncClient, url: str, errors: list[str] | None =
     else:
         if resp.status_code != 200:
             reason = f"HTTP {resp.status_code}"
+            message = _error_message(resp)
+            if message:
+                reason += f" ({message})"
         else:
             try:
                 return parse_metrics(resp.text)

@@ -96,6 +96,14 @@ def run(args: argparse.Namespace) -> int:
 
     report = run_interruptible(main)
     write_report(report, args.out)
+    for error in report["metrics_errors"]:  # the report's figures from that URL are missing: say so
+        print(f"agentd replay: warning: could not read {error}", file=sys.stderr)
+        if router and error.startswith(f"{router[0]}: HTTP 40") and not args.router_metrics:
+            print(
+                "agentd replay: an agentd with API keys serves /metrics only to admin keys or on its "
+                "[prometheus] or [admin] listener: pass --router-metrics URL (or --router-metrics none)",
+                file=sys.stderr,
+            )
     requests = report["requests"]
     failure = failure_line("agentd replay", report)
     if failure:  # exit 1 said nothing of why (with --no-progress, or the report on stdout)
