@@ -48,7 +48,7 @@ from daemon.h1client import relay_hub
 from daemon.handles import DaemonHandles
 from daemon.health import HealthBoard, run_health_checks
 from daemon.http.app import create_app
-from daemon.http.edge import Edge
+from daemon.http.edge import Edge, EdgeCollector
 from daemon.http.metrics_route import metrics_asgi_app
 from daemon.http.proxy import OutcomeReports, ProgramRoute, ProxyEngine
 from daemon.http.serve import ServerState
@@ -472,6 +472,7 @@ async def run_daemon(
                 edge=edge,
                 server_state=_server_state(cfg),
             )
+            registry.register(EdgeCollector(edge, lambda: handles.server_state))
             async with trio.open_nursery() as servers:
                 if serve_http:
                     handles = await _serve(servers, cfg, handles, security)

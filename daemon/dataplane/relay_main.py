@@ -45,7 +45,7 @@ from daemon.dataplane.wire import Hello
 from daemon.dispatch import NativeDispatcher
 from daemon.heap import settle_heap
 from daemon.http.app import AsgiSink, canonical_scope, serve_proxy_asgi
-from daemon.http.edge import Edge
+from daemon.http.edge import Edge, EdgeCollector
 from daemon.http.proxy import ProgramRoute, ProxyEngine, send_error
 from daemon.http.requests import ENDPOINTS
 from daemon.http.serve import ServerState, serve_http
@@ -215,17 +215,19 @@ async def run_relay(spec: RelaySpec) -> None:
             await view.first.wait()
         root.start_soon(run_load_reports, link, lambda: native._in_flight, remote)
         app = RelayApp(engine, cfg, edge, auth, spec.scheduler_url)
+        state = ServerState(
+            max_connections=limits.max_connections,
+            client_write_timeout_seconds=limits.client_write_timeout_seconds,
+            retry_after_seconds=limits.retry_after_seconds,
+            connection_ended=listener.connection_closed,
+        )
+        registry.register(EdgeCollector(edge, lambda: state))  # summed over the relays (§13.3)
         async with trio.open_nursery() as servers:
             servers.start_soon(edge.run_drain, shutdown, grace)
             url = await servers.start(
                 partial(
                     serve_http,
-                    state=ServerState(
-                        max_connections=limits.max_connections,
-                        client_write_timeout_seconds=limits.client_write_timeout_seconds,
-                        retry_after_seconds=limits.retry_after_seconds,
-                        connection_ended=listener.connection_closed,
-                    ),
+                    state=state,
                     hard_grace_seconds=grace + DRAIN_ANSWER_SECONDS,
                     listener=listener,
                     http1=cfg.server.http1_implementation,

@@ -20,9 +20,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import attrs
 import trio
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from daemon.config import LimitsConfig
 from daemon.http.errors import ApiError, error_dict
@@ -236,3 +241,59 @@ class _Slot:
 
     async def __aexit__(self, *exc: object) -> None:
         self._edge._release()
+
+
+class EdgeCollector(Collector):
+    """The edge's limits and the listener's connection cap on ``/metrics`` (docs/operations.md
+    §10.3), read at scrape time from :meth:`Edge.statistics` and the listener's ``ServerState``.
+    Every process that serves clients registers one, so with relay processes the refusals of
+    every relay add up on the scheduler's ``/metrics`` (before session 31 they were only in the
+    diagnostics of the process that refused, and a relay's diagnostics are not served)."""
+
+    def __init__(self, edge: Edge, state: Callable[[], Any] | None = None) -> None:
+        self._edge = edge
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._edge.statistics()
+        yield GaugeMetricFamily(
+            "agentd_edge_in_flight_requests",
+            "Agent-facing requests holding an edge slot (limits.max_in_flight_requests).",
+            value=s.in_flight,
+        )
+        yield GaugeMetricFamily(
+            "agentd_edge_queued_requests",
+            "Requests waiting in the edge queue for a slot (limits.max_queued_requests).",
+            value=s.queued,
+        )
+        yield CounterMetricFamily(
+            "agentd_edge_admitted_requests", "Requests that got an edge slot.", value=s.admitted_count
+        )
+        refused = CounterMetricFamily(
+            "agentd_edge_refused_requests",
+            "Requests the edge refused, by reason: queue_full (429 too_many_requests), queue_timeout "
+            "(503 queue_timeout), draining (503 server_shutting_down).",
+            labels=["reason"],
+        )
+        refused.add_metric(["queue_full"], s.refused_queue_full_count)
+        refused.add_metric(["queue_timeout"], s.refused_queue_timeout_count)
+        refused.add_metric(["draining"], s.refused_draining_count)
+        yield refused
+        yield CounterMetricFamily(
+            "agentd_edge_drained_requests",
+            "Requests cut at the drain's deadline (request_drained).",
+            value=s.drained_count,
+        )
+        state = None if self._state is None else self._state()
+        if state is not None:
+            yield GaugeMetricFamily("agentd_connections_open", "Open client connections.", value=state.open_connections)
+            yield CounterMetricFamily(
+                "agentd_connections_rejected",
+                "Connections refused over limits.max_connections (503 too_many_connections).",
+                value=state.rejected_connections,
+            )
+            yield CounterMetricFamily(
+                "agentd_connections_write_timeouts",
+                "Connections closed after a write blocked for limits.client_write_timeout_seconds.",
+                value=state.write_timeouts,
+            )
