@@ -96,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
 
     report = run_interruptible(main)
     write_report(report, args.out)
-    for error in report["metrics_errors"]:  # the report's figures from that URL are missing: say so
+    # the report's figures from a /metrics URL it could not read are missing: say so (unless no
+    # request got through either: the failure line below says why)
+    for error in report["metrics_errors"] if report["requests"]["completed"] else ():
         print(f"agentd replay: warning: could not read {error}", file=sys.stderr)
         if router and error.startswith(f"{router[0]}: HTTP 40") and not args.router_metrics:
             print(
