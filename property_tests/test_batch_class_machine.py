@@ -17,6 +17,9 @@ observations, in virtual time.  After every step it checks:
 * starvation bound: with no Program waiting and a rank whose budget fits the oldest request,
   it does not stay queued (work conservation covers it); with Programs waiting, the escape
   dispatches the oldest request once it waited ``max_wait_seconds`` and a budget fits it;
+* the batch's own decode speed: a rank that received batch work in a step and runs more than one
+  batch request has a decode step (the seed's cost model, Programs and batch) within
+  ``RANK_STEP_RATIO`` times the fastest other rank's;
 * engine-queue gate: while a rank's observation is fresh, a batch request goes there only while
   the engine requests it saw waiting plus the batch requests sent there since and not ended
   (counted here, from the events and effects) stay below ``engine_queue_requests``, or to an idle
@@ -32,7 +35,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from actors.core import invariants
-from actors.core.batch_class import JobPredictor, decode_growth_tokens, dispatch_offers, taken_pick, waiting_homes
+from actors.core.batch_class import (
+    RANK_STEP_RATIO,
+    JobPredictor,
+    decode_growth_tokens,
+    dispatch_offers,
+    taken_pick,
+    waiting_homes,
+)
 from actors.core.config import BackendTarget, BatchJobsConfig, ProgramSchedulingConfig
 from actors.core.costs import decode_step_seconds
 from actors.core.effects import AdmitBatch, PreemptBatch, Reject
@@ -155,8 +165,21 @@ class BatchMachine(RuleBasedStateMachine):
                 alone_step = decode_step_seconds(n, ctx, model)
                 shared = decode_step_seconds(n + rank.batch_requests, ctx + rank.batch_tokens, model)
                 assert shared <= (1 + self.bcfg.max_decode_slowdown) * alone_step + 1e-12, "Programs slowed too much"
+            if rank.batch_requests > 1:
+                # the batch's own decode speed: its step stays within RANK_STEP_RATIO times the
+                # fastest other rank's (docs/batch.md §2.3); the other ranks only gained work since
+                steps = {t: self._decode_step(r) for t, r in self.state.ranks.items()}
+                others = [v for t, v in steps.items() if t != tid]
+                if others:
+                    assert steps[tid] <= RANK_STEP_RATIO * min(others) + 1e-12, f"{tid}: steps {steps}"
         self._check_after_step()
         return result.effects
+
+    def _decode_step(self, rank: Any) -> float:
+        """The seed's decode step of a rank's active Programs and running batch requests."""
+        n = len(rank.active) + rank.batch_requests
+        ctx = sum(a.estimated_context_tokens for a in rank.active.values()) + rank.batch_tokens
+        return decode_step_seconds(n, ctx, self.cfg.decode_throughput_model)
 
     def _check_engine_queue_gate(self, target: object, request_id: object) -> None:
         rank = self.state.ranks[target]  # type: ignore[index]

@@ -351,6 +351,48 @@ def decode_room(s: SchedulerState, rank: RankState, extra_tokens: float) -> bool
     return shared <= (1.0 + b.cfg.max_decode_slowdown) * alone
 
 
+# a batch request is not added to a rank whose decode step would then be more than this many
+# times the fastest other rank's (docs/batch.md §2.3, docs/benchmarks.md §6.6)
+RANK_STEP_RATIO = 3.0
+
+
+def rank_decode_step(s: SchedulerState, rank: RankState, extra_tokens: float | None = None) -> float:
+    """The seed's decode-step time of what runs on ``rank``: its active Programs and running batch
+    requests (their charged tokens as context), plus one more batch request of ``extra_tokens``."""
+    n = rank.batch_requests
+    ctx = rank.batch_tokens
+    for a in rank.active.values():
+        n += 1
+        ctx += a.estimated_context_tokens
+    if extra_tokens is not None:
+        n += 1
+        ctx += extra_tokens
+    return decode_step_seconds(n, ctx, s.cfg.decode_throughput_model)
+
+
+def step_balance_allows(s: SchedulerState, rank: RankState, pool: str, extra_tokens: float) -> bool:
+    """May one more batch request of ``extra_tokens`` go to ``rank`` as far as the batch's own decode
+    speed goes (docs/batch.md §2.3)?  Yes while the rank's decode step with it stays within
+    ``RANK_STEP_RATIO`` times the fastest decode step among the pool's other ranks, and always when
+    the rank runs no batch request (one batch request per rank always runs).
+
+    Every request on a rank decodes one token per step of that rank, so a request sent where steps
+    are several times longer than elsewhere ends several times later.  Without this bound a rank
+    left without Programs beside ranks whose batch the decode bound holds back took the whole
+    backlog's long decodes and ran them alone at the end (docs/benchmarks.md §6.6)."""
+    if not rank.batch_requests:
+        return True
+    fastest: float | None = None
+    for tid in s.pools.get(pool, ()):
+        other = s.ranks[tid]
+        if other is rank:
+            continue
+        step = rank_decode_step(s, other)
+        if fastest is None or step < fastest:
+            fastest = step
+    return fastest is None or rank_decode_step(s, rank, extra_tokens) <= RANK_STEP_RATIO * fastest
+
+
 def engine_queue_blocks(s: SchedulerState, rank: RankState) -> bool:
     """The rank's fresh observation shows at least ``admission_waiting_request_threshold`` waiting
     engine requests (the waiting gate of Program admission, docs/program-scheduling.md §3)."""
@@ -562,6 +604,8 @@ def taken_pick(
         return None  # the batch class's caps on this rank (docs/priority.md §2)
     if not decode_room(s, rank, need):
         return None  # the Programs there would slow down more than allowed
+    if not step_balance_allows(s, rank, p.model_pool, need):
+        return None  # its steps would be far slower than another rank's: it waits for a faster one
     return p, pred, need
 
 

@@ -6,11 +6,13 @@ from core_support import POOL, Harness, of, targets, tid
 
 from actors.core import effects as fx
 from actors.core.batch_class import (
+    RANK_STEP_RATIO,
     batch_diagnostics,
     decode_growth_tokens,
     engine_queue_full,
     peak_growth_tokens,
     rank_budget_tokens,
+    rank_decode_step,
 )
 from actors.core.config import BatchJobsConfig
 from actors.core.events import ObservationReceived, ObservationStarted, TargetsChanged
@@ -428,3 +430,57 @@ def test_the_engine_queue_gate_forgets_requests_that_ended_since_the_observation
     assert admitted_ids(h.complete("b17", at=2.2, completion=10)) == ["b19"]
     assert h.rank(0).batch_dispatched_since_observation == 2  # b18 and b19
     assert check(h.state, h.cfg) == []
+
+
+def _held_back_rank_beside_a_free_one() -> Harness:
+    """Two ranks of 100,000 tokens (KV is not the limit); rank 1's fresh observation shows 48
+    requests waiting in its engine, so the engine-queue gate keeps batch off it but for the one
+    request an idle rank always takes, and rank 0 takes the rest of the backlog: 60 requests of
+    10 + 128 = 138 tokens."""
+    h = harness(n_targets=2, token_capacity_per_dp_rank=100_000)
+    h.observe(1, 0.0, 0, 48, at=0.0)
+    for i in range(60):
+        h.submit_batch(f"b{i}", tokens=10, at=0.0)
+    return h
+
+
+def test_a_rank_whose_decode_steps_would_be_far_slower_than_another_ranks_takes_no_more_batch() -> None:
+    """docs/batch.md §2.3: a rank takes a batch request only while its decode step with it stays
+    within RANK_STEP_RATIO (3) times the fastest other rank's.  Rank 1 runs one request of 138
+    tokens: a step of 10.635 + 0.419 + 0.020 = 11.074 ms.  Rank 0's step with n such requests is
+    10.635 + 0.4389 n ms, within 3 x 11.074 = 33.223 ms up to n = 51 (before the bound it took
+    all 59, its KV budget allowing them)."""
+    h = _held_back_rank_beside_a_free_one()
+    assert (h.rank(0).batch_requests, h.rank(1).batch_requests) == (51, 1)
+    assert rank_decode_step(h.state, h.rank(0)) <= RANK_STEP_RATIO * rank_decode_step(h.state, h.rank(1))
+    assert rank_decode_step(h.state, h.rank(0), 138.0) > RANK_STEP_RATIO * rank_decode_step(h.state, h.rank(1))
+    assert rank_budget_tokens(h.state, h.rank(0)) > 8 * 138  # KV would have taken the rest
+    assert len(h.state.batch.pending) == 8  # type: ignore[union-attr]
+    # rank 1's engine queue drains: it takes the 8 that waited in the router
+    assert admitted_ids(h.observe(1, 0.0, 1, 0, at=1.0, epoch=2)) == [f"b{i}" for i in range(52, 60)]
+    assert (h.rank(0).batch_requests, h.rank(1).batch_requests) == (51, 9)
+    assert check(h.state, h.cfg) == []
+
+
+def test_the_step_bound_takes_one_more_request_when_one_on_the_slow_rank_ends() -> None:
+    h = _held_back_rank_beside_a_free_one()
+    assert admitted_ids(h.complete("b0", at=2.5, completion=20, finish_reason="stop")) == ["b52"]
+    assert (h.rank(0).batch_requests, len(h.state.batch.pending)) == (51, 7)  # type: ignore[union-attr]
+
+
+def test_a_rank_running_no_batch_takes_one_request_whatever_the_other_ranks_steps() -> None:
+    """One batch request per rank always runs: a request whose context alone makes the step more
+    than three times the other rank's still goes to a rank that runs no batch work."""
+    h = harness(n_targets=2, token_capacity_per_dp_rank=1_000_000)
+    # 400,000 tokens of context: 10.635 + 0.419 + 56.818 ms against rank 1's 10.635 ms
+    (adm,) = of(h.submit_batch("huge", tokens=400_000, at=0.0), fx.AdmitBatch)
+    assert adm.target_id == tid(0)
+    assert rank_decode_step(h.state, h.rank(0)) > RANK_STEP_RATIO * rank_decode_step(h.state, h.rank(1))
+    assert check(h.state, h.cfg) == []
+
+
+def test_one_rank_alone_has_no_other_rank_to_compare_its_steps_with() -> None:
+    h = harness(token_capacity_per_dp_rank=100_000)
+    for i in range(60):
+        h.submit_batch(f"b{i}", tokens=10, at=0.0)
+    assert h.rank(0).batch_requests == 60
