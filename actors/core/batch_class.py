@@ -39,6 +39,10 @@ the Programs leave free, on the same per-rank ledger:
   (:func:`decode_room`; one batch request per rank always runs), and not at all while the rank's
   engine queues at least ``admission_waiting_request_threshold`` requests (the Programs' waiting
   gate, which batch must never hold shut).
+* **No rank's steps far slower than another's**: a batch request goes to a rank only while its
+  decode step with it stays within ``RANK_STEP_RATIO`` times the fastest other rank's
+  (:func:`step_balance_allows`; a rank running no batch request always takes one): a request
+  decodes one token per step of its rank, so one sent where steps are much longer ends much later.
 * **Engine-queue gate**: on any rank, no batch request is dispatched while the engine requests a
   fresh observation saw waiting plus the batch requests dispatched there since that observation
   reach ``engine_queue_requests`` (:func:`engine_queue_full`): queued requests hold no KV, so the
