@@ -170,6 +170,7 @@ def refresh_program(s: SchedulerState, p: Program, ev: RequestSubmitted, est: in
     ident = ev.identity
     s.lineage.observe(ev.model_pool, ident.program_id, ident.parent_program_id, ident.root_program_id)
     _refresh_metadata(p, ident, existed)
+    s.attained.join(p.ref.key, p.placement_key)  # its task's attained service (the las order, §5.1)
     if p.tenant != ev.tenant:  # the rent of what it holds so far stays with the previous tenant
         settle_program(s, p, 0.0)
         p.tenant = ev.tenant

@@ -91,6 +91,7 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     if found is None:
         return
     d, p = found
+    s.attained.add(d.ref.key, s.now - d.dispatched_at)  # the las resume order (§5.1)
     on_completion(s, p, d, ev)  # where the Program's time went (docs/program-scheduling.md §14)
     out = fairness.output_tokens(ev.usage.completion_tokens, d.reserved_output_tokens, ev.success)
     fairness.charge(s.fair, s.prio, d.tenant, output_tokens=out)  # docs/priority.md §3

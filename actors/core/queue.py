@@ -12,6 +12,7 @@ of :func:`resume_key` (smaller resumes first)::
     (forced tier, request class rank, -front priority, tenant counter, yielded, ordinary...)
     ordinary FCFS: (queued_at, program_id, model_pool)
     ordinary MRU:  (never finished, -last_request_finished_at, queued_at, program_id, model_pool)
+    ordinary LAS:  (attained service of the Program's task, then as MRU)
 
 Extension points for the request classes planned next (batch jobs, priority classes with
 fairness) — both slot in without changing the pool:
@@ -139,15 +140,24 @@ ORDINARY_KEYS: dict[str, Callable[[Program], tuple[object, ...]]] = {"fcfs": fcf
 
 
 def resume_key(
-    p: Program, front: PendingRequest | None, now: float, resume_order: str, tenant_counter: float = 0.0
+    p: Program,
+    front: PendingRequest | None,
+    now: float,
+    resume_order: str,
+    tenant_counter: float = 0.0,
+    attained: float = 0.0,
 ) -> tuple[object, ...]:
     """Explicit total order of resume candidates (smaller first), see the module docstring.
 
     ``tenant_counter`` is the virtual token counter of the front request's tenant
     (docs/priority.md §3): among equal class and priority, the least-served tenant goes first.
+    ``attained`` is the service the Program's task attained so far (``las`` only,
+    docs/program-scheduling.md §5.1).
     """
     forced = p.force_resume_deadline is not None and p.force_resume_deadline <= now
     priority = front.hints.priority if front is not None else 0
     klass = CLASS_RANK.get(front.request_class, 0) if front is not None else 0
     yielded = 1 if p.last_pause_reason == MAX_SEGMENT_YIELD else 0
+    if resume_order == "las":
+        return (0 if forced else 1, klass, -priority, tenant_counter, yielded, attained, *mru_key(p))
     return (0 if forced else 1, klass, -priority, tenant_counter, yielded, *ORDINARY_KEYS[resume_order](p))

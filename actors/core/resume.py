@@ -101,6 +101,7 @@ def ordered(s: SchedulerState, refs: Iterable[ProgramRef], *, cross_rank: bool =
         return out
     now, order = s.now, "fcfs" if cross_rank else s.cfg.resume_order
     counters: dict[str, float] = {}
+    attained = s.attained if order == "las" else None
 
     def key(p: Program) -> tuple[object, ...]:
         front = s.pool.front(p.ref)
@@ -109,7 +110,10 @@ def ordered(s: SchedulerState, refs: Iterable[ProgramRef], *, cross_rank: bool =
             c = counters.get(front.tenant, -1.0)
             if c < 0:
                 c = counters[front.tenant] = fairness.counter(s.fair, s.prio, front.tenant, now)
-        return resume_key(p, front, now, order, c)
+        if attained is None:
+            return resume_key(p, front, now, order, c)
+        served = attained.of(p.ref.key)
+        return resume_key(p, front, now, order, c, served)
 
     out.sort(key=key)
     return out

@@ -110,6 +110,7 @@ def prune_released_generations(s: SchedulerState) -> None:
         s.last_generations.pop(key, None)
         s.lineage.forget(key.model_pool, key.program_id)
         s.times.forget(key)
+        s.attained.forget(key)
 
 
 def cancel_request(s: SchedulerState, rid: RequestId) -> None:

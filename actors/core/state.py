@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import cast
 
+from actors.core.attained import AttainedService
 from actors.core.attribution import TimeBook
 from actors.core.batch_state import BatchState
 from actors.core.config import DEFAULT_PRIORITY, BatchJobsConfig, PriorityConfig, ProgramSchedulingConfig
@@ -79,6 +80,8 @@ class SchedulerState:
         self.forced_admissions = 0
         # where each Program's time goes (docs/program-scheduling.md §14)
         self.times = TimeBook()
+        # service each task attained so far: the ``las`` resume order (docs/program-scheduling.md §5.1)
+        self.attained = AttainedService()
         # drain windows, first ETAs and recent errors of the queue ETA (docs/program-scheduling.md §13)
         self.eta = EtaBook()
         # the light-tenant isolation view of the admission pass in progress (fairness_isolation)
