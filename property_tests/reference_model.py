@@ -8,7 +8,8 @@ that it shares no code (and no cleverness) with ``actors.core.queue.resume_key``
 2. then the larger priority of the FRONT request;
 3. then a Program paused by max_segment_yield goes behind the others;
 4. then FCFS (earlier ``queued_at``, then smaller program id) or MRU (a Program that finished
-   a request before goes first, the most recent finish first, then FCFS).
+   a request before goes first, the most recent finish first, then FCFS), or LAS (the smaller
+   service its task attained so far first, then as MRU).
 
 ``count_only_admissions`` is the naive admission of one rank without token capacity: walk the
 waiters in that order; a forced waiter always enters, any other one only while the rank has a
@@ -30,6 +31,7 @@ class Waiter:
     yielded: bool
     queued_at: float | None
     last_finished_at: float | None
+    attained: float = 0.0  # the service its task attained (``las`` only)
 
 
 def _forced(w: Waiter, now: float) -> bool:
@@ -62,7 +64,9 @@ def resumes_before(a: Waiter, b: Waiter, now: float, resume_order: str) -> bool:
         return True
     if a.yielded and not b.yielded:
         return False
-    if resume_order == "mru":
+    if resume_order == "las" and a.attained != b.attained:
+        return a.attained < b.attained
+    if resume_order in ("mru", "las"):
         if a.last_finished_at is not None and b.last_finished_at is None:
             return True
         if a.last_finished_at is None and b.last_finished_at is not None:

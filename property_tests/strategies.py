@@ -31,7 +31,7 @@ def scheduling_configs(draw: st.DrawFn) -> ProgramSchedulingConfig:
     return ProgramSchedulingConfig(
         binding_only=draw(st.integers(min_value=0, max_value=9)) == 0,
         global_queue=draw(st.booleans()),
-        resume_order=draw(st.sampled_from(["mru", "fcfs"])),
+        resume_order=draw(st.sampled_from(["mru", "fcfs", "las"])),
         cross_rank_headroom_ratio=draw(st.sampled_from([1.0, 1.2])),
         cross_rank_move_cost=draw(st.sampled_from(list(MOVE_COSTS))),
         binding_strategy=draw(st.sampled_from(strategies)),

@@ -1,7 +1,8 @@
 """The core's resume order against the naive reference model, on random waiting sets.
 
 Scenario (one rank, Program-count guard only): ``K`` blocker Programs fill the rank; some
-waiters first ran one request each (so MRU has finish times to order by); then every waiter
+waiters first ran one request each, of a random service time (so MRU has finish times and LAS
+attained service, summed per task, to order by); then every waiter
 queues with a random front priority, at random times; some carry a zero deadline hint and
 are force-resumed at once. Completing the blockers one at a time frees one slot each, and the
 order in which the core admits the waiters must be exactly the naive model's order.
@@ -53,6 +54,7 @@ waiter_specs = st.lists(
         st.integers(min_value=-2, max_value=2),  # front priority
         st.sampled_from([None, None, None, 0.0]),  # deadline hint (0: forced at arrival)
         st.sampled_from([0.0, 0.0, 1.0, 2.5]),  # time before queueing
+        st.sampled_from([0.5, 1.0, 2.0, 3.5]),  # service time of the request run before queueing
     ),
     min_size=1,
     max_size=8,
@@ -61,12 +63,12 @@ waiter_specs = st.lists(
 
 @given(
     st.integers(min_value=1, max_value=3),
-    st.sampled_from(["mru", "fcfs"]),
+    st.sampled_from(["mru", "fcfs", "las"]),
     waiter_specs,
     st.permutations(range(8)),
 )
 def test_admission_order_matches_the_naive_model(
-    k: int, resume_order: str, specs: list[tuple[bool, int, float | None, float]], prelude_order: list[int]
+    k: int, resume_order: str, specs: list[tuple[bool, int, float | None, float, float]], prelude_order: list[int]
 ) -> None:
     cfg = ProgramSchedulingConfig(
         max_active_programs_per_target=k,
@@ -81,13 +83,16 @@ def test_admission_order_matches_the_naive_model(
     first = 10  # Program indexes >= 10 are waiters, 100+ are blockers
     # Prelude: waiters that ran before finish one request each (alone on the rank, in a random order).
     finished: dict[int, float] = {}
+    attained: dict[str, float] = {}  # placement key (the task) -> service seconds of its Programs
     for i in prelude_order:
         if i < len(specs) and specs[i][0]:
             d.now += 1.0
             rid = d.submit(first + i)
-            d.now += 0.5
+            d.now += specs[i][4]
             d.run(RequestCompleted(rid, True))
             finished[first + i] = d.now
+            task = parse_program_request(first + i, {}).identity.placement_key
+            attained[task] = attained.get(task, 0.0) + specs[i][4]
     assert d.state.ranks[d.target.target_id].active == {}  # TTL 0 before the windows mature
     d.admitted.clear()
     # Blockers fill the rank.
@@ -99,7 +104,7 @@ def test_admission_order_matches_the_naive_model(
     # (zero-deadline waiters are forced in at once, bypassing the full rank).
     waiters: list[Waiter] = []
     forced: list[Waiter] = []
-    for i, (_ran, priority, deadline, gap) in enumerate(specs):
+    for i, (_ran, priority, deadline, gap, _service) in enumerate(specs):
         d.now += gap
         ident = parse_program_request(first + i, {}).identity
         pid = ident.program_id
@@ -116,6 +121,7 @@ def test_admission_order_matches_the_naive_model(
             # A blocking subagent's request (expected_resume false by default) ended its Program
             # at completion: it comes back as a new generation that never finished a request.
             finished.get(first + i) if ident.expected_resume else None,
+            attained.get(ident.placement_key, 0.0),
         )
         queue = [x for x in waiters if x not in forced] + [w]
         entered = count_only_admissions(queue, k + len(forced), k, False, d.now, resume_order)

@@ -30,6 +30,10 @@ targets disappear and come back. After every rule the machine checks, against th
 * time accounts (docs/program-scheduling.md §14): each Program's parts are >= 0 and, with its
   unsplit serving time, sum to its accounted wall time; a live Program's phase matches its
   in-flight and waiting counts; the ``TimeAttributed`` effects sum to the totals;
+* attained service (the ``las`` order, docs/program-scheduling.md §5.1): a completion the core
+  accepts adds exactly its dispatch-to-completion time to its task; every live Program belongs to
+  a task, every remembered key is live or in the released history (bounded memory), and the
+  member counts match;
 * determinism: at teardown the recorded events are replayed into a fresh state and must
   produce identical effects.
 """
@@ -158,6 +162,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                     p.last_pause_reason == MAX_SEGMENT_YIELD,
                     p.queued_at,
                     p.last_request_finished_at,
+                    s.attained.of(p.ref.key),
                 )
         return out
 
@@ -166,6 +171,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         pre_last_target = {p.ref: p.last_target for p in self.state.programs.values()}
         pre_queued_at = {p.ref: p.queued_at for p in self.state.programs.values()}
         pre_pause_reason = {p.ref: p.last_pause_reason for p in self.state.programs.values()}
+        served = self._served_before(event)
         effects = step(self.state, event, now=self.now, cfg=self.cfg).effects
         self.log.append((event, self.now))
         self.effect_log.append(effects)
@@ -175,10 +181,33 @@ class SchedulerMachine(RuleBasedStateMachine):
                     self.attributed[part] += getattr(e, f"{part}_seconds")
         shown = [_brief(e) for e in effects if not isinstance(e, (ArmTimer, CancelTimer))]
         note(f"t={self.now}: {_brief(event)} -> {shown}")
+        self._check_served(event, effects, served)
         self._absorb(event, effects)
         self._check_step(event, effects, pre_waiters, pre_last_target, pre_queued_at, pre_pause_reason)
         self._track_growth()
         return effects
+
+    def _served_before(self, event: object) -> tuple[Any, float, float] | None:
+        """(task, its attained seconds, dispatch time) before a completion of a live dispatch."""
+        if not isinstance(event, (RequestCompleted, RequestAbandoned)):
+            return None
+        d = self.state.in_flight.get(event.request_id)
+        if d is None:
+            return None
+        task = self.state.attained.task_of.get(d.ref.key)
+        assert task is not None, f"{d.ref} has a request in flight but no task"
+        return task, self.state.attained.seconds[task], d.dispatched_at
+
+    def _check_served(
+        self, event: object, effects: tuple[object, ...], served: tuple[Any, float, float] | None
+    ) -> None:
+        if served is None or any(isinstance(e, CompletionIgnored) for e in effects):
+            return
+        task, before, dispatched_at = served
+        after = self.state.attained.seconds.get(task)
+        if after is None:  # only the tick prunes histories
+            raise AssertionError(f"{task} forgotten by a completion")
+        assert abs(after - before - max(0.0, self.now - dispatched_at)) <= EPS, (task, before, after, dispatched_at)
 
     def _absorb(self, event: object, effects: tuple[object, ...]) -> None:
         for e in effects:
@@ -364,7 +393,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         if isinstance(event, (RequestSubmitted, RequestAbandoned, RequestCompleted)):
             rid = event.request_id
             skip = {ref for ref in pre if ref.program_id == self.program_of.get(rid)}
-        views = {ref: w for ref, w in pre.items() if ref not in skip}
+        # the pass saw the attained service after this step's completion was counted (it only grows)
+        views = {ref: attrs.evolve(w, attained=s.attained.of(ref.key)) for ref, w in pre.items() if ref not in skip}
         batch_gain = any(e.batch_gain for e in admitted)
         local = [e for e in admitted if e.program in views and e.program not in cross]
         if not batch_gain:
@@ -631,6 +661,19 @@ class SchedulerMachine(RuleBasedStateMachine):
                 f"{p.ref} waits {self.now - p.force_resume_deadline:.1f} s past its force-resume deadline "
                 f"on {p.last_target}"
             )
+
+    @invariant()
+    def attained_service_bookkeeping(self) -> None:
+        a = self.state.attained
+        for key in self.state.programs:
+            assert key in a.task_of, f"live {key} belongs to no task"
+        for key in a.task_of:
+            assert key in self.state.programs or key in self.state.released_at, f"{key} remembered past its history"
+        counts: dict[Any, int] = {}
+        for task in a.task_of.values():
+            counts[task] = counts.get(task, 0) + 1
+        assert counts == a.members and set(a.seconds) == set(counts), (counts, a.members, a.seconds)
+        assert all(v >= 0.0 for v in a.seconds.values())
 
     @invariant()
     def statistics_windows_bounded(self) -> None:
