@@ -1,6 +1,6 @@
 """Queue ETA accuracy in virtual time (docs/program-scheduling.md §13, docs/benchmarks.md §9.5).
 
-``python -m bench.eta_bench [--points thrash,tools,...] [--seeds 1,2,3] [--resume-order mru|fcfs] [--out DIR]
+``python -m bench.eta_bench [--points thrash,tools,...] [--seeds 1,2,3] [--resume-order mru|fcfs|las] [--out DIR]
 [--explain]``
 
 Runs ``agentd`` (the bench's Program scheduling configuration, bench.calibrate.config_for) on each
@@ -27,6 +27,7 @@ from typing import Any
 import attrs
 
 import actors.scheduler_actor as scheduler_actor
+from actors.core.config import RESUME_ORDERS
 from actors.core.effects import Admit, QueueEtaTold
 from actors.core.eta import relative_error
 from actors.core.eta_queue import program_eta, tell_all
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.eta_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--points", default="thrash", help=f"comma-separated, of {', '.join(POINTS)}")
     parser.add_argument("--seeds", default=None, help="comma-separated trace seeds (default: each point's own)")
-    parser.add_argument("--resume-order", default="mru", choices=("mru", "fcfs"))
+    parser.add_argument("--resume-order", default="mru", choices=RESUME_ORDERS)
     parser.add_argument("--out", default=None, help="directory for the reports (JSON)")
     parser.add_argument("--explain", action="store_true", help="print each admitted queued request's ETA and wait")
     parser.add_argument("--cost", action="store_true", help="measure the ETA's CPU on a loaded state and exit")

@@ -20,8 +20,10 @@ For every point (a trace and a cluster, docs/benchmarks.md §9) the same trace r
   ``agentd-no-release`` (a decision to hold nothing falls back to the fit);
   ``agentd-move-resident`` (``cross_rank_move_cost = "resident"``: the cross-rank patience priced
   at the part of the context the previous rank probably still caches, docs/program-scheduling.md
-  §12.1).  ``--ps-config-json '{...}'`` merges Program scheduling fields into every agentd row
-  (a field under test, before it gets a row of its own).
+  §12.1); ``agentd-las`` (``resume_order = "las"``: the waiting Program whose task attained the
+  least service so far resumes first, docs/program-scheduling.md §5.1).  ``--ps-config-json
+  '{...}'`` merges Program scheduling fields into every agentd row (a field under test, before it
+  gets a row of its own).
 
 The per-tool tables (agentd and agentd-no-tool-ttl) show the diagnostics of
 docs/program-scheduling.md §12: decisions against the fitted TTL, how Programs came back, and what
@@ -115,6 +117,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 # rows that change a Program scheduling field instead of a tool_retention one
 PS_ABLATIONS: dict[str, dict[str, Any]] = {
     "agentd-move-resident": {"cross_rank_move_cost": "resident"},
+    "agentd-las": {"resume_order": "las"},
 }
 SYSTEMS = ("native", "floor", *ABLATIONS, *PS_ABLATIONS, "agentd-floor")
 
