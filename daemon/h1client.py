@@ -19,7 +19,10 @@ Scope (the workers are vLLM-compatible OpenAI servers on plain HTTP/1.1):
   said;
 * idle connections expire after ``keepalive_expiry`` seconds (keep it below the workers' own idle
   timeout: uvicorn, vLLM's server, closes idle connections after 5 s) and are dropped when the
-  server has closed them (readable while idle);
+  server has closed them.  While :meth:`H1Pool.run_reaper` runs (a task of the nursery that owns
+  the pool), both happen without a request: the reaper closes each idle connection at its expiry
+  and drops one the server closed or reset as soon as the FIN or RST arrives
+  (docs/operations.md §11.2); taking a connection from the pool checks both again;
 * timeouts (``request.extensions["timeout"]``): ``connect``, ``write``, ``first_byte`` (a deadline
   for the whole response head; ``read`` when absent) and ``read`` (the longest silence between two
   reads of the body: the stream-idle timeout);
@@ -317,11 +320,12 @@ class StaleConnection(Exception):
 
 
 class _Connection:
-    __slots__ = ("stream", "key", "buf", "idle_since", "reused")
+    __slots__ = ("stream", "key", "fd", "buf", "idle_since", "reused")
 
     def __init__(self, stream: trio.SocketStream, key: tuple[str, int]) -> None:
         self.stream = stream
         self.key = key
+        self.fd = stream.socket.fileno()
         self.buf = b""  # bytes read past the response head
         self.idle_since = 0.0
         self.reused = False  # it served a response before this request
@@ -729,11 +733,19 @@ class H1Pool:
     def __init__(self, max_keepalive_connections: int | None, keepalive_expiry: float | None) -> None:
         self._max_idle = max_keepalive_connections if max_keepalive_connections is not None else 1 << 30
         self._expiry = keepalive_expiry
+        # per key, oldest first: a connection's idle_since is the time of its release (LIFO reuse)
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
         self._idle_count = 0
         self._closed = False
         self.stale_retries_count = 0  # requests sent again after the idle-close race
         self.open_connections = 0  # connections currently open (idle or busy)
+        # the reaper (run_reaper): its wait, whose deadline is the oldest idle connection's expiry
+        # (math.inf: none idle), and its epoll set of every open connection's socket, by fd
+        self._reaper: trio.CancelScope | None = None
+        self._hangups: select.epoll | None = None
+        self._by_fd: dict[int, _Connection] = {}
+        self.reaped_count = 0  # idle connections the reaper closed: expired, or closed by the server
+        self.reaper_wakeups = 0  # (tests: it wakes at expiries and hang-ups only)
 
     def idle_connections(self) -> int:
         return self._idle_count
@@ -747,17 +759,100 @@ class H1Pool:
         self._idle_count = 0
 
     def _drop(self, conn: _Connection) -> None:
+        self._forget(conn)
         conn.stream.socket.close()
         self.open_connections -= 1
+
+    def _forget(self, conn: _Connection) -> None:
+        if self._by_fd:
+            fd = conn.fd
+            if self._by_fd.get(fd) is conn:
+                del self._by_fd[fd]  # closing the socket takes it out of the epoll set
 
     def release(self, conn: _Connection) -> None:
         if self._closed or self._idle_count >= self._max_idle:
             self._drop(conn)
             return
         conn.reused = True
-        conn.idle_since = trio.current_time()
+        conn.idle_since = now = trio.current_time()
         self._idle.setdefault(conn.key, []).append(conn)
+        reaper = self._reaper
+        if not self._idle_count and reaper is not None and reaper.deadline == math.inf and self._expiry is not None:
+            # the only idle connection and the reaper asleep: it wakes at this one's expiry (armed
+            # earlier, it wakes then and looks again: at most one early wake-up per expiry)
+            reaper.deadline = now + self._expiry
         self._idle_count += 1
+
+    async def run_reaper(self) -> None:
+        """Close idle connections without waiting for the next request (until cancelled; run it in
+        the nursery that owns the pool, docs/operations.md §11.2).
+
+        Each idle connection is closed at ``keepalive_expiry`` after its release: the reaper sleeps
+        until the oldest one's expiry (no wake-up while none is idle).  A connection the server
+        closes or resets while idle is dropped when the FIN or RST arrives, not left half-closed
+        (CLOSE-WAIT) until its expiry: the reaper's epoll set holds every open connection's socket,
+        registered once at connect for the peer's hang-up only (``EPOLLRDHUP``, edge-triggered), so
+        response bytes never wake it and taking or returning a connection costs nothing more.
+        """
+        if self._reaper is not None:
+            raise RuntimeError("the pool's reaper is already running")
+        hangups = select.epoll()
+        self._hangups = hangups
+        for stack in self._idle.values():  # (one busy now is not watched: it still expires)
+            for conn in stack:
+                self._watch_hangup(conn)
+        try:
+            while True:
+                with trio.CancelScope(deadline=self._next_expiry()) as self._reaper:
+                    await trio.lowlevel.wait_readable(hangups.fileno())
+                self._reaper = None
+                self.reaper_wakeups += 1
+                self._reap(trio.current_time(), hangups.poll(0))
+        finally:
+            self._reaper = None
+            self._hangups = None
+            self._by_fd.clear()
+            hangups.close()
+
+    def _watch_hangup(self, conn: _Connection) -> None:
+        hangups = self._hangups
+        if hangups is None or conn.fd in self._by_fd:
+            return
+        try:
+            hangups.register(conn.fd, select.EPOLLRDHUP | select.EPOLLET)
+        except (OSError, ValueError):  # closed meanwhile
+            return
+        self._by_fd[conn.fd] = conn
+
+    def _next_expiry(self) -> float:
+        if self._expiry is None or not self._idle_count:
+            return math.inf
+        return min(stack[0].idle_since for stack in self._idle.values() if stack) + self._expiry
+
+    def _reap(self, now: float, hangups: list[tuple[int, int]]) -> None:
+        """Drop the idle connections whose server hung up (``hangups``: the epoll events) and
+        those whose expiry is past; a connection that is busy is left to its request."""
+        for fd, _ in hangups:
+            conn = self._by_fd.get(fd)
+            stack = self._idle.get(conn.key) if conn is not None else None
+            if stack and conn in stack:
+                stack.remove(conn)
+                self._idle_count -= 1
+                self.reaped_count += 1
+                self._drop(conn)
+        if self._expiry is None:
+            return
+        limit = now - self._expiry
+        for stack in self._idle.values():
+            expired = 0
+            while expired < len(stack) and stack[expired].idle_since <= limit:
+                expired += 1
+            if expired:
+                for conn in stack[:expired]:
+                    self._drop(conn)
+                del stack[:expired]
+                self._idle_count -= expired
+                self.reaped_count += expired
 
     def _take_idle(self, key: tuple[str, int]) -> _Connection | None:
         stack = self._idle.get(key)
@@ -781,7 +876,10 @@ class H1Pool:
         except OSError as exc:
             raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
         self.open_connections += 1
-        return _Connection(stream, key)
+        conn = _Connection(stream, key)
+        if self._hangups is not None:
+            self._watch_hangup(conn)
+        return conn
 
     async def request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
@@ -825,6 +923,7 @@ class H1Pool:
     async def discard(self, conn: _Connection) -> None:
         """Close a connection that must not be reused."""
         self.open_connections -= 1
+        self._forget(conn)
         await _close(conn)
 
     async def _exchange(

@@ -542,6 +542,11 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         """The plain-HTTP pool (its counters: ``stale_retries_count``, ``open_connections``)."""
         return self._plain
 
+    async def run_reaper(self) -> None:
+        """Close the plain-HTTP pool's idle connections at their expiry, and those the worker closed
+        at once (:meth:`H1Pool.run_reaper`); run it in the nursery that owns the transport."""
+        await self._plain.run_reaper()
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self._authorization is not None:
             request.headers["authorization"] = self._authorization

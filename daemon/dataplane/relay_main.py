@@ -54,6 +54,7 @@ from daemon.metrics import ProxyMetrics, build_registry
 from daemon.models import ModelDirectory
 from daemon.request_ids import RequestIds
 from daemon.security import load_security
+from daemon.upstream import UpstreamTransport
 
 logger = get_logger("relay")
 FIRST_SNAPSHOT_SECONDS = 30.0
@@ -210,6 +211,8 @@ async def run_relay(spec: RelaySpec) -> None:
         root.start_soon(_watch_signals, shutdown, edge, root.cancel_scope)
         root.start_soon(link.run_writer)
         root.start_soon(read_scheduler)
+        if isinstance(engine.transport, UpstreamTransport):  # idle connections closed at their expiry
+            root.start_soon(engine.transport.run_reaper)  # (docs/operations.md §11.2)
         link.send(Hello(spec.index, os.getpid()))
         with trio.fail_after(FIRST_SNAPSHOT_SECONDS):
             await view.first.wait()

@@ -9,6 +9,7 @@ test_upstream_transport.py.
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Awaitable, Callable
 
@@ -572,3 +573,137 @@ async def test_a_request_larger_than_the_socket_buffer_arrives_whole() -> None:
         await pool.aclose()
         await listener.aclose()
     assert received == [payload]
+
+
+# ---------------------------------------------------------------------------------------------
+# the idle reaper (docs/operations.md §11.2)
+
+
+def _close_wait_sockets(port: int) -> int:
+    """This process's TCP sockets to ``port`` in CLOSE-WAIT (the peer closed, we did not)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.read().splitlines()[1:]:
+                fields = line.split()
+                remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+                if fields[3] == "08" and remote_port == port and fields[9] in inodes:
+                    count += 1
+    return count
+
+
+async def test_the_reaper_closes_each_idle_connection_at_its_expiry(autojump_clock: trio.testing.MockClock) -> None:
+    """Virtual time, expiry 4 s: a connection released at 0 and reused until 1 closes at 5, another
+    worker's released at 2 closes at 6 - without a request, exactly at the expiry.  The reaper wakes
+    only then, and once at 4 (armed by the first release; the reuse made that early)."""
+    closed_at: dict[int, list[float]] = {}
+
+    async def serve(listener: trio.SocketListener) -> None:
+        port = listener.socket.getsockname()[1]
+
+        async def connection(stream: trio.SocketStream) -> None:
+            buf = bytearray()
+            async with stream:
+                while await _read_request(stream, buf) is not None:
+                    await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            closed_at.setdefault(port, []).append(trio.current_time())
+
+        async with trio.open_nursery() as nursery:
+            while True:
+                nursery.start_soon(connection, await listener.accept())
+
+    async def exchange(url: str) -> None:
+        response = await pool.request(_request(url, timeout=None))  # type: ignore[arg-type]
+        assert await response.aread() == b"ok"
+        await response.aclose()
+
+    async def at(when: float) -> None:
+        await trio.sleep_until(when)
+        await trio.testing.wait_all_tasks_blocked()  # the reaper and the servers ran (loopback I/O)
+
+    a, b = [(await trio.open_tcp_listeners(0, host="127.0.0.1"))[0] for _ in range(2)]
+    port_a, port_b = a.socket.getsockname()[1], b.socket.getsockname()[1]
+    pool = H1Pool(max_keepalive_connections=8, keepalive_expiry=4.0)
+    with trio.CancelScope() as guard:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_real_time_guard, BUDGET_SECONDS, guard)
+            nursery.start_soon(serve, a)
+            nursery.start_soon(serve, b)
+            nursery.start_soon(pool.run_reaper)
+            await exchange(f"http://127.0.0.1:{port_a}")
+            await at(1.0)
+            await exchange(f"http://127.0.0.1:{port_a}")  # the same connection, idle again from 1
+            await at(2.0)
+            await exchange(f"http://127.0.0.1:{port_b}")
+            assert (pool.idle_connections(), pool.open_connections, pool.reaper_wakeups) == (2, 2, 0)
+            await at(4.0)
+            assert (pool.idle_connections(), closed_at, pool.reaper_wakeups) == (2, {}, 1)
+            await at(5.0 - 1e-6)
+            assert pool.idle_connections() == 2
+            await at(5.0)
+            assert (pool.idle_connections(), closed_at) == (1, {port_a: [5.0]})
+            await at(6.0)
+            assert (pool.idle_connections(), pool.open_connections) == (0, 0)
+            assert closed_at == {port_a: [5.0], port_b: [6.0]}
+            assert (pool.reaped_count, pool.reaper_wakeups) == (2, 3)
+            await at(100.0)  # nothing idle: the reaper sleeps
+            assert pool.reaper_wakeups == 3
+            nursery.cancel_scope.cancel()
+    assert not guard.cancelled_caught, "real-time budget ran out"
+    await pool.aclose()
+
+
+async def test_a_connection_the_worker_closes_while_idle_is_dropped_at_once() -> None:
+    """Real sockets: the worker closes a kept-alive connection after answering; long before the
+    pool's expiry (an hour) the reaper closes agentd's end - no socket left in CLOSE-WAIT - and a
+    streamed body's reads never wake the reaper."""
+    pieces = [f"event {i}".encode() for i in range(20)]
+    stream_sent = trio.Event()
+
+    async def handler(stream: trio.SocketStream, head: bytes) -> bool:
+        if b"/stream" in head:
+            await stream.send_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+            for piece in pieces:
+                await stream.send_all(b"%x\r\n%s\r\n" % (len(piece), piece))
+                await trio.testing.wait_all_tasks_blocked()  # one read per piece
+            await stream.send_all(b"0\r\n\r\n")
+            stream_sent.set()
+            return True
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        return False  # close after answering, without saying so: the connection is pooled
+
+    async def body(pool: H1Pool, url: str, server: Server) -> None:
+        port = int(url.rsplit(":", 1)[1])
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pool.run_reaper)
+            await trio.testing.wait_all_tasks_blocked()
+            response = await pool.request(_request(url, "/stream"))
+            assert b"".join([p async for p in response.aiter_raw()]) == b"".join(pieces)
+            await response.aclose()
+            assert (pool.idle_connections(), pool.reaper_wakeups) == (1, 0)  # 20 reads, no wake-up
+            response = await pool.request(_request(url))  # the same connection: the server closes it
+            assert await response.aread() == b"ok"
+            await response.aclose()
+            assert server.accepted == 1
+            with trio.move_on_after(BUDGET_SECONDS / 2):
+                while pool.open_connections:  # loopback: the FIN arrives while every task waits
+                    await trio.testing.wait_all_tasks_blocked()
+                    await trio.lowlevel.checkpoint()
+            assert (pool.open_connections, pool.idle_connections(), pool.reaped_count) == (0, 0, 1)
+            assert _close_wait_sockets(port) == 0
+            assert pool.reaper_wakeups == 1
+            nursery.cancel_scope.cancel()
+
+    async def timed(pool: H1Pool, url: str, server: Server) -> None:
+        pool._expiry = 3600.0
+        await body(pool, url, server)
+
+    await _with_server(handler, timed)
