@@ -10,7 +10,9 @@ socket (:mod:`daemon.dataplane.wire` frames):
   leaving the lease without ``finish`` sends ``Release`` (abandoned).  A Program request whose
   Program has a resume pass here (given with the Grant of its last request, dropped on a
   ``Revoke``) does not wait: its lease is the pass's target at once and its ``Ask`` says so
-  (docs/architecture.md §9).  When the scheduler is gone every waiting and new request is refused
+  (docs/architecture.md §9); not when that worker is out of the relay's rotation or is one the
+  request could not reach (its failover, docs/operations.md §11.2): the pass is dropped and the
+  request asks.  When the scheduler is gone every waiting and new request is refused
   with the 503 ``scheduler_unavailable``;
 * :class:`SnapshotView` - the health view the relay's own
   :class:`~daemon.dispatch.NativeDispatcher` reads (native policies decide in the relay), the
@@ -81,6 +83,7 @@ class SnapshotView:
         self.snapshot: Snapshot | None = None
         self.first = trio.Event()
         self._healthy: tuple[BackendTarget, ...] = ()
+        self._healthy_urls: frozenset[str] = frozenset()
         self._published: tuple[BackendTarget, ...] = ()
         self.others_in_flight: list[int] = [0] * len(self.targets)
         self.ejected: dict[str, int] = {}  # worker URL -> the report number that ejected it here
@@ -108,10 +111,11 @@ class SnapshotView:
         ejected, suspected = self.ejected, self.suspected
         if not ejected and not suspected:
             self._healthy = self._published
-            return
-        left = tuple(t for t in self._published if t.worker_url not in ejected)
-        # suspects stay when they are all that is left (docs/operations.md §11.3)
-        self._healthy = tuple(t for t in left if t.worker_url not in suspected) or left
+        else:
+            left = tuple(t for t in self._published if t.worker_url not in ejected)
+            # suspects stay when they are all that is left (docs/operations.md §11.3)
+            self._healthy = tuple(t for t in left if t.worker_url not in suspected) or left
+        self._healthy_urls = frozenset(t.worker_url for t in self._healthy)
 
     def eject(self, url: str, report: int) -> None:
         self.ejected[url] = report
@@ -123,6 +127,11 @@ class SnapshotView:
 
     def healthy_targets(self) -> tuple[BackendTarget, ...]:
         return self._healthy
+
+    def in_rotation(self, url: str) -> bool:
+        """Whether worker ``url`` is in this relay's rotation now (a resume pass to a worker out of
+        it is not used, docs/operations.md §13.1)."""
+        return url in self._healthy_urls
 
     def unhealthy_reason(self) -> str:
         if self.snapshot is None:
@@ -241,8 +250,11 @@ class RelayCounters:
 class RemoteProgramDispatcher:
     """The relay's dispatcher for requests the scheduler decides (see the module doc)."""
 
-    def __init__(self, link: Link) -> None:
+    def __init__(self, link: Link, view: SnapshotView | None = None) -> None:
         self.link = link
+        # the relay's rotation: a resume pass to a worker out of it is dropped, not used (None:
+        # every pass is used, as a scripted test's relay does)
+        self.rotation = view
         self.gone = False
         self._numbers = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
@@ -346,6 +358,17 @@ class RemoteProgramDispatcher:
     def lease(self, req: ProxyRequest) -> AbstractAsyncContextManager[RemoteLease]:
         return self._lease(req, "program")
 
+    def _usable(self, held: _RelayPass, req: ProxyRequest) -> bool:
+        """Whether ``req`` may go to ``held``'s target at once: not when the request could not
+        reach that worker before (a failover, whose pass came with the Grant of the attempt that
+        failed to connect), nor when the worker is out of this relay's rotation (a refused or
+        timed-out connect seen here, or the scheduler's last snapshot) - such a request asks the
+        scheduler, whose board has the worker out of rotation by then (docs/operations.md §11.2)."""
+        url = held.target.worker_url
+        if url in req.avoid_workers:
+            return False
+        return self.rotation is None or self.rotation.in_rotation(url)
+
     def _ask(self, req: ProxyRequest, kind: str, pending: _Pending, held: _RelayPass | None = None) -> int:
         if self.gone:
             raise DispatchRejected(SCHEDULER_UNAVAILABLE)
@@ -416,6 +439,9 @@ class RemoteProgramDispatcher:
             pending.key = (req.model_pool, req.identity.identity.program_id)
             if self.passes:
                 held = self.passes.pop(pending.key, None)  # one request per pass
+                if held is not None and not self._usable(held, req):
+                    self._drop(held.number)  # the request asks the scheduler instead
+                    held = None
         if held is not None:  # forwarded now; the answer arrives while (or after) it runs
             pending.passed = True
             number = self._ask(req, kind, pending, held)

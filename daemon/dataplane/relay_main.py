@@ -186,7 +186,7 @@ async def run_relay(spec: RelaySpec) -> None:
     targets = cfg.targets()
     models = ModelDirectory(targets, cfg.routing.served_models)
     view = SnapshotView(targets, models)
-    remote = RemoteProgramDispatcher(link) if cfg.program_scheduling is not None else None
+    remote = RemoteProgramDispatcher(link, view) if cfg.program_scheduling is not None else None
     engine, native, registry = _engine(cfg, link, view, models, remote)
     edge = Edge(cfg.limits)
     shutdown = trio.Event()

@@ -81,8 +81,8 @@ async def _connected(
     left, right = trio.socket.socketpair()
     conn = hub.connect(index, Link(trio.SocketStream(left)))
     relay_link = Link(trio.SocketStream(right))
-    remote = RemoteProgramDispatcher(relay_link)
     view = SnapshotView(targets)
+    remote = RemoteProgramDispatcher(relay_link, view)  # (its rotation, as a relay process's)
     async with trio.open_nursery() as nursery:
         if own_hub:
             nursery.start_soon(hub.run_publisher)

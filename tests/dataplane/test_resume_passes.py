@@ -68,8 +68,8 @@ async def scripted_relay(*, reports: bool = False) -> AsyncIterator[tuple[Remote
     left, right = trio.socket.socketpair()
     scheduler = Scripted(Link(trio.SocketStream(left)))
     relay_link = Link(trio.SocketStream(right))
-    remote = RemoteProgramDispatcher(relay_link)
     view = SnapshotView((T0, T1))
+    remote = RemoteProgramDispatcher(relay_link, view)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(scheduler.read)
         nursery.start_soon(scheduler.link.run_writer)
@@ -383,6 +383,9 @@ async def test_a_passed_request_whose_target_is_gone_is_refused_and_leaks_nothin
         await trio.sleep(31.0)
         await trio.testing.wait_all_tasks_blocked()
         p.remote.passes.update(held)
+        # the relay has not learnt yet that the target is gone (the snapshot saying so crosses the
+        # request): since session 31 a relay does not use a pass to a worker out of its rotation
+        p.remote.rotation = None
         async with p.remote.lease(lead()) as lease:
             await _settled(p, lambda d: d["dispatcher"]["rejected_count"] == 1)
             await trio.testing.wait_all_tasks_blocked()
