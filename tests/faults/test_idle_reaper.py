@@ -10,7 +10,6 @@ only when it was next taken from the pool:
 
 from __future__ import annotations
 
-import os
 from functools import partial
 
 import attrs
@@ -20,29 +19,10 @@ from fault_env import BUDGET_SECONDS, CHAT, await_diagnostics, fault_config, fau
 from fault_worker import FaultWorker
 
 from daemon.supervisor import run_daemon
+from tests.http.test_h1client import close_wait_sockets
 
 # a case that fails waits this long (the behaviour takes a fraction of a second when it is right)
 WAIT_SECONDS = 60.0
-
-
-def close_wait_sockets(port: int) -> int:
-    """This process's TCP sockets to ``port`` in CLOSE-WAIT (the peer closed, this end did not)."""
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[len("socket:[") : -1])
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for line in f.read().splitlines()[1:]:
-                fields = line.split()
-                if fields[3] == "08" and int(fields[2].rsplit(":", 1)[1], 16) == port and fields[9] in inodes:
-                    count += 1
-    return count
 
 
 async def test_idle_connections_close_at_the_expiry_after_a_burst() -> None:

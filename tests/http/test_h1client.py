@@ -579,7 +579,7 @@ async def test_a_request_larger_than_the_socket_buffer_arrives_whole() -> None:
 # the idle reaper (docs/operations.md §11.2)
 
 
-def _close_wait_sockets(port: int) -> int:
+def close_wait_sockets(port: int) -> int:
     """This process's TCP sockets to ``port`` in CLOSE-WAIT (the peer closed, we did not)."""
     inodes = set()
     for fd in os.listdir("/proc/self/fd"):
@@ -698,7 +698,7 @@ async def test_a_connection_the_worker_closes_while_idle_is_dropped_at_once() ->
                     await trio.testing.wait_all_tasks_blocked()
                     await trio.lowlevel.checkpoint()
             assert (pool.open_connections, pool.idle_connections(), pool.reaped_count) == (0, 0, 1)
-            assert _close_wait_sockets(port) == 0
+            assert close_wait_sockets(port) == 0
             assert pool.reaper_wakeups == 1
             nursery.cancel_scope.cancel()
 
