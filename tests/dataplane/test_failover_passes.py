@@ -97,7 +97,9 @@ async def chat(engine: ProxyEngine, program_id: str) -> Sink:
         "model": "m",
         "messages": [{"role": "user", "content": f"hello from {program_id}"}],
         "max_tokens": 8,
-        "vllm_xargs": {"agentic_context": {"program_id": program_id}},
+        # a retention hint keeps the Program Active (and its pass valid) between its two requests: with
+        # the TTL fitted from no samples it could pause in the same instant and revoke the pass
+        "vllm_xargs": {"agentic_context": {"program_id": program_id, "kv_retention_ttl_seconds": 60}},
     }
     raw = json.dumps(body).encode()
     req = engine.build_request("chat", raw, {"content-type": "application/json"})
