@@ -18,8 +18,8 @@ import itertools
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from typing import Any
 
@@ -218,6 +218,22 @@ def fault_config(
     )
 
 
+@contextmanager
+def agentd_log() -> Iterator[Records]:
+    """Every ``agentd`` log record of the block at INFO and up; the logger's level and handlers are
+    restored after it."""
+    log = Records()
+    agentd = logging.getLogger("agentd")
+    old_level = agentd.level
+    agentd.setLevel(logging.INFO)
+    agentd.addHandler(log)
+    try:
+        yield log
+    finally:
+        agentd.removeHandler(log)
+        agentd.setLevel(old_level)
+
+
 @asynccontextmanager
 async def fault_env(
     n_workers: int = 2,
@@ -228,12 +244,7 @@ async def fault_env(
     **routing: Any,
 ) -> AsyncIterator[FaultEnv]:
     """Workers, then a daemon in front of them (extra ``urls`` are appended to the worker list)."""
-    log = Records()
-    agentd = logging.getLogger("agentd")
-    old_level = agentd.level
-    agentd.setLevel(logging.INFO)
-    agentd.addHandler(log)
-    try:
+    with agentd_log() as log:
         async with trio.open_nursery() as nursery:
             workers = [await nursery.start(FaultWorker().run) for _ in range(n_workers)]
             cfg = fault_config(
@@ -248,9 +259,6 @@ async def fault_env(
                 await env.client.aclose()
                 handles.request_shutdown()
                 nursery.cancel_scope.cancel()
-    finally:
-        agentd.removeHandler(log)
-        agentd.setLevel(old_level)
 
 
 def sse_events(body: bytes) -> list[bytes]:

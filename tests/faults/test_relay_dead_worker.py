@@ -11,14 +11,13 @@ No bound here is the thing measured: waits are generous (a loaded 2-core machine
 
 from __future__ import annotations
 
-import logging
 from functools import partial
 from typing import Any
 
 import attrs
 import httpx
 import trio
-from fault_env import BUDGET_SECONDS, CHAT, Records, await_diagnostics, fault_config
+from fault_env import BUDGET_SECONDS, CHAT, agentd_log, await_diagnostics, fault_config
 from fault_worker import FaultWorker
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -36,12 +35,7 @@ def _body(i: int) -> dict[str, Any]:
 
 
 async def test_new_programs_on_a_dead_worker_fail_over_to_the_live_one_through_relays() -> None:
-    log = Records()
-    agentd = logging.getLogger("agentd")
-    old_level = agentd.level
-    agentd.setLevel(logging.INFO)
-    agentd.addHandler(log)
-    try:
+    with agentd_log() as log:
         async with trio.open_nursery() as nursery:
             live, dead = [await nursery.start(FaultWorker().run) for _ in range(2)]
             cfg = fault_config([live.url, dead.url], program=True)
@@ -79,6 +73,3 @@ async def test_new_programs_on_a_dead_worker_fail_over_to_the_live_one_through_r
                 assert log.errors() == []
             handles.request_shutdown()
             nursery.cancel_scope.cancel()  # (the workers)
-    finally:
-        agentd.removeHandler(log)
-        agentd.setLevel(old_level)

@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 import httpx
 import trio
-from fault_env import BUDGET_SECONDS, CHAT, STREAM, Records, fault_config, fault_env
+from fault_env import BUDGET_SECONDS, CHAT, STREAM, agentd_log, fault_config, fault_env
 from fault_worker import Blackhole, FaultWorker
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -258,12 +258,7 @@ async def test_a_blackholed_worker_is_ejected_when_the_probe_times_out() -> None
 
 
 async def test_through_relay_processes_the_suspect_is_probed_by_the_scheduler_and_comes_back() -> None:
-    log = Records()
-    agentd = logging.getLogger("agentd")
-    old_level = agentd.level
-    agentd.setLevel(logging.INFO)
-    agentd.addHandler(log)
-    try:
+    with agentd_log() as log:
         async with trio.open_nursery() as outer:
             peer = await outer.start(FaultWorker().run)
             behind = await outer.start(FaultWorker().run)
@@ -319,6 +314,3 @@ async def test_through_relay_processes_the_suspect_is_probed_by_the_scheduler_an
             finally:
                 gate.close()
                 outer.cancel_scope.cancel()
-    finally:
-        agentd.removeHandler(log)
-        agentd.setLevel(old_level)
