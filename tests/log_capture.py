@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -32,16 +33,24 @@ class EventLog(logging.Handler):
         return [(t, f) for t, e, f in self.events if e == name]
 
 
-@pytest.fixture
-def event_log() -> Iterator[EventLog]:
-    """Every ``agentd.program.*`` log event (DEBUG and up) of the test, with its Trio time."""
-    handler = EventLog()
-    logger = logging.getLogger("agentd.program")
+@contextmanager
+def attached(handler: logging.Handler, logger_name: str, level: int) -> Iterator[logging.Handler]:
+    """``handler`` on logger ``logger_name`` set to ``level`` for the block; the logger's level and
+    handlers are restored after it."""
+    logger = logging.getLogger(logger_name)
     old_level = logger.level
-    logger.setLevel(logging.DEBUG)
+    logger.setLevel(level)
     logger.addHandler(handler)
     try:
         yield handler
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old_level)
+
+
+@pytest.fixture
+def event_log() -> Iterator[EventLog]:
+    """Every ``agentd.program.*`` log event (DEBUG and up) of the test, with its Trio time."""
+    handler = EventLog()
+    with attached(handler, "agentd.program", logging.DEBUG):
+        yield handler

@@ -27,6 +27,7 @@ import attrs
 import httpx
 import trio
 from fault_worker import FaultWorker
+from log_capture import attached
 
 from actors.core.config import ProgramSchedulingConfig
 from daemon.config import AgentdConfig, BatchApiConfig, RoutingConfig, ServerConfig
@@ -223,15 +224,8 @@ def agentd_log() -> Iterator[Records]:
     """Every ``agentd`` log record of the block at INFO and up; the logger's level and handlers are
     restored after it."""
     log = Records()
-    agentd = logging.getLogger("agentd")
-    old_level = agentd.level
-    agentd.setLevel(logging.INFO)
-    agentd.addHandler(log)
-    try:
+    with attached(log, "agentd", logging.INFO):
         yield log
-    finally:
-        agentd.removeHandler(log)
-        agentd.setLevel(old_level)
 
 
 @asynccontextmanager

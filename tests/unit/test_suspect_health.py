@@ -16,7 +16,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from log_capture import EventLog
+from log_capture import EventLog, attached
 
 from actors.core.config import BackendTarget
 from daemon.config import AgentdConfig, BatchApiConfig, RoutingConfig, ServerConfig
@@ -112,15 +112,8 @@ class HealthLog(EventLog):
 @pytest.fixture
 def health_log() -> Iterator[HealthLog]:
     handler = HealthLog()
-    logger = logging.getLogger("agentd")
-    old_level = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-    try:
+    with attached(handler, "agentd", logging.INFO):
         yield handler
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
 
 
 async def chat(handles: DaemonHandles) -> tuple[int | None, dict]:
