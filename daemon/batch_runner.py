@@ -1,8 +1,9 @@
 """The engine of ``agentd batch``: send a batch file's lines to an OpenAI-compatible server (docs/batch.md §3).
 
 One producer reads the input line by line (:func:`daemon.batchfile.iter_lines`, duplicates filtered)
-and hands valid lines through an unbuffered channel to ``concurrency`` sender tasks, so at most
-``concurrency`` requests are in flight and about as many lines are in memory.  Malformed and
+and hands valid lines through an unbuffered channel to sender tasks, started as lines need them up
+to ``concurrency``, so at most ``concurrency`` requests are in flight and about as many lines are in
+memory.  Malformed and
 duplicate lines are answered at once with an ``error`` record.  Each sender posts its line with the
 batch headers (:func:`daemon.batchfile.request_headers`), retries transport errors and 429/502/503/504
 answers a few times with back-off, and appends exactly one record per line
@@ -183,6 +184,10 @@ class BatchRunner:
         self.is_tty = self.stderr.isatty() if is_tty is None else is_tty
         self.summary = BatchSummary()
         self.in_flight = 0
+        self._started = 0  # sender tasks started (at most opts.concurrency)
+        self._busy = 0  # lines handed to a sender and not yet written
+        self._senders: trio.Nursery | None = None
+        self._recv: trio.MemoryReceiveChannel[BatchLine] | None = None
         self._producer_scope = trio.CancelScope()
         self._senders_scope = trio.CancelScope()
         self._writer: OutputWriter | None = None
@@ -222,12 +227,14 @@ class BatchRunner:
                 send, recv = trio.open_memory_channel[BatchLine](0)
                 with self._senders_scope:
                     async with trio.open_nursery() as senders:
-                        for _ in range(opts.concurrency):
-                            senders.start_soon(self._sender, recv.clone())
-                        recv.close()
-                        async with send:
-                            with self._producer_scope:
-                                await self._produce(send, resumed)
+                        self._senders = senders
+                        self._recv = recv
+                        try:
+                            async with send:
+                                with self._producer_scope:
+                                    await self._produce(send, resumed)
+                        finally:
+                            recv.close()
                 nursery.cancel_scope.cancel()
         finally:
             self._writer.close()
@@ -261,7 +268,18 @@ class BatchRunner:
             if item.custom_id in resumed.custom_ids:
                 self.summary.resumed += 1
                 continue
+            self._ensure_idle_sender()
             await send.send(item)
+            self._busy += 1
+
+    def _ensure_idle_sender(self) -> None:
+        """Start a sender task when every started one is busy, up to ``concurrency``: senders are
+        started as lines need them, not ``concurrency`` of them up front (``--concurrency
+        1000000000`` on a 3-line file started a billion tasks and was killed for lack of memory)."""
+        if self._busy >= self._started < self.opts.concurrency:
+            assert self._senders is not None and self._recv is not None
+            self._started += 1
+            self._senders.start_soon(self._sender, self._recv.clone())
 
     async def _sender(self, recv: trio.MemoryReceiveChannel[BatchLine]) -> None:
         assert self._writer is not None
@@ -274,6 +292,7 @@ class BatchRunner:
                     self.in_flight -= 1
                 # no checkpoint from here to the write: a cancellation cannot split the record
                 self._writer.write(record)
+                self._busy -= 1
 
     async def _answer(self, line: BatchLine) -> dict[str, Any]:
         """POST one line (with retries) and build its output record; updates the counters."""

@@ -292,6 +292,10 @@ def run(args: argparse.Namespace) -> int:
             return 143 if received[0] == signal.SIGTERM else 130
         return 1
     print(f"agentd batch: results in {args.output}", file=sys.stderr)
+    if summary.total == 0:
+        # an empty file (a generator that wrote nothing, the wrong path): the Batch API fails it too
+        print(f"agentd batch: {args.input} has no request lines: nothing was sent", file=sys.stderr)
+        return 1
     if summary.malformed and summary.ok + summary.failed + summary.resumed == 0:
         # not one request in the file (a trace, an output file, another format): exit 0 read as success
         print(
