@@ -75,6 +75,11 @@ CREATE TABLE IF NOT EXISTS files (
     content BLOB NOT NULL,
     owner TEXT
 );
+CREATE TABLE IF NOT EXISTS deleted_files (
+    id TEXT PRIMARY KEY,
+    file_rowid INTEGER NOT NULL,
+    owner TEXT
+);
 CREATE TABLE IF NOT EXISTS batches (
     seq INTEGER PRIMARY KEY,
     id TEXT NOT NULL UNIQUE,
@@ -232,22 +237,52 @@ class BatchDatabase:
                 blob.seek(min(offset, len(blob)))
                 return blob.read(size)
 
-    def list_files(self, purpose: str | None, limit: int, owner: str | None = None) -> list[dict[str, Any]]:
-        """Newest first, optionally of one purpose."""
-        cond, args = _owned(owner)
+    def list_files(
+        self,
+        purpose: str | None,
+        limit: int,
+        owner: str | None = None,
+        *,
+        after: str | None = None,
+        ascending: bool = False,
+    ) -> tuple[list[dict[str, Any]], bool] | None:
+        """A page of files, newest first (oldest first with ``ascending``), optionally of one
+        purpose, and whether more follow.  ``after`` is the id of the last file of the previous page
+        (OpenAI's cursor); a file deleted since still works as one (``deleted_files``), so deleting
+        each file of a page before asking for the next one does not break the listing.  None when
+        ``after`` names no file of ``owner``'s."""
+        cond, owner_args = _owned(owner)
         query = f"SELECT id, purpose, filename, bytes, created_at FROM files WHERE {cond}"
+        args = owner_args
         if purpose is not None:
             query += " AND purpose = ?"
             args = (*args, purpose)
         with self._lock:
-            rows = self._conn.execute(query + " ORDER BY rowid DESC LIMIT ?", (*args, limit)).fetchall()
-        return [_file_object(*r) for r in rows]
+            if after is not None:
+                found = self._conn.execute(
+                    f"SELECT rowid FROM files WHERE id = ? AND {cond}"
+                    f" UNION ALL SELECT file_rowid FROM deleted_files WHERE id = ? AND {cond}",
+                    (after, *owner_args, after, *owner_args),
+                ).fetchone()
+                if found is None:
+                    return None
+                query += " AND rowid > ?" if ascending else " AND rowid < ?"
+                args = (*args, found[0])
+            order = "ASC" if ascending else "DESC"
+            rows = self._conn.execute(query + f" ORDER BY rowid {order} LIMIT ?", (*args, limit + 1)).fetchall()
+        return [_file_object(*r) for r in rows[:limit]], len(rows) > limit
 
     def delete_file(self, file_id: str, owner: str | None = None) -> bool:
         cond, args = _owned(owner)
 
         def tx(c: sqlite3.Connection) -> bool:
-            return c.execute(f"DELETE FROM files WHERE id = ? AND {cond}", (file_id, *args)).rowcount == 1
+            row = c.execute(f"SELECT rowid, owner FROM files WHERE id = ? AND {cond}", (file_id, *args)).fetchone()
+            if row is None:
+                return False
+            c.execute("DELETE FROM files WHERE rowid = ?", (row[0],))
+            # kept so that the id still works as a list cursor (``after``) once the file is gone
+            c.execute("INSERT OR REPLACE INTO deleted_files (id, file_rowid, owner) VALUES (?, ?, ?)", (file_id, *row))
+            return True
 
         return bool(self._tx(tx))
 

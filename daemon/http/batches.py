@@ -6,7 +6,7 @@ arrives (werkzeug's sans-IO decoder) and enforces ``batch_api.max_file_bytes`` (
 ``batch_api.max_lines`` (400) while streaming, independently of ``server.max_body_bytes``.
 
 The other routes are a Quart blueprint (:func:`batches_blueprint`): ``GET /v1/files`` (``purpose``,
-``limit``), ``GET /v1/files/{id}``, ``GET /v1/files/{id}/content`` (streamed in chunks),
+``limit``, ``after``, ``order``), ``GET /v1/files/{id}``, ``GET /v1/files/{id}/content`` (streamed in chunks),
 ``DELETE /v1/files/{id}``, ``POST /v1/batches``, ``GET /v1/batches`` (``limit``, ``after``),
 ``GET /v1/batches/{id}``,
 ``POST /v1/batches/{id}/cancel``.  Unknown ids are 404, bad input a 400 naming the field; every
@@ -339,7 +339,7 @@ def _check_metadata(value: Any) -> dict[str, str] | None:
 
 BATCH_FIELDS = ("input_file_id", "endpoint", "completion_window", "metadata")
 BATCH_LIST_PARAMS = ("limit", "after")
-FILE_LIST_PARAMS = ("purpose", "limit")
+FILE_LIST_PARAMS = ("purpose", "limit", "after", "order")
 
 
 def _reject_unknown(names: Iterable[str], accepted: tuple[str, ...], what: str) -> None:
@@ -362,7 +362,10 @@ def _batch_request(raw: bytes) -> tuple[str, str, str, dict[str, str] | None]:
     input_file_id = body.get("input_file_id")
     if not isinstance(input_file_id, str) or not input_file_id:
         raise ApiError(
-            400, "input_file_id must be the id of an uploaded file", code="missing_field", param="input_file_id"
+            400,
+            f"input_file_id must be the id of an uploaded file (got {json.dumps(input_file_id)[:80]})",
+            code="missing_field" if input_file_id in (None, "") else "invalid_type",
+            param="input_file_id",
         )
     endpoint = body.get("endpoint")
     if not isinstance(endpoint, str) or endpoint not in ENDPOINTS:  # (an object is unhashable)
@@ -411,6 +414,18 @@ def _list_args() -> tuple[int, str | None]:
     return limit, request.args.get("after") or None
 
 
+def _list_page(items: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """OpenAI's cursor page: the client's auto-pagination asks again with ``after=last_id`` while
+    ``has_more`` (docs/batch.md §4)."""
+    return {
+        "object": "list",
+        "data": items,
+        "first_id": items[0]["id"] if items else None,
+        "last_id": items[-1]["id"] if items else None,
+        "has_more": has_more,
+    }
+
+
 def batches_blueprint(service: BatchService) -> Blueprint:
     bp = Blueprint("batch_api", __name__)
 
@@ -439,9 +454,18 @@ def batches_blueprint(service: BatchService) -> Blueprint:
     async def list_files() -> Response:
         _single_args(FILE_LIST_PARAMS)
         limit = bounded_int(request.args.get("limit", "10000"), "limit", 1, MAX_FILE_LIST_LIMIT)
+        order = request.args.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise ApiError(400, f"order must be asc or desc (got {order[:40]!r})", code="invalid_value", param="order")
+        after = request.args.get("after") or None
+        if after is not None and not _storable_id(after):
+            raise ApiError(400, f"after: no file with id {after[:120]!r}", code="invalid_value", param="after")
         store = await service.store()
-        files = await store.call(store.db.list_files, request.args.get("purpose") or None, limit, owner())
-        return _json({"object": "list", "data": files, "has_more": False})
+        purpose = request.args.get("purpose") or None
+        page = await store.call(store.db.list_files, purpose, limit, owner(), after=after, ascending=order == "asc")
+        if page is None:
+            raise ApiError(400, f"after: no file with id {after!r}", code="invalid_value", param="after")
+        return _json(_list_page(*page))
 
     @bp.get("/v1/files/<file_id>")
     async def get_file(file_id: str) -> Response:
@@ -505,16 +529,7 @@ def batches_blueprint(service: BatchService) -> Blueprint:
         page = await store.call(store.db.list_batches, limit, after, owner())
         if page is None:
             raise ApiError(400, f"after: no batch with id {after!r}", code="invalid_value", param="after")
-        items, has_more = page
-        return _json(
-            {
-                "object": "list",
-                "data": items,
-                "first_id": items[0]["id"] if items else None,
-                "last_id": items[-1]["id"] if items else None,
-                "has_more": has_more,
-            }
-        )
+        return _json(_list_page(*page))
 
     @bp.get("/v1/batches/<batch_id>")
     async def get_batch(batch_id: str) -> Response:

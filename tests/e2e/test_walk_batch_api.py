@@ -89,7 +89,9 @@ async def test_unknown_batch_fields_and_list_parameters_are_400s_naming_them(tmp
             await rejected(
                 await client.get("/v1/batches?limit=5&order=asc"), "order", "limit, after", "query parameter"
             )
-            await rejected(await client.get("/v1/files?after=file-x"), "after", "purpose, limit", "query parameter")
+            await rejected(
+                await client.get("/v1/files?before=file-x"), "before", "purpose, limit, after, order", "query parameter"
+            )
             assert (await client.get("/v1/batches")).json()["data"] == []  # nothing was created
             made = await client.post("/v1/batches", json={**create, "metadata": {"k": "v"}})
             assert made.status_code == 200 and made.json()["metadata"] == {"k": "v"}, made.text

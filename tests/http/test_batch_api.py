@@ -293,7 +293,8 @@ async def test_batch_api_create_errors_name_the_field(api: Api) -> None:
     cases = [
         ({**good, "endpoint": "/v1/embeddings"}, 400, "invalid_value", "endpoint"),
         ({**good, "completion_window": "1h"}, 400, "invalid_value", "completion_window"),
-        ({**good, "input_file_id": 3}, 400, "missing_field", "input_file_id"),
+        ({**good, "input_file_id": 3}, 400, "invalid_type", "input_file_id"),
+        ({k: v for k, v in good.items() if k != "input_file_id"}, 400, "missing_field", "input_file_id"),
         ({**good, "input_file_id": "file-nope"}, 404, "file_not_found", "input_file_id"),
         ({**good, "metadata": {"k": 1}}, 400, "invalid_value", "metadata.k"),
         ({**good, "metadata": [1]}, 400, "invalid_value", "metadata"),
@@ -509,6 +510,6 @@ def test_a_version_1_database_is_migrated_and_its_objects_stay_visible_without_k
     assert db.get_file("file-old", "team-a") is None and db.get_batch("batch_old", "team-a") is None
     assert db.owner("batch_old") is None
     mine = db.create_file("n", "batch", b"{}\n", owner="team-a")
-    assert [f["id"] for f in db.list_files(None, 10, "team-a")] == [mine["id"]]
+    assert [f["id"] for f in db.list_files(None, 10, "team-a")[0]] == [mine["id"]]
     db.close()
     BatchDatabase(path).close()  # opening a migrated database again is a no-op
