@@ -122,6 +122,7 @@ def on_batch_submit(s: SchedulerState, ev: BatchSubmitted) -> None:
     counters = b.jobs.get(job)
     if counters is None:
         counters = b.jobs[job] = JobCounters()
+        b.jobs_created_count += 1
         s.effects.append(BatchJobCreated(job=job))
     counters.submitted += 1
     b.estimator.touch(job)
@@ -194,6 +195,7 @@ def on_batch_complete(s: SchedulerState, ev: RequestCompleted) -> bool:
     if observed is not None:
         evicted = b.estimator.observe(r.job, observed)
         if evicted is not None:
+            b.jobs_evicted_count += 1
             s.effects.append(BatchJobEvicted(job=evicted))
             _forget_job_if_idle(b, evicted)
     s.effects.append(
@@ -760,6 +762,10 @@ def batch_diagnostics(s: SchedulerState) -> dict[str, object]:
         "running": len(b.running),
         "starvation_escapes": b.escapes_count,
         "preemptions": b.preemptions_count,
+        "jobs_created": b.jobs_created_count,
+        "jobs_evicted": b.jobs_evicted_count,
+        "max_jobs": b.cfg.max_jobs,
+        "jobs_with_statistics": b.estimator.tracked_jobs,
         "decode_tokens_per_second": b.decode_rate,
         "oldest_wait_seconds": s.now - next(iter(b.pending.values())).arrived_at if b.pending else None,
         "programs_waiting": any(programs_waiting(s, pool) for pool in s.pools),

@@ -137,3 +137,7 @@ class BatchState:
         self.decode_seconds_total = 0.0
         self.escapes_count = 0
         self.preemptions_count = 0
+        # job names seen for the first time (BatchJobCreated) and jobs whose statistics max_jobs
+        # evicted (BatchJobEvicted), shown in the diagnostics beside the metrics' counters
+        self.jobs_created_count = 0
+        self.jobs_evicted_count = 0

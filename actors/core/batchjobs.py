@@ -123,6 +123,11 @@ class DecodeEstimator:
     def stats(self, job: str) -> JobStats | None:
         return self._default if job == DEFAULT_JOB else self._stats.get(job)
 
+    @property
+    def tracked_jobs(self) -> int:
+        """Jobs other than :data:`DEFAULT_JOB` holding statistics (at most ``max_jobs`` when bounded)."""
+        return len(self._stats)
+
     def jobs(self) -> tuple[str, ...]:
         """Jobs holding statistics: ``__default__`` first if observed, then least to most recently used."""
         head = (DEFAULT_JOB,) if self._default is not None else ()

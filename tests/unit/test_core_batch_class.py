@@ -484,3 +484,15 @@ def test_one_rank_alone_has_no_other_rank_to_compare_its_steps_with() -> None:
     for i in range(60):
         h.submit_batch(f"b{i}", tokens=10, at=0.0)
     assert h.rank(0).batch_requests == 60
+
+
+def test_diagnostics_count_created_and_evicted_jobs() -> None:
+    """max_jobs eviction shows in the diagnostics, not only in the log and /metrics (session 32 walk:
+    the batch section had no trace of it, and an evicted idle job simply vanished from ``jobs``)."""
+    h = harness(batch=BatchJobsConfig(enabled=True, max_jobs=1))
+    for i, job in enumerate(("A", "B", "C")):
+        h.submit_batch(f"r{i}", job=job, tokens=100, at=float(i))
+        h.complete(f"r{i}", completion=10, finish_reason="stop", at=i + 0.5)
+    doc = batch_diagnostics(h.state)
+    assert (doc["jobs_created"], doc["jobs_evicted"], doc["max_jobs"], doc["jobs_with_statistics"]) == (3, 2, 1, 1)
+    assert [j["job"] for j in doc["jobs"]] == ["C"]  # type: ignore[attr-defined]
