@@ -115,6 +115,18 @@ def with_pool_models(content: bytes, directory: ModelDirectory) -> bytes:
     return json.dumps(payload).encode()
 
 
+def find_model(content: bytes, model_id: str) -> dict[str, object] | None:
+    """The entry of ``model_id`` in an OpenAI ``/v1/models`` answer, None when it is not listed
+    (or the answer is not a model list)."""
+    try:
+        payload = json.loads(content)
+    except ValueError:
+        return None
+    if served_model_ids(payload) is None:
+        return None
+    return next((m for m in payload["data"] if isinstance(m, dict) and m.get("id") == model_id), None)
+
+
 def served_model_ids(payload: object) -> frozenset[str] | None:
     """The model ids of an OpenAI ``/v1/models`` answer, None when it is not one."""
     if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):

@@ -52,7 +52,7 @@ from daemon.http.metrics_route import metrics_blueprint
 from daemon.http.proxy import ClientGone, ProxyEngine, can_travel, send_error
 from daemon.http.queue_eta import QueueWatch
 from daemon.http.requests import ENDPOINTS
-from daemon.models import with_pool_models
+from daemon.models import find_model, with_pool_models
 from daemon.upstream import client_headers
 
 if TYPE_CHECKING:
@@ -615,8 +615,8 @@ def create_app(
     if handles.batches is not None:
         app.register_blueprint(batches_blueprint(handles.batches))
 
-    @app.get("/v1/models")
-    async def models() -> Response:
+    async def fetch_models() -> httpx.Response:
+        """The model list of the first healthy worker (its status, headers and body as they came)."""
         healthy = handles.health.healthy_targets()
         if not healthy:
             raise ApiError(
@@ -649,10 +649,30 @@ def create_app(
                 code="upstream_status",
                 error_type="upstream_error",
             )
+        return upstream
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        upstream = await fetch_models()
         content = upstream.content
         if upstream.status_code == 200 and handles.engine.models is not None:
             content = with_pool_models(content, handles.engine.models)  # every worker's models (model pools)
         return Response(content, status=upstream.status_code, headers=dict(client_headers(upstream.headers)))
+
+    @app.get("/v1/models/<path:model_id>")
+    async def model(model_id: str) -> Response:
+        """One model of the list (OpenAI's ``GET /v1/models/{model}``, which vLLM does not serve):
+        answered from ``/v1/models`` with every worker's models, 404 ``model_not_found`` naming it."""
+        upstream = await fetch_models()
+        content = upstream.content
+        if upstream.status_code != 200:
+            return Response(content, status=upstream.status_code, headers=dict(client_headers(upstream.headers)))
+        if handles.engine.models is not None:
+            content = with_pool_models(content, handles.engine.models)
+        found = find_model(content, model_id)
+        if found is None:
+            raise ApiError(404, f"The model '{model_id}' does not exist", code="model_not_found", param="model")
+        return _json_response(json.dumps(found).encode(), 200)
 
     @app.errorhandler(ApiError)
     async def api_error(error: ApiError) -> Response:

@@ -192,3 +192,19 @@ async def test_http_answers_before_parsing_echo_the_clients_request_id(daemon_ap
     assert anonymous.status_code == 400 and "x-request-id" not in anonymous.headers  # no id yet, none made up
     too_long = await client.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "r" * 1025})
     assert too_long.status_code == 431 and "x-request-id" not in too_long.headers  # never sent back
+
+
+async def test_http_one_model_from_the_list(daemon_app: DaemonApp) -> None:
+    """``GET /v1/models/{id}`` (the openai client's ``models.retrieve``) answers from the list."""
+    client = daemon_app.app.test_client()
+    found = await client.get("/v1/models/mini")
+    assert found.status_code == 200
+    assert (await found.get_json())["id"] == "mini"
+    missing = await client.get("/v1/models/org/other")  # ids may hold slashes
+    assert missing.status_code == 404
+    assert (await missing.get_json())["error"] == {
+        "message": "The model 'org/other' does not exist",
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }
