@@ -685,7 +685,9 @@ def config_warnings(cfg: AgentdConfig) -> list[ConfigWarning]:
             )
         )
     defaulted = ps.defaulted_coefficients()
-    if not ps.binding_only and defaulted:
+    # the embedded simulated ranks run the reference cost model itself: its coefficients are their
+    # exact calibration, so the warning would be a false alarm on every quick start (docs/program-scheduling.md)
+    if not ps.binding_only and defaulted and not cfg.embedded_mode:
         est = reference_calibration_estimates(ps.prefill_cost_model, ps.decode_throughput_model)
         out.append(
             ConfigWarning(

@@ -200,6 +200,7 @@ def _calibration(cfg: AgentdConfig) -> dict[str, object] | None:
 def test_config_calibration_warning_lists_exactly_the_defaulted_fields() -> None:
     cfg = config_from_dict(
         {
+            "routing": {"worker_urls": ["http://w:8000"]},
             "enable_program_scheduling": True,
             "program_scheduling": {
                 "prefill_cost_model": {"intercept_seconds": 0.1, "decode_throughput_alpha": 0.2},
@@ -224,12 +225,18 @@ def test_config_calibration_warning_lists_exactly_the_defaulted_fields() -> None
 
 
 def test_config_calibration_warning_reference_figures_with_all_defaults() -> None:
-    fields = _calibration(load_config(None, {"enable_program_scheduling": True}))
+    workers = {"routing": {"worker_urls": ["http://w:8000"]}}
+    fields = _calibration(load_config(None, {"enable_program_scheduling": True, **workers}))
     assert fields is not None
     assert fields["defaulted_fields"] == ",".join(COEFFICIENT_FIELDS)
     # 0.066 + 0.05702*50 + 0.0044057*2500 = 13.931 s ; 4 / (0.010635 + 0.001677 + 0.028409) = 98.23 tok/s
     assert fields["reference_prefill_seconds"] == pytest.approx(13.93, rel=0.01)
     assert fields["reference_decode_throughput_tokens_per_second"] == pytest.approx(98.23, rel=0.01)
+
+
+def test_config_calibration_warning_not_in_embedded_mode() -> None:
+    """The embedded simulated ranks run the reference cost model: its defaults are their calibration."""
+    assert _calibration(load_config(None, {"enable_program_scheduling": True})) is None
 
 
 def test_config_calibration_warning_suppressed_when_all_seven_given_or_binding_only() -> None:
