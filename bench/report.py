@@ -556,7 +556,7 @@ async def measured_replay(
     worker_after = await scrape_all(workers, worker_metrics, errors)
     router_after = await scrape_all(client, router_metrics, errors)
     diagnostics = await _scheduling_diagnostics(client, base_url)
-    tools = _tool_section(diagnostics)
+    tools = tool_section(diagnostics, opts.time_scale)
     report = build_report(
         result,
         time_scale=opts.time_scale,
@@ -588,8 +588,25 @@ async def _scheduling_diagnostics(client: httpx.AsyncClient, base_url: str) -> d
     return doc if isinstance(doc, dict) else None
 
 
-def _tool_section(doc: dict[str, Any] | None) -> list[dict[str, Any]] | None:
+# the durations of a diagnostics ``tools`` row (docs/program-scheduling.md §12, "Diagnostics")
+TOOL_SECONDS_FIELDS = ("gap_p50_seconds", "gap_p90_seconds", "gap_p99_seconds", "last_ttl_seconds", "recompute_seconds")
+
+
+def tool_section(doc: Mapping[str, Any] | None, scale: float = 1.0) -> list[dict[str, Any]] | None:
     """agentd's per-tool gap windows and decisions at the end of the run (docs/program-scheduling.md
-    §12), or None when the router has no such section."""
+    §12), or None when the router has no such section.  The daemon measures them on its own clock;
+    like every duration of the report they are given in trace seconds (times ``scale``), so a
+    tool's gaps read as the trace's gaps whatever the replay's time scale."""
     tools = doc.get("tools") if doc is not None else None
-    return tools if isinstance(tools, list) and tools else None
+    if not isinstance(tools, list) or not tools:
+        return None
+    out = []
+    for row in tools:
+        if isinstance(row, Mapping):
+            row = dict(row)
+            for key in TOOL_SECONDS_FIELDS:
+                v = row.get(key)
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    row[key] = v * scale
+        out.append(row)
+    return out
