@@ -32,6 +32,19 @@ SERVER_PARTS = (
     ("decode", "decode"),
     ("between_turns", "between turns (tools, humans)"),
 )
+# One colour per meaning across the panels of time_split.png: the server's queue, prefill and
+# recompute are the client's time to first token (shades of blue, the recompute red to stand out),
+# decode and between turns keep the client's colours, and the causes of recomputation (another
+# quantity, tokens) take colours no time part uses.
+PART_COLORS = {
+    "first_token": "#4c72b0",
+    "queue": "#a6c8e8",
+    "prefill": "#4c72b0",
+    "recompute": "#c44e52",
+    "decode": "#dd8452",
+    "between_turns": "#55a868",
+}
+CAUSE_COLORS = ("#8172b3", "#937860", "#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
 
 
 # The distribution is agentd-scheduler (the PyPI name "agentd" is another project's), so the extra
@@ -92,7 +105,8 @@ def write_plots(reports: Mapping[str, Mapping[str, Any]], out_dir: str) -> list[
     ax.set_xscale("symlog", linthresh=0.01)
     ax.set_xlabel("queue wait (trace s, bucket upper bounds)")
     ax.set_ylabel("CDF")
-    ax.set_title("Queue-wait CDF (router: solid, backend: dotted; histogram bounds or summary quantiles)")
+    # the title must fit the figure's width: the detail goes on a second, smaller line
+    ax.set_title("Queue-wait CDF\nrouter: solid, backend: dotted (histogram bounds or summary quantiles)", fontsize=10)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
@@ -146,9 +160,10 @@ def write_plots(reports: Mapping[str, Mapping[str, Any]], out_dir: str) -> list[
             names = list(data)
             bottom = [0.0] * len(names)
             height = max((sum(float(data[s].get(k) or 0.0) for k, _ in parts) for s in names), default=0.0)
-            for key, label in parts:
+            for i, (key, label) in enumerate(parts):
                 values = [float(data[s].get(key) or 0.0) for s in names]
-                bars = ax.bar(names, values, bottom=bottom, label=label, width=0.6)
+                color = PART_COLORS[key] if parts is not CAUSE_PARTS else CAUSE_COLORS[i % len(CAUSE_COLORS)]
+                bars = ax.bar(names, values, bottom=bottom, label=label, width=0.6, color=color)
                 for bar, v in zip(bars, values, strict=True):
                     if height > 0 and v >= 0.05 * height:  # label the parts tall enough to read
                         at = (bar.get_x() + bar.get_width() / 2, bar.get_y() + v / 2)
