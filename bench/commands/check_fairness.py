@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 from bench.fairness.check import Checker, CheckOptions, cluster_of, kinds_arg, render, verdicts_json
+from bench.fairness.scenarios import KINDS
 from bench.output import write_atomic
 from bench.simulate import SimulateError, check_simulatable
 from daemon.commands.argtypes import int_at_least, positive_float, positive_int
@@ -27,6 +29,35 @@ from daemon.logs import configure_logging
 
 NAME = "check-fairness"
 HELP = "Check a configuration's fairness: core machines and adversarial traces in virtual time; exit 1 on a violation."
+
+
+# the files a run writes into --out besides verdicts.json (bench/fairness/check.py: write_violation,
+# bench/fairness/machines.py: write_failure)
+_VIOLATION_FILE = re.compile(r"violation-(?P<what>[a-z_-]+)-seed\d+(\.alone)?(\.jsonl|\.report\.json)")
+_MACHINE_FILE = re.compile(r"machine-[a-z_]+\.txt")
+
+
+def clear_earlier_results(out: Path, kinds: tuple[str, ...], machines: bool) -> list[Path]:
+    """Remove what an earlier run into ``out`` wrote for the checks this run repeats: the violation
+    files of its scenarios, and the machine-failure files when it runs the machines (docs/priority.md
+    §6.2).  A passing run into a reused ``--out`` no longer leaves an earlier violation beside its
+    passing verdicts.json.  Files of checks this run does not repeat stay (the machines' reproduce
+    command, ``--scenarios none``, keeps the scenarios' traces), and so does anything not named as a
+    run names its files."""
+    if not out.is_dir():
+        return []
+    removed = []
+    for path in sorted(out.iterdir()):
+        violation = _VIOLATION_FILE.fullmatch(path.name)
+        if violation is not None:  # violation-<property>-<scenario>-seed<N>...: the longest scenario name that ends it
+            kind = max((k for k in KINDS if violation["what"].endswith(f"-{k}")), key=len, default=None)
+            ours = kind in kinds
+        else:
+            ours = machines and _MACHINE_FILE.fullmatch(path.name) is not None
+        if ours and path.is_file():
+            path.unlink()
+            removed.append(path)
+    return removed
 
 
 def _kinds(text: str) -> tuple[str, ...]:
@@ -108,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
     # the daemon's start-up warnings (e.g. reference calibration), once per simulation, would bury
     # the progress lines: only errors are logged (to stderr)
     configure_logging("error", cfg.server.log_format)
+    removed = clear_earlier_results(out, kinds, not args.no_machines)
+    if removed:
+        log(f"removed {len(removed)} file(s) an earlier run wrote for these checks from {out}")
     checker = Checker(cfg, opts, log)
     result = checker.run()
     sys.stdout.write(render(result, opts, cluster_of(cfg)))
