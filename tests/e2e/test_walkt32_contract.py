@@ -117,3 +117,26 @@ async def test_tenant_header_and_user_as_documented() -> None:
                 assert r.status_code == 400 and r.json()["error"]["param"] == "user"
                 assert r.json()["error"]["code"] == "invalid_type"
             nursery.cancel_scope.cancel()
+
+
+async def test_class_header_and_queue_bound_on_requests_without_identity() -> None:
+    """docs/priority.md §5.2 (the class header in any case) and README / docs/program-scheduling.md
+    §13 (the queue bound is validated on every request, applied to Program requests only)."""
+    with trio.fail_after(BUDGET_SECONDS):
+        async with trio.open_nursery() as nursery:
+            handles = await start(nursery, ProgramWorker())
+            async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
+
+                async def post(headers: dict[str, str]) -> httpx.Response:
+                    return await client.post("/v1/chat/completions", json=chat(), headers=headers)
+
+                for value in ("BATCH", "Interactive", "agent"):
+                    assert (await post({"x-agentd-class": value})).status_code == 200, value
+                r = await post({"x-agentd-class": "vip"})
+                assert r.status_code == 400 and r.json()["error"]["param"] == "x-agentd-class"
+                assert r.json()["error"]["code"] == "invalid_request_class"
+                # no Program identity: "do not queue" is not applied, a bad value is still a 400
+                assert (await post({"x-agentd-max-queue-seconds": "0"})).status_code == 200
+                r = await post({"x-agentd-max-queue-seconds": "soon"})
+                assert r.status_code == 400 and r.json()["error"]["param"] == "x-agentd-max-queue-seconds"
+            nursery.cancel_scope.cancel()
