@@ -333,7 +333,7 @@ class ToolSnapshot:
     gap_p50_seconds: float | None
     gap_p90_seconds: float | None
     gap_p99_seconds: float | None
-    decides: bool  # has min_samples gaps: its completions get a per-tool TTL
+    decides: bool  # enabled and has min_samples gaps: its completions get a per-tool TTL
     held: int
     released: int
     fallbacks: int
@@ -480,7 +480,8 @@ class ToolGapModel:
                     gap_p50_seconds=w.quantile(0.5),
                     gap_p90_seconds=w.quantile(0.9),
                     gap_p99_seconds=w.quantile(0.99),
-                    decides=len(w.gaps) >= self.cfg.min_samples,
+                    # with the per-tool TTL off nothing decides, however many gaps were learned
+                    decides=self.cfg.enabled and len(w.gaps) >= self.cfg.min_samples,
                     held=w.held,
                     released=w.released,
                     fallbacks=w.fallbacks,
