@@ -142,6 +142,9 @@ def run(args: argparse.Namespace) -> int:
     removed = clear_earlier_results(out, kinds, not args.no_machines)
     if removed:
         log(f"removed {len(removed)} file(s) an earlier run wrote for these checks from {out}")
+        # its verdicts.json named them: until this run writes its own there is none (an
+        # interrupted run leaves no verdicts, rather than one naming files that are gone)
+        (out / "verdicts.json").unlink(missing_ok=True)
     checker = Checker(cfg, opts, log)
     result = checker.run()
     sys.stdout.write(render(result, opts, cluster_of(cfg)))

@@ -78,7 +78,7 @@ def test_only_the_repeated_checks_files_are_removed(tmp_path: Path) -> None:
 
 
 def test_a_passing_run_into_a_reused_out_leaves_no_earlier_violation(tmp_path: Path, capsys, monkeypatch) -> None:
-    from bench.fairness import machines
+    from bench.fairness import check, machines
 
     config = tmp_path / "agentd.toml"
     config.write_text(CONFIG)
@@ -90,6 +90,15 @@ def test_a_passing_run_into_a_reused_out_leaves_no_earlier_violation(tmp_path: P
     assert (out / "machine-small.txt").exists()
     _populate(out)
     capsys.readouterr()
+
+    def interrupted(self: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:  # Ctrl-C during the run: no verdicts naming removed files
+        m.setattr(check.Checker, "run", interrupted)
+        assert main(argv) == 130
+    assert not (out / "machine-small.txt").exists() and not (out / "verdicts.json").exists()
+    (out / "machine-small.txt").write_text("stale")
 
     monkeypatch.setattr(machines, "available_machines", lambda: (("small", _machine(10**9)),))
     assert main(argv) == 0
