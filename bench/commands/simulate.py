@@ -35,7 +35,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", required=True, metavar="FILE", help="trace JSONL (agentd trace synth)")
     parser.add_argument("--out", default=None, help="report JSON path (default: stdout)")
     parser.add_argument("--seed", type=int_at_least(0), default=None, help="override embedded.seed (>= 0)")
-    parser.add_argument("--progress", action="store_true", help="progress line on stderr")
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_true",
+        default=None,
+        help="progress line on stderr (the default when stderr is a terminal)",
+    )
+    shown.add_argument("--no-progress", dest="progress", action="store_false", help="no progress line")
     add_replay_flags(parser)
     parser.set_defaults(time_scale=None)
 
@@ -70,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
     opts = replay_options(args)
     if args.model == "agentd-sim":
         opts = attrs.evolve(opts, model=cfg.embedded.model)
-    with progress_line(args.progress, "simulate") as progress:
+    # long runs show progress as bench, replay and check-fairness do; a pipe or a file stays clean
+    shown = sys.stderr.isatty() if args.progress is None else args.progress
+    with progress_line(shown, "simulate") as progress:
         report = run_simulation(
             cfg,
             trace,
