@@ -29,9 +29,11 @@ from typing import Any
 
 import attrs
 import httpx
+import trio
 
 from actors.core.model import Usage
 from daemon.h1client import H1Pool, LeanResponse, RawHeaders, request_bytes
+from daemon.pool_reaper import ReapedTransport
 
 HOP_BY_HOP: frozenset[str] = frozenset(
     {
@@ -521,10 +523,11 @@ def basic_authorization(url: httpx.URL) -> str:
 
 
 class UpstreamTransport(httpx.AsyncBaseTransport):
-    """HTTP/1.1 to the workers: :mod:`daemon.h1client` for ``http://``, httpx's transport for TLS.
+    """HTTP/1.1 to the workers: :mod:`daemon.h1client` for ``http://``, httpx's transport for TLS
+    (:class:`daemon.pool_reaper.ReapedTransport`, made at the first ``https://`` request).
 
     Both raise httpx's own exception types, so the proxy maps errors the same way whichever path
-    a worker URL takes.
+    a worker URL takes, and both close their idle connections while :meth:`run_reaper` runs.
     """
 
     def __init__(
@@ -535,17 +538,29 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         self._authorization = None if not api_key else f"Bearer {api_key}"
         self._ssl = ssl_context  # worker_tls: custom CA / client certificate (docs/operations.md §10)
         self._plain = H1Pool(limits.max_keepalive_connections, limits.keepalive_expiry)
-        self._tls: httpx.AsyncHTTPTransport | None = None
+        self._tls: ReapedTransport | None = None
+        self._tls_made = trio.Event()
 
     @property
     def pool(self) -> H1Pool:
         """The plain-HTTP pool (its counters: ``stale_retries_count``, ``open_connections``)."""
         return self._plain
 
+    @property
+    def tls(self) -> ReapedTransport | None:
+        """The TLS transport (its counters), once an ``https://`` worker was asked."""
+        return self._tls
+
     async def run_reaper(self) -> None:
-        """Close the plain-HTTP pool's idle connections at their expiry, and those the worker closed
-        at once (:meth:`H1Pool.run_reaper`); run it in the nursery that owns the transport."""
-        await self._plain.run_reaper()
+        """Close idle connections at their expiry, and those the worker closed at once: the
+        plain-HTTP pool's (:meth:`H1Pool.run_reaper`) and, once it exists, the TLS transport's
+        (:meth:`ReapedTransport.run_reaper`); run it in the nursery that owns the transport
+        (docs/operations.md §11.2)."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._plain.run_reaper)
+            await self._tls_made.wait()
+            assert self._tls is not None
+            await self._tls.run_reaper()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self._authorization is not None:
@@ -559,7 +574,8 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             raise httpx.UnsupportedProtocol(f"unsupported worker URL scheme {scheme!r}", request=request)
         if self._tls is None:
             verify: ssl.SSLContext | bool = True if self._ssl is None else self._ssl
-            self._tls = httpx.AsyncHTTPTransport(limits=self._limits, verify=verify)
+            self._tls = ReapedTransport(limits=self._limits, verify=verify)
+            self._tls_made.set()
         return await self._tls.handle_async_request(request)
 
     def lean_target(self, url: httpx.URL) -> LeanTarget | None:

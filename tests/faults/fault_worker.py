@@ -17,6 +17,9 @@ or SSE in chunked framing, one event per chunk).  Each generation request takes 
   what a server closing an idle keep-alive connection does to a request that crosses the close,
   the idle-close race; later: a worker failing on the request).
 
+With an ``ssl_context`` it serves HTTPS (``url`` is then ``https://``; :func:`self_signed` makes a
+certificate for 127.0.0.1); ``kill``, ``reset`` and ``drop_request`` need the plain socket.
+
 ``health`` (a list of statuses, consumed one per check, then ``health_default``) scripts ``/health``;
 ``metrics_broken`` makes ``/metrics`` answer 500.  ``idle_timeout`` closes idle keep-alive
 connections like uvicorn's ``timeout_keep_alive``.  The worker records every request (with its
@@ -30,10 +33,14 @@ on: ``pass``, ``reset_after`` (abort both sides after ``limit`` bytes from the w
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+import ssl
 import struct
+import subprocess
 from collections import deque
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -82,7 +89,8 @@ class _Closed(Exception):
 
 
 class FaultWorker:
-    def __init__(self) -> None:
+    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.ssl_context = ssl_context
         self.port = 0
         self.script: deque[Act] = deque()
         self.default = Act()
@@ -94,14 +102,15 @@ class FaultWorker:
         self.idle_timeout: float | None = None
         self.requests: list[Seen] = []
         self.faulted_at: list[float] = []  # trio time of each kill, reset or stall
+        self.closed_at: list[float] = []  # trio time each connection ended (the peer closed it, or the worker)
         self.open_connections = 0
         self.connections = 0
-        self._listeners: list[trio.SocketListener] = []
+        self._listeners: list[Any] = []
         self._scope = trio.CancelScope()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'http' if self.ssl_context is None else 'https'}://127.0.0.1:{self.port}"
 
     def generation_requests(self) -> list[Seen]:
         return [r for r in self.requests if r.path.startswith("/v1/chat")]
@@ -109,9 +118,15 @@ class FaultWorker:
     async def run(self, *, task_status: trio.TaskStatus[FaultWorker] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._scope = nursery.cancel_scope
-            listeners = await nursery.start(partial(trio.serve_tcp, self._serve, 0, host="127.0.0.1"))
+            if self.ssl_context is None:
+                listeners = await nursery.start(partial(trio.serve_tcp, self._serve, 0, host="127.0.0.1"))
+                sock = listeners[0].socket
+            else:
+                serve = partial(trio.serve_ssl_over_tcp, self._serve, 0, self.ssl_context, https_compatible=True)
+                listeners = await nursery.start(partial(serve, host="127.0.0.1"))
+                sock = listeners[0].transport_listener.socket
             self._listeners = listeners
-            self.port = listeners[0].socket.getsockname()[1]
+            self.port = sock.getsockname()[1]
             task_status.started(self)
 
     def die(self) -> None:
@@ -156,6 +171,7 @@ class FaultWorker:
             pass
         finally:
             self.open_connections -= 1
+            self.closed_at.append(trio.current_time())
             if not closed:
                 with trio.CancelScope(shield=True):
                     await stream.aclose()
@@ -271,6 +287,29 @@ async def _send_json(stream: trio.SocketStream, status: int, obj: Any) -> None:
     payload = json.dumps(obj).encode()
     head = f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {len(payload)}\r\n\r\n"
     await stream.send_all(head.encode() + payload)
+
+
+def self_signed(directory: Path) -> tuple[Path, Path] | None:
+    """A self-signed certificate for 127.0.0.1 and its key, made with ``openssl`` in ``directory``
+    (None when ``openssl`` is not installed)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        return None
+    cert, key = directory / "worker-cert.pem", directory / "worker-key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        + ["-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+def server_context(cert: Path, key: Path) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(cert), str(key))
+    return context
 
 
 def closed_port() -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+from collections import Counter
 from collections.abc import Awaitable, Callable
 
 import httpx
@@ -579,25 +580,35 @@ async def test_a_request_larger_than_the_socket_buffer_arrives_whole() -> None:
 # the idle reaper (docs/operations.md §11.2)
 
 
-def close_wait_sockets(port: int) -> int:
-    """This process's TCP sockets to ``port`` in CLOSE-WAIT (the peer closed, we did not)."""
+TCP_STATES = {"01": "ESTABLISHED", "04": "FIN_WAIT1", "05": "FIN_WAIT2", "06": "TIME_WAIT", "07": "CLOSE"}
+TCP_STATES |= {"08": "CLOSE_WAIT", "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING"}
+
+
+def sockets_to(port: int, pid: int | str = "self") -> Counter[str]:
+    """The TCP sockets of process ``pid`` (this one by default) connected to ``port``, by state
+    (``CLOSE_WAIT``: the peer closed, the process did not)."""
     inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
+    for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
             continue
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
-    count = 0
+    states: Counter[str] = Counter()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with open(table) as f:
             for line in f.read().splitlines()[1:]:
                 fields = line.split()
                 remote_port = int(fields[2].rsplit(":", 1)[1], 16)
-                if fields[3] == "08" and remote_port == port and fields[9] in inodes:
-                    count += 1
-    return count
+                if remote_port == port and fields[9] in inodes:
+                    states[TCP_STATES.get(fields[3], fields[3])] += 1
+    return states
+
+
+def close_wait_sockets(port: int) -> int:
+    """This process's TCP sockets to ``port`` in CLOSE-WAIT (the peer closed, we did not)."""
+    return sockets_to(port)["CLOSE_WAIT"]
 
 
 async def test_the_reaper_closes_each_idle_connection_at_its_expiry(autojump_clock: trio.testing.MockClock) -> None:
