@@ -63,6 +63,7 @@ from daemon.dataplane.wire import (
 from daemon.dispatch import DispatchRejected, Outcome, ProxyRequest
 from daemon.http.queue_eta import QueueWatch
 from daemon.models import ModelDirectory
+from daemon.pool_reaper import ReapedTransport
 from daemon.program_dispatch import SCHEDULER_UNAVAILABLE, output_cap
 
 if TYPE_CHECKING:
@@ -569,6 +570,24 @@ async def run_load_reports(
 
 
 # ------------------------------------------------------------------------------ the ASGI app
+
+# The scheduler process's internal listener closes a connection idle for 75 s (its keep-alive
+# timeout, daemon/http/serve.py): the relay closes its own idle ones first, this long after their
+# last answer, and at once when the scheduler process closes one (docs/operations.md §13.1).
+FORWARD_KEEPALIVE_SECONDS = 5.0
+
+
+def forwarding_client() -> tuple[httpx.AsyncClient, ReapedTransport]:
+    """The relay's client for :func:`forward_to_scheduler` and its transport, whose reaper
+    (:meth:`~daemon.pool_reaper.ReapedTransport.run_reaper`) the relay runs: without it an idle
+    connection stayed open until the next forwarded request, in CLOSE-WAIT after the scheduler's
+    keep-alive timeout.  httpx's connection limits; loopback only (no proxy or ``.netrc`` from the
+    environment)."""
+    limits = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=FORWARD_KEEPALIVE_SECONDS)
+    transport = ReapedTransport(limits=limits)
+    client = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(None, connect=5.0), trust_env=False)
+    return client, transport
+
 
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "te", "trailer", "host"}

@@ -38,6 +38,7 @@ from daemon.dataplane.relay import (
     RemoteProgramDispatcher,
     SnapshotView,
     forward_to_scheduler,
+    forwarding_client,
     read_scheduler_frames,
     run_load_reports,
 )
@@ -64,13 +65,21 @@ DRAIN_ANSWER_SECONDS = 2.0  # as the supervisor's (docs/operations.md §10.4)
 class RelayApp:
     """The relay's ASGI app: proxy routes here, everything else from the scheduler process."""
 
-    def __init__(self, engine: ProxyEngine, cfg: AgentdConfig, edge: Edge, auth: Any, scheduler_url: str) -> None:
+    def __init__(
+        self,
+        engine: ProxyEngine,
+        cfg: AgentdConfig,
+        edge: Edge,
+        auth: Any,
+        scheduler_url: str,
+        client: httpx.AsyncClient,
+    ) -> None:
         self.engine = engine
         self.cfg = cfg
         self.edge = edge
         self.auth = auth
         self.scheduler_url = scheduler_url
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
+        self.client = client  # forwarding_client(): run_relay runs its reaper and closes it
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -79,7 +88,6 @@ class RelayApp:
                 if message["type"] == "lifespan.startup":
                     await send({"type": "lifespan.startup.complete"})
                 elif message["type"] == "lifespan.shutdown":
-                    await self.client.aclose()
                     await send({"type": "lifespan.shutdown.complete"})
                     return
         if scope["type"] != "http":
@@ -207,17 +215,21 @@ async def run_relay(spec: RelaySpec) -> None:
             edge.note_shutdown()
             shutdown.set()
 
-    async with trio.open_nursery() as root:
+    forward, forward_transport = forwarding_client()
+    # the clients (their idle connections) and the scheduler's socket closed however the relay ends
+    async with control, engine.client, forward, trio.open_nursery() as root:
         root.start_soon(_watch_signals, shutdown, edge, root.cancel_scope)
         root.start_soon(link.run_writer)
         root.start_soon(read_scheduler)
-        if isinstance(engine.transport, UpstreamTransport):  # idle connections closed at their expiry
-            root.start_soon(engine.transport.run_reaper)  # (docs/operations.md §11.2)
+        # idle connections closed at their expiry, and at once when the peer closes them
+        if isinstance(engine.transport, UpstreamTransport):  # to the workers (docs/operations.md §11.2)
+            root.start_soon(engine.transport.run_reaper)
+        root.start_soon(forward_transport.run_reaper)  # to the scheduler process (§13.1)
         link.send(Hello(spec.index, os.getpid()))
         with trio.fail_after(FIRST_SNAPSHOT_SECONDS):
             await view.first.wait()
         root.start_soon(run_load_reports, link, lambda: native._in_flight, remote)
-        app = RelayApp(engine, cfg, edge, auth, spec.scheduler_url)
+        app = RelayApp(engine, cfg, edge, auth, spec.scheduler_url, forward)
         state = ServerState(
             max_connections=limits.max_connections,
             client_write_timeout_seconds=limits.client_write_timeout_seconds,

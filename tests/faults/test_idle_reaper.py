@@ -10,15 +10,24 @@ only when it was next taken from the pool:
 And each failed before session 32:
 
 * ``https://`` workers (httpx's pool): after a burst the idle TLS connections stayed open past the
-  expiry, and in CLOSE-WAIT once the worker had closed them, until the next request to it.
+  expiry, and in CLOSE-WAIT once the worker had closed them, until the next request to it;
+* a relay's connections to the scheduler process's internal listener (the routes it forwards)
+  stayed open until the next forwarded request, in CLOSE-WAIT after the listener's 75 s keep-alive;
+* a relay that drained left its upstream connections and its socket to the scheduler unclosed
+  (``ResourceWarning: unclosed <socket...>`` at its exit).
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import attrs
 import httpx
@@ -137,3 +146,86 @@ async def test_https_connection_the_worker_closes_while_idle_leaves_no_close_wai
         assert await wait_until(lambda: worker.open_connections == 0, WAIT_SECONDS)  # the worker closed it
         assert await wait_until(lambda: not sockets_to(worker.port), WAIT_SECONDS), sockets_to(worker.port)
         assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200  # a new connection
+
+
+def _relay_pids(handles: DaemonHandles) -> list[int]:
+    assert handles.data_plane is not None
+    pids = [slot.pid for slot in handles.data_plane.slots]
+    assert all(pid is not None for pid in pids)
+    return [pid for pid in pids if pid is not None]
+
+
+async def test_relays_close_their_idle_connections_to_the_scheduler_process() -> None:
+    async with trio.open_nursery() as nursery:
+        worker: FaultWorker = await nursery.start(FaultWorker().run)
+        cfg = fault_config([worker.url])
+        cfg = attrs.evolve(cfg, server=attrs.evolve(cfg.server, data_plane_processes=2))
+        with trio.fail_after(BUDGET_SECONDS):
+            handles = await nursery.start(partial(run_daemon, cfg))
+        assert handles.data_plane is not None and handles.data_plane.scheduler_url is not None
+        internal = urlsplit(handles.data_plane.scheduler_url).port
+        assert internal is not None
+        relays = _relay_pids(handles)
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
+            # routes the relays forward to the scheduler process; a new client connection per
+            # request: the relays take turns accepting them
+            for path in ("/scheduling/diagnostics", "/v1/models", "/health", "/metrics") * 2:
+                response = await client.get(path, headers={"connection": "close"})
+                assert response.status_code == 200, response.text
+        # every relay closes its idle connections to the internal listener (whose own keep-alive
+        # timeout is 75 s): none left open, none in CLOSE-WAIT
+        assert await wait_until(lambda: not any(sockets_to(internal, pid) for pid in relays), WAIT_SECONDS), {
+            pid: sockets_to(internal, pid) for pid in relays
+        }
+        assert await wait_until(lambda: handles.server_state.open_connections == 0, WAIT_SECONDS)
+        handles.request_shutdown()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_drained_daemon_with_relays_leaves_no_socket_unclosed(tmp_path: Path) -> None:
+    """``agentd start`` with two relay processes and an ``https://`` worker, Python's
+    ``ResourceWarning`` on in every process: after requests (to the worker, and to routes the relays
+    forward) and SIGTERM, the daemon exits 0 and no process reports an unclosed socket."""
+    cert, key = _certificate(tmp_path)
+    async with trio.open_nursery() as nursery:
+        worker: FaultWorker = await nursery.start(FaultWorker(server_context(cert, key)).run)
+        config = tmp_path / "agentd.toml"
+        config.write_text(
+            '[server]\nhost = "127.0.0.1"\nport = 0\ndata_plane_processes = 2\nshutdown_grace_seconds = 1.0\n'
+            f'[routing]\nworker_urls = ["{worker.url}"]\nhealth_check_interval_seconds = 3600.0\n'
+            "keepalive_expiry_seconds = 3600.0\n"  # every connection still open at the drain
+            f'[worker_tls]\nca_file = "{cert}"\n[batch_api]\nenabled = false\n'
+        )
+        env = {**os.environ, "PYTHONWARNINGS": "always::ResourceWarning"}
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "daemon", "start", "--config", str(config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        assert process.stdout is not None
+        output = b""
+        try:
+            with trio.fail_after(BUDGET_SECONDS):
+                while b"event=daemon_listening" not in output:
+                    chunk = await process.stdout.receive_some()
+                    assert chunk, output.decode(errors="replace")
+                    output += chunk
+                url = output.split(b"event=daemon_listening url=")[1].split()[0].decode()
+                async with httpx.AsyncClient(base_url=url, timeout=BUDGET_SECONDS) as client:
+                    for _ in range(4):  # new client connections: both relays serve some
+                        chat = await client.post("/v1/chat/completions", json=CHAT, headers={"connection": "close"})
+                        assert chat.status_code == 200, chat.text
+                        models = await client.get("/v1/models", headers={"connection": "close"})
+                        assert models.status_code == 200, models.text
+                process.send_signal(signal.SIGTERM)
+                async for chunk in process.stdout:
+                    output += chunk
+                assert await process.wait() == 0, output.decode(errors="replace")
+        finally:
+            if process.returncode is None:
+                process.kill()
+        text = output.decode(errors="replace")
+        assert text.count("event=relay_stopped") >= 2, text
+        assert "ResourceWarning" not in text, text
+        nursery.cancel_scope.cancel()
