@@ -159,7 +159,7 @@ class ReapedTransport(httpx.AsyncHTTPTransport):
         self._running = True
         hangups = self._hangups
         try:
-            while True:
+            while not hangups.closed:  # (closed while it closed a connection: the transport is gone)
                 with trio.CancelScope(deadline=self._next_expiry()) as self._reaper:
                     await trio.lowlevel.wait_readable(hangups.fileno())
                 self._reaper = None
