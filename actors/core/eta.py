@@ -14,7 +14,10 @@ tick (``metrics_interval_seconds``, with a fresh observation) and at completions
 * ``to_tick``: the time to the next tick (``last tick + metrics_interval_seconds``; one interval
   before the first tick).  A Program that fits the rank's free capacity and its Program count now
   is held back only by what the next pass re-checks (the growth reserve, the waiting gate, a stale
-  ledger): it goes at the next tick;
+  ledger): it goes at the next tick, unless the rank's waiting gate is closed for longer: then at
+  the first tick after the engine's completions have brought its queue below the threshold
+  (:func:`gate_open_in`, :func:`completion_interval`; docs/program-scheduling.md §13, "The waiting
+  gate");
 * ``d``: the line's **drain interval**, the wait per position of Programs that did not fit, learned
   online from admissions: when a request that was told a blocked ETA is admitted, ``max(0, wait -
   to_tick) / position`` (both as told) is one sample;
@@ -206,6 +209,45 @@ def departure_in(
     return None
 
 
+def completion_interval(samples: Iterable[tuple[float, float]], running: int) -> float | None:
+    """The seconds between two completions of a rank's engine while it has work queued, from its
+    recent requests ``(finished at, service seconds from dispatch to completion)`` in completion
+    order: the mean gap between consecutive completions whose later request was already at the
+    engine when the earlier one finished (dispatched before it); without such a pair, the
+    shortest service time over the engine's ``running`` count (what one request takes there, shared
+    by the requests it runs at once); None without samples."""
+    gaps: list[float] = []
+    shortest = math.inf
+    previous: float | None = None
+    for finished, service in samples:
+        if not (math.isfinite(finished) and math.isfinite(service)):
+            continue
+        if previous is not None and finished - service < previous and finished >= previous:
+            gaps.append(finished - previous)
+        shortest = min(shortest, max(0.0, service))
+        previous = finished
+    if gaps:
+        return math.fsum(gaps) / len(gaps)
+    if math.isfinite(shortest):
+        return shortest / max(1, running)
+    return None
+
+
+def gate_open_in(waiting: int, threshold: int, interval: float, since_completion: float | None) -> float | None:
+    """Seconds until the engine's waiting count falls below ``threshold`` (the waiting gate opens,
+    docs/program-scheduling.md §3), or None when it should be below it already: ``waiting`` (the
+    engine's queue now) minus ``threshold - 1`` completions are needed, one every ``interval``
+    seconds, the first ``interval`` after the last one (``since_completion`` seconds ago; at once
+    when that is longer ago; ``interval`` from now when there was none)."""
+    needed = waiting - threshold + 1
+    if needed <= 0:
+        return None
+    if not (math.isfinite(interval) and interval >= 0):
+        return None
+    first = max(0.0, interval - since_completion) if since_completion is not None else interval
+    return first + (needed - 1) * interval
+
+
 def retry_after_seconds(eta: float) -> float:
     """``Retry-After`` from an ETA: rounded up to whole seconds, at least 1."""
     return float(max(1, math.ceil(eta))) if math.isfinite(eta) else MAX_ETA_SECONDS
@@ -221,7 +263,7 @@ def relative_error(eta: float, actual: float) -> float | None:
 class EtaBook:
     """The queue-ETA state of one scheduler: drain windows, first ETAs, recent errors."""
 
-    __slots__ = ("windows", "first", "errors", "samples", "bound_rejections", "last_tick_at")
+    __slots__ = ("windows", "first", "errors", "samples", "bound_rejections", "last_tick_at", "gates")
 
     def __init__(self) -> None:
         self.windows: dict[QueueKey, DrainWindow] = {}
@@ -230,6 +272,10 @@ class EtaBook:
         self.samples = 0  # admitted queued requests ever compared
         self.bound_rejections = 0  # requests refused at once by x-agentd-max-queue-seconds
         self.last_tick_at: float | None = None  # the last RepairTick: admission passes run at ticks
+        # per rank: (the time of the last observation seen at a tick, whether it showed the waiting
+        # gate closed, whether the one before did): a gate closed at two observations in a row is
+        # told as lasting (docs/program-scheduling.md §13, "The waiting gate")
+        self.gates: dict[str, tuple[float, bool, bool]] = {}
 
     def window(self, key: QueueKey) -> DrainWindow:
         return self.windows.get(key, EMPTY_WINDOW)

@@ -27,16 +27,18 @@ from actors.core.eta import (
     FirstEta,
     QueueEta,
     QueueKey,
+    completion_interval,
     departure_in,
     drain_interval,
     eta_seconds,
+    gate_open_in,
     mean_residual,
     quantile,
     retry_after_seconds,
 )
 from actors.core.events import RequestSubmitted
 from actors.core.ids import ProgramRef, RequestId, TargetId
-from actors.core.ledger import admission_plan, private_tokens, target_usage
+from actors.core.ledger import admission_plan, fresh_waiting, private_tokens, rank_counts, target_usage
 from actors.core.lifecycle import cancel_waiting
 from actors.core.model import ACTING, GLOBAL_QUEUE, RANK_QUEUE, Program, RankState
 from actors.core.resume import move_destination_allows, ordered
@@ -136,6 +138,97 @@ def departures(
     return out, q, cycle
 
 
+def engine_completion_interval(s: SchedulerState, rank: RankState) -> float:
+    """Seconds between two completions of the rank's engine while it has work queued
+    (:func:`eta.completion_interval` over the rank's request window); for a rank that has not
+    completed a request yet, the mean of the other ranks' that have; else ``DEFAULT_PRIOR_INTERVAL``."""
+    c = _completion_interval(rank)
+    if c is not None:
+        return c
+    others = [c for r in s.ranks.values() if r is not rank and (c := _completion_interval(r)) is not None]
+    return math.fsum(others) / len(others) if others else DEFAULT_PRIOR_INTERVAL
+
+
+def _completion_interval(rank: RankState) -> float | None:
+    samples = [(r.finished_at, r.e2e_seconds - r.queue_seconds) for r in rank.factors.requests]
+    return completion_interval(samples, rank.running_requests or 0)
+
+
+def gate_in(s: SchedulerState, rank: RankState, to_tick: float) -> float | None:
+    """Seconds until the first tick whose observation is expected to show the rank's waiting gate
+    open (docs/program-scheduling.md §3, §13 "The waiting gate"), or None when it is open, or
+    expected to be at the next tick.  The gate is closed while the rank's fresh observation shows
+    at least ``admission_waiting_request_threshold`` requests waiting in the engine; until a tick's
+    observation shows fewer, no pass admits a Program there.  The engine's queue now is the
+    observed one plus the Program requests dispatched to the rank since that scrape, minus those
+    completed since (each completion lets a queued request run); it drains by one request per
+    :func:`engine_completion_interval`."""
+    cfg, now = s.cfg, s.now
+    if not gate_closed(s, rank) or not gate_lasting(s, rank):
+        return None
+    w = rank.waiting_requests or 0
+    threshold = cfg.admission_waiting_request_threshold
+    in_flight = rank_counts(rank)[1]
+    waiting = max(0, w + in_flight - rank.observed_router_active_reasoning_requests)
+    requests = rank.factors.requests
+    since = now - requests[-1].finished_at if requests else None
+    opens = gate_open_in(waiting, threshold, engine_completion_interval(s, rank), since)
+    if opens is None:
+        return None
+    return first_tick_after(s, to_tick, opens)
+
+
+def gate_closed(s: SchedulerState, rank: RankState) -> bool:
+    """The rank's fresh observation shows at least ``admission_waiting_request_threshold`` requests
+    waiting in the engine (``ledger.admission_plan`` admits no Program there)."""
+    threshold = s.cfg.admission_waiting_request_threshold
+    if threshold <= 0:
+        return False
+    w = fresh_waiting(rank, s.now, s.cfg.metrics_interval_seconds)
+    return w is not None and w >= threshold
+
+
+def gate_lasting(s: SchedulerState, rank: RankState) -> bool:
+    """A closed gate is lasting when the engine queues more requests than it runs, or when the
+    observation before the rank's last one showed it closed too (as seen at a tick,
+    :func:`note_gates`).  Otherwise it is mostly requests the engine had just received and starts
+    at its next step: open again at the next scrape (docs/benchmarks.md §9.5, session 32)."""
+    if (rank.waiting_requests or 0) > (rank.running_requests or 0):
+        return True  # the engine queues more than it runs: it cannot start them all at its next step
+    seen = s.eta.gates.get(str(rank.target_id))
+    if seen is None:
+        return False
+    at, closed, closed_before = seen
+    return closed_before if at == rank.observed_at else closed
+
+
+def note_gates(s: SchedulerState) -> None:
+    """At a tick: remember, per rank, whether its last observation showed the gate closed."""
+    book = s.eta
+    for target, rank in s.ranks.items():
+        key = str(target)
+        if rank.observed_at is None:
+            continue
+        seen = book.gates.get(key)
+        if seen is not None and seen[0] == rank.observed_at:
+            continue
+        book.gates[key] = (rank.observed_at, gate_closed(s, rank), seen is not None and seen[1])
+    for key in [k for k in book.gates if TargetId(k) not in s.ranks]:
+        del book.gates[key]
+
+
+def held_by_gate(s: SchedulerState, p: Program, rank: RankState, gate: float, to_tick: float) -> float:
+    """How long a closed gate that opens in ``gate`` seconds holds ``p`` on ``rank``: not at all for
+    a Program of a tenant the rank is kept for, until the first tick from its force-resume
+    deadline when that is sooner (both go through the gate, ``ledger.admission_plan``)."""
+    if p.tenant in rank.isolated_for:
+        return 0.0
+    deadline = p.force_resume_deadline
+    if deadline is not None:
+        return min(gate, first_tick_after(s, to_tick, deadline - s.now))
+    return gate
+
+
 def first_tick_after(s: SchedulerState, to_tick: float, wait: float) -> float:
     """Seconds from now to the first tick at least ``wait`` seconds from now (``to_tick``: the next one)."""
     interval = s.cfg.metrics_interval_seconds
@@ -221,6 +314,7 @@ def queue_etas(s: SchedulerState, key: QueueKey, until: Program | None = None) -
     pauses_by_line: dict[TargetId | None, list[tuple[float, float]]] = {}  # the rank's TTL pauses
     leaving: dict[TargetId | None, tuple[list[Departure], float, float]] = {}  # departures(), per line
     busy: dict[TargetId, dict[ProgramRef, float]] | None = None  # busy_since(), once per call
+    gates: dict[TargetId | None, float | None] = {}  # gate_in(), per line
     waiters = ordered(s, list(refs))
     moves = kind == GLOBAL_QUEUE and cfg.global_queue
     # per line: when the earliest-queued Program so far will have waited one interval (the
@@ -265,6 +359,13 @@ def queue_etas(s: SchedulerState, key: QueueKey, until: Program | None = None) -
             leave_in = departure_in(dep[0], count_over, tokens_over, dep[1], dep[2])
         d = st[2]
         eta = eta_seconds(position, d, to_tick, blocked=not fits, release_in=release_in, departure_in=leave_in)
+        rank = s.ranks.get(line) if line is not None else None
+        if fits and rank is not None:  # a blocked line waits for departures, which drain the engine too
+            if line not in gates:
+                gates[line] = gate_in(s, rank, to_tick)
+            gate = gates[line]
+            if gate is not None:  # no pass admits it there before the waiting gate opens
+                eta = max(eta, held_by_gate(s, p, rank, gate, to_tick))
         eta = st[5] = max(eta, st[5])  # nobody behind it in its line goes first
         if moves and not fits:
             moved = move_in(s, p, to_tick, pressure.get(line), waiting_targets)
@@ -358,6 +459,7 @@ def _fmt(x: float) -> str:
 
 def tell_all(s: SchedulerState) -> None:
     """Every waiting Program request is told its position and ETA (once per tick)."""
+    note_gates(s)
     keys: list[QueueKey] = [(GLOBAL_QUEUE, name) for name in s.global_queues]
     keys.extend((RANK_QUEUE, str(name)) for name in s.rank_queues)
     for key in keys:
@@ -381,8 +483,11 @@ def diagnostics(s: SchedulerState) -> dict[str, object]:
             line = str(p.last_target)
             waiting[line] = waiting.get(line, 0) + 1
     lines = []
+    to_tick = to_next_tick(s)
     for target in sorted(s.ranks):
         w = book.window((LINE, target))
+        rank = s.ranks[target]
+        lasting = gate_closed(s, rank) and gate_lasting(s, rank)
         lines.append(
             {
                 "target_id": target,
@@ -391,6 +496,9 @@ def diagnostics(s: SchedulerState) -> dict[str, object]:
                 "prior_interval_seconds": prior_interval(s, target),
                 "interval_samples": len(w.intervals),
                 "samples_observed": w.observed,
+                "waiting_gate_lasting": lasting,
+                "waiting_gate_opens_in_seconds": gate_in(s, rank, to_tick) if lasting else None,
+                "engine_completion_interval_seconds": engine_completion_interval(s, rank),
             }
         )
     return {

@@ -116,7 +116,9 @@ def test_a_line_that_fits_now_waits_for_the_next_tick_only() -> None:
     h = Harness(token_capacity_per_dp_rank=1000, decode_buffer_tokens=100, admission_waiting_request_threshold=1)
     h.tick(at=0.0)  # the tick grid: 0, 1, 2, ...
     h.submit("x", tokens=500)
-    h.observe(0, kv=0.6, running=1, waiting=3, at=0.5)  # 600 tokens used; the gate is closed
+    # 600 tokens used; the gate is closed, at one scrape, by no more requests than the engine runs
+    # (not counted as lasting: §13, "The waiting gate")
+    h.observe(0, kv=0.6, running=1, waiting=1, at=0.5)
     assert told(h.submit("a", tokens=200, at=0.75)) == [("r2", 1, 0.25, True)]  # to the first tick at 1
     assert told(h.submit("b", tokens=400, at=0.8)) == [("r3", 2, 0.2 + 2 * 5.0, True)]  # 600 + 300 + 500 > 1000
 
@@ -287,7 +289,7 @@ def test_a_line_fits_only_with_what_an_admission_counts_as_used() -> None:
     h = Harness(token_capacity_per_dp_rank=1000, decode_buffer_tokens=100, admission_waiting_request_threshold=1)
     h.tick(at=0.0)
     h.submit("x", tokens=500)
-    h.observe(0, kv=0.6, running=1, waiting=3, at=0.5)  # the waiting gate is closed
+    h.observe(0, kv=0.6, running=1, waiting=1, at=0.5)  # the waiting gate is closed (at one scrape)
     assert told(h.submit("a", tokens=200, at=0.75)) == [("r2", 1, 0.25, True)]  # fits: the next tick
     h.abandon("r2", at=0.8)
     h.state.ranks[tid(0)].batch_claim_tokens = 200.0
@@ -402,3 +404,93 @@ def test_no_move_is_told_when_no_other_rank_would_admit_the_program() -> None:
     # rank 0 after 1 round: it leaves)
     eff = h.submit("a", at=4.0)
     assert told(eff) == [("r4", 1, 2.0, True)]
+
+
+# ---- the waiting gate (docs/program-scheduling.md §13, "The waiting gate") ------------------------
+
+
+def test_completion_interval_is_the_engines_gap_between_completions_under_load() -> None:
+    # (finished at, service seconds): the second was dispatched at 0.5, before the first finished
+    # (a gap of 2.0 under load); the third at 4.5, after the second finished (the engine idled)
+    assert eta.completion_interval([(2.0, 2.0), (4.0, 3.5), (6.5, 2.0)], running=1) == 2.0
+    # no pair under load: the shortest service time shared by the engine's running requests
+    assert eta.completion_interval([(2.0, 2.0), (5.0, 3.0)], running=2) == 1.0
+    assert eta.completion_interval([], running=1) is None
+
+
+def test_gate_opens_after_the_completions_that_bring_the_engine_queue_below_the_threshold() -> None:
+    assert eta.gate_open_in(3, 1, 2.0, since_completion=0.5) == 1.5 + 2 * 2.0  # 3 completions
+    assert eta.gate_open_in(3, 2, 2.0, since_completion=0.5) == 1.5 + 2.0  # 2 completions leave 1 < 2
+    assert eta.gate_open_in(0, 1, 2.0, since_completion=0.5) is None  # open already
+    assert eta.gate_open_in(1, 1, 2.0, since_completion=None) == 2.0  # no completion yet: one interval
+    assert eta.gate_open_in(1, 1, 2.0, since_completion=3.0) == 0.0  # overdue
+
+
+def _gate_closed_twice() -> Harness:
+    """Three Programs on one engine that runs one request at a time: it queues two of them, as
+    the scrapes at 0.5 and 1.5 say; the tick at 2.0 has seen both."""
+    h = Harness(admission_waiting_request_threshold=1)
+    h.tick(at=0.0)
+    for program in ("x", "y", "z"):
+        assert admitted(h.submit(program)) != []  # no observation yet: the gate is open
+    h.observe(0, None, 1, 2, at=0.5)
+    h.tick(at=1.0)
+    h.observe(0, None, 1, 2, at=1.5, epoch=2)
+    h.tick(at=2.0)
+    return h
+
+
+def test_a_line_behind_a_lasting_closed_gate_is_told_when_the_engine_drains() -> None:
+    h = _gate_closed_twice()
+    h.complete("r1", at=2.1, prompt=100)  # x after 2.1 s: the engine's completion interval
+    # the engine's queue now: 2 at the scrape of 1.5, 3 requests in flight then, 2 now: 1 waiting,
+    # so one completion opens the gate: 2.1 s after x's (2.0 s from now, at 4.2), seen by the
+    # scrape of the first tick from then (5.0): 2.75 s; the line fits (was told 0.75 s, the next tick)
+    assert told(h.submit("a", at=2.25)) == [("r4", 1, 2.75, True)]
+    assert told(h.submit("b", at=2.25)) == [("r5", 2, 2.75, True)]  # the gate admits the line at once
+    h.complete("r2", at=4.2, prompt=100)
+    h.observe(0, None, 1, 0, at=5.0, epoch=3)  # z runs, nothing waits: the gate is open
+    assert check(h.state, h.cfg) == []
+
+
+def test_a_gate_closed_at_one_scrape_only_is_told_as_the_next_tick() -> None:
+    h = Harness(admission_waiting_request_threshold=1)
+    h.tick(at=0.0)
+    for program in ("x", "y", "z"):
+        h.submit(program)
+    h.complete("r1", at=0.2, prompt=100)
+    h.observe(0, None, 1, 1, at=0.5)  # one scrape: requests the engine had just received, mostly
+    assert told(h.submit("a", at=0.75)) == [("r4", 1, 0.25, True)]
+
+
+def test_the_engine_queue_counts_what_was_dispatched_and_completed_since_the_scrape() -> None:
+    h = _gate_closed_twice()
+    h.complete("r1", at=2.1, prompt=100)
+    h.complete("r2", at=2.2, prompt=100)  # two completions since the scrape: nothing waits now
+    assert told(h.submit("a", at=2.25)) == [("r4", 1, 0.75, True)]  # the next tick
+
+
+def test_what_goes_through_the_gate_is_not_held_by_it() -> None:
+    h = _gate_closed_twice()
+    h.complete("r1", at=2.1, prompt=100)
+    assert told(h.submit("a", at=2.25)) == [("r4", 1, 2.75, True)]
+    a = h.program("a")
+    # a force-resume deadline due at 3.1 goes through at the first tick from then (4.0): 1.75 s
+    a.force_resume_deadline = 3.1
+    assert eta_queue.program_eta(h.state, a) == eta.QueueEta(1, 1.75, 5.0, 0.75, blocked=False)
+    # a Program of a tenant the rank is kept for (docs/priority.md §3): the next tick
+    a.force_resume_deadline = None
+    h.rank(0).isolated_for = frozenset({a.tenant})
+    assert eta_queue.program_eta(h.state, a) == eta.QueueEta(1, 0.75, 5.0, 0.75, blocked=False)
+
+
+def test_an_engine_that_queues_more_than_it_runs_holds_its_gate_from_the_first_scrape() -> None:
+    h = Harness(admission_waiting_request_threshold=1)
+    h.tick(at=0.0)
+    for program in ("x", "y", "z"):
+        h.submit(program)
+    h.complete("r1", at=0.45, prompt=100)  # x after 0.45 s
+    h.observe(0, None, 1, 2, at=0.5)  # one request runs, two wait: more than it runs
+    # two completions open the gate: the first 0.45 s after x's (0.15 s from now), the second
+    # 0.45 s later (at 1.35), seen by the scrape of the tick of 2.0 (was: the next tick, 0.25 s)
+    assert told(h.submit("a", at=0.75)) == [("r4", 1, 1.25, True)]
