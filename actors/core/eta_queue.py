@@ -189,11 +189,12 @@ def gate_closed(s: SchedulerState, rank: RankState) -> bool:
 
 
 def gate_lasting(s: SchedulerState, rank: RankState) -> bool:
-    """A closed gate is lasting when the engine queues more requests than it runs, or when the
+    """A closed gate is lasting when the engine runs requests and queues more than it runs, or when the
     observation before the rank's last one showed it closed too (as seen at a tick,
     :func:`note_gates`).  Otherwise it is mostly requests the engine had just received and starts
     at its next step: open again at the next scrape (docs/benchmarks.md §9.5, session 32)."""
-    if (rank.waiting_requests or 0) > (rank.running_requests or 0):
+    running = rank.running_requests or 0
+    if running > 0 and (rank.waiting_requests or 0) > running:
         return True  # the engine queues more than it runs: it cannot start them all at its next step
     seen = s.eta.gates.get(str(rank.target_id))
     if seen is None:

@@ -494,3 +494,13 @@ def test_an_engine_that_queues_more_than_it_runs_holds_its_gate_from_the_first_s
     # two completions open the gate: the first 0.45 s after x's (0.15 s from now), the second
     # 0.45 s later (at 1.35), seen by the scrape of the tick of 2.0 (was: the next tick, 0.25 s)
     assert told(h.submit("a", at=0.75)) == [("r4", 1, 1.25, True)]
+
+
+def test_an_engine_that_runs_nothing_yet_does_not_hold_its_gate_from_the_first_scrape() -> None:
+    h = Harness(admission_waiting_request_threshold=1)
+    h.tick(at=0.0)
+    h.submit("x")
+    h.complete("r1", at=0.45, prompt=100)
+    h.submit("y", at=0.49)
+    h.observe(0, None, 0, 1, at=0.5)  # y reached the engine, which has not started it yet
+    assert told(h.submit("a", at=0.75)) == [("r3", 1, 0.25, True)]  # the next tick
