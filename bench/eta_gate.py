@@ -13,6 +13,7 @@ loaded machine are labelled with the load average.
     python -m bench.eta_gate --workers 2 --requests 16
     python -m bench.eta_gate --workers 1 --requests 8 --data-plane-processes 2
     python -m bench.eta_gate --kind identity-free --requests 8
+    python -m bench.eta_gate --workers 1 --free-first 6 --delay 3 --requests 1   # one Program behind identity-free load
 """
 
 from __future__ import annotations
@@ -112,6 +113,17 @@ async def one(client: httpx.AsyncClient, args: argparse.Namespace, i: int, out: 
     out.append(rec)
 
 
+async def background(client: httpx.AsyncClient, args: argparse.Namespace, j: int) -> None:
+    """One identity-free request of the engine's background load (not measured)."""
+    await trio.sleep(j * args.spacing)
+    b = {
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": f"background {j}: " + "word " * args.prompt_words}],
+        "max_tokens": args.max_tokens,
+    }
+    await client.post("/v1/chat/completions", json=b)
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     state = Path(tempfile.mkdtemp(prefix="eta-gate-"))
     out: list[dict[str, Any]] = []
@@ -125,6 +137,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             async with running(agentd_cmd(config)) as (_a, base):
                 async with httpx.AsyncClient(base_url=base, timeout=600) as client:
                     async with trio.open_nursery() as nursery:
+                        for j in range(args.free_first):  # engine load agentd does not queue
+                            nursery.start_soon(background, client, args, j)
+                        await trio.sleep(args.delay)
                         for i in range(args.requests):
                             nursery.start_soon(one, client, args, i, out)
                     diag = (await client.get("/scheduling/diagnostics")).json()
@@ -165,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-plane-processes", type=int, default=1)
     p.add_argument("--global-queue", action="store_true")
     p.add_argument("--bound", type=float, default=None, help="x-agentd-max-queue-seconds on every request")
+    p.add_argument("--free-first", type=int, default=0, help="identity-free requests sent first (engine load)")
+    p.add_argument("--delay", type=float, default=0.0, help="seconds before the measured requests start")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     result = trio.run(run, args)
