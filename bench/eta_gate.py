@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -126,6 +127,13 @@ async def background(client: httpx.AsyncClient, args: argparse.Namespace, j: int
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     state = Path(tempfile.mkdtemp(prefix="eta-gate-"))
+    try:
+        return await _run(args, state)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
+async def _run(args: argparse.Namespace, state: Path) -> dict[str, Any]:
     out: list[dict[str, Any]] = []
     async with running(worker_cmd(args)) as (_w0, url0):
         workers = [url0]
