@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 import trio
 
+from bench.interrupt import run_interruptible, run_main
 from bench.procs import agentd_cmd, running
 
 QUEUED = re.compile(rb"^: queued position=(\d+) eta=([0-9.]+)s")
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--delay", type=float, default=0.0, help="seconds before the measured requests start")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    result = trio.run(run, args)
+    result = run_interruptible(lambda: run(args))
     for r in result["requests"]:
         print(
             f"#{r['i']:3d} status={r['status']} pos={r['first_position']} first_eta={r['first_eta']} "
@@ -210,4 +211,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_main(main, "python -m bench.eta_gate"))
