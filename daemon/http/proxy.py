@@ -774,8 +774,10 @@ class ProxyEngine:
         changes: dict[str, Any] = {}
         xargs = body.get("vllm_xargs")
         if self.forwarding_mode != "unchanged" and isinstance(xargs, dict) and "agentic_context" in xargs:
-            body = strip_agentic_context(body, self.forwarding_mode)
-            changes["vllm_xargs"] = body.get("vllm_xargs", DELETE)
+            stripped = strip_agentic_context(body, self.forwarding_mode)
+            if stripped.get("vllm_xargs") is not xargs:  # (json_string keeps a string or null context)
+                body = stripped
+                changes["vllm_xargs"] = body.get("vllm_xargs", DELETE)
         if lease.target.worker_url in self.priority_workers:
             wanted = engine_priority(req.prio, self.priority.max_abs_priority, self.bands)
             if body.get("priority", 0) != wanted:
@@ -793,8 +795,13 @@ class ProxyEngine:
         if inject:
             given = body.get("stream_options")
             options: dict[str, Any] = given if isinstance(given, dict) else {}
-            body = {**body, "stream_options": {**options, "include_usage": True}}
-            changes["stream_options"] = body["stream_options"]
+            options = {**options, "include_usage": True}
+            if options.get("continuous_usage_stats"):
+                # vLLM adds usage to every chunk only with include_usage: the client, which did not
+                # ask for usage, must not get it on every chunk now (the filter drops the last one)
+                options["continuous_usage_stats"] = False
+            body = {**body, "stream_options": options}
+            changes["stream_options"] = options
         if raw_body is not None and not changes:
             return raw_body, inject
         if raw_body is not None:

@@ -169,7 +169,12 @@ def parse_json_body_layout(raw: bytes) -> tuple[dict[str, Any], Layout | None]:
     # A lone surrogate needs a \ud8xx-\udfxx escape.  A non-ASCII body parsed by the Latin-1 scan
     # (layout.text None) holds no \u escape at all (daemon/http/rawbody.py); any other body is
     # searched once (docs/operations.md §13.6)
-    if (layout is None or layout.text is not None or raw.isascii()) and _SURROGATE_ESCAPE.search(raw) is not None:
+    # (a UTF-16/32 body, which has a NUL among its first four bytes, holds its escapes as UTF-16/32
+    # text the byte search cannot see: its value is checked instead; before session 32 a lone
+    # surrogate in one passed, and the prompt-size estimate failed with a 500)
+    if ((layout is None or layout.text is not None or raw.isascii()) and _SURROGATE_ESCAPE.search(raw) is not None) or (
+        layout is None and b"\x00" in raw[:4]
+    ):
         try:
             json.dumps(body, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError as exc:
@@ -260,6 +265,8 @@ def validate_body(endpoint: str, body: Mapping[str, Any]) -> None:
     xargs = body.get("vllm_xargs")
     if xargs is not None and not isinstance(xargs, dict):
         raise bad_field("vllm_xargs", "must be an object", xargs)
+    if xargs and type(xargs.get("agentic_context")) is dict:
+        _finite_context(xargs["agentic_context"])
     for name in ("user", "request_id"):
         value = body.get(name)
         if value is not None and not isinstance(value, str):
@@ -271,6 +278,30 @@ def validate_body(endpoint: str, body: Mapping[str, Any]) -> None:
         _validate_prompt(body)
     else:
         _validate_input(body)
+
+
+def _finite_context(context: dict[str, Any]) -> None:
+    """A ``NaN`` or ``Infinity`` (or a number too large for a float) anywhere in an object
+    ``agentic_context`` is a 400 naming it (docs/operations.md §14, "Numbers"): the context is
+    forwarded as JSON text (``routing.agentic_context_forwarding = "json_string"``), which cannot
+    hold one, and agentd reads its numbers.  Before session 32 one in a field agentd does not
+    read became a 500 at forwarding time, after the request had been admitted."""
+    stack: list[tuple[str, Any]] = [("vllm_xargs.agentic_context", context)]
+    while stack:
+        path, value = stack.pop()
+        kind = type(value)
+        if kind is float:
+            if not math.isfinite(value):
+                raise ApiError(
+                    400,
+                    f"'{path}' must be a finite number, got {value}",
+                    code="invalid_program_identity",
+                    param=path,
+                )
+        elif kind is dict:
+            stack.extend((f"{path}.{key}", item) for key, item in value.items())
+        elif kind is list:
+            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
 
 
 def _validate_messages(body: Mapping[str, Any]) -> None:
