@@ -48,8 +48,8 @@ _WS = re.compile(r"[ \t\n\r]*")
 # character from raw bytes, so such a body is decoded as UTF-8 first (one search at C speed)
 _U_ESCAPE = re.compile(rb"\\u")
 # a string after "{" or "," holding a \u escape: every member key spelt with an escape, also some
-# array items (a false match only costs a re-encoded small body, :func:`edit_last_member`); linear:
-# the string part cannot match "\u" itself, so each attempt stops at its first escape or quote
+# array items (a false match only costs a member-wise scan of a small body, :func:`edit_last_member`);
+# linear: the string part cannot match "\u" itself, so each attempt stops at its first escape or quote
 _ESCAPED_KEY = re.compile(rb'[{,][ \t\n\r]*"(?:[^"\\]|\\[^u])*\\u')
 
 
@@ -153,20 +153,27 @@ def edit_last_member(raw: bytes, body: dict[str, Any], key: str, value: Any) -> 
     by ``:`` is a member's key, not text inside a string (a quote inside a string follows a
     backslash), and the object it belongs to is closed by the body's last ``}`` when only
     whitespace and that brace follow its value.  The textually last top-level occurrence of a
-    key is the one ``json.loads`` keeps; a body that may hold the key twice (the needle found
-    twice, or a key spelt with a ``\\u`` escape before it) is left to re-encoding, so the worker
-    sees the key once (before session 32 the first copy, agentic context included, stayed)."""
+    key is the one ``json.loads`` keeps.  A body that may hold a top-level key twice (the needle
+    found twice, or a key spelt with a ``\\u`` escape before it) is scanned member by member, and
+    one that does is left to re-encoding, so the worker sees each key once (before session 32 the
+    first copy of a repeated ``vllm_xargs``, agentic context included, stayed)."""
     if not body or next(reversed(body)) != key or raw.lstrip(_WS_BYTES)[:1] != b"{":
         return None  # (a byte-order mark or UTF-16/32: re-encoded, as without a layout)
     needle = _NEEDLES.get(key)
     if needle is None:
         needle = _NEEDLES[key] = json.dumps(key).encode()  # (the few keys agentd edits)
     at = raw.rfind(needle)
-    if at < 0 or raw.find(needle) != at:
-        return None  # (also a top-level key given twice: re-encoded, the worker sees it once)
+    if at < 0:
+        return None
     head = raw[:at].rstrip(_WS_BYTES)
-    if b"\\u" in head and _ESCAPED_KEY.search(head) is not None:
-        return None  # a key spelt with an escape may be this one again ("vllm_\u0078args")
+    if raw.find(needle) != at or (b"\\u" in head and _ESCAPED_KEY.search(head) is not None):
+        # the key written twice, or a key spelt with an escape ("vllm_\u0078args"): one may be a
+        # top-level key given twice, which is re-encoded so that the worker sees it once
+        try:
+            if _members(raw.decode("utf-8", "surrogatepass"))[2]:
+                return None
+        except (UnicodeDecodeError, _NotHandled):
+            return None
     opener = head[-1:]
     if opener not in (b",", b"{"):
         return None

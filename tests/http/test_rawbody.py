@@ -335,3 +335,25 @@ def test_last_member_edit_refuses_what_it_cannot_check() -> None:
         edit_last_member(b'{"a": 1,\n "vllm_xargs": {"x": 1}\n}', body, "vllm_xargs", {"y": 2})
         == b'{"a": 1,"vllm_xargs":{"y": 2}}'
     )
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"vllm_xargs": {"agentic_context": {"program_id": "p"}}, "vllm_xargs": {"a": 1}}',
+        b'{"m": 1, "vllm_\\u0078args": {"agentic_context": {}}, "vllm_xargs": {"a": 1}}',
+        b'{"m": 1, "vllm_xarg\\u0073" : {"agentic_context": {}},\n"vllm_xargs": {"a": 1}}',
+    ],
+)
+def test_last_member_edit_leaves_a_repeated_key_to_re_encoding(raw: bytes) -> None:
+    """The edited member's key given twice at the top level (also spelt with an escape): spliced,
+    the worker saw the first copy, agentic context included, beside the edited one (before
+    session 32); re-encoded now, each key once."""
+    value = json.loads(raw)
+    assert edit_last_member(raw, value, "vllm_xargs", DELETE) is None
+    assert edit_last_member(raw, value, "vllm_xargs", {"b": 2}) is None
+
+
+def test_last_member_edit_splices_when_an_escaped_key_is_another_one() -> None:
+    raw = b'{"\\u00e9": 1, "m": [{"vllm_xargs": 2}], "vllm_xargs": {"agentic_context": {}}}'
+    assert edit_last_member(raw, json.loads(raw), "vllm_xargs", DELETE) == raw[: raw.rfind(b",")] + b"}"
