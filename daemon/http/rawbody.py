@@ -166,7 +166,7 @@ def edit_last_member(raw: bytes, body: dict[str, Any], key: str, value: Any) -> 
     if at < 0:
         return None
     head = raw[:at].rstrip(_WS_BYTES)
-    if raw.find(needle) != at or (b"\\u" in head and _ESCAPED_KEY.search(head) is not None):
+    if raw.find(needle, 0, at) >= 0 or (_U_ESCAPE.search(raw, 0, at) and _ESCAPED_KEY.search(head) is not None):
         # the key written twice, or a key spelt with an escape ("vllm_\u0078args"): one may be a
         # top-level key given twice, which is re-encoded so that the worker sees it once
         try:

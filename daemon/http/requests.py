@@ -282,26 +282,41 @@ def validate_body(endpoint: str, body: Mapping[str, Any]) -> None:
 
 def _finite_context(context: dict[str, Any]) -> None:
     """A ``NaN`` or ``Infinity`` (or a number too large for a float) anywhere in an object
-    ``agentic_context`` is a 400 naming it (docs/operations.md §14, "Numbers"): the context is
-    forwarded as JSON text (``routing.agentic_context_forwarding = "json_string"``), which cannot
-    hold one, and agentd reads its numbers.  Before session 32 one in a field agentd does not
-    read became a 500 at forwarding time, after the request had been admitted."""
-    stack: list[tuple[str, Any]] = [("vllm_xargs.agentic_context", context)]
+    ``agentic_context`` is a 400 naming it (docs/operations.md §12): the context is forwarded as
+    JSON text (``routing.agentic_context_forwarding = "json_string"``), which cannot hold one, and
+    agentd reads its numbers.  Before session 32 one in a field agentd does not read became a 500
+    at forwarding time, after the request had been admitted.  (Paths are made only for the error:
+    a context of a few scalars costs well under a microsecond.)"""
+    stack: list[Any] = [context]
     while stack:
-        path, value = stack.pop()
-        kind = type(value)
-        if kind is float:
-            if not math.isfinite(value):
-                raise ApiError(
-                    400,
-                    f"'{path}' must be a finite number, got {value}",
-                    code="invalid_program_identity",
-                    param=path,
-                )
-        elif kind is dict:
-            stack.extend((f"{path}.{key}", item) for key, item in value.items())
-        elif kind is list:
-            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+        value = stack.pop()
+        for item in value.values() if type(value) is dict else value:
+            kind = type(item)
+            if kind is float:
+                if not math.isfinite(item):
+                    path = _non_finite_path(context, "vllm_xargs.agentic_context")
+                    raise ApiError(
+                        400,
+                        f"'{path}' must be a finite number, got {item}",
+                        code="invalid_program_identity",
+                        param=path,
+                    )
+            elif kind is dict or kind is list:
+                stack.append(item)
+
+
+def _non_finite_path(value: Any, path: str) -> str:
+    """The path of the first non-finite number in ``value`` (one is there)."""
+    items = value.items() if type(value) is dict else enumerate(value)
+    for key, item in items:
+        sub = f"{path}.{key}" if type(value) is dict else f"{path}[{key}]"
+        if type(item) is float and not math.isfinite(item):
+            return sub
+        if type(item) in (dict, list):
+            found = _non_finite_path(item, sub)
+            if found:
+                return found
+    return ""
 
 
 def _validate_messages(body: Mapping[str, Any]) -> None:
