@@ -172,7 +172,8 @@ def parse_generation(body: Mapping[str, Any], *, chat: bool, cluster: SimCluster
         if not isinstance(options, dict):
             raise bad("stream_options", "must be an object")
         include_usage = _opt_bool(options, "include_usage")
-        continuous = _opt_bool(options, "continuous_usage_stats")
+        # vLLM honours continuous_usage_stats only together with include_usage (docs/simulator.md §3)
+        continuous = include_usage and _opt_bool(options, "continuous_usage_stats")
 
     xargs = body.get("vllm_xargs")
     if xargs is None:

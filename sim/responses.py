@@ -4,8 +4,8 @@ Streaming: the first frame carries ``delta {role: "assistant", content: ""}`` an
 first token (vLLM sends nothing while a prefill runs); then one frame per output token, the last one
 carrying ``finish_reason``; then, with ``stream_options.include_usage``, a frame with empty
 ``choices`` and the usage; then ``data: [DONE]``.  Frames never carry a ``usage`` key unless
-``continuous_usage_stats`` is set.  If the engine drops the request, an ``error`` frame and
-``[DONE]`` end the stream.
+``continuous_usage_stats`` is set together with ``include_usage``.  If the engine drops the
+request, an ``error`` frame and ``[DONE]`` end the stream.
 """
 
 from __future__ import annotations

@@ -341,6 +341,10 @@ async def test_continuous_usage_and_token_id_prompts(autojump_clock: trio.abc.Cl
         async with client.stream("POST", "/v1/completions", json=payload) as r:
             frames = sse_payloads(b"".join([c async for c in r.aiter_bytes()]))
         batched = await client.post("/v1/completions", json={"prompt": ["a", "b"]})
+        alone = {**payload, "stream_options": {"continuous_usage_stats": True}}  # without include_usage
+        async with client.stream("POST", "/v1/completions", json=alone) as r:
+            plain = sse_payloads(b"".join([c async for c in r.aiter_bytes()]))
+    assert plain and all("usage" not in f for f in plain)  # vLLM: continuous only with include_usage
     token_frames = frames[:-2]
     assert [f["usage"]["completion_tokens"] for f in token_frames] == [1, 2, 3]
     assert all(f["usage"]["prompt_tokens"] == 4 for f in frames[:-1])
