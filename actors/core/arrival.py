@@ -1,9 +1,10 @@
 """Arrival: a request with Program identity enters the RequestPool (``RequestSubmitted``).
 
 ``on_submit`` runs the arrival's named steps in order: create or find the Program's generation,
-sample the request interval, retain the request, refresh the Program's metadata, place it (admit
-at once on an Active Program, queue otherwise), the arrival's decision sequence, and the
-force-resume deadline (docs/program-scheduling.md §3, §5).
+sample the request interval, retain the request, refresh the Program's metadata, move it off the
+workers a failover's request could not reach, place it (admit at once on an Active Program, queue
+otherwise), the arrival's decision sequence, and the force-resume deadline
+(docs/program-scheduling.md §3, §5, §9.1).
 """
 
 from __future__ import annotations
@@ -21,16 +22,20 @@ from actors.core.errors import NO_TARGETS, InvalidEvent
 from actors.core.events import (
     RequestSubmitted,
 )
+from actors.core.failover import allowed_targets
 from actors.core.fairness_sync import settle_program
 from actors.core.ids import ProgramKey, ProgramRef, RequestId, TargetId
 from actors.core.ledger import resync
 from actors.core.lifecycle import (
     cancel_waiting,
     commit_admission,
+    dequeue,
     dispatch_ready,
     enqueue,
+    invalidate,
     mark_dirty,
     reject,
+    restart_freshness_anchor,
     touch,
 )
 from actors.core.model import (
@@ -61,8 +66,9 @@ def on_submit(s: SchedulerState, ev: RequestSubmitted) -> None:
     The steps, in order: sync the pool's targets if the shell sent them; validate; find the live
     generation or create one; sample the request interval of an idle Program; retain the request;
     refresh the Program's metadata and context estimate (a new generation is bound to its home
-    rank); dispatch it at once when the Program is active, else queue the Program; the arrival
-    sequence; finally freeze the workload-derived force-resume deadline.
+    rank); move the Program off a worker the request could not reach (a failover, §9.1); dispatch
+    it at once when the Program is active, else queue the Program; the arrival sequence; finally
+    freeze the workload-derived force-resume deadline.
     """
     pool = ev.model_pool
     if ev.targets is not None:
@@ -90,6 +96,8 @@ def on_submit(s: SchedulerState, ev: RequestSubmitted) -> None:
     retain_request(s, p, ev, est)
     refresh_program(s, p, ev, est, existed)
     touch(s, p)
+    if ev.avoid_workers and ev.already_on is None:
+        steer_off(s, p, ev.avoid_workers, ev.routing_text)
     if not place_arrival(s, p, rid, ev.hints):
         return
     if ev.already_on is not None and not admit_where_it_is(s, p, rid, ev.already_on):
@@ -161,6 +169,7 @@ def retain_request(s: SchedulerState, p: Program, ev: RequestSubmitted, est: int
             routing_text=ev.routing_text,
             queue_deadline=now + timeout,
             tenant=ev.tenant,
+            avoid_workers=ev.avoid_workers,
         )
     )
 
@@ -183,6 +192,38 @@ def refresh_program(s: SchedulerState, p: Program, ev: RequestSubmitted, est: in
     else:
         bound = bind(s, p, ev.routing_text)
         p.home_target = p.last_target = bound
+
+
+def steer_off(s: SchedulerState, p: Program, avoid: frozenset[str], text: str | None) -> None:
+    """A failover's request avoids the workers of ``avoid`` (it could not reach them, §9.1): when
+    its Program's rank is on one of them and the pool has a target of another worker, the Program
+    moves as it would if its rank had left the pool (``topology.sync_targets``): an Active one is
+    invalidated (``health_failover``: its charge is released, what is in flight there no longer
+    counts), then it is bound anew by the binding strategy among the allowed targets and the
+    arrival queues it there.  The rank it left is remembered (``failover_from``, the first one
+    when a second failover moves it again) and given back if nothing of it succeeds before it goes
+    idle (``failover.give_back_unserved_move``).  When every target is on an avoided worker,
+    nothing changes: the request is placed as without the exclusion."""
+    current = p.placement if p.state == ACTIVE else p.last_target
+    if current is None or s.ranks[current].worker_url not in avoid:
+        return
+    allowed = allowed_targets(s, p.ref.model_pool, avoid)
+    if current in allowed:
+        return  # every target is on an avoided worker
+    if p.failover_from is None:
+        p.failover_from = current
+    if p.state == ACTIVE:
+        invalidate(s, p)
+    s.binder.release(p.ref.key)
+    dequeue(s, p)
+    bound = bind(s, p, text, avoid)
+    p.home_target = p.last_target = bound
+    p.paused_at = s.now
+    p.pause_when_idle = False
+    p.ttl_deadline = None
+    p.segment_started_at = None
+    restart_freshness_anchor(p, s.now)
+    touch(s, p)
 
 
 def place_arrival(s: SchedulerState, p: Program, rid: RequestId, hints: RequestHints) -> bool:

@@ -3,11 +3,14 @@
 ``bind`` asks the :class:`~actors.core.placement.Binder` for the home rank of a Program
 (docs/program-scheduling.md §9).  The hash and round-robin strategies need only the sorted
 target ids; the others get one :class:`~actors.core.placement.Candidate` per target of the pool,
-with the Programs accounted to it and its KV pressure.
+with the Programs accounted to it and its KV pressure.  A failover's exclusion
+(``avoid``: workers its request could not reach, §9.1) removes those workers' targets from the
+choice while another target is left (:func:`~actors.core.failover.allowed_targets`).
 """
 
 from __future__ import annotations
 
+from actors.core.failover import allowed_targets
 from actors.core.ids import TargetId
 from actors.core.ledger import private_tokens, target_usage
 from actors.core.model import ACTIVE, PAUSED, REASONING, Program
@@ -15,11 +18,15 @@ from actors.core.placement import Candidate
 from actors.core.state import SchedulerState
 
 
-def binding_candidates(s: SchedulerState, pool: str, p: Program) -> list[Candidate]:
+def binding_candidates(
+    s: SchedulerState, pool: str, p: Program, among: tuple[TargetId, ...] | None = None
+) -> list[Candidate]:
+    """One candidate per target of ``pool`` (of ``among`` when given)."""
     cfg = s.cfg
     cap = cfg.token_capacity_per_dp_rank
     low = cap * cfg.low_watermark_ratio if cap is not None else None
-    per: dict[TargetId, list[float]] = {t: [0, 0.0, 0.0] for t in s.pools.get(pool, ())}
+    ids = s.pools.get(pool, ()) if among is None else among
+    per: dict[TargetId, list[float]] = {t: [0, 0.0, 0.0] for t in ids}
     for o in s.programs.values():
         target = o.last_target
         if o is p or target is None or target not in per:
@@ -56,10 +63,13 @@ def binding_candidates(s: SchedulerState, pool: str, p: Program) -> list[Candida
     return out
 
 
-def bind(s: SchedulerState, p: Program, text: str | None) -> TargetId | None:
-    """The home rank of ``p`` (None when its pool has no target)."""
+def bind(s: SchedulerState, p: Program, text: str | None, avoid: frozenset[str] = frozenset()) -> TargetId | None:
+    """The home rank of ``p`` (None when its pool has no target), not on a worker of ``avoid``
+    while the pool has a target of another worker (§9.1)."""
     hash_key = p.placement_hash_key or p.ref.program_id
+    pool = p.ref.model_pool
+    among = allowed_targets(s, pool, avoid) if avoid else None
     if s.binder.strategy in ("consistent_hash", "program_round_robin"):  # no per-target accounting needed
-        return s.binder.bind_ids(p.ref.key, hash_key, s.pools.get(p.ref.model_pool, ()))
-    cands = binding_candidates(s, p.ref.model_pool, p)
+        return s.binder.bind_ids(p.ref.key, hash_key, s.pools.get(pool, ()) if among is None else among)
+    cands = binding_candidates(s, pool, p, among)
     return s.binder.bind(p.ref.key, hash_key, cands, text)

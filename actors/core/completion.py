@@ -26,6 +26,7 @@ from actors.core.effects import (
 from actors.core.events import (
     RequestCompleted,
 )
+from actors.core.failover import give_back_unserved_move
 from actors.core.interactive import on_interactive_complete
 from actors.core.ledger import resync
 from actors.core.lifecycle import (
@@ -102,6 +103,7 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     freshness = shared_prefix_freshness(s, rank) if d.placement_start_request else 0.0
     action = count_completion(s, p, ev)
     if ev.success:
+        p.failover_from = None  # it ran on its rank: a failover's move stands (§9.1)
         continuous = update_segment(s, p, d, rank, ev.usage, usage, freshness)
         record_request_sample(s, p, d, rank, ev, usage, continuous)
     _observe_context(p, ev.usage.prompt_tokens, d.estimated_context_tokens)
@@ -114,6 +116,8 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     mark_dirty(s, rank.target_id)
     touch(s, p)
     apply_idle_action(s, p, action)
+    if not ev.success and p.failover_from is not None and live_program(s, d.ref) is not None:
+        give_back_unserved_move(s, p)  # the request a failover moved it for failed too (§9.1)
     if not s.cfg.binding_only and live_program(s, d.ref) is not None:
         yield_completed_segment(s, p)
     if action == KEEP_FOR_TTL and p.ttl_deadline is not None and p.ttl_deadline <= s.now:

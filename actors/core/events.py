@@ -48,6 +48,11 @@ class RequestSubmitted:
     # queued or refused, unless that target is gone); None (always with one process and in the
     # simulator): an ordinary arrival
     already_on: TargetId | None = None
+    # the workers (``BackendTarget.worker_url``) this request could not reach earlier in its
+    # lifetime: the shell's failover of a request nothing was sent of (docs/operations.md §11.2).
+    # While its pool has a target of another worker, the core does not place the request's
+    # Program on theirs (docs/program-scheduling.md §9.1); empty: an ordinary arrival
+    avoid_workers: frozenset[str] = frozenset()
 
 
 @frozen
@@ -71,6 +76,9 @@ class InteractiveSubmitted:
     model_pool: str = DEFAULT_MODEL_POOL
     targets: tuple[BackendTarget, ...] | None = None
     deadline_seconds: float | None = None
+    # a failover's request: the workers it could not reach, avoided while the pool has a target of
+    # another worker (docs/program-scheduling.md §9.1)
+    avoid_workers: frozenset[str] = frozenset()
 
 
 @frozen

@@ -43,6 +43,7 @@ from actors.core.costs import prefill_seconds
 from actors.core.effects import AdmitInteractive
 from actors.core.errors import NO_TARGETS, QUEUE_TIMEOUT, InvalidEvent
 from actors.core.events import InteractiveSubmitted, RequestCompleted
+from actors.core.failover import allowed_targets
 from actors.core.ids import RequestId, TargetId
 from actors.core.interactive_state import InteractivePending, InteractiveRunning
 from actors.core.ledger import target_usage
@@ -86,6 +87,7 @@ def on_interactive_submit(s: SchedulerState, ev: InteractiveSubmitted) -> None:
         arrived_at=s.now,
         queue_deadline=s.now + timeout,
         seq=st.seq,
+        avoid_workers=ev.avoid_workers,
     )
     if s.cfg.binding_only:
         dispatch_interactive(s)
@@ -210,7 +212,9 @@ def dispatch_interactive(s: SchedulerState) -> None:
         return
     waiting = sorted(st.pending.values(), key=lambda p: order_key(s, p))
     for p in waiting:
-        ranks = [s.ranks[t] for t in s.pools.get(p.model_pool, ()) if t in s.ranks]
+        # not on a worker a failover's request could not reach while another is a target (§9.1)
+        ids = allowed_targets(s, p.model_pool, p.avoid_workers)
+        ranks = [s.ranks[t] for t in ids if t in s.ranks]
         if not ranks:
             continue
         chosen = _best_fit(s, ranks, p.need_tokens)

@@ -18,6 +18,7 @@ class InteractivePending:
     arrived_at: float
     queue_deadline: float
     seq: int
+    avoid_workers: frozenset[str] = frozenset()  # a failover's (docs/program-scheduling.md §9.1)
 
     @property
     def need_tokens(self) -> int:

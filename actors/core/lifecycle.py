@@ -21,6 +21,7 @@ from actors.core.effects import (
     Transition,
 )
 from actors.core.errors import Rejection
+from actors.core.failover import give_back_unserved_move
 from actors.core.fairness_sync import settle_program
 from actors.core.ids import ProgramRef, RequestId, TargetId
 from actors.core.ledger import Plan, charge, private_tokens
@@ -439,6 +440,7 @@ def cancel_waiting(s: SchedulerState, rid: RequestId) -> None:
     waiting = s.pool.program_len(p.ref)
     if p.in_flight == 0 and waiting == 0:
         cancel_idle(s, p)
+        give_back_unserved_move(s, p)  # a failover's request refused or abandoned (§9.1)
     else:
         lc.apply(p, lc.CANCEL_BUSY)
     if waiting == 0:

@@ -134,6 +134,8 @@ class PendingRequest:
     request_class: str = AGENT
     tenant: str = DEFAULT_TENANT
     requeues: int = 0  # times its dispatch was taken back before its first token (docs/priority.md §3)
+    # workers it could not reach earlier (``RequestSubmitted.avoid_workers``, docs/program-scheduling.md §9.1)
+    avoid_workers: frozenset[str] = frozenset()
 
 
 @define(slots=True, eq=False)
@@ -190,6 +192,9 @@ class Program:
     # placement
     home_target: TargetId | None = None
     last_target: TargetId | None = None
+    # the rank a failover's exclusion moved it off (docs/program-scheduling.md §9.1): given back if
+    # it goes idle without a successful completion since; cleared by one
+    failover_from: TargetId | None = None
     # occupancy
     estimated_context_tokens: int = 0
     context_shrink_observations: int = 0

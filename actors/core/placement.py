@@ -163,6 +163,10 @@ class Binder:
     def release(self, key: ProgramKey) -> None:
         self.bindings.pop(key, None)
 
+    def restore(self, key: ProgramKey, target: TargetId) -> None:
+        """``key`` is bound to ``target`` again (a failover's move given back, docs/program-scheduling.md §9.1)."""
+        self.bindings[key] = target
+
     def remove_target(self, target: TargetId) -> None:
         for k in [k for k, t in self.bindings.items() if t == target]:
             del self.bindings[k]

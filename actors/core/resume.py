@@ -20,6 +20,7 @@ from collections.abc import Iterable
 
 from actors.core import fairness, fairness_isolation, fairness_requeue
 from actors.core.cache_residency import move_cost_seconds
+from actors.core.failover import allowed_targets, avoided_by_waiters
 from actors.core.ids import ProgramRef, TargetId
 from actors.core.interactive import dispatch_interactive
 from actors.core.ledger import Plan, admission_plan, fresh_waiting, private_tokens, target_usage
@@ -348,9 +349,12 @@ def select_cross_rank(s: SchedulerState, p: Program) -> tuple[RankState, Plan] |
         return None
     capacity = cfg.token_capacity_per_dp_rank
     waiting_targets = {o.last_target for o in waiters if o is not p}
+    # not to a worker a waiting request of it could not reach (a failover's exclusion, §9.1)
+    avoid = avoided_by_waiters(s, p)
+    allowed = allowed_targets(s, pool, avoid) if avoid else None
     best: tuple[tuple[object, ...], RankState, Plan] | None = None
     for dest_id in s.pools.get(pool, ()):
-        if dest_id == source_id or dest_id in waiting_targets:
+        if dest_id == source_id or dest_id in waiting_targets or allowed is not None and dest_id not in allowed:
             continue
         dest = s.ranks[dest_id]
         if not move_destination_allows(s, p, source, dest, patient=patient, source_mature=source_mature):

@@ -17,6 +17,7 @@ from actors.core.config import BackendTarget
 from actors.core.effects import CapacitySourceChanged, StaleObservationDropped
 from actors.core.errors import NO_TARGETS
 from actors.core.events import ObservationReceived, ObservationStale, ObservationStarted, TargetsChanged
+from actors.core.failover import avoided_by_waiters
 from actors.core.ids import TargetId
 from actors.core.interactive import forget_target_interactive, reject_without_targets_interactive
 from actors.core.ledger import (
@@ -80,7 +81,7 @@ def sync_targets(s: SchedulerState, pool: str, targets: tuple[BackendTarget, ...
             invalidate(s, p)
         s.binder.release(p.ref.key)
         dequeue(s, p)
-        bound = bind(s, p, None)
+        bound = bind(s, p, None, avoided_by_waiters(s, p))  # a failover's exclusion holds (§9.1)
         p.home_target = p.last_target = bound
         if disappeared:
             p.paused_at = s.now

@@ -154,12 +154,14 @@ class Harness:
         rid: str | None = None,
         hints: RequestHints | None = None,
         ident: Ident | None = None,
+        avoid_workers: frozenset[str] = frozenset(),
         **ik: Any,
     ) -> tuple[Any, ...]:
         self._n += 1
         rid = rid or f"r{self._n}"
         identity = ident or Ident(program, placement_key=program, placement_hash_key=program, **ik)
-        return self.feed(RequestSubmitted(RequestId(rid), identity, tokens, hints or RequestHints()), at)
+        event = RequestSubmitted(RequestId(rid), identity, tokens, hints or RequestHints(), avoid_workers=avoid_workers)
+        return self.feed(event, at)
 
     def complete(
         self,
