@@ -545,6 +545,8 @@ class ProgramDispatcher:
             tenant=req.prio.tenant,
             max_queue_seconds=req.max_queue_seconds,
             already_on=already_on,
+            # a failover: the workers it could not reach (docs/program-scheduling.md §9.1)
+            avoid_workers=req.avoid_workers,
         )
 
     def interactive_event(self, req: ProxyRequest) -> InteractiveSubmitted:
@@ -557,6 +559,7 @@ class ProgramDispatcher:
             max_tokens=output_cap(req.body),
             model_pool=req.model_pool,
             targets=self.pool_targets(req),
+            avoid_workers=req.avoid_workers,  # a failover (docs/program-scheduling.md §9.1)
         )
 
     # ---- detached leases: a relay's request served without a task (docs/architecture.md §9) ----

@@ -76,6 +76,9 @@ class WireRequest:
     # a streaming request with SSE keep-alive: the scheduler sends its queue position and ETA while
     # it waits (:class:`Queued`, the ``: queued position=P eta=E`` comments of §13)
     queue_updates: bool = False
+    # a failover's ask: the workers the request could not reach (sorted), which the core's placement
+    # avoids as in one process (docs/program-scheduling.md §9.1)
+    avoid_workers: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, req: ProxyRequest, max_tokens: int | None) -> WireRequest:
@@ -94,6 +97,7 @@ class WireRequest:
             max_tokens=max_tokens,
             max_queue_seconds=req.max_queue_seconds,
             queue_updates=req.queue_watch is not None,
+            avoid_workers=tuple(sorted(req.avoid_workers)),
         )
 
     def proxy_request(self) -> ProxyRequest:
@@ -112,6 +116,7 @@ class WireRequest:
             pool_targets=None if self.pool_targets is None else frozenset(self.pool_targets),
             prio=self.prio,
             max_queue_seconds=self.max_queue_seconds,
+            avoid_workers=frozenset(self.avoid_workers),
         )
 
 

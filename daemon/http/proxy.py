@@ -665,9 +665,10 @@ class ProxyEngine:
                 except NotSent as not_sent:
                     # the lease was left unfinished (abandoned: nothing was consumed) and the worker
                     # ejected or suspect, so the next lease cannot land there (a suspect still can
-                    # when every worker left is one: a native request then avoids the ones it
-                    # tried, docs/operations.md §11.3); a Program request is submitted again under
-                    # a derived id (its Program is rebound off the worker)
+                    # when every worker left is one: the request then avoids the ones it tried,
+                    # docs/operations.md §11.3); a Program request is submitted again under a
+                    # derived id with those workers, which the core's placement avoids too
+                    # (docs/program-scheduling.md §9.1)
                     failovers += 1
                     req = attrs.evolve(req, avoid_workers=req.avoid_workers | {not_sent.worker_url})
                     self.metrics.failovers.labels(not_sent.error.target_id).inc()

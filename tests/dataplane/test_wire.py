@@ -150,6 +150,28 @@ def test_an_ask_carries_the_clients_queue_bound(bound: float | None) -> None:
     assert back.request.proxy_request().max_queue_seconds == bound
 
 
+def test_a_failovers_ask_carries_the_workers_it_could_not_reach() -> None:
+    """A relay's failover asks with the workers its request could not reach, which the core's
+    placement avoids as in one process (docs/program-scheduling.md §9.1); an ordinary ask carries none."""
+    req = ProxyRequest(
+        request_id="agentd-4.failover2",
+        endpoint="chat",
+        body={},
+        headers={},
+        model="m",
+        stream=True,
+        prompt=PromptSize(10, None),
+        routing_text="user:x",
+        avoid_workers=frozenset({"http://w1:8000", "http://w0:8000"}),
+    )
+    wire = WireRequest.of(req, None)
+    assert wire.avoid_workers == ("http://w0:8000", "http://w1:8000")  # sorted: the same bytes every time
+    back = decode(encode(Ask(10, "program", wire))[HEADER.size :])
+    assert back.request.proxy_request().avoid_workers == req.avoid_workers
+    plain = WireRequest.of(attrs.evolve(req, avoid_workers=frozenset()), None)
+    assert decode(encode(Ask(11, "program", plain))[HEADER.size :]).request.proxy_request().avoid_workers == frozenset()
+
+
 def test_an_ask_carries_only_the_prefix_of_a_long_routing_text() -> None:
     """A 20,000-character system prompt crosses the socket as the ``CACHE_AWARE_PREFIX_CHARS``
     characters the scheduler reads, once per Program request (docs/architecture.md §9)."""
