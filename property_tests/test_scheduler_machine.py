@@ -34,12 +34,18 @@ targets disappear and come back. After every rule the machine checks, against th
   accepts adds exactly its dispatch-to-completion time to its task; every live Program belongs to
   a task, every remembered key is live or in the released history (bounded memory), and the
   member counts match;
+* a failover's exclusion (``RequestSubmitted.avoid_workers``, docs/program-scheduling.md §9.1):
+  while its pool has a target of another worker, the request is dispatched, or its Program waits,
+  on such a target; when every target is avoided, the step's effects are exactly those of the same
+  arrival without the exclusion (replayed on a copy of the state); a Program the exclusion moved
+  that goes idle without a success is given back to the rank it left (if still a target);
 * determinism: at teardown the recorded events are replayed into a fresh state and must
   produce identical effects.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import attrs
@@ -167,6 +173,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         return out
 
     def _step(self, event: object) -> tuple[object, ...]:
+        pre_moved = {p.ref: p.failover_from for p in self.state.programs.values() if p.failover_from is not None}
         pre_waiters = self._waiter_views()
         pre_last_target = {p.ref: p.last_target for p in self.state.programs.values()}
         pre_queued_at = {p.ref: p.queued_at for p in self.state.programs.values()}
@@ -185,7 +192,22 @@ class SchedulerMachine(RuleBasedStateMachine):
         self._absorb(event, effects)
         self._check_step(event, effects, pre_waiters, pre_last_target, pre_queued_at, pre_pause_reason)
         self._track_growth()
+        self._check_given_back(event, pre_moved)
         return effects
+
+    def _check_given_back(self, event: object, pre_moved: dict[Any, Any]) -> None:
+        """A Program an exclusion moved (``failover_from``) that this step left idle without a
+        successful completion of its own is back on the rank it left, if that is still a target."""
+        s = self.state
+        succeeded = isinstance(event, RequestCompleted) and event.success
+        for ref, back in pre_moved.items():
+            p = s.programs.get(ref.key)
+            if p is None or p.ref != ref or p.failover_from is not None or p.in_flight or s.pool.program_len(ref):
+                continue
+            if succeeded and self.program_of.get(event.request_id) == ref.program_id:  # type: ignore[attr-defined]
+                continue
+            if back in s.pools.get(POOL, ()):
+                assert p.last_target == back, f"{ref} idle after a failed failover on {p.last_target}, left {back}"
 
     def _served_before(self, event: object) -> tuple[Any, float, float] | None:
         """(task, its attained seconds, dispatch time) before a completion of a live dispatch."""
@@ -195,6 +217,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         if d is None:
             return None
         task = self.state.attained.task_of.get(d.ref.key)
+        if task is None and event.request_id in self.orphaned:
+            return None  # its placement was invalidated, its generation released and forgotten since
         assert task is not None, f"{d.ref} has a request in flight but no task"
         return task, self.state.attained.seconds[task], d.dispatched_at
 
@@ -477,6 +501,46 @@ class SchedulerMachine(RuleBasedStateMachine):
     )
     def submit(self, index: int, scope: dict[str, Any], est: int) -> None:
         self._submit(index, scope, est)
+
+    @rule(
+        index=st.integers(min_value=0, max_value=PROGRAM_COUNT - 1),
+        scope=request_scopes,
+        est=st.integers(min_value=0, max_value=3000),
+        avoided=st.sets(st.integers(min_value=0, max_value=2), min_size=1),
+    )
+    def submit_failover(self, index: int, scope: dict[str, Any], est: int, avoided: set[int]) -> None:
+        """A failover's request (docs/program-scheduling.md §9.1): it could not reach the workers of
+        ``avoided`` (target indices, maybe removed or never configured)."""
+        avoid = frozenset(self.all_targets[i % len(self.all_targets)].worker_url for i in avoided)
+        pool = self.state.pools.get(POOL, ())
+        every = all(self.state.ranks[t].worker_url in avoid for t in pool)
+        parsed = parse_program_request(index, scope)
+        shadow = None
+        if every:  # the same arrival without the exclusion, on a copy of the state
+            shadow = copy.deepcopy(self.state)
+            event = RequestSubmitted(f"r{self.seq + 1}", parsed.identity, est, parsed.hints)
+            expected = step(shadow, event, now=self.now, cfg=self.cfg).effects
+        label(f"failover {'every target avoided' if every else 'another worker left'}")
+        self.seq += 1
+        rid = f"r{self.seq}"
+        self.status[rid] = "waiting"
+        self.program_of[rid] = parsed.identity.program_id
+        self.fifo.setdefault(parsed.identity.program_id, []).append(rid)
+        self.est_of[rid] = est
+        effects = self._step(RequestSubmitted(rid, parsed.identity, est, parsed.hints, avoid_workers=avoid))
+        if shadow is not None:
+            assert effects == expected, "an exclusion of every target changed the placement"
+            return
+        if self.status[rid] == "in_flight":
+            [admit] = [e for e in effects if isinstance(e, Admit) and e.request_id == rid]
+            where = admit.target_id
+        elif self.status[rid] == "waiting":
+            p = self.state.programs[ProgramKey(POOL, parsed.identity.program_id)]
+            where = p.last_target
+            assert where is not None
+        else:
+            return  # refused (its bound, no target)
+        assert self.state.ranks[where].worker_url not in avoid, f"{rid} placed on {where}, avoiding {sorted(avoid)}"
 
     @rule(
         batch=st.lists(
