@@ -20,7 +20,8 @@ or SSE in chunked framing, one event per chunk).  Each generation request takes 
 With an ``ssl_context`` it serves HTTPS (``url`` is then ``https://``; :func:`self_signed` makes a
 certificate for 127.0.0.1); ``kill``, ``reset`` and ``drop_request`` need the plain socket.
 
-``health`` (a list of statuses, consumed one per check, then ``health_default``) scripts ``/health``;
+``health`` (a list of statuses, consumed one per check, then ``health_default``) scripts ``/health``
+(``health_hold``, an event, holds every answer until it is set);
 ``metrics_broken`` makes ``/metrics`` answer 500.  ``idle_timeout`` closes idle keep-alive
 connections like uvicorn's ``timeout_keep_alive``.  The worker records every request (with its
 connection number) and counts open connections.
@@ -28,6 +29,8 @@ connection number) and counts open connections.
 :class:`FaultProxy` forwards TCP to a worker; ``mode`` applies to connections accepted from then
 on: ``pass``, ``reset_after`` (abort both sides after ``limit`` bytes from the worker),
 ``stall_after`` (stop forwarding after ``limit`` bytes) or ``drip`` (one byte every ``drip_seconds``).
+:class:`Blackhole` is an address whose connects time out; :class:`Gate` one in front of a worker
+whose connects time out while it is shut and go through while it is open.
 """
 
 from __future__ import annotations
@@ -97,6 +100,7 @@ class FaultWorker:
         self.health: deque[int] = deque()
         self.health_default = 200
         self.health_checks = 0
+        self.health_hold: trio.Event | None = None  # set: /health answers once the event is set
         self.metrics_broken = False
         self.metrics_scrapes = 0
         self.idle_timeout: float | None = None
@@ -180,6 +184,8 @@ class FaultWorker:
         """Answer one request; False when the connection was closed (or must be)."""
         if path == "/health":
             self.health_checks += 1
+            if self.health_hold is not None:
+                await self.health_hold.wait()
             status = self.health.popleft() if self.health else self.health_default
             await _send_json(stream, status, {"status": status})
             return True
@@ -345,6 +351,91 @@ class Blackhole:
         for s in self.fillers:
             s.close()
         self.listener.close()
+
+
+class Gate:
+    """A worker address in front of ``upstream_port``.  Shut, its listener's accept queue is full,
+    so new connections get no answer and connecting times out (as :class:`fault_worker.Blackhole`);
+    open, it accepts and forwards every connection to the worker."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(0)
+        self.listener.setblocking(False)
+        self.port = int(self.listener.getsockname()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.fillers: list[socket.socket] = []
+        self.accepted = 0
+        self._serving: trio.CancelScope | None = None
+
+    def open(self, nursery: trio.Nursery) -> None:
+        """Synchronous (called from a log handler): take what waits in the accept queue, then serve."""
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except BlockingIOError:
+                break
+            conn.close()
+        for s in self.fillers:
+            s.close()
+        self.fillers.clear()
+        self._serving = trio.CancelScope()
+        nursery.start_soon(self._serve, self._serving)
+
+    def shut(self) -> None:
+        """Stop accepting, close the connections forwarded so far and fill the accept queue."""
+        if self._serving is not None:
+            self._serving.cancel()
+            self._serving = None
+        for _ in range(4):  # backlog 0 admits one or two on Linux
+            s = socket.socket()
+            s.setblocking(False)
+            try:
+                s.connect(("127.0.0.1", self.port))
+            except BlockingIOError:
+                pass
+            self.fillers.append(s)
+
+    def close(self) -> None:
+        for s in self.fillers:
+            s.close()
+        self.listener.close()
+
+    async def _serve(self, scope: trio.CancelScope) -> None:
+        listener = trio.socket.from_stdlib_socket(self.listener)
+        with scope:
+            async with trio.open_nursery() as nursery:
+                while True:
+                    await trio.lowlevel.wait_readable(listener)
+                    try:
+                        conn, _ = self.listener.accept()
+                    except BlockingIOError:
+                        continue
+                    self.accepted += 1
+                    nursery.start_soon(self._forward, conn)
+
+    async def _forward(self, conn: socket.socket) -> None:
+        conn.setblocking(False)
+        client = trio.SocketStream(trio.socket.from_stdlib_socket(conn))
+        try:
+            upstream = await trio.open_tcp_stream("127.0.0.1", self.upstream_port)
+        except OSError:
+            await client.aclose()
+            return
+        async with client, upstream, trio.open_nursery() as nursery:
+
+            async def pipe(src: trio.SocketStream, dst: trio.SocketStream) -> None:
+                try:
+                    while data := await src.receive_some(65536):
+                        await dst.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    pass
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(pipe, client, upstream)
+            nursery.start_soon(pipe, upstream, client)
 
 
 class FaultProxy:

@@ -1,8 +1,8 @@
 """A connect timeout over real sockets (docs/operations.md §11.3): the worker is suspect, the
 request fails over, one confirming ``GET /health`` settles it.
 
-* a worker whose connect times out once and then accepts (a :class:`Gate`: a listener whose full
-  accept queue drops SYNs, opened the moment the daemon logs the suspicion) is back in rotation as
+* a worker whose connect times out once and then accepts (a :class:`fault_worker.Gate`: a listener
+  whose full accept queue drops SYNs, opened the moment the daemon logs the suspicion) is back in rotation as
   soon as the probe passed - no 503, no wait for ``health_successes_to_restore`` checks (the
   periodic round is an hour away here);
 * a permanently blackholed address is ejected when the probe times out;
@@ -16,7 +16,6 @@ no bound here is the thing measured.
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -25,7 +24,7 @@ import attrs
 import httpx
 import trio
 from fault_env import BUDGET_SECONDS, CHAT, STREAM, agentd_log, fault_config, fault_env
-from fault_worker import Blackhole, FaultWorker
+from fault_worker import Blackhole, FaultWorker, Gate
 from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.supervisor import run_daemon
@@ -33,91 +32,6 @@ from daemon.supervisor import run_daemon
 # long enough that a loopback connect to a healthy worker never misses it, even on a loaded machine
 CONNECT_SECONDS = 5.0
 PROBE_SECONDS = 5.0  # health_check_timeout_seconds: bounds the confirming probe
-
-
-class Gate:
-    """A worker address in front of ``upstream_port``.  Shut, its listener's accept queue is full,
-    so new connections get no answer and connecting times out (as :class:`fault_worker.Blackhole`);
-    open, it accepts and forwards every connection to the worker."""
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(0)
-        self.listener.setblocking(False)
-        self.port = int(self.listener.getsockname()[1])
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.fillers: list[socket.socket] = []
-        self.accepted = 0
-        self._serving: trio.CancelScope | None = None
-
-    def open(self, nursery: trio.Nursery) -> None:
-        """Synchronous (called from a log handler): take what waits in the accept queue, then serve."""
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except BlockingIOError:
-                break
-            conn.close()
-        for s in self.fillers:
-            s.close()
-        self.fillers.clear()
-        self._serving = trio.CancelScope()
-        nursery.start_soon(self._serve, self._serving)
-
-    def shut(self) -> None:
-        """Stop accepting, close the connections forwarded so far and fill the accept queue."""
-        if self._serving is not None:
-            self._serving.cancel()
-            self._serving = None
-        for _ in range(4):  # backlog 0 admits one or two on Linux
-            s = socket.socket()
-            s.setblocking(False)
-            try:
-                s.connect(("127.0.0.1", self.port))
-            except BlockingIOError:
-                pass
-            self.fillers.append(s)
-
-    def close(self) -> None:
-        for s in self.fillers:
-            s.close()
-        self.listener.close()
-
-    async def _serve(self, scope: trio.CancelScope) -> None:
-        listener = trio.socket.from_stdlib_socket(self.listener)
-        with scope:
-            async with trio.open_nursery() as nursery:
-                while True:
-                    await trio.lowlevel.wait_readable(listener)
-                    try:
-                        conn, _ = self.listener.accept()
-                    except BlockingIOError:
-                        continue
-                    self.accepted += 1
-                    nursery.start_soon(self._forward, conn)
-
-    async def _forward(self, conn: socket.socket) -> None:
-        conn.setblocking(False)
-        client = trio.SocketStream(trio.socket.from_stdlib_socket(conn))
-        try:
-            upstream = await trio.open_tcp_stream("127.0.0.1", self.upstream_port)
-        except OSError:
-            await client.aclose()
-            return
-        async with client, upstream, trio.open_nursery() as nursery:
-
-            async def pipe(src: trio.SocketStream, dst: trio.SocketStream) -> None:
-                try:
-                    while data := await src.receive_some(65536):
-                        await dst.send_all(data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    pass
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(pipe, client, upstream)
-            nursery.start_soon(pipe, upstream, client)
 
 
 class OnEvent(logging.Handler):
