@@ -315,3 +315,22 @@ class BatchMachine(RuleBasedStateMachine):
 
 
 TestBatchMachine = BatchMachine.TestCase
+
+
+def test_requests_predicted_at_zero_tokens_respect_the_engine_queue_gate() -> None:
+    """Found by the machine: five batch requests of an empty prompt beside a waiting Program, the
+    first one's natural stop after 0 tokens makes the job's prediction 0, and its completion let
+    the other four through the shut engine-queue gate at once (a 0 budget fits 0 tokens)."""
+    machine = BatchMachine()
+    machine.setup(ranks=1, capacity=2000, margin=0, cap=1, max_jobs=0, share=0.5, gate=1)
+    machine.submit_program(0, 5000)
+    machine.submit_batch_burst("__default__", 5, 0)
+    machine.tick(11.0)
+    machine.submit_program(1, 1500)
+    machine.observe(0, kv=0.0, waiting=0)
+    assert machine.running == {"b2"}
+    machine.running.discard("b2")
+    machine.done.add("b2")
+    machine._step(RequestCompleted(RequestId("b2"), True, Usage(None, None, 0), finish_reason="stop"))
+    assert len(machine.running) == 1  # one at a time through a gate of 1, not four
+    machine.teardown()

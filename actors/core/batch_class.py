@@ -548,6 +548,7 @@ class Offer(NamedTuple):
     rank: RankState
     budget: int
     gated: bool  # a Program waits for this rank (batch keeps only its guaranteed share)
+    closed: bool  # the engine-queue gate is shut: nothing but an idle rank's lone request goes there
 
 
 def dispatch_offers(s: SchedulerState, pool: str, oldest: BatchPending) -> tuple[list[Offer], bool]:
@@ -562,14 +563,16 @@ def dispatch_offers(s: SchedulerState, pool: str, oldest: BatchPending) -> tuple
         rank = s.ranks[tid]
         budget = rank_budget_tokens(s, rank)
         waited_for = None in homes or tid in homes
-        if (rank.active or waited_for) and engine_queue_blocks(s, rank):
-            budget = 0  # the engine queues: more batch would hold the Programs' waiting gate shut
-        if engine_queue_full(s, rank):
-            budget = 0  # the engine already queues enough: the rest waits here (late binding)
+        # the engine queues: more batch would hold the Programs' waiting gate shut; or the engine
+        # already queues enough: the rest waits here (late binding).  A budget of 0 alone would
+        # still let a request predicted at 0 tokens through, so the offer says it is closed.
+        closed = bool((rank.active or waited_for) and engine_queue_blocks(s, rank)) or engine_queue_full(s, rank)
+        if closed:
+            budget = 0
         gated = waited_for and not escape
         if gated:
             budget = min(budget, guaranteed_share_tokens(s, rank))
-        offers.append(Offer(rank, budget, gated))
+        offers.append(Offer(rank, budget, gated, closed))
     offers.sort(key=lambda o: (-o.budget, o.rank.index))
     return offers, escape
 
@@ -585,7 +588,7 @@ def taken_pick(
     """
     b = s.batch
     assert b is not None
-    rank, budget, gated = offer
+    rank, budget, gated, closed = offer
     idle = not rank.active and not rank.batch_requests and not gated
     if escape:
         rid: RequestId | None = oldest.request_id
@@ -604,7 +607,7 @@ def taken_pick(
     p = b.pending[rid]
     pred = predicted_decode(b, p, predictor)
     need = p.prompt_tokens + pred
-    if need > budget and not idle:
+    if (need > budget or closed) and not idle:
         return None  # does not fit here: re-evaluated when capacity frees (a completion, a tick)
     if not batch_caps_allow(s, rank, need):
         return None  # the batch class's caps on this rank (docs/priority.md §2)
