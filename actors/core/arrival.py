@@ -29,13 +29,11 @@ from actors.core.ledger import resync
 from actors.core.lifecycle import (
     cancel_waiting,
     commit_admission,
-    dequeue,
     dispatch_ready,
     enqueue,
     invalidate,
     mark_dirty,
     reject,
-    restart_freshness_anchor,
     touch,
 )
 from actors.core.model import (
@@ -53,7 +51,7 @@ from actors.core.resume import (
 )
 from actors.core.sequences import arrival_sequence
 from actors.core.state import SchedulerState, live_program, queue_timeout
-from actors.core.topology import sync_targets
+from actors.core.topology import rebind, sync_targets
 
 PASS_RACE_ADMIT = "pass_race_admit"  # the Transition reason of ``admit_where_it_is``
 
@@ -214,16 +212,7 @@ def steer_off(s: SchedulerState, p: Program, avoid: frozenset[str], text: str | 
         p.failover_from = current
     if p.state == ACTIVE:
         invalidate(s, p)
-    s.binder.release(p.ref.key)
-    dequeue(s, p)
-    bound = bind(s, p, text, avoid)
-    p.home_target = p.last_target = bound
-    p.paused_at = s.now
-    p.pause_when_idle = False
-    p.ttl_deadline = None
-    p.segment_started_at = None
-    restart_freshness_anchor(p, s.now)
-    touch(s, p)
+    rebind(s, p, text, avoid, left_rank=True)
 
 
 def place_arrival(s: SchedulerState, p: Program, rid: RequestId, hints: RequestHints) -> bool:

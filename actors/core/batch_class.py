@@ -73,7 +73,14 @@ from actors.core.errors import NO_TARGETS, InvalidEvent
 from actors.core.events import BatchSubmitted, RequestCompleted
 from actors.core.ids import RequestId, TargetId
 from actors.core.interactive import batch_held_for_interactive
-from actors.core.ledger import charge_batch, fresh_waiting, observation_fresh, private_tokens, target_usage
+from actors.core.ledger import (
+    charge_batch,
+    fresh_waiting,
+    observation_fresh,
+    private_tokens,
+    target_usage,
+    waiting_gate_shut,
+)
 from actors.core.lifecycle import reject
 from actors.core.model import Program, RankState
 from actors.core.preemption import leave_engine_queue_count, preempt_batch
@@ -399,16 +406,6 @@ def step_balance_allows(s: SchedulerState, rank: RankState, pool: str, extra_tok
     return fastest is None or rank_decode_step(s, rank, extra_tokens) <= RANK_STEP_RATIO * fastest
 
 
-def engine_queue_blocks(s: SchedulerState, rank: RankState) -> bool:
-    """The rank's fresh observation shows at least ``admission_waiting_request_threshold`` waiting
-    engine requests (the waiting gate of Program admission, docs/program-scheduling.md §3)."""
-    threshold = s.cfg.admission_waiting_request_threshold
-    if threshold <= 0:
-        return False
-    waiting = fresh_waiting(rank, s.now, s.cfg.metrics_interval_seconds)
-    return waiting is not None and waiting >= threshold
-
-
 def engine_queue_full(s: SchedulerState, rank: RankState) -> bool:
     """The engine-queue gate of batch dispatch (docs/batch.md §2.2): the rank's fresh observation
     shows ``waiting`` engine requests, and ``batch_dispatched_since_observation`` batch requests
@@ -566,7 +563,8 @@ def dispatch_offers(s: SchedulerState, pool: str, oldest: BatchPending) -> tuple
         # the engine queues: more batch would hold the Programs' waiting gate shut; or the engine
         # already queues enough: the rest waits here (late binding).  A budget of 0 alone would
         # still let a request predicted at 0 tokens through, so the offer says it is closed.
-        closed = bool((rank.active or waited_for) and engine_queue_blocks(s, rank)) or engine_queue_full(s, rank)
+        shut = waiting_gate_shut(rank, s.now, s.cfg)
+        closed = bool((rank.active or waited_for) and shut) or engine_queue_full(s, rank)
         if closed:
             budget = 0
         gated = waited_for and not escape

@@ -38,7 +38,13 @@ from actors.core.eta import (
 )
 from actors.core.events import RequestSubmitted
 from actors.core.ids import ProgramRef, RequestId, TargetId
-from actors.core.ledger import admission_plan, fresh_waiting, private_tokens, rank_counts, target_usage
+from actors.core.ledger import (
+    admission_plan,
+    private_tokens,
+    rank_counts,
+    target_usage,
+    waiting_gate_shut,
+)
 from actors.core.lifecycle import cancel_waiting
 from actors.core.model import ACTING, GLOBAL_QUEUE, RANK_QUEUE, Program, RankState
 from actors.core.resume import move_destination_allows, ordered
@@ -164,7 +170,7 @@ def gate_in(s: SchedulerState, rank: RankState, to_tick: float) -> float | None:
     completed since (each completion lets a queued request run); it drains by one request per
     :func:`engine_completion_interval`."""
     cfg, now = s.cfg, s.now
-    if not gate_closed(s, rank) or not gate_lasting(s, rank):
+    if not waiting_gate_shut(rank, s.now, s.cfg) or not gate_lasting(s, rank):
         return None
     w = rank.waiting_requests or 0
     threshold = cfg.admission_waiting_request_threshold
@@ -176,16 +182,6 @@ def gate_in(s: SchedulerState, rank: RankState, to_tick: float) -> float | None:
     if opens is None:
         return None
     return first_tick_after(s, to_tick, opens)
-
-
-def gate_closed(s: SchedulerState, rank: RankState) -> bool:
-    """The rank's fresh observation shows at least ``admission_waiting_request_threshold`` requests
-    waiting in the engine (``ledger.admission_plan`` admits no Program there)."""
-    threshold = s.cfg.admission_waiting_request_threshold
-    if threshold <= 0:
-        return False
-    w = fresh_waiting(rank, s.now, s.cfg.metrics_interval_seconds)
-    return w is not None and w >= threshold
 
 
 def gate_lasting(s: SchedulerState, rank: RankState) -> bool:
@@ -213,7 +209,7 @@ def note_gates(s: SchedulerState) -> None:
         seen = book.gates.get(key)
         if seen is not None and seen[0] == rank.observed_at:
             continue
-        book.gates[key] = (rank.observed_at, gate_closed(s, rank), seen is not None and seen[1])
+        book.gates[key] = (rank.observed_at, waiting_gate_shut(rank, s.now, s.cfg), seen is not None and seen[1])
     for key in [k for k in book.gates if TargetId(k) not in s.ranks]:
         del book.gates[key]
 
@@ -488,7 +484,7 @@ def diagnostics(s: SchedulerState) -> dict[str, object]:
     for target in sorted(s.ranks):
         w = book.window((LINE, target))
         rank = s.ranks[target]
-        lasting = gate_closed(s, rank) and gate_lasting(s, rank)
+        lasting = waiting_gate_shut(rank, s.now, s.cfg) and gate_lasting(s, rank)
         lines.append(
             {
                 "target_id": target,

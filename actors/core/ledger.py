@@ -107,6 +107,17 @@ def fresh_waiting(rank: RankState, now: float, metrics_interval_seconds: float) 
     return None
 
 
+def waiting_gate_shut(rank: RankState, now: float, cfg: ProgramSchedulingConfig) -> bool:
+    """The waiting gate of Program admission (docs/program-scheduling.md §3): the rank's fresh
+    observation shows at least ``admission_waiting_request_threshold`` requests waiting in the
+    engine (0 turns the gate off).  Batch dispatch and the queue ETA read the same gate."""
+    threshold = cfg.admission_waiting_request_threshold
+    if threshold <= 0:
+        return False
+    waiting = fresh_waiting(rank, now, cfg.metrics_interval_seconds)
+    return waiting is not None and waiting >= threshold
+
+
 def apply_observation(
     rank: RankState,
     checkpoint: ObservationCheckpoint,
@@ -266,16 +277,13 @@ def admission_plan(
         return None
     forced = p.force_resume_deadline is not None and p.force_resume_deadline <= now
     interval = cfg.metrics_interval_seconds
-    threshold = cfg.admission_waiting_request_threshold
-    if threshold > 0:
-        w = fresh_waiting(rank, now, interval)
-        # agentd difference (D6 fix): a due force-resume deadline goes through the waiting gate,
-        # so it is honoured within one tick whatever the engine queue shows
-        # (docs/program-scheduling.md §3, §10)
-        # a light tenant's Program on a rank kept for it (docs/priority.md §3) is not held either:
-        # no heavy work can be admitted ahead of it there, so holding it only delays it
-        if w is not None and w >= threshold and not forced and p.tenant not in rank.isolated_for:
-            return None
+    # agentd difference (D6 fix): a due force-resume deadline goes through the waiting gate,
+    # so it is honoured within one tick whatever the engine queue shows
+    # (docs/program-scheduling.md §3, §10)
+    # a light tenant's Program on a rank kept for it (docs/priority.md §3) is not held either:
+    # no heavy work can be admitted ahead of it there, so holding it only delays it
+    if waiting_gate_shut(rank, now, cfg) and not forced and p.tenant not in rank.isolated_for:
+        return None
     # lower classes leave the claims of waiting higher ones (docs/batch.md §2, docs/priority.md §2)
     used = target_usage(rank, now, interval) + rank.batch_claim_tokens + rank.interactive_claim_tokens
     active_count = len(rank.active)

@@ -37,12 +37,32 @@ from actors.core.lifecycle import (
     restart_freshness_anchor,
     touch,
 )
-from actors.core.model import ObservationCheckpoint, RankState
+from actors.core.model import ObservationCheckpoint, Program, RankState
 from actors.core.resume import schedule_after_change
 from actors.core.state import SchedulerState
 from actors.core.stats import ProgressTtlFactors
 
 # ---- targets -------------------------------------------------------------------------------------
+
+
+def rebind(
+    s: SchedulerState, p: Program, text: str | None, avoid: frozenset[str], *, left_rank: bool
+) -> TargetId | None:
+    """Bind ``p`` anew by the binding strategy (``avoid``: workers a failover could not reach) and
+    make that rank its home and last rank.  ``left_rank``: it was bound to a rank it has left (the
+    rank left the pool, or a failover moves it), so it starts over there as a paused Program."""
+    s.binder.release(p.ref.key)
+    dequeue(s, p)
+    bound = bind(s, p, text, avoid)
+    p.home_target = p.last_target = bound
+    if left_rank:
+        p.paused_at = s.now
+        p.pause_when_idle = False
+        p.ttl_deadline = None
+        p.segment_started_at = None
+        restart_freshness_anchor(p, s.now)
+    touch(s, p)
+    return bound
 
 
 def sync_targets(s: SchedulerState, pool: str, targets: tuple[BackendTarget, ...]) -> None:
@@ -79,17 +99,8 @@ def sync_targets(s: SchedulerState, pool: str, targets: tuple[BackendTarget, ...
         disappeared = p.last_target is not None
         if p.placement is not None and p.placement not in present:
             invalidate(s, p)
-        s.binder.release(p.ref.key)
-        dequeue(s, p)
-        bound = bind(s, p, None, avoided_by_waiters(s, p))  # a failover's exclusion holds (§9.1)
-        p.home_target = p.last_target = bound
-        if disappeared:
-            p.paused_at = s.now
-            p.pause_when_idle = False
-            p.ttl_deadline = None
-            p.segment_started_at = None
-            restart_freshness_anchor(p, s.now)
-        touch(s, p)
+        # a failover's exclusion holds (§9.1)
+        bound = rebind(s, p, None, avoided_by_waiters(s, p), left_rank=disappeared)
         if s.pool.program_len(p.ref):
             if bound is not None:
                 enqueue(s, p)
