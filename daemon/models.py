@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import httpx
 import trio
@@ -101,11 +102,8 @@ class ModelDirectory:
 def with_pool_models(content: bytes, directory: ModelDirectory) -> bytes:
     """A worker's ``/v1/models`` answer completed with the models other workers serve (model pools:
     one worker's list is not the fleet's); unchanged when it is not a model list."""
-    try:
-        payload = json.loads(content)
-    except ValueError:
-        return content
-    if served_model_ids(payload) is None:
+    payload = _model_list(content)
+    if payload is None:
         return content
     listed = {m.get("id") for m in payload["data"] if isinstance(m, dict)}
     extra = sorted({m for models in directory.models.values() if models for m in models} - listed)
@@ -118,13 +116,19 @@ def with_pool_models(content: bytes, directory: ModelDirectory) -> bytes:
 def find_model(content: bytes, model_id: str) -> dict[str, object] | None:
     """The entry of ``model_id`` in an OpenAI ``/v1/models`` answer, None when it is not listed
     (or the answer is not a model list)."""
+    payload = _model_list(content)
+    if payload is None:
+        return None
+    return next((m for m in payload["data"] if isinstance(m, dict) and m.get("id") == model_id), None)
+
+
+def _model_list(content: bytes) -> dict[str, Any] | None:
+    """The decoded ``/v1/models`` answer when it is a model list with at least one id, else None."""
     try:
         payload = json.loads(content)
     except ValueError:
         return None
-    if served_model_ids(payload) is None:
-        return None
-    return next((m for m in payload["data"] if isinstance(m, dict) and m.get("id") == model_id), None)
+    return payload if served_model_ids(payload) is not None else None
 
 
 def served_model_ids(payload: object) -> frozenset[str] | None:
