@@ -459,13 +459,18 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def _submit(self, index: int, scope: dict[str, Any], est: int, already_on: Any = None) -> None:
         parsed = parse_program_request(index, scope)
+        rid = self._record(parsed.identity.program_id, est)
+        self._step(RequestSubmitted(rid, parsed.identity, est, parsed.hints, already_on=already_on))
+
+    def _record(self, program_id: str, est: int) -> str:
+        """A new request of ``program_id``, waiting: its id."""
         self.seq += 1
         rid = f"r{self.seq}"
         self.status[rid] = "waiting"
-        self.program_of[rid] = parsed.identity.program_id
-        self.fifo.setdefault(parsed.identity.program_id, []).append(rid)
+        self.program_of[rid] = program_id
+        self.fifo.setdefault(program_id, []).append(rid)
         self.est_of[rid] = est
-        self._step(RequestSubmitted(rid, parsed.identity, est, parsed.hints, already_on=already_on))
+        return rid
 
     @rule(
         index=st.integers(min_value=0, max_value=PROGRAM_COUNT - 1),
@@ -521,12 +526,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             event = RequestSubmitted(f"r{self.seq + 1}", parsed.identity, est, parsed.hints)
             expected = step(shadow, event, now=self.now, cfg=self.cfg).effects
         label(f"failover {'every target avoided' if every else 'another worker left'}")
-        self.seq += 1
-        rid = f"r{self.seq}"
-        self.status[rid] = "waiting"
-        self.program_of[rid] = parsed.identity.program_id
-        self.fifo.setdefault(parsed.identity.program_id, []).append(rid)
-        self.est_of[rid] = est
+        rid = self._record(parsed.identity.program_id, est)
         effects = self._step(RequestSubmitted(rid, parsed.identity, est, parsed.hints, avoid_workers=avoid))
         if shadow is not None:
             assert effects == expected, "an exclusion of every target changed the placement"
