@@ -25,47 +25,15 @@ from __future__ import annotations
 import codecs
 import json
 import math
-import random
 from typing import Any
 
-import httpx
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry
 
-from actors.core.config import BackendTarget
-from daemon.dispatch import NativeDispatcher
 from daemon.http.errors import ApiError
-from daemon.http.proxy import ProgramRoute, ProxyEngine
-from daemon.metrics import ProxyMetrics
+from tests.http.test_outgoing_body import Lease, make_engine
 
-TARGET = BackendTarget(worker_url="http://w:1", dp_rank=0, target_id="http://w:1@0", index=0)
 MAX_DEPTH = 64  # docs/operations.md §12: deeper bodies are a 400 invalid_json
-
-
-class _Lease:
-    target = TARGET
-    attempt = 0
-
-    def __init__(self, wants_usage: bool) -> None:
-        self.wants_usage = wants_usage
-
-
-class _Health:
-    def healthy_targets(self) -> tuple[BackendTarget, ...]:
-        return (TARGET,)
-
-
-def _engine(mode: str) -> ProxyEngine:
-    native = NativeDispatcher([TARGET], "round_robin", _Health(), random.Random(0))  # type: ignore[arg-type]
-    return ProxyEngine(
-        client=httpx.AsyncClient(),
-        native=native,
-        metrics=ProxyMetrics(CollectorRegistry(), [TARGET.target_id]),
-        agentic_context_forwarding=mode,
-        program=ProgramRoute("vllm_xargs.agentic_context", native),
-        priority_workers=frozenset(),  # a stock worker: a body's priority is removed
-    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -331,7 +299,7 @@ def _top_level_keys(raw: bytes) -> list[str]:
     return keys
 
 
-ENGINES = {mode: _engine(mode) for mode in ("strip", "json_string", "unchanged")}
+ENGINES = {mode: make_engine(mode, priority_worker=False) for mode in ("strip", "json_string", "unchanged")}
 
 
 def check(raw: bytes, mode: str, wants_usage: bool) -> None:
@@ -374,7 +342,7 @@ def check(raw: bytes, mode: str, wants_usage: bool) -> None:
     else:
         assert req.identity is None
     # the forwarded bytes
-    sent, injected = engine._outgoing_body(req, _Lease(wants_usage), raw)  # type: ignore[arg-type]
+    sent, injected = engine._outgoing_body(req, Lease(wants_usage), raw)  # type: ignore[arg-type]
     expected = reference_edit(obj, mode, wants_usage)
     if _same(expected, obj):
         event("forwarded unchanged")
