@@ -325,6 +325,21 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
+def fill_accept_queue(port: int) -> list[socket.socket]:
+    """Connections that fill the accept queue of a listener (backlog 0) on ``port``, so that the
+    next connect gets no answer and times out (backlog 0 admits one or two on Linux)."""
+    fillers = []
+    for _ in range(4):
+        s = socket.socket()
+        s.setblocking(False)
+        try:
+            s.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        fillers.append(s)
+    return fillers
+
+
 class Blackhole:
     """A listener whose accept queue is full: new connections get no answer (SYNs are dropped), so
     connecting times out.  Use as a context manager."""
@@ -337,14 +352,7 @@ class Blackhole:
         self.fillers: list[socket.socket] = []
 
     def __enter__(self) -> Blackhole:
-        for _ in range(4):  # fill the accept queue (backlog 0 admits one or two on Linux)
-            s = socket.socket()
-            s.setblocking(False)
-            try:
-                s.connect(("127.0.0.1", self.port))
-            except BlockingIOError:
-                pass
-            self.fillers.append(s)
+        self.fillers += fill_accept_queue(self.port)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -389,14 +397,7 @@ class Gate:
         if self._serving is not None:
             self._serving.cancel()
             self._serving = None
-        for _ in range(4):  # backlog 0 admits one or two on Linux
-            s = socket.socket()
-            s.setblocking(False)
-            try:
-                s.connect(("127.0.0.1", self.port))
-            except BlockingIOError:
-                pass
-            self.fillers.append(s)
+        self.fillers += fill_accept_queue(self.port)
 
     def close(self) -> None:
         for s in self.fillers:
