@@ -18,8 +18,9 @@ every case.  Request-bound counters (``at_rest`` requires each to be zero):
 Also reported, not request-bound: ``charged_tokens`` (tokens the ledger charges to active
 Programs, released by their TTL), ``release_waits_count`` (completions/abandons that waited for
 room in the scheduler inbox: delivered late, never dropped), ``scheduler_inbox_used``, and the
-upstream pool's ``upstream_open_connections``/``upstream_idle_connections`` with
-``upstream_stale_retries_count`` (requests sent again after the keep-alive idle-close race).
+upstream pools' ``upstream_open_connections``/``upstream_idle_connections`` (plain HTTP and TLS
+workers together) with ``upstream_stale_retries_count`` (plain HTTP requests sent again after the
+keep-alive idle-close race).
 """
 
 from __future__ import annotations
@@ -72,10 +73,14 @@ def capacity_invariants(handles: DaemonHandles) -> dict[str, Any]:
         out["charged_tokens"] = round(sum(r.fallback_tokens + r.batch_tokens for r in state.ranks.values()), 3)
         out["release_waits_count"] = counters.release_waits_count
         out["scheduler_inbox_used"] = scheduler.inbox.send.statistics().current_buffer_used
-    pool = getattr(handles.engine.transport, "pool", None)
+    transport = handles.engine.transport
+    pool = getattr(transport, "pool", None)
     if pool is not None:
-        out["upstream_open_connections"] = pool.open_connections
-        out["upstream_idle_connections"] = pool.idle_connections()
+        # both pools of the upstream transport: plain HTTP (daemon/h1client.py) and, once an
+        # ``https://`` worker was asked, TLS (daemon/pool_reaper.py); docs/operations.md §11.5
+        tls = getattr(transport, "tls", None)
+        out["upstream_open_connections"] = pool.open_connections + (0 if tls is None else tls.open_connections())
+        out["upstream_idle_connections"] = pool.idle_connections() + (0 if tls is None else tls.idle_connections())
         out["upstream_stale_retries_count"] = pool.stale_retries_count
     out["at_rest"] = all(out[name] == 0 for name in REQUEST_BOUND)
     return out

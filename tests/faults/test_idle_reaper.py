@@ -148,6 +148,16 @@ async def test_https_connection_the_worker_closes_while_idle_leaves_no_close_wai
         assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200  # a new connection
 
 
+async def test_https_connections_are_counted_in_the_invariants(tmp_path: Path) -> None:
+    # the expiry far away and no idle close by the worker: the TLS connection stays open and idle,
+    # and the diagnostics' invariants count it (they counted only the plain-HTTP pool)
+    async with https_daemon(tmp_path, keepalive_expiry_seconds=3600.0) as (worker, handles, client):
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+        doc = await await_diagnostics(client, lambda d: d["invariants"]["upstream_idle_connections"] == 1)
+        assert doc["invariants"]["upstream_open_connections"] == 1 and doc["invariants"]["at_rest"], doc
+        assert worker.open_connections == 1
+
+
 def _relay_pids(handles: DaemonHandles) -> list[int]:
     assert handles.data_plane is not None
     pids = [slot.pid for slot in handles.data_plane.slots]
