@@ -29,8 +29,17 @@ from attrs import frozen
 
 BATCH_CLASS_HEADER = "x-agentd-class"
 BATCH_CLASS = "batch"
-# What agentd proxies (daemon.http.requests.ENDPOINTS; a unit test keeps the two equal).
-SUPPORTED_URLS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+# The routes a batch line may name (docs/batch.md §3): the agent-facing ones and the forwarded routes
+# OpenAI's Batch API and vLLM's run_batch accept; all of them routes agentd proxies
+# (daemon.http.requests.ENDPOINTS; a unit test keeps them a subset).
+SUPPORTED_URLS: tuple[str, ...] = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/embeddings",
+    "/v1/score",
+    "/v1/rerank",
+)
 
 # The job tag of a request id (docs/batch.md: the job name convention); first match wins.
 JOB_TAG = re.compile(r"#job_name\[([^\[\]]+)\]#")

@@ -59,7 +59,11 @@ LATENCY_BUCKETS_SECONDS: tuple[float, ...] = (
     300.0,
     600.0,
 )
-ENDPOINTS: tuple[str, ...] = ("chat", "completions", "responses")
+ENDPOINTS: tuple[str, ...] = (
+    "chat", "completions", "responses",  # the agent-facing routes
+    "embeddings", "pooling", "classify", "score", "v1_score", "rerank", "v1_rerank", "v2_rerank",
+    "tokenize", "detokenize",  # vLLM's other routes, forwarded (docs/operations.md §12.1)
+)  # fmt: skip
 OUTCOMES: tuple[str, ...] = (
     "success",
     "upstream_status",

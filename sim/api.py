@@ -15,9 +15,11 @@ Request parsing and response shapes live in ``requests.py`` and ``responses.py``
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
+import struct
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -30,7 +32,14 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sim.cluster import SimCluster
 from sim.engine import EngineOutput, Request
 from sim.metrics import SimCollector
-from sim.requests import ApiError, parse_generation, parse_tokenize
+from sim.requests import (
+    EMBEDDING_DIMENSIONS,
+    ApiError,
+    embedding_vector,
+    parse_embeddings,
+    parse_generation,
+    parse_tokenize,
+)
 from sim.responses import SseStream, final_response
 
 JSON = "application/json"
@@ -96,6 +105,8 @@ class SimApi:
                     return self._tokenize(path, req)
                 if path == "/detokenize":
                     return self._detokenize(req)
+                if path == "/v1/embeddings":
+                    return self._embeddings(req)
             if path in _KNOWN_PATHS:
                 raise ApiError(405, f"Method {method} not allowed for {path}", "MethodNotAllowed")
             raise ApiError(404, f"Not Found: {path}", "NotFoundError")
@@ -158,6 +169,36 @@ class SimApi:
         if "tokens" not in body:
             raise ApiError(400, "tokens: field required", param="tokens")
         raise ApiError(400, "tokens: detokenize is not supported by the simulator's hashing tokenizer", param="tokens")
+
+    def _embeddings(self, req: ApiRequest) -> ApiResponse:
+        """``POST /v1/embeddings`` in vLLM's shape; served at once, outside the engines' batches
+        and KV (docs/simulator.md §3: an embedding costs the simulated cluster nothing)."""
+        cluster = self.cluster
+        body = _json_body(req.body)
+        inputs = parse_embeddings(body, model=cluster.config.model, max_model_len=cluster.max_model_len)
+        dims = body.get("dimensions") or EMBEDDING_DIMENSIONS
+        data: list[dict[str, Any]] = []
+        for i, ids in enumerate(inputs):
+            vector = embedding_vector(ids, dims)
+            encoded: Any = vector
+            if body.get("encoding_format") == "base64":
+                encoded = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+            data.append({"index": i, "object": "embedding", "embedding": encoded})
+        tokens = sum(len(ids) for ids in inputs)
+        payload = {
+            "id": "embd-" + _digest(cluster.config.seed, req.body),
+            "object": "list",
+            "created": int(self.created_epoch + cluster.now()),
+            "model": cluster.config.model,
+            "data": data,
+            "usage": {
+                "prompt_tokens": tokens,
+                "total_tokens": tokens,
+                "completion_tokens": 0,
+                "prompt_tokens_details": None,
+            },
+        }
+        return json_response(200, payload)
 
     # ------------------------------------------------------------------ generation
     async def _generate(self, path: str, req: ApiRequest) -> ApiResponse:
@@ -264,6 +305,7 @@ _KNOWN_PATHS = frozenset(
         "/v1/completions",
         "/tokenize",
         "/detokenize",
+        "/v1/embeddings",
         "/v1/chat/completions/render",
         "/v1/completions/render",
     }

@@ -128,6 +128,61 @@ def parse_tokenize(body: Mapping[str, Any], *, chat: bool) -> list[int]:
     return _prompt_ids(body, chat)
 
 
+EMBEDDING_DIMENSIONS = 64  # the simulated model's embedding size (docs/simulator.md §3)
+
+
+def parse_embeddings(body: Mapping[str, Any], *, model: str, max_model_len: int) -> list[list[int]]:
+    """The token ids of each input of a ``/v1/embeddings`` request (OpenAI's shapes: a string, a
+    list of strings, a list of token ids, a list of token-id lists; or vLLM's chat form,
+    ``messages``), in order; errors name the field as vLLM's do."""
+    requested = body.get("model")
+    if requested is not None and requested != model:
+        raise ApiError(404, f"The model `{requested}` does not exist.", "NotFoundError", param="model")
+    fmt = body.get("encoding_format", "float")
+    if fmt not in ("float", "base64"):
+        raise bad("encoding_format", f"must be 'float' or 'base64', got {fmt!r}")
+    dims = body.get("dimensions")
+    if dims is not None and (not _is_int(dims) or not 1 <= dims <= EMBEDDING_DIMENSIONS):
+        raise bad("dimensions", f"must be an integer from 1 to {EMBEDDING_DIMENSIONS}, got {dims!r}")
+    if "messages" in body and "input" not in body:
+        inputs = [_prompt_ids(body, True)]
+    else:
+        given = body.get("input")
+        if isinstance(given, str):
+            inputs = [tokenizer.tokenize(given)]
+        elif isinstance(given, list) and given and all(_is_int(t) for t in given):
+            inputs = [list(given)]
+        elif isinstance(given, list) and given and all(isinstance(x, (str, list)) for x in given):
+            inputs = [tokenizer.tokenize(x) if isinstance(x, str) else list(x) for x in given]
+        else:
+            raise bad("input", "field required: a string, a list of strings or a list of token ids")
+    for i, ids in enumerate(inputs):
+        if not all(_is_int(t) and 0 <= t < tokenizer.VOCAB_SIZE for t in ids):
+            raise bad(f"input[{i}]", f"token ids must be integers from 0 to {tokenizer.VOCAB_SIZE - 1}")
+        if not ids:
+            raise bad(f"input[{i}]", "must not be empty")
+        if len(ids) > max_model_len:
+            raise bad(
+                f"input[{i}]",
+                f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+                f"{len(ids)} tokens in the input for embedding generation. Please reduce the length of the input.",
+            )
+    return inputs
+
+
+def embedding_vector(ids: list[int], dimensions: int) -> list[float]:
+    """A deterministic unit vector for ``ids``: each token adds +-1 to two coordinates chosen by its
+    hash, so texts sharing words point the same way (docs/simulator.md §3)."""
+    acc = [0.0] * EMBEDDING_DIMENSIONS
+    for t in ids:
+        h = hashlib.blake2b(t.to_bytes(8, "little", signed=False), digest_size=4).digest()
+        acc[h[0] % EMBEDDING_DIMENSIONS] += 1.0 if h[1] & 1 else -1.0
+        acc[h[2] % EMBEDDING_DIMENSIONS] += 1.0 if h[3] & 1 else -1.0
+    acc = acc[:dimensions]
+    norm = sum(x * x for x in acc) ** 0.5
+    return [round(x / norm, 6) for x in acc] if norm else [0.0] * dimensions
+
+
 def parse_generation(body: Mapping[str, Any], *, chat: bool, cluster: SimCluster) -> ParsedRequest:
     config = cluster.config
     model = body.get("model")

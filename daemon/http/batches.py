@@ -33,9 +33,10 @@ from werkzeug.sansio.multipart import Data, Epilogue, Field, File, MultipartDeco
 
 from actors.logevents import get_logger, log_event
 from daemon.batch_executor import BatchService
+from daemon.batchfile import SUPPORTED_URLS
 from daemon.http.errors import ApiError
 from daemon.http.proxy import send_error
-from daemon.http.requests import ENDPOINTS, check_content_encoding, parse_json_body
+from daemon.http.requests import check_content_encoding, parse_json_body
 
 logger = get_logger("batch_api")
 JSON = "application/json"
@@ -368,10 +369,10 @@ def _batch_request(raw: bytes) -> tuple[str, str, str, dict[str, str] | None]:
             param="input_file_id",
         )
     endpoint = body.get("endpoint")
-    if not isinstance(endpoint, str) or endpoint not in ENDPOINTS:  # (an object is unhashable)
+    if not isinstance(endpoint, str) or endpoint not in SUPPORTED_URLS:  # (an object is unhashable)
         raise ApiError(
             400,
-            f"endpoint must be one of {', '.join(ENDPOINTS)} (got {json.dumps(endpoint)[:80]})",
+            f"endpoint must be one of {', '.join(SUPPORTED_URLS)} (got {json.dumps(endpoint)[:80]})",
             code="invalid_value",
             param="endpoint",
         )

@@ -60,6 +60,7 @@ from daemon.http.queue_eta import max_queue_bound
 from daemon.http.rawbody import DELETE, MIN_LAYOUT_BYTES, edit_last_member
 from daemon.http.requests import (
     ENDPOINTS,
+    FORWARDED_KINDS,
     MAX_ID_HEADER_BYTES,
     check_headers,
     parse_json_body_layout,
@@ -207,9 +208,12 @@ def request_fields(
     check_headers(headers)
     body, layout = parse_json_body_layout(raw)
     validate_body(endpoint, body)
-    identity = None if enable_key is None else parse_program_identity(body, headers, enable_key, hint_caps)
-    identity = scope_identity(identity, principal)  # per-tenant Program ids (docs/operations.md §10)
-    batch_job = batch_job_of(body, headers)
+    if endpoint in FORWARDED_KINDS:  # no identity, class or job: forwarded as is (docs/operations.md §12.1)
+        identity, batch_job = None, None
+    else:
+        identity = None if enable_key is None else parse_program_identity(body, headers, enable_key, hint_caps)
+        identity = scope_identity(identity, principal)  # per-tenant Program ids (docs/operations.md §10)
+        batch_job = batch_job_of(body, headers)
     return {
         "request_id": request_id,
         "endpoint": endpoint,
@@ -630,7 +634,7 @@ class ProxyEngine:
     async def _handle(self, req: ProxyRequest, sink: ResponseSink, raw_body: bytes | None) -> None:
         dispatcher = self.native
         batch: BatchServer | None = None
-        if self.program is not None:
+        if self.program is not None and req.endpoint not in FORWARDED_KINDS:  # (those: native, §12.1)
             if req.identity is not None:
                 dispatcher = self.program.dispatcher
             elif req.batch_job is not None:
@@ -771,6 +775,8 @@ class ProxyEngine:
         The edits touch top-level members only (``vllm_xargs``, ``priority``, ``stream_options``):
         with the body's layout they splice the client's bytes (daemon/http/rawbody.py), else the
         decoded body is re-encoded; each rewrite is counted by method (docs/operations.md §13)."""
+        if req.endpoint in FORWARDED_KINDS:  # forwarded routes: the client's bytes (docs/operations.md §12.1)
+            return (raw_body if raw_body is not None else json.dumps(req.body).encode()), False
         body = req.body
         changes: dict[str, Any] = {}
         xargs = body.get("vllm_xargs")

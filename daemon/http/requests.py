@@ -44,11 +44,31 @@ import attrs
 from daemon.http.errors import ApiError
 from daemon.http.rawbody import MIN_LAYOUT_BYTES, Layout, TooDeep, parse_object
 
-ENDPOINTS: dict[str, str] = {
+# The agent-facing routes: parsed, validated, scheduled (Program identity, classes, batch jobs).
+AGENT_ENDPOINTS: dict[str, str] = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
     "/v1/responses": "responses",
 }
+# vLLM's other JSON POST routes that agentd forwards (docs/operations.md §12.1): identity-free,
+# through the native policy, with the same limits, keys, model pools, health and failover as an
+# identity-free agent request; the body is checked only for what agentd reads (a JSON object, the
+# ``model`` a string) and forwarded byte for byte.  Program identity, request classes and batch
+# job tags do not apply to them.
+FORWARDED_ENDPOINTS: dict[str, str] = {
+    "/v1/embeddings": "embeddings",
+    "/pooling": "pooling",
+    "/classify": "classify",
+    "/score": "score",
+    "/v1/score": "v1_score",
+    "/rerank": "rerank",
+    "/v1/rerank": "v1_rerank",
+    "/v2/rerank": "v2_rerank",
+    "/tokenize": "tokenize",
+    "/detokenize": "detokenize",
+}
+FORWARDED_KINDS: frozenset[str] = frozenset(FORWARDED_ENDPOINTS.values())
+ENDPOINTS: dict[str, str] = {**AGENT_ENDPOINTS, **FORWARDED_ENDPOINTS}
 _TOKEN_LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n")
 # Deeper JSON is refused (400): real requests (tool schemas included) stay far below, and every
 # later walk of the body (re-encoding, hashing) stays clear of Python's recursion limit.
@@ -248,6 +268,8 @@ def validate_body(endpoint: str, body: Mapping[str, Any]) -> None:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_field("model", "must be a string", model)
+    if endpoint in FORWARDED_KINDS:  # the rest is the worker's business (docs/operations.md §12.1)
+        return
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise bad_field("stream", "must be a boolean", stream)
@@ -577,5 +599,26 @@ def request_texts(endpoint: str, body: Mapping[str, Any]) -> tuple[str, PromptSi
     if endpoint == "completions":
         text, token_count = completions_text(body)
         return text, _size(text, token_count)
+    if endpoint in FORWARDED_KINDS:
+        text = forwarded_text(body)
+        return text, _size(text)
     routing, text = responses_texts(body)
     return routing, _size(text)
+
+
+# the members that hold a forwarded route's input, first found wins (embeddings and pooling:
+# ``input`` or ``messages``; score: ``text_1``/``queries``; rerank: ``query``; tokenize:
+# ``prompt`` or ``messages``; detokenize: ``tokens``)
+_FORWARDED_INPUTS = ("input", "messages", "prompt", "text_1", "queries", "query", "tokens", "data")
+_FORWARDED_TEXT_CHARS = 4096
+
+
+def forwarded_text(body: Mapping[str, Any]) -> str:
+    """The routing text of a forwarded route (docs/operations.md §12.1): the first input member as
+    compact JSON, at most 4,096 characters (the consistent-hash key and the size estimate)."""
+    for name in _FORWARDED_INPUTS:
+        value = body.get(name)
+        if value is not None:
+            text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+            return text[:_FORWARDED_TEXT_CHARS]
+    return ""

@@ -487,3 +487,31 @@ async def test_ctrl_c_leaves_a_valid_file_exits_130_and_a_rerun_resumes(tmp_path
     assert records[: len(first)] == first
     assert set(by_custom_id(records)) == {f"q{i}" for i in range(30)}
     assert f"{len(first)} already in the output" in done.stderr
+
+
+def test_embeddings_lines_run_against_the_embedded_simulator(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # /v1/embeddings is a batch route since session 33 (docs/batch.md §3; a malformed line before)
+    embed = [
+        json.dumps(
+            {
+                "custom_id": f"e{i}",
+                "method": "POST",
+                "url": "/v1/embeddings",
+                "body": {"model": "sim", "input": f"doc {i}"},
+            }
+        )
+        for i in range(3)
+    ]
+    inp = write_input(tmp_path / "in.jsonl", [*embed, request_line("q0", model="sim", max_tokens=2)])
+    out = tmp_path / "out.jsonl"
+    code = cli.main(["batch", "-i", str(inp), "-o", str(out), "--config", str(fast_sim_config(tmp_path))])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    ok = by_custom_id(read_output(out))
+    assert set(ok) == {"e0", "e1", "e2", "q0"}
+    for i in range(3):
+        body = ok[f"e{i}"]["response"]["body"]
+        assert ok[f"e{i}"]["response"]["status_code"] == 200 and len(body["data"][0]["embedding"]) == 64
+    assert "4 lines: 4 ok, 0 failed, 0 malformed" in err

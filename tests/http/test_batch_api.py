@@ -291,7 +291,7 @@ async def test_batch_api_create_errors_name_the_field(api: Api) -> None:
     file_id = (await api.upload(jsonl([line("a")]))).json()["id"]
     good = {"input_file_id": file_id, "endpoint": ENDPOINT, "completion_window": "24h"}
     cases = [
-        ({**good, "endpoint": "/v1/embeddings"}, 400, "invalid_value", "endpoint"),
+        ({**good, "endpoint": "/v1/moderations"}, 400, "invalid_value", "endpoint"),
         ({**good, "completion_window": "1h"}, 400, "invalid_value", "completion_window"),
         ({**good, "input_file_id": 3}, 400, "invalid_type", "input_file_id"),
         ({k: v for k, v in good.items() if k != "input_file_id"}, 400, "missing_field", "input_file_id"),

@@ -349,3 +349,32 @@ async def test_continuous_usage_and_token_id_prompts(autojump_clock: trio.abc.Cl
     assert [f["usage"]["completion_tokens"] for f in token_frames] == [1, 2, 3]
     assert all(f["usage"]["prompt_tokens"] == 4 for f in frames[:-1])
     assert batched.status_code == 400 and batched.json()["error"]["param"] == "prompt"
+
+
+async def test_embeddings_shape_formats_and_errors(autojump_clock: trio.abc.Clock) -> None:
+    import base64
+    import struct
+
+    async with sim_client() as (_cluster, client):
+        t0 = trio.current_time()
+        r = await client.post("/v1/embeddings", json={"input": ["the cat", "the cat sat"], "dimensions": 8})
+        assert trio.current_time() == t0  # served at once, outside the engines (docs/simulator.md §3)
+        assert r.status_code == 200, r.text
+        doc = r.json()
+        vectors = [d["embedding"] for d in doc["data"]]
+        assert [len(v) for v in vectors] == [8, 8]
+        assert doc["usage"]["prompt_tokens"] == len(tokenizer.tokenize("the cat")) + len(
+            tokenizer.tokenize("the cat sat")
+        )
+        again = (await client.post("/v1/embeddings", json={"input": "the cat", "encoding_format": "base64"})).json()
+        packed = base64.b64decode(again["data"][0]["embedding"])
+        floats = struct.unpack(f"<{len(packed) // 4}f", packed)
+        assert len(floats) == 64 and abs(sum(x * x for x in floats) - 1.0) < 1e-4
+        for payload, param in (
+            ({"input": []}, "input"),
+            ({"input": "x", "dimensions": 65}, "dimensions"),
+            ({"input": "x", "encoding_format": "hex"}, "encoding_format"),
+            ({"input": [[1, -2]]}, "input[0]"),
+        ):
+            bad = await client.post("/v1/embeddings", json=payload)
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == param, (payload, bad.text)
