@@ -97,6 +97,7 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     out = fairness.output_tokens(ev.usage.completion_tokens, d.reserved_output_tokens, ev.success)
     fairness.charge(s.fair, s.prio, d.tenant, output_tokens=out)  # docs/priority.md §3
     rank = s.ranks[d.target_id]
+    rank.completed_since_observation += 1  # the waiting gate counts it (ledger.waiting_gate_shut)
     fairness_prefill.on_complete(rank, ev.request_id)
     usage = observe_usage(s, p, d, rank, ev.usage)
     # shared-prefix freshness is evaluated now, before this completion changes the state

@@ -161,14 +161,15 @@ def _completion_interval(rank: RankState) -> float | None:
 
 
 def gate_in(s: SchedulerState, rank: RankState, to_tick: float) -> float | None:
-    """Seconds until the first tick whose observation is expected to show the rank's waiting gate
-    open (docs/program-scheduling.md §3, §13 "The waiting gate"), or None when it is open, or
-    expected to be at the next tick.  The gate is closed while the rank's fresh observation shows
-    at least ``admission_waiting_request_threshold`` requests waiting in the engine; until a tick's
-    observation shows fewer, no pass admits a Program there.  The engine's queue now is the
-    observed one plus the Program requests dispatched to the rank since that scrape, minus those
-    completed since (each completion lets a queued request run); it drains by one request per
-    :func:`engine_completion_interval`."""
+    """Seconds until the rank's waiting gate is expected to open (docs/program-scheduling.md §3,
+    §13 "The waiting gate"), or None when it is open, or expected to be at the next tick.  The gate
+    is closed while the rank's fresh observation shows at least
+    ``admission_waiting_request_threshold`` requests waiting in the engine; the first tick whose
+    scrape shows fewer opens it, or, when the completion that brings the count below the threshold
+    leaves nothing agentd dispatched in flight there, that completion (``ledger.waiting_gate_shut``,
+    since session 33).  The engine's queue now is the observed one plus the Program requests
+    dispatched to the rank since that scrape, minus those completed since (each completion lets a
+    queued request run); it drains by one request per :func:`engine_completion_interval`."""
     cfg, now = s.cfg, s.now
     if not waiting_gate_shut(rank, s.now, s.cfg) or not gate_lasting(s, rank):
         return None
@@ -181,6 +182,8 @@ def gate_in(s: SchedulerState, rank: RankState, to_tick: float) -> float | None:
     opens = gate_open_in(waiting, threshold, engine_completion_interval(s, rank), since)
     if opens is None:
         return None
+    if in_flight <= waiting - threshold + 1 and not (rank.batch_requests or rank.interactive_requests):
+        return opens  # the completion that opens it leaves nothing of agentd's in flight (ledger.drained)
     return first_tick_after(s, to_tick, opens)
 
 

@@ -110,12 +110,29 @@ def fresh_waiting(rank: RankState, now: float, metrics_interval_seconds: float) 
 def waiting_gate_shut(rank: RankState, now: float, cfg: ProgramSchedulingConfig) -> bool:
     """The waiting gate of Program admission (docs/program-scheduling.md §3): the rank's fresh
     observation shows at least ``admission_waiting_request_threshold`` requests waiting in the
-    engine (0 turns the gate off).  Batch dispatch and the queue ETA read the same gate."""
+    engine (0 turns the gate off).  agentd difference: once nothing agentd dispatched to the rank
+    is in flight any more, the Program requests that completed there since that observation
+    arrived are counted out of it (the scrape saw them queued; they ran and finished).  The
+    reference holds the gate shut until the next scrape, so on an idle cluster a request arriving
+    just after another one finished waited up to an interval, and ``x-agentd-max-queue-seconds: 0``
+    refused it.  Under load something is always in flight and the gate is the reference's.  Batch
+    dispatch and the queue ETA read the same gate."""
     threshold = cfg.admission_waiting_request_threshold
     if threshold <= 0:
         return False
     waiting = fresh_waiting(rank, now, cfg.metrics_interval_seconds)
-    return waiting is not None and waiting >= threshold
+    if waiting is None:
+        return False
+    if rank.completed_since_observation and drained(rank):
+        waiting -= rank.completed_since_observation
+    return waiting >= threshold
+
+
+def drained(rank: RankState) -> bool:
+    """Nothing agentd dispatched to the rank is in flight: no Program, batch or interactive request."""
+    if rank.batch_requests or rank.interactive_requests:
+        return False
+    return all(a.in_flight == 0 for a in rank.active.values())
 
 
 def apply_observation(
@@ -145,6 +162,7 @@ def apply_observation(
     rank.kv_cache_usage = kv_cache_usage
     rank.running_requests = running
     rank.waiting_requests = waiting
+    rank.completed_since_observation = 0
     rank.observed_router_active_reasoning_programs = checkpoint.active_reasoning_programs
     rank.observed_router_active_reasoning_requests = checkpoint.active_reasoning_requests
     rank.observed_at = observed_at

@@ -301,6 +301,9 @@ class RankState:
     kv_cache_usage: float | None = None
     running_requests: int | None = None
     waiting_requests: int | None = None
+    # Program requests dispatched here that completed since that observation arrived: each let the
+    # engine start one it queued (the waiting gate counts them, docs/program-scheduling.md §3)
+    completed_since_observation: int = 0
     observed_router_active_reasoning_programs: int = 0
     observed_router_active_reasoning_requests: int = 0
     estimated_active_reasoning_tokens: float | None = None

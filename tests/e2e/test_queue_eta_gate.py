@@ -14,6 +14,7 @@ operator walk: told 0.6-1.0 s, waited about 10 s).
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import attrs
 import httpx
@@ -130,3 +131,59 @@ async def test_a_program_behind_a_closed_waiting_gate_is_told_when_the_engine_dr
         assert ps.diagnostics()["queue_eta"]["median_relative_error"] == pytest.approx(0.0, abs=1e-9)
     assert [answers[n].status_code for n in "abcde"] == [200] * 5
     assert sorted(engine.started.values()) == pytest.approx([start + k * SERVICE for k in range(5)])
+
+
+class QueueingEngine(SerialEngine):
+    """Each request waits ``START`` seconds in the engine's queue (counted as waiting on
+    ``/metrics``), then runs ``RUN`` seconds."""
+
+    START, RUN = 1.5, 0.2
+
+    async def handler(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path != "/v1/chat/completions":
+            return await super().handler(request)
+        body = json.loads(await request.aread())
+        name = body["messages"][-1]["content"]
+        self.arrival(name).set()
+        self.queued += 1
+        await trio.sleep(self.START)
+        self.queued -= 1
+        self.running += 1
+        await trio.sleep(self.RUN)
+        self.running -= 1
+        usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": 2, "total_tokens": PROMPT_TOKENS + 2}
+        message = {"role": "assistant", "content": "ok"}
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        return httpx.Response(
+            200, json={"id": "c", "object": "chat.completion", "model": "m", "choices": [choice], "usage": usage}
+        )
+
+
+async def test_do_not_queue_on_an_idle_cluster_right_after_a_request(autojump_clock: trio.testing.MockClock) -> None:
+    """``x-agentd-max-queue-seconds: 0`` right after the previous request finished, the cluster
+    idle: served (docs/program-scheduling.md §3, §13).  The last scrape still showed that request
+    waiting in the engine, so the waiting gate held the next one until the next scrape, and a
+    bound of 0 refused it with a 429 (before session 33)."""
+    engine = QueueingEngine()
+    cfg = attrs.evolve(
+        make_config(engine.urls, policy="round_robin"),
+        enable_program_scheduling=True,
+        program_scheduling=ProgramSchedulingConfig(admission_waiting_request_threshold=1),
+    )
+    async with configured_daemon(engine, cfg) as (handles, client):
+        ps = handles.program_dispatcher
+        first = await client.post("/v1/chat/completions", json=chat("a", "a"))
+        assert first.status_code == 200
+        # a waited 1.5 s in the engine: the scrape at 1.0 saw it waiting, the next one is at 2.0
+        assert trio.current_time() == pytest.approx(QueueingEngine.START + QueueingEngine.RUN)
+        (rank,) = ps.diagnostics()["ranks"]
+        assert (rank["vllm_running_requests"], rank["vllm_waiting_requests"]) == (0, 1)
+        again = await client.post("/v1/chat/completions", json=chat("q", "q"), headers={HEADER: "0"})
+        assert again.status_code == 200, again.text
+        # and, with something of agentd's in flight, the scrape's count holds the gate as before
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(client.post, "/v1/chat/completions", json=chat("b", "b")))
+            await engine.arrival("b").wait()
+            await ps.wait_diagnostics(lambda d: d["ranks"][0]["vllm_waiting_requests"] == 1)
+            held = await client.post("/v1/chat/completions", json=chat("r", "r"), headers={HEADER: "0"})
+            assert held.status_code == 429 and held.json()["error"]["code"] == "queue_wait_exceeds_bound"

@@ -73,6 +73,22 @@ def test_core_stale_observation_never_gates() -> None:
     assert admitted(h.submit("b", at=3.5)) == ["r1", "r2"]  # age 3.5: stale, no gate
 
 
+def test_core_waiting_gate_counts_completions_since_the_observation() -> None:
+    """docs/program-scheduling.md §3, §10: the scrape showed the request then waiting in the engine;
+    it completed since, so the engine queues nothing now and the next request is admitted at once
+    (the reference held the gate shut until the next scrape)."""
+    h = Harness(metrics_interval_seconds=1.0)
+    assert admitted(h.submit("a", at=0.0)) == ["r1"]
+    h.observe(0, kv=0.1, running=0, waiting=1, at=0.2)  # r1 still queued in the engine at the scrape
+    assert admitted(h.submit("b", at=0.3)) == []  # nothing completed since: the gate holds b
+    eff = h.complete("r1", at=0.4, prompt=100)
+    assert admitted(eff) == ["r2"]  # r1's completion opens it: b need not wait for the next scrape
+    # r2 is in flight now: the rank is not drained, and the scrape's count stands again
+    assert admitted(h.submit("c", at=0.5)) == []
+    h.observe(0, kv=0.1, running=1, waiting=1, at=1.2, epoch=2)  # a new scrape starts the count again
+    assert h.rank().completed_since_observation == 0
+
+
 def test_core_threshold_zero_disables_gate() -> None:
     h = Harness(admission_waiting_request_threshold=0)
     h.observe(0, kv=0.1, running=1, waiting=50, at=0.0)

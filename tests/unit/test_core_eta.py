@@ -19,7 +19,9 @@ from tests.unit.core_support import Harness, Ident, admitted, request_sample, ti
 
 
 def told(effects: tuple[object, ...]) -> list[tuple[str, int, float, bool]]:
-    return [(e.request_id, e.position, e.eta_seconds, e.first) for e in effects if isinstance(e, fx.QueueEtaTold)]
+    return [
+        (e.request_id, e.position, round(e.eta_seconds, 9), e.first) for e in effects if isinstance(e, fx.QueueEtaTold)
+    ]
 
 
 def observed(effects: tuple[object, ...]) -> list[tuple[float, float, float]]:
@@ -492,8 +494,12 @@ def test_an_engine_that_queues_more_than_it_runs_holds_its_gate_from_the_first_s
     h.complete("r1", at=0.45, prompt=100)  # x after 0.45 s
     h.observe(0, None, 1, 2, at=0.5)  # one request runs, two wait: more than it runs
     # two completions open the gate: the first 0.45 s after x's (0.15 s from now), the second
-    # 0.45 s later (at 1.35), seen by the scrape of the tick of 2.0 (was: the next tick, 0.25 s)
-    assert told(h.submit("a", at=0.75)) == [("r4", 1, 1.25, True)]
+    # 0.45 s later (at 1.35).  That one leaves nothing of agentd's in flight on the rank, so its
+    # pass admits (session 33, ledger.waiting_gate_shut; before, the scrape of the tick of 2.0:
+    # 1.25 s; before session 32, the next tick: 0.25 s)
+    assert told(h.submit("a", at=0.75)) == [("r4", 1, 0.6, True)]
+    h.complete("r2", at=0.9, prompt=100)
+    assert admitted(h.complete("r3", at=1.35, prompt=100)) == ["r4"]
 
 
 def test_an_engine_that_runs_nothing_yet_does_not_hold_its_gate_from_the_first_scrape() -> None:
