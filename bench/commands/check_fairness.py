@@ -22,12 +22,15 @@ from bench.fairness.check import Checker, CheckOptions, cluster_of, kinds_arg, r
 from bench.fairness.scenarios import KINDS
 from bench.output import write_atomic
 from bench.simulate import SimulateError, check_simulatable
-from daemon.commands.argtypes import int_at_least, positive_float, positive_int
+from daemon.commands.argtypes import float_in, int_at_least, positive_int
 from daemon.commands.paths import output_dir_problem
 from daemon.config_loading import ConfigError, load_config
 from daemon.logs import configure_logging
 
 NAME = "check-fairness"
+# --scale's bound: the scenarios' sessions grow with it, and with them the run's time and memory
+# (docs/priority.md §6.3); unbounded, a typo such as 1e9 ran until memory ran out
+MAX_SCALE = 50.0
 HELP = "Check a configuration's fairness: core machines and adversarial traces in virtual time; exit 1 on a violation."
 
 
@@ -88,7 +91,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="LIST",
         help="all (default), none, or a comma-separated list of flood, hogs, priority-flood, interactive-under-batch",
     )
-    parser.add_argument("--scale", type=positive_float, default=1.0, help="multiply every scenario's session count")
+    parser.add_argument(
+        "--scale",
+        type=float_in(0.0, MAX_SCALE),
+        default=1.0,
+        help=f"multiply every scenario's session count (0 < X <= {MAX_SCALE:g})",
+    )
     parser.add_argument("--no-machines", action="store_true", help="skip the core's state machines")
     parser.add_argument(
         "--shrink-probes", type=int_at_least(0), default=8, help="simulations spent shrinking a violation (default 8)"

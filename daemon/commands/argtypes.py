@@ -48,6 +48,21 @@ def positive_float(text: str) -> float:
     return value
 
 
+def float_in(low: float, high: float) -> Callable[[str], float]:
+    """A number within ``(low, high]``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not low < value <= high:
+            raise argparse.ArgumentTypeError(f"must be a number > {low:g} and <= {high:g}, got {text!r}")
+        return value
+
+    return parse
+
+
 def non_negative_float(text: str) -> float:
     try:
         value = float(text)
