@@ -39,8 +39,9 @@ from sim.requests import (
     parse_embeddings,
     parse_generation,
     parse_tokenize,
+    responses_to_chat,
 )
-from sim.responses import SseStream, final_response
+from sim.responses import ResponsesShape, ResponsesStream, SseStream, final_response
 
 JSON = "application/json"
 
@@ -58,7 +59,7 @@ class ApiResponse:
     status: int
     content_type: str
     body: bytes = b""
-    stream: SseStream | None = None
+    stream: SseStream | ResponsesStream | None = None
     headers: tuple[tuple[str, str], ...] = ()
 
 
@@ -99,7 +100,7 @@ class SimApi:
             if method == "GET":
                 return self._get(path, req)
             if method == "POST":
-                if path in ("/v1/chat/completions", "/v1/completions"):
+                if path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
                     return await self._generate(path, req)
                 if path in ("/tokenize", "/v1/chat/completions/render", "/v1/completions/render"):
                     return self._tokenize(path, req)
@@ -203,9 +204,10 @@ class SimApi:
     # ------------------------------------------------------------------ generation
     async def _generate(self, path: str, req: ApiRequest) -> ApiResponse:
         cluster = self.cluster
-        chat = path == "/v1/chat/completions"
+        responses = path == "/v1/responses"  # the chat request it stands for (docs/simulator.md §3)
+        chat = path == "/v1/chat/completions" or responses
         body = _json_body(req.body)
-        parsed = parse_generation(body, chat=chat, cluster=cluster)
+        parsed = parse_generation(responses_to_chat(body) if responses else body, chat=chat, cluster=cluster)
         rank = _rank_header(req.headers)
         try:
             cluster.check_rank(rank)
@@ -219,7 +221,7 @@ class SimApi:
             n = self._anon_counter.get(digest, 0)
             self._anon_counter[digest] = n + 1
             base = digest if n == 0 else f"{digest}-{n}"
-        response_id = ("chatcmpl-" if chat else "cmpl-") + base
+        response_id = ("resp_" if responses else "chatcmpl-" if chat else "cmpl-") + base
         engine_id = response_id
         n = self._in_flight.get(response_id, 0)
         if n:
@@ -243,6 +245,16 @@ class SimApi:
             self._release(response_id)
             raise
         headers = (("x-request-id", response_id),)
+        shape = (
+            ResponsesShape(parsed, body, response_id=response_id, created=created, model=cluster.config.model)
+            if responses
+            else None
+        )
+        if parsed.stream and shape is not None:
+            events = ResponsesStream(
+                shape, outputs, lambda aborted: self._finish(engine_id, response_id, aborted=aborted)
+            )
+            return ApiResponse(200, "text/event-stream; charset=utf-8", stream=events, headers=headers)
         if parsed.stream:
             stream = SseStream(
                 parsed,
@@ -263,6 +275,8 @@ class SimApi:
             self._finish(engine_id, response_id, aborted=last is None or last.finish_reason is None)
         if last is None or last.finish_reason is None:
             raise ApiError(500, "request aborted by the engine", "InternalServerError")
+        if shape is not None:
+            return json_response(200, shape.final(last.num_cached_tokens), headers)
         payload = final_response(
             parsed,
             response_id=response_id,

@@ -302,3 +302,91 @@ def _first_tool_name(tools: Any) -> str | None:
         if isinstance(function, dict) and isinstance(function.get("name"), str) and function["name"]:
             return str(function["name"])
     return None
+
+
+# ---------------------------------------------------------------------------- the Responses API
+# Body members of POST /v1/responses that carry over to the chat request the engine runs.
+_RESPONSES_PASSTHROUGH = ("model", "stream", "vllm_xargs", "priority", "cache_salt", "temperature", "top_p")
+
+
+def responses_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The chat request that a ``POST /v1/responses`` body stands for (docs/simulator.md §3): its
+    ``instructions`` as a system message, its ``input`` (a string, or a list of messages,
+    ``function_call`` and ``function_call_output`` items) as the conversation, its function
+    ``tools`` in chat form and ``max_output_tokens`` as ``max_completion_tokens``.  Errors name
+    the Responses field (``input[2].type``, ``tools[0].type``, ``previous_response_id``)."""
+    if body.get("previous_response_id") is not None:
+        raise bad(
+            "previous_response_id",
+            "the simulator keeps no responses: send the whole conversation in 'input' (vLLM needs its response store)",
+        )
+    messages: list[dict[str, Any]] = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise bad("instructions", f"must be a string, got {instructions!r}")
+        messages.append({"role": "system", "content": instructions})
+    given = body.get("input")
+    if isinstance(given, str):
+        messages.append({"role": "user", "content": given})
+    elif isinstance(given, list) and given:
+        for i, item in enumerate(given):
+            messages.append(_responses_item(item, f"input[{i}]"))
+    else:
+        raise bad("input", "field required: a string or a non-empty list of input items")
+    chat: dict[str, Any] = {k: body[k] for k in _RESPONSES_PASSTHROUGH if k in body}
+    chat["messages"] = messages
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise bad("tools", "must be a list")
+        converted = []
+        for i, tool in enumerate(tools):
+            if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+                raise bad(f"tools[{i}]", "the simulator runs function tools only: {'type': 'function', 'name': ...}")
+            fn = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+            converted.append({"type": "function", "function": fn})
+        if converted:
+            chat["tools"] = converted
+    limit = body.get("max_output_tokens")
+    if limit is not None:
+        if not _is_int(limit) or limit < 1:
+            raise bad("max_output_tokens", f"must be an integer >= 1, got {limit!r}")
+        chat["max_completion_tokens"] = limit
+    return chat
+
+
+def _text_of(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or not isinstance(part.get("text"), str):
+                raise bad(f"{where}.content[{j}]", "must be a text part: {'type': 'input_text', 'text': ...}")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad(f"{where}.content", "must be a string or a list of text parts")
+
+
+def _responses_item(item: Any, where: str) -> dict[str, Any]:
+    if not isinstance(item, dict):
+        raise bad(where, "must be an object")
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = item.get("role")
+        if role not in ("user", "assistant", "system", "developer"):
+            raise bad(f"{where}.role", f"must be user, assistant, system or developer, got {role!r}")
+        return {"role": "system" if role == "developer" else role, "content": _text_of(item.get("content"), where)}
+    if kind == "function_call":
+        call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
+        if not (isinstance(call_id, str) and isinstance(name, str) and isinstance(arguments, str)):
+            raise bad(where, "a function_call item needs string 'call_id', 'name' and 'arguments'")
+        call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
+    if kind == "function_call_output":
+        call_id, output = item.get("call_id"), item.get("output")
+        if not (isinstance(call_id, str) and isinstance(output, str)):
+            raise bad(where, "a function_call_output item needs string 'call_id' and 'output'")
+        return {"role": "tool", "tool_call_id": call_id, "content": output}
+    raise bad(f"{where}.type", f"must be message, function_call or function_call_output, got {kind!r}")

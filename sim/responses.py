@@ -208,3 +208,177 @@ class SseStream:
 
     async def aclose(self) -> None:
         self._finish(aborted=not self._done)
+
+
+# ---------------------------------------------------------------------------- the Responses API
+def _event(kind: str, payload: dict[str, Any]) -> bytes:
+    return (
+        f"event: {kind}\ndata: ".encode()
+        + json.dumps({"type": kind, **payload}, separators=(",", ":")).encode()
+        + b"\n\n"
+    )
+
+
+class ResponsesShape:
+    """The Responses API objects of one request (docs/simulator.md §3): what ``POST /v1/responses``
+    answers, or streams as events, for the chat request it stands for (``parsed``)."""
+
+    def __init__(self, parsed: ParsedRequest, body: dict[str, Any], *, response_id: str, created: int, model: str):
+        self.parsed = parsed
+        self.body = body
+        self.id = response_id
+        self.created = created
+        self.model = model
+        suffix = response_id.removeprefix("resp_")
+        self.item_id = ("fc_" if parsed.output.tool_call is not None else "msg_") + suffix
+
+    def response(self, status: str, output: list[dict[str, Any]], usage_: dict[str, Any] | None) -> dict[str, Any]:
+        body = self.body
+        incomplete = status == "incomplete"
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "error": None,
+            "model": self.model,
+            "instructions": body.get("instructions"),
+            "max_output_tokens": body.get("max_output_tokens"),
+            "output": output,
+            "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "previous_response_id": None,
+            "temperature": body.get("temperature", 1.0),
+            "text": {"format": {"type": "text"}},
+            "tool_choice": body.get("tool_choice", "auto"),
+            "tools": body.get("tools") or [],
+            "top_p": body.get("top_p", 1.0),
+            "truncation": "disabled",
+            "metadata": body.get("metadata") or {},
+            "usage": usage_,
+        }
+
+    def item(self, done: bool, text: str) -> dict[str, Any]:
+        call = self.parsed.output.tool_call
+        status = "completed" if done else "in_progress"
+        if call is not None:
+            return {
+                "type": "function_call",
+                "id": self.item_id,
+                "call_id": call.id,
+                "name": call.name,
+                "arguments": call.arguments if done else "",
+                "status": status,
+            }
+        content = [{"type": "output_text", "text": text, "annotations": []}] if done else []
+        return {"type": "message", "id": self.item_id, "status": status, "role": "assistant", "content": content}
+
+    def usage(self, output_tokens: int, cached: int) -> dict[str, Any]:
+        prompt = len(self.parsed.prompt_ids)
+        return {
+            "input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": max(cached, 0)},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + output_tokens,
+        }
+
+    def status(self, finish_reason: str | None) -> str:
+        return "incomplete" if finish_reason == "length" else "completed"
+
+    def final(self, num_cached_tokens: int) -> dict[str, Any]:
+        out = self.parsed.output
+        text = "".join(out.pieces)
+        return self.response(
+            self.status(out.finish_reason), [self.item(True, text)], self.usage(len(out.token_ids), num_cached_tokens)
+        )
+
+
+class ResponsesStream:
+    """Async iterator of the Responses API's SSE events for one streamed request (``response.created``,
+    ``response.in_progress``, ``response.output_item.added``, text or function-call argument deltas,
+    their ``.done`` events, ``response.output_item.done``, ``response.completed`` with the usage);
+    ``aclose()`` must be called.  No ``[DONE]`` line, as OpenAI's and vLLM's streams."""
+
+    def __init__(
+        self, shape: ResponsesShape, outputs: trio.MemoryReceiveChannel[EngineOutput], on_close: Callable[[bool], None]
+    ) -> None:
+        self._shape = shape
+        self._outputs = outputs
+        self._on_close: Callable[[bool], None] | None = on_close
+        self._done = False
+        self._started = False
+        self._seq = 0
+        self._text: list[str] = []
+
+    def __aiter__(self) -> ResponsesStream:
+        return self
+
+    def _ev(self, kind: str, **payload: Any) -> bytes:
+        self._seq += 1
+        return _event(kind, {"sequence_number": self._seq - 1, **payload})
+
+    async def __anext__(self) -> bytes:
+        if self._done:
+            raise StopAsyncIteration
+        shape = self._shape
+        try:
+            out = await self._outputs.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            self._done = True
+            failed = shape.response("failed", [], None)
+            failed["error"] = {"code": "server_error", "message": "request aborted by the engine"}
+            return self._ev("response.failed", response=failed)
+        call = shape.parsed.output.tool_call
+        frames: list[bytes] = []
+        where = {"item_id": shape.item_id, "output_index": 0}
+        if not self._started:
+            self._started = True
+            pending = shape.response("in_progress", [], None)
+            frames += [
+                self._ev("response.created", response=pending),
+                self._ev("response.in_progress", response=pending),
+            ]
+            frames.append(self._ev("response.output_item.added", output_index=0, item=shape.item(False, "")))
+            if call is None:
+                part = {"type": "output_text", "text": "", "annotations": []}
+                frames.append(self._ev("response.content_part.added", **where, content_index=0, part=part))
+        pieces = shape.parsed.output.pieces
+        for i in range(out.first_index, out.first_index + out.num_tokens):
+            first_call_token = call is not None and i <= call.name_tokens  # the name, sent with the item
+            if pieces[i] and not first_call_token:
+                self._text.append(pieces[i])
+                if call is None:
+                    frames.append(
+                        self._ev("response.output_text.delta", **where, content_index=0, delta=pieces[i], logprobs=[])
+                    )
+                else:
+                    frames.append(self._ev("response.function_call_arguments.delta", **where, delta=pieces[i]))
+        if out.finish_reason is not None:
+            self._done = True
+            text = "".join(self._text)
+            if call is None:
+                part = {"type": "output_text", "text": text, "annotations": []}
+                frames.append(self._ev("response.output_text.done", **where, content_index=0, text=text, logprobs=[]))
+                frames.append(self._ev("response.content_part.done", **where, content_index=0, part=part))
+            else:
+                frames.append(self._ev("response.function_call_arguments.done", **where, arguments=call.arguments))
+            item = shape.item(True, text)
+            frames.append(self._ev("response.output_item.done", output_index=0, item=item))
+            n = out.first_index + out.num_tokens
+            status = shape.status(out.finish_reason)
+            final = shape.response(status, [item], shape.usage(n, out.num_cached_tokens))
+            frames.append(
+                self._ev("response.completed" if status == "completed" else "response.incomplete", response=final)
+            )
+            self._finish(aborted=False)
+        return b"".join(frames)
+
+    def _finish(self, *, aborted: bool) -> None:
+        on_close, self._on_close = self._on_close, None
+        self._outputs.close()
+        if on_close is not None:
+            on_close(aborted)
+
+    async def aclose(self) -> None:
+        self._finish(aborted=not self._done)

@@ -15,7 +15,7 @@ from quart_trio import QuartTrio
 
 from sim.api import ApiRequest, SimApi
 from sim.cluster import SimCluster
-from sim.responses import SseStream
+from sim.responses import ResponsesStream, SseStream
 
 METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH"]
 
@@ -30,7 +30,7 @@ def create_app(
     api = SimApi(cluster, registry, created_epoch=created_epoch)
     app.extensions["agentd_sim_api"] = api
 
-    async def _stream(stream: SseStream) -> AsyncIterator[bytes]:
+    async def _stream(stream: SseStream | ResponsesStream) -> AsyncIterator[bytes]:
         try:
             async for chunk in stream:
                 yield chunk

@@ -17,11 +17,11 @@ from prometheus_client import CollectorRegistry
 
 from sim.api import ApiRequest, SimApi
 from sim.cluster import SimCluster
-from sim.responses import SseStream
+from sim.responses import ResponsesStream, SseStream
 
 
 class _SseByteStream(httpx.AsyncByteStream):
-    def __init__(self, stream: SseStream) -> None:
+    def __init__(self, stream: SseStream | ResponsesStream) -> None:
         self._stream = stream
 
     def __aiter__(self) -> AsyncIterator[bytes]:

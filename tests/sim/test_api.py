@@ -378,3 +378,100 @@ async def test_embeddings_shape_formats_and_errors(autojump_clock: trio.abc.Cloc
         ):
             bad = await client.post("/v1/embeddings", json=payload)
             assert bad.status_code == 400 and bad.json()["error"]["param"] == param, (payload, bad.text)
+
+
+def _response_events(raw: bytes) -> list[tuple[str, dict[str, object]]]:
+    events = []
+    for frame in raw.decode().split("\n\n")[:-1]:
+        head, data = frame.split("\n", 1)
+        assert head.startswith("event: ") and data.startswith("data: "), frame
+        payload = json.loads(data[len("data: ") :])
+        assert payload["type"] == head[len("event: ") :]
+        events.append((payload["type"], payload))
+    return events
+
+
+async def test_responses_api_runs_as_the_chat_request_it_stands_for(autojump_clock: trio.abc.Clock) -> None:
+    # docs/simulator.md §3: the same prompt tokens, timing and output as the chat request
+    long_user = {"role": "user", "content": " ".join(f"word{i}" for i in range(200))}  # many KV blocks
+    messages = [{"role": "system", "content": "be brief"}, long_user]
+    async with sim_client() as (_cluster, client):
+        t0 = trio.current_time()
+        chat = (await client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4})).json()
+        chat_seconds = trio.current_time() - t0
+        t1 = trio.current_time()
+        body = {"instructions": "be brief", "input": long_user["content"], "max_output_tokens": 4}
+        r = await client.post("/v1/responses", json=body)
+        assert r.status_code == 200, r.text
+        assert trio.current_time() - t1 < chat_seconds  # its prompt was cached by the chat request
+        doc = r.json()
+    assert doc["object"] == "response" and doc["id"].startswith("resp_")
+    assert doc["status"] == "incomplete" and doc["incomplete_details"] == {"reason": "max_output_tokens"}
+    (item,) = doc["output"]
+    assert item["type"] == "message" and item["content"][0]["text"] == chat["choices"][0]["message"]["content"]
+    assert doc["usage"]["input_tokens"] == chat["usage"]["prompt_tokens"] == len(tokenizer.render_chat(messages))
+    assert doc["usage"]["output_tokens"] == 4 and doc["usage"]["input_tokens_details"]["cached_tokens"] > 0
+
+
+async def test_responses_api_streams_openai_events(autojump_clock: trio.abc.Clock) -> None:
+    async with sim_client() as (_cluster, client):
+        body = {"input": [USER], "max_output_tokens": 3, "stream": True}
+        async with client.stream("POST", "/v1/responses", json=body) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            raw = b"".join([chunk async for chunk in r.aiter_bytes()])
+        events = _response_events(raw)
+        kinds = [k for k, _ in events]
+        assert kinds[:4] == [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+        ]
+        assert kinds[-4:] == [
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.incomplete",
+        ]
+        deltas = "".join(str(p["delta"]) for k, p in events if k == "response.output_text.delta")
+        final = events[-1][1]["response"]
+        assert isinstance(final, dict) and final["output"][0]["content"][0]["text"] == deltas
+        assert [p["sequence_number"] for _, p in events] == list(range(len(events)))
+        # a tool call: one function_call item, its arguments streamed
+        tools = [{"type": "function", "name": "grep", "parameters": {"type": "object"}}]
+        hint = {"vllm_xargs": {"sim_finish_reason": "tool_calls"}}
+        body = {"input": "find it", "tools": tools, "stream": True, **hint}
+        async with client.stream("POST", "/v1/responses", json=body) as r:
+            raw = b"".join([chunk async for chunk in r.aiter_bytes()])
+        events = _response_events(raw)
+        done = [p for k, p in events if k == "response.function_call_arguments.done"]
+        args = "".join(str(p["delta"]) for k, p in events if k == "response.function_call_arguments.delta")
+        assert len(done) == 1 and done[0]["arguments"] == args
+        assert events[-1][0] == "response.completed"
+        final_item = events[-1][1]["response"]["output"][0]  # type: ignore[index]
+        assert final_item["type"] == "function_call" and final_item["name"] == "grep"
+        # the call and its output go back as input items: the next turn's prompt extends it
+        follow = {
+            "input": [
+                {"role": "user", "content": "find it"},
+                {"type": "function_call", "call_id": final_item["call_id"], "name": "grep", "arguments": args},
+                {"type": "function_call_output", "call_id": final_item["call_id"], "output": "3 hits"},
+            ],
+            "tools": tools,
+            "max_output_tokens": 2,
+        }
+        doc = (await client.post("/v1/responses", json=follow)).json()
+        assert doc["usage"]["input_tokens_details"]["cached_tokens"] > 0
+
+
+async def test_responses_api_errors_name_the_field(autojump_clock: trio.abc.Clock) -> None:
+    async with sim_client() as (_cluster, client):
+        for payload, param in (
+            ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+            ({"input": []}, "input"),
+            ({"input": [{"type": "reasoning"}]}, "input[0].type"),
+            ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0]"),
+            ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+        ):
+            bad = await client.post("/v1/responses", json=payload)
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == param, (payload, bad.text)
