@@ -336,6 +336,13 @@ def responses_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
         raise bad("input", "field required: a string or a non-empty list of input items")
     chat: dict[str, Any] = {k: body[k] for k in _RESPONSES_PASSTHROUGH if k in body}
     chat["messages"] = messages
+    xargs = chat.get("vllm_xargs")
+    if xargs is None or (
+        isinstance(xargs, dict) and "sim_output_tokens" not in xargs and "sim_finish_reason" not in xargs
+    ):
+        # a natural stop by default, status "completed": agent SDKs treat an "incomplete" response
+        # (the chat default's "length") as an error; the hints choose as for chat (docs/simulator.md §3)
+        chat["vllm_xargs"] = {**(xargs or {}), "sim_finish_reason": "stop"}
     tools = body.get("tools")
     if tools is not None:
         if not isinstance(tools, list):

@@ -38,7 +38,7 @@ async def test_responses_requests_are_program_work_with_their_usage_read(autojum
                 assert streamed.status_code == 200, streamed.text
                 frames = [f for f in streamed.text.split("\n\n") if f]
                 last = json.loads(frames[-1].split("data: ", 1)[1])
-                assert last["type"] == "response.incomplete" and last["response"]["usage"]["output_tokens"] == 8
+                assert last["type"] == "response.completed" and last["response"]["usage"]["output_tokens"] == 8
                 assert "[DONE]" not in streamed.text  # the Responses stream has no [DONE] line, relayed as is
                 ps = handles.program_dispatcher
                 await ps.wait_diagnostics(lambda d: d["dispatcher"]["completed_count"] == 2)

@@ -406,7 +406,7 @@ async def test_responses_api_runs_as_the_chat_request_it_stands_for(autojump_clo
         assert trio.current_time() - t1 < chat_seconds  # its prompt was cached by the chat request
         doc = r.json()
     assert doc["object"] == "response" and doc["id"].startswith("resp_")
-    assert doc["status"] == "incomplete" and doc["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert doc["status"] == "completed" and doc["incomplete_details"] is None  # a natural stop by default
     (item,) = doc["output"]
     assert item["type"] == "message" and item["content"][0]["text"] == chat["choices"][0]["message"]["content"]
     assert doc["usage"]["input_tokens"] == chat["usage"]["prompt_tokens"] == len(tokenizer.render_chat(messages))
@@ -431,7 +431,7 @@ async def test_responses_api_streams_openai_events(autojump_clock: trio.abc.Cloc
             "response.output_text.done",
             "response.content_part.done",
             "response.output_item.done",
-            "response.incomplete",
+            "response.completed",
         ]
         deltas = "".join(str(p["delta"]) for k, p in events if k == "response.output_text.delta")
         final = events[-1][1]["response"]
@@ -475,3 +475,7 @@ async def test_responses_api_errors_name_the_field(autojump_clock: trio.abc.Cloc
         ):
             bad = await client.post("/v1/responses", json=payload)
             assert bad.status_code == 400 and bad.json()["error"]["param"] == param, (payload, bad.text)
+        # the chat default (the limit reached, "length") on request: an incomplete response
+        hint = {"vllm_xargs": {"sim_finish_reason": "length"}}
+        doc = (await client.post("/v1/responses", json={"input": "x", "max_output_tokens": 2, **hint})).json()
+        assert doc["status"] == "incomplete" and doc["incomplete_details"] == {"reason": "max_output_tokens"}
