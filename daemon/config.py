@@ -112,6 +112,9 @@ class RoutingConfig:
     health_successes_to_restore: int = rule_field(INT_GT_0, 2)
     outlier_consecutive_failures: int = rule_field(INT_GT_0, 5)
     agentic_context_forwarding: str = rule_field(one_of(*AGENTIC_CONTEXT_FORWARDING), "strip")
+    # the workers run vLLM with --enable-force-include-usage: every stream ends with its usage chunk,
+    # so agentd neither asks for it nor filters it out (docs/config.md, docs/operations.md §12)
+    workers_force_include_usage: bool = False
     # worker URL -> the model ids it serves (overrides /v1/models discovery: daemon/models.py)
     served_models: dict[str, tuple[str, ...]] = field(
         factory=dict,

@@ -220,6 +220,7 @@ def build_engine(
         native=native,
         metrics=metrics,
         agentic_context_forwarding=cfg.routing.agentic_context_forwarding,
+        workers_force_include_usage=cfg.routing.workers_force_include_usage,
         program=program,
         transport=transport,
         timeouts=upstream_timeouts(cfg.routing, embedded=cfg.embedded_mode),

@@ -483,6 +483,7 @@ class ProxyEngine:
         native: Dispatcher,
         metrics: ProxyMetrics,
         agentic_context_forwarding: str,
+        workers_force_include_usage: bool = False,
         program: ProgramRoute | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         timeout: httpx.Timeout | None = None,
@@ -525,6 +526,9 @@ class ProxyEngine:
         self.program = program
         self.metrics = metrics
         self.forwarding_mode = agentic_context_forwarding
+        # the workers send every stream's usage themselves (vLLM --enable-force-include-usage):
+        # nothing to inject, nothing to filter (docs/operations.md §12)
+        self.workers_force_usage = workers_force_include_usage
         self.ids = ids or RequestIds()
         self.hint_caps = hint_caps or ClientHintsConfig()
         self.models = models
@@ -795,6 +799,7 @@ class ProxyEngine:
             changes["priority"] = DELETE
         inject = (
             req.stream
+            and not self.workers_force_usage
             and lease.wants_usage
             and req.endpoint in ("chat", "completions")
             and not _truthy_include_usage(body)
