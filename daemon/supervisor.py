@@ -273,7 +273,12 @@ async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandle
         data_plane = _data_plane(cfg, processes, handles)
         handles = attrs.evolve(handles, data_plane=data_plane)
     # the relays' views against the scheduler's (docs/operations.md §13.3): always 0 with one process
-    handles.registry.register(ViewCollector(None if data_plane is None else data_plane.hub))
+    handles.registry.register(
+        ViewCollector(
+            None if data_plane is None else data_plane.hub,
+            None if data_plane is None else data_plane.restarts_count,
+        )
+    )
     app = create_app(handles, role="public" if split else "all", edge=edge, auth=auth)
     state = handles.server_state
     if data_plane is not None:

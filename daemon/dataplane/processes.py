@@ -129,6 +129,10 @@ class DataPlane:
         # /metrics: the relays' expositions, counters kept across relay restarts (§13.3)
         self.relay_metrics = RelayMetrics(lambda: self.hub.connections, METRICS_TIMEOUT_SECONDS)
 
+    def restarts_count(self) -> int:
+        """Relay processes started again after one exited, over every position (``/metrics``)."""
+        return sum(slot.restarts_count for slot in self.slots)
+
     def diagnostics(self) -> dict[str, Any]:
         """The ``data_plane`` section of ``/scheduling/diagnostics``."""
         now = trio.current_time()

@@ -789,12 +789,15 @@ class DataPlaneHub:
 
 
 class ViewCollector(Collector):
-    """``agentd_data_plane_view_mismatches_total``, ``agentd_data_plane_relay_view_mismatch{relay}``
-    and ``agentd_data_plane_relay_oldest_lease_seconds{relay}`` at scrape time (docs/operations.md
-    §13.3); without relay processes (``hub`` None) the counter is 0 and the gauges have no sample."""
+    """``agentd_data_plane_view_mismatches_total``, ``agentd_data_plane_relay_view_mismatch{relay}``,
+    ``agentd_data_plane_relay_oldest_lease_seconds{relay}`` and
+    ``agentd_data_plane_relay_restarts_total`` (``restarts``: the supervisor's count of relay
+    processes started again after one exited) at scrape time (docs/operations.md §13.3); without
+    relay processes (``hub`` None) the counters are 0 and the gauges have no sample."""
 
-    def __init__(self, hub: DataPlaneHub | None) -> None:
+    def __init__(self, hub: DataPlaneHub | None, restarts: Callable[[], int] | None = None) -> None:
         self.hub = hub
+        self.restarts = restarts
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         hub = self.hub
@@ -803,6 +806,11 @@ class ViewCollector(Collector):
             "Suspected leaks: a relay's own count of its open leases or resume passes differed from the "
             "scheduler's for longer than frames in flight explain.",
             value=0 if hub is None else hub.view_mismatches_count,
+        )
+        yield CounterMetricFamily(
+            "agentd_data_plane_relay_restarts",
+            "Relay processes started again after one exited (a crash, a kill, a lost scheduler connection).",
+            value=0 if self.restarts is None else self.restarts(),
         )
         suspected = GaugeMetricFamily(
             "agentd_data_plane_relay_view_mismatch",

@@ -166,6 +166,7 @@ async def test_two_relays_serve_programs_survive_a_sigkill_and_drain() -> None:
             slot = doc["data_plane"]["relays"][holder["index"]]
             assert slot["restarts_count"] == 1 and slot["last_exit"] == "killed by SIGKILL"
             assert not pid_alive(holder["pid"])
+            assert "\nagentd_data_plane_relay_restarts_total 1.0\n" in (await client.get("/metrics")).text
 
             # the daemon keeps serving, through both relays
             for i in range(6):

@@ -82,6 +82,8 @@ def metric_names(expr: str) -> set[str]:
     for m in _IDENT.finditer(s):
         ident = m.group(0)
         rest = s[m.end() :].lstrip()
+        if ident.lower() in PROMQL_KEYWORDS:  # `and (...)`: a set operator before a parenthesis
+            continue
         if rest.startswith("("):
             if ident not in PROMQL_FUNCTIONS | PROMQL_AGGREGATIONS:
                 raise PromQLError(f"unknown PromQL function {ident!r} in {expr!r}")
@@ -175,6 +177,7 @@ def load_dashboard() -> dict[str, Any]:
         ("sum(rate(a_sum[1m]))/sum(rate(a_count[1m])) * 1e3", {"a_sum", "a_count"}),
         ("sum without (instance) (up) or vector(0)", {"up"}),
         ("max_over_time(g[10m:1m]) offset 1h", {"g"}),
+        ("(sum by (i) (a) > 0) and on (i) (sum by (i) (increase(b_total[30m])) == 0)", {"a", "b_total"}),
     ],
 )
 def test_metric_names_extracts_selectors_only(expr: str, names: set[str]) -> None:

@@ -47,6 +47,7 @@ def registry_labels(registry: CollectorRegistry) -> dict[str, frozenset[str]]:
         for collector_name, collector in registry._names_to_collectors.items():
             if collector_name in (family.name, f"{family.name}_total"):
                 names.update(getattr(collector, "_labelnames", ()))
+        names.update(getattr(family, "_labelnames", ()))  # a custom collector's family (no sample yet)
         for sample in family.samples:
             names.update(sample.labels)
         base = frozenset(names - {"le", "quantile"})
