@@ -287,13 +287,24 @@ class SchedulerMachine(RuleBasedStateMachine):
             elif isinstance(e, CompletionIgnored):
                 assert e.request_id in self.orphaned, f"completion of a live dispatch ignored: {e}"
 
-    def _gate_holds(self, target: str) -> bool:
+    def _gate_holds(self, target: str, dispatched_now: frozenset[str] = frozenset()) -> bool:
+        """The waiting gate of ``target`` now; ``dispatched_now``: requests this step dispatched,
+        left out of the rank's in-flight set (the gate is decided before each dispatch)."""
         thr = self.cfg.admission_waiting_request_threshold
         rank = self.state.ranks.get(target)
         if thr <= 0 or rank is None:
             return False
         w = fresh_waiting(rank, self.now, self.tick)
-        return w is not None and w >= thr
+        if w is None:
+            return False
+        # a rank with nothing dispatched in flight (a stale placement's request included) counts
+        # the completions since the observation out of it (docs/program-scheduling.md §3)
+        drained = not any(
+            d.target_id == target and rid not in dispatched_now for rid, d in self.state.in_flight.items()
+        ) and not (rank.batch_requests or rank.interactive_requests)
+        if drained and w - rank.completed_since_observation < thr:
+            return False
+        return w >= thr
 
     def _check_step(
         self,
@@ -312,10 +323,18 @@ class SchedulerMachine(RuleBasedStateMachine):
         cross = {e.program for e in effects if isinstance(e, Transition) and e.reason == "cross_rank_resume"} - raced
         if cfg.binding_only:
             return
+        dispatched_now = frozenset(str(e.request_id) for e in effects if isinstance(e, Admit))
+        through_drained: dict[Any, int] = {}
         for e in admitted:
             rank = s.ranks[e.target_id]
             # a due force-resume deadline goes through the gate (docs/program-scheduling.md §10, D6)
-            assert e.forced or not self._gate_holds(e.target_id), f"admission through a holding waiting gate: {e}"
+            assert e.forced or not self._gate_holds(e.target_id, dispatched_now), (
+                f"admission through a holding waiting gate: {e}"
+            )
+            if not e.forced and self._gate_holds(e.target_id):
+                # open only because the rank was drained: the first admission ends that (§3)
+                through_drained[e.target_id] = through_drained.get(e.target_id, 0) + 1
+                assert through_drained[e.target_id] <= 1, f"a drained rank's open gate admitted twice: {e}"
             if not cfg.global_queue:
                 assert e.program not in cross, f"rank-local mode migrated {e.program}"
             if e.forced:
@@ -691,6 +710,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             active = [p for p in s.programs.values() if p.state == ACTIVE and p.placement == target]
             assert sorted(p.ref for p in active) == sorted(rank.active), target
             total = sum(private_tokens(p, buf) for p in active)
+            dispatched = sum(1 for d in s.in_flight.values() if d.target_id == target)
+            assert rank.dispatched == dispatched, (target, rank.dispatched, dispatched)
             assert abs(rank.fallback_tokens - total) <= EPS * max(1.0, total), (target, rank.fallback_tokens, total)
 
     @invariant()

@@ -136,6 +136,9 @@ def fenced_dispatch(s: SchedulerState, ev: RequestCompleted) -> tuple[Dispatch, 
     if d is None:
         s.effects.append(CompletionIgnored(request_id=ev.request_id, reason="unknown_request"))
         return None
+    left = s.ranks.get(d.target_id)
+    if left is not None and left.dispatched > 0:
+        left.dispatched -= 1
     p = live_program(s, d.ref)
     if p is None:
         s.effects.append(CompletionIgnored(request_id=ev.request_id, reason="stale_generation"))

@@ -39,10 +39,14 @@ def allowed_targets(s: SchedulerState, pool: str, avoid: frozenset[str]) -> tupl
 
 
 def avoided_by_waiters(s: SchedulerState, p: Program) -> frozenset[str]:
-    """The union of the ``avoid_workers`` of ``p``'s waiting requests (empty almost always)."""
+    """The union of the ``avoid_workers`` of ``p``'s waiting requests (empty almost always).
+
+    A request that avoids every worker of the pool's targets adds nothing: its exclusion is
+    dropped (:func:`allowed_targets`), so it must not undo another waiter's exclusion either."""
     out: frozenset[str] = frozenset()
+    workers = {s.ranks[t].worker_url for t in s.pools.get(p.ref.model_pool, ())}
     for req in s.pool.requests(p.ref):
-        if req.avoid_workers:
+        if req.avoid_workers and not workers <= req.avoid_workers:
             out |= req.avoid_workers
     return out
 

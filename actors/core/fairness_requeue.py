@@ -114,6 +114,7 @@ def requeue(s: SchedulerState, d: Dispatch, p: Program) -> None:
     waits in its queue.  The caller has checked that ``d`` is ``p``'s only live dispatch."""
     del s.in_flight[d.request_id]
     rank = s.ranks[d.target_id]
+    rank.dispatched -= 1
     fairness_prefill.on_complete(rank, d.request_id)
     fairness.charge(s.fair, s.prio, d.tenant, input_tokens=-d.input_charge)
     fairness.arrive(s.fair, s.prio, d.tenant, s.now)

@@ -129,10 +129,9 @@ def waiting_gate_shut(rank: RankState, now: float, cfg: ProgramSchedulingConfig)
 
 
 def drained(rank: RankState) -> bool:
-    """Nothing agentd dispatched to the rank is in flight: no Program, batch or interactive request."""
-    if rank.batch_requests or rank.interactive_requests:
-        return False
-    return all(a.in_flight == 0 for a in rank.active.values())
+    """Nothing agentd dispatched to the rank is in flight: no Program request (a stale placement's
+    included: the engine still runs it), no batch or interactive request."""
+    return not (rank.dispatched or rank.batch_requests or rank.interactive_requests)
 
 
 def apply_observation(

@@ -167,6 +167,7 @@ def dispatch_ready(s: SchedulerState, p: Program, *, forced: bool = False) -> No
         )
         forced = False  # only the request the forced resume was for
         s.in_flight[req.request_id] = d
+        rank.dispatched += 1
         marker = rank.long_prefill
         wait = max(0.0, s.now - req.arrived_at)
         s.effects.append(

@@ -304,6 +304,9 @@ class RankState:
     # Program requests dispatched here that completed since that observation arrived: each let the
     # engine start one it queued (the waiting gate counts them, docs/program-scheduling.md §3)
     completed_since_observation: int = 0
+    # Program requests dispatched here and still in flight, a stale placement's too (its Program was
+    # invalidated, but the engine still runs the request): the waiting gate reads it (ledger.drained)
+    dispatched: int = 0
     observed_router_active_reasoning_programs: int = 0
     observed_router_active_reasoning_requests: int = 0
     estimated_active_reasoning_tokens: float | None = None

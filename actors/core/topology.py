@@ -84,6 +84,8 @@ def sync_targets(s: SchedulerState, pool: str, targets: tuple[BackendTarget, ...
                 dp_rank=dp,
                 index=idx,
                 factors=ProgressTtlFactors(s.cfg.stats_window_size),
+                # requests dispatched before the target left run on (a flapping worker)
+                dispatched=sum(1 for d in s.in_flight.values() if d.target_id == tid),
             )
         else:
             rank.worker_url, rank.dp_rank, rank.index = url, dp, idx

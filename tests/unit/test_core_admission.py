@@ -5,13 +5,19 @@ from __future__ import annotations
 import math
 
 import pytest
-from core_support import Harness, admitted, cfg, of, reasons, request_sample
+from core_support import POOL, Harness, admitted, cfg, of, reasons, request_sample, targets
 
 from actors.core import effects as fx
-from actors.core.events import RepairTick
+from actors.core.events import ObservationReceived, ObservationStarted, RepairTick, TargetsChanged
 from actors.core.ids import ProgramRef, TargetId
 from actors.core.invariants import check
-from actors.core.ledger import admission_plan, continuity_loss_seconds, estimate_batch_gain, private_tokens
+from actors.core.ledger import (
+    admission_plan,
+    continuity_loss_seconds,
+    estimate_batch_gain,
+    private_tokens,
+    waiting_gate_shut,
+)
 from actors.core.model import Program, RankState, RequestHints
 from actors.core.stats import ProgressTtlFactors
 
@@ -87,6 +93,30 @@ def test_core_waiting_gate_counts_completions_since_the_observation() -> None:
     assert admitted(h.submit("c", at=0.5)) == []
     h.observe(0, kv=0.1, running=1, waiting=1, at=1.2, epoch=2)  # a new scrape starts the count again
     assert h.rank().completed_since_observation == 0
+
+
+def test_core_waiting_gate_counts_a_stale_placements_requests_as_in_flight() -> None:
+    """docs/program-scheduling.md §3: a failover moved the Program, but its other requests still run
+    on the rank it left; that rank is not drained until they end, so the scrape's count stands."""
+    h = Harness(n_targets=0, metrics_interval_seconds=1.0)
+    h.feed(TargetsChanged(POOL, targets(1, "http://a") + targets(1, "http://b")), at=0.0)
+    assert admitted(h.submit("a", at=0.0)) == ["r1"]
+    old = h.program("a").placement
+    worker = h.state.ranks[old].worker_url
+    assert admitted(h.submit("a", at=0.0)) == ["r2"]
+    h.feed(ObservationStarted(old, 1), at=0.1)
+    h.feed(ObservationReceived(old, 1, 0.1, 1, 1))  # one of them queued in the engine
+    rank = h.state.ranks[old]
+    h.complete("r1", at=0.2, prompt=100)
+    assert rank.completed_since_observation == 1
+    assert waiting_gate_shut(rank, h.now, h.cfg)  # r2 runs: the count stands
+    eff = h.submit("a", at=0.3, avoid_workers=frozenset({worker}))  # a failover of a's
+    assert "health_failover" in reasons(eff) and h.program("a").placement != old
+    assert rank.dispatched == 1 and not rank.active  # r2 is a stale placement's, still running
+    assert waiting_gate_shut(rank, h.now, h.cfg)
+    eff = h.complete("r2", at=0.4, prompt=100)
+    assert of(eff, fx.CompletionIgnored) and rank.dispatched == 0
+    assert not waiting_gate_shut(rank, h.now, h.cfg)  # drained: r1's completion is counted out
 
 
 def test_core_threshold_zero_disables_gate() -> None:
