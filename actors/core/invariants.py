@@ -143,12 +143,17 @@ def check_request_pool(s: SchedulerState, out: list[str]) -> None:
 def count_live_dispatches(s: SchedulerState, out: list[str]) -> dict[ProgramRef, int]:
     """In-flight requests per Program whose dispatch is still current (generation and epoch)."""
     live: dict[ProgramRef, int] = {}
+    per_rank: dict[str, int] = {}
     for rid, d in s.in_flight.items():
         if s.pool.get(rid) is not None:
             out.append(f"request {rid} is both waiting and in flight")
+        per_rank[d.target_id] = per_rank.get(d.target_id, 0) + 1
         p = s.programs.get(d.ref.key)
         if p is not None and p.ref == d.ref and p.placement == d.target_id and p.placement_epoch == d.placement_epoch:
             live[d.ref] = live.get(d.ref, 0) + 1
+    for tid, rank in s.ranks.items():  # the waiting gate's drained test reads the count (§3)
+        if rank.dispatched != per_rank.get(tid, 0):
+            out.append(f"{tid}: dispatched {rank.dispatched} != requests in flight there {per_rank.get(tid, 0)}")
     return live
 
 
