@@ -44,9 +44,13 @@ def avoided_by_waiters(s: SchedulerState, p: Program) -> frozenset[str]:
     A request that avoids every worker of the pool's targets adds nothing: its exclusion is
     dropped (:func:`allowed_targets`), so it must not undo another waiter's exclusion either."""
     out: frozenset[str] = frozenset()
-    workers = {s.ranks[t].worker_url for t in s.pools.get(p.ref.model_pool, ())}
+    workers: set[str] | None = None  # the pool's, computed only when a waiter has an exclusion
     for req in s.pool.requests(p.ref):
-        if req.avoid_workers and not workers <= req.avoid_workers:
+        if not req.avoid_workers:
+            continue
+        if workers is None:
+            workers = {s.ranks[t].worker_url for t in s.pools.get(p.ref.model_pool, ())}
+        if not workers <= req.avoid_workers:
             out |= req.avoid_workers
     return out
 

@@ -211,6 +211,25 @@ def test_a_cross_rank_move_does_not_take_a_waiting_retry_back_to_the_avoided_wor
     assert check(h.state, h.cfg) == []
 
 
+def test_a_waiter_that_avoids_every_worker_does_not_undo_another_waiters_exclusion() -> None:
+    """docs/program-scheduling.md §9.1: an exclusion of every target carries no preference, so
+    the union of the waiters' exclusions leaves it out (it used to cover every worker and so
+    allow every target, A included)."""
+    h = harness((A, 1), (B, 1), token_capacity_per_dp_rank=1000, global_queue=True)
+    ran_then_failed(h)
+    h.submit("q", rid="q1", at=2.5, tokens=800, hints=RequestHints(kv_retention_ttl_seconds=60.0))
+    h.submit("p", rid="r2.failover1", at=2.5, avoid_workers=frozenset({A}))
+    eff = h.submit("p", rid="r3.failover1", at=3.0, avoid_workers=frozenset({A, B}))
+    assert admitted(eff) == []
+    p = h.program("p")
+    assert (p.lifecycle, p.last_target) == ("paused_reasoning", at(B))
+    for t in (4.0, 5.0, 10.0):
+        assert admitted(h.tick(at=t)) == []
+    h.now = 10.0
+    assert select_cross_rank(h.state, p) is None  # r2.failover1 still keeps it off A
+    assert check(h.state, h.cfg) == []
+
+
 def test_a_target_change_rebinds_a_waiting_retry_off_the_avoided_worker() -> None:
     """The waiting retry's rank leaves the pool: the re-binding keeps to the exclusion."""
     h = harness((A, 1), (B, 1), (C, 1), max_active_programs_per_target=1)
