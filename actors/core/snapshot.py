@@ -30,6 +30,7 @@ from actors.core.ledger import (
     observation_fresh,
     private_tokens,
     target_usage,
+    waiting_gate_shut,
 )
 from actors.core.model import ACTING, ACTIVE, AGENT, BATCH, INTERACTIVE, PAUSED, REASONING, Program, RankState
 from actors.core.state import SchedulerState
@@ -144,6 +145,10 @@ class RankSnapshot:
     vllm_kv_cache_usage: float | None
     vllm_running_requests: int | None
     vllm_waiting_requests: int | None
+    # Program requests completed here since that observation; the waiting gate counts them out of
+    # vllm_waiting_requests once nothing dispatched here runs on (docs/program-scheduling.md §3)
+    completed_since_observation: int
+    waiting_gate_shut: bool  # ordinary Program admission held by the engine's queue (§3)
     observation_age_seconds: float | None
     observation_fresh: bool
     capacity_accounting_source: str
@@ -533,6 +538,8 @@ def rank_snapshot(
         vllm_kv_cache_usage=rank.kv_cache_usage,
         vllm_running_requests=rank.running_requests,
         vllm_waiting_requests=rank.waiting_requests,
+        completed_since_observation=rank.completed_since_observation,
+        waiting_gate_shut=waiting_gate_shut(rank, now, cfg),
         observation_age_seconds=now - rank.observed_at if rank.observed_at is not None else None,
         observation_fresh=observation_fresh(rank, now, interval),
         capacity_accounting_source=capacity_accounting_source(rank, now, interval),

@@ -19,6 +19,7 @@ from actors.core.ledger import (
     waiting_gate_shut,
 )
 from actors.core.model import Program, RankState, RequestHints
+from actors.core.snapshot import diagnostics_document, snapshot
 from actors.core.stats import ProgressTtlFactors
 
 
@@ -87,8 +88,16 @@ def test_core_waiting_gate_counts_completions_since_the_observation() -> None:
     assert admitted(h.submit("a", at=0.0)) == ["r1"]
     h.observe(0, kv=0.1, running=0, waiting=1, at=0.2)  # r1 still queued in the engine at the scrape
     assert admitted(h.submit("b", at=0.3)) == []  # nothing completed since: the gate holds b
+    rank = diagnostics_document(snapshot(h.state, h.cfg, 0.3))["ranks"][0]
+    assert (rank["vllm_waiting_requests"], rank["completed_since_observation"], rank["waiting_gate_shut"]) == (
+        1,
+        0,
+        True,
+    )
     eff = h.complete("r1", at=0.4, prompt=100)
     assert admitted(eff) == ["r2"]  # r1's completion opens it: b need not wait for the next scrape
+    rank = diagnostics_document(snapshot(h.state, h.cfg, 0.4))["ranks"][0]
+    assert (rank["completed_since_observation"], rank["waiting_gate_shut"]) == (1, True)  # r2 runs now
     # r2 is in flight now: the rank is not drained, and the scrape's count stands again
     assert admitted(h.submit("c", at=0.5)) == []
     h.observe(0, kv=0.1, running=1, waiting=1, at=1.2, epoch=2)  # a new scrape starts the count again
