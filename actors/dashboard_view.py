@@ -74,6 +74,8 @@ def dashboard_document(
             "acting_programs": r.router_active_acting_programs,
             "paused_programs": r.router_paused_reasoning_programs + r.router_paused_acting_programs,
             "in_flight_requests": r.router_in_flight_requests,
+            "engine_waiting_requests": r.vllm_waiting_requests,
+            "waiting_gate_shut": r.waiting_gate_shut,
             "observation_age_seconds": _round(r.observation_age_seconds),
             "observation_fresh": r.observation_fresh,
             "capacity_accounting_source": r.capacity_accounting_source,

@@ -136,6 +136,7 @@ async def test_dashboard_renders_live_scheduling_state_in_chromium(tmp_path: Pat
     assert len(rank_ids) == 2
     for rank in rank_ids:
         assert f'data-rank="{rank}"' in dom
+    assert dom.count("engine queue <b>") == 2  # the engine's queue at the last scrape, per rank
     capacity = f"/ {after['ranks'][0]['configured_token_capacity']:,}"
     assert capacity in dom  # "<ledger used> / 1,024"
     # every live Program is a table row showing a state the diagnostics reported around the dump
@@ -178,6 +179,9 @@ async def test_dashboard_json_validates_parameters_and_pages() -> None:
             contexts = [row["context_tokens"] for row in doc["programs"]["rows"]]
             assert contexts == sorted(contexts, reverse=True)
             assert len(ok.content) < 16_000
+            for rank in doc["ranks"]:  # the engine's queue and the waiting gate (docs/operations.md §9)
+                assert rank["waiting_gate_shut"] in (True, False)
+                assert rank["engine_waiting_requests"] is None or rank["engine_waiting_requests"] >= 0
             for params, param in (
                 ({"page": "0"}, "page"),
                 ({"page": "x"}, "page"),

@@ -49,8 +49,10 @@
           el("span", {}, "in flight ", el("b", {}, fmt(r.in_flight_requests))),
           el("span", {}, "active ", el("b", {}, fmt(r.active_programs))),
           el("span", {}, "acting ", el("b", {}, fmt(r.acting_programs))),
-          el("span", {}, "paused ", el("b", {}, fmt(r.paused_programs)))),
-        el("div", { class: "muted" }, `${age} · accounting: ${r.capacity_accounting_source}`));
+          el("span", {}, "paused ", el("b", {}, fmt(r.paused_programs))),
+          el("span", { title: "requests waiting in the engine at the last scrape" }, "engine queue ", el("b", {}, fmt(r.engine_waiting_requests)))),
+        el("div", { class: "muted" }, `${age} · accounting: ${r.capacity_accounting_source}` +
+          (r.waiting_gate_shut ? " · waiting gate shut: admissions held by the engine's queue" : "")));
     }));
   }
 
