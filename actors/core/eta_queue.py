@@ -182,7 +182,8 @@ def gate_in(s: SchedulerState, rank: RankState, to_tick: float) -> float | None:
     opens = gate_open_in(waiting, threshold, engine_completion_interval(s, rank), since)
     if opens is None:
         return None
-    if in_flight <= waiting - threshold + 1 and not (rank.batch_requests or rank.interactive_requests):
+    stale = rank.dispatched - in_flight  # a stale placement's requests: their ends are not counted
+    if in_flight <= waiting - threshold + 1 and not (stale > 0 or rank.batch_requests or rank.interactive_requests):
         return opens  # the completion that opens it leaves nothing of agentd's in flight (ledger.drained)
     return first_tick_after(s, to_tick, opens)
 
