@@ -499,6 +499,14 @@ class AgentdConfig:
             return (EMBEDDED_WORKER_URL,) if n == 1 else tuple(f"{EMBEDDED_WORKER_URL}-{i}" for i in range(n))
         return tuple(u.rstrip("/") for u in self.routing.worker_urls)
 
+    def served_models(self) -> dict[str, tuple[str, ...]]:
+        """Each worker's served models as configured: ``routing.served_models``, or in embedded mode
+        every simulated worker's ``[embedded] model`` (a request for another model is refused with
+        404 ``model_not_found`` before it is scheduled, docs/operations.md §12)."""
+        if self.embedded_mode:
+            return {url: (self.embedded.model,) for url in self.worker_urls()}
+        return dict(self.routing.served_models)
+
     def unpinned_workers(self) -> frozenset[str]:
         """Worker URLs with a single DP target: their requests carry no ``x-data-parallel-rank``, so a
         vLLM server running several engines behind one URL balances them itself, as behind the

@@ -9,7 +9,7 @@ A refresh that fails keeps the last list read (a transient error does not turn a
 that serves anything); a change of list is logged once (``models_changed``).  The requests carry
 the worker credentials of the transport they go through (``[worker_auth]`` or the worker URL's
 user-info, :class:`daemon.upstream.UpstreamTransport`).  A worker whose models are unknown (not
-configured, never read, or embedded simulated workers, which answer to any model name) is taken to
+configured, or never read; the embedded simulated workers serve ``[embedded] model``) is taken to
 serve every model, so nothing changes where nothing is known.
 
 :meth:`ModelDirectory.route` maps a request's ``model`` to its pool: the targets of the workers

@@ -421,8 +421,8 @@ async def run_daemon(
         relay_hub()  # the streaming relay's task and epoll set live as long as the daemon (docs/benchmarks.md §10.1.1)
         async with upstream.client:
             board, native, program = await _start_dispatchers(root, cfg, upstream, registry, metrics, rng)
-            models = ModelDirectory(targets, cfg.routing.served_models)
-            if not cfg.embedded_mode:  # embedded simulated workers answer to any model name
+            models = ModelDirectory(targets, cfg.served_models())
+            if not cfg.embedded_mode:  # embedded simulated workers serve their configured model
                 await root.start(
                     run_model_discovery,
                     models,

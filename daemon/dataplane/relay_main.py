@@ -192,7 +192,7 @@ async def run_relay(spec: RelaySpec) -> None:
         socket.socket(fileno=spec.listen_fd), AcceptBoard(spec.board_fd, spec.processes), spec.index
     )
     targets = cfg.targets()
-    models = ModelDirectory(targets, cfg.routing.served_models)
+    models = ModelDirectory(targets, cfg.served_models())
     view = SnapshotView(targets, models)
     remote = RemoteProgramDispatcher(link, view) if cfg.program_scheduling is not None else None
     engine, native, registry = _engine(cfg, link, view, models, remote)
