@@ -143,12 +143,6 @@ async def _read_upload(
             code="invalid_content_type",
             param="file",
         )
-    too_large = ApiError(
-        413,
-        f"file exceeds the limit of {max_file_bytes} bytes (batch_api.max_file_bytes)",
-        code="file_too_large",
-        param="file",
-    )
     declared = _scope_header(scope, b"content-length")
     if declared is not None:
         if not (declared.isascii() and declared.isdigit()):  # ("²".isdigit() is true, int() refuses it)
@@ -159,10 +153,43 @@ async def _read_upload(
                 param="content-length",
             )
         if len(declared) > 18 or int(declared) > max_file_bytes + MULTIPART_OVERHEAD_BYTES:
-            raise too_large
-    decoder = MultipartDecoder(boundary.encode("latin-1"), max_parts=16)
+            raise _too_large(max_file_bytes)
     fields: dict[str, bytearray] = {}
     content = bytearray()
+    try:
+        return await _read_parts(receive, boundary, fields, content, max_file_bytes, max_lines, stall_seconds)
+    except _Disconnected:
+        return None
+    finally:
+        # a refused upload's buffers are freed now: the error's traceback keeps this frame (and
+        # so the buffers) alive until the exception is gone, which a reference cycle can delay
+        # until a full garbage collection (a client repeating a chunked over-limit upload grew
+        # the daemon by the limit each time, docs/operations.md §14)
+        content.clear()
+        for buffer in fields.values():
+            buffer.clear()
+
+
+def _too_large(max_file_bytes: int) -> ApiError:
+    return ApiError(
+        413,
+        f"file exceeds the limit of {max_file_bytes} bytes (batch_api.max_file_bytes)",
+        code="file_too_large",
+        param="file",
+    )
+
+
+async def _read_parts(
+    receive: Any,
+    boundary: str,
+    fields: dict[str, bytearray],
+    content: bytearray,
+    max_file_bytes: int,
+    max_lines: int,
+    stall_seconds: float | None,
+) -> tuple[str | None, str, bytes]:
+    """The parts of the upload into ``fields`` and ``content`` (see :func:`_read_upload`)."""
+    decoder = MultipartDecoder(boundary.encode("latin-1"), max_parts=16)
     counter = _LineCounter()
     filename = DEFAULT_FILENAME
     current: str | None = None  # "file" (the file part), "purpose"
@@ -182,11 +209,11 @@ async def _read_upload(
                     code="body_read_timeout",
                 )
         if message["type"] == "http.disconnect":
-            return None
+            raise _Disconnected
         chunk = message.get("body", b"")
         total += len(chunk)
         if total > max_file_bytes + MULTIPART_OVERHEAD_BYTES:
-            raise too_large
+            raise _too_large(max_file_bytes)
         more = message.get("more_body", False)
         try:
             decoder.receive_data(chunk)
@@ -215,14 +242,14 @@ async def _read_upload(
                     if current == "file" and saw_file:
                         content += event.data
                         if len(content) > max_file_bytes:
-                            raise too_large
+                            raise _too_large(max_file_bytes)
                         counter.feed(event.data)
                         if counter.lines > max_lines:
                             raise _too_many_lines(max_lines)
                     elif current is not None:
                         fields[current] += event.data
                         if current == "file" and len(fields[current]) > max_file_bytes:
-                            raise too_large
+                            raise _too_large(max_file_bytes)
                         if current != "file" and len(fields[current]) > MAX_FIELD_BYTES:
                             message_text = f"form field {current} is longer than {MAX_FIELD_BYTES} bytes"
                             raise ApiError(400, message_text, code="invalid_value", param=current)
@@ -239,6 +266,10 @@ async def _read_upload(
         raise _too_many_lines(max_lines)
     purpose = fields.get("purpose")
     return (None if purpose is None else purpose.decode("utf-8", "replace")), filename, bytes(content)
+
+
+class _Disconnected(Exception):
+    """The client left during the upload (:func:`_read_upload` answers None)."""
 
 
 def _too_many_lines(max_lines: int) -> ApiError:

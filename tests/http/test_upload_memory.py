@@ -1,0 +1,71 @@
+"""A refused upload frees its buffer at once (docs/operations.md §14).
+
+A chunked upload (no ``content-length``) over ``batch_api.max_file_bytes`` is refused with a 413
+once the limit is passed.  Before session 34 the error formed a reference cycle with the reading
+frame, which kept the file's buffer (up to the limit) alive until a full garbage collection: a
+client repeating such an upload grew the daemon by the limit each time.  The cycle collector is
+turned off here, so only reference counting frees memory, and the test measures what stays."""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+from typing import Any
+
+import pytest
+import trio
+
+from daemon.http.batches import _read_upload
+from daemon.http.errors import ApiError
+
+LIMIT = 4 * 1024 * 1024
+CHUNK = 64 * 1024
+
+
+def chunked_upload(size: int) -> Any:
+    """An ASGI ``receive`` sending a multipart form whose file part has ``size`` bytes."""
+    head = (
+        b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n'
+        b"Content-Type: application/octet-stream\r\n\r\n"
+    )
+    parts = [head] + [b"x" * CHUNK] * (size // CHUNK) + [b"\r\n--b--\r\n"]
+    messages = iter([{"type": "http.request", "body": p, "more_body": i < len(parts) - 1} for i, p in enumerate(parts)])
+
+    async def receive() -> dict[str, Any]:
+        return next(messages)
+
+    return receive
+
+
+SCOPE = {"headers": [(b"content-type", b"multipart/form-data; boundary=b")]}
+
+
+async def refuse(size: int) -> None:
+    with pytest.raises(ApiError) as caught:
+        await _read_upload(SCOPE, chunked_upload(size), LIMIT, 1_000_000)
+    assert (caught.value.status, caught.value.code) == (413, "file_too_large")
+
+
+def test_a_refused_chunked_upload_leaves_no_buffer_behind() -> None:
+    gc.collect()
+    gc.disable()
+    tracemalloc.start()
+    try:
+        for _ in range(3):
+            trio.run(refuse, 2 * LIMIT)
+        current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        gc.enable()
+    assert peak > LIMIT  # the buffer did fill up to the limit
+    assert current < LIMIT // 4, f"{current} bytes still held after three refused uploads"
+
+
+async def test_an_upload_within_the_limit_is_read_whole() -> None:
+    purpose, filename, content = await _read_upload(SCOPE, chunked_upload(LIMIT // 2), LIMIT, 1_000_000) or (
+        None,
+        "",
+        b"",
+    )
+    assert (purpose, filename, len(content)) == ("batch", "in.jsonl", LIMIT // 2)
