@@ -293,7 +293,6 @@ def _check_declared(limit: int, declared: str | None) -> None:
 async def _read_body(receive: Any, limit: int, declared: str | None) -> bytes | None:
     """The request body, ``None`` when the client disconnected; ApiError 413 over ``limit``."""
     _check_declared(limit, declared)
-    too_large = _too_large(limit)
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -303,7 +302,10 @@ async def _read_body(receive: Any, limit: int, declared: str | None) -> bytes | 
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise too_large
+            # raised fresh, with the chunks dropped: an error kept in a local would form a cycle
+            # with this frame and hold the body until a full garbage collection
+            chunks.clear()
+            raise _too_large(limit)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
