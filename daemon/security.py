@@ -15,7 +15,7 @@ import attrs
 
 from daemon.auth import Authenticator, AuthFileError
 from daemon.config import AgentdConfig, WorkerTlsConfig
-from daemon.config_loading import ConfigError, read_problem
+from daemon.config_loading import ConfigError, ConfigWarning, read_problem
 
 
 @attrs.frozen(eq=False)
@@ -104,3 +104,21 @@ def load_security(cfg: AgentdConfig) -> Security:
     if lines:
         raise ConfigError(lines)
     return Security(authenticator, context, key)
+
+
+def loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (only this machine can reach the listener)."""
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def unauthenticated_listener(cfg: AgentdConfig, security: Security) -> ConfigWarning | None:
+    """The warning for a public listener without API keys (docs/operations.md §10), or None;
+    ``agentd start`` logs it once listening, ``agentd check-config`` prints it."""
+    if security.authenticator.enabled or loopback(cfg.server.host):
+        return None
+    return ConfigWarning(
+        "unauthenticated_listener",
+        "no API keys configured ([auth]) and the server listens beyond loopback: anyone who can reach it "
+        "can use the workers and read diagnostics (docs/operations.md §10)",
+        (("host", cfg.server.host),),
+    )

@@ -57,7 +57,7 @@ from daemon.metrics import BatchApiMetrics, ProxyMetrics, build_registry
 from daemon.models import ModelDirectory, run_model_discovery
 from daemon.program_dispatch import ProgramDispatcher, run_program_scheduling
 from daemon.request_ids import REQUEST_ID_SEED, RequestIds
-from daemon.security import Security, load_security, worker_api_key, worker_ssl_context
+from daemon.security import Security, load_security, unauthenticated_listener, worker_api_key, worker_ssl_context
 from daemon.upstream import UpstreamTransport, client_kwargs, upstream_limits, upstream_timeouts
 from sim.api import wall_clock_epoch
 from sim.cluster import SimCluster, SimConfig, run_sim_cluster, wait_until_idle
@@ -344,15 +344,9 @@ async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandle
         program_scheduling=handles.program_dispatcher is not None,
         data_plane_processes=processes,
     )
-    if not auth.enabled and not _loopback(cfg.server.host):
-        log_event(
-            logger,
-            logging.WARNING,
-            "unauthenticated_listener",
-            host=cfg.server.host,
-            message="no API keys configured ([auth]) and the server listens beyond loopback: anyone who can "
-            "reach it can use the workers and read diagnostics (docs/operations.md §10)",
-        )
+    exposed = unauthenticated_listener(cfg, security)
+    if exposed is not None:
+        log_event(logger, logging.WARNING, exposed.event, **dict(exposed.fields), message=exposed.message)
     return handles
 
 
@@ -371,10 +365,6 @@ def _data_plane(cfg: AgentdConfig, processes: int, handles: DaemonHandles) -> Da
     )
     sock, public_url = listening_socket(cfg.server.host, cfg.server.port)
     return DataPlane(cfg, processes, hub, sock, public_url)
-
-
-def _loopback(host: str) -> bool:
-    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 async def run_daemon(

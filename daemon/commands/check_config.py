@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from daemon.security import load_security  # reads the files the configuration names
+    from daemon.security import load_security, unauthenticated_listener  # reads the files the configuration names
 
     if args.config is not None and args.config_flag is not None and args.config != args.config_flag:
         print(
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         cfg = load_config_from_args(path, args)
-        load_security(cfg)
+        security = load_security(cfg)
         problem = batch_database_problem(cfg)
         if problem is not None:
             raise ConfigError([problem])
@@ -79,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {line}", file=sys.stderr)
         return 2
     print(json.dumps(dump_config(cfg), indent=2))
-    for warning in [*config_file_warnings(path), *ignored_flag_warnings(args), *config_warnings(cfg)]:
+    exposed = unauthenticated_listener(cfg, security)  # (agentd start logs it once listening)
+    warnings = [*config_file_warnings(path), *ignored_flag_warnings(args), *config_warnings(cfg)]
+    for warning in [*warnings, *([exposed] if exposed is not None else [])]:
         print(f"warning: {warning}", file=sys.stderr)
     return 0

@@ -81,3 +81,22 @@ def test_check_config_reads_the_key_and_tls_files_like_start(
     assert f"  {field}" in err
     assert main(["start", "--config", str(config)]) == 2  # the same verdict as agentd start
     assert field in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("host", "keys", "warned"),
+    [("0.0.0.0", False, True), ("0.0.0.0", True, False), ("127.0.0.1", False, False), ("localhost", False, False)],
+)
+def test_check_config_warns_of_a_public_listener_without_api_keys(
+    host: str, keys: bool, warned: bool, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The warning agentd start logs once listening (docs/operations.md §10), printed by check-config
+    too (before session 34 only the start log had it, and check-config said nothing)."""
+    config = tmp_path / "agentd.toml"
+    digest = "a" * 64
+    config.write_text(f'[server]\nhost = "{host}"\n' + (f'[auth]\napi_keys = ["team:{digest}"]\n' if keys else ""))
+    assert main(["check-config", str(config)]) == 0
+    err = capsys.readouterr().err
+    assert ("event=unauthenticated_listener" in err) is warned, err
+    if warned:
+        assert f"host={host}" in err and "docs/operations.md §10" in err
