@@ -115,11 +115,16 @@ def listen_error(exc: BaseException) -> ListenError | BatchDatabaseLocked | None
     return found if isinstance(found, (ListenError, BatchDatabaseLocked)) else None
 
 
-def _config_error(lines: list[str], log_format: str) -> int:
+def _config_error(lines: list[str], log_format: str, source: str | None = None) -> int:
     """A configuration error: one line per problem (one ``config_error`` JSON line in json mode,
-    docs/operations.md §7); exit code 2."""
+    docs/operations.md §7); exit code 2.  With ``source`` (the file, or the command line) the lines
+    come under the header ``agentd check-config`` prints, indented as there (docs/config.md)."""
     if log_format == "json":
         print(event_line("json", "agentd.start", logging.ERROR, "config_error", lines=lines), file=sys.stderr)
+    elif source is not None:
+        print(f"agentd: invalid configuration ({source}):", file=sys.stderr)
+        for line in lines:
+            print(f"  {line}", file=sys.stderr)
     else:
         for line in lines:
             print(line, file=sys.stderr)
@@ -143,14 +148,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config_from_args(args.config, args)
     except ConfigError as error:
-        return _config_error(error.lines, requested_log_format(args))
+        return _config_error(error.lines, requested_log_format(args), args.config or "command line")
     try:
         load_security(cfg)  # the key file and the worker TLS files, before anything starts
         problem = batch_database_problem(cfg)
         if problem is not None:
             raise ConfigError([problem])
     except ConfigError as error:
-        return _config_error(error.lines, cfg.server.log_format)
+        return _config_error(error.lines, cfg.server.log_format, args.config or "command line")
     forced = os.environ.get(HTTP1_ENV)
     if forced and forced not in HTTP1_IMPLEMENTATIONS:  # overrides [server] http1_implementation
         line = f"{HTTP1_ENV}: must be one of {', '.join(HTTP1_IMPLEMENTATIONS)}, got {forced!r}"

@@ -48,7 +48,7 @@ def test_a_batch_database_path_that_cannot_be_a_database_is_a_config_error(
         config = write_config(tmp_path, path)
         expected = [f"agentd: invalid configuration ({config}):", f"  {line}"]
         assert config_error(capsys, "check-config", config) == expected
-        assert config_error(capsys, "start", "--config", config) == [line]
+        assert config_error(capsys, "start", "--config", config) == expected  # the same (session 34)
         json_lines = config_error(capsys, "start", "--config", config, "--log-format", "json")
         assert [json.loads(text)["lines"] for text in json_lines] == [[line]]
     assert not_sqlite.read_text() == "my notes\n"
@@ -127,5 +127,6 @@ def test_check_config_takes_the_file_as_start_does_and_reads_an_upper_case_json_
     ]
     bad = tmp_path / "bad.Json"
     bad.write_text("port = 3001\n")  # TOML in a .Json file: the JSON error says which reader ran
-    (line,) = config_error(capsys, "start", "--config", str(bad))
-    assert line.startswith(f"config: {str(bad)!r} is not valid JSON (")
+    header, line = config_error(capsys, "start", "--config", str(bad))
+    assert header == f"agentd: invalid configuration ({bad}):"  # as check-config (docs/config.md)
+    assert line.startswith(f"  config: {str(bad)!r} is not valid JSON (")
