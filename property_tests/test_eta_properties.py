@@ -96,8 +96,10 @@ def test_scheduler_etas_are_finite_and_monotone_along_each_line(
                 assert math.isfinite(e.eta_seconds) and e.eta_seconds >= 0
                 pos, prev = last.get(p.last_target, (0, 0.0))
                 assert e.position == pos + 1
-                assert e.eta_seconds >= prev
-                last[p.last_target] = (e.position, e.eta_seconds)
+                # a Program expected to move to another rank first may be told less than the one
+                # ahead of it in its line (which cannot move); nobody else in the line goes first
+                assert e.moved or e.eta_seconds >= prev
+                last[p.last_target] = (e.position, prev if e.moved else e.eta_seconds)
         assert check(h.state, h.cfg) == []
 
 

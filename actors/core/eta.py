@@ -76,6 +76,9 @@ class QueueEta:
     drain_interval_seconds: float
     to_tick_seconds: float = 0.0
     blocked: bool = True  # the line up to it does not fit the rank now
+    # expected to leave its line by a cross-rank move before its turn there (it may then be told
+    # less than the Program ahead of it, which cannot move: docs/program-scheduling.md §13, "Moves")
+    moved: bool = False
 
 
 @frozen
@@ -176,7 +179,10 @@ def departure_in(
     the certain ones before it, and does so with ``release_probability``, independently per
     completion: each completion that would suffice multiplies the probability that the line is
     still blocked by ``1 - release_probability``; the answer is the first time it is <= 1/2.
-    A held Program completes again every ``cycle`` seconds (at most ``MAX_CYCLES`` times).  When
+    A held Program completes again every ``cycle`` seconds (at most ``MAX_CYCLES`` times).  With
+    ``release_probability`` 1 a completion is certain to free its Program and counts as a certain
+    departure (it used to count only when it sufficed alone, so a lower probability, whose held
+    Programs come back, could answer sooner).  When
     the certain departures alone suffice first, that is the answer, unless they are all acting
     Programs' TTL pauses: then None, as those are the ETA's release term, which counts only when
     sooner than the drain estimate (an acting Program held through a short tool usually comes back
@@ -189,8 +195,10 @@ def departure_in(
         at = max(0.0, d.at)
         if d.certain:
             events.append((at, 0 if d.acting else 1, d.tokens))
+        elif q >= 1:  # a completion that always releases is a certain departure: it accumulates
+            events.append((at, 1, d.tokens))
         elif q > 0:
-            cycles = 1 if q >= 1 or not (math.isfinite(cycle) and cycle > 0) else MAX_CYCLES
+            cycles = MAX_CYCLES if math.isfinite(cycle) and cycle > 0 else 1
             events.extend((at + k * cycle, 2, d.tokens) for k in range(cycles))
     events.sort()
     count, freed, blocked, ttl_only = 0, 0.0, 1.0, True

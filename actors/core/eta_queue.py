@@ -368,14 +368,15 @@ def queue_etas(s: SchedulerState, key: QueueKey, until: Program | None = None) -
             if gate is not None:  # no pass admits it there before the waiting gate opens
                 eta = max(eta, held_by_gate(s, p, rank, gate, to_tick))
         eta = st[5] = max(eta, st[5])  # nobody behind it in its line goes first
+        by_move = False
         if moves and not fits:
             moved = move_in(s, p, to_tick, pressure.get(line), waiting_targets)
             if moved is not None and moved < eta:
-                eta = moved
+                eta, by_move = moved, True
         if p.queued_at is not None and moves:
             ready = p.queued_at + cfg.metrics_interval_seconds
             pressure[line] = min(pressure.get(line, ready), ready)
-        out.append((p, QueueEta(position, eta, d, to_tick, blocked=not fits)))
+        out.append((p, QueueEta(position, eta, d, to_tick, blocked=not fits, moved=by_move)))
         if p is until:
             break
     return out

@@ -245,9 +245,13 @@ def test_departure_in_is_the_median_time_the_line_fits() -> None:
     assert eta.departure_in([dep(1.0, 500.0), dep(4.0, 500.0)], 1, 0.0, 0.4, 10.0) == 4.0
     # a completion that frees too few tokens alone counts only after a certain pause adds to it
     line = [dep(1.0, 100.0), dep(3.0, 300.0, certain=True, acting=True), dep(5.0, 100.0)]
-    assert eta.departure_in(line, 1, 350.0, 1.0, 10.0) == 5.0  # 300 + 100 >= 350 at the completion of 5 s
-    assert eta.departure_in(line, 1, 250.0, 1.0, 10.0) is None  # the TTL pause alone: the release term
-    assert eta.departure_in(line, 2, 350.0, 1.0, 10.0) == 5.0  # two Programs must leave
+    assert eta.departure_in(line, 1, 350.0, 0.9, 10.0) == 5.0  # 300 + 100 >= 350 at the completion of 5 s
+    assert eta.departure_in(line, 1, 250.0, 0.9, 10.0) is None  # the TTL pause alone: the release term
+    assert eta.departure_in(line, 2, 350.0, 0.9, 10.0) == 5.0  # two Programs must leave
+    # a completion that always releases is a certain departure: it adds up with the pause at 3 s
+    assert eta.departure_in(line, 1, 350.0, 1.0, 10.0) == 3.0  # 100 + 300
+    assert eta.departure_in(line, 2, 350.0, 1.0, 10.0) == 3.0
+    assert eta.departure_in(line, 1, 50.0, 1.0, 10.0) == 1.0
     # a busy Program marked to pause when idle leaves at the end of its request for sure
     marked = [dep(0.5, 300.0, certain=True, acting=True), dep(2.0, 300.0, certain=True)]
     assert eta.departure_in(marked, 1, 250.0, 0.5, 10.0) is None  # the TTL pause suffices first
