@@ -96,7 +96,10 @@ class BatchSummary:
         rate = self.completion_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
         parts = [
             f"{self.total} lines: {self.ok} ok, {self.failed} failed{self._causes_text()}, {self.malformed} malformed",
-            f"{self.resumed} already in the output ({self.prior_failed} of them failed)" if self.resumed else "",
+            f"{self.resumed} already in the output ({self.prior_failed} of them failed"
+            + ("; --retry-failed sends them again)" if self.prior_failed else ")")
+            if self.resumed
+            else "",
             f"tokens {self.prompt_tokens} prompt / {self.completion_tokens} completion ({rate:.0f} completion tok/s)",
             f"wall {self.wall_seconds:.1f}s",
         ]
@@ -111,11 +114,12 @@ class BatchSummary:
 
 
 def count_lines(path: Path) -> int:
-    """Non-blank lines of the input, streamed (the progress bar's total)."""
+    """Non-blank lines of the input, streamed (the progress bar's total); a line over the limit
+    counts whatever it holds, as the run reports it malformed (a long run of spaces too)."""
     count = 0
     with open(path, "rb") as f:
         while chunk := f.readline(MAX_LINE_BYTES + 1):
-            if chunk.strip() and chunk.strip() != b"\xef\xbb\xbf":
+            if (chunk.strip() and chunk.strip() != b"\xef\xbb\xbf") or len(chunk) > MAX_LINE_BYTES:
                 count += 1
             while len(chunk) > MAX_LINE_BYTES and not chunk.endswith(b"\n"):
                 chunk = f.readline(MAX_LINE_BYTES + 1)

@@ -69,4 +69,7 @@ async def test_a_target_that_cannot_be_reached_is_named_as_such(
     # a line answered by an earlier run is not this run's failure
     async with httpx.AsyncClient(transport=httpx.MockTransport(_answer)) as client:
         summary = await BatchRunner(opts, client, WORKER, stderr=io.StringIO(), is_tty=False).run()
-    assert summary.text().startswith("2 lines: 0 ok, 0 failed, 0 malformed; 2 already in the output (2 of them failed)")
+    assert summary.text().startswith(
+        "2 lines: 0 ok, 0 failed, 0 malformed; "
+        "2 already in the output (2 of them failed; --retry-failed sends them again)"
+    )

@@ -179,3 +179,18 @@ def test_encode_record_is_one_line_of_json() -> None:
     assert json.loads(encode_record({"t": "é"})) == {"t": "é"}
     with pytest.raises(ValueError):
         encode_record({"x": float("nan")})
+
+
+def test_a_line_over_the_limit_counts_in_the_total_whatever_it_holds(tmp_path) -> None:
+    """A line longer than the limit is reported malformed even when it is only spaces; the
+    progress total counted it as blank, so the summary read "1 lines: 1 ok, 0 failed, 1 malformed"
+    (found by a session-34 walk)."""
+    from daemon.batch_runner import count_lines
+    from daemon.batchfile import MAX_LINE_BYTES, LineError, iter_lines
+
+    path = tmp_path / "in.jsonl"
+    ok = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": []}}\n'
+    path.write_bytes(ok + b" " * (MAX_LINE_BYTES + 10) + b"\n" + b"   \n")
+    items = list(iter_lines(path))
+    assert [isinstance(item, LineError) for item in items] == [False, True]
+    assert count_lines(path) == len(items) == 2
