@@ -103,6 +103,9 @@ def dashboard_blueprint(handles: DaemonHandles) -> Blueprint:
         unknown = sorted(set(args) - {"page", "state", "sort"})
         if unknown:
             raise ApiError(400, f"unknown parameter {unknown[0]!r}", code="invalid_parameter", param=unknown[0])
+        for name in ("page", "state", "sort"):  # page=1&page=abc: which one? (the first was read)
+            if len(args.getlist(name)) > 1:
+                raise ApiError(400, f"parameter {name} is given more than once", code="invalid_parameter", param=name)
         payload = dashboard_payload(
             handles,
             page=_page(args),

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 
 import attrs
@@ -19,6 +20,8 @@ import attrs
 from daemon.http.errors import ApiError
 
 MAX_QUEUE_HEADER = "x-agentd-max-queue-seconds"
+# a plain decimal number (float() also takes "1_0", "١٠" and "1e3"; a header value is ASCII text)
+_SECONDS = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
 
 
 def max_queue_bound(headers: Mapping[str, str]) -> float | None:
@@ -26,10 +29,8 @@ def max_queue_bound(headers: Mapping[str, str]) -> float | None:
     raw = headers.get(MAX_QUEUE_HEADER)
     if raw is None:
         return None
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        value = math.nan
+    text = raw.strip()
+    value = float(text) if len(text) <= 32 and _SECONDS.fullmatch(text) else math.nan
     if not (math.isfinite(value) and value >= 0):
         raise ApiError(
             400,

@@ -93,6 +93,10 @@ def bad_field(param: str, rule: str, value: Any) -> ApiError:
 # A JSON string escape of a UTF-16 surrogate (\ud800-\udfff): only then can a parsed body hold a
 # lone surrogate, which no UTF-8 encoder (ours or the worker's) accepts.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# A UTF-16 surrogate encoded as UTF-8 bytes (ED A0..BF ..): not valid UTF-8, but Python's JSON
+# decoder (like rawbody's) reads bytes with "surrogatepass" and would hand on a lone surrogate.
+# In valid UTF-8, ED is always a lead byte, so the pair cannot occur inside another character.
+_SURROGATE_BYTES = re.compile(rb"\xed[\xa0-\xbf]")
 
 
 def json_depth_exceeds(value: Any, limit: int) -> bool:
@@ -175,6 +179,18 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
 def parse_json_body_layout(raw: bytes) -> tuple[dict[str, Any], Layout | None]:
     """The body as a JSON object, and where its top-level members are in ``raw`` (None when the
     raw edits of :mod:`daemon.http.rawbody` cannot be used); 400 ``invalid_json`` for anything else."""
+    if (
+        not raw.isascii()
+        and (found := _SURROGATE_BYTES.search(raw)) is not None
+        and json.detect_encoding(raw) == "utf-8"
+    ):
+        # (before session 34: a 500, the prompt-size estimate or the identity could not encode it)
+        raise ApiError(
+            400,
+            f"request body is not valid UTF-8: bytes {raw[found.start() : found.start() + 3].hex(' ')} at offset "
+            f"{found.start()} encode a UTF-16 surrogate",
+            code="invalid_json",
+        )
     try:
         # the depth limit is checked while parsing (cost: one step per array/object)
         body, layout = parse_object(raw, MIN_LAYOUT_BYTES, MAX_JSON_DEPTH)

@@ -188,6 +188,8 @@ async def test_dashboard_json_validates_parameters_and_pages() -> None:
                 ({"state": "sleeping"}, "state"),
                 ({"sort": "age"}, "sort"),
                 ({"limit": "5"}, "limit"),
+                ([("page", "1"), ("page", "abc")], "page"),  # repeated: which one? (session 34)
+                ([("state", "active"), ("state", "all")], "state"),
             ):
                 bad = await client.get("/scheduling/dashboard.json", params=params)
                 assert bad.status_code == 400, params

@@ -105,7 +105,7 @@ async def test_bound_the_eta_meets_queues_normally(autojump_clock: trio.testing.
     assert first["first"].status_code == 200 and out["second"].status_code == 200
 
 
-@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", ""])
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", "", "1_0", "1e3", "+2", "0x10"])
 async def test_malformed_bound_is_a_400_naming_the_header(autojump_clock: trio.testing.MockClock, value: str) -> None:
     worker = ProgramWorker()
     async with daemon(worker) as (_handles, client):
@@ -204,3 +204,11 @@ async def test_sse_keepalive_after_admission_is_the_plain_comment(autojump_clock
         await handles.program_dispatcher.wait_diagnostics(lambda d: d["dispatcher"]["completed_count"] == 1)
     comments = [(round(t - t0, 6), m["body"]) for t, m in out["only"] if m.get("body", b"").startswith(b":")]
     assert comments == [(2.0, b": keep-alive\n\n")]
+
+
+def test_a_bound_is_a_plain_decimal_number_of_seconds() -> None:
+    """float() took "1_0" as 10 and "1e3" as 1000 (session 34's edge walk): only digits and one point."""
+    from daemon.http.queue_eta import max_queue_bound
+
+    assert [max_queue_bound({HEADER: v}) for v in ("0", " 2 ", "2.5", ".5", "3.")] == [0.0, 2.0, 2.5, 0.5, 3.0]
+    assert max_queue_bound({}) is None

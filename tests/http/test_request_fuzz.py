@@ -82,6 +82,24 @@ def test_hostile_bodies_get_a_4xx_naming_the_problem() -> None:
             assert error.status == 400 and error.param == param, raw[:60]
         else:
             raise AssertionError(f"accepted {raw[:60]!r}")
+    # a surrogate sent as raw UTF-8 bytes (ED A0 80; json.loads passes it): a 500 before session 34,
+    # wherever it was (content, prompt, input, identity, user)
+    lone = "\udb00 x".encode("utf-8", "surrogatepass")
+    raw_cases = [
+        ("chat", b'{"model":"m","messages":[{"role":"user","content":"' + lone + b'"}]}'),
+        ("chat", b'{"messages":[],"vllm_xargs":{"agentic_context":{"program_id":"' + lone + b'"}}}'),
+        ("chat", b'{"messages":[],"user":"' + lone + b'"}'),
+        ("completions", b'{"model":"m","prompt":"\xc3\xa9' + lone + b'"}'),
+        ("responses", b'{"model":"m","input":"' + lone + b'"}'),
+    ]
+    for endpoint, raw in raw_cases:
+        try:
+            parse_request("agentd-test", endpoint, raw, {}, "auto")
+        except ApiError as error:
+            assert (error.status, error.code) == (400, "invalid_json"), raw
+            assert "surrogate" in error.message
+        else:
+            raise AssertionError(f"accepted {raw!r}")
     # a surrogate *pair* is a valid character and is accepted
     ok = parse_request("agentd-test", "chat", b'{"messages":[{"role":"user","content":"\\ud83d\\ude00"}]}', {}, "auto")
     assert ok.prompt.text_bytes == len("user:\U0001f600".encode())
