@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import tracemalloc
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -49,17 +50,22 @@ async def refuse(size: int) -> None:
     assert (caught.value.status, caught.value.code) == (413, "file_too_large")
 
 
-def test_a_refused_chunked_upload_leaves_no_buffer_behind() -> None:
+def traced_after_three(refusal: Callable[[int], Awaitable[None]]) -> tuple[int, int]:
+    """(bytes still allocated, peak) after three refusals of twice the limit, the cycle collector off."""
     gc.collect()
     gc.disable()
     tracemalloc.start()
     try:
         for _ in range(3):
-            trio.run(refuse, 2 * LIMIT)
-        current, peak = tracemalloc.get_traced_memory()
+            trio.run(refusal, 2 * LIMIT)
+        return tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
         gc.enable()
+
+
+def test_a_refused_chunked_upload_leaves_no_buffer_behind() -> None:
+    current, peak = traced_after_three(refuse)
     assert peak > LIMIT  # the buffer did fill up to the limit
     assert current < LIMIT // 4, f"{current} bytes still held after three refused uploads"
 
@@ -93,15 +99,6 @@ async def refuse_body(size: int) -> None:
 
 
 def test_a_refused_chunked_request_body_leaves_nothing_behind() -> None:
-    gc.collect()
-    gc.disable()
-    tracemalloc.start()
-    try:
-        for _ in range(3):
-            trio.run(refuse_body, 2 * LIMIT)
-        current, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-        gc.enable()
+    current, peak = traced_after_three(refuse_body)
     assert peak > LIMIT  # the chunks did pile up to the limit
     assert current < LIMIT // 4, f"{current} bytes still held after three refused bodies"
