@@ -1164,7 +1164,10 @@ class ProxyEngine:
                 error = exc
             nursery.cancel_scope.cancel()
         if error is not None:
-            raise error
+            try:
+                raise error
+            finally:  # the traceback holds this frame: drop its references to the exception (no cycle)
+                error = item = None
 
     async def _relay_stream(
         self,
