@@ -17,6 +17,7 @@ operators can carry their JSON over unchanged.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -358,7 +359,32 @@ SETTABLE_CLASSES = ("interactive", "batch")
 REQUEST_ORIGINS = ("http", "batch_api")
 WORKER_POLICIES = ("fcfs", "priority", "auto")
 DEFAULT_MAX_ABS_PRIORITY = 1_000_000
+# the largest max_abs_priority: the engine value band * (2M + 1) - p (docs/priority.md §5.4) stays
+# inside vLLM's signed 64-bit priority for every band agentd sends (at most 3 * (2M + 1) + M)
+MAX_ABS_PRIORITY_LIMIT = 10**18
 TENANT_HEADER = "x-agentd-tenant"
+# a tenant name's length, in UTF-8 bytes, wherever it comes from (docs/priority.md §5.3)
+MAX_TENANT_BYTES = 256
+# distinct tenant metric labels besides metrics_tenants (docs/priority.md §5.6: label cardinality)
+MAX_METRICS_TOP_K = 1000
+_HEADER_TOKEN = re.compile(r"[-!#$%&'*+.^_`|~0-9a-z]+")
+# headers that frame or route the request itself: never a tenant or a rule's matcher
+FRAMING_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "content-type",
+        "content-encoding",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "upgrade",
+        "expect",
+        "proxy-connection",
+    }
+)
 
 
 def _optional(rule: tuple[Any, str]) -> tuple[Any, str]:
@@ -370,8 +396,24 @@ def _is_int(x: Any) -> bool:
 
 
 def _header_match(x: Any) -> bool:
-    """``name`` (present and non-blank) or ``name=value`` (exact value, name case-insensitive)."""
-    return x is None or (isinstance(x, str) and x.split("=", 1)[0].strip() != "")
+    """``name`` (present and non-blank) or ``name=value`` (exact value, name case-insensitive); the
+    name an HTTP header name (a token), not a framing header: another could never match."""
+    if x is None:
+        return True
+    if not isinstance(x, str):
+        return False
+    name = x.split("=", 1)[0].strip().lower()
+    return _HEADER_TOKEN.fullmatch(name) is not None and name not in FRAMING_HEADERS
+
+
+def _tenant_header(x: Any) -> bool:
+    return isinstance(x, str) and (x == "" or (_HEADER_TOKEN.fullmatch(x) is not None and x not in FRAMING_HEADERS))
+
+
+def _tenant_names(x: Any) -> bool:
+    return isinstance(x, tuple) and all(
+        isinstance(t, str) and t.strip() == t and t != "" and len(t.encode()) <= MAX_TENANT_BYTES for t in x
+    )
 
 
 def _strip_url_keys(d: Any) -> Any:
@@ -385,7 +427,16 @@ class PriorityRule:
 
     # matchers
     tenant: str | None = rule_field(_optional(NON_EMPTY), None)
-    header: str | None = field(default=None, metadata={"rule": (_header_match, "must be null, NAME or NAME=VALUE")})
+    header: str | None = field(
+        default=None,
+        metadata={
+            "rule": (
+                _header_match,
+                "must be null, NAME or NAME=VALUE with NAME an HTTP header name (letters, digits, -, no spaces) "
+                "other than a framing header (host, content-length, content-type, transfer-encoding, ...)",
+            )
+        },
+    )
     model: str | None = rule_field(_optional(NON_EMPTY), None)
     origin: str | None = rule_field(_optional(one_of(*REQUEST_ORIGINS)), None)
     # actions
@@ -410,7 +461,13 @@ class PrioritySection(CorePriorityConfig):
     vLLM's ``priority`` (docs/priority.md §5)."""
 
     # accepted |priority| in both conventions; larger -> 400 naming the field
-    max_abs_priority: int = rule_field(INT_GT_0, DEFAULT_MAX_ABS_PRIORITY)
+    max_abs_priority: int = rule_field(
+        (
+            lambda x: _is_int(x) and 0 < x <= MAX_ABS_PRIORITY_LIMIT,
+            "must be an integer in [1, 10**18] (the engine priority sent to workers must fit 64 bits)",
+        ),
+        DEFAULT_MAX_ABS_PRIORITY,
+    )
     # identity-free interactive requests queue in the scheduler, ahead of Programs and batch
     # (needs enable_program_scheduling); false (the reference router's behaviour) = they go
     # straight to a worker by the native policy
@@ -460,13 +517,29 @@ class TenantsConfig:
     ``use_openai_user``) > ``"default"``."""
 
     header: str = rule_field(
-        (lambda x: isinstance(x, str) and x == x.strip().lower(), 'must be a lower-case header name or ""'),
+        (
+            _tenant_header,
+            "must be a lower-case HTTP header name (letters, digits, -, no spaces) other than a framing header "
+            '(host, content-length, content-type, transfer-encoding, ...), or ""',
+        ),
         TENANT_HEADER,
     )
     use_openai_user: bool = True
     # tenants with their own metric label: these plus the first metrics_top_k others seen
-    metrics_top_k: int = rule_field(INT_GE_0, 8)
-    metrics_tenants: tuple[str, ...] = field(default=(), converter=tuple)
+    metrics_top_k: int = rule_field(
+        (lambda x: _is_int(x) and 0 <= x <= MAX_METRICS_TOP_K, f"must be an integer in [0, {MAX_METRICS_TOP_K}]"), 8
+    )
+    metrics_tenants: tuple[str, ...] = field(
+        default=(),
+        converter=lambda x: tuple(x) if isinstance(x, list | tuple) else x,
+        metadata={
+            "rule": (
+                _tenant_names,
+                f"must be a list of tenant names (non-empty strings without leading or trailing blanks, at most "
+                f"{MAX_TENANT_BYTES} bytes each)",
+            )
+        },
+    )
 
 
 @frozen

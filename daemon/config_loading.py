@@ -28,6 +28,7 @@ from attrs import frozen
 from cattrs.errors import ClassValidationError, IterableValidationError
 
 from actors.core.config import COEFFICIENT_FIELDS, problems
+from actors.core.config import PriorityConfig as CorePriorityConfig
 from actors.core.costs import reference_calibration_estimates
 from daemon.config import AgentdConfig, RoutingConfig
 from daemon.dataplane import resolve_processes
@@ -616,6 +617,22 @@ def ignored_flag_warnings(args: argparse.Namespace) -> list[ConfigWarning]:
 # --------------------------------------------------------------------------------------------
 
 
+def _scheduler_priority_fields(cfg: AgentdConfig) -> list[str]:
+    """The ``[priority]`` fields only the scheduler reads (``actors.core.config.PriorityConfig``) that
+    differ from their defaults, when Program scheduling is off (so there is no scheduler)."""
+    if cfg.enable_program_scheduling:
+        return []
+    core, default = cfg.priority.core(), CorePriorityConfig()
+    return [a.name for a in attrs.fields(CorePriorityConfig) if getattr(core, a.name) != getattr(default, a.name)]
+
+
+def _total_ranks(cfg: AgentdConfig) -> int:
+    """DP ranks over every worker: the largest model pool there can be."""
+    if cfg.embedded_mode:
+        return cfg.embedded.num_workers * cfg.embedded.dp_size
+    return len(cfg.worker_urls()) * cfg.routing.intra_node_data_parallel_size
+
+
 # vLLM's OpenAI server (uvicorn) closes idle keep-alive connections after 5 s by default
 WORKER_IDLE_TIMEOUT_SECONDS = 5.0
 
@@ -639,6 +656,28 @@ def config_warnings(cfg: AgentdConfig) -> list[ConfigWarning]:
                 "interactive_scheduling_without_scheduler",
                 "priority.interactive_scheduling has no effect without enable_program_scheduling: "
                 "identity-free requests take the native policy (docs/priority.md §5.5)",
+            )
+        )
+    unused = _scheduler_priority_fields(cfg)
+    if unused:
+        out.append(
+            ConfigWarning(
+                "priority_without_scheduler",
+                f"priority.{', priority.'.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect without "
+                "enable_program_scheduling: class bands, caps and tenant fairness are the scheduler's; without it "
+                "agentd only reads priorities and applies priority.rules at the edge (docs/priority.md §5)",
+                (("fields", ",".join(unused)),),
+            )
+        )
+    ranks = _total_ranks(cfg)
+    reserved = cfg.priority.interactive_reserved_ranks
+    if cfg.enable_program_scheduling and isinstance(reserved, int) and reserved > 0 and reserved >= ranks:
+        out.append(
+            ConfigWarning(
+                "interactive_reserved_ranks_cover_every_rank",
+                f"priority.interactive_reserved_ranks = {reserved} reserves no rank: a model pool never has all its "
+                f"ranks reserved, and this deployment has {ranks} (docs/priority.md §2); use at most {ranks - 1}",
+                (("interactive_reserved_ranks", reserved), ("ranks", ranks)),
             )
         )
     if cfg.embedded_mode and cfg.server.data_plane_processes != 1:

@@ -400,6 +400,14 @@ class PriorityConfig:
                 yield f"{p}requeue_long_prefills: needs {' and '.join(missing)} (got True)"
         elif self.requeue_long_prefills is not False:
             yield f"{p}requeue_long_prefills: must be true or false (got {self.requeue_long_prefills!r})"
+        weights = (self.vtc_input_token_weight, self.vtc_output_token_weight, self.vtc_kv_token_second_weight)
+        if self.fairness == "vtc" and all(isinstance(w, int | float) and w == 0 for w in weights):
+            # every counter would stay 0: fairness on in name only (docs/priority.md §3)
+            yield (
+                f"{p}vtc_input_token_weight, vtc_output_token_weight, vtc_kv_token_second_weight: must not all be 0 "
+                'with fairness = "vtc" (every tenant counter would stay 0); set fairness = "off" to turn it off '
+                "(got 0, 0, 0)"
+            )
 
     def weight(self, tenant: str) -> float:
         return self.tenant_weights.get(tenant, self.default_tenant_weight)

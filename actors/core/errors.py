@@ -55,4 +55,8 @@ class Rejection:
 QUEUE_TIMEOUT = Rejection(
     reason="queue_timeout", status_hint=429, message="Program request exceeded its admission queue timeout"
 )
+# an identity-free interactive request queued in the scheduler (docs/priority.md §5.5): same reason
+INTERACTIVE_QUEUE_TIMEOUT = Rejection(
+    reason="queue_timeout", status_hint=429, message="interactive request exceeded its admission queue timeout"
+)
 NO_TARGETS = Rejection(reason="no_targets", status_hint=503, message="no healthy DP targets are available")

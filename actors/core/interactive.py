@@ -41,7 +41,7 @@ from actors.core import fairness
 from actors.core.batch_state import BatchRunning
 from actors.core.costs import prefill_seconds
 from actors.core.effects import AdmitInteractive
-from actors.core.errors import NO_TARGETS, QUEUE_TIMEOUT, InvalidEvent
+from actors.core.errors import INTERACTIVE_QUEUE_TIMEOUT, NO_TARGETS, InvalidEvent
 from actors.core.events import InteractiveSubmitted, RequestCompleted
 from actors.core.failover import allowed_targets
 from actors.core.ids import RequestId, TargetId
@@ -126,7 +126,7 @@ def reject_timed_out_interactive(s: SchedulerState) -> None:
         del st.pending[p.request_id]
         st.rejected_count += 1
         fairness.leave(s.fair, s.prio, p.tenant, s.now, dispatched=False)
-        s.effects.append(reject(p.request_id, QUEUE_TIMEOUT))
+        s.effects.append(reject(p.request_id, INTERACTIVE_QUEUE_TIMEOUT))
 
 
 def reject_without_targets_interactive(s: SchedulerState, pool: str) -> None:

@@ -202,7 +202,9 @@ def parse_head(head: bytes, client: Any, server: Any, root_path: str = "", schem
         value = value.strip(b" \t")
         name = name.lower()
         if _BAD_VALUE.search(value) is not None:
-            raise _bad(f"invalid characters in the {name.decode()} header", param=name.decode(), code="invalid_header")
+            # param as the same check on the hypercorn path names it (daemon/http/requests.py check_headers)
+            shown = name.decode()
+            raise _bad(f"invalid characters in the {shown} header", param=f"headers.{shown}", code="invalid_header")
         headers.append((name, value))
         if name == b"host":
             if host:  # RFC 9112 §3.2: more than one host is a 400

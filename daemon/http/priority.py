@@ -35,6 +35,7 @@ below every value of the next.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -44,11 +45,10 @@ from actors.core.batchjobs import DEFAULT_JOB
 from actors.core.config import DEFAULT_CLASS_ORDER
 from actors.core.ids import DEFAULT_TENANT
 from actors.core.model import AGENT, BATCH, INTERACTIVE
-from daemon.config import PriorityRule, PrioritySection, TenantsConfig
+from daemon.config import MAX_TENANT_BYTES, PriorityRule, PrioritySection, TenantsConfig
 from daemon.http.errors import ApiError
 
 DEFAULT_BANDS: tuple[str, ...] = DEFAULT_CLASS_ORDER
-MAX_TENANT_BYTES = 256
 CONTEXT_PRIORITY = "vllm_xargs.agentic_context.priority"
 BODY_PRIORITY = "priority"
 
@@ -120,6 +120,11 @@ def _visible(value: str) -> bool:
     return all(ch == "\t" or " " <= ch <= "~" for ch in value)
 
 
+# control characters (C0, DEL, C1) and the bidirectional overrides and isolates: a tenant name is
+# shown in /metrics labels, diagnostics and the dashboard, where these corrupt or disguise it
+_UNSHOWABLE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
 def resolve_tenant(
     body: Mapping[str, Any], headers: Mapping[str, str], principal: str | None, cfg: TenantsConfig
 ) -> tuple[str, str]:
@@ -130,6 +135,14 @@ def resolve_tenant(
         raw = headers.get(cfg.header)
         if raw is not None and raw.strip():
             value = raw.strip()
+            if "," in value:  # the header given twice arrives joined with ", " (one request, one tenant)
+                raise ApiError(
+                    400,
+                    f"{cfg.header}: must name one tenant (got {value[:64]!r}: the header given more than once, "
+                    "or a comma in the name)",
+                    code="invalid_tenant",
+                    param=cfg.header,
+                )
             if not _visible(value) or len(value.encode()) > MAX_TENANT_BYTES:
                 raise ApiError(
                     400,
@@ -149,6 +162,14 @@ def resolve_tenant(
                     param="user",
                 )
             user = user.strip()
+            if (bad := _UNSHOWABLE.search(user)) is not None:
+                raise ApiError(
+                    400,
+                    "user: must not contain control or bidirectional-override characters "
+                    f"(got U+{ord(bad.group()):04X} at index {bad.start()})",
+                    code="invalid_user",
+                    param="user",
+                )
             if user:
                 if len(user.encode()) > MAX_TENANT_BYTES:
                     raise ApiError(

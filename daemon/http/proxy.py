@@ -55,7 +55,7 @@ from daemon.dispatch import Dispatcher, DispatchRejected, Lease, Outcome, ProxyR
 from daemon.h1client import LeanResponse, SyncWriter, UpstreamBody
 from daemon.http.errors import ApiError, error_body, wrap_worker_error
 from daemon.http.identity import IdentityError, ParsedIdentity, parse_identity, strip_agentic_context
-from daemon.http.priority import PriorityInfo, batch_job_for, engine_priority, resolve
+from daemon.http.priority import CONTEXT_PRIORITY, PriorityInfo, batch_job_for, engine_priority, resolve
 from daemon.http.queue_eta import max_queue_bound
 from daemon.http.rawbody import DELETE, MIN_LAYOUT_BYTES, edit_last_member
 from daemon.http.requests import (
@@ -158,7 +158,10 @@ def parse_program_identity(
     try:
         parsed = parse_identity(body, headers, enable_key)
     except IdentityError as exc:
-        raise ApiError(400, str(exc), code="invalid_program_identity", param=exc.param) from exc
+        # agentic_context.priority is a priority first: the same code with or without Program
+        # scheduling (docs/priority.md §5.1)
+        code = "invalid_priority" if exc.param == CONTEXT_PRIORITY else "invalid_program_identity"
+        raise ApiError(400, str(exc), code=code, param=exc.param) from exc
     return parsed if parsed is None or caps is None else cap_hints(parsed, caps)
 
 

@@ -138,6 +138,12 @@ def check_content_encoding(value: str | None) -> None:
         )
 
 
+def _shown_header(value: str) -> str:
+    """A header value (its bytes read as latin-1) quoted for an error message: the bytes as the
+    client most likely meant them (UTF-8), control characters escaped."""
+    return repr(value.encode("latin-1", "replace").decode("utf-8", "replace"))
+
+
 def check_headers(headers: Mapping[str, str]) -> None:
     """The header budget (431 ``header_too_large`` naming the header, or all of them), and header
     values in visible ASCII (400 ``invalid_header``): they are forwarded to the worker as they are;
@@ -157,7 +163,7 @@ def check_headers(headers: Mapping[str, str]) -> None:
         if _BAD_HEADER_CHAR.search(value) is not None:
             raise ApiError(
                 400,
-                f"header {name} must be visible ASCII, got {json.dumps(value[:80])}",
+                f"header {name} must be visible ASCII, got {_shown_header(value[:80])}",
                 code="invalid_header",
                 param=f"headers.{name}",
             )

@@ -107,6 +107,32 @@ def test_bad_tenant_inputs_are_a_400_naming_the_field() -> None:
     assert err.value.param == "x-agentd-tenant"
 
 
+@pytest.mark.parametrize(
+    ("body", "headers", "param", "needle"),
+    [
+        # the header given twice arrives joined with ", ": it named a tenant "alice, bob"
+        ({}, {"x-agentd-tenant": "alice, bob"}, "x-agentd-tenant", "must name one tenant"),
+        # the user field was taken whole: a NUL reached the /metrics label as a raw byte
+        ({"user": "a\u0000b"}, {}, "user", "U+0000 at index 1"),
+        ({"user": "new\nline"}, {}, "user", "U+000A at index 3"),
+        ({"user": "a\u202eb"}, {}, "user", "U+202E at index 1"),
+        ({"user": "a\u0085b"}, {}, "user", "U+0085 at index 1"),
+    ],
+)
+def test_unshowable_tenants_are_a_400_naming_the_field(
+    body: dict[str, Any], headers: dict[str, str], param: str, needle: str
+) -> None:
+    with pytest.raises(ApiError) as err:
+        res(body, headers)
+    assert (err.value.status, err.value.param) == (400, param) and needle in err.value.message
+    assert err.value.code in ("invalid_tenant", "invalid_user")
+
+
+def test_unicode_user_names_are_tenants() -> None:
+    for name in ("zo\u00eb\U0001f600", "\U0001f468\u200d\U0001f469\u200d\U0001f467", "\u5f20\u4e09"):
+        assert res({"user": name}).tenant == name  # a joiner inside an emoji is not a control
+
+
 def test_class_from_the_request() -> None:
     assert res().request_class == INTERACTIVE
     assert res(batch=True).request_class == BATCH

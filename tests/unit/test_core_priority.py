@@ -132,6 +132,9 @@ def test_interactive_queue_timeout_rejects_at_the_tick_and_abandon_unqueues() ->
     assert admitted_interactive(h.feed(RepairTick(), at=2.5)) == []
     eff = h.feed(RepairTick(), at=3.0)
     assert [(r.request_id, r.status_hint) for r in of(eff, fx.Reject)] == [("i1", 429)]
+    (rejected,) = of(eff, fx.Reject)  # not "Program request ..." (session-35 walk)
+    assert rejected.reason == "queue_timeout"
+    assert rejected.message == "interactive request exceeded its admission queue timeout"
     h.abandon("i2", at=4.0)
     assert not h.state.interactive.pending and h.state.fair.accounts["default"].waiting == 0
 

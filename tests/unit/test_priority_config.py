@@ -9,6 +9,7 @@ import pytest
 from actors.core.config import PriorityConfig as CorePriorityConfig
 from daemon.config import PriorityRule
 from daemon.config_loading import ConfigError, config_from_dict, config_warnings, dump_config
+from daemon.http.priority import PriorityInfo, engine_priority
 
 GOOD = """
 [routing]
@@ -88,7 +89,22 @@ R = "priority.rules"
 @pytest.mark.parametrize(
     ("raw", "needle"),
     [
-        ({"priority": {"max_abs_priority": 0}}, "priority.max_abs_priority: must be an integer > 0"),
+        ({"priority": {"max_abs_priority": 0}}, "priority.max_abs_priority: must be an integer in [1, 10**18]"),
+        # larger, the engine value band * (2M + 1) - p overflowed vLLM's int64 and every agent and
+        # batch request got the worker's 400 about a priority it never sent (session-35 walk)
+        ({P: {"max_abs_priority": 10**18 + 1}}, "priority.max_abs_priority: must be an integer in [1, 10**18]"),
+        ({P: {"rules": [{"header": "bad header=x"}]}}, "priority.rules[0].header: must be null, NAME or NAME=VALUE"),
+        ({P: {"rules": [{"header": "content-length"}]}}, "priority.rules[0].header: must be null, NAME or NAME=VALUE"),
+        ({"tenants": {"header": "bad header"}}, "tenants.header: must be a lower-case HTTP header name"),
+        ({"tenants": {"header": "x-t\u00e9"}}, "tenants.header: must be a lower-case HTTP header name"),
+        ({"tenants": {"header": "content-length"}}, "tenants.header: must be a lower-case HTTP header name"),
+        ({"tenants": {"metrics_top_k": 100_000_000}}, "tenants.metrics_top_k: must be an integer in [0, 1000]"),
+        ({"tenants": {"metrics_tenants": [""]}}, "tenants.metrics_tenants: must be a list of tenant names"),
+        ({"tenants": {"metrics_tenants": [" a"]}}, "tenants.metrics_tenants: must be a list of tenant names"),
+        (
+            {P: {"vtc_input_token_weight": 0, "vtc_output_token_weight": 0.0, "vtc_kv_token_second_weight": 0}},
+            "priority.vtc_input_token_weight, vtc_output_token_weight, vtc_kv_token_second_weight: must not all be 0",
+        ),
         ({"priority": {"default_worker_policy": "sjf"}}, "priority.default_worker_policy: must be one of"),
         ({"priority": {"worker_policies": {"w0": "priority"}}}, "priority.worker_policies: keys must be http"),
         ({P: {"worker_policies": {"http://w0:1": "lifo"}}}, "priority.worker_policies.http://w0:1: must be one of"),
@@ -100,8 +116,8 @@ R = "priority.rules"
         ({P: {"rules": [{"default_priority": 2_000_000}]}}, f"{R}[0].default_priority: must be within"),
         ({"priority": {"rules": [{"colour": "red"}]}}, "priority.rules[0].colour: unknown key"),
         ({"priority": {"rules": [{"max_priority": "10"}]}}, "priority.rules[0].max_priority: must be an integer"),
-        ({"tenants": {"header": "X-Tenant"}}, "tenants.header: must be a lower-case header name"),
-        ({"tenants": {"metrics_top_k": -1}}, "tenants.metrics_top_k: must be an integer >= 0"),
+        ({"tenants": {"header": "X-Tenant"}}, "tenants.header: must be a lower-case HTTP header name"),
+        ({"tenants": {"metrics_top_k": -1}}, "tenants.metrics_top_k: must be an integer in [0, 1000]"),
         ({P: {"batch": {"max_kv_share": 0}}}, "priority.batch.max_kv_share: must be finite and within (0, 1]"),
         ({P: {"class_order": ["batch", "agent", "interactive"]}}, "priority.class_order: must list"),
     ],
@@ -110,6 +126,42 @@ def test_bad_fields_are_named(raw: dict[str, object], needle: str) -> None:
     with pytest.raises(ConfigError) as err:
         config_from_dict(raw)
     assert any(line.startswith(needle) for line in err.value.lines), err.value.lines
+
+
+def test_the_largest_bounds_are_accepted() -> None:
+    cfg = config_from_dict(
+        {
+            "priority": {"max_abs_priority": 10**18, "fairness": "off", "vtc_input_token_weight": 0},
+            "tenants": {"metrics_top_k": 1000, "metrics_tenants": ["alice", "zo\u00eb"], "header": "x-org_id"},
+        }
+    )
+    top = engine_priority(PriorityInfo("batch", -(10**18)), 10**18)
+    assert top == 2 * (2 * 10**18 + 1) + 10**18 < 2**63  # the last band's largest value fits vLLM's int64
+    assert cfg.tenants.metrics_tenants == ("alice", "zo\u00eb")
+
+
+def test_scheduler_only_priority_fields_without_the_scheduler_warn() -> None:
+    cfg = config_from_dict({"priority": {"tenant_pause_share": True, "heavy_tenant_max_active_per_rank": 0}})
+    (warning,) = config_warnings(cfg)
+    assert warning.event == "priority_without_scheduler"
+    assert dict(warning.fields)["fields"] == "tenant_pause_share,heavy_tenant_max_active_per_rank"
+    edge_only = config_from_dict({"priority": {"max_abs_priority": 5, "rules": [{"default_priority": 1}]}})
+    assert config_warnings(edge_only) == []  # the edge reads these without the scheduler
+    on = config_from_dict({"priority": {"tenant_pause_share": True}, "enable_program_scheduling": True})
+    assert "priority_without_scheduler" not in [w.event for w in config_warnings(on)]
+
+
+@pytest.mark.parametrize(("reserved", "warned"), [(1, False), (2, True), (5, True)])
+def test_reserving_every_rank_warns(reserved: int, warned: bool) -> None:
+    cfg = config_from_dict(
+        {
+            "enable_program_scheduling": True,
+            "embedded": {"num_workers": 1, "dp_size": 2},
+            "priority": {"interactive_reserved_ranks": reserved},
+        }
+    )
+    events = [w.event for w in config_warnings(cfg)]
+    assert ("interactive_reserved_ranks_cover_every_rank" in events) is warned
 
 
 def test_interactive_scheduling_without_the_scheduler_warns() -> None:
