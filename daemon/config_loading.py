@@ -32,6 +32,7 @@ from actors.core.config import PriorityConfig as CorePriorityConfig
 from actors.core.costs import reference_calibration_estimates
 from daemon.config import AgentdConfig, RoutingConfig
 from daemon.dataplane import resolve_processes
+from daemon.redact import redact_url
 from daemon.reference_flags import (
     FLAGS_DOC,
     add_reference_flags,
@@ -45,6 +46,7 @@ class ConfigError(Exception):
     """Invalid configuration: ``lines`` holds one message per problem."""
 
     def __init__(self, lines: list[str]) -> None:
+        lines = [redact_url(line) for line in lines]  # a worker URL's user-info is a credential
         super().__init__("\n".join(lines))
         self.lines = lines
 
@@ -767,4 +769,16 @@ def dump_config(cfg: AgentdConfig) -> dict[str, Any]:
         data[section] = {k: v for k, v in data[section].items() if v is not None}
     if data["worker_auth"]["api_key"]:
         data["worker_auth"]["api_key"] = "***"  # a credential is never printed
-    return data
+    # nor a worker URL's user-info (worker_urls and the tables keyed by worker URL), as everywhere
+    # else agentd shows a URL (docs/operations.md §10.5)
+    return _redacted_urls(data)
+
+
+def _redacted_urls(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact_url(value)
+    if isinstance(value, dict):
+        return {redact_url(k) if isinstance(k, str) else k: _redacted_urls(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redacted_urls(v) for v in value]
+    return value

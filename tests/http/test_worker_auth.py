@@ -133,3 +133,21 @@ def test_the_worker_key_is_never_printed_and_bad_settings_name_the_field(
     assert main(["check-config", str(config)]) == 2
     assert "worker_auth.api_key_file:" in capsys.readouterr().err
     assert attrs.fields(WorkerAuthConfig).api_key.default == ""
+
+
+def test_check_config_masks_a_worker_urls_user_info(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The running daemon shows http://***@host everywhere; check-config printed the password (and a
+    problem about such a URL named it in full) until the session-35 walk."""
+    url = "http://user:secretpw@127.0.0.1:8350"
+    config = tmp_path / "agentd.toml"
+    config.write_text(
+        f'[routing]\nworker_urls = ["{url}"]\n[routing.served_models]\n"{url}" = ["m"]\n'
+        f'[priority.worker_policies]\n"{url}" = "priority"\n'
+    )
+    assert main(["check-config", str(config)]) == 0
+    out, err = capsys.readouterr()
+    assert "secretpw" not in out + err and out.count("http://***@127.0.0.1:8350") == 3
+    config.write_text(f'[routing]\nworker_urls = ["{url}"]\n[routing.served_models]\n"http://u2:pw2@w:1" = ["m"]\n')
+    assert main(["check-config", str(config)]) == 2
+    out, err = capsys.readouterr()
+    assert "pw2" not in out + err and "http://***@w:1" in err
