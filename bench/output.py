@@ -15,10 +15,19 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
+from daemon.commands.paths import atomic_target
+
 
 def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Replace ``path`` with ``text`` (UTF-8) in one rename; the file gets the umask's permissions."""
-    directory, name = os.path.split(os.path.abspath(path))
+    """Replace ``path`` with ``text`` (UTF-8) in one rename; the file gets the umask's permissions.
+    A symbolic link's target is replaced (the link stays); a destination that is not a regular file
+    (``/dev/null``) is written in place (:func:`daemon.commands.paths.atomic_target`)."""
+    target = atomic_target(path)
+    if target is None:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        return
+    directory, name = os.path.split(target)
     tmp = os.path.join(directory, f".{name}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
@@ -26,7 +35,7 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

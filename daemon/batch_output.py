@@ -17,6 +17,7 @@ from typing import Any
 from attrs import define
 
 from daemon.batchfile import encode_record
+from daemon.commands.paths import atomic_target
 
 # Record ids of output lines that answer a malformed or duplicate *input line* (keyed by line number,
 # since such a line may have no custom_id); every other record id is "batch_req_" + random hex.
@@ -103,7 +104,10 @@ def _is_line_record(record: dict[str, Any]) -> bool:
 def drop_failed_records(path: Path) -> int:
     """Rewrite ``path`` atomically without its failed request records (non-2xx, transport errors; the
     malformed-line records stay); return how many were dropped.  The file must be whole lines."""
-    tmp = path.with_name(f".{path.name}.retry.tmp")
+    target = atomic_target(path)
+    if target is None:
+        return 0  # not a regular file (/dev/null): it keeps no records
+    tmp = target.with_name(f".{target.name}.retry.tmp")
     dropped = 0
     try:
         with open(tmp, "wb") as out:
@@ -119,7 +123,7 @@ def drop_failed_records(path: Path) -> int:
         tmp.unlink(missing_ok=True)
         raise
     if dropped:
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     else:
         tmp.unlink()
     return dropped
@@ -189,16 +193,25 @@ class OutputWriter:
 
 
 def write_errors_file(output: Path, errors: Path) -> int:
-    """Rewrite ``errors`` atomically with the records of ``output`` that are not a 2xx; return how many."""
-    tmp = errors.with_name(f".{errors.name}.tmp")
+    """Rewrite ``errors`` atomically with the records of ``output`` that are not a 2xx; return how many.
+    A destination that is not a regular file (``/dev/null``) is written in place."""
+    target = atomic_target(errors)
+    tmp = errors if target is None else target.with_name(f".{target.name}.tmp")
     count = 0
-    with open(tmp, "wb") as out:
-        if output.exists():
-            for _, raw in _records(output):
-                if raw.endswith(b"\n") and not record_ok(json.loads(raw)):
-                    out.write(raw)
-                    count += 1
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, errors)
+    try:
+        with open(tmp, "wb") as out:
+            if output.exists():
+                for _, raw in _records(output):
+                    if raw.endswith(b"\n") and not record_ok(json.loads(raw)):
+                        out.write(raw)
+                        count += 1
+            out.flush()
+            if target is not None:
+                os.fsync(out.fileno())
+    except BaseException:
+        if target is not None:
+            tmp.unlink(missing_ok=True)
+        raise
+    if target is not None:
+        os.replace(tmp, target)
     return count

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,20 @@ def _create_problem(directory: Path) -> str | None:
     os.close(fd)
     os.unlink(probe)
     return None
+
+
+def atomic_target(path: str | os.PathLike[str]) -> Path | None:
+    """The file an atomic write of ``path`` (a temporary file renamed over it) replaces: ``path`` with
+    its symbolic links resolved, so a link keeps pointing at the new file instead of being replaced
+    by it; or None when ``path`` exists and is not a regular file (``/dev/null``, a FIFO, a terminal),
+    which is written in place: a rename would replace the device node itself (run as root, an
+    ``--out /dev/null`` left a regular file at /dev/null for every other program on the machine)."""
+    real = Path(os.path.realpath(path))
+    try:
+        mode = real.stat().st_mode
+    except FileNotFoundError:
+        return real
+    return real if stat.S_ISREG(mode) else None
 
 
 # "-" is standard input or output only where a command says so (agentd trace, --trace): elsewhere
