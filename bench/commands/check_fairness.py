@@ -31,6 +31,8 @@ NAME = "check-fairness"
 # --scale's bound: the scenarios' sessions grow with it, and with them the run's time and memory
 # (docs/priority.md §6.3); unbounded, a typo such as 1e9 ran until memory ran out
 MAX_SCALE = 50.0
+# --out's default, relative to the current directory (docs/priority.md §6)
+DEFAULT_OUT = "check-fairness-out"
 HELP = "Check a configuration's fairness: core machines and adversarial traces in virtual time; exit 1 on a violation."
 
 
@@ -79,10 +81,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seeds per scenario; multiplies the core machines' examples (default 1: under 2 minutes on 2 cores)",
     )
     parser.add_argument(
-        "--seed", type=int_at_least(0), default=0, help="first scenario seed and the machines' seed (>= 0)"
+        "--seed", type=int_at_least(0), default=0, help="first scenario seed and the machines' seed (>= 0, default 0)"
     )
     parser.add_argument(
-        "--out", default="check-fairness-out", metavar="DIR", help="where violations and verdicts.json are written"
+        "--out",
+        default=DEFAULT_OUT,
+        metavar="DIR",
+        help=f"where violations and verdicts.json are written (default ./{DEFAULT_OUT})",
     )
     parser.add_argument(
         "--scenarios",
@@ -95,7 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scale",
         type=float_in(0.0, MAX_SCALE),
         default=1.0,
-        help=f"multiply every scenario's session count (0 < X <= {MAX_SCALE:g})",
+        help=f"multiply every scenario's session count (0 < X <= {MAX_SCALE:g}, default 1: the full-size check)",
     )
     parser.add_argument("--no-machines", action="store_true", help="skip the core's state machines")
     parser.add_argument(
