@@ -270,6 +270,8 @@ class Checker:
             for k in range(self.opts.budget):
                 seed = self.opts.seed + k
                 size = f"{self.cluster.ranks} ranks x {self.cluster.kv_tokens_per_rank:,} KV tokens"
+                if self.opts.scale != 1:
+                    size += f", scale {self.opts.scale:g}"
                 self.log(f"scenario {kind} seed {seed} ({size})")
                 ms, violation = self.check_scenario(kind, seed)
                 measures += ms
@@ -297,11 +299,21 @@ def _stderr() -> Any:
     return sys.stderr
 
 
+def scale_note(opts: CheckOptions) -> str | None:
+    """What the verdict says about a ``--scale`` other than 1 (None at full size, or with no
+    scenario to scale): a pass on reduced scenarios is not the full check."""
+    if opts.scale == 1 or not opts.kinds:
+        return None
+    if opts.scale < 1:
+        return f"scale {opts.scale:g}: scenarios reduced, not the full check"
+    return f"scale {opts.scale:g}: scenarios enlarged beyond the default size"
+
+
 def render(result: CheckResult, opts: CheckOptions, cluster: ClusterSize) -> str:
     """The verdict table and the reproduction commands (stdout of ``agentd check-fairness``)."""
     lines = [
         f"check-fairness: {opts.config_path} ({cluster.ranks} ranks x {cluster.kv_tokens_per_rank:,} KV tokens), "
-        f"budget {opts.budget}, seed {opts.seed}, {result.wall_seconds:.1f} s",
+        f"budget {opts.budget}, seed {opts.seed}, scale {opts.scale:g}, {result.wall_seconds:.1f} s",
         "",
         f"{'property':<20} {'scenario':<36} {'measured':>9} {'bound':>8}  verdict",
     ]
@@ -310,12 +322,13 @@ def render(result: CheckResult, opts: CheckOptions, cluster: ClusterSize) -> str
     for note in result.skipped:
         lines.append(f"(skipped) {note}")
     lines.append("")
-    if result.ok:
-        checks = sum(1 for m in result.measures if _verdict(m) != "info")
-        lines.append(f"result: PASS ({checks} checks)")
-        return "\n".join(lines) + "\n"
     checks = sum(1 for m in result.measures if _verdict(m) != "info")
-    lines.append(f"result: FAIL ({sum(not m.ok for m in result.measures)} of {checks} checks)")
+    scaled = scale_note(opts)
+    suffix = f"; {scaled}" if scaled else ""
+    if result.ok:
+        lines.append(f"result: PASS ({checks} checks{suffix})")
+        return "\n".join(lines) + "\n"
+    lines.append(f"result: FAIL ({sum(not m.ok for m in result.measures)} of {checks} checks{suffix})")
     for v in result.violations:
         lines.append("")
         lines.append(f"violation: {v.note}")
@@ -332,6 +345,8 @@ def verdicts_json(result: CheckResult, opts: CheckOptions) -> dict[str, Any]:
         "config": opts.config_path,
         "budget": opts.budget,
         "seed": opts.seed,
+        "scale": opts.scale,
+        "scale_note": scale_note(opts),
         "ok": result.ok,
         "wall_seconds": result.wall_seconds,
         "checks": [attrs.asdict(m) for m in result.measures],
