@@ -365,15 +365,25 @@ def verdicts_json(result: CheckResult, opts: CheckOptions) -> dict[str, Any]:
 
 
 def kinds_arg(text: str) -> tuple[str, ...]:
-    """``--scenarios``: a comma-separated list of kinds, ``all`` or ``none``."""
+    """``--scenarios``: a comma-separated list of kinds, ``all`` or ``none``.  Every item must name
+    a kind (``flood,,hogs`` or a trailing comma is refused, not read as ``flood,hogs``) and name it
+    once: a repeated kind would run the same scenario and seeds again and list each check twice."""
     if text == "all":
         return KINDS
     if text == "none":
         return ()
-    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
-    bad = [k for k in kinds if k not in KINDS]
-    if bad or not kinds:
-        raise ValueError(f"must be all, none or a comma-separated list of {', '.join(KINDS)}, got {text!r}")
+    kinds = tuple(k.strip() for k in text.split(","))
+    bad = [k for k in kinds if k and k not in KINDS]
+    twice = sorted({k for k in kinds if k and kinds.count(k) > 1}, key=kinds.index)
+    problem = None
+    if bad:
+        problem = f"unknown: {', '.join(bad)}"
+    elif "" in kinds:
+        problem = "an empty item"
+    elif twice:
+        problem = f"{', '.join(twice)} listed twice"
+    if problem is not None:
+        raise ValueError(f"must be all, none or a comma-separated list of {', '.join(KINDS)}, got {text!r} ({problem})")
     return kinds
 
 

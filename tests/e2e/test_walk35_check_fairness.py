@@ -4,6 +4,8 @@
 - ``--scale`` was in neither the verdict table's header nor verdicts.json: a ``--scale 0.001``
   pass looked like a full-size one.  Both have it now, and the result line flags a scale other
   than 1.
+- ``--scenarios flood,,hogs`` was read as ``flood,hogs`` and ``flood,flood`` ran the flood scenario
+  twice: both are an exit 2 naming ``--scenarios`` and the problem, as an unknown scenario is.
 """
 
 from __future__ import annotations
@@ -80,3 +82,28 @@ def test_scale_note(scale: float, kinds: tuple[str, ...], note: str | None) -> N
     assert f", seed 0, scale {scale:g}, 1.0 s" in text.splitlines()[0]
     assert text.splitlines()[-1] == (f"result: PASS (1 checks; {note})" if note else "result: PASS (1 checks)")
     assert verdicts_json(result, opts)["scale"] == scale
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("flood,,hogs", "an empty item"),
+        ("flood,", "an empty item"),
+        (",flood", "an empty item"),
+        ("", "an empty item"),
+        ("flood,flood", "flood listed twice"),
+        ("hogs, flood,hogs", "hogs listed twice"),
+        ("flood,typo", "unknown: typo"),
+    ],
+)
+def test_scenarios_with_an_empty_or_repeated_item_exit_2_naming_the_flag(
+    capsys: pytest.CaptureFixture[str], value: str, problem: str
+) -> None:
+    """``--scenarios flood,,hogs`` ran flood and hogs as if the empty item were not there, and
+    ``flood,flood`` ran the flood scenario twice (each check listed twice)."""
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["check-fairness", "--config", str(QUICKSTART), "--scenarios", value])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    rule = "must be all, none or a comma-separated list of flood, hogs, priority-flood, interactive-under-batch"
+    assert f"agentd check-fairness: error: argument --scenarios: {rule}, got {value!r} ({problem})" in err, err
