@@ -27,7 +27,7 @@ from bench.fairness import machines as machine_runner
 from bench.fairness.properties import RATIO_PROPERTIES, Measure, scenario_measures, starvation_bound_seconds
 from bench.fairness.scenarios import KINDS, ClusterSize, Scenario, build, subset, truncate
 from bench.output import write_atomic
-from bench.progress import ProgressLine
+from bench.progress import ProgressLine, Writable
 from bench.replay import ReplayOptions
 from bench.report import trace_summary
 from bench.simulate import run_simulation
@@ -76,10 +76,14 @@ def cluster_of(cfg: AgentdConfig) -> ClusterSize:
 
 
 class Checker:
-    def __init__(self, cfg: AgentdConfig, opts: CheckOptions, log: Callable[[str], None]):
+    def __init__(
+        self, cfg: AgentdConfig, opts: CheckOptions, log: Callable[[str], None], stream: Writable | None = None
+    ):
         self.cfg = cfg
         self.opts = opts
         self.log = log
+        self.stream = stream  # the progress lines' (stderr when None)
+        self.written: list[Path] = []  # the files this run wrote so far (violations, machine failures)
         self.cluster = cluster_of(cfg)
         self.replay = ReplayOptions(time_scale=cfg.embedded.time_scale, model=cfg.embedded.model)
         self.simulations = 0
@@ -89,7 +93,8 @@ class Checker:
 
     def simulate(self, trace: Trace, label: str) -> dict[str, Any]:
         self.simulations += 1
-        line = ProgressLine(_stderr(), label=f"  {label}") if self.opts.progress else None
+        stream = self.stream if self.stream is not None else _stderr()
+        line = ProgressLine(stream, label=f"  {label}") if self.opts.progress else None
         t0 = time.perf_counter()
         try:
             report = run_simulation(
@@ -203,9 +208,13 @@ class Checker:
             "alone_report": out / f"{stem}.alone.report.json",
         }
         save_trace(trace, files["trace"])
+        self.written.append(files["trace"])
         save_trace(alone_trace, files["alone"])
+        self.written.append(files["alone"])
         write_atomic(files["report"], json.dumps(both, indent=2, sort_keys=True) + "\n")
+        self.written.append(files["report"])
         write_atomic(files["alone_report"], json.dumps(alone, indent=2, sort_keys=True) + "\n")
+        self.written.append(files["alone_report"])
         final = next(
             m
             for m in scenario_measures(scenario.kind, label, scenario.victim, both, alone, self.starvation_bound)
@@ -249,6 +258,7 @@ class Checker:
                     f"--budget {self.opts.budget} --scenarios none --out {shlex.quote(str(self.opts.out_dir))}"
                 )
                 path = machine_runner.write_failure(self.opts.out_dir, name, outcome, command)
+                self.written.append(path)
                 violations.append(
                     Violation(outcome.measure, (str(path),), (command,), f"{name}: {outcome.measure.detail}")
                 )
