@@ -10,6 +10,8 @@
   line).  It now ends the line and says that no verdict table and no verdicts.json were written,
   and which files were.  A Ctrl-C during a core machine was worse: Hypothesis could lose it, and
   the run went on, reporting the interrupted machine as passed or as violated.
+- docs/priority.md §6.2 and §6.3 quoted the unfair example's figures of before the waiting gate's
+  change of sessions 33-34.
 """
 
 from __future__ import annotations
@@ -217,3 +219,24 @@ def test_noticing_interrupts_leaves_a_run_without_ctrl_c_alone() -> None:
     with noticing_interrupts():
         pass
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_the_unfair_examples_documented_figures_are_todays(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/priority.md §6.2 and §6.3 quoted flood 3.726 and hogs 3.296 for the unfair example; the
+    waiting gate's change of sessions 33-34 had moved them to 3.794 and 3.357 (deterministic:
+    virtual time).  The quick part of the documented run, compared with the docs."""
+    out = tmp_path / "out"
+    argv = ["check-fairness", "--config", str(ROOT / "configs" / "unfair-example.toml"), "--out", str(out)]
+    argv += ["--scenarios", "flood,hogs", "--no-machines", "--shrink-probes", "0", "--no-progress"]
+    assert cli.main(argv) == 1
+    capsys.readouterr()
+    checks = json.loads((out / "verdicts.json").read_text())["checks"]
+    measured = {c["scenario"]: f"{c['measured']:.3f}" for c in checks if c["prop"] == "tenant-isolation"}
+    docs = (ROOT / "docs" / "priority.md").read_text()
+    reading = docs.split("### 6.2 Reading the output")[1].split("### 6.3")[0]
+    table = re.search(r"^tenant-isolation +flood seed 0 +([\d.]+) ", reading, re.MULTILINE)
+    assert table is not None and table[1] == measured["flood seed 0"], measured
+    unfair = docs.split("### 6.3 The unfair example")[1].split("Every violation's commands")[0]
+    for kind in ("flood", "hogs"):
+        listed = re.search(rf"`tenant-isolation` \({kind}\): ([\d.]+)×", unfair)
+        assert listed is not None and listed[1] == measured[f"{kind} seed 0"], (kind, measured)
