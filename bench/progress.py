@@ -6,11 +6,42 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TextIO
+from typing import Any, Protocol
+
+
+class Writable(Protocol):
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
+class LineTracker:
+    """A text stream that remembers whether what was last written to it ended a line, so that a
+    message after a live progress line (``\r``-redrawn, no newline until it closes) - an
+    interruption's - can start on a line of its own."""
+
+    def __init__(self, stream: Writable):
+        self._stream = stream
+        self.at_line_start = True
+
+    def write(self, text: str, /) -> int:
+        written = self._stream.write(text)
+        if text:
+            self.at_line_start = text.endswith("\n")
+        return written
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def end_line(self) -> None:
+        """A newline if a line is open."""
+        if not self.at_line_start:
+            self.write("\n")
+            self.flush()
 
 
 class ProgressLine:
-    def __init__(self, stream: TextIO, *, label: str = "", width: int = 30, min_interval_seconds: float = 0.25):
+    def __init__(self, stream: Writable, *, label: str = "", width: int = 30, min_interval_seconds: float = 0.25):
         self._stream = stream
         self._label = label
         self._width = width

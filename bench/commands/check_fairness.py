@@ -7,7 +7,8 @@ hogs, a priority flood, interactive requests under a batch job) against the conf
 stderr; the verdict table (each property's measured worst case against its bound) and, for each
 violation, the files written and the ``agentd simulate`` commands that reproduce it go to stdout.
 Exit 0 when every property holds, 1 when one is violated, 2 for bad input (the message names the
-flag or the configuration field).
+flag or the configuration field), 130 on Ctrl-C (the progress line ended, and one line on stderr
+saying that no verdicts were written and which violation files were).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from bench.fairness.check import Checker, CheckOptions, cluster_of, kinds_arg, render, verdicts_json
 from bench.fairness.scenarios import KINDS
 from bench.output import write_atomic
+from bench.progress import LineTracker
 from bench.simulate import SimulateError, check_simulatable
 from daemon.commands.argtypes import float_in, int_at_least, positive_int
 from daemon.commands.paths import output_dir_problem
@@ -31,6 +33,8 @@ NAME = "check-fairness"
 # --scale's bound: the scenarios' sessions grow with it, and with them the run's time and memory
 # (docs/priority.md §6.3); unbounded, a typo such as 1e9 ran until memory ran out
 MAX_SCALE = 50.0
+# --out's default, relative to the current directory (docs/priority.md §6)
+DEFAULT_OUT = "check-fairness-out"
 HELP = "Check a configuration's fairness: core machines and adversarial traces in virtual time; exit 1 on a violation."
 
 
@@ -79,10 +83,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seeds per scenario; multiplies the core machines' examples (default 1: under 2 minutes on 2 cores)",
     )
     parser.add_argument(
-        "--seed", type=int_at_least(0), default=0, help="first scenario seed and the machines' seed (>= 0)"
+        "--seed", type=int_at_least(0), default=0, help="first scenario seed and the machines' seed (>= 0, default 0)"
     )
     parser.add_argument(
-        "--out", default="check-fairness-out", metavar="DIR", help="where violations and verdicts.json are written"
+        "--out",
+        default=DEFAULT_OUT,
+        metavar="DIR",
+        help=f"where violations and verdicts.json are written (default ./{DEFAULT_OUT})",
     )
     parser.add_argument(
         "--scenarios",
@@ -95,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scale",
         type=float_in(0.0, MAX_SCALE),
         default=1.0,
-        help=f"multiply every scenario's session count (0 < X <= {MAX_SCALE:g})",
+        help=f"multiply every scenario's session count (0 < X <= {MAX_SCALE:g}, default 1: the full-size check)",
     )
     parser.add_argument("--no-machines", action="store_true", help="skip the core's state machines")
     parser.add_argument(
@@ -141,21 +148,49 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
 
+    stderr = LineTracker(sys.stderr)
+
     def log(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
+        stderr.write(line + "\n")
+        stderr.flush()
 
     # the daemon's start-up warnings (e.g. reference calibration), once per simulation, would bury
     # the progress lines: only errors are logged (to stderr)
     configure_logging("error", cfg.server.log_format)
-    removed = clear_earlier_results(out, kinds, not args.no_machines)
-    if removed:
-        log(f"removed {len(removed)} file(s) an earlier run wrote for these checks from {out}")
-        # its verdicts.json named them: until this run writes its own there is none (an
-        # interrupted run leaves no verdicts, rather than one naming files that are gone)
-        (out / "verdicts.json").unlink(missing_ok=True)
-    checker = Checker(cfg, opts, log)
-    result = checker.run()
-    sys.stdout.write(render(result, opts, cluster_of(cfg)))
-    out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "verdicts.json", json.dumps(verdicts_json(result, opts), indent=2, sort_keys=True) + "\n")
-    return 0 if result.ok else 1
+    checker = Checker(cfg, opts, log, stream=stderr)
+    try:
+        removed = clear_earlier_results(out, kinds, not args.no_machines)
+        if removed:
+            log(f"removed {len(removed)} file(s) an earlier run wrote for these checks from {out}")
+            # its verdicts.json named them: until this run writes its own there is none (an
+            # interrupted run leaves no verdicts, rather than one naming files that are gone)
+            (out / "verdicts.json").unlink(missing_ok=True)
+        result = checker.run()
+    except KeyboardInterrupt:
+        pass
+    except BaseExceptionGroup as group:  # as daemon.cli: Ctrl-C inside a Trio run's nurseries
+        if group.subgroup(KeyboardInterrupt) is None:
+            raise
+    else:
+        sys.stdout.write(render(result, opts, cluster_of(cfg)))
+        out.mkdir(parents=True, exist_ok=True)
+        verdicts = json.dumps(verdicts_json(result, opts), indent=2, sort_keys=True) + "\n"
+        write_atomic(out / "verdicts.json", verdicts)
+        return 0 if result.ok else 1
+    if sys.stderr.isatty():  # the terminal echoed ^C where the cursor was (bench.interrupt.run_main)
+        stderr.write("\n")
+    stderr.end_line()  # the live progress line, if one was open
+    print(interrupted_message(prog, out, checker.written), file=sys.stderr, flush=True)
+    return 130
+
+
+def interrupted_message(prog: str, out: Path, written: list[Path]) -> str:
+    """What Ctrl-C left: no verdict table on stdout and no verdicts.json (an earlier run's stays, as
+    every interrupted agentd bench leaves the previous report or none), and the violation files
+    written before it, if any."""
+    text = f"{prog}: interrupted; no verdict table and no {out / 'verdicts.json'} written"
+    if (out / "verdicts.json").exists():
+        text += " (the one there is an earlier run's)"
+    if written:
+        text += f"; {len(written)} violation file(s) of this run are in {out}"
+    return text

@@ -27,7 +27,7 @@ from bench.fairness import machines as machine_runner
 from bench.fairness.properties import RATIO_PROPERTIES, Measure, scenario_measures, starvation_bound_seconds
 from bench.fairness.scenarios import KINDS, ClusterSize, Scenario, build, subset, truncate
 from bench.output import write_atomic
-from bench.progress import ProgressLine
+from bench.progress import ProgressLine, Writable
 from bench.replay import ReplayOptions
 from bench.report import trace_summary
 from bench.simulate import run_simulation
@@ -76,10 +76,14 @@ def cluster_of(cfg: AgentdConfig) -> ClusterSize:
 
 
 class Checker:
-    def __init__(self, cfg: AgentdConfig, opts: CheckOptions, log: Callable[[str], None]):
+    def __init__(
+        self, cfg: AgentdConfig, opts: CheckOptions, log: Callable[[str], None], stream: Writable | None = None
+    ):
         self.cfg = cfg
         self.opts = opts
         self.log = log
+        self.stream = stream  # the progress lines' (stderr when None)
+        self.written: list[Path] = []  # the files this run wrote so far (violations, machine failures)
         self.cluster = cluster_of(cfg)
         self.replay = ReplayOptions(time_scale=cfg.embedded.time_scale, model=cfg.embedded.model)
         self.simulations = 0
@@ -89,7 +93,8 @@ class Checker:
 
     def simulate(self, trace: Trace, label: str) -> dict[str, Any]:
         self.simulations += 1
-        line = ProgressLine(_stderr(), label=f"  {label}") if self.opts.progress else None
+        stream = self.stream if self.stream is not None else _stderr()
+        line = ProgressLine(stream, label=f"  {label}") if self.opts.progress else None
         t0 = time.perf_counter()
         try:
             report = run_simulation(
@@ -203,9 +208,13 @@ class Checker:
             "alone_report": out / f"{stem}.alone.report.json",
         }
         save_trace(trace, files["trace"])
+        self.written.append(files["trace"])
         save_trace(alone_trace, files["alone"])
+        self.written.append(files["alone"])
         write_atomic(files["report"], json.dumps(both, indent=2, sort_keys=True) + "\n")
+        self.written.append(files["report"])
         write_atomic(files["alone_report"], json.dumps(alone, indent=2, sort_keys=True) + "\n")
+        self.written.append(files["alone_report"])
         final = next(
             m
             for m in scenario_measures(scenario.kind, label, scenario.victim, both, alone, self.starvation_bound)
@@ -249,6 +258,7 @@ class Checker:
                     f"--budget {self.opts.budget} --scenarios none --out {shlex.quote(str(self.opts.out_dir))}"
                 )
                 path = machine_runner.write_failure(self.opts.out_dir, name, outcome, command)
+                self.written.append(path)
                 violations.append(
                     Violation(outcome.measure, (str(path),), (command,), f"{name}: {outcome.measure.detail}")
                 )
@@ -270,6 +280,8 @@ class Checker:
             for k in range(self.opts.budget):
                 seed = self.opts.seed + k
                 size = f"{self.cluster.ranks} ranks x {self.cluster.kv_tokens_per_rank:,} KV tokens"
+                if self.opts.scale != 1:
+                    size += f", scale {self.opts.scale:g}"
                 self.log(f"scenario {kind} seed {seed} ({size})")
                 ms, violation = self.check_scenario(kind, seed)
                 measures += ms
@@ -297,11 +309,21 @@ def _stderr() -> Any:
     return sys.stderr
 
 
+def scale_note(opts: CheckOptions) -> str | None:
+    """What the verdict says about a ``--scale`` other than 1 (None at full size, or with no
+    scenario to scale): a pass on reduced scenarios is not the full check."""
+    if opts.scale == 1 or not opts.kinds:
+        return None
+    if opts.scale < 1:
+        return f"scale {opts.scale:g}: scenarios reduced, not the full check"
+    return f"scale {opts.scale:g}: scenarios enlarged beyond the default size"
+
+
 def render(result: CheckResult, opts: CheckOptions, cluster: ClusterSize) -> str:
     """The verdict table and the reproduction commands (stdout of ``agentd check-fairness``)."""
     lines = [
         f"check-fairness: {opts.config_path} ({cluster.ranks} ranks x {cluster.kv_tokens_per_rank:,} KV tokens), "
-        f"budget {opts.budget}, seed {opts.seed}, {result.wall_seconds:.1f} s",
+        f"budget {opts.budget}, seed {opts.seed}, scale {opts.scale:g}, {result.wall_seconds:.1f} s",
         "",
         f"{'property':<20} {'scenario':<36} {'measured':>9} {'bound':>8}  verdict",
     ]
@@ -310,12 +332,13 @@ def render(result: CheckResult, opts: CheckOptions, cluster: ClusterSize) -> str
     for note in result.skipped:
         lines.append(f"(skipped) {note}")
     lines.append("")
-    if result.ok:
-        checks = sum(1 for m in result.measures if _verdict(m) != "info")
-        lines.append(f"result: PASS ({checks} checks)")
-        return "\n".join(lines) + "\n"
     checks = sum(1 for m in result.measures if _verdict(m) != "info")
-    lines.append(f"result: FAIL ({sum(not m.ok for m in result.measures)} of {checks} checks)")
+    scaled = scale_note(opts)
+    suffix = f"; {scaled}" if scaled else ""
+    if result.ok:
+        lines.append(f"result: PASS ({checks} checks{suffix})")
+        return "\n".join(lines) + "\n"
+    lines.append(f"result: FAIL ({sum(not m.ok for m in result.measures)} of {checks} checks{suffix})")
     for v in result.violations:
         lines.append("")
         lines.append(f"violation: {v.note}")
@@ -332,6 +355,8 @@ def verdicts_json(result: CheckResult, opts: CheckOptions) -> dict[str, Any]:
         "config": opts.config_path,
         "budget": opts.budget,
         "seed": opts.seed,
+        "scale": opts.scale,
+        "scale_note": scale_note(opts),
         "ok": result.ok,
         "wall_seconds": result.wall_seconds,
         "checks": [attrs.asdict(m) for m in result.measures],
@@ -350,15 +375,25 @@ def verdicts_json(result: CheckResult, opts: CheckOptions) -> dict[str, Any]:
 
 
 def kinds_arg(text: str) -> tuple[str, ...]:
-    """``--scenarios``: a comma-separated list of kinds, ``all`` or ``none``."""
+    """``--scenarios``: a comma-separated list of kinds, ``all`` or ``none``.  Every item must name
+    a kind (``flood,,hogs`` or a trailing comma is refused, not read as ``flood,hogs``) and name it
+    once: a repeated kind would run the same scenario and seeds again and list each check twice."""
     if text == "all":
         return KINDS
     if text == "none":
         return ()
-    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
-    bad = [k for k in kinds if k not in KINDS]
-    if bad or not kinds:
-        raise ValueError(f"must be all, none or a comma-separated list of {', '.join(KINDS)}, got {text!r}")
+    kinds = tuple(k.strip() for k in text.split(","))
+    bad = [k for k in kinds if k and k not in KINDS]
+    twice = sorted({k for k in kinds if k and kinds.count(k) > 1}, key=kinds.index)
+    problem = None
+    if bad:
+        problem = f"unknown: {', '.join(bad)}"
+    elif "" in kinds:
+        problem = "an empty item"
+    elif twice:
+        problem = f"{', '.join(twice)} listed twice"
+    if problem is not None:
+        raise ValueError(f"must be all, none or a comma-separated list of {', '.join(KINDS)}, got {text!r} ({problem})")
     return kinds
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 
 from bench.fairness.properties import Measure
+from bench.interrupt import noticing_interrupts
 from bench.output import write_atomic
 
 EXAMPLES_PER_BUDGET = 50  # Hypothesis examples per machine per budget unit
@@ -71,15 +72,19 @@ def run_machine(name: str, factory: MachineFactory, cfg: Any, *, budget: int, se
         suppress_health_check=list(HealthCheck),
     )
     captured = io.StringIO()
-    try:
-        with redirect_stdout(captured):
-            run_state_machine_as_test(seeded, settings=conf)
-    except Exception as exc:  # the machine's assertion (or any error in it) is the violation
-        notes = "\n".join(getattr(exc, "__notes__", ()))
-        text = "".join(traceback.format_exception_only(type(exc), exc))
-        failure = f"{text}\n{notes}\n{captured.getvalue()}".strip() + "\n"
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return MachineOutcome(Measure(name, f"core machine (seed {seed})", None, None, False, first), examples, failure)
+    # a Ctrl-C that Hypothesis loses (or turns into the machine's AssertionError) still
+    # interrupts: raised at the block's end, never reported as the machine's outcome
+    with noticing_interrupts():
+        try:
+            with redirect_stdout(captured):
+                run_state_machine_as_test(seeded, settings=conf)
+        except Exception as exc:  # the machine's assertion (or any error in it) is the violation
+            notes = "\n".join(getattr(exc, "__notes__", ()))
+            text = "".join(traceback.format_exception_only(type(exc), exc))
+            failure = f"{text}\n{notes}\n{captured.getvalue()}".strip() + "\n"
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            outcome = Measure(name, f"core machine (seed {seed})", None, None, False, first)
+            return MachineOutcome(outcome, examples, failure)
     measured, bound = _worst_case(seeded)
     return MachineOutcome(
         Measure(
