@@ -31,6 +31,7 @@ its inbox is closed, so the pacer never waits for a rank that is gone.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -41,9 +42,12 @@ from attrs import frozen
 from actors.core.config import BackendTarget
 from actors.core.events import ObservationReceived
 from actors.core.ids import TargetId
+from actors.logevents import get_logger, log_event
 from actors.mailbox import reply_nowait
 from actors.messages import SchedulerMessage
 from actors.observations import EngineSample
+
+logger = get_logger("program.rank")
 
 # What one scrape of a worker's /metrics gave: samples by engine index (= DP rank), or an error.
 ScrapeResult = dict[int, EngineSample] | str
@@ -66,6 +70,19 @@ class WorkerScraped:
 def sample_of(result: ScrapeResult, dp_rank: int) -> EngineSample | None:
     """The rank's sample in a scrape result; None when the scrape failed or its engine had no series."""
     return None if isinstance(result, str) else result.get(dp_rank)
+
+
+def missing_engine(result: ScrapeResult, dp_rank: int) -> str | None:
+    """Why a successful scrape says nothing about ``dp_rank`` while it has other engines' series (a
+    worker started with fewer DP ranks than agentd was configured for, or restarted so), else None.
+    A worker without any engine series (not vLLM's metrics) is not an error: it has no observation."""
+    if isinstance(result, str) or not result or dp_rank in result:
+        return None
+    engines = ", ".join(str(e) for e in sorted(result))
+    return (
+        f"the worker's /metrics has no series for engine {dp_rank} (engines {engines}): is it running fewer "
+        "DP ranks than configured (routing.intra_node_data_parallel_size)?"
+    )
 
 
 @frozen
@@ -107,7 +124,7 @@ class RankSnapshot:
         return attrs.evolve(
             self,
             last_scrape_at=observed_at,
-            last_error=None,
+            last_error=missing_engine(result, self.target.dp_rank),
             scrapes_count=self.scrapes_count + 1,
             # no series for this engine: keep the previous sample (never fabricate an observation)
             sample=self.sample if sample is None else sample,
@@ -147,7 +164,13 @@ async def run_rank_actor(
             task_status.started()
             async for msg in inbox:
                 with msg.done:  # closed however this ends: the pacer never waits for a gone actor
+                    previous = snapshot.last_error
                     snapshot = snapshot.after_scrape(msg.observed_at, msg.result)
+                    missing = missing_engine(msg.result, target.dp_rank)
+                    if missing is not None and previous != missing:  # once, when it starts
+                        log_event(
+                            logger, logging.WARNING, "worker_engine_missing", target=target.target_id, reason=missing
+                        )
                     publish(snapshot)
                     sample = sample_of(msg.result, target.dp_rank)
                     if sample is not None:

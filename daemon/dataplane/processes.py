@@ -96,6 +96,8 @@ class RelaySlot:
     restarts_count: int = 0
     last_exit: str | None = None
     started_at: float | None = None
+    # leases released because an earlier process's socket ended (the current connection counts its own)
+    abandoned_before: int = 0
     connection: RelayConnection | None = None
     process: trio.Process | None = None
 
@@ -152,6 +154,10 @@ class DataPlane:
                     "accepting": counts[slot.index] != NOT_ACCEPTING,
                     "open_connections": max(0, counts[slot.index]),
                     **(conn.document() if conn is not None else {"open_leases": 0}),
+                    # over every process of this position, as restarts_count: a restart began a new
+                    # connection whose count started at 0 (session-35 walk)
+                    "abandoned_on_close_count": slot.abandoned_before
+                    + (conn.abandoned_on_close_count if conn is not None else 0),
                 }
             )
         return {
@@ -238,6 +244,8 @@ class DataPlane:
         while not shutdown.is_set():
             proc, link = await self._spawn(slot)
             conn = self.hub.connect(slot.index, link)
+            if slot.connection is not None:  # the previous process's connection (diagnostics showed it until now)
+                slot.abandoned_before += slot.connection.abandoned_on_close_count
             slot.process, slot.pid, slot.connection = proc, proc.pid, conn
             slot.starts_count += 1
             slot.started_at = trio.current_time()

@@ -3,6 +3,8 @@ grid of absolute deadlines (missed ones skipped), failures produce no observatio
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 import trio
@@ -13,7 +15,7 @@ from actors.core.events import ObservationReceived, RepairTick
 from actors.core.ids import TargetId
 from actors.messages import ObservationRoundStarted
 from actors.observations import EngineSample
-from actors.rank_actor import RankSnapshot, ScrapeResult, WorkerScraped, run_rank_actor
+from actors.rank_actor import RankSnapshot, ScrapeResult, WorkerScraped, missing_engine, run_rank_actor
 
 TARGETS = tuple(target(u, r, i) for i, (u, r) in enumerate([(W0, 0), (W0, 1), (W1, 0), (W1, 1)]))
 
@@ -129,7 +131,7 @@ async def test_rank_actor_publishes_reports_and_acknowledges_each_scrape(
     assert [(s.observed_at, s.last_scrape_at, s.last_error, s.scrapes_count, s.failures_count) for s in published] == [
         (None, None, None, 0, 0),
         (10.0, 10.0, None, 1, 0),
-        (10.0, 11.0, None, 2, 0),  # the previous sample is kept and ages
+        (10.0, 11.0, missing_engine({0: other}, 1), 2, 0),  # the previous sample is kept and ages
         (10.0, 12.0, "HTTP 502", 3, 1),
     ]
     assert published[-1].sample == sample and published[-1].kv_capacity_tokens == 4096
@@ -147,3 +149,29 @@ async def test_cancelled_rank_actor_releases_every_pending_hand_over(autojump_cl
     with trio.fail_after(1), pytest.raises(trio.EndOfChannel):
         await done.receive()  # closed without an acknowledgement: the pacer moves on
     assert sched_send.statistics().open_send_channels == 0  # the actor closed its scheduler channel
+
+
+async def test_a_worker_without_the_ranks_engine_says_so(
+    autojump_clock: trio.testing.MockClock, event_log: Any
+) -> None:
+    """A DP-2 worker restarted with one DP rank: engine 1's series are gone.  The rank kept its old
+    sample with ``last_scrape_error`` null, so nothing said why it went stale (session-35 walk);
+    now the error names the missing engine, logged once (``worker_engine_missing``) until it is back."""
+    engines = [(0.25, 0.5)] * 2 + [(0.25,)] * 3 + [(0.25, 0.5)]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=vllm_metrics(engines.pop(0) if engines else (0.25, 0.5)))
+
+    async with observing(TARGETS[:2], handler) as obs:
+        await trio.sleep(3.5)
+        rank1 = obs.registry.snapshots()[TARGETS[1].target_id].as_dict(trio.current_time(), 1.0)
+        assert rank1["last_scrape_error"] == (
+            "the worker's /metrics has no series for engine 1 (engines 0): is it running fewer DP ranks than "
+            "configured (routing.intra_node_data_parallel_size)?"
+        )
+        assert rank1["observation_age_seconds"] == 2.5 and rank1["scrape_failures_count"] == 0
+        assert obs.registry.snapshots()[TARGETS[0].target_id].last_error is None
+        await trio.sleep(2.0)
+        assert obs.registry.snapshots()[TARGETS[1].target_id].last_error is None  # back
+    logged = [(t - obs.t0, f["target"]) for t, f in event_log.named("worker_engine_missing")]
+    assert logged == [(2.0, TARGETS[1].target_id)]

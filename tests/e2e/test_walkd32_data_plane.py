@@ -295,6 +295,11 @@ async def _relay_killed_mid_stream(client: httpx.AsyncClient, worker: VllmUsageW
         ),
     )
     assert doc["data_plane"]["open_leases"] == 0  # (the relay_leases_abandoned log names the count)
+    # counted over the position's processes: the restarted relay's own count began at 0 (session 35)
+    assert (
+        doc["data_plane"]["relays"][victim["index"]]["abandoned_on_close_count"]
+        == victim["abandoned_on_close_count"] + 1
+    )
     scrape = await client.get("/metrics")
     assert scrape.status_code == 200
     assert "agentd_proxy_requests_total" in scrape.text
