@@ -44,7 +44,7 @@ from daemon.http.dashboard import dashboard_blueprint
 from daemon.http.diagnostics import PROBE_PATHS, diagnostics_blueprint
 from daemon.http.direct_body import DirectBody
 from daemon.http.direct_body import attach as attach_direct_body
-from daemon.http.edge import DRAINED_STREAM_MESSAGE, Edge, Ticket, sse_error_event
+from daemon.http.edge import DRAINED_STREAM_MESSAGE, LARGE_BODY_BYTES, Edge, Ticket, sse_error_event
 from daemon.http.errors import ApiError, error_body
 from daemon.http.h1proto import DISCONNECT_WATCH, RESPOND, TAKE_BODY
 from daemon.http.hypercorn_close import HOLD_WRITE
@@ -424,7 +424,11 @@ async def _serve_ticket(
             return
         if raw is None:
             return
-        req = engine.build_request(endpoint, raw, headers, principal=principal)
+        if len(raw) > LARGE_BODY_BYTES:  # one large body parsed at a time (docs/operations.md §12)
+            async with edge.large_body_parse:
+                req = engine.build_request(endpoint, raw, headers, principal=principal)
+        else:
+            req = engine.build_request(endpoint, raw, headers, principal=principal)
     except ApiError as error:
         await send_error(sink, error, _echo_id(headers))
         return
@@ -653,13 +657,21 @@ def create_app(
             )
         return upstream
 
+    def relayed_headers(upstream: httpx.Response) -> dict[str, str]:
+        """The worker's headers for the client; without a content-type, ``application/json`` (what
+        the route serves), never Quart's default ``text/html`` on agentd's origin (session-35 walk)."""
+        headers = dict(client_headers(upstream.headers))
+        if not any(name.lower() == "content-type" for name in headers):
+            headers["content-type"] = "application/json"
+        return headers
+
     @app.get("/v1/models")
     async def models() -> Response:
         upstream = await fetch_models()
         content = upstream.content
         if upstream.status_code == 200 and handles.engine.models is not None:
             content = with_pool_models(content, handles.engine.models)  # every worker's models (model pools)
-        return Response(content, status=upstream.status_code, headers=dict(client_headers(upstream.headers)))
+        return Response(content, status=upstream.status_code, headers=relayed_headers(upstream))
 
     @app.get("/v1/models/<path:model_id>")
     async def model(model_id: str) -> Response:
@@ -668,7 +680,7 @@ def create_app(
         upstream = await fetch_models()
         content = upstream.content
         if upstream.status_code != 200:
-            return Response(content, status=upstream.status_code, headers=dict(client_headers(upstream.headers)))
+            return Response(content, status=upstream.status_code, headers=relayed_headers(upstream))
         if handles.engine.models is not None:
             content = with_pool_models(content, handles.engine.models)
         found = find_model(content, model_id)

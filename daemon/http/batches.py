@@ -496,7 +496,7 @@ def batches_blueprint(service: BatchService) -> Blueprint:
         purpose = request.args.get("purpose") or None
         page = await store.call(store.db.list_files, purpose, limit, owner(), after=after, ascending=order == "asc")
         if page is None:
-            raise ApiError(400, f"after: no file with id {after!r}", code="invalid_value", param="after")
+            raise ApiError(400, f"after: no file with id {(after or '')[:120]!r}", code="invalid_value", param="after")
         return _json(_list_page(*page))
 
     @bp.get("/v1/files/<file_id>")
@@ -560,7 +560,7 @@ def batches_blueprint(service: BatchService) -> Blueprint:
         store = await service.store()
         page = await store.call(store.db.list_batches, limit, after, owner())
         if page is None:
-            raise ApiError(400, f"after: no batch with id {after!r}", code="invalid_value", param="after")
+            raise ApiError(400, f"after: no batch with id {(after or '')[:120]!r}", code="invalid_value", param="after")
         return _json(_list_page(*page))
 
     @bp.get("/v1/batches/<batch_id>")

@@ -57,6 +57,11 @@ class EdgeStatistics:
     draining: bool
 
 
+# Parsing JSON takes up to about 20x the body's size in memory (a million small members in 12 MB:
+# 300 MB) and the process's thread for its duration: bodies above this size wait for each other.
+LARGE_BODY_BYTES = 1024 * 1024
+
+
 class Edge:
     def __init__(self, limits: LimitsConfig) -> None:
         self.limits = limits
@@ -72,6 +77,8 @@ class Edge:
         self._refused_draining = 0
         self._drained = 0
         self._idle = trio.Event()  # set once the drain began and no ticket is open
+        # a request body over LARGE_BODY_BYTES is parsed one at a time (docs/operations.md §12)
+        self.large_body_parse = trio.Semaphore(1)
         self.shutdown_at: float | None = None  # when the signal arrived (the grace counts from it)
 
     # ----------------------------------------------------------------------------- statistics

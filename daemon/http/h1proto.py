@@ -397,7 +397,13 @@ class Exchange:
                 if len(buf) - pos > limit:
                     raise _bad("malformed chunked request body (line too long)", "transfer-encoding", "invalid_body")
                 break
-            line = buf[pos:end].removesuffix(b"\r")
+            if end == pos or buf[end - 1] != 13:  # b"\r": a chunked body's lines end with CRLF (RFC 9112 §7.1)
+                # a bare LF here is a known request-smuggling vector (parsers that disagree on it
+                # disagree on where the body ends); the head, like most servers', stays lenient
+                raise _bad(
+                    "malformed chunked request body (a line ends without CR)", "transfer-encoding", "invalid_body"
+                )
+            line = buf[pos : end - 1]
             pos = end + 1
             if state == 2:
                 if line:

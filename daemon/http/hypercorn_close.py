@@ -133,9 +133,28 @@ def head_size(request: h11.Request) -> int:
 
 def head_too_large_response(limit: int) -> tuple[list[tuple[bytes, bytes]], bytes]:
     """The JSON 431 of agentd's protocol (daemon/http/h1proto.py), for hypercorn's."""
-    body = error_body(
-        f"the request head exceeds {limit} bytes", "invalid_request_error", None, "request_head_too_large"
-    )
+    return refusal_response(f"the request head exceeds {limit} bytes", "request_head_too_large", None)
+
+
+def framing_problem(request: h11.Request) -> tuple[int, str, str, str | None] | None:
+    """(status, message, code, param) for a request head agentd's protocol refuses and h11 serves,
+    else None: ``content-length`` with ``transfer-encoding`` (h11 frames by the coding and keeps the
+    connection, so bytes the client declared as body were read as the next request: request
+    smuggling; RFC 9112 §6.1: close after answering) and a version other than 1.0/1.1 (h11 served
+    ``HTTP/1.2``)."""
+    if request.http_version not in (b"1.0", b"1.1"):
+        version = request.http_version.decode("latin-1")[:20]
+        return 400, f"unsupported HTTP version 'HTTP/{version}'; use HTTP/1.1", "unsupported_http_version", None
+    names = {name for name, _ in request.headers}  # lower-cased by h11
+    if b"transfer-encoding" in names and b"content-length" in names:
+        message = "content-length and transfer-encoding together: the body's length is ambiguous"
+        return 400, message, "invalid_header", "transfer-encoding"
+    return None
+
+
+def refusal_response(message: str, code: str, param: str | None) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """A JSON error that closes the connection, as agentd's protocol answers a malformed head."""
+    body = error_body(message, "invalid_request_error", param, code)
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", b"%d" % len(body)),
@@ -159,6 +178,12 @@ class BoundedH11Protocol(H11Protocol):
             await self._send_head_too_large(limit)
             await self.send(Closed())
             return
+        problem = framing_problem(request)
+        if problem is not None:  # refused as agentd's protocol does, and the connection closes
+            status, message, code, param = problem
+            await self._send_refusal(status, *refusal_response(message, code, param))
+            await self.send(Closed())
+            return
         await super()._create_stream(request)
 
     async def _send_error_response(self, status_code: int) -> None:
@@ -168,9 +193,11 @@ class BoundedH11Protocol(H11Protocol):
         await super()._send_error_response(status_code)
 
     async def _send_head_too_large(self, limit: int) -> None:
-        headers, body = head_too_large_response(limit)
+        await self._send_refusal(431, *head_too_large_response(limit))
+
+    async def _send_refusal(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         await self._send_h11_event(
-            h11.Response(status_code=431, headers=[*headers, *self.config.response_headers("h11")])
+            h11.Response(status_code=status, headers=[*headers, *self.config.response_headers("h11")])
         )
         await self._send_h11_event(h11.Data(data=body))
         await self._send_h11_event(h11.EndOfMessage())

@@ -151,7 +151,7 @@ def check_headers(headers: Mapping[str, str]) -> None:
     check_content_encoding(headers.get("content-encoding"))
     total = 0
     for name, value in headers.items():
-        total += len(name) + len(value)
+        total += len(name) + len(value) + 4  # as on the wire: ": " and the line's CRLF
     if total > MAX_HEADER_BYTES:
         raise ApiError(
             431,

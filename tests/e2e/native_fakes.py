@@ -77,6 +77,7 @@ class FakeWorker:
         self.chunk_delay_seconds = 0.0
         self.break_stream_after_chunks = False
         self.health_checks: list[str] = []
+        self.models_without_content_type = False  # a worker that labels its model list with nothing
 
     def client(self, cfg: AgentdConfig | None = None) -> httpx.AsyncClient:
         return httpx.AsyncClient(transport=httpx.MockTransport(self.handler))
@@ -107,7 +108,10 @@ class FakeWorker:
         headers = {k.lower(): v for k, v in request.headers.items()}
         self.requests.append(SeenRequest(request.method, base, path, headers, body, raw))
         if path == "/v1/models":
-            return httpx.Response(200, json={"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+            listing = {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
+            if self.models_without_content_type:
+                return httpx.Response(200, content=json.dumps(listing).encode())
+            return httpx.Response(200, json=listing)
         if self.fail_status is not None:
             return httpx.Response(self.fail_status, json={"error": {"message": "worker exploded"}})
         if body is None:

@@ -214,6 +214,14 @@ async def test_the_drain_closes_idle_connections_at_once(http1: str) -> None:
         (b"GET / HTTP/1.1\r\nHost: x\r\nx-big: " + b"a" * 20000 + b"\r\n\r\n", 431, "request_head_too_large"),
         (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400, "invalid_header"),
         (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nxyz\r\n", 400, "invalid_body"),
+        # bare LF ending a chunk line (then a pipelined request was served: session-35 security walk)
+        (
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\nabc\n0\n\n"
+            b"GET /m HTTP/1.1\r\nHost: x\r\n\r\n",
+            400,
+            "invalid_body",
+        ),
+        (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\n0\r\n\r\n", 400, "invalid_body"),
     ],
 )
 async def test_agentd_protocol_answers_bad_heads_with_json(
@@ -230,4 +238,45 @@ async def test_agentd_protocol_answers_bad_heads_with_json(
             assert head.startswith(b"HTTP/1.1 %d " % status)
             assert b"connection: close" in head and b"content-type: application/json" in head
             assert json.loads(body)["error"]["code"] == code
+            stop.set()
+
+
+SMUGGLED = b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [
+        b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n" % (5 + len(SMUGGLED)),
+        b"Transfer-Encoding: chunked\r\nContent-Length: %d\r\n" % (5 + len(SMUGGLED)),
+    ],
+)
+async def test_content_length_with_transfer_encoding_is_refused_and_closes(http1: str, framing: bytes) -> None:
+    """CL.TE request smuggling: hypercorn's h11 framed the body by the coding and kept the
+    connection, so the bytes the client declared as body (here a second request) were served as
+    the next request, behind a front end that frames by content-length (session-35 security walk).
+    Both protocols now refuse the head with a JSON 400 and close (RFC 9112 §6.1)."""
+    with trio.fail_after(BUDGET):
+        async with trio.open_nursery() as nursery:
+            port, stop = await start(nursery, App())
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(b"POST /a HTTP/1.1\r\nHost: x\r\n" + framing + b"\r\n0\r\n\r\n" + SMUGGLED)
+            raw = await read_until_close(stream)
+            assert raw.startswith(b"HTTP/1.1 400 ") and raw.count(b"HTTP/1.1 ") == 1, raw
+            head, body = raw.split(b"\r\n\r\n", 1)
+            assert b"connection: close" in head.lower()
+            assert json.loads(body)["error"]["code"] == "invalid_header"
+            assert b"/smuggled" not in raw
+            stop.set()
+
+
+async def test_an_unknown_http_version_is_refused(http1: str) -> None:
+    with trio.fail_after(BUDGET):
+        async with trio.open_nursery() as nursery:
+            port, stop = await start(nursery, App())
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(b"GET /v HTTP/1.2\r\nHost: x\r\n\r\n")
+            raw = await read_until_close(stream)
+            assert raw.startswith(b"HTTP/1.1 400 "), raw
+            assert json.loads(raw.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "unsupported_http_version"
             stop.set()

@@ -159,6 +159,21 @@ async def test_native_models_from_first_healthy_worker(fake_worker: FakeWorker) 
         handles.request_shutdown()
 
 
+async def test_a_model_list_without_a_content_type_is_not_served_as_html(fake_worker: FakeWorker) -> None:
+    """Quart labelled it text/html: worker-chosen text as HTML on agentd's origin, the dashboard's
+    when there is no admin listener (session-35 security walk)."""
+    fake_worker.models_without_content_type = True
+    async with trio.open_nursery() as nursery:
+        handles = await start(nursery, fake_worker)
+        async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
+            listing = await client.get("/v1/models")
+            one = await client.get("/v1/models/fake-model")
+        assert listing.status_code == 200 and listing.headers["content-type"] == "application/json"
+        assert listing.headers.get_list("content-type") == ["application/json"]
+        assert one.status_code == 200 and one.headers["content-type"].startswith("application/json")
+        handles.request_shutdown()
+
+
 async def test_native_agentic_context_stripped_by_default(fake_worker: FakeWorker) -> None:
     body = {**CHAT, "vllm_xargs": {"agentic_context": {"program_id": "p1"}, "other": 1}}
     async with trio.open_nursery() as nursery:

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from daemon.http.errors import ApiError
 from daemon.http.proxy import parse_request
+from daemon.http.requests import check_headers
 
 # Field names agentd reads, so the fuzz reaches the code that reads them.
 KEYS = st.sampled_from(
@@ -177,3 +179,13 @@ def test_client_scheduling_hints_are_clamped_to_the_operator_caps() -> None:
     strict = ClientHintsConfig(min_deadline_seconds=60.0, max_kv_retention_ttl_seconds=0.0)
     assert hints(strict, deadline_seconds=30, kv_retention_ttl_seconds=5) == (60.0, 0.0)
     assert hints(None, deadline_seconds=0) == (0.0, None)  # parse_request without caps: raw values
+
+
+def test_the_header_budget_counts_the_header_lines_as_sent() -> None:
+    """1,700 short headers (15.3 KB on the wire) passed the 12 KiB budget, which counted names and
+    values only, and all of them went to the worker (session-35 security walk)."""
+    many = {f"a{i:04d}": "b" for i in range(1700)}
+    with pytest.raises(ApiError) as caught:
+        check_headers(many)
+    assert (caught.value.status, caught.value.code, caught.value.param) == (431, "header_too_large", "headers")
+    check_headers({f"a{i:04d}": "b" for i in range(1000)})  # 10 KB: within

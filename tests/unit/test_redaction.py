@@ -22,6 +22,15 @@ def test_redact_masks_user_info_bearer_tokens_and_key_values() -> None:
     assert redact_url("https://u:p@10.0.0.1:8000") == "https://***@10.0.0.1:8000"
 
 
+def test_redact_masks_basic_credentials_only() -> None:
+    """A worker URL's user-info goes out as HTTP Basic; a worker that echoed its Authorization in an
+    error put the base64 of user:password into agentd's 502 and log (session-35 security walk)."""
+    echoed = "401: your auth was Basic ZXZ1c2VyOkVWUEFTUy1TRUNSRVQ= (denied)"
+    assert redact(echoed) == "401: your auth was Basic *** (denied)"
+    assert redact("authorization: basic dXNlcjpwdw") == "authorization: basic ***"  # unpadded
+    assert redact("basic questions, Basic ZGVm") == "basic questions, Basic ZGVm"  # no user:password inside
+
+
 def test_target_ids_and_error_bodies_carry_no_credentials() -> None:
     cfg = AgentdConfig(routing=RoutingConfig(worker_urls=("http://bob:s3cret@w0:8000",)))
     [target] = cfg.targets()
