@@ -108,6 +108,18 @@ async def read_responses(stream: trio.SocketStream, count: int) -> list[tuple[by
     return out
 
 
+async def refused(request_bytes: bytes) -> bytes:
+    """What a fresh server (the echo app) sends for ``request_bytes`` until it closes."""
+    with trio.fail_after(BUDGET):
+        async with trio.open_nursery() as nursery:
+            port, stop = await start(nursery, App())
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(request_bytes)
+            raw = await read_until_close(stream)
+            stop.set()
+            return raw
+
+
 @pytest.fixture(params=IMPLEMENTATIONS)
 def http1(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv(HTTP1_ENV, request.param)
@@ -228,17 +240,10 @@ async def test_agentd_protocol_answers_bad_heads_with_json(
     monkeypatch: pytest.MonkeyPatch, request_bytes: bytes, status: int, code: str
 ) -> None:
     monkeypatch.setenv(HTTP1_ENV, "agentd")
-    with trio.fail_after(BUDGET):
-        async with trio.open_nursery() as nursery:
-            port, stop = await start(nursery, App())
-            stream = await trio.open_tcp_stream("127.0.0.1", port)
-            await stream.send_all(request_bytes)
-            raw = await read_until_close(stream)
-            head, body = raw.split(b"\r\n\r\n", 1)
-            assert head.startswith(b"HTTP/1.1 %d " % status)
-            assert b"connection: close" in head and b"content-type: application/json" in head
-            assert json.loads(body)["error"]["code"] == code
-            stop.set()
+    head, body = (await refused(request_bytes)).split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 %d " % status)
+    assert b"connection: close" in head and b"content-type: application/json" in head
+    assert json.loads(body)["error"]["code"] == code
 
 
 SMUGGLED = b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -256,27 +261,15 @@ async def test_content_length_with_transfer_encoding_is_refused_and_closes(http1
     connection, so the bytes the client declared as body (here a second request) were served as
     the next request, behind a front end that frames by content-length (session-35 security walk).
     Both protocols now refuse the head with a JSON 400 and close (RFC 9112 §6.1)."""
-    with trio.fail_after(BUDGET):
-        async with trio.open_nursery() as nursery:
-            port, stop = await start(nursery, App())
-            stream = await trio.open_tcp_stream("127.0.0.1", port)
-            await stream.send_all(b"POST /a HTTP/1.1\r\nHost: x\r\n" + framing + b"\r\n0\r\n\r\n" + SMUGGLED)
-            raw = await read_until_close(stream)
-            assert raw.startswith(b"HTTP/1.1 400 ") and raw.count(b"HTTP/1.1 ") == 1, raw
-            head, body = raw.split(b"\r\n\r\n", 1)
-            assert b"connection: close" in head.lower()
-            assert json.loads(body)["error"]["code"] == "invalid_header"
-            assert b"/smuggled" not in raw
-            stop.set()
+    raw = await refused(b"POST /a HTTP/1.1\r\nHost: x\r\n" + framing + b"\r\n0\r\n\r\n" + SMUGGLED)
+    assert raw.startswith(b"HTTP/1.1 400 ") and raw.count(b"HTTP/1.1 ") == 1, raw
+    head, body = raw.split(b"\r\n\r\n", 1)
+    assert b"connection: close" in head.lower()
+    assert json.loads(body)["error"]["code"] == "invalid_header"
+    assert b"/smuggled" not in raw
 
 
 async def test_an_unknown_http_version_is_refused(http1: str) -> None:
-    with trio.fail_after(BUDGET):
-        async with trio.open_nursery() as nursery:
-            port, stop = await start(nursery, App())
-            stream = await trio.open_tcp_stream("127.0.0.1", port)
-            await stream.send_all(b"GET /v HTTP/1.2\r\nHost: x\r\n\r\n")
-            raw = await read_until_close(stream)
-            assert raw.startswith(b"HTTP/1.1 400 "), raw
-            assert json.loads(raw.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "unsupported_http_version"
-            stop.set()
+    raw = await refused(b"GET /v HTTP/1.2\r\nHost: x\r\n\r\n")
+    assert raw.startswith(b"HTTP/1.1 400 "), raw
+    assert json.loads(raw.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "unsupported_http_version"
