@@ -96,6 +96,9 @@ class RankSnapshot:
     last_error: str | None = None
     scrapes_count: int = 0
     failures_count: int = 0
+    # the last successful scrape had other engines' series but not this rank's (a failed scrape
+    # keeps the previous value: it says nothing about the engines)
+    engine_missing: bool = False
 
     @property
     def kv_capacity_tokens(self) -> int | None:
@@ -121,10 +124,12 @@ class RankSnapshot:
                 failures_count=self.failures_count + 1,
             )
         sample = sample_of(result, self.target.dp_rank)
+        missing = missing_engine(result, self.target.dp_rank)
         return attrs.evolve(
             self,
             last_scrape_at=observed_at,
-            last_error=missing_engine(result, self.target.dp_rank),
+            last_error=missing,
+            engine_missing=missing is not None,
             scrapes_count=self.scrapes_count + 1,
             # no series for this engine: keep the previous sample (never fabricate an observation)
             sample=self.sample if sample is None else sample,
@@ -164,13 +169,15 @@ async def run_rank_actor(
             task_status.started()
             async for msg in inbox:
                 with msg.done:  # closed however this ends: the pacer never waits for a gone actor
-                    previous = snapshot.last_error
+                    previous = snapshot
                     snapshot = snapshot.after_scrape(msg.observed_at, msg.result)
                     missing = missing_engine(msg.result, target.dp_rank)
-                    if missing is not None and previous != missing:  # once, when it starts
+                    if missing is not None and previous.last_error != missing:  # once, when it starts
                         log_event(
                             logger, logging.WARNING, "worker_engine_missing", target=target.target_id, reason=missing
                         )
+                    elif previous.engine_missing and not snapshot.engine_missing:
+                        log_event(logger, logging.INFO, "worker_engine_restored", target=target.target_id)
                     publish(snapshot)
                     sample = sample_of(msg.result, target.dp_rank)
                     if sample is not None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import httpx
@@ -59,6 +59,10 @@ RANK_INBOX_SIZE = 1
 logger = get_logger("program.rank")
 
 
+# Told when a rank's engine leaves (True) or returns to (False) its worker's /metrics.
+EngineMissingHook = Callable[[BackendTarget, bool], None]
+
+
 class RankInboxOverflow(RuntimeError):
     """A rank actor's inbox was full: the pacer handed over a scrape without awaiting the last one."""
 
@@ -67,15 +71,25 @@ class RankHandle:
     """The registry's record of one running rank actor: its target, inbox, cancel scope and the
     snapshot it last published."""
 
-    def __init__(self, target: BackendTarget, inbox: trio.MemorySendChannel[WorkerScraped]) -> None:
+    def __init__(
+        self,
+        target: BackendTarget,
+        inbox: trio.MemorySendChannel[WorkerScraped],
+        on_engine_missing: EngineMissingHook | None = None,
+    ) -> None:
         self.target = target
         self.inbox = inbox
         self.cancel_scope = trio.CancelScope()
         self.snapshot = RankSnapshot(target)
+        self.on_engine_missing = on_engine_missing
 
     def publish(self, snapshot: RankSnapshot) -> None:
-        """Called by the rank actor only: swap in its newest snapshot."""
+        """Called by the rank actor only: swap in its newest snapshot (and tell the hook when the
+        rank's engine left or came back to its worker's ``/metrics``)."""
+        changed = snapshot.engine_missing != self.snapshot.engine_missing
         self.snapshot = snapshot
+        if changed and self.on_engine_missing is not None:
+            self.on_engine_missing(self.target, snapshot.engine_missing)
 
     async def hand_over(self, epoch: int, observed_at: float, result: ScrapeResult) -> bool:
         """Give the actor its worker's scrape and wait until it has handled it.
@@ -102,9 +116,16 @@ class RankHandle:
 
 
 class RankRegistry:
-    """One rank actor per DP rank target; what the dispatcher's diagnostics read."""
+    """One rank actor per DP rank target; what the dispatcher's diagnostics read.
 
-    def __init__(self, targets: Iterable[BackendTarget] = ()) -> None:
+    ``on_engine_missing(target, missing)``: called when a rank's engine leaves or returns to its
+    worker's ``/metrics`` (the daemon takes such a rank out of rotation, docs/operations.md §11.3);
+    a rank whose actor stops while its engine is missing is reported back (``missing=False``)."""
+
+    def __init__(
+        self, targets: Iterable[BackendTarget] = (), on_engine_missing: EngineMissingHook | None = None
+    ) -> None:
+        self.on_engine_missing = on_engine_missing
         self.targets: tuple[BackendTarget, ...] = ()
         self.started = False  # backend polling has started (the registry runs)
         self.rounds_count = 0  # written by the pacer only
@@ -153,7 +174,7 @@ class RankRegistry:
         assert self._nursery is not None and self._scheduler_send is not None
         # See RANK_INBOX_SIZE for the bound.
         send, recv = trio.open_memory_channel[WorkerScraped](RANK_INBOX_SIZE)
-        handle = RankHandle(target, send)
+        handle = RankHandle(target, send, self.on_engine_missing)
         self._nursery.start_soon(self._run_actor, handle, recv, self._scheduler_send.clone())
         self.started_count += 1
         return handle
@@ -169,6 +190,8 @@ class RankRegistry:
                 await run_rank_actor(handle.target, recv, scheduler_send, handle.publish)
         finally:
             self.stopped_count += 1
+            if handle.snapshot.engine_missing and handle.on_engine_missing is not None:
+                handle.on_engine_missing(handle.target, False)  # nothing observes it any more
 
     async def wait_targets_changed(self) -> None:
         """Return after the next :meth:`sync`."""

@@ -100,6 +100,9 @@ class HealthBoard:
         # blocks); the health actor reads ``probe_requests`` (:func:`run_suspect_probes`)
         self._probing: set[str] = set()
         self._probe_send, self.probe_requests = trio.open_memory_channel[str](max(1, len(self.worker_urls)))
+        # targets whose worker's /metrics lists other engines but not theirs (the worker runs fewer
+        # DP ranks than configured): out of rotation while a peer is in it (docs/operations.md §11.3)
+        self._engine_missing: set[str] = set()
 
     def record(self, health: WorkerHealth) -> bool:
         """Store one verdict; returns True when the worker's healthy flag changed."""
@@ -113,13 +116,30 @@ class HealthBoard:
         return changed
 
     def _refresh(self) -> None:
-        """The targets in rotation: healthy and not suspect; when that leaves none, the suspects
-        (the last resort: one may well be fine, and a 503 fails the request for certain)."""
+        """The targets in rotation: healthy, not suspect and with their engine on the worker; when
+        that leaves none, the healthy ones with their engine, then every healthy one (the last
+        resort: a suspect may well be fine, and a 503 fails the request for certain)."""
         workers = self._workers
-        rotation = tuple(t for t in self.targets if workers[t.worker_url].healthy and not workers[t.worker_url].suspect)
-        if not rotation:
-            rotation = tuple(t for t in self.targets if workers[t.worker_url].healthy)
+        missing = self._engine_missing
+        healthy = tuple(t for t in self.targets if workers[t.worker_url].healthy)
+        present = tuple(t for t in healthy if t.target_id not in missing)
+        rotation = tuple(t for t in present if not workers[t.worker_url].suspect) or present or healthy
         self._healthy = rotation
+
+    def set_engine_missing(self, target: BackendTarget, missing: bool) -> None:
+        """The rank's engine left (or came back to) its worker's ``/metrics`` (the rank actors,
+        through the rank registry): a missing engine's rank leaves rotation while another rank is
+        in it, so requests stop going to a DP rank the worker refuses."""
+        if (target.target_id in self._engine_missing) == missing or target not in self.targets:
+            return
+        if missing:
+            self._engine_missing.add(target.target_id)
+        else:
+            self._engine_missing.discard(target.target_id)
+        self._refresh()
+
+    def engine_missing(self, target: BackendTarget) -> bool:
+        return target.target_id in self._engine_missing
 
     def _publish(self, url: str, healthy: bool) -> None:
         if self.metrics is None:

@@ -66,6 +66,7 @@ from actors.rank_registry import RankRegistry, run_rank_registry
 from actors.scheduler_actor import SchedulerHandle, diagnostics_snapshot, rank_gauges, run_scheduler_actor
 from daemon.config import AgentdConfig
 from daemon.dispatch import DispatchRejected, HealthView, Outcome, ProxyRequest, Requeued
+from daemon.health import HealthBoard
 
 DEFAULT_TOKENS_PER_BYTE = 0.25  # the estimator's starting coefficient (about 4 UTF-8 bytes per token)
 SCHEDULER_UNAVAILABLE = Rejection(
@@ -809,7 +810,9 @@ async def run_program_scheduling(
     batch = cfg.batch_jobs if cfg.batch_jobs.enabled else None
     batch_metrics = BatchMetrics(registry) if batch is not None else None
     estimator = TokenEstimator(metrics, clock=trio.current_time if settle is not None else None)
-    observers = RankRegistry(targets)
+    # a rank whose engine is missing from its worker's /metrics leaves rotation (docs/operations.md §11.3)
+    engine_hook = health.set_engine_missing if isinstance(health, HealthBoard) else None
+    observers = RankRegistry(targets, on_engine_missing=engine_hook)
     feed = DashboardFeed()
 
     def on_tick(handle: SchedulerHandle, now: float) -> None:

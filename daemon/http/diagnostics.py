@@ -77,6 +77,9 @@ def proxy_section(handles: DaemonHandles) -> dict[str, Any]:
                 # a connect timeout awaiting its confirming probe: out of rotation while a peer is
                 # in it (docs/operations.md §11.3)
                 "suspect": worker.suspect,
+                # the worker's /metrics has other engines but not this rank's: out of rotation
+                # while another rank is in it (docs/operations.md §11.3)
+                "engine_missing": board.engine_missing(target),
                 "health_checked_at": worker.checked_at,
                 "consecutive_health_failures": worker.consecutive_failures_count,
                 "consecutive_health_successes": worker.consecutive_successes_count,

@@ -69,3 +69,23 @@ def test_consecutive_request_failures_eject_and_a_success_resets_the_count() -> 
     assert [b.report_failure(W0, "timeout") for _ in range(3)] == [False, False, True]
     assert b.worker(W0).reason.startswith("ejected after 3 failed requests in a row")
     assert b.report_failure(W0, "timeout") is False  # already out
+
+
+async def test_a_missing_engine_leaves_rotation_before_a_suspect_and_never_empties_it() -> None:
+    """docs/operations.md §11.3: a rank whose engine is missing from its worker's /metrics is out of
+    rotation while another rank is in it; with none left, missing engines rank after suspects as the
+    last resort, then every healthy target."""
+    b = board()
+    t0, t1 = b.targets
+    b.set_engine_missing(t0, True)
+    assert b.healthy_targets() == (t1,) and b.engine_missing(t0) and not b.engine_missing(t1)
+    b.report_failure(W1, "connect timeout", suspect=True)  # the only rank with its engine is suspect
+    assert b.healthy_targets() == (t1,)  # a suspect with its engine beats a rank the worker refuses
+    b.set_engine_missing(t1, True)
+    assert b.healthy_targets() == (t0, t1)  # nothing has its engine: every healthy target
+    b.set_engine_missing(t0, False)
+    assert b.healthy_targets() == (t0,)
+    b.report_failure(W0, "refused", eject_now=True)
+    assert b.healthy_targets() == (t1,)  # ejected is out whatever the engines say
+    b.set_engine_missing(t1, False)
+    assert b.healthy_targets() == (t1,)
