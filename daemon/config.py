@@ -230,6 +230,10 @@ class LimitsConfig:
     sse_keepalive_seconds: float | None = rule_field(OPTIONAL_FINITE_GT_0, None)
     # the Retry-After of agentd's own 429/503 answers (caps, draining)
     retry_after_seconds: int = rule_field(INT_GT_0, 1)
+    # bytes of request bodies over 1 MiB held at once per process, from their parse to the
+    # request's end (a parsed body takes up to ~20x its size); over it a request waits up to
+    # queue_timeout_seconds, then a JSON 503 queue_timeout (docs/operations.md §14)
+    max_large_body_bytes_in_flight: int = rule_field(INT_GT_0, 32 * 1024 * 1024)
 
 
 TENANT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")

@@ -424,11 +424,9 @@ async def _serve_ticket(
             return
         if raw is None:
             return
-        if len(raw) > LARGE_BODY_BYTES:  # one large body parsed at a time (docs/operations.md §12)
-            async with edge.large_body_parse:
-                req = engine.build_request(endpoint, raw, headers, principal=principal)
-        else:
-            req = engine.build_request(endpoint, raw, headers, principal=principal)
+        if len(raw) > LARGE_BODY_BYTES:  # held until the request ends (docs/operations.md §14)
+            await edge.hold_large_body(ticket, len(raw))
+        req = engine.build_request(endpoint, raw, headers, principal=principal)
     except ApiError as error:
         await send_error(sink, error, _echo_id(headers))
         return

@@ -43,6 +43,7 @@ class Ticket:
     queued: bool = False
     drained: bool = False  # cancelled by the drain: the handler must answer 503 / end the stream
     refused: ApiError | None = None  # why a queued request was turned away
+    large_body_bytes: int = 0  # its share of limits.max_large_body_bytes_in_flight, given back at its close
 
 
 @attrs.define(eq=False)
@@ -55,11 +56,90 @@ class EdgeStatistics:
     refused_draining_count: int
     drained_count: int
     draining: bool
+    large_body_bytes_in_flight: int = 0
+    large_body_waiting: int = 0
+    refused_large_body_timeout_count: int = 0
 
 
-# Parsing JSON takes up to about 20x the body's size in memory (a million small members in 12 MB:
-# 300 MB) and the process's thread for its duration: bodies above this size wait for each other.
+# A parsed JSON body lives as long as its request and takes up to about 20x the body's size in
+# memory (a million small members in 12 MB: 300 MB): the bytes of bodies above this size that are
+# held at once are bounded by limits.max_large_body_bytes_in_flight (docs/operations.md §14).
 LARGE_BODY_BYTES = 1024 * 1024
+
+
+@attrs.define(eq=False)
+class _LargeWaiter:
+    weight: int
+    granted: trio.Event = attrs.field(factory=trio.Event)
+    refused: ApiError | None = None
+
+
+class LargeBodies:
+    """The per-process budget of large request bodies (over :data:`LARGE_BODY_BYTES`) held at once,
+    from before the parse to the request's end; a body that does not fit waits in FIFO order (a
+    large waiter is not overtaken by smaller ones).  A body larger than the whole budget takes all
+    of it: it waits until nothing else is held."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.held = 0
+        self._waiting: list[_LargeWaiter] = []
+        self.refused_timeout_count = 0
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    async def take(self, size: int, timeout_seconds: float, retry_after: tuple[tuple[str, str], ...] = ()) -> int:
+        """Hold ``size`` bytes of the budget (returns the weight to :meth:`give_back`); a JSON 503
+        ``queue_timeout`` when it did not fit within ``timeout_seconds``."""
+        weight = min(size, self.budget)
+        if not self._waiting and self.held + weight <= self.budget:
+            self.held += weight
+            return weight
+        waiter = _LargeWaiter(weight)
+        self._waiting.append(waiter)
+        try:
+            with trio.move_on_after(timeout_seconds):
+                await waiter.granted.wait()
+        except BaseException:  # cancelled (client gone, drain): never keep bytes handed over
+            if waiter.granted.is_set() and waiter.refused is None:
+                self.give_back(weight)
+            raise
+        finally:
+            if not waiter.granted.is_set():
+                self._waiting.remove(waiter)
+                self._grant()  # a large waiter that leaves may unblock smaller ones behind it
+        if waiter.refused is not None:
+            raise waiter.refused
+        if not waiter.granted.is_set():
+            self.refused_timeout_count += 1
+            raise ApiError(
+                503,
+                f"request bodies over {LARGE_BODY_BYTES} bytes are at their limit "
+                f"(limits.max_large_body_bytes_in_flight = {self.budget}) and none ended within "
+                f"limits.queue_timeout_seconds ({timeout_seconds:g} s); retry after Retry-After",
+                code="queue_timeout",
+                headers=retry_after,
+            )
+        return weight
+
+    def give_back(self, weight: int) -> None:
+        self.held -= weight
+        self._grant()
+
+    def refuse_waiters(self, error: Callable[[], ApiError]) -> None:
+        """Turn every waiter away now (the drain)."""
+        for waiter in self._waiting:
+            waiter.refused = error()
+            waiter.granted.set()
+        self._waiting.clear()
+
+    def _grant(self) -> None:
+        while self._waiting and self.held + self._waiting[0].weight <= self.budget:
+            waiter = self._waiting.pop(0)
+            self.held += waiter.weight
+            waiter.granted.set()
 
 
 class Edge:
@@ -77,8 +157,8 @@ class Edge:
         self._refused_draining = 0
         self._drained = 0
         self._idle = trio.Event()  # set once the drain began and no ticket is open
-        # a request body over LARGE_BODY_BYTES is parsed one at a time (docs/operations.md §12)
-        self.large_body_parse = trio.Semaphore(1)
+        # request bodies over LARGE_BODY_BYTES held at once (docs/operations.md §14)
+        self.large_bodies = LargeBodies(limits.max_large_body_bytes_in_flight)
         self.shutdown_at: float | None = None  # when the signal arrived (the grace counts from it)
 
     # ----------------------------------------------------------------------------- statistics
@@ -102,6 +182,9 @@ class Edge:
             self._refused_draining,
             self._drained,
             self.draining,
+            self.large_bodies.held,
+            self.large_bodies.waiting,
+            self.large_bodies.refused_timeout_count,
         )
 
     # ----------------------------------------------------------------------------- errors
@@ -120,7 +203,17 @@ class Edge:
         self._tickets.add(ticket)
         return ticket
 
+    async def hold_large_body(self, ticket: Ticket, size: int) -> None:
+        """The ticket's large body takes its share of the budget until the ticket closes."""
+        if self.draining:
+            raise self.draining_error()
+        limits = self.limits
+        ticket.large_body_bytes = await self.large_bodies.take(size, limits.queue_timeout_seconds, self.retry_after)
+
     def close_ticket(self, ticket: Ticket) -> None:
+        if ticket.large_body_bytes:
+            self.large_bodies.give_back(ticket.large_body_bytes)
+            ticket.large_body_bytes = 0
         self._tickets.discard(ticket)
         if self.draining and not self._tickets:
             self._idle.set()
@@ -201,6 +294,7 @@ class Edge:
             ticket.refused = self.draining_error()
             granted.set()
         self._waiting.clear()
+        self.large_bodies.refuse_waiters(self.draining_error)
         if not self._tickets:
             self._idle.set()
 
@@ -276,15 +370,22 @@ class EdgeCollector(Collector):
         yield CounterMetricFamily(
             "agentd_edge_admitted_requests", "Requests that got an edge slot.", value=s.admitted_count
         )
+        yield GaugeMetricFamily(
+            "agentd_edge_large_body_bytes",
+            "Bytes of request bodies over 1 MiB held by requests (limits.max_large_body_bytes_in_flight).",
+            value=s.large_body_bytes_in_flight,
+        )
         refused = CounterMetricFamily(
             "agentd_edge_refused_requests",
             "Requests the edge refused, by reason: queue_full (429 too_many_requests), queue_timeout "
-            "(503 queue_timeout), draining (503 server_shutting_down).",
+            "(503 queue_timeout), draining (503 server_shutting_down), large_body_timeout (503 queue_timeout: "
+            "limits.max_large_body_bytes_in_flight).",
             labels=["reason"],
         )
         refused.add_metric(["queue_full"], s.refused_queue_full_count)
         refused.add_metric(["queue_timeout"], s.refused_queue_timeout_count)
         refused.add_metric(["draining"], s.refused_draining_count)
+        refused.add_metric(["large_body_timeout"], s.refused_large_body_timeout_count)
         yield refused
         yield CounterMetricFamily(
             "agentd_edge_drained_requests",
