@@ -69,6 +69,7 @@ async def test_http_diagnostics_proxy_section(daemon_app: DaemonApp) -> None:
         "healthy": True,
         "health_reason": "ok",
         "suspect": False,
+        "engine_missing": False,
         "health_checked_at": target["health_checked_at"],
         "consecutive_health_failures": 0,
         "consecutive_health_successes": 1,
