@@ -502,6 +502,10 @@ class AgentdApp(QuartTrio):
     async def asgi_app(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             path = scope["path"]
+            method = scope["method"]
+            if method != method.upper():  # case-sensitive (RFC 9110 §9.1); Quart's routing is not
+                await send_error(AsgiSink(send), _lowercase_method(method, path))
+                return
             if not path.startswith("/") or "//" in path:
                 scope, error = canonical_scope(scope)
                 if error is not None:
@@ -572,6 +576,18 @@ class AgentdApp(QuartTrio):
 
 
 FILES_ALLOW = "GET, HEAD, POST, OPTIONS"
+
+
+def _lowercase_method(method: str, path: str) -> ApiError:
+    """A method with lower-case letters is another method than its upper-case form (RFC 9110 §9.1):
+    a 405, never served as the upper-case one (a filter in front of agentd that blocks ``POST``
+    must not be passed by ``post``; session-36 walk, docs/operations.md §14)."""
+    shown = method[:40]
+    return ApiError(
+        405,
+        f"method {shown!r} is not allowed on {path[:200]}: HTTP methods are case-sensitive (use {shown.upper()!r})",
+        code="method_not_allowed",
+    )
 
 
 async def _files_other_method(method: str, send: Any) -> None:

@@ -252,7 +252,7 @@ def parse_head(head: bytes, client: Any, server: Any, root_path: str = "", schem
     path = path_raw.decode("ascii")
     if "%" in path:
         path = unquote(path)
-    method = method_b.decode("ascii").upper()
+    method = method_b.decode("ascii")  # case-sensitive (RFC 9110 §9.1): "get" is not GET
     scope = {
         "type": "http",
         "asgi": {"spec_version": "2.1", "version": "3.0"},

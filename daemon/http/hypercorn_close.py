@@ -141,10 +141,20 @@ def framing_problem(request: h11.Request) -> tuple[int, str, str, str | None] | 
     else None: ``content-length`` with ``transfer-encoding`` (h11 frames by the coding and keeps the
     connection, so bytes the client declared as body were read as the next request: request
     smuggling; RFC 9112 §6.1: close after answering) and a version other than 1.0/1.1 (h11 served
-    ``HTTP/1.2``)."""
+    ``HTTP/1.2``) and a method with lower-case letters (RFC 9110 §9.1: another method; hypercorn
+    upper-cases it, so a filter in front that blocks ``POST`` would be passed by ``post``)."""
     if request.http_version not in (b"1.0", b"1.1"):
         version = request.http_version.decode("latin-1")[:20]
         return 400, f"unsupported HTTP version 'HTTP/{version}'; use HTTP/1.1", "unsupported_http_version", None
+    method = request.method.decode("ascii", "replace")
+    if method != method.upper():  # hypercorn upper-cases it: "post" would be served as POST
+        target = request.target.decode("latin-1").partition("?")[0]
+        shown = method[:40]
+        message = (
+            f"method {shown!r} is not allowed on {target[:200]}: "
+            f"HTTP methods are case-sensitive (use {shown.upper()!r})"
+        )
+        return 405, message, "method_not_allowed", None
     names = {name for name, _ in request.headers}  # lower-cased by h11
     if b"transfer-encoding" in names and b"content-length" in names:
         message = "content-length and transfer-encoding together: the body's length is ambiguous"

@@ -273,3 +273,18 @@ async def test_an_unknown_http_version_is_refused(http1: str) -> None:
     raw = await refused(b"GET /v HTTP/1.2\r\nHost: x\r\n\r\n")
     assert raw.startswith(b"HTTP/1.1 400 "), raw
     assert json.loads(raw.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "unsupported_http_version"
+
+
+async def test_a_lower_case_method_is_never_served_as_its_upper_case_form(http1: str) -> None:
+    """Methods are case-sensitive (RFC 9110 §9.1): both protocols upper-cased them, so ``post``
+    was served as POST and a filter in front of agentd that blocks POST could be passed (session-36
+    walk).  agentd's protocol now hands the app the method as sent (agentd's app answers a 405,
+    tests/e2e/test_method_case.py); hypercorn upper-cases it, so a head with one is refused here."""
+    raw = await refused(b"post /a HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    head, body = raw.split(b"\r\n\r\n", 1)
+    if http1 == "agentd":
+        assert head.startswith(b"HTTP/1.1 200 ") and json.loads(body)["method"] == "post"
+    else:
+        assert head.startswith(b"HTTP/1.1 405 ") and b"connection: close" in head.lower()
+        error = json.loads(body)["error"]
+        assert error["code"] == "method_not_allowed" and "use 'POST'" in error["message"]
