@@ -181,7 +181,7 @@ GET = b"GET /a?x=1 HTTP/1.1\r\nHost: h\r\n\r\n"
 
 # ---------------------------------------------------------------------- the head parser
 def test_parse_head_builds_the_scope() -> None:
-    head = b"post /v1/x%20y?q=1&r HTTP/1.1\r\nHost: h\r\nX-A:  v \r\ncontent-length: 3"
+    head = b"POST /v1/x%20y?q=1&r HTTP/1.1\r\nHost: h\r\nX-A:  v \r\ncontent-length: 3"
     request = parse_head(head, ("1.2.3.4", 5), ("127.0.0.1", 80))
     scope = request.scope
     assert scope["method"] == "POST"
@@ -192,6 +192,13 @@ def test_parse_head_builds_the_scope() -> None:
     assert scope["headers"] == [(b"host", b"h"), (b"x-a", b"v"), (b"content-length", b"3")]
     assert scope["client"] == ("1.2.3.4", 5)
     assert request.length == 3 and not request.chunked and request.keep_alive
+
+
+def test_parse_head_keeps_the_case_of_the_method() -> None:
+    """Methods are case-sensitive (RFC 9110 §9.1): the parser passes ``post`` on as sent and the
+    application answers it with a 405 (docs/operations.md §14), instead of serving it as POST."""
+    request = parse_head(b"post /v1/chat/completions HTTP/1.1\r\nhost: h", None, None)
+    assert request.scope["method"] == "post"
 
 
 def test_parse_head_takes_the_path_of_an_absolute_form_target_and_refuses_two_hosts() -> None:
