@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 import httpx
 import trio
+import trio.testing
 
 from actors.core.config import BatchJobsConfig, ProgramSchedulingConfig
 from actors.core.invariants import check
@@ -73,6 +74,15 @@ async def fake_worker(request: httpx.Request) -> httpx.Response:
         events += b'data: {"choices":[],"usage":' + json.dumps(usage).encode() + b"}\n\ndata: [DONE]\n\n"
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=events)
     return httpx.Response(200, json={"choices": [{"message": {"content": "a"}}], "usage": usage})
+
+
+def virtual_clock() -> trio.testing.MockClock:
+    """Virtual time for one example.  Not ``autojump_threshold=0``: the Batch API's SQLite work runs
+    in a worker thread, and while it runs every task is blocked, so a zero threshold jumped the clock
+    from deadline to deadline (thousands of virtual seconds of metrics polls per request, most of
+    these tests' wall time).  Jumping only after 20 ms of real idleness lets the thread finish
+    first; these tests assert no durations."""
+    return trio.testing.MockClock(autojump_threshold=0.02)
 
 
 def fuzz_config(database: Path, **batch_api: Any) -> AgentdConfig:

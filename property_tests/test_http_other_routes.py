@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 import trio.testing
-from http_asgi import asgi_call, assert_at_rest, assert_well_formed, fuzz_config, running_app
+from http_asgi import asgi_call, assert_at_rest, assert_well_formed, fuzz_config, running_app, virtual_clock
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -109,7 +109,7 @@ REQUESTS = st.lists(
 @given(requests=REQUESTS)
 def test_any_request_at_the_other_routes_is_answered_below_500(requests: list[tuple[str, str, bytes, bytes]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        trio.run(run_routes, requests, Path(tmp), clock=trio.testing.MockClock(autojump_threshold=0))
+        trio.run(run_routes, requests, Path(tmp), clock=virtual_clock())
 
 
 async def run_routes(requests: list[tuple[str, str, bytes, bytes]], tmp: Path) -> None:
@@ -181,7 +181,7 @@ def test_any_multipart_upload_is_stored_whole_or_refused_naming_the_field(
     uploads: list[tuple[list[tuple[str, str | None, bytes, bytes]], int, bool]],
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        trio.run(run_uploads, uploads, Path(tmp), clock=trio.testing.MockClock(autojump_threshold=0))
+        trio.run(run_uploads, uploads, Path(tmp), clock=virtual_clock())
 
 
 async def run_uploads(uploads: list[Any], tmp: Path) -> None:
@@ -276,7 +276,7 @@ def admin_spellings(draw: st.DrawFn) -> str:
 @given(paths=st.lists(admin_spellings(), min_size=1, max_size=12))
 def test_the_public_port_never_serves_an_admin_route(paths: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        trio.run(run_admin_spellings, paths, Path(tmp), clock=trio.testing.MockClock(autojump_threshold=0))
+        trio.run(run_admin_spellings, paths, Path(tmp), clock=virtual_clock())
 
 
 async def run_admin_spellings(paths: list[str], tmp: Path) -> None:

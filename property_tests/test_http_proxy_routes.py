@@ -26,6 +26,7 @@ from http_asgi import (
     assert_well_formed,
     fuzz_config,
     running_app,
+    virtual_clock,
 )
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -192,7 +193,7 @@ def test_any_request_at_the_proxy_routes_is_answered_below_500_and_leaks_nothing
     requests: list[dict[str, Any]],
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        trio.run(run_requests, requests, Path(tmp), clock=trio.testing.MockClock(autojump_threshold=0))
+        trio.run(run_requests, requests, Path(tmp), clock=virtual_clock())
 
 
 async def run_requests(requests: list[dict[str, Any]], tmp: Path) -> None:

@@ -82,18 +82,26 @@ VALUES = st.recursive(
 )
 
 
+STYLE = st.sampled_from(["plain", "plain", "plain", "u", "dumps"])
+HEX_CASE = st.sampled_from(["x", "X"])
+LONG = 64  # longer strings (the 2 KiB padding) get a few escapes, not one draw per character
+
+
 @st.composite
 def _string(draw: st.DrawFn, text: str) -> str:
     """``text`` as a JSON string literal, some characters written as escapes (``\\u0061``, ``\\/``)."""
+    styles: dict[int, str] | None = None
+    if len(text) > LONG:
+        styles = {i: draw(STYLE) for i in sorted(set(draw(st.lists(st.integers(0, len(text) - 1), max_size=3))))}
     out = ['"']
-    for ch in text:
-        how = draw(st.sampled_from(["plain", "plain", "plain", "u", "dumps"]))
+    for i, ch in enumerate(text):
+        how = draw(STYLE) if styles is None else styles.get(i, "plain")
         if ch == "/" and how == "dumps":
             out.append("\\/")
         elif ch in ('"', "\\") or ord(ch) < 0x20 or how == "dumps":
             out.append(json.dumps(ch)[1:-1])
         elif how == "u" and ord(ch) <= 0xFFFF:
-            out.append(f"\\u{ord(ch):04{draw(st.sampled_from(['x', 'X']))}}")
+            out.append(f"\\u{ord(ch):04{draw(HEX_CASE)}}")
         else:
             out.append(ch)
     out.append('"')
