@@ -57,5 +57,11 @@ if [ "$#" -eq 0 ]; then
   .venv/bin/mypy || status=1
 fi
 # pytest last, so its summary is the closing line; a linter failure still fails the run.
+# The whole suite runs in one pytest-xdist worker per core (at most 4: most of the slow tests are
+# real sockets and child processes, which more workers than cores would only slow down); tests picked
+# by arguments run in this process, where a failure is easier to follow (add -n auto for the pool).
+if [ "$#" -eq 0 ]; then
+  set -- -n auto --maxprocesses 4
+fi
 .venv/bin/python -m pytest "$@" || status=$?
 exit "$status"
