@@ -16,6 +16,12 @@ nothing was sent); ``outlier_consecutive_failures`` consecutive failed exchanges
 garbage, 5xx other than 503) eject it as well; any good answer resets that count.  An ejected
 worker returns only through its health checks.
 
+A rank the worker refused (vLLM's 400 ``data_parallel_rank N is out of range``: it runs fewer DP
+ranks than configured; :meth:`HealthBoard.report_rank_refused`, from the proxy) leaves rotation like
+a rank whose engine is missing from the worker's ``/metrics``; each health round that finds its
+worker healthy reads that ``/metrics`` and brings the rank back unless its engine is still missing
+(docs/operations.md §11.3).
+
 A connect *timeout* is not proof (a starved proxy or a momentarily full accept backlog misses it
 too): it makes the worker *suspect* (docs/operations.md §11.3).  A suspect is out of rotation at
 once, as if ejected, and the health actor sends it one confirming ``GET /health``
@@ -46,6 +52,8 @@ import trio
 
 from actors.core.config import BackendTarget
 from actors.logevents import get_logger, log_event
+from actors.rank_actor import missing_engine
+from actors.rank_registry import scrape_worker
 from daemon.metrics import ProxyMetrics
 
 logger = get_logger("health")
@@ -103,6 +111,10 @@ class HealthBoard:
         # targets whose worker's /metrics lists other engines but not theirs (the worker runs fewer
         # DP ranks than configured): out of rotation while a peer is in it (docs/operations.md §11.3)
         self._engine_missing: set[str] = set()
+        # targets whose worker refused a request for their DP rank (vLLM's 400 "data_parallel_rank
+        # N is out of range"): out of rotation the same way, until a health round's /metrics no
+        # longer shows the engine missing (docs/operations.md §11.3)
+        self._rank_refused: dict[str, str] = {}  # target id -> the worker's message
 
     def record(self, health: WorkerHealth) -> bool:
         """Store one verdict; returns True when the worker's healthy flag changed."""
@@ -120,7 +132,7 @@ class HealthBoard:
         that leaves none, the healthy ones with their engine, then every healthy one (the last
         resort: a suspect may well be fine, and a 503 fails the request for certain)."""
         workers = self._workers
-        missing = self._engine_missing
+        missing = self._engine_missing.union(self._rank_refused) if self._rank_refused else self._engine_missing
         healthy = tuple(t for t in self.targets if workers[t.worker_url].healthy)
         present = tuple(t for t in healthy if t.target_id not in missing)
         rotation = tuple(t for t in present if not workers[t.worker_url].suspect) or present or healthy
@@ -139,7 +151,40 @@ class HealthBoard:
         self._refresh()
 
     def engine_missing(self, target: BackendTarget) -> bool:
-        return target.target_id in self._engine_missing
+        return target.target_id in self._engine_missing or target.target_id in self._rank_refused
+
+    def report_rank_refused(self, target: BackendTarget, detail: str) -> bool:
+        """The worker refused a request for ``target``'s DP rank (the proxy, on vLLM's 400
+        ``data_parallel_rank N is out of range``): the rank leaves rotation as a missing engine does
+        (with native policies alone nothing else would notice).  True when it was in rotation."""
+        if target not in self.targets or target.target_id in self._rank_refused:
+            return False
+        was_in = target in self._healthy
+        self._rank_refused[target.target_id] = detail
+        self._refresh()
+        log_event(
+            logger,
+            logging.WARNING,
+            "worker_engine_missing",
+            target=target.target_id,
+            reason=f"the worker refused a request for DP rank {target.dp_rank}: {detail}",
+        )
+        return was_in
+
+    def rank_refused_targets(self, url: str) -> tuple[BackendTarget, ...]:
+        """``url``'s targets out of rotation because the worker refused their rank."""
+        return tuple(t for t in self.targets if t.worker_url == url and t.target_id in self._rank_refused)
+
+    def settle_rank_refused(self, target: BackendTarget, still_missing: str | None) -> None:
+        """A health round's verdict on a refused rank: its worker's ``/metrics`` still lists other
+        engines but not this one (``still_missing``: why), or it does not (the engine is back, or the
+        scrape says nothing about engines): then the rank is back in rotation, and a request the
+        worker refuses again takes it out again."""
+        if target.target_id not in self._rank_refused or still_missing is not None:
+            return
+        del self._rank_refused[target.target_id]
+        self._refresh()
+        log_event(logger, logging.INFO, "worker_engine_restored", target=target.target_id)
 
     def _publish(self, url: str, healthy: bool) -> None:
         if self.metrics is None:
@@ -343,6 +388,12 @@ async def _check_and_record(
     metrics: ProxyMetrics | None,
 ) -> None:
     healthy, reason = await check_worker(client, url, timeout_seconds)
+    refused = board.rank_refused_targets(url) if healthy else ()
+    if refused:  # is the engine of a rank the worker refused listed again? (docs/operations.md §11.3)
+        with trio.move_on_after(timeout_seconds):
+            scraped = await scrape_worker(client, url)
+            for target in refused:
+                board.settle_rank_refused(target, missing_engine(scraped, target.dp_rank))
     previous = board.worker(url)
     first = previous.checked_at is None
     changed = board.record_check(url, healthy, reason, trio.current_time())

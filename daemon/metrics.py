@@ -17,8 +17,9 @@ Proxy catalogue (:class:`ProxyMetrics`):
 * ``agentd_proxy_upstream_errors_total{target,kind}`` - unreachable / timeout / status / stream;
 * ``agentd_proxy_rejected_requests_total{reason}`` - dispatch rejections (no healthy target ...);
 * ``agentd_health_target_healthy{target}`` - 1 when the worker behind the target passes /health;
-* ``agentd_proxy_failovers_total{target}`` - requests sent to another worker because this target's
-  worker could not be reached (the request provably never left, docs/operations.md §11);
+* ``agentd_proxy_failovers_total{target}`` - requests sent to another target because this target's
+  worker could not be reached (the request provably never left, docs/operations.md §11) or refused
+  its DP rank (nothing ran, §11.3);
 * ``agentd_health_ejections_total{target,source}`` - the worker behind the target left rotation:
   ``health`` (consecutive failed checks) or ``outlier`` (failures of real traffic);
 * ``agentd_health_suspects_total{target,outcome}`` - suspicions (a connect timeout, then one
@@ -158,7 +159,7 @@ class ProxyMetrics:
         )
         self.failovers = Counter(
             "agentd_proxy_failovers",
-            "Requests sent to another worker because this target's worker could not be reached.",
+            "Requests sent to another target because this target's worker could not be reached or refused its DP rank.",
             ["target"],
             registry=registry,
         )

@@ -78,6 +78,17 @@ class UpstreamUnreachable(UpstreamError):
         return "is unreachable"
 
 
+class UpstreamRankRefused(UpstreamError):
+    """The worker refused the request's DP rank (it runs fewer ranks than configured): nothing ran,
+    so the request is sent to another rank (docs/operations.md §11.3)."""
+
+    kind = "rank_refused"
+    status = 400
+
+    def describe(self) -> str:
+        return "refused its DP rank"
+
+
 class UpstreamTimeout(UpstreamError):
     kind = "timeout"
     status = 504

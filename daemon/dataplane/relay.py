@@ -88,6 +88,7 @@ class SnapshotView:
         self._published: tuple[BackendTarget, ...] = ()
         self.others_in_flight: list[int] = [0] * len(self.targets)
         self.ejected: dict[str, int] = {}  # worker URL -> the report number that ejected it here
+        self.refused: dict[int, int] = {}  # target index -> the report number of its refused DP rank
         self.suspected: dict[str, int] = {}  # worker URL -> the report number that made it suspect here
         self.reports_sent = 0
         self._models_seen: tuple[Any, ...] = ()
@@ -98,6 +99,7 @@ class SnapshotView:
         self._published = tuple(by_index[i] for i in snapshot.healthy if i in by_index)
         self.ejected = {u: n for u, n in self.ejected.items() if n > snapshot.reports_applied}
         self.suspected = {u: n for u, n in self.suspected.items() if n > snapshot.reports_applied}
+        self.refused = {i: n for i, n in self.refused.items() if n > snapshot.reports_applied}
         self._refresh()
         counts = list(snapshot.others_in_flight[: len(self.targets)])
         self.others_in_flight[:] = counts + [0] * (len(self.targets) - len(counts))
@@ -109,12 +111,13 @@ class SnapshotView:
         self.first.set()
 
     def _refresh(self) -> None:
-        ejected, suspected = self.ejected, self.suspected
-        if not ejected and not suspected:
+        ejected, suspected, refused = self.ejected, self.suspected, self.refused
+        if not ejected and not suspected and not refused:
             self._healthy = self._published
         else:
             left = tuple(t for t in self._published if t.worker_url not in ejected)
-            # suspects stay when they are all that is left (docs/operations.md §11.3)
+            # refused DP ranks and suspects stay when they are all that is left (docs/operations.md §11.3)
+            left = tuple(t for t in left if t.index not in refused) or left
             self._healthy = tuple(t for t in left if t.worker_url not in suspected) or left
         self._healthy_urls = frozenset(t.worker_url for t in self._healthy)
 
@@ -124,6 +127,10 @@ class SnapshotView:
 
     def suspect(self, url: str, report: int) -> None:
         self.suspected[url] = report
+        self._refresh()
+
+    def refuse_rank(self, index: int, report: int) -> None:
+        self.refused[index] = report
         self._refresh()
 
     def healthy_targets(self) -> tuple[BackendTarget, ...]:
@@ -163,6 +170,19 @@ class RemoteOutcomes:
         if url in self._failing:  # the board's outlier count resets only on news (hot path: a set lookup)
             self._failing.discard(url)
             self._send(Report(url, True))
+
+    @property
+    def targets(self) -> tuple[BackendTarget, ...]:
+        return self.view.targets
+
+    def report_rank_refused(self, target: BackendTarget, detail: str) -> bool:
+        """The worker refused ``target``'s DP rank: out of this relay's rotation at once, and the
+        scheduler's board told (docs/operations.md §11.3)."""
+        number = self._send(Report(target.worker_url, True, detail, refused_rank_target=target.index))
+        if target in self.view.healthy_targets():
+            self.view.refuse_rank(target.index, number)
+            return True
+        return False
 
     def report_failure(self, url: str, detail: str, *, eject_now: bool = False, suspect: bool = False) -> bool:
         self._failing.add(url)

@@ -85,6 +85,7 @@ class OutcomeBoard(HealthView, Protocol):
 
     def report_success(self, url: str) -> None: ...
     def report_failure(self, url: str, detail: str, *, eject_now: bool = False, suspect: bool = False) -> bool: ...
+    def report_rank_refused(self, target: BackendTarget, detail: str) -> bool: ...
 
 
 @attrs.define(eq=False)
@@ -293,7 +294,11 @@ class RelayConnection:
                 served.scope.cancel()  # still waiting for admission: leave the queue (abandoned)
         elif isinstance(frame, Report):
             board = self.hub.board
-            if frame.ok:
+            if frame.refused_rank_target >= 0:
+                target = self.hub.target_at(frame.refused_rank_target)
+                if target is not None:
+                    board.report_rank_refused(target, frame.detail)
+            elif frame.ok:
                 board.report_success(frame.worker_url)
             else:
                 board.report_failure(frame.worker_url, frame.detail, eject_now=frame.eject_now, suspect=frame.suspect)
@@ -631,6 +636,10 @@ class DataPlaneHub:
 
     def next_seq(self) -> int:
         return next(self._seq)
+
+    def target_at(self, index: int) -> BackendTarget | None:
+        """The target of index ``index`` (a relay's frame names targets by index), if any."""
+        return next((t for t in self.targets if t.index == index), None)
 
     # ---- resume passes (docs/architecture.md §9) ----
 

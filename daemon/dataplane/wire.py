@@ -172,6 +172,8 @@ class Report:
     detail: str = ""
     eject_now: bool = False
     suspect: bool = False
+    # the worker refused this target index's DP rank (-1: no rank refused; docs/operations.md §11.3)
+    refused_rank_target: int = -1
 
 
 @frozen

@@ -46,6 +46,7 @@ import httpx
 import trio
 
 from actors.core.batchjobs import DEFAULT_JOB, job_name
+from actors.core.config import BackendTarget
 from actors.fairness_metrics import FairnessBook
 from actors.logevents import get_logger, log_event
 from daemon.auth import scope_identity
@@ -73,6 +74,7 @@ from daemon.request_ids import RequestIds, upstream_request_id
 from daemon.upstream import (
     LeanTarget,
     UpstreamError,
+    UpstreamRankRefused,
     UpstreamTimeout,
     UpstreamTimeouts,
     UpstreamTransport,
@@ -88,6 +90,9 @@ JOB_TAG_MARK = "#job_name["
 PATHS: dict[str, str] = {endpoint: path for path, endpoint in ENDPOINTS.items()}
 # vLLM's 400 when a request carries a non-zero priority and the engine runs fcfs (lower-cased)
 PRIORITY_REJECTION = "priority scheduling is not enabled"
+# vLLM's 400 for a DP rank the worker does not run ("data_parallel_rank 3 is out of range [0, 2).")
+RANK_REJECTION = re.compile(r"data_parallel_rank -?\d+ is out of range[^\"]*")
+RANK_REJECTION_BYTES = 4096  # a 400 body longer than this is not that refusal (read no further)
 ERROR_SNIPPET_BYTES = 512
 JSON_HEADERS: list[tuple[str, str]] = [("content-type", "application/json")]
 # a worker's response: httpx's, or agentd's client's lean one (daemon/h1client.py LeanResponse)
@@ -266,18 +271,23 @@ class OutcomeReports(Protocol):
 
     @property
     def worker_urls(self) -> tuple[str, ...]: ...
+    @property
+    def targets(self) -> tuple[BackendTarget, ...]: ...
     def report_success(self, url: str) -> None: ...
     def report_failure(self, url: str, detail: str, *, eject_now: bool = False, suspect: bool = False) -> bool: ...
+    def report_rank_refused(self, target: BackendTarget, detail: str) -> bool: ...
 
 
 class NotSent(Exception):
-    """The request provably never reached the worker (the connection could not be opened): it
-    may be sent to another worker (failover, docs/operations.md §11)."""
+    """The request provably never reached the worker (the connection could not be opened), or
+    never ran on it (the worker refused its DP rank: ``worker_ok``, the worker's other ranks may
+    take it): it may be sent elsewhere (failover, docs/operations.md §11, §11.3)."""
 
-    def __init__(self, error: UpstreamError, worker_url: str) -> None:
+    def __init__(self, error: UpstreamError, worker_url: str, *, worker_ok: bool = False) -> None:
         super().__init__(str(error))
         self.error = error
         self.worker_url = worker_url
+        self.worker_ok = worker_ok
 
 
 @attrs.define(eq=False)
@@ -523,6 +533,8 @@ class ProxyEngine:
         self._plain_timeouts = {**timeouts.for_request(False), "first_byte": math.inf}
         self.outcomes = outcomes
         self._max_failovers = 0 if outcomes is None else max(0, len(outcomes.worker_urls) - 1)
+        # one per DP target: each refusal takes a rank out, so the last one left is tried too
+        self._max_rank_failovers = 0 if outcomes is None else max(0, len(outcomes.targets) - 1)
         self._urls: dict[tuple[str, str], httpx.URL] = {}
         self._lean: dict[tuple[str, str], object] = {}  # (worker, path) -> LeanTarget | None
         self.native = native
@@ -650,12 +662,18 @@ class ProxyEngine:
                 dispatcher = self.program.interactive  # docs/priority.md §5.5
         track = None if self.fairness is None else self.fairness.arrive(req.prio.request_class, req.prio.tenant)
         leased: list[Lease] = []
+        refused_ranks = 0  # failovers after a worker refused the DP rank (each takes a rank out)
 
         async def forward(lease: Lease, *, failover: bool = False, into: ResponseSink | None = None) -> None:
             if track is not None:
                 track.admitted()
             leased.append(lease)
-            await self._forward(req, lease, sink if into is None else into, raw_body, failover=failover)
+            # bounded by the number of targets alone: a refusal never counts as a failover to
+            # another worker, so ``failover`` may stay true while every rank refuses
+            rank_failover = batch is None and refused_ranks < self._max_rank_failovers
+            await self._forward(
+                req, lease, sink if into is None else into, raw_body, failover=failover, rank_failover=rank_failover
+            )
 
         try:
             if batch is not None:
@@ -680,8 +698,11 @@ class ProxyEngine:
                     # docs/operations.md §11.3); a Program request is submitted again under a
                     # derived id with those workers, which the core's placement avoids too
                     # (docs/program-scheduling.md §9.1)
-                    failovers += 1
-                    req = attrs.evolve(req, avoid_workers=req.avoid_workers | {not_sent.worker_url})
+                    if not_sent.worker_ok:  # a refused DP rank: out of rotation now, not its worker
+                        refused_ranks += 1
+                    else:
+                        failovers += 1
+                        req = attrs.evolve(req, avoid_workers=req.avoid_workers | {not_sent.worker_url})
                     self.metrics.failovers.labels(not_sent.error.target_id).inc()
                     log_event(
                         logger,
@@ -689,11 +710,11 @@ class ProxyEngine:
                         "upstream_failover",
                         request_id=original_id,
                         target=not_sent.error.target_id,
-                        attempt=failovers,
+                        attempt=failovers + refused_ranks,
                         detail=not_sent.error.detail,
                     )
                     if dispatcher is not self.native:
-                        req = attrs.evolve(req, request_id=f"{original_id}.failover{failovers}")
+                        req = attrs.evolve(req, request_id=f"{original_id}.failover{failovers + refused_ranks}")
         except DispatchRejected as rejected:
             if track is not None:
                 track.end("rejected")
@@ -846,9 +867,11 @@ class ProxyEngine:
         raw_body: bytes | None,
         *,
         failover: bool = False,
+        rank_failover: bool = False,
     ) -> None:
         """Send to the lease's target and relay the answer; ``failover``: a request that could not
-        be sent raises :class:`NotSent` instead of answering the client."""
+        be sent raises :class:`NotSent` instead of answering the client; ``rank_failover``: so does
+        one whose DP rank the worker refused (the rank leaves rotation either way)."""
         target = lease.target
         tm = self.metrics.for_target(target.target_id)
         content, inject = self._outgoing_body(req, lease, raw_body)
@@ -873,6 +896,13 @@ class ProxyEngine:
                         )
                         if response.status_code == 400 and self._probing(req, lease):
                             response, inject = await self._priority_rejected(req, lease, raw_body, response, inject)
+                        if response.status_code == 400 and self._pinned(target):
+                            refusal = await self._rank_refusal(response, target)
+                            if refusal is not None and rank_failover:
+                                outcome_label = "failover"
+                                with trio.CancelScope(shield=True):
+                                    await response.aclose()
+                                raise NotSent(refusal, target.worker_url, worker_ok=True)
                     if head is not None and head.cancelled_caught:
                         raise httpx.ReadTimeout(
                             f"no response from the worker within {first_byte:g} s (first-byte timeout)"
@@ -933,6 +963,27 @@ class ProxyEngine:
     def _report_success(self, worker_url: str) -> None:
         if self.outcomes is not None:
             self.outcomes.report_success(worker_url)
+
+    def _pinned(self, target: BackendTarget) -> bool:
+        """Whether requests to ``target`` name its DP rank (a worker with one DP target gets none)."""
+        return self.outcomes is not None and target.worker_url not in self.unpinned_workers
+
+    async def _rank_refusal(self, response: WorkerResponse, target: BackendTarget) -> UpstreamError | None:
+        """A worker's 400 that refuses the DP rank itself (it runs fewer ranks than configured:
+        restarted with a smaller ``--data-parallel-size``): the rank leaves rotation
+        (docs/operations.md §11.3, "A rank whose engine is missing") and the refusal is returned;
+        None for any other 400 (the body is read, and relayed as it is)."""
+        declared = response.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > RANK_REJECTION_BYTES):
+            return None
+        body = await response.aread()
+        match = RANK_REJECTION.search(body[:RANK_REJECTION_BYTES].decode("utf-8", "replace"))
+        if match is None:
+            return None
+        detail = f"HTTP 400: {match.group(0).rstrip('. ')}"
+        assert self.outcomes is not None
+        self.outcomes.report_rank_refused(target, detail)
+        return UpstreamRankRefused(target.target_id, detail)
 
     def _probing(self, req: ProxyRequest, lease: Lease) -> bool:
         """True when ``priority`` went to a worker whose policy is being detected (``auto``)."""
