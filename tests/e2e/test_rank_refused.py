@@ -20,8 +20,11 @@ import trio.testing
 from log_capture import EventLog, attached
 from native_fakes import make_config
 from test_program_process import _start, _stop
-from test_program_scheduling import ProgramWorker, chat, configured_daemon, post
+from test_program_scheduling import ProgramWorker, chat, configured_daemon, post, program_daemon
 from test_walk31_relay_limits import samples
+
+from actors.core.invariants import check
+from daemon.program_dispatch import ProgramDispatcher
 
 INTERVAL = 1.0  # routing.health_check_interval_seconds
 
@@ -184,3 +187,25 @@ async def test_with_two_workers_refusing_every_rank_the_request_still_ends_with_
         assert response.status_code == 400 and "is out of range" in response.text
         assert worker.refused == 4  # one per target, then the last one's answer
         assert len(handles.health.healthy_targets()) == 4
+
+
+async def test_a_program_request_to_a_refused_rank_is_placed_again_elsewhere(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """With Program scheduling, before any ``/metrics`` scrape has noticed the missing engine
+    (scrapes every 60 s here): the refused Program request is submitted again under a derived id
+    and placed on a rank still in rotation; the Programs that follow never go to the refused rank."""
+    worker = ShrunkWorker(dp=2)
+    async with program_daemon(worker, metrics_interval_seconds=60.0) as (handles, client):
+        worker.dp = 1
+        statuses = [(await post(client, chat(f"turn{i}", f"p{i % 4}"))).status_code for i in range(8)]
+        assert statuses == [200] * 8
+        assert worker.refused == 1 and {s.rank for s in worker.seen} == {0}
+        assert [t.dp_rank for t in handles.health.healthy_targets()] == [0]
+        doc = (await client.get("/scheduling/diagnostics")).json()
+        assert doc["invariants"]["at_rest"], doc["invariants"]  # the refused attempt's lease released
+        program = handles.program_dispatcher
+        assert isinstance(program, ProgramDispatcher)
+        assert check(program.scheduler.state, program.cfg) == []
+        c = program.counters
+        assert c.submitted_count == 9 and c.abandoned_count == 1 and c.completed_count == 8, c
