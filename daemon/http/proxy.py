@@ -972,9 +972,13 @@ class ProxyEngine:
         """A worker's 400 that refuses the DP rank itself (it runs fewer ranks than configured:
         restarted with a smaller ``--data-parallel-size``): the rank leaves rotation
         (docs/operations.md §11.3, "A rank whose engine is missing") and the refusal is returned;
-        None for any other 400 (the body is read, and relayed as it is)."""
+        None for any other 400, which is relayed as it is (read first when it is small enough to be
+        that refusal)."""
         declared = response.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > RANK_REJECTION_BYTES):
+        # (isascii: "²".isdigit() is true and int() refuses it)
+        if declared is not None and not (
+            declared.isascii() and declared.isdigit() and int(declared) <= RANK_REJECTION_BYTES
+        ):
             return None
         body = await response.aread()
         match = RANK_REJECTION.search(body[:RANK_REJECTION_BYTES].decode("utf-8", "replace"))
