@@ -180,3 +180,9 @@ def connection_owners(pids: list[int], server_port: int) -> dict[int, int]:
             if ports is not None and ports[0] == server_port and ports[1] != 0:
                 owners.setdefault(ports[1], pid)
     return owners
+
+
+def client_ports(pid: int, server_port: int) -> list[int]:
+    """The local ports of process ``pid``'s connections to ``server_port`` (a load generator's)."""
+    sockets = _tcp_sockets()
+    return [sockets[i][0] for i in _socket_inodes(pid) if i in sockets and sockets[i][1] == server_port]

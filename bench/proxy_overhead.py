@@ -51,10 +51,12 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
 from bench.bench import find_vllm_router
@@ -72,6 +74,8 @@ from bench.harness import (
 from bench.interrupt import run_interruptible, run_main
 from bench.output import write_atomic
 from bench.procs import connection_owners, process_cpu, process_role, tree_pids
+from bench.wrk import INSTALL_HINT, start_worker, tools, write_bodies
+from bench.wrk import run as wrk_run
 from daemon.commands.argtypes import positive_int_list
 
 MODULE = "bench.proxy_overhead"  # re-run as the fake worker and the naive proxy
@@ -95,6 +99,16 @@ WORKER_METRICS = (
 # far above anything the bench holds: admission never waits, the per-request path is measured
 PROGRAM_CONFIG = {"token_capacity_per_dp_rank": 100_000_000, "max_active_programs_per_target": 10_000}
 IDENTITY_MODES = ("free", "program")
+HARNESSES = ("python", "native")
+
+
+@attrs.frozen
+class NativeHarness:
+    """``--harness native``: wrk's executable, whole seconds per run, a directory for its files."""
+
+    wrk: str
+    seconds: int
+    workdir: Path
 
 
 # ----------------------------------------------------------------------------- request bodies
@@ -396,12 +410,14 @@ async def throughput_run(port: int, seconds: float, bodies: list[bytes], pid: in
 def breakdown(run: dict[str, Any]) -> str:
     """One line: each proxy process's CPU share (1.0 = one core), connections and share of the
     requests, then the fake worker's and the load generator's CPU share."""
-    total = max(1, sum(p["requests"] for p in run["processes"]))
+    total = max(1, sum(p["requests"] or 0 for p in run["processes"]))
     parts = []
     for p in run["processes"]:
         text = f"{p['role']} {p['cpu_share']:.2f} cpu"
         if p["connections"]:
-            text += f" {p['connections']} conn {p['requests'] / total:.0%} req"
+            text += f" {p['connections']} conn"
+            if p["requests"] is not None:  # wrk does not count per connection
+                text += f" {p['requests'] / total:.0%} req"
         parts.append(text)
     parts.append(f"worker {run['worker_cpu_share']:.2f} cpu")
     parts.append(f"loadgen {run['loadgen_cpu_share']:.2f} cpu")
@@ -508,6 +524,44 @@ def _http1(text: str) -> list[str]:
     return values
 
 
+def measure_native(
+    name: str,
+    port: int,
+    pid: int,
+    worker_pid: int,
+    native: NativeHarness,
+    concurrency: int,
+    prefix: str,
+    count: int,
+) -> dict[str, Any]:
+    """:func:`measure` with wrk as the load generator (``--harness native``, bench/wrk.py)."""
+    seconds, workdir = native.seconds, native.workdir
+    wrk_run(native.wrk, port, 1, 1, prefix, count, workdir)  # warm-up
+    c1 = wrk_run(native.wrk, port, seconds, 1, prefix, count, workdir)
+    wrk_run(native.wrk, port, 1, concurrency, prefix, count, workdir)
+    cn = wrk_run(native.wrk, port, seconds, concurrency, prefix, count, workdir, watch=(pid, worker_pid))
+    done, duration = cn["requests"], cn["duration_s"]
+    processes = [
+        {
+            "pid": p,
+            "role": process_role(p),
+            "cpu_share": cn["cpu"][p] / duration,
+            "connections": cn["connections"][p],
+            "requests": None,
+        }
+        for p in cn["pids"]
+    ]
+    run = {
+        "rps": done / duration,
+        "cpu_s_per_request": sum(cn["cpu"][p] for p in cn["pids"]) / max(1, done),
+        "processes": processes,
+        "worker_cpu_share": cn["worker_cpu_share"],
+        "loadgen_cpu_share": cn["loadgen_cpu_share"],
+        "unattributed_connections": cn["unattributed_connections"],
+    }
+    return _cell(name, concurrency, c1["requests"], c1["p50_us"] / 1000, c1["p99_us"] / 1000, c1["mean_us"] / 1000, run)
+
+
 def measure(
     name: str,
     port: int,
@@ -520,12 +574,26 @@ def measure(
 ) -> dict[str, Any]:
     samples = run_interruptible(partial(latency_run, port, seconds, body1))
     run = run_interruptible(partial(throughput_run, port, seconds, bodies, pid, worker_pid))
+    return _cell(
+        name,
+        concurrency,
+        len(samples),
+        percentile(samples, 0.50) * 1000,
+        percentile(samples, 0.99) * 1000,
+        statistics.fmean(samples) * 1000,
+        run,
+    )
+
+
+def _cell(
+    name: str, concurrency: int, c1_requests: int, p50_ms: float, p99_ms: float, mean_ms: float, run: dict[str, Any]
+) -> dict[str, Any]:
     rps, cpu_s = run["rps"], run["cpu_s_per_request"]
     result: dict[str, Any] = {
-        "c1_requests": len(samples),
-        "c1_p50_ms": percentile(samples, 0.50) * 1000,
-        "c1_p99_ms": percentile(samples, 0.99) * 1000,
-        "c1_mean_ms": statistics.fmean(samples) * 1000,
+        "c1_requests": c1_requests,
+        "c1_p50_ms": p50_ms,
+        "c1_p99_ms": p99_ms,
+        "c1_mean_ms": mean_ms,
         f"c{concurrency}_rps": rps,
         "cpu_us_per_request": cpu_s * 1e6,
         f"c{concurrency}_processes": run["processes"],
@@ -564,6 +632,13 @@ def main() -> int:
     parser.add_argument("--no-router", action="store_true", help="skip vllm-router even when installed")
     parser.add_argument("--naive", action="store_true", help="add the naive hypercorn+httpx proxy row")
     parser.add_argument("--no-naive", action="store_true", help=argparse.SUPPRESS)  # the default now
+    parser.add_argument(
+        "--harness",
+        choices=HARNESSES,
+        default="python",
+        help="load generator and fake worker: python (Trio, the default) or native (wrk and nginx, which"
+        f" leave the cores to the proxy; {INSTALL_HINT}; whole seconds per run)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     parser.add_argument("--serve-worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-naive-proxy", type=int, nargs=2, help=argparse.SUPPRESS)
@@ -584,6 +659,13 @@ def main() -> int:
     if args.http1 and not supports_http1():
         print("--http1: this agentd has no [server] http1_implementation setting", file=sys.stderr)
         return 2
+    native_tools = tools()
+    if args.harness == "native" and native_tools is None:
+        print(f"--harness native: needs wrk and nginx on PATH ({INSTALL_HINT})", file=sys.stderr)
+        return 2
+    if args.harness == "native" and args.naive:
+        print("--naive: only with --harness python", file=sys.stderr)
+        return 2
     router = None if args.no_router else find_vllm_router(args.vllm_router)
     if args.vllm_router and router is None:
         print(f"--vllm-router: {args.vllm_router} is not an executable file", file=sys.stderr)
@@ -594,7 +676,8 @@ def main() -> int:
     print(
         f"proxy overhead: {args.seconds:g} s per cell, c=1 and c={args.concurrency}, bodies {args.bodies} KiB,"
         f" identity {args.identity}, agentd processes {args.processes},"
-        f" vllm-router {router or 'absent (skipped)'}; load {uptime[0]:.2f}, speed probe {probe_us:.1f} us",
+        f" vllm-router {router or 'absent (skipped)'}, harness {args.harness};"
+        f" load {uptime[0]:.2f}, speed probe {probe_us:.1f} us",
         flush=True,
     )
     # one agentd column per (processes, HTTP/1.1 protocol): "agentd", "agentd N=2", "agentd h11 N=2"...
@@ -615,7 +698,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="proxy-overhead-") as tmp:
         try:
             worker_port = free_port()
-            worker = spawn_module(MODULE, "--serve-worker", str(worker_port))
+            native = None
+            if args.harness == "native":
+                assert native_tools is not None
+                wrk, nginx = native_tools
+                native = NativeHarness(wrk, max(1, round(args.seconds)), Path(tmp) / "wrk")
+                native.workdir.mkdir()
+                worker = start_worker(nginx, worker_port, Path(tmp) / "nginx", REPLY, MODELS, WORKER_METRICS)
+            else:
+                worker = spawn_module(MODULE, "--serve-worker", str(worker_port))
             procs.append(worker)
             wait_listening(worker_port, worker, "fake worker")
             for mode in args.identity:
@@ -675,28 +766,26 @@ def main() -> int:
                 results[mode] = {}
                 for kb in args.bodies:
                     print(f"identity {mode}, body {kb} KiB ({len(bodies[kb][0]):,} bytes):", flush=True)
-                    direct = measure(
-                        "direct",
-                        worker_port,
-                        worker.pid,
-                        worker.pid,
-                        args.seconds,
-                        args.concurrency,
-                        bodies[kb][0],
-                        bodies[kb],
-                    )
-                    cells = {"direct": direct}
-                    for system, (port, proc) in ports.items():
-                        cells[system] = measure(
-                            system,
-                            port,
-                            proc.pid,
-                            worker.pid,
-                            args.seconds,
-                            args.concurrency,
-                            bodies[kb][0],
-                            bodies[kb],
+                    if native is not None:
+                        prefix = write_bodies(native.workdir, f"{mode}-{kb}", bodies[kb])
+                        measure_cell: Callable[[str, int, int, int], dict[str, Any]] = partial(
+                            measure_native,
+                            native=native,
+                            concurrency=args.concurrency,
+                            prefix=prefix,
+                            count=len(bodies[kb]),
                         )
+                    else:
+                        measure_cell = partial(
+                            measure,
+                            seconds=args.seconds,
+                            concurrency=args.concurrency,
+                            body1=bodies[kb][0],
+                            bodies=bodies[kb],
+                        )
+                    cells = {"direct": measure_cell("direct", worker_port, worker.pid, worker.pid)}
+                    for system, (port, proc) in ports.items():
+                        cells[system] = measure_cell(system, port, proc.pid, worker.pid)
                     for system, cell in cells.items():
                         if system != "direct":
                             cell["added_p50_ms"] = cell["c1_p50_ms"] - cells["direct"]["c1_p50_ms"]
@@ -724,6 +813,7 @@ def main() -> int:
                     "policy": args.policy,
                     "processes": args.processes,
                     "vllm_router": router,
+                    "harness": args.harness,
                 },
                 indent=2,
             ),
@@ -744,7 +834,8 @@ def report(
     print()
     print(
         f"machine: {os.cpu_count()} CPUs, load average {load_start:.2f} at the start, {load_end:.2f} at the end;"
-        f" speed probe {probe_us:.1f} us (about 8-10 us idle); {args.seconds:g} s per cell; policy {args.policy}"
+        f" speed probe {probe_us:.1f} us (about 8-10 us idle); {args.seconds:g} s per cell; policy {args.policy};"
+        f" harness {args.harness}"
     )
     header = (
         f"{'identity':8} {'body':>6} {'system':14} {'added p50':>10} {'added p99':>10} "

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Create .venv (if missing), install agentd with its test extras, and run the whole check:
 # ruff (lint and format), mypy (configured in pyproject.toml), then the whole pytest suite.
-# As root with apt-get, it also installs Chromium when missing (the dashboard's browser test); with
-# apt-get it fetches Debian's promtool into .venv/bin when missing (the alert rules' unit tests).
+# As root with apt-get, it also installs Chromium and wrk when missing (the dashboard's browser test,
+# the native benchmark harness's test); with apt-get it fetches Debian's promtool and nginx binaries
+# into .venv/bin when missing (the alert rules' unit tests, the native harness's fake worker).
 # Extra arguments go to pytest and skip the linters (e.g. ./scripts/test.sh tests/unit -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,33 +20,45 @@ if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m p
   exit 1
 fi
 rm -f "$log"; trap - EXIT
-# The dashboard's browser test (tests/e2e/test_dashboard_browser.py) needs Chromium: install the
-# Debian package quietly when it is missing and we are root (CI runs this script as root on a fresh
-# machine); otherwise that one test is skipped and says why.
-if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  echo "installing chromium for the dashboard browser test ..."
-  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/tmp/agentd-chromium-install.log 2>&1; then
-    echo "could not install chromium (see /tmp/agentd-chromium-install.log): the browser test will be skipped" >&2
+# The dashboard's browser test (tests/e2e/test_dashboard_browser.py) needs Chromium, the native
+# benchmark harness's test (tests/e2e/test_native_harness.py) wrk: install the Debian packages
+# quietly when missing and we are root (CI runs this script as root on a fresh machine); otherwise
+# those tests are skipped and say why.
+missing=""
+command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
+command -v wrk >/dev/null 2>&1 || missing="$missing wrk"
+if [ -n "$missing" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing$missing for the browser and native-harness tests ..."
+  # shellcheck disable=SC2086  # one word per package
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing; } >/tmp/agentd-apt-install.log 2>&1; then
+    echo "could not install$missing (see /tmp/agentd-apt-install.log): the tests that need them will be skipped" >&2
   fi
 fi
-# The alert rules' unit tests (tests/e2e/test_alert_rules.py) run Prometheus's promtool: take the
-# binary out of Debian's prometheus package into .venv/bin (no service is installed or started);
-# without apt-get, or when the download fails, that one test is skipped and says why.
-if ! command -v promtool >/dev/null 2>&1 && [ ! -x .venv/bin/promtool ] && command -v apt-get >/dev/null 2>&1; then
-  echo "fetching promtool for the alert rules' unit tests ..."
+# Two tests need a binary out of a Debian package, taken into .venv/bin without installing the
+# package (no service is installed or started): promtool from prometheus (the alert rules' unit
+# tests, tests/e2e/test_alert_rules.py) and nginx (the native harness's fake worker). Without
+# apt-get, or when the download fails, the test is skipped and says why.
+fetch_binary() {  # package, path inside it, name in .venv/bin
+  if command -v "$3" >/dev/null 2>&1 || [ -x ".venv/bin/$3" ] || ! command -v apt-get >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "fetching $3 from Debian's $1 package ..."
+  local tmp
   tmp="$(mktemp -d)"
-  fetch_promtool() { (cd "$tmp" && apt-get download -qq prometheus); }
+  fetch() { (cd "$tmp" && apt-get download -qq "$1"); }
   # a fresh machine has no package lists: as root, update them once and try again
-  if { fetch_promtool || { [ "$(id -u)" = 0 ] && apt-get update -qq && fetch_promtool; }; } >/tmp/agentd-promtool-fetch.log 2>&1 \
-    && dpkg-deb --fsys-tarfile "$tmp"/prometheus_*.deb | tar -x -C "$tmp" ./usr/bin/promtool \
-    && cp "$tmp/usr/bin/promtool" .venv/bin/promtool.part && mv .venv/bin/promtool.part .venv/bin/promtool; then
+  if { fetch "$1" || { [ "$(id -u)" = 0 ] && apt-get update -qq && fetch "$1"; }; } >"/tmp/agentd-$3-fetch.log" 2>&1 \
+    && dpkg-deb --fsys-tarfile "$tmp/$1"_*.deb | tar -x -C "$tmp" "./$2" \
+    && cp "$tmp/$2" ".venv/bin/$3.part" && mv ".venv/bin/$3.part" ".venv/bin/$3"; then
     :
   else
-    echo "could not fetch promtool (see /tmp/agentd-promtool-fetch.log): the promtool test will be skipped" >&2
+    echo "could not fetch $3 (see /tmp/agentd-$3-fetch.log): the test that needs it will be skipped" >&2
   fi
   rm -rf "$tmp"
-fi
-# .venv/bin first on PATH, so the tests find the promtool fetched above
+}
+fetch_binary prometheus usr/bin/promtool promtool
+fetch_binary nginx usr/sbin/nginx nginx
+# .venv/bin first on PATH, so the tests find the binaries fetched above
 export PATH="$PWD/.venv/bin:$PATH"
 status=0
 if [ "$#" -eq 0 ]; then
