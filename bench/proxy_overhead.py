@@ -4,14 +4,17 @@ Usage (from the repository root)::
 
     python -m bench.proxy_overhead [--seconds 3] [--concurrency 32] [--bodies 1,64,256]
         [--identity free,program] [--processes 1[,2]] [--http1 agentd,hypercorn] [--vllm-router PATH]
-        [--json out.json]
+        [--harness python|native] [--json out.json]
 
 Processes on one machine: a zero-delay fake worker (raw Trio sockets, HTTP/1.1 keep-alive, a
 fixed chat-completion body), ``agentd start --worker-urls <worker> --policy round_robin`` (with
 ``--enable-program-scheduling`` for the Program-identity rows), vllm-router 0.1.17 with the same
 flags when it is installed (``--vllm-router PATH``, else ``vllm-router`` on PATH; its rows are
 skipped without it) and this load generator (raw keep-alive sockets, so the client costs little
-CPU).  docs/benchmarks.md §10.2 records runs.
+CPU).  docs/benchmarks.md §10.2 records runs.  ``--harness native`` replaces the fake worker with
+nginx and the load generator with wrk (bench/wrk.py, docs/benchmarks.md §10.14): at a few thousand
+requests/s the Python pair takes 0.4-0.6 of a core, which a 2-core machine cannot spare when the
+proxy runs two relay processes.
 
 Requests are agent chat bodies of about 1, 64 and 256 KB (``--bodies``): a system prompt, tool
 schemas and a long conversation of user/assistant/tool messages with code, quotes, escapes and
