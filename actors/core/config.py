@@ -249,7 +249,8 @@ class BackendTarget:
 
 @frozen
 class BatchJobsConfig:
-    """The seed's ``batch_job_sched_config`` (same names, defaults and rules) plus agentd's own two.
+    """The seed's ``batch_job_sched_config`` (same names, defaults and rules: ``enabled`` to
+    ``short_decode_token_threshold``) plus agentd's own five (``block_size_tokens`` on).
 
     ``max_jobs`` bounds the jobs whose decode statistics are kept (0 = no bound; the least
     recently used job's are evicted, docs/batch.md §1.2).  ``block_size_tokens`` is the KV block
