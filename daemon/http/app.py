@@ -553,7 +553,7 @@ class AgentdApp(QuartTrio):
 
     async def _refused(self, path: str, scope: Any, send: Any) -> bool:
         """Route split and authentication (docs/operations.md §10); True when answered here."""
-        if path in PROBE_PATHS:  # /health and the reference's probes: no key, every listener
+        if path in PROBE_PATHS:  # /health and the reference's probes: no key, public and admin listeners
             return False
         admin = is_admin_path(path)
         error: ApiError | None = None

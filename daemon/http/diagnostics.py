@@ -7,8 +7,9 @@ otherwise.
 ``/liveness`` and ``/readiness``: the reference router's Kubernetes probes, with its answers
 (docs/operations.md §13.10): ``/liveness`` 200 ``OK`` while the process serves; ``/readiness`` 200
 ``{"status": "ready", "healthy_workers", "total_workers"}`` with at least one worker in rotation,
-else 503 ``{"status": "not_ready", ...}``.  Like ``/health`` they need no key and every listener
-serves them (:data:`PROBE_PATHS`).
+else 503 ``{"status": "not_ready", ...}``.  Like ``/health`` they need no key and the public and
+admin listeners both serve them (:data:`PROBE_PATHS`; the ``[prometheus]`` listener serves only
+``/metrics``).
 
 ``/scheduling/diagnostics``: the Program scheduling snapshot (the reference router's document,
 docs/operations.md "Reference"; from ``program_dispatcher.diagnostics()``) when Program scheduling is on, else
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from daemon.handles import DaemonHandles
 
 
-# Served on every listener without an API key (a probe carries none).
+# Served on the public and admin listeners without an API key (a probe carries none).
 PROBE_PATHS = frozenset({"/health", "/liveness", "/readiness"})
 
 
