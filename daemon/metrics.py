@@ -5,7 +5,8 @@ explicitly everywhere; nothing registers on the global default registry.
 
 Names follow ``agentd_<subsystem>_<what>_<unit>``; counters get ``_total`` from the client library.
 Label values are bounded: ``target`` is a configured target id (``URL@rank``), ``endpoint`` is
-``chat|completions|responses``, ``outcome``/``kind``/``reason`` are small enums defined by the proxy.
+``chat|completions|responses`` or a forwarded route's kind (``daemon.http.requests.FORWARDED_ENDPOINTS``),
+``outcome``/``kind``/``reason`` are small enums defined by the proxy.
 
 Proxy catalogue (:class:`ProxyMetrics`):
 
