@@ -359,7 +359,7 @@ class EdgeCollector(Collector):
         s = self._edge.statistics()
         yield GaugeMetricFamily(
             "agentd_edge_in_flight_requests",
-            "Agent-facing requests holding an edge slot (limits.max_in_flight_requests).",
+            "Requests to the agent and forwarded routes holding an edge slot (limits.max_in_flight_requests).",
             value=s.in_flight,
         )
         yield GaugeMetricFamily(
