@@ -228,6 +228,8 @@ async def _read_parts(
                     break
                 if isinstance(event, File | Field):
                     name = event.name
+                    if name is None:  # RFC 7578 §4.2: every part names its field
+                        raise ValueError("a part's Content-Disposition has no name")
                     if name not in UPLOAD_FIELDS:
                         _reject_unknown([name], UPLOAD_FIELDS, "multipart field")
                     if name in fields or (name == "file" and saw_file):

@@ -272,6 +272,23 @@ async def test_batch_api_upload_errors_name_the_field(api: Api) -> None:
     assert_error(broken, 400, "invalid_multipart", "file")
 
 
+async def test_batch_api_upload_part_without_a_name_is_a_400(api: Api) -> None:
+    # a form-data part whose Content-Disposition has no name (RFC 7578 §4.2 requires one) was a
+    # 500 (the unknown-field check sliced None) and the connection closed
+    body = (
+        b"--xyz\r\nContent-Disposition: form-data\r\n\r\nx\r\n"
+        b'--xyz\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--xyz\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n\r\n{}\n\r\n'
+        b"--xyz--\r\n"
+    )
+    nameless = await api.client.post(
+        "/v1/files", content=body, headers={"content-type": "multipart/form-data; boundary=xyz"}
+    )
+    assert "no name" in assert_error(nameless, 400, "invalid_multipart", "file")
+    listed = await api.client.get("/v1/files")
+    assert listed.json()["data"] == []  # nothing stored
+
+
 async def test_batch_api_upload_limits_apply_while_streaming(tmp_path: Path) -> None:
     cfg = batch_config(tmp_path / "b.sqlite3", max_file_bytes=10_000, max_lines=3)
     async with running(cfg, BatchWorker()) as api:
