@@ -817,7 +817,13 @@ class H1Connection:
         return not (exchange.close or exchange.gone or self._dead or not exchange.body_done)
 
     async def _send_simple(self, exchange: Exchange, status: int, body: bytes) -> None:
-        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        # the connection closes after this answer (_exchange returns False): the head says so, or a
+        # keep-alive client sends its next request into the close and sees no response at all
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % len(body)),
+            (b"connection", b"close"),
+        ]
         await exchange.send({"type": "http.response.start", "status": status, "headers": headers})
         await exchange.send({"type": "http.response.body", "body": body})
 

@@ -600,6 +600,17 @@ async def test_an_app_failure_is_a_json_500() -> None:
     responses, closed = await exchange(broken, GET, 1)
     assert responses[0].status == 500
     assert responses[0].json()["error"]["code"] == "internal_error"
+    assert responses[0].headers["connection"] == "close"  # said, so a keep-alive client does not reuse it
+    assert closed
+
+
+async def test_an_app_that_answers_nothing_is_a_json_500_that_closes() -> None:
+    async def silent(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        return None
+
+    responses, closed = await exchange(silent, GET, 1)
+    assert responses[0].status == 500
+    assert responses[0].headers["connection"] == "close"
     assert closed
 
 
