@@ -16,7 +16,8 @@ Behaviour (docs/operations.md §13.7; the socket tests run on both implementatio
   ``max_head_bytes`` (hypercorn's ``h11_max_incomplete_size``, 16 KiB) or a JSON 431; a malformed
   head (bad request line, header name or value, folded header, HTTP/1.1 without ``host``, an HTTP
   version other than 1.0 or 1.1, including HTTP/2's prior-knowledge preface) is a JSON 400 naming
-  what is wrong; the connection closes after either.
+  what is wrong; the connection closes after either.  A head whose method holds a byte no method
+  can (a TLS ClientHello) is refused as soon as that byte arrives, not when the head ends.
 * **request body**: ``content-length`` (equal repeated values only) or ``transfer-encoding:
   chunked`` (not both, no other coding: JSON 400 naming the header); chunk extensions and trailers
   are read and dropped; a malformed chunked body ends the app's read with ``http.disconnect`` and
@@ -78,6 +79,8 @@ _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _BAD_TARGET = re.compile(rb"[\x00-\x20\x7f-\xff]")
+# the start of a head whose method already holds a byte no method can: not a request line
+_NOT_A_METHOD = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]*[^-!#$%&'*+.^_`|~0-9A-Za-z ]")
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 _IO_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 _NO_BODY_STATUS = frozenset({204, 304})
@@ -129,6 +132,13 @@ class HeadError(Exception):
 
 def _bad(message: str, param: str | None = None, code: str = "invalid_request") -> HeadError:
     return HeadError(400, message, param, code)
+
+
+def _not_a_request(buf: bytes) -> HeadError:
+    if buf[:1] == b"\x16":  # a TLS handshake record
+        return _bad("this port serves plain HTTP, not TLS: use http://", code="invalid_request_line")
+    first = buf.split(b"\n", 1)[0].removesuffix(b"\r")
+    return _bad(f"malformed request line {first[:80]!r}", code="invalid_request_line")
 
 
 class Request:
@@ -760,6 +770,11 @@ class H1Connection:
             if match is not None and match.start() <= self.max_head_bytes:
                 self.buf = buf[match.end() :]
                 return parse_head(buf[: match.start()], self.client, self.server, self.root_path)
+            if _NOT_A_METHOD.match(buf) is not None:
+                # refused at once, not after keep_alive_timeout: a TLS ClientHello (an https://
+                # client on this plain-HTTP port) or other binary never ends a head, and its
+                # client waited the whole timeout for a close (docs/operations.md §13.7)
+                raise _not_a_request(buf)
             if len(buf) > self.max_head_bytes:
                 raise HeadError(
                     431,

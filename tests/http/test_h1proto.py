@@ -562,6 +562,49 @@ async def test_an_idle_connection_closes_after_the_keep_alive_timeout(
         assert trio.current_time() - start == 5.0
 
 
+@pytest.mark.parametrize(
+    ("start", "message"),
+    [
+        # a TLS ClientHello's first bytes: an https:// client on this plain-HTTP port
+        (b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + bytes(32), "not TLS"),
+        (b"GE(T", "malformed request line"),  # no method holds '('
+        (b"\r\n\x00\x01", "malformed request line"),
+    ],
+    ids=["tls-client-hello", "bad-method-byte", "binary"],
+)
+async def test_a_head_that_cannot_be_a_request_is_refused_at_once(
+    autojump_clock: trio.testing.MockClock, start: bytes, message: str
+) -> None:
+    # before, such bytes waited for a head end that never comes: the client got a bare close
+    # after the whole keep_alive_timeout
+    client_stream, server_stream = trio.testing.memory_stream_pair()
+    conn = connection(echo, server_stream, keep_alive=75.0)
+    client = Client(client_stream)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(conn.run)
+        await client.send(start)
+        response = await client.response()
+        assert response.status == 400 and response.headers["connection"] == "close"
+        error = response.json()["error"]
+        assert error["code"] == "invalid_request_line" and message in error["message"]
+        assert await client.closed()
+        assert trio.current_time() == 0.0
+
+
+async def test_a_method_still_arriving_is_waited_for(autojump_clock: trio.testing.MockClock) -> None:
+    client_stream, server_stream = trio.testing.memory_stream_pair()
+    conn = connection(echo, server_stream, keep_alive=75.0)
+    client = Client(client_stream)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(conn.run)
+        await client.send(b"\r\nPO")  # a prefix of a method, token bytes only: not refused
+        await trio.sleep(1)
+        await client.send(b"ST /a HTTP/1.1\r\nHost: h\r\ncontent-length: 0\r\n\r\n")
+        response = await client.response()
+        assert response.status == 200 and response.json()["method"] == "POST"
+        nursery.cancel_scope.cancel()
+
+
 async def test_the_drain_closes_idle_connections_and_marks_responses_close(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
