@@ -45,7 +45,7 @@ from daemon.dataplane.relay import (
 from daemon.dataplane.wire import Hello
 from daemon.dispatch import NativeDispatcher
 from daemon.heap import settle_heap
-from daemon.http.app import AsgiSink, canonical_scope, serve_proxy_asgi
+from daemon.http.app import AsgiSink, canonical_scope, lowercase_method, serve_proxy_asgi
 from daemon.http.edge import Edge, EdgeCollector
 from daemon.http.proxy import ProgramRoute, ProxyEngine, send_error
 from daemon.http.requests import ENDPOINTS
@@ -93,6 +93,13 @@ class RelayApp:
         if scope["type"] != "http":
             return
         path = scope["path"]
+        method = scope["method"]
+        if method != method.upper():
+            # case-sensitive (RFC 9110 §9.1), as the scheduler process's app: before, "post" was
+            # not the proxy route's POST here and was forwarded, and httpx upper-cases a method,
+            # so the scheduler process served it as POST (docs/operations.md §14)
+            await send_error(AsgiSink(send), lowercase_method(method, path))
+            return
         if not path.startswith("/") or "//" in path:
             # the proxy routes as the scheduler process's app recognises them (absolute-form,
             # repeated slashes): before, /v1//chat/completions was forwarded and served there

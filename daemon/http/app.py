@@ -504,7 +504,7 @@ class AgentdApp(QuartTrio):
             path = scope["path"]
             method = scope["method"]
             if method != method.upper():  # case-sensitive (RFC 9110 §9.1); Quart's routing is not
-                await send_error(AsgiSink(send), _lowercase_method(method, path))
+                await send_error(AsgiSink(send), lowercase_method(method, path))
                 return
             if not path.startswith("/") or "//" in path:
                 scope, error = canonical_scope(scope)
@@ -578,7 +578,7 @@ class AgentdApp(QuartTrio):
 FILES_ALLOW = "GET, HEAD, POST, OPTIONS"
 
 
-def _lowercase_method(method: str, path: str) -> ApiError:
+def lowercase_method(method: str, path: str) -> ApiError:
     """A method with lower-case letters is another method than its upper-case form (RFC 9110 §9.1):
     a 405, never served as the upper-case one (a filter in front of agentd that blocks ``POST``
     must not be passed by ``post``; session-36 walk, docs/operations.md §14)."""

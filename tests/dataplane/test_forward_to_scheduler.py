@@ -149,3 +149,22 @@ async def test_a_client_that_leaves_mid_body_gets_no_answer(autojump_clock: Any)
     await _forward(scheduler, client)
     assert client.sent == []
     assert trio.current_time() == 1.0
+
+
+async def test_a_relay_refuses_a_lower_case_method_as_the_scheduler_process_does(autojump_clock: Any) -> None:
+    # before, a relay forwarded "post /v1/chat/completions" (not its POST) and "get /v1/models"
+    # to the scheduler process, and httpx upper-cased the method there: both were served (200)
+    from daemon.config import AgentdConfig
+    from daemon.dataplane.relay_main import RelayApp
+
+    scheduler = Scheduler()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=scheduler)) as http:
+        relay = RelayApp(None, AgentdConfig(), None, None, "http://scheduler", http)  # type: ignore[arg-type]
+        for method, path in [("post", "/v1/chat/completions"), ("get", "/v1/models"), ("Get", "/v1/files")]:
+            client = Client([(0.0, {"type": "http.request", "body": b"{}", "more_body": False})])
+            await relay(_scope(method, path), client.receive, client.send)
+            status, body = client.answer()
+            assert status == 405, (method, path)
+            assert body["error"]["code"] == "method_not_allowed"
+            assert "case-sensitive" in body["error"]["message"] and repr(method.upper()) in body["error"]["message"]
+    assert scheduler.calls == 0
