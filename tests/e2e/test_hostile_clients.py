@@ -75,6 +75,8 @@ async def read_response(stream: trio.SocketStream) -> tuple[int, dict[str, str],
         if not chunk:
             break
         body += chunk
+    if length >= 0:  # not the start of the next response (e.g. the 400 for bytes after the body)
+        body = body[:length]
     return int(lines[0].split(" ")[1]), headers, body
 
 
