@@ -1,6 +1,6 @@
 """The edge's side of the queue ETA (docs/program-scheduling.md §13).
 
-* ``x-agentd-max-queue-seconds``: the client's bound on its queue wait, a finite float >= 0
+* ``x-agentd-max-queue-seconds``: the client's bound on its queue wait, plain decimal seconds >= 0
   (``0`` = do not queue).  :func:`max_queue_bound` parses it; a bad value is a 400 naming the
   header.  The scheduler refuses at once (429 ``queue_wait_exceeds_bound`` with ``Retry-After``) a
   request whose queue ETA exceeds it.
@@ -34,7 +34,8 @@ def max_queue_bound(headers: Mapping[str, str]) -> float | None:
     if not (math.isfinite(value) and value >= 0):
         raise ApiError(
             400,
-            f"invalid {MAX_QUEUE_HEADER} header: must be a finite number of seconds >= 0, got {raw!r}",
+            f"invalid {MAX_QUEUE_HEADER} header: must be seconds >= 0 written as plain decimal digits with"
+            f" at most one point, at most 32 characters (0, 2.5), got {raw[:40]!r}",
             code="invalid_header",
             param=MAX_QUEUE_HEADER,
         )

@@ -212,3 +212,13 @@ def test_a_bound_is_a_plain_decimal_number_of_seconds() -> None:
 
     assert [max_queue_bound({HEADER: v}) for v in ("0", " 2 ", "2.5", ".5", "3.")] == [0.0, 2.0, 2.5, 0.5, 3.0]
     assert max_queue_bound({}) is None
+    # the refusal states that rule: "1e3" and "1e308" are finite numbers, which the message said
+    # was what it took; the value shown is cut as the other header checks cut it
+    from daemon.http.errors import ApiError
+
+    for value in ("1e3", "1e308", "1" * 900):
+        with pytest.raises(ApiError) as caught:
+            max_queue_bound({HEADER: value})
+        message = str(caught.value)
+        assert "plain decimal digits" in message and "at most 32 characters" in message
+        assert len(message) < 200
