@@ -17,8 +17,10 @@ batch (docs/batch.md §4):
    ``batch_api.concurrency`` at a time over all batches, with the batch-class headers of
    ``batchfile.request_headers`` (job name = the batch id unless the custom_id carries a job tag).
    Each answer is committed in its own transaction before it counts; a 429/502/503/504 answer is
-   retried a few times first.  Lines unanswered when the daemon stopped (in flight or not yet sent)
-   are sent again on the next start: at-least-once to the workers, exactly once in the output.
+   retried a few times first, and while no worker is in rotation (agentd's own 503) a line waits
+   for one without a limit (:data:`NO_TARGET_CODES`).  Lines unanswered when the daemon stopped (in
+   flight or not yet sent) are sent again on the next start: at-least-once to the workers, exactly
+   once in the output.
    With API keys configured each line runs as the batch's owner (the tenant that created it,
    ``principal=`` of ``build_request``): tenant fairness and tenant-scoped Program ids apply to
    it as to that tenant's own HTTP requests (docs/batch.md §4).
@@ -56,6 +58,10 @@ RETRY_STATUSES = frozenset({429, 502, 503, 504})
 MAX_ATTEMPTS = 4
 RETRY_BASE_SECONDS = 1.0  # waits 1, 2, 4 s between attempts unless the answer has a Retry-After
 MAX_RETRY_WAIT_SECONDS = 30.0
+# agentd's own 503s when no worker is in rotation (native and scheduled paths): the line waits for
+# one, without an attempt limit, instead of failing (docs/batch.md §4, "How a batch runs")
+NO_TARGET_CODES = frozenset({"no_healthy_target", "no_targets"})
+NO_TARGET_MAX_WAIT_SECONDS = 5.0  # the longest wait between two tries of a line waiting for a worker
 PENDING_PAGE = 256  # lines read from the database per query
 
 
@@ -280,14 +286,22 @@ class BatchExecutor:
         headers = batchfile.request_headers(parsed, job_name=batch_id)
         raw = json.dumps(body).encode()
         request_id = headers.get("x-request-id", str(body.get("request_id")))
-        status, answer, retry_after = 0, None, None
-        for attempt in range(MAX_ATTEMPTS):
-            if attempt:
-                wait = retry_after if retry_after is not None else RETRY_BASE_SECONDS * 2.0 ** (attempt - 1)
-                await trio.sleep(min(wait, MAX_RETRY_WAIT_SECONDS))
+        attempts = waits = 0
+        while True:
             status, answer, retry_after = await self._send(ENDPOINTS[url], raw, headers, owner)
-            if status not in RETRY_STATUSES:
+            if status == 503 and _error_code(answer, status) in NO_TARGET_CODES:
+                # no worker in rotation (restarting, recovering, all ejected): nothing was sent, so
+                # the line waits for one however long it takes, trying again after 1, 2, 4 s, then
+                # every 5 s (the 503's Retry-After is for clients); cancelling the batch or stopping
+                # the daemon ends the wait, and the line stays pending
+                waits += 1
+                await trio.sleep(min(RETRY_BASE_SECONDS * 2.0 ** min(waits - 1, 8), NO_TARGET_MAX_WAIT_SECONDS))
+                continue
+            attempts += 1
+            if status not in RETRY_STATUSES or attempts >= MAX_ATTEMPTS:
                 break
+            wait = RETRY_BASE_SECONDS * 2.0 ** (attempts - 1)
+            await trio.sleep(min(wait if retry_after is None else retry_after, MAX_RETRY_WAIT_SECONDS))
         ok = 200 <= status < 300
         record = batchfile.output_record(
             line.custom_id,

@@ -255,6 +255,43 @@ async def test_batch_api_retries_a_busy_worker(api: Api, monkeypatch: pytest.Mon
     assert len(api.worker.seen) == 3
 
 
+async def test_batch_api_lines_wait_while_no_worker_is_in_rotation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """agentd's own 503 (no worker in rotation) is not an answer: the lines wait for the worker
+    instead of failing after the retries (a batch created while the only worker restarted recorded
+    every line sent meanwhile as failed)."""
+    monkeypatch.setattr(batch_executor, "RETRY_BASE_SECONDS", 0.001)
+    worker = BatchWorker()
+    refused: Callable[[], int] = lambda: 0  # noqa: E731  (set once the daemon runs)
+    down = True
+    went_down = trio.Event()
+    health_checks = 0
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal down, health_checks
+        if request.url.path != "/health":
+            return await BatchWorker.handler(worker, request)
+        health_checks += 1
+        if health_checks >= 2:
+            went_down.set()  # the first failed check ejects the worker (health_failures_to_eject = 1)
+        # back in rotation only once both lines were refused more often than the retries allow
+        down = down and refused() < 3 * batch_executor.MAX_ATTEMPTS
+        return httpx.Response(503 if down else 200)
+
+    monkeypatch.setattr(worker, "handler", handler)
+    routing = {"health_check_interval_seconds": 0.02, "health_failures_to_eject": 1, "health_successes_to_restore": 1}
+    cfg = attrs.evolve(batch_config(tmp_path / "b.sqlite3"), routing=http_config(**routing).routing)
+    async with running(cfg, worker) as api:
+        refused = lambda: api.handles.native_dispatcher.statistics().rejected_count  # noqa: E731
+        await went_down.wait()
+        batch = await api.service.wait_settled((await api.run_batch([line("a"), line("b")]))["id"])
+        assert not down
+        assert batch["status"] == "completed"
+        assert batch["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
+        assert sorted(worker.custom_ids()) == ["a", "b"]  # each sent once, when the worker was back
+
+
 async def test_batch_api_upload_errors_name_the_field(api: Api) -> None:
     msg = assert_error(await api.upload(jsonl([line("a")]), purpose="fine-tune"), 400, "invalid_value", "purpose")
     assert "'fine-tune'" in msg
