@@ -17,11 +17,16 @@ from bench.commands.common import from_args, load_trace_arg
 from bench.trace.format import TraceError, merge_traces, save_trace, write_trace
 from bench.trace.stats import compare, format_report, trace_stats
 from bench.trace.synth import PROFILES, Knobs, knobs_from_meta, synthesize, targets_for
-from daemon.commands.argtypes import positive_float, positive_int
+from daemon.commands.argtypes import float_in, positive_float, positive_int
 from daemon.commands.paths import output_file_problem
 
 NAME = "trace"
 HELP = "Synthesize agent traces (synth), merge them into mixed workloads (merge) and print their statistics (stats)."
+
+# --input-scale / --output-scale exist to shrink token counts (docs/traces.md, "Profiles"); the
+# generator hashes every 512-token block of every prompt, so an unbounded scale (1e300) grew the
+# process by gigabytes until memory ran out. 100 already gives swe-short prompts of 2M tokens.
+MAX_TOKEN_SCALE = 100.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,8 +37,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     synth.add_argument("--programs", required=True, type=positive_int, help="root Programs (sessions/tasks)")
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--out", required=True, help="output JSONL path ('-' for stdout)")
-    synth.add_argument("--input-scale", type=positive_float, default=1.0, help="multiply input token counts")
-    synth.add_argument("--output-scale", type=positive_float, default=1.0, help="multiply output token counts")
+    token_scale = float_in(0.0, MAX_TOKEN_SCALE)
+    synth.add_argument(
+        "--input-scale",
+        type=token_scale,
+        default=1.0,
+        help=f"multiply input token counts (0 < X <= {MAX_TOKEN_SCALE:g})",
+    )
+    synth.add_argument(
+        "--output-scale",
+        type=token_scale,
+        default=1.0,
+        help=f"multiply output token counts (0 < X <= {MAX_TOKEN_SCALE:g})",
+    )
     synth.add_argument("--gap-cap-seconds", type=positive_float, default=300.0, help="cap on tool gaps")
     synth.add_argument("--human-gap-cap-seconds", type=positive_float, default=None, help="cap on human gaps")
     synth.add_argument(
