@@ -185,6 +185,9 @@ class EmbeddedConfig(SimServerShape):
 
     num_workers: int = rule_field(INT_GT_0, 1)
 
+    def servers_in_process(self) -> tuple[str, int] | None:
+        return ("num_workers", self.num_workers)
+
 
 EMBEDDED_WORKER_URL = "http://embedded-sim"
 

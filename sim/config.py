@@ -14,6 +14,7 @@ Built on it (docs/simulator.md §4):
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -24,6 +25,12 @@ from actors.core.config import FINITE_GT_0, INT_GE_0, INT_GT_0, NON_EMPTY, one_o
 # scheduler (docs/simulator.md §1, "Scheduler", docs/batch.md §5).
 SCHEDULING_POLICIES = ("fcfs", "priority", "batch_job_aware")
 DEFAULT_MODEL = "agentd-sim"
+
+# What one process holds of simulated servers: a rank costs about 6 KB and a KV block about 60 bytes
+# (sim.kv.BlockPool), so about 24 MB of ranks and 1 GB of blocks. Beyond them, num_gpu_blocks = 1e11
+# was a MemoryError traceback at start and dp_size = 1e8 a process that grew until it was killed.
+MAX_SIM_RANKS = 4096
+MAX_SIM_KV_BLOCKS = 2**24
 
 
 @attrs.frozen
@@ -44,6 +51,31 @@ class SimServerShape:
     def max_model_len(self) -> int:
         """Tokens one request may hold: every KV block but the reserved null block."""
         return (self.num_gpu_blocks - 1) * self.block_size
+
+    def servers_in_process(self) -> tuple[str, int] | None:
+        """The field that counts the servers of this shape one process runs, and its value (None:
+        one server, as ``agentd sim-backend``)."""
+        return None
+
+    def _cross_field_problems(self, path: str) -> Iterator[str]:
+        p = f"{path}." if path else ""
+        count = self.servers_in_process()
+        name, servers = count if count is not None else ("", 1)
+        if not all(
+            isinstance(x, int) and not isinstance(x, bool) and x > 0
+            for x in (self.dp_size, self.num_gpu_blocks, servers)
+        ):
+            return  # a field's own rule names it
+        of, got = (f"{name} x ", f"{servers} x ") if name else ("", "")
+        if servers * self.dp_size > MAX_SIM_RANKS:
+            what = f"{of}dp_size " if name else ""
+            rule = f"must be at most {MAX_SIM_RANKS} simulated ranks in one process"
+            yield f"{p}dp_size: {what}{rule} (got {got}{self.dp_size})"
+        elif servers * self.dp_size * self.num_gpu_blocks > MAX_SIM_KV_BLOCKS:
+            yield (
+                f"{p}num_gpu_blocks: {of}dp_size x num_gpu_blocks must be at most {MAX_SIM_KV_BLOCKS} KV blocks "
+                f"in one process (got {got}{self.dp_size} x {self.num_gpu_blocks})"
+            )
 
 
 def shape_fields(source: object) -> dict[str, Any]:

@@ -8,6 +8,7 @@ port that cannot be opened (in use, not permitted, not a local address).
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import sys
 from functools import partial
@@ -16,13 +17,13 @@ from typing import Any
 import attrs
 import trio
 
-from actors.core.config import DecodeThroughputModel, PrefillCostModel
+from actors.core.config import DecodeThroughputModel, PrefillCostModel, problems
 from daemon.commands.argtypes import int_at_least, non_empty, non_negative_float, port, positive_float
 from daemon.commands.start import listen_error
 from daemon.http.serve import serve_http
 from sim.api import wall_clock_epoch
 from sim.cluster import SimCluster, SimConfig
-from sim.config import SCHEDULING_POLICIES, shape_of
+from sim.config import SCHEDULING_POLICIES, SimServerShape, shape_of
 from sim.server import create_app
 from sim.stats import CostModel
 
@@ -95,7 +96,18 @@ def alpha_share(text: str) -> float:
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     # The flags carry exactly the shape's field names (and defaults, but one DP rank: tests/sim/test_shape.py).
-    return SimConfig.from_shape(shape_of(args), strict_xargs=args.strict_xargs, cost=cost_model_from_args(args))
+    shape = shape_of(args)
+    found = problems(shape)
+    if found:
+        # each flag checked its own value; what is left are the rules across flags (what one process
+        # can hold), named by their flags
+        raise ValueError("; ".join(re.sub(r"\b[a-z]+(?:_[a-z0-9]+)+\b", _flag, line) for line in found))
+    return SimConfig.from_shape(shape, strict_xargs=args.strict_xargs, cost=cost_model_from_args(args))
+
+
+def _flag(field: re.Match[str]) -> str:
+    name = field.group(0)
+    return "--" + name.replace("_", "-") if name in attrs.fields_dict(SimServerShape) else name
 
 
 def cost_model_from_args(args: argparse.Namespace) -> CostModel:

@@ -9,6 +9,7 @@ import pytest
 
 from bench.commands.trace import MAX_TOKEN_SCALE
 from daemon import cli
+from sim.config import MAX_SIM_KV_BLOCKS, MAX_SIM_RANKS
 
 
 @pytest.mark.parametrize("flag", ["--input-scale", "--output-scale"])
@@ -33,3 +34,60 @@ def test_trace_synth_largest_token_scale_still_works(tmp_path: Path) -> None:
     argv = ["trace", "synth", "--profile", "swe-short", "--programs", "1", "--max-turns", "2", "--out", str(out)]
     assert cli.main([*argv, "--input-scale", f"{MAX_TOKEN_SCALE:g}", "--output-scale", "0.001"]) == 0
     assert out.read_text().count("\n") >= 3
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (
+            ["--num-gpu-blocks", "100000000000"],
+            f"--num-gpu-blocks: --dp-size x --num-gpu-blocks must be at most {MAX_SIM_KV_BLOCKS} KV blocks in one "
+            "process (got 1 x 100000000000)",
+        ),
+        (["--dp-size", "100000000"], f"--dp-size: must be at most {MAX_SIM_RANKS} simulated ranks in one process"),
+    ],
+)
+def test_sim_backend_refuses_a_cluster_one_process_cannot_hold(
+    capsys: pytest.CaptureFixture[str], flags: list[str], expected: str
+) -> None:
+    """``--num-gpu-blocks 1e11`` was a MemoryError traceback (exit 1) and ``--dp-size 1e8`` a process
+    that grew until it was killed; both are now an exit 2 naming the flags before anything starts."""
+    assert cli.main(["sim-backend", "--port", "0", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"agentd sim-backend: {expected}"), err
+    assert err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("command", ["check-config", "start"])
+@pytest.mark.parametrize(
+    ("embedded", "expected"),
+    [
+        (
+            "num_gpu_blocks = 100000000000",
+            f"embedded.num_gpu_blocks: num_workers x dp_size x num_gpu_blocks must be at most {MAX_SIM_KV_BLOCKS} "
+            "KV blocks in one process (got 1 x 2 x 100000000000)",
+        ),
+        (
+            "num_workers = 3000",
+            f"embedded.dp_size: num_workers x dp_size must be at most {MAX_SIM_RANKS} simulated ranks in one "
+            "process (got 3000 x 2)",
+        ),
+    ],
+)
+def test_embedded_cluster_one_process_cannot_hold_is_a_config_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str, embedded: str, expected: str
+) -> None:
+    """``[embedded] num_gpu_blocks = 1e11`` passed check-config and was a MemoryError traceback at
+    ``agentd start`` (and simulate, batch --config); now a configuration error (docs/config.md)."""
+    config = tmp_path / "big.toml"
+    config.write_text(f"[embedded]\n{embedded}\n")
+    assert cli.main([command, "--config", str(config), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert f"  {expected}\n" in err, err
+
+
+def test_the_largest_embedded_cluster_is_valid(tmp_path: Path) -> None:
+    config = tmp_path / "big.toml"
+    blocks = MAX_SIM_KV_BLOCKS // (2 * 4)
+    config.write_text(f"[embedded]\nnum_workers = 2\ndp_size = 4\nnum_gpu_blocks = {blocks}\n")
+    assert cli.main(["check-config", str(config)]) == 0
