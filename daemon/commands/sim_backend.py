@@ -2,7 +2,8 @@
 
 Prints ``agentd sim-backend listening on http://H:P`` once the socket accepts and stops cleanly on
 SIGINT/SIGTERM.  Bad flag values exit 2 with a message naming the flag (argparse), and so does a
-port that cannot be opened (in use, not permitted, not a local address).
+port that cannot be opened (in use, not permitted: ``--port``; a host that does not resolve or is not
+a local address: ``--host``).
 """
 
 from __future__ import annotations

@@ -83,10 +83,11 @@ class ListenError(Exception):
 
     def __init__(self, field: str, address: str, error: OSError) -> None:
         reason = error.strerror or str(error)
-        if field.endswith(".port") and (isinstance(error, socket.gaierror) or error.errno == errno.EADDRNOTAVAIL):
+        port_field = field.endswith(".port") or field == "--port"  # a field, or agentd sim-backend's flag
+        if port_field and (isinstance(error, socket.gaierror) or error.errno == errno.EADDRNOTAVAIL):
             # a host that does not resolve or is no address of this machine: the host is wrong, not
             # the port (it said "server.port: cannot listen on nosuchhost:3001: Name or service not known")
-            field = field.removesuffix(".port") + ".host"
+            field = field.removesuffix("port") + "host"
         super().__init__(f"{field}: cannot listen on {address}: {reason}")
         self.lines = [f"{field}: cannot listen on {address}: {reason} (errno {error.errno})"]
 

@@ -91,3 +91,12 @@ def test_the_largest_embedded_cluster_is_valid(tmp_path: Path) -> None:
     blocks = MAX_SIM_KV_BLOCKS // (2 * 4)
     config.write_text(f"[embedded]\nnum_workers = 2\ndp_size = 4\nnum_gpu_blocks = {blocks}\n")
     assert cli.main(["check-config", str(config)]) == 0
+
+
+def test_sim_backend_on_an_address_not_of_this_machine_names_the_host(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--host 192.0.2.1`` (TEST-NET, no local address) said ``--port: cannot listen on ...``: the
+    host is what is wrong, as ``agentd start`` says ``server.host`` (daemon/http/serve.py)."""
+    assert cli.main(["sim-backend", "--host", "192.0.2.1", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("agentd sim-backend: --host: cannot listen on 192.0.2.1:0: "), err
+    assert err.count("\n") == 1, err
