@@ -21,11 +21,13 @@ from bench.commands.common import TargetBearer, add_api_key_flag, api_key_arg
 from bench.interrupt import run_interruptible
 from bench.output import write_atomic
 from daemon.batch_runner import target_base
-from daemon.commands.argtypes import int_at_least, non_empty, positive_float
+from daemon.commands.argtypes import int_at_least, int_within, non_empty, positive_float
 from daemon.commands.paths import output_file_problem
 
 NAME = "calibrate"
 HELP = "Measure the seven cost-model coefficients of a live backend; print the [program_scheduling] TOML block."
+
+MAX_PREFILL_POINTS = 256
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int_at_least(1024),
         help="most KV tokens one probe holds at once",
     )
-    parser.add_argument("--prefill-points", default=d.prefill_points, type=int_at_least(3), help="prompt lengths")
+    # at most MAX_PREFILL_POINTS: the lengths are computed before the first probe, so 1e9 of them
+    # spent minutes and gigabytes before anything was sent (and ignored --max-seconds)
+    parser.add_argument(
+        "--prefill-points",
+        default=d.prefill_points,
+        type=int_within(3, MAX_PREFILL_POINTS),
+        help=f"prompt lengths (3 to {MAX_PREFILL_POINTS})",
+    )
     parser.add_argument(
         "--decode-tokens", default=d.decode_tokens, type=int_at_least(8), help="output tokens per decode stream"
     )

@@ -27,6 +27,19 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
 positive_int = int_at_least(1)
 
 
+def int_within(minimum: int, maximum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be an integer within [{minimum}, {maximum}], got {text!r}")
+        return value
+
+    return parse
+
+
 def positive_int_list(text: str) -> list[int]:
     """Comma-separated integers >= 1 (e.g. ``--bodies 1,64,256``)."""
     try:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.commands.calibrate import MAX_PREFILL_POINTS
 from bench.commands.trace import MAX_TOKEN_SCALE
 from daemon import cli
 from sim.config import MAX_SIM_KV_BLOCKS, MAX_SIM_RANKS
@@ -100,3 +101,14 @@ def test_sim_backend_on_an_address_not_of_this_machine_names_the_host(capsys: py
     err = capsys.readouterr().err
     assert err.startswith("agentd sim-backend: --host: cannot listen on 192.0.2.1:0: "), err
     assert err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("value", ["1000000000", "257", "2", "x"])
+def test_calibrate_prefill_points_are_bounded(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    """``--prefill-points 1000000000`` computed a billion prompt lengths before the first probe:
+    minutes and gigabytes with no progress line, past ``--max-seconds``."""
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["calibrate", "--target", "http://127.0.0.1:1", "--prefill-points", value])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --prefill-points: must be an integer within [3, {MAX_PREFILL_POINTS}], got '{value}'" in err
