@@ -17,7 +17,7 @@ import httpx
 import trio
 
 from bench.calibrate_costs import CalibrateOptions, CalibrationError, calibrate
-from bench.commands.common import TargetBearer, add_api_key_flag, api_key_arg
+from bench.commands.common import TargetBearer, add_api_key_flag, api_key_arg, http_url_problem
 from bench.interrupt import run_interruptible
 from bench.output import write_atomic
 from daemon.batch_runner import target_base
@@ -119,8 +119,9 @@ class _Bar:
 
 def run(args: argparse.Namespace) -> int:
     target = target_base(args.target)  # a trailing /v1 (an OpenAI client's base URL) is accepted
-    if not target.startswith(("http://", "https://")):
-        print(f"agentd calibrate: --target: must be an http(s) URL, got {target!r}", file=sys.stderr)
+    problem = http_url_problem("--target", args.target)
+    if problem is not None:
+        print(f"agentd calibrate: {problem}", file=sys.stderr)
         return 2
     problem = output_file_problem(args.out, "--out") if args.out is not None else None
     if problem is not None:

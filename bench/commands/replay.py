@@ -19,6 +19,7 @@ from bench.commands.common import (
     add_replay_flags,
     api_key_arg,
     failure_line,
+    http_url_problem,
     load_trace_arg,
     replay_options,
 )
@@ -69,9 +70,14 @@ def run(args: argparse.Namespace) -> int:
     if trace is None:
         return 2
     target = target_base(args.target)  # a trailing /v1 (an OpenAI client's base URL) is accepted, as by agentd batch
-    if not target.startswith(("http://", "https://")):
-        print(f"agentd replay: --target must be an http(s) URL, got {args.target!r}", file=sys.stderr)
-        return 2
+    urls = [("--target", args.target), *(("--worker-metrics", url) for url in args.worker_metrics)]
+    if args.router_metrics not in (None, "none"):
+        urls.append(("--router-metrics", args.router_metrics))
+    for flag, url in urls:
+        problem = http_url_problem(flag, url)
+        if problem is not None:
+            print(f"agentd replay: {problem}", file=sys.stderr)
+            return 2
     key, usable = api_key_arg(args, "agentd replay")
     if not usable:
         return 2

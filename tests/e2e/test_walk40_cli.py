@@ -112,3 +112,34 @@ def test_calibrate_prefill_points_are_bounded(capsys: pytest.CaptureFixture[str]
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert f"argument --prefill-points: must be an integer within [3, {MAX_PREFILL_POINTS}], got '{value}'" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "flag", "url"),
+    [
+        (["--target", "http://[::1"], "--target", "http://[::1"),
+        (["--target", "http://127.0.0.1:1", "--worker-metrics", "notaurl"], "--worker-metrics", "notaurl"),
+        (["--target", "http://127.0.0.1:1", "--worker-metrics", "http://[::1"], "--worker-metrics", "http://[::1"),
+        (["--target", "http://127.0.0.1:1", "--router-metrics", "ftp://x"], "--router-metrics", "ftp://x"),
+    ],
+)
+def test_replay_urls_are_checked_before_the_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, flags: list[str], flag: str, url: str
+) -> None:
+    """``--target 'http://[::1'`` was an httpx ``InvalidURL`` traceback (exit 1); a bad
+    ``--worker-metrics`` / ``--router-metrics`` URL replayed the whole trace, then warned twice
+    without naming the flag (exit 0)."""
+    trace, out = tmp_path / "t.jsonl", tmp_path / "r.json"
+    assert cli.main(["trace", "synth", "--profile", "swe-short", "--programs", "1", "--out", str(trace)]) == 0
+    capsys.readouterr()
+    assert cli.main(["replay", "--trace", str(trace), "--out", str(out), "--no-progress", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err == f"agentd replay: {flag}: must be an http:// or https:// URL with a host, got {url!r}\n"
+    assert not out.exists()
+
+
+def test_calibrate_target_httpx_cannot_parse_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """It was an httpx ``InvalidURL`` traceback from the first probe (exit 1)."""
+    assert cli.main(["calibrate", "--target", "http://[::1"]) == 2
+    err = capsys.readouterr().err
+    assert err == "agentd calibrate: --target: must be an http:// or https:// URL with a host, got 'http://[::1'\n"
