@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 
+from actors.core.config import problems as config_problems
 from bench.bench import (
     FLOOR_KV_BLOCKS,
     SYSTEMS,
@@ -166,6 +167,22 @@ def _program_config_problems(cluster: ClusterSpec, overrides: dict[str, Any]) ->
     return []
 
 
+def _worker_problems(cluster: ClusterSpec, floor_kv_blocks: int | None) -> list[str]:
+    """What one simulated worker process cannot hold (docs/simulator.md §4), naming the flags; with
+    ``floor_kv_blocks``, the `floor` system's workers too."""
+    shapes = [(cluster, "--kv-blocks")]
+    if floor_kv_blocks is not None:
+        floor = attrs.evolve(cluster, num_gpu_blocks=max(cluster.num_gpu_blocks, floor_kv_blocks))
+        shapes.append((floor, "--floor-kv-blocks"))
+    found: list[str] = []
+    for shape, blocks_flag in shapes:
+        for problem in config_problems(shape):
+            line = problem.replace("num_gpu_blocks", blocks_flag).replace("dp_size", "--dp-size")
+            if line not in found:
+                found.append(line)
+    return found
+
+
 def run(args: argparse.Namespace) -> int:
     problem = output_dir_problem(args.out, "--out")
     if problem is not None:
@@ -198,6 +215,11 @@ def run(args: argparse.Namespace) -> int:
         args.concurrency = preset["concurrency"]
     target_hit = args.target_native_hit if args.target_native_hit is not None else preset.get("target_native_hit")
     cluster = from_args(ClusterSpec, args, num_gpu_blocks="kv_blocks")
+    worker_problems = _worker_problems(cluster, args.floor_kv_blocks if "floor" in systems else None)
+    if worker_problems:  # each simulated worker exited 2 with them after the bench had started (exit 1)
+        for line in worker_problems:
+            print(f"agentd bench: {line}", file=sys.stderr)
+        return 2
     problems = _program_config_problems(cluster, overrides) if overrides and "agentd" in systems else []
     if problems:  # agentd refused them at its start, after the systems before it had run (exit 1)
         for line in problems:

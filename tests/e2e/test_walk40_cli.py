@@ -143,3 +143,34 @@ def test_calibrate_target_httpx_cannot_parse_is_a_usage_error(capsys: pytest.Cap
     assert cli.main(["calibrate", "--target", "http://[::1"]) == 2
     err = capsys.readouterr().err
     assert err == "agentd calibrate: --target: must be an http:// or https:// URL with a host, got 'http://[::1'\n"
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (
+            ["--kv-blocks", "100000000000"],
+            f"--kv-blocks: --dp-size x --kv-blocks must be at most {MAX_SIM_KV_BLOCKS} KV blocks in one process "
+            "(got 2 x 100000000000)",
+        ),
+        (["--dp-size", "100000"], f"--dp-size: must be at most {MAX_SIM_RANKS} simulated ranks in one process"),
+        (
+            ["--systems", "native,floor", "--floor-kv-blocks", "100000000000"],
+            f"--floor-kv-blocks: --dp-size x --floor-kv-blocks must be at most {MAX_SIM_KV_BLOCKS} KV blocks",
+        ),
+    ],
+)
+def test_bench_refuses_workers_a_process_cannot_hold_before_any_system_runs(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, flags: list[str], expected: str
+) -> None:
+    """Each simulated worker was a MemoryError traceback (then an exit 2 of its own) after the bench
+    had started: exit 1 with the worker's log; now exit 2 naming the flags before anything starts."""
+    trace, out = tmp_path / "t.jsonl", tmp_path / "bench"
+    assert cli.main(["trace", "synth", "--profile", "swe-short", "--programs", "1", "--out", str(trace)]) == 0
+    capsys.readouterr()
+    argv = ["bench", "--trace", str(trace), "--out", str(out), "--systems", "native", "--port-base", "0", *flags]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"agentd bench: {expected}"), err
+    assert err.count("\n") == 1, err
+    assert not out.exists()
