@@ -21,13 +21,14 @@ from bench.commands.common import TargetBearer, add_api_key_flag, api_key_arg, h
 from bench.interrupt import run_interruptible
 from bench.output import write_atomic
 from daemon.batch_runner import target_base
-from daemon.commands.argtypes import int_at_least, int_within, non_empty, positive_float
+from daemon.commands.argtypes import float_in, int_at_least, int_within, non_empty, positive_float
 from daemon.commands.paths import output_file_problem
 
 NAME = "calibrate"
 HELP = "Measure the seven cost-model coefficients of a live backend; print the [program_scheduling] TOML block."
 
 MAX_PREFILL_POINTS = 256
+MAX_TIME_SCALE = 1e6
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,8 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--time-scale",
         default=d.time_scale,
-        type=positive_float,
-        help="the backend runs X times faster than real time (agentd sim-backend --time-scale X)",
+        # bounded: the measured seconds are multiplied by X and the fit squares them (1e300 was an
+        # OverflowError traceback after every probe had run)
+        type=float_in(0.0, MAX_TIME_SCALE),
+        help=f"the backend runs X times faster than real time (agentd sim-backend --time-scale X; "
+        f"at most {MAX_TIME_SCALE:g})",
     )
     parser.add_argument(
         "--max-seconds", default=d.max_seconds, type=positive_float, help="give up after this many seconds"

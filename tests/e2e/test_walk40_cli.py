@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.commands.calibrate import MAX_PREFILL_POINTS
+from bench.commands.calibrate import MAX_PREFILL_POINTS, MAX_TIME_SCALE
 from bench.commands.trace import MAX_TOKEN_SCALE
 from daemon import cli
 from sim.config import MAX_SIM_KV_BLOCKS, MAX_SIM_RANKS
@@ -174,3 +174,14 @@ def test_bench_refuses_workers_a_process_cannot_hold_before_any_system_runs(
     assert err.startswith(f"agentd bench: {expected}"), err
     assert err.count("\n") == 1, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("value", ["1e300", "1000001", "0", "nan", "inf"])
+def test_calibrate_time_scale_is_bounded(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    """``--time-scale 1e300`` ran every probe, then the fit squared the scaled seconds: an
+    ``OverflowError`` traceback (exit 1)."""
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["calibrate", "--target", "http://127.0.0.1:1", "--time-scale", value])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --time-scale: must be a number > 0 and <= {MAX_TIME_SCALE:g}, got '{value}'" in err, err
