@@ -19,9 +19,11 @@ from attrs import AttrsInstance
 
 from bench.replay import ReplayOptions
 from bench.trace.format import Trace, TraceError, load_trace, read_trace
-from daemon.commands.argtypes import positive_float, positive_int
+from daemon.commands.argtypes import finite_at_least, positive_float, positive_int
 
 T = TypeVar("T", bound=AttrsInstance)
+
+MIN_REQUEST_TIMEOUT_SECONDS = 0.001
 
 
 def from_args(cls: type[T], args: argparse.Namespace, **renamed: str) -> T:
@@ -60,7 +62,14 @@ def add_replay_flags(parser: argparse.ArgumentParser) -> None:
         default="object",
         help="vllm_xargs.agentic_context form (string = JSON string for stock vLLM)",
     )
-    parser.add_argument("--request-timeout", type=positive_float, default=600.0, help="seconds per request")
+    # at least 1 ms: agentd simulate with --request-timeout 1e-100 never ended (its virtual clock
+    # waited for a deadline it could not reach), and no request is answered sooner anyway
+    parser.add_argument(
+        "--request-timeout",
+        type=finite_at_least(MIN_REQUEST_TIMEOUT_SECONDS),
+        default=600.0,
+        help=f"seconds per request (at least {MIN_REQUEST_TIMEOUT_SECONDS:g})",
+    )
     parser.add_argument(
         "--no-sim-hints",
         dest="sim_hints",

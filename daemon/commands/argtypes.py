@@ -61,6 +61,21 @@ def positive_float(text: str) -> float:
     return value
 
 
+def finite_at_least(minimum: float) -> Callable[[str], float]:
+    """A finite number >= ``minimum``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (value >= minimum and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be a finite number >= {minimum:g}, got {text!r}")
+        return value
+
+    return parse
+
+
 def float_in(low: float, high: float) -> Callable[[str], float]:
     """A number within ``(low, high]``."""
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_walk30_cli import QUICKSTART
 
 from bench.commands.calibrate import MAX_PREFILL_POINTS, MAX_TIME_SCALE
+from bench.commands.common import MIN_REQUEST_TIMEOUT_SECONDS
 from bench.commands.trace import MAX_TOKEN_SCALE
 from daemon import cli
 from sim.config import MAX_SIM_KV_BLOCKS, MAX_SIM_RANKS
@@ -185,3 +187,26 @@ def test_calibrate_time_scale_is_bounded(capsys: pytest.CaptureFixture[str], val
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert f"argument --time-scale: must be a number > 0 and <= {MAX_TIME_SCALE:g}, got '{value}'" in err, err
+
+
+@pytest.mark.parametrize("command", ["simulate", "replay", "bench"])
+@pytest.mark.parametrize("value", ["1e-100", "0.0009", "0", "nan"])
+def test_request_timeout_is_at_least_a_millisecond(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str, value: str
+) -> None:
+    """``agentd simulate --request-timeout 1e-100`` never ended (its virtual clock waited in epoll
+    for a deadline it could not reach); the replay flags share the rule."""
+    trace = tmp_path / "t.jsonl"
+    assert cli.main(["trace", "synth", "--profile", "swe-short", "--programs", "1", "--out", str(trace)]) == 0
+    where = {
+        "simulate": ["--config", str(QUICKSTART)],
+        "replay": ["--target", "http://127.0.0.1:1"],
+        "bench": ["--out", str(tmp_path / "bench")],
+    }[command]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        cli.main([command, "--trace", str(trace), *where, "--request-timeout", value])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    rule = f"must be a finite number >= {MIN_REQUEST_TIMEOUT_SECONDS:g}"
+    assert f"argument --request-timeout: {rule}, got '{value}'" in err, err
