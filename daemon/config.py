@@ -42,7 +42,7 @@ from actors.core.config import (
 )
 from actors.core.config import PriorityConfig as CorePriorityConfig
 from daemon.redact import redact_url
-from sim.config import SimServerShape, own_fields_first
+from sim.config import MAX_SIM_RANKS, SimServerShape, own_fields_first
 
 # --------------------------------------------------------------------------------------------
 # The daemon
@@ -90,6 +90,10 @@ def _finite_number(x: Any) -> bool:
 
 def _valid_url(u: Any) -> bool:
     return isinstance(u, str) and (u.startswith("http://") or u.startswith("https://")) and len(u) > 8
+
+
+# Targets (worker URLs x DP ranks) one agentd schedules, as many as the simulator holds ranks
+MAX_TARGETS = MAX_SIM_RANKS
 
 
 @frozen
@@ -151,6 +155,14 @@ class RoutingConfig:
         for url in self.served_models if isinstance(self.served_models, dict) else ():
             if url.rstrip("/") not in seen:
                 yield f"{p}served_models: names a worker that is not in worker_urls (got {url!r})"
+        size = self.intra_node_data_parallel_size
+        if isinstance(size, int) and size > 0 and len(self.worker_urls) * size > MAX_TARGETS:
+            # each target is scheduler state, metric series and hash-ring points: 100000000 grew
+            # agentd start by gigabytes before it listened
+            yield (
+                f"{p}intra_node_data_parallel_size: worker_urls x intra_node_data_parallel_size must be at most "
+                f"{MAX_TARGETS} targets (got {len(self.worker_urls)} x {size})"
+            )
         total = self.request_timeout_seconds
         for name in ("first_byte_timeout_seconds", "stream_idle_timeout_seconds"):
             value = getattr(self, name)

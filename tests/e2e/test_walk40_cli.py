@@ -12,6 +12,7 @@ from bench.commands.calibrate import MAX_PREFILL_POINTS, MAX_TIME_SCALE
 from bench.commands.common import MIN_REQUEST_TIMEOUT_SECONDS
 from bench.commands.trace import MAX_TOKEN_SCALE
 from daemon import cli
+from daemon.config import MAX_TARGETS
 from sim.config import MAX_SIM_KV_BLOCKS, MAX_SIM_RANKS
 
 
@@ -210,3 +211,22 @@ def test_request_timeout_is_at_least_a_millisecond(
     err = capsys.readouterr().err
     rule = f"must be a finite number >= {MIN_REQUEST_TIMEOUT_SECONDS:g}"
     assert f"argument --request-timeout: {rule}, got '{value}'" in err, err
+
+
+@pytest.mark.parametrize("command", ["check-config", "start"])
+def test_more_targets_than_agentd_schedules_is_a_config_error(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    """``--intra-node-data-parallel-size 100000000`` passed check-config, and agentd start grew by
+    gigabytes building the targets, never listening (docs/config.md, ``[routing]``)."""
+    flags = ["--worker-urls", "http://127.0.0.1:1", "--intra-node-data-parallel-size", "100000000", "--port", "0"]
+    assert cli.main([command, *flags]) == 2
+    err = capsys.readouterr().err
+    expected = (
+        "  routing.intra_node_data_parallel_size (--intra-node-data-parallel-size): worker_urls x "
+        f"intra_node_data_parallel_size must be at most {MAX_TARGETS} targets (got 1 x 100000000)\n"
+    )
+    assert expected in err, err
+
+
+def test_the_most_targets_are_valid() -> None:
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    assert cli.main(["check-config", "--worker-urls", *urls, "--intra-node-data-parallel-size", "2048"]) == 0
