@@ -56,6 +56,10 @@ PROMETHEUS_DEFAULT_HOST = "127.0.0.1"
 LOG_FORMATS = ("kv", "json")
 
 
+# relay processes one daemon may run: each is a Python process of its own (tens of MB), and the one
+# scheduler process handles every relay's admissions; a million was a fork bomb that check-config
+# passed (docs/config.md [server])
+MAX_DATA_PLANE_PROCESSES = 64
 HTTP1_IMPLEMENTATIONS = ("agentd", "hypercorn")
 # overrides [server] http1_implementation when set (the test suite runs its socket tests on both)
 HTTP1_ENV = "AGENTD_HTTP1_IMPLEMENTATION"
@@ -72,7 +76,13 @@ class ServerConfig:
     # relay processes of the data plane (docs/operations.md §13): 1 = one process (the scheduler
     # serves HTTP itself); N > 1 = N relay processes on the port and one scheduler process;
     # 0 = auto (the number of cores, at most MAX_AUTO_DATA_PLANE_PROCESSES)
-    data_plane_processes: int = rule_field(INT_GE_0, 1)
+    data_plane_processes: int = rule_field(
+        (
+            lambda x: isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_DATA_PLANE_PROCESSES,
+            f"must be an integer within [0, {MAX_DATA_PLANE_PROCESSES}]",
+        ),
+        1,
+    )
     # hold the writes of one stream up to this many ms (0: every event at once; docs/operations.md
     # §13.5); never the first token, never the end of the stream
     stream_coalesce_ms: float = rule_field(

@@ -12,7 +12,7 @@ from bench.commands.calibrate import MAX_PREFILL_POINTS, MAX_TIME_SCALE
 from bench.commands.common import MIN_REQUEST_TIMEOUT_SECONDS
 from bench.commands.trace import MAX_TOKEN_SCALE
 from daemon import cli
-from daemon.config import MAX_TARGETS
+from daemon.config import MAX_DATA_PLANE_PROCESSES, MAX_TARGETS
 from sim.config import MAX_SIM_KV_BLOCKS, MAX_SIM_RANKS
 
 
@@ -230,3 +230,24 @@ def test_more_targets_than_agentd_schedules_is_a_config_error(capsys: pytest.Cap
 def test_the_most_targets_are_valid() -> None:
     urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
     assert cli.main(["check-config", "--worker-urls", *urls, "--intra-node-data-parallel-size", "2048"]) == 0
+
+
+@pytest.mark.parametrize("command", ["check-config", "start"])
+def test_more_relay_processes_than_agentd_runs_is_a_config_error(
+    capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """``--data-plane-processes 1000000`` passed check-config: agentd start would have forked a
+    million relay processes (docs/config.md, ``[server]``)."""
+    flags = ["--worker-urls", "http://127.0.0.1:1", "--data-plane-processes", "1000000", "--port", "0"]
+    assert cli.main([command, *flags]) == 2
+    err = capsys.readouterr().err
+    expected = (
+        "  server.data_plane_processes (--data-plane-processes): must be an integer within "
+        f"[0, {MAX_DATA_PLANE_PROCESSES}] (got 1000000)\n"
+    )
+    assert expected in err, err
+
+
+def test_the_most_relay_processes_are_valid() -> None:
+    flags = ["--worker-urls", "http://127.0.0.1:1", "--data-plane-processes", str(MAX_DATA_PLANE_PROCESSES)]
+    assert cli.main(["check-config", *flags]) == 0
