@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from typing import TextIO
 
 from bench.commands.common import from_args, load_trace_arg
 from bench.trace.format import TraceError, merge_traces, save_trace, write_trace
@@ -61,6 +63,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     synth.add_argument(
         "--concurrency", type=positive_int, default=None, help="default replay concurrency stored in the trace meta"
     )
+    shown = synth.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_true",
+        default=None,
+        help="progress line on stderr (the default when stderr is a terminal)",
+    )
+    shown.add_argument("--no-progress", dest="progress", action="store_false", help="no progress line")
     synth.add_argument(
         "--max-turns",
         type=positive_int,
@@ -125,13 +136,55 @@ def _synth(args: argparse.Namespace) -> int:
     if _out_problem(args, "agentd trace synth"):
         return 2
     knobs = from_args(Knobs, args, arrival_rate_per_second="arrival_rate")
-    trace = synthesize(args.profile, args.programs, args.seed, knobs)
-    if args.out == "-":
-        write_trace(trace, sys.stdout)
-    else:
-        save_trace(trace, args.out)
+    shown = sys.stderr.isatty() if args.progress is None else args.progress
+    line = _ProgressLine(sys.stderr, f"agentd trace synth: {args.profile}") if shown else None
+    try:
+        trace = synthesize(args.profile, args.programs, args.seed, knobs, line.update if line else None)
+        if args.out == "-":
+            write_trace(trace, sys.stdout, line.update if line else None)
+        else:
+            save_trace(trace, args.out, line.update if line else None)
+    finally:
+        if line is not None:
+            line.close()
+    if args.out != "-":
         print(f"wrote {len(trace.records)} requests of {len(trace.sessions())} programs to {args.out}", file=sys.stderr)
     return 0
+
+
+class _ProgressLine:
+    """``\r``-redrawn ``label: phase done/total  elapsed``, at most four times a second: a
+    coding-long trace of 3,000 programs takes about 20 s and 1.7 GB, of 30,000 minutes."""
+
+    def __init__(self, stream: TextIO, label: str) -> None:
+        self._stream = stream
+        self._label = label
+        self._t0 = self._last = time.monotonic()
+        self._drawn = 0  # the length of the line drawn last (0: none yet)
+        self._state = ("", 0, 0)
+
+    def update(self, phase: str, done: int, total: int) -> None:
+        new_phase = phase != self._state[0]
+        self._state = (phase, done, total)
+        now = time.monotonic()
+        if new_phase or now - self._last >= 0.25:
+            self._last = now
+            self._draw(now)
+
+    def _draw(self, now: float) -> None:
+        phase, done, total = self._state
+        text = f"{self._label}: {phase} {done:,}/{total:,}  {now - self._t0:.1f}s"
+        self._stream.write("\r" + text.ljust(self._drawn))  # blanks over a longer previous line
+        self._stream.flush()
+        self._drawn = len(text)
+
+    def close(self) -> None:
+        if self._drawn:
+            phase, _, total = self._state
+            self._state = (phase, total, total)
+            self._draw(time.monotonic())
+            self._stream.write("\n")
+            self._stream.flush()
 
 
 def _stats(args: argparse.Namespace) -> int:

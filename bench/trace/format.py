@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TextIO
 
 import attrs
@@ -179,20 +179,27 @@ def meta_to_json(meta: TraceMeta) -> dict[str, Any]:
     return {"meta": {"format": FORMAT_NAME, **attrs.asdict(meta)}}
 
 
-def dumps_trace(trace: Trace) -> str:
-    """The JSONL text of ``trace``: the meta line, then one line per record."""
+def dumps_trace(trace: Trace, progress: Callable[[str, int, int], None] | None = None) -> str:
+    """The JSONL text of ``trace``: the meta line, then one line per record (``progress`` is told
+    how many records are encoded)."""
     lines = [json.dumps(meta_to_json(trace.meta), sort_keys=True)]
-    lines.extend(json.dumps(record_to_json(r), sort_keys=True) for r in trace.records)
+    total = len(trace.records)
+    for done, r in enumerate(trace.records):
+        if progress is not None:
+            progress("encoding request", done, total)
+        lines.append(json.dumps(record_to_json(r), sort_keys=True))
     return "\n".join(lines) + "\n"
 
 
-def write_trace(trace: Trace, fh: TextIO) -> None:
-    fh.write(dumps_trace(trace))
+def write_trace(trace: Trace, fh: TextIO, progress: Callable[[str, int, int], None] | None = None) -> None:
+    fh.write(dumps_trace(trace, progress))
 
 
-def save_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
+def save_trace(
+    trace: Trace, path: str | os.PathLike[str], progress: Callable[[str, int, int], None] | None = None
+) -> None:
     """Write ``trace`` to ``path`` atomically (the whole file or, on failure, the previous one)."""
-    write_atomic(path, dumps_trace(trace))
+    write_atomic(path, dumps_trace(trace, progress))
 
 
 def _parse_meta(obj: Any, lineno: int) -> TraceMeta:

@@ -481,10 +481,16 @@ _GENERATORS: dict[str, Callable[[random.Random, int, Knobs], tuple[list[_Draft],
 }
 
 
-def _with_hash_ids(drafts: list[_Draft]) -> list[TraceRecord]:
+# progress(phase, done, total): what a long synthesis has done so far (``agentd trace synth --progress``)
+Progress = Callable[[str, int, int], None]
+
+
+def _with_hash_ids(drafts: list[_Draft], progress: Progress | None = None) -> list[TraceRecord]:
     ids: dict[tuple[Any, ...], int] = {}
     out: list[TraceRecord] = []
-    for d in drafts:
+    for done, d in enumerate(drafts):
+        if progress is not None:
+            progress("hashing prompts of session", done, len(drafts))
         chain = HashChain(ids)
         prev: TraceRecord | None = None
         for rec in d.records:
@@ -499,8 +505,11 @@ def _with_hash_ids(drafts: list[_Draft]) -> list[TraceRecord]:
     return out
 
 
-def synthesize(profile: str, programs: int, seed: int, knobs: Knobs | None = None) -> Trace:
-    """Generate ``programs`` root Programs (subagents come on top) of ``profile``."""
+def synthesize(
+    profile: str, programs: int, seed: int, knobs: Knobs | None = None, progress: Progress | None = None
+) -> Trace:
+    """Generate ``programs`` root Programs (subagents come on top) of ``profile``; ``progress`` is
+    told each phase's progress (the sessions' prompts are hashed block by block, most of the time)."""
     _check_profile(profile)
     if programs < 1:
         raise ValueError(f"programs must be >= 1, got {programs}")
@@ -510,6 +519,8 @@ def synthesize(profile: str, programs: int, seed: int, knobs: Knobs | None = Non
     if knobs.max_turns is not None and knobs.max_turns < 1:
         raise ValueError(f"max_turns must be >= 1, got {knobs.max_turns}")
     rng = random.Random(seed)
+    if progress is not None:
+        progress("generating programs", 0, programs)
     drafts, extra = _GENERATORS[profile](rng, programs, knobs)
     params = {"knobs": attrs.asdict(knobs)}
     if "arrival_rate_per_second" in extra:
@@ -522,7 +533,7 @@ def synthesize(profile: str, programs: int, seed: int, knobs: Knobs | None = Non
         concurrency=extra["concurrency"],
         params=params,
     )
-    return Trace(meta=meta, records=tuple(_with_hash_ids(drafts)))
+    return Trace(meta=meta, records=tuple(_with_hash_ids(drafts, progress)))
 
 
 # What a trace of each profile should reproduce: the workload statistics it is calibrated to (the

@@ -251,3 +251,28 @@ def test_more_relay_processes_than_agentd_runs_is_a_config_error(
 def test_the_most_relay_processes_are_valid() -> None:
     flags = ["--worker-urls", "http://127.0.0.1:1", "--data-plane-processes", str(MAX_DATA_PLANE_PROCESSES)]
     assert cli.main(["check-config", *flags]) == 0
+
+
+def test_trace_synth_shows_progress_on_request_and_writes_the_same_trace(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A large synthesis ran silently (a coding-long trace of 3,000 programs takes about 20 s): with
+    ``--progress`` (the default on a terminal) a line on stderr tells each phase's progress; the
+    trace written is the same either way."""
+    argv = ["trace", "synth", "--profile", "coding-long", "--programs", "4", "--max-turns", "3"]
+    assert cli.main([*argv, "--out", str(tmp_path / "quiet.jsonl")]) == 0
+    quiet = capsys.readouterr().err  # stderr is no terminal here: no progress line by default
+    assert "\r" not in quiet and quiet.startswith("wrote ")
+    assert cli.main([*argv, "--out", str(tmp_path / "shown.jsonl"), "--progress"]) == 0
+    err = capsys.readouterr().err
+    lines = err.split("\r")
+    assert lines[0] == ""
+    assert lines[1].startswith("agentd trace synth: coding-long: generating programs 0/4  ")
+    assert any(x.startswith("agentd trace synth: coding-long: hashing prompts of session ") for x in lines)
+    records = (tmp_path / "shown.jsonl").read_text().count("\n") - 1  # the meta line
+    last, wrote = lines[-1].split("\n", 1)
+    assert last.startswith(f"agentd trace synth: coding-long: encoding request {records}/{records}  ")
+    assert wrote.startswith(f"wrote {records} requests of ")
+    assert (tmp_path / "shown.jsonl").read_bytes() == (tmp_path / "quiet.jsonl").read_bytes()
+    assert cli.main([*argv, "--out", str(tmp_path / "none.jsonl"), "--no-progress"]) == 0
+    assert "\r" not in capsys.readouterr().err
