@@ -41,6 +41,24 @@ def from_args(cls: type[T], args: argparse.Namespace, **renamed: str) -> T:
     return cls(**values)
 
 
+def add_progress_flags(parser: argparse.ArgumentParser) -> None:
+    """``--progress`` / ``--no-progress`` into ``args.progress`` (None: neither given)."""
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_true",
+        default=None,
+        help="progress line on stderr (the default when stderr is a terminal)",
+    )
+    shown.add_argument("--no-progress", dest="progress", action="store_false", help="no progress line")
+
+
+def progress_shown(args: argparse.Namespace) -> bool:
+    """Whether to draw a progress line: as asked, else when stderr is a terminal."""
+    return sys.stderr.isatty() if args.progress is None else bool(args.progress)
+
+
 def add_replay_flags(parser: argparse.ArgumentParser) -> None:
     """Flags of ``agentd replay``, ``agentd simulate`` and ``agentd bench``: see ``replay_options``."""
     parser.add_argument(

@@ -15,7 +15,14 @@ import sys
 
 import attrs
 
-from bench.commands.common import add_replay_flags, failure_line, load_trace_arg, replay_options
+from bench.commands.common import (
+    add_progress_flags,
+    add_replay_flags,
+    failure_line,
+    load_trace_arg,
+    progress_shown,
+    replay_options,
+)
 from bench.output import write_report
 from bench.progress import progress_line
 from bench.report import trace_summary
@@ -35,15 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", required=True, metavar="FILE", help="trace JSONL (agentd trace synth)")
     parser.add_argument("--out", default=None, help="report JSON path (default: stdout)")
     parser.add_argument("--seed", type=int_at_least(0), default=None, help="override embedded.seed (>= 0)")
-    shown = parser.add_mutually_exclusive_group()
-    shown.add_argument(
-        "--progress",
-        dest="progress",
-        action="store_true",
-        default=None,
-        help="progress line on stderr (the default when stderr is a terminal)",
-    )
-    shown.add_argument("--no-progress", dest="progress", action="store_false", help="no progress line")
+    add_progress_flags(parser)
     add_replay_flags(parser)
     parser.set_defaults(time_scale=None)
 
@@ -79,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if args.model == "agentd-sim":
         opts = attrs.evolve(opts, model=cfg.embedded.model)
     # long runs show progress as bench, replay and check-fairness do; a pipe or a file stays clean
-    shown = sys.stderr.isatty() if args.progress is None else args.progress
+    shown = progress_shown(args)
     with progress_line(shown, "simulate") as progress:
         report = run_simulation(
             cfg,

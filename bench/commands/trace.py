@@ -15,7 +15,7 @@ import sys
 import time
 from typing import TextIO
 
-from bench.commands.common import from_args, load_trace_arg
+from bench.commands.common import add_progress_flags, from_args, load_trace_arg, progress_shown
 from bench.trace.format import TraceError, merge_traces, save_trace, write_trace
 from bench.trace.stats import compare, format_report, trace_stats
 from bench.trace.synth import PROFILES, Knobs, knobs_from_meta, synthesize, targets_for
@@ -63,15 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     synth.add_argument(
         "--concurrency", type=positive_int, default=None, help="default replay concurrency stored in the trace meta"
     )
-    shown = synth.add_mutually_exclusive_group()
-    shown.add_argument(
-        "--progress",
-        dest="progress",
-        action="store_true",
-        default=None,
-        help="progress line on stderr (the default when stderr is a terminal)",
-    )
-    shown.add_argument("--no-progress", dest="progress", action="store_false", help="no progress line")
+    add_progress_flags(synth)
     synth.add_argument(
         "--max-turns",
         type=positive_int,
@@ -136,7 +128,7 @@ def _synth(args: argparse.Namespace) -> int:
     if _out_problem(args, "agentd trace synth"):
         return 2
     knobs = from_args(Knobs, args, arrival_rate_per_second="arrival_rate")
-    shown = sys.stderr.isatty() if args.progress is None else args.progress
+    shown = progress_shown(args)
     line = _ProgressLine(sys.stderr, f"agentd trace synth: {args.profile}") if shown else None
     try:
         trace = synthesize(args.profile, args.programs, args.seed, knobs, line.update if line else None)
