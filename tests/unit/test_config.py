@@ -295,7 +295,8 @@ def test_config_data_plane_processes_is_validated_and_defaults_to_one_process(tm
     path.write_text("[server]\ndata_plane_processes = -1\n")
     with pytest.raises(ConfigError) as info:
         load_config(path)
-    assert any("server.data_plane_processes" in line and "within [0, 64]" in line for line in info.value.lines), info.value.lines
+    lines = info.value.lines
+    assert any("server.data_plane_processes" in line and "within [0, 64]" in line for line in lines), lines
 
 
 def test_config_relay_processes_in_embedded_mode_warn() -> None:
