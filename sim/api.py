@@ -6,8 +6,9 @@ the in-process httpx transport (``transport.py``).  A response either has a ``bo
 ``aclose()`` it, which aborts the request if it is still running).
 
 Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``,
-``POST /v1/completions``, ``POST /tokenize``, ``POST /detokenize``, ``POST /v1/chat/completions/render``
-and ``/v1/completions/render`` (vllm-router's cache_aware policy), ``GET /get_load``,
+``POST /v1/completions``, ``POST /v1/responses``, ``POST /v1/embeddings``, ``POST /tokenize``,
+``POST /detokenize``, ``POST /v1/chat/completions/render`` and ``/v1/completions/render``
+(vllm-router's cache_aware policy), ``GET /get_load``,
 ``GET /version``, ``GET /metrics`` (see ``metrics.py``).
 
 Request parsing and response shapes live in ``requests.py`` and ``responses.py``.
@@ -317,6 +318,7 @@ _KNOWN_PATHS = frozenset(
         "/server_info",
         "/v1/chat/completions",
         "/v1/completions",
+        "/v1/responses",
         "/tokenize",
         "/detokenize",
         "/v1/embeddings",

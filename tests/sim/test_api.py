@@ -325,7 +325,17 @@ async def test_other_endpoints(autojump_clock: trio.abc.Clock) -> None:
         assert render["token_ids"] == tokenizer.render_chat([USER])
         assert (await client.get("/get_load")).json() == {"load": 0}
         assert (await client.get("/nope")).status_code == 404
-        assert (await client.get("/v1/chat/completions")).status_code == 405
+        for path in (
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/responses",  # was a 404: a GET on a served POST endpoint is vLLM's 405
+            "/v1/embeddings",
+            "/tokenize",
+            "/detokenize",
+        ):
+            wrong_method = await client.get(path)
+            assert wrong_method.status_code == 405, path
+            assert wrong_method.json()["error"]["type"] == "MethodNotAllowed"
         bad_json = await client.post("/v1/chat/completions", content=b"{not json")
         assert bad_json.status_code == 400 and bad_json.json()["error"]["param"] == "body"
 
