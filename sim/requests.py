@@ -275,25 +275,64 @@ def _plan_output(
         if hint_finish == "tool_calls" and not chat:
             raise bad("vllm_xargs.sim_finish_reason", "'tool_calls' needs /v1/chat/completions")
         finish = hint_finish
+    forced = _forced_tool(body) if chat else None
+    hint_where = "vllm_xargs.sim_finish_reason"
+    if forced is not None and hint_finish is None:
+        # vLLM's guided decoding makes a forced tool_choice always answer a tool call: finish
+        # "tool_calls" for "required", "stop" for a named function (docs/simulator.md §3)
+        name_forced, finish = forced
+        hint_where = "tool_choice"
+    else:
+        name_forced = None
     material = f"{seed}:{hash(tuple(prompt_ids))}:{n_out}"
-    if finish != "tool_calls":
+    if finish != "tool_calls" and name_forced is None:
         pieces = tokenizer.generate_pieces(material, n_out)
         return PlannedOutput(tokenizer.piece_ids(pieces), pieces, finish)
     hint_name = xargs.get("sim_tool_name")
     if hint_name is not None and (not isinstance(hint_name, str) or not 1 <= len(hint_name) <= 64):
         raise bad("vllm_xargs.sim_tool_name", f"must be a string of 1 to 64 characters, got {hint_name!r}")
-    name = hint_name or _first_tool_name(body.get("tools")) or "sim_tool"
+    name = name_forced or hint_name or _first_tool_name(body.get("tools")) or "sim_tool"
     name_ids = tokenizer.tokenize(name)
     k = n_out - 3 - len(name_ids)
     if k < 1:
-        raise bad(
-            "vllm_xargs.sim_finish_reason", f"a tool call to {name!r} needs at least {len(name_ids) + 4} output tokens"
-        )
+        raise bad(hint_where, f"a tool call to {name!r} needs at least {len(name_ids) + 4} output tokens")
     arguments = tokenizer.tool_call_arguments(material, k)
     ids = tokenizer.render_tool_call(name, arguments)
     pieces = ["", *([""] * len(name_ids)), *tokenizer.split_pieces(arguments), ""]
     call_id = "chatcmpl-tool-" + hashlib.blake2b(material.encode(), digest_size=8).hexdigest()
     return PlannedOutput(ids, pieces, finish, ToolCall(call_id, name, arguments, len(name_ids)))
+
+
+def _tool_names(tools: Any) -> list[str]:
+    if not isinstance(tools, list):
+        return []
+    names = []
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str) and function["name"]:
+            names.append(function["name"])
+    return names
+
+
+def _forced_tool(body: Mapping[str, Any]) -> tuple[str | None, str] | None:
+    """``(function name or None for "any declared tool", finish reason)`` when ``tool_choice``
+    forces a tool call (``"required"`` or ``{"type": "function", "function": {"name": ...}}``),
+    else None; a forced choice without matching ``tools`` is vLLM's 400."""
+    choice = body.get("tool_choice")
+    if choice is None or choice in ("auto", "none"):
+        return None
+    names = _tool_names(body.get("tools"))
+    if choice == "required":
+        if not names:
+            raise bad("tool_choice", "When using `tool_choice`, `tools` must be set.")
+        return None, "tool_calls"
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or not name:
+        raise bad("tool_choice", f"must be 'none', 'auto', 'required' or a named function, got {choice!r}")
+    if name not in names:
+        raise bad("tool_choice", f"Tool '{name}' has not been passed in `tools`.")
+    return name, "stop"
 
 
 def _first_tool_name(tools: Any) -> str | None:
@@ -336,9 +375,16 @@ def responses_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
         raise bad("input", "field required: a string or a non-empty list of input items")
     chat: dict[str, Any] = {k: body[k] for k in _RESPONSES_PASSTHROUGH if k in body}
     chat["messages"] = messages
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+    elif choice is not None:
+        chat["tool_choice"] = choice
+    forced = chat.get("tool_choice") not in (None, "auto", "none")
     xargs = chat.get("vllm_xargs")
-    if xargs is None or (
-        isinstance(xargs, dict) and "sim_output_tokens" not in xargs and "sim_finish_reason" not in xargs
+    if not forced and (  # a forced tool_choice answers a tool call, as in chat
+        xargs is None
+        or (isinstance(xargs, dict) and "sim_output_tokens" not in xargs and "sim_finish_reason" not in xargs)
     ):
         # a natural stop by default, status "completed": agent SDKs treat an "incomplete" response
         # (the chat default's "length") as an error; the hints choose as for chat (docs/simulator.md §3)

@@ -489,3 +489,47 @@ async def test_responses_api_errors_name_the_field(autojump_clock: trio.abc.Cloc
         hint = {"vllm_xargs": {"sim_finish_reason": "length"}}
         doc = (await client.post("/v1/responses", json={"input": "x", "max_output_tokens": 2, **hint})).json()
         assert doc["status"] == "incomplete" and doc["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+async def test_forced_tool_choice_answers_a_tool_call(autojump_clock: trio.abc.Clock) -> None:
+    # vLLM's guided decoding answers a forced tool_choice with a tool call ("required": finish
+    # "tool_calls"; a named function: that function, finish "stop"); the simulator answered text
+    tools = [
+        {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}},
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+    ]
+    base = {"messages": [USER], "tools": tools, "max_tokens": 12}
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    async with sim_client() as (_cluster, client):
+        for choice, name, finish in (("required", "search", "tool_calls"), (named, "get_weather", "stop")):
+            doc = (await client.post("/v1/chat/completions", json={**base, "tool_choice": choice})).json()
+            (out,) = doc["choices"]
+            (call,) = out["message"]["tool_calls"]
+            assert call["function"]["name"] == name and out["finish_reason"] == finish, doc
+            assert json.loads(call["function"]["arguments"])["q"]
+            assert doc["usage"]["completion_tokens"] == 12
+        auto = (await client.post("/v1/chat/completions", json={**base, "tool_choice": "auto"})).json()
+        assert auto["choices"][0]["message"]["tool_calls"] == [] and auto["choices"][0]["finish_reason"] == "length"
+        streamed = {**base, "tool_choice": named, "stream": True}
+        frames = sse_payloads((await client.post("/v1/chat/completions", json=streamed)).content)
+        assert frames[1]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"] == "get_weather"
+        assert frames[-2]["choices"][0]["finish_reason"] == "stop" and frames[-1] == "[DONE]"
+        responses = {
+            "input": "hi",
+            "max_output_tokens": 12,
+            "tools": [{"type": "function", "name": "lookup", "parameters": {}}],
+            "tool_choice": {"type": "function", "name": "lookup"},
+        }
+        doc = (await client.post("/v1/responses", json=responses)).json()
+        assert doc["status"] == "completed" and doc["output"][0]["type"] == "function_call", doc
+        assert doc["output"][0]["name"] == "lookup"
+        for choice, message in (
+            ({"type": "function", "function": {"name": "nope"}}, "Tool 'nope' has not been passed in `tools`."),
+            ("required", "When using `tool_choice`, `tools` must be set."),
+        ):
+            payload = {"messages": [USER], "max_tokens": 12, "tool_choice": choice}
+            if choice != "required":
+                payload["tools"] = tools
+            err = await client.post("/v1/chat/completions", json=payload)
+            assert err.status_code == 400 and err.json()["error"]["param"] == "tool_choice"
+            assert message in err.json()["error"]["message"]
