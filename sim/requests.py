@@ -77,6 +77,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     continuous_usage: bool
+    logprobs: int | None = None  # top alternatives per token when logprobs are requested, else None
 
 
 def _is_int(v: Any) -> bool:
@@ -246,7 +247,33 @@ def parse_generation(body: Mapping[str, Any], *, chat: bool, cluster: SimCluster
     skip_cache = body.get("prompt_logprobs") is not None
 
     output = _plan_output(body, xargs, prompt_ids, max_tokens, chat=chat, seed=config.seed)
-    return ParsedRequest(prompt_ids, output, priority, cache_salt, skip_cache, stream, include_usage, continuous)
+    logprobs = _logprobs(body, chat=chat)
+    return ParsedRequest(
+        prompt_ids, output, priority, cache_salt, skip_cache, stream, include_usage, continuous, logprobs
+    )
+
+
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+
+
+def _logprobs(body: Mapping[str, Any], *, chat: bool) -> int | None:
+    """How many top alternatives a client asks for per output token (chat: ``logprobs: true`` and
+    ``top_logprobs``; completions: ``logprobs: k``), or None when it asks for no logprobs."""
+    if chat:
+        if not _opt_bool(body, "logprobs"):
+            return None
+        k = body.get("top_logprobs")
+        where = "top_logprobs"
+    else:
+        k = body.get("logprobs")
+        if k is None:
+            return None
+        where = "logprobs"
+    if k is None:
+        return 0
+    if not _is_int(k) or not 0 <= k <= MAX_LOGPROBS:
+        raise bad(where, f"must be an integer from 0 to {MAX_LOGPROBS}, got {k!r}")
+    return int(k)
 
 
 def _scalar(v: Any) -> bool:

@@ -36,6 +36,32 @@ def usage(parsed: ParsedRequest, completion_tokens: int, cached: int) -> dict[st
     }
 
 
+def token_logprobs(parsed: ParsedRequest, first: int, end: int, *, chat: bool) -> dict[str, Any] | None:
+    """The ``logprobs`` of output tokens ``[first, end)`` in OpenAI's chat or completions shape, or
+    None when the request asked for none.  The simulated output is certain: every token has
+    logprob 0.0 and is its own only top alternative (docs/simulator.md §3)."""
+    if parsed.logprobs is None:
+        return None
+    pieces = parsed.output.pieces[first:end]
+    top = parsed.logprobs
+    if chat:
+        content = []
+        for piece in pieces:
+            entry = {"token": piece, "logprob": 0.0, "bytes": list(piece.encode())}
+            content.append({**entry, "top_logprobs": [entry] if top else []})
+        return {"content": content}
+    offsets, offset = [], sum(len(p) for p in parsed.output.pieces[:first])
+    for piece in pieces:
+        offsets.append(offset)
+        offset += len(piece)
+    return {
+        "text_offset": offsets,
+        "token_logprobs": [0.0] * len(pieces),
+        "tokens": list(pieces),
+        "top_logprobs": [{piece: 0.0} if top else {} for piece in pieces],
+    }
+
+
 def final_response(
     parsed: ParsedRequest, *, response_id: str, created: int, model: str, chat: bool, num_cached_tokens: int
 ) -> dict[str, Any]:
@@ -57,7 +83,7 @@ def final_response(
         choice: dict[str, Any] = {
             "index": 0,
             "message": message,
-            "logprobs": None,
+            "logprobs": token_logprobs(parsed, 0, n, chat=True),
             "finish_reason": out.finish_reason,
             "stop_reason": None,
         }
@@ -66,7 +92,7 @@ def final_response(
         choice = {
             "index": 0,
             "text": "".join(out.pieces),
-            "logprobs": None,
+            "logprobs": token_logprobs(parsed, 0, n, chat=False),
             "finish_reason": out.finish_reason,
             "stop_reason": None,
             "prompt_logprobs": None,
@@ -186,11 +212,14 @@ class SseStream:
                     delta["tool_calls"] = [{"index": 0, "function": {"arguments": pieces[i]}}]
                 if not delta and finish is None:
                     continue  # vLLM sends no empty deltas
-                choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                logprobs = token_logprobs(parsed, i, i + 1, chat=True)
+                choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             else:
                 if not pieces[i] and finish is None:
                     continue
-                choice = {"index": 0, "text": pieces[i], "logprobs": None, "finish_reason": finish, "stop_reason": None}
+                logprobs = token_logprobs(parsed, i, i + 1, chat=False)
+                choice = {"index": 0, "text": pieces[i], "logprobs": logprobs, "finish_reason": finish}
+                choice["stop_reason"] = None
             if finish is not None:
                 choice["stop_reason"] = None
             payload = {**self._head, "choices": [choice]}

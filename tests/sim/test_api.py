@@ -533,3 +533,32 @@ async def test_forced_tool_choice_answers_a_tool_call(autojump_clock: trio.abc.C
             err = await client.post("/v1/chat/completions", json=payload)
             assert err.status_code == 400 and err.json()["error"]["param"] == "tool_choice"
             assert message in err.json()["error"]["message"]
+
+
+async def test_logprobs_are_answered_in_openai_shapes(autojump_clock: trio.abc.Clock) -> None:
+    # a client asking for logprobs got "logprobs": null, so choice.logprobs.content failed
+    async with sim_client() as (_cluster, client):
+        chat = {"messages": [USER], "max_tokens": 3, "logprobs": True, "top_logprobs": 2}
+        doc = (await client.post("/v1/chat/completions", json=chat)).json()
+        content = doc["choices"][0]["logprobs"]["content"]
+        assert "".join(t["token"] for t in content) == doc["choices"][0]["message"]["content"]
+        assert all(t["logprob"] == 0.0 and t["bytes"] == list(t["token"].encode()) for t in content)
+        assert all(t["top_logprobs"][0]["token"] == t["token"] for t in content)
+        frames = sse_payloads((await client.post("/v1/chat/completions", json={**chat, "stream": True})).content)
+        streamed = [f["choices"][0]["logprobs"] for f in frames[1:-1]]
+        assert [lp["content"][0]["token"] for lp in streamed] == [t["token"] for t in content]
+        assert frames[0]["choices"][0]["logprobs"] is None
+        plain = (await client.post("/v1/chat/completions", json={"messages": [USER], "max_tokens": 3})).json()
+        assert plain["choices"][0]["logprobs"] is None
+
+        cmpl = {"prompt": "hello there", "max_tokens": 3, "logprobs": 1}
+        doc = (await client.post("/v1/completions", json=cmpl)).json()
+        lp = doc["choices"][0]["logprobs"]
+        assert "".join(lp["tokens"]) == doc["choices"][0]["text"] and lp["token_logprobs"] == [0.0] * 3
+        assert lp["text_offset"][0] == 0 and lp["text_offset"][1] == len(lp["tokens"][0])
+        assert lp["top_logprobs"] == [{t: 0.0} for t in lp["tokens"]]
+        frames = sse_payloads((await client.post("/v1/completions", json={**cmpl, "stream": True})).content)
+        assert [f["choices"][0]["logprobs"]["tokens"][0] for f in frames[:-1]] == lp["tokens"]
+        assert [f["choices"][0]["logprobs"]["text_offset"][0] for f in frames[:-1]] == lp["text_offset"]
+        bad = await client.post("/v1/chat/completions", json={**chat, "top_logprobs": 21})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_logprobs"
