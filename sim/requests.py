@@ -78,6 +78,7 @@ class ParsedRequest:
     include_usage: bool
     continuous_usage: bool
     logprobs: int | None = None  # top alternatives per token when logprobs are requested, else None
+    echo_text: str = ""  # completions ``echo``: the prompt text that precedes the output text
 
 
 def _is_int(v: Any) -> bool:
@@ -248,9 +249,22 @@ def parse_generation(body: Mapping[str, Any], *, chat: bool, cluster: SimCluster
 
     output = _plan_output(body, xargs, prompt_ids, max_tokens, chat=chat, seed=config.seed)
     logprobs = _logprobs(body, chat=chat)
+    echo_text = _echo_text(body) if not chat else ""
     return ParsedRequest(
-        prompt_ids, output, priority, cache_salt, skip_cache, stream, include_usage, continuous, logprobs
+        prompt_ids, output, priority, cache_salt, skip_cache, stream, include_usage, continuous, logprobs, echo_text
     )
+
+
+def _echo_text(body: Mapping[str, Any]) -> str:
+    """The prompt text a completions request with ``echo: true`` gets in front of its output."""
+    if not _opt_bool(body, "echo"):
+        return ""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise bad("echo", "echo of a token-id prompt is not supported by the simulator's hashing tokenizer")
+    return prompt
 
 
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs

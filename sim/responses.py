@@ -50,7 +50,7 @@ def token_logprobs(parsed: ParsedRequest, first: int, end: int, *, chat: bool) -
             entry = {"token": piece, "logprob": 0.0, "bytes": list(piece.encode())}
             content.append({**entry, "top_logprobs": [entry] if top else []})
         return {"content": content}
-    offsets, offset = [], sum(len(p) for p in parsed.output.pieces[:first])
+    offsets, offset = [], len(parsed.echo_text) + sum(len(p) for p in parsed.output.pieces[:first])
     for piece in pieces:
         offsets.append(offset)
         offset += len(piece)
@@ -91,7 +91,7 @@ def final_response(
     else:
         choice = {
             "index": 0,
-            "text": "".join(out.pieces),
+            "text": parsed.echo_text + "".join(out.pieces),
             "logprobs": token_logprobs(parsed, 0, n, chat=False),
             "finish_reason": out.finish_reason,
             "stop_reason": None,
@@ -128,7 +128,7 @@ class SseStream:
         self._chat = chat
         self._on_close: Callable[[bool], None] | None = on_close
         self._done = False
-        self._sent_role = False
+        self._sent_first = False  # the role frame (chat) or the echoed prompt (completions) went out
         self._emitted = 0
         self._head: dict[str, Any] = {
             "id": response_id,
@@ -186,8 +186,8 @@ class SseStream:
         for i in range(out.first_index, last + 1):
             finish = out.finish_reason if i == last else None
             if self._chat:
-                if not self._sent_role:
-                    self._sent_role = True
+                if not self._sent_first:
+                    self._sent_first = True
                     role = {
                         "index": 0,
                         "delta": {"role": "assistant", "content": ""},
@@ -218,7 +218,9 @@ class SseStream:
                 if not pieces[i] and finish is None:
                     continue
                 logprobs = token_logprobs(parsed, i, i + 1, chat=False)
-                choice = {"index": 0, "text": pieces[i], "logprobs": logprobs, "finish_reason": finish}
+                text = pieces[i] if self._sent_first else parsed.echo_text + pieces[i]
+                self._sent_first = True  # completions: the prompt is echoed in the first frame only
+                choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
                 choice["stop_reason"] = None
             if finish is not None:
                 choice["stop_reason"] = None

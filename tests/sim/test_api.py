@@ -562,3 +562,20 @@ async def test_logprobs_are_answered_in_openai_shapes(autojump_clock: trio.abc.C
         assert [f["choices"][0]["logprobs"]["text_offset"][0] for f in frames[:-1]] == lp["text_offset"]
         bad = await client.post("/v1/chat/completions", json={**chat, "top_logprobs": 21})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_logprobs"
+
+
+async def test_completions_echo_puts_the_prompt_before_the_output(autojump_clock: trio.abc.Clock) -> None:
+    # vLLM's echo: the text starts with the prompt; the simulator ignored echo
+    async with sim_client() as (_cluster, client):
+        body = {"prompt": "hello there", "max_tokens": 3}
+        plain = (await client.post("/v1/completions", json=body)).json()
+        text = plain["choices"][0]["text"]
+        echoed = (await client.post("/v1/completions", json={**body, "echo": True, "logprobs": 0})).json()
+        assert echoed["choices"][0]["text"] == "hello there" + text
+        assert echoed["usage"] == plain["usage"]
+        assert echoed["choices"][0]["logprobs"]["text_offset"][0] == len("hello there")
+        streamed = await client.post("/v1/completions", json={**body, "echo": True, "stream": True})
+        frames = sse_payloads(streamed.content)
+        assert "".join(f["choices"][0]["text"] for f in frames[:-1]) == "hello there" + text
+        ids = await client.post("/v1/completions", json={"prompt": [101, 102], "max_tokens": 2, "echo": True})
+        assert ids.status_code == 400 and ids.json()["error"]["param"] == "echo"
