@@ -198,6 +198,15 @@ def parse_generation(body: Mapping[str, Any], *, chat: bool, cluster: SimCluster
     max_key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(max_key)
     room = config.engine.max_model_len - len(prompt_ids)
+    if room < 1:
+        # the prompt alone fills the context: vLLM names the input, not a max_tokens never sent
+        where = "messages" if chat else "prompt"
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {config.engine.max_model_len} tokens. However, you requested "
+            f"{len(prompt_ids)} tokens in the {where}. Please reduce the length of the {where}.",
+            param=where,
+        )
     if max_tokens is None:
         default = config.default_chat_max_tokens if chat else config.default_completion_max_tokens
         max_tokens = max(1, min(default, room))

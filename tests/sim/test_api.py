@@ -579,3 +579,21 @@ async def test_completions_echo_puts_the_prompt_before_the_output(autojump_clock
         assert "".join(f["choices"][0]["text"] for f in frames[:-1]) == "hello there" + text
         ids = await client.post("/v1/completions", json={"prompt": [101, 102], "max_tokens": 2, "echo": True})
         assert ids.status_code == 400 and ids.json()["error"]["param"] == "echo"
+
+
+async def test_a_prompt_that_fills_the_context_names_the_input(autojump_clock: trio.abc.Clock) -> None:
+    # it named max_tokens ("1600 in the messages, 1 in the completion") for a request without it
+    config = SimConfig(dp_size=1, engine=EngineConfig(num_gpu_blocks=101), deterministic=True)  # 1600 tokens
+    async with sim_client(config) as (_c, client):
+        for path, body, where in (
+            ("/v1/completions", {"prompt": " ".join(["ab"] * 1600)}, "prompt"),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": " ".join(["ab"] * 1600)}]}, "messages"),
+        ):
+            r = await client.post(path, json=body)
+            assert r.status_code == 400 and r.json()["error"]["param"] == where, r.text
+            assert "maximum context length is 1600 tokens" in r.json()["error"]["message"]
+            assert "completion" not in r.json()["error"]["message"]
+        fits = await client.post("/v1/completions", json={"prompt": " ".join(["ab"] * 1599)})
+        assert fits.status_code == 200 and fits.json()["usage"]["completion_tokens"] == 1
+        over = await client.post("/v1/completions", json={"prompt": " ".join(["ab"] * 1590), "max_tokens": 20})
+        assert over.status_code == 400 and over.json()["error"]["param"] == "max_tokens"
