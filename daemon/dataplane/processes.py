@@ -247,6 +247,11 @@ class DataPlane:
             if slot.connection is not None:  # the previous process's connection (diagnostics showed it until now)
                 slot.abandoned_before += slot.connection.abandoned_on_close_count
             slot.process, slot.pid, slot.connection = proc, proc.pid, conn
+            if self.stopping:
+                # the shutdown began while this relay was being started (a restart: _spawn awaits),
+                # so _stop_on's signals missed it; without one it accepted on the public port and
+                # the daemon waited for it forever (docs/operations.md §13.2)
+                proc.send_signal(STOP_SIGNAL)
             slot.starts_count += 1
             slot.started_at = trio.current_time()
             log_event(logger, logging.INFO, "relay_started", relay=slot.index, pid=proc.pid, start=slot.starts_count)

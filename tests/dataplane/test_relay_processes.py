@@ -266,3 +266,50 @@ def test_relay_command_imports_this_processes_agentd_first(monkeypatch: pytest.M
     assert env["PYTHONPATH"].split(os.pathsep) == [root, "/elsewhere"]
     monkeypatch.delenv("PYTHONPATH")
     assert relay_command()[1]["PYTHONPATH"] == root
+
+
+async def test_a_shutdown_during_a_relay_restart_stops_the_new_relay() -> None:
+    """A SIGTERM that arrives while the supervisor is starting a relay again (after one died)
+    drains that relay too (docs/operations.md §13.2).  Starting a process awaits (the fork runs in
+    a thread, the specification is written to its stdin); the stop signals went to the relays
+    alive at the signal, so the new one got none: it kept accepting on the public port and the
+    daemon waited for it forever."""
+    async with trio.open_nursery() as nursery:
+        worker: FaultWorker = await nursery.start(FaultWorker().run)
+        daemon_done = trio.Event()
+
+        async def daemon(task_status: trio.TaskStatus[Any]) -> None:
+            await run_daemon(relay_config(worker.url), task_status=task_status)
+            daemon_done.set()
+
+        handles = await nursery.start(daemon)
+        plane = handles.data_plane
+        assert plane is not None
+        spawn = plane._spawn
+        spawned: list[int] = []
+
+        async def spawn_then_shutdown(slot: Any) -> Any:
+            # the shutdown arrives while the new relay is being started (its process exists, the
+            # supervisor has not recorded it yet)
+            proc, link = await spawn(slot)
+            spawned.append(proc.pid)
+            handles.request_shutdown()
+            while not plane.stopping:  # noqa: ASYNC110 (set by the supervisor's stop task)
+                await trio.sleep(0.01)
+            return proc, link
+
+        plane._spawn = spawn_then_shutdown
+        victim = plane.slots[0].pid
+        assert victim is not None
+        try:
+            os.kill(victim, signal.SIGKILL)
+            with trio.fail_after(BUDGET_SECONDS):
+                await daemon_done.wait()
+            [pid] = spawned
+            assert not pid_alive(pid)
+            assert plane.slots[0].pid == pid and plane.slots[0].last_exit != "running"
+        finally:
+            for pid in spawned:
+                if pid_alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+        nursery.cancel_scope.cancel()
