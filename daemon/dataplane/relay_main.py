@@ -234,7 +234,15 @@ async def run_relay(spec: RelaySpec) -> None:
         root.start_soon(forward_transport.run_reaper)  # to the scheduler process (§13.1)
         link.send(Hello(spec.index, os.getpid()))
         with trio.fail_after(FIRST_SNAPSHOT_SECONDS):
-            await view.first.wait()
+            await _first_of(view.first, shutdown)
+        if not view.first.is_set():
+            # the scheduler process ended (or a stop signal came) before the first snapshot: nothing
+            # to drain.  Before, the relay kept its copy of the public listening socket until the
+            # 30 s timeout above, then died with a traceback (docs/operations.md §13.2)
+            await listener.aclose()
+            log_event(logger, logging.INFO, "relay_stopped", relay=spec.index, pid=os.getpid())
+            root.cancel_scope.cancel()
+            return
         root.start_soon(run_load_reports, link, lambda: native._in_flight, remote)
         app = RelayApp(engine, cfg, edge, auth, spec.scheduler_url, forward)
         state = ServerState(
@@ -266,6 +274,18 @@ async def run_relay(spec: RelaySpec) -> None:
         with trio.move_on_after(1.0):  # let the last Finish/Release frames reach the scheduler
             await link.drained.wait()
         root.cancel_scope.cancel()
+
+
+async def _first_of(*events: trio.Event) -> None:
+    """Until one of ``events`` is set."""
+    async with trio.open_nursery() as race:
+
+        async def wait(event: trio.Event) -> None:
+            await event.wait()
+            race.cancel_scope.cancel()
+
+        for event in events:
+            race.start_soon(wait, event)
 
 
 class _RelayField(logging.Filter):

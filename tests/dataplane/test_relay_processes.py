@@ -9,7 +9,10 @@ restarted, and the daemon keeps serving; SIGTERM-style shutdown drains every pro
 from __future__ import annotations
 
 import os
+import pickle
 import signal
+import socket
+import subprocess
 from typing import Any
 
 import httpx
@@ -313,3 +316,45 @@ async def test_a_shutdown_during_a_relay_restart_stops_the_new_relay() -> None:
                 if pid_alive(pid):
                     os.kill(pid, signal.SIGKILL)
         nursery.cancel_scope.cancel()
+
+
+def test_a_relay_whose_scheduler_ends_before_its_first_snapshot_exits_0_at_once() -> None:
+    """The scheduler process dies (``kill -9``) while a relay is booting, a restarted one for
+    instance: the relay has said hello and waits for its first snapshot, which never comes.  Like a
+    relay that was serving, it stops at once (docs/operations.md §13.2): before, it kept its copy of
+    the public listening socket (a new ``agentd start`` on the port could not bind) until its
+    30 s first-snapshot timeout, then died with a ``TooSlowError`` traceback, exit status 1."""
+    from daemon.dataplane.balance import AcceptBoard
+    from daemon.dataplane.processes import RelaySpec, listening_socket, relay_command
+
+    sock, _url = listening_socket("127.0.0.1", 0)
+    board = AcceptBoard.create(2)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    cfg = relay_config("http://127.0.0.1:9")
+    spec = RelaySpec(cfg, 1, theirs.fileno(), sock.fileno(), "http://127.0.0.1:9", board.fd, 2)
+    command, env = relay_command()
+    proc = subprocess.Popen(
+        command,
+        env=env,
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=(theirs.fileno(), sock.fileno(), board.fd),
+    )
+    try:
+        theirs.close()
+        assert proc.stdin is not None
+        proc.stdin.write(pickle.dumps(spec))
+        proc.stdin.close()
+        proc.stdin = None  # written: communicate() only reads stderr
+        ours.settimeout(BUDGET_SECONDS)
+        assert ours.recv(4096)  # its Hello: booted, waiting for the first snapshot
+        ours.close()  # the scheduler process is gone
+        _out, err = proc.communicate(timeout=BUDGET_SECONDS)
+        assert proc.returncode == 0, err.decode()
+        assert b"Traceback" not in err and b"relay_scheduler_gone" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        sock.close()
+        board.close()
