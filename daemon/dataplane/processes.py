@@ -262,7 +262,7 @@ class DataPlane:
                         await self._wait_ready(conn, proc, slot, shutdown)
                         ready.release()
                         first = False
-                    await proc.wait()
+                    await self._wait_exit(proc, slot, shutdown)
             finally:
                 with trio.CancelScope(shield=True):
                     await self._reap(proc, conn)
@@ -289,6 +289,22 @@ class DataPlane:
             )
             await _sleep_unless(shutdown, backoff)
             backoff = min(backoff * 2, RESTART_MAX_SECONDS)
+
+    async def _wait_exit(self, proc: trio.Process, slot: RelaySlot, shutdown: trio.Event) -> None:
+        """Until the relay exits; once the shutdown began, at most ``shutdown_grace_seconds`` + 5 s:
+        a relay that does not drain by then (stopped, stuck) is killed (``relay_killed``,
+        docs/operations.md §13.2).  Before, the supervisor waited for it without a deadline."""
+        async with trio.open_nursery() as watch:
+
+            async def deadline() -> None:
+                await shutdown.wait()
+                await trio.sleep(self.cfg.server.shutdown_grace_seconds + KILL_MARGIN_SECONDS)
+                log_event(logger, logging.WARNING, "relay_killed", relay=slot.index, pid=proc.pid)
+                proc.kill()
+
+            watch.start_soon(deadline)
+            await proc.wait()
+            watch.cancel_scope.cancel()
 
     async def _wait_ready(
         self, conn: RelayConnection, proc: trio.Process, slot: RelaySlot, shutdown: trio.Event

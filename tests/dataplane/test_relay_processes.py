@@ -358,3 +358,35 @@ def test_a_relay_whose_scheduler_ends_before_its_first_snapshot_exits_0_at_once(
             proc.wait()
         sock.close()
         board.close()
+
+
+async def test_a_relay_that_does_not_drain_is_killed_after_the_grace_period() -> None:
+    """A relay that does not exit after the stop signal (stopped, stuck in a blocking call) is
+    killed ``shutdown_grace_seconds`` + 5 s after the shutdown began (``relay_killed``,
+    docs/operations.md §13.2).  Before, the supervisor waited for it without a deadline: with
+    one relay SIGSTOPped, a SIGTERM left the daemon running for as long as the relay stayed
+    stopped (10 minutes in a manual check)."""
+    async with trio.open_nursery() as nursery:
+        worker: FaultWorker = await nursery.start(FaultWorker().run)
+        daemon_done = trio.Event()
+
+        async def daemon(task_status: trio.TaskStatus[Any]) -> None:
+            await run_daemon(relay_config(worker.url), task_status=task_status)
+            daemon_done.set()
+
+        handles = await nursery.start(daemon)
+        plane = handles.data_plane
+        assert plane is not None
+        stuck = plane.slots[0].pid
+        assert stuck is not None
+        try:
+            os.kill(stuck, signal.SIGSTOP)
+            handles.request_shutdown()
+            with trio.fail_after(BUDGET_SECONDS):
+                await daemon_done.wait()
+            assert [slot.last_exit for slot in plane.slots] == ["killed by SIGKILL", "exit status 0"]
+            assert not pid_alive(stuck)
+        finally:
+            if pid_alive(stuck):
+                os.kill(stuck, signal.SIGKILL)
+        nursery.cancel_scope.cancel()
