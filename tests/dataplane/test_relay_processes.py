@@ -49,6 +49,19 @@ def relay_config(worker_url: str, processes: int = 2) -> AgentdConfig:
     )
 
 
+async def start_relay_daemon(nursery: trio.Nursery, worker: FaultWorker) -> tuple[Any, trio.Event]:
+    """The daemon (this process: the scheduler) with two relay processes in front of ``worker``:
+    its handles, and an event set once ``run_daemon`` has returned."""
+    done = trio.Event()
+
+    async def daemon(task_status: trio.TaskStatus[Any]) -> None:
+        await run_daemon(relay_config(worker.url), task_status=task_status)
+        done.set()
+
+    handles = await nursery.start(daemon)
+    return handles, done
+
+
 async def _proxied_successes(client: httpx.AsyncClient) -> float:
     """``agentd_proxy_requests_total{outcome="success"}`` summed over every process's /metrics."""
     metrics = (await client.get("/metrics")).text
@@ -63,13 +76,7 @@ async def test_two_relays_serve_programs_survive_a_sigkill_and_drain() -> None:
     async with trio.open_nursery() as nursery:
         worker: FaultWorker = await nursery.start(FaultWorker().run)
         worker.default = Act(events=3)
-        daemon_done = trio.Event()
-
-        async def daemon(task_status: trio.TaskStatus[Any]) -> None:
-            await run_daemon(relay_config(worker.url), task_status=task_status)
-            daemon_done.set()
-
-        handles = await nursery.start(daemon)
+        handles, daemon_done = await start_relay_daemon(nursery, worker)
         plane = handles.data_plane
         assert plane is not None and plane.processes == 2
         first_pids = [slot.pid for slot in plane.slots]
@@ -220,13 +227,7 @@ async def test_routes_forwarded_to_the_scheduler_keep_its_content_length() -> No
     process's content-length, not chunked (docs/operations.md §13.1), over real sockets."""
     async with trio.open_nursery() as nursery:
         worker: FaultWorker = await nursery.start(FaultWorker().run)
-        daemon_done = trio.Event()
-
-        async def daemon(task_status: trio.TaskStatus[Any]) -> None:
-            await run_daemon(relay_config(worker.url), task_status=task_status)
-            daemon_done.set()
-
-        handles = await nursery.start(daemon)
+        handles, daemon_done = await start_relay_daemon(nursery, worker)
         assert handles.data_plane is not None and handles.data_plane.processes == 2
         async with httpx.AsyncClient(base_url=handles.http_url, timeout=BUDGET_SECONDS) as client:
             for path in ("/scheduling/diagnostics", "/metrics", "/scheduling/dashboard.json", "/health"):
@@ -279,13 +280,7 @@ async def test_a_shutdown_during_a_relay_restart_stops_the_new_relay() -> None:
     daemon waited for it forever."""
     async with trio.open_nursery() as nursery:
         worker: FaultWorker = await nursery.start(FaultWorker().run)
-        daemon_done = trio.Event()
-
-        async def daemon(task_status: trio.TaskStatus[Any]) -> None:
-            await run_daemon(relay_config(worker.url), task_status=task_status)
-            daemon_done.set()
-
-        handles = await nursery.start(daemon)
+        handles, daemon_done = await start_relay_daemon(nursery, worker)
         plane = handles.data_plane
         assert plane is not None
         spawn = plane._spawn
@@ -368,13 +363,7 @@ async def test_a_relay_that_does_not_drain_is_killed_after_the_grace_period() ->
     stopped (10 minutes in a manual check)."""
     async with trio.open_nursery() as nursery:
         worker: FaultWorker = await nursery.start(FaultWorker().run)
-        daemon_done = trio.Event()
-
-        async def daemon(task_status: trio.TaskStatus[Any]) -> None:
-            await run_daemon(relay_config(worker.url), task_status=task_status)
-            daemon_done.set()
-
-        handles = await nursery.start(daemon)
+        handles, daemon_done = await start_relay_daemon(nursery, worker)
         plane = handles.data_plane
         assert plane is not None
         stuck = plane.slots[0].pid

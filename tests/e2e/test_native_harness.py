@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from bench import wrk
+from bench.harness import free_port, wait_listening
 from bench.proxy_overhead import MODELS, REPLY, WORKER_METRICS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,29 +43,14 @@ def test_the_scripts_closing_line_is_read_and_a_missing_one_stops_the_bench() ->
         wrk.parse_done("Running 1s test\n")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @needs_tools
 def test_nginx_answers_what_the_python_worker_answers(tmp_path: Path) -> None:
     tools = wrk.tools()
     assert tools is not None
-    port = _free_port()
+    port = free_port()
     proc = wrk.start_worker(tools[1], port, tmp_path / "nginx", REPLY, MODELS, WORKER_METRICS)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None, (tmp_path / "nginx" / "error.log").read_text()
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
+        wait_listening(port, proc, "nginx")
         base = f"http://127.0.0.1:{port}"
         with urllib.request.urlopen(base + "/metrics") as r:
             assert (r.read(), r.headers["content-type"]) == (WORKER_METRICS, "text/plain; version=0.0.4")
