@@ -17,11 +17,11 @@ import httpx
 import trio
 
 from bench.calibrate_costs import CalibrateOptions, CalibrationError, calibrate
-from bench.commands.common import TargetBearer, add_api_key_flag, api_key_arg, http_url_problem
+from bench.commands.common import TargetBearer, add_api_key_flag, api_key_arg
 from bench.interrupt import run_interruptible
 from bench.output import write_atomic
 from daemon.batch_runner import target_base
-from daemon.commands.argtypes import float_in, int_at_least, int_within, non_empty, positive_float
+from daemon.commands.argtypes import float_in, http_url_problem, int_at_least, int_within, non_empty, positive_float
 from daemon.commands.paths import output_file_problem
 
 NAME = "calibrate"

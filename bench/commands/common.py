@@ -121,18 +121,6 @@ def _stdin_text() -> str:
         raise TraceError("not UTF-8 text (is this a trace?)") from None
 
 
-def http_url_problem(flag: str, text: str) -> str | None:
-    """Why ``text`` (given as ``flag``) is not an http(s) URL with a host, or None.  Checked before
-    any work: a URL httpx cannot parse (``http://[::1``) was a traceback mid-run (an ``InvalidURL``
-    from the first request or /metrics scrape)."""
-    try:
-        url = httpx.URL(text)
-        usable = url.scheme in ("http", "https") and bool(url.host)
-    except httpx.InvalidURL:
-        usable = False
-    return None if usable else f"{flag}: must be an http:// or https:// URL with a host, got {text!r}"
-
-
 API_KEY_ENV = "OPENAI_API_KEY"  # as agentd batch (docs/batch.md §3)
 
 

@@ -19,7 +19,6 @@ from bench.commands.common import (
     add_replay_flags,
     api_key_arg,
     failure_line,
-    http_url_problem,
     load_trace_arg,
     replay_options,
 )
@@ -29,6 +28,7 @@ from bench.progress import progress_line
 from bench.replay import replay_client
 from bench.report import measured_replay, trace_summary
 from daemon.batch_runner import target_base
+from daemon.commands.argtypes import http_url_problem
 from daemon.commands.paths import output_file_problem
 
 NAME = "replay"

@@ -10,6 +10,8 @@ import argparse
 import math
 from collections.abc import Callable
 
+import httpx
+
 
 def int_at_least(minimum: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
@@ -125,3 +127,15 @@ def non_empty(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty")
     return text
+
+
+def http_url_problem(flag: str, text: str) -> str | None:
+    """Why ``text`` (given as ``flag``) is not an http(s) URL with a host, or None; checked before
+    any work (``agentd batch``, ``replay`` and ``calibrate``): a URL httpx cannot parse
+    (``http://[::1``) was a traceback mid-run, from the first request or ``/metrics`` scrape."""
+    try:
+        url = httpx.URL(text)
+        usable = url.scheme in ("http", "https") and bool(url.host)
+    except httpx.InvalidURL:
+        usable = False
+    return None if usable else f"{flag}: must be an http:// or https:// URL with a host, got {text!r}"

@@ -28,7 +28,7 @@ import trio
 
 from daemon.batch_output import OutputFileError, Resumed, scan_output, write_errors_file
 from daemon.batch_runner import BatchOptions, BatchRunner, BatchSummary
-from daemon.commands.argtypes import int_at_least, positive_float, positive_int
+from daemon.commands.argtypes import http_url_problem, int_at_least, positive_float, positive_int
 from daemon.commands.paths import input_file_problem, output_file_problem
 from daemon.config import AgentdConfig
 from daemon.config_loading import ConfigError, load_config
@@ -107,14 +107,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _usage_error(message: str) -> int:
     print(f"agentd batch: error: {message}", file=sys.stderr)
     return 2
-
-
-def _is_http_url(text: str) -> bool:
-    try:
-        url = httpx.URL(text)
-    except httpx.InvalidURL:
-        return False
-    return url.scheme in ("http", "https") and bool(url.host)
 
 
 def _check_files(args: argparse.Namespace) -> str | None:
@@ -222,8 +214,9 @@ async def _main(
 def run(args: argparse.Namespace) -> int:
     if args.target is None and args.config is None:
         return _usage_error("one of --target URL or --config FILE is required")
-    if args.target is not None and not _is_http_url(args.target):
-        return _usage_error(f"--target: must be an http:// or https:// URL with a host, got {args.target!r}")
+    problem = None if args.target is None else http_url_problem("--target", args.target)
+    if problem is not None:
+        return _usage_error(problem)
     problem = _check_files(args)
     if problem is not None:
         return _usage_error(problem)
