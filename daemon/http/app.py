@@ -719,7 +719,9 @@ def create_app(
         }.get(status, error.description or error.name)
         headers = {}
         if status == 405 and getattr(error, "valid_methods", None):
-            headers["allow"] = ", ".join(error.valid_methods)  # type: ignore[attr-defined]
+            # sorted: werkzeug's methods are a set, whose order changes with each process's hash
+            # seed (a relay and the scheduler process answered the same 405 differently)
+            headers["allow"] = ", ".join(sorted(error.valid_methods))  # type: ignore[attr-defined]
         body = error_body(
             message,
             "invalid_request_error" if status < 500 else "server_error",

@@ -102,10 +102,14 @@ async def test_native_unknown_route_404_and_wrong_method_405(fake_worker: FakeWo
             unknown = await client.get("/v1/nothing")
             wrong = await client.get("/v1/chat/completions")
             wrong_health = await client.post("/health")
+            wrong_models = await client.delete("/v1/models")
         assert "/v1/nothing" in assert_openai_error(unknown, 404, "not_found")
         assert_openai_error(wrong, 405, "method_not_allowed")
         assert wrong.headers["allow"] == "POST"
         assert_openai_error(wrong_health, 405, "method_not_allowed")
+        # in one order, whatever the process's hash seed (one relay and another answered alike)
+        assert_openai_error(wrong_models, 405, "method_not_allowed")
+        assert wrong_health.headers["allow"] == wrong_models.headers["allow"] == "GET, HEAD, OPTIONS"
         handles.request_shutdown()
 
 
