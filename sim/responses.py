@@ -220,8 +220,7 @@ class SseStream:
                 logprobs = token_logprobs(parsed, i, i + 1, chat=False)
                 text = pieces[i] if self._sent_first else parsed.echo_text + pieces[i]
                 self._sent_first = True  # completions: the prompt is echoed in the first frame only
-                choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
-                choice["stop_reason"] = None
+                choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish, "stop_reason": None}
             if finish is not None:
                 choice["stop_reason"] = None
             payload = {**self._head, "choices": [choice]}
