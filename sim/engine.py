@@ -125,6 +125,14 @@ class Engine:
     def load_score(self) -> int:
         return self.num_waiting * 4 + self.num_running
 
+    def idle_key(self) -> tuple[int, int, int] | None:
+        """While the engine is idle (nothing pending, waiting, running or planned), a key that changes
+        whenever anything it exposes could have: every change needs a request added (``_seq``), an
+        engine step or an abort. None while it is busy (docs/simulator.md §3, the exposition cache)."""
+        if self._run is not None or self._pending or self.running or self.num_waiting:
+            return None
+        return (self._seq, self.stats.num_steps, self.stats.request_success["abort"])
+
     def has_request(self, request_id: str) -> bool:
         return request_id in self._requests
 

@@ -58,3 +58,16 @@ def test_parse_vllm_metrics_engine_without_series_gives_no_observation() -> None
 def test_parse_vllm_metrics_rejects_garbage() -> None:
     with pytest.raises(ObservationParseError):
         parse_vllm_metrics("this is { not prometheus\n")
+
+
+def test_identical_scrapes_parse_once_and_each_caller_gets_its_own_dict() -> None:
+    first = parse_vllm_metrics(SCRAPE)
+    first[7] = EngineSample(kv_cache_usage=None, running_requests=None, waiting_requests=None, kv_capacity_tokens=None)
+    again = parse_vllm_metrics(SCRAPE)
+    assert 7 not in again and again == parse_vllm_metrics(SCRAPE.replace("3.0", "3.0", 1))
+    changed = parse_vllm_metrics(SCRAPE.replace('engine="0",model_name="m"} 3.0', 'engine="0",model_name="m"} 5.0'))
+    assert changed[0].running_requests == 5 and again[0].running_requests == 3
+    with pytest.raises(ObservationParseError):  # errors are not remembered as results
+        parse_vllm_metrics("<html>oops</html>\n")
+    with pytest.raises(ObservationParseError):
+        parse_vllm_metrics("<html>oops</html>\n")

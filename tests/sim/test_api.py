@@ -6,6 +6,7 @@ import json
 
 import pytest
 import trio
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sim_fakes import sim_client, sse_payloads
 
@@ -13,6 +14,7 @@ from actors.core.costs import decode_step_seconds, prefill_seconds
 from sim import tokenizer
 from sim.cluster import SimConfig
 from sim.engine import EngineConfig
+from sim.metrics import SimCollector
 from sim.stats import CostModel
 
 USER = {"role": "user", "content": "please list the files in the repository"}
@@ -245,6 +247,40 @@ async def test_metrics_exposition_matches_engine_counters(autojump_clock: trio.a
     assert value("vllm:prefix_cache_hits_total", 0) > 0  # the third request reused the first's prompt
     info = [s for s in families["vllm:cache_config_info"].samples if s.labels["engine"] == "1"][0]
     assert info.labels["num_gpu_blocks"] == "4096" and info.labels["block_size"] == "16"
+
+
+async def test_metrics_served_again_while_idle_always_equal_a_fresh_render(autojump_clock: trio.abc.Clock) -> None:
+    """While every engine is idle the exposition is served from a cache (docs/simulator.md §3): after
+    a completed request, an abort, a request in flight and idle stretches it must still equal
+    what rendering the engines now gives."""
+    registry = CollectorRegistry(auto_describe=False)
+    async with sim_client() as (cluster, client):
+        registry.register(SimCollector(cluster))
+        seen: list[str] = []
+
+        async def scrape_matches() -> None:
+            text = (await client.get("/metrics")).text
+            assert text == generate_latest(registry).decode()
+            seen.append(text)
+
+        await scrape_matches()
+        await trio.sleep(30.0)
+        await scrape_matches()
+        await client.post("/v1/chat/completions", json={"messages": [USER], "max_tokens": 4})
+        await scrape_matches()
+        await trio.sleep(5.0)
+        await scrape_matches()
+        payload = {"messages": [USER], "max_tokens": 200, "stream": True}
+        async with client.stream("POST", "/v1/chat/completions", json=payload) as s:
+            async for _chunk in s.aiter_bytes():
+                await scrape_matches()  # busy: one request running
+                break
+        await trio.sleep(1.0)
+        await scrape_matches()  # idle again after the abort
+        await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        await scrape_matches()
+    assert seen[0] == seen[1] and seen[1] != seen[2] and seen[2] == seen[3]
+    assert len(set(seen)) == 5
 
 
 async def test_client_disconnect_aborts_the_request(autojump_clock: trio.abc.Clock) -> None:
