@@ -15,8 +15,10 @@ omits, exactly as in the reference).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
+import stat
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -346,10 +348,31 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+# What a configuration "file" that can be read only once held (a pipe: `--config <(gen-config)`,
+# `/dev/stdin`), by path: a command reads its file more than once (the configuration, the empty-file
+# warning, the log format before validation), and every read after the first found the pipe empty,
+# so `agentd check-config --config <(cat agentd.toml)` ran on the defaults with a "sets no field"
+# warning.
+_read_once: dict[str, bytes] = {}
+
+
+def _config_bytes(p: Path) -> bytes:
+    key = str(p)
+    if key in _read_once:
+        return _read_once[key]
+    regular = True
+    with contextlib.suppress(OSError):  # a missing file is reported by the read below
+        regular = stat.S_ISREG(p.stat().st_mode)
+    data = p.read_bytes()
+    if not regular:
+        _read_once[key] = data
+    return data
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     try:
-        data = p.read_bytes()
+        data = _config_bytes(p)
     except OSError as exc:
         raise ConfigError([f"config: cannot read {str(p)!r} ({read_problem(exc)})"]) from None
     is_json = p.suffix.lower() == ".json"  # CONFIG.JSON too: it was read as TOML

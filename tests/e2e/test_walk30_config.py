@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import re
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import attrs
@@ -200,3 +202,20 @@ def test_a_port_in_use_is_still_named_as_the_port() -> None:
         with pytest.raises(ListenError) as info:
             create_listening_sockets(hypercorn_config("127.0.0.1", port, 1.0), "server.port")
     assert info.value.lines == [f"server.port: cannot listen on 127.0.0.1:{port}: Address already in use (errno 98)"]
+
+
+def test_a_config_read_from_a_pipe_is_read_once_and_used(tmp_path: Path) -> None:
+    """``--config <(gen-config)`` and ``--config /dev/stdin`` are pipes, which can be read once; the
+    command read its file three times, so the configuration ran on the defaults with a "sets no
+    field" warning."""
+    text = '[server]\nport = 4321\nlog_format = "json"\n'
+    done = subprocess.run(
+        [sys.executable, "-m", "daemon", "check-config", "--config", "/dev/stdin"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert '"port": 4321' in done.stdout and '"log_format": "json"' in done.stdout
+    assert "config_file_empty" not in done.stderr
