@@ -8,7 +8,9 @@ the reference router reads it).
 
 Families read (everything else is ignored):
 
-* ``vllm:kv_cache_usage_perc``    -> ``kv_cache_usage`` (fraction 0..1)
+* ``vllm:kv_cache_usage_perc``    -> ``kv_cache_usage`` (fraction 0..1); for an engine without it,
+  ``vllm:gpu_cache_usage_perc``, its name until vLLM 0.9.0 (both names from 0.9.1 or 0.9.2 to
+  0.10.x, the old one hidden from 0.11: docs/operations.md §11.7)
 * ``vllm:num_requests_running``   -> ``running_requests`` (float truncated to int)
 * ``vllm:num_requests_waiting``   -> ``waiting_requests`` (float truncated to int)
 * ``vllm:cache_config_info``      -> ``kv_capacity_tokens`` = ``num_gpu_blocks * block_size``
@@ -17,14 +19,14 @@ Families read (everything else is ignored):
   ``token_capacity_per_dp_rank`` (backend accounting is ``kv_cache_usage * configured capacity``,
   so the two must agree).
 
-An engine with none of the first three families produces no observation at all: nothing is
+An engine with none of the first three families (or the old KV name) produces no observation at all: nothing is
 fabricated.  When several series map to the same engine (for example one per ``model_name``),
 the last one wins, as in the reference.
 
-Parsing uses ``prometheus_client.parser`` on the lines of these four families only: a real
+Parsing uses ``prometheus_client.parser`` on the lines of these five families only: a real
 vLLM scrape carries hundreds of histogram samples that Program scheduling never reads, and
 parsing them every interval for every worker dominated the cost of observing the backend.  The
-line filter keeps ``# TYPE``/``# HELP`` lines of the four families and their samples, so the
+line filter keeps ``# TYPE``/``# HELP`` lines of the five families and their samples, so the
 parser sees a well-formed (smaller) exposition.  Malformed text raises
 :class:`ObservationParseError`.
 """
@@ -38,6 +40,7 @@ from attrs import frozen
 from prometheus_client.parser import text_string_to_metric_families
 
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+OLD_KV_CACHE_USAGE = "vllm:gpu_cache_usage_perc"  # vLLM <= 0.9.0; deprecated beside the new one until 0.10.x
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
@@ -73,7 +76,7 @@ def _count(value: float) -> int | None:
     return max(0, int(value))
 
 
-_WANTED = (KV_CACHE_USAGE, RUNNING, WAITING, CACHE_CONFIG_INFO)
+_WANTED = (KV_CACHE_USAGE, OLD_KV_CACHE_USAGE, RUNNING, WAITING, CACHE_CONFIG_INFO)
 _WANTED_COMMENTS = tuple(f"# {kind} {name}" for kind in ("HELP", "TYPE") for name in _WANTED)
 
 
@@ -83,7 +86,7 @@ _SAMPLE_LINE = re.compile(
 
 
 def _wanted_lines(text: str) -> str:
-    """The exposition restricted to the four families read here (samples and their metadata).
+    """The exposition restricted to the families read here (samples and their metadata).
 
     The first sample line must look like Prometheus text, so that a body that is not an
     exposition at all (an HTML error page, say) is still reported as a parse error."""
@@ -124,6 +127,7 @@ def parse_vllm_metrics(text: str) -> dict[int, EngineSample]:
 
 def _parse(text: str) -> dict[int, EngineSample]:
     kv: dict[int, float] = {}
+    old_kv: dict[int, float] = {}  # vllm:gpu_cache_usage_perc, read where the new name is absent
     running: dict[int, int] = {}
     waiting: dict[int, int] = {}
     capacity: dict[int, int] = {}
@@ -136,9 +140,9 @@ def _parse(text: str) -> dict[int, EngineSample]:
         for sample in family.samples:
             name = sample.name
             engine = _engine_of(sample.labels)
-            if name == KV_CACHE_USAGE:
+            if name in (KV_CACHE_USAGE, OLD_KV_CACHE_USAGE):
                 if math.isfinite(sample.value):
-                    kv[engine] = min(1.0, max(0.0, float(sample.value)))
+                    (kv if name == KV_CACHE_USAGE else old_kv)[engine] = min(1.0, max(0.0, float(sample.value)))
             elif name == RUNNING:
                 n = _count(sample.value)
                 if n is not None:
@@ -155,6 +159,7 @@ def _parse(text: str) -> dict[int, EngineSample]:
                     capacity[engine] = tokens
                 else:
                     shared_capacity = tokens
+    kv = {**old_kv, **kv}
     engines = sorted(set(kv) | set(running) | set(waiting))
     return {
         e: EngineSample(

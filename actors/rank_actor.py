@@ -67,16 +67,32 @@ class WorkerScraped:
     done: trio.MemorySendChannel[bool]
 
 
-def sample_of(result: ScrapeResult, dp_rank: int) -> EngineSample | None:
-    """The rank's sample in a scrape result; None when the scrape failed or its engine had no series."""
-    return None if isinstance(result, str) else result.get(dp_rank)
+def sample_of(result: ScrapeResult, dp_rank: int, *, ranked: bool = True) -> EngineSample | None:
+    """The rank's sample in a scrape result; None when the scrape failed or its engine had no series.
+
+    A worker with one DP target (``ranked`` false: agentd names no rank, the worker balances) whose
+    scrape lists exactly one engine is read from that engine whatever its index: a vLLM server of
+    one rank under an external load balancer (``--data-parallel-external-lb``) labels its series
+    with its global rank, ``engine="3"`` (docs/operations.md §11.7)."""
+    if isinstance(result, str):
+        return None
+    sample = result.get(dp_rank)
+    if sample is None and not ranked and len(result) == 1:
+        (sample,) = result.values()
+    return sample
 
 
 def missing_engine(result: ScrapeResult, dp_rank: int) -> str | None:
     """Why a successful scrape says nothing about ``dp_rank`` while it has other engines' series (a
     worker started with fewer DP ranks than agentd was configured for, or restarted so), else None.
-    A worker without any engine series (not vLLM's metrics) is not an error: it has no observation."""
-    if isinstance(result, str) or not result or dp_rank in result:
+    A worker without any engine series (not vLLM's metrics) is not an error: it has no observation.
+
+    Only a rank above every engine listed is missing: a vLLM server numbers its engines 0..N-1, so
+    fewer ranks drop the highest ones.  A rank below a listed engine is not missing but unobserved:
+    vLLM before 0.10.1 exposed only the last engine's series of a data-parallel server
+    (``engine="N-1"``; every engine's from 0.10.1 on), and a server of one rank behind an external
+    load balancer lists its global rank alone (docs/operations.md §11.7)."""
+    if isinstance(result, str) or not result or dp_rank in result or dp_rank < max(result):
         return None
     engines = ", ".join(str(e) for e in sorted(result))
     return (
@@ -123,7 +139,7 @@ class RankSnapshot:
                 scrapes_count=self.scrapes_count + 1,
                 failures_count=self.failures_count + 1,
             )
-        sample = sample_of(result, self.target.dp_rank)
+        sample = sample_of(result, self.target.dp_rank, ranked=self.target.ranked)
         missing = missing_engine(result, self.target.dp_rank)
         return attrs.evolve(
             self,
@@ -179,7 +195,7 @@ async def run_rank_actor(
                     elif previous.engine_missing and not snapshot.engine_missing:
                         log_event(logger, logging.INFO, "worker_engine_restored", target=target.target_id)
                     publish(snapshot)
-                    sample = sample_of(msg.result, target.dp_rank)
+                    sample = sample_of(msg.result, target.dp_rank, ranked=target.ranked)
                     if sample is not None:
                         await scheduler_send.send(
                             ObservationReceived(

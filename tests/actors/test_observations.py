@@ -71,3 +71,43 @@ def test_identical_scrapes_parse_once_and_each_caller_gets_its_own_dict() -> Non
         parse_vllm_metrics("<html>oops</html>\n")
     with pytest.raises(ObservationParseError):
         parse_vllm_metrics("<html>oops</html>\n")
+
+
+# What vLLM 0.8.x (V1) serves: the KV gauge under its old name only, counters with their _total and
+# _created samples, and a cache_config_info without an engine label (docs/operations.md §11.7).
+SCRAPE_0_8 = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
+# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.375
+# HELP vllm:gpu_prefix_cache_queries_total GPU prefix cache queries, in terms of number of queried blocks.
+# TYPE vllm:gpu_prefix_cache_queries_total counter
+vllm:gpu_prefix_cache_queries_total{engine="0",model_name="m"} 64.0
+# HELP vllm:gpu_prefix_cache_queries_created GPU prefix cache queries, in terms of number of queried blocks.
+# TYPE vllm:gpu_prefix_cache_queries_created gauge
+vllm:gpu_prefix_cache_queries_created{engine="0",model_name="m"} 1.7e+09
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",num_gpu_blocks="512"} 1.0
+"""
+
+
+def test_parse_vllm_metrics_reads_the_old_kv_gauge_of_vllm_0_8() -> None:
+    assert parse_vllm_metrics(SCRAPE_0_8) == {
+        0: EngineSample(kv_cache_usage=0.375, running_requests=2, waiting_requests=1, kv_capacity_tokens=8192)
+    }
+
+
+def test_parse_vllm_metrics_prefers_the_new_kv_gauge_when_both_are_served() -> None:
+    """vLLM 0.9.1/0.9.2 to 0.10.x serve both names (the same value in vLLM; different here to see
+    which is read), in either order; an engine with only the old one still reads it."""
+    new = 'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
+    old = 'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.25\nvllm:gpu_cache_usage_perc{engine="1"} 0.75\n'
+    for text in (new + old, old + new):
+        samples = parse_vllm_metrics(text)
+        assert (samples[0].kv_cache_usage, samples[1].kv_cache_usage) == (0.5, 0.75)

@@ -15,7 +15,7 @@ from actors.core.events import ObservationReceived, RepairTick
 from actors.core.ids import TargetId
 from actors.messages import ObservationRoundStarted
 from actors.observations import EngineSample
-from actors.rank_actor import RankSnapshot, ScrapeResult, WorkerScraped, missing_engine, run_rank_actor
+from actors.rank_actor import RankSnapshot, ScrapeResult, WorkerScraped, missing_engine, run_rank_actor, sample_of
 
 TARGETS = tuple(target(u, r, i) for i, (u, r) in enumerate([(W0, 0), (W0, 1), (W1, 0), (W1, 1)]))
 
@@ -175,3 +175,17 @@ async def test_a_worker_without_the_ranks_engine_says_so(
         assert obs.registry.snapshots()[TARGETS[1].target_id].last_error is None  # back
     logged = [(t - obs.t0, f["target"]) for t, f in event_log.named("worker_engine_missing")]
     assert logged == [(2.0, TARGETS[1].target_id)]
+
+
+def test_only_a_rank_above_every_listed_engine_is_missing() -> None:
+    """vLLM numbers a server's engines 0..N-1: fewer ranks drop the highest.  A rank below a listed
+    engine is unobserved, not missing (a DP server before 0.10.1 listed its last engine only; a
+    server of one rank behind an external balancer lists its global rank), docs/operations.md §11.7."""
+    s = EngineSample(0.1, 1, 0, None)
+    assert missing_engine({0: s}, 1) is not None
+    assert missing_engine({0: s, 1: s}, 2) is not None
+    assert missing_engine({1: s}, 0) is None
+    assert missing_engine({3: s}, 0) is None
+    assert sample_of({3: s}, 0, ranked=False) is s  # a worker with one DP target reads its one engine
+    assert sample_of({3: s}, 0) is None
+    assert sample_of({2: s, 3: s}, 0, ranked=False) is None
