@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from sim import tokenizer
+from sim import structured, tokenizer
 
 if TYPE_CHECKING:
     from sim.cluster import SimCluster
@@ -336,7 +336,14 @@ def _plan_output(
         name_forced = None
     material = f"{seed}:{hash(tuple(prompt_ids))}:{n_out}"
     if finish != "tool_calls" and name_forced is None:
-        pieces = tokenizer.generate_pieces(material, n_out)
+        try:
+            schema = structured.json_target(body)
+        except structured.FormatError as exc:
+            raise bad(exc.param, exc.message) from None
+        if schema is None:
+            pieces = tokenizer.generate_pieces(material, n_out)
+        else:  # JSON of the same planned length (docs/simulator.md §3, "Structured output")
+            pieces = structured.json_pieces(material, n_out, schema)
         return PlannedOutput(tokenizer.piece_ids(pieces), pieces, finish)
     hint_name = xargs.get("sim_tool_name")
     if hint_name is not None and (not isinstance(hint_name, str) or not 1 <= len(hint_name) <= 64):
@@ -451,6 +458,16 @@ def responses_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
             converted.append({"type": "function", "function": fn})
         if converted:
             chat["tools"] = converted
+    text = body.get("text")
+    if isinstance(text, dict) and isinstance(text.get("format"), dict):
+        # Responses' structured output, {"type": "json_schema", "name", "schema"}: chat's response_format
+        fmt = text["format"]
+        if fmt.get("type") == "json_schema":
+            chat["response_format"] = {"type": "json_schema", "json_schema": {"schema": fmt.get("schema", {})}}
+        else:
+            chat["response_format"] = fmt
+    elif text is not None and not isinstance(text, dict):
+        raise bad("text", "must be an object")
     limit = body.get("max_output_tokens")
     if limit is not None:
         if not _is_int(limit) or limit < 1:
@@ -492,4 +509,21 @@ def _responses_item(item: Any, where: str) -> dict[str, Any]:
         if not (isinstance(call_id, str) and isinstance(output, str)):
             raise bad(where, "a function_call_output item needs string 'call_id' and 'output'")
         return {"role": "tool", "tool_call_id": call_id, "content": output}
-    raise bad(f"{where}.type", f"must be message, function_call or function_call_output, got {kind!r}")
+    if kind == "reasoning":
+        # an earlier response's reasoning sent back (as agent SDKs do): input like the others, its
+        # summary and content texts as an assistant turn (docs/simulator.md §3); before session 41 a 400
+        texts = []
+        for part_key in ("summary", "content"):
+            parts = item.get(part_key)
+            if parts is None:
+                continue
+            if not isinstance(parts, list):
+                raise bad(f"{where}.{part_key}", "must be a list of text parts")
+            for j, part in enumerate(parts):
+                if not isinstance(part, dict) or not isinstance(part.get("text"), str):
+                    raise bad(f"{where}.{part_key}[{j}]", "must be a text part: {'type': 'summary_text', 'text': ...}")
+                texts.append(part["text"])
+        if "summary" not in item:
+            raise bad(f"{where}.summary", "field required: a reasoning item needs its 'summary' list")
+        return {"role": "assistant", "content": "\n".join(texts)}
+    raise bad(f"{where}.type", f"must be message, function_call, function_call_output or reasoning, got {kind!r}")

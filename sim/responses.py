@@ -279,7 +279,7 @@ class ResponsesShape:
             "parallel_tool_calls": body.get("parallel_tool_calls", True),
             "previous_response_id": None,
             "temperature": body.get("temperature", 1.0),
-            "text": {"format": {"type": "text"}},
+            "text": body["text"] if isinstance(body.get("text"), dict) else {"format": {"type": "text"}},
             "tool_choice": body.get("tool_choice", "auto"),
             "tools": body.get("tools") or [],
             "top_p": body.get("top_p", 1.0),

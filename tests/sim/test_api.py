@@ -515,7 +515,8 @@ async def test_responses_api_errors_name_the_field(autojump_clock: trio.abc.Cloc
         for payload, param in (
             ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
             ({"input": []}, "input"),
-            ({"input": [{"type": "reasoning"}]}, "input[0].type"),
+            ({"input": [{"type": "reasoning"}]}, "input[0].summary"),  # accepted with its summary since session 41
+            ({"input": [{"type": "file_search_call"}]}, "input[0].type"),
             ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0]"),
             ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
         ):
