@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import attrs
+
 from actors.core import fairness, fairness_isolation, fairness_prefill
 from actors.core import program as lc
 from actors.core.batch_class import on_batch_complete
@@ -92,6 +94,7 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     if found is None:
         return
     d, p = found
+    ev = with_unreported_hits_as_zero(s.ranks[d.target_id], ev)
     s.attained.add(d.ref.key, s.now - d.dispatched_at)  # the las resume order (§5.1)
     on_completion(s, p, d, ev)  # where the Program's time went (docs/program-scheduling.md §14)
     out = fairness.output_tokens(ev.usage.completion_tokens, d.reserved_output_tokens, ev.success)
@@ -124,6 +127,21 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     if action == KEEP_FOR_TTL and p.ttl_deadline is not None and p.ttl_deadline <= s.now:
         expire_acting_ttl(s, p)  # a TTL of 0 holds nothing: the Program pauses now, no timer
     periodic_sequence(s)
+
+
+def with_unreported_hits_as_zero(rank: RankState, ev: RequestCompleted) -> RequestCompleted:
+    """The completion with ``cached_prompt_tokens`` 0 where its rank's worker reports cached tokens
+    but this completion's usage has none: vLLM (with ``--enable-prompt-tokens-details``) leaves
+    ``prompt_tokens_details`` out of a usage whose cached count is 0, so every full miss read as
+    "not reported" and was estimated from the rank's mean hits (docs/program-scheduling.md §14).
+    Until the rank's first report the usage stays as it came."""
+    usage = ev.usage
+    if usage.cached_prompt_tokens is not None:
+        rank.reports_cached_tokens = True
+        return ev
+    if rank.reports_cached_tokens and usage.prompt_tokens is not None and ev.success:
+        return attrs.evolve(ev, usage=attrs.evolve(usage, cached_prompt_tokens=0))
+    return ev
 
 
 def fenced_dispatch(s: SchedulerState, ev: RequestCompleted) -> tuple[Dispatch, Program] | None:

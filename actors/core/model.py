@@ -286,6 +286,10 @@ class RankState:
     batch_gate_epoch: int = 0
     backend_kv_capacity_tokens: int | None = None  # the engine's KV pool, as last reported
     allocated_tokens: float = 0.0  # new KV tokens its completions reported (cache_residency, §12.1)
+    # a completion here reported its cached prompt tokens: the worker reports them, so a later
+    # completion without them had none cached (vLLM leaves `prompt_tokens_details` out when the count
+    # is 0; docs/program-scheduling.md §14, "Cached, new and recomputed tokens")
+    reports_cached_tokens: bool = False
     # tokens Program admission leaves to backlogged batch work (its guaranteed share, docs/batch.md §2)
     batch_claim_tokens: float = 0.0
     # running interactive requests here and their charge (docs/priority.md §2)

@@ -226,3 +226,25 @@ def test_cause_of_pause_reasons() -> None:
     assert cause_of("priority_preemption") == CAUSE_PREEMPTION
     for reason in ("max_segment_yield", "request_failed", "request_cancelled", "health_failover"):
         assert cause_of(reason) == CAUSE_PAUSED
+
+
+def test_a_usage_without_cached_tokens_from_a_reporting_rank_is_a_full_miss() -> None:
+    """vLLM leaves ``prompt_tokens_details`` out when no prompt token was cached: once the rank's
+    worker has reported cached tokens, a later usage without them counts 0 cached (all recomputed
+    or new), not an unreported usage estimated from the rank's mean hits."""
+    h = Harness()
+    first_turn(h, hints=HOLD)  # reports cached=0: this rank's worker reports cached tokens
+    h.submit("A", tokens=2048, at=10.0, hints=HOLD)
+    e = attributed(h.complete("r2", at=14.0, prompt=2048, cached=None, completion=64, decode=1.0))
+    # the 1152 tokens turn 1 left are all recomputed, 896 are new: 1152/2048 of the 3 s prefill
+    assert (e.cached_tokens, e.recomputed_tokens, e.new_tokens, e.cause) == (0, 1152, 896, CAUSE_IN_PLACE)
+    assert e.recompute_seconds == pytest.approx(3.0 * 1152 / 2048)
+    assert record(h, "A").unreported_usage == 0
+
+    never = Harness()  # a worker that never reports cached tokens: nothing is split
+    assert admitted(never.submit("A", tokens=1024, at=0.0, hints=HOLD)) == ["r1"]
+    never.complete("r1", at=3.0, prompt=1024, cached=None, completion=128, decode=2.0)
+    never.submit("A", tokens=2048, at=10.0, hints=HOLD)
+    e = attributed(never.complete("r2", at=14.0, prompt=2048, cached=None, completion=64, decode=1.0))
+    assert (e.cached_tokens, e.recomputed_tokens, e.new_tokens) == (0, 0, 0)
+    assert record(never, "A").unreported_usage == 2
