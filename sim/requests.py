@@ -65,6 +65,20 @@ class PlannedOutput:
     pieces: list[str]  # per output token: its text (content) or argument text (tool call)
     finish_reason: str
     tool_call: ToolCall | None = None
+    # characters before each piece, filled on first use (logprobs' text_offset of a streamed chunk
+    # without summing every earlier piece again: that made a long stream quadratic)
+    _starts: list[int] = attrs.field(factory=list, init=False, eq=False, repr=False)
+
+    def text_start(self, index: int) -> int:
+        """Characters of the pieces before ``pieces[index]`` (``index`` may be ``len(pieces)``)."""
+        starts = self._starts
+        if not starts:
+            total = 0
+            for piece in self.pieces:
+                starts.append(total)
+                total += len(piece)
+            starts.append(total)
+        return starts[index]
 
 
 @attrs.frozen

@@ -50,7 +50,7 @@ def token_logprobs(parsed: ParsedRequest, first: int, end: int, *, chat: bool) -
             entry = {"token": piece, "logprob": 0.0, "bytes": list(piece.encode())}
             content.append({**entry, "top_logprobs": [entry] if top else []})
         return {"content": content}
-    offsets, offset = [], len(parsed.echo_text) + sum(len(p) for p in parsed.output.pieces[:first])
+    offsets, offset = [], len(parsed.echo_text) + parsed.output.text_start(first)
     for piece in pieces:
         offsets.append(offset)
         offset += len(piece)
