@@ -184,6 +184,19 @@ def test_non_utf8_bodies_have_no_layout() -> None:
         assert value == json.loads(raw) and layout is None
 
 
+def test_more_than_1024_top_level_members_are_json_loads_without_a_layout() -> None:
+    """The member-wise walk stops after 1,024 members (docs/operations.md §13.6): values, depth
+    verdicts and non-ASCII strings are still those of json.loads, edits then re-encode."""
+    for n, has_layout in ((1024, True), (1025, False)):
+        for extra in ("", ',"é":"ü' + "x" * 3000 + '"'):
+            raw = ("{" + ",".join(f'"k{i}":{i}' for i in range(n - (1 if extra else 0))) + extra + "}").encode()
+            value, layout = parse_object(raw, 2048, 64)
+            assert value == json.loads(raw) and (layout is not None) == has_layout
+    deep = ("{" + ",".join(f'"k{i}":1' for i in range(1100)) + ',"d":' + "[" * 70 + "]" * 70 + "}").encode()
+    with pytest.raises(TooDeep):
+        parse_object(deep, 2048, 64)
+
+
 # --- the Latin-1 scan (docs/operations.md §13.6): same values, errors and depth verdicts as json.loads
 
 UNICODE_TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=12)  # lone surrogates included
