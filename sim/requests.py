@@ -11,8 +11,9 @@ clients can pass them through ``extra_body`` and stock vLLM simply ignores them:
   and ``"length"``, i.e. ignore-EOS semantics);
 * ``sim_finish_reason`` (``"stop"`` | ``"length"`` | ``"tool_calls"``): force the finish reason;
   ``"tool_calls"`` (chat only) makes the output one tool call to the first declared tool (or
-  ``sim_tool``) whose arguments are ``{"q": "<words>"}``; the call's tokens, rendered by the chat
-  template in the next request, extend the prompt exactly;
+  ``sim_tool``) whose arguments are ``{"q": "<words>"}`` (a value of the tool's ``parameters`` when
+  they list properties, docs/simulator.md §3); the call's tokens, rendered by the chat template in
+  the next request, extend the prompt exactly;
 * ``sim_tool_name`` (a non-empty string of at most 64 characters): the function the
   ``"tool_calls"`` answer calls, instead of the first declared tool (the trace replay names the
   tool whose result the next turn carries, docs/traces.md).
@@ -357,7 +358,10 @@ def _plan_output(
         if schema is None:
             pieces = tokenizer.generate_pieces(material, n_out)
         else:  # JSON of the same planned length (docs/simulator.md §3, "Structured output")
-            pieces = structured.json_pieces(material, n_out, schema)
+            pieces, whole = structured.json_pieces(material, n_out, schema)
+            # guided decoding ends when the value is complete: "stop", so the openai client's
+            # parse() reads it (it refuses "length"); a cut value is "length" (a hint still wins)
+            finish = hint_finish or ("stop" if whole else "length")
         return PlannedOutput(tokenizer.piece_ids(pieces), pieces, finish)
     hint_name = xargs.get("sim_tool_name")
     if hint_name is not None and (not isinstance(hint_name, str) or not 1 <= len(hint_name) <= 64):
@@ -365,13 +369,33 @@ def _plan_output(
     name = name_forced or hint_name or _first_tool_name(body.get("tools")) or "sim_tool"
     name_ids = tokenizer.tokenize(name)
     k = n_out - 3 - len(name_ids)
-    if k < 1:
+    parameters = _tool_parameters(body.get("tools"), name)
+    if parameters is not None and k >= 0:
+        # arguments of the tool's parameters schema, as guided decoding writes a forced call
+        # (before session 41 always {"q": ...}, which a pydantic function tool refused)
+        pieces, whole = structured.json_pieces(material, k + 1, parameters)
+        if not whole:
+            raise bad(hint_where, f"a tool call to {name!r} needs more than {n_out} output tokens for its parameters")
+        arguments = "".join(pieces)
+    elif k < 1:
         raise bad(hint_where, f"a tool call to {name!r} needs at least {len(name_ids) + 4} output tokens")
-    arguments = tokenizer.tool_call_arguments(material, k)
+    else:
+        arguments = tokenizer.tool_call_arguments(material, k)
     ids = tokenizer.render_tool_call(name, arguments)
     pieces = ["", *([""] * len(name_ids)), *tokenizer.split_pieces(arguments), ""]
     call_id = "chatcmpl-tool-" + hashlib.blake2b(material.encode(), digest_size=8).hexdigest()
     return PlannedOutput(ids, pieces, finish, ToolCall(call_id, name, arguments, len(name_ids)))
+
+
+def _tool_parameters(tools: Any, name: str) -> dict[str, Any] | None:
+    """The ``parameters`` schema of the declared function ``name`` when it lists properties; a
+    tool without them keeps the simulator's ``{"q": ...}`` arguments (docs/simulator.md §3)."""
+    for tool in tools if isinstance(tools, list) else []:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and function.get("name") == name:
+            parameters = function.get("parameters")
+            return parameters if isinstance(parameters, dict) and parameters.get("properties") else None
+    return None
 
 
 def _tool_names(tools: Any) -> list[str]:
@@ -452,10 +476,18 @@ def responses_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
     elif choice is not None:
         chat["tool_choice"] = choice
     forced = chat.get("tool_choice") not in (None, "auto", "none")
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    # structured output ends when its value is whole ("stop"), or is cut ("incomplete"), as in chat
+    structured_output = isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema")
     xargs = chat.get("vllm_xargs")
-    if not forced and (  # a forced tool_choice answers a tool call, as in chat
-        xargs is None
-        or (isinstance(xargs, dict) and "sim_output_tokens" not in xargs and "sim_finish_reason" not in xargs)
+    if (
+        not forced
+        and not structured_output
+        and (  # a forced tool_choice answers a tool call, as in chat
+            xargs is None
+            or (isinstance(xargs, dict) and "sim_output_tokens" not in xargs and "sim_finish_reason" not in xargs)
+        )
     ):
         # a natural stop by default, status "completed": agent SDKs treat an "incomplete" response
         # (the chat default's "length") as an error; the hints choose as for chat (docs/simulator.md §3)

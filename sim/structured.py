@@ -5,11 +5,12 @@ A request with ``response_format`` ``{"type": "json_object"}`` or ``{"type": "js
 of pseudo-text.  For a schema, the value has its basic shape: the ``required`` properties of an
 object (every property when the schema lists none), each of its JSON type (``const`` and the first
 ``enum`` value win; the first of ``anyOf``/``oneOf``/``allOf``; the first non-null type of a type
-list); an array is empty unless ``minItems`` asks for items.  The pseudo-words of the usual output
-fill the string values, so the text has exactly the planned number of tokens when a string value
-can take them; a schema without a string takes its value's tokens split or padded with JSON
-whitespace.  An output planned shorter than the smallest value is cut there, as a real server cut
-by ``max_tokens`` is (the text is then not JSON).
+list; a local ``$ref`` is followed); an array is empty unless ``minItems`` asks for items.  The
+pseudo-words of the usual output fill the string values, so the text has exactly the planned
+number of tokens when a string value can take them; a schema without a string takes its value's
+tokens split or padded with JSON whitespace.  An output planned shorter than the smallest value is
+cut there, as a real server cut by ``max_tokens`` is (the text is then not JSON; ``json_pieces``
+says so, and the request ends with ``length``, a whole value with ``stop``).
 """
 
 from __future__ import annotations
@@ -69,9 +70,27 @@ def json_target(body: Mapping[str, Any]) -> dict[str, Any] | None:
     return guided
 
 
-def _template(schema: Any, out: Template, slots: list[int], depth: int, *, top: bool = False) -> None:
+def _resolve(root: Mapping[str, Any], ref: str) -> Any:
+    """The schema a local ``$ref`` (``#/$defs/Step``, ``#/definitions/Step``, ``#``) names, else ``{}``."""
+    if not ref.startswith("#"):
+        return {}
+    node: Any = root
+    for part in [p for p in ref[1:].split("/") if p]:
+        node = node.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else {}
+
+
+def _template(
+    schema: Any, out: Template, slots: list[int], depth: int, *, top: bool = False, root: Mapping[str, Any]
+) -> None:
     if not isinstance(schema, dict) or depth > MAX_DEPTH:
         out.append("null" if depth > MAX_DEPTH else "{}")
+        return
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        # a nested model (pydantic writes every one as {"$ref": "#/$defs/Name"}); before session 41
+        # it was taken as a string, which the client's parse() refused
+        _template(_resolve(root, ref), out, slots, depth + 1, top=top, root=root)
         return
     if "const" in schema:
         out.append(json.dumps(schema["const"]))
@@ -83,7 +102,7 @@ def _template(schema: Any, out: Template, slots: list[int], depth: int, *, top: 
     for key in ("anyOf", "oneOf", "allOf"):
         options = schema.get(key)
         if isinstance(options, list) and options:
-            _template(options[0], out, slots, depth + 1, top=top)
+            _template(options[0], out, slots, depth + 1, top=top, root=root)
             return
     kind = schema.get("type")
     if isinstance(kind, list):
@@ -104,7 +123,7 @@ def _template(schema: Any, out: Template, slots: list[int], depth: int, *, top: 
         out.append("{")
         for i, key in enumerate(required):
             out.append(("" if i == 0 else ", ") + json.dumps(key) + ": ")
-            _template(props[key], out, slots, depth + 1)
+            _template(props[key], out, slots, depth + 1, root=root)
         out.append("}")
     elif kind == "array":
         n = schema.get("minItems")
@@ -113,7 +132,7 @@ def _template(schema: Any, out: Template, slots: list[int], depth: int, *, top: 
         for i in range(n):
             if i:
                 out.append(", ")
-            _template(schema.get("items", {}), out, slots, depth + 1)
+            _template(schema.get("items", {}), out, slots, depth + 1, root=root)
         out.append("]")
     elif kind == "string":
         slots.append(len(slots))
@@ -133,11 +152,12 @@ def _render(template: Template, n_slots: int, words: list[str]) -> str:
     return "".join(p if isinstance(p, str) else '"' + parts[p] + '"' for p in template)
 
 
-def json_pieces(seed_material: str, n_tokens: int, schema: dict[str, Any]) -> list[str]:
-    """Token pieces of JSON text matching ``schema``'s basic shape, ``n_tokens`` of them."""
+def json_pieces(seed_material: str, n_tokens: int, schema: dict[str, Any]) -> tuple[list[str], bool]:
+    """Token pieces of JSON text matching ``schema``'s basic shape, ``n_tokens`` of them, and whether
+    that text is the whole value (False: cut, the planned tokens are fewer than its smallest text)."""
     template: Template = []
     slots: list[int] = []
-    _template(schema, template, slots, 0, top=True)
+    _template(schema, template, slots, 0, top=True, root=schema)
     words = tokenizer.generate_words(seed_material, n_tokens) if slots else []
 
     def count(w: int) -> int:
@@ -153,7 +173,7 @@ def json_pieces(seed_material: str, n_tokens: int, schema: dict[str, Any]) -> li
             w += 1
     pieces = tokenizer.split_pieces(_render(template, len(slots), words[:w]))
     if len(pieces) > n_tokens:
-        return pieces[:n_tokens]  # cut short, as max_tokens cuts a real answer
+        return pieces[:n_tokens], False  # cut short, as max_tokens cuts a real answer
     while len(pieces) < n_tokens:  # no string to carry words: split the longest piece, then pad
         longest = max(range(len(pieces)), key=lambda i: len(pieces[i]))
         piece = pieces[longest]
@@ -161,4 +181,4 @@ def json_pieces(seed_material: str, n_tokens: int, schema: dict[str, Any]) -> li
             pieces.append(" ")
             continue
         pieces[longest : longest + 1] = [piece[: len(piece) // 2], piece[len(piece) // 2 :]]
-    return pieces
+    return pieces, True

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pydantic
 import trio
 from sim_fakes import sim_client, sse_payloads
 
@@ -49,7 +50,9 @@ async def test_json_object_and_json_schema_answers_are_json_of_the_planned_lengt
             content = doc["choices"][0]["message"]["content"]
             assert isinstance(json.loads(content), dict)
             assert doc["usage"]["completion_tokens"] == tokenizer.count_tokens(content) == max_tokens
-            assert doc["choices"][0]["finish_reason"] == "length"
+            # a whole value ends as guided decoding ends it (the openai client's parse() refuses
+            # "length"; "length" before session 41's walk)
+            assert doc["choices"][0]["finish_reason"] == "stop"
         for max_tokens in (30, 500):
             body = {"messages": [USER], "max_tokens": max_tokens, "response_format": JSON_SCHEMA}
             doc = (await client.post("/v1/chat/completions", json=body)).json()
@@ -127,3 +130,77 @@ async def test_responses_structured_output_and_reasoning_input_items(autojump_cl
         bad = {"input": [{**reasoning, "summary": [{"type": "summary_text"}]}], "max_output_tokens": 2}
         r = await client.post("/v1/responses", json=bad)
         assert r.status_code == 400 and r.json()["error"]["param"] == "input[0].summary[0]"
+
+
+class Step(pydantic.BaseModel):
+    title: str
+    files: list[str]
+    minutes: int = pydantic.Field(ge=5)
+
+
+class Plan(pydantic.BaseModel):
+    goal: str
+    lead: Step  # a nested model: {"$ref": "#/$defs/Step"}
+    steps: list[Step]
+    done: bool
+    score: float | None
+
+
+PLAN = Plan.model_json_schema()
+
+
+async def test_a_pydantic_schema_with_nested_models_is_answered_and_ends_with_stop(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Session 41's walk: the ``openai`` client's ``chat.completions.parse(response_format=Plan)``
+    failed on the quick start, first with ``LengthFinishReasonError`` (a whole value ended with
+    ``length``), then with a ``ValidationError`` (a nested model's ``$ref`` was answered as a string)."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "plan", "schema": PLAN, "strict": True}}
+    async with sim_client() as (_cluster, client):
+        body = {"messages": [USER], "max_tokens": 40, "response_format": fmt}
+        doc = (await client.post("/v1/chat/completions", json=body)).json()
+        (choice,) = doc["choices"]
+        plan = Plan.model_validate_json(choice["message"]["content"])
+        assert plan.lead.minutes == 5 and choice["finish_reason"] == "stop"
+        assert doc["usage"]["completion_tokens"] == 40
+        cut = (await client.post("/v1/chat/completions", json={**body, "max_tokens": 5})).json()
+        assert cut["choices"][0]["finish_reason"] == "length" and cut["usage"]["completion_tokens"] == 5
+        # the Responses API: a cut value is an incomplete response, a whole one completed
+        text = {"format": {"type": "json_schema", "name": "plan", "schema": PLAN, "strict": True}}
+        for limit, status in ((40, "completed"), (5, "incomplete")):
+            body = {"input": "plan it", "max_output_tokens": limit, "text": text}
+            doc = (await client.post("/v1/responses", json=body)).json()
+            assert doc["status"] == status, doc
+        Plan.model_validate_json(
+            (await client.post("/v1/responses", json={**body, "max_output_tokens": 40})).json()["output"][0]["content"][
+                0
+            ]["text"]
+        )
+
+
+async def test_tool_call_arguments_fit_the_tools_parameters(autojump_clock: trio.abc.Clock) -> None:
+    """A forced call (and the ``tool_calls`` hint) to a tool whose ``parameters`` list properties
+    answers arguments of that schema (before session 41 ``{"q": ...}``, which the ``openai`` client's
+    ``pydantic_function_tool`` refused); the next turn's prompt still extends this one exactly."""
+    tools = [{"type": "function", "function": {"name": "make_plan", "parameters": PLAN, "strict": True}}]
+    named = {"type": "function", "function": {"name": "make_plan"}}
+    async with sim_client() as (_cluster, client):
+        for extra, finish in (
+            ({"tool_choice": "required"}, "tool_calls"),
+            ({"tool_choice": named}, "stop"),
+            ({"vllm_xargs": {"sim_finish_reason": "tool_calls"}}, "tool_calls"),
+        ):
+            body = {"messages": [USER], "max_tokens": 64, "tools": tools, **extra}
+            doc = (await client.post("/v1/chat/completions", json=body)).json()
+            (out,) = doc["choices"]
+            message = out["message"]
+            (call,) = message["tool_calls"]
+            Plan.model_validate_json(call["function"]["arguments"])
+            assert out["finish_reason"] == finish and doc["usage"]["completion_tokens"] == 64
+            generated = tokenizer.render_tool_call(call["function"]["name"], call["function"]["arguments"])
+            first = tokenizer.render_chat([USER], tools=tools)
+            after = tokenizer.render_chat([USER, message], tools=tools, add_generation_prompt=False)
+            assert after == [*first, *generated, tokenizer.END_TOKEN] and len(generated) == 64
+        small = {"messages": [USER], "max_tokens": 8, "tools": tools, "tool_choice": "required"}
+        err = await client.post("/v1/chat/completions", json=small)
+        assert err.status_code == 400 and err.json()["error"]["param"] == "tool_choice", err.text
