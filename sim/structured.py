@@ -7,10 +7,11 @@ object (every property when the schema lists none), each of its JSON type (``con
 ``enum`` value win; the first of ``anyOf``/``oneOf``/``allOf``; the first non-null type of a type
 list; a local ``$ref`` is followed); an array is empty unless ``minItems`` asks for items.  The
 pseudo-words of the usual output fill the string values, so the text has exactly the planned
-number of tokens when a string value can take them; a schema without a string takes its value's
-tokens split or padded with JSON whitespace.  An output planned shorter than the smallest value is
-cut there, as a real server cut by ``max_tokens`` is (the text is then not JSON; ``json_pieces``
-says so, and the request ends with ``length``, a whole value with ``stop``).
+number of tokens when a string value can take them; a schema without a string is answered with its
+value's own tokens, fewer than planned, ending there as guided decoding ends it.  An output planned
+shorter than the smallest value is cut there, as a real server cut by ``max_tokens`` is (the text
+is then not JSON; ``json_pieces`` says so, and the request ends with ``length``, a whole value with
+``stop``).
 """
 
 from __future__ import annotations
@@ -174,11 +175,6 @@ def json_pieces(seed_material: str, n_tokens: int, schema: dict[str, Any]) -> tu
     pieces = tokenizer.split_pieces(_render(template, len(slots), words[:w]))
     if len(pieces) > n_tokens:
         return pieces[:n_tokens], False  # cut short, as max_tokens cuts a real answer
-    while len(pieces) < n_tokens:  # no string to carry words: split the longest piece, then pad
-        longest = max(range(len(pieces)), key=lambda i: len(pieces[i]))
-        piece = pieces[longest]
-        if len(piece) < 2:
-            pieces.append(" ")
-            continue
-        pieces[longest : longest + 1] = [piece[: len(piece) // 2], piece[len(piece) // 2 :]]
+    # fewer pieces than planned only when no string carries words: the value is whole and ends
+    # there, as guided decoding ends it (padding it out re-tokenized to fewer tokens than counted)
     return pieces, True

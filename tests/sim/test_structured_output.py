@@ -70,6 +70,20 @@ async def test_json_object_and_json_schema_answers_are_json_of_the_planned_lengt
         assert doc["usage"]["completion_tokens"] == 20
 
 
+async def test_a_schema_without_strings_ends_with_its_value(autojump_clock: trio.abc.Clock) -> None:
+    """No string can carry the planned tokens: the value's own tokens, fewer than planned, and the
+    text tokenizes back to exactly the tokens counted (a follow-up turn's prefix)."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "flags", "schema": schema}}
+    async with sim_client() as (_cluster, client):
+        body = {"messages": [USER], "max_tokens": 50, "response_format": fmt}
+        doc = (await client.post("/v1/chat/completions", json=body)).json()
+    content = doc["choices"][0]["message"]["content"]
+    assert json.loads(content) == {"n": 0, "ok": True}
+    assert doc["usage"]["completion_tokens"] == tokenizer.count_tokens(content) < 50
+    assert doc["choices"][0]["finish_reason"] == "stop"
+
+
 async def test_a_streamed_json_answer_joins_to_the_same_json(autojump_clock: trio.abc.Clock) -> None:
     async with sim_client() as (_cluster, client):
         body = {"messages": [USER], "max_tokens": 30, "response_format": JSON_SCHEMA, "seed": 1}
