@@ -508,10 +508,16 @@ def responses_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(text, dict) and isinstance(text.get("format"), dict):
         # Responses' structured output, {"type": "json_schema", "name", "schema"}: chat's response_format
         fmt = text["format"]
-        if fmt.get("type") == "json_schema":
-            chat["response_format"] = {"type": "json_schema", "json_schema": {"schema": fmt.get("schema", {})}}
-        else:
-            chat["response_format"] = fmt
+        kind = fmt.get("type")
+        if kind == "json_schema":
+            schema = fmt.get("schema", {})
+            if not isinstance(schema, dict):
+                raise bad("text.format.schema", f"must be an object, got {schema!r}")
+            chat["response_format"] = {"type": "json_schema", "json_schema": {"schema": schema}}
+        elif kind in ("text", "json_object"):
+            chat["response_format"] = {"type": kind}
+        else:  # named here, not as the chat field it becomes
+            raise bad("text.format.type", f"must be text, json_object or json_schema, got {kind!r}")
     elif text is not None and not isinstance(text, dict):
         raise bad("text", "must be an object")
     limit = body.get("max_output_tokens")

@@ -144,6 +144,16 @@ async def test_responses_structured_output_and_reasoning_input_items(autojump_cl
         bad = {"input": [{**reasoning, "summary": [{"type": "summary_text"}]}], "max_output_tokens": 2}
         r = await client.post("/v1/responses", json=bad)
         assert r.status_code == 400 and r.json()["error"]["param"] == "input[0].summary[0]"
+        # a bad format is named as the Responses field it came in (was response_format.type)
+        for text, param in (
+            ({"format": {"type": "yaml"}}, "text.format.type"),
+            ({"format": {"type": "json_schema", "name": "x", "schema": 3}}, "text.format.schema"),
+        ):
+            r = await client.post("/v1/responses", json={"input": "x", "text": text})
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        as_object = {"input": "x", "text": {"format": {"type": "json_object"}}}
+        doc = (await client.post("/v1/responses", json=as_object)).json()
+        assert isinstance(json.loads(doc["output"][0]["content"][0]["text"]), dict)
 
 
 class Step(pydantic.BaseModel):
