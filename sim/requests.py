@@ -109,11 +109,20 @@ def _opt_bool(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
     return v
 
 
+def _missing_or_wrong(body: Mapping[str, Any], key: str, what: str) -> ApiError:
+    """The 400 for a field that is absent ("field required") or not ``what`` (naming what came)."""
+    value = body.get(key)
+    if value is None:
+        return bad(key, f"field required: {what}")
+    shown = repr(value)
+    return bad(key, f"must be {what}, got {shown if len(shown) <= 80 else shown[:77] + '...'}")
+
+
 def _prompt_ids(body: Mapping[str, Any], chat: bool) -> list[int]:
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise bad("messages", "field required: a non-empty list of messages")
+            raise _missing_or_wrong(body, "messages", "a non-empty list of messages")
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise bad(f"messages[{i}]", "must be an object with a string 'role'")
@@ -132,10 +141,12 @@ def _prompt_ids(body: Mapping[str, Any], chat: bool) -> list[int]:
         ids = tokenizer.tokenize(prompt)
     elif isinstance(prompt, list) and prompt and all(_is_int(t) and 0 <= t < tokenizer.VOCAB_SIZE for t in prompt):
         ids = list(prompt)
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        raise bad("prompt", f"token ids must be integers from 0 to {tokenizer.VOCAB_SIZE - 1}")
     elif isinstance(prompt, list) and len(prompt) > 1:
         raise bad("prompt", "batched prompts are not supported by the simulator; send one prompt per request")
     else:
-        raise bad("prompt", "field required: a string or a list of token ids")
+        raise _missing_or_wrong(body, "prompt", "a string or a list of token ids")
     if not ids:
         raise bad("prompt", "must not be empty")
     return ids
@@ -172,7 +183,7 @@ def parse_embeddings(body: Mapping[str, Any], *, model: str, max_model_len: int)
         elif isinstance(given, list) and given and all(isinstance(x, (str, list)) for x in given):
             inputs = [tokenizer.tokenize(x) if isinstance(x, str) else list(x) for x in given]
         else:
-            raise bad("input", "field required: a string, a list of strings or a list of token ids")
+            raise _missing_or_wrong(body, "input", "a string, a list of strings or a list of token ids")
     for i, ids in enumerate(inputs):
         if not all(_is_int(t) and 0 <= t < tokenizer.VOCAB_SIZE for t in ids):
             raise bad(f"input[{i}]", f"token ids must be integers from 0 to {tokenizer.VOCAB_SIZE - 1}")
@@ -467,7 +478,7 @@ def responses_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
         for i, item in enumerate(given):
             messages.append(_responses_item(item, f"input[{i}]"))
     else:
-        raise bad("input", "field required: a string or a non-empty list of input items")
+        raise _missing_or_wrong(body, "input", "a string or a non-empty list of input items")
     chat: dict[str, Any] = {k: body[k] for k in _RESPONSES_PASSTHROUGH if k in body}
     chat["messages"] = messages
     choice = body.get("tool_choice")

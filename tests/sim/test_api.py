@@ -324,6 +324,25 @@ async def test_bad_requests_name_the_field(
     assert param.split("[")[0] in err["message"] or status == 404
 
 
+async def test_a_field_sent_with_a_wrong_value_is_not_called_missing(autojump_clock: trio.abc.Clock) -> None:
+    """ "field required" only when the field is absent; a value of the wrong shape is named, and an
+    out-of-range token id says so (session 41's walk: both read "field required")."""
+    cases = [
+        ("/v1/chat/completions", {}, "messages", "field required"),
+        ("/v1/chat/completions", {"messages": []}, "messages", "must be a non-empty list of messages, got []"),
+        ("/v1/completions", {}, "prompt", "field required"),
+        ("/v1/completions", {"prompt": 7}, "prompt", "must be a string or a list of token ids, got 7"),
+        ("/v1/completions", {"prompt": [1, -5]}, "prompt", "token ids must be integers from 0 to"),
+        ("/v1/embeddings", {"input": 3.5}, "input", "got 3.5"),
+        ("/v1/responses", {"input": {"x": 1}}, "input", "must be a string or a non-empty list of input items"),
+    ]
+    async with sim_client() as (_cluster, client):
+        for path, body, param, words in cases:
+            r = await client.post(path, json=body)
+            err = r.json()["error"]
+            assert r.status_code == 400 and err["param"] == param and words in err["message"], (path, body, err)
+
+
 async def test_strict_xargs_rejects_nested_values_lenient_accepts(autojump_clock: trio.abc.Clock) -> None:
     body = {"messages": [USER], "max_tokens": 2, "vllm_xargs": {"agentic_context": {"program_id": "p1"}, "k": [1, "a"]}}
     async with sim_client(SimConfig(strict_xargs=True, deterministic=True)) as (_c, client):
