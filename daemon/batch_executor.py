@@ -77,6 +77,12 @@ class BatchService:
         self._opening = trio.Lock()
         self._wake = trio.Event()
         self._changed = trio.Event()
+        # a graceful stop began: no new line is sent, the lines in flight get the drain's grace
+        # (docs/batch.md, "How a batch runs"); the lines in flight and an event set when there are none
+        self.stopping = trio.Event()
+        self._lines_in_flight = 0
+        self._lines_idle = trio.Event()
+        self._lines_idle.set()
 
     @property
     def opened(self) -> bool:
@@ -115,6 +121,25 @@ class BatchService:
         """A batch was created or cancelled: the executor looks at the database again."""
         self._wake.set()
 
+    def line_started(self) -> None:
+        self._lines_in_flight += 1
+        if self._lines_in_flight == 1:
+            self._lines_idle = trio.Event()
+
+    def line_ended(self) -> None:
+        self._lines_in_flight -= 1
+        if self._lines_in_flight == 0:
+            self._lines_idle.set()
+
+    async def drain(self, shutdown: trio.Event, grace_seconds: float) -> None:
+        """On ``shutdown``: send no new line and wait up to ``grace_seconds`` for the lines in flight
+        to be answered and recorded, as the HTTP drain waits for clients' requests (docs/operations.md
+        §10.4); what is still running then is cut with the daemon and sent again by its next start."""
+        await shutdown.wait()
+        self.stopping.set()
+        with trio.move_on_after(grace_seconds):
+            await self._lines_idle.wait()
+
     async def wait_wake(self) -> None:
         await self._wake.wait()
         self._wake = trio.Event()
@@ -137,6 +162,10 @@ class BatchService:
             if batch["status"] in TERMINAL:
                 return batch
             await changed.wait()
+
+
+class _Stopped(Exception):
+    """A line's wait before trying again ended because the daemon is stopping."""
 
 
 @attrs.define(eq=False)
@@ -202,8 +231,11 @@ class BatchExecutor:
             if resumed:
                 done, total = await store.call(db.line_counts, batch_id)
                 log_event(logger, logging.INFO, "batch_resumed", batch_id=batch_id, done=done, total=total)
+            sent = False
             with run.scope:
-                await self._send_all(store, batch_id)
+                sent = await self._send_all(store, batch_id)
+            if not sent and not run.scope.cancelled_caught:
+                return  # the daemon is stopping: its next start sends the rest (docs/batch.md)
             if await store.call(db.transition, batch_id, "finalizing"):
                 await service.status_changed()
             status = await store.call(db.status, batch_id)
@@ -258,26 +290,44 @@ class BatchExecutor:
 
     # ---------------------------------------------------------------- sending
 
-    async def _send_all(self, store: BatchStore, batch_id: str) -> None:
+    async def _send_all(self, store: BatchStore, batch_id: str) -> bool:
+        """Send every pending line; False when the daemon began stopping first (lines stay pending)."""
         owner = await store.call(store.db.owner, batch_id)
+        stopping = self.service.stopping
         after = 0
         async with trio.open_nursery() as nursery:
-            while True:
+            while not stopping.is_set():
                 page = await store.call(store.db.pending_lines, batch_id, after, PENDING_PAGE)
                 if not page:
-                    break
+                    return True
                 for line in page:
                     await self.slots.acquire()
+                    if stopping.is_set():
+                        self.slots.release()
+                        break
+                    self.service.line_started()
                     nursery.start_soon(self._send_one, store, batch_id, line, owner)
                 after = page[-1].line_no
+        return False
 
     async def _send_one(self, store: BatchStore, batch_id: str, line: PendingLine, owner: str | None) -> None:
         try:
             record, ok = await self._answer(batch_id, line, owner)
             if await store.call(store.db.commit_result, batch_id, line.line_no, batchfile.encode_record(record), ok):
                 self.service.metrics.requests.labels("succeeded" if ok else "failed").inc()
+        except _Stopped:
+            pass  # the daemon is stopping during a wait: the line stays pending for the next start
         finally:
             self.slots.release()
+            self.service.line_ended()
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep before trying a line again, unless the daemon begins stopping (:class:`_Stopped`)."""
+        stopping = self.service.stopping
+        with trio.move_on_after(seconds):
+            await stopping.wait()
+        if stopping.is_set():
+            raise _Stopped
 
     async def _answer(self, batch_id: str, line: PendingLine, owner: str | None) -> tuple[dict[str, Any], bool]:
         url = line.request["url"]
@@ -295,13 +345,13 @@ class BatchExecutor:
                 # every 5 s (the 503's Retry-After is for clients); cancelling the batch or stopping
                 # the daemon ends the wait, and the line stays pending
                 waits += 1
-                await trio.sleep(min(RETRY_BASE_SECONDS * 2.0 ** min(waits - 1, 8), NO_TARGET_MAX_WAIT_SECONDS))
+                await self._pause(min(RETRY_BASE_SECONDS * 2.0 ** min(waits - 1, 8), NO_TARGET_MAX_WAIT_SECONDS))
                 continue
             attempts += 1
             if status not in RETRY_STATUSES or attempts >= MAX_ATTEMPTS:
                 break
             wait = RETRY_BASE_SECONDS * 2.0 ** (attempts - 1)
-            await trio.sleep(min(wait if retry_after is None else retry_after, MAX_RETRY_WAIT_SECONDS))
+            await self._pause(min(wait if retry_after is None else retry_after, MAX_RETRY_WAIT_SECONDS))
         ok = 200 <= status < 300
         record = batchfile.output_record(
             line.custom_id,

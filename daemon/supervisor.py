@@ -450,9 +450,11 @@ async def run_daemon(
                 fairness=fairness,
             )
             batches = None
+            executing = False
             if cfg.batch_api.enabled:
                 batches = BatchService(cfg.batch_api, BatchApiMetrics(registry))
-                if serve_http if batch_executor is None else batch_executor:
+                executing = serve_http if batch_executor is None else batch_executor
+                if executing:
                     await root.start(run_batch_executor, batches, engine)
             handles = DaemonHandles(
                 config=cfg,
@@ -472,6 +474,8 @@ async def run_daemon(
             )
             registry.register(EdgeCollector(edge, lambda: handles.server_state))
             async with trio.open_nursery() as servers:
+                if batches is not None and executing:  # its lines in flight get the grace too (§10.4)
+                    servers.start_soon(batches.drain, shutdown, cfg.server.shutdown_grace_seconds)
                 if serve_http:
                     handles = await _serve(servers, cfg, handles, security)
                 task_status.started(handles)
