@@ -435,6 +435,7 @@ def test_unobserved_jobs_are_long_and_ordered_by_creation() -> None:
         (100, 99, 0),  # upstream: the last prompt token now, a decode token next
         (100, 64, 1),  # a chunk to 96 (a block boundary), then 4 tokens -> 1 block
         (16, 15, 1),  # to 16 (a block boundary), the next decode token needs a new block
+        (15, 15, 1),  # decode without lookahead (L = 0): one token to 16, the next needs a new block
         (0, 0, 0),  # nothing to prefill: a decode token to position 1, the next fits (room 15)
     ],
 )

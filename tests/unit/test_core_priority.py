@@ -9,10 +9,10 @@ from core_support import Harness, admitted, of, reasons
 from actors.core import effects as fx
 from actors.core import fairness
 from actors.core.config import BatchJobsConfig, ClassLimits, PriorityConfig, problems
-from actors.core.events import BatchSubmitted, InteractiveSubmitted, RepairTick
+from actors.core.events import BatchSubmitted, InteractiveSubmitted, RepairTick, RequestCompleted
 from actors.core.ids import RequestId
 from actors.core.invariants import check
-from actors.core.model import RequestHints
+from actors.core.model import NO_USAGE, RequestHints, Usage
 from actors.core.snapshot import priority_snapshot
 
 BATCH = BatchJobsConfig(enabled=True, guaranteed_kv_share=0.0)
@@ -237,6 +237,41 @@ def test_counter_lift_for_a_newly_backlogged_tenant() -> None:
     assert counter(h, "y") == 700.0 and h.state.fair.accounts["y"].lifts == 1
     interactive(h, "x2", 100, tenant="x", at=3.0)  # x is backlogged already: no lift
     assert h.state.fair.accounts["x"].lifts == 0
+
+
+@pytest.mark.parametrize(
+    ("success", "usage", "output_charged"),
+    [
+        (True, Usage(completion_tokens=7), 7),  # the reported count
+        (False, Usage(completion_tokens=7), 7),  # reported: charged even when it failed
+        (True, NO_USAGE, 50),  # succeeded without usage: its expected output (max_tokens)
+        (False, NO_USAGE, 0),  # failed without usage: nothing
+    ],
+)
+def test_completion_charges_reported_output_else_expected_output_if_it_succeeded(
+    success: bool, usage: Usage, output_charged: int
+) -> None:
+    """docs/priority.md §3: a completion is charged ``vtc_output_token_weight`` x the completion
+    tokens it reports; without usage, its expected output if it succeeded, nothing if it failed."""
+    h = Harness(token_capacity_per_dp_rank=1000)
+    assert admitted_interactive(interactive(h, "i1", 100, tenant="t", max_tokens=50, at=1.0)) == ["i1"]
+    h.feed(RequestCompleted(RequestId("i1"), success, usage), at=2.0)
+    a = h.state.fair.accounts["t"]
+    assert (a.input_tokens, a.output_tokens) == (100, output_charged)
+    assert counter(h, "t") == 100 + 2 * output_charged  # input weight 1, output weight 2 (the defaults)
+    assert a.dispatched == 1
+
+
+def test_outstanding_rent_is_exact_below_one_token_second() -> None:
+    """Rent read between settlements is ``held x now - sum(held x since)`` (docs/priority.md §3):
+    exact at every instant, however small."""
+    fair = fairness.FairnessState()
+    cfg = PriorityConfig(vtc_kv_token_second_weight=1.0)
+    fairness.hold(fair, cfg, "t", 0.0, 0.0, 10.0, 1.0)  # 10 tokens held from t = 1
+    a = fair.accounts["t"]
+    assert fairness.outstanding_rent_token_seconds(a, 1.05) == pytest.approx(0.5)
+    assert fairness.total_kv_token_seconds(a, 1.05) == pytest.approx(0.5)
+    assert fairness.counter(fair, cfg, "t", 1.05) == pytest.approx(0.5)
 
 
 def test_kv_rent_accrues_while_acting() -> None:
