@@ -347,6 +347,17 @@ def test_idle_accounts_are_pruned_beyond_the_bound_without_credit() -> None:
     assert "busy" in fair.accounts and len(fair.accounts) == 4
 
 
+def test_idle_accounts_are_kept_up_to_4096() -> None:
+    """docs/priority.md §3, "Memory": accounts of idle tenants are kept up to 4096 (the tick's bound)."""
+    fair = fairness.FairnessState()
+    cfg = PriorityConfig()
+    for i in range(4096):
+        fairness.account(fair, f"t{i}")
+    assert fairness.prune(fair, cfg, 1.0) == 0 and len(fair.accounts) == 4096
+    fairness.account(fair, "one-more")
+    assert fairness.prune(fair, cfg, 1.0) == 1 and len(fair.accounts) == 4096
+
+
 @pytest.mark.parametrize(
     ("fair", "expected"),
     [("vtc", ["a0", "b0", "a1", "b1", "a2", "a3"]), ("off", ["a0", "a1", "a2", "a3", "b0", "b1"])],
