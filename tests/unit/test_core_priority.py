@@ -9,6 +9,7 @@ from core_support import Harness, admitted, of, reasons
 from actors.core import effects as fx
 from actors.core import fairness
 from actors.core.config import BatchJobsConfig, ClassLimits, PriorityConfig, problems
+from actors.core.costs import prefill_seconds
 from actors.core.events import BatchSubmitted, InteractiveSubmitted, RepairTick, RequestCompleted
 from actors.core.ids import RequestId
 from actors.core.invariants import check
@@ -347,6 +348,35 @@ def test_idle_accounts_are_pruned_beyond_the_bound_without_credit() -> None:
     assert "busy" in fair.accounts and len(fair.accounts) == 4
 
 
+def test_prune_forgets_idle_accounts_at_most_the_smallest_backlogged_counter_oldest_first() -> None:
+    """docs/priority.md §3, "Memory": beyond the bound the tick forgets idle tenants (nothing waiting,
+    no KV held) whose counter is at most the lift floor -- the smallest counter of the backlogged
+    tenants -- oldest first."""
+
+    def accounts() -> fairness.FairnessState:
+        fair = fairness.FairnessState()
+        cfg = PriorityConfig()
+        for name, served in [("a", 1), ("b", 3), ("c", 5), ("h", 0), ("w3", 3), ("w7", 7)]:
+            fairness.charge(fair, cfg, name, input_tokens=served)  # counter = served (weight 1)
+        fairness.hold(fair, cfg, "h", 0.0, 0.0, 10.0, 0.0)  # h holds KV (an idle Program's context)
+        fairness.arrive(fair, cfg, "w3", 0.0)  # backlogged, one request each
+        fairness.arrive(fair, cfg, "w7", 0.0)
+        return fair
+
+    fair = accounts()
+    assert fairness.prune(fair, PriorityConfig(), 1.0, keep=1) == 2  # a (1) and b (3 = the floor)
+    assert list(fair.accounts) == ["c", "h", "w3", "w7"]
+    fair = accounts()
+    assert fairness.prune(fair, PriorityConfig(), 1.0, keep=5) == 1  # one over the bound: the oldest
+    assert list(fair.accounts) == ["b", "c", "h", "w3", "w7"]
+    # with nothing backlogged the floor is the counter of the last tenant that stopped waiting
+    fair = accounts()
+    fairness.leave(fair, PriorityConfig(), "w7", 1.0, dispatched=True)
+    fairness.leave(fair, PriorityConfig(), "w3", 1.0, dispatched=True)
+    assert fairness.prune(fair, PriorityConfig(), 1.0, keep=1) == 3  # a, b and w3 (3); not c, h, w7
+    assert list(fair.accounts) == ["c", "h", "w7"]
+
+
 def test_idle_accounts_are_kept_up_to_4096() -> None:
     """docs/priority.md §3, "Memory": accounts of idle tenants are kept up to 4096 (the tick's bound)."""
     fair = fairness.FairnessState()
@@ -593,6 +623,18 @@ def test_long_prefills_are_admitted_one_at_a_time_per_rank_short_ones_pass() -> 
     # big0's next turn only adds 500 tokens to the context it has on this rank: short, not held
     assert admitted(_tenant_submit(h, "big0", "x", 30_600, 3.5)) == ["r4"]
     assert check(h.state, h.cfg) == []
+
+
+def test_a_prefill_estimated_at_exactly_long_prefill_seconds_is_not_long() -> None:
+    """docs/priority.md §3: only a request estimated to take *longer* than ``long_prefill_seconds``
+    is held behind a long prefill in flight."""
+    model = Harness().cfg.prefill_cost_model
+    prio = PriorityConfig(long_prefill_seconds=prefill_seconds(20_000, model))
+    h = Harness(token_capacity_per_dp_rank=100_000, priority=prio)
+    assert admitted(_tenant_submit(h, "big0", "x", 30_000, 0.0)) == ["r1"]
+    assert admitted(_tenant_submit(h, "over", "x", 20_001, 0.1)) == []  # longer: waits for big0's prefill
+    assert admitted(_tenant_submit(h, "equal", "x", 20_000, 0.2)) == ["r3"]  # exactly the limit: not long
+    assert h.rank().long_prefill == (RequestId("r1"), pytest.approx(5.742, abs=1e-3))
 
 
 def test_a_long_prefill_marker_lapses_at_its_estimated_end_and_is_off_by_default() -> None:
