@@ -578,6 +578,24 @@ def test_a_tool_call_holds_a_light_tenants_rank_at_most_tenant_isolation_tool_ca
     assert check(h.state, h.cfg) == []
 
 
+def test_a_waiting_programs_demand_counts_its_front_requests_expected_output() -> None:
+    """A tenant's demand counts what its waiting Programs need, the front request's
+    ``expected_output_length`` included (docs/priority.md §3): with it x is heavy, with the default
+    output allowance it would not be (found by the mutation campaign of session 41)."""
+    from actors.core import fairness_isolation
+
+    h = Harness(token_capacity_per_dp_rank=10_000, priority=ISO)
+    assert admitted(_tenant_submit(h, "x0", "x", 1000, 0.0)) == ["r1"]  # 1100 held
+    assert admitted(_tenant_submit(h, "y0", "y", 500, 0.0)) == ["r2"]  # 600 held
+    # 2000 of context and 7000 expected output: 9000 does not fit beside 1700, x1 waits; a second
+    # request of x1 without the hint waits behind it (the Program's latest allowance is the default)
+    assert admitted(_tenant_submit(h, "x1", "x", 2000, 0.0, expected_output_length=7000)) == []
+    assert admitted(_tenant_submit(h, "x1", "x", 2000, 0.0)) == []
+    # x demands 1100 + 9000 (its front request's) > its half (5000); with the default allowance
+    # 1100 + 2100 would not be
+    assert set(fairness_isolation.compute(h.state, record=False).values()) == {frozenset({"x"})}
+
+
 def test_isolation_leaves_single_tenant_and_balanced_tenants_alone() -> None:
     h = Harness(token_capacity_per_dp_rank=10_000, priority=ISO)
     for i in range(4):
