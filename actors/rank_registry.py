@@ -13,14 +13,18 @@ never bursted.  Each round, in this order:
 1. ``ObservationRoundStarted`` for every target to the scheduler (the core checkpoints its ledger:
    admissions committed while the scrape is in flight stay counted, docs/program-scheduling.md §2);
 2. one ``GET <url>/metrics`` per *worker URL*, all concurrently, 2 s timeout each: one scrape
-   serves every DP rank behind the worker (``engine`` label = DP rank); a worker whose scrapes
-   start failing is logged once, in worker order (WARN ``backend_observation_failed``, repeats at
-   DEBUG), and once more when a scrape succeeds again (INFO ``backend_observation_recovered``
-   with the number of failed rounds; docs/operations.md §1 and §11);
-3. each rank actor, in target order, gets its worker's result and the pacer waits for its
-   acknowledgement before the next rank, so the actors' ``ObservationReceived`` messages reach the
-   scheduler in target order (a failed scrape produces none: the previous observation ages out and
-   turns stale after three intervals);
+   serves every DP rank behind the worker (``engine`` label = DP rank); the round waits for them
+   until the next grid point at most.  A scrape still running then goes on (a hung worker's until
+   its timeout) and is handed over by the first later round that finds it done; its worker gets
+   no other GET meanwhile and its targets are left out of those rounds' ``ObservationRoundStarted``.
+   So one slow worker delays neither the other workers' observations nor the tick.  A worker whose
+   scrapes start failing is logged once, in worker order (WARN ``backend_observation_failed``,
+   repeats at DEBUG), and once more when a scrape succeeds again (INFO
+   ``backend_observation_recovered`` with the number of failed rounds; docs/operations.md §1 and §11);
+3. each rank actor, in target order, gets its worker's result (stamped with the time that scrape
+   completed) and the pacer waits for its acknowledgement before the next rank, so the actors'
+   ``ObservationReceived`` messages reach the scheduler in target order (a failed scrape produces
+   none: the previous observation ages out and turns stale after three intervals);
 4. ``RepairTick`` (TTL expiry, paused retention, capacity repair, scheduling).
 
 Order comes from explicit keys (target index, then worker order), never from task wake order.
@@ -258,24 +262,55 @@ async def run_observation_rounds(
     start = trio.current_time()
     k = 0
     epoch = 0
-    while True:
-        ranks = registry.ranks()
-        if ranks:
-            epoch += 1
-            await _observation_round(client, ranks, scheduler_send, epoch, registry.failing_workers)
-            registry.rounds_count += 1
-            await scheduler_send.send(RepairTick(deadline=start + k * interval))
-        else:
-            await _wait_for_ranks(registry)  # every target was removed: parked until one returns
-        # Next grid point strictly in the future: missed ticks are skipped, not bursted.
-        now = trio.current_time()
-        k = max(k + 1, math.floor((now - start) / interval) + 1)
-        await trio.sleep_until(start + k * interval)
+    pending: dict[str, _Scrape] = {}  # worker URL -> its scrape, started in this round or an earlier one
+    async with trio.open_nursery() as scrapes:
+        while True:
+            ranks = registry.ranks()
+            cut = False
+            if ranks:
+                epoch += 1
+                cut = await _observation_round(
+                    client,
+                    ranks,
+                    scheduler_send,
+                    epoch,
+                    registry.failing_workers,
+                    pending=pending,
+                    nursery=scrapes,
+                    deadline=start + (k + 1) * interval,
+                )
+                registry.rounds_count += 1
+                await scheduler_send.send(RepairTick(deadline=start + k * interval))
+            else:
+                await _wait_for_ranks(registry)  # every target was removed: parked until one returns
+            if cut:  # the round stopped waiting at the next grid point: that round starts now
+                k += 1
+                continue
+            # Next grid point strictly in the future: missed ticks are skipped, not bursted.
+            now = trio.current_time()
+            k = max(k + 1, math.floor((now - start) / interval) + 1)
+            await trio.sleep_until(start + k * interval)
 
 
 async def _wait_for_ranks(registry: RankRegistry) -> None:
     while not registry.ranks():
         await registry.wait_targets_changed()
+
+
+class _Scrape:
+    """One worker's ``/metrics`` GET, run by the pacer's nursery: the round whose epoch it belongs
+    to, and once ``done`` is set, its result and the time it completed."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.done = trio.Event()
+        self.result: ScrapeResult = ""
+        self.finished_at = 0.0
+
+    async def run(self, client: httpx.AsyncClient, url: str) -> None:
+        self.result = await scrape_worker(client, url)
+        self.finished_at = trio.current_time()
+        self.done.set()
 
 
 async def _observation_round(
@@ -284,14 +319,35 @@ async def _observation_round(
     scheduler_send: trio.MemorySendChannel[SchedulerMessage],
     epoch: int,
     failing: dict[str, int] | None = None,
-) -> None:
+    *,
+    pending: dict[str, _Scrape],
+    nursery: trio.Nursery,
+    deadline: float,
+) -> bool:
+    """One round; True when it stopped waiting for a scrape at ``deadline`` (the next grid point).
+
+    A worker whose scrape is slower than the interval does not hold the others' observations and the
+    tick back (docs/operations.md §1): the round hands over what arrived by the next grid point, the
+    slow scrape goes on (up to its own timeout) and is handed over, with its own epoch and completion
+    time, by the first round that finds it done; no second GET goes to that worker meanwhile."""
     failing = {} if failing is None else failing
-    await scheduler_send.send(ObservationRoundStarted(epoch=epoch, target_ids=tuple(h.target.target_id for h in ranks)))
     worker_urls = tuple(dict.fromkeys(h.target.worker_url for h in ranks))  # worker order = first target's order
-    results = await scrape_workers(client, worker_urls)
-    observed_at = trio.current_time()
-    for url in worker_urls:
-        result = results[url]
+    fresh = [url for url in worker_urls if url not in pending]
+    if fresh:
+        started = tuple(h.target.target_id for h in ranks if h.target.worker_url in fresh)
+        await scheduler_send.send(ObservationRoundStarted(epoch=epoch, target_ids=started))
+        for url in fresh:
+            scrape = pending[url] = _Scrape(epoch)
+            nursery.start_soon(scrape.run, client, url)
+    with trio.move_on_at(deadline) as waiting:
+        for url in worker_urls:
+            await pending[url].done.wait()
+    cut = waiting.cancelled_caught
+    done = {url: pending.pop(url) for url in worker_urls if pending[url].done.is_set()}
+    for url in [url for url, scrape in pending.items() if scrape.done.is_set()]:
+        del pending[url]  # finished for a worker no longer observed
+    for url, scrape in done.items():
+        result = scrape.result
         if isinstance(result, str):
             streak = failing[url] = failing.get(url, 0) + 1
             level = logging.WARNING if streak == 1 else logging.DEBUG  # one warning per failure streak
@@ -300,20 +356,10 @@ async def _observation_round(
             streak = failing.pop(url)
             log_event(logger, logging.INFO, "backend_observation_recovered", base_url=url, failed_rounds=streak)
     for handle in ranks:  # target order; each rank is done before the next one starts
-        await handle.hand_over(epoch, observed_at, results[handle.target.worker_url])
-
-
-async def scrape_workers(client: httpx.AsyncClient, worker_urls: tuple[str, ...]) -> dict[str, ScrapeResult]:
-    """Scrape every worker concurrently; each result is per-engine samples or an error string."""
-    results: dict[str, ScrapeResult] = {}
-
-    async def scrape_one(url: str) -> None:
-        results[url] = await scrape_worker(client, url)
-
-    async with trio.open_nursery() as nursery:
-        for url in worker_urls:
-            nursery.start_soon(scrape_one, url)
-    return results
+        answered = done.get(handle.target.worker_url)
+        if answered is not None:
+            await handle.hand_over(answered.epoch, answered.finished_at, answered.result)
+    return cut
 
 
 async def scrape_worker(client: httpx.AsyncClient, url: str) -> ScrapeResult:

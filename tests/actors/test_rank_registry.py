@@ -72,7 +72,7 @@ async def test_observation_received_follows_target_order_not_scrape_completion(
     assert {m.epoch for m in received} == {1, 2}
 
 
-async def test_missed_grid_points_are_skipped_and_ranks_still_share_the_scrape(
+async def test_a_scrape_slower_than_the_interval_neither_delays_the_tick_nor_gets_a_second_get(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     targets = (target(W0, 0, 0), target(W0, 1, 1))
@@ -81,12 +81,12 @@ async def test_missed_grid_points_are_skipped_and_ranks_still_share_the_scrape(
     async def handler(request: httpx.Request) -> httpx.Response:
         scrapes.append(trio.current_time())
         if len(scrapes) == 2:
-            await trio.sleep(1.9)  # still under the 2 s timeout: the round of t=1 ends at t=2.9
+            await trio.sleep(1.9)  # still under the 2 s timeout: the scrape of t=1 answers at t=2.9
         return httpx.Response(200, text=vllm_metrics())
 
     async with observing(targets, handler) as obs:
         await trio.sleep(3.5)
-    assert [round(t - obs.t0, 6) for t in scrapes] == [0.0, 1.0, 3.0]  # grid point 2 skipped, never bursted
+    assert [round(t - obs.t0, 6) for t in scrapes] == [0.0, 1.0, 3.0]  # no second GET while one runs
     ids = (f"{W0}@0", f"{W0}@1")
     assert _summary(obs.got, obs.t0) == [
         (0.0, "started", ids),
@@ -94,16 +94,58 @@ async def test_missed_grid_points_are_skipped_and_ranks_still_share_the_scrape(
         (0.0, "received", ids[1]),
         (0.0, "tick", 0.0),
         (1.0, "started", ids),
-        (2.9, "received", ids[0]),
+        (2.0, "tick", 1.0),  # the round stops waiting at the next grid point
+        (2.9, "received", ids[0]),  # the slow scrape, handed over by the round of t=2
         (2.9, "received", ids[1]),
-        (2.9, "tick", 1.0),
+        (2.9, "tick", 2.0),
         (3.0, "started", ids),
         (3.0, "received", ids[0]),
         (3.0, "received", ids[1]),
         (3.0, "tick", 3.0),
     ]
+    late = [m for t, m in obs.got if isinstance(m, ObservationReceived) and round(t - obs.t0, 6) == 2.9]
+    assert {(m.epoch, round(m.observed_at - obs.t0, 6)) for m in late} == {(2, 2.9)}  # its own round's epoch
     snap = obs.registry.snapshots()[ids[1]]
     assert (snap.age(obs.t0 + 3.5), snap.scrapes_count, snap.fresh(obs.t0 + 3.5, 1.0)) == (0.5, 3, True)
+
+
+async def test_a_hung_worker_leaves_the_other_workers_observations_and_the_ticks_on_the_grid(
+    autojump_clock: trio.testing.MockClock, event_log
+) -> None:
+    # docs/operations.md §1: a worker whose /metrics hangs (SIGSTOP) turns stale alone.  Before, every
+    # round waited for its scrape's 2 s timeout: a tick every 2.4 s instead of every 0.8 s here, and
+    # the healthy worker's observations aged past the freshness threshold (3 intervals, 2.4 s)
+    # between rounds, so its ranks fell back to the router's ledger too.
+    targets = (target(W0, 0, 0), target(W0, 1, 1), target(W1, 0, 2), target(W1, 1, 3))
+    gets: list[tuple[float, str]] = []
+    t0 = trio.current_time()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        gets.append((round(trio.current_time() - t0, 6), request.url.host or ""))
+        if request.url.host == "worker-1" and trio.current_time() - t0 >= 0.5:
+            await trio.sleep(100)  # hung from t=0.5 on: each GET ends at its 2 s timeout
+        return httpx.Response(200, text=vllm_metrics())
+
+    async with observing(targets, handler, interval=0.8) as obs:
+        await trio.sleep(6.5)
+    grid = [round(0.8 * k, 6) for k in range(8)]
+    ticks = [(round(t - obs.t0, 6), round(m.deadline - obs.t0, 6)) for t, m in obs.got if isinstance(m, RepairTick)]
+    assert [deadline for _, deadline in ticks] == grid  # no grid point skipped
+    assert ticks == [(0.0, 0.0), (1.6, 0.8), (2.4, 1.6), (2.8, 2.4), (4.0, 3.2), (4.8, 4.0), (5.2, 4.8), (6.4, 5.6)]
+    healthy = [
+        round(m.observed_at - obs.t0, 6)
+        for _, m in obs.got
+        if isinstance(m, ObservationReceived) and m.target_id.startswith(W0)
+    ]
+    assert healthy == [t for t in grid for _ in (0, 1)]  # both ranks of worker-0 at every round
+    assert [t for t, host in gets if host == "worker-1"] == [0.0, 0.8, 3.2, 5.6]  # one GET at a time
+    failed = [(round(t - obs.t0, 6), f["failed_rounds"]) for t, f in event_log.named("backend_observation_failed")]
+    assert failed == [(2.8, 1), (5.2, 2)]
+    now = obs.t0 + 6.5
+    fresh = {i: s.fresh(now, 0.8) for i, s in obs.registry.snapshots().items()}
+    assert fresh == {f"{W0}@0": True, f"{W0}@1": True, f"{W1}@0": False, f"{W1}@1": False}
+    started = [(round(t - obs.t0, 6), m.target_ids) for t, m in obs.got if isinstance(m, ObservationRoundStarted)]
+    assert started[2] == (1.6, (f"{W0}@0", f"{W0}@1"))  # worker-1's scrape of t=0.8 still runs
 
 
 async def test_sync_cancels_removed_actors_and_starts_added_ones(autojump_clock: trio.testing.MockClock) -> None:
