@@ -17,7 +17,11 @@ never bursted.  Each round, in this order:
    until the next grid point at most.  A scrape still running then goes on (a hung worker's until
    its timeout) and is handed over by the first later round that finds it done; its worker gets
    no other GET meanwhile and its targets are left out of those rounds' ``ObservationRoundStarted``.
-   So one slow worker delays neither the other workers' observations nor the tick.  A worker whose
+   So one slow worker delays neither the other workers' observations nor the tick.  A scrape whose
+   worker is no longer observed (its targets removed) is cancelled and awaited by the next round,
+   or before the pacer parks: no scrape runs for a worker nothing observes, and a worker that
+   returns gets a new GET, never a second one beside the old (its connection is closed by the pool's
+   cancellation path, docs/operations.md §11.5).  A worker whose
    scrapes start failing is logged once, in worker order (WARN ``backend_observation_failed``,
    repeats at DEBUG), and once more when a scrape succeeds again (INFO
    ``backend_observation_recovered`` with the number of failed rounds; docs/operations.md §1 and §11);
@@ -282,6 +286,7 @@ async def run_observation_rounds(
                 registry.rounds_count += 1
                 await scheduler_send.send(RepairTick(deadline=start + k * interval))
             else:
+                await _stop_unobserved(pending, ())  # nothing observed: no scrape goes on while parked
                 await _wait_for_ranks(registry)  # every target was removed: parked until one returns
             if cut:  # the round stopped waiting at the next grid point: that round starts now
                 k += 1
@@ -306,11 +311,26 @@ class _Scrape:
         self.done = trio.Event()
         self.result: ScrapeResult = ""
         self.finished_at = 0.0
+        self.cancel_scope = trio.CancelScope()
 
     async def run(self, client: httpx.AsyncClient, url: str) -> None:
-        self.result = await scrape_worker(client, url)
-        self.finished_at = trio.current_time()
-        self.done.set()
+        try:
+            with self.cancel_scope:
+                self.result = await scrape_worker(client, url)
+        finally:
+            self.finished_at = trio.current_time()
+            self.done.set()
+
+
+async def _stop_unobserved(pending: dict[str, _Scrape], worker_urls: tuple[str, ...]) -> None:
+    """Cancel the scrapes of workers not in ``worker_urls`` (no target observes them any more) and
+    wait until each has ended: a cancelled GET ends at its next checkpoint, its connection discarded
+    by the pool (a shielded close), so this wait is one scheduling pass, not a timeout."""
+    gone = [url for url in pending if url not in worker_urls]
+    for url in gone:
+        pending[url].cancel_scope.cancel()
+    for url in gone:
+        await pending.pop(url).done.wait()
 
 
 async def _observation_round(
@@ -332,6 +352,7 @@ async def _observation_round(
     time, by the first round that finds it done; no second GET goes to that worker meanwhile."""
     failing = {} if failing is None else failing
     worker_urls = tuple(dict.fromkeys(h.target.worker_url for h in ranks))  # worker order = first target's order
+    await _stop_unobserved(pending, worker_urls)
     fresh = [url for url in worker_urls if url not in pending]
     if fresh:
         started = tuple(h.target.target_id for h in ranks if h.target.worker_url in fresh)
@@ -344,8 +365,6 @@ async def _observation_round(
             await pending[url].done.wait()
     cut = waiting.cancelled_caught
     done = {url: pending.pop(url) for url in worker_urls if pending[url].done.is_set()}
-    for url in [url for url, scrape in pending.items() if scrape.done.is_set()]:
-        del pending[url]  # finished for a worker no longer observed
     for url, scrape in done.items():
         result = scrape.result
         if isinstance(result, str):

@@ -148,6 +148,41 @@ async def test_a_hung_worker_leaves_the_other_workers_observations_and_the_ticks
     assert started[2] == (1.6, (f"{W0}@0", f"{W0}@1"))  # worker-1's scrape of t=0.8 still runs
 
 
+async def test_a_slow_scrape_of_a_worker_no_longer_observed_is_cancelled_and_a_returning_worker_gets_a_new_get(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # docs/operations.md §1: a scrape outliving its round runs only while its worker is observed.
+    a, b = target(W0, 0, 0), target(W1, 0, 1)
+    gets: list[tuple[float, str]] = []
+    ended: list[tuple[float, str]] = []  # each worker-1 GET: when it ended, and how
+    t0 = trio.current_time()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        now = round(trio.current_time() - t0, 6)
+        gets.append((now, request.url.host or ""))
+        if request.url.host == "worker-1" and now == 1.0:
+            try:
+                await trio.sleep(1.5)  # would answer at t=2.5, under the 2 s timeout
+            except trio.Cancelled:
+                ended.append((round(trio.current_time() - t0, 6), "cancelled"))
+                raise
+            ended.append((round(trio.current_time() - t0, 6), "answered"))
+        return httpx.Response(200, text=vllm_metrics((0.25,)))
+
+    async with observing((a, b), handler) as obs:
+        await trio.sleep(1.5)  # worker-1's GET of t=1 runs past the grid point t=2
+        obs.registry.sync((a,))  # worker-1 leaves: the round of t=2 cancels its GET
+        await trio.sleep(1.0)
+        assert ended == [(2.0, "cancelled")]
+        obs.registry.sync((a, b))  # worker-1 returns: the round of t=3 sends it a new GET
+        await trio.sleep(1.0)
+    assert ended == [(2.0, "cancelled")]  # never answered after its worker left
+    assert [t for t, host in gets if host == "worker-1"] == [0.0, 1.0, 3.0]
+    assert [t for t, host in gets if host == "worker-0"] == [0.0, 1.0, 2.0, 3.0]
+    received = [(round(t - obs.t0, 6), m.target_id, m.epoch) for t, m in obs.got if isinstance(m, ObservationReceived)]
+    assert received[-3:] == [(2.0, a.target_id, 3), (3.0, a.target_id, 4), (3.0, b.target_id, 4)]
+
+
 async def test_sync_cancels_removed_actors_and_starts_added_ones(autojump_clock: trio.testing.MockClock) -> None:
     a, b, c = target(W0, 0, 0), target(W0, 1, 1), target(W1, 0, 2)
     d = target(W1, 1, 3)
