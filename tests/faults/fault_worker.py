@@ -376,6 +376,9 @@ class Gate:
         self.url = f"http://127.0.0.1:{self.port}"
         self.fillers: list[socket.socket] = []
         self.accepted = 0
+        # connections being forwarded: each holds two descriptors of this process (the accepted one
+        # and the one to the worker) besides the client's and the worker's ends (fault_env.check_clean)
+        self.forwarding = 0
         self._serving: trio.CancelScope | None = None
 
     def open(self, nursery: trio.Nursery) -> None:
@@ -425,18 +428,22 @@ class Gate:
         except OSError:
             await client.aclose()
             return
-        async with client, upstream, trio.open_nursery() as nursery:
+        self.forwarding += 1
+        try:
+            async with client, upstream, trio.open_nursery() as nursery:
 
-            async def pipe(src: trio.SocketStream, dst: trio.SocketStream) -> None:
-                try:
-                    while data := await src.receive_some(65536):
-                        await dst.send_all(data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    pass
-                nursery.cancel_scope.cancel()
+                async def pipe(src: trio.SocketStream, dst: trio.SocketStream) -> None:
+                    try:
+                        while data := await src.receive_some(65536):
+                            await dst.send_all(data)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        pass
+                    nursery.cancel_scope.cancel()
 
-            nursery.start_soon(pipe, client, upstream)
-            nursery.start_soon(pipe, upstream, client)
+                nursery.start_soon(pipe, client, upstream)
+                nursery.start_soon(pipe, upstream, client)
+        finally:
+            self.forwarding -= 1
 
 
 class FaultProxy:

@@ -108,6 +108,7 @@ async def test_a_program_failover_among_suspects_goes_to_the_other_worker() -> N
             0,
             urls=pair.urls,
             program=True,
+            forwarders=pair.gates,  # the /metrics polling's idle connections go through them
             connect_timeout_seconds=CONNECT_SECONDS,
             health_check_timeout_seconds=PROBE_SECONDS,
         ) as env:
