@@ -44,6 +44,24 @@ def test_core_expected_output_length_replaces_decode_buffer() -> None:
     assert snap.projected_pressure_ratio == pytest.approx(300 / 10_000)
 
 
+def test_core_admission_checks_the_front_requests_output_allowance() -> None:
+    """docs/program-scheduling.md §1, §2: the front waiting request decides the output allowance
+    the admission check requires, not the Program's latest arrival."""
+    h = Harness(token_capacity_per_dp_rank=1000, low_watermark_ratio=0.5)
+    assert admitted(h.submit("a", tokens=100)) == ["r1"]  # 200 private
+    eff = h.submit("b", tokens=100, at=1.0, hints=RequestHints(expected_output_length=250))
+    assert admitted(eff) == []  # 200 + 350 > 500
+    # b's second request has no hint: the decode buffer (100) would fit, but the front's 250 decides
+    eff = h.submit("b", tokens=100, at=2.0)
+    assert admitted(eff) == []
+    assert h.program("b").lifecycle == "paused_reasoning"
+    eff = h.complete("r1", at=3.0, prompt=100)  # ttl 0 -> a pauses, b fits
+    assert admitted(eff) == ["r2", "r3"]
+    (snap,) = of(eff, fx.AdmissionCapacitySnapshot)
+    assert snap.required_tokens == 350.0
+    assert h.rank().fallback_tokens == 350.0
+
+
 def test_core_token_capacity_low_watermark_blocks_then_admits_after_pause() -> None:
     h = Harness(token_capacity_per_dp_rank=1000, low_watermark_ratio=0.5)
     h.submit("a", tokens=300)  # 400 private <= 500

@@ -185,6 +185,46 @@ def test_agent_cap_on_running_programs_per_rank() -> None:
     assert admitted(h.complete("r1", at=2.0)) == ["r2"]
 
 
+def test_agent_kv_share_admits_up_to_exactly_its_share() -> None:
+    """docs/priority.md §2: the agent class may hold ``max_kv_share`` of the rank's capacity; a
+    Program that brings its Programs' ledger to exactly that share is admitted."""
+    h = Harness(token_capacity_per_dp_rank=1000, priority=PriorityConfig(agent=ClassLimits(max_kv_share=0.5)))
+    assert admitted(h.submit("a")) == ["r1"]  # 200 private
+    assert admitted(h.submit("b", tokens=201, at=1.0)) == []  # 200 + 301 > 500
+    assert admitted(h.submit("c", tokens=200, at=2.0)) == ["r3"]  # 200 + 300 == 500
+    assert h.rank().fallback_tokens == 500.0
+
+
+def test_agent_kv_share_of_one_caps_nothing() -> None:
+    """docs/priority.md §2, docs/program-scheduling.md §2-§3: with the default ``max_kv_share = 1``
+    the agent class is not capped; admission checks the rank's usage, which a fresh backend
+    observation gives, even when the Router ledger alone would exceed the capacity."""
+    h = Harness(token_capacity_per_dp_rank=1000)
+    assert admitted(h.submit("a", tokens=700)) == ["r1"]  # 800 private in the ledger
+    h.observe(0, kv=0.1, running=1, waiting=0, at=0.5)  # the engine holds 100 tokens for it
+    eff = h.submit("b", tokens=200, at=1.0)  # usage 100 + 300 <= 1000; the ledger says 800 + 300
+    assert admitted(eff) == ["r2"]
+    assert h.rank().fallback_tokens == 1100.0
+
+
+def test_agent_caps_yield_to_a_due_force_resume_deadline() -> None:
+    """docs/priority.md §2: a due force-resume deadline overrides the agent caps, as it overrides
+    the Program-count guard (the agent class's starvation bound)."""
+    h = Harness(
+        force_resume_timeout_seconds=5.0,
+        token_capacity_per_dp_rank=10_000,
+        priority=PriorityConfig(agent=ClassLimits(max_running_per_rank=1, max_kv_share=0.05)),
+    )
+    assert admitted(h.submit("a")) == ["r1"]  # 200 private: the agent share holds 500
+    assert admitted(h.submit("b", tokens=400, at=1.0)) == []  # the cap of one active Program
+    assert h.program("b").force_resume_deadline == 6.0
+    assert admitted(h.tick(at=5.5)) == []
+    eff = h.tick(at=6.0)  # the force-resume timer fires at 6.0: the caps no longer hold b
+    assert admitted(eff) == ["r2"]
+    assert "force_resume" in reasons(eff)
+    assert len(h.rank().active) == 2
+
+
 def test_batch_and_interactive_caps_on_running_requests() -> None:
     prio = PriorityConfig(batch=ClassLimits(max_running_per_rank=1), interactive=ClassLimits(max_running_per_rank=2))
     h = Harness(token_capacity_per_dp_rank=100_000, batch=BATCH, priority=prio)
