@@ -211,6 +211,26 @@ def test_core_growth_reserve_blocks_and_batch_gain_decides_worked_numbers() -> N
     assert (plan.used_tokens, plan.required_tokens, plan.reserve_tokens) == (10_100.0, 10_100.0, 4000.0)
 
 
+def test_core_batch_gain_protects_only_programs_with_rounds_left() -> None:
+    """docs/program-scheduling.md §3: the continuity loss counts the Programs with protected
+    rounds left; an acting Program past its target rounds (R = 2) is not protected, so its
+    cache-miss impact does not enter the mean. The worked example with it added (100 private):
+    used 10200, free 12800, before = 2, after = 0.7, loss = 1.3 / 0.7 x 0.2 = 0.371;
+    3.2 x 0.743 = 2.378 >= 1.992 + 0.371 (admit; with 1.0 s in the mean it would wait)."""
+    rank = _mature_rank((1, 1), growth=1000, decode=3.2)
+    a = _program("a", 10_000, status="reasoning")
+    _activate(rank, a)
+    a.last_cache_miss_impact_seconds = 0.2
+    done = _program("done", 0, status="acting")
+    _activate(rank, done)
+    done.rounds_since_activation = 2
+    done.last_cache_miss_impact_seconds = 1.0
+    b = _program("b", 10_000)
+    plan = admission_plan(b, rank, 0.0, cfg(token_capacity_per_dp_rank=23_000), front_output=None, global_mode=False)
+    assert plan is not None and plan.batch_gain
+    assert (plan.used_tokens, plan.reserve_tokens) == (10_200.0, 4000.0)
+
+
 def test_core_batch_gain_never_bypasses_immediate_capacity() -> None:
     rank = _mature_rank((1, 1), growth=1000, decode=100.0)
     a = _program("a", 10_000)
@@ -234,6 +254,15 @@ def test_core_continuity_loss_infinite_when_protection_would_be_exhausted() -> N
     assert continuity_loss_seconds(1000.0, [(3, 0.5)], 5000.0, 1000.0, 3500.0, 1) == math.inf
     assert continuity_loss_seconds(0.0, [(3, 0.5)], 5000.0, 1000.0, 3500.0, 1) == 0.0
     assert continuity_loss_seconds(1000.0, [], 50_000.0, 1000.0, 3500.0, 1) == 0.0
+
+
+def test_core_continuity_loss_prices_lost_rounds_at_the_mean_protected_cost() -> None:
+    """docs/program-scheduling.md §3: loss = (before - after) / after x the *mean* protected
+    cache-miss impact. Two protected Programs (2 and 1 rounds left, 0.2 s and 0.4 s): P = 3,
+    free = 23000 - 10100 = 12900, before = min(3, 12.9) = 3,
+    after = min(3, (12900 - 10100 - 2 x 1000) / 1000) = 0.8 -> (3 - 0.8) / 0.8 x 0.3 = 0.825."""
+    loss = continuity_loss_seconds(1000.0, [(2, 0.2), (1, 0.4)], 23_000.0, 10_100.0, 10_100.0, 2)
+    assert loss == pytest.approx(0.825)
 
 
 def test_core_rank_local_admits_only_on_last_target() -> None:

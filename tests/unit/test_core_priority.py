@@ -152,8 +152,10 @@ def test_higher_priority_program_resumes_first() -> None:
     assert admitted(eff) == ["r3"]
 
 
-def test_a_higher_priority_waiter_pauses_lower_idle_programs() -> None:
-    h = Harness(token_capacity_per_dp_rank=1000)
+@pytest.mark.parametrize("global_queue", [False, True])
+def test_a_higher_priority_waiter_pauses_lower_idle_programs(global_queue: bool) -> None:
+    """docs/priority.md §1, in either queue mode (docs/program-scheduling.md §3)."""
+    h = Harness(token_capacity_per_dp_rank=1000, global_queue=global_queue)
     h.submit("low", 600, hints=RequestHints(kv_retention_ttl_seconds=60.0, priority=-2))
     h.complete("r1", at=1.0, prompt=600)  # acting, 700 held
     eff = h.submit("high", 400, at=2.0, hints=RequestHints(priority=3))
@@ -161,6 +163,43 @@ def test_a_higher_priority_waiter_pauses_lower_idle_programs() -> None:
     eff = h.submit("peer", 400, at=3.0, hints=RequestHints(priority=3))  # equal priority: never pauses
     assert "priority_preemption" not in reasons(eff)
     assert check(h.state, h.cfg) == []
+
+
+def test_a_waiter_pauses_only_programs_below_its_own_priority() -> None:
+    """docs/priority.md §1: the waiter's front request's priority decides which Programs are lower
+    (here both are above the default 0)."""
+    h = Harness(token_capacity_per_dp_rank=1000)
+    h.submit("low", 600, hints=RequestHints(kv_retention_ttl_seconds=60.0, priority=1))
+    h.complete("r1", at=1.0, prompt=600)  # acting, 700 held
+    eff = h.submit("high", 400, at=2.0, hints=RequestHints(priority=3))
+    assert "priority_preemption" in reasons(eff) and admitted(eff) == ["r2"]
+    assert h.program("low").lifecycle == "paused_acting"
+
+
+def test_a_higher_priority_waiter_marks_busy_lower_programs_to_pause_when_idle() -> None:
+    """docs/priority.md §1: a lower-priority Program with a request in flight is marked and pauses
+    when that request ends; the waiter is admitted then."""
+    h = Harness(token_capacity_per_dp_rank=1000)
+    assert admitted(h.submit("low", 600, hints=RequestHints(kv_retention_ttl_seconds=60.0, priority=-2))) == ["r1"]
+    eff = h.submit("high", 400, at=2.0, hints=RequestHints(priority=3))  # 700 + 500 > 1000
+    assert admitted(eff) == [] and "priority_preemption_mark" in reasons(eff)
+    assert h.program("low").pause_when_idle
+    eff = h.complete("r1", at=3.0, prompt=600)
+    assert "priority_preemption" in reasons(eff) and admitted(eff) == ["r2"]
+    assert h.program("low").lifecycle == "paused_acting"
+
+
+def test_idle_lower_programs_are_not_paused_when_that_cannot_admit_the_waiter() -> None:
+    """docs/priority.md §1: idle lower-priority Programs are paused only when that makes the
+    waiter admissible now. Low watermark 500: "peer" (equal priority, in flight) holds 250 and
+    "low" (idle) 200; the waiter needs 300, and 50 free + 200 from "low" is not enough."""
+    h = Harness(token_capacity_per_dp_rank=1000, low_watermark_ratio=0.5)
+    h.submit("low", 100, hints=RequestHints(kv_retention_ttl_seconds=60.0, priority=-2))
+    h.complete("r1", at=1.0, prompt=100)  # acting, 200 held
+    assert admitted(h.submit("peer", 150, at=1.5, hints=RequestHints(priority=3))) == ["r2"]
+    eff = h.submit("high", 200, at=2.0, hints=RequestHints(priority=3))
+    assert admitted(eff) == [] and "priority_preemption" not in reasons(eff)
+    assert h.program("low").lifecycle == "active_acting"
 
 
 def test_capacity_repair_pauses_the_lowest_priority_first() -> None:
