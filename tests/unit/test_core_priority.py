@@ -189,6 +189,19 @@ def test_a_higher_priority_waiter_marks_busy_lower_programs_to_pause_when_idle()
     assert h.program("low").lifecycle == "paused_acting"
 
 
+def test_busy_programs_already_marked_count_as_room_for_the_waiter() -> None:
+    """docs/priority.md §1: busy lower-priority Programs are marked only until the room they will
+    free covers the waiter; one marked in an earlier pass counts, so the next pass marks no more."""
+    h = Harness(token_capacity_per_dp_rank=1000)
+    h.submit("l1", 300, hints=RequestHints(priority=-1))  # 400, in flight
+    h.submit("l2", 300, at=0.5, hints=RequestHints(priority=-1))  # 800, in flight
+    eff = h.submit("high", 400, at=1.0, hints=RequestHints(priority=2))  # needs 500, 200 free
+    assert reasons(eff).count("priority_preemption_mark") == 1
+    h.tick(at=2.0)  # another pass: 200 free + 400 marked >= 500
+    assert reasons(h.log).count("priority_preemption_mark") == 1
+    assert [h.program(x).pause_when_idle for x in ("l1", "l2")].count(True) == 1
+
+
 def test_idle_lower_programs_are_not_paused_when_that_cannot_admit_the_waiter() -> None:
     """docs/priority.md §1: idle lower-priority Programs are paused only when that makes the
     waiter admissible now. Low watermark 500: "peer" (equal priority, in flight) holds 250 and

@@ -31,6 +31,21 @@ def test_core_repair_marks_reasoning_victim_and_does_not_remark_committed_relief
     assert check(h.state, h.cfg) == []
 
 
+def test_core_repair_starts_only_above_the_high_watermark() -> None:
+    """docs/program-scheduling.md §6: repair acts when ``projected > C x high``; at exactly the high
+    watermark nothing is paused or marked. c = 10 (one sample), N = 1 reasoning Program (b)."""
+    h = _harness()
+    h.submit("a", tokens=300, hints=RequestHints(kv_retention_ttl_seconds=60.0))
+    h.complete("r1", at=0.5, prompt=300, completion=10)  # a acting, 400 private
+    h.submit("b", tokens=300, at=1.0)  # 800
+    h.submit("b", tokens=390, at=2.0)  # b grows to 490: projected 890 + 10 == high 900
+    assert projected_tokens(h.state, h.rank(), 10.0) == 900.0
+    assert not [r for r in reasons(h.log) if r.startswith("capacity_repair")]
+    assert h.program("a").lifecycle == "active_acting"
+    eff = h.submit("b", tokens=391, at=3.0)  # projected 901 > high: the acting a is paused
+    assert "capacity_repair" in reasons(eff)
+
+
 def test_core_repair_never_pauses_in_flight_program_then_pauses_at_idle() -> None:
     h = _harness()
     h.submit("a", tokens=300)
@@ -59,6 +74,19 @@ def test_core_repair_pauses_acting_victims_first_by_score() -> None:
     assert check(h.state, h.cfg) == []
 
 
+def test_core_repair_stops_once_projected_reaches_the_low_watermark() -> None:
+    """docs/program-scheduling.md §6: victims are walked until ``projected <= C x low``; pausing a
+    frees 400 and brings 1200 to exactly 800, so b is not marked."""
+    h = _harness()
+    h.submit("a", tokens=300, hints=RequestHints(kv_retention_ttl_seconds=100.0))  # 400
+    h.complete("r1", at=1.0, prompt=300)  # acting
+    h.submit("b", tokens=300, at=2.0)  # 800
+    eff = h.submit("b", tokens=700, at=3.0)  # b grows to 800 -> 1200 > 900
+    assert reasons(eff) == ["capacity_repair"]
+    assert h.rank().fallback_tokens == 800.0
+    assert not h.program("b").pause_when_idle
+
+
 def test_core_repair_score_prefers_small_contexts_worked_numbers() -> None:
     h = _harness()
     f = h.rank().factors
@@ -71,6 +99,21 @@ def test_core_repair_score_prefers_small_contexts_worked_numbers() -> None:
     # small (acting): elapsed 5 * max(0.5, 1/sqrt(100/400) = 2) = 10
     # large (reasoning): elapsed 4 * max(0.5, 1/sqrt(650/400) = 0.784) = 3.14 -> small first
     # pausing small frees 200: 950 - 200 = 750 <= 800 -> stop
+    assert [e.program.program_id for e in of(h.log, fx.Transition) if e.reason == "capacity_repair"] == ["small"]
+    assert not h.program("large").pause_when_idle
+
+
+def test_core_repair_score_weighs_the_context_against_the_mean_prompt() -> None:
+    """docs/program-scheduling.md §6: ``score = elapsed x max(0.5, 1/sqrt(input / mean_prompt))``:
+    a small context outranks a larger one that has been in its segment longer. Mean prompt 250
+    (samples 400 and 100): small 4 x 1/sqrt(0.4) = 6.3 before large 5 x 1/sqrt(2.6) = 3.1
+    (by elapsed time alone, 5 x 0.5 before 4 x 0.5, large would be marked instead)."""
+    h = _harness()
+    h.rank().factors.push_request(request_sample(prompt=400, completion=0))
+    h.submit("large", tokens=500)  # 600 private, segment from 0
+    h.submit("small", tokens=100, at=1.0, hints=RequestHints(kv_retention_ttl_seconds=100.0))  # 800
+    h.complete("r2", at=1.5, prompt=100)  # small acting, segment from 1
+    h.submit("large", tokens=650, at=5.0)  # 750 + 200 = 950 > 900
     assert [e.program.program_id for e in of(h.log, fx.Transition) if e.reason == "capacity_repair"] == ["small"]
     assert not h.program("large").pause_when_idle
 
