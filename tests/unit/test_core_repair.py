@@ -87,6 +87,36 @@ def test_core_repair_stops_once_projected_reaches_the_low_watermark() -> None:
     assert not h.program("b").pause_when_idle
 
 
+def test_core_repair_a_marked_reasoning_program_relieves_its_private_tokens_plus_c() -> None:
+    """docs/program-scheduling.md §6: marking a Reasoning Program relieves ``private + c``.
+    c = 10, a 400 and b 790 private, both reasoning: projected 1190 + 2 x 10 = 1210 > 900;
+    marking a (first by score) relieves 410 -> 800 <= low: b is left alone."""
+    h = _harness()
+    h.rank().factors.push_request(request_sample(prompt=400, completion=10))  # c_bar 10
+    h.submit("a", tokens=300)  # 400
+    h.submit("b", tokens=300, at=1.0)  # 800
+    h.submit("b", tokens=690, at=3.0)  # b grows to 790
+    assert reasons(h.log).count("capacity_repair_mark") == 1
+    assert h.program("a").pause_when_idle and not h.program("b").pause_when_idle
+    assert projected_tokens(h.state, h.rank(), 10.0) == 800.0
+
+
+def test_core_repair_walks_as_many_victims_as_it_takes() -> None:
+    """docs/program-scheduling.md §6: victims are walked until ``projected <= C x low``: two acting
+    Programs (250 each) must pause before c's growth (to 700) fits: 1200 -> 950 -> 700 <= 800."""
+    h = _harness()
+    hold = RequestHints(kv_retention_ttl_seconds=100.0)
+    h.submit("a", tokens=150, hints=hold)  # 250
+    h.complete("r1", at=1.0, prompt=150)
+    h.submit("b", tokens=150, at=2.0, hints=hold)  # 500
+    h.complete("r2", at=3.0, prompt=150)
+    h.submit("c", tokens=200, at=4.0)  # 800
+    eff = h.submit("c", tokens=600, at=5.0)  # c grows to 700: 1200 > 900
+    paused = [e.program.program_id for e in of(eff, fx.Transition) if e.reason == "capacity_repair"]
+    assert paused == ["a", "b"]
+    assert not h.program("c").pause_when_idle and h.rank().fallback_tokens == 700.0
+
+
 def test_core_repair_score_prefers_small_contexts_worked_numbers() -> None:
     h = _harness()
     f = h.rank().factors
