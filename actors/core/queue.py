@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 from actors.core.ids import ProgramRef, RequestId
-from actors.core.model import AGENT, BATCH, INTERACTIVE, MAX_SEGMENT_YIELD, PendingRequest, Program, RequestHints
+from actors.core.model import AGENT, BATCH, INTERACTIVE, MAX_SEGMENT_YIELD, PendingRequest, Program
 
 # Class ranks of the default band order (docs/priority.md §2).  Every RequestPool entry is of the
 # ``agent`` class today (interactive and batch requests wait in their own queues), so the component
@@ -71,10 +71,6 @@ class RequestPool:
     def front(self, ref: ProgramRef) -> PendingRequest | None:
         fifo = self._fifos.get(ref)
         return fifo[0] if fifo else None
-
-    def front_hints(self, ref: ProgramRef) -> RequestHints | None:
-        fifo = self._fifos.get(ref)
-        return fifo[0].hints if fifo else None
 
     def take_front(self, ref: ProgramRef, request_id: RequestId | None = None) -> PendingRequest | None:
         """Pop the front of ``ref``'s FIFO; with ``request_id``, only if it names the front."""
