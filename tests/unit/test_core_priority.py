@@ -195,9 +195,9 @@ def test_busy_programs_already_marked_count_as_room_for_the_waiter() -> None:
     h = Harness(token_capacity_per_dp_rank=1000)
     h.submit("l1", 300, hints=RequestHints(priority=-1))  # 400, in flight
     h.submit("l2", 300, at=0.5, hints=RequestHints(priority=-1))  # 800, in flight
-    eff = h.submit("high", 400, at=1.0, hints=RequestHints(priority=2))  # needs 500, 200 free
-    assert reasons(eff).count("priority_preemption_mark") == 1
-    h.tick(at=2.0)  # another pass: 200 free + 400 marked >= 500
+    eff = h.submit("high", 500, at=1.0, hints=RequestHints(priority=2))  # needs 600, 200 free
+    assert reasons(eff).count("priority_preemption_mark") == 1  # 200 + 400 == 600: enough
+    h.tick(at=2.0)  # another pass: 200 free + 400 marked >= 600
     assert reasons(h.log).count("priority_preemption_mark") == 1
     assert [h.program(x).pause_when_idle for x in ("l1", "l2")].count(True) == 1
 

@@ -59,6 +59,7 @@ def test_core_resume_order_forced_then_priority_then_yield_then_mru() -> None:
     # forced d first; then priority 3 (e); then non-yielded MRU (b finished 9, a finished 5); yielded c last
     assert order(items, "mru") == ["d", "e", "b", "a", "c"]
     assert order(items, "fcfs") == ["d", "e", "a", "b", "c"]
+    assert order(items, "las") == ["d", "e", "b", "a", "c"]  # equal attained service: then as MRU (§5.1)
 
 
 def test_core_resume_order_priority_ranks_before_yield_penalty() -> None:
@@ -233,6 +234,68 @@ def test_core_cross_rank_headroom_inequality(second_ctx: int, moves: bool) -> No
     assert (admitted(eff) == ["r5"]) is moves
     assert (h.program("a").placement == tid(1)) is moves
     assert check(h.state, h.cfg) == []
+
+
+def test_core_cross_rank_headroom_holds_at_equality() -> None:
+    """docs/program-scheduling.md §7: ``free(dest) >= free(source) + ratio x context`` moves;
+    here free(1) = 10000 - 2100 = 7900 == 1900 + 1.2 x 5000."""
+    h = _global_two_ranks(
+        token_capacity_per_dp_rank=10_000, admission_waiting_request_threshold=0, prefill_cost_model=SLOW_PREFILL
+    )
+    h.submit("big", tokens=6000)  # rank 0
+    h.submit("z", tokens=2000)  # rank 1: 2100 used
+    h.submit("a", tokens=2000)  # rank 0
+    h.complete("r3", at=0.5, prompt=2000)  # a pauses
+    h.submit("big", tokens=8000, at=0.7)  # rank 0 now 8100 used
+    h.submit("a", tokens=5000, at=1.0)  # cannot come back: 8100 + 5100 > 10000
+    eff = h.tick(at=2.0)
+    assert admitted(eff) == ["r5"]
+    assert h.program("a").placement == tid(1)
+
+
+def test_core_cross_rank_pressure_from_a_fresh_waiting_count_at_the_threshold() -> None:
+    """docs/program-scheduling.md §7: the source is under pressure when its fresh ``waiting >=
+    threshold``; one request waiting in rank 0's engine with a threshold of 1 is enough."""
+    h = _global_two_ranks(
+        token_capacity_per_dp_rank=10_000, admission_waiting_request_threshold=1, prefill_cost_model=SLOW_PREFILL
+    )
+    h.submit("big", tokens=6000)  # rank 0
+    h.submit("z", tokens=1000)  # rank 1: 1100 used
+    h.submit("a", tokens=2000)  # rank 0
+    h.complete("r3", at=0.5, prompt=2000)  # a pauses
+    h.submit("big", tokens=8000, at=0.7)  # rank 0 now 8100 used
+    h.submit("a", tokens=2000, at=1.0)  # cannot come back: 8100 + 2100 > 10000
+    h.observe(0, 0.81, 1, 1, at=1.5)  # the engine holds big's 8100 tokens and queues one request
+    eff = h.tick(at=2.0)  # free(1) 8900 >= 1900 + 1.2 x 2000
+    assert admitted(eff) == ["r5"]
+    assert h.program("a").placement == tid(1)
+
+
+def test_core_cross_rank_pressure_from_an_older_waiter_of_the_source_ranked_ahead() -> None:
+    """docs/program-scheduling.md §7: without a fresh backend count, the source is under pressure
+    when another waiter of the source ranks ahead (resume order, MRU here) and has waited at least
+    ``metrics_interval_seconds``; the Program itself and waiters behind it do not count."""
+    h = _global_two_ranks(
+        token_capacity_per_dp_rank=10_000, admission_waiting_request_threshold=1, prefill_cost_model=SLOW_PREFILL
+    )
+    h.submit("big", tokens=3000)  # rank 0
+    h.submit("z", tokens=1000)  # rank 1: 1100 used
+    h.submit("a", tokens=2000)  # rank 0
+    h.submit("w", tokens=100)  # rank 1
+    h.submit("c", tokens=2000)  # rank 0
+    h.complete("r3", at=0.5, prompt=2000)  # a pauses
+    h.complete("r4", at=0.55, prompt=100)  # w pauses
+    h.complete("r5", at=0.6, prompt=2000)  # c pauses, finished last: first in MRU order
+    h.submit("big", tokens=8000, at=0.7)  # rank 0 now 8100 used
+    h.submit("a", tokens=2000, at=1.0)  # neither can come back: 8100 + 2100 > 10000
+    h.submit("c", tokens=2000, at=1.2)
+    # a (first in the cross-rank FCFS order) has waited 1 s, but c, ahead of it, only 0.8 s
+    assert admitted(h.tick(at=2.0)) == []
+    eff = h.tick(at=2.2)  # c has waited 1 s: rank 0 is under pressure, a moves
+    assert admitted(eff) == ["r7"]
+    assert reasons(eff) == ["program_admit", "cross_rank_resume"]
+    assert h.program("a").placement == tid(1)
+    assert h.program("c").state == "paused"  # no older waiter ahead of c is left
 
 
 def test_core_cross_rank_ski_rental_moves_after_waiting_the_recompute_cost() -> None:
