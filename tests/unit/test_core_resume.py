@@ -169,6 +169,23 @@ def test_core_segment_yield_after_max_segment_rounds_when_waiter_exists() -> Non
     assert h.program("a").last_pause_reason == MAX_SEGMENT_YIELD
 
 
+def test_core_no_yield_when_promised_relief_covers_the_waiter() -> None:
+    """docs/program-scheduling.md §5: a Program at max_segment_rounds yields only when the waiter
+    needs more than the relief already promised (Reasoning Programs marked to pause when idle).
+    C = 900: m (400, priority -1) is marked for w (needs 400, priority 5); at p's completion
+    w needs exactly the promised 400, so p (priority 5, not preemptible by w) keeps its placement."""
+    h = Harness(token_capacity_per_dp_rank=900, max_segment_rounds=1)
+    assert admitted(h.submit("m", 300, hints=RequestHints(priority=-1))) == ["r1"]  # 400
+    hold = RequestHints(kv_retention_ttl_seconds=50.0, priority=5)
+    assert admitted(h.submit("p", 100, at=0.5, hints=hold)) == ["r2"]  # 600
+    eff = h.submit("w", 300, at=1.0, hints=RequestHints(priority=5))  # 600 + 400 > 900
+    assert admitted(eff) == [] and reasons(eff) == ["priority_preemption_mark"]
+    assert h.program("m").pause_when_idle and not h.program("p").pause_when_idle
+    eff = h.complete("r2", at=2.0, prompt=100)  # p's round 1: acting
+    assert "max_segment_yield" not in reasons(eff)
+    assert h.program("p").lifecycle == "active_acting"
+
+
 def test_core_no_yield_without_waiter() -> None:
     h = Harness(max_segment_rounds=1)
     h.submit("a", hints=RequestHints(kv_retention_ttl_seconds=50.0))
