@@ -89,6 +89,22 @@ def test_core_queue_timeout_rejects_with_429() -> None:
     assert check(h.state, h.cfg) == []
 
 
+def test_core_queue_timeout_fires_at_the_earliest_deadline_of_a_programs_waiters() -> None:
+    """docs/program-scheduling.md §5: each waiting request leaves at its own queue deadline; a
+    later request with a short deadline behind the front is refused at that deadline, the front
+    waits on."""
+    h = Harness(max_active_programs_per_target=1)
+    h.submit("a")
+    h.submit("b", at=1.0)  # front: queue deadline 601
+    h.submit("b", at=2.0, hints=RequestHints(deadline_seconds=5.0))  # queue deadline 7
+    qt = [e for e in h.log if isinstance(e, fx.ArmTimer) and e.kind == QUEUE_TIMEOUT]
+    assert qt[-1].deadline == 7.0
+    eff = h.tick(at=8.0)  # the queue-timeout timer fired at 7
+    assert [(r.request_id, r.reason) for r in of(eff, fx.Reject)] == [("r3", "queue_timeout")]
+    assert h.state.pool.get("r2") is not None
+    assert check(h.state, h.cfg) == []
+
+
 def test_core_request_deadline_shortens_but_never_extends_queue_timeout() -> None:
     h = Harness(max_active_programs_per_target=1)
     h.submit("a")

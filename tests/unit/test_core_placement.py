@@ -88,6 +88,14 @@ def test_core_cache_aware_learns_only_after_dispatch_and_follows_prefix() -> Non
     assert b.bind(key("p2"), "p2", cands, text + " quickly") == "r0"  # shared prefix follows
 
 
+def test_core_cache_aware_without_a_prefix_match_takes_the_lowest_kv_pressure_for_every_key() -> None:
+    """docs/program-scheduling.md §9: with no shared prefix, cache_aware picks the lowest KV
+    pressure (then the smaller id), never a hash of the Program's key."""
+    b = Binder("cache_aware", 160)
+    cands = [cand("r0", pressure=0.5), cand("r1", pressure=0.1), cand("r2", pressure=0.1)]
+    assert {b.bind(key(f"p{i}"), f"p{i}", cands, f"prompt {i}") for i in range(16)} == {"r1"}
+
+
 _LONG = CACHE_AWARE_PREFIX_CHARS - 8  # texts around the prefix's end
 
 
