@@ -96,6 +96,17 @@ def test_core_cache_aware_without_a_prefix_match_takes_the_lowest_kv_pressure_fo
     assert {b.bind(key(f"p{i}"), f"p{i}", cands, f"prompt {i}") for i in range(16)} == {"r1"}
 
 
+def test_core_cache_aware_matches_the_best_of_a_targets_remembered_texts() -> None:
+    """docs/program-scheduling.md §9: a target's match is the longest prefix any of its dispatched
+    texts shares with the request's text; other, unrelated texts of that target do not hide it."""
+    b = Binder("cache_aware", 160)
+    text = "system: you are a helpful agent\nuser: fix the bug"
+    b.commit_placement(text, TargetId("r0"))
+    b.commit_placement("a different agent altogether", TargetId("r0"))
+    cands = [cand("r0", pressure=0.5), cand("r1", pressure=0.1)]
+    assert b.bind(key("p"), "p", cands, text + " quickly") == "r0"
+
+
 _LONG = CACHE_AWARE_PREFIX_CHARS - 8  # texts around the prefix's end
 
 
