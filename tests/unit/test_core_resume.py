@@ -253,6 +253,27 @@ def test_core_cross_rank_headroom_inequality(second_ctx: int, moves: bool) -> No
     assert check(h.state, h.cfg) == []
 
 
+@pytest.mark.parametrize(("second_ctx", "moves"), [(6500, True), (6800, False)])
+def test_core_cross_rank_headroom_free_is_zero_above_the_low_watermark(second_ctx: int, moves: bool) -> None:
+    """docs/program-scheduling.md §7: ``free(x) = max(0, C x low - usage(x))``. Low 0.9 x 10000 =
+    9000; rank 0 holds 9500, so free(0) = 0 and free(1) = 9000 - 1100 = 7900 must cover 1.2 x context."""
+    h = _global_two_ranks(
+        token_capacity_per_dp_rank=10_000,
+        low_watermark_ratio=0.9,
+        admission_waiting_request_threshold=0,
+        prefill_cost_model=SLOW_PREFILL,
+    )
+    h.submit("big", tokens=6000)  # rank 0
+    h.submit("z", tokens=1000)  # rank 1: 1100 used
+    h.submit("a", tokens=2000)  # rank 0: 8200 <= 9000
+    h.complete("r3", at=0.5, prompt=2000)  # a pauses
+    h.submit("big", tokens=9400, at=0.7)  # rank 0 now 9500 used, above the low watermark
+    h.submit("a", tokens=second_ctx, at=1.0)
+    eff = h.tick(at=2.0)  # 6500: 7800 <= 7900 moves; 6800: 8160 > 7900 stays
+    assert (admitted(eff) == ["r5"]) is moves
+    assert (h.program("a").placement == tid(1)) is moves
+
+
 def test_core_cross_rank_headroom_holds_at_equality() -> None:
     """docs/program-scheduling.md §7: ``free(dest) >= free(source) + ratio x context`` moves;
     here free(1) = 10000 - 2100 = 7900 == 1900 + 1.2 x 5000."""
