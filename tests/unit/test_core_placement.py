@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from core_support import Harness, tid
+from core_support import Harness, Ident, tid
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.core.ids import ProgramKey, TargetId
+from actors.core.events import RequestSubmitted
+from actors.core.ids import ProgramKey, RequestId, TargetId
 from actors.core.model import Lineage
 from actors.core.placement import CACHE_AWARE_PREFIX_CHARS, Binder, Candidate, HashRing, stable_hash64
 
@@ -105,6 +106,35 @@ def test_core_cache_aware_matches_the_best_of_a_targets_remembered_texts() -> No
     b.commit_placement("a different agent altogether", TargetId("r0"))
     cands = [cand("r0", pressure=0.5), cand("r1", pressure=0.1)]
     assert b.bind(key("p"), "p", cands, text + " quickly") == "r0"
+
+
+def test_core_cache_aware_counts_a_rank_filled_exactly_to_its_limits_as_admissible() -> None:
+    """docs/program-scheduling.md §3, §9: cache_aware keeps the immediately admissible ranks; a rank
+    the new Program would fill exactly to the low watermark and to ``max_active_programs_per_target``
+    is one, so the shared prefix takes the new Program there rather than to the idle rank."""
+    h = Harness(
+        n_targets=2, binding_strategy="cache_aware", token_capacity_per_dp_rank=1000, max_active_programs_per_target=2
+    )
+    text = "system: you are a helpful agent\nuser: fix the bug"
+    h.feed(RequestSubmitted(RequestId("r1"), Ident("x", "x", "x"), 400, routing_text=text))
+    home = h.program("x").placement
+    assert h.state.ranks[home].fallback_tokens == 500.0
+    h.feed(RequestSubmitted(RequestId("r2"), Ident("y", "y", "y"), 400, routing_text=text + " quickly"))
+    assert h.program("y").home_target == home  # 500 + 400 + 100 == 1000, 1 + 1 == 2
+
+
+def test_core_least_program_count_counts_only_active_or_waiting_programs() -> None:
+    """docs/program-scheduling.md §9: least_program_count binds to the rank with the fewest
+    accounted Programs (active, or waiting for admission); a paused idle Program is not one."""
+    h = Harness(n_targets=2, binding_strategy="least_program_count")
+    h.submit("a")  # a tie: the smaller id
+    assert h.program("a").home_target == tid(0)
+    h.complete("r1", at=1.0, prompt=100)  # TTL 0: a pauses, idle
+    assert h.program("a").lifecycle == "paused_acting"
+    h.submit("b", at=2.0)  # 0 accounted on both ranks again
+    assert h.program("b").home_target == tid(0)
+    h.submit("c", at=3.0)  # b is active on rank 0
+    assert h.program("c").home_target == tid(1)
 
 
 _LONG = CACHE_AWARE_PREFIX_CHARS - 8  # texts around the prefix's end
