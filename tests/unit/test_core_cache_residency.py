@@ -38,6 +38,9 @@ def test_core_residency_counts_allocations_against_the_kv_free_ahead() -> None:
     h.complete("r3", at=5.0, prompt=4000, cached=1000, completion=100)  # 3100 new tokens
     # 5100 + 3100 - 6900 = 1300 of a's 3100 are evicted, deepest first: a 1800-token prefix is left
     assert resident_tokens(h.state, a) == 1800
+    # a move costs the recompute of that resident prefix (no shared prefix measured: cached 0), §12.1
+    assert a.shared_prefix_tokens == 0
+    assert move_cost_seconds(h.state, a) == cache_miss_impact_seconds(1800, h.cfg.prefill_cost_model) > 0
     assert check(h.state, h.cfg) == []
 
 
