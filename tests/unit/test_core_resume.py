@@ -186,6 +186,26 @@ def test_core_no_yield_when_promised_relief_covers_the_waiter() -> None:
     assert h.program("p").lifecycle == "active_acting"
 
 
+def test_core_segment_yield_in_global_mode_is_for_a_waiter_of_the_same_rank() -> None:
+    """docs/program-scheduling.md §5, §7: in global mode a Program at max_segment_rounds yields to
+    a waiter whose rank is its own; a waiter of another rank does not make it yield."""
+    h = Harness(
+        n_targets=2,
+        global_queue=True,
+        binding_strategy="program_round_robin",
+        max_active_programs_per_target=1,
+        max_segment_rounds=1,
+    )
+    hold = RequestHints(kv_retention_ttl_seconds=50.0)
+    h.submit("a", hints=hold)  # rank 0
+    h.submit("b", hints=hold)  # rank 1
+    h.submit("c")  # rank 0: waits behind a (count guard)
+    eff = h.complete("r2", at=1.0, prompt=100)  # b's round 1: c's rank is not b's
+    assert "max_segment_yield" not in reasons(eff) and h.program("b").lifecycle == "active_acting"
+    eff = h.complete("r1", at=2.0, prompt=100)  # a's round 1: c waits for a's rank
+    assert "max_segment_yield" in reasons(eff) and admitted(eff) == ["r3"]
+
+
 def test_core_no_yield_without_waiter() -> None:
     h = Harness(max_segment_rounds=1)
     h.submit("a", hints=RequestHints(kv_retention_ttl_seconds=50.0))
