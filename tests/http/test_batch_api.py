@@ -427,28 +427,35 @@ async def test_batch_api_resumes_after_the_daemon_died_exactly_once(tmp_path: Pa
         assert sorted(second.custom_ids()) == [f"c{i}" for i in range(3, 10)]  # answered ones not re-sent
 
 
+@asynccontextmanager
+async def drained(db: Path, worker: BatchWorker) -> AsyncIterator[Api]:
+    """A daemon with a 60 s grace that the block stops by setting ``handles.shutdown``: leaving it
+    waits for the graceful stop (``running`` kills instead)."""
+    cfg = attrs.evolve(
+        batch_config(db, concurrency=2), server=attrs.evolve(http_config().server, shutdown_grace_seconds=60.0)
+    )
+    async with trio.open_nursery() as nursery:
+        handles: DaemonHandles = await nursery.start(
+            partial(run_daemon, cfg, transport_factory=worker.transport, serve_http=False, batch_executor=True)
+        )
+        transport = httpx.ASGITransport(app=create_app(handles))
+        async with httpx.AsyncClient(transport=transport, base_url="http://agentd") as client:
+            yield Api(handles, client, worker)
+
+
 async def test_a_graceful_stop_lets_the_lines_in_flight_finish_and_sends_no_new_one(tmp_path: Path) -> None:
     """On shutdown the executor sends no new line and the lines in flight get the drain's grace
     (docs/batch.md, "How a batch runs"); a line waiting to be tried again stays pending; the next
     start sends the rest, each line answered exactly once."""
     db = tmp_path / "b.sqlite3"
     first = BatchWorker(block=lambda rid: rid.split("#")[0] in ("c2", "c3"))
-    cfg = attrs.evolve(
-        batch_config(db, concurrency=2), server=attrs.evolve(http_config().server, shutdown_grace_seconds=60.0)
-    )
-    async with trio.open_nursery() as nursery:
-        handles: DaemonHandles = await nursery.start(
-            partial(run_daemon, cfg, transport_factory=first.transport, serve_http=False, batch_executor=True)
-        )
-        transport = httpx.ASGITransport(app=create_app(handles))
-        async with httpx.AsyncClient(transport=transport, base_url="http://agentd") as client:
-            batch = await Api(handles, client, first).run_batch([line(f"c{i}") for i in range(8)])
-            await first.wait_blocked(2)  # c0, c1 answered; c2, c3 in flight
-            handles.shutdown.set()
-            assert handles.batches is not None
-            await handles.batches.stopping.wait()
-            first.release.set()  # the lines in flight are answered within the grace
-        # run_daemon returns once they are recorded, long before the 60 s grace
+    async with drained(db, first) as api:
+        batch = await api.run_batch([line(f"c{i}") for i in range(8)])
+        await first.wait_blocked(2)  # c0, c1 answered; c2, c3 in flight
+        api.handles.shutdown.set()
+        await api.service.stopping.wait()
+        first.release.set()  # the lines in flight are answered within the grace
+    # the daemon stopped once they were recorded, long before the 60 s grace
     assert sorted(first.custom_ids()) == ["c0", "c1", "c2", "c3"]  # no line sent after the stop began
     second = BatchWorker()
     async with running(batch_config(db, concurrency=2), second) as api:
@@ -464,19 +471,11 @@ async def test_a_line_waiting_to_be_retried_stays_pending_at_a_graceful_stop(
     monkeypatch.setattr(batch_executor, "RETRY_BASE_SECONDS", 3600.0)  # only the stop ends the waits
     db = tmp_path / "b.sqlite3"
     busy = BatchWorker(fail_first=10**6)  # every answer a 503: each line waits to be tried again
-    cfg = attrs.evolve(
-        batch_config(db, concurrency=2), server=attrs.evolve(http_config().server, shutdown_grace_seconds=60.0)
-    )
-    async with trio.open_nursery() as nursery:
-        handles: DaemonHandles = await nursery.start(
-            partial(run_daemon, cfg, transport_factory=busy.transport, serve_http=False, batch_executor=True)
-        )
-        transport = httpx.ASGITransport(app=create_app(handles))
-        async with httpx.AsyncClient(transport=transport, base_url="http://agentd") as client:
-            batch = await Api(handles, client, busy).run_batch([line(f"c{i}") for i in range(4)])
-            while len(busy.seen) < 2:  # both slots' first attempts answered 503
-                await busy.seen_changed.wait()
-            handles.shutdown.set()
+    async with drained(db, busy) as api:
+        batch = await api.run_batch([line(f"c{i}") for i in range(4)])
+        while len(busy.seen) < 2:  # both slots' first attempts answered 503
+            await busy.seen_changed.wait()
+        api.handles.shutdown.set()
     assert len(busy.seen) == 2  # the waits ended with the stop: no second attempt, no new line
     async with running(batch_config(db, concurrency=2), BatchWorker()) as api:
         done = await api.service.wait_settled(batch["id"])

@@ -253,18 +253,24 @@ def test_core_cross_rank_resume_moves_paused_program_under_source_pressure() -> 
 SLOW_PREFILL = PrefillCostModel(intercept_seconds=5.0)
 
 
+def _a_waits_behind_big(h: Harness, z_tokens: int, a_tokens: int) -> None:
+    """``big`` and ``a`` on rank 0, ``z`` (``z_tokens``) on rank 1; ``a`` pauses, ``big`` grows to
+    8100 held, and ``a`` asks again with ``a_tokens`` at 1.0 (waiting when that does not fit)."""
+    h.submit("big", tokens=6000)  # rank 0
+    h.submit("z", tokens=z_tokens)  # rank 1
+    h.submit("a", tokens=2000)  # rank 0: 6100 + 2100 <= 10000
+    h.complete("r3", at=0.5, prompt=2000)  # a pauses (warm-up TTL 0)
+    h.submit("big", tokens=8000, at=0.7)  # big grows: rank 0 now 8100 used
+    h.submit("a", tokens=a_tokens, at=1.0)
+
+
 @pytest.mark.parametrize(("second_ctx", "moves"), [(2000, True), (6000, False)])
 def test_core_cross_rank_headroom_inequality(second_ctx: int, moves: bool) -> None:
     h = _global_two_ranks(
         token_capacity_per_dp_rank=10_000, admission_waiting_request_threshold=0, prefill_cost_model=SLOW_PREFILL
     )
-    h.submit("big", tokens=6000)  # rank 0
-    h.submit("z", tokens=1000)  # rank 1: 1100 used
-    h.submit("a", tokens=2000)  # rank 0: 6100 + 2100 <= 10000
-    h.complete("r3", at=0.5, prompt=2000)  # a pauses (warm-up TTL 0)
-    h.submit("big", tokens=8000, at=0.7)  # big grows: rank 0 now 8100 used
+    _a_waits_behind_big(h, 1000, second_ctx)  # rank 1: 1100 used; a cannot come back: 8100 + private > 10000
     assert h.rank(0).fallback_tokens == 8100.0
-    h.submit("a", tokens=second_ctx, at=1.0)  # cannot come back: 8100 + private > 10000
     eff = h.tick(at=2.0)
     # free(1) = 10000 - 1100 = 8900 must be >= free(0) + 1.2 * context = 1900 + 1.2 * ctx
     # ctx 2000: 1900 + 2400 = 4300 <= 8900 -> moves; ctx 6000: 1900 + 7200 = 9100 > 8900 -> stays
@@ -300,12 +306,7 @@ def test_core_cross_rank_headroom_holds_at_equality() -> None:
     h = _global_two_ranks(
         token_capacity_per_dp_rank=10_000, admission_waiting_request_threshold=0, prefill_cost_model=SLOW_PREFILL
     )
-    h.submit("big", tokens=6000)  # rank 0
-    h.submit("z", tokens=2000)  # rank 1: 2100 used
-    h.submit("a", tokens=2000)  # rank 0
-    h.complete("r3", at=0.5, prompt=2000)  # a pauses
-    h.submit("big", tokens=8000, at=0.7)  # rank 0 now 8100 used
-    h.submit("a", tokens=5000, at=1.0)  # cannot come back: 8100 + 5100 > 10000
+    _a_waits_behind_big(h, 2000, 5000)  # rank 1: 2100 used; a cannot come back: 8100 + 5100 > 10000
     eff = h.tick(at=2.0)
     assert admitted(eff) == ["r5"]
     assert h.program("a").placement == tid(1)
@@ -317,12 +318,7 @@ def test_core_cross_rank_pressure_from_a_fresh_waiting_count_at_the_threshold() 
     h = _global_two_ranks(
         token_capacity_per_dp_rank=10_000, admission_waiting_request_threshold=1, prefill_cost_model=SLOW_PREFILL
     )
-    h.submit("big", tokens=6000)  # rank 0
-    h.submit("z", tokens=1000)  # rank 1: 1100 used
-    h.submit("a", tokens=2000)  # rank 0
-    h.complete("r3", at=0.5, prompt=2000)  # a pauses
-    h.submit("big", tokens=8000, at=0.7)  # rank 0 now 8100 used
-    h.submit("a", tokens=2000, at=1.0)  # cannot come back: 8100 + 2100 > 10000
+    _a_waits_behind_big(h, 1000, 2000)  # rank 1: 1100 used; a cannot come back: 8100 + 2100 > 10000
     h.observe(0, 0.81, 1, 1, at=1.5)  # the engine holds big's 8100 tokens and queues one request
     eff = h.tick(at=2.0)  # free(1) 8900 >= 1900 + 1.2 x 2000
     assert admitted(eff) == ["r5"]
