@@ -322,9 +322,11 @@ def admission_plan(
     reserve_fits = used + required + reserve <= low
     if forced or (count_fits and immediate_fits and reserve_fits):
         return _plan(used, required, reserve, capacity, forced=forced)
-    if not rank.active and required > low:
+    if not rank.active and required + reserve > low:
         # agentd difference: a Program that can never fit runs alone on an idle rank (the engine
-        # chunks and, if it must, preempts it) instead of waiting for its force-resume deadline.
+        # chunks and, if it must, preempts it) instead of waiting for its force-resume deadline;
+        # with no active Program the reserve is its own growth, so one that can never pass the
+        # reserve fit either is alike (docs/program-scheduling.md §10)
         return _plan(used, required, reserve, capacity)
     if not count_fits or not immediate_fits:
         return None

@@ -231,6 +231,30 @@ def test_core_batch_gain_protects_only_programs_with_rounds_left() -> None:
     assert (plan.used_tokens, plan.reserve_tokens) == (10_200.0, 4000.0)
 
 
+def test_core_a_program_whose_own_growth_never_fits_runs_alone_on_an_idle_rank() -> None:
+    """docs/program-scheduling.md §3 and §10: with no active Program the growth reserve is the
+    candidate's own (g x R = 1000 x 2); one that can never pass it runs at once, as one larger
+    than the rank does, instead of waiting for its force-resume deadline with the rank idle (before
+    session 41 an 8100-token Program waited there while a 10050-token one ran at once)."""
+    c = cfg(token_capacity_per_dp_rank=10_000)
+    for ctx in (8000, 9950):  # 8100 + 2000 > 10000; 10050 > 10000
+        plan = admission_plan(
+            _program("b", ctx),
+            _mature_rank((1, 1), growth=1000, decode=3.0),
+            0.0,
+            c,
+            front_output=None,
+            global_mode=False,
+        )
+        assert plan is not None and not plan.forced and not plan.batch_gain and plan.reserve_tokens == 2000.0
+    # one that fits with its reserve once the rank's batch work leaves waits for that
+    rank = _mature_rank((1, 1), growth=1000, decode=3.0)
+    rank.batch_tokens = 2000.0
+    assert admission_plan(_program("b", 7000), rank, 0.0, c, front_output=None, global_mode=False) is None
+    rank.batch_tokens = 0.0  # 7100 + 2000 <= 10000
+    assert admission_plan(_program("b", 7000), rank, 0.0, c, front_output=None, global_mode=False) is not None
+
+
 def test_core_batch_gain_never_bypasses_immediate_capacity() -> None:
     rank = _mature_rank((1, 1), growth=1000, decode=100.0)
     a = _program("a", 10_000)
