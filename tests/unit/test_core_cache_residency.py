@@ -102,3 +102,22 @@ def test_core_cross_rank_patience_priced_at_the_resident_part(mode: str, moves_a
     else:
         assert admitted(h.tick(at=1.0 + impact)) == ["r5"]  # the default's ski rental, unchanged
     assert check(h.state, h.cfg) == []
+
+
+def test_core_residency_unknown_without_a_kv_size_and_none_left_on_a_removed_rank() -> None:
+    """Without a configured capacity and before the engine reports its KV, nothing says how much is
+    free ahead: the residency is unknown (the whole private context prices a move, §12.1); a rank
+    that left the pool holds nothing any more."""
+    h = Harness(cross_rank_move_cost="resident")  # no token_capacity_per_dp_rank
+    h.submit("a", tokens=2000)
+    h.complete("r1", at=1.0, prompt=2000, cached=0, completion=100)
+    a = h.program("a")
+    assert a.residency_mark is None and resident_tokens(h.state, a) is None
+    assert move_cost_seconds(h.state, a) == a.last_cache_miss_impact_seconds
+    h = Harness(token_capacity_per_dp_rank=10_000, cross_rank_move_cost="resident")
+    h.submit("a", tokens=2000)
+    h.complete("r1", at=1.0, prompt=2000, cached=0, completion=100)
+    a = h.program("a")
+    assert resident_tokens(h.state, a) == 2100
+    h.state.ranks.pop(tid(0))  # what sync_targets does to a rank that left every pool
+    assert resident_tokens(h.state, a) == 0
