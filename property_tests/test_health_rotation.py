@@ -64,7 +64,18 @@ class RotationMachine(RuleBasedStateMachine):
 
     @rule(url=WORKER, ok=st.booleans())
     def probe(self, url: str, ok: bool) -> None:
+        # the health actor takes every probe request off the channel before a probe settles
+        # (daemon.health.run_suspect_probes); settling without taking them would let the requests
+        # of later suspicions pile up in a channel the real actor keeps empty
+        self.take_probe_requests()
         self.run(self.board.settle_suspect, url, ok, "ok" if ok else "timeout", probe_started=0.0)
+
+    def take_probe_requests(self) -> None:
+        while True:
+            try:
+                self.board.probe_requests.receive_nowait()
+            except trio.WouldBlock:
+                return
 
     @rule(rank=TARGET, missing=st.booleans())
     def scrape(self, rank: BackendTarget, missing: bool) -> None:
