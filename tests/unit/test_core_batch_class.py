@@ -496,3 +496,53 @@ def test_diagnostics_count_created_and_evicted_jobs() -> None:
     doc = batch_diagnostics(h.state)
     assert (doc["jobs_created"], doc["jobs_evicted"], doc["max_jobs"], doc["jobs_with_statistics"]) == (3, 2, 1, 1)
     assert [j["job"] for j in doc["jobs"]] == ["C"]  # type: ignore[attr-defined]
+
+
+def _preempt_the_youngest_with_one_waiting_behind() -> Harness:
+    """Three preemptible 3,000-token requests of tenant ``bt`` run (b0, b1, b2 at 0, 1, 2 s; b2 the
+    only one sent since the rank's observation at 1.5 s), b3 (2.5 s) waits; Program ``a`` (4,000
+    tokens) arrives at 3 s and preempts b2 alone."""
+    from actors.core.events import BatchSubmitted
+    from actors.core.ids import RequestId
+
+    h = harness(batch=BatchJobsConfig(enabled=True, guaranteed_kv_share=0.2))
+    for i, at in enumerate((0.0, 1.0, 2.0, 2.5)):
+        if i == 2:
+            h.observe(0, 0.6, 2, 0, at=1.5)
+            assert h.rank().batch_dispatched_since_observation == 0
+        h.feed(BatchSubmitted(RequestId(f"b{i}"), "j", 2872, None, preemptible=True, tenant="bt"), at=at)
+    assert h.rank().batch_dispatched_since_observation == 1
+    assert [p.request_id for p in of(h.submit("a", tokens=3900, at=3.0), fx.PreemptBatch)] == ["b2"]
+    return h
+
+
+def test_a_preempted_batch_request_waits_again_in_arrival_order() -> None:
+    """A preempted request waits in ``pending`` ahead of a later arrival (the starvation escape serves the first)."""
+    h = _preempt_the_youngest_with_one_waiting_behind()
+    b = h.state.batch
+    assert b is not None and list(b.pending) == ["b2", "b3"]
+    assert batch_diagnostics(h.state)["oldest_wait_seconds"] == 1.0
+
+
+def test_preemption_updates_the_job_counters_and_the_preemption_count() -> None:
+    """The preempted request no longer runs for its job, and the preemption is counted once."""
+    h = _preempt_the_youngest_with_one_waiting_behind()
+    b = h.state.batch
+    assert b is not None
+    assert (b.jobs["j"].running, list(b.jobs["j"].running_since)) == (2, ["b0", "b1"])
+    diag = batch_diagnostics(h.state)
+    assert diag["preemptions"] == 1
+    assert [j["running"] for j in diag["jobs"] if j["job"] == "j"] == [2]  # type: ignore[index]
+
+
+def test_preemption_takes_the_request_out_of_the_engine_queue_gate_count() -> None:
+    """A preempted request dispatched since the rank's last observation leaves the engine-queue gate's count."""
+    h = _preempt_the_youngest_with_one_waiting_behind()
+    assert h.rank().batch_dispatched_since_observation == 0  # b2 was the only one, and it was taken back
+
+
+def test_preemption_gives_the_tenant_back_its_dispatch_charge() -> None:
+    """The preempted request's tenant gets back the prompt tokens its dispatch was charged (docs/priority.md §3)."""
+    h = _preempt_the_youngest_with_one_waiting_behind()
+    # b0 and b1 were charged their 2,872 prompt tokens each; b2's charge was refunded
+    assert h.state.fair.accounts["bt"].counter == 2 * 2872
