@@ -402,3 +402,54 @@ def test_core_expected_resume_false_waits_for_a_queued_request_that_resumes() ->
     assert of(eff, fx.RetireProgram) == []  # the latest request expects to resume: acting TTL
     assert h.program("sub").lifecycle in ("active_acting", "paused_acting")  # not ended
     assert check(h.state, h.cfg) == []
+
+
+def test_core_a_pause_restarts_the_shared_prefix_freshness_window() -> None:
+    """A pause shifts the shared prefix's freshness window to start at the pause (docs/program-scheduling.md §2.2)."""
+    h = Harness()
+    h.submit("a", tokens=1000, hints=RequestHints(kv_retention_ttl_seconds=5.0))
+    h.complete("r1", at=1.0, prompt=1000, cached=400)
+    p = h.program("a")
+    assert (p.shared_prefix_tokens, p.shared_prefix_freshness_anchor_at, p.shared_prefix_fresh_until) == (
+        400,
+        0.0,
+        100.0,
+    )
+    h.tick(at=50.0)  # the acting TTL expired at 6 s: paused then
+    assert (p.state, p.paused_at) == ("paused", 6.0)
+    assert (p.shared_prefix_freshness_anchor_at, p.shared_prefix_fresh_until) == (6.0, 106.0)
+    # the next placement starts without its cache at 104 s: the 400 measured at 1 s is still fresh
+    assert admitted(h.submit("a", tokens=1100, at=103.0)) == ["r2"]
+    eff = h.complete("r2", at=104.0, prompt=1100, cached=300)
+    assert of(eff, fx.SharedPrefixObserved) == []
+    assert p.shared_prefix_tokens == 400
+    # its fitted TTL is 0 (warm-up): it paused again at 104 s, and the window moved with it
+    assert (p.state, p.shared_prefix_freshness_anchor_at, p.shared_prefix_fresh_until) == ("paused", 104.0, 204.0)
+
+
+def test_core_each_dispatched_request_reserves_its_own_expected_output() -> None:
+    """Requests dispatched together each reserve their own ``expected_output_length`` (docs/priority.md §3)."""
+    h = Harness(max_active_programs_per_target=1)
+    h.submit("b")
+    h.submit("a", at=1.0, hints=RequestHints(expected_output_length=50))
+    h.submit("a", at=2.0, hints=RequestHints(expected_output_length=70))
+    assert h.program("a").state == "paused"
+    eff = h.complete("r1", at=4.0, terminate=True)  # b ends: a takes the rank with both requests
+    assert admitted(eff) == ["r2", "r3"]
+    assert [h.state.in_flight[r].reserved_output_tokens for r in ("r2", "r3")] == [50, 70]
+
+
+def test_core_a_dispatch_charges_the_prompt_tokens_beyond_the_previous_context() -> None:
+    """A dispatch charges the prompt beyond what its placement holds, never below 0 (docs/priority.md §3)."""
+    h = Harness()
+    hold = RequestHints(kv_retention_ttl_seconds=100.0)
+    h.submit("a", tokens=1000, hints=hold)
+    assert h.state.in_flight["r1"].input_charge == 1000  # the placement's first request: all of it
+    h.complete("r1", at=1.0, prompt=1000, cached=0)
+    h.submit("a", tokens=1500, at=2.0, hints=hold)
+    assert h.state.in_flight["r2"].input_charge == 500  # beyond the previous context (its KV is there)
+    h.complete("r2", at=3.0, prompt=1500, cached=1000)
+    h.submit("a", tokens=800, at=4.0, hints=hold)
+    assert h.state.in_flight["r3"].input_charge == 0  # a shorter prompt than the context held
+    a = h.state.fair.accounts["default"]
+    assert (a.dispatched, a.waiting) == (3, 0)
