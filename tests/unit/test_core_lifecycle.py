@@ -453,3 +453,52 @@ def test_core_a_dispatch_charges_the_prompt_tokens_beyond_the_previous_context()
     assert h.state.in_flight["r3"].input_charge == 0  # a shorter prompt than the context held
     a = h.state.fair.accounts["default"]
     assert (a.dispatched, a.waiting) == (3, 0)
+
+
+def test_core_an_admission_after_a_failover_restarts_the_round_count_and_clears_the_acting_period() -> None:
+    """After a failover, the next admission starts a fresh placement: no rounds, no acting period (snapshot fields)."""
+    h = Harness(n_targets=2)
+    hold = RequestHints(kv_retention_ttl_seconds=100.0)
+    h.submit("a", tokens=1000, hints=hold)
+    h.complete("r1", at=1.0, prompt=1000, cached=0)
+    h.submit("a", tokens=1100, at=2.0, hints=hold)
+    h.complete("r2", at=3.0, prompt=1100, cached=1000)
+    p = h.program("a")
+    lost = p.placement
+    assert p.rounds_since_activation == 2
+    eff = h.feed(TargetsChanged(POOL, tuple(t for t in targets(2) if t.target_id != lost)), at=4.0)
+    assert reasons(eff) == ["health_failover"]
+    assert (p.lifecycle, p.acting_since) == ("paused_acting", 3.0)  # as it was
+    assert admitted(h.submit("a", tokens=1200, at=5.0)) == ["r3"]
+    assert (p.state, p.placement != lost, p.rounds_since_activation) == ("active", True, 0)
+    assert (p.acting_since, p.ttl_deadline) == (None, None)
+
+
+def test_core_an_ordinary_admission_clears_the_force_resume_deadline() -> None:
+    """A Program admitted before its force-resume deadline gets a new deadline when it waits again, not the old one."""
+    h = Harness(max_active_programs_per_target=1, force_resume_timeout_seconds=5.0)
+    h.submit("a")
+    h.submit("b", at=1.0)
+    b = h.program("b")
+    assert b.force_resume_deadline == 6.0
+    assert admitted(h.complete("r1", at=3.0, terminate=True)) == ["r2"]  # a ends: b admitted, not forced
+    assert (b.state, b.force_resume_deadline, b.force_resume_timeout_seconds) == ("active", None, None)
+    h.complete("r2", at=4.0)  # fitted TTL 0: b pauses
+    assert admitted(h.submit("a", at=10.0)) == ["r3"]
+    assert admitted(h.submit("b", at=11.0)) == []  # waits again, behind a
+    assert (b.state, b.force_resume_deadline) == ("paused", 16.0)
+    assert h.state.forced_admissions == 0
+
+
+def test_core_cancelling_the_only_waiting_request_of_a_paused_program_reports_no_pause() -> None:
+    """A paused Program whose only waiting request is abandoned leaves its queue and keeps its pause (no Transition)."""
+    h = Harness(max_active_programs_per_target=1)
+    h.submit("b")
+    h.complete("r1", at=1.0)  # fitted TTL 0: b pauses (ttl_expired)
+    h.submit("a", at=2.0)  # a takes the only slot
+    assert admitted(h.submit("b", at=3.0)) == []
+    b = h.program("b")
+    assert (b.lifecycle, b.queued_in is not None, b.last_pause_reason) == ("paused_reasoning", True, "ttl_expired")
+    eff = h.abandon("r3", at=4.0)
+    assert reasons(eff) == []
+    assert (b.lifecycle, b.queued_in, b.paused_at, b.last_pause_reason) == ("paused_acting", None, 4.0, "ttl_expired")

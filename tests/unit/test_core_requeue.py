@@ -169,3 +169,30 @@ def test_a_requeued_program_s_next_recomputation_counts_as_preemption() -> None:
     from actors.core.attribution import CAUSE_PREEMPTION, cause_of
 
     assert cause_of("prefill_requeue") == CAUSE_PREEMPTION
+
+
+def test_only_the_ranks_long_prefill_is_dispatched_as_requeueable() -> None:
+    """``requeueable`` marks the request that is its rank's long prefill, never a short one beside it or before it."""
+    h = Harness(token_capacity_per_dp_rank=100_000, priority=REQUEUE)
+    (short,) = of(submit(h, "l0", "y", 1_000, 0.0), fx.Admit)  # no long prefill on the rank
+    assert (short.request_id, short.requeueable, h.rank().long_prefill) == ("r1", False, None)
+    (long,) = of(submit(h, "h0", "x", 30_000, 0.0), fx.Admit)
+    assert (long.request_id, long.requeueable) == ("r2", True)
+    (beside,) = of(submit(h, "l1", "y", 1_000, 0.5), fx.Admit)  # r2's prefill runs: r3 is not it
+    assert (beside.request_id, beside.requeueable, h.rank().long_prefill[0]) == ("r3", False, "r2")
+
+
+def test_a_forced_resumes_long_prefill_is_not_requeueable() -> None:
+    """A long prefill dispatched by a forced resume is never asked back (docs/priority.md §3)."""
+    h = Harness(
+        token_capacity_per_dp_rank=100_000,
+        max_active_programs_per_target=1,
+        force_resume_timeout_seconds=5.0,
+        priority=REQUEUE,
+    )
+    submit(h, "a", "y", 1_000, 0.0)  # takes the only slot
+    assert admitted(submit(h, "h0", "x", 30_000, 1.0)) == []
+    eff = h.tick(at=6.0)  # h0's force-resume deadline
+    (adm,) = of(eff, fx.Admit)
+    assert (adm.request_id, adm.requeueable, h.rank().long_prefill[0]) == ("r2", False, "r2")
+    assert "force_resume" in reasons(eff)
