@@ -877,3 +877,15 @@ def test_a_reserved_rank_that_leaves_the_pool_is_replaced_at_the_next_arrival() 
     assert [e.request_id for e in of(eff, fx.PreemptBatch)] == ["b0"]
     assert [e.target_id for e in of(eff, fx.AdmitInteractive)] == [h.rank(1).target_id]
     assert check(h.state, h.cfg) == []
+
+
+def test_a_programs_next_request_ends_its_tool_call() -> None:
+    """A Program between turns leaves the tenant isolation's tool-call table when its next request arrives."""
+    prio = attrs.evolve(ISO, heavy_tenant_max_active_per_rank=0, tenant_isolation_tool_call_seconds=10.0)
+    h = Harness(token_capacity_per_dp_rank=10_000, priority=prio)
+    assert admitted(_tenant_submit(h, "y0", "y", 500, 0.0)) == ["r1"]
+    h.complete("r1", at=1.0, prompt=500, finish_reason="tool_calls")
+    ref = h.program("y0").ref
+    assert h.state.isolation_tool_calls["default"] == {ref: ("y", h.rank().target_id, 1.0)}
+    _tenant_submit(h, "y0", "y", 600, 2.0)
+    assert h.state.isolation_tool_calls["default"] == {}

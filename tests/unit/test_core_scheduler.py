@@ -103,3 +103,11 @@ def test_core_no_targets_rejects_with_503_and_retains_nothing() -> None:
     (rej,) = of(eff, fx.Reject)
     assert (rej.reason, rej.status_hint) == ("no_targets", 503)
     assert len(h.state.pool) == 0 and not h.state.programs
+
+
+def test_core_a_negative_prompt_estimate_is_invalid_and_creates_nothing() -> None:
+    """``estimated_prompt_tokens < 0`` is an ``InvalidEvent`` raised before any Program or request exists."""
+    h = Harness()
+    with pytest.raises(InvalidEvent, match="estimated_prompt_tokens must be >= 0"):
+        h.feed(RequestSubmitted(RequestId("x"), Ident("b"), -1))
+    assert not h.state.programs and len(h.state.pool) == 0
