@@ -408,7 +408,8 @@ def test_core_a_pause_restarts_the_shared_prefix_freshness_window() -> None:
     """A pause shifts the shared prefix's freshness window to start at the pause (docs/program-scheduling.md §2.2)."""
     h = Harness()
     h.submit("a", tokens=1000, hints=RequestHints(kv_retention_ttl_seconds=5.0))
-    h.complete("r1", at=1.0, prompt=1000, cached=400)
+    eff = h.complete("r1", at=1.0, prompt=1000, cached=400)
+    assert of(eff, fx.CacheDiscontinuity) == []  # a placement's first request is no break inside it
     p = h.program("a")
     assert (p.shared_prefix_tokens, p.shared_prefix_freshness_anchor_at, p.shared_prefix_fresh_until) == (
         400,
@@ -421,7 +422,7 @@ def test_core_a_pause_restarts_the_shared_prefix_freshness_window() -> None:
     # the next placement starts without its cache at 104 s: the 400 measured at 1 s is still fresh
     assert admitted(h.submit("a", tokens=1100, at=103.0)) == ["r2"]
     eff = h.complete("r2", at=104.0, prompt=1100, cached=300)
-    assert of(eff, fx.SharedPrefixObserved) == []
+    assert of(eff, fx.SharedPrefixObserved) == of(eff, fx.CacheDiscontinuity) == []
     assert p.shared_prefix_tokens == 400
     # its fitted TTL is 0 (warm-up): it paused again at 104 s, and the window moved with it
     assert (p.state, p.shared_prefix_freshness_anchor_at, p.shared_prefix_fresh_until) == ("paused", 104.0, 204.0)
@@ -502,3 +503,22 @@ def test_core_cancelling_the_only_waiting_request_of_a_paused_program_reports_no
     eff = h.abandon("r3", at=4.0)
     assert reasons(eff) == []
     assert (b.lifecycle, b.queued_in, b.paused_at, b.last_pause_reason) == ("paused_acting", None, 4.0, "ttl_expired")
+
+
+def test_core_a_completion_records_its_request_sample() -> None:
+    """A completion's statistics sample: queue wait, plausible context growth only, rounds since the TTL pause."""
+    h = Harness()
+    hold = RequestHints(kv_retention_ttl_seconds=100.0)
+    h.submit("a", tokens=1000, hints=hold)
+    h.complete("r1", at=1.0, prompt=1000, cached=0, completion=10)
+    h.submit("a", tokens=1300, at=2.0, hints=hold)
+    h.complete("r2", at=3.0, prompt=1300, cached=1000, completion=20)
+    h.submit("a", tokens=5000, at=4.0, hints=hold)  # grew by more than its context: not plausible
+    h.complete("r3", at=5.0, prompt=5000, cached=1300, completion=30)
+    samples = list(h.rank().factors.requests)
+    assert [(x.context_growth_tokens, x.rounds_since_ttl_pause, x.queue_seconds) for x in samples] == [
+        (None, 1, 0.0),
+        (300, 2, 0.0),
+        (None, 3, 0.0),
+    ]
+    assert h.program("a").completed_requests == 3
