@@ -343,7 +343,11 @@ class SchedulerMachine(RuleBasedStateMachine):
             cap = cfg.token_capacity_per_dp_rank
             if cap is not None:
                 low = cap * cfg.low_watermark_ratio
-                if e.required_tokens > low + EPS:  # can never fit: runs alone on a rank that was idle
+                # can never fit, or never pass the reserve fit (with no active Program the reserve is
+                # its own growth): runs alone on a rank without an active Program (docs/program-scheduling.md §10)
+                never_fits = e.required_tokens > low + EPS
+                never_reserve_fits = not e.batch_gain and e.required_tokens + (e.reserve_tokens or 0.0) > low + EPS
+                if never_fits or never_reserve_fits:
                     assert set(rank.active) <= {a.program for a in admitted}, f"oversized admission beside others {e}"
                     self._record_admission(e, rank, alone=True)
                     continue
