@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from actors.core.config import ToolRetentionConfig
-from actors.core.tool_retention import GapWindow, ToolGapModel, ToolSnapshot
+from actors.core.tool_retention import GapWindow, ToolGapModel, ToolSnapshot, best_ttl_scan
 
 
 def _model(gaps: dict[str, tuple[float, ...]], **kw: Any) -> ToolGapModel:
@@ -171,3 +171,14 @@ def test_resume_costs_are_clamped_and_the_miss_ratio_bounded() -> None:
     assert rows["one"].resume_miss_ratio == 1.0
     assert rows["over"].resume_miss_ratio == 1.0
     assert rows["round"].recompute_seconds == 0.123457
+
+
+def test_the_prepared_candidates_follow_a_change_of_margins() -> None:
+    """A decision with other margins on the same window uses its own candidates, not the prepared ones."""
+    w = GapWindow(8)
+    for _ in range(3):
+        w.push(1.0)
+    assert w.best_ttl(10.0, 10.0, 0.1, 0.02) == pytest.approx(1.12)
+    assert w.best_ttl(10.0, 10.0, 0.5, 0.02) == pytest.approx(1.52)
+    assert w.best_ttl(10.0, 10.0, 0.5, 0.5) == pytest.approx(2.0)
+    assert w.best_ttl(10.0, 10.0, 0.5, 0.5) == best_ttl_scan(w.sorted_gaps(), 10.0, 10.0, 0.5, 0.5)
