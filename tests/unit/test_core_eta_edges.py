@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import math
 
+from actors.core import effects as fx
 from actors.core import eta
 from actors.core.eta import DEFAULT_PRIOR_INTERVAL, LINE, MAX_ETA_SECONDS, Departure, DrainWindow, EtaBook, FirstEta
+from actors.core.eta_queue import line_interval, prior_interval
 from actors.core.ids import RequestId
+from tests.unit.core_support import Harness, request_sample, tid
+from tests.unit.test_core_eta import bounded
 
 
 def test_a_drain_window_keeps_the_last_32_samples() -> None:
@@ -71,7 +75,6 @@ def test_departure_in_edges_of_the_release_probability_and_cycle() -> None:
     for cycle in (0.0, -1.0):
         assert eta.departure_in(one, 1, 0.0, 0.3, cycle) is None  # 0.7 after the one completion
         assert eta.departure_in(one, 1, 0.0, 0.6, cycle) == 2.0
-    assert eta.departure_in(one, 1, 0.0, 0.3, math.inf) is None
 
 
 def test_departure_in_boundaries_of_what_frees_the_line() -> None:
@@ -137,3 +140,35 @@ def test_median_and_quantile_of_nothing_and_of_four() -> None:
     assert EtaBook().median_error() is None
     assert eta.quantile([], 0.9) is None
     assert eta.quantile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.0
+
+
+def test_the_accuracy_window_keeps_the_last_4096_errors() -> None:
+    """docs §13 diagnostics: the median is over the last 4096 samples; every sample is counted."""
+    book = EtaBook()
+    for i in range(4100):
+        rid = RequestId(f"r{i}")
+        book.first[rid] = FirstEta(eta_seconds=1.0 if i < 4 else 2.0, queued_at=0.0)
+        book.admitted(rid, 1.0)
+    assert (book.samples, len(book.errors), book.median_error()) == (4100, 4096, 1.0)
+
+
+def test_the_prior_is_rounds_over_throughput_once_the_request_window_is_full() -> None:
+    """docs §13: prior = max(1, R) / throughput (R = ceil(2 x mean rounds)); 5 s until the window is full."""
+    for rounds, window, expected in ((3, 2, 6 / 0.25), (0, 2, 1 / 0.25), (3, 3, DEFAULT_PRIOR_INTERVAL)):
+        h = Harness(stats_window_size=window)
+        for at in (1.0, 5.0):  # two completions 4 s apart: 0.25 requests per second
+            h.rank(0).factors.push_request(request_sample(e2e=2.0, at=at, rounds=rounds))
+        assert prior_interval(h.state, tid(0)) == expected
+        assert line_interval(h.state, tid(0)) == expected  # no drain sample yet: the prior
+
+
+def test_a_bound_below_the_eta_refuses_at_once() -> None:
+    """x-agentd-max-queue-seconds: a request whose ETA (11 s) exceeds its bound (10.9 s) is refused
+    with Retry-After from the ETA, and never waits."""
+    h = Harness(max_active_programs_per_target=1)
+    h.submit("x")
+    h.submit("a", at=1.0)  # position 1, ETA 6
+    eff = h.feed(bounded("rb", "b", 10.9), at=2.0)  # position 2: 1 + 2 x 5 = 11 s
+    (rej,) = [e for e in eff if isinstance(e, fx.Reject)]
+    assert (rej.request_id, rej.reason, rej.retry_after_seconds) == ("rb", "queue_wait_exceeds_bound", 11.0)
+    assert h.program("b") is None and h.state.eta.bound_rejections == 1

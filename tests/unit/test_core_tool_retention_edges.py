@@ -167,6 +167,8 @@ def test_resume_costs_are_clamped_and_the_miss_ratio_bounded() -> None:
     rows = _rows(m)
     neg = rows["neg"]
     assert (neg.resumes, neg.recomputed_tokens, neg.recompute_seconds, neg.resume_miss_ratio) == (1, 0, 0.0, None)
+    m.observe_resume("p", ("neg",), 50, 0.0, 100)  # the negative context above counted as 0, not -10
+    assert _rows(m)["neg"].resume_miss_ratio == 0.5
     assert rows["nocontext"].resume_miss_ratio is None
     assert rows["one"].resume_miss_ratio == 1.0
     assert rows["over"].resume_miss_ratio == 1.0
