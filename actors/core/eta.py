@@ -198,8 +198,9 @@ def departure_in(
         elif q >= 1:  # a completion that always releases is a certain departure: it accumulates
             events.append((at, 1, d.tokens))
         elif q > 0:
-            cycles = MAX_CYCLES if math.isfinite(cycle) and cycle > 0 else 1
-            events.extend((at + k * cycle, 2, d.tokens) for k in range(cycles))
+            # one completion only without a usable cycle (0 x an infinite cycle would be NaN)
+            step = cycle if math.isfinite(cycle) and cycle > 0 else 0.0
+            events.extend((at + k * step, 2, d.tokens) for k in range(MAX_CYCLES if step > 0 else 1))
     events.sort()
     count, freed, blocked, ttl_only = 0, 0.0, 1.0, True
     for at, kind, tokens in events:

@@ -72,9 +72,9 @@ def test_departure_in_edges_of_the_release_probability_and_cycle() -> None:
     assert eta.departure_in(one, 1, 0.0, math.nan, 3.0) is None
     assert eta.departure_in(one, 1, 0.0, 0.5, 3.0) == 2.0  # blocked 0.5 <= 1/2 at the first completion
     assert eta.departure_in(one, 1, 0.0, 0.3, 0.5) == 2.5  # 0.7, then 0.49 one cycle later
-    for cycle in (0.0, -1.0):
+    for cycle in (0.0, -1.0, math.inf, math.nan):
         assert eta.departure_in(one, 1, 0.0, 0.3, cycle) is None  # 0.7 after the one completion
-        assert eta.departure_in(one, 1, 0.0, 0.6, cycle) == 2.0
+        assert eta.departure_in(one, 1, 0.0, 0.6, cycle) == 2.0  # (was NaN for an infinite or NaN cycle)
 
 
 def test_departure_in_boundaries_of_what_frees_the_line() -> None:
