@@ -359,12 +359,11 @@ class ToolGapModel:
         self.cfg = cfg
         self.windows: dict[tuple[str, str], GapWindow] = {}
 
-    def _window(self, pool: str, key: str, create: bool) -> GapWindow | None:
+    def _window(self, pool: str, key: str) -> GapWindow:
+        """``(pool, key)``'s window, created when new, moved to the most recently used end."""
         k = (pool, key)
         w = self.windows.pop(k, None)
         if w is None:
-            if not create:
-                return None
             w = GapWindow(self.cfg.window_size)
             while len(self.windows) >= self.cfg.max_tools:
                 del self.windows[next(iter(self.windows))]
@@ -380,8 +379,7 @@ class ToolGapModel:
         turn: the outcome is counted against both TTLs on ``key``'s window (diagnostics only).
         """
         for key in keys:
-            w = self._window(pool, key, create=True)
-            assert w is not None
+            w = self._window(pool, key)
             w.push(gap)
         if armed is None or not math.isfinite(gap):
             return
@@ -440,8 +438,7 @@ class ToolGapModel:
         chosen: tuple[float, GapWindow, str] | None = None
         missing = False
         for key in keys:
-            w = self._window(pool, key, create=True)
-            assert w is not None
+            w = self._window(pool, key)
             if len(w.gaps) < self.cfg.min_samples:
                 w.fallbacks += 1
                 missing = True
