@@ -8,7 +8,7 @@ import math
 from actors.core import effects as fx
 from actors.core import eta
 from actors.core.eta import DEFAULT_PRIOR_INTERVAL, LINE, MAX_ETA_SECONDS, Departure, DrainWindow, EtaBook, FirstEta
-from actors.core.eta_queue import line_interval, prior_interval
+from actors.core.eta_queue import first_tick_after, line_interval, prior_interval
 from actors.core.ids import RequestId
 from tests.unit.core_support import Harness, request_sample, tid
 from tests.unit.test_core_eta import bounded
@@ -172,3 +172,12 @@ def test_a_bound_below_the_eta_refuses_at_once() -> None:
     (rej,) = [e for e in eff if isinstance(e, fx.Reject)]
     assert (rej.request_id, rej.reason, rej.retry_after_seconds) == ("rb", "queue_wait_exceeds_bound", 11.0)
     assert h.program("b") is None and h.state.eta.bound_rejections == 1
+
+
+def test_first_tick_after_counts_whole_intervals_from_the_next_tick() -> None:
+    """With ticks every 2 s and the next in 0.5 s: a wait of 3 s ends at the tick in 4.5 s, one
+    already due by the next tick at that tick."""
+    h = Harness(metrics_interval_seconds=2.0)
+    assert first_tick_after(h.state, 0.5, 3.0) == 4.5
+    assert first_tick_after(h.state, 0.5, 2.5) == 2.5
+    assert first_tick_after(h.state, 0.5, 0.2) == 0.5
