@@ -1,0 +1,206 @@
+"""Scheduler core, batch class: edges the mutation campaign found untested (docs/batch.md §2)."""
+
+from __future__ import annotations
+
+import pytest
+from core_support import Harness, of, tid
+
+from actors.core import effects as fx
+from actors.core.batch_class import batch_diagnostics, peak_growth_tokens, rank_decode_step
+from actors.core.config import BatchJobsConfig, DecodeThroughputModel
+from actors.core.costs import decode_step_seconds
+from actors.core.errors import InvalidEvent
+from actors.core.events import BatchSubmitted
+from actors.core.ids import RequestId
+
+CAP = 10_000
+BATCH = BatchJobsConfig(enabled=True)
+
+
+def harness(n_targets: int = 1, batch: BatchJobsConfig = BATCH, **kw: object) -> Harness:
+    kw.setdefault("token_capacity_per_dp_rank", CAP)
+    return Harness(n_targets=n_targets, batch=batch, **kw)  # type: ignore[arg-type]
+
+
+def admitted_ids(effects: tuple[object, ...]) -> list[str]:
+    return [e.request_id for e in of(effects, fx.AdmitBatch)]
+
+
+def preemptible(h: Harness, rid: str, tokens: int, at: float) -> tuple[object, ...]:
+    return h.feed(BatchSubmitted(RequestId(rid), "j", tokens, None, preemptible=True), at=at)
+
+
+# ---- growth reserve ----------------------------------------------------------------------------
+
+
+def test_peak_growth_nets_out_every_request_that_ended_before_the_peak() -> None:
+    """At the peak the growing request's rise is net of all the requests that ended first, not the next one only."""
+    # at tau = 100 the first request grew by 100; the two others ended, freeing 30 + 30
+    assert peak_growth_tokens([(0.0, 100.0), (30.0, 10.0), (30.0, 10.0)]) == 40.0
+
+
+# ---- preemption for a waiting Program (docs/batch.md §2.4) -------------------------------------
+
+
+def test_no_batch_work_is_preempted_when_preempting_cannot_cover_the_programs_deficit() -> None:
+    """A waiting Program whose deficit is more than batch holds above its share preempts nothing."""
+    h = harness(batch=BatchJobsConfig(enabled=True, guaranteed_kv_share=0.5))
+    for i, at in enumerate((0.0, 1.0, 2.0)):
+        preemptible(h, f"b{i}", 2872, at)  # 3000 tokens each
+    # needs 7000: 1000 free, deficit 6000; batch holds 9000, of which 4000 above its 5000 share
+    eff = h.submit("a", tokens=6900, at=3.0)
+    assert of(eff, fx.PreemptBatch) == [] and h.program("a").state == "paused"
+    assert (h.rank().batch_requests, h.rank().batch_tokens) == (3, 9000.0)
+
+
+def test_preemption_never_takes_batch_below_its_guaranteed_share() -> None:
+    """A victim whose preemption would leave batch below its guaranteed share is kept."""
+    h = harness(batch=BatchJobsConfig(enabled=True, guaranteed_kv_share=0.8))
+    for i, at in enumerate((0.0, 1.0, 2.0)):
+        preemptible(h, f"b{i}", 2872, at)  # 9000 in all, 1000 above the 8000 share
+    eff = h.submit("a", tokens=3900, at=3.0)  # deficit 3000: the youngest (3000) would cover it
+    assert of(eff, fx.PreemptBatch) == [] and h.program("a").state == "paused"
+    assert h.rank().batch_requests == 3
+
+
+def test_the_deficit_is_measured_against_the_low_watermark() -> None:
+    """A Program's deficit is ``required - (capacity x low_watermark_ratio - used)``, not the whole capacity."""
+    h = harness(low_watermark_ratio=0.9, batch=BatchJobsConfig(enabled=True, guaranteed_kv_share=0.0))
+    for i, at in enumerate((0.0, 1.0, 2.0)):
+        preemptible(h, f"b{i}", 2572, at)  # 2700 each: 8100 of the 9000 below the watermark
+    assert h.rank().batch_requests == 3
+    eff = h.submit("a", tokens=1900, at=3.0)  # needs 2000: 900 free below the watermark, deficit 1100
+    assert [p.request_id for p in of(eff, fx.PreemptBatch)] == ["b2"]
+    assert [e.request_id for e in of(eff, fx.Admit)] == ["r1"]
+
+
+# ---- arrival, completion, abandon --------------------------------------------------------------
+
+
+def test_a_batch_request_with_no_prompt_tokens_is_accepted() -> None:
+    """``estimated_prompt_tokens`` 0 is valid (only negative counts are refused)."""
+    h = harness()
+    (adm,) = of(h.submit_batch("b0", tokens=0), fx.AdmitBatch)
+    assert (adm.request_id, adm.charged_tokens) == ("b0", 128)
+    with pytest.raises(InvalidEvent, match="estimated_prompt_tokens"):
+        h.submit_batch("b1", tokens=-1)
+
+
+def test_a_batch_request_id_already_queued_is_refused() -> None:
+    """A second arrival with the id of a queued batch request is an invalid event."""
+    h = harness()
+    h.submit_batch("big", tokens=9_500, max_tokens=10)
+    h.submit_batch("q", tokens=1_000)
+    assert "q" in h.state.batch.pending  # type: ignore[union-attr]
+    with pytest.raises(InvalidEvent, match="already live"):
+        h.submit_batch("q", tokens=1_000)
+
+
+def test_an_arrival_keeps_its_jobs_estimate_from_eviction() -> None:
+    """A request's arrival makes its job the most recently used: ``max_jobs`` evicts another job's estimate."""
+    h = harness(batch=BatchJobsConfig(enabled=True, max_jobs=2))
+    for i, job in enumerate(("A", "B")):
+        h.submit_batch(f"t{i}", job=job, tokens=10, at=float(i))
+        h.complete(f"t{i}", completion=50 + i, finish_reason="stop", at=i + 0.5)
+    h.submit_batch("a2", job="A", tokens=10, at=2.0)  # A is now more recent than B
+    h.submit_batch("c", job="C", tokens=10, at=2.0)
+    (ev,) = of(h.complete("c", completion=70, finish_reason="stop", at=3.0), fx.BatchJobEvicted)
+    assert ev.job == "B"
+
+
+def test_a_programs_completion_is_not_taken_for_a_batch_requests() -> None:
+    """With batch on, a Program request's completion is handled as the Program's (not a batch request's)."""
+    h = harness()
+    h.submit_batch("x", tokens=100)
+    h.submit("a", tokens=1_000)
+    h.complete("r1", at=1.0, prompt=1_000, completion=10, finish_reason="stop")
+    assert h.program("a").in_flight == 0 and "x" in h.state.batch.running  # type: ignore[union-attr]
+
+
+def test_a_batch_completion_charges_its_tenant_the_reported_output() -> None:
+    """A batch request's tenant is charged its prompt at dispatch and its reported output at completion."""
+    h = harness()
+    h.feed(BatchSubmitted(RequestId("b"), "j", 100, None, tenant="t"))
+    assert h.state.fair.accounts["t"].input_tokens == 100
+    h.complete("b", completion=40, finish_reason="stop", at=1.0)
+    assert (h.state.fair.accounts["t"].input_tokens, h.state.fair.accounts["t"].output_tokens) == (100, 40)
+
+
+def test_a_late_completion_without_usage_charges_no_output() -> None:
+    """A preempted request whose answer completed anyway, with no usage reported, is charged no output."""
+    h = harness(batch=BatchJobsConfig(enabled=True, guaranteed_kv_share=0.0))
+    h.feed(BatchSubmitted(RequestId("b"), "j", 2872, None, preemptible=True, tenant="t"), at=0.0)
+    h.feed(BatchSubmitted(RequestId("c"), "j", 2872, None, tenant="t"), at=0.0)
+    h.feed(BatchSubmitted(RequestId("d"), "j", 2872, None, tenant="t"), at=0.0)
+    assert [p.request_id for p in of(h.submit("a", tokens=3900, at=1.0), fx.PreemptBatch)] == ["b"]
+    h.complete("b", at=2.0)  # no usage at all
+    assert "b" not in h.state.batch.pending  # type: ignore[union-attr]
+    assert h.state.fair.accounts["t"].output_tokens == 0
+
+
+def test_abandoning_the_last_queued_request_of_a_job_forgets_the_job() -> None:
+    """A job with nothing queued, nothing running and no estimate leaves the per-job counters on abandon."""
+    h = harness()
+    h.submit_batch("big", job="A", tokens=9_500, max_tokens=10)
+    h.submit_batch("q", job="B", tokens=1_000)
+    b = h.state.batch
+    assert b is not None and "q" in b.pending and "B" in b.jobs
+    h.abandon("q")
+    assert sorted(b.jobs) == ["A"]
+
+
+def test_queue_waits_feed_the_jobs_mean_queue_wait() -> None:
+    """The diagnostics' mean queue wait is over the job's dispatched requests, waits included."""
+    h = harness()
+    h.submit_batch("big", job="j", tokens=9_500, max_tokens=10, at=0.0)
+    h.submit_batch("q", job="j", tokens=1_000, at=1.0)
+    assert admitted_ids(h.complete("big", completion=10, finish_reason="length", at=5.0)) == ["q"]
+    (job,) = batch_diagnostics(h.state)["jobs"]  # type: ignore[misc]
+    assert job["mean_queue_wait_seconds"] == (0.0 + 4.0) / 2
+
+
+# ---- Programs first, decode speed, step balance ------------------------------------------------
+
+
+def test_a_program_waiting_in_the_global_queue_holds_batch_back() -> None:
+    """In global-queue mode a waiting Program gates batch on the ranks it could resume on."""
+    h = harness(global_queue=True, batch=BatchJobsConfig(enabled=True, guaranteed_kv_share=0.0))
+    h.submit("a", tokens=9000)
+    h.submit("b", tokens=5000)
+    assert h.program("b").state == "paused"
+    assert of(h.submit_batch("x", tokens=100, at=1.0), fx.AdmitBatch) == []
+    assert batch_diagnostics(h.state)["programs_waiting"] is True
+
+
+def test_one_batch_request_runs_beside_programs_whatever_its_slowdown_but_no_second() -> None:
+    """Beside active Programs the first batch request on a rank always runs; a second must keep the slowdown bound."""
+    h = harness(token_capacity_per_dp_rank=1_000_000, batch=BatchJobsConfig(enabled=True, max_decode_slowdown=0.1))
+    h.submit("a", tokens=20_000)
+    # 100,128 tokens of context beside the Program's 20,100: the step doubles, far above 1.1 x
+    assert admitted_ids(h.submit_batch("big", tokens=100_000, at=1.0)) == ["big"]
+    assert admitted_ids(h.submit_batch("small", tokens=10, at=1.0)) == []
+    assert h.rank().batch_requests == 1
+
+
+def test_the_decode_step_with_one_more_request_counts_its_context() -> None:
+    """A prospective request adds one request and its tokens to the rank's decode step."""
+    h = harness(token_capacity_per_dp_rank=1_000_000)
+    h.submit_batch("b", tokens=1_000)
+    rank = h.rank()
+    model = h.cfg.decode_throughput_model
+    assert rank_decode_step(h.state, rank) == decode_step_seconds(1, 1_128, model)
+    assert rank_decode_step(h.state, rank, 50_000.0) == decode_step_seconds(2, 51_128, model)
+
+
+def test_a_rank_takes_a_request_whose_step_is_exactly_the_step_bound() -> None:
+    """The step bound admits a rank's step equal to RANK_STEP_RATIO x the fastest other rank's (docs/batch.md §2.3)."""
+    # steps of 0.25 s + 0.25 s per request, context free: exact in binary floating point
+    model = DecodeThroughputModel(0.25, 0.25, 0.0)
+    h = harness(n_targets=2, token_capacity_per_dp_rank=100_000, decode_throughput_model=model)
+    h.observe(1, 0.0, 0, 48, at=0.0)  # rank 1's engine queue is full: it takes only an idle rank's one
+    for i in range(10):
+        h.submit_batch(f"b{i}", tokens=10, at=0.0)
+    # rank 1 runs one (step 0.5 s): rank 0 runs 5, a step of 0.25 + 5 x 0.25 = 1.5 s = 3 x 0.5 s
+    assert (h.rank(0).batch_requests, h.rank(1).batch_requests) == (5, 1)
+    assert rank_decode_step(h.state, h.rank(0)) == 3 * rank_decode_step(h.state, h.rank(1))
+    assert h.state.batch.running["b0"].target_id == tid(0)  # type: ignore[union-attr]
