@@ -196,3 +196,24 @@ def test_a_forced_resumes_long_prefill_is_not_requeueable() -> None:
     (adm,) = of(eff, fx.Admit)
     assert (adm.request_id, adm.requeueable, h.rank().long_prefill[0]) == ("r2", False, "r2")
     assert "force_resume" in reasons(eff)
+
+
+@pytest.mark.parametrize("global_queue", [False, True])
+def test_a_light_program_waiting_for_the_rank_asks_the_heavy_prefill_back_and_its_own_is_never_asked(
+    global_queue: bool,
+) -> None:
+    """A light tenant's Program waiting to resume on the rank (per-rank or global queue) is held back by
+    the heavy tenant's long prefill there; the light tenant's own long prefill that follows is not asked."""
+    h = Harness(token_capacity_per_dp_rank=100_000, priority=REQUEUE, global_queue=global_queue)
+    assert admitted(submit(h, "l0", "y", 1_000, 0.0)) == ["r1"]
+    h.complete("r1", at=0.5, prompt=1_000, completion=10)  # l0 pauses with the rank as its home
+    assert admitted(submit(h, "h0", "x", 30_000, 1.0)) == ["r2"]  # x alone: nothing heavy, nothing asked
+    assert admitted(submit(h, "h1", "x", 30_000, 1.0)) == []  # one long prefill at a time
+    eff = submit(h, "l0", "y", 20_000, 2.0)  # a long prefill too: l0 waits for r2's
+    assert admitted(eff) == [] and h.program("l0").state == "paused"
+    (ask,) = of(eff, fx.RequeuePrefill)
+    assert (ask.request_id, ask.tenant, ask.light_tenants) == ("r2", "x", ("y",))
+    eff = requeued(h, "r2", 2.0)  # l0's long prefill goes in its place and is not asked back: y is light
+    assert admitted(eff) == ["r4"] and of(eff, fx.RequeuePrefill) == []
+    assert h.rank().long_prefill is not None and h.rank().long_prefill[0] == "r4"
+    assert check(h.state, h.cfg) == []
