@@ -114,3 +114,19 @@ def test_las_is_a_valid_resume_order_and_others_are_refused() -> None:
     assert problems(ProgramSchedulingConfig(resume_order="las")) == []
     (msg,) = problems(ProgramSchedulingConfig(resume_order="lifo"))
     assert msg.startswith("resume_order: must be one of 'mru', 'fcfs', 'las'")
+
+
+def test_las_keeps_a_tasks_service_while_one_of_its_programs_lives_then_forgets_the_task() -> None:
+    """A task's attained service outlives a forgotten member while another lives; its entry goes with its last one."""
+    h = Harness(max_active_programs_per_target=1, resume_order="las", paused_retention_ttl_seconds=30.0)
+    lead = Ident("t:lead", placement_key="t", placement_hash_key="t", task_id="t", expected_resume=False)
+    sub = Ident("t:sub", placement_key="t", placement_hash_key="t", task_id="t", expected_resume=False)
+    _served(h, "t:lead", 1.0, at=0.0, ident=lead)  # released at 1.0
+    _served(h, "t:sub", 2.0, at=2.0, ident=sub)  # released at 4.0
+    s = h.state.attained
+    assert s.members == {(POOL, "t"): 2} and s.of(ProgramKey(POOL, "t:sub")) == 3.0
+    h.tick(at=61.0)  # the lead's history is pruned: the task keeps the service it attained
+    assert ProgramKey(POOL, "t:lead") not in s.task_of
+    assert s.members == {(POOL, "t"): 1} and s.of(ProgramKey(POOL, "t:sub")) == 3.0
+    h.tick(at=64.0)  # the last member goes: so does the task's entry
+    assert (s.members, s.seconds, s.task_of) == ({}, {}, {})
