@@ -6,11 +6,11 @@ import pytest
 from core_support import Harness, of, tid
 
 from actors.core import effects as fx
-from actors.core.batch_class import batch_diagnostics, peak_growth_tokens, rank_decode_step
+from actors.core.batch_class import batch_diagnostics, peak_growth_tokens, rank_budget_tokens, rank_decode_step
 from actors.core.config import BatchJobsConfig, DecodeThroughputModel
 from actors.core.costs import decode_step_seconds
 from actors.core.errors import InvalidEvent
-from actors.core.events import BatchSubmitted
+from actors.core.events import BatchSubmitted, RequestAbandoned
 from actors.core.ids import RequestId
 
 CAP = 10_000
@@ -149,6 +149,16 @@ def test_abandoning_the_last_queued_request_of_a_job_forgets_the_job() -> None:
     assert sorted(b.jobs) == ["A"]
 
 
+def test_abandoning_a_waiting_program_request_with_batch_on_cancels_it() -> None:
+    """With the batch class on, an abandoned request that is no batch request still leaves the Programs' queue."""
+    h = harness()
+    h.submit("a", 9_000)
+    h.submit("b", 5_000)  # waits
+    assert h.state.pool.get(RequestId("r2")) is not None
+    h.feed(RequestAbandoned(RequestId("r2")), at=1.0)
+    assert h.state.pool.get(RequestId("r2")) is None
+
+
 def test_queue_waits_feed_the_jobs_mean_queue_wait() -> None:
     """The diagnostics' mean queue wait is over the job's dispatched requests, waits included."""
     h = harness()
@@ -204,3 +214,62 @@ def test_a_rank_takes_a_request_whose_step_is_exactly_the_step_bound() -> None:
     assert (h.rank(0).batch_requests, h.rank(1).batch_requests) == (5, 1)
     assert rank_decode_step(h.state, h.rank(0)) == 3 * rank_decode_step(h.state, h.rank(1))
     assert h.state.batch.running["b0"].target_id == tid(0)  # type: ignore[union-attr]
+
+
+def test_a_deficit_of_one_token_is_a_deficit() -> None:
+    """A waiting Program short of a single token preempts batch work above the share."""
+    h = harness(batch=BatchJobsConfig(enabled=True, guaranteed_kv_share=0.2))
+    for i, at in enumerate((0.0, 1.0, 2.0)):
+        preemptible(h, f"b{i}", 2872, at)  # 9000 held, 1000 free
+    eff = h.submit("a", tokens=901, at=3.0)  # needs 1001
+    assert [p.request_id for p in of(eff, fx.PreemptBatch)] == ["b2"]
+    assert [e.request_id for e in of(eff, fx.Admit)] == ["r1"]
+
+
+def test_batch_keeps_the_slowdown_bound_up_to_exactly_its_limit() -> None:
+    """``max_decode_slowdown`` admits a decode step of exactly ``1 + slowdown`` times the Programs' alone."""
+    # steps of 0.25 s + 0.25 s per request, context free: exact in binary floating point
+    model = DecodeThroughputModel(0.25, 0.25, 0.0)
+    h = harness(
+        token_capacity_per_dp_rank=100_000,
+        decode_throughput_model=model,
+        batch=BatchJobsConfig(enabled=True, max_decode_slowdown=1.0),
+    )
+    h.submit("a", tokens=1_000)  # alone: a step of 0.5 s, so batch may take it to 1.0 s
+    for i in range(3):
+        h.submit_batch(f"b{i}", tokens=10, at=1.0)
+    # b1 makes 0.25 + 3 x 0.25 = 1.0 s (allowed); b2 would make 1.25 s
+    assert h.rank().batch_requests == 2 and list(h.state.batch.pending) == ["b2"]  # type: ignore[union-attr]
+
+
+def test_an_interactive_claim_on_a_rank_holds_batch_back() -> None:
+    """A rank claimed by a waiting interactive request counts it as used in the batch budget (docs/priority.md §2)."""
+    from actors.core.events import InteractiveSubmitted
+
+    h = harness(token_capacity_per_dp_rank=1_000)
+    h.submit("a", tokens=500)  # 600
+    h.feed(InteractiveSubmitted(RequestId("i1"), 700, max_tokens=100), at=1.0)  # 800 > 400 free: claims
+    assert h.rank().interactive_claim_tokens == 800
+    assert admitted_ids(h.submit_batch("x", tokens=100, at=1.0)) == []  # 228 would fit the 400 free
+    assert rank_budget_tokens(h.state, h.rank()) == 0
+
+
+def test_a_rank_whose_engine_queue_is_full_is_offered_last() -> None:
+    """A closed rank offers no budget: an idle one takes its lone request only after the open ranks refused it."""
+    h = harness(n_targets=2)
+    h.observe(1, 0.0, 0, 48, at=0.0)  # rank 1: 48 requests in its engine queue, nothing on the ledger
+    assert admitted_ids(h.submit_batch("b0", tokens=1_000, at=0.0)) == ["b0"]
+    assert admitted_ids(h.submit_batch("b1", tokens=1_000, at=0.0)) == ["b1"]
+    b = h.state.batch
+    assert b is not None and [b.running[r].target_id for r in ("b0", "b1")] == [tid(0), tid(0)]
+
+
+def test_a_lane_with_nothing_queued_is_dropped() -> None:
+    """The batch queue keeps a lane only while a request of its (priority, tenant) waits (bounded memory)."""
+    h = harness()
+    h.submit_batch("big", tokens=9_500, max_tokens=10)
+    h.feed(BatchSubmitted(RequestId("q"), "j", 1_000, None, tenant="t"))
+    b = h.state.batch
+    assert b is not None and list(b.queue.lanes) == [(0, "t")]
+    h.abandon("q")
+    assert b.queue.lanes == {} and len(b.queue) == 0
