@@ -146,3 +146,30 @@ def test_a_pool_whose_reserved_rank_left_keeps_the_headroom_cap() -> None:
         batch(h, f"b{i}", 100, 10, preemptible=False, at=0.6)
     assert (h.rank(1).batch_requests, h.rank(2).batch_requests) == (1, 1)
     assert len(h.state.batch.pending) == 1  # type: ignore[union-attr]
+
+
+def test_abandoning_a_running_interactive_request_releases_its_charge() -> None:
+    """The client of a running interactive request leaves: its charge leaves the rank's ledger."""
+    h = Harness(token_capacity_per_dp_rank=1000)
+    assert admitted_interactive(interactive(h, "i1", 300, max_tokens=100)) == ["i1"]
+    h.feed(RequestAbandoned(RequestId("i1")), at=1.0)
+    assert (h.rank().interactive_tokens, h.rank().interactive_requests) == (0.0, 0)
+    assert "i1" not in h.state.interactive.running
+
+
+def test_an_interactive_request_for_a_pool_without_targets_is_refused_with_503() -> None:
+    """An interactive request whose model pool has no target is answered 503 at once."""
+    h = Harness(token_capacity_per_dp_rank=1000)
+    (rej,) = of(interactive(h, "i1", 100, model_pool="other"), fx.Reject)
+    assert (rej.request_id, rej.status_hint) == ("i1", 503)
+    assert h.state.interactive.pending == {}
+
+
+def test_a_waiting_interactive_request_is_refused_with_503_when_its_pool_loses_every_target() -> None:
+    """The pool's last target leaves: its waiting interactive requests get a 503 (retryable), not a wait."""
+    h = Harness(token_capacity_per_dp_rank=1000)
+    h.submit("a", 500)
+    assert admitted_interactive(interactive(h, "i1", 700, max_tokens=100, at=1.0)) == []  # waits, claims
+    (rej,) = of(h.feed(TargetsChanged(POOL, ()), at=2.0), fx.Reject)
+    assert (rej.request_id, rej.status_hint) == ("i1", 503)
+    assert h.state.interactive.pending == {}
