@@ -217,3 +217,35 @@ def test_a_light_program_waiting_for_the_rank_asks_the_heavy_prefill_back_and_it
     assert admitted(eff) == ["r4"] and of(eff, fx.RequeuePrefill) == []
     assert h.rank().long_prefill is not None and h.rank().long_prefill[0] == "r4"
     assert check(h.state, h.cfg) == []
+
+
+def test_a_long_prefill_of_a_program_with_two_requests_in_flight_is_not_asked() -> None:
+    """Only a Program's only request in flight is asked back (the Program pauses when it goes back)."""
+    h = Harness(token_capacity_per_dp_rank=100_000, priority=REQUEUE)
+    assert admitted(submit(h, "h0", "x", 30_000, 0.0)) == ["r1"]
+    assert admitted(submit(h, "h0", "x", 1_000, 0.1)) == ["r2"] and h.program("h0").in_flight == 2
+    assert admitted(submit(h, "h1", "x", 30_000, 0.2)) == []
+    eff = submit(h, "l0", "y", 1_000, 1.0)
+    assert admitted(eff) == ["r4"] and of(eff, fx.RequeuePrefill) == []
+
+
+def test_a_light_program_between_turns_on_the_rank_does_not_ask() -> None:
+    """A light tenant's Program acting on the rank (nothing in flight, nothing waiting) is not held back by it."""
+    h = Harness(token_capacity_per_dp_rank=100_000, priority=REQUEUE)
+    h._n += 1
+    ident = Ident("l0", placement_key="l0", placement_hash_key="l0")
+    hints = RequestHints(kv_retention_ttl_seconds=60.0)
+    assert admitted(h.feed(RequestSubmitted(RequestId("r1"), ident, 1_000, hints, tenant="y"), 0.0)) == ["r1"]  # type: ignore[arg-type]
+    h.complete("r1", at=0.5, prompt=1_000, completion=10)
+    assert (h.program("l0").state, h.program("l0").status) == ("active", "acting")
+    assert admitted(submit(h, "h0", "x", 30_000, 1.0)) == ["r2"]
+    eff = submit(h, "h1", "x", 30_000, 1.0)  # x is heavy now: the rank is kept for y
+    assert admitted(eff) == [] and h.rank().isolated_for == frozenset({"y"})
+    assert of(eff, fx.RequeuePrefill) == []
+
+
+def test_a_long_prefill_threshold_below_one_second_takes_prefills_back_too() -> None:
+    """Any ``long_prefill_seconds`` > 0 turns the re-queueing on (with the knob and the isolation)."""
+    h = hogs(attrs.evolve(REQUEUE, long_prefill_seconds=0.5))
+    (ask,) = of(submit(h, "l0", "y", 1_000, 1.0), fx.RequeuePrefill)
+    assert (ask.request_id, ask.light_tenants) == ("r1", ("y",))
