@@ -273,3 +273,22 @@ def test_a_lane_with_nothing_queued_is_dropped() -> None:
     assert b is not None and list(b.queue.lanes) == [(0, "t")]
     h.abandon("q")
     assert b.queue.lanes == {} and len(b.queue) == 0
+
+
+def test_a_higher_priority_batch_request_is_dispatched_first() -> None:
+    """Inside the batch class the lane of the larger priority is asked first, whatever the arrival order."""
+    h = harness()
+    h.submit_batch("big", tokens=9_500, max_tokens=10, at=0.0)
+    h.feed(BatchSubmitted(RequestId("low"), "j", 1_000, None, priority=0), at=1.0)
+    h.feed(BatchSubmitted(RequestId("high"), "j", 1_000, None, priority=5), at=2.0)
+    assert admitted_ids(h.complete("big", completion=10, finish_reason="length", at=3.0)) == ["high", "low"]
+
+
+def test_the_decode_rate_is_measured_from_dispatch_to_completion() -> None:
+    """A batch request's observed rate is its completion tokens over the seconds since its dispatch."""
+    h = harness()
+    h.submit_batch("a", tokens=10, at=1.0)
+    h.complete("a", completion=100, finish_reason="stop", at=3.0)
+    b = h.state.batch
+    assert b is not None and (b.decode_rate, b.decoded_tokens_total, b.decode_seconds_total) == (50.0, 100, 2.0)
+    assert batch_diagnostics(h.state)["decode_tokens_per_second"] == 50.0

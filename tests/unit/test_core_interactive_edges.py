@@ -173,3 +173,12 @@ def test_a_waiting_interactive_request_is_refused_with_503_when_its_pool_loses_e
     (rej,) = of(h.feed(TargetsChanged(POOL, ()), at=2.0), fx.Reject)
     assert (rej.request_id, rej.status_hint) == ("i1", 503)
     assert h.state.interactive.pending == {}
+
+
+def test_queue_timeouts_are_counted() -> None:
+    """Each waiting interactive request rejected at its queue deadline counts in ``rejected_count``."""
+    h = Harness(token_capacity_per_dp_rank=1000)
+    h.submit("a", 500)
+    interactive(h, "i1", 700, max_tokens=100, at=1.0, deadline_seconds=2.0)
+    (rej,) = of(h.tick(at=3.0), fx.Reject)
+    assert rej.request_id == "i1" and h.state.interactive.rejected_count == 1
