@@ -292,3 +292,23 @@ def test_the_decode_rate_is_measured_from_dispatch_to_completion() -> None:
     b = h.state.batch
     assert b is not None and (b.decode_rate, b.decoded_tokens_total, b.decode_seconds_total) == (50.0, 100, 2.0)
     assert batch_diagnostics(h.state)["decode_tokens_per_second"] == 50.0
+
+
+def test_the_slowdown_bound_prices_the_programs_context_to_the_token() -> None:
+    """The Programs' step alone is priced on exactly their context tokens: one token more batch context is refused."""
+    # 0.25 s per step plus 1/4096 s per context token (0.25 s = 1024 tokens' worth): exact in binary
+    model = DecodeThroughputModel(0.25, 0.0, 2.0**-12)
+
+    def second_request_runs(prompt: int) -> bool:
+        h = harness(
+            token_capacity_per_dp_rank=100_000,
+            decode_throughput_model=model,
+            batch=BatchJobsConfig(enabled=True, max_decode_slowdown=1.0),
+        )
+        h.submit("a", tokens=1_000)  # 1,000 tokens of context: a step of (1024 + 1000) / 4096 s
+        assert admitted_ids(h.submit_batch("b0", tokens=872, at=1.0)) == ["b0"]  # 1,000 tokens
+        return admitted_ids(h.submit_batch("b1", tokens=prompt, at=1.0)) == ["b1"]
+
+    # with b0 and b1 the step may reach 2 x 2024 / 4096 s: b1 may bring up to 2024 - 1000 = 1024 tokens
+    assert second_request_runs(1024 - 128)
+    assert not second_request_runs(1025 - 128)
