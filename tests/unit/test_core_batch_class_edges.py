@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import pytest
-from core_support import Harness, of, tid
+from core_support import POOL, Harness, of, targets, tid
 
 from actors.core import effects as fx
-from actors.core.batch_class import batch_diagnostics, peak_growth_tokens, rank_budget_tokens, rank_decode_step
+from actors.core.batch_class import (
+    batch_diagnostics,
+    decode_growth_tokens,
+    peak_growth_tokens,
+    rank_budget_tokens,
+    rank_decode_step,
+)
 from actors.core.config import BatchJobsConfig, DecodeThroughputModel
 from actors.core.costs import decode_step_seconds
 from actors.core.errors import InvalidEvent
-from actors.core.events import BatchSubmitted, RequestAbandoned
+from actors.core.events import BatchSubmitted, InteractiveSubmitted, RequestAbandoned, TargetsChanged
 from actors.core.ids import RequestId
 
 CAP = 10_000
@@ -244,8 +250,6 @@ def test_batch_keeps_the_slowdown_bound_up_to_exactly_its_limit() -> None:
 
 def test_an_interactive_claim_on_a_rank_holds_batch_back() -> None:
     """A rank claimed by a waiting interactive request counts it as used in the batch budget (docs/priority.md §2)."""
-    from actors.core.events import InteractiveSubmitted
-
     h = harness(token_capacity_per_dp_rank=1_000)
     h.submit("a", tokens=500)  # 600
     h.feed(InteractiveSubmitted(RequestId("i1"), 700, max_tokens=100), at=1.0)  # 800 > 400 free: claims
@@ -312,3 +316,90 @@ def test_the_slowdown_bound_prices_the_programs_context_to_the_token() -> None:
     # with b0 and b1 the step may reach 2 x 2024 / 4096 s: b1 may bring up to 2024 - 1000 = 1024 tokens
     assert second_request_runs(1024 - 128)
     assert not second_request_runs(1025 - 128)
+
+
+# ---- fairness, counters, topology --------------------------------------------------------------
+
+
+def test_a_tenants_dispatch_counts_but_not_its_abandoned_or_rejected_requests() -> None:
+    """The tenant's ``dispatched`` count grows at a batch dispatch, not at an abandon or a refusal."""
+    h = harness()
+    h.feed(BatchSubmitted(RequestId("big"), "j", 9_500, 10, tenant="t"), at=0.0)
+    a = h.state.fair.accounts["t"]
+    assert (a.dispatched, a.waiting) == (1, 0)
+    h.feed(BatchSubmitted(RequestId("q1"), "j", 1_000, None, tenant="t"), at=1.0)
+    h.abandon("q1", at=2.0)
+    h.feed(BatchSubmitted(RequestId("q2"), "j", 1_000, None, tenant="t"), at=3.0)
+    (rej,) = of(h.feed(TargetsChanged(POOL, ()), at=4.0), fx.Reject)
+    assert rej.request_id == "q2"
+    assert (a.dispatched, a.waiting) == (1, 0)
+
+
+def test_the_least_served_tenants_lane_is_asked_first() -> None:
+    """At equal priority the lane of the tenant with the lower fairness counter goes first (docs/priority.md §3)."""
+    h = harness()
+    h.feed(BatchSubmitted(RequestId("big"), "j", 9_500, 10, tenant="a"), at=0.0)  # a is served 9,500
+    h.feed(BatchSubmitted(RequestId("qa"), "j", 1_000, None, tenant="a"), at=1.0)
+    h.feed(BatchSubmitted(RequestId("qb"), "j", 1_000, None, tenant="b"), at=2.0)
+    assert admitted_ids(h.complete("big", completion=10, finish_reason="length", at=3.0)) == ["qb", "qa"]
+
+
+def test_lanes_of_equally_served_tenants_go_in_tenant_name_order() -> None:
+    """At equal priority and counters the lanes are asked in tenant-name order, not in arrival order."""
+    h = harness()
+    h.feed(BatchSubmitted(RequestId("big"), "j", 9_500, 10, tenant="c"), at=0.0)
+    h.feed(BatchSubmitted(RequestId("qb"), "j", 1_000, None, tenant="b"), at=1.0)
+    h.feed(BatchSubmitted(RequestId("qa"), "j", 1_000, None, tenant="a"), at=2.0)
+    assert admitted_ids(h.complete("big", completion=10, finish_reason="length", at=3.0)) == ["qa", "qb"]
+
+
+def test_a_late_completion_charges_its_tenant_the_prompt_and_the_output_and_forgets_the_job() -> None:
+    """A preempted request whose answer completed anyway is charged as served and, last of its job, ends the job."""
+    h = harness(batch=BatchJobsConfig(enabled=True, guaranteed_kv_share=0.0))
+    h.feed(BatchSubmitted(RequestId("b"), "late", 2872, None, preemptible=True, tenant="t"), at=0.0)
+    h.feed(BatchSubmitted(RequestId("c"), "j", 2872, None, tenant="t"), at=0.0)
+    h.feed(BatchSubmitted(RequestId("d"), "j", 2872, None, tenant="t"), at=0.0)
+    a = h.state.fair.accounts["t"]
+    assert [p.request_id for p in of(h.submit("a", tokens=3900, at=1.0), fx.PreemptBatch)] == ["b"]
+    assert a.input_tokens == 2 * 2872  # the preempted request's prompt is refunded
+    h.complete("b", at=2.0, completion=10)
+    assert (a.input_tokens, a.output_tokens) == (3 * 2872, 10)
+    assert sorted(h.state.batch.jobs) == ["j"]  # type: ignore[union-attr]
+
+
+def test_diagnostics_count_submitted_and_failed_requests_per_job() -> None:
+    """The per-job counters count every submission and every unsuccessful completion."""
+    h = harness()
+    h.submit_batch("x", job="j", tokens=100)
+    h.submit_batch("y", job="j", tokens=100)
+    h.complete("x", success=False, at=1.0)
+    (job,) = batch_diagnostics(h.state)["jobs"]  # type: ignore[misc]
+    assert (job["submitted"], job["admitted"], job["completed"], job["failed"], job["running"]) == (2, 2, 0, 1, 1)
+
+
+def test_growth_before_any_completion_reserves_the_whole_predicted_decode() -> None:
+    """With no batch completion yet the progress rate is 0: a running request grows by all its prediction."""
+    h = harness()
+    h.submit_batch("b", tokens=100, at=0.0)  # 128 predicted
+    h.observe(0, 0.01, 1, 0, at=5.0)
+    assert decode_growth_tokens(h.state, h.rank()) == 128.0
+
+
+def test_a_batch_request_ending_after_its_rank_left_and_came_back_releases_nothing() -> None:
+    """A running batch request whose rank left the topology is off every ledger, the rank's new one too."""
+    h = harness()
+    h.submit_batch("b", tokens=100)
+    h.feed(TargetsChanged(POOL, ()), at=1.0)
+    h.feed(TargetsChanged(POOL, targets(1)), at=2.0)
+    h.complete("b", at=3.0, completion=10, finish_reason="stop")
+    assert (h.rank().batch_tokens, h.rank().batch_requests) == (0.0, 0)
+
+
+def test_preemption_serves_the_first_waiting_program_of_the_rank_in_resume_order() -> None:
+    """Per rank only the first waiting Program in resume order is preempted for; one behind it preempts nothing."""
+    h = harness(resume_order="fcfs", batch=BatchJobsConfig(enabled=True, guaranteed_kv_share=0.5))
+    for i, at in enumerate((0.0, 1.0, 2.0)):
+        preemptible(h, f"b{i}", 2872, at)  # 9000 held, 4000 above the share
+    assert of(h.submit("a", tokens=6900, at=3.0), fx.PreemptBatch) == []  # deficit 6000: not coverable
+    eff = h.submit("b", tokens=1900, at=4.0)  # deficit 1000 would be, but "a" is first
+    assert of(eff, fx.PreemptBatch) == [] and h.program("b").state == "paused"
