@@ -11,6 +11,7 @@ from actors.core.errors import InvalidEvent
 from actors.core.events import BatchSubmitted, InteractiveSubmitted, RequestAbandoned, TargetsChanged
 from actors.core.ids import RequestId
 from actors.core.invariants import check
+from actors.core.model import RequestHints
 
 BATCH = BatchJobsConfig(enabled=True, guaranteed_kv_share=0.0)
 
@@ -182,3 +183,53 @@ def test_queue_timeouts_are_counted() -> None:
     interactive(h, "i1", 700, max_tokens=100, at=1.0, deadline_seconds=2.0)
     (rej,) = of(h.tick(at=3.0), fx.Reject)
     assert rej.request_id == "i1" and h.state.interactive.rejected_count == 1
+
+
+def test_the_claim_goes_where_busy_programs_marked_to_pause_free_the_most() -> None:
+    """Without room anywhere, busy Programs that can be marked to pause count as room to come on their rank."""
+    h = Harness(token_capacity_per_dp_rank=1000, n_targets=2, batch=BATCH)
+    _program_on_rank_1_batch_on_rank_0(h)
+    # 950: rank 0 would have 500 + 400 = 900; rank 1 400 free + the busy Program's 600 = 1000
+    eff = interactive(h, "i1", 850, max_tokens=100, at=1.0)
+    assert admitted_interactive(eff) == [] and of(eff, fx.PreemptBatch) == []
+    assert (h.rank(0).interactive_claim_tokens, h.rank(1).interactive_claim_tokens) == (0, 950)
+    assert h.program("a").pause_when_idle
+
+
+def test_without_a_known_capacity_interactive_requests_go_at_once_to_the_least_busy_rank() -> None:
+    """With no configured nor reported capacity an interactive request goes at once to the rank running the fewest."""
+    h = Harness(n_targets=2)
+    assert [e.target_id for e in of(interactive(h, "i1", 100), fx.AdmitInteractive)] == [h.rank(0).target_id]
+    assert [e.target_id for e in of(interactive(h, "i2", 100), fx.AdmitInteractive)] == [h.rank(1).target_id]
+
+
+def test_room_is_made_by_pausing_only_as_many_idle_programs_as_needed() -> None:
+    """Pausing idle Programs stops as soon as the request fits, free tokens exactly equal to its need included."""
+    h = Harness(token_capacity_per_dp_rank=1000)
+    h.submit("a", 400, hints=RequestHints(kv_retention_ttl_seconds=60.0))
+    h.submit("b", 300, hints=RequestHints(kv_retention_ttl_seconds=60.0))
+    h.complete("r1", at=1.0, prompt=400)
+    h.complete("r2", at=1.0, prompt=300)  # both acting: 500 + 400 held, 100 free
+    eff = interactive(h, "i1", 500, max_tokens=100, at=2.0)  # 600: exactly 100 + a's 500
+    assert admitted_interactive(eff) == ["i1"]
+    assert (h.program("a").state, h.program("b").state) == ("paused", "active")
+    assert h.state.interactive.program_pauses == 1
+
+
+def test_an_interactive_admission_reports_the_tokens_used_on_its_rank_before_it() -> None:
+    """``AdmitInteractive.used_tokens`` is the rank's used tokens (claims included) before the request's charge."""
+    h = Harness(token_capacity_per_dp_rank=1000)
+    h.submit("a", 500)  # 600
+    (adm,) = of(interactive(h, "i1", 100, max_tokens=100, at=1.0), fx.AdmitInteractive)
+    assert (adm.used_tokens, adm.charged_tokens) == (600.0, 200)
+
+
+def test_a_pool_shrunk_to_its_reserved_rank_count_has_no_reserved_rank() -> None:
+    """Batch keeps at least one rank: when the pool shrinks to ``interactive_reserved_ranks`` ranks none is reserved."""
+    prio = PriorityConfig(interactive_window_seconds=5.0, interactive_reserved_ranks=1)
+    h = Harness(token_capacity_per_dp_rank=100_000, n_targets=2, batch=BATCH, priority=prio)
+    interactive(h, "i1", 100, max_tokens=10, at=0.0)
+    assert h.state.interactive.reserved[POOL] == (h.rank(0).target_id,)
+    h.feed(TargetsChanged(POOL, targets(1)), 0.5)  # rank 1 leaves: rank 0, the reserved one, is all there is
+    batch(h, "b0", 100, 10, preemptible=False, at=1.0)
+    assert h.rank(0).batch_requests == 1

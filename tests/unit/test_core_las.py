@@ -130,3 +130,12 @@ def test_las_keeps_a_tasks_service_while_one_of_its_programs_lives_then_forgets_
     assert s.members == {(POOL, "t"): 1} and s.of(ProgramKey(POOL, "t:sub")) == 3.0
     h.tick(at=64.0)  # the last member goes: so does the task's entry
     assert (s.members, s.seconds, s.task_of) == ({}, {}, {})
+
+
+def test_las_counts_a_program_once_in_its_task_whatever_its_arrivals() -> None:
+    """A Program's later arrivals do not join its task again: the task has one member per Program."""
+    h = Harness(max_active_programs_per_target=1, resume_order="las")
+    _served(h, "p", 1.0, at=0.0, ident=Ident("p", placement_key="t", placement_hash_key="t", task_id="t"))
+    _served(h, "p", 2.0, at=2.0, ident=Ident("p", placement_key="t", placement_hash_key="t", task_id="t"))
+    assert h.state.attained.members == {(POOL, "t"): 1}
+    assert h.state.attained.of(ProgramKey(POOL, "p")) == 3.0
