@@ -9,11 +9,12 @@ from actors.core import effects as fx
 from actors.core.batch_class import (
     batch_diagnostics,
     decode_growth_tokens,
+    engine_queue_full,
     peak_growth_tokens,
     rank_budget_tokens,
     rank_decode_step,
 )
-from actors.core.config import BatchJobsConfig, DecodeThroughputModel
+from actors.core.config import BatchJobsConfig, ClassLimits, DecodeThroughputModel, PriorityConfig
 from actors.core.costs import decode_step_seconds
 from actors.core.errors import InvalidEvent
 from actors.core.events import BatchSubmitted, InteractiveSubmitted, RequestAbandoned, TargetsChanged
@@ -363,7 +364,7 @@ def test_a_late_completion_charges_its_tenant_the_prompt_and_the_output_and_forg
     assert [p.request_id for p in of(h.submit("a", tokens=3900, at=1.0), fx.PreemptBatch)] == ["b"]
     assert a.input_tokens == 2 * 2872  # the preempted request's prompt is refunded
     h.complete("b", at=2.0, completion=10)
-    assert (a.input_tokens, a.output_tokens) == (3 * 2872, 10)
+    assert (a.input_tokens, a.output_tokens, a.dispatched) == (3 * 2872, 10, 4)  # dispatched: b twice, c, d
     assert sorted(h.state.batch.jobs) == ["j"]  # type: ignore[union-attr]
 
 
@@ -403,3 +404,58 @@ def test_preemption_serves_the_first_waiting_program_of_the_rank_in_resume_order
     assert of(h.submit("a", tokens=6900, at=3.0), fx.PreemptBatch) == []  # deficit 6000: not coverable
     eff = h.submit("b", tokens=1900, at=4.0)  # deficit 1000 would be, but "a" is first
     assert of(eff, fx.PreemptBatch) == [] and h.program("b").state == "paused"
+
+
+def test_an_engine_queue_gate_of_one_request_is_on() -> None:
+    """``engine_queue_requests`` 1 shuts the gate at one waiting engine request (only 0 turns it off)."""
+    h = harness(batch=BatchJobsConfig(enabled=True, engine_queue_requests=1))
+    h.observe(0, 0.0, 0, 1, at=0.0)
+    assert engine_queue_full(h.state, h.rank())
+
+
+def test_a_batch_request_for_a_pool_without_targets_is_refused_with_503() -> None:
+    """A batch request whose model pool has no target is answered 503 at once and not queued."""
+    h = harness()
+    (rej,) = of(h.feed(BatchSubmitted(RequestId("b"), "j", 100, None, model_pool="other")), fx.Reject)
+    assert (rej.request_id, rej.status_hint) == ("b", 503)
+    assert h.state.batch.pending == {} and len(h.state.batch.queue) == 0  # type: ignore[union-attr]
+
+
+def test_the_batch_kv_share_counts_the_new_requests_tokens() -> None:
+    """``batch.max_kv_share`` admits a batch request only while the class's tokens plus its own fit the share."""
+    h = harness(priority=PriorityConfig(batch=ClassLimits(max_kv_share=0.5)))
+    assert admitted_ids(h.submit_batch("b0", tokens=2_872, at=0.0)) == ["b0"]  # 3000
+    assert admitted_ids(h.submit_batch("b1", tokens=2_000, at=0.0)) == []  # 3000 + 2128 > 5000
+    assert admitted_ids(h.submit_batch("b2", tokens=1_872, at=0.0)) == []  # head of line: b1 waits first
+    assert h.rank().batch_requests == 1
+
+
+def test_backlogged_batch_work_claims_its_unused_share_from_program_admission() -> None:
+    """While batch work waits, Program admission leaves batch the unused part of its guaranteed share."""
+    h = harness(batch=BatchJobsConfig(enabled=True, guaranteed_kv_share=0.5))
+    h.submit("a", tokens=3_000)  # 3100
+    h.submit_batch("q", tokens=8_000, at=1.0)  # 8128: above the budget, the rank is not idle: it waits
+    assert h.rank().batch_claim_tokens == 5_000.0
+    h.submit("b", tokens=2_000, at=2.0)  # 2100 fits the 6900 free, not beside the 5000 claim
+    assert h.program("b").state == "paused"
+
+
+def test_a_stale_observation_reserves_no_growth() -> None:
+    """Once the observation is stale the fallback ledger holds every request at its predicted size: no growth."""
+    h = harness()
+    h.submit_batch("a", job="j", tokens=100, at=0.0)
+    h.complete("a", at=2.0, completion=100, finish_reason="stop")
+    h.submit_batch("b", job="j", tokens=1000, at=2.0)
+    h.observe(0, 0.125, 1, 0, at=3.0)
+    assert decode_growth_tokens(h.state, h.rank()) == 50.0
+    h.tick(at=10.0)
+    assert decode_growth_tokens(h.state, h.rank()) == 0.0
+
+
+def test_the_decode_step_of_a_rank_counts_its_programs_context() -> None:
+    """A rank's decode step prices its active Programs' context beside its batch requests'."""
+    h = harness(token_capacity_per_dp_rank=1_000_000)
+    h.submit("a", tokens=20_000)
+    h.submit_batch("b", tokens=1_000)
+    model = h.cfg.decode_throughput_model
+    assert rank_decode_step(h.state, h.rank()) == decode_step_seconds(2, 20_000 + 1_128, model)
