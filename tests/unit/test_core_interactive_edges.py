@@ -180,9 +180,10 @@ def test_queue_timeouts_are_counted() -> None:
     """Each waiting interactive request rejected at its queue deadline counts in ``rejected_count``."""
     h = Harness(token_capacity_per_dp_rank=1000)
     h.submit("a", 500)
-    interactive(h, "i1", 700, max_tokens=100, at=1.0, deadline_seconds=2.0)
+    interactive(h, "i1", 700, max_tokens=100, at=1.0, deadline_seconds=2.0, tenant="t")
     (rej,) = of(h.tick(at=3.0), fx.Reject)
     assert rej.request_id == "i1" and h.state.interactive.rejected_count == 1
+    assert (h.state.fair.accounts["t"].dispatched, h.state.fair.accounts["t"].waiting) == (0, 0)
 
 
 def test_the_claim_goes_where_busy_programs_marked_to_pause_free_the_most() -> None:
@@ -233,3 +234,79 @@ def test_a_pool_shrunk_to_its_reserved_rank_count_has_no_reserved_rank() -> None
     h.feed(TargetsChanged(POOL, targets(1)), 0.5)  # rank 1 leaves: rank 0, the reserved one, is all there is
     batch(h, "b0", 100, 10, preemptible=False, at=1.0)
     assert h.rank(0).batch_requests == 1
+
+
+def test_interactive_above_batch_does_not_leave_batch_its_guaranteed_share() -> None:
+    """Interactive work above batch in ``class_order`` may take the share backlogged batch work claims."""
+    h = Harness(token_capacity_per_dp_rank=10_000, batch=BatchJobsConfig(enabled=True, guaranteed_kv_share=0.5))
+    h.submit("a", 8_000)  # 8100
+    h.feed(BatchSubmitted(RequestId("q"), "job", 3_000), 1.0)  # waits: 3128 over the budget
+    assert h.rank().batch_claim_tokens == 5_000.0
+    assert admitted_interactive(interactive(h, "i1", 900, max_tokens=100, at=2.0)) == ["i1"]  # 1000 of 1900 free
+
+
+def test_the_headroom_cap_holds_for_the_window_after_the_latest_interactive_arrival() -> None:
+    """The headroom cap lasts ``interactive_window_seconds`` from the latest interactive arrival, whenever it came."""
+    prio = PriorityConfig(batch_max_running_near_interactive=1, interactive_window_seconds=5.0)
+    h = Harness(token_capacity_per_dp_rank=100_000, batch=BATCH, priority=prio)
+    interactive(h, "i1", 100, max_tokens=10, at=10.0)
+    h.complete("i1", at=10.5)
+    for i in range(3):
+        batch(h, f"b{i}", 100, 10, preemptible=False, at=12.0)
+    assert h.rank().batch_requests == 1
+
+
+def test_a_reservation_lasts_the_window_after_the_latest_interactive_arrival() -> None:
+    """A rank stays reserved for ``interactive_window_seconds`` from the pool's latest interactive arrival."""
+    prio = PriorityConfig(interactive_window_seconds=5.0, interactive_reserved_ranks=1)
+    h = Harness(token_capacity_per_dp_rank=100_000, n_targets=2, batch=BATCH, priority=prio)
+    interactive(h, "i1", 100, max_tokens=10, at=10.0)
+    h.complete("i1", at=10.5)
+    for i in range(2):
+        batch(h, f"b{i}", 100, 10, preemptible=False, at=12.0)
+    assert (h.rank(0).batch_requests, h.rank(1).batch_requests) == (0, 2)
+
+
+def test_a_batch_request_is_in_its_prefill_for_its_estimate_plus_one_decode_step() -> None:
+    """A batch request counts as prefilling for its cold-prefill estimate plus one decode step after dispatch."""
+    prio = PriorityConfig(batch_max_running_near_interactive=4, interactive_window_seconds=5.0)
+    h = Harness(token_capacity_per_dp_rank=100_000, batch=BATCH, priority=prio)
+    batch(h, "young", 2000, 10, preemptible=True, at=0.8)
+    eff = interactive(h, "i1", 100, max_tokens=10, at=1.0)  # 0.2 s after: 0.198 s of prefill + a 0.011 s step
+    assert [e.request_id for e in of(eff, fx.PreemptBatch)] == ["young"]
+
+
+def test_marking_busy_programs_stops_once_the_room_to_come_suffices() -> None:
+    """Only as many busy Programs are marked to pause as the request needs, the largest first."""
+    h = Harness(token_capacity_per_dp_rank=1000)
+    h.submit("a", 300)  # 400
+    h.submit("b", 200)  # 300: both reasoning, 300 free
+    assert admitted_interactive(interactive(h, "i1", 550, max_tokens=100, at=1.0)) == []  # 650
+    assert (h.program("a").pause_when_idle, h.program("b").pause_when_idle) == (True, False)
+
+
+def test_idle_programs_are_paused_lowest_priority_first_whatever_their_arrival() -> None:
+    """Idle Programs are paused for an interactive request lowest priority first, not in their arrival order."""
+    h = Harness(token_capacity_per_dp_rank=1000)
+    h.submit("b", 300, hints=RequestHints(kv_retention_ttl_seconds=60.0, priority=5))
+    h.submit("a", 400, hints=RequestHints(kv_retention_ttl_seconds=60.0, priority=0))
+    h.complete("r1", at=1.0, prompt=300)
+    h.complete("r2", at=1.0, prompt=400)
+    assert admitted_interactive(interactive(h, "i1", 400, at=2.0)) == ["i1"]
+    assert (h.program("a").state, h.program("b").state) == ("paused", "active")
+
+
+def test_an_interactive_charge_counts_on_a_rank_with_a_fresh_observation() -> None:
+    """An interactive request dispatched after an observation is used tokens on the ledger until the next one."""
+    h = Harness(token_capacity_per_dp_rank=1000)
+    h.observe(0, 0.0, 0, 0, at=0.0)
+    interactive(h, "i1", 500, max_tokens=100, at=0.5)  # 600
+    assert admitted(h.submit("a", 400, at=0.6)) == []  # 500 does not fit the 400 left
+
+
+def test_interactive_fits_below_the_low_watermark() -> None:
+    """Interactive work fits into ``capacity x low_watermark_ratio - used``."""
+    h = Harness(token_capacity_per_dp_rank=1000, low_watermark_ratio=0.8)
+    h.submit("a", 100)  # 200: 600 left below the watermark
+    assert admitted_interactive(interactive(h, "i1", 600, max_tokens=100, at=1.0)) == []  # 700
+    assert admitted_interactive(interactive(h, "i2", 500, max_tokens=100, at=1.0)) == []  # behind i1's claim
