@@ -672,7 +672,6 @@ def _dispatch(
         counters.running += 1
         counters.running_since[p.request_id] = s.now
         counters.queue_wait_seconds_sum += wait
-        counters.predicted_decode_tokens_sum += pred
     if escape:
         b.escapes_count += 1
     s.effects.append(

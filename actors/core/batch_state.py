@@ -51,7 +51,6 @@ class JobCounters:
     queue_wait_seconds_sum: float = 0.0
     observed_decode_tokens_sum: int = 0
     observed_count: int = 0
-    predicted_decode_tokens_sum: int = 0
     # dispatch time of each running request, oldest first (the job's progress lower bound)
     running_since: dict[RequestId, float] = field(factory=dict)
 
