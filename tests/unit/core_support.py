@@ -242,3 +242,16 @@ def admitted(effects: tuple[Any, ...] | list[Any]) -> list[str]:
 
 def reasons(effects: tuple[Any, ...] | list[Any]) -> list[str]:
     return [e.reason for e in of(effects, fx.Transition)]
+
+
+BATCH_CAP = 10_000  # the batch-class tests' token capacity per rank
+
+
+def batch_harness(n_targets: int = 1, batch: BatchJobsConfig | None = None, **kw: Any) -> Harness:
+    """A harness with batch jobs on (docs/batch.md §2) and ``BATCH_CAP`` tokens per rank unless given."""
+    kw.setdefault("token_capacity_per_dp_rank", BATCH_CAP)
+    return Harness(n_targets=n_targets, batch=batch or BatchJobsConfig(enabled=True), **kw)
+
+
+def admitted_batch(effects: tuple[Any, ...] | list[Any]) -> list[str]:
+    return [e.request_id for e in of(effects, fx.AdmitBatch)]

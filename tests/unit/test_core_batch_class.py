@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from core_support import POOL, Harness, of, targets, tid
+from core_support import BATCH_CAP, POOL, Harness, of, targets, tid
+from core_support import admitted_batch as admitted_ids
+from core_support import batch_harness as harness
 
 from actors.core import effects as fx
 from actors.core.batch_class import (
@@ -18,17 +20,8 @@ from actors.core.config import BatchJobsConfig
 from actors.core.events import ObservationReceived, ObservationStarted, TargetsChanged
 from actors.core.invariants import check
 
-CAP = 10_000
+CAP = BATCH_CAP
 BATCH = BatchJobsConfig(enabled=True)
-
-
-def harness(n_targets: int = 1, batch: BatchJobsConfig = BATCH, **kw: object) -> Harness:
-    kw.setdefault("token_capacity_per_dp_rank", CAP)
-    return Harness(n_targets=n_targets, batch=batch, **kw)  # type: ignore[arg-type]
-
-
-def admitted_ids(effects: tuple[object, ...]) -> list[str]:
-    return [e.request_id for e in of(effects, fx.AdmitBatch)]
 
 
 def test_batch_request_is_dispatched_at_once_into_free_capacity_and_charged() -> None:

@@ -3,34 +3,20 @@
 from __future__ import annotations
 
 import pytest
-from core_support import POOL, Harness, of, targets, tid
+from core_support import BATCH_CAP, POOL, Harness, of, targets, tid
+from core_support import admitted_batch as admitted_ids
+from core_support import batch_harness as harness
 
+from actors.core import batch_class as bc
 from actors.core import effects as fx
-from actors.core.batch_class import (
-    batch_diagnostics,
-    decode_growth_tokens,
-    engine_queue_full,
-    peak_growth_tokens,
-    rank_budget_tokens,
-    rank_decode_step,
-)
 from actors.core.config import BatchJobsConfig, ClassLimits, DecodeThroughputModel, PriorityConfig
 from actors.core.costs import decode_step_seconds
 from actors.core.errors import InvalidEvent
 from actors.core.events import BatchSubmitted, InteractiveSubmitted, RequestAbandoned, TargetsChanged
 from actors.core.ids import RequestId
 
-CAP = 10_000
+CAP = BATCH_CAP
 BATCH = BatchJobsConfig(enabled=True)
-
-
-def harness(n_targets: int = 1, batch: BatchJobsConfig = BATCH, **kw: object) -> Harness:
-    kw.setdefault("token_capacity_per_dp_rank", CAP)
-    return Harness(n_targets=n_targets, batch=batch, **kw)  # type: ignore[arg-type]
-
-
-def admitted_ids(effects: tuple[object, ...]) -> list[str]:
-    return [e.request_id for e in of(effects, fx.AdmitBatch)]
 
 
 def preemptible(h: Harness, rid: str, tokens: int, at: float) -> tuple[object, ...]:
@@ -43,7 +29,7 @@ def preemptible(h: Harness, rid: str, tokens: int, at: float) -> tuple[object, .
 def test_peak_growth_nets_out_every_request_that_ended_before_the_peak() -> None:
     """At the peak the growing request's rise is net of all the requests that ended first, not the next one only."""
     # at tau = 100 the first request grew by 100; the two others ended, freeing 30 + 30
-    assert peak_growth_tokens([(0.0, 100.0), (30.0, 10.0), (30.0, 10.0)]) == 40.0
+    assert bc.peak_growth_tokens([(0.0, 100.0), (30.0, 10.0), (30.0, 10.0)]) == 40.0
 
 
 # ---- preemption for a waiting Program (docs/batch.md §2.4) -------------------------------------
@@ -172,7 +158,7 @@ def test_queue_waits_feed_the_jobs_mean_queue_wait() -> None:
     h.submit_batch("big", job="j", tokens=9_500, max_tokens=10, at=0.0)
     h.submit_batch("q", job="j", tokens=1_000, at=1.0)
     assert admitted_ids(h.complete("big", completion=10, finish_reason="length", at=5.0)) == ["q"]
-    (job,) = batch_diagnostics(h.state)["jobs"]  # type: ignore[misc]
+    (job,) = bc.batch_diagnostics(h.state)["jobs"]  # type: ignore[misc]
     assert job["mean_queue_wait_seconds"] == (0.0 + 4.0) / 2
 
 
@@ -186,7 +172,7 @@ def test_a_program_waiting_in_the_global_queue_holds_batch_back() -> None:
     h.submit("b", tokens=5000)
     assert h.program("b").state == "paused"
     assert of(h.submit_batch("x", tokens=100, at=1.0), fx.AdmitBatch) == []
-    assert batch_diagnostics(h.state)["programs_waiting"] is True
+    assert bc.batch_diagnostics(h.state)["programs_waiting"] is True
 
 
 def test_one_batch_request_runs_beside_programs_whatever_its_slowdown_but_no_second() -> None:
@@ -205,8 +191,8 @@ def test_the_decode_step_with_one_more_request_counts_its_context() -> None:
     h.submit_batch("b", tokens=1_000)
     rank = h.rank()
     model = h.cfg.decode_throughput_model
-    assert rank_decode_step(h.state, rank) == decode_step_seconds(1, 1_128, model)
-    assert rank_decode_step(h.state, rank, 50_000.0) == decode_step_seconds(2, 51_128, model)
+    assert bc.rank_decode_step(h.state, rank) == decode_step_seconds(1, 1_128, model)
+    assert bc.rank_decode_step(h.state, rank, 50_000.0) == decode_step_seconds(2, 51_128, model)
 
 
 def test_a_rank_takes_a_request_whose_step_is_exactly_the_step_bound() -> None:
@@ -219,7 +205,7 @@ def test_a_rank_takes_a_request_whose_step_is_exactly_the_step_bound() -> None:
         h.submit_batch(f"b{i}", tokens=10, at=0.0)
     # rank 1 runs one (step 0.5 s): rank 0 runs 5, a step of 0.25 + 5 x 0.25 = 1.5 s = 3 x 0.5 s
     assert (h.rank(0).batch_requests, h.rank(1).batch_requests) == (5, 1)
-    assert rank_decode_step(h.state, h.rank(0)) == 3 * rank_decode_step(h.state, h.rank(1))
+    assert bc.rank_decode_step(h.state, h.rank(0)) == 3 * bc.rank_decode_step(h.state, h.rank(1))
     assert h.state.batch.running["b0"].target_id == tid(0)  # type: ignore[union-attr]
 
 
@@ -256,7 +242,7 @@ def test_an_interactive_claim_on_a_rank_holds_batch_back() -> None:
     h.feed(InteractiveSubmitted(RequestId("i1"), 700, max_tokens=100), at=1.0)  # 800 > 400 free: claims
     assert h.rank().interactive_claim_tokens == 800
     assert admitted_ids(h.submit_batch("x", tokens=100, at=1.0)) == []  # 228 would fit the 400 free
-    assert rank_budget_tokens(h.state, h.rank()) == 0
+    assert bc.rank_budget_tokens(h.state, h.rank()) == 0
 
 
 def test_a_rank_whose_engine_queue_is_full_is_offered_last() -> None:
@@ -296,7 +282,7 @@ def test_the_decode_rate_is_measured_from_dispatch_to_completion() -> None:
     h.complete("a", completion=100, finish_reason="stop", at=3.0)
     b = h.state.batch
     assert b is not None and (b.decode_rate, b.decoded_tokens_total, b.decode_seconds_total) == (50.0, 100, 2.0)
-    assert batch_diagnostics(h.state)["decode_tokens_per_second"] == 50.0
+    assert bc.batch_diagnostics(h.state)["decode_tokens_per_second"] == 50.0
 
 
 def test_the_slowdown_bound_prices_the_programs_context_to_the_token() -> None:
@@ -374,7 +360,7 @@ def test_diagnostics_count_submitted_and_failed_requests_per_job() -> None:
     h.submit_batch("x", job="j", tokens=100)
     h.submit_batch("y", job="j", tokens=100)
     h.complete("x", success=False, at=1.0)
-    (job,) = batch_diagnostics(h.state)["jobs"]  # type: ignore[misc]
+    (job,) = bc.batch_diagnostics(h.state)["jobs"]  # type: ignore[misc]
     assert (job["submitted"], job["admitted"], job["completed"], job["failed"], job["running"]) == (2, 2, 0, 1, 1)
 
 
@@ -383,7 +369,7 @@ def test_growth_before_any_completion_reserves_the_whole_predicted_decode() -> N
     h = harness()
     h.submit_batch("b", tokens=100, at=0.0)  # 128 predicted
     h.observe(0, 0.01, 1, 0, at=5.0)
-    assert decode_growth_tokens(h.state, h.rank()) == 128.0
+    assert bc.decode_growth_tokens(h.state, h.rank()) == 128.0
 
 
 def test_a_batch_request_ending_after_its_rank_left_and_came_back_releases_nothing() -> None:
@@ -410,7 +396,7 @@ def test_an_engine_queue_gate_of_one_request_is_on() -> None:
     """``engine_queue_requests`` 1 shuts the gate at one waiting engine request (only 0 turns it off)."""
     h = harness(batch=BatchJobsConfig(enabled=True, engine_queue_requests=1))
     h.observe(0, 0.0, 0, 1, at=0.0)
-    assert engine_queue_full(h.state, h.rank())
+    assert bc.engine_queue_full(h.state, h.rank())
 
 
 def test_a_batch_request_for_a_pool_without_targets_is_refused_with_503() -> None:
@@ -447,9 +433,9 @@ def test_a_stale_observation_reserves_no_growth() -> None:
     h.complete("a", at=2.0, completion=100, finish_reason="stop")
     h.submit_batch("b", job="j", tokens=1000, at=2.0)
     h.observe(0, 0.125, 1, 0, at=3.0)
-    assert decode_growth_tokens(h.state, h.rank()) == 50.0
+    assert bc.decode_growth_tokens(h.state, h.rank()) == 50.0
     h.tick(at=10.0)
-    assert decode_growth_tokens(h.state, h.rank()) == 0.0
+    assert bc.decode_growth_tokens(h.state, h.rank()) == 0.0
 
 
 def test_the_decode_step_of_a_rank_counts_its_programs_context() -> None:
@@ -458,4 +444,4 @@ def test_the_decode_step_of_a_rank_counts_its_programs_context() -> None:
     h.submit("a", tokens=20_000)
     h.submit_batch("b", tokens=1_000)
     model = h.cfg.decode_throughput_model
-    assert rank_decode_step(h.state, h.rank()) == decode_step_seconds(2, 20_000 + 1_128, model)
+    assert bc.rank_decode_step(h.state, h.rank()) == decode_step_seconds(2, 20_000 + 1_128, model)
