@@ -5,7 +5,9 @@ its exposition over the data-plane socket; the families are merged sample by sam
 
 * counters, histograms, summaries and gauges are **summed** over the processes (request counts,
   latency buckets and in-flight gauges of the relays add up to the daemon's);
-* creation times (``*_created``) are the scheduler's;
+* creation times (``*_created``) are the scheduler's, and for a series only relays have (a family
+  or a label set the scheduler process never touched) the earliest relay's, so that every counter,
+  histogram and summary keeps its creation time whatever the number of processes;
 * the families in :data:`SCHEDULER_ONLY` are state of the scheduler process (worker health, the
   tenants' service shares) and are taken from it alone.
 
@@ -60,12 +62,22 @@ def merge_families(own: Iterable[Metric], relays: Iterable[Iterable[Metric]]) ->
         out = Metric(family.name, family.documentation, family.type, family.unit)
         merged[family.name] = out
         values[family.name] = {_key(s): s for s in family.samples}
+    own_created = {key for table in values.values() for key in table if key[0].endswith("_created")}
     for families in relays:
         for family in families:
             if family.name in SCHEDULER_ONLY:
                 continue
-            if family.name.endswith("_created") and family.name[: -len("_created")] in merged:
-                continue  # the text form splits a counter's creation time off: the scheduler's is kept
+            base = family.name[: -len("_created")] if family.name.endswith("_created") else ""
+            if base in merged and merged[base].type in CUMULATIVE_TYPES:
+                # the text form splits a cumulative family's creation times off as a gauge family:
+                # they go back into their family, the scheduler's where it has one, else the earliest
+                table = values[base]
+                for sample in family.samples:
+                    key = _key(sample)
+                    seen = table.get(key)
+                    if key not in own_created and (seen is None or sample.value < seen.value):
+                        table[key] = sample
+                continue
             if family.name not in merged:
                 merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
                 values[family.name] = {}

@@ -59,3 +59,41 @@ def test_auto_processes_follow_the_cores_capped_and_embedded_is_one_process() ->
     assert resolve_processes(3, embedded=False, cpu_count=1) == 3
     assert resolve_processes(1, embedded=False) == 1
     assert resolve_processes(4, embedded=True) == 1
+
+
+def _created(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text.decode())
+        for s in family.samples
+        if s.name.endswith("_created")
+    }
+
+
+def _relay_text(created: float, *, label: str) -> str:
+    registry = CollectorRegistry()
+    Counter("agentd_proxy_requests", "r", ["target"], registry=registry).labels(label).inc()
+    Counter("agentd_relay_streams", "only in relays", registry=registry).inc()
+    text = generate_latest(registry).decode()
+    # creation times as a process that started at `created` would expose them
+    return "\n".join(
+        f"{line.rsplit(' ', 1)[0]} {created}" if line.startswith("agentd_") and "_created" in line else line
+        for line in text.splitlines()
+    )
+
+
+def test_creation_times_are_the_schedulers_else_the_earliest_relays() -> None:
+    scheduler = CollectorRegistry()
+    Counter("agentd_proxy_requests", "r", ["target"], registry=scheduler).labels("w0").inc()
+    own = _created(generate_latest(scheduler))[("agentd_proxy_requests_created", (("target", "w0"),))]
+    merged = merged_exposition(scheduler, [_relay_text(300.0, label="w0"), _relay_text(200.0, label="w1")])
+    created = _created(merged)
+    # the scheduler's own series keeps its time; a label set and a family only relays have get the earliest relay's
+    assert created == {
+        ("agentd_proxy_requests_created", (("target", "w0"),)): own,
+        ("agentd_proxy_requests_created", (("target", "w1"),)): 200.0,
+        ("agentd_relay_streams_created", ()): 200.0,
+    }
+    names = [f.name for f in text_string_to_metric_families(merged.decode())]
+    assert len(names) == len(set(names))
+    assert b"# TYPE agentd_relay_streams_created gauge" in merged
