@@ -5,7 +5,7 @@ field instead of a 500 or a confusing worker error): the body is a JSON object, 
 string, ``stream`` a bool, ``stream_options`` an object with a bool ``include_usage``,
 ``messages`` a list of objects with a string ``role`` (chat), ``prompt`` a string / list of
 strings / token ids (completions), ``input`` a string or a list of strings and objects
-(responses), token limits integers >= 1, ``n`` an integer >= 1, ``vllm_xargs`` an object,
+(responses), token limits integers from 1 to :data:`MAX_TOKEN_COUNT`, ``n`` an integer >= 1, ``vllm_xargs`` an object,
 ``tools`` a list of objects, a message's ``tool_calls`` a list of objects and ``function_call``
 an object, ``user`` and ``request_id`` strings.  The OpenAI sampling and output fields agentd
 forwards have their JSON types checked too (:data:`_SAMPLING_RULES`: ``temperature``, ``top_p``,
@@ -42,6 +42,7 @@ from typing import Any
 import attrs
 
 from daemon.http.errors import ApiError
+from daemon.http.identity import MAX_TOKEN_COUNT
 from daemon.http.rawbody import MIN_LAYOUT_BYTES, Layout, TooDeep, parse_object
 
 # The agent-facing routes: parsed, validated, scheduled (Program identity, classes, batch jobs).
@@ -70,6 +71,11 @@ FORWARDED_ENDPOINTS: dict[str, str] = {
 FORWARDED_KINDS: frozenset[str] = frozenset(FORWARDED_ENDPOINTS.values())
 ENDPOINTS: dict[str, str] = {**AGENT_ENDPOINTS, **FORWARDED_ENDPOINTS}
 _TOKEN_LIMIT_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n")
+# The output caps agentd computes with: an interactive or batch request's charge is its prompt plus
+# its cap, added to a float ledger (docs/priority.md §2).  Bounded like ``expected_output_length``
+# (docs/operations.md §14): a 400-digit max_tokens overflowed the float conversion inside the
+# scheduler and stopped the daemon, and a cap above 2**53 cannot be added and taken back exactly.
+_OUTPUT_CAP_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 # Deeper JSON is refused (400): real requests (tool schemas included) stay far below, and every
 # later walk of the body (re-encoding, hashing) stays clear of Python's recursion limit.
 MAX_JSON_DEPTH = 64
@@ -306,6 +312,8 @@ def validate_body(endpoint: str, body: Mapping[str, Any]) -> None:
         value = body.get(name)
         if value is not None and (not _is_int(value) or value < 1):
             raise bad_field(name, "must be an integer >= 1", value)
+        if value is not None and value > MAX_TOKEN_COUNT and name in _OUTPUT_CAP_FIELDS:
+            raise bad_field(name, f"must be at most {MAX_TOKEN_COUNT}", value)
     xargs = body.get("vllm_xargs")
     if xargs is not None and not isinstance(xargs, dict):
         raise bad_field("vllm_xargs", "must be an object", xargs)

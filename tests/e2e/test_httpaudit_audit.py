@@ -1,0 +1,80 @@
+"""Findings of the session-43 HTTP audit, each checked on the whole daemon in process (virtual time).
+
+An output cap (``max_tokens``, ``max_completion_tokens``, ``max_output_tokens``) is charged to a
+rank's float ledger with the prompt (docs/priority.md §2): a 400-digit ``max_tokens`` on an
+identity-free request overflowed the float conversion inside the scheduler and stopped the whole
+daemon (every client cut off, the process exited).  Such caps are a 400 naming the field now,
+bounded like ``agentic_context.expected_output_length`` (docs/operations.md §14).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio.testing
+from test_program_scheduling import VIRTUAL_BUDGET_SECONDS, in_process_client
+from test_program_sim import deterministic, sim_config
+
+from actors.core.config import BatchJobsConfig
+from daemon.config import AgentdConfig, PrioritySection
+from daemon.http.identity import MAX_TOKEN_COUNT
+from daemon.supervisor import run_daemon
+
+MESSAGES = [{"role": "user", "content": "quick question"}]
+# (route, body without its cap, the cap's field)
+CAPS = [
+    ("/v1/chat/completions", {"messages": MESSAGES}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": MESSAGES}, "max_completion_tokens"),
+    ("/v1/completions", {"prompt": "quick question"}, "max_tokens"),
+    ("/v1/responses", {"input": "quick question"}, "max_output_tokens"),
+]
+# how the request is classed: identity-free (interactive), batch class, a Program
+CLASSES: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
+    "interactive": ({}, {}),
+    "batch": ({}, {"x-agentd-class": "batch"}),
+    "agent": ({"vllm_xargs": {"agentic_context": {"program_id": "audit"}}}, {}),
+}
+
+
+def audit_config() -> AgentdConfig:
+    cfg = sim_config()
+    return attrs.evolve(
+        cfg,
+        batch_jobs=BatchJobsConfig(enabled=True),
+        priority=PrioritySection(interactive_scheduling=True),
+    )
+
+
+@pytest.mark.parametrize("cap", [10**400, MAX_TOKEN_COUNT + 1], ids=["400-digits", "2**32"])
+async def test_an_output_cap_too_large_for_the_ledger_is_a_400_and_the_daemon_serves_on(
+    autojump_clock: trio.testing.MockClock, cap: int
+) -> None:
+    answers: list[tuple[str, str, str, int, dict[str, Any]]] = []
+    with trio.fail_after(VIRTUAL_BUDGET_SECONDS):
+        async with trio.open_nursery() as nursery:
+            handles = await nursery.start(
+                partial(run_daemon, audit_config(), serve_http=False, sim_configure=deterministic)
+            )
+            async with in_process_client(handles) as client:
+                for route, base, field in CAPS:
+                    for kind, (extra, headers) in CLASSES.items():
+                        payload = {"model": "sim-model", **base, **extra, field: cap}
+                        r = await client.post(route, json=payload, headers=headers)
+                        answers.append((route, field, kind, r.status_code, r.json()))
+                ok = await client.post(
+                    "/v1/chat/completions", json={"model": "sim-model", "messages": MESSAGES, "max_tokens": 8}
+                )
+                diag = (await client.get("/scheduling/diagnostics")).json()
+            nursery.cancel_scope.cancel()
+    for route, field, kind, status, body in answers:
+        assert status == 400, (route, field, kind, body)
+        assert body["error"]["param"] == field, (route, field, kind, body)
+        assert body["error"]["code"] == "invalid_type", (route, field, kind, body)
+        assert f"must be at most {MAX_TOKEN_COUNT}" in body["error"]["message"]
+    assert ok.status_code == 200
+    assert diag["invariants"]["at_rest"] is True
+    assert diag["proxy"]["edge"]["in_flight"] == 0
