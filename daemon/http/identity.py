@@ -186,7 +186,10 @@ class _Fields:
         key, value = found
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise IdentityError(self.path(key), f"{key} must be seconds as a number, got {_fmt(value)}")
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an integer too large for a float, as 1e400 (a 500 before session 43)
+            seconds = math.inf
         if not math.isfinite(seconds) or seconds < 0:
             raise IdentityError(self.path(key), f"{key} must be finite and non-negative, got {_fmt(value)}")
         return seconds

@@ -243,8 +243,15 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    # finite: a JSON NaN or Infinity literal (Python's parser takes them) is no sampling value
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    # finite: a JSON NaN or Infinity literal (Python's parser takes them) is no sampling value, nor
+    # an integer too large for a float, as 1e400 is not (docs/operations.md §14; math.isfinite
+    # raised OverflowError on a 400-digit temperature, a 500 before session 43)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _is_str_or_strs(value: Any) -> bool:

@@ -5,6 +5,10 @@ rank's float ledger with the prompt (docs/priority.md §2): a 400-digit ``max_to
 identity-free request overflowed the float conversion inside the scheduler and stopped the whole
 daemon (every client cut off, the process exited).  Such caps are a 400 naming the field now,
 bounded like ``agentic_context.expected_output_length`` (docs/operations.md §14).
+
+An integer too large for a float where agentd checks a number is finite (the sampling fields,
+``agentic_context.deadline_seconds`` and ``kv_retention_ttl_seconds``) raised OverflowError: a 500.
+It is refused like ``1e400``, a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -78,3 +82,41 @@ async def test_an_output_cap_too_large_for_the_ledger_is_a_400_and_the_daemon_se
     assert ok.status_code == 200
     assert diag["invariants"]["at_rest"] is True
     assert diag["proxy"]["edge"]["in_flight"] == 0
+
+
+SAMPLING = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+DURATIONS = ("deadline_seconds", "kv_retention_ttl_seconds")
+
+
+async def test_an_integer_too_large_for_a_float_is_a_400_naming_the_field(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    answers: list[tuple[str, str, int, dict[str, Any]]] = []
+    with trio.fail_after(VIRTUAL_BUDGET_SECONDS):
+        async with trio.open_nursery() as nursery:
+            handles = await nursery.start(
+                partial(run_daemon, audit_config(), serve_http=False, sim_configure=deterministic)
+            )
+            async with in_process_client(handles) as client:
+                for route, base, _ in CAPS[1:]:
+                    for field in SAMPLING:
+                        for sign in (1, -1):
+                            payload = {"model": "sim-model", **base, field: sign * 10**400}
+                            r = await client.post(route, json=payload)
+                            answers.append((route, field, r.status_code, r.json()))
+                for field in DURATIONS:
+                    for sign in (1, -1):
+                        context = {"program_id": "audit", field: sign * 10**400}
+                        payload = {
+                            "model": "sim-model",
+                            "messages": MESSAGES,
+                            "vllm_xargs": {"agentic_context": context},
+                        }
+                        r = await client.post("/v1/chat/completions", json=payload)
+                        answers.append(("chat", f"vllm_xargs.agentic_context.{field}", r.status_code, r.json()))
+                diag = (await client.get("/scheduling/diagnostics")).json()
+            nursery.cancel_scope.cancel()
+    for route, field, status, body in answers:
+        assert status == 400, (route, field, body)
+        assert body["error"]["param"] == field, (route, field, body)
+    assert diag["invariants"]["at_rest"] is True
