@@ -136,7 +136,8 @@ async def _read_upload(
     check_content_encoding(_scope_header(scope, b"content-encoding"))
     ctype, options = parse_options_header(_scope_header(scope, b"content-type") or "")
     boundary = options.get("boundary")
-    if ctype != "multipart/form-data" or not boundary:
+    # a media type is case-insensitive (RFC 9110 §8.3.1): Multipart/Form-Data was a 400 before session 43
+    if ctype.lower() != "multipart/form-data" or not boundary:
         raise ApiError(
             400,
             "POST /v1/files takes multipart/form-data with the fields purpose and file",

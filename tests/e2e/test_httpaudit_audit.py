@@ -9,11 +9,15 @@ bounded like ``agentic_context.expected_output_length`` (docs/operations.md §14
 An integer too large for a float where agentd checks a number is finite (the sampling fields,
 ``agentic_context.deadline_seconds`` and ``kv_retention_ttl_seconds``) raised OverflowError: a 500.
 It is refused like ``1e400``, a 400 naming the field.
+
+``POST /v1/files`` compared the media type of its ``content-type`` case-sensitively: a client
+sending ``Multipart/Form-Data`` (a media type is case-insensitive, RFC 9110 §8.3.1) got a 400.
 """
 
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -24,7 +28,7 @@ from test_program_scheduling import VIRTUAL_BUDGET_SECONDS, in_process_client
 from test_program_sim import deterministic, sim_config
 
 from actors.core.config import BatchJobsConfig
-from daemon.config import AgentdConfig, PrioritySection
+from daemon.config import AgentdConfig, BatchApiConfig, PrioritySection
 from daemon.http.identity import MAX_TOKEN_COUNT
 from daemon.supervisor import run_daemon
 
@@ -120,3 +124,32 @@ async def test_an_integer_too_large_for_a_float_is_a_400_naming_the_field(
         assert status == 400, (route, field, body)
         assert body["error"]["param"] == field, (route, field, body)
     assert diag["invariants"]["at_rest"] is True
+
+
+UPLOAD = (
+    b'--BND\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+    b'--BND\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n\r\n'
+    b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n\r\n--BND--\r\n'
+)
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["multipart/form-data; boundary=BND", "Multipart/Form-Data; boundary=BND", "MULTIPART/FORM-DATA; BOUNDARY=BND"],
+)
+async def test_an_upload_s_media_type_is_case_insensitive(tmp_path: Path, content_type: str) -> None:
+    # real time: the Batch API's SQLite calls run in a thread, which an autojump clock does not
+    # wait for (as in tests/http/test_batch_api.py)
+    cfg = attrs.evolve(audit_config(), batch_api=BatchApiConfig(database_path=str(tmp_path / "b.sqlite3")))
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            handles = await nursery.start(
+                partial(run_daemon, cfg, serve_http=False, sim_configure=deterministic, batch_executor=True)
+            )
+            async with in_process_client(handles) as client:
+                r = await client.post("/v1/files", content=UPLOAD, headers={"content-type": content_type})
+                listed = (await client.get("/v1/files")).json()
+            nursery.cancel_scope.cancel()
+    assert r.status_code == 200, r.text
+    assert r.json()["filename"] == "in.jsonl" and r.json()["purpose"] == "batch"
+    assert [f["id"] for f in listed["data"]] == [r.json()["id"]]
