@@ -36,6 +36,7 @@ from sim.metrics import SimCollector
 from sim.requests import (
     EMBEDDING_DIMENSIONS,
     ApiError,
+    ParsedRequest,
     embedding_vector,
     parse_embeddings,
     parse_generation,
@@ -227,7 +228,10 @@ class SimApi:
         responses = path == "/v1/responses"  # the chat request it stands for (docs/simulator.md §3)
         chat = path == "/v1/chat/completions" or responses
         body = _json_body(req.body)
-        parsed = parse_generation(responses_to_chat(body) if responses else body, chat=chat, cluster=cluster)
+        if responses:
+            parsed = _responses_generation(body, cluster)
+        else:
+            parsed = parse_generation(body, chat=chat, cluster=cluster)
         rank = _rank_header(req.headers)
         try:
             cluster.check_rank(rank)
@@ -369,3 +373,24 @@ def _rank_header(headers: Mapping[str, str]) -> int | None:
 
 def _digest(seed: int, body: bytes) -> str:
     return hashlib.blake2b(body, digest_size=12, key=str(seed).encode()).hexdigest()
+
+
+# the chat fields a Responses request's own fields become (``responses_to_chat``), named back in
+# its errors: the client sent ``max_output_tokens`` and ``input`` (docs/simulator.md §3)
+_RESPONSES_FIELD_OF = {"max_completion_tokens": "max_output_tokens", "messages": "input"}
+
+
+def _responses_generation(body: Mapping[str, Any], cluster: SimCluster) -> ParsedRequest:
+    """``parse_generation`` of the chat request a ``POST /v1/responses`` body stands for, its errors
+    naming the Responses fields (before session 43 a ``max_output_tokens`` beyond the context was
+    refused naming ``max_completion_tokens``, a field the client never sent)."""
+    try:
+        return parse_generation(responses_to_chat(body), chat=True, cluster=cluster)
+    except ApiError as exc:
+        renamed = _RESPONSES_FIELD_OF.get(exc.param or "")
+        if renamed is None:
+            raise
+        message = exc.message
+        for chat_field, field in _RESPONSES_FIELD_OF.items():
+            message = message.replace(chat_field, field)
+        raise ApiError(exc.status, message, exc.err_type, param=renamed) from None
