@@ -274,9 +274,20 @@ class PromptCloseTCPServer(TCPServer):
                 return
             if sent or data is not event.data:
                 event = RawData(data=data[sent:])
-        elif isinstance(event, Closed) and self._held:
-            held, self._held = self._held, b""
-            await super().protocol_send(RawData(data=held))
+        elif isinstance(event, Closed):
+            # the close runs shielded: it is sent from the app's task when a response ends before
+            # the request body arrived (a 404, a 405), and Quart-trio cancels that task as soon as
+            # the stream's close tells it the client is gone; cancelled at its first checkpoint,
+            # the close left the socket open with the connection neither closed nor served, and
+            # the client's next request on it hung (docs/operations.md §13.7, session 43).  Closing
+            # a socket does not wait for the client (a held write is bounded by the write timeout).
+            with trio.CancelScope(shield=True):
+                if self._held:
+                    held, self._held = self._held, b""
+                    await super().protocol_send(RawData(data=held))
+                await self._close()
+            await self.protocol.handle(Closed())  # what hypercorn does after its close
+            return
         # a request that ends after its client left turns the connection idle again: no new idle
         # wait then (the socket closes as soon as the request's task is done)
         if self._peer_gone and isinstance(event, Updated) and event.idle:

@@ -10,6 +10,11 @@ An integer too large for a float where agentd checks a number is finite (the sam
 ``agentic_context.deadline_seconds`` and ``kv_retention_ttl_seconds``) raised OverflowError: a 500.
 It is refused like ``1e400``, a 400 naming the field.
 
+With ``[server] http1_implementation = "hypercorn"``, an error answered before the request body
+arrived (a 404 for an unknown route, a 405) left the connection open but dead: hypercorn's close
+ran in the app's task, which Quart-trio cancelled, and the client's next request on the connection
+got no answer (docs/operations.md §13.7).  Checked over real sockets, in real time.
+
 ``POST /v1/files`` compared the media type of its ``content-type`` case-sensitively: a client
 sending ``Multipart/Form-Data`` (a media type is case-insensitive, RFC 9110 §8.3.1) got a 400.
 """
@@ -28,7 +33,7 @@ from test_program_scheduling import VIRTUAL_BUDGET_SECONDS, in_process_client
 from test_program_sim import deterministic, sim_config
 
 from actors.core.config import BatchJobsConfig
-from daemon.config import AgentdConfig, BatchApiConfig, PrioritySection
+from daemon.config import HTTP1_ENV, AgentdConfig, BatchApiConfig, PrioritySection
 from daemon.http.identity import MAX_TOKEN_COUNT
 from daemon.supervisor import run_daemon
 
@@ -153,3 +158,39 @@ async def test_an_upload_s_media_type_is_case_insensitive(tmp_path: Path, conten
     assert r.status_code == 200, r.text
     assert r.json()["filename"] == "in.jsonl" and r.json()["purpose"] == "batch"
     assert [f["id"] for f in listed["data"]] == [r.json()["id"]]
+
+
+@pytest.mark.parametrize("http1", ["agentd", "hypercorn"])
+@pytest.mark.parametrize(("method", "path", "status"), [("POST", "/no/such/route", 404), ("POST", "/v1/models", 405)])
+async def test_an_error_answered_before_the_body_arrived_closes_the_connection(
+    monkeypatch: pytest.MonkeyPatch, http1: str, method: str, path: str, status: int
+) -> None:
+    monkeypatch.setenv(HTTP1_ENV, http1)
+    body = b'{"model": "sim-model", "input": "x"}'
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            handles = await nursery.start(partial(run_daemon, audit_config(), sim_configure=deterministic))
+            assert handles.http_url is not None
+            host, port = handles.http_url.removeprefix("http://").rsplit(":", 1)
+            async with await trio.open_tcp_stream(host, int(port)) as stream:
+                # the head alone, as httpx sends it before the body: the route is answered at once
+                head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+                await stream.send_all(head.encode())
+                answer = b""
+                while not answer.endswith(b"}}"):  # the JSON error, whole
+                    chunk = await stream.receive_some(65536)
+                    assert chunk, answer
+                    answer += chunk
+                assert answer.startswith(b"HTTP/1.1 %d" % status), answer
+                # then the connection closes: before the fix, hypercorn's stayed open and the request
+                # sent next on it (the body, then GET /health) waited for ever
+                with trio.fail_after(5):
+                    rest = b""
+                    try:
+                        await stream.send_all(body + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                        while chunk := await stream.receive_some(65536):
+                            rest += chunk
+                    except trio.BrokenResourceError:  # the server closed first (a reset)
+                        pass
+                assert rest == b"", rest
+            nursery.cancel_scope.cancel()
