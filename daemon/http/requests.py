@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -79,6 +80,8 @@ _OUTPUT_CAP_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens"
 # Deeper JSON is refused (400): real requests (tool schemas included) stay far below, and every
 # later walk of the body (re-encoding, hashing) stays clear of Python's recursion limit.
 MAX_JSON_DEPTH = 64
+# Python's own bound on an integer literal's digits (sys.get_int_max_str_digits(), 4300 by default)
+_MAX_INT_DIGITS = sys.get_int_max_str_digits()
 # The request head as agentd reads it (names + values); Hypercorn refuses larger heads earlier.
 MAX_HEADER_BYTES = 12 * 1024
 # Headers that carry an id agentd reads, hashes or forwards: bounded, so an over-long id is refused
@@ -211,6 +214,12 @@ def parse_json_body_layout(raw: bytes) -> tuple[dict[str, Any], Layout | None]:
     except UnicodeDecodeError as exc:
         raise ApiError(400, f"request body is not valid UTF-8: {exc}", code="invalid_json") from exc
     except ValueError as exc:
+        if "integer string conversion" in str(exc):  # Python's digit limit, whose message advises a setting
+            raise ApiError(
+                400,
+                f"request body is not valid JSON here: an integer has more than {_MAX_INT_DIGITS} digits",
+                code="invalid_json",
+            ) from exc
         raise ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
     except RecursionError as exc:
         raise _too_deep("request body") from exc

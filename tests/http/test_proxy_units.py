@@ -15,7 +15,7 @@ from actors.logevents import get_logger, log_event
 from daemon.config import AgentdConfig, RoutingConfig
 from daemon.dispatch import Usage
 from daemon.http.errors import ApiError
-from daemon.http.requests import PromptSize, request_texts, validate_body
+from daemon.http.requests import PromptSize, parse_json_body, request_texts, validate_body
 from daemon.logs import configure_logging
 from daemon.request_ids import upstream_request_id
 from daemon.routing import ConsistentHash, PowerOfTwo, routing_key
@@ -392,3 +392,11 @@ def test_a_refusal_without_its_own_retry_after_gets_the_configured_one() -> None
     assert ApiError.from_rejection(eta, 1).headers == (("retry-after", "8"),)
     bad = Rejection(reason="too_large", status_hint=400, message="m")
     assert ApiError.from_rejection(bad, 1).headers == ()
+
+
+def test_an_integer_with_too_many_digits_is_invalid_json_without_python_advice() -> None:
+    with pytest.raises(ApiError) as caught:
+        parse_json_body(b'{"max_tokens": ' + b"9" * 5000 + b"}")
+    assert caught.value.status == 400
+    assert caught.value.code == "invalid_json"
+    assert str(caught.value.message) == "request body is not valid JSON here: an integer has more than 4300 digits"
