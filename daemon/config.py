@@ -65,6 +65,10 @@ HTTP1_IMPLEMENTATIONS = ("agentd", "hypercorn")
 HTTP1_ENV = "AGENTD_HTTP1_IMPLEMENTATION"
 
 
+def _optional(rule: tuple[Any, str]) -> tuple[Any, str]:
+    return (lambda x: x is None or rule[0](x), f"must be null or {rule[1].removeprefix('must be ')}")
+
+
 @frozen
 class ServerConfig:
     host: str = rule_field(NON_EMPTY, "127.0.0.1")
@@ -184,7 +188,9 @@ class RoutingConfig:
 class PrometheusConfig:
     """An extra listener serving only ``/metrics`` (the reference's ``--prometheus-host/port``)."""
 
-    host: str | None = None
+    # "" bound every interface (0.0.0.0), where server.host and admin.host refuse it: the metrics
+    # listener then served anyone on the network (docs/config.md [prometheus])
+    host: str | None = rule_field(_optional(NON_EMPTY), None)
     port: int | None = rule_field(OPTIONAL_PORT, None)
 
     @property
@@ -414,10 +420,6 @@ FRAMING_HEADERS = frozenset(
         "proxy-connection",
     }
 )
-
-
-def _optional(rule: tuple[Any, str]) -> tuple[Any, str]:
-    return (lambda x: x is None or rule[0](x), f"must be null or {rule[1].removeprefix('must be ')}")
 
 
 def _is_int(x: Any) -> bool:
