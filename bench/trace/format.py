@@ -48,6 +48,14 @@ ROLES = ("user", "tool")
 CLASSES = ("interactive", "agent", "batch")
 DEFAULT_TENANT = "default"
 FINISH_REASONS = ("stop", "tool_calls", "length")
+# The most tokens a record's prompt (given or derived) and each of its token counts may hold: the
+# replay builds the text of every prompt (about 3.75 bytes a token), so a typo of a few zeros made
+# replay, simulate and bench build gigabytes of text, deaf to Ctrl-C, until memory ran out. Far
+# beyond any model's context and the largest synthesized prompt (coding-long at --input-scale 100:
+# about 13 million) (docs/traces.md, "Format")
+MAX_TRACE_TOKENS = 100_000_000
+# input_length first: a plain Mooncake line's input_delta is a copy of its input_length
+_TOKEN_FIELDS = ("input_length", "input_delta", "output_length", "shared_prefix_tokens")
 
 
 class TraceError(ValueError):
@@ -260,6 +268,10 @@ def _parse_record(obj: Any, lineno: int) -> TraceRecord:
             raise TraceError(f"line {lineno}: field {key!r} must be >= 0, got {kwargs[key]}")
     if kwargs["output_length"] < 1:
         raise TraceError(f"line {lineno}: field 'output_length' must be >= 1, got {kwargs['output_length']}")
+    for key in _TOKEN_FIELDS:
+        if key in kwargs and kwargs[key] > MAX_TRACE_TOKENS:
+            limit = f"must be at most {MAX_TRACE_TOKENS} tokens"
+            raise TraceError(f"line {lineno}: field {key!r} {limit}, got {kwargs[key]}")
     for key in ("pre_gap_ms", "timestamp"):
         v = kwargs.get(key)
         if v is not None and (not math.isfinite(v) or v < 0):
@@ -372,7 +384,14 @@ def read_trace(fh: TextIO) -> Trace:
         linenos.append(lineno)
     if not records:
         raise TraceError("trace holds no records")
-    return Trace(meta=meta, records=validate_structure(records, linenos))
+    checked = validate_structure(records, linenos)
+    for rec, lineno in zip(checked, linenos, strict=True):
+        if rec.input_length > MAX_TRACE_TOKENS:  # each count is bounded, the history they add up to too
+            raise TraceError(
+                f"line {lineno}: field 'input_length' (the prompt: shared prefix + history + input_delta) must be at "
+                f"most {MAX_TRACE_TOKENS} tokens, got {rec.input_length} (session {rec.session_id!r}, turn {rec.turn})"
+            )
+    return Trace(meta=meta, records=checked)
 
 
 def load_trace(path: str) -> Trace:

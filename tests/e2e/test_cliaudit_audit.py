@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_walk30_cli import QUICKSTART
 
+from bench.trace.format import MAX_TRACE_TOKENS
 from daemon import cli
 
 
@@ -25,3 +27,73 @@ def test_prometheus_host_must_not_be_blank_in_the_file(capsys: pytest.CaptureFix
     path.write_text('[prometheus]\nhost = ""\nport = 18150\n')
     assert cli.main(["check-config", str(path)]) == 2
     assert "prometheus.host: must be null or a non-empty string (got '')" in capsys.readouterr().err
+
+
+def _write_records(path: Path, *records: str) -> Path:
+    path.write_text("".join(f"{r}\n" for r in records))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        (
+            '{"session_id": "a", "turn": 0, "input_delta": 99999999999, "output_length": 5}',
+            f"line 1: field 'input_delta' must be at most {MAX_TRACE_TOKENS} tokens, got 99999999999",
+        ),
+        (
+            '{"session_id": "a", "turn": 0, "input_delta": 10, "output_length": 100000000000000000000}',
+            f"line 1: field 'output_length' must be at most {MAX_TRACE_TOKENS} tokens, got 100000000000000000000",
+        ),
+        (
+            '{"session_id": "a", "turn": 0, "input_delta": 10, "output_length": 5, '
+            '"shared_prefix_id": "s", "shared_prefix_tokens": 200000000}',
+            f"line 1: field 'shared_prefix_tokens' must be at most {MAX_TRACE_TOKENS} tokens, got 200000000",
+        ),
+        (
+            '{"timestamp": 0, "input_length": 300000000, "output_length": 5}',
+            f"line 1: field 'input_length' must be at most {MAX_TRACE_TOKENS} tokens, got 300000000",
+        ),
+    ],
+)
+@pytest.mark.parametrize("command", ["simulate", "replay", "stats"])
+def test_a_trace_token_count_beyond_any_context_is_refused_naming_line_and_field(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, record: str, expected: str, command: str
+) -> None:
+    """A record with ``input_delta`` 1e11 (a few zeros too many) passed the loader: ``agentd simulate``
+    and ``replay`` then built the prompt's text, grew by gigabytes and ignored Ctrl-C until memory
+    ran out; it is now an exit 2 naming the line and the field before anything runs (docs/traces.md,
+    "Format")."""
+    trace = str(_write_records(tmp_path / "t.jsonl", record))
+    out = tmp_path / "report.json"
+    argv = {
+        "simulate": ["simulate", "--config", str(QUICKSTART), "--trace", trace, "--out", str(out)],
+        # nothing listens there: the trace is refused before the first request
+        "replay": ["replay", "--trace", trace, "--target", "http://127.0.0.1:18199", "--out", str(out)],
+        "stats": ["trace", "stats", trace],
+    }[command]
+    assert cli.main(argv) == 2
+    assert expected in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_session_whose_history_outgrows_the_bound_is_refused_at_the_turn(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Each turn's count within the bound, their sum (the prompt of turn 2) beyond it."""
+    records = [f'{{"session_id": "a", "turn": {t}, "input_delta": 40000000, "output_length": 5}}' for t in range(3)]
+    trace = str(_write_records(tmp_path / "t.jsonl", *records))
+    assert cli.main(["trace", "stats", trace]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"line 3: field 'input_length' (the prompt: shared prefix + history + input_delta) must be at most "
+        f"{MAX_TRACE_TOKENS} tokens, got 120000010 (session 'a', turn 2)" in err
+    ), err
+
+
+def test_the_largest_synthesized_prompts_stay_within_the_bound(tmp_path: Path) -> None:
+    """``coding-long`` at the largest ``--input-scale`` (prompts of about 13 million tokens) still loads."""
+    out = tmp_path / "t.jsonl"
+    argv = ["trace", "synth", "--profile", "coding-long", "--programs", "4", "--seed", "3", "--out", str(out)]
+    assert cli.main([*argv, "--input-scale", "100", "--no-progress"]) == 0
+    assert cli.main(["trace", "stats", str(out)]) == 0
