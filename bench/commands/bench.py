@@ -31,6 +31,7 @@ from bench.bench import (
     BenchOptions,
     BenchUsageError,
     ClusterSpec,
+    bench_ports,
     find_vllm_router,
     run_bench,
     scaled_program_config,
@@ -225,6 +226,14 @@ def run(args: argparse.Namespace) -> int:
         for line in problems:
             print(f"agentd bench: --ps-config-json: {line}", file=sys.stderr)
         return 2
+    if args.port_base:
+        # checked again by each system as it starts; found there first, the problem was an exit 2
+        # that left OUT and an empty OUT/logs/<system> behind (docs/traces.md, "Bench systems")
+        try:
+            bench_ports(args.port_base, cluster.workers)
+        except BenchUsageError as exc:
+            print(f"agentd bench: {exc}", file=sys.stderr)
+            return 2
     replay = replay_options(args)
     context = [
         f"- trace: `{args.trace}` (profile {trace.meta.profile}, seed {trace.meta.seed}, "

@@ -3,6 +3,8 @@ field or flag before any work, and nothing half-made is left behind."""
 
 from __future__ import annotations
 
+import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -97,3 +99,26 @@ def test_the_largest_synthesized_prompts_stay_within_the_bound(tmp_path: Path) -
     argv = ["trace", "synth", "--profile", "coding-long", "--programs", "4", "--seed", "3", "--out", str(out)]
     assert cli.main([*argv, "--input-scale", "100", "--no-progress"]) == 0
     assert cli.main(["trace", "stats", str(out)]) == 0
+
+
+def test_bench_with_a_port_in_use_leaves_no_output_directory(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A ``--port-base`` whose ports are taken was found only once the first system started: exit 2,
+    but ``OUT/`` and an empty ``OUT/logs/native/`` were left behind; now it is refused before any
+    work (and before the KV calibration's simulations)."""
+    trace = tmp_path / "t.jsonl"
+    argv = ["trace", "synth", "--profile", "swe-short", "--programs", "1", "--max-turns", "2", "--out", str(trace)]
+    assert cli.main(argv) == 0
+    out = tmp_path / "bench-out"
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        base = taken - 1  # the router's port is free, its metrics port is taken
+        argv = ["bench", "--trace", str(trace), "--out", str(out), "--systems", "native", "--port-base", str(base)]
+        assert cli.main([*argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    # (the port named is the first one taken: ours, unless another process holds the router's)
+    assert re.search(rf"agentd bench: --port-base: port \d+ \(of {base}\.\.{base + 3}\) is in use", err), err
+    assert not out.exists()
