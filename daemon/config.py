@@ -372,8 +372,13 @@ class BatchApiConfig:
     """The durable Batch API: ``/v1/files`` and ``/v1/batches`` backed by one SQLite database."""
 
     enabled: bool = True
-    # "" = the default: default_state_dir() / "batches.sqlite3"
-    database_path: str = ""
+    # "" = the default: default_state_dir() / "batches.sqlite3". A blank path ("  ", from a template
+    # whose variable was empty) passed and created a database named "  " in the working directory
+    # (docs/config.md [batch_api])
+    database_path: str = rule_field(
+        (lambda x: isinstance(x, str) and (x == "" or x.strip() != ""), 'must be "" (the default) or a non-blank path'),
+        "",
+    )
     max_file_bytes: int = rule_field(INT_GT_0, 200 * 1024 * 1024)
     max_lines: int = rule_field(INT_GT_0, 50_000)
     concurrency: int = rule_field(INT_GT_0, 32)

@@ -122,3 +122,19 @@ def test_bench_with_a_port_in_use_leaves_no_output_directory(
     # (the port named is the first one taken: ours, unless another process holds the router's)
     assert re.search(rf"agentd bench: --port-base: port \d+ \(of {base}\.\.{base + 3}\) is in use", err), err
     assert not out.exists()
+
+
+def test_a_blank_batch_database_path_is_refused_not_a_file_named_by_spaces(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``database_path = "  "`` (a template's empty variable) passed check-config, and ``agentd start``
+    kept its Batch API in a database named ``"  "`` in the working directory; ``""`` is the default
+    (docs/config.md [batch_api])."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "db.toml"
+    path.write_text('[batch_api]\ndatabase_path = "  "\n')
+    assert cli.main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert """batch_api.database_path: must be "" (the default) or a non-blank path (got '  ')""" in err, err
+    path.write_text('[batch_api]\ndatabase_path = ""\n')
+    assert cli.main(["check-config", str(path)]) == 0
