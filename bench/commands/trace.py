@@ -19,7 +19,7 @@ from bench.commands.common import add_progress_flags, from_args, load_trace_arg,
 from bench.trace.format import TraceError, merge_traces, save_trace, write_trace
 from bench.trace.stats import compare, format_report, trace_stats
 from bench.trace.synth import PROFILES, Knobs, knobs_from_meta, synthesize, targets_for
-from daemon.commands.argtypes import float_in, positive_float, positive_int
+from daemon.commands.argtypes import finite_at_least, float_in, positive_float, positive_int
 from daemon.commands.paths import output_file_problem
 
 NAME = "trace"
@@ -29,6 +29,9 @@ HELP = "Synthesize agent traces (synth), merge them into mixed workloads (merge)
 # generator hashes every 512-token block of every prompt, so an unbounded scale (1e300) grew the
 # process by gigabytes until memory ran out. 100 already gives swe-short prompts of 2M tokens.
 MAX_TOKEN_SCALE = 100.0
+# The slowest open-loop arrival rate (one root in 11.6 days): at 1e-320 the arrival times overflowed
+# to Infinity, written into a trace (exit 0) that every command then refused (docs/traces.md, "Profiles")
+MIN_ARRIVAL_RATE = 1e-6
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,9 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     synth.add_argument("--human-gap-cap-seconds", type=positive_float, default=None, help="cap on human gaps")
     synth.add_argument(
         "--arrival-rate",
-        type=positive_float,
+        type=finite_at_least(MIN_ARRIVAL_RATE),
         default=None,
-        help="root arrivals per second for open-loop profiles (job bursts for batch)",
+        help=f"root arrivals per second for open-loop profiles (job bursts for batch; >= {MIN_ARRIVAL_RATE:g})",
     )
     synth.add_argument(
         "--concurrency", type=positive_int, default=None, help="default replay concurrency stored in the trace meta"

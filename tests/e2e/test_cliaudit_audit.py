@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from test_walk30_cli import QUICKSTART
 
+from bench.commands.trace import MIN_ARRIVAL_RATE
 from bench.trace.format import MAX_TRACE_TOKENS
 from daemon import cli
 
@@ -138,3 +139,21 @@ def test_a_blank_batch_database_path_is_refused_not_a_file_named_by_spaces(
     assert """batch_api.database_path: must be "" (the default) or a non-blank path (got '  ')""" in err, err
     path.write_text('[batch_api]\ndatabase_path = ""\n')
     assert cli.main(["check-config", str(path)]) == 0
+
+
+@pytest.mark.parametrize("profile", ["coding-long", "batch"])
+def test_trace_synth_refuses_an_arrival_rate_whose_times_overflow(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, profile: str
+) -> None:
+    """``--arrival-rate 1e-320`` exited 0 with a trace whose timestamps were ``Infinity``: ``trace
+    stats``, ``replay``, ``simulate`` and ``bench`` then refused the file it had just written."""
+    out = tmp_path / "t.jsonl"
+    argv = ["trace", "synth", "--profile", profile, "--programs", "2", "--out", str(out), "--no-progress"]
+    with pytest.raises(SystemExit) as stopped:
+        cli.main([*argv, "--arrival-rate", "1e-320"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --arrival-rate: must be a finite number >= {MIN_ARRIVAL_RATE:g}, got '1e-320'" in err, err
+    assert not out.exists()
+    assert cli.main([*argv, "--arrival-rate", f"{MIN_ARRIVAL_RATE:g}"]) == 0  # the slowest rate is a trace that loads
+    assert cli.main(["trace", "stats", str(out)]) == 0
