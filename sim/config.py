@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from actors.core.config import FINITE_GT_0, INT_GE_0, INT_GT_0, NON_EMPTY, one_of, rule_field
+from actors.core.config import INT_GE_0, INT_GT_0, NON_EMPTY, finite, one_of, rule_field
 
 # fcfs and priority: vLLM v1's waiting queues; batch_job_aware: the seed's batch-job-aware
 # scheduler (docs/simulator.md §1, "Scheduler", docs/batch.md §5).
@@ -31,6 +31,15 @@ DEFAULT_MODEL = "agentd-sim"
 # was a MemoryError traceback at start and dp_size = 1e8 a process that grew until it was killed.
 MAX_SIM_RANKS = 4096
 MAX_SIM_KV_BLOCKS = 2**24
+# The slowest a simulated server runs: a thousand times slower than real time. Virtual-time runs
+# (agentd simulate, check-fairness) cost wall time per simulated second (the daemon's metrics and
+# health ticks), so at 1e-6 a three-Program trace ran for hours and at 1e-12 never ended
+# (docs/config.md [embedded], docs/traces.md "Time scale")
+MIN_TIME_SCALE = 1e-3
+TIME_SCALE_RULE = (
+    lambda x: finite(x) and x >= MIN_TIME_SCALE,
+    f"must be finite and >= {MIN_TIME_SCALE:g}",
+)
 
 
 @attrs.frozen
@@ -42,7 +51,7 @@ class SimServerShape:
     block_size: int = rule_field(INT_GT_0, 16)
     max_num_seqs: int = rule_field(INT_GT_0, 256)
     max_num_batched_tokens: int = rule_field(INT_GT_0, 8192)
-    time_scale: float = rule_field(FINITE_GT_0, 1.0)
+    time_scale: float = rule_field(TIME_SCALE_RULE, 1.0)
     model: str = rule_field(NON_EMPTY, DEFAULT_MODEL)
     scheduling_policy: str = rule_field(one_of(*SCHEDULING_POLICIES), "fcfs")
     seed: int = rule_field(INT_GE_0, 0)

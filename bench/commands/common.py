@@ -19,7 +19,8 @@ from attrs import AttrsInstance
 
 from bench.replay import ReplayOptions
 from bench.trace.format import Trace, TraceError, load_trace, read_trace
-from daemon.commands.argtypes import finite_at_least, positive_float, positive_int
+from daemon.commands.argtypes import finite_at_least, positive_int
+from sim.config import MIN_TIME_SCALE
 
 T = TypeVar("T", bound=AttrsInstance)
 
@@ -63,9 +64,9 @@ def add_replay_flags(parser: argparse.ArgumentParser) -> None:
     """Flags of ``agentd replay``, ``agentd simulate`` and ``agentd bench``: see ``replay_options``."""
     parser.add_argument(
         "--time-scale",
-        type=positive_float,
+        type=finite_at_least(MIN_TIME_SCALE),  # simulated workers run at it too (sim.config)
         default=1.0,
-        help="run X times faster than the trace's recorded times (gaps, arrivals)",
+        help=f"run X times faster than the trace's recorded times (gaps, arrivals; >= {MIN_TIME_SCALE:g})",
     )
     parser.add_argument(
         "--concurrency",

@@ -19,12 +19,12 @@ import attrs
 import trio
 
 from actors.core.config import DecodeThroughputModel, PrefillCostModel, problems
-from daemon.commands.argtypes import int_at_least, non_empty, non_negative_float, port, positive_float
+from daemon.commands.argtypes import finite_at_least, int_at_least, non_empty, non_negative_float, port, positive_float
 from daemon.commands.start import listen_error
 from daemon.http.serve import serve_http
 from sim.api import wall_clock_epoch
 from sim.cluster import SimCluster, SimConfig
-from sim.config import SCHEDULING_POLICIES, SimServerShape, shape_of
+from sim.config import MIN_TIME_SCALE, SCHEDULING_POLICIES, SimServerShape, shape_of
 from sim.server import create_app
 from sim.stats import CostModel
 
@@ -47,8 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--time-scale",
         default=1.0,
-        type=positive_float,
-        help="divide every simulated duration by this factor (default 1.0 = real time)",
+        type=finite_at_least(MIN_TIME_SCALE),
+        help=f"divide every simulated duration by this factor (default 1.0 = real time; >= {MIN_TIME_SCALE:g})",
     )
     parser.add_argument("--model", default="agentd-sim", type=non_empty, help="served model name")
     parser.add_argument(

@@ -13,6 +13,7 @@ from test_walk30_cli import QUICKSTART
 from bench.commands.trace import MIN_ARRIVAL_RATE
 from bench.trace.format import MAX_TRACE_TOKENS
 from daemon import cli
+from sim.config import MIN_TIME_SCALE
 
 
 @pytest.mark.parametrize("host", ["", "  "])
@@ -157,3 +158,51 @@ def test_trace_synth_refuses_an_arrival_rate_whose_times_overflow(
     assert not out.exists()
     assert cli.main([*argv, "--arrival-rate", f"{MIN_ARRIVAL_RATE:g}"]) == 0  # the slowest rate is a trace that loads
     assert cli.main(["trace", "stats", str(out)]) == 0
+
+
+@pytest.mark.parametrize("command", ["simulate", "replay", "bench", "sim-backend"])
+def test_a_time_scale_below_a_thousandth_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str
+) -> None:
+    """``agentd simulate --time-scale 1e-6`` of a three-Program trace ran for hours (1e-12: never
+    ended): a virtual-time run costs wall time per simulated second.  Every ``--time-scale`` is at
+    least ``MIN_TIME_SCALE`` (docs/traces.md, "Time scale")."""
+    trace = tmp_path / "t.jsonl"
+    assert cli.main(["trace", "synth", "--profile", "swe-short", "--programs", "1", "--out", str(trace)]) == 0
+    out = tmp_path / "out"
+    argv = {
+        "simulate": ["simulate", "--config", str(QUICKSTART), "--trace", str(trace), "--out", str(out)],
+        "replay": ["replay", "--trace", str(trace), "--target", "http://127.0.0.1:18199", "--out", str(out)],
+        "bench": ["bench", "--trace", str(trace), "--out", str(out), "--port-base", "0"],
+        "sim-backend": ["sim-backend", "--port", "0"],
+    }[command]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        cli.main([*argv, "--time-scale", "1e-6"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --time-scale: must be a finite number >= {MIN_TIME_SCALE:g}, got '1e-6'" in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["check-config", "simulate", "check-fairness"])
+def test_an_embedded_time_scale_below_a_thousandth_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str
+) -> None:
+    """``agentd simulate`` and ``check-fairness`` run at ``[embedded] time_scale`` unless told
+    otherwise: the same bound holds for the field (docs/config.md [embedded])."""
+    config = tmp_path / "slow.toml"
+    config.write_text("[embedded]\ntime_scale = 1e-6\n")
+    trace = tmp_path / "t.jsonl"
+    assert cli.main(["trace", "synth", "--profile", "swe-short", "--programs", "1", "--out", str(trace)]) == 0
+    out = tmp_path / "out"
+    argv = {
+        "check-config": ["check-config", str(config)],
+        "simulate": ["simulate", "--config", str(config), "--trace", str(trace), "--out", str(out)],
+        "check-fairness": ["check-fairness", "--config", str(config), "--out", str(out)],
+    }[command]
+    capsys.readouterr()
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"embedded.time_scale: must be finite and >= {MIN_TIME_SCALE:g} (got 1e-06)" in err, err
+    assert not out.exists()

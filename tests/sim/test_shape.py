@@ -51,7 +51,7 @@ def test_embedded_section_keeps_its_keys_order_and_rules() -> None:
         "embedded.block_size: must be an integer > 0 (got 0)",
         "embedded.max_num_seqs: must be an integer > 0 (got 0)",
         "embedded.max_num_batched_tokens: must be an integer > 0 (got 0)",
-        "embedded.time_scale: must be finite and > 0 (got inf)",
+        "embedded.time_scale: must be finite and >= 0.001 (got inf)",
         "embedded.model: must be a non-empty string (got ' ')",
         "embedded.scheduling_policy: must be one of 'fcfs', 'priority', 'batch_job_aware' (got 'sjf')",
         "embedded.seed: must be an integer >= 0 (got -1)",
