@@ -3,6 +3,7 @@ field or flag before any work, and nothing half-made is left behind."""
 
 from __future__ import annotations
 
+import io
 import re
 import socket
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from test_walk30_cli import QUICKSTART
 
 from bench.commands.trace import MIN_ARRIVAL_RATE
+from bench.progress import ProgressLine
 from bench.trace.format import MAX_TRACE_TOKENS
 from daemon import cli
 from sim.config import MIN_TIME_SCALE
@@ -206,3 +208,52 @@ def test_an_embedded_time_scale_below_a_thousandth_is_refused(
     err = capsys.readouterr().err
     assert f"embedded.time_scale: must be finite and >= {MIN_TIME_SCALE:g} (got 1e-06)" in err, err
     assert not out.exists()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_progress_update_too_soon_after_the_last_is_drawn_later_not_dropped() -> None:
+    """The bar dropped an update that came within its 0.25 s throttle of the previous draw: in a
+    replay, the request that completed just before a tool gap was not shown, and neither was time
+    passing, until the next event (``1/2`` done read ``0/2 ... 0.0s`` for the whole 6 s gap).  The
+    ticker thread's ``refresh`` draws it once the interval has passed, then the elapsed time once a
+    second (no thread here: ``ticker=False``, the clock is the test's)."""
+    stream = io.StringIO()
+    clock = _Clock()
+    line = ProgressLine(stream, label="replay", clock=clock, ticker=False)
+    line.update({"done_requests": 0, "total_requests": 2, "in_flight": 1})
+    clock.now += 0.05
+    line.update({"done_requests": 1, "total_requests": 2, "in_flight": 0})  # too soon: not drawn yet
+    assert stream.getvalue().count("\r") == 1 and " 0/2 req " in stream.getvalue()
+    line.refresh()  # the interval has not passed yet
+    assert stream.getvalue().count("\r") == 1
+    clock.now += 0.25
+    line.refresh()
+    assert (
+        stream.getvalue().split("\r")[-1]
+        == "replay [" + "#" * 15 + "-" * 15 + "] 1/2 req  0/0 tasks  in-flight 0  failed 0  0.3s"
+    )
+    clock.now += 0.5
+    line.refresh()  # nothing new and less than a second: not redrawn
+    assert stream.getvalue().count("\r") == 2
+    clock.now += 0.5
+    line.refresh()  # a quiet second: the elapsed time moves on
+    assert stream.getvalue().split("\r")[-1].endswith("  1.3s")
+    line.close()
+    line.refresh()  # a closed line is never drawn again
+    assert stream.getvalue().endswith("  1.3s\n") and stream.getvalue().count("\n") == 1
+
+
+def test_the_ticker_thread_stops_when_the_line_closes() -> None:
+    stream = io.StringIO()
+    line = ProgressLine(stream, label="simulate")
+    line.update({"done_requests": 0, "total_requests": 2})
+    assert line._ticker is not None and line._ticker.is_alive()
+    line.close()
+    assert not line._ticker.is_alive()
