@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import httpx
 from attrs import field, frozen
 
 from actors.core.config import (
@@ -106,6 +107,24 @@ def _valid_url(u: Any) -> bool:
     return isinstance(u, str) and (u.startswith("http://") or u.startswith("https://")) and len(u) > 8
 
 
+def _worker_url_problem(url: str) -> str | None:
+    """Why an http(s) worker URL cannot be used, or None: it is parsed as the upstream client parses
+    it.  ``http://w:abc`` and ``http://[::1`` passed check-config and ``agentd start`` ended in a
+    traceback (exit 1) at its first health check; ``http://:80`` (no host), ``http://w:99999`` and a
+    space in the host ran with a worker that could never be reached (docs/config.md [routing])."""
+    if any(ch.isspace() for ch in url):
+        return "must not contain whitespace"
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        return f"is not a valid URL ({exc})"
+    if not parsed.host:
+        return "must name a host"
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        return "must have a port within [1, 65535]"
+    return None
+
+
 # Targets (worker URLs x DP ranks) one agentd schedules, as many as the simulator holds ranks
 MAX_TARGETS = MAX_SIM_RANKS
 
@@ -159,6 +178,9 @@ class RoutingConfig:
             if norm in seen:
                 yield f"{p}worker_urls: must not repeat a URL (got {url!r} twice)"
             seen.add(norm)
+            unusable = _worker_url_problem(url) if _valid_url(url) else None
+            if unusable is not None:
+                yield f"{p}worker_urls: {unusable} (got {url!r})"
             if isinstance(norm, str) and norm.endswith("/v1"):
                 # an OpenAI client's base URL: agentd adds /v1/... and /health itself, so every
                 # health check got a 404 and the worker never entered rotation

@@ -257,3 +257,37 @@ def test_the_ticker_thread_stops_when_the_line_closes() -> None:
     assert line._ticker is not None and line._ticker.is_alive()
     line.close()
     assert not line._ticker.is_alive()
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("http://w:abc", "is not a valid URL (Invalid port: 'abc')"),
+        ("http://[::1", "is not a valid URL (Invalid port: ':1')"),
+        ("http://:8000", "must name a host"),
+        ("http://w:99999", "must have a port within [1, 65535]"),
+        ("http://w:0", "must have a port within [1, 65535]"),
+        ("http://worker 0:8000", "must not contain whitespace"),
+    ],
+)
+def test_a_worker_url_the_client_cannot_use_is_a_configuration_error(
+    capsys: pytest.CaptureFixture[str], url: str, problem: str
+) -> None:
+    """``--worker-urls http://w:abc`` passed check-config and ``agentd start`` died with an
+    ``httpx.InvalidURL`` traceback (exit 1) at its first health check; ``http://:8000`` and
+    ``http://w:99999`` started with a worker that could never be reached (docs/config.md [routing])."""
+    assert cli.main(["check-config", "--worker-urls", "http://ok:8000", url]) == 2
+    err = capsys.readouterr().err
+    assert f"routing.worker_urls (--worker-urls): {problem} (got {url!r})" in err, err
+
+
+def test_agentd_start_refuses_an_unparsable_worker_url_before_starting(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["start", "--port", "0", "--worker-urls", "http://w:abc"]) == 2
+    err = capsys.readouterr().err
+    assert "routing.worker_urls (--worker-urls): is not a valid URL (Invalid port: 'abc')" in err, err
+    assert "Traceback" not in err
+
+
+def test_usable_worker_urls_still_pass(capsys: pytest.CaptureFixture[str]) -> None:
+    urls = ["http://w:8000", "https://w", "http://[::1]:8000", "http://10.0.0.5:8000/", "https://u:p@w:443"]
+    assert cli.main(["check-config", "--worker-urls", *urls]) == 0
