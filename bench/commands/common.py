@@ -19,7 +19,7 @@ from attrs import AttrsInstance
 
 from bench.replay import ReplayOptions
 from bench.trace.format import Trace, TraceError, load_trace, read_trace
-from daemon.commands.argtypes import finite_at_least, positive_int
+from daemon.commands.argtypes import finite_at_least, non_empty, positive_int
 from sim.config import MIN_TIME_SCALE
 
 T = TypeVar("T", bound=AttrsInstance)
@@ -74,7 +74,8 @@ def add_replay_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="max concurrent root Programs (default: trace meta for closed-loop traces)",
     )
-    parser.add_argument("--model", default="agentd-sim", help="model name sent in requests")
+    # '' sent "model": "" in every request: all refused (404), an exit 1 after the whole run
+    parser.add_argument("--model", default="agentd-sim", type=non_empty, help="model name sent in requests")
     parser.add_argument(
         "--agentic-context",
         choices=("object", "string", "none"),

@@ -291,3 +291,26 @@ def test_agentd_start_refuses_an_unparsable_worker_url_before_starting(capsys: p
 def test_usable_worker_urls_still_pass(capsys: pytest.CaptureFixture[str]) -> None:
     urls = ["http://w:8000", "https://w", "http://[::1]:8000", "http://10.0.0.5:8000/", "https://u:p@w:443"]
     assert cli.main(["check-config", "--worker-urls", *urls]) == 0
+
+
+@pytest.mark.parametrize("command", ["simulate", "replay", "bench"])
+@pytest.mark.parametrize("model", ["", "  "])
+def test_an_empty_model_name_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str, model: str
+) -> None:
+    """``agentd replay --model ''`` sent ``"model": ""`` in every request: each one refused (404), an
+    exit 1 once the whole trace had run, where ``calibrate`` and ``sim-backend`` refuse it at once."""
+    trace = tmp_path / "t.jsonl"
+    assert cli.main(["trace", "synth", "--profile", "swe-short", "--programs", "1", "--out", str(trace)]) == 0
+    out = tmp_path / "out"
+    argv = {
+        "simulate": ["simulate", "--config", str(QUICKSTART), "--trace", str(trace), "--out", str(out)],
+        "replay": ["replay", "--trace", str(trace), "--target", "http://127.0.0.1:18199", "--out", str(out)],
+        "bench": ["bench", "--trace", str(trace), "--out", str(out), "--port-base", "0"],
+    }[command]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        cli.main([*argv, "--model", model])
+    assert stopped.value.code == 2
+    assert "argument --model: must not be empty" in capsys.readouterr().err
+    assert not out.exists()
