@@ -116,7 +116,8 @@ def parse_line(raw: bytes | str, line_number: int) -> BatchLine | LineError:
     except ValueError as exc:  # NaN / Infinity
         return _err(line_number, None, "", f"not valid JSON: {exc}")
     if not isinstance(obj, dict):
-        return _err(line_number, None, "", f"must be a JSON object, got {type(obj).__name__}")
+        # the JSON value, as for every other field ("got NoneType" named a Python type for `null`)
+        return _err(line_number, None, "", f"must be a JSON object, got {_shown(obj)}")
 
     custom_id = obj.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
@@ -137,7 +138,7 @@ def parse_line(raw: bytes | str, line_number: int) -> BatchLine | LineError:
         return _err(line_number, custom_id, "url", f"must be one of {', '.join(SUPPORTED_URLS)} ({shown})")
     body = obj.get("body")
     if not isinstance(body, dict):
-        shown = "missing" if "body" not in obj else f"got {type(body).__name__}"
+        shown = "missing" if "body" not in obj else f"got {_shown(body)}"
         return _err(line_number, custom_id, "body", f"must be a JSON object ({shown})")
     if "model" in body and not isinstance(body["model"], str):
         return _err(line_number, custom_id, "body.model", f"must be a string, got {_shown(body['model'])}")

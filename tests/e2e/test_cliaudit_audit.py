@@ -314,3 +314,18 @@ def test_an_empty_model_name_is_refused(
     assert stopped.value.code == 2
     assert "argument --model: must not be empty" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_batch_line_that_is_not_an_object_is_named_by_its_json_value(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A ``null`` line was reported as ``must be a JSON object, got NoneType`` (a Python type name),
+    ``"body": "x"`` as ``got str``; every other field shows the JSON value it got."""
+    source = tmp_path / "in.jsonl"
+    source.write_text('null\n{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": "x"}\n')
+    out = tmp_path / "out.jsonl"
+    assert cli.main(["batch", "-i", str(source), "-o", str(out), "--target", "http://127.0.0.1:18199"]) == 1
+    err = capsys.readouterr().err
+    assert "agentd batch: line 1: must be a JSON object, got null\n" in err, err
+    assert 'agentd batch: line 2: body: must be a JSON object (got "x")\n' in err, err
+    assert "NoneType" not in out.read_text() and "got str" not in out.read_text()

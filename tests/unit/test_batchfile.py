@@ -59,7 +59,7 @@ def test_a_valid_line_parses_from_bytes_and_str() -> None:
     ("raw", "custom_id", "fragment"),
     [
         ("{not json", None, "line 7: not valid JSON"),
-        ("[1, 2]", None, "line 7: must be a JSON object, got list"),
+        ("[1, 2]", None, "line 7: must be a JSON object, got [1, 2]"),
         ('{"x": NaN}', None, "line 7: not valid JSON"),
         (b"\xff\xfe{}", None, "line 7: not valid UTF-8"),
         ("   ", None, "line 7: empty line"),
@@ -74,7 +74,7 @@ def test_a_valid_line_parses_from_bytes_and_str() -> None:
         (line(method=...), "req-1", 'line 7: method: must be "POST" (missing)'),
         (line(url="/v1/moderations"), "req-1", "line 7: url: must be one of /v1/chat/completions"),
         (line(url=...), "req-1", "line 7: url: must be one of"),
-        (line(body=[]), "req-1", "line 7: body: must be a JSON object (got list)"),
+        (line(body=[]), "req-1", "line 7: body: must be a JSON object (got [])"),
         (line(body=...), "req-1", "line 7: body: must be a JSON object (missing)"),
         (line(body={"model": 3}), "req-1", "line 7: body.model: must be a string, got 3"),
         (line(body={"stream": True}), "req-1", "line 7: body.stream: must be false or absent"),
