@@ -361,6 +361,8 @@ def iter_lines(fh: TextIO) -> Iterator[tuple[int, Any]]:
         if not line:
             return
         lineno += 1
+        if lineno == 1:  # a leading byte-order mark (an editor's UTF-8 export), as configs and batch files
+            line = line.removeprefix("\ufeff")
         line = line.strip()
         if not line:
             continue

@@ -329,3 +329,18 @@ def test_a_batch_line_that_is_not_an_object_is_named_by_its_json_value(
     assert "agentd batch: line 1: must be a JSON object, got null\n" in err, err
     assert 'agentd batch: line 2: body: must be a JSON object (got "x")\n' in err, err
     assert "NoneType" not in out.read_text() and "got str" not in out.read_text()
+
+
+def test_a_trace_with_a_byte_order_mark_loads(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A trace saved by an editor with a UTF-8 byte-order mark was refused with Python's hint
+    ``invalid JSON (Unexpected UTF-8 BOM (decode using utf-8-sig))``, where a configuration and a
+    batch file with one load (docs/traces.md, "Format")."""
+    plain = tmp_path / "t.jsonl"
+    assert cli.main(["trace", "synth", "--profile", "swe-short", "--programs", "1", "--out", str(plain)]) == 0
+    marked = tmp_path / "bom.jsonl"
+    marked.write_text("\ufeff" + plain.read_text())
+    capsys.readouterr()
+    assert cli.main(["trace", "stats", "--json", str(marked)]) == 0
+    from_marked = capsys.readouterr().out
+    assert cli.main(["trace", "stats", "--json", str(plain)]) == 0
+    assert from_marked == capsys.readouterr().out
