@@ -790,6 +790,9 @@ def dump_config(cfg: AgentdConfig) -> dict[str, Any]:
         data.pop("program_scheduling", None)
     for section in ("prometheus", "admin", "limits"):
         data[section] = {k: v for k, v in data[section].items() if v is not None}
+    if "port" not in data["admin"]:
+        # no admin listener: its default host alone would not load again (a host needs a port)
+        data["admin"] = {}
     if data["worker_auth"]["api_key"]:
         data["worker_auth"]["api_key"] = "***"  # a credential is never printed
     # nor a worker URL's user-info (worker_urls and the tables keyed by worker URL), as everywhere

@@ -305,3 +305,26 @@ def test_config_relay_processes_in_embedded_mode_warn() -> None:
     assert "no effect in embedded mode" in warning.message
     with_workers = config_from_dict({"server": {"data_plane_processes": 2}, "routing": {"worker_urls": ["http://w:1"]}})
     assert not [w for w in config_warnings(with_workers) if w.event == "data_plane_processes_embedded"]
+
+
+@pytest.mark.parametrize("name", ["defaults", *[p.name for p in VALID]])
+def test_check_config_output_loads_again_as_the_same_configuration(
+    name: str, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    args = ["check-config"]
+    if name != "defaults":
+        text = (ROOT / "configs" / name).read_text()
+        keys = tmp_path / "api-keys"
+        keys.write_text("team-a:" + "0" * 64 + "\n")
+        copy = tmp_path / name
+        copy.write_text(text.replace("/etc/agentd/api-keys", str(keys)))
+        args.append(str(copy))
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    effective = tmp_path / "effective.json"
+    effective.write_text(first)
+    # the printed settings are a configuration file of their own (the admin listener's host
+    # without its port would not load: it is left out while the listener is off)
+    assert main(["check-config", str(effective)]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out) == json.loads(first)
