@@ -100,7 +100,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="attempts per line on transport errors and 429/502/503/504 (default 3)",
     )
     parser.add_argument(
-        "--fsync-every", type=int_at_least(1), default=64, metavar="N", help="fsync the output every N lines (default 64)"
+        "--fsync-every",
+        type=int_at_least(1),
+        default=64,
+        metavar="N",
+        help="fsync the output every N lines (default 64)",
     )
 
 
