@@ -45,7 +45,7 @@ from daemon.http.diagnostics import PROBE_PATHS, diagnostics_blueprint
 from daemon.http.direct_body import DirectBody
 from daemon.http.direct_body import attach as attach_direct_body
 from daemon.http.edge import DRAINED_STREAM_MESSAGE, LARGE_BODY_BYTES, Edge, Ticket, sse_error_event
-from daemon.http.errors import ApiError, error_body
+from daemon.http.errors import ApiError, error_body, sse_error_tail
 from daemon.http.h1proto import DISCONNECT_WATCH, RESPOND, TAKE_BODY
 from daemon.http.hypercorn_close import HOLD_WRITE
 from daemon.http.metrics_route import metrics_blueprint
@@ -259,7 +259,7 @@ def _error_as_event(status: int, body: bytes) -> bytes:
         text = body.decode("utf-8", "replace")[:512] or f"HTTP {status}"
         payload = {"error": {"message": text, "type": "upstream_error", "param": None, "code": f"http_{status}"}}
     payload["error"]["status"] = status
-    return b"data: " + json.dumps(payload).encode() + b"\n\ndata: [DONE]\n\n"
+    return sse_error_tail(payload)
 
 
 def _scope_headers(scope: dict[str, Any]) -> dict[str, str]:

@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -30,7 +29,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from daemon.config import LimitsConfig
-from daemon.http.errors import ApiError, error_dict
+from daemon.http.errors import ApiError, error_dict, sse_error_tail
 
 DRAINING_MESSAGE = "agentd is shutting down; retry on another replica or after Retry-After"
 
@@ -321,8 +320,7 @@ class Edge:
 
 def sse_error_event(message: str, code: str) -> bytes:
     """An OpenAI-shaped error as one SSE event, followed by ``data: [DONE]``."""
-    payload = error_dict(message, "server_error", None, code)
-    return b"data: " + json.dumps(payload).encode() + b"\n\ndata: [DONE]\n\n"
+    return sse_error_tail(error_dict(message, "server_error", None, code))
 
 
 DRAINED_STREAM_MESSAGE = "agentd shut down before this response finished (shutdown_grace_seconds ran out)"

@@ -69,6 +69,29 @@ def error_dict(message: str, error_type: str, param: str | None, code: str | Non
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse_error_tail(payload: dict) -> bytes:
+    """The end of an event stream that failed after its head went out (docs/operations.md §11.1):
+    one error event, then ``data: [DONE]``.  ``payload`` is an OpenAI error body (``{"error":
+    {...}}``); the event carries it whole, which the ``openai`` clients raise as an ``APIError``,
+    and also the Responses API's ``error`` event fields at its top level (``type``, ``code``,
+    ``message``, ``param``), so that a client reading a ``/v1/responses`` stream by each event's
+    ``type`` sees an error event rather than an event of no known type."""
+    error = payload.get("error")
+    event: dict = {}
+    if isinstance(error, dict):
+        event = {
+            "type": "error",
+            "code": error.get("code"),
+            "message": error.get("message"),
+            "param": error.get("param"),
+        }
+    event.update(payload)
+    return b"data: " + json.dumps(event).encode() + b"\n\n" + SSE_DONE
+
+
 def wrap_worker_error(status: int, body: bytes, target_id: str) -> bytes | None:
     """An OpenAI-shaped body for a worker's non-2xx answer that is not one (plain text, HTML, empty,
     truncated, or JSON without an ``error`` object such as vLLM's older ``{"object": "error",

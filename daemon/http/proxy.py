@@ -54,7 +54,7 @@ from daemon.batchfile import BATCH_CLASS, BATCH_CLASS_HEADER
 from daemon.config import ClientHintsConfig, PrioritySection, TenantsConfig
 from daemon.dispatch import Dispatcher, DispatchRejected, Lease, Outcome, ProxyRequest, RequeueableLease, Requeued
 from daemon.h1client import LeanResponse, SyncWriter, UpstreamBody
-from daemon.http.errors import ApiError, error_body, wrap_worker_error
+from daemon.http.errors import SSE_DONE, ApiError, error_body, sse_error_tail, wrap_worker_error
 from daemon.http.identity import IdentityError, ParsedIdentity, parse_identity, strip_agentic_context
 from daemon.http.priority import CONTEXT_PRIORITY, PriorityInfo, batch_job_for, engine_priority, resolve
 from daemon.http.queue_eta import max_queue_bound
@@ -316,16 +316,25 @@ class _Exchange:
         await self.sink.end(chunk)
 
 
-SSE_DONE = b"data: [DONE]\n\n"
 _NO_SCOPE = contextlib.nullcontext()  # in place of a cancel scope that could never fire
 _UNKNOWN = object()
+
+
+def _json_error_as_event(body: bytes) -> bytes:
+    """A later forward's JSON error answer (an OpenAI error body) as the stream's error event."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        payload = None
+    if not isinstance(payload, dict):
+        return b"data: " + body.strip() + b"\n\n" + SSE_DONE
+    return sse_error_tail(payload)
 
 
 def stream_error_tail(message: str, code: str) -> bytes:
     """The end of a stream that failed after it started: an OpenAI-shaped error event, then
     ``[DONE]`` so every SSE client stops reading (docs/operations.md §11)."""
-    payload = json.loads(error_body(message, "upstream_error", None, code))
-    return b"data: " + json.dumps(payload).encode() + b"\n\n" + SSE_DONE
+    return sse_error_tail(json.loads(error_body(message, "upstream_error", None, code)))
 
 
 def internal_error(request_id: str) -> ApiError:
@@ -443,7 +452,7 @@ class RequeueSink:
             raise Requeued("taken back before its answer started")
         self.committed = True
         if self._as_event:
-            chunk = b"data: " + chunk.strip() + b"\n\n" + SSE_DONE
+            chunk = _json_error_as_event(chunk)
         await self._sink.end(chunk)
 
 
@@ -646,7 +655,7 @@ class ProxyEngine:
             if not tracked.started:
                 await send_error(tracked, error)
             elif req.stream:
-                await sink.end(b"data: " + error.body() + b"\n\ndata: [DONE]\n\n")
+                await sink.end(sse_error_tail(json.loads(error.body())))
             else:
                 await sink.end()
 

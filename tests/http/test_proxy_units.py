@@ -14,7 +14,7 @@ from actors.core.batchjobs import job_name
 from actors.logevents import get_logger, log_event
 from daemon.config import AgentdConfig, RoutingConfig
 from daemon.dispatch import Usage
-from daemon.http.errors import ApiError
+from daemon.http.errors import ApiError, error_dict, sse_error_tail
 from daemon.http.requests import PromptSize, parse_json_body, request_texts, validate_body
 from daemon.logs import configure_logging
 from daemon.request_ids import upstream_request_id
@@ -400,3 +400,23 @@ def test_an_integer_with_too_many_digits_is_invalid_json_without_python_advice()
     assert caught.value.status == 400
     assert caught.value.code == "invalid_json"
     assert str(caught.value.message) == "request body is not valid JSON here: an integer has more than 4300 digits"
+
+
+def test_a_stream_s_error_event_is_an_openai_error_and_a_responses_error_event() -> None:
+    tail = sse_error_tail(error_dict("worker w0 failed mid-response", "upstream_error", None, "upstream_stream"))
+    event, done = tail.split(b"\n\n", 1)
+    assert done == b"data: [DONE]\n\n"
+    assert json.loads(event.removeprefix(b"data: ")) == {
+        # the Responses API's error event, read by a client that dispatches on each event's type
+        "type": "error",
+        "code": "upstream_stream",
+        "message": "worker w0 failed mid-response",
+        "param": None,
+        # the OpenAI error body the openai clients raise as an APIError
+        "error": {
+            "message": "worker w0 failed mid-response",
+            "type": "upstream_error",
+            "param": None,
+            "code": "upstream_stream",
+        },
+    }

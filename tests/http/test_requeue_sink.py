@@ -65,7 +65,24 @@ async def test_an_error_of_a_later_forward_becomes_an_event_in_the_started_strea
     body = json.dumps({"error": {"message": "worker w failed with HTTP 502", "code": "upstream_status"}}).encode()
     await guard.start(502, [("content-type", "application/json"), ("content-length", str(len(body)))])
     await guard.end(body)
-    assert rec.calls == [("start", 200), ("end", b"data: " + body + b"\n\ndata: [DONE]\n\n")]
+    event = {
+        "type": "error",
+        "code": "upstream_status",
+        "message": "worker w failed with HTTP 502",
+        "param": None,
+        "error": {"message": "worker w failed with HTTP 502", "code": "upstream_status"},
+    }
+    assert rec.calls == [("start", 200), ("end", b"data: " + json.dumps(event).encode() + b"\n\ndata: [DONE]\n\n")]
+
+
+async def test_a_later_forward_s_answer_that_is_not_json_is_relayed_as_the_event_s_data() -> None:
+    rec, back = Recorder(), TakeBack()
+    guard = RequeueSink(rec, back)
+    await guard.start(200, SSE)
+    guard.next_forward()
+    await guard.start(502, [("content-type", "text/plain"), ("content-length", "11")])
+    await guard.end(b"bad gateway\n")
+    assert rec.calls == [("start", 200), ("end", b"data: bad gateway\n\ndata: [DONE]\n\n")]
 
 
 async def test_a_complete_answer_commits_at_its_head() -> None:
