@@ -162,6 +162,21 @@ def test_trace_synth_refuses_an_arrival_rate_whose_times_overflow(
     assert cli.main(["trace", "stats", str(out)]) == 0
 
 
+def _run_argv(command: str, tmp_path: Path) -> list[str]:
+    """The command line of ``command`` on a one-Program trace (written to ``tmp_path``), before the
+    flag under test."""
+    if command == "sim-backend":
+        return ["sim-backend", "--port", "0"]
+    trace = tmp_path / "t.jsonl"
+    assert cli.main(["trace", "synth", "--profile", "swe-short", "--programs", "1", "--out", str(trace)]) == 0
+    out = tmp_path / "out"
+    return {
+        "simulate": ["simulate", "--config", str(QUICKSTART), "--trace", str(trace), "--out", str(out)],
+        "replay": ["replay", "--trace", str(trace), "--target", "http://127.0.0.1:18199", "--out", str(out)],
+        "bench": ["bench", "--trace", str(trace), "--out", str(out), "--port-base", "0"],
+    }[command]
+
+
 @pytest.mark.parametrize("command", ["simulate", "replay", "bench", "sim-backend"])
 def test_a_time_scale_below_a_thousandth_is_refused(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str
@@ -169,22 +184,14 @@ def test_a_time_scale_below_a_thousandth_is_refused(
     """``agentd simulate --time-scale 1e-6`` of a three-Program trace ran for hours (1e-12: never
     ended): a virtual-time run costs wall time per simulated second.  Every ``--time-scale`` is at
     least ``MIN_TIME_SCALE`` (docs/traces.md, "Time scale")."""
-    trace = tmp_path / "t.jsonl"
-    assert cli.main(["trace", "synth", "--profile", "swe-short", "--programs", "1", "--out", str(trace)]) == 0
-    out = tmp_path / "out"
-    argv = {
-        "simulate": ["simulate", "--config", str(QUICKSTART), "--trace", str(trace), "--out", str(out)],
-        "replay": ["replay", "--trace", str(trace), "--target", "http://127.0.0.1:18199", "--out", str(out)],
-        "bench": ["bench", "--trace", str(trace), "--out", str(out), "--port-base", "0"],
-        "sim-backend": ["sim-backend", "--port", "0"],
-    }[command]
+    argv = _run_argv(command, tmp_path)
     capsys.readouterr()
     with pytest.raises(SystemExit) as stopped:
         cli.main([*argv, "--time-scale", "1e-6"])
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert f"argument --time-scale: must be a finite number >= {MIN_TIME_SCALE:g}, got '1e-6'" in err, err
-    assert not out.exists()
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("command", ["check-config", "simulate", "check-fairness"])
@@ -300,20 +307,13 @@ def test_an_empty_model_name_is_refused(
 ) -> None:
     """``agentd replay --model ''`` sent ``"model": ""`` in every request: each one refused (404), an
     exit 1 once the whole trace had run, where ``calibrate`` and ``sim-backend`` refuse it at once."""
-    trace = tmp_path / "t.jsonl"
-    assert cli.main(["trace", "synth", "--profile", "swe-short", "--programs", "1", "--out", str(trace)]) == 0
-    out = tmp_path / "out"
-    argv = {
-        "simulate": ["simulate", "--config", str(QUICKSTART), "--trace", str(trace), "--out", str(out)],
-        "replay": ["replay", "--trace", str(trace), "--target", "http://127.0.0.1:18199", "--out", str(out)],
-        "bench": ["bench", "--trace", str(trace), "--out", str(out), "--port-base", "0"],
-    }[command]
+    argv = _run_argv(command, tmp_path)
     capsys.readouterr()
     with pytest.raises(SystemExit) as stopped:
         cli.main([*argv, "--model", model])
     assert stopped.value.code == 2
     assert "argument --model: must not be empty" in capsys.readouterr().err
-    assert not out.exists()
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_batch_line_that_is_not_an_object_is_named_by_its_json_value(
