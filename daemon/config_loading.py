@@ -769,7 +769,7 @@ def config_warnings(cfg: AgentdConfig) -> list[ConfigWarning]:
                         "reference_decode_throughput_tokens_per_second",
                         round(est.reference_decode_throughput_tokens_per_second, 4),
                     ),
-                    ("calibration_docs", "docs/program-scheduling.md#offline-calibration-models"),
+                    ("calibration_docs", "docs/program-scheduling.md#11-offline-calibration-models"),
                 ),
             )
         )
