@@ -77,7 +77,7 @@ class EffectRouter:
         self.metrics = metrics
         self.registry = registry
         self.replies: dict[str, ReplySink] = {}
-        # requests whose handler wants QueuePosition notices while they wait (§13)
+        # requests whose handler wants QueuePosition notices while they wait (docs/program-scheduling.md §13)
         self.queue_updates: set[str] = set()
         # request id -> redacted Program id of admitted requests, for completion logs
         self.admitted: dict[str, str] = {}

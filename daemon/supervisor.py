@@ -474,7 +474,8 @@ async def run_daemon(
             )
             registry.register(EdgeCollector(edge, lambda: handles.server_state))
             async with trio.open_nursery() as servers:
-                if batches is not None and executing:  # its lines in flight get the grace too (§10.4)
+                # its lines in flight get the grace too (docs/operations.md §10.4)
+                if batches is not None and executing:
                     servers.start_soon(batches.drain, shutdown, cfg.server.shutdown_grace_seconds)
                 if serve_http:
                     handles = await _serve(servers, cfg, handles, security)

@@ -95,7 +95,7 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
         return
     d, p = found
     ev = with_unreported_hits_as_zero(s.ranks[d.target_id], ev)
-    s.attained.add(d.ref.key, s.now - d.dispatched_at)  # the las resume order (§5.1)
+    s.attained.add(d.ref.key, s.now - d.dispatched_at)  # the las resume order (docs/program-scheduling.md §5.1)
     on_completion(s, p, d, ev)  # where the Program's time went (docs/program-scheduling.md §14)
     out = fairness.output_tokens(ev.usage.completion_tokens, d.reserved_output_tokens, ev.success)
     fairness.charge(s.fair, s.prio, d.tenant, output_tokens=out)  # docs/priority.md §3

@@ -79,7 +79,8 @@ def problems(cfg: Any, path: str = "") -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 ENABLE_KEYS = ("vllm_xargs.agentic_context", "auto")
-RESUME_ORDERS = ("mru", "fcfs", "las")  # las: least attained service of the task first (§5.1)
+# las: least attained service of the task first (docs/program-scheduling.md §5.1)
+RESUME_ORDERS = ("mru", "fcfs", "las")
 MOVE_COSTS = ("context", "resident")  # docs/program-scheduling.md §12.1
 # how a per-tool TTL prices holding while Programs wait for capacity (docs/program-scheduling.md §12)
 TOOL_CONTENTION_MODES = ("rent", "cap_at_fit", "ignore")

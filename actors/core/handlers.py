@@ -134,7 +134,8 @@ def on_timer(s: SchedulerState, ev: TimerFired) -> None:
 
 def on_tick(s: SchedulerState, ev: RepairTick) -> None:
     """The periodic tick: forget old generation histories, re-examine every rank, report sources."""
-    s.eta.last_tick_at = s.now  # the queue ETA counts to the next tick's admission pass (§13)
+    # the queue ETA counts to the next tick's admission pass (docs/program-scheduling.md §13)
+    s.eta.last_tick_at = s.now
     prune_released_generations(s)
     fairness.prune(s.fair, s.prio, s.now)
     if s.interactive.pending:
@@ -143,4 +144,4 @@ def on_tick(s: SchedulerState, ev: RepairTick) -> None:
         s.dirty_ranks[t] = None
     periodic_sequence(s)
     report_capacity_sources(s)
-    eta_queue.tell_all(s)  # every waiting request learns its position and ETA again (§13)
+    eta_queue.tell_all(s)  # every waiting request learns its position and ETA again (docs/program-scheduling.md §13)

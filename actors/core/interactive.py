@@ -212,7 +212,8 @@ def dispatch_interactive(s: SchedulerState) -> None:
         return
     waiting = sorted(st.pending.values(), key=lambda p: order_key(s, p))
     for p in waiting:
-        # not on a worker a failover's request could not reach while another is a target (§9.1)
+        # not on a worker a failover's request could not reach while another is a target
+        # (docs/program-scheduling.md §9.1)
         ids = allowed_targets(s, p.model_pool, p.avoid_workers)
         ranks = [s.ranks[t] for t in ids if t in s.ranks]
         if not ranks:

@@ -151,7 +151,7 @@ def count_live_dispatches(s: SchedulerState, out: list[str]) -> dict[ProgramRef,
         p = s.programs.get(d.ref.key)
         if p is not None and p.ref == d.ref and p.placement == d.target_id and p.placement_epoch == d.placement_epoch:
             live[d.ref] = live.get(d.ref, 0) + 1
-    for tid, rank in s.ranks.items():  # the waiting gate's drained test reads the count (§3)
+    for tid, rank in s.ranks.items():  # the waiting gate's drained test reads the count (docs/program-scheduling.md §3)
         if rank.dispatched != per_rank.get(tid, 0):
             out.append(f"{tid}: dispatched {rank.dispatched} != requests in flight there {per_rank.get(tid, 0)}")
     return live

@@ -210,7 +210,7 @@ def _schedule_global(s: SchedulerState, pool: str) -> None:
 def preempt_lower_programs(s: SchedulerState, p: Program, rank: RankState) -> bool:
     """Make room on ``rank`` for the first waiter ``p`` by pausing Programs of strictly lower
     priority (docs/priority.md §1), and with ``tenant_pause_share`` those of equal priority of
-    tenants above their fair share of the rank (:func:`overserved_tenants`, §3): idle (Acting)
+    tenants above their fair share of the rank (:func:`overserved_tenants`, docs/priority.md §3): idle (Acting)
     ones now, lowest priority first, then the most-served tenant, then the largest; busy ones are
     marked to pause when idle.  Acting
     Programs are paused only when that makes ``p`` admissible now; True when ``p`` can be

@@ -105,7 +105,7 @@ def step(state: SchedulerState, event: object, *, now: float, cfg: ProgramSchedu
     s.effects = []
     s.touched = {}
     handler(s, event)
-    if isinstance(event, RequestSubmitted):  # a request left waiting is told its ETA (§13)
+    if isinstance(event, RequestSubmitted):  # a request left waiting is told its ETA (docs/program-scheduling.md §13)
         eta_queue.after_submit(s, event)
     if s.batch is not None:
         batch_class.after_step(s)  # after the step's Program decisions: Programs first
@@ -114,7 +114,7 @@ def step(state: SchedulerState, event: object, *, now: float, cfg: ProgramSchedu
         # claims of requests that left (docs/priority.md §2)
         interactive.dispatch_interactive(s)
     fairness_sync.sync_rent(s)
-    sync_touched(s)  # each touched Program's time account enters its new phase (§14)
+    sync_touched(s)  # each touched Program's time account enters its new phase (docs/program-scheduling.md §14)
     sync_timers(s)
     effects = tuple(s.effects)
     s.effects = []

@@ -148,7 +148,7 @@ class RankSnapshot:
     # Program requests completed here since that observation; the waiting gate counts them out of
     # vllm_waiting_requests once nothing dispatched here runs on (docs/program-scheduling.md §3)
     completed_since_observation: int
-    waiting_gate_shut: bool  # ordinary Program admission held by the engine's queue (§3)
+    waiting_gate_shut: bool  # ordinary Program admission held by the engine's queue (docs/program-scheduling.md §3)
     observation_age_seconds: float | None
     observation_fresh: bool
     capacity_accounting_source: str

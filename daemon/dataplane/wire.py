@@ -74,7 +74,7 @@ class WireRequest:
     # refuses at once a request whose queue ETA exceeds it (before session 31 a relay dropped it)
     max_queue_seconds: float | None = None
     # a streaming request with SSE keep-alive: the scheduler sends its queue position and ETA while
-    # it waits (:class:`Queued`, the ``: queued position=P eta=E`` comments of §13)
+    # it waits (:class:`Queued`, the ``: queued position=P eta=E`` comments of docs/program-scheduling.md §13)
     queue_updates: bool = False
     # a failover's ask: the workers the request could not reach (sorted), which the core's placement
     # avoids as in one process (docs/program-scheduling.md §9.1)

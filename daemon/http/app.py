@@ -334,7 +334,7 @@ async def _watch_disconnect(receive: Any, scope: trio.CancelScope, sink: AsgiSin
 
 
 async def _answer_drained(sink: AsgiSink, edge: Edge) -> None:
-    """The drain deadline cut this request: a JSON 503, or an error event + ``[DONE]`` (§10.4)."""
+    """The drain deadline cut this request: a JSON 503, or an error event + ``[DONE]`` (docs/operations.md §10.4)."""
     if sink.completed:
         return
     with trio.CancelScope(shield=True):

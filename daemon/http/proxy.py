@@ -662,7 +662,8 @@ class ProxyEngine:
     async def _handle(self, req: ProxyRequest, sink: ResponseSink, raw_body: bytes | None) -> None:
         dispatcher = self.native
         batch: BatchServer | None = None
-        if self.program is not None and req.endpoint not in FORWARDED_KINDS:  # (those: native, §12.1)
+        # forwarded routes go native (docs/operations.md §12.1)
+        if self.program is not None and req.endpoint not in FORWARDED_KINDS:
             if req.identity is not None:
                 dispatcher = self.program.dispatcher
             elif req.batch_job is not None:

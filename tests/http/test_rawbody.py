@@ -278,7 +278,7 @@ def test_invalid_utf8_below_the_depth_limit_is_reported_as_json_loads_does() -> 
         parse_object(raw.replace(b"\xff", b"x"), 0, 2)
 
 
-# ---- edit_last_member: a small body's last member spliced without a layout (§10.2.7) -------------
+# ---- edit_last_member: a small body's last member spliced without a layout (docs/benchmarks.md §10.2.7) -------------
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
