@@ -117,7 +117,6 @@ TRANSITION_REASONS = (
     "health_failover",
     "paused_retention_release",
 )
-ARMED_TTL_SOURCES = ("fitted", "request_hint")
 REQUEUE_OUTCOMES = ("requeued", "too_late", "not_requeueable")
 ROLLING_WINDOWS = ("request", "continuity")
 FEEDBACK_OUTCOMES = ("observed", "missing")
