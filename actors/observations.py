@@ -172,6 +172,23 @@ def _parse(text: str) -> dict[int, EngineSample]:
     }
 
 
+def local_engines(samples: dict[int, EngineSample], ranks: int) -> dict[int, EngineSample]:
+    """``samples`` keyed by the worker's local rank: a worker whose scrape lists exactly ``ranks``
+    engines (the DP targets agentd has there), numbered contiguously from ``s > 0``, has engine
+    ``s + r`` read as rank ``r``; any other scrape is returned as it is.
+
+    A vLLM server of several ranks behind a hybrid load balancer (``--data-parallel-hybrid-lb``, one
+    API server per node serving that node's ranks) labels its engines with their global DP index,
+    ``engine="2"`` and ``engine="3"`` on the second node of DP 4, while the ``X-data-parallel-rank``
+    header it accepts is the local index 0..N-1 (docs/operations.md §11.7)."""
+    if ranks < 1 or len(samples) != ranks:
+        return samples
+    start = min(samples)
+    if start <= 0 or max(samples) != start + ranks - 1:
+        return samples
+    return {engine - start: sample for engine, sample in sorted(samples.items())}
+
+
 def _capacity_from_cache_config(labels: dict[str, str]) -> int | None:
     try:
         blocks = int(labels["num_gpu_blocks"])

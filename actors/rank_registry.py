@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -54,7 +55,7 @@ from actors.core.events import RepairTick
 from actors.logevents import get_logger, log_event
 from actors.mailbox import channel_statistics
 from actors.messages import ObservationRoundStarted, SchedulerMessage
-from actors.observations import ObservationParseError, parse_vllm_metrics
+from actors.observations import ObservationParseError, local_engines, parse_vllm_metrics
 from actors.rank_actor import RankSnapshot, ScrapeResult, WorkerScraped, run_rank_actor
 
 SCRAPE_TIMEOUT_SECONDS = 2.0
@@ -374,10 +375,15 @@ async def _observation_round(
         elif url in failing:
             streak = failing.pop(url)
             log_event(logger, logging.INFO, "backend_observation_recovered", base_url=url, failed_rounds=streak)
+    per_worker = Counter(h.target.worker_url for h in ranks)
+    results = {  # keyed by local rank: a hybrid-LB server numbers its engines from an offset
+        url: scrape.result if isinstance(scrape.result, str) else local_engines(scrape.result, per_worker[url])
+        for url, scrape in done.items()
+    }
     for handle in ranks:  # target order; each rank is done before the next one starts
         answered = done.get(handle.target.worker_url)
         if answered is not None:
-            await handle.hand_over(answered.epoch, answered.finished_at, answered.result)
+            await handle.hand_over(answered.epoch, answered.finished_at, results[handle.target.worker_url])
     return cut
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.observations import EngineSample, ObservationParseError, parse_vllm_metrics
+from actors.observations import EngineSample, ObservationParseError, local_engines, parse_vllm_metrics
 
 SCRAPE = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -111,3 +111,25 @@ def test_parse_vllm_metrics_prefers_the_new_kv_gauge_when_both_are_served() -> N
     for text in (new + old, old + new):
         samples = parse_vllm_metrics(text)
         assert (samples[0].kv_cache_usage, samples[1].kv_cache_usage) == (0.5, 0.75)
+
+
+def test_local_engines_reads_a_hybrid_lb_servers_engines_from_their_offset() -> None:
+    """A hybrid-LB server of the second node of DP 4 lists engines 2 and 3; agentd's two targets
+    there are ranks 0 and 1 (docs/operations.md §11.7).  Only an exact contiguous block of as many
+    engines as targets, starting above 0, is shifted."""
+    a, b, c = (EngineSample(k, 0, 0, None) for k in (0.25, 0.5, 0.75))
+    assert local_engines({2: a, 3: b}, 2) == {0: a, 1: b}
+    assert local_engines({3: b, 2: a}, 2) == {0: a, 1: b}
+    assert local_engines({4: a, 5: b, 6: c}, 3) == {0: a, 1: b, 2: c}
+    assert local_engines({3: a}, 1) == {0: a}
+    same = {0: a, 1: b}
+    assert local_engines(same, 2) is same  # engines from 0: nothing to shift
+    for samples, ranks in (
+        ({1: a}, 2),  # vLLM before 0.10.1: the last engine only
+        ({2: a, 4: b}, 2),  # not contiguous
+        ({2: a, 3: b, 4: c}, 2),  # more engines than targets
+        ({2: a, 3: b}, 3),  # fewer
+        ({}, 2),
+        ({2: a}, 0),
+    ):
+        assert local_engines(samples, ranks) is samples, (samples, ranks)

@@ -11,6 +11,9 @@ which engines a data-parallel server lists.
   engines": a DP-2 worker served on one rank.
 * A server of one DP rank behind an external load balancer labels its series with its global
   rank (``engine="3"``): a worker with one DP target now reads that engine.
+* A server of several ranks behind a hybrid load balancer labels them with their global ranks
+  (``engine="2"``, ``engine="3"``) and takes the local rank in ``X-data-parallel-rank``: agentd's
+  ranks 0 and 1 there read engines 2 and 3.  Before session 44 neither had an observation.
 """
 
 from __future__ import annotations
@@ -154,3 +157,36 @@ async def test_a_one_rank_server_behind_an_external_balancer_is_observed(
         assert _ranks(doc) == [(0.5, True)]
         assert doc["ranks"][0]["vllm_kv_capacity_tokens"] == 4096 * 16
         assert worker.seen[0].rank is None
+
+
+async def test_a_hybrid_lb_server_is_observed_per_rank_from_its_engine_offset(
+    autojump_clock: trio.testing.MockClock, event_log: Any
+) -> None:
+    """``vllm serve --data-parallel-size 4 --data-parallel-size-local 2 --data-parallel-start-rank 2
+    --data-parallel-hybrid-lb``: the second node's server lists engines 2 and 3.  agentd's two DP
+    targets there read them as ranks 0 and 1, send the local rank in the header, and neither rank
+    is taken for missing."""
+    worker = ProgramWorker(dp=2)
+    original = worker.handler
+    lines = _engine_series(2, kv=0.25, old_kv=False, new_kv=True) + _engine_series(3, kv=0.5, old_kv=False, new_kv=True)
+    text = "\n".join(lines + _cache_config_info([2, 3])) + "\n"
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            worker.metrics_scrapes += 1
+            return httpx.Response(200, text=text)
+        return await original(request)
+
+    worker.handler = handler  # type: ignore[method-assign]
+    async with program_daemon(worker, metrics_interval_seconds=INTERVAL) as (handles, client):
+        assert (await post(client, chat("first", "p0"))).status_code == 200
+        await trio.sleep(1.0)
+        doc = (await client.get("/scheduling/diagnostics")).json()
+        assert _ranks(doc) == [(0.25, True), (0.5, True)]
+        assert [r["vllm_kv_capacity_tokens"] for r in doc["ranks"]] == [4096 * 16] * 2
+        assert [t.dp_rank for t in handles.health.healthy_targets()] == [0, 1]
+        before = len(worker.seen)
+        for i in range(4):
+            assert (await post(client, chat(f"free{i}", None))).status_code == 200
+        assert {s.rank for s in worker.seen[before:]} == {0, 1}
+    assert event_log.named("worker_engine_missing") == []
