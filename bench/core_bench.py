@@ -100,7 +100,7 @@ class Bench:
         rid = RequestId(f"req-{self.seq}")
         prompt = 2000 + 10 * (self.seq % 50)
         usage = Usage(prompt, prompt // 2, 100)
-        if self.tools:  # the turn called a tool: its gap window decides the acting TTL (§12)
+        if self.tools:  # the turn called a tool: its gap window decides the acting TTL (docs/program-scheduling.md §12)
             done = RequestCompleted(rid, True, usage, finish_reason="tool_calls", tool_names=(TOOLS[index % 4],))
         else:
             done = RequestCompleted(rid, True, usage)

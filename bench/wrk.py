@@ -2,7 +2,7 @@
 
 ``bench.proxy_overhead --harness native`` (docs/benchmarks.md §10.14).  The default harness is
 Python (a Trio load generator and a Trio fake worker): on a 2-core machine, at a few thousand
-requests/s, the two take 0.4-0.6 of a core between them (§10.9), so they compete with the proxy
+requests/s, the two take 0.4-0.6 of a core between them (docs/benchmarks.md §10.9), so they compete with the proxy
 they measure, and a proxy with a second relay process cannot show what that process buys.  wrk
 (C, one event loop per thread) and nginx (C, one process, answering from memory) do the same
 jobs for a small fraction of that CPU:

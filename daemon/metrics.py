@@ -184,7 +184,7 @@ class ProxyMetrics:
             ["target", "outcome"],
             registry=registry,
         )
-        self._requests = Children(self.requests)  # one dict access per request (§10.2.4 of docs/benchmarks.md)
+        self._requests = Children(self.requests)  # one dict access per request (docs/benchmarks.md §10.2.4)
         self._rewrites = Children(self.body_rewrites)
         self._targets: dict[str, TargetMetrics] = {}
         for target_id in target_ids:

@@ -155,7 +155,7 @@ async def _open_upstream(
     if client_factory is not None:
         return Upstream(client_factory(cfg), None, None)
     transport = transport_factory(cfg) if transport_factory is not None else default_transport(cfg)
-    if isinstance(transport, UpstreamTransport):  # idle connections closed at their expiry (operations.md §11.2)
+    if isinstance(transport, UpstreamTransport):  # idle connections closed at their expiry (docs/operations.md §11.2)
         root.start_soon(transport.run_reaper)
     return Upstream(client_on(cfg, transport), transport, None)
 

@@ -14,17 +14,17 @@ targets disappear and come back. After every rule the machine checks, against th
 * occupancy: in Router-ledger accounting, a rank's logical occupancy is at most
   ``capacity x low watermark`` plus what admitted Programs grew since admission plus what
   forced resumes brought in (recorded per admission); the active count likewise stays within
-  ``max_active_programs_per_target`` plus forced entrants (§3);
+  ``max_active_programs_per_target`` plus forced entrants (docs/program-scheduling.md §3);
 * starvation: no request waits past its force-resume deadline plus one tick, whatever the
   waiting gate says (docs/program-scheduling.md §10, D6);
 * the incremental ledger equals a from-scratch recomputation (here and in ``invariants.check``);
 * per step: admissions on a rank follow the naive reference order (``reference_model``); with
   only the Program-count guard, every waiter left behind is ordered after every one admitted
   and its rank is full; no admission but a forced one through a holding waiting gate; rank-local mode never
-  migrates (§7); a successful commit clears the yield marker (§5); repair only pauses idle
-  Programs (§6); FIFO dispatch per Program; placement epochs strictly increase; generations
+  migrates (docs/program-scheduling.md §7); a successful commit clears the yield marker (§5); repair only
+  pauses idle Programs (§6); FIFO dispatch per Program; placement epochs strictly increase; generations
   step by one; releases only when idle, retention releases only after
-  ``paused_retention_ttl`` (§1); completions fenced by generation and placement epoch;
+  ``paused_retention_ttl`` (docs/program-scheduling.md §1); completions fenced by generation and placement epoch;
 * windows never exceed ``stats_window_size``; lineage roots terminate;
 * identity-free requests never create Program state;
 * time accounts (docs/program-scheduling.md §14): each Program's parts are >= 0 and, with its
@@ -332,7 +332,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 f"admission through a holding waiting gate: {e}"
             )
             if not e.forced and self._gate_holds(e.target_id):
-                # open only because the rank was drained: the first admission ends that (§3)
+                # open only because the rank was drained: the first admission ends that (docs/program-scheduling.md §3)
                 through_drained[e.target_id] = through_drained.get(e.target_id, 0) + 1
                 assert through_drained[e.target_id] <= 1, f"a drained rank's open gate admitted twice: {e}"
             if not cfg.global_queue:

@@ -64,9 +64,9 @@ def on_submit(s: SchedulerState, ev: RequestSubmitted) -> None:
     The steps, in order: sync the pool's targets if the shell sent them; validate; find the live
     generation or create one; sample the request interval of an idle Program; retain the request;
     refresh the Program's metadata and context estimate (a new generation is bound to its home
-    rank); move the Program off a worker the request could not reach (a failover, §9.1); dispatch
-    it at once when the Program is active, else queue the Program; the arrival sequence; finally
-    freeze the workload-derived force-resume deadline.
+    rank); move the Program off a worker the request could not reach (a failover,
+    docs/program-scheduling.md §9.1); dispatch it at once when the Program is active, else queue
+    the Program; the arrival sequence; finally freeze the workload-derived force-resume deadline.
     """
     pool = ev.model_pool
     if ev.targets is not None:
@@ -177,7 +177,8 @@ def refresh_program(s: SchedulerState, p: Program, ev: RequestSubmitted, est: in
     ident = ev.identity
     s.lineage.observe(ev.model_pool, ident.program_id, ident.parent_program_id, ident.root_program_id)
     _refresh_metadata(p, ident, existed)
-    s.attained.join(p.ref.key, p.placement_key)  # its task's attained service (the las order, §5.1)
+    # its task's attained service (the las order, docs/program-scheduling.md §5.1)
+    s.attained.join(p.ref.key, p.placement_key)
     if p.tenant != ev.tenant:  # the rent of what it holds so far stays with the previous tenant
         settle_program(s, p, 0.0)
         p.tenant = ev.tenant
@@ -193,15 +194,16 @@ def refresh_program(s: SchedulerState, p: Program, ev: RequestSubmitted, est: in
 
 
 def steer_off(s: SchedulerState, p: Program, avoid: frozenset[str], text: str | None) -> None:
-    """A failover's request avoids the workers of ``avoid`` (it could not reach them, §9.1): when
-    its Program's rank is on one of them and the pool has a target of another worker, the Program
-    moves as it would if its rank had left the pool (``topology.sync_targets``): an Active one is
-    invalidated (``health_failover``: its charge is released, what is in flight there no longer
-    counts), then it is bound anew by the binding strategy among the allowed targets and the
-    arrival queues it there.  The rank it left is remembered (``failover_from``, the first one
-    when a second failover moves it again) and given back if nothing of it succeeds before it goes
-    idle (``failover.give_back_unserved_move``).  When every target is on an avoided worker,
-    nothing changes: the request is placed as without the exclusion."""
+    """A failover's request avoids the workers of ``avoid`` (it could not reach them,
+    docs/program-scheduling.md §9.1): when its Program's rank is on one of them and the pool has a
+    target of another worker, the Program moves as it would if its rank had left the pool
+    (``topology.sync_targets``): an Active one is invalidated (``health_failover``: its charge is
+    released, what is in flight there no longer counts), then it is bound anew by the binding
+    strategy among the allowed targets and the arrival queues it there.  The rank it left is
+    remembered (``failover_from``, the first one when a second failover moves it again) and given
+    back if nothing of it succeeds before it goes idle (``failover.give_back_unserved_move``).  When
+    every target is on an avoided worker, nothing changes: the request is placed as without the
+    exclusion."""
     current = p.placement if p.state == ACTIVE else p.last_target
     if current is None or s.ranks[current].worker_url not in avoid:
         return

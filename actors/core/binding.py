@@ -4,8 +4,8 @@
 (docs/program-scheduling.md §9).  The hash and round-robin strategies need only the sorted
 target ids; the others get one :class:`~actors.core.placement.Candidate` per target of the pool,
 with the Programs accounted to it and its KV pressure.  A failover's exclusion
-(``avoid``: workers its request could not reach, §9.1) removes those workers' targets from the
-choice while another target is left (:func:`~actors.core.failover.allowed_targets`).
+(``avoid``: workers its request could not reach, docs/program-scheduling.md §9.1) removes those
+workers' targets from the choice while another target is left (:func:`~actors.core.failover.allowed_targets`).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def binding_candidates(
 
 def bind(s: SchedulerState, p: Program, text: str | None, avoid: frozenset[str] = frozenset()) -> TargetId | None:
     """The home rank of ``p`` (None when its pool has no target), not on a worker of ``avoid``
-    while the pool has a target of another worker (§9.1)."""
+    while the pool has a target of another worker (docs/program-scheduling.md §9.1)."""
     hash_key = p.placement_hash_key or p.ref.program_id
     pool = p.ref.model_pool
     among = allowed_targets(s, pool, avoid) if avoid else None

@@ -107,7 +107,7 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     freshness = shared_prefix_freshness(s, rank) if d.placement_start_request else 0.0
     action = count_completion(s, p, ev)
     if ev.success:
-        p.failover_from = None  # it ran on its rank: a failover's move stands (§9.1)
+        p.failover_from = None  # it ran on its rank: a failover's move stands (docs/program-scheduling.md §9.1)
         continuous = update_segment(s, p, d, rank, ev.usage, usage, freshness)
         record_request_sample(s, p, d, rank, ev, usage, continuous)
     _observe_context(p, ev.usage.prompt_tokens, d.estimated_context_tokens)
@@ -121,7 +121,8 @@ def on_complete(s: SchedulerState, ev: RequestCompleted) -> None:
     touch(s, p)
     apply_idle_action(s, p, action)
     if not ev.success and p.failover_from is not None and live_program(s, d.ref) is not None:
-        give_back_unserved_move(s, p)  # the request a failover moved it for failed too (§9.1)
+        # the request a failover moved it for failed too (docs/program-scheduling.md §9.1)
+        give_back_unserved_move(s, p)
     if not s.cfg.binding_only and live_program(s, d.ref) is not None:
         yield_completed_segment(s, p)
     if action == KEEP_FOR_TTL and p.ttl_deadline is not None and p.ttl_deadline <= s.now:
@@ -231,7 +232,8 @@ def update_segment(
     prev_ctx = p.last_context_tokens
     if d.placement_start_request and prev_ctx and reported.cached_prompt_tokens is not None:
         s.resume_hits.push(usage.reported_cached_tokens, prev_ctx)
-        lost = max(0, prev_ctx - usage.reported_cached_tokens)  # what the gap cost (§12 diagnostics)
+        # what the gap cost (docs/program-scheduling.md §12, "Diagnostics")
+        lost = max(0, prev_ctx - usage.reported_cached_tokens)
         lost_s = cache_miss_impact_seconds(lost, s.cfg.prefill_cost_model) if lost else 0.0
         s.tools.observe_resume(p.ref.model_pool, p.last_turn_keys, lost, lost_s, prev_ctx)
     continuous = prev_ctx is None or usage.cached_tokens >= CACHE_CONTINUITY_HIT_RATIO * prev_ctx
@@ -335,7 +337,8 @@ def arm_acting_ttl(s: SchedulerState, p: Program, rank: RankState, impact: float
         ttl, source, tool = decision.ttl_seconds, decision.source, decision.key
         fitted = acting_ttl_factors(rank.factors, s.warm_factors).fitted_acting_ttl(cost, s.cfg.max_acting_ttl_seconds)
         if ttl > 0 and s.cfg.tool_retention.contention == "cap_at_fit" and pool_waiting(s, p.ref.model_pool):
-            # requests wait for capacity: the tool may release sooner than the fit, never hold longer (§12)
+            # requests wait for capacity: the tool may release sooner than the fit, never hold longer
+            # (docs/program-scheduling.md §12)
             ttl = min(ttl, fitted)
         s.tools.note_armed(p.ref.model_pool, decision.key, ttl, fitted)
         p.tool_ttl_armed = (decision.key, ttl, fitted)

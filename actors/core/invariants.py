@@ -39,7 +39,7 @@ def check(state: SchedulerState, cfg: ProgramSchedulingConfig) -> list[str]:
     check_batch(s, out)
     check_interactive(s, out)
     check_fairness(s, out)
-    for rid in s.eta.first:  # a remembered first ETA belongs to a waiting request (§13)
+    for rid in s.eta.first:  # a remembered first ETA belongs to a waiting request (docs/program-scheduling.md §13)
         if s.pool.get(rid) is None:
             out.append(f"queue ETA remembered for {rid}, which no longer waits")
     return out

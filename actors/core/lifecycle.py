@@ -334,7 +334,7 @@ def _unplace_paused(s: SchedulerState, p: Program, frm: str, to: str, reason: st
 def _after_pause(s: SchedulerState, p: Program, reason: str) -> None:
     p.paused_at = s.now
     p.last_pause_reason = reason
-    on_lost_placement(s, p, reason)  # the cause of its next recomputation (§14)
+    on_lost_placement(s, p, reason)  # the cause of its next recomputation (docs/program-scheduling.md §14)
     p.rounds_since_activation = 0
     p.acting_since = p.ttl_deadline = None
     p.pause_when_idle = False
@@ -407,7 +407,7 @@ def release(s: SchedulerState, p: Program, reason: str) -> bool:
     s.released_at.pop(key, None)  # re-inserted at the end: the dict stays in release order
     s.released_at[key] = s.now
     s.binder.release(key)
-    on_release(s, p)  # it leaves the touched set: close its time account now (§14)
+    on_release(s, p)  # it leaves the touched set: close its time account now (docs/program-scheduling.md §14)
     s.touched.pop(p.ref, None)
     s.effects.append(
         Transition(
@@ -441,7 +441,7 @@ def cancel_waiting(s: SchedulerState, rid: RequestId) -> None:
     waiting = s.pool.program_len(p.ref)
     if p.in_flight == 0 and waiting == 0:
         cancel_idle(s, p)
-        give_back_unserved_move(s, p)  # a failover's request refused or abandoned (§9.1)
+        give_back_unserved_move(s, p)  # a failover's request refused or abandoned (docs/program-scheduling.md §9.1)
     else:
         lc.apply(p, lc.CANCEL_BUSY)
     if waiting == 0:

@@ -212,7 +212,8 @@ class Program:
     lifetime_generated_tokens: int = 0
     last_request_finished_at: float | None = None
     last_cache_miss_impact_seconds: float = 0.0
-    # (rank, its allocation counter, KV free ahead) at the last completion (cache_residency, §12.1)
+    # (rank, its allocation counter, KV free ahead) at the last completion (cache_residency,
+    # docs/program-scheduling.md §12.1)
     residency_mark: tuple[TargetId, float, float] | None = None
     continuity_sampled_at: float | None = None  # finish time already sampled (B9 fix)
     last_turn_keys: tuple[str, ...] = ()  # tool-gap keys of the last completed turn (tool_retention)
@@ -285,7 +286,8 @@ class RankState:
     batch_dispatched_since_observation: int = 0
     batch_gate_epoch: int = 0
     backend_kv_capacity_tokens: int | None = None  # the engine's KV pool, as last reported
-    allocated_tokens: float = 0.0  # new KV tokens its completions reported (cache_residency, §12.1)
+    # new KV tokens its completions reported (cache_residency, docs/program-scheduling.md §12.1)
+    allocated_tokens: float = 0.0
     # a completion here reported its cached prompt tokens: the worker reports them, so a later
     # completion without them had none cached (vLLM leaves `prompt_tokens_details` out when the count
     # is 0; docs/program-scheduling.md §14, "Cached, new and recomputed tokens")

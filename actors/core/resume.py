@@ -349,7 +349,7 @@ def select_cross_rank(s: SchedulerState, p: Program) -> tuple[RankState, Plan] |
         return None
     capacity = cfg.token_capacity_per_dp_rank
     waiting_targets = {o.last_target for o in waiters if o is not p}
-    # not to a worker a waiting request of it could not reach (a failover's exclusion, §9.1)
+    # not to a worker a waiting request of it could not reach (a failover's exclusion, docs/program-scheduling.md §9.1)
     avoid = avoided_by_waiters(s, p)
     allowed = allowed_targets(s, pool, avoid) if avoid else None
     best: tuple[tuple[object, ...], RankState, Plan] | None = None

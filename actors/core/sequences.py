@@ -70,7 +70,7 @@ def release_retained(s: SchedulerState, p: Program) -> None:
     if p.paused_at + s.cfg.paused_retention_ttl_seconds > s.now:
         return
     if p.last_request_finished_at is not None and p.continuity_sampled_at != p.last_request_finished_at:
-        # the Program never came back: one long gap for its last turn's tools (§12)
+        # the Program never came back: one long gap for its last turn's tools (docs/program-scheduling.md §12)
         s.tools.observe(p.ref.model_pool, p.last_turn_keys, s.now - p.last_request_finished_at, p.tool_ttl_armed)
     release(s, p, "paused_retention_release")
 

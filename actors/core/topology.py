@@ -101,7 +101,7 @@ def sync_targets(s: SchedulerState, pool: str, targets: tuple[BackendTarget, ...
         disappeared = p.last_target is not None
         if p.placement is not None and p.placement not in present:
             invalidate(s, p)
-        # a failover's exclusion holds (§9.1)
+        # a failover's exclusion holds (docs/program-scheduling.md §9.1)
         bound = rebind(s, p, None, avoided_by_waiters(s, p), left_rank=disappeared)
         if s.pool.program_len(p.ref):
             if bound is not None:

@@ -128,7 +128,7 @@ class DataPlane:
         self.board = AcceptBoard.create(processes)  # open connections per relay, shared with them
         self.scheduler_url: str | None = None
         self.stopping = False
-        # /metrics: the relays' expositions, counters kept across relay restarts (§13.3)
+        # /metrics: the relays' expositions, counters kept across relay restarts (docs/operations.md §13.3)
         self.relay_metrics = RelayMetrics(lambda: self.hub.connections, METRICS_TIMEOUT_SECONDS)
 
     def restarts_count(self) -> int:

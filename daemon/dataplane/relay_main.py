@@ -231,7 +231,7 @@ async def run_relay(spec: RelaySpec) -> None:
         # idle connections closed at their expiry, and at once when the peer closes them
         if isinstance(engine.transport, UpstreamTransport):  # to the workers (docs/operations.md §11.2)
             root.start_soon(engine.transport.run_reaper)
-        root.start_soon(forward_transport.run_reaper)  # to the scheduler process (§13.1)
+        root.start_soon(forward_transport.run_reaper)  # to the scheduler process (docs/operations.md §13.1)
         link.send(Hello(spec.index, os.getpid()))
         with trio.fail_after(FIRST_SNAPSHOT_SECONDS):
             await _first_of(view.first, shutdown)
@@ -251,7 +251,7 @@ async def run_relay(spec: RelaySpec) -> None:
             retry_after_seconds=limits.retry_after_seconds,
             connection_ended=listener.connection_closed,
         )
-        registry.register(EdgeCollector(edge, lambda: state))  # summed over the relays (§13.3)
+        registry.register(EdgeCollector(edge, lambda: state))  # summed over the relays (docs/operations.md §13.3)
         async with trio.open_nursery() as servers:
             servers.start_soon(edge.run_drain, shutdown, grace)
             url = await servers.start(

@@ -107,7 +107,7 @@ def canonical_scope(scope: dict[str, Any]) -> tuple[dict[str, Any], ApiError | N
     """``scope`` with the path every route check and the routing see: an absolute-form target made
     its path, runs of slashes merged (docs/operations.md §14); or the 400 for a target that does not
     start with ``/``.  The public app and a relay process's app (which must recognise the proxy
-    routes exactly as the scheduler process would, §13.1) both route on it."""
+    routes exactly as the scheduler process would, docs/operations.md §13.1) both route on it."""
     path = scope["path"]
     if not path.startswith("/"):  # absolute-form ("http://host/x") or a bare "x", "*"
         scope = _origin_path(scope)

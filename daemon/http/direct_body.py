@@ -3,7 +3,7 @@
 Every relayed token is one body write.  Through ASGI, hypercorn turns each into a ``Body`` event,
 an h11 ``Data`` event, chunked framing, a ``RawData`` event, a send lock, a shielded cancel scope
 and a socket write with two scheduler yields: measured at about 40% of agentd's CPU per relayed
-token (§10.1).  The framing of a chunked body is stateless (``<hex size>\\r\\n<data>\\r\\n``), so
+token (docs/benchmarks.md §10.1).  The framing of a chunked body is stateless (``<hex size>\\r\\n<data>\\r\\n``), so
 for the body of an event stream this module frames the chunk itself and writes it to the socket
 with one non-blocking ``os.write``; the response head and the end of the body (the last-chunk)
 still go through hypercorn and h11, which keeps their state machine right (keep-alive, errors,

@@ -256,9 +256,9 @@ async def test_every_field_is_documented_and_every_documented_field_exists(
     documented = documented_paths()
     for endpoint in ("diagnostics", "dashboard"):
         undocumented = sorted(produced[endpoint] - implied(documented[endpoint]))
-        assert not undocumented, f"{endpoint}: fields missing from {DOC.name} §15: {undocumented}"
+        assert not undocumented, f"{endpoint}: fields missing from docs/operations.md §15: {undocumented}"
         stale = sorted(documented[endpoint] - produced[endpoint])
-        assert not stale, f"{endpoint}: documented in {DOC.name} §15 but in no payload: {stale}"
+        assert not stale, f"{endpoint}: documented in docs/operations.md §15 but in no payload: {stale}"
     # configuration.<key>: each key of the summary is a [program_scheduling] key docs/config.md names
     config_doc = (ROOT / "docs" / "config.md").read_text()
     unnamed = sorted(k for k in config if f"`{k}`" not in config_doc and not re.search(rf"\b{k}\b", config_doc))

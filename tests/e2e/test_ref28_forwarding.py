@@ -1,7 +1,7 @@
 """What a worker receives, against the reference's (vllm-router 0.1.17, docs/operations.md §13.10).
 
 The reference sends ``x-data-parallel-rank`` only with ``--intra-node-data-parallel-size`` > 1
-(shared spec, side-by-side runbook §0.1 and §4; the session-28 walk saw no header at size 1): a
+(docs/operations.md §13.10, "what the worker receives"; the session-28 walk saw no header at size 1): a
 vLLM server running several engines behind one URL then balances them itself.  agentd pinned every
 request of such a worker to engine 0.
 """

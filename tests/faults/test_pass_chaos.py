@@ -267,7 +267,7 @@ async def test_f11_resume_passes_with_drops_ttl_races_and_a_killed_relay(capfd: 
                 assert invariants.check(state, handles.program_dispatcher.scheduler.cfg) == []
                 assert _passes_only_for_active(doc, handles) == []
                 # each relay's own view of its leases and passes agrees with the scheduler's, and no
-                # difference was ever flagged, through the drops, the races and the kill (§13.3)
+                # difference was ever flagged, through the drops, the races and the kill (docs/operations.md §13.3)
                 doc = await await_diagnostics(client, relay_views_agree)
                 assert doc["data_plane"]["view_mismatches_count"] == 0, doc["data_plane"]
                 assert [r["views"]["differed_count"] for r in doc["data_plane"]["relays"]] == [0, 0], doc["data_plane"]

@@ -12,7 +12,7 @@ during start-up as after it.
 
 SIGTERM to the whole group or cgroup (systemd's default ``KillMode=control-group``): every relay got
 the process manager's SIGTERM and the scheduler's, took the second for "cancel at once" and cut
-every stream without the drain of §10.4 (no error event, no ``[DONE]``, the daemon gone in 0.7 s
+every stream without the drain of docs/operations.md §10.4 (no error event, no ``[DONE]``, the daemon gone in 0.7 s
 instead of the grace period).  The scheduler now asks its relays with a signal of its own
 (``STOP_SIGNAL``), and a relay cancels only on a second signal of the same kind.
 

@@ -38,7 +38,8 @@ def test_core_residency_counts_allocations_against_the_kv_free_ahead() -> None:
     h.complete("r3", at=5.0, prompt=4000, cached=1000, completion=100)  # 3100 new tokens
     # 5100 + 3100 - 6900 = 1300 of a's 3100 are evicted, deepest first: a 1800-token prefix is left
     assert resident_tokens(h.state, a) == 1800
-    # a move costs the recompute of that resident prefix (no shared prefix measured: cached 0), §12.1
+    # a move costs the recompute of that resident prefix (no shared prefix measured: cached 0),
+    # docs/program-scheduling.md §12.1
     assert a.shared_prefix_tokens == 0
     assert move_cost_seconds(h.state, a) == cache_miss_impact_seconds(1800, h.cfg.prefill_cost_model) > 0
     assert check(h.state, h.cfg) == []
@@ -106,8 +107,8 @@ def test_core_cross_rank_patience_priced_at_the_resident_part(mode: str, moves_a
 
 def test_core_residency_unknown_without_a_kv_size_and_none_left_on_a_removed_rank() -> None:
     """Without a configured capacity and before the engine reports its KV, nothing says how much is
-    free ahead: the residency is unknown (the whole private context prices a move, §12.1); a rank
-    that left the pool holds nothing any more."""
+    free ahead: the residency is unknown (the whole private context prices a move,
+    docs/program-scheduling.md §12.1); a rank that left the pool holds nothing any more."""
     h = Harness(cross_rank_move_cost="resident")  # no token_capacity_per_dp_rank
     h.submit("a", tokens=2000)
     h.complete("r1", at=1.0, prompt=2000, cached=0, completion=100)

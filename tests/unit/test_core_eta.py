@@ -119,7 +119,7 @@ def test_a_line_that_fits_now_waits_for_the_next_tick_only() -> None:
     h.tick(at=0.0)  # the tick grid: 0, 1, 2, ...
     h.submit("x", tokens=500)
     # 600 tokens used; the gate is closed, at one scrape, by no more requests than the engine runs
-    # (not counted as lasting: §13, "The waiting gate")
+    # (not counted as lasting: docs/program-scheduling.md §13, "The waiting gate")
     h.observe(0, kv=0.6, running=1, waiting=1, at=0.5)
     assert told(h.submit("a", tokens=200, at=0.75)) == [("r2", 1, 0.25, True)]  # to the first tick at 1
     assert told(h.submit("b", tokens=400, at=0.8)) == [("r3", 2, 0.2 + 2 * 5.0, True)]  # 600 + 300 + 500 > 1000

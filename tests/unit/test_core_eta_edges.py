@@ -15,7 +15,7 @@ from tests.unit.test_core_eta import bounded
 
 
 def test_a_drain_window_keeps_the_last_32_samples() -> None:
-    """docs §13: each window keeps its last 32 samples."""
+    """docs/program-scheduling.md §13: each window keeps its last 32 samples."""
     w = DrainWindow()
     for x in range(40):
         w = eta.observe(w, float(x))
@@ -53,7 +53,7 @@ def test_a_release_due_now_or_within_a_second_sets_the_eta() -> None:
 
 
 def test_departures_look_ahead_16_completions_per_held_program() -> None:
-    """docs §13: a held Program's completions are looked ahead at most 16 times: at q = 0.04 the
+    """docs/program-scheduling.md §13: a held Program's completions are looked ahead at most 16 times: at q = 0.04 the
     line is still blocked with probability 0.96^16 > 1/2 after them (the 17th would reach 1/2)."""
     assert eta.departure_in([Departure(0.0, 500.0)], 1, 0.0, 0.04, 1.0) is None
     # at q = 0.05 the 14th completion (k = 13) brings it to 0.95^14 <= 1/2
@@ -143,7 +143,7 @@ def test_median_and_quantile_of_nothing_and_of_four() -> None:
 
 
 def test_the_accuracy_window_keeps_the_last_4096_errors() -> None:
-    """docs §13 diagnostics: the median is over the last 4096 samples; every sample is counted."""
+    """docs/program-scheduling.md §13 diagnostics: the median is over the last 4096 samples; every sample is counted."""
     book = EtaBook()
     for i in range(4100):
         rid = RequestId(f"r{i}")
@@ -153,7 +153,8 @@ def test_the_accuracy_window_keeps_the_last_4096_errors() -> None:
 
 
 def test_the_prior_is_rounds_over_throughput_once_the_request_window_is_full() -> None:
-    """docs §13: prior = max(1, R) / throughput (R = ceil(2 x mean rounds)); 5 s until the window is full."""
+    """docs/program-scheduling.md §13: prior = max(1, R) / throughput (R = ceil(2 x mean rounds));
+    5 s until the window is full."""
     for rounds, window, expected in ((3, 2, 6 / 0.25), (0, 2, 1 / 0.25), (3, 3, DEFAULT_PRIOR_INTERVAL)):
         h = Harness(stats_window_size=window)
         for at in (1.0, 5.0):  # two completions 4 s apart: 0.25 requests per second

@@ -114,7 +114,8 @@ def test_core_request_deadline_shortens_but_never_extends_queue_timeout() -> Non
     assert h.state.pool.get("r2").queue_deadline == 3.0  # type: ignore[union-attr]
     assert h.state.pool.get("r3").queue_deadline == 601.0  # type: ignore[union-attr]
     h.observe(0, kv=0.1, running=1, waiting=3, at=2.9, epoch=2)
-    eff = h.tick(at=3.0)  # the hint's deadline is due at 3.0: forced through the gate (§10, D6 fix)
+    # the hint's deadline is due at 3.0: forced through the gate (docs/program-scheduling.md §10, D6 fix)
+    eff = h.tick(at=3.0)
     assert admitted(eff) == ["r2"] and of(eff, fx.Reject) == []
 
 

@@ -59,7 +59,8 @@ def test_core_resume_order_forced_then_priority_then_yield_then_mru() -> None:
     # forced d first; then priority 3 (e); then non-yielded MRU (b finished 9, a finished 5); yielded c last
     assert order(items, "mru") == ["d", "e", "b", "a", "c"]
     assert order(items, "fcfs") == ["d", "e", "a", "b", "c"]
-    assert order(items, "las") == ["d", "e", "b", "a", "c"]  # equal attained service: then as MRU (§5.1)
+    # equal attained service: then as MRU (docs/program-scheduling.md §5.1)
+    assert order(items, "las") == ["d", "e", "b", "a", "c"]
 
 
 def test_core_resume_order_priority_ranks_before_yield_penalty() -> None:

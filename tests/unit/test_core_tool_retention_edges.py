@@ -42,7 +42,7 @@ def test_push_ignores_non_finite_and_negative_gaps_but_keeps_a_zero_gap() -> Non
 
 
 def test_holding_nothing_is_worth_nothing_even_after_instant_returns() -> None:
-    """U(0) = 0 (docs §12) also when gaps of 0 s would count as hits at d = 0."""
+    """U(0) = 0 (docs/program-scheduling.md §12) also when gaps of 0 s would count as hits at d = 0."""
     w = GapWindow(8)
     for g in (0.0, 0.0, 2.0):
         w.push(g)
