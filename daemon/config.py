@@ -131,11 +131,9 @@ MAX_TARGETS = MAX_SIM_RANKS
 
 @frozen
 class RoutingConfig:
-    worker_urls: tuple[str, ...] = field(
-        default=(),
-        converter=tuple,
-        metadata={"rule": (lambda xs: all(_valid_url(u) for u in xs), "must be http:// or https:// URLs")},
-    )
+    # each URL must be http:// or https:// (checked per URL in _cross_field_problems: the error
+    # names the offending URLs, not the whole list)
+    worker_urls: tuple[str, ...] = field(default=(), converter=tuple)
     intra_node_data_parallel_size: int = rule_field(INT_GT_0, 1)
     policy: str = rule_field(one_of(*NATIVE_POLICIES), "consistent_hash")
     health_check_interval_seconds: float = rule_field(FINITE_GT_0, 5.0)
@@ -178,6 +176,8 @@ class RoutingConfig:
             if norm in seen:
                 yield f"{p}worker_urls: must not repeat a URL (got {url!r} twice)"
             seen.add(norm)
+            if not _valid_url(url):
+                yield f"{p}worker_urls: must be http:// or https:// URLs (got {url!r})"
             unusable = _worker_url_problem(url) if _valid_url(url) else None
             if unusable is not None:
                 yield f"{p}worker_urls: {unusable} (got {url!r})"

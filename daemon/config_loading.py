@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import difflib
 import json
+import re
 import stat
 import tomllib
 from collections.abc import Mapping
@@ -508,16 +509,31 @@ _FLAG_FIELDS: dict[str, tuple[str, str]] = {
 
 def name_flags(lines: list[str], args: argparse.Namespace) -> list[str]:
     """``routing.policy: ...`` -> ``routing.policy (--policy): ...`` for each line about a field a
-    flag given on the command line set (``program_scheduling.*`` names --program-scheduling-config-json)."""
+    flag given on the command line set (``program_scheduling.*`` names --program-scheduling-config-json).
+
+    Another field the line names, set by its flag, is named the same way (``... when prometheus.host
+    (--prometheus-host) is set``), and then so is the line's own field when it is missing
+    (``prometheus.port (--prometheus-port): must be set ...``): the operator typed the other flag and
+    must add this one."""
     out = []
     for line in lines:
         path, sep, rest = line.partition(":")
+        if not sep:
+            out.append(line)
+            continue
         head = path.split("[", 1)[0]
+        own = next((f for f in _FLAG_FIELDS if head == f or head.startswith(f + ".")), None)
+        given = own is not None and getattr(args, _FLAG_FIELDS[own][1], None) is not None
+        named_other = False
         for field, (flag, dest) in _FLAG_FIELDS.items():
-            if sep and (head == field or head.startswith(field + ".")) and getattr(args, dest, None) is not None:
-                line = f"{path} ({flag}):{rest}"
-                break
-        out.append(line)
+            if field == own or getattr(args, dest, None) is None:
+                continue
+            mention = re.compile(rf"(?<![\w.]){re.escape(field)}(?![\w.=(])(?! \(--)")
+            rest, count = mention.subn(f"{field} ({flag})", rest)
+            named_other = named_other or count > 0
+        if own is not None and (given or (named_other and rest.endswith("(got None)"))):
+            path = f"{path} ({_FLAG_FIELDS[own][0]})"
+        out.append(f"{path}:{rest}")
     return out
 
 
