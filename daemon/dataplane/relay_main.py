@@ -47,6 +47,7 @@ from daemon.dispatch import NativeDispatcher
 from daemon.heap import settle_heap
 from daemon.http.app import AsgiSink, canonical_scope, lowercase_method, serve_proxy_asgi
 from daemon.http.edge import Edge, EdgeCollector
+from daemon.http.lifespan import answer_lifespan
 from daemon.http.proxy import ProgramRoute, ProxyEngine, send_error
 from daemon.http.requests import ENDPOINTS
 from daemon.http.serve import ServerState, serve_http
@@ -83,13 +84,8 @@ class RelayApp:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await answer_lifespan(receive, send)
+            return
         if scope["type"] != "http":
             return
         path = scope["path"]

@@ -16,6 +16,7 @@ from quart import Blueprint, Response
 
 from daemon.dataplane.metrics_merge import merged_families_exposition
 from daemon.http.errors import error_body
+from daemon.http.lifespan import answer_lifespan
 
 Asgi = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 # with relay processes: every relay's families (``RelayMetrics.families``), merged into the
@@ -44,13 +45,8 @@ def metrics_asgi_app(registry: CollectorRegistry, relays: RelayExpositions | Non
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await answer_lifespan(receive, send)
+            return
         if scope["type"] != "http":
             return
         extra: list[tuple[bytes, bytes]] = []
