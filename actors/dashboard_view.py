@@ -8,14 +8,25 @@ at most ``PAGE_SIZE`` Program snapshots, whatever the number of live Programs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from actors.core import eta_queue
+from actors.core.attribution import time_split_snapshot
+from actors.core.batch_class import batch_diagnostics
 from actors.core.ids import redacted_id
 from actors.core.model import ACTING, ACTIVE, PAUSED, REASONING, Program
-from actors.core.snapshot import program_snapshot, snapshot
+from actors.core.snapshot import priority_snapshot, program_snapshot, snapshot
 from actors.core.state import SchedulerState
 from actors.dashboard_feed import DashboardFeed
+from actors.dashboard_panels import (
+    TOP_PROGRAMS,
+    batch_panel,
+    classes_tenants_panel,
+    queue_eta_panel,
+    time_split_panel,
+    tools_panel,
+)
 from actors.scheduler_actor import SchedulerHandle
 
 PAGE_SIZE = 25
@@ -55,8 +66,12 @@ def dashboard_document(
     page: int = 1,
     state: str = "all",
     sort: str = "program",
+    proxy_classes: Mapping[str, Mapping[str, Any]] | None = None,
+    proxy_tenants: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The dashboard body at ``now``: ranks, Program counts, one table page, events, history."""
+    """The dashboard body at ``now``: ranks, Program counts, one table page, events, history, and
+    the panels of :mod:`actors.dashboard_panels` (``proxy_classes`` / ``proxy_tenants``: the
+    proxy's per-class and per-tenant figures, ``FairnessBook.by_class`` / ``by_tenant``)."""
     s = handle.state
     snap = snapshot(s, handle.cfg, now, include_programs=False)
     ranks = [
@@ -113,6 +128,8 @@ def dashboard_document(
                 "ttl_remaining_seconds": _round(v.ttl_remaining_seconds),
                 "waiting_seconds": _round(v.queued_seconds),
                 "pause_reason": v.pause_reason,
+                "tenant": v.tenant,
+                "priority": v.priority,
             }
         )
     return {
@@ -134,4 +151,42 @@ def dashboard_document(
             "rows": rows,
         },
         **feed.document(now),
+        **_panels(handle, now, proxy_classes, proxy_tenants),
     }
+
+
+def _panels(
+    handle: SchedulerHandle,
+    now: float,
+    proxy_classes: Mapping[str, Mapping[str, Any]] | None,
+    proxy_tenants: Mapping[str, Mapping[str, Any]] | None,
+) -> dict[str, Any]:
+    """Batch jobs, classes and tenants, tools, time split and queue ETA (docs/operations.md §9),
+    from the builders of the diagnostics' ``batch``, ``priority``, ``tools``, ``time_split`` and
+    ``queue_eta`` sections; ``batch`` only with batch jobs on."""
+    s = handle.state
+    out: dict[str, Any] = {}
+    if s.batch is not None:
+        charged: dict[str, float] = {}
+        for r in s.batch.running.values():
+            charged[r.job] = charged.get(r.job, 0.0) + r.charged_tokens
+        out["batch"] = batch_panel(batch_diagnostics(s), charged, s.batch.cfg.block_size_tokens)
+    prio = s.prio
+    weight_total = 0.0
+    served_total = 0.0
+    for tenant, account in s.fair.accounts.items():
+        weight_total += prio.weight(tenant)
+        served_total += account.input_tokens + account.output_tokens
+    out["classes_tenants"] = classes_tenants_panel(
+        priority_snapshot(s, now),
+        weight_total=weight_total,
+        served_total=served_total,
+        proxy_classes=proxy_classes,
+        proxy_tenants=proxy_tenants,
+    )
+    tr = handle.cfg.tool_retention
+    out["tools"] = tools_panel(s.tools.snapshot(), enabled=tr.enabled, min_samples=tr.min_samples)
+    live = (p.ref for p in s.programs.values())
+    out["time_split"] = time_split_panel(time_split_snapshot(s.times, live, now, top=TOP_PROGRAMS))
+    out["queue_eta"] = queue_eta_panel(eta_queue.diagnostics(s))
+    return out

@@ -29,7 +29,7 @@ channel's statistics.
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -763,9 +763,26 @@ class ProgramDispatcher:
         }
         return {"accounts": accounts}
 
-    def dashboard(self, *, page: int = 1, state: str = "all", sort: str = "program") -> dict[str, Any]:
+    def dashboard(
+        self,
+        *,
+        page: int = 1,
+        state: str = "all",
+        sort: str = "program",
+        proxy_classes: Mapping[str, Mapping[str, Any]] | None = None,
+        proxy_tenants: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> dict[str, Any]:
         """The compact live document of ``/scheduling/dashboard.json`` (actors/dashboard_view.py)."""
-        return dashboard_document(self.scheduler, self.feed, trio.current_time(), page=page, state=state, sort=sort)
+        return dashboard_document(
+            self.scheduler,
+            self.feed,
+            trio.current_time(),
+            page=page,
+            state=state,
+            sort=sort,
+            proxy_classes=proxy_classes,
+            proxy_tenants=proxy_tenants,
+        )
 
     def diagnostics(self) -> dict[str, Any]:
         now = trio.current_time()

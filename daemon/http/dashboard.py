@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from quart import Blueprint, Response, request
 
+from actors.dashboard_panels import classes_tenants_panel
 from actors.dashboard_view import SORT_KEYS, STATE_FILTERS
 from daemon.http.diagnostics import proxy_section
 from daemon.http.errors import ApiError
@@ -73,11 +74,20 @@ def dashboard_payload(
     handles: DaemonHandles, *, page: int = 1, state: str = "all", sort: str = "program"
 ) -> dict[str, Any]:
     program = handles.program_dispatcher
+    book = handles.engine.fairness  # the proxy's per-class and per-tenant figures (docs/priority.md §5.6)
+    proxy_classes = None if book is None else book.by_class()
+    proxy_tenants = None if book is None else book.by_tenant()
     doc: dict[str, Any]
     if program is not None and hasattr(program, "dashboard"):
-        doc = program.dashboard(page=page, state=state, sort=sort)
+        doc = program.dashboard(
+            page=page, state=state, sort=sort, proxy_classes=proxy_classes, proxy_tenants=proxy_tenants
+        )
     else:
         doc = {"enabled": False}
+        if book is not None:
+            doc["classes_tenants"] = classes_tenants_panel(
+                None, weight_total=0.0, served_total=0.0, proxy_classes=proxy_classes, proxy_tenants=proxy_tenants
+            )
     doc["proxy"] = _proxy_compact(proxy_section(handles))
     return doc
 
