@@ -239,8 +239,8 @@ def time_split_panel(ts: TimeSplitSnapshot) -> dict[str, Any]:
 
 
 def queue_eta_panel(eta: Mapping[str, Any]) -> dict[str, Any]:
-    """The Queue ETA panel from the diagnostics' ``queue_eta`` section (docs/program-scheduling.md
-    §13): how accurate the first ETAs were, and the Programs waiting in the ranks' lines now."""
+    """The Queue ETA panel from the accuracy figures of the diagnostics' ``queue_eta`` section
+    (``eta_queue.accuracy``, docs/program-scheduling.md §13): how accurate the first ETAs were."""
     return {
         "samples": eta["samples_count"],
         "recent_samples": eta["recent_samples"],
@@ -248,5 +248,4 @@ def queue_eta_panel(eta: Mapping[str, Any]) -> dict[str, Any]:
         "p90_relative_error": _r(eta["p90_relative_error"], 4),
         "told_waiting": eta["told_waiting_count"],
         "bound_rejections": eta["bound_rejections_count"],
-        "waiting_programs": sum(line["waiting_programs"] for line in eta["lines"]),
     }

@@ -188,5 +188,5 @@ def _panels(
     out["tools"] = tools_panel(s.tools.snapshot(), enabled=tr.enabled, min_samples=tr.min_samples)
     live = (p.ref for p in s.programs.values())
     out["time_split"] = time_split_panel(time_split_snapshot(s.times, live, now, top=TOP_PROGRAMS))
-    out["queue_eta"] = queue_eta_panel(eta_queue.diagnostics(s))
+    out["queue_eta"] = queue_eta_panel(eta_queue.accuracy(s))
     return out

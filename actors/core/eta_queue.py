@@ -478,7 +478,6 @@ def diagnostics(s: SchedulerState) -> dict[str, object]:
     """The ``queue_eta`` section of ``/scheduling/diagnostics``: accuracy of the first ETAs and
     each rank's line (docs/program-scheduling.md §13)."""
     book = s.eta
-    errors = book.errors
     waiting: dict[str, int] = {}
     for key in [(GLOBAL_QUEUE, n) for n in s.global_queues] + [(RANK_QUEUE, str(t)) for t in s.rank_queues]:
         for p, _eta in queue_etas(s, key):
@@ -503,6 +502,14 @@ def diagnostics(s: SchedulerState) -> dict[str, object]:
                 "engine_completion_interval_seconds": engine_completion_interval(s, rank),
             }
         )
+    return {**accuracy(s), "next_tick_in_seconds": to_next_tick(s), "lines": lines}
+
+
+def accuracy(s: SchedulerState) -> dict[str, object]:
+    """The accuracy figures of the ``queue_eta`` section (the dashboard shows them without the
+    per-rank lines, which cost a pass over each rank's statistics)."""
+    book = s.eta
+    errors = book.errors
     return {
         "samples_count": book.samples,
         "recent_samples": len(errors),
@@ -510,6 +517,4 @@ def diagnostics(s: SchedulerState) -> dict[str, object]:
         "p90_relative_error": quantile(errors, 0.9),
         "told_waiting_count": len(book.first),
         "bound_rejections_count": book.bound_rejections,
-        "next_tick_in_seconds": to_next_tick(s),
-        "lines": lines,
     }

@@ -248,9 +248,9 @@
       rows.length ? table("ptable", [["longest live Programs"], ["wall", 1], ["split"], ["turns", 1], ["now"], ["next loss cause", 0, "what its next request would pay for"]], rows, "") : empty("no live Program"));
   }
 
-  function renderEta(q, enabled) {
+  function renderEta(q, enabled, queued) {
     if (!enabled || !q) return panel("p-eta", "", empty("needs Program scheduling (enable_program_scheduling)"));
-    const summary = `${fmt(q.waiting_programs)} Programs waiting now`;
+    const summary = `${fmt(queued)} Programs waiting now`;
     if (!q.samples && !q.told_waiting && !q.bound_rejections) return panel("p-eta", summary, empty("no Program request has waited for admission yet"));
     panel("p-eta", summary, facts([
       ["accuracy samples", `${fmt(q.samples)} (${fmt(q.recent_samples)} recent)`],
@@ -270,7 +270,7 @@
       renderTotals(d); renderRanks(d.ranks); renderSparks(d.history); renderPrograms(d.programs); renderEvents(d);
     }
     renderBatch(d.batch, d.enabled); renderTenants(d.classes_tenants); renderTools(d.tools, d.enabled);
-    renderTime(d.time_split, d.enabled); renderEta(d.queue_eta, d.enabled);
+    renderTime(d.time_split, d.enabled); renderEta(d.queue_eta, d.enabled, d.enabled ? d.programs.counts.queued : 0);
     renderProxy(d.proxy);
     const status = $("status");
     status.dataset.polls = String(polls);
