@@ -11,12 +11,14 @@ number of jobs, tenants or tools.  Pure functions of their arguments: no clock, 
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from actors.core.attribution import CAUSES, PARTS, TimeSplitSnapshot
-from actors.core.snapshot import PrioritySnapshot
+from actors.core.fairness import TenantAccount
+from actors.core.snapshot import PrioritySnapshot, TenantSnapshot
 from actors.core.tool_retention import ToolSnapshot
 
 TOP_ROWS = 10  # jobs, tenants, tools shown
@@ -76,6 +78,8 @@ def batch_panel(
 def classes_tenants_panel(
     priority: PrioritySnapshot | None,
     *,
+    tenants: Sequence[TenantSnapshot] = (),
+    tenants_total: int = 0,
     weight_total: float,
     served_total: float,
     proxy_classes: Mapping[str, Mapping[str, Any]] | None,
@@ -83,10 +87,12 @@ def classes_tenants_panel(
 ) -> dict[str, Any]:
     """The Classes and tenants panel (docs/priority.md §2, §3, §5.6).
 
-    ``priority``: the core's view (None with Program scheduling off: the proxy's figures only).
-    ``weight_total`` and ``served_total``: the sums of the weights and of the charged input +
-    output tokens over every tenant account of the core, so a tenant's ``weight_share`` and
-    ``service_share`` compare over the same tenants.  ``proxy_classes`` / ``proxy_tenants``: the
+    ``priority``: the core's view of the classes (None with Program scheduling off: the proxy's
+    figures only); ``tenants``: the core's accounts to show (the caller picks the most active of
+    its ``tenants_total`` accounts, :func:`most_active_tenants`).  ``weight_total`` and
+    ``served_total``: the sums of the weights and of the charged input + output tokens over every
+    tenant account of the core, so a tenant's ``weight_share`` and ``service_share`` compare over
+    the same tenants.  ``proxy_classes`` / ``proxy_tenants``: the
     proxy's figures by class and by tenant label (``FairnessBook.by_class`` / ``by_tenant``);
     a tenant without a label of its own (beyond ``[tenants] metrics_top_k``) has no proxy figures.
     Tenants: the most active first (waiting + running, then served tokens, then name)."""
@@ -117,7 +123,7 @@ def classes_tenants_panel(
         )
     rows: list[dict[str, Any]] = []
     if priority is not None:
-        for t in priority.tenants:
+        for t in tenants:
             proxy = pt.get(t.tenant)
             served = t.input_tokens + t.output_tokens
             rows.append(
@@ -136,7 +142,7 @@ def classes_tenants_panel(
                     "lifts": t.lifts,
                 }
             )
-        total = priority.tenants_total
+        total = tenants_total
     else:  # the proxy's figures only, by tenant label
         tokens = sum(f["prompt_tokens"] + f["completion_tokens"] for f in pt.values())
         for label, f in pt.items():
@@ -166,6 +172,21 @@ def classes_tenants_panel(
         "tenants_more": max(0, total - min(TOP_ROWS, len(rows))),
         "tenants": rows[:TOP_ROWS],
     }
+
+
+def most_active_tenants(
+    accounts: Mapping[str, TenantAccount], proxy_tenants: Mapping[str, Mapping[str, Any]] | None
+) -> list[str]:
+    """The ``TOP_ROWS`` tenants with the most requests waiting (the core's) and running (the
+    proxy's, for a tenant with its own label), then the most tokens served, then by name."""
+    pt = proxy_tenants or {}
+
+    def key(item: tuple[str, TenantAccount]) -> tuple[float, float, str]:
+        name, a = item
+        running = pt[name]["running"] if name in pt else 0
+        return (-(a.waiting + running), -(a.input_tokens + a.output_tokens), name)
+
+    return [name for name, _ in heapq.nsmallest(TOP_ROWS, accounts.items(), key=key)]
 
 
 def _decision(t: ToolSnapshot) -> str:

@@ -16,13 +16,14 @@ from actors.core.attribution import time_split_snapshot
 from actors.core.batch_class import batch_diagnostics
 from actors.core.ids import redacted_id
 from actors.core.model import ACTING, ACTIVE, PAUSED, REASONING, Program
-from actors.core.snapshot import priority_snapshot, program_snapshot, snapshot
+from actors.core.snapshot import priority_snapshot, program_snapshot, snapshot, tenant_snapshot
 from actors.core.state import SchedulerState
 from actors.dashboard_feed import DashboardFeed
 from actors.dashboard_panels import (
     TOP_PROGRAMS,
     batch_panel,
     classes_tenants_panel,
+    most_active_tenants,
     queue_eta_panel,
     time_split_panel,
     tools_panel,
@@ -177,8 +178,11 @@ def _panels(
     for tenant, account in s.fair.accounts.items():
         weight_total += prio.weight(tenant)
         served_total += account.input_tokens + account.output_tokens
+    shown = most_active_tenants(s.fair.accounts, proxy_tenants)
     out["classes_tenants"] = classes_tenants_panel(
         priority_snapshot(s, now),
+        tenants=[tenant_snapshot(s, name, now) for name in shown],
+        tenants_total=len(s.fair.accounts),
         weight_total=weight_total,
         served_total=served_total,
         proxy_classes=proxy_classes,

@@ -349,22 +349,7 @@ def priority_snapshot(state: SchedulerState, now: float) -> PrioritySnapshot:
                 max_kv_share=limits.max_kv_share,
             )
         )
-    tenants = []
-    for name, a in s.fair.accounts.items():
-        tenants.append(
-            TenantSnapshot(
-                tenant=name,
-                weight=prio.weight(name),
-                counter=fairness.counter(s.fair, prio, name, now),
-                waiting_requests=a.waiting,
-                dispatched_requests=a.dispatched,
-                input_tokens=a.input_tokens,
-                output_tokens=a.output_tokens,
-                kv_token_seconds=fairness.total_kv_token_seconds(a, now),
-                held_kv_tokens=a.held_tokens,
-                lifts=a.lifts,
-            )
-        )
+    tenants = [tenant_snapshot(s, name, now) for name in s.fair.accounts]
     tenants.sort(key=lambda t: (-t.waiting_requests, t.counter, t.tenant))
     st = s.interactive
     return PrioritySnapshot(
@@ -378,6 +363,23 @@ def priority_snapshot(state: SchedulerState, now: float) -> PrioritySnapshot:
         interactive_batch_preemptions=st.batch_preemptions,
         interactive_program_pauses=st.program_pauses,
         interactive_reserved_ranks=tuple(sorted({str(t) for pool in st.reserved for t in reserved_ranks(s, pool)})),
+    )
+
+
+def tenant_snapshot(state: SchedulerState, name: str, now: float) -> TenantSnapshot:
+    """One tenant's account at ``now`` (docs/priority.md §3); ``name`` must have an account."""
+    a = state.fair.accounts[name]
+    return TenantSnapshot(
+        tenant=name,
+        weight=state.prio.weight(name),
+        counter=fairness.counter(state.fair, state.prio, name, now),
+        waiting_requests=a.waiting,
+        dispatched_requests=a.dispatched,
+        input_tokens=a.input_tokens,
+        output_tokens=a.output_tokens,
+        kv_token_seconds=fairness.total_kv_token_seconds(a, now),
+        held_kv_tokens=a.held_tokens,
+        lifts=a.lifts,
     )
 
 

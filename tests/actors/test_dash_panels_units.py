@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from actors.core.fairness import TenantAccount
 from actors.core.tool_retention import ToolSnapshot
-from actors.dashboard_panels import TOP_ROWS, batch_panel, classes_tenants_panel, tools_panel
+from actors.dashboard_panels import TOP_ROWS, batch_panel, classes_tenants_panel, most_active_tenants, tools_panel
 
 
 def job(name: str, queued: int = 0, running: int = 0, admitted: int = 0, **kw: Any) -> dict[str, Any]:
@@ -123,3 +124,13 @@ def test_classes_tenants_panel_from_the_proxy_alone() -> None:
         }
     ]
     assert (doc["tenants_total"], doc["tenants_more"], doc["fairness"]) == (3, 0, None)
+
+
+def test_most_active_tenants_looks_at_every_account() -> None:
+    """Beyond the diagnostics' 100 tenants (the most waiting, then the lowest counter: the least
+    served) the most served tenants still make the panel."""
+    accounts = {f"t{i:03d}": TenantAccount(input_tokens=float(i), output_tokens=1.0) for i in range(150)}
+    assert most_active_tenants(accounts, None) == [f"t{i:03d}" for i in range(149, 149 - TOP_ROWS, -1)]
+    accounts["t005"].waiting = 1  # waiting first, then running (the proxy's), then tokens served
+    proxy = {"t007": {"running": 2}, "t149": {"running": 0}}
+    assert most_active_tenants(accounts, proxy)[:3] == ["t007", "t005", "t149"]
