@@ -7,13 +7,17 @@ than the two small ranks hold (so some wait and are told an ETA), beside two bat
 requests stop naturally (``sim_output_tokens``: the jobs keep their decode statistics).  Once
 everything has ended the page must render, from its polls, every job, tenant and tool name with
 the numbers ``/scheduling/diagnostics`` reports, the time split bar and the queue ETA's accuracy.
-Without the panels' script and payload none of this is on the page.  Helpers (the browser run,
-Chromium lookup) come from ``test_dashboard_browser``.
+Without the panels' script and payload none of this is on the page.  A second run takes a PNG
+of the whole page under steady load; set ``AGENTD_UPDATE_DASHBOARD_SCREENSHOT=1`` to write it to
+docs/images/dashboard-panels.png.  Helpers (the browser run, Chromium lookup) come from
+``test_dashboard_browser``.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from html import unescape
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,7 @@ from test_dashboard_browser import browser, chromium, config
 from actors.core.config import BatchJobsConfig
 from daemon.supervisor import run_daemon
 
+PANELS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "dashboard-panels.png"
 TENANTS = ("acme", "globex", "initech")
 TOOLS = ("read_file", "run_tests")
 JOBS = ("eval-mmlu", "summarize-docs")
@@ -61,7 +66,7 @@ def batch_request(i: int) -> dict[str, Any]:
         "model": "sim-model",
         "messages": [{"role": "user", "content": words}],
         "max_tokens": 64,
-        "vllm_xargs": {"sim_output_tokens": 10 + i},  # a natural stop: the job learns its decode length
+        "vllm_xargs": {"sim_output_tokens": 10 + i % 40},  # a natural stop: the job learns its decode length
     }
 
 
@@ -113,6 +118,30 @@ async def test_dashboard_panels_render_jobs_tenants_tools_time_and_eta_in_chromi
             before = (await client.get("/scheduling/diagnostics")).json()
             dom = unescape(await browser(f"{base}/dashboard", tmp_path, "--dump-dom"))
             after = (await client.get("/scheduling/diagnostics")).json()
+
+            async def steady_agent(i: int) -> None:  # turns with short tool calls in between
+                for turn in range(1_000):
+                    await client.post(
+                        "/v1/chat/completions",
+                        json=agent_turn(f"panel-agent:{i}", TOOLS[(i + turn) % 2]),
+                        headers={"x-agentd-tenant": TENANTS[i % 3]},
+                    )
+                    await trio.sleep(0.05 * (1 + i % 3))
+
+            async def steady_batch(i: int) -> None:
+                for k in range(1_000):
+                    await batch(6 * k + i)
+
+            async with trio.open_nursery() as load:  # the screenshot shows the daemon under load
+                for i in range(8):
+                    load.start_soon(steady_agent, i)
+                for i in range(4):
+                    load.start_soon(steady_batch, i)
+                await trio.sleep(1.5)
+                await browser(
+                    f"{base}/dashboard", tmp_path, "--window-size=1400,2050", f"--screenshot={tmp_path / 'panels.png'}"
+                )
+                load.cancel_scope.cancel()
         handles.shutdown.set()
 
     assert re.search(r'data-polls="[1-9]', dom), dom[:3000]
@@ -163,3 +192,9 @@ async def test_dashboard_panels_render_jobs_tenants_tools_time_and_eta_in_chromi
     # the Program table's tenant column
     for p in (p for r in after["ranks"] for p in r["programs"]):
         assert cells(row(dom, "data-program", p["program"]))[2] == p["tenant"]
+
+    shot = tmp_path / "panels.png"
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+    if os.environ.get("AGENTD_UPDATE_DASHBOARD_SCREENSHOT") == "1":
+        PANELS_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, PANELS_SCREENSHOT)
