@@ -3,10 +3,12 @@
 The page is plain HTML, CSS and a small script shipped as package data in
 ``daemon/http/static/`` (no build step, no CDN); it polls the JSON endpoint about once a second.
 The endpoint is compact (a few KB): per-rank KV accounting, Program counts per state, one page
-of at most :data:`~actors.dashboard_view.PAGE_SIZE` Programs, recent scheduling events and a
-bounded per-tick history (docs/operations.md §9).  Query parameters ``page`` (an integer
->= 1), ``state`` and ``sort`` are validated; a bad one is a 400 naming it.  With Program scheduling
-off the body is ``{"enabled": false, "proxy": ...}`` and the page shows the proxy targets only.
+of at most :data:`~actors.dashboard_view.PAGE_SIZE` Programs, recent scheduling events, a
+bounded per-tick history and the panels of :mod:`actors.dashboard_panels` (batch jobs, classes and
+tenants, tools, time split, queue ETA; docs/operations.md §9).  Query parameters ``page`` (an
+integer >= 1), ``state`` and ``sort`` are validated; a bad one is a 400 naming it.  With Program
+scheduling off the body is ``{"enabled": false, "classes_tenants": ..., "proxy": ...}`` and the
+page shows the proxy's class and tenant figures and the proxy targets only.
 """
 
 from __future__ import annotations
