@@ -56,10 +56,11 @@ class BatchDatabaseLock:
 
     def acquire(self) -> None:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # private, as the database beside it (daemon/batch_store.py create_private)
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             # close-on-exec (os.open's default, PEP 446): a worker or Program process the daemon
             # starts must not keep the lock after the daemon is gone
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             # mkdir over a file says "File exists": name what is wrong instead
             reason = "not a directory" if isinstance(exc, FileExistsError) else exc.strerror or str(exc)

@@ -29,6 +29,7 @@ refused (the method returns False and changes nothing).
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sqlite3
 import threading
@@ -160,6 +161,23 @@ def _owned(owner: str | None, column: str = "owner") -> tuple[str, tuple[Any, ..
     return ("1 = 1", ()) if owner is None else (f"{column} = ?", (owner,))
 
 
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+
+
+def create_private(path: Path) -> None:
+    """Create the database's directory (``0700``) and an empty database file (``0600``) unless they
+    exist: the database holds every tenant's prompts and answers, so no other local user may read
+    it (docs/operations.md §10.5).  SQLite gives its ``-wal`` and ``-shm`` files the database file's
+    mode.  An existing directory or file keeps the permissions the operator gave it."""
+    path.parent.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
+    except FileExistsError:
+        return
+    os.close(fd)
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}{secrets.token_hex(12)}"
 
@@ -170,7 +188,7 @@ class BatchDatabase:
     def __init__(self, path: Path, now: Callable[[], float] = time.time) -> None:
         self.path = path
         self._now = now
-        path.parent.mkdir(parents=True, exist_ok=True)
+        create_private(path)
         self._conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
         self._lock = threading.Lock()
         self._conn.execute("PRAGMA journal_mode=WAL")
