@@ -122,7 +122,7 @@ def _visible(value: str) -> bool:
 
 # control characters (C0, DEL, C1) and the bidirectional overrides and isolates: a tenant name is
 # shown in /metrics labels, diagnostics and the dashboard, where these corrupt or disguise it
-_UNSHOWABLE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+UNSHOWABLE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def resolve_tenant(
@@ -162,7 +162,7 @@ def resolve_tenant(
                     param="user",
                 )
             user = user.strip()
-            if (bad := _UNSHOWABLE.search(user)) is not None:
+            if (bad := UNSHOWABLE.search(user)) is not None:
                 raise ApiError(
                     400,
                     "user: must not contain control or bidirectional-override characters "

@@ -49,14 +49,21 @@ from actors.core.batchjobs import DEFAULT_JOB, job_name
 from actors.core.config import BackendTarget
 from actors.fairness_metrics import FairnessBook
 from actors.logevents import get_logger, log_event
-from daemon.auth import scope_identity
+from daemon.auth import scope_id, scope_identity
 from daemon.batchfile import BATCH_CLASS, BATCH_CLASS_HEADER
 from daemon.config import ClientHintsConfig, PrioritySection, TenantsConfig
 from daemon.dispatch import Dispatcher, DispatchRejected, Lease, Outcome, ProxyRequest, RequeueableLease, Requeued
 from daemon.h1client import LeanResponse, SyncWriter, UpstreamBody
 from daemon.http.errors import SSE_DONE, ApiError, error_body, sse_error_tail, wrap_worker_error
 from daemon.http.identity import IdentityError, ParsedIdentity, parse_identity, strip_agentic_context
-from daemon.http.priority import CONTEXT_PRIORITY, PriorityInfo, batch_job_for, engine_priority, resolve
+from daemon.http.priority import (
+    CONTEXT_PRIORITY,
+    UNSHOWABLE,
+    PriorityInfo,
+    batch_job_for,
+    engine_priority,
+    resolve,
+)
 from daemon.http.queue_eta import max_queue_bound
 from daemon.http.rawbody import DELETE, MIN_LAYOUT_BYTES, edit_last_member
 from daemon.http.requests import (
@@ -151,8 +158,47 @@ def batch_job_of(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | N
                 param=BATCH_CLASS_HEADER,
             )
     if cls == BATCH_CLASS or (cls is None and tagged is not None):
-        return job_name(tagged)
+        name = job_name(tagged)
+        if name != DEFAULT_JOB:
+            check_job_name(name, "request_id" if tagged is rid else "x-request-id")
+        return name
     return None
+
+
+MAX_JOB_NAME_BYTES = 256
+
+
+def scope_job(job: str | None, principal: str | None) -> str | None:
+    """A named job scoped ``<tenant>/<name>`` by the API key's tenant, as Program ids are
+    (docs/operations.md §10.1): two tenants' jobs of one name are two jobs, so one tenant's
+    requests never join, and never move the decode-length estimate of, another tenant's job.
+    Untagged batch work stays in the one ``__default__`` job; without keys nothing changes."""
+    if job is None or principal is None or job == DEFAULT_JOB:
+        return job
+    return scope_id(principal, job)
+
+
+def check_job_name(name: str, param: str) -> None:
+    """400 ``invalid_request_id`` naming ``param`` for a job name agentd would not show: over 256
+    UTF-8 bytes or with control or bidirectional-override characters.  The name is a ``/metrics``
+    label, a log field and a key the scheduler keeps (docs/batch.md §2.1); before session 44 a body
+    ``request_id`` could tag a job of 16 MB, written whole into a log line per job and kept in the
+    job table."""
+    if UNSHOWABLE.search(name) is not None:
+        raise ApiError(
+            400,
+            f"{param}: the #job_name[...]# tag holds control or bidirectional-override characters",
+            code="invalid_request_id",
+            param=param,
+        )
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > MAX_JOB_NAME_BYTES:
+        raise ApiError(
+            400,
+            f"{param}: the #job_name[...]# tag names a job of {size} bytes, more than {MAX_JOB_NAME_BYTES}",
+            code="invalid_request_id",
+            param=param,
+        )
 
 
 def parse_program_identity(
@@ -221,7 +267,7 @@ def request_fields(
     else:
         identity = None if enable_key is None else parse_program_identity(body, headers, enable_key, hint_caps)
         identity = scope_identity(identity, principal)  # per-tenant Program ids (docs/operations.md §10)
-        batch_job = batch_job_of(body, headers)
+        batch_job = scope_job(batch_job_of(body, headers), principal)  # per-tenant jobs (docs/batch.md §2.1)
     return {
         "request_id": request_id,
         "endpoint": endpoint,

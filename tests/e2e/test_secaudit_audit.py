@@ -20,10 +20,11 @@ import attrs
 import httpx
 import pytest
 import trio
+from log_capture import EventLog
 from native_fakes import FakeWorker, make_config
 
 from actors.core.config import ProgramSchedulingConfig
-from daemon.config import AuthConfig, BatchApiConfig
+from daemon.config import AuthConfig, BatchApiConfig, BatchJobsConfig
 from daemon.handles import DaemonHandles
 from daemon.supervisor import run_daemon
 
@@ -89,4 +90,70 @@ async def test_the_batch_api_database_is_readable_by_its_owner_only(
             assert mode(database.parent) == 0o700
             for name in files:  # the database, its -wal and -shm, the lock
                 assert mode(database.parent / name) == 0o600, name
+            handles.request_shutdown()
+
+
+def chat(**extra: Any) -> dict[str, Any]:
+    return {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}
+
+
+@pytest.mark.parametrize(
+    ("request_id", "header", "param", "says"),
+    [
+        pytest.param("#job_name[" + "j" * 2_000_000 + "]#", None, "request_id", "2000000 bytes", id="2MB-body-tag"),
+        pytest.param("#job_name[" + "é" * 129 + "]#", None, "request_id", "258 bytes", id="258-bytes"),
+        pytest.param("#job_name[a\r\nb]#", None, "request_id", "control", id="crlf-body-tag"),
+        pytest.param("#job_name[a\u202eb]#", None, "request_id", "bidirectional", id="bidi-override"),
+        pytest.param(None, "r#job_name[" + "j" * 300 + "]#", "x-request-id", "300 bytes", id="header-tag"),
+    ],
+)
+async def test_a_job_name_agentd_would_not_show_is_a_400_naming_the_id(
+    fake_worker: FakeWorker, event_log: EventLog, request_id: str | None, header: str | None, param: str, says: str
+) -> None:
+    """Before: a body ``request_id`` tagged a batch job of any length and any characters (a 2 MB
+    name: a 2 MB ``batch_job_created`` log line, a 2 MB ``job`` label on ``/metrics`` while it
+    ran, a 2 MB key kept in the job table; a CR/LF one in a label).  Now over 256 bytes, or with
+    control or bidirectional-override characters, it is refused before anything is scheduled."""
+    with trio.fail_after(BUDGET_SECONDS):
+        async with trio.open_nursery() as nursery:
+            handles = await start(
+                nursery, fake_worker, auth=AUTH, batch_jobs=BatchJobsConfig(enabled=True), server=big_bodies()
+            )
+            async with client(handles, KEY_A) as a:
+                body = chat() if request_id is None else chat(request_id=request_id)
+                headers = {} if header is None else {"x-request-id": header}
+                answer = await a.post("/v1/chat/completions", json=body, headers=headers)
+                assert answer.status_code == 400, answer.text[:300]
+                error = answer.json()["error"]
+                assert (error["code"], error["param"]) == ("invalid_request_id", param)
+                assert says in error["message"]
+                ok = await a.post("/v1/chat/completions", json=chat(request_id="r#job_name[eval-1]#"))
+                assert ok.status_code == 200, ok.text
+            assert [f["job"] for _, f in event_log.named("batch_job_created")] == ["team-a/eval-1"]
+            handles.request_shutdown()
+
+
+def big_bodies() -> Any:
+    return attrs.evolve(make_config().server, max_body_bytes=4 << 20)
+
+
+async def test_two_tenants_tagging_one_job_name_get_two_jobs(fake_worker: FakeWorker, event_log: EventLog) -> None:
+    """Before: with API keys, ``#job_name[eval]#`` of tenant B joined tenant A's job ``eval``:
+    B's requests queued in A's job and B's decode lengths moved the estimate A's job is ordered
+    and reserved by (docs/batch.md §1.2), the cross-tenant reach §10.1 rules out for Programs.  Now
+    a named job is scoped by the key's tenant, as Program ids are; untagged batch work stays in
+    ``__default__``."""
+    with trio.fail_after(BUDGET_SECONDS):
+        async with trio.open_nursery() as nursery:
+            handles = await start(nursery, fake_worker, auth=AUTH, batch_jobs=BatchJobsConfig(enabled=True))
+            for key in (KEY_A, KEY_B):
+                async with client(handles, key) as c:
+                    tagged = await c.post(
+                        "/v1/chat/completions", json=chat(), headers={"x-request-id": "r#job_name[eval]#"}
+                    )
+                    assert tagged.status_code == 200, tagged.text
+                    untagged = await c.post("/v1/chat/completions", json=chat(), headers={"x-agentd-class": "batch"})
+                    assert untagged.status_code == 200, untagged.text
+            jobs = [f["job"] for _, f in event_log.named("batch_job_created")]
+            assert sorted(job for job in jobs if job != "__default__") == ["team-a/eval", "team-b/eval"], jobs
             handles.request_shutdown()
