@@ -676,9 +676,9 @@ async def forward_to_scheduler(
     if first.get("more_body", False):
         content = _rest_of_body(body, receive, stall_seconds)
     headers = [(k, v) for k, v in scope["headers"] if k.decode("latin-1").lower() not in HOP_BY_HOP]
-    path = scope.get("raw_path") or scope["path"].encode()
+    path = literal_path(scope.get("raw_path") or scope["path"].encode())
     query = scope.get("query_string", b"")
-    url = base_url + path.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
+    url = base_url + path + ("?" + query.decode("latin-1") if query else "")
     request = client.build_request(scope["method"], url, headers=headers, content=content)
     try:
         response = await client.send(request, stream=True)
@@ -708,6 +708,16 @@ async def forward_to_scheduler(
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     finally:
         await response.aclose()
+
+
+def literal_path(raw: bytes) -> str:
+    """The request target's path as the scheduler process must see it: as the client sent it.
+    httpx resolves dot segments (``/v1/../metrics`` became ``/metrics``) and takes a ``#`` for
+    the start of a fragment (``/v1/files/f#x`` became ``/v1/files/f``), which one process never
+    does (docs/operations.md §14: ``..`` is not resolved).  So ``.`` and ``..`` segments and ``#``
+    travel percent-encoded, which the scheduler process decodes back to the client's path."""
+    segments = raw.decode("latin-1").replace("#", "%23").split("/")
+    return "/".join(s.replace(".", "%2E") if s in (".", "..") else s for s in segments)
 
 
 def _stalled(seconds: float) -> ApiError:

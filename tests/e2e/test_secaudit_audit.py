@@ -8,6 +8,7 @@ measured duration.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import stat
@@ -156,4 +157,49 @@ async def test_two_tenants_tagging_one_job_name_get_two_jobs(fake_worker: FakeWo
                     assert untagged.status_code == 200, untagged.text
             jobs = [f["job"] for _, f in event_log.named("batch_job_created")]
             assert sorted(job for job in jobs if job != "__default__") == ["team-a/eval", "team-b/eval"], jobs
+            handles.request_shutdown()
+
+
+# a relay process boots in ~1.5 s of CPU; on a loaded 2-core machine that is tens of seconds
+PROCESS_START_BUDGET_SECONDS = 180.0
+
+
+async def raw_status(host: str, port: int, target: bytes) -> tuple[int, bytes]:
+    """The status and body of one GET of ``target`` sent as written (no client normalises it)."""
+    stream = await trio.open_tcp_stream(host, port)
+    await stream.send_all(b"GET " + target + b" HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    data = b""
+    while chunk := await stream.receive_some(65536):
+        data += chunk
+    await stream.aclose()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), body
+
+
+# targets one process answers with a 404 (``..`` is not resolved, ``#`` is part of the path)
+LITERAL_TARGETS = (b"/v1/../metrics", b"/health/../scheduling/diagnostics", b"/metrics#x", b"/./metrics")
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+async def test_relays_pass_the_path_on_as_the_client_sent_it(processes: int) -> None:
+    """Before: with relay processes, ``GET /v1/../metrics`` and ``GET /metrics#x`` were served
+    ``/metrics`` (httpx, forwarding them to the scheduler process, resolved the dot segments and
+    cut the ``#`` as a fragment), where one process answers 404: a filter in front of agentd that
+    blocks ``/metrics`` by its path was passed by spelling it so (docs/operations.md §14)."""
+    cfg = attrs.evolve(
+        make_config(("http://127.0.0.1:22999",), health_interval_seconds=3600.0),
+        server=attrs.evolve(make_config().server, data_plane_processes=processes),
+        batch_api=BatchApiConfig(enabled=False),
+    )
+    with trio.fail_after(PROCESS_START_BUDGET_SECONDS):
+        async with trio.open_nursery() as nursery:
+            handles = await nursery.start(partial(run_daemon, cfg))
+            assert handles.http_url is not None
+            host, port = handles.http_url.removeprefix("http://").rsplit(":", 1)
+            assert (await raw_status(host, int(port), b"/metrics"))[0] == 200
+            for target in LITERAL_TARGETS:
+                for _ in range(4):  # the kernel hands each connection to either relay
+                    status, body = await raw_status(host, int(port), target)
+                    assert status == 404, (target, body[:200])
+                    assert json.loads(body)["error"]["code"] == "not_found"
             handles.request_shutdown()
