@@ -13,8 +13,12 @@ import base64
 import re
 
 MASK = "***"
-# user-info before a host; not the ``@<rank>`` suffix of a target id (``http://w0:8000@1``)
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]+@(?!\d+(?![\w.-]))")
+# user-info before a host, up to the authority's last "@" (a password with a raw "@",
+# "http://u:pa55@word@w0:8000", is user-info "u:pa55@word" to httpx and urllib, which send it so:
+# before session 44 "word" was shown); not the ``@<rank>`` suffix of a target id
+# (``http://w0:8000@1``).  The characters are user-info's (RFC 3986 §3.2.1) and "@", so a quote
+# ends it and a URL inside compact JSON never runs into the next member
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[\w\-.~%!$&'()*+,;=:@]+@(?!\d+(?![\w.-]))")
 _BEARER = re.compile(r"(?i)\b(bearer\s+)[^\s\"',;]+")
 # HTTP Basic credentials, base64 of user:password (a worker URL's user-info is sent so, and a worker
 # echoing its Authorization header in an error would show them): only a token that decodes to

@@ -203,3 +203,37 @@ async def test_relays_pass_the_path_on_as_the_client_sent_it(processes: int) -> 
                     assert status == 404, (target, body[:200])
                     assert json.loads(body)["error"]["code"] == "not_found"
             handles.request_shutdown()
+
+
+async def test_a_worker_password_with_a_raw_at_sign_is_shown_nowhere(fake_worker: FakeWorker) -> None:
+    """Before: a worker URL whose password holds a raw ``@`` (``http://user:pa55@word@w0:8000``,
+    which httpx sends as user ``user``, password ``pa55@word``) was masked only up to its first
+    ``@``: ``/metrics`` labels, diagnostics, the dashboard, the logs and error bodies showed
+    ``http://***@word@w0:8000``, the password's tail (docs/operations.md §10.5)."""
+    urls = tuple(url.replace("http://", "http://user:pa55@word@") for url in fake_worker.worker_urls)
+    cfg = attrs.evolve(
+        make_config(urls, dp=2),
+        enable_program_scheduling=True,
+        program_scheduling=ProgramSchedulingConfig(program_scheduling_enable_key="auto"),
+    )
+    with trio.fail_after(BUDGET_SECONDS):
+        async with trio.open_nursery() as nursery:
+            handles = await nursery.start(partial(run_daemon, cfg, transport_factory=fake_worker.transport))
+            async with httpx.AsyncClient(base_url=handles.http_url) as c:
+                answer = await c.post("/v1/chat/completions", json=chat())
+                assert answer.status_code == 200, answer.text
+                fake_worker.unreachable.update(fake_worker.worker_urls)
+                failed = await c.post("/v1/chat/completions", json=chat())
+                assert failed.status_code in (502, 503), failed.text
+                shown = {
+                    "error": failed.text,
+                    "metrics": (await c.get("/metrics")).text,
+                    "diagnostics": (await c.get("/scheduling/diagnostics")).text,
+                    "dashboard": (await c.get("/scheduling/dashboard.json")).text,
+                }
+            assert "http://***@w0:8000@0" in shown["metrics"]
+            assert "http://***@w" in shown["error"], shown["error"]
+            for where, text in shown.items():
+                assert "pa55" not in text and "word" not in text, where
+            json.loads(shown["dashboard"])  # compact JSON, masked whole
+            handles.request_shutdown()
