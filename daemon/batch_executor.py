@@ -180,6 +180,10 @@ class BatchExecutor:
         self.slots = trio.Semaphore(service.cfg.concurrency)
         self.runs: dict[str, _Run] = {}
         self._first_scan = True  # batches found by the first scan of an existing database are resumed
+        # one validation at a time: each holds its whole input file and the lines parsed from it
+        # (about 3x the file), so N batches created at once over one 200 MiB file held N times
+        # that (docs/operations.md §14)
+        self._validation = trio.Lock()
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         service = self.service
@@ -263,8 +267,14 @@ class BatchExecutor:
     # ---------------------------------------------------------------- validation
 
     async def _validate(self, store: BatchStore, batch_id: str) -> None:
-        batch = await store.call(store.db.get_batch, batch_id)
-        assert batch is not None
+        async with self._validation:
+            batch = await store.call(store.db.get_batch, batch_id)
+            assert batch is not None
+            if batch["status"] != "validating":  # cancelled while it waited: nothing to load
+                return
+            await self._validate_file(store, batch_id, batch)
+
+    async def _validate_file(self, store: BatchStore, batch_id: str, batch: dict[str, Any]) -> None:
         content = await store.call(store.db.file_content, batch["input_file_id"])
         if content is None:
             await store.call(

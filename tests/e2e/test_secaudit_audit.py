@@ -12,6 +12,7 @@ import json
 import os
 import random
 import stat
+import tracemalloc
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -236,4 +237,54 @@ async def test_a_worker_password_with_a_raw_at_sign_is_shown_nowhere(fake_worker
             for where, text in shown.items():
                 assert "pa55" not in text and "word" not in text, where
             json.loads(shown["dashboard"])  # compact JSON, masked whole
+            handles.request_shutdown()
+
+
+async def batches_at_rest(c: httpx.AsyncClient, count: int) -> list[dict[str, Any]]:
+    """The ``count`` newest batches once none is validating any more (real clock: polled)."""
+    while True:
+        batches = (await c.get("/v1/batches", params={"limit": str(count)})).json()["data"]
+        if all(b["status"] != "validating" for b in batches):
+            return list(batches)
+        await trio.sleep(0.02)
+
+
+async def test_many_batches_over_one_file_are_validated_one_at_a_time(fake_worker: FakeWorker, tmp_path: Path) -> None:
+    """Before: every batch created was validated at once, each holding its whole input file and
+    the lines parsed from it; eight ``POST /v1/batches`` of 120 bytes over one 47 MB upload took
+    the daemon from 120 MB to 1.4 GB (a tenant could exhaust the machine's memory, and take every
+    other tenant's agents down with it, with a few small requests).  Now one validation runs at a
+    time, so N batches created at once need no more memory than one."""
+    # lines for another endpoint: each is a line error, so no batch sends anything
+    pad = "x" * 700
+    lines = "".join(
+        json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions", "body": {"prompt": pad}}) + "\n"
+        for i in range(6000)
+    ).encode()
+    create = {"endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    with trio.fail_after(4 * BUDGET_SECONDS):
+        async with trio.open_nursery() as nursery:
+            handles = await start(
+                nursery, fake_worker, auth=AUTH, batch_api=BatchApiConfig(database_path=str(tmp_path / "b.sqlite3"))
+            )
+            async with client(handles, KEY_A) as a:
+                a.timeout = httpx.Timeout(4 * BUDGET_SECONDS)
+                uploaded = await a.post("/v1/files", files={"purpose": (None, b"batch"), "file": ("in.jsonl", lines)})
+                file_id = uploaded.json()["id"]
+                tracemalloc.start()
+                try:
+                    assert (await a.post("/v1/batches", json={**create, "input_file_id": file_id})).status_code == 200
+                    await batches_at_rest(a, 1)
+                    one = tracemalloc.get_traced_memory()[1]
+                    tracemalloc.reset_peak()
+                    async with trio.open_nursery() as posts:
+                        for _ in range(6):
+                            posts.start_soon(partial(a.post, "/v1/batches", json={**create, "input_file_id": file_id}))
+                    done = await batches_at_rest(a, 7)
+                    six = tracemalloc.get_traced_memory()[1]
+                finally:
+                    tracemalloc.stop()
+            assert [b["status"] for b in done] == ["failed"] * 7
+            assert one > len(lines)  # the validation's own file at least
+            assert six < 2 * one, (six, one)
             handles.request_shutdown()
