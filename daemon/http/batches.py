@@ -29,7 +29,7 @@ from typing import Any
 import trio
 from quart import Blueprint, Response, request
 from werkzeug.http import parse_options_header
-from werkzeug.sansio.multipart import Data, Epilogue, Field, File, MultipartDecoder, NeedData
+from werkzeug.sansio.multipart import BLANK_LINE_RE, Data, Epilogue, Field, File, MultipartDecoder, NeedData, State
 
 from actors.logevents import get_logger, log_event
 from daemon.batch_executor import BatchService
@@ -43,6 +43,7 @@ JSON = "application/json"
 FILE_PURPOSES = ("batch",)
 MAX_FIELD_BYTES = 64 * 1024  # a non-file form field (purpose)
 MULTIPART_OVERHEAD_BYTES = 1024 * 1024  # boundaries, part headers and small fields around the file
+MAX_PART_HEAD_BYTES = 16 * 1024  # the preamble, or one part's header lines (a browser's are ~150 bytes)
 CONTENT_CHUNK_BYTES = 1024 * 1024
 COMPLETION_WINDOWS = ("24h",)
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
@@ -221,6 +222,7 @@ async def _read_parts(
             if not more:
                 decoder.receive_data(None)
             while True:
+                _check_part_head(decoder)
                 event = decoder.next_event()
                 if isinstance(event, NeedData):
                     break
@@ -269,6 +271,25 @@ async def _read_parts(
         raise _too_many_lines(max_lines)
     purpose = fields.get("purpose")
     return (None if purpose is None else purpose.decode("utf-8", "replace")), filename, bytes(content)
+
+
+def _check_part_head(decoder: MultipartDecoder) -> None:
+    """400 ``invalid_multipart`` for a preamble or a part's header block over 16 KiB.  werkzeug
+    parses a part's ``Content-Disposition`` at about 0.7 µs a byte on the event loop: before session
+    44 a 30 MB filename held the whole daemon (every stream, every probe) for 11 s, and the upload
+    limit allowed 200 MiB of it (docs/operations.md §14)."""
+    if decoder.state not in (State.PREAMBLE, State.PART) or len(decoder.buffer) <= MAX_PART_HEAD_BYTES:
+        return
+    if decoder.state == State.PART:
+        ended = BLANK_LINE_RE.search(decoder.buffer, 0, MAX_PART_HEAD_BYTES + 4)
+        what = "a part's headers exceed"
+    else:
+        ended = decoder.preamble_re.search(decoder.buffer, 0, MAX_PART_HEAD_BYTES + len(decoder.boundary) + 8)
+        what = "the multipart preamble exceeds"
+    if ended is None:
+        raise ApiError(
+            400, f"malformed multipart body: {what} {MAX_PART_HEAD_BYTES} bytes", code="invalid_multipart", param="file"
+        )
 
 
 class _Disconnected(Exception):

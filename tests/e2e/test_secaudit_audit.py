@@ -26,7 +26,7 @@ from log_capture import EventLog
 from native_fakes import FakeWorker, make_config
 
 from actors.core.config import ProgramSchedulingConfig
-from daemon.config import AuthConfig, BatchApiConfig, BatchJobsConfig
+from daemon.config import AuthConfig, BatchApiConfig, BatchJobsConfig, LimitsConfig
 from daemon.handles import DaemonHandles
 from daemon.supervisor import run_daemon
 
@@ -288,3 +288,61 @@ async def test_many_batches_over_one_file_are_validated_one_at_a_time(fake_worke
             assert one > len(lines)  # the validation's own file at least
             assert six < 2 * one, (six, one)
             handles.request_shutdown()
+
+
+async def read_answer(stream: trio.SocketStream) -> tuple[int, dict[str, Any]]:
+    """A JSON answer read by its content-length."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = await stream.receive_some(65536)
+        assert chunk, data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(ln.split(b":")[1] for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += await stream.receive_some(65536)
+    return int(head.split(b" ")[1]), json.loads(body[:length])
+
+
+@pytest.mark.parametrize(
+    ("start", "says"),
+    [
+        pytest.param(
+            b'--bnd\r\nContent-Disposition: form-data; name="file"; filename="', "a part's headers", id="part-head"
+        ),
+        pytest.param(b"--bnd\r\nX-Padding: ", "a part's headers", id="header-line"),
+        pytest.param(b"", "the multipart preamble", id="preamble"),
+    ],
+)
+async def test_an_upload_whose_part_headers_never_end_is_refused_at_16_kib(
+    fake_worker: FakeWorker, start: bytes, says: str
+) -> None:
+    """Before: the multipart parser buffered a part's header block (or the preamble) up to the
+    upload limit, 200 MiB, and parsed it on the event loop: a 30 MB filename held the daemon, every
+    stream and probe of every tenant, for 11 s per upload.  Now a header block or preamble over
+    16 KiB is a 400 ``invalid_multipart`` as soon as it is seen (here: after 64 KiB of one, the rest
+    never sent; before, the daemon waited for it and answered 408)."""
+    with trio.fail_after(BUDGET_SECONDS):
+        async with trio.open_nursery() as nursery:
+            handles = await start_daemon(nursery, fake_worker)
+            assert handles.http_url is not None
+            host, port = handles.http_url.removeprefix("http://").rsplit(":", 1)
+            stream = await trio.open_tcp_stream(host, int(port))
+            head = (
+                b"POST /v1/files HTTP/1.1\r\nhost: x\r\nauthorization: Bearer " + KEY_A.encode() + b"\r\n"
+                b"content-type: multipart/form-data; boundary=bnd\r\ncontent-length: 100000000\r\n\r\n"
+            )
+            await stream.send_all(head + start + b"a" * (1 << 16))
+            status, body = await read_answer(stream)
+            assert status == 400, body
+            assert (body["error"]["code"], body["error"]["param"]) == ("invalid_multipart", "file")
+            assert says in body["error"]["message"] and "16384 bytes" in body["error"]["message"]
+            await stream.aclose()
+            async with client(handles, KEY_A) as a:  # a usual upload still passes
+                ok = await a.post("/v1/files", files={"purpose": (None, b"batch"), "file": ("in.jsonl", LINE * 200)})
+                assert ok.status_code == 200, ok.text
+            handles.request_shutdown()
+
+
+async def start_daemon(nursery: trio.Nursery, worker: FakeWorker) -> DaemonHandles:
+    return await start(nursery, worker, auth=AUTH, limits=LimitsConfig(body_read_timeout_seconds=3.0))
