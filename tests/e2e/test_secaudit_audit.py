@@ -142,7 +142,7 @@ def big_bodies() -> Any:
 async def test_two_tenants_tagging_one_job_name_get_two_jobs(fake_worker: FakeWorker, event_log: EventLog) -> None:
     """Before: with API keys, ``#job_name[eval]#`` of tenant B joined tenant A's job ``eval``:
     B's requests queued in A's job and B's decode lengths moved the estimate A's job is ordered
-    and reserved by (docs/batch.md §1.2), the cross-tenant reach §10.1 rules out for Programs.  Now
+    and reserved by (docs/batch.md §1.2), the cross-tenant reach docs/operations.md §10.1 rules out for Programs.  Now
     a named job is scoped by the key's tenant, as Program ids are; untagged batch work stays in
     ``__default__``."""
     with trio.fail_after(BUDGET_SECONDS):
