@@ -28,6 +28,7 @@ from daemon.commands.paths import batch_database_problem
 from daemon.config import HTTP1_ENV, HTTP1_IMPLEMENTATIONS, LOG_FORMATS, AgentdConfig
 from daemon.config_loading import (
     ConfigError,
+    ConfigWarning,
     add_router_flags,
     config_file_warnings,
     ignored_flag_warnings,
@@ -76,15 +77,43 @@ def requested_log_format(args: argparse.Namespace) -> str:
     return value if isinstance(value, str) and value in LOG_FORMATS else "kv"
 
 
-def raise_open_file_limit() -> None:
+def raise_open_file_limit() -> int | None:
     """Every client and worker connection is a file descriptor: use the hard limit, not the soft
-    one (often 1024), so ``[limits] max_connections`` is what caps connections."""
+    one (often 1024), so ``[limits] max_connections`` is what caps connections.  The open-file
+    limit in effect afterwards; None when unlimited or unknown."""
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != hard:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     except (ValueError, OSError):  # not permitted here: keep the soft limit
         pass
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+# descriptors a process holds beside its connections: listeners, the epoll and wake-up handles,
+# log and database files, relay links and pipes
+OTHER_FILES = 64
+
+
+def open_file_limit_warning(cfg: AgentdConfig, limit: int | None) -> ConfigWarning | None:
+    """WARN ``open_file_limit_low`` when ``limit`` cannot hold ``[limits] max_connections`` client
+    connections plus a worker connection per in-flight request (docs/config.md ``[limits]``): past
+    it, accepting fails with EMFILE and the listener stalls while connections are under the cap."""
+    if limit is None:
+        return None
+    limits = cfg.limits
+    needed = limits.max_connections + limits.max_in_flight_requests + OTHER_FILES
+    if limit >= needed:
+        return None
+    return ConfigWarning(
+        "open_file_limit_low",
+        f"the process may open {limit} files (ulimit -n, its hard limit), fewer than the {needed} that "
+        f"limits.max_connections ({limits.max_connections} client connections), a worker connection for each of "
+        f"limits.max_in_flight_requests ({limits.max_in_flight_requests}) and {OTHER_FILES} other files need: "
+        "raise the limit (ulimit -Hn, LimitNOFILE= of a systemd unit) or lower the two caps (docs/config.md)",
+        (("open_file_limit", limit), ("needed", needed)),
+    )
 
 
 def _leaf_errors(exc: BaseException) -> str:
@@ -160,10 +189,10 @@ def run(args: argparse.Namespace) -> int:
     if forced and forced not in HTTP1_IMPLEMENTATIONS:  # overrides [server] http1_implementation
         line = f"{HTTP1_ENV}: must be one of {', '.join(HTTP1_IMPLEMENTATIONS)}, got {forced!r}"
         return _config_error([line], cfg.server.log_format)
-    raise_open_file_limit()
+    files = open_file_limit_warning(cfg, raise_open_file_limit())
     configure_logging(cfg.server.log_level, cfg.server.log_format)
-    # an empty file; reference-router flags agentd ignores (docs/operations.md §13.10)
-    for warning in [*config_file_warnings(args.config), *ignored_flag_warnings(args)]:
+    # an empty file; reference-router flags agentd ignores (docs/operations.md §13.10); too few files
+    for warning in [*config_file_warnings(args.config), *ignored_flag_warnings(args), *([files] if files else [])]:
         log_event(get_logger("start"), logging.WARNING, warning.event, message=warning.message, **dict(warning.fields))
     if cfg.server.log_format != "json":
         try:
