@@ -678,6 +678,47 @@ def _total_ranks(cfg: AgentdConfig) -> int:
 WORKER_IDLE_TIMEOUT_SECONDS = 5.0
 
 
+WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]")
+
+
+def _exposure_warnings(cfg: AgentdConfig) -> list[ConfigWarning]:
+    """Operator listeners on every interface, and TLS to workers without certificate checks
+    (docs/operations.md §10.2, §10.6): both are legal, and both expose what the rest of the
+    configuration protects."""
+    out: list[ConfigWarning] = []
+    listeners = (
+        ("admin", cfg.admin.host, cfg.admin.port),
+        ("prometheus", cfg.prometheus.bind_host, cfg.prometheus.port),
+    )
+    for section, host, port in listeners:
+        if port is not None and host in WILDCARD_HOSTS:
+            out.append(
+                ConfigWarning(
+                    "operator_listener_on_every_interface",
+                    f"{section}.host = {host!r} serves "
+                    + (
+                        "the operator routes (/scheduling/diagnostics, /metrics, /dashboard)"
+                        if section == "admin"
+                        else "/metrics"
+                    )
+                    + " on every interface, and that listener never asks for a key: bind it to 127.0.0.1 or a "
+                    "management interface (docs/operations.md §10.2)",
+                    (("listener", section), ("host", host), ("port", port)),
+                )
+            )
+    https = [url for url in cfg.routing.worker_urls if url.lower().startswith("https://")]
+    if https and not cfg.worker_tls.verify:
+        out.append(
+            ConfigWarning(
+                "worker_tls_unverified",
+                "worker_tls.verify = false: the certificates of https:// workers are not checked, so anyone on the "
+                "path can pose as a worker and read every prompt (for tests only; docs/operations.md §10.6)",
+                (("https_workers", len(https)),),
+            )
+        )
+    return out
+
+
 def config_warnings(cfg: AgentdConfig) -> list[ConfigWarning]:
     out: list[ConfigWarning] = []
     keepalive = cfg.routing.keepalive_expiry_seconds
@@ -691,6 +732,7 @@ def config_warnings(cfg: AgentdConfig) -> list[ConfigWarning]:
                 (("keepalive_expiry_seconds", keepalive),),
             )
         )
+    out.extend(_exposure_warnings(cfg))
     if cfg.priority.interactive_scheduling and not cfg.enable_program_scheduling:
         out.append(
             ConfigWarning(
