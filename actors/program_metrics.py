@@ -116,6 +116,7 @@ TRANSITION_REASONS = (
     "request_failed",
     "health_failover",
     "paused_retention_release",
+    "paused_capacity_release",
 )
 REQUEUE_OUTCOMES = ("requeued", "too_late", "not_requeueable")
 ROLLING_WINDOWS = ("request", "continuity")

@@ -177,6 +177,9 @@ class ProgramSchedulingConfig:
     queue_timeout_seconds: float = rule_field(FINITE_GT_0, 600.0)
     force_resume_timeout_seconds: float = rule_field(FINITE_GT_0, 300.0)
     paused_retention_ttl_seconds: float = rule_field(FINITE_GT_0, 1800.0)
+    # agentd: a bound on idle paused Programs kept for paused_retention_ttl_seconds (0 = none), so a
+    # client minting Program ids cannot grow the daemon's memory (docs/program-scheduling.md §1)
+    max_idle_paused_programs: int = rule_field(INT_GE_0, 20000)
     shared_prefix_freshness_warmup_seconds: float = rule_field(FINITE_GE_0, 100.0)
     shared_prefix_freshness_kv_turnovers: float = rule_field(FINITE_GT_0, 2.0)
     decode_buffer_tokens: int = rule_field(INT_GE_0, 100)

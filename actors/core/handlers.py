@@ -34,6 +34,7 @@ from actors.core.sequences import (
     periodic_sequence,
     prune_released_generations,
     reject_timed_out,
+    release_idle_over_cap,
     release_retained,
 )
 from actors.core.state import SchedulerState, live_program
@@ -136,6 +137,7 @@ def on_tick(s: SchedulerState, ev: RepairTick) -> None:
     """The periodic tick: forget old generation histories, re-examine every rank, report sources."""
     # the queue ETA counts to the next tick's admission pass (docs/program-scheduling.md §13)
     s.eta.last_tick_at = s.now
+    release_idle_over_cap(s)
     prune_released_generations(s)
     fairness.prune(s.fair, s.prio, s.now)
     if s.interactive.pending:

@@ -416,7 +416,7 @@ def release(s: SchedulerState, p: Program, reason: str) -> bool:
             to_state=to,
             reason=reason,
             target_id=target or p.last_target,
-            counted=reason == "paused_retention_release",
+            counted=reason in ("paused_retention_release", "paused_capacity_release"),
         )
     )
     s.effects.append(RetireProgram(program=p.ref))

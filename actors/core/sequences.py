@@ -65,14 +65,40 @@ def expire_acting_ttl(s: SchedulerState, p: Program) -> None:
 
 def release_retained(s: SchedulerState, p: Program) -> None:
     """``p`` stayed idle and paused for ``paused_retention_ttl_seconds``: release the generation."""
-    if p.state != PAUSED or p.status != ACTING or p.in_flight or s.pool.program_len(p.ref):
+    if not _idle_paused(s, p):
         return
     if p.paused_at + s.cfg.paused_retention_ttl_seconds > s.now:
         return
+    _observe_last_gap(s, p)
+    release(s, p, "paused_retention_release")
+
+
+def release_idle_over_cap(s: SchedulerState) -> None:
+    """More than ``max_idle_paused_programs`` Programs idle and paused: release the ones paused
+    longest ago (then by key), as ``paused_retention_release`` would later (docs/program-scheduling.md
+    §1).  A client minting Program ids otherwise grows the scheduler by one Program, and the actors
+    by one Program actor, per id for ``paused_retention_ttl_seconds``.  Free below the cap: the
+    count of live Programs is checked first."""
+    cap = s.cfg.max_idle_paused_programs
+    if not cap or len(s.programs) <= cap:
+        return
+    idle = [p for p in s.programs.values() if _idle_paused(s, p)]
+    if len(idle) <= cap:
+        return
+    idle.sort(key=lambda p: (p.paused_at, p.ref.model_pool, p.ref.program_id))
+    for p in idle[: len(idle) - cap]:
+        _observe_last_gap(s, p)
+        release(s, p, "paused_capacity_release")
+
+
+def _idle_paused(s: SchedulerState, p: Program) -> bool:
+    return p.state == PAUSED and p.status == ACTING and not p.in_flight and not s.pool.program_len(p.ref)
+
+
+def _observe_last_gap(s: SchedulerState, p: Program) -> None:
     if p.last_request_finished_at is not None and p.continuity_sampled_at != p.last_request_finished_at:
         # the Program never came back: one long gap for its last turn's tools (docs/program-scheduling.md §12)
         s.tools.observe(p.ref.model_pool, p.last_turn_keys, s.now - p.last_request_finished_at, p.tool_ttl_armed)
-    release(s, p, "paused_retention_release")
 
 
 def reject_timed_out(s: SchedulerState, p: Program) -> None:
@@ -101,10 +127,11 @@ def prune_released_generations(s: SchedulerState) -> None:
     memory of generation numbers and lineage nodes (B14).
     """
     keep = max(s.cfg.paused_retention_ttl_seconds, 60.0)
+    cap = s.cfg.max_idle_paused_programs  # with it, histories older than 60 s beyond the cap go too
     released = s.released_at
     while released:
         key, at = next(iter(released.items()))
-        if at + keep > s.now:
+        if at + keep > s.now and not (cap and len(released) > cap and at + 60.0 <= s.now):
             return
         del released[key]
         s.last_generations.pop(key, None)

@@ -33,7 +33,7 @@ def test_an_operator_listener_on_every_interface_warns(host: str) -> None:
     [
         {},
         {"admin": {"host": "127.0.0.1", "port": 3002}},
-        {"admin": {"host": "10.0.0.5", "port": 3002}},  # a management interface: what §10.2 advises
+        {"admin": {"host": "10.0.0.5", "port": 3002}},  # a management interface: what docs/operations.md §10.2 advises
         {"prometheus": {"port": 29000}},  # the default host, 127.0.0.1
     ],
 )
