@@ -351,7 +351,8 @@ def test_nine_tenths_of_the_previous_context_cached_is_continuous() -> None:
         h.complete("r1", at=1.0, prompt=1000, cached=0, completion=10)
         h.submit("p", rid="r2", tokens=1100, at=2.0, hints=ttl)
         eff = h.complete("r2", at=3.0, prompt=1100, cached=cached, completion=10)
-        assert [e.cached_prompt_tokens for e in of(eff, fx.CacheDiscontinuity)] == ([cached] if broken else [])
+        found = [(e.cached_prompt_tokens, e.uncached_prompt_tokens) for e in of(eff, fx.CacheDiscontinuity)]
+        assert found == ([(cached, 1100 - cached)] if broken else [])
         assert h.program("p").rounds_since_activation == (1 if broken else 2)
 
 
@@ -381,3 +382,21 @@ def test_a_request_window_of_instant_requests_gives_the_warm_up_freshness() -> N
     h.submit("q", rid="q1", tokens=1000, at=2.0, hints=RequestHints(kv_retention_ttl_seconds=50.0))
     h.complete("q1", at=3.0, prompt=1000, cached=0, completion=10)
     assert h.program("q").shared_prefix_fresh_until == 102.0
+
+
+def test_the_request_sample_fields_at_their_boundaries() -> None:
+    """Growth is sampled only for 0 < growth < previous context (0, 1 and the previous context
+    itself: none, 1, none); e2e counts from the arrival; a rank's first unreported cached count is
+    0, and a later missing one on a reporting rank is 0 too (not the rank's mean)."""
+    h = Harness(n_targets=1, token_capacity_per_dp_rank=100_000)
+    ttl = RequestHints(kv_retention_ttl_seconds=50.0)
+    prompts = (1000, 1000, 1001, 2002)
+    for i, prompt in enumerate(prompts):
+        h.submit("p", rid=f"r{i}", tokens=prompt, at=10.0 * i, hints=ttl)
+        h.complete(f"r{i}", at=10.0 * i + 3.0, prompt=prompt, cached=None if i == 0 else 500, completion=10)
+    h.submit("p", rid="r4", tokens=2100, at=40.0, hints=ttl)
+    h.complete("r4", at=41.5, prompt=2100, completion=10)  # the rank reports: a missing count is 0
+    samples = h.rank().factors.requests
+    assert [r.context_growth_tokens for r in samples] == [None, None, 1, None, 98]
+    assert [r.e2e_seconds for r in samples] == [3.0, 3.0, 3.0, 3.0, 1.5]
+    assert [r.cached_prompt_tokens for r in samples] == [0, 500, 500, 500, 0]
