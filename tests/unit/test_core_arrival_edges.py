@@ -48,7 +48,7 @@ def test_a_request_of_a_pool_without_targets_is_refused_before_any_program_exist
 
 
 def test_a_request_forwarded_under_a_revoked_pass_is_admitted_where_it_is() -> None:
-    """docs §15: the relay forwarded the request to rank 1 under a pass revoked since; the paused
+    """docs/program-scheduling.md §15: the relay forwarded the request to rank 1 under a pass revoked since; the paused
     Program is admitted there as it stands (``pass_race_admit``), not where its binding is."""
     h = Harness(n_targets=2, binding_strategy="program_round_robin")
     _ran_and_paused(h)
@@ -126,7 +126,7 @@ def test_two_arrivals_of_one_idle_period_take_one_continuity_sample() -> None:
 
 
 def test_a_new_generation_is_paused_and_anchored_at_its_arrival() -> None:
-    """The shared prefix's freshness counts from the generation's creation (docs §2.2): created at
+    """The shared prefix's freshness counts from the generation's creation (docs/program-scheduling.md §2.2): created at
     5 s, its first measurement is fresh until 5 + the warm-up (100 s); it then holds for its TTL."""
     h = Harness(n_targets=1)
     h.submit("p", rid="r1", at=5.0, hints=RequestHints(kv_retention_ttl_seconds=10.0))
@@ -137,7 +137,7 @@ def test_a_new_generation_is_paused_and_anchored_at_its_arrival() -> None:
 
 
 def test_the_lineage_learns_the_declared_root() -> None:
-    """A child declaring its parent and root is linked to the root (diagnostics, docs §10)."""
+    """A child declaring its parent and root is linked to the root (diagnostics, docs/program-scheduling.md §10)."""
     h = Harness(n_targets=1)
     h.submit("c", ident=Ident("c", "c", "c", parent_program_id="a", root_program_id="root"))
     assert h.state.lineage.root(POOL, "c") == "root"
@@ -223,7 +223,7 @@ def test_the_step_id_saturates_at_the_largest_64_bit_value() -> None:
 
 
 def test_a_pass_race_admission_over_capacity_is_repaired_in_the_same_step() -> None:
-    """docs §15: ``pass_race_admit`` admits without a capacity plan and capacity repair deals with
+    """docs/program-scheduling.md §15: ``pass_race_admit`` admits without a capacity plan and capacity repair deals with
     the excess: rank 1 holds q (7600 tokens), p's 3100 more pass 10 000, so repair marks p at once."""
     h = Harness(n_targets=2, binding_strategy="program_round_robin", token_capacity_per_dp_rank=10_000)
     h.submit("p", rid="r1", at=0.0, tokens=3000)
@@ -252,7 +252,7 @@ def test_a_growing_request_of_an_active_program_is_repaired_in_the_same_step() -
 
 
 def test_a_failover_move_starts_the_program_over_as_paused_on_its_new_rank() -> None:
-    """docs §9.1: moved as if its rank had left the pool: paused since the move, no segment,
+    """docs/program-scheduling.md §9.1: moved as if its rank had left the pool: paused since the move, no segment,
     the shared prefix's freshness anchored at the move."""
     a, b = "http://a:8000", "http://b:8000"
     h = Harness(n_targets=0, binding_strategy="program_round_robin")
@@ -272,7 +272,7 @@ def test_a_failover_move_starts_the_program_over_as_paused_on_its_new_rank() -> 
 
 
 def test_a_second_failover_while_the_first_runs_keeps_the_first_rank_it_left() -> None:
-    """docs §9.1: ``failover_from`` is the first rank a failover moved the Program off: r2.f1 runs
+    """docs/program-scheduling.md §9.1: ``failover_from`` is the first rank a failover moved the Program off: r2.f1 runs
     on c after a failover off a, then another request of it could not reach c; it moves to b and
     still remembers a."""
     a, b, c = "http://a:8000", "http://b:8000", "http://c:8000"

@@ -49,7 +49,8 @@ def test_a_completion_of_a_released_generation_is_ignored() -> None:
 
 
 def test_the_output_reservation_ends_with_its_request() -> None:
-    """docs §4: the request's expected output (500) is charged while it runs, not while it acts."""
+    """docs/program-scheduling.md §4: the request's expected output (500) is charged while it runs,
+    not while it acts."""
     h = Harness(n_targets=1, token_capacity_per_dp_rank=100_000)
     hints = RequestHints(expected_output_length=500, kv_retention_ttl_seconds=10.0)
     h.submit("p", rid="r1", at=0.0, tokens=1000, hints=hints)
@@ -84,8 +85,9 @@ def test_the_lifetime_output_counts_every_completion() -> None:
 
 
 def test_a_request_hint_ttl_decides_alone_and_clears_the_last_tool_decision() -> None:
-    """docs §12: with ``kv_retention_ttl_seconds`` the per-tool model is not asked (its counters do
-    not move) and the Program no longer carries the previous turn's armed tool TTL."""
+    """docs/program-scheduling.md §12: with ``kv_retention_ttl_seconds`` the per-tool model is not
+    asked (its counters do not move) and the Program no longer carries the previous turn's armed
+    tool TTL."""
     h = Harness(token_capacity_per_dp_rank=1_000_000, tool_retention=ToolRetentionConfig(min_samples=2))
     t = _turns(h, "a", "grep", 0.1, 3)
     p = h.program("a")
@@ -141,7 +143,7 @@ def test_an_interactive_completion_admits_the_program_waiting_for_its_capacity()
 
 
 def test_a_failed_request_teaches_no_tool_turn() -> None:
-    """docs §12: only a successful completion's tool calls are the Program's last turn."""
+    """docs/program-scheduling.md §12: only a successful completion's tool calls are the Program's last turn."""
     h = Harness(n_targets=1, tool_retention=ToolRetentionConfig(min_samples=1))
     h.submit("p", rid="r1", at=0.0)
     h.complete("r1", at=1.0, prompt=100, completion=10, finish_reason="tool_calls", tool_names=("grep",))
@@ -178,7 +180,7 @@ def _run_and_resume(h: Harness, cached: int | None) -> tuple[object, ...]:
 
 
 def test_the_resume_hit_window_learns_only_from_reported_placement_starts() -> None:
-    """docs §4: one sample per placement start of a Program that ran before, with the backend's
+    """docs/program-scheduling.md §4: one sample per placement start of a Program that ran before, with the backend's
     cached count; a continuation within the placement, or a start without a report, is none."""
     h = Harness(n_targets=1, token_capacity_per_dp_rank=100_000)
     _run_and_resume(h, cached=600)
@@ -209,7 +211,7 @@ def test_a_continuation_inside_an_acting_period_is_no_resume_sample() -> None:
 
 
 def test_a_broken_cache_at_a_placement_start_starts_a_new_segment() -> None:
-    """docs §2.2: r1's segment (started at 0 s, one round, sampled at its TTL pause) ends when r2
+    """docs/program-scheduling.md §2.2: r1's segment (started at 0 s, one round, sampled at its TTL pause) ends when r2
     comes back with 100 of its previous 1000 tokens cached (< 0.9): the new segment starts at r2's
     dispatch (5 s) and counts one served round, none sampled yet (r2 holds a 50 s TTL)."""
     h = Harness(n_targets=1, token_capacity_per_dp_rank=100_000)
@@ -302,8 +304,9 @@ def test_cap_at_fit_ignores_programs_waiting_in_another_model_pool() -> None:
 
 
 def test_a_failed_request_without_a_cached_count_keeps_its_split_estimated() -> None:
-    """docs §14: only a successful usage without a cached count reads as a full miss on a rank that
-    reports cached tokens; a failed request's split of its time stays an estimate."""
+    """docs/program-scheduling.md §14: only a successful usage without a cached count reads as a full
+    miss on a rank that reports cached tokens; a failed request's split of its time stays an
+    estimate."""
     h = Harness(n_targets=1, token_capacity_per_dp_rank=100_000)
     ttl = RequestHints(kv_retention_ttl_seconds=50.0)
     h.submit("p", rid="r1", tokens=1000, at=0.0, hints=ttl)
@@ -314,7 +317,7 @@ def test_a_failed_request_without_a_cached_count_keeps_its_split_estimated() -> 
 
 
 def test_a_request_window_of_full_cache_hits_gives_the_warm_up_freshness() -> None:
-    """docs §2.2: the KV-turnover freshness divides by the mean uncached prompt; a full request
+    """docs/program-scheduling.md §2.2: the KV-turnover freshness divides by the mean uncached prompt; a full request
     window of full cache hits has none, so the warm-up (100 s) is used: q's first measurement,
     anchored at its creation (4 s), holds until 104 s."""
     h = Harness(n_targets=1, stats_window_size=2, token_capacity_per_dp_rank=100_000)
@@ -328,7 +331,7 @@ def test_a_request_window_of_full_cache_hits_gives_the_warm_up_freshness() -> No
 
 
 def test_the_miss_impact_counts_only_the_prompt_beyond_the_shared_prefix() -> None:
-    """docs §2.2: r1's placement start measured a shared prefix of 400 tokens; r2's cache-miss
+    """docs/program-scheduling.md §2.2: r1's placement start measured a shared prefix of 400 tokens; r2's cache-miss
     impact prices its 1100-token prompt minus those 400."""
     h = Harness(n_targets=1, token_capacity_per_dp_rank=100_000)
     ttl = RequestHints(kv_retention_ttl_seconds=50.0)
@@ -357,7 +360,7 @@ def test_nine_tenths_of_the_previous_context_cached_is_continuous() -> None:
 
 
 def test_a_stale_shared_prefix_is_measured_again_at_the_next_break() -> None:
-    """docs §2.2: the first measurement (0 tokens at 1 s) is fresh for the warm-up (100 s, its
+    """docs/program-scheduling.md §2.2: the first measurement (0 tokens at 1 s) is fresh for the warm-up (100 s, its
     anchor moving with each pause); p comes back at 200 s with 300 of 1000 tokens cached, a new
     segment whose start measures the shared prefix again."""
     h = Harness(n_targets=1, token_capacity_per_dp_rank=100_000)
