@@ -43,6 +43,9 @@ def scheduling_configs(draw: st.DrawFn) -> ProgramSchedulingConfig:
         queue_timeout_seconds=queue_timeout,
         force_resume_timeout_seconds=draw(st.sampled_from([10.0, 30.0])),
         paused_retention_ttl_seconds=draw(st.sampled_from([20.0, 90.0])),
+        # the bound on idle paused Programs (docs/program-scheduling.md §1): small ones make the
+        # machine's Programs hit it; 20,000 (the default) never binds here
+        max_idle_paused_programs=draw(st.sampled_from([1, 3, 20_000])),
         shared_prefix_freshness_warmup_seconds=30.0,
         decode_buffer_tokens=draw(st.sampled_from([0, 100])),
         max_acting_ttl_seconds=draw(st.sampled_from([0.0, 10.0])),

@@ -256,6 +256,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             elif isinstance(e, SpawnProgram):
                 prev = self.generations.get(e.program.program_id)
                 keep = max(self.cfg.paused_retention_ttl_seconds, 60.0)
+                if self.cfg.max_idle_paused_programs < 20_000:
+                    # beyond the bound a released history may go once 60 s old (docs/program-scheduling.md §1)
+                    keep = 60.0
                 if prev is not None and prev[1] is not None and self.now - prev[1] < keep:
                     assert e.program.generation == prev[0] + 1, f"{e.program} after generation {prev[0]}"
                 elif prev is not None and prev[1] is not None:
