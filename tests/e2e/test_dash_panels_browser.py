@@ -26,6 +26,7 @@ import attrs
 import httpx
 import pytest
 import trio
+from test_dash_panels_json import agent_turn as json_agent_turn
 from test_dashboard_browser import browser, chromium, config
 
 from actors.core.config import BatchJobsConfig
@@ -47,17 +48,7 @@ def panels_config() -> Any:
 
 
 def agent_turn(program_id: str, tool: str) -> dict[str, Any]:
-    words = " ".join(f"{program_id}-word{i}" for i in range(120))  # ~300 estimated prompt tokens
-    return {
-        "model": "sim-model",
-        "messages": [{"role": "user", "content": words}],
-        "max_tokens": 24,
-        "vllm_xargs": {
-            "agentic_context": {"program_id": program_id},
-            "sim_finish_reason": "tool_calls",
-            "sim_tool_name": tool,
-        },
-    }
+    return json_agent_turn(program_id, tool, words=120, max_tokens=24)  # ~300 estimated prompt tokens
 
 
 def batch_request(i: int) -> dict[str, Any]:

@@ -35,12 +35,13 @@ def panels_config(*, batch: bool = True, **ps: Any) -> AgentdConfig:
     return attrs.evolve(cfg, batch_jobs=BatchJobsConfig(enabled=True, max_jobs=0)) if batch else cfg
 
 
-def agent_turn(program_id: str, tool: str) -> dict[str, Any]:
-    words = " ".join(f"{program_id}-word{i}" for i in range(40))
+def agent_turn(program_id: str, tool: str, *, words: int = 40, max_tokens: int = 8) -> dict[str, Any]:
+    """One agent turn that ends calling ``tool`` (the simulator's hints: docs/simulator.md)."""
+    text = " ".join(f"{program_id}-word{i}" for i in range(words))
     return {
         "model": "sim-model",
-        "messages": [{"role": "user", "content": words}],
-        "max_tokens": 8,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
         "vllm_xargs": {
             "agentic_context": {"program_id": program_id},
             "sim_finish_reason": "tool_calls",

@@ -24,6 +24,7 @@ import pytest
 import trio
 from log_capture import EventLog
 from native_fakes import FakeWorker, make_config
+from test_hostile_clients import read_response
 
 from actors.core.config import ProgramSchedulingConfig
 from daemon.config import AuthConfig, BatchApiConfig, BatchJobsConfig, LimitsConfig
@@ -292,16 +293,8 @@ async def test_many_batches_over_one_file_are_validated_one_at_a_time(fake_worke
 
 async def read_answer(stream: trio.SocketStream) -> tuple[int, dict[str, Any]]:
     """A JSON answer read by its content-length."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = await stream.receive_some(65536)
-        assert chunk, data
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = int(next(ln.split(b":")[1] for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")))
-    while len(body) < length:
-        body += await stream.receive_some(65536)
-    return int(head.split(b" ")[1]), json.loads(body[:length])
+    status, _headers, body = await read_response(stream)
+    return status, json.loads(body)
 
 
 @pytest.mark.parametrize(
