@@ -239,6 +239,29 @@ def usage_from_object(obj: Any) -> Usage | None:
     return best
 
 
+_USAGE_MEMBER = re.compile(rb'"usage"\s*:\s*\{')
+_DECODER = json.JSONDecoder()
+
+
+def usage_of_body(body: bytes) -> Usage | None:
+    """The usage of a whole (non-streamed) JSON answer, read from its last ``"usage": {...}`` member
+    alone: about 1.5 µs for a 1 KB chat completion, against 12 µs for parsing the whole body as
+    :meth:`UsageAccumulator.feed_json` does (docs/priority.md §5.6).  A ``"usage"`` inside a string
+    has its quotes escaped and never matches; a string value ``"usage"`` has no ``:`` after it.
+    None when the body has no such member or it does not parse."""
+    start = body.rfind(b'"usage"')
+    while start >= 0:
+        member = _USAGE_MEMBER.match(body, start)
+        if member is not None:
+            try:
+                obj, _ = _DECODER.raw_decode(body[member.end() - 1 :].decode("utf-8", "replace"))
+            except ValueError:
+                return None
+            return _parse_usage(obj) if isinstance(obj, dict) else None
+        start = body.rfind(b'"usage"', 0, start)
+    return None
+
+
 def _parse_usage(u: dict[str, Any]) -> Usage:
     cache_read = None
     for key in ("cache_read_input_tokens", "cached_input_tokens", "cached_tokens"):

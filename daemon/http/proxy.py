@@ -90,6 +90,7 @@ from daemon.upstream import (
     client_headers,
     map_httpx_error,
     upstream_headers,
+    usage_of_body,
 )
 
 logger = get_logger("proxy")
@@ -1198,6 +1199,9 @@ class ProxyEngine:
             accumulator = UsageAccumulator()
             if lease.wants_usage:
                 accumulator.feed_json(body)
+            elif ok and self.fairness is not None:
+                # a native lease: only the tenants' token counts need the usage (docs/priority.md §5.6)
+                accumulator.usage = usage_of_body(body)
             exchange.finish(
                 Outcome(
                     ok,

@@ -272,8 +272,9 @@ async def test_without_program_scheduling_only_the_proxy_figures_remain(
         ("acme", 2, 0, None, None),
         ("globex", 1, 0, None, None),
     ]
-    # the native path reads no usage (docs/priority.md §5.6): no tokens served, no share to show
-    assert [t["service_share"] for t in ct["tenants"]] == [None, None]
+    # the native path reads the usage of plain answers (docs/priority.md §5.6): equal answers, so
+    # each tenant's share is its share of the requests
+    assert [t["service_share"] for t in ct["tenants"]] == [0.6667, 0.3333]
     (cls,) = ct["classes"]  # a request without a Program identity is class interactive
     assert (cls["request_class"], cls["admitted"], cls["completed"], cls["charged_tokens"]) == (
         "interactive",
