@@ -42,6 +42,7 @@ from actors.core.config import (
     rule_field,
 )
 from actors.core.config import PriorityConfig as CorePriorityConfig
+from daemon.hostnames import ANY_HOST, allowed_hosts_problem
 from daemon.redact import redact_url
 from sim.config import MAX_SIM_RANKS, SimServerShape, own_fields_first
 
@@ -97,6 +98,20 @@ class ServerConfig:
     # the HTTP/1.1 protocol inside hypercorn's connection handling (docs/operations.md §13.7):
     # agentd's own (daemon/http/h1proto.py) or hypercorn's h11-based one
     http1_implementation: str = rule_field(one_of(*HTTP1_IMPLEMENTATIONS), "agentd")
+    # Host names the listeners answer besides IP addresses and localhost (docs/operations.md §10.7):
+    # a listener on loopback refuses every other name (DNS rebinding), one bound elsewhere checks only
+    # when this lists some; ".example.com" names a domain and everything under it, ["*"] any name
+    allowed_hosts: tuple[str, ...] = field(default=(), converter=tuple)
+
+    def _cross_field_problems(self, path: str) -> Iterator[str]:
+        p = f"{path}." if path else ""
+        for entry in self.allowed_hosts:
+            problem = allowed_hosts_problem(entry)
+            if problem is not None:
+                yield f"{p}allowed_hosts: {problem} (got {entry!r})"
+        if ANY_HOST in self.allowed_hosts and len(self.allowed_hosts) > 1:
+            entries = list(self.allowed_hosts)
+            yield f'{p}allowed_hosts: "*" answers every name and must be the only entry (got {entries!r})'
 
 
 def _finite_number(x: Any) -> bool:

@@ -47,8 +47,10 @@ from daemon.dispatch import Dispatcher, NativeDispatcher
 from daemon.h1client import relay_hub
 from daemon.handles import DaemonHandles
 from daemon.health import HealthBoard, run_health_checks
+from daemon.hostnames import host_policy
 from daemon.http.app import create_app
 from daemon.http.edge import Edge, EdgeCollector
+from daemon.http.hostguard import guard
 from daemon.http.metrics_route import metrics_asgi_app
 from daemon.http.proxy import OutcomeReports, ProgramRoute, ProxyEngine
 from daemon.http.serve import ServerState
@@ -280,6 +282,9 @@ async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandle
         )
     )
     app = create_app(handles, role="public" if split else "all", edge=edge, auth=auth)
+    allowed = cfg.server.allowed_hosts
+    # the internal listener behind relays answers what the relays forward: the public listener's names
+    public_hosts = host_policy(allowed, cfg.server.host)
     state = handles.server_state
     if data_plane is not None:
         # the internal listener carries the relays' forwarded routes: at most one per client connection
@@ -288,7 +293,7 @@ async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandle
         state.max_connections = cfg.limits.max_connections * processes
     http_url = await servers.start(
         partial(serve_asgi, state=state, hard_grace_seconds=hard, http1=cfg.server.http1_implementation),
-        app,
+        guard(app, public_hosts, f"server.host {cfg.server.host!r}"),
         # with relays this listener is internal: the relays forward every non-proxy route to it
         cfg.server.host if data_plane is None else "127.0.0.1",
         cfg.server.port if data_plane is None else 0,
@@ -306,7 +311,7 @@ async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandle
             partial(
                 serve_asgi, hard_grace_seconds=hard, http1=cfg.server.http1_implementation, listen_field="admin.port"
             ),
-            admin_app,
+            guard(admin_app, host_policy(allowed, cfg.admin.host), f"admin.host {cfg.admin.host!r}"),
             cfg.admin.host,
             cfg.admin.port,
             grace,
@@ -320,7 +325,7 @@ async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandle
         )
         metrics_url = await servers.start(
             partial(serve_asgi, http1=cfg.server.http1_implementation, listen_field="prometheus.port"),
-            metrics_app,
+            guard(metrics_app, host_policy(allowed, host), f"prometheus.host {host!r}"),
             host,
             cfg.prometheus.port,
             grace,

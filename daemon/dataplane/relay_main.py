@@ -45,8 +45,10 @@ from daemon.dataplane.relay import (
 from daemon.dataplane.wire import Hello
 from daemon.dispatch import NativeDispatcher
 from daemon.heap import settle_heap
+from daemon.hostnames import host_policy
 from daemon.http.app import AsgiSink, canonical_scope, lowercase_method, serve_proxy_asgi
 from daemon.http.edge import Edge, EdgeCollector
+from daemon.http.hostguard import guard
 from daemon.http.lifespan import answer_lifespan
 from daemon.http.proxy import ProgramRoute, ProxyEngine, send_error
 from daemon.http.requests import ENDPOINTS
@@ -258,7 +260,7 @@ async def run_relay(spec: RelaySpec) -> None:
                     listener=listener,
                     http1=cfg.server.http1_implementation,
                 ),
-                app,
+                guard(app, host_policy(cfg.server.allowed_hosts, cfg.server.host), f"server.host {cfg.server.host!r}"),
                 cfg.server.host,
                 cfg.server.port,
                 grace,

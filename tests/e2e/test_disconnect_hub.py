@@ -30,7 +30,7 @@ from daemon.http.serve import serve_http
 from daemon.supervisor import run_daemon
 
 BUDGET = 30.0  # generous: a broken behaviour fails instead of hanging, success never nears it
-POST = b"POST /x HTTP/1.1\r\nhost: h\r\ncontent-length: %d\r\n\r\n"
+POST = b"POST /x HTTP/1.1\r\nhost: localhost\r\ncontent-length: %d\r\n\r\n"
 
 
 class WatchingApp:
@@ -151,7 +151,7 @@ async def test_expect_100_continue_is_not_taken_at_once() -> None:
         async with trio.open_nursery() as nursery:
             port = await start(nursery, app)
             stream = await trio.open_tcp_stream("127.0.0.1", port)
-            head = b"POST /x HTTP/1.1\r\nhost: h\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\n"
+            head = b"POST /x HTTP/1.1\r\nhost: localhost\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\n"
             await stream.send_all(head + b"hi")
             data = b""
             while not data.endswith(b"ok"):
@@ -232,7 +232,7 @@ async def test_a_client_leaving_a_held_complete_request_abandons_it(
             assert handles.http_url is not None
             port = int(handles.http_url.rsplit(":", 1)[1])
             stream = await trio.open_tcp_stream("127.0.0.1", port)
-            head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: h\r\ncontent-type: application/json\r\n"
+            head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
             await stream.send_all(head + b"content-length: %d\r\n\r\n" % len(body) + body)
             await transport.held.wait()
             assert handles.native_dispatcher.total_in_flight() == 1

@@ -153,7 +153,7 @@ async def test_connection_cap_answers_json_503_and_closes(fake_worker: FakeWorke
             first = await trio.open_tcp_stream(host, port)
             await wait_until(lambda: handles.server_state.open_connections == 1)
             second = await trio.open_tcp_stream(host, port)
-            await second.send_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+            await second.send_all(b"GET /health HTTP/1.1\r\nhost: localhost\r\n\r\n")
             data = b""
             while chunk := await second.receive_some(65536):
                 data += chunk
@@ -177,7 +177,7 @@ async def test_body_read_timeout_is_a_json_408(fake_worker: FakeWorker) -> None:
             host, port = host_port(handles)
             stream = await trio.open_tcp_stream(host, port)
             await stream.send_all(
-                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
                 b'content-length: 100\r\n\r\n{"model": '
             )
             data = b""
@@ -230,7 +230,7 @@ async def test_a_client_that_stops_reading_loses_its_connection_and_lease() -> N
             stream = await trio.open_tcp_stream(host, port)
             body = json.dumps(CHAT).encode()
             await stream.send_all(
-                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
                 + f"content-length: {len(body)}\r\n\r\n".encode()
                 + body
             )

@@ -92,7 +92,7 @@ async def at_rest(client: httpx.AsyncClient) -> dict[str, Any]:
 
 def multipart_head(path: str, length: int) -> bytes:
     return (
-        f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: multipart/form-data; boundary=bnd\r\n"
+        f"POST {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: multipart/form-data; boundary=bnd\r\n"
         f"content-length: {length}\r\n\r\n"
     ).encode()
 
@@ -106,7 +106,8 @@ UPLOAD_START = b'--bnd\r\nContent-Disposition: form-data; name="purpose"\r\n\r\n
         pytest.param("/v1/files", multipart_head("/v1/files", 10_000), UPLOAD_START, id="upload"),
         pytest.param(
             "/v1/batches",
-            b"POST /v1/batches HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n",
+            b"POST /v1/batches HTTP/1.1\r\n"
+            b"host: localhost\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n",
             b'{"input_file_id": ',
             id="create-batch",
         ),
@@ -177,7 +178,7 @@ async def test_clients_that_leave_mid_body_or_mid_stream_leave_no_capacity_behin
                 body = chat(False, "leaver-1")
                 stream = await trio.open_tcp_stream(host, port)
                 await stream.send_all(
-                    b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                    b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
                     + f"content-length: {len(body)}\r\n\r\n".encode()
                     + body[: len(body) // 2]
                 )
@@ -186,7 +187,7 @@ async def test_clients_that_leave_mid_body_or_mid_stream_leave_no_capacity_behin
                 body = chat(True, "leaver-2")
                 stream = await trio.open_tcp_stream(host, port)
                 await stream.send_all(
-                    b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                    b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
                     + f"content-length: {len(body)}\r\n\r\n".encode()
                     + body
                 )
@@ -207,7 +208,7 @@ async def test_clients_that_leave_mid_body_or_mid_stream_leave_no_capacity_behin
 # Raw requests a careless or hostile client sends, and the answer each must get.
 RAW_CASES = [
     pytest.param(
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
         b"content-encoding: gzip\r\ncontent-length: 2\r\n\r\n{}",
         415,
         "unsupported_content_encoding",
@@ -215,7 +216,7 @@ RAW_CASES = [
         id="gzip-body",
     ),
     pytest.param(
-        b"POST /v1/batches HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"POST /v1/batches HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
         b"content-encoding: deflate\r\ncontent-length: 2\r\n\r\n{}",
         415,
         "unsupported_content_encoding",
@@ -223,7 +224,8 @@ RAW_CASES = [
         id="deflate-batch",
     ),
     pytest.param(  # a content-length shorter than the body: the declared bytes are the body
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 10\r\n\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\n"
+        b"host: localhost\r\ncontent-type: application/json\r\ncontent-length: 10\r\n\r\n"
         b'{"model": "fake-model", "messages": []}',
         400,
         "invalid_json",
@@ -231,43 +233,61 @@ RAW_CASES = [
         id="content-length-short",
     ),
     pytest.param(
-        b"GET /v1/files/..%2F..%2Fetc%2Fpasswd HTTP/1.1\r\nhost: x\r\n\r\n", 404, "not_found", None, id="traversal"
+        b"GET /v1/files/..%2F..%2Fetc%2Fpasswd HTTP/1.1\r\nhost: localhost\r\n\r\n",
+        404,
+        "not_found",
+        None,
+        id="traversal",
     ),
     pytest.param(
-        b"GET /v1/files/%ff%fe HTTP/1.1\r\nhost: x\r\n\r\n", 404, "file_not_found", "file_id", id="bad-utf8-id"
+        b"GET /v1/files/%ff%fe HTTP/1.1\r\nhost: localhost\r\n\r\n", 404, "file_not_found", "file_id", id="bad-utf8-id"
     ),
     pytest.param(
-        b"GET /v1/files/a%00b/content HTTP/1.1\r\nhost: x\r\n\r\n", 404, "file_not_found", "file_id", id="nul-id"
+        b"GET /v1/files/a%00b/content HTTP/1.1\r\nhost: localhost\r\n\r\n",
+        404,
+        "file_not_found",
+        "file_id",
+        id="nul-id",
     ),
     pytest.param(
-        b"GET /v1/batches?limit=%C2%B2 HTTP/1.1\r\nhost: x\r\n\r\n", 400, "invalid_value", "limit", id="limit-sup2"
+        b"GET /v1/batches?limit=%C2%B2 HTTP/1.1\r\nhost: localhost\r\n\r\n",
+        400,
+        "invalid_value",
+        "limit",
+        id="limit-sup2",
     ),
     pytest.param(
-        b"GET /v1/files?limit=" + b"9" * 5000 + b" HTTP/1.1\r\nhost: x\r\n\r\n",
+        b"GET /v1/files?limit=" + b"9" * 5000 + b" HTTP/1.1\r\nhost: localhost\r\n\r\n",
         400,
         "invalid_value",
         "limit",
         id="limit-5000-digits",
     ),
     pytest.param(
-        b"GET /v1/batches?limit=1&limit=2 HTTP/1.1\r\nhost: x\r\n\r\n", 400, "invalid_value", "limit", id="limit-twice"
+        b"GET /v1/batches?limit=1&limit=2 HTTP/1.1\r\nhost: localhost\r\n\r\n",
+        400,
+        "invalid_value",
+        "limit",
+        id="limit-twice",
     ),
     pytest.param(
-        b"GET /scheduling/dashboard.json?page=%C2%B2 HTTP/1.1\r\nhost: x\r\n\r\n",
+        b"GET /scheduling/dashboard.json?page=%C2%B2 HTTP/1.1\r\nhost: localhost\r\n\r\n",
         400,
         "invalid_parameter",
         "page",
         id="page-sup2",
     ),
     pytest.param(
-        b"POST /v1/batches HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 66\r\n\r\n"
+        b"POST /v1/batches HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: 66\r\n\r\n"
         b'{"input_file_id": "f", "endpoint": {}, "completion_window": "24h"}',
         400,
         "invalid_value",
         "endpoint",
         id="endpoint-object",
     ),
-    pytest.param(b"DELETE /v1/chat/completions HTTP/1.1\r\nhost: x\r\n\r\n", 405, "method_not_allowed", None, id="405"),
+    pytest.param(
+        b"DELETE /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\n\r\n", 405, "method_not_allowed", None, id="405"
+    ),
 ]
 
 
@@ -302,7 +322,7 @@ def digest(key: str) -> str:
 async def raw_get(host: str, port: int, target: bytes, key: str) -> tuple[int, bytes]:
     stream = await trio.open_tcp_stream(host, port)
     await stream.send_all(
-        b"GET " + target + b" HTTP/1.1\r\nhost: x\r\nauthorization: Bearer " + key.encode() + b"\r\n\r\n"
+        b"GET " + target + b" HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer " + key.encode() + b"\r\n\r\n"
     )
     status, _, body = await read_response(stream)
     await stream.aclose()

@@ -174,7 +174,7 @@ async def test_an_error_answered_before_the_body_arrived_closes_the_connection(
             host, port = handles.http_url.removeprefix("http://").rsplit(":", 1)
             async with await trio.open_tcp_stream(host, int(port)) as stream:
                 # the head alone, as httpx sends it before the body: the route is answered at once
-                head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+                head = f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n\r\n"
                 await stream.send_all(head.encode())
                 answer = b""
                 while not answer.endswith(b"}}"):  # the JSON error, whole
@@ -187,7 +187,7 @@ async def test_an_error_answered_before_the_body_arrived_closes_the_connection(
                 with trio.fail_after(5):
                     rest = b""
                     try:
-                        await stream.send_all(body + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                        await stream.send_all(body + b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
                         while chunk := await stream.receive_some(65536):
                             rest += chunk
                     except trio.BrokenResourceError:  # the server closed first (a reset)

@@ -169,7 +169,7 @@ PROCESS_START_BUDGET_SECONDS = 180.0
 async def raw_status(host: str, port: int, target: bytes) -> tuple[int, bytes]:
     """The status and body of one GET of ``target`` sent as written (no client normalises it)."""
     stream = await trio.open_tcp_stream(host, port)
-    await stream.send_all(b"GET " + target + b" HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    await stream.send_all(b"GET " + target + b" HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
     data = b""
     while chunk := await stream.receive_some(65536):
         data += chunk
@@ -322,7 +322,7 @@ async def test_an_upload_whose_part_headers_never_end_is_refused_at_16_kib(
             host, port = handles.http_url.removeprefix("http://").rsplit(":", 1)
             stream = await trio.open_tcp_stream(host, int(port))
             head = (
-                b"POST /v1/files HTTP/1.1\r\nhost: x\r\nauthorization: Bearer " + KEY_A.encode() + b"\r\n"
+                b"POST /v1/files HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer " + KEY_A.encode() + b"\r\n"
                 b"content-type: multipart/form-data; boundary=bnd\r\ncontent-length: 100000000\r\n\r\n"
             )
             await stream.send_all(head + start + b"a" * (1 << 16))

@@ -125,7 +125,7 @@ async def _exchange(port: int, data: bytes, *, half_close: bool = False) -> byte
 def _head(body: bytes, *, length: int | None = None, extra: bytes = b"") -> bytes:
     size = len(body) if length is None else length
     return (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: agentd\r\nContent-Type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\nConnection: close\r\n%b\r\n" % (size, extra)
     )
 
@@ -230,7 +230,7 @@ async def test_walkd32_bodies_limits_and_streams(tmp_path: Path, processes: int,
             raw = await _exchange(port, _head(over) + over)
             assert _status(raw) == 413 and _error(raw)["code"] == "body_too_large", raw[:300]
             chunked = (
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: agentd\r\nTransfer-Encoding: chunked\r\n"
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
                 b"Connection: close\r\n\r\n"
             )
             raw = await _exchange(port, chunked + _chunk(at_limit) + b"0\r\n\r\n")

@@ -77,7 +77,7 @@ async def _raw(port: int, request: bytes) -> tuple[bytes, bytes]:
 def _post(target: bytes, body: dict[str, Any]) -> bytes:
     data = json.dumps(body).encode()
     return (
-        b"POST %b HTTP/1.1\r\nHost: agentd\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+        b"POST %b HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
         b"Connection: close\r\n\r\n%b" % (target, len(data), data)
     )
 
@@ -93,7 +93,7 @@ async def _concurrent_uploads(port: int, count: int, client: httpx.AsyncClient) 
     each must be stored (200)."""
     streams = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(count)]
     head = (
-        b"POST /v1/files HTTP/1.1\r\nHost: agentd\r\nContent-Type: multipart/form-data; boundary=x\r\n"
+        b"POST /v1/files HTTP/1.1\r\nHost: localhost\r\nContent-Type: multipart/form-data; boundary=x\r\n"
         b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(UPLOAD)
     )
     for stream in streams:
@@ -185,11 +185,11 @@ async def test_relays_route_bound_heads_and_keep_metrics_across_a_sigkill(
             await _concurrent_uploads(port, 4, client)
 
             # a forwarded route has one date header
-            head, body = await _raw(port, b"GET /health HTTP/1.1\r\nHost: agentd\r\nConnection: close\r\n\r\n")
+            head, body = await _raw(port, b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 200")
             assert head.lower().count(b"\r\ndate:") == 1, head
             # a 40 KiB head in one write is the relay's JSON 431
-            big = b"GET /health HTTP/1.1\r\nHost: agentd\r\nx-big: " + b"a" * 40_000 + b"\r\n\r\n"
+            big = b"GET /health HTTP/1.1\r\nHost: localhost\r\nx-big: " + b"a" * 40_000 + b"\r\n\r\n"
             head, body = await _raw(port, big)
             assert head.startswith(b"HTTP/1.1 431"), head
             assert json.loads(body)["error"]["code"] == "request_head_too_large"
