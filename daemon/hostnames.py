@@ -88,11 +88,23 @@ class HostPolicy:
     suffixes: tuple[str, ...] = ()  # ".example.com": example.com and every name under it
 
     def allows(self, value: str) -> bool:
+        """Whether a ``Host`` value names this listener acceptably (an empty one: not a browser)."""
         name = host_name(value)
         if name is None:
             return False
-        if not name:
-            return True  # an empty Host: not a browser
+        return not name or self._allows_name(name)
+
+    def allows_origin(self, value: str) -> bool:
+        """Whether a page of this ``Origin`` may use the listener: the same names as ``Host``.  A
+        browser sends ``Origin`` with every cross-site POST, even one it sends without asking the
+        server first (a ``text/plain`` body); ``null`` (a local file, a sandboxed frame) is refused."""
+        scheme, sep, authority = value.strip().partition("://")
+        if not sep or not scheme or not authority or "/" in authority or "@" in authority:
+            return False
+        name = host_name(authority)
+        return name is not None and name != "" and self._allows_name(name)
+
+    def _allows_name(self, name: str) -> bool:
         if _is_ip_literal(name) or name in _LOOPBACK_NAMES or name.endswith(".localhost"):
             return True
         if name in self.names:

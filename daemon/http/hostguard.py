@@ -4,7 +4,9 @@
 without ``Host`` (HTTP/1.0, tools) passes: browsers always send one.  The probes (``/health``,
 ``/liveness``, ``/readiness``) pass whatever they name, so an orchestrator's probe with a ``Host``
 header of its own keeps working.  A refusal is a JSON 403 ``host_not_allowed`` naming the host and
-the field to change.
+the field to change.  A request whose ``Origin`` (sent by browsers with every cross-site POST)
+names a host the listener would not answer as ``Host`` is a 403 ``origin_not_allowed``: a page of
+another site cannot even send requests blind.
 """
 
 from __future__ import annotations
@@ -20,37 +22,42 @@ from daemon.http.proxy import send_error
 _CACHE_LIMIT = 256  # verdicts remembered per listener (the Host values one client population sends)
 
 
-def refusal(value: str, listener: str) -> ApiError:
+def refusal(header: str, value: str, listener: str) -> ApiError:
     shown = value[:120]
-    return ApiError(
-        403,
-        f"Host {shown!r} is not allowed on this listener ({listener}): it answers IP addresses, localhost "
-        "and the names in server.allowed_hosts; add the name there to use it (docs/operations.md §10.7)",
-        code="host_not_allowed",
-        param="host",
-    )
+    if header == "origin":
+        message = (
+            f"Origin {shown!r} is not allowed on this listener ({listener}): a web page of another site "
+            "cannot use it; add the page's host name to server.allowed_hosts to allow it (docs/operations.md §10.7)"
+        )
+    else:
+        message = (
+            f"Host {shown!r} is not allowed on this listener ({listener}): it answers IP addresses, localhost "
+            "and the names in server.allowed_hosts; add the name there to use it (docs/operations.md §10.7)"
+        )
+    return ApiError(403, message, code=f"{header}_not_allowed", param=header)
 
 
 def guard(app: Any, policy: HostPolicy, listener: str) -> Any:
     """``app`` behind ``policy``: ``app`` itself when the policy checks nothing (no cost per request)."""
     if not policy.enforce:
         return app
-    verdicts: dict[bytes, bool] = {}
+    verdicts: dict[tuple[bytes, bytes], bool] = {}
 
     async def guarded(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] not in PROBE_PATHS:
             for key, value in scope["headers"]:
-                if key == b"host":  # (ASGI header names are lower case)
-                    ok = verdicts.get(value)
-                    if ok is None:
-                        ok = policy.allows(value.decode("latin-1"))
-                        if len(verdicts) >= _CACHE_LIMIT:
-                            verdicts.clear()
-                        verdicts[value] = ok
-                    if not ok:  # (the body stays unread: the server handles that as any early answer)
-                        await send_error(AsgiSink(send), refusal(value.decode("latin-1"), listener))
-                        return
-                    break
+                if key != b"host" and key != b"origin":  # (ASGI header names are lower case)
+                    continue
+                ok = verdicts.get((key, value))
+                if ok is None:
+                    text = value.decode("latin-1")
+                    ok = policy.allows(text) if key == b"host" else policy.allows_origin(text)
+                    if len(verdicts) >= _CACHE_LIMIT:
+                        verdicts.clear()
+                    verdicts[(key, value)] = ok
+                if not ok:  # (the body stays unread: the server handles that as any early answer)
+                    await send_error(AsgiSink(send), refusal(key.decode(), value.decode("latin-1"), listener))
+                    return
         await app(scope, receive, send)
 
     return guarded

@@ -1,15 +1,17 @@
-"""DNS rebinding over real sockets (docs/operations.md §10.7): every loopback listener of a daemon
+"""DNS rebinding and cross-site requests over real sockets (docs/operations.md §10.7): every loopback listener of a daemon
 without keys answers only IP addresses, localhost names and ``server.allowed_hosts``.
 
 Before this check, ``Host: rebound.example`` (what a browser sends for a page whose name an attacker
 re-pointed at 127.0.0.1) was served on every route: completions, ``/v1/files``, diagnostics and
 ``/metrics`` (session-44 walk).  Each listener is checked: the public one with one process and with
 two relay processes (where the relays serve the proxy routes and forward the rest), the admin
-listener and the Prometheus listener; the probes pass whatever they name.
+listener and the Prometheus listener; the probes pass whatever they name.  A cross-site page's
+blind POST (its ``Origin`` names another site) is refused the same way before it reaches a worker.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,10 @@ def _config(worker_url: str, processes: int, allowed: tuple[str, ...], tmp: Path
     )
 
 
+def json_bytes(body: dict[str, Any]) -> bytes:
+    return json.dumps(body).encode()
+
+
 def _port(url: str) -> int:
     return int(url.rsplit(":", 1)[1])
 
@@ -89,11 +95,28 @@ async def test_loopback_listeners_refuse_a_rebound_name(tmp_path: Path, processe
             _refused(await _get(client, f"{admin}/scheduling/diagnostics", REBOUND), "admin.host '127.0.0.1'")
             _refused(await _get(client, f"{metrics}/metrics", REBOUND), "prometheus.host '127.0.0.1'")
 
+            # a page of another site sends its POST blind (a text/plain body needs no CORS preflight):
+            # refused by its Origin before it reaches a worker
+            answer = await client.post(
+                f"{public}/v1/chat/completions",
+                content=json_bytes(CHAT),
+                headers={"origin": "https://evil.example", "content-type": "text/plain"},
+            )
+            assert answer.status_code == 403, answer.text
+            error = answer.json()["error"]
+            assert (error["code"], error["param"]) == ("origin_not_allowed", "origin")
+            assert "'https://evil.example'" in error["message"] and "server.allowed_hosts" in error["message"]
+            assert worker.generation_requests() == []
             # the names a browser on this machine uses for it, and addresses, are answered
             for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", f"app.localhost:{port}"):
                 answer = await client.post(f"{public}/v1/chat/completions", json=CHAT, headers={"host": host})
                 assert answer.status_code == 200, (host, answer.text)
-            assert len(worker.generation_requests()) == 4
+            # a local web app (a page served from localhost) may use it
+            answer = await client.post(
+                f"{public}/v1/chat/completions", json=CHAT, headers={"origin": "http://localhost:5173"}
+            )
+            assert answer.status_code == 200, answer.text
+            assert len(worker.generation_requests()) == 5
             assert (await _get(client, f"{public}/v1/models", "localhost")).status_code == 200
             assert (await _get(client, f"{admin}/scheduling/diagnostics", "LOCALHOST")).status_code == 200
             assert (await _get(client, f"{metrics}/metrics", "127.0.0.1")).status_code == 200

@@ -114,3 +114,27 @@ def test_allowed_hosts_entries(entry: object, problem: str | None) -> None:
         assert found is None
     else:
         assert found is not None and problem in found
+
+
+def test_an_origin_is_checked_as_its_host_name() -> None:
+    policy = host_policy(("agentd.corp",), "127.0.0.1")
+    for ok in (
+        "http://localhost:8080",
+        "http://127.0.0.1:3001",
+        "https://agentd.corp",
+        "http://[::1]:5173",
+        "http://app.localhost",
+    ):
+        assert policy.allows_origin(ok), ok
+    for refused in (
+        "https://evil.example",
+        "null",
+        "",
+        "http://",
+        "file://",
+        "https://agentd.corp.evil.example",
+        "https://agentd.corp/path",
+        "http://user@localhost",
+        "localhost:8080",
+    ):
+        assert not policy.allows_origin(refused), refused
