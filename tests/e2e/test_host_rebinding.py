@@ -1,5 +1,6 @@
-"""DNS rebinding and cross-site requests over real sockets (docs/operations.md §10.7): every loopback listener of a daemon
-without keys answers only IP addresses, localhost names and ``server.allowed_hosts``.
+"""DNS rebinding and cross-site requests over real sockets (docs/operations.md §10.7): every
+loopback listener of a daemon without keys answers only IP addresses, localhost names and
+``server.allowed_hosts``.
 
 Before this check, ``Host: rebound.example`` (what a browser sends for a page whose name an attacker
 re-pointed at 127.0.0.1) was served on every route: completions, ``/v1/files``, diagnostics and
