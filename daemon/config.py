@@ -284,6 +284,9 @@ class LimitsConfig:
 
     # open client connections; one over the cap gets a JSON 503 + Retry-After and is closed
     max_connections: int = rule_field(INT_GT_0, 8192)
+    # open connections from one client address; one more gets a JSON 429 + Retry-After and is
+    # closed (0: no cap; per relay process with relays; docs/operations.md §10.3)
+    max_connections_per_client: int = rule_field(INT_GE_0, 0)
     # agent-facing requests agentd works on at once (waiting in a scheduler queue counts)
     max_in_flight_requests: int = rule_field(INT_GT_0, 4096)
     # requests waiting at the edge for one of those slots; one more gets a JSON 429 + Retry-After

@@ -250,6 +250,7 @@ def _server_state(cfg: AgentdConfig) -> ServerState:
     limits = cfg.limits
     return ServerState(
         max_connections=limits.max_connections,
+        max_connections_per_client=limits.max_connections_per_client,
         client_write_timeout_seconds=limits.client_write_timeout_seconds,
         retry_after_seconds=limits.retry_after_seconds,
     )
@@ -291,6 +292,7 @@ async def _serve(servers: trio.Nursery, cfg: AgentdConfig, handles: DaemonHandle
         # of each relay, whose caps are per relay (docs/operations.md §13.1); capped at the public cap,
         # it refused the fourth concurrent upload of max_connections = 3 with relays that had room
         state.max_connections = cfg.limits.max_connections * processes
+        state.max_connections_per_client = 0  # every connection here comes from a relay (127.0.0.1)
     http_url = await servers.start(
         partial(serve_asgi, state=state, hard_grace_seconds=hard, http1=cfg.server.http1_implementation),
         guard(app, public_hosts, f"server.host {cfg.server.host!r}"),

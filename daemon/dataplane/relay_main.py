@@ -245,6 +245,7 @@ async def run_relay(spec: RelaySpec) -> None:
         app = RelayApp(engine, cfg, edge, auth, spec.scheduler_url, forward)
         state = ServerState(
             max_connections=limits.max_connections,
+            max_connections_per_client=limits.max_connections_per_client,
             client_write_timeout_seconds=limits.client_write_timeout_seconds,
             retry_after_seconds=limits.retry_after_seconds,
             connection_ended=listener.connection_closed,

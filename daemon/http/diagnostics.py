@@ -112,6 +112,9 @@ def _edge_section(handles: DaemonHandles) -> dict[str, Any]:
             "open": state.open_connections,
             "max": state.max_connections,
             "rejected_count": state.rejected_connections,
+            "max_per_client": state.max_connections_per_client,
+            "rejected_per_client_count": state.rejected_client_connections,
+            "clients": len(state.per_client),
             "write_timeouts_count": state.write_timeouts,
         }
     return out

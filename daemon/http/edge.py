@@ -399,6 +399,11 @@ class EdgeCollector(Collector):
                 value=state.rejected_connections,
             )
             yield CounterMetricFamily(
+                "agentd_client_connections_rejected",
+                "Connections refused over limits.max_connections_per_client (429 too_many_client_connections).",
+                value=state.rejected_client_connections,
+            )
+            yield CounterMetricFamily(
                 "agentd_connections_write_timeouts",
                 "Connections closed after a write blocked for limits.client_write_timeout_seconds.",
                 value=state.write_timeouts,

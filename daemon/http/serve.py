@@ -106,10 +106,14 @@ class ServerState:
     """Connection-level limits and counters of one listener (read by diagnostics and tests)."""
 
     max_connections: int = 1 << 30
+    # open connections from one client address (0: no cap; docs/operations.md §10.3)
+    max_connections_per_client: int = 0
     client_write_timeout_seconds: float = math.inf
     retry_after_seconds: int = 1
     open_connections: int = 0
     rejected_connections: int = 0
+    rejected_client_connections: int = 0  # refused over max_connections_per_client
+    per_client: dict[str, int] = attrs.field(factory=dict)  # open connections by client address (with a cap)
     write_timeouts: int = 0
     hard_deadline: float = math.inf  # set when the drain starts: no write outlives it
     # called once per accepted connection when it ends (a relay's BalancedListener counts its own)
@@ -203,23 +207,53 @@ def resolve_http1(configured: str | None) -> str:
     return value
 
 
-def over_capacity_response(retry_after: int) -> bytes:
-    body = error_body(
-        "too many open connections to agentd (limits.max_connections); retry later",
-        "server_error",
-        None,
-        "too_many_connections",
-    )
+def over_capacity_response(retry_after: int, *, per_client: int = 0) -> bytes:
+    """The answer to a connection over ``limits.max_connections`` (a 503: agentd is full), or, with
+    ``per_client``, over ``limits.max_connections_per_client`` (a 429: this client holds too many)."""
+    if per_client:
+        body = error_body(
+            f"too many open connections from this client ({per_client}, limits.max_connections_per_client); "
+            "reuse or close connections, or retry later",
+            "rate_limit_error",
+            None,
+            "too_many_client_connections",
+        )
+        status = "429 Too Many Requests"
+    else:
+        body = error_body(
+            "too many open connections to agentd (limits.max_connections); retry later",
+            "server_error",
+            None,
+            "too_many_connections",
+        )
+        status = "503 Service Unavailable"
     head = (
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\nretry-after: {retry_after}\r\nconnection: close\r\n\r\n"
     )
     return head.encode() + body
 
 
-async def _refuse(stream: trio.SocketStream, state: ServerState) -> None:
-    """Answer a connection over the cap: read its request head (briefly), JSON 503, close."""
-    state.rejected_connections += 1
+def client_address(stream: trio.SocketStream) -> str | None:
+    """The peer's address (IPv4-mapped IPv6 as IPv4), None when the socket has none (closed)."""
+    try:
+        peer = stream.socket.getpeername()
+    except OSError:
+        return None
+    host = peer[0] if isinstance(peer, tuple) else str(peer)
+    return host[7:] if isinstance(host, str) and host.startswith("::ffff:") else str(host)
+
+
+async def _refuse(stream: trio.SocketStream, state: ServerState, *, per_client: bool = False) -> None:
+    """Answer a connection over a cap: read its request head (briefly), a JSON 503 (or 429 over the
+    per-client cap), close."""
+    if per_client:
+        state.rejected_client_connections += 1
+    else:
+        state.rejected_connections += 1
+    answer = over_capacity_response(
+        state.retry_after_seconds, per_client=state.max_connections_per_client if per_client else 0
+    )
     try:
         with trio.move_on_after(OVER_CAP_READ_SECONDS):
             seen = b""
@@ -229,7 +263,7 @@ async def _refuse(stream: trio.SocketStream, state: ServerState) -> None:
                     break
                 seen += data
         with trio.move_on_after(OVER_CAP_READ_SECONDS):
-            await stream.send_all(over_capacity_response(state.retry_after_seconds))
+            await stream.send_all(answer)
             await stream.send_eof()
             with trio.move_on_after(OVER_CAP_READ_SECONDS):  # let the client read before the close
                 while await stream.receive_some(65536):
@@ -302,6 +336,24 @@ async def serve_http(
                 if state.open_connections >= state.max_connections:
                     await _refuse(stream, state)
                     return
+                client = client_address(stream) if state.max_connections_per_client else None
+                if client is not None:
+                    held = state.per_client.get(client, 0)
+                    if held >= state.max_connections_per_client:
+                        await _refuse(stream, state, per_client=True)
+                        return
+                    state.per_client[client] = held + 1
+                try:
+                    await _serve_connection(stream)
+                finally:
+                    if client is not None:
+                        left = state.per_client[client] - 1
+                        if left:
+                            state.per_client[client] = left
+                        else:
+                            del state.per_client[client]
+
+            async def _serve_connection(stream: trio.SocketStream) -> None:
                 state.open_connections += 1
                 wrapped = WriteTimeoutStream(stream, state)
                 streams.add(wrapped)
