@@ -141,6 +141,8 @@ class RankRegistry:
         self.started_count = 0
         self.stopped_count = 0
         self.failing_workers: dict[str, int] = {}  # worker URL -> failed rounds in a row (the pacer's)
+        # worker URL -> engines its /metrics lists beyond agentd's ranks there, once warned (the pacer's)
+        self.unused_engines: dict[str, int] = {}
         self._ranks: dict[str, RankHandle] = {}  # target order
         self._nursery: trio.Nursery | None = None
         self._scheduler_send: trio.MemorySendChannel[SchedulerMessage] | None = None
@@ -281,6 +283,7 @@ async def run_observation_rounds(
                     epoch,
                     registry.failing_workers,
                     pending=pending,
+                    unused=registry.unused_engines,
                     nursery=scrapes,
                     deadline=start + (k + 1) * interval,
                 )
@@ -344,6 +347,7 @@ async def _observation_round(
     pending: dict[str, _Scrape],
     nursery: trio.Nursery,
     deadline: float,
+    unused: dict[str, int] | None = None,
 ) -> bool:
     """One round; True when it stopped waiting for a scrape at ``deadline`` (the next grid point).
 
@@ -380,11 +384,45 @@ async def _observation_round(
         url: scrape.result if isinstance(scrape.result, str) else local_engines(scrape.result, per_worker[url])
         for url, scrape in done.items()
     }
+    _warn_unused_engines(results, per_worker, {} if unused is None else unused)
     for handle in ranks:  # target order; each rank is done before the next one starts
         answered = done.get(handle.target.worker_url)
         if answered is not None:
             await handle.hand_over(answered.epoch, answered.finished_at, results[handle.target.worker_url])
     return cut
+
+
+def _warn_unused_engines(results: dict[str, ScrapeResult], ranks: Counter[str], unused: dict[str, int]) -> None:
+    """WARN ``worker_engines_unused`` when a worker's ``/metrics`` lists more engines than agentd has
+    DP ranks there (again when the count changes; INFO ``worker_engines_matched`` once it no longer
+    does): a vLLM server of DP 4 configured as one or two targets gets its requests on the engines
+    agentd names, or vLLM's own balancing with one target, and Program scheduling observes only
+    the engines it has ranks for (docs/operations.md §11.7)."""
+    for url, result in results.items():
+        if isinstance(result, str):
+            continue
+        engines, targets = len(result), ranks[url]
+        seen = engines if engines > targets else 0
+        if seen == unused.get(url, 0):
+            continue
+        if seen:
+            unused[url] = seen
+            log_event(
+                logger,
+                logging.WARNING,
+                "worker_engines_unused",
+                base_url=url,
+                engines=engines,
+                ranks=targets,
+                message=(
+                    f"the worker's /metrics lists {engines} engines and agentd schedules {targets} DP "
+                    f"rank(s) there: set routing.intra_node_data_parallel_size = {engines} if they serve "
+                    "this worker URL"
+                ),
+            )
+        else:
+            del unused[url]
+            log_event(logger, logging.INFO, "worker_engines_matched", base_url=url, engines=engines, ranks=targets)
 
 
 async def scrape_worker(client: httpx.AsyncClient, url: str) -> ScrapeResult:
