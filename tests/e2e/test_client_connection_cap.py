@@ -40,10 +40,11 @@ async def _start(nursery: trio.Nursery, worker: FakeWorker, processes: int = 1, 
     return await nursery.start(partial(run_daemon, cfg, transport_factory=worker.transport, rng=random.Random(3)))
 
 
-async def _health(host: str, port: int, source: str) -> bytes:
+async def _get(host: str, port: int, source: str, path: bytes = b"/health") -> bytes:
+    """A GET of ``path`` from the client address ``source`` on a connection of its own: the answer."""
     stream = await trio.open_tcp_stream(host, port, local_address=source)
     async with stream:
-        await stream.send_all(b"GET /health HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
+        await stream.send_all(b"GET %b HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n" % path)
         data = b""
         while chunk := await stream.receive_some(65536):
             data += chunk
@@ -60,7 +61,7 @@ async def test_one_client_over_its_cap_gets_a_json_429_and_others_are_served(fak
             await wait_until(lambda: state.open_connections == 2)
             assert state.per_client == {"127.0.0.1": 2}
 
-            head, _, body = (await _health(host, port, "127.0.0.1")).partition(b"\r\n\r\n")
+            head, _, body = (await _get(host, port, "127.0.0.1")).partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 429"), head
             assert b"retry-after: 1" in head and b"connection: close" in head
             error = json.loads(body)["error"]
@@ -68,11 +69,11 @@ async def test_one_client_over_its_cap_gets_a_json_429_and_others_are_served(fak
             assert "limits.max_connections_per_client" in error["message"]
 
             # another address is served while the first holds its two
-            assert (await _health(host, port, "127.0.0.2")).startswith(b"HTTP/1.1 200")
+            assert (await _get(host, port, "127.0.0.2")).startswith(b"HTTP/1.1 200")
             # a closed connection frees its place
             await held.pop().aclose()
             await wait_until(lambda: state.per_client == {"127.0.0.1": 1})
-            assert (await _health(host, port, "127.0.0.1")).startswith(b"HTTP/1.1 200")
+            assert (await _get(host, port, "127.0.0.1")).startswith(b"HTTP/1.1 200")
             for stream in held:
                 await stream.aclose()
             await wait_until(lambda: state.open_connections == 0)
@@ -107,12 +108,7 @@ async def test_relays_cap_clients_but_not_their_own_forwards(tmp_path: Path) -> 
             statuses: list[bytes] = []
 
             async def ask(source: str) -> None:
-                stream = await trio.open_tcp_stream(host, port, local_address=source)
-                async with stream:
-                    await stream.send_all(b"GET /v1/models HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
-                    data = b""
-                    while chunk := await stream.receive_some(65536):
-                        data += chunk
+                data = await _get(host, port, source, b"/v1/models")
                 statuses.append(data.split(b"\r\n", 1)[0])
 
             async with trio.open_nursery() as clients:
